@@ -1,0 +1,1 @@
+"""Benchmarks printing the figures of the performance targets."""

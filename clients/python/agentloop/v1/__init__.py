@@ -1,0 +1,1 @@
+"""agentloop.v1: the public API (generated code; edit proto/ and run make gen)."""

@@ -1,0 +1,1 @@
+"""agentloop server: the agent loop core and its gRPC edges."""
