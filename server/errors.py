@@ -1,0 +1,65 @@
+"""The domain errors of the service, mapped to gRPC status codes once, at the edge.
+
+AgentLoopError            any error a caller can be told about
+├── InvalidArgument       bad input; names the field        -> INVALID_ARGUMENT
+├── NotFound              unknown agent or session          -> NOT_FOUND
+├── AlreadyExists         duplicate agent or session id     -> ALREADY_EXISTS
+├── FailedPrecondition    e.g. the agent is disposed        -> FAILED_PRECONDITION
+└── ResourceExhausted     a limit was reached               -> RESOURCE_EXHAUSTED
+CodedError                a failure inside a turn with a machine-readable code
+Aborted                   the step's abort signal fired; carries the reason
+"""
+
+from __future__ import annotations
+
+
+class AgentLoopError(Exception):
+    """Base of the errors reported to callers."""
+
+
+class InvalidArgument(AgentLoopError):
+    """A request field is missing or malformed."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+class NotFound(AgentLoopError):
+    """The named agent or session does not exist."""
+
+
+class AlreadyExists(AgentLoopError):
+    """The id is already taken."""
+
+
+class FailedPrecondition(AgentLoopError):
+    """The target is in a state that forbids the call."""
+
+
+class AgentDisposed(FailedPrecondition):
+    """The agent was disposed; send, steer and inject are refused."""
+
+    def __init__(self, agent_id: str) -> None:
+        super().__init__(f'agent "{agent_id}" is disposed')
+        self.agent_id = agent_id
+
+
+class ResourceExhausted(AgentLoopError):
+    """A configured limit was reached."""
+
+
+class CodedError(Exception):
+    """A failure with a machine-readable code, recorded on `turn/end` as `error.code`."""
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Aborted(Exception):
+    """Raised where work stops because its abort signal fired."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

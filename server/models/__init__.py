@@ -1,0 +1,73 @@
+"""Models: the small protocol a provider implements, and the registry that picks one.
+
+A provider turns one frozen `ModelRequest` into a stream of `StreamChunk`s: block
+starts, deltas and ends, then usage, then exactly one finish. It must stop promptly
+when the signal aborts (raising `Aborted`, or simply returning).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from agentloop.v1 import agent_pb2, content_pb2, stream_pb2
+from server.abort import AbortSignal
+from server.errors import CodedError
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """One model call: the header fields and the history, frozen."""
+
+    agent_id: str
+    """The calling agent."""
+    session_id: str
+    """The agent's session."""
+    turn: int
+    """The turn number."""
+    step: int
+    """The step number within the turn."""
+    header: content_pb2.RequestHeader
+    """Config, system prompt, tools and message prefix. Do not mutate."""
+    messages: Sequence[content_pb2.Message]
+    """The message prefix followed by the derived history. Do not mutate."""
+    options: agent_pb2.AgentOptions
+    """The agent's creation options (the scripted provider reads its script here)."""
+
+
+class Model(Protocol):
+    """A model provider."""
+
+    def stream(
+        self, request: ModelRequest, signal: AbortSignal
+    ) -> AsyncIterator[stream_pb2.StreamChunk]:
+        """Stream the chunks of one model call."""
+        ...
+
+
+class ModelRegistry:
+    """Providers by name."""
+
+    def __init__(self) -> None:
+        self._providers: dict[str, Model] = {}
+
+    def register(self, name: str, model: Model) -> None:
+        """Add a provider; a second registration of one name is refused."""
+        if name in self._providers:
+            raise ValueError(f'model provider "{name}" is already registered')
+        self._providers[name] = model
+
+    def names(self) -> list[str]:
+        """The registered provider names, sorted."""
+        return sorted(self._providers)
+
+    def get(self, name: str) -> Model:
+        """The provider called `name`; a coded error if there is none."""
+        model = self._providers.get(name)
+        if model is None:
+            known = ", ".join(self.names()) or "none"
+            raise CodedError(
+                f'unknown model provider "{name}" (registered: {known})', "UNKNOWN_PROVIDER"
+            )
+        return model
