@@ -40,4 +40,3 @@ def resolve_source(source: c.Source | None) -> c.Source:
     if source is None or not source.kind:
         return c.Source(kind="user", name=source.name if source is not None else "")
     return source
-

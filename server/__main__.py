@@ -1,0 +1,50 @@
+"""`python -m server`: run the agentloop gRPC server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from dataclasses import replace
+
+from server.app import App
+from server.config import Config, ConfigError, load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, load the config, serve until SIGTERM."""
+    parser = argparse.ArgumentParser(prog="python -m server", description=__doc__)
+    parser.add_argument("--config", help="YAML config file (default: the embedded defaults)")
+    parser.add_argument("--listen", help="host:port, overriding the config")
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = load_config(args.config)
+    except ConfigError as error:
+        print(f"agentloop: invalid config: {error}", file=sys.stderr)
+        return 2
+    if args.listen:
+        config = replace(config, listen=args.listen)
+    return asyncio.run(serve(config))
+
+
+async def serve(config: Config) -> int:
+    """Start the app, print where it listens, and run until a signal."""
+    app = App(config)
+    try:
+        port = await app.start()
+    except OSError as error:
+        print(f"agentloop: {error}", file=sys.stderr)
+        return 1
+    host = config.listen.rpartition(":")[0]
+    print(f"agentloop listening on {host}:{port}", flush=True)
+    await app.run_until_signal()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

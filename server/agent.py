@@ -1,0 +1,265 @@
+"""An agent: its session, its inbox, its status, and the verbs callers use on it.
+
+The verbs (send, steer, inject, cancel, when_idle) are synchronous or cheap; the work
+happens in the driver (`server.loop`), one task per agent for its whole life.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agentloop.v1 import agent_event_pb2 as ae
+from agentloop.v1 import agent_pb2
+from agentloop.v1 import content_pb2 as c
+from agentloop.v1 import decision_pb2 as d
+from agentloop.v1 import session_event_pb2 as ev
+from server import seams as S
+from server.abort import NEVER, AbortController, AbortSignal
+from server.content import resolve_source
+from server.errors import AgentDisposed, CodedError
+from server.inbox import Inbox, Pending
+from server.runtime import Runtime
+from server.session import SessionLog, now_timestamp
+
+log = logging.getLogger(__name__)
+
+LiveListener = Callable[[ae.AgentEvent], None]
+
+STATUS_NAMES = {
+    ae.AGENT_STATUS_IDLE: "idle",
+    ae.AGENT_STATUS_RUNNING: "running",
+    ae.AGENT_STATUS_DISPOSED: "disposed",
+}
+
+
+class Agent:
+    """One live agent driving one session."""
+
+    def __init__(
+        self,
+        agent_id: str,
+        session: SessionLog,
+        options: agent_pb2.AgentOptions,
+        runtime: Runtime,
+    ) -> None:
+        self.agent_id = agent_id
+        self.session = session
+        self.options = options
+        self.runtime = runtime
+        self.max_parallel_tool_calls = (
+            options.max_parallel_tool_calls
+            if options.HasField("max_parallel_tool_calls")
+            else runtime.max_parallel_tool_calls
+        )
+        self.enabled_tools = frozenset(options.tools)
+        self.status: ae.AgentStatus.ValueType = ae.AGENT_STATUS_IDLE
+        self.inbox = Inbox()
+        self.create_time = now_timestamp()
+        self.published = False
+        self.disposed = False
+        self.cancel_reason: str | None = None
+        """The turn-scoped cancel marker: set by `cancel()` when there is work."""
+        self.step_controller: AbortController | None = None
+        self.session_prefix: list[c.Message] | None = None
+        """The session prefix of this loop instance, composed on its first step."""
+        self.requests_made = 0
+        """Model requests made by this loop instance (0: the next one logs a header)."""
+        self.tool_batch_active = False
+        self.deferred: list[ev.ContextMessage] = []
+        """Contexts held back while a tool batch runs, appended after its results."""
+        self.driver: asyncio.Task[None] | None = None
+        self.pending_flushes: set[asyncio.Task[None]] = set()
+        self._idle_waiters: list[asyncio.Future[None]] = []
+        self._live: list[LiveListener] = []
+
+    # -- verbs -------------------------------------------------------------------------
+
+    def send(self, content: Sequence[c.ContentBlock], source: c.Source | None = None) -> None:
+        """Queue a message for the next turn."""
+        self._check_live()
+        item = Pending(list(content), resolve_source(source))
+        self.inbox.enqueue(item)
+        self._emit_queued(item, steering=False)
+
+    def steer(self, content: Sequence[c.ContentBlock], source: c.Source | None = None) -> bool:
+        """Steer the running turn; when not running, exactly `send`. True if it steered."""
+        self._check_live()
+        if self.status != ae.AGENT_STATUS_RUNNING:
+            self.send(content, source)
+            return False
+        item = Pending(list(content), resolve_source(source))
+        self.inbox.steer(item)
+        self._emit_queued(item, steering=True)
+        return True
+
+    def inject(self, context: d.HookContext) -> None:
+        """Add context: to the open turn (deferred during a tool batch), or as an idle turn."""
+        self._check_live()
+        message = context_message(context)
+        if self.session.open_turn:
+            if self.tool_batch_active:
+                self.deferred.append(message)
+            else:
+                self.session.append("context_message", message)
+            return
+        self._injection_turn(message)
+
+    def cancel(self, reason: str = "") -> bool:
+        """Cancel the running turn and drop queued work; False when there was none."""
+        reason = reason or "cancelled"
+        has_work = (
+            self.status == ae.AGENT_STATUS_RUNNING
+            or self.step_controller is not None
+            or bool(self.inbox.queued)
+            or bool(self.inbox.steering)
+        )
+        if has_work:
+            self.cancel_reason = reason
+        self.inbox.clear()
+        if self.step_controller is not None:
+            self.step_controller.abort(reason)
+        return has_work
+
+    async def when_idle(self) -> None:
+        """Return when nothing runs and nothing is queued (or the agent is disposed)."""
+        if self.disposed:
+            if self.driver is not None:
+                await asyncio.shield(self.driver)
+            return
+        if self.status != ae.AGENT_STATUS_RUNNING and not self.inbox.queued:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._idle_waiters.append(waiter)
+        await waiter
+
+    def subscribe(self, listener: LiveListener) -> Callable[[], None]:
+        """Receive the live agent events; returns a remover."""
+        self._live.append(listener)
+        return lambda: self._live.remove(listener) if listener in self._live else None
+
+    # -- driver-facing -----------------------------------------------------------------
+
+    def new_step_signal(self) -> AbortSignal:
+        """Open the abort scope of a new step; `cancel()` and disposal fire it."""
+        self.step_controller = AbortController()
+        return self.step_controller.signal
+
+    def step_signal(self) -> AbortSignal:
+        """The current step's signal (a never-firing one outside a step)."""
+        return self.step_controller.signal if self.step_controller is not None else NEVER
+
+    def set_status(self, status: ae.AgentStatus.ValueType) -> None:
+        """Move to `status`, emitting `agent/status` on a real transition only."""
+        if status == self.status or self.status == ae.AGENT_STATUS_DISPOSED:
+            return
+        self.status = status
+        if status == ae.AGENT_STATUS_IDLE:
+            self.settle_idle()
+        if status == ae.AGENT_STATUS_DISPOSED and not self.published:
+            return
+        self.emit(
+            S.STATUS,
+            (self, STATUS_NAMES[status]),
+            ae.AgentEvent(status=ae.AgentStatusChanged(status=status)),
+        )
+
+    def settle_idle(self) -> None:
+        """Release the `when_idle` waiters."""
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def report_error(self, turn: int, step: int, error: BaseException) -> None:
+        """Emit `agent/error` for a failure of turn `turn` at step `step`."""
+        code = error.code if isinstance(error, CodedError) else ""
+        log.warning("agent %s turn %d step %d failed: %s", self.agent_id, turn, step, error)
+        self.emit(
+            S.ERROR,
+            (self, turn, step, error),
+            ae.AgentEvent(error=ae.AgentError(turn=turn, step=step, message=str(error), code=code)),
+        )
+
+    def emit(self, seam: str | None, args: tuple[Any, ...], event: ae.AgentEvent) -> None:
+        """Notify the seam's listeners (if any seam) and the live subscribers; contained."""
+        if seam is not None:
+            self.runtime.seams.emit(seam, self.agent_id, args)
+        if not self._live:
+            return
+        event.agent_id = self.agent_id
+        event.time.CopyFrom(now_timestamp())
+        for listener in list(self._live):
+            try:
+                listener(event)
+            except Exception:
+                log.warning("live agent event listener failed", exc_info=True)
+
+    def stop(self) -> None:
+        """First step of disposal: mark disposed, unpark the driver, abort the step."""
+        if self.disposed:
+            return
+        self.disposed = True
+        self.inbox.wake()
+        self.settle_idle()
+        if self.step_controller is not None:
+            self.step_controller.abort("disposed")
+        self.set_status(ae.AGENT_STATUS_DISPOSED)
+
+    def track_flush(self, turn: int) -> None:
+        """Flush in the background (an idle injection); tracked so disposal drains it."""
+
+        async def flush() -> None:
+            try:
+                await self.runtime.persistence.flush(self.session)
+            except Exception as error:  # reported, never raised: nobody awaits this
+                self.report_error(turn, 0, error)
+
+        task = asyncio.ensure_future(flush())
+        self.pending_flushes.add(task)
+        task.add_done_callback(self.pending_flushes.discard)
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _check_live(self) -> None:
+        if self.disposed:
+            raise AgentDisposed(self.agent_id)
+
+    def _emit_queued(self, item: Pending, *, steering: bool) -> None:
+        self.emit(
+            S.QUEUED,
+            (self, item.content, item.source, steering),
+            ae.AgentEvent(
+                queued=ae.AgentQueued(content=item.content, source=item.source, steering=steering)
+            ),
+        )
+
+    def _injection_turn(self, message: ev.ContextMessage) -> None:
+        """The one-shot turn of an idle injection: turn/start, context, turn/end."""
+        turn = self.session.max_turn + 1
+        self.session.append(
+            "turn_start",
+            ev.TurnStart(turn=turn, trigger=ev.TRIGGER_KIND_INJECTION, source=message.source),
+        )
+        try:
+            self.session.append("context_message", message)
+        finally:
+            self.session.append(
+                "turn_end",
+                ev.TurnEnd(turn=turn, reason=ev.TurnEndReason(completed=ev.TurnCompleted())),
+            )
+            self.track_flush(turn)
+
+
+def context_message(context: d.HookContext) -> ev.ContextMessage:
+    """The `context/message` payload of a hook context, with defaults applied."""
+    message = ev.ContextMessage(
+        content=context.content,
+        source=context.source if context.source.kind else c.Source(kind="user"),
+        envelope=context.envelope or ev.CONTEXT_ENVELOPE_CONTEXT,
+    )
+    if context.HasField("meta"):
+        message.meta.CopyFrom(context.meta)
+    return message

@@ -1,0 +1,108 @@
+"""The gRPC server: services, health, reflection, config agents, graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from agentloop.v1 import (
+    agent_factory_service_pb2,
+    agent_factory_service_pb2_grpc,
+    agent_pb2,
+    agent_service_pb2,
+    agent_service_pb2_grpc,
+)
+from server.api_agent import AgentServicer
+from server.api_factory import AgentFactoryServicer
+from server.builtin_tools import builtin_tools
+from server.config import Config
+from server.factory import AgentFactory
+from server.models.scripted import ScriptedModel
+from server.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    agent_factory_service_pb2.DESCRIPTOR.services_by_name["AgentFactoryService"].full_name,
+    agent_service_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
+)
+
+
+def build_runtime(config: Config) -> Runtime:
+    """The runtime of a server: built-in tools and the scripted model."""
+    runtime = Runtime(
+        max_parallel_tool_calls=config.max_parallel_tool_calls,
+        default_provider=config.default_provider,
+    )
+    for tool in builtin_tools():
+        runtime.tools.register(tool)
+    runtime.models.register("scripted", ScriptedModel())
+    return runtime
+
+
+class App:
+    """One running server."""
+
+    def __init__(self, config: Config, runtime: Runtime | None = None) -> None:
+        self.config = config
+        self.runtime = runtime or build_runtime(config)
+        self.factory = AgentFactory(self.runtime)
+        self.health = health.aio.HealthServicer()
+        self.server = grpc.aio.server()
+        agent_factory_service_pb2_grpc.add_AgentFactoryServiceServicer_to_server(
+            AgentFactoryServicer(self.factory), self.server
+        )
+        agent_service_pb2_grpc.add_AgentServiceServicer_to_server(
+            AgentServicer(self.factory), self.server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        )
+        self.port = 0
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> int:
+        """Bind, start serving, create the config agents; returns the bound port."""
+        self.port = self.server.add_insecure_port(self.config.listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {self.config.listen}")
+        await self.server.start()
+        for agent in self.config.agents:
+            options = agent_pb2.AgentOptions(
+                provider=agent.provider, model=agent.model, tools=agent.tools, persona=agent.persona
+            )
+            if agent.max_parallel_tool_calls is not None:
+                options.max_parallel_tool_calls = agent.max_parallel_tool_calls
+            try:
+                created = await self.factory.create(agent.id, options, cwd=agent.cwd)
+                log.info("agent %s started on session %s", agent.id, created.session.session_id)
+            except Exception as error:  # reported, not fatal: the server still serves
+                log.error("config agent %s was not created: %s", agent.id, error)
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        return self.port
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Graceful shutdown: NOT_SERVING, dispose agents (turns end `disposed`), stop."""
+        if self._stopped.is_set():
+            return
+        await self.health.enter_graceful_shutdown()
+        await self.factory.close()
+        await self.server.stop(self.config.shutdown_grace_seconds if grace is None else grace)
+        self._stopped.set()
+
+    async def run_until_signal(self) -> None:
+        """Serve until SIGTERM or SIGINT, then stop gracefully."""
+        loop = asyncio.get_running_loop()
+        stop_requested = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop_requested.set)
+        await stop_requested.wait()
+        log.info("shutting down")
+        await self.stop()

@@ -1,0 +1,156 @@
+"""Server configuration: a YAML file, validated at start with errors that name the field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_LISTEN = "127.0.0.1:50051"
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the field."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """An agent created at start, on a fresh session `<id>-session-<uuid>`."""
+
+    id: str
+    """The agent id."""
+    provider: str = ""
+    """The model provider; empty means the server default."""
+    model: str = ""
+    """The model name."""
+    cwd: str = ""
+    """The absolute working directory written into the session header."""
+    tools: tuple[str, ...] = ()
+    """The built-in tools the agent may use."""
+    persona: str = ""
+    """The persona section of the system prompt."""
+    max_parallel_tool_calls: int | None = None
+    """The agent's parallel tool-call cap; None means the server's."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole server configuration; the only place defaults live."""
+
+    listen: str = DEFAULT_LISTEN
+    """host:port to listen on."""
+    max_parallel_tool_calls: int = 10
+    """The default parallel tool-call cap of every agent."""
+    shutdown_grace_seconds: float = 5.0
+    """How long running RPCs get to finish on SIGTERM."""
+    default_provider: str = "scripted"
+    """The provider of agents that name none."""
+    agents: tuple[AgentConfig, ...] = field(default_factory=tuple)
+    """Agents created at start."""
+
+
+DEFAULT_AGENT = AgentConfig(
+    id="assistant", provider="scripted", model="echo", tools=("current_time", "word_count")
+)
+"""The agent a server without a config file starts with: a scripted tool round trip."""
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Read and validate a config file; no path gives the embedded defaults."""
+    if path is None:
+        return Config(agents=(DEFAULT_AGENT,))
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except OSError as error:
+        raise ConfigError(f"cannot read config {path}: {error.strerror}") from error
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config {path} is not valid YAML: {error}") from error
+    return parse_config(raw if raw is not None else {})
+
+
+def parse_config(raw: object) -> Config:
+    """Validate a parsed YAML document."""
+    doc = _mapping(raw, "config")
+    _no_unknown(
+        doc,
+        "",
+        {"listen", "maxParallelToolCalls", "shutdownGraceSeconds", "defaultProvider", "agents"},
+    )
+    listen = _string(doc.get("listen", DEFAULT_LISTEN), "listen")
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"listen: {listen!r} must be host:port")
+    agents_raw = doc.get("agents", [])
+    if not isinstance(agents_raw, list):
+        raise ConfigError("agents: must be a list")
+    agents = tuple(_agent(item, f"agents[{i}]") for i, item in enumerate(agents_raw))
+    ids = [a.id for a in agents]
+    for i, agent_id in enumerate(ids):
+        if agent_id in ids[:i]:
+            raise ConfigError(f"agents[{i}].id: duplicate agent id {agent_id!r}")
+    grace = doc.get("shutdownGraceSeconds", 5.0)
+    if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
+        raise ConfigError("shutdownGraceSeconds: must be a non-negative number")
+    return Config(
+        listen=listen,
+        max_parallel_tool_calls=_positive(
+            doc.get("maxParallelToolCalls", 10), "maxParallelToolCalls"
+        ),
+        shutdown_grace_seconds=float(grace),
+        default_provider=_string(doc.get("defaultProvider", "scripted"), "defaultProvider"),
+        agents=agents,
+    )
+
+
+def _agent(raw: object, where: str) -> AgentConfig:
+    item = _mapping(raw, where)
+    _no_unknown(
+        item, where, {"id", "provider", "model", "cwd", "tools", "persona", "maxParallelToolCalls"}
+    )
+    if "id" not in item:
+        raise ConfigError(f"{where}.id: is required")
+    cwd = _string(item.get("cwd", ""), f"{where}.cwd")
+    if cwd and not cwd.startswith("/"):
+        raise ConfigError(f"{where}.cwd: {cwd!r} must be an absolute path")
+    tools = item.get("tools", [])
+    if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
+        raise ConfigError(f"{where}.tools: must be a list of tool names")
+    cap = item.get("maxParallelToolCalls")
+    return AgentConfig(
+        id=_string(item["id"], f"{where}.id"),
+        provider=_string(item.get("provider", ""), f"{where}.provider"),
+        model=_string(item.get("model", ""), f"{where}.model"),
+        cwd=cwd,
+        tools=tuple(tools),
+        persona=_string(item.get("persona", ""), f"{where}.persona"),
+        max_parallel_tool_calls=None
+        if cap is None
+        else _positive(cap, f"{where}.maxParallelToolCalls"),
+    )
+
+
+def _mapping(raw: object, where: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must be a mapping")
+    return raw
+
+
+def _no_unknown(doc: dict[str, Any], where: str, known: set[str]) -> None:
+    for key in doc:
+        if key not in known:
+            prefix = f"{where}." if where else ""
+            raise ConfigError(f"{prefix}{key}: unknown field (known: {', '.join(sorted(known))})")
+
+
+def _string(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: must be a string")
+    return value
+
+
+def _positive(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{where}: must be a positive integer, not {value!r}")
+    return value

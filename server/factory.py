@@ -1,0 +1,239 @@
+"""The agent factory: creation and resume as one rollback-covered transaction, and teardown.
+
+Creation prepares the session and the agent privately, runs an optional setup step
+while nothing is published, then publishes: the session and the agent enter their
+registries (the final arbiter of a same-id race), `agent/created` is emitted (a
+listener that throws vetoes and rolls everything back), `agent/session-start` follows,
+and only then does the driver start.
+
+Disposal: stop the driver, await its exit and pending flushes, leave the agent
+registry (`agent/disposed`), flush and detach the session, unwind scoped listeners.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+
+from agentloop.v1 import agent_event_pb2 as ae
+from agentloop.v1 import agent_pb2, session_pb2
+from server import seams as S
+from server.agent import Agent
+from server.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from server.loop import run_loop
+from server.runtime import Runtime
+from server.session import SessionLog, now_timestamp
+from server.system_prompt import persona_section
+
+log = logging.getLogger(__name__)
+
+ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+Setup = Callable[[Agent], Awaitable[None]]
+
+
+def check_id(field: str, value: str) -> None:
+    """Raise `InvalidArgument` naming `field` unless `value` is a well-formed id."""
+    if not value:
+        raise InvalidArgument(field, "must not be empty")
+    if not ID_PATTERN.fullmatch(value):
+        raise InvalidArgument(
+            field, f"{value[:40]!r} must be 1-128 characters of letters, digits, '.', '_', ':', '-'"
+        )
+
+
+class AgentFactory:
+    """The live agents and sessions of one server."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.agents: dict[str, Agent] = {}
+        self.sessions: dict[str, SessionLog] = {}
+        """Sessions with a live agent, by id."""
+        self._closing = False
+
+    # -- create and resume -------------------------------------------------------------
+
+    async def create(
+        self,
+        agent_id: str,
+        options: agent_pb2.AgentOptions,
+        *,
+        session_id: str = "",
+        cwd: str = "",
+        setup: Setup | None = None,
+    ) -> Agent:
+        """Create an agent on a new session (default id `<agent_id>-session-<uuid>`)."""
+        check_id("agent_id", agent_id)
+        session_id = session_id or f"{agent_id}-session-{uuid.uuid4()}"
+        check_id("session_id", session_id)
+        if cwd and not cwd.startswith("/"):
+            raise InvalidArgument("metadata.cwd", f"{cwd!r} must be an absolute path")
+        self._check_options(options)
+        self._check_free(agent_id)
+        if session_id in self.sessions or await self.runtime.store.exists(session_id):
+            raise AlreadyExists(f'session "{session_id}" already exists')
+        header = session_pb2.SessionHeader(cwd=cwd, create_time=now_timestamp())
+        session = SessionLog(session_id, header)
+        return await self._publish(
+            agent_id, session, options, setup, ae.SESSION_START_SOURCE_STARTUP, stored=None
+        )
+
+    async def resume(
+        self,
+        agent_id: str,
+        session_id: str,
+        options: agent_pb2.AgentOptions,
+        *,
+        setup: Setup | None = None,
+    ) -> Agent:
+        """Create an agent over a stored session; history and numbering continue."""
+        check_id("agent_id", agent_id)
+        check_id("session_id", session_id)
+        self._check_options(options)
+        self._check_free(agent_id)
+        if session_id in self.sessions:
+            owner = self.sessions[session_id].agent_id
+            raise FailedPrecondition(f'session "{session_id}" is driven by agent "{owner}"')
+        header, events = await self.runtime.store.load(session_id)
+        session = SessionLog(session_id, header, seed=events)
+        return await self._publish(
+            agent_id, session, options, setup, ae.SESSION_START_SOURCE_RESUME, stored=len(events)
+        )
+
+    async def _publish(
+        self,
+        agent_id: str,
+        session: SessionLog,
+        options: agent_pb2.AgentOptions,
+        setup: Setup | None,
+        source: ae.SessionStartSource.ValueType,
+        stored: int | None,
+    ) -> Agent:
+        runtime = self.runtime
+        agent = Agent(agent_id, session, options, runtime)
+        if options.persona:
+            runtime.prompts.add_section(persona_section(options.persona), agent_id=agent_id)
+        try:
+            if setup is not None:
+                await setup(agent)
+            # Final arbitration: a concurrent creation may have won while we awaited.
+            self._check_free(agent_id)
+            if session.session_id in self.sessions:
+                raise AlreadyExists(f'session "{session.session_id}" already exists')
+            if stored is None:
+                await runtime.store.create(session.session_id, session.header)
+            self._check_free(agent_id)
+        except BaseException:
+            self._unwind(agent)
+            raise
+        self.agents[agent_id] = agent
+        self.sessions[session.session_id] = session
+        session.agent_id = agent_id
+        runtime.persistence.track(session, stored or 0)
+        try:
+            for reg in runtime.seams.listeners(S.CREATED, agent_id):
+                reg.fn(agent)  # a throw here vetoes publication
+        except BaseException:
+            self._detach(agent)
+            self._unwind(agent)
+            raise
+        agent.published = True
+        agent.emit(None, (), ae.AgentEvent(created=ae.AgentCreated(session_id=session.session_id)))
+        agent.emit(
+            S.SESSION_START,
+            (agent, source),
+            ae.AgentEvent(session_start=ae.AgentSessionStart(source=source)),
+        )
+        agent.driver = asyncio.create_task(run_loop(agent), name=f"agent:{agent_id}")
+        return agent
+
+    # -- lookup ------------------------------------------------------------------------
+
+    def get(self, agent_id: str) -> Agent:
+        """The live agent `agent_id`; `NotFound` otherwise."""
+        check_id("agent_id", agent_id)
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            raise NotFound(f'agent "{agent_id}" not found')
+        return agent
+
+    def list(self) -> list[Agent]:
+        """Every live agent, by id."""
+        return [self.agents[key] for key in sorted(self.agents)]
+
+    async def session(self, session_id: str) -> SessionLog:
+        """A live session, or a stored one loaded read-only."""
+        check_id("session_id", session_id)
+        live = self.sessions.get(session_id)
+        if live is not None:
+            return live
+        header, events = await self.runtime.store.load(session_id)
+        return SessionLog(session_id, header, seed=events)
+
+    # -- teardown ----------------------------------------------------------------------
+
+    async def dispose(self, agent_id: str) -> Agent:
+        """Dispose a live agent in the documented teardown order."""
+        agent = self.get(agent_id)
+        await self.teardown(agent)
+        return agent
+
+    async def teardown(self, agent: Agent) -> None:
+        """Stop, drain, detach the agent, flush and detach the session, unwind the scope."""
+        agent.stop()
+        if agent.driver is not None:
+            await asyncio.shield(agent.driver)
+        if agent.pending_flushes:
+            await asyncio.gather(*agent.pending_flushes, return_exceptions=True)
+        if self.agents.get(agent.agent_id) is agent:
+            del self.agents[agent.agent_id]
+            agent.emit(S.DISPOSED, (agent,), ae.AgentEvent(disposed=ae.AgentDisposed()))
+        try:
+            await self.runtime.persistence.flush(agent.session)
+        except Exception as error:
+            agent.report_error(agent.session.max_turn, 0, error)
+        self._detach(agent)
+        self._unwind(agent)
+        agent.session.wake_waiters()
+
+    async def close(self) -> None:
+        """Dispose every agent (server shutdown): running turns end `disposed`."""
+        self._closing = True
+        await asyncio.gather(*(self.teardown(a) for a in list(self.agents.values())))
+
+    def _detach(self, agent: Agent) -> None:
+        if self.agents.get(agent.agent_id) is agent:
+            del self.agents[agent.agent_id]
+        if self.sessions.get(agent.session.session_id) is agent.session:
+            del self.sessions[agent.session.session_id]
+            self.runtime.persistence.forget(agent.session)
+
+    def _unwind(self, agent: Agent) -> None:
+        self.runtime.seams.remove_agent(agent.agent_id)
+        self.runtime.prompts.remove_agent(agent.agent_id)
+        self.runtime.tools.remove_agent(agent.agent_id)
+
+    def _check_free(self, agent_id: str) -> None:
+        if self._closing:
+            raise FailedPrecondition("the server is shutting down")
+        if agent_id in self.agents:
+            raise AlreadyExists(f'agent "{agent_id}" already exists')
+
+    def _check_options(self, options: agent_pb2.AgentOptions) -> None:
+        if options.HasField("max_parallel_tool_calls") and options.max_parallel_tool_calls < 1:
+            raise InvalidArgument(
+                "options.max_parallel_tool_calls", "maxParallelToolCalls must be a positive integer"
+            )
+        provider = options.provider or self.runtime.default_provider
+        if provider not in self.runtime.models.names():
+            known = ", ".join(self.runtime.models.names())
+            raise InvalidArgument(
+                "options.provider", f'unknown provider "{provider}" (known: {known})'
+            )
+        unknown = sorted(set(options.tools) - self.runtime.tools.names())
+        if unknown:
+            raise InvalidArgument("options.tools", f"unknown tools: {', '.join(unknown)}")

@@ -1,0 +1,69 @@
+"""The inbox: the queued and steering FIFOs of one agent, and the driver's wake-up.
+
+Nothing in the inbox is durable; a message is durable once its turn records it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+
+from agentloop.v1 import content_pb2 as c
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A message accepted by send or steer, with its resolved source."""
+
+    content: list[c.ContentBlock]
+    source: c.Source
+
+
+class Inbox:
+    """Two FIFOs: `queued` opens turns, `steering` joins the running one."""
+
+    def __init__(self) -> None:
+        self.queued: deque[Pending] = deque()
+        self.steering: deque[Pending] = deque()
+        self._wake = asyncio.Event()
+
+    def enqueue(self, item: Pending) -> None:
+        """Queue a message for the next turn and wake the driver."""
+        self.queued.append(item)
+        self._wake.set()
+
+    def steer(self, item: Pending) -> None:
+        """Add steering for the running turn (no wake-up: the turn drains it)."""
+        self.steering.append(item)
+
+    def drain_queued(self) -> list[Pending]:
+        """Take every queued message (a turn answers all of them)."""
+        items = list(self.queued)
+        self.queued.clear()
+        return items
+
+    def drain_steering(self) -> list[Pending]:
+        """Take every steering item."""
+        items = list(self.steering)
+        self.steering.clear()
+        return items
+
+    def clear(self) -> None:
+        """Drop both FIFOs (cancel)."""
+        self.queued.clear()
+        self.steering.clear()
+
+    def wake(self) -> None:
+        """Wake the driver without queuing anything (disposal)."""
+        self._wake.set()
+
+    async def wait(self) -> None:
+        """Wait until something is queued or `wake()` is called."""
+        while not self.queued:
+            self._wake.clear()
+            if self.queued:
+                return
+            await self._wake.wait()
+            if not self.queued:
+                return  # woken for disposal

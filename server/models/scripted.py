@@ -1,0 +1,225 @@
+"""The "scripted" provider: a deterministic, offline model driven by `AgentOptions.script`.
+
+Call k of an agent (counted from 0, per agent) answers with `script[k]`. Once the script
+is exhausted, or when there is none, the model falls back to a default behaviour that is
+enough to demonstrate a turn end to end:
+
+- after tool results, it summarises them: "Tool results: a; b";
+- when a `word_count` tool is offered and the user just wrote text, it calls that tool;
+- otherwise it echoes the latest user text: "You said: ...".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterable
+
+from agentloop.v1 import agent_pb2, content_pb2, stream_pb2
+from server.abort import AbortSignal
+from server.content import plain_text
+from server.models import ModelRequest
+
+DEFAULT_CHUNK_SIZE = 8
+"""Characters per text delta in the default (unscripted) behaviour."""
+
+GREETING = "Hello! Send me a message."
+"""The default reply when there is no user text to echo."""
+
+WORD_COUNT_TOOL = "word_count"
+"""The tool the default behaviour calls when it is offered."""
+
+
+class ScriptedModel:
+    """A `Model` that replays each agent's script, then echoes."""
+
+    def __init__(self) -> None:
+        self._calls: dict[str, int] = {}
+
+    def calls(self, agent_id: str) -> int:
+        """How many calls this model has started for `agent_id`."""
+        return self._calls.get(agent_id, 0)
+
+    def forget(self, agent_id: str) -> None:
+        """Drop the cursor of `agent_id` (for example when the agent is disposed)."""
+        self._calls.pop(agent_id, None)
+
+    async def stream(
+        self, request: ModelRequest, signal: AbortSignal
+    ) -> AsyncIterator[stream_pb2.StreamChunk]:
+        """Stream the chunks of one call; raises `Aborted` when `signal` fires.
+
+        Args:
+            request: The model call; `options.script` drives the answer.
+            signal: Checked before every chunk; also interrupts a scripted `chunk_delay`.
+
+        Yields:
+            Block starts, deltas and ends, then usage (when there is any), then one finish.
+        """
+        k = self._calls.get(request.agent_id, 0)
+        self._calls[request.agent_id] = k + 1
+        script = request.options.script
+        delay = 0.0
+        if k < len(script):
+            step = script[k]
+            chunks = scripted_chunks(step, k)
+            if step.HasField("chunk_delay"):
+                delay = step.chunk_delay.seconds + step.chunk_delay.nanos / 1e9
+        else:
+            chunks = default_chunks(request, k)
+        for chunk in chunks:
+            signal.raise_if_aborted()
+            if delay > 0:
+                await signal.race(asyncio.sleep(delay))
+            yield chunk
+
+
+def scripted_chunks(step: agent_pb2.ScriptedStep, k: int) -> list[stream_pb2.StreamChunk]:
+    """The chunks of `step` answering call `k` (0-based) of an agent.
+
+    Args:
+        step: The scripted answer.
+        k: The call index, used for default tool-call ids ("call_<k+1>_<j+1>").
+
+    Returns:
+        Reasoning, text and tool-call blocks (block indexes count from 0), the usage when
+        the step sets one, and the finish.
+    """
+    out = _Chunks()
+    size = step.chunk_size or 1
+    out.block(stream_pb2.BLOCK_KIND_REASONING, _pieces(step.reasoning, size))
+    out.block(stream_pb2.BLOCK_KIND_TEXT, _pieces(step.text, size))
+    for j, call in enumerate(step.tool_calls):
+        out.tool_call(call.id or f"call_{k + 1}_{j + 1}", call.name, call.arguments)
+    if step.HasField("usage"):
+        out.usage(step.usage)
+    out.finish(
+        stream_pb2.Finish(
+            kind=step.finish or stream_pb2.FINISH_KIND_STOP,
+            message=step.error_message,
+            code=step.error_code,
+        )
+    )
+    return out.chunks
+
+
+def default_chunks(request: ModelRequest, k: int) -> list[stream_pb2.StreamChunk]:
+    """The unscripted answer to call `k`: summarise tool results, call word_count, or echo.
+
+    Usage is always reported: input tokens are the characters of the request's messages
+    divided by 4, output tokens the characters of the reply (text or tool arguments) / 4.
+    """
+    messages = request.messages
+    last = messages[-1] if messages else None
+    out = _Chunks()
+    reply: str
+    if last is not None and last.role == content_pb2.ROLE_USER and _tool_results(last.content):
+        results = _tool_results(last.content)
+        reply = "Tool results: " + "; ".join(plain_text(r.content) for r in results)
+        out.block(stream_pb2.BLOCK_KIND_TEXT, _pieces(reply, DEFAULT_CHUNK_SIZE))
+    elif (
+        last is not None
+        and last.role == content_pb2.ROLE_USER
+        and plain_text(last.content)
+        and any(t.name == WORD_COUNT_TOOL for t in request.header.tools)
+    ):
+        reply = json.dumps({"text": plain_text(last.content)})
+        out.tool_call(f"call_{k + 1}_1", WORD_COUNT_TOOL, reply)
+    else:
+        said = _latest_user_text(messages)
+        reply = f"You said: {said}" if said else GREETING
+        out.block(stream_pb2.BLOCK_KIND_TEXT, _pieces(reply, DEFAULT_CHUNK_SIZE))
+    out.usage(
+        content_pb2.Usage(
+            input_tokens=sum(_text_chars(m.content) for m in messages) // 4,
+            output_tokens=len(reply) // 4,
+        )
+    )
+    out.finish(stream_pb2.Finish(kind=stream_pb2.FINISH_KIND_STOP))
+    return out.chunks
+
+
+class _Chunks:
+    """Builds one stream, numbering blocks from 0."""
+
+    def __init__(self) -> None:
+        self.chunks: list[stream_pb2.StreamChunk] = []
+        self._next_index = 0
+
+    def block(self, kind: stream_pb2.BlockKind.ValueType, pieces: list[str]) -> None:
+        """A block of `kind` with one delta per piece; nothing when there are no pieces."""
+        if not pieces:
+            return
+        index = self._open(stream_pb2.BlockStart(kind=kind))
+        for piece in pieces:
+            self._delta(index, piece)
+        self._close(index)
+
+    def tool_call(self, call_id: str, name: str, arguments: str) -> None:
+        """A tool-call block whose arguments arrive as one delta (none when empty)."""
+        index = self._open(
+            stream_pb2.BlockStart(
+                kind=stream_pb2.BLOCK_KIND_TOOL_CALL, tool_call_id=call_id, tool_name=name
+            )
+        )
+        if arguments:
+            self._delta(index, arguments)
+        self._close(index)
+
+    def usage(self, usage: content_pb2.Usage) -> None:
+        """A usage chunk."""
+        self.chunks.append(stream_pb2.StreamChunk(usage=usage))
+
+    def finish(self, finish: stream_pb2.Finish) -> None:
+        """The finish chunk."""
+        self.chunks.append(stream_pb2.StreamChunk(finish=finish))
+
+    def _open(self, start: stream_pb2.BlockStart) -> int:
+        index = self._next_index
+        self._next_index += 1
+        start.index = index
+        self.chunks.append(stream_pb2.StreamChunk(block_start=start))
+        return index
+
+    def _delta(self, index: int, text: str) -> None:
+        self.chunks.append(
+            stream_pb2.StreamChunk(block_delta=stream_pb2.BlockDelta(index=index, text=text))
+        )
+
+    def _close(self, index: int) -> None:
+        self.chunks.append(stream_pb2.StreamChunk(block_end=stream_pb2.BlockEnd(index=index)))
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    """`text` cut into pieces of `size` characters (code points); [] for ""."""
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _tool_results(content: Iterable[content_pb2.ContentBlock]) -> list[content_pb2.ToolResultBlock]:
+    return [b.tool_result for b in content if b.WhichOneof("block") == "tool_result"]
+
+
+def _latest_user_text(messages: Iterable[content_pb2.Message]) -> str:
+    """The text of the latest user message that has any; "" when none does."""
+    for message in reversed(list(messages)):
+        if message.role == content_pb2.ROLE_USER:
+            text = plain_text(message.content)
+            if text:
+                return text
+    return ""
+
+
+def _text_chars(content: Iterable[content_pb2.ContentBlock]) -> int:
+    """Characters of every text-like part of `content`, tool results included."""
+    total = 0
+    for block in content:
+        kind = block.WhichOneof("block")
+        if kind == "text":
+            total += len(block.text.text)
+        elif kind == "reasoning":
+            total += len(block.reasoning.text)
+        elif kind == "tool_call":
+            total += len(block.tool_call.arguments)
+        elif kind == "tool_result":
+            total += _text_chars(block.tool_result.content)
+    return total

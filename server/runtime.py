@@ -1,0 +1,36 @@
+"""The services an agent runs on, bundled: seams, tools, models, prompts, storage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from server.models import ModelRegistry
+from server.persistence import Persistence
+from server.seams import SeamRegistry
+from server.stores import SessionStore
+from server.stores.memory import MemoryStore
+from server.system_prompt import SystemPrompt, default_system_prompt
+from server.tools import ToolRegistry
+
+DEFAULT_MAX_PARALLEL_TOOL_CALLS = 10
+
+
+@dataclass
+class Runtime:
+    """Everything the loop depends on; one per server (or per test)."""
+
+    seams: SeamRegistry = field(default_factory=SeamRegistry)
+    tools: ToolRegistry = field(default_factory=ToolRegistry)
+    models: ModelRegistry = field(default_factory=ModelRegistry)
+    prompts: SystemPrompt = field(default_factory=default_system_prompt)
+    store: SessionStore = field(default_factory=MemoryStore)
+    max_parallel_tool_calls: int = DEFAULT_MAX_PARALLEL_TOOL_CALLS
+    """The server-wide cap on parallel tool calls per step; agents may set their own."""
+    default_provider: str = "scripted"
+    """The provider of agents that name none."""
+    tool_order: list[str] | None = None
+    """The canonical tool order, with one "<unlisted-tools>" marker; None is by name."""
+    persistence: Persistence = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.persistence = Persistence(self.store, self.seams)

@@ -1,0 +1,66 @@
+"""The dev invariants of the loop, checked after every test as an oracle.
+
+- sequence numbers are contiguous from 0;
+- every event but the boundaries sits inside a turn; turns and steps are balanced
+  and never nest;
+- turn numbers strictly increase by one; steps run 1..M within each turn;
+- every `tool/result` answers a `tool/call` of the same step;
+- an agent's status trace never repeats a status and nothing follows `disposed`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from agentloop.v1 import agent_event_pb2 as ae
+from agentloop.v1 import session_event_pb2 as ev
+
+
+def check_log(events: Sequence[ev.SessionEvent]) -> None:
+    """Assert the log invariants on a complete (quiescent) session log."""
+    open_turn = 0
+    open_step = 0
+    last_turn = 0
+    last_step = 0
+    calls: set[str] = set()
+    for index, event in enumerate(events):
+        assert event.seq == index, f"seq {event.seq} at position {index}"
+        kind = event.WhichOneof("payload")
+        if kind == "turn_start":
+            assert not open_turn, f"turn {event.turn_start.turn} opened inside turn {open_turn}"
+            turn = event.turn_start.turn
+            assert last_turn == 0 or turn == last_turn + 1, f"turn {turn} after {last_turn}"
+            open_turn, last_turn, last_step = turn, turn, 0
+            continue
+        assert open_turn, f"{kind} at seq {index} is outside any turn"
+        if kind == "turn_end":
+            assert event.turn_end.turn == open_turn
+            assert not open_step, f"turn {open_turn} ended with step {open_step} open"
+            open_turn = 0
+        elif kind == "step_start":
+            assert not open_step, "nested step"
+            assert event.step_start.turn == open_turn
+            assert event.step_start.step == last_step + 1, "steps must be contiguous"
+            open_step = last_step = event.step_start.step
+            calls = set()
+        elif kind == "step_end":
+            assert event.step_end.step == open_step, "step/end does not match step/start"
+            open_step = 0
+        elif kind == "tool_call":
+            assert open_step, "tool/call outside a step"
+            calls.add(event.tool_call.call_id)
+        elif kind == "tool_result":
+            assert open_step or event.tool_result.error.code == "interrupted"
+            assert event.tool_result.call_id in calls, "tool/result without its tool/call"
+        elif kind in ("assistant_chunk", "assistant_message", "request_header"):
+            assert open_step, f"{kind} outside a step"
+    assert not open_turn, f"turn {open_turn} never ended"
+
+
+def check_status_trace(trace: Sequence[int]) -> None:
+    """Assert the status trace is legal: no repeats, nothing after disposed."""
+    previous: int = ae.AGENT_STATUS_IDLE
+    for status in trace:
+        assert status != previous, f"status {status} repeated"
+        assert previous != ae.AGENT_STATUS_DISPOSED, "a status after disposed"
+        previous = status
