@@ -82,6 +82,8 @@ async def _sleep(exec: ToolExecution) -> str:
         raise ToolArgumentsError(f'sleep: "seconds" must be a number, not {_json_type(seconds)}')
     if not 0 <= seconds <= MAX_SLEEP_SECONDS:
         raise ToolArgumentsError(f'sleep: "seconds" must be between 0 and {MAX_SLEEP_SECONDS}')
+    # Checked first: `race` would refuse, leaving the sleep coroutine never awaited.
+    exec.signal.raise_if_aborted()
     await exec.signal.race(asyncio.sleep(seconds))
     return f"slept {seconds:g} seconds"
 

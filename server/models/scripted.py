@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 
 from agentloop.v1 import agent_pb2, content_pb2, stream_pb2
 from server.abort import AbortSignal
@@ -35,6 +35,8 @@ class ScriptedModel:
 
     def __init__(self) -> None:
         self._calls: dict[str, int] = {}
+        self._counted: dict[str, tuple[int, int]] = {}
+        """Per agent: (messages already counted, their characters)."""
 
     def calls(self, agent_id: str) -> int:
         """How many calls this model has started for `agent_id`."""
@@ -43,6 +45,20 @@ class ScriptedModel:
     def forget(self, agent_id: str) -> None:
         """Drop the cursor of `agent_id` (for example when the agent is disposed)."""
         self._calls.pop(agent_id, None)
+        self._counted.pop(agent_id, None)
+
+    def _input_chars(self, agent_id: str, messages: Sequence[content_pb2.Message]) -> int:
+        """Characters of `messages`, counting only the new tail of an append-extended request.
+
+        Requests of one agent append-extend the previous ones, so the count is carried
+        over; a shorter request (after compaction, or another agent) is counted afresh.
+        """
+        counted, chars = self._counted.get(agent_id, (0, 0))
+        if counted > len(messages):
+            counted, chars = 0, 0
+        chars += sum(_text_chars(m.content) for m in messages[counted:])
+        self._counted[agent_id] = (len(messages), chars)
+        return chars
 
     async def stream(
         self, request: ModelRequest, signal: AbortSignal
@@ -66,7 +82,9 @@ class ScriptedModel:
             if step.HasField("chunk_delay"):
                 delay = step.chunk_delay.seconds + step.chunk_delay.nanos / 1e9
         else:
-            chunks = default_chunks(request, k)
+            chunks = default_chunks(
+                request, k, self._input_chars(request.agent_id, request.messages)
+            )
         for chunk in chunks:
             signal.raise_if_aborted()
             if delay > 0:
@@ -103,13 +121,18 @@ def scripted_chunks(step: agent_pb2.ScriptedStep, k: int) -> list[stream_pb2.Str
     return out.chunks
 
 
-def default_chunks(request: ModelRequest, k: int) -> list[stream_pb2.StreamChunk]:
+def default_chunks(
+    request: ModelRequest, k: int, input_chars: int | None = None
+) -> list[stream_pb2.StreamChunk]:
     """The unscripted answer to call `k`: summarise tool results, call word_count, or echo.
 
     Usage is always reported: input tokens are the characters of the request's messages
-    divided by 4, output tokens the characters of the reply (text or tool arguments) / 4.
+    divided by 4 (`input_chars` when the caller counted them), output tokens the
+    characters of the reply (text or tool arguments) divided by 4.
     """
     messages = request.messages
+    if input_chars is None:
+        input_chars = sum(_text_chars(m.content) for m in messages)
     last = messages[-1] if messages else None
     out = _Chunks()
     reply: str
@@ -131,7 +154,7 @@ def default_chunks(request: ModelRequest, k: int) -> list[stream_pb2.StreamChunk
         out.block(stream_pb2.BLOCK_KIND_TEXT, _pieces(reply, DEFAULT_CHUNK_SIZE))
     out.usage(
         content_pb2.Usage(
-            input_tokens=sum(_text_chars(m.content) for m in messages) // 4,
+            input_tokens=input_chars // 4,
             output_tokens=len(reply) // 4,
         )
     )

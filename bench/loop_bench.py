@@ -1,0 +1,191 @@
+"""Measure the loop against the performance targets of the design notes; print the figures.
+
+Workload of one turn: the scripted model asks for one tool call (word_count, an async
+tool), the tool runs, the model answers with a short text: two steps, one tool.
+
+    python -m bench.loop_bench [--turns N] [--conversation N] [--idle-agents N] [--no-grpc]
+
+Nothing here asserts a timing: the figures are printed next to their targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import resource
+import socket
+import statistics
+import sys
+import time
+
+import grpc
+
+from agentloop.v1 import agent_factory_service_pb2 as fac
+from agentloop.v1 import agent_factory_service_pb2_grpc as fac_rpc
+from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_service_pb2 as api
+from agentloop.v1 import agent_service_pb2_grpc as api_rpc
+from agentloop.v1 import content_pb2 as c
+from server.agent import Agent
+from server.app import build_runtime
+from server.config import Config
+from server.factory import AgentFactory
+
+OPTIONS = agent_pb2.AgentOptions(provider="scripted", model="bench", tools=["word_count"])
+PROMPT = [c.ContentBlock(text=c.TextBlock(text="count the words of this short prompt"))]
+
+
+def rss_mb() -> float:
+    """Current resident set size in MB (Linux)."""
+    with open(f"/proc/{os.getpid()}/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process in MB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+async def one_turn(agent: Agent) -> None:
+    agent.send(PROMPT)
+    await agent.when_idle()
+
+
+def line(label: str, value: str, target: str) -> None:
+    print(f"  {label:<52} {value:>14}   target {target}")
+
+
+async def bench_in_process(turns: int, conversation: int) -> None:
+    factory = AgentFactory(build_runtime(Config()))
+    print("in process (loop + session log, no gRPC)")
+    # Warm up imports and caches.
+    warm = await factory.create("warm", OPTIONS)
+    for _ in range(20):
+        await one_turn(warm)
+    agents = [await factory.create(f"ind-{i}", OPTIONS) for i in range(turns)]
+    gc.collect()
+    start = time.perf_counter()
+    for agent in agents:
+        await one_turn(agent)
+    per_turn = (time.perf_counter() - start) / turns * 1e6
+    events = len(agents[0].session)
+    line(f"independent turns ({turns}, {events} events each)", f"{per_turn:,.0f} µs/turn", "≤ 1000")
+
+    agent = await factory.create("conversation", OPTIONS)
+    durations = []
+    for _ in range(conversation):
+        t0 = time.perf_counter()
+        await one_turn(agent)
+        durations.append(time.perf_counter() - t0)
+    first = statistics.mean(durations[:50]) * 1e6
+    last = statistics.mean(durations[-50:]) * 1e6
+    line(f"conversation of {conversation} turns: first 50", f"{first:,.0f} µs/turn", "")
+    line(f"conversation of {conversation} turns: last 50", f"{last:,.0f} µs/turn", "")
+    line("  last 50 / first 50", f"{last / first:.2f}×", "≤ 1.3×")
+    line("  session events", f"{len(agent.session):,}", "")
+    await factory.close()
+
+
+async def bench_idle_agents(count: int) -> None:
+    factory = AgentFactory(build_runtime(Config()))
+    gc.collect()
+    before = rss_mb()
+    for i in range(count):
+        await factory.create(f"idle-{i}", OPTIONS)
+    gc.collect()
+    after = rss_mb()
+    print(f"{count} idle agents")
+    line("RSS of the process", f"{after:,.1f} MB", "< 300 MB")
+    line("RSS added by the agents", f"{after - before:,.1f} MB", "")
+    await factory.close()
+
+
+async def bench_resume(events_wanted: int) -> None:
+    factory = AgentFactory(build_runtime(Config()))
+    agent = await factory.create("long", OPTIONS)
+    while len(agent.session) < events_wanted:
+        await one_turn(agent)
+    session_id = agent.session.session_id
+    count = len(agent.session)
+    await factory.dispose("long")
+    start = time.perf_counter()
+    await factory.resume("long-2", session_id, OPTIONS)
+    elapsed = time.perf_counter() - start
+    print("resume (in-memory store; SQLite is a later figure)")
+    line(f"resume a session of {count:,} events", f"{elapsed * 1e3:,.1f} ms", "< 500 ms")
+    await factory.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def bench_grpc(turns: int) -> None:
+    port = free_port()
+    server = await asyncio.create_subprocess_exec(
+        *(
+            sys.executable,
+            "-m",
+            "server",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--log-level",
+            "WARNING",
+        ),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert server.stdout is not None
+        await server.stdout.readline()  # "agentloop listening on ..."
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            factory = fac_rpc.AgentFactoryServiceStub(channel)
+            agents = api_rpc.AgentServiceStub(channel)
+            await factory.CreateAgent(fac.CreateAgentRequest(agent_id="e2e", options=OPTIONS))
+            stream = agents.StreamSessionEvents(api.StreamSessionEventsRequest(agent_id="e2e"))
+
+            async def turn() -> None:
+                await agents.SendMessage(api.SendMessageRequest(agent_id="e2e", text="count me"))
+                async for item in stream:
+                    if item.session_event.HasField("turn_end"):
+                        return
+
+            for _ in range(20):
+                await turn()
+            start = time.perf_counter()
+            for _ in range(turns):
+                await turn()
+            per_turn = (time.perf_counter() - start) / turns * 1e6
+            stream.cancel()
+        print("end to end over gRPC (server in a subprocess; client sees turn_end on its stream)")
+        line(f"turns ({turns}, one agent)", f"{per_turn:,.0f} µs/turn", "≤ 2500")
+    finally:
+        server.terminate()
+        await asyncio.wait_for(server.wait(), 10)
+
+
+def main() -> None:
+    """Run every benchmark and print the figures."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--turns", type=int, default=500)
+    parser.add_argument("--conversation", type=int, default=300)
+    parser.add_argument("--idle-agents", type=int, default=1000)
+    parser.add_argument("--resume-events", type=int, default=10_000)
+    parser.add_argument("--no-grpc", action="store_true", help="skip the end-to-end figure")
+    args = parser.parse_args()
+    print(f"agentloop benchmark · Python {sys.version.split()[0]} · {os.cpu_count()} cores")
+    asyncio.run(bench_in_process(args.turns, args.conversation))
+    asyncio.run(bench_resume(args.resume_events))
+    if not args.no_grpc:
+        asyncio.run(bench_grpc(args.turns))
+    line("peak RSS of this process so far", f"{peak_rss_mb():,.1f} MB", "≤ 100 MB")
+    asyncio.run(bench_idle_agents(args.idle_agents))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+"""agentloop: a command-line client of the agentloop gRPC service.
+
+Subcommands create, list, talk to, watch, cancel and dispose agents. Rendering lives in
+`server.cli_render`; this module only parses arguments and makes the calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+import grpc
+
+from agentloop.v1 import (
+    agent_factory_service_pb2,
+    agent_factory_service_pb2_grpc,
+    agent_pb2,
+    agent_service_pb2,
+    agent_service_pb2_grpc,
+)
+from server import cli_render as render
+
+DEFAULT_ADDRESS = "127.0.0.1:50051"
+EXIT_RPC_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+Command = Callable[[grpc.Channel, argparse.Namespace], int]
+
+
+def out(text: str) -> None:
+    """Write and flush at once, so that streamed text appears as it arrives."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def cmd_create(channel: grpc.Channel, args: argparse.Namespace) -> int:
+    """`create`: create an agent on a new session and print what was created."""
+    options = agent_pb2.AgentOptions(
+        provider=args.provider, model=args.model, tools=args.tool, persona=args.persona
+    )
+    if args.max_parallel_tool_calls is not None:
+        options.max_parallel_tool_calls = args.max_parallel_tool_calls
+    request = agent_factory_service_pb2.CreateAgentRequest(
+        agent_id=args.agent_id,
+        session_id=args.session_id,
+        options=options,
+        # The server wants an absolute cwd; resolving here lets users pass ".".
+        metadata=agent_pb2.SessionMetadata(cwd=os.path.abspath(args.cwd) if args.cwd else ""),
+    )
+    agent = (
+        agent_factory_service_pb2_grpc.AgentFactoryServiceStub(channel)
+        .CreateAgent(request, timeout=args.timeout)
+        .agent
+    )
+    out(f"agent    {agent.agent_id}\nsession  {agent.session_id}\n")
+    out(f"status   {render.status_word(agent.status)}\n")
+    return 0
+
+
+def cmd_agents(channel: grpc.Channel, args: argparse.Namespace) -> int:
+    """`agents`: a table of every live agent, following pagination."""
+    stub = agent_factory_service_pb2_grpc.AgentFactoryServiceStub(channel)
+    agents: list[agent_pb2.Agent] = []
+    token = ""
+    while True:
+        page = stub.ListAgents(
+            agent_factory_service_pb2.ListAgentsRequest(page_token=token), timeout=args.timeout
+        )
+        agents.extend(page.agents)
+        token = page.next_page_token
+        if not token:
+            break
+    out(render.agents_table(agents) + "\n")
+    return 0
+
+
+def cmd_dispose(channel: grpc.Channel, args: argparse.Namespace) -> int:
+    """`dispose`: stop an agent; its session stays readable."""
+    agent = (
+        agent_factory_service_pb2_grpc.AgentFactoryServiceStub(channel)
+        .DisposeAgent(
+            agent_factory_service_pb2.DisposeAgentRequest(agent_id=args.agent_id),
+            timeout=args.timeout,
+        )
+        .agent
+    )
+    out(f"disposed {agent.agent_id} (session {agent.session_id})\n")
+    return 0
+
+
+def cmd_cancel(channel: grpc.Channel, args: argparse.Namespace) -> int:
+    """`cancel`: abort the running turn and drop queued messages."""
+    response = agent_service_pb2_grpc.AgentServiceStub(channel).CancelTurn(
+        agent_service_pb2.CancelTurnRequest(agent_id=args.agent_id, reason=args.reason),
+        timeout=args.timeout,
+    )
+    out("cancelled\n" if response.cancelled else "nothing to cancel: the agent is idle\n")
+    return 0
+
+
+def cmd_send(channel: grpc.Channel, args: argparse.Namespace) -> int:
+    """`send`: send (or steer) a message and render its turn as it streams.
+
+    Ctrl-C cancels the turn and keeps reading until it ends; a second Ctrl-C quits.
+    The stream is reopened after an interrupt (from one past the last seq seen, which
+    the contract guarantees loses and repeats nothing) because a gRPC iterator
+    interrupted mid-read cannot be resumed safely.
+    """
+    stub = agent_service_pb2_grpc.AgentServiceStub(channel)
+    if args.steer:
+        steer = stub.SteerMessage(
+            agent_service_pb2.SteerMessageRequest(agent_id=args.agent_id, text=args.text),
+            timeout=args.timeout,
+        )
+        from_seq, tracker = steer.next_seq, render.TurnTracker(steering=steer.steering)
+    else:
+        sent = stub.SendMessage(
+            agent_service_pb2.SendMessageRequest(agent_id=args.agent_id, text=args.text),
+            timeout=args.timeout,
+        )
+        from_seq, tracker = sent.next_seq, render.TurnTracker()
+    view = render.TurnView(color=sys.stdout.isatty() and "NO_COLOR" not in os.environ)
+    interrupted = False
+    while True:
+        request = agent_service_pb2.StreamSessionEventsRequest(
+            agent_id=args.agent_id, from_seq=from_seq
+        )
+        stream = stub.StreamSessionEvents(request)
+        try:
+            for item in stream:
+                if item.WhichOneof("item") != "session_event":
+                    continue
+                event = item.session_event
+                from_seq = event.seq + 1
+                show, done = tracker.feed(event)
+                if show:
+                    out(view.render(event))
+                if done:
+                    stream.cancel()
+                    return 0 if render.turn_succeeded(event.turn_end) else 1
+            out(view.finish())
+            print("agentloop: the stream ended before the turn did", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            stream.cancel()
+            if interrupted:
+                out(view.finish())
+                return EXIT_INTERRUPTED
+            interrupted = True
+            out(view.finish())
+            print("^C cancelling the turn (Ctrl-C again to quit)", file=sys.stderr)
+            tracker.cancel()
+            stub.CancelTurn(
+                agent_service_pb2.CancelTurnRequest(
+                    agent_id=args.agent_id, reason="user interrupt"
+                ),
+                timeout=args.timeout,
+            )
+
+
+def cmd_tail(channel: grpc.Channel, args: argparse.Namespace) -> int:
+    """`tail`: print every session event (and live agent event) one line each."""
+    if bool(args.agent_id) == bool(args.session_id):
+        print("agentloop: tail needs exactly one of AGENT_ID or --session-id", file=sys.stderr)
+        return EXIT_RPC_ERROR
+    request = agent_service_pb2.StreamSessionEventsRequest(
+        agent_id=args.agent_id or "",
+        session_id=args.session_id,
+        from_seq=args.from_seq,
+        replay_only=args.no_follow,
+    )
+    stream = agent_service_pb2_grpc.AgentServiceStub(channel).StreamSessionEvents(request)
+    try:
+        for item in stream:
+            if item.WhichOneof("item") == "session_event":
+                out(render.event_line(item.session_event) + "\n")
+            else:
+                out(render.agent_event_line(item.agent_event) + "\n")
+    except KeyboardInterrupt:
+        stream.cancel()  # Ctrl-C is the normal way to stop following
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser: global options and one subparser per command."""
+    parser = argparse.ArgumentParser(
+        prog="agentloop", description="Command-line client of the agentloop gRPC service."
+    )
+    parser.add_argument(
+        "--address",
+        default=os.environ.get("AGENTLOOP_ADDRESS", DEFAULT_ADDRESS),
+        help="server host:port (default: $AGENTLOOP_ADDRESS or %(default)s)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=30.0, help="deadline of unary calls, seconds"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, handler: Command, help_text: str) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        cmd.set_defaults(handler=handler)
+        return cmd
+
+    create = command("create", cmd_create, "create an agent on a new session")
+    create.add_argument("agent_id", metavar="AGENT_ID")
+    create.add_argument("--session-id", default="", help="new session id (default: generated)")
+    create.add_argument("--provider", default="", help="model provider (default: server's)")
+    create.add_argument("--model", default="", help="model name (default: provider's)")
+    create.add_argument(
+        "--tool", action="append", default=[], metavar="NAME", help="built-in tool (repeatable)"
+    )
+    create.add_argument("--cwd", default="", help="the agent's working directory")
+    create.add_argument("--persona", default="", help="persona section of the system prompt")
+    create.add_argument("--max-parallel-tool-calls", type=int, metavar="N")
+
+    send = command("send", cmd_send, "send a message and stream the turn that answers it")
+    send.add_argument("agent_id", metavar="AGENT_ID")
+    send.add_argument("text", metavar="TEXT")
+    send.add_argument("--steer", action="store_true", help="steer the running turn instead")
+
+    command("agents", cmd_agents, "list the live agents")
+
+    tail = command("tail", cmd_tail, "print session events as they happen")
+    tail.add_argument("agent_id", metavar="AGENT_ID", nargs="?")
+    tail.add_argument("--from", dest="from_seq", type=int, default=0, metavar="SEQ")
+    tail.add_argument("--session-id", default="", help="read a session instead of an agent")
+    tail.add_argument("--no-follow", action="store_true", help="stop at the end of the log")
+
+    dispose = command("dispose", cmd_dispose, "dispose an agent")
+    dispose.add_argument("agent_id", metavar="AGENT_ID")
+
+    cancel = command("cancel", cmd_cancel, "cancel the running turn")
+    cancel.add_argument("agent_id", metavar="AGENT_ID")
+    cancel.add_argument("--reason", default="", help="recorded on the aborted turn")
+    return parser
+
+
+def report_rpc_error(error: grpc.RpcError, address: str) -> int:
+    """Print a failed call on stderr; returns the exit code."""
+    code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
+    if code == grpc.StatusCode.UNAVAILABLE:
+        print(
+            f"agentloop: cannot reach agentloop at {address}: is the server running? (make run)",
+            file=sys.stderr,
+        )
+    else:
+        details = error.details() if isinstance(error, grpc.Call) else str(error)
+        print(f"agentloop: {code.name}: {details}", file=sys.stderr)
+    return EXIT_RPC_ERROR
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command.
+
+    Args:
+        argv: The arguments without the program name; None means `sys.argv[1:]`.
+
+    Returns:
+        The exit code: 0 on success, 1 when a turn failed, 2 on a gRPC error.
+    """
+    args = build_parser().parse_args(argv)
+    handler: Command = args.handler
+    try:
+        with grpc.insecure_channel(args.address) as channel:
+            return handler(channel, args)
+    except grpc.RpcError as error:
+        return report_rpc_error(error, args.address)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""The e2e fixture: a real `App` on a real port, a channel and the two async stubs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import grpc
+import pytest
+
+from agentloop.v1 import (
+    agent_event_pb2,
+    agent_factory_service_pb2_grpc,
+    agent_service_pb2_grpc,
+    session_event_pb2,
+)
+from agentloop.v1 import agent_service_pb2 as api
+from server.app import App
+from server.config import Config
+
+if TYPE_CHECKING:
+    from agentloop.v1.agent_factory_service_pb2_grpc import AgentFactoryServiceAsyncStub
+    from agentloop.v1.agent_service_pb2_grpc import AgentServiceAsyncStub
+
+READ_TIMEOUT = 10.0
+"""How long any single wait on the server may take before the test fails."""
+
+
+@dataclass
+class E2E:
+    """A running server and a client connected to it."""
+
+    app: App
+    port: int
+    channel: grpc.aio.Channel
+    factory: AgentFactoryServiceAsyncStub
+    agents: AgentServiceAsyncStub
+
+    @property
+    def target(self) -> str:
+        """host:port of the server."""
+        return f"127.0.0.1:{self.port}"
+
+
+@pytest.fixture
+async def e2e() -> AsyncIterator[E2E]:
+    """Start a real server on 127.0.0.1:0; on teardown close the channel and stop it."""
+    app = App(Config(listen="127.0.0.1:0", agents=()))
+    port = await app.start()
+    assert port > 0
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield E2E(
+            app=app,
+            port=port,
+            channel=channel,
+            factory=agent_factory_service_pb2_grpc.AgentFactoryServiceStub(channel),
+            agents=agent_service_pb2_grpc.AgentServiceStub(channel),
+        )
+    finally:
+        await channel.close()
+        await app.stop(grace=0)
+
+
+async def read_turn(
+    agent_stub: AgentServiceAsyncStub, agent_id: str, from_seq: int
+) -> list[session_event_pb2.SessionEvent]:
+    """Stream the session events of `agent_id` from `from_seq` up to the first `turn_end`.
+
+    Live agent events on the stream are skipped. Fails (TimeoutError) after 10 seconds
+    instead of hanging, and when the stream ends before a `turn_end`.
+    """
+    events: list[session_event_pb2.SessionEvent] = []
+    call = agent_stub.StreamSessionEvents(
+        api.StreamSessionEventsRequest(agent_id=agent_id, from_seq=from_seq)
+    )
+    try:
+        async with asyncio.timeout(READ_TIMEOUT):
+            async for item in call:
+                if item.WhichOneof("item") != "session_event":
+                    continue
+                events.append(item.session_event)
+                if item.session_event.WhichOneof("payload") == "turn_end":
+                    return events
+    finally:
+        call.cancel()
+    kinds_seen = [e.WhichOneof("payload") for e in events]
+    raise AssertionError(f"the stream ended before a turn_end; it carried {kinds_seen}")
+
+
+def kinds(events: list[session_event_pb2.SessionEvent]) -> list[str]:
+    """The payload kind of each event."""
+    return [str(e.WhichOneof("payload")) for e in events]
+
+
+class EventStream:
+    """One `StreamSessionEvents` call, read an item at a time, each read bounded.
+
+    Every item is recorded: session events in `events`, live agent events in
+    `agent_events`.
+    """
+
+    def __init__(
+        self,
+        agent_stub: AgentServiceAsyncStub,
+        *,
+        agent_id: str = "",
+        session_id: str = "",
+        from_seq: int = 0,
+        replay_only: bool = False,
+    ) -> None:
+        self.call = agent_stub.StreamSessionEvents(
+            api.StreamSessionEventsRequest(
+                agent_id=agent_id, session_id=session_id, from_seq=from_seq, replay_only=replay_only
+            )
+        )
+        self.events: list[session_event_pb2.SessionEvent] = []
+        self.agent_events: list[agent_event_pb2.AgentEvent] = []
+        self.ended = False
+
+    async def next(self) -> api.StreamSessionEventsResponse | None:
+        """The next item, or None when the stream ended; TimeoutError after 10 s."""
+        async with asyncio.timeout(READ_TIMEOUT):
+            item = await self.call.read()
+        if item is grpc.aio.EOF:
+            self.ended = True
+            return None
+        assert isinstance(item, api.StreamSessionEventsResponse)
+        if item.WhichOneof("item") == "session_event":
+            self.events.append(item.session_event)
+        else:
+            self.agent_events.append(item.agent_event)
+        return item
+
+    async def until(self, kind: str) -> session_event_pb2.SessionEvent:
+        """Read until a session event whose payload is `kind`; returns it."""
+        while True:
+            item = await self.next()
+            if item is None:
+                raise AssertionError(f"the stream ended before a {kind}; saw {kinds(self.events)}")
+            event = item.session_event
+            if item.WhichOneof("item") == "session_event" and event.WhichOneof("payload") == kind:
+                return event
+
+    async def until_agent_event(
+        self, predicate: Callable[[agent_event_pb2.AgentEvent], bool]
+    ) -> agent_event_pb2.AgentEvent:
+        """Read until a live agent event satisfying `predicate`; returns it."""
+        for event in self.agent_events:
+            if predicate(event):
+                return event
+        while True:
+            item = await self.next()
+            if item is None:
+                raise AssertionError(f"the stream ended first; agent events: {self.agent_events}")
+            if item.WhichOneof("item") == "agent_event" and predicate(item.agent_event):
+                return item.agent_event
+
+    async def drain(self) -> None:
+        """Read until the stream ends by itself (bounded per item)."""
+        while await self.next() is not None:
+            pass
+
+    def close(self) -> None:
+        """Disconnect."""
+        self.call.cancel()

@@ -1,0 +1,62 @@
+"""The YAML config: defaults, the shipped example, and errors that name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from server.config import DEFAULT_AGENT, ConfigError, load_config, parse_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_no_file_gives_the_embedded_defaults() -> None:
+    config = load_config(None)
+    assert config.listen == "127.0.0.1:50051"
+    assert config.max_parallel_tool_calls == 10
+    assert config.agents == (DEFAULT_AGENT,)
+
+
+def test_the_shipped_example_parses() -> None:
+    config = load_config(ROOT / "agentloop.example.yaml")
+    (agent,) = config.agents
+    assert agent.id == "assistant"
+    assert agent.max_parallel_tool_calls == 4
+    assert agent.tools == ("current_time", "word_count")
+
+
+def test_an_empty_file_is_all_defaults() -> None:
+    assert parse_config({}).agents == ()
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"listen": "nowhere"}, "listen"),
+        ({"maxParallelToolCalls": 0}, "maxParallelToolCalls"),
+        ({"maxParallelToolCalls": True}, "maxParallelToolCalls"),
+        ({"agents": [{"model": "m"}]}, "agents[0].id"),
+        ({"agents": [{"id": "a", "maxParallelToolCalls": -1}]}, "agents[0].maxParallelToolCalls"),
+        ({"agents": [{"id": "a", "cwd": "relative"}]}, "agents[0].cwd"),
+        ({"agents": [{"id": "a"}, {"id": "a"}]}, "agents[1].id"),
+        ({"agents": [{"id": "a", "tools": "word_count"}]}, "agents[0].tools"),
+        ({"agents": [{"id": "a", "colour": "red"}]}, "agents[0].colour"),
+        ({"agentz": []}, "agentz"),
+        ({"agents": {"id": "a"}}, "agents"),
+        ([1, 2], "config"),
+    ],
+)
+def test_invalid_config_names_the_field(raw: object, field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    assert str(info.value).startswith(f"{field}:")
+
+
+def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("agents: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
