@@ -83,12 +83,12 @@ def turn_succeeded(end: session_event_pb2.TurnEnd) -> bool:
 
 
 def tool_result_text(name: str, result: session_event_pb2.ToolResult) -> str:
-    """`← name: text`, with errors marked `✗` and their code."""
+    """`name: text`, with errors marked `✗` and their code."""
     text = one_line(content_text(result.content))
     if not result.is_error:
-        return f"← {name}: {text}"
+        return f"{name}: {text}"
     code = result.error.code or result.error.name
-    return f"← {name} ✗ error{f' ({code})' if code else ''}: {text}"
+    return f"{name} ✗ error{f' ({code})' if code else ''}: {text}"
 
 
 def chunk_summary(chunk: stream_pb2.StreamChunk) -> str:
@@ -233,7 +233,8 @@ class TurnView:
             return self._line(f"→ tool {call.name}({call.arguments})")
         if kind == "tool_result":
             res = event.tool_result
-            return self._line(tool_result_text(self._tool_names.get(res.call_id, res.call_id), res))
+            name = self._tool_names.get(res.call_id, res.call_id)
+            return self._line("← " + tool_result_text(name, res))
         if kind == "prompt_blocked":
             return self._line(f"⚑ blocked: {event.prompt_blocked.reason}")
         if kind == "steering_message":

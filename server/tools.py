@@ -163,7 +163,10 @@ class Tool:
     opt_in: bool = True
     """Visible only to agents that enable it by name; False makes it visible to all."""
     agent_id: str | None = None
-    """Set for a tool scoped to one agent; it shadows a global tool of the same name."""
+    """Set for a tool scoped to one agent; it shadows a global tool of the same name.
+
+    The opt-in rule applies to a scoped tool too.
+    """
 
 
 class ToolArgumentsError(CodedError):
@@ -229,8 +232,10 @@ class ToolRegistry:
 
     def remove_agent(self, agent_id: str) -> None:
         """Remove every tool and guard scoped to `agent_id`."""
-        for tool in self._scoped.pop(agent_id, {}).values():
+        table = self._scoped.pop(agent_id, {})
+        for tool in table.values():
             del self._schemas[tool]
+        table.clear()  # so that the tools' own disposers find nothing left to do
         self._guards = [entry for entry in self._guards if entry[0] != agent_id]
 
     def names(self) -> set[str]:

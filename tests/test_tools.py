@@ -79,7 +79,9 @@ class Pipeline:
         self.pipeline = ToolPipeline(self.registry, self.seams, "a1", enabled)
         self.log: list[str] = []
 
-    def add(self, name: str = "t", execute: Callable[[ToolExecution], Awaitable[ToolValue]] = ok):
+    def add(
+        self, name: str = "t", execute: Callable[[ToolExecution], Awaitable[ToolValue]] = ok
+    ) -> None:
         self.registry.register(make_tool(name, execute))
 
     def record_post(self) -> None:
@@ -89,7 +91,9 @@ class Pipeline:
 
         self.seams.on(TOOLS_POST_EXECUTE, post)
 
-    async def run(self, name: str = "t", arguments: str = "{}", signal: AbortSignal = NEVER):
+    async def run(
+        self, name: str = "t", arguments: str = "{}", signal: AbortSignal = NEVER
+    ) -> ToolOutcome:
         return await self.pipeline.run(make_exec(name, arguments, signal))
 
 
@@ -150,12 +154,13 @@ def test_a_scoped_tool_shadows_the_global_one_for_its_agent_only() -> None:
     mine = make_tool("t", agent_id="a1")
     registry.register(shared)
     registry.register(mine)
-    registry.register(make_tool("extra", agent_id="a1"))
+    dispose_extra = registry.register(make_tool("extra", agent_id="a1"))
     assert registry.visible("a1", []) == {"t": mine, "extra": registry.lookup("extra", "a1", [])}
     assert registry.visible("a2", []) == {"t": shared}
     assert registry.names() == {"t"}
     registry.remove_agent("a1")
     assert registry.visible("a1", []) == {"t": shared}
+    dispose_extra()  # after remove_agent, a disposer has nothing left to do
 
 
 def test_registration_is_checked_and_disposable() -> None:
@@ -370,7 +375,11 @@ async def test_a_tool_cancelled_by_the_signal_becomes_an_aborted_result() -> Non
 
     async def wait_forever(exec: ToolExecution) -> ToolValue:
         inner = asyncio.ensure_future(asyncio.Event().wait())
-        exec.signal.on_abort(lambda _reason: inner.cancel())
+
+        def cancel(_reason: str) -> None:
+            inner.cancel()
+
+        exec.signal.on_abort(cancel)
         waiting.set()
         await inner
         return "unreachable"
@@ -392,9 +401,7 @@ async def test_cancelling_the_caller_is_not_swallowed() -> None:
         return "unreachable"
 
     p.add("t", wait_forever)
-    controller = AbortController()
-    controller.abort("already")
-    task = asyncio.create_task(p.pipeline.dispatch(make_exec(signal=NEVER)))
+    task = asyncio.create_task(p.pipeline.dispatch(make_exec()))
     await waiting.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -697,7 +704,11 @@ async def test_meta_that_is_not_lossless_json_becomes_an_error_result(meta: obje
 
     p.add("t", body)
     outcome = await p.run()
-    assert (plain_text(outcome.content), outcome.is_error, outcome.meta) == (NOT_LOSSLESS, True, None)
+    assert (plain_text(outcome.content), outcome.is_error, outcome.meta) == (
+        NOT_LOSSLESS,
+        True,
+        None,
+    )
     assert texts(outcome.contexts) == ["kept"]
 
 
@@ -730,12 +741,11 @@ async def test_tools_result_observers_see_the_final_result_but_cannot_change_it(
 # Built-in tools.
 
 
-def builtin_pipeline() -> ToolPipeline:
+def builtin_pipeline(seams: SeamRegistry | None = None) -> ToolPipeline:
     registry = ToolRegistry()
     for tool in builtin_tools():
         registry.register(tool)
-    names = [tool.name for tool in builtin_tools()]
-    return ToolPipeline(registry, SeamRegistry(), "a1", names)
+    return ToolPipeline(registry, seams or SeamRegistry(), "a1", registry.names())
 
 
 def test_builtin_tools_are_opt_in_with_object_schemas() -> None:
@@ -804,28 +814,32 @@ async def test_builtin_tools_explain_invalid_arguments(
 
 
 async def test_sleep_honours_the_abort_signal() -> None:
-    pipeline = builtin_pipeline()
     controller = AbortController()
     seams = SeamRegistry()
     sleeping = asyncio.Event()
 
     async def mark(exec: ToolExecution, next: Next) -> object:
-        sleeping.set()
+        sleeping.set()  # the waiter resumes once the tool is inside its sleep
         return await next()
 
     seams.on(TOOLS_EXECUTE, mark)
-    pipeline = ToolPipeline(pipeline._registry, seams, "a1", ["sleep"])
+    pipeline = builtin_pipeline(seams)
     task = asyncio.create_task(
         pipeline.run(make_exec("sleep", '{"seconds": 300}', controller.signal))
     )
     await sleeping.wait()
     controller.abort("user interrupt")
     outcome = await task
-    assert (plain_text(outcome.content), outcome.is_error) == ("Error: aborted: user interrupt", True)
+    assert (plain_text(outcome.content), outcome.is_error) == (
+        "Error: aborted: user interrupt",
+        True,
+    )
 
 
 async def test_sleep_with_an_already_aborted_signal_does_not_start() -> None:
     controller = AbortController()
     controller.abort("early")
-    outcome = await builtin_pipeline().run(make_exec("sleep", '{"seconds": 300}', controller.signal))
+    outcome = await builtin_pipeline().run(
+        make_exec("sleep", '{"seconds": 300}', controller.signal)
+    )
     assert plain_text(outcome.content) == "Error: aborted: early"
