@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -57,7 +58,10 @@ class AbortSignal:
 
     async def race(self, work: Awaitable[T]) -> T:
         """Await `work`, cancelling it and raising `Aborted` if the signal fires first."""
-        self.raise_if_aborted()
+        if self._reason is not None:
+            if inspect.iscoroutine(work):
+                work.close()  # never started: close it rather than leak it
+            raise Aborted(self._reason)
         task = asyncio.ensure_future(work)
 
         def cancel(_reason: str) -> None:

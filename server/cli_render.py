@@ -201,7 +201,7 @@ class TurnView:
     def __init__(self, color: bool = False) -> None:
         self.color = color
         self.at_line_start = True
-        self._kinds: dict[tuple[int, int, int], int] = {}
+        self._kinds: dict[tuple[int, int, int], stream_pb2.BlockKind.ValueType] = {}
         self._tool_names: dict[str, str] = {}
 
     def _break(self) -> str:
@@ -260,7 +260,9 @@ class TurnView:
             return ""
         if which == "block_delta":
             delta = chunk.block_delta
-            kind = self._kinds.get((turn, step, delta.index))
+            # A block started before the stream did (a steer joins mid-step) is most
+            # likely text: better shown than silently dropped.
+            kind = self._kinds.get((turn, step, delta.index), stream_pb2.BLOCK_KIND_TEXT)
             if kind == stream_pb2.BLOCK_KIND_TEXT:
                 return self._inline(delta.text)
             if kind == stream_pb2.BLOCK_KIND_REASONING:
@@ -268,8 +270,8 @@ class TurnView:
                 return self._dim(delta.text)
             return ""  # tool arguments: shown whole by the tool_call line
         if which == "block_end":
-            kind = self._kinds.get((turn, step, chunk.block_end.index))
-            return self._break() if kind == stream_pb2.BLOCK_KIND_REASONING else ""
+            ended = self._kinds.get((turn, step, chunk.block_end.index))
+            return self._break() if ended == stream_pb2.BLOCK_KIND_REASONING else ""
         return ""
 
     def finish(self) -> str:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from agentloop.v1 import content_pb2, decision_pb2
 from server.abort import AbortSignal
 from server.seams import SeamRegistry
-from server.tools import ToolExecution, ToolOutcome, ToolPipeline, ToolRegistry
+from server.tool_pipeline import ToolPipeline
+from server.tools import ToolExecution, ToolOutcome, ToolRegistry
 
 DEFAULT_MAX_PARALLEL = 10
 """The server's default cap on parallel dispatches per batch."""

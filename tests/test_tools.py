@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
+import threading
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -23,13 +24,13 @@ from server.seams import (
     TOOLS_RESULT,
     SeamRegistry,
 )
+from server.tool_pipeline import ToolPipeline
 from server.tools import (
     NOT_LOSSLESS,
     ParallelSafe,
     Tool,
     ToolExecution,
     ToolOutcome,
-    ToolPipeline,
     ToolRegistry,
     ToolReturn,
     ToolValue,
@@ -695,9 +696,12 @@ async def test_a_throwing_post_execute_listener_gives_an_error_result() -> None:
     assert (outcome.meta, outcome.contexts) == (None, [])
 
 
-@pytest.mark.parametrize("meta", [{"x": float("nan")}, {"s": {1, 2}}, {1: "key"}, [1, 2]])
+@pytest.mark.parametrize(
+    "meta", [{"x": float("nan")}, {"s": {1, 2}}, {1: "key"}, [1, 2], {"lock": threading.Lock()}]
+)
 async def test_meta_that_is_not_lossless_json_becomes_an_error_result(meta: object) -> None:
     p = Pipeline()
+    p.record_post()  # post-execute runs first, on a copy
 
     async def body(exec: ToolExecution) -> ToolValue:
         return ToolReturn("fine", meta=meta, contexts=[context("kept")])  # type: ignore[arg-type]

@@ -1,0 +1,251 @@
+"""One step: prepare (prompt, prefix, pre-step, `step/start`), stream the model, run tools."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agentloop.v1 import content_pb2 as c
+from agentloop.v1 import decision_pb2 as d
+from agentloop.v1 import session_event_pb2 as ev
+from agentloop.v1 import stream_pb2 as st
+from server import seams as S
+from server.abort import AbortSignal
+from server.agent import Agent, context_message
+from server.assembly import MessageAssembler
+from server.content import tool_calls_of, without_tool_calls
+from server.errors import Aborted, CodedError
+from server.jsonvalue import to_struct
+from server.models import ModelRequest
+from server.scheduler import run_tool_batch
+from server.system_prompt import PromptScope
+from server.tools import ToolOutcome
+from server.turn import StepInterrupted, Turn, check_interrupted
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What a successful step did."""
+
+    had_tool_calls: bool
+    max_tokens: bool
+
+
+async def prepare_step(
+    agent: Agent, turn: Turn, signal: AbortSignal
+) -> tuple[str, list[c.Message]]:
+    """Everything before the model call: prompt, prefix, pre-step, history, `step/start`.
+
+    Raises `StepInterrupted` at each checkpoint that finds the turn cancelled or the
+    agent disposed (also when a seam gave up because the step's signal fired).
+    """
+    runtime = agent.runtime
+    session = agent.session
+    try:
+        scope = PromptScope(
+            agent_id=agent.agent_id,
+            provider=agent.options.provider or runtime.default_provider,
+            model=agent.options.model,
+            cwd=session.header.cwd,
+        )
+        assembly = await runtime.prompts.assemble(scope, runtime.seams)
+        system = runtime.prompts.render(assembly)
+        check_interrupted(agent)
+        if agent.session_prefix is None:
+            prefix: list[c.Message] = await runtime.seams.waterfall(
+                S.SESSION_PREFIX, agent.agent_id, (agent, (), signal), []
+            )
+            check_interrupted(agent)  # an interrupted composition is not cached
+            agent.session_prefix = [copy_message(m) for m in prefix]
+        await runtime.seams.serial(
+            S.PRE_STEP,
+            agent.agent_id,
+            (agent, turn.number, turn.step, system, agent.session_prefix, signal),
+        )
+        check_interrupted(agent)
+    except Aborted:
+        if signal.aborted:
+            raise StepInterrupted from None
+        raise
+    history = session.derive_messages()
+    session.append("step_start", ev.StepStart(turn=turn.number, step=turn.step))
+    turn.step_open = True
+    check_interrupted(agent)
+    return system, history
+
+
+async def run_step(agent: Agent, turn: Turn, system: str, history: list[c.Message]) -> StepOutcome:
+    """Stream one model request and run the tool calls it asked for."""
+    runtime = agent.runtime
+    session = agent.session
+    signal = agent.step_signal()
+    first_request = agent.requests_made == 0
+    seed = (
+        c.ModelConfig(
+            provider=agent.options.provider or runtime.default_provider, model=agent.options.model
+        )
+        if first_request or session.request_header is None
+        else session.request_header.config
+    )
+    config = await runtime.seams.waterfall(
+        S.REQUEST, agent.agent_id, (agent, turn.number, turn.step, seed), seed
+    )
+    if not config.provider or not config.model:
+        raise CodedError(
+            f'agent "{agent.agent_id}" has no provider/model: provider="{config.provider}", '
+            f'model="{config.model}"; set them in the agent options or from agent/request',
+            "NO_MODEL",
+        )
+    header = c.RequestHeader(
+        config=config,
+        system=system,
+        tools=runtime.tools.schemas(agent.agent_id, agent.enabled_tools, runtime.tool_order),
+        message_prefix=agent.session_prefix or (),
+    )
+    log_header(agent, header, first_request)
+    agent.requests_made += 1
+    model = runtime.models.get(config.provider)
+    request = ModelRequest(
+        agent_id=agent.agent_id,
+        session_id=session.session_id,
+        turn=turn.number,
+        step=turn.step,
+        header=header,
+        messages=[*header.message_prefix, *history],
+        options=agent.options,
+    )
+    assembler = MessageAssembler()
+    chunk_seqs: list[int] = []
+    chunks = model.stream(request, signal)
+    try:
+        async for chunk in chunks:
+            signal.raise_if_aborted()
+            event = session.append(
+                "assistant_chunk", ev.AssistantChunk(turn=turn.number, step=turn.step, chunk=chunk)
+            )
+            chunk_seqs.append(event.seq)
+            assembler.add(chunk)
+    finally:
+        close = getattr(chunks, "aclose", None)
+        if close is not None:
+            await close()  # stop the provider's stream at once on abort
+    signal.raise_if_aborted()
+    finish = assembler.finish
+    if finish is None:
+        raise CodedError("model stream ended without a finish chunk", "MODEL_PROTOCOL")
+    if finish.kind == st.FINISH_KIND_ERROR:
+        raise CodedError(finish.message or "model error", finish.code)
+    if finish.kind == st.FINISH_KIND_ABORTED:
+        raise CodedError("model stream aborted", "ABORTED")
+    max_tokens = finish.kind == st.FINISH_KIND_MAX_TOKENS
+    provenance = c.Provenance(provider=config.provider, model=config.model)
+    assembled = assembler.content
+    if max_tokens:
+        assembled = without_tool_calls(assembled)
+    message = c.Message(role=c.ROLE_ASSISTANT, content=assembled, provenance=provenance)
+    try:
+        result = await runtime.seams.waterfall(
+            S.STEP_RESULT, agent.agent_id, (agent, turn.number, turn.step, message), message
+        )
+    except Exception:
+        append_assistant(agent, turn, [], provenance, assembler.usage, chunk_seqs)
+        raise
+    content = list(result.content)
+    if max_tokens:
+        content = without_tool_calls(content)
+    if result is not message and list(result.content) != list(message.content):
+        provenance.replay_state = ""  # replay state only fits the content it came with
+    append_assistant(agent, turn, content, provenance, assembler.usage, chunk_seqs)
+    calls = [] if max_tokens else tool_calls_of(content)
+    if not calls:
+        return StepOutcome(had_tool_calls=False, max_tokens=max_tokens)
+    await run_tools(agent, turn, calls)
+    return StepOutcome(had_tool_calls=True, max_tokens=False)
+
+
+async def run_tools(agent: Agent, turn: Turn, calls: list[c.ToolCallBlock]) -> None:
+    """Run one tool batch; deferred contexts are appended after its results, even on abort."""
+    session = agent.session
+
+    def on_call(call: c.ToolCallBlock) -> int:
+        return session.append(
+            "tool_call",
+            ev.ToolCall(
+                turn=turn.number,
+                step=turn.step,
+                call_id=call.id,
+                name=call.name,
+                arguments=call.arguments,
+            ),
+        ).seq
+
+    def on_result(call: c.ToolCallBlock, outcome: ToolOutcome, call_seq: int) -> None:
+        result = ev.ToolResult(
+            turn=turn.number,
+            step=turn.step,
+            call_id=call.id,  # the model's id, whatever a listener did to the content
+            content=outcome.content,
+            is_error=outcome.is_error,
+            error=outcome.error,
+        )
+        if outcome.meta is not None:
+            result.meta.CopyFrom(to_struct(outcome.meta))
+        session.append("tool_result", result, source_event_seqs=[call_seq])
+
+    def on_context(context: d.HookContext) -> None:
+        agent.deferred.append(context_message(context))
+
+    agent.tool_batch_active = True
+    try:
+        await run_tool_batch(
+            calls,
+            registry=agent.runtime.tools,
+            seams=agent.runtime.seams,
+            agent_id=agent.agent_id,
+            enabled=agent.enabled_tools,
+            turn=turn.number,
+            step=turn.step,
+            signal=agent.step_signal(),
+            max_parallel=agent.max_parallel_tool_calls,
+            on_call=on_call,
+            on_result=on_result,
+            on_context=on_context,
+        )
+    finally:
+        agent.tool_batch_active = False
+        deferred, agent.deferred = agent.deferred, []
+        for message in deferred:
+            session.append("context_message", message)
+
+
+def log_header(agent: Agent, header: c.RequestHeader, first_request: bool) -> None:
+    """Append `request/header` when this request owes one (first of instance, or changed)."""
+    logged = agent.session.request_header
+    if first_request:
+        reason = ev.HEADER_REASON_INITIAL if logged is None else ev.HEADER_REASON_RESUME
+    elif logged is None or logged != header:
+        reason = ev.HEADER_REASON_CHANGE
+    else:
+        return
+    agent.session.append("request_header", ev.RequestHeaderLogged(header=header, reason=reason))
+
+
+def append_assistant(
+    agent: Agent,
+    turn: Turn,
+    content: list[c.ContentBlock],
+    provenance: c.Provenance,
+    usage: c.Usage | None,
+    chunk_seqs: list[int],
+) -> None:
+    """Append the step's `assistant/message` (empty content is a completion anchor)."""
+    message = ev.AssistantMessage(
+        turn=turn.number, step=turn.step, content=content, provenance=provenance, usage=usage
+    )
+    agent.session.append("assistant_message", message, source_event_seqs=chunk_seqs)
+
+
+def copy_message(message: c.Message) -> c.Message:
+    """A detached copy, so that a listener's later mutation cannot reach the cache."""
+    copy = c.Message()
+    copy.CopyFrom(message)
+    return copy
