@@ -10,7 +10,6 @@ Every turn that opened is closed with exactly one `turn/end` and then flushed.
 
 from __future__ import annotations
 
-
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
@@ -28,7 +27,6 @@ from server.turn import (
     fail,
     interrupt,
 )
-
 
 LOOP_SOURCE = c.Source(kind="loop")
 
