@@ -14,12 +14,11 @@ from agentloop.v1 import agent_service_pb2 as pb
 from agentloop.v1 import agent_service_pb2_grpc as rpc
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
-from agentloop.v1 import session_pb2
 from server.agent import Agent
 from server.api_factory import page_bounds
 from server.errors import AgentLoopError, InvalidArgument
-from server.factory import AgentFactory
-from server.session import SessionLog
+from server.factory import AgentFactory, check_id
+from server.session import SessionLog, session_message
 from server.status import code_of, mapped
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -38,17 +37,6 @@ def message_content(text: str, content: list[c.ContentBlock], field: str) -> lis
         if block.WhichOneof("block") is None:
             raise InvalidArgument(f"content[{i}]", "is an empty content block")
     return blocks
-
-
-def session_message(session: SessionLog) -> session_pb2.Session:
-    """The `Session` resource of a session log."""
-    return session_pb2.Session(
-        session_id=session.session_id,
-        agent_id=session.agent_id,
-        header=session.header,
-        event_count=len(session),
-        turn_count=session.max_turn,
-    )
 
 
 class AgentServicer(rpc.AgentServiceServicer):
@@ -123,6 +111,27 @@ class AgentServicer(rpc.AgentServiceServicer):
         """Describe a session."""
         session = await self._session(request.agent_id, request.session_id)
         return pb.GetSessionResponse(session=session_message(session))
+
+    @mapped
+    async def ListSessions(
+        self, request: pb.ListSessionsRequest, context: Context
+    ) -> pb.ListSessionsResponse:
+        """List every session, a page at a time."""
+        offset, size = page_bounds(request.page_size, request.page_token, 100, 1000)
+        sessions = await self.factory.list_sessions()
+        page = sessions[offset : offset + size]
+        next_token = str(offset + size) if offset + size < len(sessions) else ""
+        return pb.ListSessionsResponse(sessions=page, next_page_token=next_token)
+
+    @mapped
+    async def ForkSession(
+        self, request: pb.ForkSessionRequest, context: Context
+    ) -> pb.ForkSessionResponse:
+        """Fork a session at a turn boundary."""
+        check_id("session_id", request.session_id)
+        boundary = request.boundary_seq if request.HasField("boundary_seq") else None
+        session = await self.factory.fork(request.session_id, boundary, request.new_session_id)
+        return pb.ForkSessionResponse(session=session)
 
     @mapped
     async def ListSessionEvents(

@@ -83,7 +83,7 @@ class AgentFactoryServicer(rpc.AgentFactoryServiceServicer):
     ) -> pb.ListAgentsResponse:
         """List live agents by id, a page at a time."""
         offset, size = page_bounds(request.page_size, request.page_token, 100, 1000)
-        agents = self.factory.list()
+        agents = self.factory.list_agents()
         page = agents[offset : offset + size]
         next_token = str(offset + size) if offset + size < len(agents) else ""
         return pb.ListAgentsResponse(

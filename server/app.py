@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -21,9 +22,13 @@ from server.api_agent import AgentServicer
 from server.api_factory import AgentFactoryServicer
 from server.builtin_tools import builtin_tools
 from server.config import Config
+from server.errors import SessionDamaged
 from server.factory import AgentFactory
 from server.models.scripted import ScriptedModel
 from server.runtime import Runtime
+from server.stores import SessionStore
+from server.stores.memory import MemoryStore
+from server.stores.sqlite import SqliteStore
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +38,17 @@ SERVICE_NAMES = (
 )
 
 
+def build_store(config: Config) -> SessionStore:
+    """The session store the config asks for."""
+    if config.store == "memory":
+        return MemoryStore()
+    return SqliteStore(Path(config.data_dir) / "agentloop.db")
+
+
 def build_runtime(config: Config) -> Runtime:
-    """The runtime of a server: built-in tools and the scripted model."""
+    """The runtime of a server: its store, the built-in tools and the scripted model."""
     runtime = Runtime(
+        store=build_store(config),
         max_parallel_tool_calls=config.max_parallel_tool_calls,
         default_provider=config.default_provider,
     )
@@ -69,6 +82,10 @@ class App:
 
     async def start(self) -> int:
         """Bind, start serving, create the config agents; returns the bound port."""
+        try:
+            await self.runtime.store.open()
+        except SessionDamaged as error:  # reported per session later; the server serves
+            log.error("%s", error)
         self.port = self.server.add_insecure_port(self.config.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
@@ -80,10 +97,13 @@ class App:
             if agent.max_parallel_tool_calls is not None:
                 options.max_parallel_tool_calls = agent.max_parallel_tool_calls
             try:
-                created = await self.factory.create(agent.id, options, cwd=agent.cwd)
+                if agent.resume_session_id:
+                    created = await self.factory.resume(agent.id, agent.resume_session_id, options)
+                else:
+                    created = await self.factory.create(agent.id, options, cwd=agent.cwd)
                 log.info("agent %s started on session %s", agent.id, created.session.session_id)
             except Exception as error:  # reported, not fatal: the server still serves
-                log.error("config agent %s was not created: %s", agent.id, error)
+                log.error("config agent %s was not started: %s", agent.id, error)
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         return self.port
@@ -95,6 +115,7 @@ class App:
         await self.health.enter_graceful_shutdown()
         await self.factory.close()
         await self.server.stop(self.config.shutdown_grace_seconds if grace is None else grace)
+        await self.runtime.store.close()
         self._stopped.set()
 
     async def run_until_signal(self) -> None:

@@ -162,9 +162,6 @@ def cmd_send(channel: grpc.Channel, args: argparse.Namespace) -> int:
 
 def cmd_tail(channel: grpc.Channel, args: argparse.Namespace) -> int:
     """`tail`: print every session event (and live agent event) one line each."""
-    if bool(args.agent_id) == bool(args.session_id):
-        print("agentloop: tail needs exactly one of AGENT_ID or --session-id", file=sys.stderr)
-        return EXIT_RPC_ERROR
     request = agent_service_pb2.StreamSessionEventsRequest(
         agent_id=args.agent_id or "",
         session_id=args.session_id,
@@ -260,7 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         The exit code: 0 on success, 1 when a turn failed, 2 on a gRPC error.
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "tail" and bool(args.agent_id) == bool(args.session_id):
+        parser.error("tail needs exactly one of AGENT_ID or --session-id")
     handler: Command = args.handler
     try:
         with grpc.insecure_channel(args.address) as channel:
@@ -269,6 +269,10 @@ def main(argv: list[str] | None = None) -> int:
         return report_rpc_error(error, args.address)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `agentloop tail | head`: the reader left; silence the flush at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ class AgentConfig:
     """The persona section of the system prompt."""
     max_parallel_tool_calls: int | None = None
     """The agent's parallel tool-call cap; None means the server's."""
+    resume_session_id: str = ""
+    """Resume this stored session instead of creating one (cwd is then ignored)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,10 @@ class Config:
     """How long running RPCs get to finish on SIGTERM."""
     default_provider: str = "scripted"
     """The provider of agents that name none."""
+    store: str = "sqlite"
+    """Where sessions live: "sqlite" (durable, a file under `data_dir`) or "memory"."""
+    data_dir: str = "data"
+    """The directory of the SQLite file (`agentloop.db`); relative to the working directory."""
     agents: tuple[AgentConfig, ...] = field(default_factory=tuple)
     """Agents created at start."""
 
@@ -93,8 +99,13 @@ def parse_config(raw: object) -> Config:
     grace = doc.get("shutdownGraceSeconds", 5.0)
     if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
         raise ConfigError("shutdownGraceSeconds: must be a non-negative number")
+    store = _string(doc.get("store", "sqlite"), "store")
+    if store not in ("sqlite", "memory"):
+        raise ConfigError(f"store: {store!r} must be sqlite or memory")
     return Config(
         listen=listen,
+        store=store,
+        data_dir=_string(doc.get("dataDir", "data"), "dataDir"),
         max_parallel_tool_calls=_positive(
             doc.get("maxParallelToolCalls", 10), "maxParallelToolCalls"
         ),

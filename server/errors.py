@@ -5,7 +5,8 @@ AgentLoopError            any error a caller can be told about
 ├── NotFound              unknown agent or session          -> NOT_FOUND
 ├── AlreadyExists         duplicate agent or session id     -> ALREADY_EXISTS
 ├── FailedPrecondition    e.g. the agent is disposed        -> FAILED_PRECONDITION
-└── ResourceExhausted     a limit was reached               -> RESOURCE_EXHAUSTED
+├── ResourceExhausted     a limit was reached               -> RESOURCE_EXHAUSTED
+└── SessionDamaged        a stored session cannot be read   -> DATA_LOSS
 CodedError                a failure inside a turn with a machine-readable code
 Aborted                   the step's abort signal fired; carries the reason
 """
@@ -47,6 +48,15 @@ class AgentDisposed(FailedPrecondition):
 
 class ResourceExhausted(AgentLoopError):
     """A configured limit was reached."""
+
+
+class SessionDamaged(AgentLoopError):
+    """A stored session (or the store itself) cannot be read."""
+
+    def __init__(self, session_id: str, problem: str) -> None:
+        what = f'session "{session_id}"' if session_id else "session store"
+        super().__init__(f"{what} is damaged: {problem}")
+        self.session_id = session_id
 
 
 class CodedError(Exception):

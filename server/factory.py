@@ -22,10 +22,17 @@ from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_pb2, session_pb2
 from server import seams as S
 from server.agent import Agent
-from server.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from server.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    SessionDamaged,
+)
 from server.loop import run_loop
+from server.repair import crash_closers
 from server.runtime import Runtime
-from server.session import SessionLog, now_timestamp
+from server.session import SessionLog, now_timestamp, session_message
 from server.system_prompt import persona_section
 
 log = logging.getLogger(__name__)
@@ -98,10 +105,14 @@ class AgentFactory:
         if session_id in self.sessions:
             owner = self.sessions[session_id].agent_id
             raise FailedPrecondition(f'session "{session_id}" is driven by agent "{owner}"')
-        header, events = await self.runtime.store.load(session_id)
-        session = SessionLog(session_id, header, seed=events)
+        if not self.runtime.store.persistent:
+            raise FailedPrecondition(
+                "cannot resume: this server keeps no persistent session store"
+                " (configure store: sqlite)"
+            )
+        session = await self.load(session_id)
         return await self._publish(
-            agent_id, session, options, setup, ae.SESSION_START_SOURCE_RESUME, stored=len(events)
+            agent_id, session, options, setup, ae.SESSION_START_SOURCE_RESUME, stored=len(session)
         )
 
     async def _publish(
@@ -161,7 +172,7 @@ class AgentFactory:
             raise NotFound(f'agent "{agent_id}" not found')
         return agent
 
-    def list(self) -> list[Agent]:
+    def list_agents(self) -> list[Agent]:
         """Every live agent, by id."""
         return [self.agents[key] for key in sorted(self.agents)]
 
@@ -171,8 +182,76 @@ class AgentFactory:
         live = self.sessions.get(session_id)
         if live is not None:
             return live
-        header, events = await self.runtime.store.load(session_id)
-        return SessionLog(session_id, header, seed=events)
+        return await self.load(session_id)
+
+    async def load(self, session_id: str) -> SessionLog:
+        """Load a stored session, closing (durably) a turn that a crash left open."""
+        store = self.runtime.store
+        header, events = await store.load(session_id)
+        closers = crash_closers(events)
+        if closers:
+            log.warning(
+                "session %s: closing turn %d interrupted by a crash",
+                session_id,
+                closers[-1].turn_end.turn,
+            )
+            await store.append(session_id, closers)
+        return SessionLog(session_id, header, seed=[*events, *closers])
+
+    async def list_sessions(self) -> list[session_pb2.Session]:
+        """Every session, stored or live, by id; unreadable ones carry their error."""
+        ids = sorted(set(await self.runtime.store.list_ids()) | set(self.sessions))
+        return [await self.describe(session_id) for session_id in ids]
+
+    async def describe(self, session_id: str) -> session_pb2.Session:
+        """The `Session` resource of a live or stored session."""
+        live = self.sessions.get(session_id)
+        if live is not None:
+            return session_message(live)
+        try:
+            summary = await self.runtime.store.summary(session_id)
+        except SessionDamaged as error:
+            return session_pb2.Session(session_id=session_id, load_error=str(error))
+        return session_pb2.Session(
+            session_id=session_id,
+            header=summary.header,
+            event_count=summary.event_count,
+            turn_count=summary.turn_count,
+        )
+
+    async def fork(
+        self, session_id: str, boundary_seq: int | None, new_session_id: str = ""
+    ) -> session_pb2.Session:
+        """Store a new session seeded with `session_id`'s events up to a `turn/end`."""
+        source = await self.session(session_id)
+        new_session_id = new_session_id or f"{session_id}-fork-{uuid.uuid4()}"
+        check_id("new_session_id", new_session_id)
+        ends = [e.seq for e in source.events if e.HasField("turn_end")]
+        if boundary_seq is None:
+            if not ends:
+                raise InvalidArgument("boundary_seq", f'session "{session_id}" has no turn_end')
+            boundary_seq = ends[-1]
+        elif boundary_seq >= len(source):
+            raise InvalidArgument(
+                "boundary_seq", f"{boundary_seq} is out of range (the log has {len(source)} events)"
+            )
+        elif boundary_seq not in ends:
+            kind = source.events[boundary_seq].WhichOneof("payload")
+            raise InvalidArgument(
+                "boundary_seq", f"event {boundary_seq} is a {kind}, not a turn_end"
+            )
+        if new_session_id in self.sessions or await self.runtime.store.exists(new_session_id):
+            raise AlreadyExists(f'session "{new_session_id}" already exists')
+        seed = source.events[: boundary_seq + 1]
+        header = session_pb2.SessionHeader(
+            cwd=source.header.cwd,
+            parent_session_id=session_id,
+            seed_length=len(seed),
+            create_time=now_timestamp(),
+        )
+        await self.runtime.store.create(new_session_id, header)
+        await self.runtime.store.append(new_session_id, seed)
+        return await self.describe(new_session_id)
 
     # -- teardown ----------------------------------------------------------------------
 

@@ -202,3 +202,14 @@ def project(event: ev.SessionEvent, kind: str) -> c.Message | None:
         return c.Message(role=c.ROLE_USER, content=_wrap("context", ctx.source, ctx.content))
     steering = event.steering_message
     return c.Message(role=c.ROLE_USER, content=_wrap("steering", steering.source, steering.content))
+
+
+def session_message(session: SessionLog) -> session_pb2.Session:
+    """The `Session` resource of a session log."""
+    return session_pb2.Session(
+        session_id=session.session_id,
+        agent_id=session.agent_id,
+        header=session.header,
+        event_count=len(session),
+        turn_count=session.max_turn,
+    )

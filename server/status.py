@@ -15,6 +15,7 @@ from server.errors import (
     InvalidArgument,
     NotFound,
     ResourceExhausted,
+    SessionDamaged,
 )
 
 CODES: list[tuple[type[AgentLoopError], grpc.StatusCode]] = [
@@ -23,6 +24,7 @@ CODES: list[tuple[type[AgentLoopError], grpc.StatusCode]] = [
     (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (SessionDamaged, grpc.StatusCode.DATA_LOSS),
 ]
 
 Response = TypeVar("Response")

@@ -17,6 +17,7 @@ from server.factory import AgentFactory
 from server.models import ModelRequest
 from server.models.scripted import ScriptedModel
 from server.runtime import Runtime
+from server.stores.memory import MemoryStore
 
 
 class RecordingModel:
@@ -36,6 +37,7 @@ class Harness:
     """A runtime with the scripted model (recorded) and the built-in tools."""
 
     def __init__(self, **runtime_args: Any) -> None:
+        runtime_args.setdefault("store", MemoryStore(persistent=True))
         self.runtime = Runtime(**runtime_args)
         self.model = RecordingModel()
         self.runtime.models.register("scripted", self.model)

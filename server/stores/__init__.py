@@ -1,16 +1,27 @@
 """Session stores: where session logs are kept between turns and across restarts.
 
 The loop writes to a store at every turn-end flush; a store never sees an event
-twice. Reads return the stored events in sequence order.
+twice. Reads return the stored events in sequence order; a session that cannot be
+read raises `SessionDamaged`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    """What a listing needs of a stored session, without its events."""
+
+    header: session_pb2.SessionHeader
+    event_count: int
+    turn_count: int
 
 
 class SessionStore(Protocol):
@@ -37,6 +48,18 @@ class SessionStore(Protocol):
         """The header and every event; raises `NotFound` if the session is unknown."""
         ...
 
+    async def summary(self, session_id: str) -> SessionSummary:
+        """The header and counts; raises `NotFound` if the session is unknown."""
+        ...
+
     async def list_ids(self) -> list[str]:
         """Every stored session id, sorted."""
+        ...
+
+    async def open(self) -> None:
+        """Open the store now (creating it if needed) rather than on first use."""
+        ...
+
+    async def close(self) -> None:
+        """Release the store's resources."""
         ...

@@ -90,9 +90,11 @@ class AgentFactoryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ResumeAgent(self, request, context):
-        """ResumeAgent creates an agent over an existing session: history, turn
-        numbers and sequence numbers continue. NOT_FOUND if the session does not
-        exist; FAILED_PRECONDITION if a live agent already drives it.
+        """ResumeAgent creates an agent over a stored session: history, turn numbers
+        and sequence numbers continue, and a turn cut short by a crash is closed
+        as `interrupted`. NOT_FOUND if the session does not exist;
+        FAILED_PRECONDITION if a live agent already drives it or the server keeps
+        no persistent store; DATA_LOSS if the stored session cannot be read.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

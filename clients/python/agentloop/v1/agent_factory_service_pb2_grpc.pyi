@@ -45,9 +45,11 @@ class AgentFactoryServiceStub:
     CreateAgent: _grpc.UnaryUnaryMultiCallable[_agent_factory_service_pb2.CreateAgentRequest, _agent_factory_service_pb2.CreateAgentResponse]
     """CreateAgent creates an agent on a new session and starts its driver."""
     ResumeAgent: _grpc.UnaryUnaryMultiCallable[_agent_factory_service_pb2.ResumeAgentRequest, _agent_factory_service_pb2.ResumeAgentResponse]
-    """ResumeAgent creates an agent over an existing session: history, turn
-    numbers and sequence numbers continue. NOT_FOUND if the session does not
-    exist; FAILED_PRECONDITION if a live agent already drives it.
+    """ResumeAgent creates an agent over a stored session: history, turn numbers
+    and sequence numbers continue, and a turn cut short by a crash is closed
+    as `interrupted`. NOT_FOUND if the session does not exist;
+    FAILED_PRECONDITION if a live agent already drives it or the server keeps
+    no persistent store; DATA_LOSS if the stored session cannot be read.
     """
     DisposeAgent: _grpc.UnaryUnaryMultiCallable[_agent_factory_service_pb2.DisposeAgentRequest, _agent_factory_service_pb2.DisposeAgentResponse]
     """DisposeAgent stops an agent: a running turn ends `disposed`, the session
@@ -75,9 +77,11 @@ class AgentFactoryServiceAsyncStub(AgentFactoryServiceStub):
     CreateAgent: _aio.UnaryUnaryMultiCallable[_agent_factory_service_pb2.CreateAgentRequest, _agent_factory_service_pb2.CreateAgentResponse]  # type: ignore[assignment]
     """CreateAgent creates an agent on a new session and starts its driver."""
     ResumeAgent: _aio.UnaryUnaryMultiCallable[_agent_factory_service_pb2.ResumeAgentRequest, _agent_factory_service_pb2.ResumeAgentResponse]  # type: ignore[assignment]
-    """ResumeAgent creates an agent over an existing session: history, turn
-    numbers and sequence numbers continue. NOT_FOUND if the session does not
-    exist; FAILED_PRECONDITION if a live agent already drives it.
+    """ResumeAgent creates an agent over a stored session: history, turn numbers
+    and sequence numbers continue, and a turn cut short by a crash is closed
+    as `interrupted`. NOT_FOUND if the session does not exist;
+    FAILED_PRECONDITION if a live agent already drives it or the server keeps
+    no persistent store; DATA_LOSS if the stored session cannot be read.
     """
     DisposeAgent: _aio.UnaryUnaryMultiCallable[_agent_factory_service_pb2.DisposeAgentRequest, _agent_factory_service_pb2.DisposeAgentResponse]  # type: ignore[assignment]
     """DisposeAgent stops an agent: a running turn ends `disposed`, the session
@@ -114,9 +118,11 @@ class AgentFactoryServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_factory_service_pb2.ResumeAgentRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_agent_factory_service_pb2.ResumeAgentResponse, _abc.Awaitable[_agent_factory_service_pb2.ResumeAgentResponse]]:
-        """ResumeAgent creates an agent over an existing session: history, turn
-        numbers and sequence numbers continue. NOT_FOUND if the session does not
-        exist; FAILED_PRECONDITION if a live agent already drives it.
+        """ResumeAgent creates an agent over a stored session: history, turn numbers
+        and sequence numbers continue, and a turn cut short by a crash is closed
+        as `interrupted`. NOT_FOUND if the session does not exist;
+        FAILED_PRECONDITION if a live agent already drives it or the server keeps
+        no persistent store; DATA_LOSS if the stored session cannot be read.
         """
 
     @_abc_1.abstractmethod

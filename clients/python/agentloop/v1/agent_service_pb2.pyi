@@ -383,6 +383,124 @@ class GetSessionResponse(_message.Message):
 Global___GetSessionResponse: _TypeAlias = GetSessionResponse  # noqa: Y015
 
 @_typing.final
+class ListSessionsRequest(_message.Message):
+    """ListSessionsRequest is the input of ListSessions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """PageSize is the maximum number of sessions returned; 0 means 100; at most
+    1000.
+    """
+    page_token: _builtins.str
+    """PageToken is the next_page_token of a previous call, or empty."""
+    def __init__(
+        self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSessionsRequest: _TypeAlias = ListSessionsRequest  # noqa: Y015
+
+@_typing.final
+class ListSessionsResponse(_message.Message):
+    """ListSessionsResponse is the output of ListSessions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSIONS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """NextPageToken fetches the next page; empty on the last one."""
+    @_builtins.property
+    def sessions(self) -> _containers.RepeatedCompositeFieldContainer[_session_pb2.Session]:
+        """Sessions are the sessions of this page. A session that cannot be read is
+        listed with its `load_error` set.
+        """
+
+    def __init__(
+        self,
+        *,
+        sessions: _abc.Iterable[_session_pb2.Session] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "sessions", b"sessions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSessionsResponse: _TypeAlias = ListSessionsResponse  # noqa: Y015
+
+@_typing.final
+class ForkSessionRequest(_message.Message):
+    """ForkSessionRequest is the input of ForkSession."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    BOUNDARY_SEQ_FIELD_NUMBER: _builtins.int
+    NEW_SESSION_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """SessionID is the session to copy from."""
+    boundary_seq: _builtins.int
+    """BoundarySeq is the sequence number of the `turn_end` event the copy ends
+    with (inclusive). Unset means the last `turn_end` of the session.
+    """
+    new_session_id: _builtins.str
+    """NewSessionID is the id of the fork; empty means
+    "<session_id>-fork-<uuid>".
+    """
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        boundary_seq: _builtins.int | None = ...,
+        new_session_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_boundary_seq", b"_boundary_seq", "boundary_seq", b"boundary_seq"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_boundary_seq", b"_boundary_seq", "boundary_seq", b"boundary_seq", "new_session_id", b"new_session_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__boundary_seq: _TypeAlias = _typing.Literal["boundary_seq"]  # noqa: Y015
+    _WhichOneofArgType__boundary_seq: _TypeAlias = _typing.Literal["_boundary_seq", b"_boundary_seq"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__boundary_seq) -> _WhichOneofReturnType__boundary_seq | None: ...
+
+Global___ForkSessionRequest: _TypeAlias = ForkSessionRequest  # noqa: Y015
+
+@_typing.final
+class ForkSessionResponse(_message.Message):
+    """ForkSessionResponse is the output of ForkSession."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> _session_pb2.Session:
+        """Session is the new session."""
+
+    def __init__(
+        self,
+        *,
+        session: _session_pb2.Session | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkSessionResponse: _TypeAlias = ForkSessionResponse  # noqa: Y015
+
+@_typing.final
 class ListSessionEventsRequest(_message.Message):
     """ListSessionEventsRequest is the input of ListSessionEvents. Set exactly one
     of the ids.

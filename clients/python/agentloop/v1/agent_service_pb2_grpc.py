@@ -74,6 +74,16 @@ class AgentServiceStub:
                 request_serializer=agentloop_dot_v1_dot_agent__service__pb2.GetSessionRequest.SerializeToString,
                 response_deserializer=agentloop_dot_v1_dot_agent__service__pb2.GetSessionResponse.FromString,
                 _registered_method=True)
+        self.ListSessions = channel.unary_unary(
+                '/agentloop.v1.AgentService/ListSessions',
+                request_serializer=agentloop_dot_v1_dot_agent__service__pb2.ListSessionsRequest.SerializeToString,
+                response_deserializer=agentloop_dot_v1_dot_agent__service__pb2.ListSessionsResponse.FromString,
+                _registered_method=True)
+        self.ForkSession = channel.unary_unary(
+                '/agentloop.v1.AgentService/ForkSession',
+                request_serializer=agentloop_dot_v1_dot_agent__service__pb2.ForkSessionRequest.SerializeToString,
+                response_deserializer=agentloop_dot_v1_dot_agent__service__pb2.ForkSessionResponse.FromString,
+                _registered_method=True)
         self.ListSessionEvents = channel.unary_unary(
                 '/agentloop.v1.AgentService/ListSessionEvents',
                 request_serializer=agentloop_dot_v1_dot_agent__service__pb2.ListSessionEventsRequest.SerializeToString,
@@ -148,6 +158,24 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListSessions(self, request, context):
+        """ListSessions lists every session, stored or live, ordered by id, including
+        sessions no agent has loaded since the server started.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForkSession(self, request, context):
+        """ForkSession creates a new stored session seeded with a copy of another
+        session's events up to a `turn_end` boundary. Resume an agent on it to
+        continue from there: turn numbers continue after the seed.
+        INVALID_ARGUMENT if the boundary is not a `turn_end` or is out of range.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListSessionEvents(self, request, context):
         """ListSessionEvents pages through a session log in sequence order.
         """
@@ -199,6 +227,16 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.GetSession,
                     request_deserializer=agentloop_dot_v1_dot_agent__service__pb2.GetSessionRequest.FromString,
                     response_serializer=agentloop_dot_v1_dot_agent__service__pb2.GetSessionResponse.SerializeToString,
+            ),
+            'ListSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSessions,
+                    request_deserializer=agentloop_dot_v1_dot_agent__service__pb2.ListSessionsRequest.FromString,
+                    response_serializer=agentloop_dot_v1_dot_agent__service__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'ForkSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSession,
+                    request_deserializer=agentloop_dot_v1_dot_agent__service__pb2.ForkSessionRequest.FromString,
+                    response_serializer=agentloop_dot_v1_dot_agent__service__pb2.ForkSessionResponse.SerializeToString,
             ),
             'ListSessionEvents': grpc.unary_unary_rpc_method_handler(
                     servicer.ListSessionEvents,
@@ -383,6 +421,60 @@ class AgentService:
             '/agentloop.v1.AgentService/GetSession',
             agentloop_dot_v1_dot_agent__service__pb2.GetSessionRequest.SerializeToString,
             agentloop_dot_v1_dot_agent__service__pb2.GetSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentloop.v1.AgentService/ListSessions',
+            agentloop_dot_v1_dot_agent__service__pb2.ListSessionsRequest.SerializeToString,
+            agentloop_dot_v1_dot_agent__service__pb2.ListSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentloop.v1.AgentService/ForkSession',
+            agentloop_dot_v1_dot_agent__service__pb2.ForkSessionRequest.SerializeToString,
+            agentloop_dot_v1_dot_agent__service__pb2.ForkSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

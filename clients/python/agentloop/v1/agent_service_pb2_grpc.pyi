@@ -67,6 +67,16 @@ class AgentServiceStub:
     """
     GetSession: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.GetSessionRequest, _agent_service_pb2.GetSessionResponse]
     """GetSession describes a session, by agent or by session id."""
+    ListSessions: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.ListSessionsRequest, _agent_service_pb2.ListSessionsResponse]
+    """ListSessions lists every session, stored or live, ordered by id, including
+    sessions no agent has loaded since the server started.
+    """
+    ForkSession: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.ForkSessionRequest, _agent_service_pb2.ForkSessionResponse]
+    """ForkSession creates a new stored session seeded with a copy of another
+    session's events up to a `turn_end` boundary. Resume an agent on it to
+    continue from there: turn numbers continue after the seed.
+    INVALID_ARGUMENT if the boundary is not a `turn_end` or is out of range.
+    """
     ListSessionEvents: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.ListSessionEventsRequest, _agent_service_pb2.ListSessionEventsResponse]
     """ListSessionEvents pages through a session log in sequence order."""
     StreamSessionEvents: _grpc.UnaryStreamMultiCallable[_agent_service_pb2.StreamSessionEventsRequest, _agent_service_pb2.StreamSessionEventsResponse]
@@ -117,6 +127,16 @@ class AgentServiceAsyncStub(AgentServiceStub):
     """
     GetSession: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.GetSessionRequest, _agent_service_pb2.GetSessionResponse]  # type: ignore[assignment]
     """GetSession describes a session, by agent or by session id."""
+    ListSessions: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.ListSessionsRequest, _agent_service_pb2.ListSessionsResponse]  # type: ignore[assignment]
+    """ListSessions lists every session, stored or live, ordered by id, including
+    sessions no agent has loaded since the server started.
+    """
+    ForkSession: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.ForkSessionRequest, _agent_service_pb2.ForkSessionResponse]  # type: ignore[assignment]
+    """ForkSession creates a new stored session seeded with a copy of another
+    session's events up to a `turn_end` boundary. Resume an agent on it to
+    continue from there: turn numbers continue after the seed.
+    INVALID_ARGUMENT if the boundary is not a `turn_end` or is out of range.
+    """
     ListSessionEvents: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.ListSessionEventsRequest, _agent_service_pb2.ListSessionEventsResponse]  # type: ignore[assignment]
     """ListSessionEvents pages through a session log in sequence order."""
     StreamSessionEvents: _aio.UnaryStreamMultiCallable[_agent_service_pb2.StreamSessionEventsRequest, _agent_service_pb2.StreamSessionEventsResponse]  # type: ignore[assignment]
@@ -200,6 +220,28 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_agent_service_pb2.GetSessionResponse, _abc.Awaitable[_agent_service_pb2.GetSessionResponse]]:
         """GetSession describes a session, by agent or by session id."""
+
+    @_abc_1.abstractmethod
+    def ListSessions(
+        self,
+        request: _agent_service_pb2.ListSessionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_service_pb2.ListSessionsResponse, _abc.Awaitable[_agent_service_pb2.ListSessionsResponse]]:
+        """ListSessions lists every session, stored or live, ordered by id, including
+        sessions no agent has loaded since the server started.
+        """
+
+    @_abc_1.abstractmethod
+    def ForkSession(
+        self,
+        request: _agent_service_pb2.ForkSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_service_pb2.ForkSessionResponse, _abc.Awaitable[_agent_service_pb2.ForkSessionResponse]]:
+        """ForkSession creates a new stored session seeded with a copy of another
+        session's events up to a `turn_end` boundary. Resume an agent on it to
+        continue from there: turn numbers continue after the seed.
+        INVALID_ARGUMENT if the boundary is not a `turn_end` or is out of range.
+        """
 
     @_abc_1.abstractmethod
     def ListSessionEvents(

@@ -64,6 +64,7 @@ class Session(_message.Message):
     HEADER_FIELD_NUMBER: _builtins.int
     EVENT_COUNT_FIELD_NUMBER: _builtins.int
     TURN_COUNT_FIELD_NUMBER: _builtins.int
+    LOAD_ERROR_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """SessionID is the session id."""
     agent_id: _builtins.str
@@ -72,6 +73,10 @@ class Session(_message.Message):
     """EventCount is the number of events in the log; the next seq."""
     turn_count: _builtins.int
     """TurnCount is the highest turn number in the log."""
+    load_error: _builtins.str
+    """LoadError says why the session could not be read, when it could not;
+    the other fields are then partial.
+    """
     @_builtins.property
     def header(self) -> Global___SessionHeader:
         """Header is the session header."""
@@ -84,10 +89,11 @@ class Session(_message.Message):
         header: Global___SessionHeader | None = ...,
         event_count: _builtins.int = ...,
         turn_count: _builtins.int = ...,
+        load_error: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "event_count", b"event_count", "header", b"header", "session_id", b"session_id", "turn_count", b"turn_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "event_count", b"event_count", "header", b"header", "load_error", b"load_error", "session_id", b"session_id", "turn_count", b"turn_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,95 @@
+"""The SQLite store: round trips, counts, listing, damage reported per session."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from agentloop.v1 import session_event_pb2 as ev
+from agentloop.v1 import session_pb2
+from server.errors import AlreadyExists, NotFound, SessionDamaged
+from server.session import SessionLog
+from server.stores.sqlite import SqliteStore
+
+
+def sample_events(turns: int) -> list[ev.SessionEvent]:
+    session = SessionLog("s", session_pb2.SessionHeader())
+    for turn in range(1, turns + 1):
+        session.append("turn_start", ev.TurnStart(turn=turn, trigger=ev.TRIGGER_KIND_MESSAGE))
+        session.append("turn_end", ev.TurnEnd(turn=turn))
+    return session.events
+
+
+@pytest.fixture
+async def store(tmp_path: Path):
+    s = SqliteStore(tmp_path / "data" / "agentloop.db")
+    yield s
+    await s.close()
+
+
+async def test_round_trip_and_counts(store: SqliteStore) -> None:
+    header = session_pb2.SessionHeader(cwd="/w")
+    await store.create("s1", header)
+    events = sample_events(3)
+    await store.append("s1", events[:2])
+    await store.append("s1", events[2:])
+    loaded_header, loaded = await store.load("s1")
+    assert loaded_header == header and loaded == events
+    summary = await store.summary("s1")
+    assert (summary.event_count, summary.turn_count) == (6, 3)
+    assert await store.list_ids() == ["s1"]
+    assert await store.exists("s1") and not await store.exists("nope")
+
+
+async def test_duplicates_gaps_and_unknown_sessions(store: SqliteStore) -> None:
+    await store.create("s1", session_pb2.SessionHeader())
+    with pytest.raises(AlreadyExists):
+        await store.create("s1", session_pb2.SessionHeader())
+    with pytest.raises(NotFound):
+        await store.load("nope")
+    events = sample_events(2)
+    with pytest.raises(SessionDamaged, match="does not follow"):
+        await store.append("s1", events[1:])
+    _, stored = await store.load("s1")
+    assert stored == []  # the rejected append wrote nothing
+
+
+async def test_a_corrupt_row_damages_only_its_session(store: SqliteStore, tmp_path: Path) -> None:
+    for name in ("good", "bad"):
+        await store.create(name, session_pb2.SessionHeader())
+        await store.append(name, sample_events(1))
+    await store.close()
+    with sqlite3.connect(tmp_path / "data" / "agentloop.db") as db:
+        db.execute("UPDATE events SET event = X'FFFFFFFF' WHERE session_id = 'bad' AND seq = 1")
+    reopened = SqliteStore(tmp_path / "data" / "agentloop.db")
+    with pytest.raises(SessionDamaged, match='session "bad" is damaged'):
+        await reopened.load("bad")
+    _, good = await reopened.load("good")
+    assert len(good) == 2
+    await reopened.close()
+
+
+async def test_a_file_that_is_not_a_database_is_reported(tmp_path: Path) -> None:
+    path = tmp_path / "agentloop.db"
+    path.write_bytes(b"this is not a database" * 100)
+    store = SqliteStore(path)
+    with pytest.raises(SessionDamaged, match="session store is damaged"):
+        await store.open()
+    with pytest.raises(SessionDamaged):
+        await store.load("any")
+    await store.close()
+
+
+async def test_an_unknown_format_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "agentloop.db"
+    store = SqliteStore(path)
+    await store.open()
+    await store.close()
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE meta SET value = '99' WHERE key = 'format_version'")
+    again = SqliteStore(path)
+    with pytest.raises(SessionDamaged, match="format version 99"):
+        await again.open()
+    await again.close()
