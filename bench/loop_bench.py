@@ -59,7 +59,7 @@ def line(label: str, value: str, target: str) -> None:
 
 
 async def bench_in_process(turns: int, conversation: int) -> None:
-    factory = AgentFactory(build_runtime(Config()))
+    factory = AgentFactory(build_runtime(Config(store="memory")))
     print("in process (loop + session log, no gRPC)")
     # Warm up imports and caches.
     warm = await factory.create("warm", OPTIONS)
@@ -90,7 +90,7 @@ async def bench_in_process(turns: int, conversation: int) -> None:
 
 
 async def bench_idle_agents(count: int) -> None:
-    factory = AgentFactory(build_runtime(Config()))
+    factory = AgentFactory(build_runtime(Config(store="memory")))
     gc.collect()
     before = rss_mb()
     for i in range(count):
@@ -104,7 +104,7 @@ async def bench_idle_agents(count: int) -> None:
 
 
 async def bench_resume(events_wanted: int) -> None:
-    factory = AgentFactory(build_runtime(Config()))
+    factory = AgentFactory(build_runtime(Config(store="memory")))
     agent = await factory.create("long", OPTIONS)
     while len(agent.session) < events_wanted:
         await one_turn(agent)

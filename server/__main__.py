@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m server", description=__doc__)
     parser.add_argument("--config", help="YAML config file (default: the embedded defaults)")
     parser.add_argument("--listen", help="host:port, overriding the config")
+    parser.add_argument("--data-dir", help="directory of the SQLite store, overriding the config")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -29,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.listen:
         config = replace(config, listen=args.listen)
+    if args.data_dir:
+        config = replace(config, data_dir=args.data_dir)
     return asyncio.run(serve(config))
 
 

@@ -55,6 +55,10 @@ class Agent:
             else runtime.max_parallel_tool_calls
         )
         self.enabled_tools = frozenset(options.tools)
+        self.resolved_provider = options.provider or runtime.default_provider
+        """The provider of the first request: the option, else the server default."""
+        self.resolved_model = options.model or runtime.models.default_model(self.resolved_provider)
+        """The model of the first request: the option, else the provider's default."""
         self.status: ae.AgentStatus.ValueType = ae.AGENT_STATUS_IDLE
         self.inbox = Inbox()
         self.create_time = now_timestamp()

@@ -177,6 +177,8 @@ class AgentServicer(rpc.AgentServiceServicer):
                     cursor += 1
                 while live:
                     yield pb.StreamSessionEventsResponse(agent_event=live.popleft())
+                if cursor < len(session):
+                    continue  # appended while we were sending: drain before deciding
                 if request.replay_only or not self._follows(session, agent):
                     return
                 live_ready.clear()

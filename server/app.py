@@ -54,7 +54,7 @@ def build_runtime(config: Config) -> Runtime:
     )
     for tool in builtin_tools():
         runtime.tools.register(tool)
-    runtime.models.register("scripted", ScriptedModel())
+    runtime.models.register("scripted", ScriptedModel(), default_model="echo")
     return runtime
 
 

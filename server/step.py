@@ -43,8 +43,8 @@ async def prepare_step(
     try:
         scope = PromptScope(
             agent_id=agent.agent_id,
-            provider=agent.options.provider or runtime.default_provider,
-            model=agent.options.model,
+            provider=agent.resolved_provider,
+            model=agent.resolved_model,
             cwd=session.header.cwd,
         )
         assembly = await runtime.prompts.assemble(scope, runtime.seams)
@@ -80,9 +80,7 @@ async def run_step(agent: Agent, turn: Turn, system: str, history: list[c.Messag
     signal = agent.step_signal()
     first_request = agent.requests_made == 0
     seed = (
-        c.ModelConfig(
-            provider=agent.options.provider or runtime.default_provider, model=agent.options.model
-        )
+        c.ModelConfig(provider=agent.resolved_provider, model=agent.resolved_model)
         if first_request or session.request_header is None
         else session.request_header.config
     )

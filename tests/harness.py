@@ -40,7 +40,7 @@ class Harness:
         runtime_args.setdefault("store", MemoryStore(persistent=True))
         self.runtime = Runtime(**runtime_args)
         self.model = RecordingModel()
-        self.runtime.models.register("scripted", self.model)
+        self.runtime.models.register("scripted", self.model, default_model="echo")
         for tool in builtin_tools():
             self.runtime.tools.register(tool)
         self.factory = AgentFactory(self.runtime)

