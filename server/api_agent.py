@@ -23,6 +23,9 @@ from server.status import code_of, mapped
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
+STREAM_BATCH = 500
+"""The most session events one stream response carries."""
+
 LIVE_EVENT_BUFFER = 1024
 """Live agent events held for a slow stream reader; older ones are dropped first."""
 
@@ -159,29 +162,28 @@ class AgentServicer(rpc.AgentServiceServicer):
             await context.abort(code_of(error), str(error))
             return
         live: deque[ae.AgentEvent] = deque(maxlen=LIVE_EVENT_BUFFER)
-        live_ready = asyncio.Event()
 
         def on_live(event: ae.AgentEvent) -> None:
             copy = ae.AgentEvent()
             copy.CopyFrom(event)
             live.append(copy)
-            live_ready.set()
             session.wake_waiters()
 
         unsubscribe = agent.subscribe(on_live) if agent is not None else None
         cursor = request.from_seq
         try:
             while True:
-                while cursor < len(session):
-                    yield pb.StreamSessionEventsResponse(session_event=session.events[cursor])
-                    cursor += 1
-                while live:
-                    yield pb.StreamSessionEventsResponse(agent_event=live.popleft())
-                if cursor < len(session):
-                    continue  # appended while we were sending: drain before deciding
+                if cursor < len(session) or live:
+                    # Everything appended since the last batch goes in one response:
+                    # a turn's burst of chunks costs one message, not one each.
+                    events = session.events[cursor : cursor + STREAM_BATCH]
+                    cursor += len(events)
+                    agent_events = list(live)
+                    live.clear()
+                    yield pb.StreamSessionEventsResponse(events=events, agent_events=agent_events)
+                    continue
                 if request.replay_only or not self._follows(session, agent):
                     return
-                live_ready.clear()
                 await session.wait_beyond(cursor)
         finally:
             if unsubscribe is not None:

@@ -129,10 +129,7 @@ def cmd_send(channel: grpc.Channel, args: argparse.Namespace) -> int:
         )
         stream = stub.StreamSessionEvents(request)
         try:
-            for item in stream:
-                if item.WhichOneof("item") != "session_event":
-                    continue
-                event = item.session_event
+            for event in (event for batch in stream for event in batch.events):
                 from_seq = event.seq + 1
                 show, done = tracker.feed(event)
                 if show:
@@ -170,11 +167,11 @@ def cmd_tail(channel: grpc.Channel, args: argparse.Namespace) -> int:
     )
     stream = agent_service_pb2_grpc.AgentServiceStub(channel).StreamSessionEvents(request)
     try:
-        for item in stream:
-            if item.WhichOneof("item") == "session_event":
-                out(render.event_line(item.session_event) + "\n")
-            else:
-                out(render.agent_event_line(item.agent_event) + "\n")
+        for batch in stream:
+            for event in batch.events:
+                out(render.event_line(event) + "\n")
+            for agent_event in batch.agent_events:
+                out(render.agent_event_line(agent_event) + "\n")
     except KeyboardInterrupt:
         stream.cancel()  # Ctrl-C is the normal way to stop following
     return 0

@@ -78,12 +78,11 @@ async def read_turn(
     )
     try:
         async with asyncio.timeout(READ_TIMEOUT):
-            async for item in call:
-                if item.WhichOneof("item") != "session_event":
-                    continue
-                events.append(item.session_event)
-                if item.session_event.WhichOneof("payload") == "turn_end":
-                    return events
+            async for batch in call:
+                for event in batch.events:
+                    events.append(event)
+                    if event.WhichOneof("payload") == "turn_end":
+                        return events
     finally:
         call.cancel()
     kinds_seen = [e.WhichOneof("payload") for e in events]
@@ -96,10 +95,11 @@ def kinds(events: list[session_event_pb2.SessionEvent]) -> list[str]:
 
 
 class EventStream:
-    """One `StreamSessionEvents` call, read an item at a time, each read bounded.
+    """One `StreamSessionEvents` call, read a batch at a time, each read bounded.
 
-    Every item is recorded: session events in `events`, live agent events in
-    `agent_events`.
+    Every batch is recorded: session events in `events`, live agent events in
+    `agent_events`. `until` and `until_agent_event` consume what was recorded before
+    reading more, so nothing read in a batch is skipped.
     """
 
     def __init__(
@@ -119,44 +119,44 @@ class EventStream:
         self.events: list[session_event_pb2.SessionEvent] = []
         self.agent_events: list[agent_event_pb2.AgentEvent] = []
         self.ended = False
+        self._seen = 0
+        self._seen_agent = 0
 
     async def next(self) -> api.StreamSessionEventsResponse | None:
-        """The next item, or None when the stream ended; TimeoutError after 10 s."""
+        """The next batch, or None when the stream ended; TimeoutError after 10 s."""
         async with asyncio.timeout(READ_TIMEOUT):
             item = await self.call.read()
         if item is grpc.aio.EOF:
             self.ended = True
             return None
         assert isinstance(item, api.StreamSessionEventsResponse)
-        if item.WhichOneof("item") == "session_event":
-            self.events.append(item.session_event)
-        else:
-            self.agent_events.append(item.agent_event)
+        self.events.extend(item.events)
+        self.agent_events.extend(item.agent_events)
         return item
 
     async def until(self, kind: str) -> session_event_pb2.SessionEvent:
         """Read until a session event whose payload is `kind`; returns it."""
         while True:
-            item = await self.next()
-            if item is None:
+            while self._seen < len(self.events):
+                event = self.events[self._seen]
+                self._seen += 1
+                if event.WhichOneof("payload") == kind:
+                    return event
+            if await self.next() is None:
                 raise AssertionError(f"the stream ended before a {kind}; saw {kinds(self.events)}")
-            event = item.session_event
-            if item.WhichOneof("item") == "session_event" and event.WhichOneof("payload") == kind:
-                return event
 
     async def until_agent_event(
         self, predicate: Callable[[agent_event_pb2.AgentEvent], bool]
     ) -> agent_event_pb2.AgentEvent:
         """Read until a live agent event satisfying `predicate`; returns it."""
-        for event in self.agent_events:
-            if predicate(event):
-                return event
         while True:
-            item = await self.next()
-            if item is None:
+            while self._seen_agent < len(self.agent_events):
+                event = self.agent_events[self._seen_agent]
+                self._seen_agent += 1
+                if predicate(event):
+                    return event
+            if await self.next() is None:
                 raise AssertionError(f"the stream ended first; agent events: {self.agent_events}")
-            if item.WhichOneof("item") == "agent_event" and predicate(item.agent_event):
-                return item.agent_event
 
     async def drain(self) -> None:
         """Read until the stream ends by itself (bounded per item)."""

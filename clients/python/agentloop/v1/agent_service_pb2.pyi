@@ -612,32 +612,34 @@ Global___StreamSessionEventsRequest: _TypeAlias = StreamSessionEventsRequest  # 
 
 @_typing.final
 class StreamSessionEventsResponse(_message.Message):
-    """StreamSessionEventsResponse is one item of the stream."""
+    """StreamSessionEventsResponse is one batch of the stream: the session events
+    appended since the previous batch (in order, continuing exactly where it
+    ended) and the live agent events that happened meanwhile. A batch carries
+    at least one event of either kind.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    SESSION_EVENT_FIELD_NUMBER: _builtins.int
-    AGENT_EVENT_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    AGENT_EVENTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def session_event(self) -> _session_event_pb2.SessionEvent:
-        """SessionEvent is the next event of the log."""
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[_session_event_pb2.SessionEvent]:
+        """Events are the next session events, in sequence order, at most 500."""
 
     @_builtins.property
-    def agent_event(self) -> _agent_event_pb2.AgentEvent:
-        """AgentEvent is a live agent notification."""
+    def agent_events(self) -> _containers.RepeatedCompositeFieldContainer[_agent_event_pb2.AgentEvent]:
+        """AgentEvents are the live agent notifications since the previous batch."""
 
     def __init__(
         self,
         *,
-        session_event: _session_event_pb2.SessionEvent | None = ...,
-        agent_event: _agent_event_pb2.AgentEvent | None = ...,
+        events: _abc.Iterable[_session_event_pb2.SessionEvent] | None = ...,
+        agent_events: _abc.Iterable[_agent_event_pb2.AgentEvent] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "item", b"item", "session_event", b"session_event"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "item", b"item", "session_event", b"session_event"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_events", b"agent_events", "events", b"events"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["session_event", "agent_event"]  # noqa: Y015
-    _WhichOneofArgType_item: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_item) -> _WhichOneofReturnType_item | None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StreamSessionEventsResponse: _TypeAlias = StreamSessionEventsResponse  # noqa: Y015

@@ -185,7 +185,8 @@ class AgentServiceServicer:
 
     def StreamSessionEvents(self, request, context):
         """StreamSessionEvents replays the log from `from_seq`, then follows live
-        appends. With an agent id it also carries the agent's live events
+        appends, in batches: each response holds every event appended since the
+        previous one. With an agent id it also carries the agent's live events
         (status, queued, error, created, disposed, session-start) as they happen;
         those are not replayed. After a disconnect, reconnect with `from_seq` set
         to one past the last sequence number seen: nothing is lost or repeated.

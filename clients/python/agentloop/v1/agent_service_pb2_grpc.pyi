@@ -81,7 +81,8 @@ class AgentServiceStub:
     """ListSessionEvents pages through a session log in sequence order."""
     StreamSessionEvents: _grpc.UnaryStreamMultiCallable[_agent_service_pb2.StreamSessionEventsRequest, _agent_service_pb2.StreamSessionEventsResponse]
     """StreamSessionEvents replays the log from `from_seq`, then follows live
-    appends. With an agent id it also carries the agent's live events
+    appends, in batches: each response holds every event appended since the
+    previous one. With an agent id it also carries the agent's live events
     (status, queued, error, created, disposed, session-start) as they happen;
     those are not replayed. After a disconnect, reconnect with `from_seq` set
     to one past the last sequence number seen: nothing is lost or repeated.
@@ -141,7 +142,8 @@ class AgentServiceAsyncStub(AgentServiceStub):
     """ListSessionEvents pages through a session log in sequence order."""
     StreamSessionEvents: _aio.UnaryStreamMultiCallable[_agent_service_pb2.StreamSessionEventsRequest, _agent_service_pb2.StreamSessionEventsResponse]  # type: ignore[assignment]
     """StreamSessionEvents replays the log from `from_seq`, then follows live
-    appends. With an agent id it also carries the agent's live events
+    appends, in batches: each response holds every event appended since the
+    previous one. With an agent id it also carries the agent's live events
     (status, queued, error, created, disposed, session-start) as they happen;
     those are not replayed. After a disconnect, reconnect with `from_seq` set
     to one past the last sequence number seen: nothing is lost or repeated.
@@ -258,7 +260,8 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_agent_service_pb2.StreamSessionEventsResponse], _abc.AsyncIterator[_agent_service_pb2.StreamSessionEventsResponse]]:
         """StreamSessionEvents replays the log from `from_seq`, then follows live
-        appends. With an agent id it also carries the agent's live events
+        appends, in batches: each response holds every event appended since the
+        previous one. With an agent id it also carries the agent's live events
         (status, queued, error, created, disposed, session-start) as they happen;
         those are not replayed. After a disconnect, reconnect with `from_seq` set
         to one past the last sequence number seen: nothing is lost or repeated.
