@@ -66,6 +66,8 @@ class Agent:
         self.disposed = False
         self.cancel_reason: str | None = None
         """The turn-scoped cancel marker: set by `cancel()` when there is work."""
+        self.turn_controller: AbortController | None = None
+        """The abort scope of the running turn: every seam call of the turn watches it."""
         self.step_controller: AbortController | None = None
         self.session_prefix: list[c.Message] | None = None
         """The session prefix of this loop instance, composed on its first step."""
@@ -78,6 +80,7 @@ class Agent:
         self.pending_flushes: set[asyncio.Task[None]] = set()
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._live: list[LiveListener] = []
+        session.observers.append(self._observe_session)
 
     # -- verbs -------------------------------------------------------------------------
 
@@ -123,6 +126,8 @@ class Agent:
         if has_work:
             self.cancel_reason = reason
         self.inbox.clear()
+        if self.turn_controller is not None:
+            self.turn_controller.abort(reason)
         if self.step_controller is not None:
             self.step_controller.abort(reason)
         return has_work
@@ -150,6 +155,10 @@ class Agent:
         """Open the abort scope of a new step; `cancel()` and disposal fire it."""
         self.step_controller = AbortController()
         return self.step_controller.signal
+
+    def turn_signal(self) -> AbortSignal:
+        """The running turn's signal (a never-firing one outside a turn)."""
+        return self.turn_controller.signal if self.turn_controller is not None else NEVER
 
     def step_signal(self) -> AbortSignal:
         """The current step's signal (a never-firing one outside a step)."""
@@ -189,9 +198,11 @@ class Agent:
 
     def emit(self, seam: str | None, args: tuple[Any, ...], event: ae.AgentEvent) -> None:
         """Notify the seam's listeners (if any seam) and the live subscribers; contained."""
+        seams = self.runtime.seams
         if seam is not None:
-            self.runtime.seams.emit(seam, self.agent_id, args)
-        if not self._live:
+            seams.emit(seam, self.agent_id, args)
+        observed = seams.has(S.AGENT_EVENT, self.agent_id)
+        if not self._live and not observed:
             return
         event.agent_id = self.agent_id
         event.time.CopyFrom(now_timestamp())
@@ -200,6 +211,14 @@ class Agent:
                 listener(event)
             except Exception:
                 log.warning("live agent event listener failed", exc_info=True)
+        if observed:
+            seams.emit(S.AGENT_EVENT, self.agent_id, (self, event))
+
+    def _observe_session(self, event: ev.SessionEvent) -> None:
+        """Pass each appended event to the `session/event` observers (none: no cost)."""
+        seams = self.runtime.seams
+        if seams.has(S.SESSION_EVENT, self.agent_id):
+            seams.emit(S.SESSION_EVENT, self.agent_id, (self, event))
 
     def stop(self) -> None:
         """First step of disposal: mark disposed, unpark the driver, abort the step."""
@@ -208,6 +227,8 @@ class Agent:
         self.disposed = True
         self.inbox.wake()
         self.settle_idle()
+        if self.turn_controller is not None:
+            self.turn_controller.abort("disposed")
         if self.step_controller is not None:
             self.step_controller.abort("disposed")
         self.set_status(ae.AGENT_STATUS_DISPOSED)

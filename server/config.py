@@ -10,6 +10,15 @@ import yaml
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
 
+SERVER_FIELDS = {
+    "listen", "maxParallelToolCalls", "shutdownGraceSeconds", "defaultProvider", "store",
+    "dataDir", "agents",
+}  # fmt: skip
+AGENT_FIELDS = {
+    "id", "provider", "model", "cwd", "tools", "persona", "maxParallelToolCalls",
+    "resumeSessionId",
+}  # fmt: skip
+
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message names the field."""
@@ -79,11 +88,7 @@ def load_config(path: str | Path | None) -> Config:
 def parse_config(raw: object) -> Config:
     """Validate a parsed YAML document."""
     doc = _mapping(raw, "config")
-    _no_unknown(
-        doc,
-        "",
-        {"listen", "maxParallelToolCalls", "shutdownGraceSeconds", "defaultProvider", "agents"},
-    )
+    _no_unknown(doc, "", SERVER_FIELDS)
     listen = _string(doc.get("listen", DEFAULT_LISTEN), "listen")
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -117,9 +122,7 @@ def parse_config(raw: object) -> Config:
 
 def _agent(raw: object, where: str) -> AgentConfig:
     item = _mapping(raw, where)
-    _no_unknown(
-        item, where, {"id", "provider", "model", "cwd", "tools", "persona", "maxParallelToolCalls"}
-    )
+    _no_unknown(item, where, AGENT_FIELDS)
     if "id" not in item:
         raise ConfigError(f"{where}.id: is required")
     cwd = _string(item.get("cwd", ""), f"{where}.cwd")
@@ -139,6 +142,7 @@ def _agent(raw: object, where: str) -> AgentConfig:
         max_parallel_tool_calls=None
         if cap is None
         else _positive(cap, f"{where}.maxParallelToolCalls"),
+        resume_session_id=_string(item.get("resumeSessionId", ""), f"{where}.resumeSessionId"),
     )
 
 

@@ -15,7 +15,9 @@ from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 from server import seams as S
+from server.abort import AbortController
 from server.agent import Agent
+from server.errors import Aborted
 from server.inbox import Pending
 from server.step import prepare_step, run_step
 from server.turn import (
@@ -73,6 +75,7 @@ async def run_turn(agent: Agent) -> bool:
     except Exception as error:  # a pre-turn failure: nothing was opened
         agent.report_error(turn.number, 0, error)
         return False
+    agent.turn_controller = AbortController()
     try:
         if await submit_prompts(agent, turn, batch):
             await run_steps(agent, turn)
@@ -80,8 +83,12 @@ async def run_turn(agent: Agent) -> bool:
         close_step(agent, turn)
         if agent.disposed and not turn.error_reported:
             turn.reason = ev.TurnEndReason(disposed=ev.TurnDisposed())
+        elif isinstance(error, Aborted) and agent.cancel_reason is not None:
+            interrupt(agent, turn)  # a seam call gave up because the turn was cancelled
         else:
             fail(agent, turn, error)
+    finally:
+        agent.turn_controller = None
     close_turn(agent, turn)
     try:
         await agent.runtime.persistence.flush(session)
@@ -157,7 +164,7 @@ async def should_continue(agent: Agent, turn: Turn, default_continue: bool) -> b
         else d.ContinuationDecision(stop=d.ContinuationStop())
     )
     decision = await seams.waterfall(
-        S.TURN_CONTINUATION, agent.agent_id, (agent, turn.number, default), default
+        S.TURN_CONTINUATION, agent.agent_id, (agent, turn.number, default), default, value_at=2
     )
     kind = decision.WhichOneof("decision") or default.WhichOneof("decision")
     if kind == "continue_turn" and decision.continue_turn.reason:

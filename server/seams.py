@@ -7,7 +7,8 @@ scoped to one agent; a scoped listener only sees dispatches for its agent.
 
 - `waterfall`: around-middleware. Each listener is called as `fn(*args, next)` and may
   await `next()` (the rest of the chain, ending in the loop's default), transform the
-  result, or return its own value without calling `next()`. A throw propagates.
+  result, call `next(*new_args)` so the rest of the chain sees transformed arguments,
+  or return its own value without calling `next()`. A throw propagates.
 - `serial`: listeners are awaited one at a time; the first "bail" value (anything but
   None or False) stops the chain and is returned. A throw propagates.
 - `emit`: notifications. Every listener runs; a throw (or a failed coroutine) is
@@ -20,7 +21,7 @@ import asyncio
 import functools
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -49,6 +50,10 @@ ERROR = "agent/error"
 CREATED = "agent/created"
 DISPOSED = "agent/disposed"
 TOOLS_RESULT = "tools/result"
+SESSION_EVENT = "session/event"
+"""Every appended session event, as `(agent, event)`."""
+AGENT_EVENT = "agent/event"
+"""Every live agent event, as `(agent, AgentEvent)`."""
 
 Listener = Callable[..., Any]
 
@@ -123,22 +128,38 @@ class SeamRegistry:
         return bool(self.listeners(seam, agent_id))
 
     async def waterfall(
-        self, seam: str, agent_id: str | None, args: tuple[Any, ...], default: T
+        self,
+        seam: str,
+        agent_id: str | None,
+        args: tuple[Any, ...],
+        default: T,
+        value_at: int | None = None,
     ) -> T:
-        """Run the around-middleware chain; the innermost `next()` returns `default`."""
+        """Run the around-middleware chain; the innermost `next()` returns the default.
+
+        A listener may call `next(*new_args)` to pass transformed arguments to the rest
+        of the chain. When `value_at` is given, the value under transformation is
+        `args[value_at]` and the innermost `next()` returns it as it arrived (so a
+        transformed value is the result when nobody else changes it); otherwise the
+        innermost `next()` returns `default`.
+        """
         chain = self.listeners(seam, agent_id)
         if not chain:
             return default
 
-        async def call(index: int) -> T:
+        async def call(index: int, current: tuple[Any, ...]) -> T:
             if index == len(chain):
-                return default
-            result = chain[index].fn(*args, lambda: call(index + 1))
+                return default if value_at is None else current[value_at]
+
+            def next_(*replacement: Any) -> Awaitable[T]:
+                return call(index + 1, replacement or current)
+
+            result = chain[index].fn(*current, next_)
             if inspect.isawaitable(result):
                 result = await result
             return result  # type: ignore[no-any-return]
 
-        return await call(0)
+        return await call(0, args)
 
     async def serial(self, seam: str, agent_id: str | None, args: tuple[Any, ...]) -> Any:
         """Await each listener in order; return the first bail value, else None."""

@@ -85,7 +85,7 @@ async def run_step(agent: Agent, turn: Turn, system: str, history: list[c.Messag
         else session.request_header.config
     )
     config = await runtime.seams.waterfall(
-        S.REQUEST, agent.agent_id, (agent, turn.number, turn.step, seed), seed
+        S.REQUEST, agent.agent_id, (agent, turn.number, turn.step, seed), seed, value_at=3
     )
     if not config.provider or not config.model:
         raise CodedError(
@@ -142,7 +142,11 @@ async def run_step(agent: Agent, turn: Turn, system: str, history: list[c.Messag
     message = c.Message(role=c.ROLE_ASSISTANT, content=assembled, provenance=provenance)
     try:
         result = await runtime.seams.waterfall(
-            S.STEP_RESULT, agent.agent_id, (agent, turn.number, turn.step, message), message
+            S.STEP_RESULT,
+            agent.agent_id,
+            (agent, turn.number, turn.step, message),
+            message,
+            value_at=3,
         )
     except Exception:
         append_assistant(agent, turn, [], provenance, assembler.usage, chunk_seqs)

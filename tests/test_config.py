@@ -27,7 +27,18 @@ def test_the_shipped_example_parses() -> None:
 
 
 def test_an_empty_file_is_all_defaults() -> None:
-    assert parse_config({}).agents == ()
+    config = parse_config({})
+    assert config.agents == ()
+    assert (config.store, config.data_dir) == ("sqlite", "data")
+
+
+def test_storage_and_resume_fields() -> None:
+    config = parse_config(
+        {"store": "memory", "dataDir": "/var/lib/agentloop",
+         "agents": [{"id": "back", "resumeSessionId": "s-1"}]}
+    )  # fmt: skip
+    assert (config.store, config.data_dir) == ("memory", "/var/lib/agentloop")
+    assert config.agents[0].resume_session_id == "s-1"
 
 
 @pytest.mark.parametrize(
@@ -43,6 +54,9 @@ def test_an_empty_file_is_all_defaults() -> None:
         ({"agents": [{"id": "a", "tools": "word_count"}]}, "agents[0].tools"),
         ({"agents": [{"id": "a", "colour": "red"}]}, "agents[0].colour"),
         ({"agentz": []}, "agentz"),
+        ({"store": "redis"}, "store"),
+        ({"dataDir": 3}, "dataDir"),
+        ({"agents": [{"id": "a", "resumeSessionId": 7}]}, "agents[0].resumeSessionId"),
         ({"agents": {"id": "a"}}, "agents"),
         ([1, 2], "config"),
     ],
