@@ -121,9 +121,9 @@ class AgentServicer(rpc.AgentServiceServicer):
     ) -> pb.ListSessionsResponse:
         """List every session, a page at a time."""
         offset, size = page_bounds(request.page_size, request.page_token, 100, 1000)
-        sessions = await self.factory.list_sessions()
-        page = sessions[offset : offset + size]
-        next_token = str(offset + size) if offset + size < len(sessions) else ""
+        ids = await self.factory.session_ids()
+        page = [await self.factory.describe(i) for i in ids[offset : offset + size]]
+        next_token = str(offset + size) if offset + size < len(ids) else ""
         return pb.ListSessionsResponse(sessions=page, next_page_token=next_token)
 
     @mapped

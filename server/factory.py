@@ -61,6 +61,7 @@ class AgentFactory:
         self.sessions: dict[str, SessionLog] = {}
         """Sessions with a live agent, by id."""
         self._closing = False
+        self._loading: dict[str, asyncio.Lock] = {}
 
     # -- create and resume -------------------------------------------------------------
 
@@ -185,39 +186,46 @@ class AgentFactory:
         return await self.load(session_id)
 
     async def load(self, session_id: str) -> SessionLog:
-        """Load a stored session, closing (durably) a turn that a crash left open."""
+        """Load a stored session, closing (durably) a turn that a crash left open.
+
+        Loads of one session are serialised, so that concurrent readers of a crashed
+        session store its repair once and all see the repaired log.
+        """
         store = self.runtime.store
-        header, events = await store.load(session_id)
-        closers = crash_closers(events)
-        if closers:
-            log.warning(
-                "session %s: closing turn %d interrupted by a crash",
-                session_id,
-                closers[-1].turn_end.turn,
-            )
-            await store.append(session_id, closers)
+        lock = self._loading.setdefault(session_id, asyncio.Lock())
+        try:
+            async with lock:
+                header, events = await store.load(session_id)
+                closers = crash_closers(events)
+                if closers:
+                    log.warning(
+                        "session %s: closing turn %d interrupted by a crash",
+                        session_id,
+                        closers[-1].turn_end.turn,
+                    )
+                    await store.append(session_id, closers)
+        finally:
+            if not lock.locked() and self._loading.get(session_id) is lock:
+                del self._loading[session_id]
         return SessionLog(session_id, header, seed=[*events, *closers])
 
-    async def list_sessions(self) -> list[session_pb2.Session]:
-        """Every session, stored or live, by id; unreadable ones carry their error."""
-        ids = sorted(set(await self.runtime.store.list_ids()) | set(self.sessions))
-        return [await self.describe(session_id) for session_id in ids]
+    async def session_ids(self) -> list[str]:
+        """Every session id, stored or live, sorted."""
+        return sorted(set(await self.runtime.store.list_ids()) | set(self.sessions))
 
     async def describe(self, session_id: str) -> session_pb2.Session:
-        """The `Session` resource of a live or stored session."""
+        """The `Session` resource of a live or stored session.
+
+        A stored session is read whole, so that a damaged one is reported with its
+        `load_error` (and a crash tail is repaired) before anyone resumes it.
+        """
         live = self.sessions.get(session_id)
         if live is not None:
             return session_message(live)
         try:
-            summary = await self.runtime.store.summary(session_id)
+            return session_message(await self.load(session_id))
         except SessionDamaged as error:
             return session_pb2.Session(session_id=session_id, load_error=str(error))
-        return session_pb2.Session(
-            session_id=session_id,
-            header=summary.header,
-            event_count=summary.event_count,
-            turn_count=summary.turn_count,
-        )
 
     async def fork(
         self, session_id: str, boundary_seq: int | None, new_session_id: str = ""

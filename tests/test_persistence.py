@@ -152,7 +152,7 @@ async def test_list_sessions_includes_stored_and_damaged(db: Path) -> None:
     await h.turn(agent, "go")
     await h.factory.dispose("a1")
     await h.create("b1", session_id="b")
-    sessions = {s.session_id: s for s in await h.factory.list_sessions()}
+    sessions = {i: await h.factory.describe(i) for i in await h.factory.session_ids()}
     assert set(sessions) == {"a", "b"}
     assert sessions["a"].event_count == len(agent.session) and sessions["a"].agent_id == ""
     assert sessions["b"].agent_id == "b1"
