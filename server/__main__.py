@@ -18,6 +18,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="YAML config file (default: the embedded defaults)")
     parser.add_argument("--listen", help="host:port, overriding the config")
     parser.add_argument("--data-dir", help="directory of the SQLite store, overriding the config")
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow listening beyond loopback without a token (anyone could register a plugin)",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -32,12 +37,18 @@ def main(argv: list[str] | None = None) -> int:
         config = replace(config, listen=args.listen)
     if args.data_dir:
         config = replace(config, data_dir=args.data_dir)
+    if args.insecure:
+        config = replace(config, insecure=True)
     return asyncio.run(serve(config))
 
 
 async def serve(config: Config) -> int:
     """Start the app, print where it listens, and run until a signal."""
-    app = App(config)
+    try:
+        app = App(config)
+    except ConfigError as error:
+        print(f"agentloop: invalid config: {error}", file=sys.stderr)
+        return 2
     try:
         port = await app.start()
     except OSError as error:

@@ -11,6 +11,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from agentloop.plugin.v1 import hook_service_pb2 as hk
+from agentloop.plugin.v1 import plugin_registry_service_pb2, plugin_registry_service_pb2_grpc
 from agentloop.v1 import (
     agent_factory_service_pb2,
     agent_factory_service_pb2_grpc,
@@ -20,11 +22,14 @@ from agentloop.v1 import (
 )
 from server.api_agent import AgentServicer
 from server.api_factory import AgentFactoryServicer
+from server.api_plugins import PluginRegistryServicer
+from server.auth import TokenAuth, is_loopback
 from server.builtin_tools import builtin_tools
-from server.config import Config
+from server.config import Config, ConfigError, read_token
 from server.errors import SessionDamaged
 from server.factory import AgentFactory
 from server.models.scripted import ScriptedModel
+from server.plugin_registry import Overrides, PluginRegistry
 from server.runtime import Runtime
 from server.stores import SessionStore
 from server.stores.memory import MemoryStore
@@ -35,7 +40,14 @@ log = logging.getLogger(__name__)
 SERVICE_NAMES = (
     agent_factory_service_pb2.DESCRIPTOR.services_by_name["AgentFactoryService"].full_name,
     agent_service_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
+    plugin_registry_service_pb2.DESCRIPTOR.services_by_name["PluginRegistryService"].full_name,
 )
+
+FAILURE_POLICIES = {
+    "": hk.FAILURE_POLICY_UNSPECIFIED,
+    "fail_closed": hk.FAILURE_POLICY_FAIL_CLOSED,
+    "fail_open": hk.FAILURE_POLICY_FAIL_OPEN,
+}
 
 
 def build_store(config: Config) -> SessionStore:
@@ -62,11 +74,26 @@ class App:
     """One running server."""
 
     def __init__(self, config: Config, runtime: Runtime | None = None) -> None:
+        """Build the server; raises `ConfigError` for an unreadable token or an unsafe listen."""
         self.config = config
+        token = read_token(config.token_file, "AGENTLOOP_TOKEN")
+        if not token and not config.insecure and not is_loopback(config.listen):
+            raise ConfigError(
+                f"listen: {config.listen} is reachable from other machines; set a token"
+                " (tokenFile or $AGENTLOOP_TOKEN) or start with --insecure"
+            )
         self.runtime = runtime or build_runtime(config)
         self.factory = AgentFactory(self.runtime)
+        self.plugins = PluginRegistry(
+            self.runtime,
+            self._session_of,
+            read_token(config.plugin_token_file, "AGENTLOOP_PLUGIN_TOKEN"),
+        )
         self.health = health.aio.HealthServicer()
-        self.server = grpc.aio.server()
+        self.server = grpc.aio.server(interceptors=[TokenAuth(token)] if token else [])
+        plugin_registry_service_pb2_grpc.add_PluginRegistryServiceServicer_to_server(
+            PluginRegistryServicer(self.plugins), self.server
+        )
         agent_factory_service_pb2_grpc.add_AgentFactoryServiceServicer_to_server(
             AgentFactoryServicer(self.factory), self.server
         )
@@ -90,6 +117,17 @@ class App:
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
         await self.server.start()
+        for plugin in self.config.plugins:
+            overrides = Overrides(
+                order=plugin.order,
+                timeout=plugin.timeout_seconds,
+                failure_policy=FAILURE_POLICIES[plugin.failure_policy],
+            )
+            try:
+                await self.plugins.register(plugin.address, overrides)
+            except Exception as error:  # retried in the background; the server serves
+                log.error("plugin at %s not registered: %s", plugin.address, error)
+                self.plugins.register_in_background(plugin.address, overrides)
         for agent in self.config.agents:
             options = agent_pb2.AgentOptions(
                 provider=agent.provider, model=agent.model, tools=agent.tools, persona=agent.persona
@@ -114,9 +152,14 @@ class App:
             return
         await self.health.enter_graceful_shutdown()
         await self.factory.close()
+        await self.plugins.close()
         await self.server.stop(self.config.shutdown_grace_seconds if grace is None else grace)
         await self.runtime.store.close()
         self._stopped.set()
+
+    def _session_of(self, agent_id: str) -> str:
+        agent = self.factory.agents.get(agent_id)
+        return agent.session.session_id if agent is not None else ""
 
     async def run_until_signal(self) -> None:
         """Serve until SIGTERM or SIGINT, then stop gracefully."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,10 @@ DEFAULT_LISTEN = "127.0.0.1:50051"
 
 SERVER_FIELDS = {
     "listen", "maxParallelToolCalls", "shutdownGraceSeconds", "defaultProvider", "store",
-    "dataDir", "agents",
+    "dataDir", "agents", "plugins", "tokenFile", "pluginTokenFile",
 }  # fmt: skip
+PLUGIN_FIELDS = {"address", "order", "timeoutSeconds", "failurePolicy"}
+FAILURE_POLICIES = ("fail_closed", "fail_open")
 AGENT_FIELDS = {
     "id", "provider", "model", "cwd", "tools", "persona", "maxParallelToolCalls",
     "resumeSessionId",
@@ -47,6 +50,20 @@ class AgentConfig:
 
 
 @dataclass(frozen=True)
+class PluginConfig:
+    """A plugin registered at start (and retried until it answers)."""
+
+    address: str
+    """host:port, or tls://host:port."""
+    order: int | None = None
+    """Overrides the order of every subscription."""
+    timeout_seconds: float | None = None
+    """Overrides the timeout of every subscription and tool."""
+    failure_policy: str = ""
+    """Overrides the failure policy: "fail_closed" or "fail_open"."""
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole server configuration; the only place defaults live."""
 
@@ -64,6 +81,14 @@ class Config:
     """The directory of the SQLite file (`agentloop.db`); relative to the working directory."""
     agents: tuple[AgentConfig, ...] = field(default_factory=tuple)
     """Agents created at start."""
+    plugins: tuple[PluginConfig, ...] = field(default_factory=tuple)
+    """Plugins registered at start."""
+    token_file: str = ""
+    """A file holding the token every client must send (also: $AGENTLOOP_TOKEN)."""
+    plugin_token_file: str = ""
+    """A file holding the token sent to plugins (also: $AGENTLOOP_PLUGIN_TOKEN)."""
+    insecure: bool = False
+    """Allow a non-loopback listen address without a token (`--insecure`)."""
 
 
 DEFAULT_AGENT = AgentConfig(
@@ -104,6 +129,10 @@ def parse_config(raw: object) -> Config:
     grace = doc.get("shutdownGraceSeconds", 5.0)
     if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
         raise ConfigError("shutdownGraceSeconds: must be a non-negative number")
+    plugins_raw = doc.get("plugins", [])
+    if not isinstance(plugins_raw, list):
+        raise ConfigError("plugins: must be a list")
+    plugins = tuple(_plugin(item, f"plugins[{i}]") for i, item in enumerate(plugins_raw))
     store = _string(doc.get("store", "sqlite"), "store")
     if store not in ("sqlite", "memory"):
         raise ConfigError(f"store: {store!r} must be sqlite or memory")
@@ -111,6 +140,9 @@ def parse_config(raw: object) -> Config:
         listen=listen,
         store=store,
         data_dir=_string(doc.get("dataDir", "data"), "dataDir"),
+        plugins=plugins,
+        token_file=_string(doc.get("tokenFile", ""), "tokenFile"),
+        plugin_token_file=_string(doc.get("pluginTokenFile", ""), "pluginTokenFile"),
         max_parallel_tool_calls=_positive(
             doc.get("maxParallelToolCalls", 10), "maxParallelToolCalls"
         ),
@@ -144,6 +176,43 @@ def _agent(raw: object, where: str) -> AgentConfig:
         else _positive(cap, f"{where}.maxParallelToolCalls"),
         resume_session_id=_string(item.get("resumeSessionId", ""), f"{where}.resumeSessionId"),
     )
+
+
+def _plugin(raw: object, where: str) -> PluginConfig:
+    item = _mapping(raw, where)
+    _no_unknown(item, where, PLUGIN_FIELDS)
+    if "address" not in item:
+        raise ConfigError(f"{where}.address: is required")
+    order = item.get("order")
+    if order is not None and (isinstance(order, bool) or not isinstance(order, int)):
+        raise ConfigError(f"{where}.order: must be an integer")
+    timeout = item.get("timeoutSeconds")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+    ):
+        raise ConfigError(f"{where}.timeoutSeconds: must be a positive number")
+    policy = _string(item.get("failurePolicy", ""), f"{where}.failurePolicy")
+    if policy and policy not in FAILURE_POLICIES:
+        raise ConfigError(f"{where}.failurePolicy: {policy!r} must be fail_closed or fail_open")
+    return PluginConfig(
+        address=_string(item["address"], f"{where}.address"),
+        order=order,
+        timeout_seconds=None if timeout is None else float(timeout),
+        failure_policy=policy,
+    )
+
+
+def read_token(path: str, variable: str) -> str:
+    """A token from a file (stripped), else from the environment; empty when neither."""
+    if path:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError as error:
+            raise ConfigError(f"cannot read token file {path}: {error.strerror}") from error
+        if not token:
+            raise ConfigError(f"token file {path} is empty")
+        return token
+    return os.environ.get(variable, "").strip()
 
 
 def _mapping(raw: object, where: str) -> dict[str, Any]:

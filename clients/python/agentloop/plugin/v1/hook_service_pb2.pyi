@@ -57,6 +57,10 @@ class _SeamEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Seam.ValueType],
     """Observer of the live agent events."""
     SEAM_TOOLS_RESULT: _Seam.ValueType  # 12
     """Observer of every final tool result (`tools/result`)."""
+    SEAM_TOOL_EXECUTE: _Seam.ValueType  # 13
+    """A call of one of the plugin's own tools. Not a subscription: it marks
+    `tool_execute` calls and their latencies.
+    """
 
 class Seam(_Seam, metaclass=_SeamEnumTypeWrapper):
     """Seam names a point of the loop a plugin can subscribe to."""
@@ -87,6 +91,10 @@ SEAM_AGENT_EVENTS: Seam.ValueType  # 11
 """Observer of the live agent events."""
 SEAM_TOOLS_RESULT: Seam.ValueType  # 12
 """Observer of every final tool result (`tools/result`)."""
+SEAM_TOOL_EXECUTE: Seam.ValueType  # 13
+"""A call of one of the plugin's own tools. Not a subscription: it marks
+`tool_execute` calls and their latencies.
+"""
 Global___Seam: _TypeAlias = Seam  # noqa: Y015
 
 class _FailurePolicy:

@@ -1,0 +1,57 @@
+"""The `PluginRegistryService` servicer: a thin adapter over `PluginRegistry`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from agentloop.plugin.v1 import plugin_registry_service_pb2 as pb
+from agentloop.plugin.v1 import plugin_registry_service_pb2_grpc as rpc
+from server.errors import InvalidArgument
+from server.plugin_registry import Overrides, PluginRegistry, describe
+from server.status import mapped
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class PluginRegistryServicer(rpc.PluginRegistryServiceServicer):
+    """Registers, lists and unregisters plugins."""
+
+    def __init__(self, registry: PluginRegistry) -> None:
+        self.registry = registry
+
+    @mapped
+    async def RegisterPlugin(
+        self, request: pb.RegisterPluginRequest, context: Context
+    ) -> pb.RegisterPluginResponse:
+        """Connect to a plugin, describe it and subscribe it."""
+        if not request.address:
+            raise InvalidArgument("address", "must not be empty")
+        timeout = request.timeout.ToNanoseconds() / 1e9 if request.HasField("timeout") else None
+        if timeout is not None and timeout <= 0:
+            raise InvalidArgument("timeout", "must be positive")
+        overrides = Overrides(
+            order=request.order if request.HasField("order") else None,
+            timeout=timeout,
+            failure_policy=request.failure_policy,
+        )
+        plugin = await self.registry.register(request.address, overrides)
+        return pb.RegisterPluginResponse(plugin=describe(plugin))
+
+    @mapped
+    async def UnregisterPlugin(
+        self, request: pb.UnregisterPluginRequest, context: Context
+    ) -> pb.UnregisterPluginResponse:
+        """Remove a plugin."""
+        if not request.name:
+            raise InvalidArgument("name", "must not be empty")
+        await self.registry.unregister(request.name)
+        return pb.UnregisterPluginResponse()
+
+    @mapped
+    async def ListPlugins(
+        self, request: pb.ListPluginsRequest, context: Context
+    ) -> pb.ListPluginsResponse:
+        """List the plugins with their state and counters."""
+        return pb.ListPluginsResponse(plugins=self.registry.list_plugins())

@@ -1,0 +1,76 @@
+"""Bearer-token authentication of every RPC but health and reflection."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+OPEN_PREFIXES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
+"""Services anyone may call: operators probe them without a token."""
+
+LOOPBACK_HOSTS = ("localhost", "[::1]", "::1")
+
+
+def is_loopback(listen: str) -> bool:
+    """Whether a `host:port` listen address is reachable only from this machine."""
+    host = listen.rpartition(":")[0]
+    return host in LOOPBACK_HOSTS or host.startswith("127.")
+
+
+class TokenAuth(grpc.aio.ServerInterceptor):
+    """Refuses calls whose `authorization` metadata is not `Bearer <token>`."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        """Pass authenticated and open calls on; answer the rest UNAUTHENTICATED."""
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method or ""
+        if handler is None or method.startswith(OPEN_PREFIXES):
+            return handler
+        presented = dict(handler_call_details.invocation_metadata or ()).get("authorization", "")
+        if isinstance(presented, str):
+            presented = presented.encode()
+        if hmac.compare_digest(presented, self._expected):
+            return handler
+        return refusal(handler, "missing token" if not presented else "wrong token")
+
+
+def refusal(handler: grpc.RpcMethodHandler[Any, Any], why: str) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler of the same shape as `handler` that aborts UNAUTHENTICATED."""
+    message = f"{why}: send metadata 'authorization: Bearer <token>'"
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    async def streaming(
+        request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        yield  # pragma: no cover - never reached: abort raises
+
+    kwargs = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(unary, **kwargs)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(streaming, **kwargs)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(unary, **kwargs)
+    return grpc.stream_stream_rpc_method_handler(streaming, **kwargs)

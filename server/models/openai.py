@@ -1,0 +1,309 @@
+"""An OpenAI-compatible Chat Completions provider that streams over HTTP/1.1.
+
+It speaks to OpenAI and to the many servers that copy its API (DeepSeek, vLLM, Ollama,
+llama.cpp, LiteLLM, OpenRouter, ...). Wire mapping lives in `openai_wire`, the HTTP
+client in `http`, event-stream decoding in `sse`.
+
+The configuration a server would read for one provider entry (the key itself is never
+in the file: the file names the environment variable that holds it)::
+
+    providers:
+      - name: openai                  # the name agents select with `provider`
+        type: openai                  # this module
+        baseUrl: https://api.openai.com/v1   # POSTs go to <baseUrl>/chat/completions
+        apiKeyEnv: OPENAI_API_KEY     # empty or unset: no Authorization header
+        defaultModel: gpt-4o-mini     # for agents that name no model
+        headers: {OpenAI-Organization: org-123}   # extra request headers
+        connectTimeoutSeconds: 10     # TCP connect and TLS handshake
+        readTimeoutSeconds: 300       # the longest silence tolerated mid-request
+        maxAttempts: 3                # 1 = never retry
+        initialBackoffSeconds: 0.5    # doubled per retry, with jitter ...
+        maxBackoffSeconds: 8          # ... up to this
+        maxRetryAfterSeconds: 60      # cap on a server's Retry-After
+
+Retries happen only before the response is accepted (so never after a chunk was
+yielded), only for 429, 5xx and connection failures. Nothing here ever logs or reports
+the API key: error texts from the server are scrubbed of it, and `repr` hides it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+from agentloop.v1 import stream_pb2
+from server.abort import AbortSignal
+from server.errors import CodedError
+from server.models import ModelRequest
+from server.models.http import STREAM_INTERRUPTED, Response, TransportError, post
+from server.models.openai_wire import BAD_CHUNK, DeltaTranslator, request_body
+from server.models.sse import EventStreamDecoder
+
+log = logging.getLogger(__name__)
+
+MAX_ERROR_BODY = 64 * 1024
+"""The most bytes of an error response read for its message."""
+MAX_ERROR_TEXT = 500
+"""The most characters of a provider's error text put in a message."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """When and how long to wait before sending a failed request again."""
+
+    max_attempts: int = 3
+    """Attempts in all, the first included; 1 never retries."""
+    initial_backoff: float = 0.5
+    """Seconds before the first retry; doubled for each next one."""
+    max_backoff: float = 8.0
+    """The longest computed backoff, in seconds."""
+    max_retry_after: float = 60.0
+    """The longest wait a server's Retry-After may ask for, in seconds."""
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, not {self.max_attempts}")
+        if min(self.initial_backoff, self.max_backoff, self.max_retry_after) < 0:
+            raise ValueError("backoff and Retry-After limits must not be negative")
+
+    def backoff(self, attempt: int) -> float:
+        """The wait after failed attempt `attempt` (from 1): exponential, half jittered."""
+        ceiling = min(self.max_backoff, self.initial_backoff * 2.0 ** (attempt - 1))
+        # Jitter spreads clients that failed together, so they do not retry together.
+        return ceiling * (0.5 + random.random() / 2)
+
+
+class OpenAIModel:
+    """A `Model` for OpenAI-compatible `/chat/completions` streaming endpoints."""
+
+    def __init__(
+        self,
+        *,
+        name: str = "openai",
+        base_url: str = "https://api.openai.com/v1",
+        api_key: str = "",
+        headers: Mapping[str, str] | None = None,
+        default_model: str = "",
+        connect_timeout: float = 10.0,
+        read_timeout: float = 300.0,
+        max_attempts: int = 3,
+        initial_backoff: float = 0.5,
+        max_backoff: float = 8.0,
+        max_retry_after: float = 60.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        """Configure the provider; nothing connects until the first `stream`.
+
+        Args:
+            name: The provider name, used in messages ("openai: HTTP 401: ...").
+            base_url: The API root; requests go to `<base_url>/chat/completions`.
+            api_key: Sent as `Authorization: Bearer <key>` when not empty.
+            headers: Extra request headers; they override the defaults.
+            default_model: The model sent when the request names none.
+            connect_timeout: Seconds for the TCP connection and the TLS handshake.
+            read_timeout: Seconds any single read (or write) may wait.
+            max_attempts: Attempts per request, the first included.
+            initial_backoff: Seconds before the first retry, doubled for each next one.
+            max_backoff: The longest backoff, in seconds.
+            max_retry_after: The longest Retry-After honoured, in seconds.
+            ssl_context: The TLS context for https; the system default when None.
+
+        Raises:
+            ValueError: For a base URL that is not http(s), a header with a line break,
+                or a bad retry setting.
+        """
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"{name}: base_url must start with http:// or https://")
+        if connect_timeout <= 0 or read_timeout <= 0:
+            raise ValueError(f"{name}: timeouts must be positive")
+        self.name = name
+        self.base_url = base_url.rstrip("/")
+        self.default_model = default_model
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.retry = RetryPolicy(max_attempts, initial_backoff, max_backoff, max_retry_after)
+        self._api_key = api_key
+        self._ssl_context = ssl_context
+        merged = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if api_key:
+            merged["Authorization"] = f"Bearer {api_key}"
+        for key, value in (headers or {}).items():
+            merged = {k: v for k, v in merged.items() if k.lower() != key.lower()}
+            merged[key] = value
+        for key, value in merged.items():
+            if any(ch in key + value for ch in "\r\n\0"):
+                raise ValueError(f"{name}: header {key!r} contains a line break")  # not the value
+        self._headers = merged
+
+    def __repr__(self) -> str:
+        key = "<set>" if self._api_key else "<none>"
+        return (
+            f"OpenAIModel(name={self.name!r}, base_url={self.base_url!r}, "
+            f"default_model={self.default_model!r}, api_key={key}, "
+            f"headers={sorted(self._headers)})"
+        )
+
+    async def stream(
+        self, request: ModelRequest, signal: AbortSignal
+    ) -> AsyncIterator[stream_pb2.StreamChunk]:
+        """Stream one chat completion as chunks.
+
+        Args:
+            request: The model call.
+            signal: Aborting it drops the connection at once and raises `Aborted`.
+
+        Yields:
+            Block starts, deltas and ends, then the usage (when reported), then one finish.
+
+        Raises:
+            CodedError: HTTP_<status>, CONNECTION_FAILED, TIMEOUT, STREAM_INTERRUPTED,
+                BAD_CHUNK, STREAM_ERROR, BAD_RESPONSE.
+            Aborted: When `signal` fires.
+        """
+        signal.raise_if_aborted()
+        model = request.header.config.model or self.default_model
+        body = json.dumps(request_body(request, model)).encode()
+        response = await self._open(body, signal)
+        # Closing the socket wakes a pending read at once; the read then sees the signal.
+        remove = signal.on_abort(lambda _reason: response.close())
+        translator = DeltaTranslator(self.name)
+        decoder = EventStreamDecoder()
+        try:
+            done = False
+            while not done:
+                try:
+                    piece = await response.read_some()
+                except TransportError as error:
+                    signal.raise_if_aborted()
+                    if translator.finish_reason is None:
+                        raise self._failure(error) from None
+                    break  # the answer is whole; only the usage or [DONE] was lost
+                signal.raise_if_aborted()
+                chunks, done = self._translate(decoder, translator, piece)
+                for chunk in chunks:
+                    yield chunk
+                if not piece and not done:
+                    if translator.finish_reason is None:
+                        raise CodedError(
+                            f"{self.name}: the stream ended before its finish", STREAM_INTERRUPTED
+                        )
+                    done = True
+            for chunk in translator.end():
+                yield chunk
+        finally:
+            remove()
+            response.close()
+
+    def _translate(
+        self, decoder: EventStreamDecoder, translator: DeltaTranslator, piece: bytes
+    ) -> tuple[list[stream_pb2.StreamChunk], bool]:
+        """The chunks for one piece of body (b"" at its end), and whether [DONE] came."""
+        chunks: list[stream_pb2.StreamChunk] = []
+        try:
+            for event in decoder.feed(piece) if piece else decoder.close():
+                if event.data == "[DONE]":
+                    return chunks, True
+                try:
+                    payload = json.loads(event.data)
+                except json.JSONDecodeError:
+                    raise CodedError(
+                        f"invalid JSON in a stream event: {event.data[:80]!r}", BAD_CHUNK
+                    ) from None
+                chunks.extend(translator.feed(payload))
+        except CodedError as error:
+            raise self._failure(error) from None
+        return chunks, False
+
+    async def _open(self, body: bytes, signal: AbortSignal) -> Response:
+        """POST `body`, retrying as the policy allows, until a 2xx response head arrives."""
+        attempt = 1
+        while True:
+            try:
+                response = await signal.race(self._post(body))
+            except TransportError as error:
+                if not error.retryable or attempt >= self.retry.max_attempts:
+                    raise self._failure(error) from None
+                delay, cause = self.retry.backoff(attempt), error.code
+            else:
+                if 200 <= response.status < 300:
+                    return response
+                try:
+                    failure = await self._http_failure(response, signal)
+                finally:
+                    response.close()
+                status = response.status
+                if not (status == 429 or status >= 500) or attempt >= self.retry.max_attempts:
+                    raise failure
+                delay, cause = self._retry_delay(response, attempt), f"HTTP {status}"
+            log.warning(
+                "%s: %s on attempt %d of %d; retrying in %.2f s",
+                self.name,
+                cause,
+                attempt,
+                self.retry.max_attempts,
+                delay,
+            )
+            await signal.race(asyncio.sleep(delay))
+            attempt += 1
+
+    async def _post(self, body: bytes) -> Response:
+        return await post(
+            f"{self.base_url}/chat/completions",
+            self._headers,
+            body,
+            connect_timeout=self.connect_timeout,
+            read_timeout=self.read_timeout,
+            ssl_context=self._ssl_context,
+        )
+
+    def _retry_delay(self, response: Response, attempt: int) -> float:
+        """Retry-After (in seconds, capped) on 429 and 503; the backoff otherwise."""
+        if response.status in (429, 503):
+            try:
+                seconds = float(response.headers.get("retry-after", ""))
+            except ValueError:
+                seconds = -1.0  # absent, or an HTTP date: fall back to the backoff
+            if 0 <= seconds < float("inf"):
+                return min(seconds, self.retry.max_retry_after)
+        return self.retry.backoff(attempt)
+
+    async def _http_failure(self, response: Response, signal: AbortSignal) -> CodedError:
+        """The error for a non-2xx response, with the provider's own message when it has one."""
+        try:
+            raw = await signal.race(response.read_all(MAX_ERROR_BODY))
+        except TransportError:
+            raw = b""  # the status says enough
+        text = raw.decode("utf-8", errors="replace").strip()
+        detail = _error_message(text) or text or response.reason or "no details"
+        detail = self._scrub(detail)[:MAX_ERROR_TEXT]
+        return CodedError(
+            f"{self.name}: HTTP {response.status}: {detail}", f"HTTP_{response.status}"
+        )
+
+    def _failure(self, error: CodedError) -> CodedError:
+        """`error` named after this provider and scrubbed of the key."""
+        message = self._scrub(str(error)).removeprefix(f"{self.name}: ")
+        return CodedError(f"{self.name}: {message}", error.code)
+
+    def _scrub(self, text: str) -> str:
+        """`text` without the API key, should a server ever echo it."""
+        return text.replace(self._api_key, "***") if self._api_key else text
+
+
+def _error_message(text: str) -> str:
+    """The message of an OpenAI-style error body (`{"error": {"message": ...}}`), or ""."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return ""
+    if not isinstance(body, dict):
+        return ""
+    error = body.get("error", body)
+    if isinstance(error, dict):
+        error = error.get("message") or error.get("detail") or ""
+    return error if isinstance(error, str) else ""

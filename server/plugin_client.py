@@ -1,0 +1,217 @@
+"""The connection to one plugin: `Describe`, and one long-lived `Handle` stream.
+
+Calls are multiplexed on the stream by call id, so many agents and seams share it and
+several calls can be in flight. One writer task owns the stream's writes; the reader
+resolves each call's future when its result arrives. A dropped stream fails the calls
+in flight (`disconnected`) and is reopened with exponential backoff; calls made while
+the plugin is unavailable fail at once, so a FAIL_OPEN plugin that is down costs
+nothing. Notifications wait in a bounded buffer; on overflow the oldest are dropped
+and the next one sent carries the count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+
+import grpc
+
+from agentloop.plugin.v1 import hook_service_pb2 as hk
+from agentloop.plugin.v1 import hook_service_pb2_grpc as hk_rpc
+from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
+from server.abort import AbortSignal
+from server.errors import Aborted
+from server.plugin_listeners import PluginCallFailed, PluginStats
+
+log = logging.getLogger(__name__)
+
+NOTIFICATION_BUFFER = 1024
+BACKOFF_START = 0.1
+BACKOFF_MAX = 5.0
+
+
+class PluginUnreachable(Exception):
+    """`Describe` failed: the plugin cannot be reached or refused."""
+
+
+def open_channel(address: str) -> grpc.aio.Channel:
+    """A channel to `host:port`, or TLS for `tls://host:port`."""
+    if address.startswith("tls://"):
+        return grpc.aio.secure_channel(address[len("tls://") :], grpc.ssl_channel_credentials())
+    return grpc.aio.insecure_channel(address)
+
+
+class PluginConnection:
+    """Implements `PluginCaller` over gRPC."""
+
+    def __init__(self, address: str, token: str, stats: PluginStats) -> None:
+        self.address = address
+        self.stats = stats
+        self.channel = open_channel(address)
+        self.stub = hk_rpc.HookServiceStub(self.channel)
+        self.metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ()
+        )
+        self.state: reg.PluginState.ValueType = reg.PLUGIN_STATE_CONNECTING
+        self.last_error = ""
+        self._pending: dict[str, asyncio.Future[hk.HookResult]] = {}
+        self._outbox: asyncio.Queue[hk.HandleRequest] = asyncio.Queue()
+        self._notes: deque[hk.HookCall] = deque()
+        self._dropped = 0
+        self._wake_writer = asyncio.Event()
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def describe(self, seconds: float) -> hk.DescribeResponse:
+        """Call `Describe`; raises `PluginUnreachable` with the status on failure."""
+        try:
+            return await self.stub.Describe(
+                hk.DescribeRequest(), timeout=seconds, metadata=self.metadata
+            )
+        except grpc.aio.AioRpcError as error:
+            raise PluginUnreachable(f"{error.code().name}: {error.details()}") from None
+
+    def start(self) -> None:
+        """Open the `Handle` stream in the background (and keep it open)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"plugin:{self.address}")
+
+    async def wait_ready(self, seconds: float) -> bool:
+        """Wait until the stream is open; False if it is not within `seconds`."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self._ready.wait()
+            return True
+        except TimeoutError:
+            return False
+
+    async def close(self) -> None:
+        """Close the stream and the channel; calls in flight fail."""
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._fail_pending("the plugin was unregistered")
+        await self.channel.close()
+
+    # -- PluginCaller --------------------------------------------------------------------
+
+    async def call(self, call: hk.HookCall, seconds: float, signal: AbortSignal) -> hk.HookResult:
+        """Send a call and await its result within `seconds`."""
+        if self.state != reg.PLUGIN_STATE_READY:
+            raise PluginCallFailed("disconnected", f"the plugin is unavailable ({self.last_error})")
+        future: asyncio.Future[hk.HookResult] = asyncio.get_running_loop().create_future()
+        self._pending[call.call_id] = future
+        self.stats.calls += 1
+        started = time.perf_counter()
+        self._outbox.put_nowait(hk.HandleRequest(call=call))
+        self._wake_writer.set()
+        try:
+            async with asyncio.timeout(seconds):
+                return await signal.race(future)
+        except TimeoutError:
+            self.stats.timeouts += 1
+            self._cancel(call.call_id, "deadline exceeded")
+            raise PluginCallFailed("timeout", f"no answer within {seconds:g} s") from None
+        except Aborted as aborted:
+            self._cancel(call.call_id, aborted.reason)
+            raise
+        finally:
+            self._pending.pop(call.call_id, None)
+            self.stats.record(call.seam, time.perf_counter() - started)
+
+    def notify(self, call: hk.HookCall) -> None:
+        """Queue a notification; drop the oldest beyond the buffer."""
+        if self.state != reg.PLUGIN_STATE_READY:
+            self._dropped += 1
+            self.stats.dropped += 1
+            return
+        if len(self._notes) >= NOTIFICATION_BUFFER:
+            self._notes.popleft()
+            self._dropped += 1
+            self.stats.dropped += 1
+        self._notes.append(call)
+        self._wake_writer.set()
+
+    # -- the stream ----------------------------------------------------------------------
+
+    def _cancel(self, call_id: str, reason: str) -> None:
+        if self.state == reg.PLUGIN_STATE_READY:
+            self._outbox.put_nowait(
+                hk.HandleRequest(cancel=hk.CancelCall(call_id=call_id, reason=reason))
+            )
+            self._wake_writer.set()
+
+    async def _run(self) -> None:
+        backoff = BACKOFF_START
+        connected_before = False
+        while not self._closed:
+            stream = self.stub.Handle(metadata=self.metadata)
+            writer: asyncio.Task[None] | None = None
+            try:
+                await stream.wait_for_connection()
+                self.state = reg.PLUGIN_STATE_READY
+                self._ready.set()
+                if connected_before:
+                    self.stats.reconnects += 1
+                connected_before, backoff = True, BACKOFF_START
+                writer = asyncio.create_task(self._write(stream))
+                while True:
+                    response = await stream.read()
+                    if response is grpc.aio.EOF:
+                        self.last_error = "the plugin closed the stream"
+                        break
+                    assert isinstance(response, hk.HandleResponse)
+                    self._resolve(response.result)
+            except grpc.aio.AioRpcError as error:
+                self.last_error = f"{error.code().name}: {error.details()}"
+            except asyncio.CancelledError:
+                stream.cancel()
+                raise
+            finally:
+                if writer is not None:
+                    writer.cancel()
+            stream.cancel()
+            self.state = reg.PLUGIN_STATE_UNAVAILABLE
+            self._ready.clear()
+            self._fail_pending(self.last_error)
+            log.warning("plugin at %s unavailable: %s", self.address, self.last_error)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)
+            self.state = reg.PLUGIN_STATE_CONNECTING
+
+    async def _write(
+        self, stream: grpc.aio.StreamStreamCall[hk.HandleRequest, hk.HandleResponse]
+    ) -> None:
+        """The only writer of the stream: calls and cancels first, then notifications."""
+        while True:
+            while not self._outbox.empty():
+                await stream.write(self._outbox.get_nowait())
+            if self._notes:
+                note = self._notes.popleft()
+                payload = getattr(note, note.WhichOneof("payload") or "session_event")
+                payload.dropped, self._dropped = self._dropped, 0
+                await stream.write(hk.HandleRequest(call=note))
+                continue
+            self._wake_writer.clear()
+            if self._outbox.empty() and not self._notes:
+                await self._wake_writer.wait()
+
+    def _resolve(self, result: hk.HookResult) -> None:
+        future = self._pending.get(result.call_id)
+        if future is not None and not future.done():
+            future.set_result(result)
+
+    def _fail_pending(self, reason: str) -> None:
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(PluginCallFailed("disconnected", reason))
+        while not self._outbox.empty():
+            self._outbox.get_nowait()
+        self._notes.clear()

@@ -1,0 +1,474 @@
+"""Remote listeners: a plugin's subscriptions turned into seam listeners and tools.
+
+Each subscription becomes one listener in the seam registry, at the plugin's order and
+under its name, so remote and in-process listeners share one order. On a transforming
+seam the plugin gets the current value and returns a decision; an empty decision
+means "continue unchanged", and the next listener sees the result. Observers are
+notifications and never block the loop.
+
+This module has no transport: it talks to a `PluginCaller`, which the gRPC edge
+implements over the plugin's `Handle` stream. A failed call (timeout, error, malformed
+reply, disconnect) fails the turn under FAIL_CLOSED, naming the plugin and the seam,
+and is skipped and counted under FAIL_OPEN.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from google.protobuf import json_format
+
+from agentloop.plugin.v1 import hook_service_pb2 as hk
+from agentloop.v1 import agent_event_pb2 as ae
+from agentloop.v1 import content_pb2 as c
+from agentloop.v1 import decision_pb2 as d
+from agentloop.v1 import session_event_pb2 as ev
+from server import seams as S
+from server.abort import NEVER, AbortSignal
+from server.errors import CodedError
+from server.seams import SeamRegistry
+from server.tools import Tool, ToolExecution, ToolOutcome, ToolRegistry, ToolReturn
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 5.0
+"""Seconds a call waits for its result when neither the plugin nor the operator set it."""
+
+SEAM_NAMES = {
+    hk.SEAM_PROMPT_SUBMIT: S.PROMPT_SUBMIT,
+    hk.SEAM_SESSION_PREFIX: S.SESSION_PREFIX,
+    hk.SEAM_PRE_STEP: S.PRE_STEP,
+    hk.SEAM_REQUEST: S.REQUEST,
+    hk.SEAM_STEP_RESULT: S.STEP_RESULT,
+    hk.SEAM_TURN_CONTINUATION: S.TURN_CONTINUATION,
+    hk.SEAM_TURN_STOP: S.TURN_STOP,
+    hk.SEAM_TOOLS_PRE_EXECUTE: S.TOOLS_PRE_EXECUTE,
+    hk.SEAM_TOOLS_POST_EXECUTE: S.TOOLS_POST_EXECUTE,
+    hk.SEAM_SESSION_EVENTS: S.SESSION_EVENT,
+    hk.SEAM_AGENT_EVENTS: S.AGENT_EVENT,
+    hk.SEAM_TOOLS_RESULT: S.TOOLS_RESULT,
+}
+"""Each contract seam and the registry seam it listens on."""
+
+CHECKPOINTS = frozenset({hk.SEAM_PRE_STEP, hk.SEAM_TURN_STOP})
+OBSERVERS = frozenset({hk.SEAM_SESSION_EVENTS, hk.SEAM_AGENT_EVENTS, hk.SEAM_TOOLS_RESULT})
+WATERFALLS = frozenset(SEAM_NAMES) - CHECKPOINTS - OBSERVERS
+
+
+class PluginCallFailed(Exception):
+    """A call to a plugin failed; `kind` is timeout, error, malformed or disconnected."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class PluginCaller(Protocol):
+    """The transport to one plugin."""
+
+    async def call(self, call: hk.HookCall, seconds: float, signal: AbortSignal) -> hk.HookResult:
+        """Send a call, await its result for `seconds`; raises `PluginCallFailed` or `Aborted`."""
+        ...
+
+    def notify(self, call: hk.HookCall) -> None:
+        """Send a notification (no result); never blocks."""
+        ...
+
+
+@dataclass
+class PluginStats:
+    """Counters and latency samples of one plugin."""
+
+    calls: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    fail_opens: int = 0
+    dropped: int = 0
+    reconnects: int = 0
+    latencies: dict[int, deque[float]] = field(default_factory=dict)
+    """Per contract seam, the latest call latencies in seconds."""
+
+    def record(self, seam: int, seconds: float) -> None:
+        """Keep one latency sample (the latest 1000 per seam)."""
+        self.latencies.setdefault(seam, deque(maxlen=1000)).append(seconds)
+
+
+_call_ids = itertools.count(1)
+
+
+@dataclass
+class RemoteListener:
+    """One subscription of one plugin, callable as the seam expects."""
+
+    plugin: str
+    subscription: hk.Subscription
+    caller: PluginCaller
+    stats: PluginStats
+    session_of: Callable[[str], str]
+    timeout: float
+
+    @property
+    def seam_name(self) -> str:
+        """The registry name of the seam."""
+        return SEAM_NAMES[self.subscription.seam]
+
+    async def invoke(
+        self, agent_id: str, turn: int, step: int, signal: AbortSignal, **payload: Any
+    ) -> hk.HookResult | None:
+        """Call the plugin; None when a FAIL_OPEN failure skipped it."""
+        seam = self.subscription.seam
+        call = hk.HookCall(
+            call_id=f"c{next(_call_ids)}",
+            seam=seam,
+            agent_id=agent_id,
+            session_id=self.session_of(agent_id),
+            turn=turn,
+            step=step,
+            **payload,
+        )
+        call.timeout.FromNanoseconds(int(self.timeout * 1e9))
+        expected = next(iter(payload))
+        try:
+            result = await self.caller.call(call, self.timeout, signal)
+            if result.error:
+                raise PluginCallFailed("error", result.error)
+            kind = result.WhichOneof("decision")
+            if kind is not None and kind != expected:
+                raise PluginCallFailed("malformed", f"answered {kind} to a {expected} call")
+        except PluginCallFailed as failure:
+            self.stats.errors += failure.kind != "timeout"
+            if self.subscription.failure_policy == hk.FAILURE_POLICY_FAIL_OPEN:
+                self.stats.fail_opens += 1
+                log.warning(
+                    'plugin "%s" failed at %s (%s: %s); skipped (fail-open)',
+                    self.plugin, self.seam_name, failure.kind, failure,
+                )  # fmt: skip
+                return None
+            raise CodedError(
+                f'plugin "{self.plugin}" failed at {self.seam_name}: {failure.kind}: {failure}',
+                f"PLUGIN_{failure.kind.upper()}",
+            ) from None
+        return result
+
+    def notify(self, agent_id: str, **payload: Any) -> None:
+        """Send an observer notification."""
+        call = hk.HookCall(
+            call_id=f"n{next(_call_ids)}",
+            seam=self.subscription.seam,
+            agent_id=agent_id,
+            session_id=self.session_of(agent_id),
+            **payload,
+        )
+        self.caller.notify(call)
+
+    def listener(self) -> Callable[..., Any]:
+        """The function registered on the seam, filtered by the subscription's agents."""
+        fn = self._listener()
+        agent_ids = frozenset(self.subscription.agent_ids)
+        if not agent_ids:
+            return fn
+        seam = self.subscription.seam
+        if seam in WATERFALLS:
+
+            async def waterfall(*args: Any) -> Any:
+                if args[0].agent_id not in agent_ids:
+                    return await args[-1]()
+                return await fn(*args)
+
+            return waterfall
+        if seam in CHECKPOINTS:
+
+            async def checkpoint(*args: Any) -> Any:
+                return await fn(*args) if args[0].agent_id in agent_ids else None
+
+            return checkpoint
+
+        def observer(*args: Any) -> None:
+            if args[0].agent_id in agent_ids:
+                fn(*args)
+
+        return observer
+
+    def _listener(self) -> Callable[..., Any]:
+        by_seam: dict[int, Callable[..., Any]] = {
+            hk.SEAM_PROMPT_SUBMIT: self.prompt_submit,
+            hk.SEAM_SESSION_PREFIX: self.session_prefix,
+            hk.SEAM_PRE_STEP: self.pre_step,
+            hk.SEAM_REQUEST: self.request,
+            hk.SEAM_STEP_RESULT: self.step_result,
+            hk.SEAM_TURN_CONTINUATION: self.turn_continuation,
+            hk.SEAM_TURN_STOP: self.turn_stop,
+            hk.SEAM_TOOLS_PRE_EXECUTE: self.tools_pre_execute,
+            hk.SEAM_TOOLS_POST_EXECUTE: self.tools_post_execute,
+            hk.SEAM_SESSION_EVENTS: self.on_session_event,
+            hk.SEAM_AGENT_EVENTS: self.on_agent_event,
+            hk.SEAM_TOOLS_RESULT: self.on_tool_result,
+        }
+        return by_seam[self.subscription.seam]
+
+    # -- transforming seams ------------------------------------------------------------
+
+    async def prompt_submit(
+        self, agent: Any, content: list[c.ContentBlock], source: c.Source, next_: Next
+    ) -> d.PromptDecision:
+        """`agent/prompt-submit`: the plugin decides; a rewrite is what later listeners see."""
+        result = await self.invoke(
+            agent.agent_id, agent.session.open_turn, 0, agent.turn_signal(),
+            prompt_submit=hk.PromptSubmitCall(content=content, source=source),
+        )  # fmt: skip
+        if result is None or not result.HasField("prompt_submit"):
+            return await next_()  # type: ignore[no-any-return]
+        mine = result.prompt_submit
+        if mine.HasField("block"):
+            return mine
+        rewritten = list(mine.allow.content) or content
+        inner: d.PromptDecision = await next_(agent, rewritten, source)
+        if inner.HasField("block"):
+            return inner
+        return d.PromptDecision(
+            allow=d.PromptAllow(
+                content=list(inner.allow.content) or rewritten,
+                additional_contexts=[*mine.allow.additional_contexts,
+                                     *inner.allow.additional_contexts],
+            )
+        )  # fmt: skip
+
+    async def session_prefix(
+        self, agent: Any, seed: Any, signal: AbortSignal, next_: Next
+    ) -> list[c.Message]:
+        """`agent/session-prefix`: the plugin may replace the prefix composed inside it."""
+        # The prefix flows outward (contributors prepend to what `next()` composed).
+        prefix: list[c.Message] = list(await next_())
+        result = await self.invoke(
+            agent.agent_id, agent.session.open_turn, 0, signal,
+            session_prefix=hk.SessionPrefixCall(prefix=prefix),
+        )  # fmt: skip
+        if result is None or not result.HasField("session_prefix"):
+            return prefix
+        return list(result.session_prefix.prefix)
+
+    async def request(
+        self, agent: Any, turn: int, step: int, config: c.ModelConfig, next_: Next
+    ) -> c.ModelConfig:
+        """`agent/request`: the plugin may replace the model configuration."""
+        result = await self.invoke(
+            agent.agent_id, turn, step, agent.turn_signal(), request=hk.RequestCall(config=config)
+        )
+        if result is None or not result.HasField("request"):
+            return await next_()  # type: ignore[no-any-return]
+        return await next_(agent, turn, step, result.request.config)  # type: ignore[no-any-return]
+
+    async def step_result(
+        self, agent: Any, turn: int, step: int, message: c.Message, next_: Next
+    ) -> c.Message:
+        """`agent/step-result`: the plugin may replace the assistant message."""
+        result = await self.invoke(
+            agent.agent_id, turn, step, agent.turn_signal(),
+            step_result=hk.StepResultCall(message=message),
+        )  # fmt: skip
+        if result is None or not result.HasField("step_result"):
+            return await next_()  # type: ignore[no-any-return]
+        return await next_(agent, turn, step, result.step_result.message)  # type: ignore[no-any-return]
+
+    async def turn_continuation(
+        self, agent: Any, turn: int, decision: d.ContinuationDecision, next_: Next
+    ) -> d.ContinuationDecision:
+        """`agent/turn-continuation`: the plugin may decide stop or continue."""
+        result = await self.invoke(
+            agent.agent_id, turn, 0, agent.turn_signal(),
+            turn_continuation=hk.TurnContinuationCall(decision=decision),
+        )  # fmt: skip
+        if result is None or not result.turn_continuation.WhichOneof("decision"):
+            return await next_()  # type: ignore[no-any-return]
+        return await next_(agent, turn, result.turn_continuation)  # type: ignore[no-any-return]
+
+    async def tools_pre_execute(self, exec: ToolExecution, next_: Next) -> d.PreToolDecision:
+        """`tools/pre-execute`: the plugin may deny or ask; allow passes on."""
+        result = await self.invoke(
+            exec.agent_id, exec.turn, exec.step, exec.signal,
+            tool_pre_execute=hk.ToolPreExecuteCall(invocation=invocation(exec)),
+        )  # fmt: skip
+        if result is None or result.tool_pre_execute.WhichOneof("decision") in (None, "allow"):
+            return await next_()  # type: ignore[no-any-return]
+        return result.tool_pre_execute
+
+    async def tools_post_execute(
+        self, exec: ToolExecution, outcome: ToolOutcome, next_: Next
+    ) -> d.PostToolDecision:
+        """`tools/post-execute`: the plugin may rewrite or block the result."""
+        result = await self.invoke(
+            exec.agent_id, exec.turn, exec.step, exec.signal,
+            tool_post_execute=hk.ToolPostExecuteCall(
+                invocation=invocation(exec), output=tool_output(outcome)
+            ),
+        )  # fmt: skip
+        if result is None or not result.tool_post_execute.WhichOneof("decision"):
+            return await next_()  # type: ignore[no-any-return]
+        mine = result.tool_post_execute
+        if mine.HasField("block"):
+            return mine
+        content = list(mine.accept.content) or outcome.content
+        rewritten = ToolOutcome(content, outcome.is_error, outcome.error, outcome.meta,
+                                list(outcome.contexts), outcome.final)  # fmt: skip
+        inner: d.PostToolDecision = await next_(exec, rewritten)
+        if inner.HasField("block"):
+            return inner
+        return d.PostToolDecision(
+            accept=d.ToolAccept(
+                content=list(inner.accept.content) or content,
+                additional_contexts=[*mine.accept.additional_contexts,
+                                     *inner.accept.additional_contexts],
+            )
+        )  # fmt: skip
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    async def pre_step(
+        self, agent: Any, turn: int, step: int, system: str, prefix: Any, signal: AbortSignal
+    ) -> None:
+        """`agent/pre-step`: the plugin may add context before the step."""
+        result = await self.invoke(
+            agent.agent_id, turn, step, signal,
+            pre_step=hk.PreStepCall(system=system, prefix=prefix or ()),
+        )  # fmt: skip
+        if result is not None:
+            for context in result.pre_step.contexts:
+                agent.inject(context)
+
+    async def turn_stop(self, agent: Any, turn: int) -> d.ContinuationStop | None:
+        """`agent/turn-stop`: the plugin may make the stop terminal."""
+        result = await self.invoke(
+            agent.agent_id, turn, 0, agent.turn_signal(), turn_stop=hk.TurnStopCall()
+        )
+        if result is not None and result.turn_stop.stop:
+            return d.ContinuationStop()
+        return None
+
+    # -- observers ---------------------------------------------------------------------
+
+    def on_session_event(self, agent: Any, event: ev.SessionEvent) -> None:
+        """Forward a session event."""
+        self.notify(agent.agent_id, session_event=hk.SessionEventNotice(event=event))
+
+    def on_agent_event(self, agent: Any, event: ae.AgentEvent) -> None:
+        """Forward a live agent event."""
+        self.notify(agent.agent_id, agent_event=hk.AgentEventNotice(event=event))
+
+    def on_tool_result(self, exec: ToolExecution, outcome: ToolOutcome) -> None:
+        """Forward a final tool result."""
+        notice = hk.ToolResultNotice(invocation=invocation(exec), output=tool_output(outcome))
+        self.notify(exec.agent_id, tool_result=notice)
+
+
+Next = Callable[..., Awaitable[Any]]
+
+
+def invocation(exec: ToolExecution) -> hk.ToolInvocation:
+    """The contract's view of a tool call."""
+    return hk.ToolInvocation(call_id=exec.call_id, name=exec.name, arguments=exec.raw_arguments)
+
+
+def tool_output(outcome: ToolOutcome) -> hk.ToolOutput:
+    """The contract's view of a tool result."""
+    output = hk.ToolOutput(
+        content=outcome.content,
+        is_error=outcome.is_error,
+        error=outcome.error,
+        additional_contexts=outcome.contexts,
+    )
+    if outcome.meta is not None:
+        output.meta.update(outcome.meta)  # type: ignore[arg-type]
+    return output
+
+
+def remote_tool(
+    plugin: str,
+    definition: hk.ToolDefinition,
+    caller: PluginCaller,
+    stats: PluginStats,
+    session_of: Callable[[str], str],
+    timeout: float,
+) -> Tool:
+    """A tool whose body runs in the plugin; failures become error results."""
+
+    async def execute(exec: ToolExecution) -> ToolReturn:
+        call = hk.HookCall(
+            call_id=f"t{next(_call_ids)}",
+            seam=hk.SEAM_TOOL_EXECUTE,
+            agent_id=exec.agent_id,
+            session_id=session_of(exec.agent_id),
+            turn=exec.turn,
+            step=exec.step,
+            tool_execute=hk.ToolExecuteCall(invocation=invocation(exec)),
+        )
+        call.timeout.FromNanoseconds(int(timeout * 1e9))
+        try:
+            result = await caller.call(call, timeout, exec.signal or NEVER)
+        except PluginCallFailed as failure:
+            stats.errors += failure.kind != "timeout"
+            raise CodedError(
+                f'plugin "{plugin}" tool {definition.name}: {failure.kind}: {failure}',
+                f"PLUGIN_{failure.kind.upper()}",
+            ) from None
+        if result.error:
+            stats.errors += 1
+            raise CodedError(
+                f'plugin "{plugin}" tool {definition.name}: {result.error}', "PLUGIN_ERROR"
+            )
+        output = result.tool_execute
+        meta = json_format.MessageToDict(output.meta) if output.HasField("meta") else None
+        return ToolReturn(
+            content=list(output.content),
+            is_error=output.is_error,
+            meta=meta,
+            contexts=list(output.additional_contexts),
+        )
+
+    schema = json.loads(json_format.MessageToJson(definition.input_schema))
+    return Tool(
+        name=definition.name,
+        description=definition.description,
+        input_schema=schema,
+        execute=execute,
+        parallel_safe=definition.parallel_safe,
+        opt_in=False,
+    )
+
+
+def install(
+    plugin: str,
+    subscriptions: list[hk.Subscription],
+    tools: list[hk.ToolDefinition],
+    caller: PluginCaller,
+    stats: PluginStats,
+    seams: SeamRegistry,
+    registry: ToolRegistry,
+    session_of: Callable[[str], str],
+) -> list[Callable[[], None]]:
+    """Register a plugin's listeners and tools; returns their disposers."""
+    disposers: list[Callable[[], None]] = []
+    for subscription in subscriptions:
+        timeout = (
+            subscription.timeout.ToNanoseconds() / 1e9
+            if subscription.HasField("timeout")
+            else DEFAULT_TIMEOUT
+        )
+        remote = RemoteListener(plugin, subscription, caller, stats, session_of, timeout)
+        disposers.append(
+            seams.on(remote.seam_name, remote.listener(), order=subscription.order, name=plugin)
+        )
+    for definition in tools:
+        timeout = (
+            definition.timeout.ToNanoseconds() / 1e9
+            if definition.HasField("timeout")
+            else DEFAULT_TIMEOUT
+        )
+        tool = remote_tool(plugin, definition, caller, stats, session_of, timeout)
+        disposers.append(registry.register(tool))
+    return disposers

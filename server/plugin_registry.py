@@ -1,0 +1,220 @@
+"""The registered plugins: registration (connect, describe, subscribe), listing, removal."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from google.protobuf import duration_pb2
+
+from agentloop.plugin.v1 import hook_service_pb2 as hk
+from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
+from server.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from server.factory import ID_PATTERN
+from server.plugin_client import PluginConnection, PluginUnreachable
+from server.plugin_listeners import PluginStats, install
+from server.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+ADDRESS = re.compile(r"(tls://)?[A-Za-z0-9.\-\[\]:]+:\d{1,5}")
+DESCRIBE_TIMEOUT = 5.0
+READY_TIMEOUT = 5.0
+CONFIG_RETRY_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Operator overrides applied on top of a plugin's own description."""
+
+    order: int | None = None
+    timeout: float | None = None
+    failure_policy: hk.FailurePolicy.ValueType = hk.FAILURE_POLICY_UNSPECIFIED
+
+
+@dataclass
+class RegisteredPlugin:
+    """One plugin as the server holds it."""
+
+    name: str
+    version: str
+    address: str
+    connection: PluginConnection
+    subscriptions: list[hk.Subscription]
+    tools: list[hk.ToolDefinition]
+    stats: PluginStats
+    disposers: list[Callable[[], None]] = field(default_factory=list)
+
+
+class PluginRegistry:
+    """Plugins by name."""
+
+    def __init__(self, runtime: Runtime, session_of: Callable[[str], str], token: str) -> None:
+        self.runtime = runtime
+        self.session_of = session_of
+        self.token = token
+        self.plugins: dict[str, RegisteredPlugin] = {}
+        self._retries: set[asyncio.Task[None]] = set()
+
+    async def register(self, address: str, overrides: Overrides) -> RegisteredPlugin:
+        """Connect to a plugin, describe it, subscribe its listeners and tools."""
+        if not ADDRESS.fullmatch(address):
+            raise InvalidArgument("address", f"{address!r} must be host:port or tls://host:port")
+        stats = PluginStats()
+        connection = PluginConnection(address, self.token, stats)
+        try:
+            description = await connection.describe(DESCRIBE_TIMEOUT)
+            self._check(address, description)
+        except (PluginUnreachable, FailedPrecondition, AlreadyExists) as error:
+            await connection.close()
+            if isinstance(error, PluginUnreachable):
+                raise FailedPrecondition(
+                    f"cannot describe the plugin at {address}: {error}"
+                ) from None
+            raise
+        subscriptions = [effective(s, overrides) for s in description.subscriptions]
+        tools = [effective_tool(t, overrides) for t in description.tools]
+        plugin = RegisteredPlugin(
+            description.name, description.version, address, connection, subscriptions, tools, stats
+        )
+        self.plugins[plugin.name] = plugin
+        plugin.disposers = install(
+            plugin.name, subscriptions, tools, connection, stats,
+            self.runtime.seams, self.runtime.tools, self.session_of,
+        )  # fmt: skip
+        connection.start()
+        if not await connection.wait_ready(READY_TIMEOUT):
+            log.warning("plugin %s registered but its stream is not open yet", plugin.name)
+        log.info("plugin %s %s registered at %s", plugin.name, plugin.version, address)
+        return plugin
+
+    def register_in_background(self, address: str, overrides: Overrides) -> None:
+        """Register a config plugin, retrying until it answers (the server keeps serving)."""
+
+        async def keep_trying() -> None:
+            while True:
+                try:
+                    await self.register(address, overrides)
+                    return
+                except Exception as error:  # logged; the next attempt may succeed
+                    log.error("plugin at %s not registered yet: %s", address, error)
+                await asyncio.sleep(CONFIG_RETRY_SECONDS)
+
+        task = asyncio.create_task(keep_trying())
+        self._retries.add(task)
+        task.add_done_callback(self._retries.discard)
+
+    async def unregister(self, name: str) -> None:
+        """Remove a plugin's listeners and tools and close its connection."""
+        plugin = self.plugins.pop(name, None)
+        if plugin is None:
+            raise NotFound(f'plugin "{name}" is not registered')
+        for dispose in plugin.disposers:
+            dispose()
+        await plugin.connection.close()
+
+    def list_plugins(self) -> list[reg.Plugin]:
+        """Every registered plugin, by name, with state, counters and latencies."""
+        return [describe(self.plugins[name]) for name in sorted(self.plugins)]
+
+    async def close(self) -> None:
+        """Stop retrying and close every connection."""
+        for task in list(self._retries):
+            task.cancel()
+        for name in list(self.plugins):
+            await self.unregister(name)
+
+    def _check(self, address: str, description: hk.DescribeResponse) -> None:
+        problem = invalid_description(description, self.runtime.tools.names())
+        if problem:
+            raise FailedPrecondition(
+                f"the plugin at {address} describes itself invalidly: {problem}"
+            )
+        if description.name in self.plugins:
+            raise AlreadyExists(f'a plugin named "{description.name}" is already registered')
+
+
+def invalid_description(description: hk.DescribeResponse, taken_tools: set[str]) -> str:
+    """What is wrong with a plugin's description; empty when nothing is."""
+    if not ID_PATTERN.fullmatch(description.name):
+        return f"name {description.name!r} must be 1-128 letters, digits, '.', '_', ':', '-'"
+    for subscription in description.subscriptions:
+        if subscription.seam in (hk.SEAM_UNSPECIFIED, hk.SEAM_TOOL_EXECUTE):
+            return f"a subscription names seam {hk.Seam.Name(subscription.seam)}"
+    names = [tool.name for tool in description.tools]
+    for name in names:
+        if not name or names.count(name) > 1:
+            return f"tool name {name!r} is empty or repeated"
+        if name in taken_tools:
+            return f'tool "{name}" is already provided'
+    return ""
+
+
+def effective(subscription: hk.Subscription, overrides: Overrides) -> hk.Subscription:
+    """A subscription with the operator's overrides applied."""
+    result = hk.Subscription()
+    result.CopyFrom(subscription)
+    if overrides.order is not None:
+        result.order = overrides.order
+    if overrides.timeout is not None:
+        result.timeout.CopyFrom(seconds_to_duration(overrides.timeout))
+    if overrides.failure_policy:
+        result.failure_policy = overrides.failure_policy
+    if not result.failure_policy:
+        result.failure_policy = hk.FAILURE_POLICY_FAIL_CLOSED
+    return result
+
+
+def effective_tool(tool: hk.ToolDefinition, overrides: Overrides) -> hk.ToolDefinition:
+    """A tool definition with the operator's timeout applied."""
+    result = hk.ToolDefinition()
+    result.CopyFrom(tool)
+    if overrides.timeout is not None:
+        result.timeout.CopyFrom(seconds_to_duration(overrides.timeout))
+    return result
+
+
+def seconds_to_duration(seconds: float) -> duration_pb2.Duration:
+    """A Duration of `seconds`."""
+    duration = duration_pb2.Duration()
+    duration.FromNanoseconds(int(seconds * 1e9))
+    return duration
+
+
+def describe(plugin: RegisteredPlugin) -> reg.Plugin:
+    """The `Plugin` resource of a registered plugin."""
+    stats = plugin.stats
+    latencies = []
+    for seam, samples in sorted(stats.latencies.items()):
+        ordered = sorted(samples)
+        p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+        latencies.append(
+            reg.SeamLatency(
+                seam=seam,  # type: ignore[arg-type]
+                calls=len(ordered),
+                p50=seconds_to_duration(statistics.median(ordered)),
+                p99=seconds_to_duration(p99),
+            )
+        )
+    return reg.Plugin(
+        name=plugin.name,
+        version=plugin.version,
+        address=plugin.address,
+        state=plugin.connection.state,
+        subscriptions=plugin.subscriptions,
+        tools=plugin.tools,
+        stats=reg.PluginStats(
+            calls=stats.calls,
+            errors=stats.errors,
+            timeouts=stats.timeouts,
+            fail_opens=stats.fail_opens,
+            dropped_notifications=stats.dropped,
+            reconnects=stats.reconnects,
+        ),
+        latencies=latencies,
+        last_error=plugin.connection.last_error,
+    )
