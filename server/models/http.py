@@ -145,12 +145,6 @@ class Response:
         """Read the status line and the headers, and learn how the body is framed."""
         while True:
             line = await self._line()
-            if not line:
-                raise TransportError(
-                    "the server closed the connection without responding",
-                    CONNECTION_FAILED,
-                    retryable=True,
-                )
             match = re.fullmatch(r"HTTP/1\.[01] (\d{3})(?: (.*))?", line)
             if match is None:
                 raise TransportError(f"malformed status line {line[:80]!r}", BAD_RESPONSE)
@@ -276,7 +270,7 @@ class Response:
                 "the connection closed before the response ended", STREAM_INTERRUPTED
             )
         return TransportError(
-            "the connection closed in the middle of the response head",
+            "the connection closed before a complete response head",
             CONNECTION_FAILED,
             retryable=True,
         )

@@ -35,13 +35,20 @@ import random
 import ssl
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from agentloop.v1 import stream_pb2
 from server.abort import AbortSignal
 from server.errors import CodedError
 from server.models import ModelRequest
-from server.models.http import STREAM_INTERRUPTED, Response, TransportError, post
-from server.models.openai_wire import BAD_CHUNK, DeltaTranslator, request_body
+from server.models.http import (
+    BAD_RESPONSE,
+    STREAM_INTERRUPTED,
+    Response,
+    TransportError,
+    post,
+)
+from server.models.openai_wire import BAD_CHUNK, DeltaTranslator, error_message, request_body
 from server.models.sse import EventStreamDecoder
 
 log = logging.getLogger(__name__)
@@ -117,8 +124,10 @@ class OpenAIModel:
             ValueError: For a base URL that is not http(s), a header with a line break,
                 or a bad retry setting.
         """
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"{name}: base_url must start with http:// or https://")
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{name}: base_url must be an http:// or https:// URL")
+        _ = parts.port  # raises ValueError for a malformed port, now rather than per call
         if connect_timeout <= 0 or read_timeout <= 0:
             raise ValueError(f"{name}: timeouts must be positive")
         self.name = name
@@ -128,7 +137,9 @@ class OpenAIModel:
         self.read_timeout = read_timeout
         self.retry = RetryPolicy(max_attempts, initial_backoff, max_backoff, max_retry_after)
         self._api_key = api_key
-        self._ssl_context = ssl_context
+        # Made once: loading the system's CA certificates per request would be wasteful.
+        https = parts.scheme == "https"
+        self._ssl_context = ssl_context or (ssl.create_default_context() if https else None)
         merged = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if api_key:
             merged["Authorization"] = f"Bearer {api_key}"
@@ -230,13 +241,20 @@ class OpenAIModel:
                     raise self._failure(error) from None
                 delay, cause = self.retry.backoff(attempt), error.code
             else:
-                if 200 <= response.status < 300:
+                status = response.status
+                # JSON with a 2xx: a server that ignored `stream`, or an error said as success.
+                json_body = response.headers.get("content-type", "").startswith("application/json")
+                if 200 <= status < 300 and not json_body:
                     return response
                 try:
-                    failure = await self._http_failure(response, signal)
+                    detail = await self._error_detail(response, signal)
                 finally:
                     response.close()
-                status = response.status
+                if status < 300:
+                    raise CodedError(
+                        f"{self.name}: expected an event stream, got JSON: {detail}", BAD_RESPONSE
+                    )
+                failure = CodedError(f"{self.name}: HTTP {status}: {detail}", f"HTTP_{status}")
                 if not (status == 429 or status >= 500) or attempt >= self.retry.max_attempts:
                     raise failure
                 delay, cause = self._retry_delay(response, attempt), f"HTTP {status}"
@@ -272,18 +290,15 @@ class OpenAIModel:
                 return min(seconds, self.retry.max_retry_after)
         return self.retry.backoff(attempt)
 
-    async def _http_failure(self, response: Response, signal: AbortSignal) -> CodedError:
-        """The error for a non-2xx response, with the provider's own message when it has one."""
+    async def _error_detail(self, response: Response, signal: AbortSignal) -> str:
+        """What the body of a failed response says: the provider's message when it has one."""
         try:
             raw = await signal.race(response.read_all(MAX_ERROR_BODY))
         except TransportError:
             raw = b""  # the status says enough
         text = raw.decode("utf-8", errors="replace").strip()
-        detail = _error_message(text) or text or response.reason or "no details"
-        detail = self._scrub(detail)[:MAX_ERROR_TEXT]
-        return CodedError(
-            f"{self.name}: HTTP {response.status}: {detail}", f"HTTP_{response.status}"
-        )
+        detail = error_message(text) or text or response.reason or "no details"
+        return self._scrub(detail)[:MAX_ERROR_TEXT]
 
     def _failure(self, error: CodedError) -> CodedError:
         """`error` named after this provider and scrubbed of the key."""
@@ -293,17 +308,3 @@ class OpenAIModel:
     def _scrub(self, text: str) -> str:
         """`text` without the API key, should a server ever echo it."""
         return text.replace(self._api_key, "***") if self._api_key else text
-
-
-def _error_message(text: str) -> str:
-    """The message of an OpenAI-style error body (`{"error": {"message": ...}}`), or ""."""
-    try:
-        body = json.loads(text)
-    except ValueError:
-        return ""
-    if not isinstance(body, dict):
-        return ""
-    error = body.get("error", body)
-    if isinstance(error, dict):
-        error = error.get("message") or error.get("detail") or ""
-    return error if isinstance(error, str) else ""

@@ -4,11 +4,13 @@ Pure translation with no I/O, so that each mapping rule reads (and tests) on its
 
 - `request_body` builds the JSON of one streaming request from a `ModelRequest`;
 - `DeltaTranslator` turns each parsed `chat.completion.chunk` into `StreamChunk`s and
-  ends the stream with block ends, the usage and one finish.
+  ends the stream with block ends, the usage and one finish;
+- `error_message` reads the message of an error body.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Sequence
@@ -266,6 +268,20 @@ class DeltaTranslator:
                 f"{self._provider}: malformed stream chunk: {what} is not a list", BAD_CHUNK
             )
         return value
+
+
+def error_message(text: str) -> str:
+    """The message of an OpenAI-style error body (`{"error": {"message": ...}}`), or ""."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return ""
+    if not isinstance(body, dict):
+        return ""
+    error = body.get("error", body)
+    if isinstance(error, dict):
+        error = error.get("message") or error.get("detail") or ""
+    return error if isinstance(error, str) else ""
 
 
 def _usage(usage: JSON) -> c.Usage:
