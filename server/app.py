@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from server.builtin_tools import builtin_tools
 from server.config import Config, ConfigError, read_token
 from server.errors import SessionDamaged
 from server.factory import AgentFactory
+from server.models.openai import OpenAIModel
 from server.models.scripted import ScriptedModel
 from server.plugin_registry import Overrides, PluginRegistry
 from server.runtime import Runtime
@@ -67,6 +69,24 @@ def build_runtime(config: Config) -> Runtime:
     for tool in builtin_tools():
         runtime.tools.register(tool)
     runtime.models.register("scripted", ScriptedModel(), default_model="echo")
+    for provider in config.providers:
+        if provider.api_key_env and not os.environ.get(provider.api_key_env):
+            log.warning("provider %s: $%s is not set; no API key will be sent",
+                        provider.name, provider.api_key_env)  # fmt: skip
+        model = OpenAIModel(
+            name=provider.name,
+            base_url=provider.base_url,
+            api_key=os.environ.get(provider.api_key_env, "") if provider.api_key_env else "",
+            headers=dict(provider.headers),
+            default_model=provider.default_model,
+            connect_timeout=provider.connect_timeout_seconds,
+            read_timeout=provider.read_timeout_seconds,
+            max_attempts=provider.max_attempts,
+            initial_backoff=provider.initial_backoff_seconds,
+            max_backoff=provider.max_backoff_seconds,
+            max_retry_after=provider.max_retry_after_seconds,
+        )
+        runtime.models.register(provider.name, model, default_model=provider.default_model)
     return runtime
 
 

@@ -13,7 +13,12 @@ DEFAULT_LISTEN = "127.0.0.1:50051"
 
 SERVER_FIELDS = {
     "listen", "maxParallelToolCalls", "shutdownGraceSeconds", "defaultProvider", "store",
-    "dataDir", "agents", "plugins", "tokenFile", "pluginTokenFile",
+    "dataDir", "agents", "plugins", "tokenFile", "pluginTokenFile", "providers",
+}  # fmt: skip
+PROVIDER_FIELDS = {
+    "name", "type", "baseUrl", "apiKeyEnv", "defaultModel", "headers", "connectTimeoutSeconds",
+    "readTimeoutSeconds", "maxAttempts", "initialBackoffSeconds", "maxBackoffSeconds",
+    "maxRetryAfterSeconds",
 }  # fmt: skip
 PLUGIN_FIELDS = {"address", "order", "timeoutSeconds", "failurePolicy"}
 FAILURE_POLICIES = ("fail_closed", "fail_open")
@@ -50,6 +55,34 @@ class AgentConfig:
 
 
 @dataclass(frozen=True)
+class ProviderConfig:
+    """An OpenAI-compatible model provider (the API key comes from the environment)."""
+
+    name: str
+    """The name agents select with `provider`."""
+    base_url: str
+    """The API root; requests go to `<base_url>/chat/completions`."""
+    api_key_env: str = ""
+    """The environment variable holding the API key; empty: no key is sent."""
+    default_model: str = ""
+    """The model of agents that name none."""
+    headers: tuple[tuple[str, str], ...] = ()
+    """Extra request headers."""
+    connect_timeout_seconds: float = 10.0
+    """TCP connect and TLS handshake."""
+    read_timeout_seconds: float = 300.0
+    """The longest silence tolerated mid-request."""
+    max_attempts: int = 3
+    """Attempts per request before the first chunk (1: never retry)."""
+    initial_backoff_seconds: float = 0.5
+    """The first retry delay, doubled per retry."""
+    max_backoff_seconds: float = 8.0
+    """The longest retry delay."""
+    max_retry_after_seconds: float = 60.0
+    """The cap on a server's Retry-After."""
+
+
+@dataclass(frozen=True)
 class PluginConfig:
     """A plugin registered at start (and retried until it answers)."""
 
@@ -83,6 +116,8 @@ class Config:
     """Agents created at start."""
     plugins: tuple[PluginConfig, ...] = field(default_factory=tuple)
     """Plugins registered at start."""
+    providers: tuple[ProviderConfig, ...] = field(default_factory=tuple)
+    """OpenAI-compatible model providers, besides the built-in "scripted"."""
     token_file: str = ""
     """A file holding the token every client must send (also: $AGENTLOOP_TOKEN)."""
     plugin_token_file: str = ""
@@ -133,6 +168,15 @@ def parse_config(raw: object) -> Config:
     if not isinstance(plugins_raw, list):
         raise ConfigError("plugins: must be a list")
     plugins = tuple(_plugin(item, f"plugins[{i}]") for i, item in enumerate(plugins_raw))
+    providers_raw = doc.get("providers", [])
+    if not isinstance(providers_raw, list):
+        raise ConfigError("providers: must be a list")
+    providers = tuple(_provider(item, f"providers[{i}]") for i, item in enumerate(providers_raw))
+    names = ["scripted"]
+    for i, provider in enumerate(providers):
+        if provider.name in names:
+            raise ConfigError(f"providers[{i}].name: {provider.name!r} is already a provider")
+        names.append(provider.name)
     store = _string(doc.get("store", "sqlite"), "store")
     if store not in ("sqlite", "memory"):
         raise ConfigError(f"store: {store!r} must be sqlite or memory")
@@ -141,6 +185,7 @@ def parse_config(raw: object) -> Config:
         store=store,
         data_dir=_string(doc.get("dataDir", "data"), "dataDir"),
         plugins=plugins,
+        providers=providers,
         token_file=_string(doc.get("tokenFile", ""), "tokenFile"),
         plugin_token_file=_string(doc.get("pluginTokenFile", ""), "pluginTokenFile"),
         max_parallel_tool_calls=_positive(
@@ -175,6 +220,43 @@ def _agent(raw: object, where: str) -> AgentConfig:
         if cap is None
         else _positive(cap, f"{where}.maxParallelToolCalls"),
         resume_session_id=_string(item.get("resumeSessionId", ""), f"{where}.resumeSessionId"),
+    )
+
+
+def _provider(raw: object, where: str) -> ProviderConfig:
+    item = _mapping(raw, where)
+    _no_unknown(item, where, PROVIDER_FIELDS)
+    for key in ("name", "baseUrl"):
+        if key not in item:
+            raise ConfigError(f"{where}.{key}: is required")
+    kind = _string(item.get("type", "openai"), f"{where}.type")
+    if kind != "openai":
+        raise ConfigError(f"{where}.type: {kind!r} is not a provider type (known: openai)")
+    base_url = _string(item["baseUrl"], f"{where}.baseUrl")
+    if not base_url.startswith(("http://", "https://")):
+        raise ConfigError(f"{where}.baseUrl: {base_url!r} must start with http:// or https://")
+    headers = _mapping(item.get("headers", {}), f"{where}.headers")
+    for key, value in headers.items():
+        _string(value, f"{where}.headers.{key}")
+
+    def seconds(key: str, default: float) -> float:
+        value = item.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ConfigError(f"{where}.{key}: must be a positive number")
+        return float(value)
+
+    return ProviderConfig(
+        name=_string(item["name"], f"{where}.name"),
+        base_url=base_url,
+        api_key_env=_string(item.get("apiKeyEnv", ""), f"{where}.apiKeyEnv"),
+        default_model=_string(item.get("defaultModel", ""), f"{where}.defaultModel"),
+        headers=tuple(sorted(headers.items())),
+        connect_timeout_seconds=seconds("connectTimeoutSeconds", 10.0),
+        read_timeout_seconds=seconds("readTimeoutSeconds", 300.0),
+        max_attempts=_positive(item.get("maxAttempts", 3), f"{where}.maxAttempts"),
+        initial_backoff_seconds=seconds("initialBackoffSeconds", 0.5),
+        max_backoff_seconds=seconds("maxBackoffSeconds", 8.0),
+        max_retry_after_seconds=seconds("maxRetryAfterSeconds", 60.0),
     )
 
 

@@ -55,6 +55,24 @@ def test_storage_and_resume_fields() -> None:
         ({"agents": [{"id": "a", "colour": "red"}]}, "agents[0].colour"),
         ({"agentz": []}, "agentz"),
         ({"store": "redis"}, "store"),
+        ({"providers": [{"baseUrl": "http://x"}]}, "providers[0].name"),
+        ({"providers": [{"name": "p", "baseUrl": "ftp://x"}]}, "providers[0].baseUrl"),
+        (
+            {"providers": [{"name": "p", "baseUrl": "http://x", "type": "grpc"}]},
+            "providers[0].type",
+        ),
+        ({"providers": [{"name": "scripted", "baseUrl": "http://x"}]}, "providers[0].name"),
+        (
+            {"providers": [{"name": "p", "baseUrl": "http://x", "maxAttempts": 0}]},
+            "providers[0].maxAttempts",
+        ),
+        (
+            {"providers": [{"name": "p", "baseUrl": "http://x", "readTimeoutSeconds": -1}]},
+            "providers[0].readTimeoutSeconds",
+        ),
+        ({"plugins": [{"order": 1}]}, "plugins[0].address"),
+        ({"plugins": [{"address": "h:1", "failurePolicy": "maybe"}]}, "plugins[0].failurePolicy"),
+        ({"plugins": [{"address": "h:1", "timeoutSeconds": 0}]}, "plugins[0].timeoutSeconds"),
         ({"dataDir": 3}, "dataDir"),
         ({"agents": [{"id": "a", "resumeSessionId": 7}]}, "agents[0].resumeSessionId"),
         ({"agents": {"id": "a"}}, "agents"),
@@ -65,6 +83,26 @@ def test_invalid_config_names_the_field(raw: object, field: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(raw)
     assert str(info.value).startswith(f"{field}:")
+
+
+def test_providers_and_plugins_parse() -> None:
+    config = parse_config(
+        {
+            "providers": [
+                {"name": "deepseek", "baseUrl": "https://api.deepseek.com/v1",
+                 "apiKeyEnv": "DEEPSEEK_API_KEY", "defaultModel": "deepseek-chat",
+                 "headers": {"X-A": "1"}, "maxAttempts": 5}
+            ],
+            "plugins": [{"address": "127.0.0.1:50100", "order": -5, "failurePolicy": "fail_open"}],
+        }
+    )  # fmt: skip
+    (provider,) = config.providers
+    assert (provider.name, provider.default_model, provider.max_attempts) == (
+        "deepseek", "deepseek-chat", 5
+    )  # fmt: skip
+    assert provider.headers == (("X-A", "1"),)
+    (plugin,) = config.plugins
+    assert (plugin.order, plugin.failure_policy) == (-5, "fail_open")
 
 
 def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
