@@ -9,10 +9,8 @@ import grpc
 import pytest
 
 from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import agent_factory_service_pb2_grpc
-from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_factory_service_pb2_grpc, agent_pb2, agent_service_pb2_grpc
 from agentloop.v1 import agent_service_pb2 as api
-from agentloop.v1 import agent_service_pb2_grpc
 from server.app import App
 from server.config import load_config
 from server.content import plain_text
