@@ -16,12 +16,14 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import AsyncIterator
 
 import grpc
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import hook_service_pb2_grpc as hk_rpc
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
+from agentloop.v1 import stream_pb2 as st
 from server.abort import AbortSignal
 from server.errors import Aborted
 from server.plugin_listeners import PluginCallFailed, PluginStats
@@ -58,6 +60,7 @@ class PluginConnection:
         self.state: reg.PluginState.ValueType = reg.PLUGIN_STATE_CONNECTING
         self.last_error = ""
         self._pending: dict[str, asyncio.Future[hk.HookResult]] = {}
+        self._streams: dict[str, asyncio.Queue[st.StreamChunk | BaseException]] = {}
         self._outbox: asyncio.Queue[hk.HandleRequest] = asyncio.Queue()
         self._notes: deque[hk.HookCall] = deque()
         self._dropped = 0
@@ -125,6 +128,46 @@ class PluginConnection:
             self._pending.pop(call.call_id, None)
             self.stats.record(call.seam, time.perf_counter() - started)
 
+    async def stream(
+        self, call: hk.HookCall, seconds: float, signal: AbortSignal
+    ) -> AsyncIterator[st.StreamChunk]:
+        """Send a `model_stream` call and yield its chunks until the finish.
+
+        `seconds` bounds the silence between two chunks, not the whole call.
+        """
+        if self.state != reg.PLUGIN_STATE_READY:
+            raise PluginCallFailed("disconnected", f"the plugin is unavailable ({self.last_error})")
+        queue: asyncio.Queue[st.StreamChunk | BaseException] = asyncio.Queue()
+        self._streams[call.call_id] = queue
+        self.stats.calls += 1
+        started = time.perf_counter()
+        self._outbox.put_nowait(hk.HandleRequest(call=call))
+        self._wake_writer.set()
+        finished = False
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(seconds):
+                        item = await signal.race(queue.get())
+                except TimeoutError:
+                    self.stats.timeouts += 1
+                    raise PluginCallFailed("timeout", f"no chunk within {seconds:g} s") from None
+                if isinstance(item, BaseException):
+                    raise item
+                if item.HasField("finish"):
+                    finished = True
+                yield item
+                if finished:
+                    return
+        except Aborted as aborted:
+            self._cancel(call.call_id, aborted.reason)
+            raise
+        finally:
+            self._streams.pop(call.call_id, None)
+            if not finished:
+                self._cancel(call.call_id, "the model call was closed")
+            self.stats.record(call.seam, time.perf_counter() - started)
+
     def notify(self, call: hk.HookCall) -> None:
         """Queue a notification; drop the oldest beyond the buffer."""
         if self.state != reg.PLUGIN_STATE_READY:
@@ -167,7 +210,10 @@ class PluginConnection:
                         self.last_error = "the plugin closed the stream"
                         break
                     assert isinstance(response, hk.HandleResponse)
-                    self._resolve(response.result)
+                    if response.HasField("chunk"):
+                        self._deliver(response.chunk)
+                    else:
+                        self._resolve(response.result)
             except grpc.aio.AioRpcError as error:
                 self.last_error = f"{error.code().name}: {error.details()}"
             except asyncio.CancelledError:
@@ -202,7 +248,17 @@ class PluginConnection:
             if self._outbox.empty() and not self._notes:
                 await self._wake_writer.wait()
 
+    def _deliver(self, chunk: hk.ModelChunk) -> None:
+        queue = self._streams.get(chunk.call_id)
+        if queue is not None:
+            queue.put_nowait(chunk.chunk)
+
     def _resolve(self, result: hk.HookResult) -> None:
+        queue = self._streams.get(result.call_id)
+        if queue is not None:  # a result ends a model stream: an error, or a finish-less end
+            why = result.error or "the model call ended without a finish chunk"
+            queue.put_nowait(PluginCallFailed("error", why))
+            return
         future = self._pending.get(result.call_id)
         if future is not None and not future.done():
             future.set_result(result)
@@ -212,6 +268,8 @@ class PluginConnection:
         for future in pending.values():
             if not future.done():
                 future.set_exception(PluginCallFailed("disconnected", reason))
+        for queue in self._streams.values():
+            queue.put_nowait(PluginCallFailed("disconnected", reason))
         while not self._outbox.empty():
             self._outbox.get_nowait()
         self._notes.clear()

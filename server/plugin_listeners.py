@@ -18,7 +18,7 @@ import itertools
 import json
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -29,9 +29,11 @@ from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
+from agentloop.v1 import stream_pb2 as st
 from server import seams as S
 from server.abort import NEVER, AbortSignal
 from server.errors import CodedError
+from server.models import ModelRegistry, ModelRequest
 from server.seams import SeamRegistry
 from server.tools import Tool, ToolExecution, ToolOutcome, ToolRegistry, ToolReturn
 
@@ -74,6 +76,12 @@ class PluginCaller(Protocol):
 
     async def call(self, call: hk.HookCall, seconds: float, signal: AbortSignal) -> hk.HookResult:
         """Send a call, await its result for `seconds`; raises `PluginCallFailed` or `Aborted`."""
+        ...
+
+    def stream(
+        self, call: hk.HookCall, seconds: float, signal: AbortSignal
+    ) -> AsyncIterator[st.StreamChunk]:
+        """Send a `model_stream` call; yield its chunks (`seconds` bounds each wait)."""
         ...
 
     def notify(self, call: hk.HookCall) -> None:
@@ -441,6 +449,56 @@ def remote_tool(
     )
 
 
+MODEL_TIMEOUT = 60.0
+"""Seconds a plugin model may stay silent between two chunks, by default."""
+
+
+class PluginModel:
+    """A model provider served by a plugin: each call streams through `Handle`."""
+
+    def __init__(
+        self,
+        plugin: str,
+        definition: hk.ModelProviderDefinition,
+        caller: PluginCaller,
+        session_of: Callable[[str], str],
+    ) -> None:
+        self.plugin = plugin
+        self.provider = definition.provider
+        self.caller = caller
+        self.session_of = session_of
+        self.timeout = (
+            definition.timeout.ToNanoseconds() / 1e9
+            if definition.HasField("timeout")
+            else MODEL_TIMEOUT
+        )
+
+    async def stream(
+        self, request: ModelRequest, signal: AbortSignal
+    ) -> AsyncIterator[st.StreamChunk]:
+        """Stream one model call from the plugin; a failure is a coded turn error."""
+        call = hk.HookCall(
+            call_id=f"m{next(_call_ids)}",
+            seam=hk.SEAM_MODEL_STREAM,
+            agent_id=request.agent_id,
+            session_id=request.session_id,
+            turn=request.turn,
+            step=request.step,
+            model_stream=hk.ModelStreamCall(
+                provider=self.provider, header=request.header, messages=request.messages
+            ),
+        )
+        call.timeout.FromNanoseconds(int(self.timeout * 1e9))
+        try:
+            async for chunk in self.caller.stream(call, self.timeout, signal):
+                yield chunk
+        except PluginCallFailed as failure:
+            raise CodedError(
+                f'plugin "{self.plugin}" model {self.provider}: {failure.kind}: {failure}',
+                f"PLUGIN_{failure.kind.upper()}",
+            ) from None
+
+
 def install(
     plugin: str,
     subscriptions: list[hk.Subscription],
@@ -450,8 +508,10 @@ def install(
     seams: SeamRegistry,
     registry: ToolRegistry,
     session_of: Callable[[str], str],
+    models: Sequence[hk.ModelProviderDefinition] = (),
+    model_registry: ModelRegistry | None = None,
 ) -> list[Callable[[], None]]:
-    """Register a plugin's listeners and tools; returns their disposers."""
+    """Register a plugin's listeners, tools and models; returns their disposers."""
     disposers: list[Callable[[], None]] = []
     for subscription in subscriptions:
         timeout = (
@@ -471,4 +531,10 @@ def install(
         )
         tool = remote_tool(plugin, definition, caller, stats, session_of, timeout)
         disposers.append(registry.register(tool))
+    if model_registry is not None:
+        for model in models:
+            served = PluginModel(plugin, model, caller, session_of)
+            disposers.append(
+                model_registry.register(model.provider, served, default_model=model.default_model)
+            )
     return disposers

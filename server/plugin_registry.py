@@ -47,6 +47,7 @@ class RegisteredPlugin:
     subscriptions: list[hk.Subscription]
     tools: list[hk.ToolDefinition]
     stats: PluginStats
+    models: list[hk.ModelProviderDefinition] = field(default_factory=list)
     disposers: list[Callable[[], None]] = field(default_factory=list)
 
 
@@ -79,12 +80,14 @@ class PluginRegistry:
         subscriptions = [effective(s, overrides) for s in description.subscriptions]
         tools = [effective_tool(t, overrides) for t in description.tools]
         plugin = RegisteredPlugin(
-            description.name, description.version, address, connection, subscriptions, tools, stats
-        )
+            description.name, description.version, address, connection, subscriptions, tools, stats,
+            list(description.models),
+        )  # fmt: skip
         self.plugins[plugin.name] = plugin
         plugin.disposers = install(
             plugin.name, subscriptions, tools, connection, stats,
             self.runtime.seams, self.runtime.tools, self.session_of,
+            description.models, self.runtime.models,
         )  # fmt: skip
         connection.start()
         if not await connection.wait_ready(READY_TIMEOUT):
@@ -129,7 +132,9 @@ class PluginRegistry:
             await self.unregister(name)
 
     def _check(self, address: str, description: hk.DescribeResponse) -> None:
-        problem = invalid_description(description, self.runtime.tools.names())
+        problem = invalid_description(
+            description, self.runtime.tools.names(), set(self.runtime.models.names())
+        )
         if problem:
             raise FailedPrecondition(
                 f"the plugin at {address} describes itself invalidly: {problem}"
@@ -138,7 +143,9 @@ class PluginRegistry:
             raise AlreadyExists(f'a plugin named "{description.name}" is already registered')
 
 
-def invalid_description(description: hk.DescribeResponse, taken_tools: set[str]) -> str:
+def invalid_description(
+    description: hk.DescribeResponse, taken_tools: set[str], taken_providers: set[str]
+) -> str:
     """What is wrong with a plugin's description; empty when nothing is."""
     if not ID_PATTERN.fullmatch(description.name):
         return f"name {description.name!r} must be 1-128 letters, digits, '.', '_', ':', '-'"
@@ -151,6 +158,11 @@ def invalid_description(description: hk.DescribeResponse, taken_tools: set[str])
             return f"tool name {name!r} is empty or repeated"
         if name in taken_tools:
             return f'tool "{name}" is already provided'
+    for model in description.models:
+        if not ID_PATTERN.fullmatch(model.provider):
+            return f"model provider name {model.provider!r} is not valid"
+        if model.provider in taken_providers:
+            return f'model provider "{model.provider}" is already served'
     return ""
 
 
@@ -217,4 +229,5 @@ def describe(plugin: RegisteredPlugin) -> reg.Plugin:
         ),
         latencies=latencies,
         last_error=plugin.connection.last_error,
+        models=plugin.models,
     )

@@ -7,7 +7,7 @@ when the signal aborts (raising `Aborted`, or simply returning).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -53,8 +53,8 @@ class ModelRegistry:
         self._providers: dict[str, Model] = {}
         self._default_models: dict[str, str] = {}
 
-    def register(self, name: str, model: Model, default_model: str = "") -> None:
-        """Add a provider, with the model agents get when they name none.
+    def register(self, name: str, model: Model, default_model: str = "") -> Callable[[], None]:
+        """Add a provider, with the model agents get when they name none; returns a remover.
 
         A provider without a default model needs one from the agent options or from an
         `agent/request` listener. A second registration of one name is refused.
@@ -63,6 +63,13 @@ class ModelRegistry:
             raise ValueError(f'model provider "{name}" is already registered')
         self._providers[name] = model
         self._default_models[name] = default_model
+
+        def remove() -> None:
+            if self._providers.get(name) is model:
+                del self._providers[name]
+                del self._default_models[name]
+
+        return remove
 
     def default_model(self, name: str) -> str:
         """The default model of provider `name`; empty when it has none."""

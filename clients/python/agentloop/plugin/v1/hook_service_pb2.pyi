@@ -7,6 +7,7 @@ from agentloop.v1 import agent_event_pb2 as _agent_event_pb2
 from agentloop.v1 import content_pb2 as _content_pb2
 from agentloop.v1 import decision_pb2 as _decision_pb2
 from agentloop.v1 import session_event_pb2 as _session_event_pb2
+from agentloop.v1 import stream_pb2 as _stream_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
@@ -61,6 +62,10 @@ class _SeamEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Seam.ValueType],
     """A call of one of the plugin's own tools. Not a subscription: it marks
     `tool_execute` calls and their latencies.
     """
+    SEAM_MODEL_STREAM: _Seam.ValueType  # 14
+    """A model call to a provider the plugin serves. Not a subscription: it marks
+    `model_stream` calls and their latencies.
+    """
 
 class Seam(_Seam, metaclass=_SeamEnumTypeWrapper):
     """Seam names a point of the loop a plugin can subscribe to."""
@@ -94,6 +99,10 @@ SEAM_TOOLS_RESULT: Seam.ValueType  # 12
 SEAM_TOOL_EXECUTE: Seam.ValueType  # 13
 """A call of one of the plugin's own tools. Not a subscription: it marks
 `tool_execute` calls and their latencies.
+"""
+SEAM_MODEL_STREAM: Seam.ValueType  # 14
+"""A model call to a provider the plugin serves. Not a subscription: it marks
+`model_stream` calls and their latencies.
 """
 Global___Seam: _TypeAlias = Seam  # noqa: Y015
 
@@ -148,6 +157,7 @@ class DescribeResponse(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
+    MODELS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Name identifies the plugin; unique among registered plugins. Same
     alphabet as agent ids.
@@ -162,6 +172,12 @@ class DescribeResponse(_message.Message):
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolDefinition]:
         """Tools are the tools the plugin provides; they run through `Handle`."""
 
+    @_builtins.property
+    def models(self) -> _containers.RepeatedCompositeFieldContainer[Global___ModelProviderDefinition]:
+        """Models are the model providers the plugin serves; agents select one with
+        `AgentOptions.provider`, and each model call streams through `Handle`.
+        """
+
     def __init__(
         self,
         *,
@@ -169,14 +185,49 @@ class DescribeResponse(_message.Message):
         version: _builtins.str = ...,
         subscriptions: _abc.Iterable[Global___Subscription] | None = ...,
         tools: _abc.Iterable[Global___ToolDefinition] | None = ...,
+        models: _abc.Iterable[Global___ModelProviderDefinition] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "subscriptions", b"subscriptions", "tools", b"tools", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["models", b"models", "name", b"name", "subscriptions", b"subscriptions", "tools", b"tools", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DescribeResponse: _TypeAlias = DescribeResponse  # noqa: Y015
+
+@_typing.final
+class ModelProviderDefinition(_message.Message):
+    """ModelProviderDefinition is a model provider served by a plugin."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    DEFAULT_MODEL_FIELD_NUMBER: _builtins.int
+    TIMEOUT_FIELD_NUMBER: _builtins.int
+    provider: _builtins.str
+    """Provider is the provider name agents use; unique on the server."""
+    default_model: _builtins.str
+    """DefaultModel is the model of agents that name none."""
+    @_builtins.property
+    def timeout(self) -> _duration_pb2.Duration:
+        """Timeout is the longest silence between two chunks; unset means the
+        server default (60 seconds).
+        """
+
+    def __init__(
+        self,
+        *,
+        provider: _builtins.str = ...,
+        default_model: _builtins.str = ...,
+        timeout: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["default_model", b"default_model", "provider", b"provider", "timeout", b"timeout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelProviderDefinition: _TypeAlias = ModelProviderDefinition  # noqa: Y015
 
 @_typing.final
 class Subscription(_message.Message):
@@ -303,24 +354,62 @@ class HandleResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RESULT_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def result(self) -> Global___HookResult:
-        """Result answers the call with the same call id."""
+        """Result answers the call with the same call id. For a `model_stream`
+        call, a result ends the stream: with `error` set it fails the model call.
+        """
+
+    @_builtins.property
+    def chunk(self) -> Global___ModelChunk:
+        """Chunk is one chunk of a `model_stream` call; the chunk carrying a
+        `finish` ends the call.
+        """
 
     def __init__(
         self,
         *,
         result: Global___HookResult | None = ...,
+        chunk: Global___ModelChunk | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "result", b"result"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "kind", b"kind", "result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "kind", b"kind", "result", b"result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["result"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["result", "chunk"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___HandleResponse: _TypeAlias = HandleResponse  # noqa: Y015
+
+@_typing.final
+class ModelChunk(_message.Message):
+    """ModelChunk is one streamed chunk of a model call served by a plugin."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALL_ID_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
+    call_id: _builtins.str
+    """CallID is the `model_stream` call."""
+    @_builtins.property
+    def chunk(self) -> _stream_pb2.StreamChunk:
+        """Chunk is the chunk: block starts, deltas and ends, usage, then one finish."""
+
+    def __init__(
+        self,
+        *,
+        call_id: _builtins.str = ...,
+        chunk: _stream_pb2.StreamChunk | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "chunk", b"chunk"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelChunk: _TypeAlias = ModelChunk  # noqa: Y015
 
 @_typing.final
 class HookCall(_message.Message):
@@ -348,6 +437,7 @@ class HookCall(_message.Message):
     SESSION_EVENT_FIELD_NUMBER: _builtins.int
     AGENT_EVENT_FIELD_NUMBER: _builtins.int
     TOOL_RESULT_FIELD_NUMBER: _builtins.int
+    MODEL_STREAM_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     """CallID identifies the call on this stream; the result repeats it."""
     seam: Global___Seam.ValueType
@@ -416,6 +506,12 @@ class HookCall(_message.Message):
     def tool_result(self) -> Global___ToolResultNotice:
         """ToolResult notifies a final tool result; no result is expected."""
 
+    @_builtins.property
+    def model_stream(self) -> Global___ModelStreamCall:
+        """ModelStream asks a provider the plugin serves for one model call; the
+        answer is a sequence of `ModelChunk`s.
+        """
+
     def __init__(
         self,
         *,
@@ -439,16 +535,51 @@ class HookCall(_message.Message):
         session_event: Global___SessionEventNotice | None = ...,
         agent_event: Global___AgentEventNotice | None = ...,
         tool_result: Global___ToolResultNotice | None = ...,
+        model_stream: Global___ModelStreamCall | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "payload", b"payload", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_event", b"session_event", "session_prefix", b"session_prefix", "step_result", b"step_result", "timeout", b"timeout", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "tool_result", b"tool_result", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "model_stream", b"model_stream", "payload", b"payload", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_event", b"session_event", "session_prefix", b"session_prefix", "step_result", b"step_result", "timeout", b"timeout", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "tool_result", b"tool_result", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "agent_id", b"agent_id", "call_id", b"call_id", "payload", b"payload", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "seam", b"seam", "session_event", b"session_event", "session_id", b"session_id", "session_prefix", b"session_prefix", "step", b"step", "step_result", b"step_result", "timeout", b"timeout", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "tool_result", b"tool_result", "turn", b"turn", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "agent_id", b"agent_id", "call_id", b"call_id", "model_stream", b"model_stream", "payload", b"payload", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "seam", b"seam", "session_event", b"session_event", "session_id", b"session_id", "session_prefix", b"session_prefix", "step", b"step", "step_result", b"step_result", "timeout", b"timeout", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "tool_result", b"tool_result", "turn", b"turn", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["prompt_submit", "session_prefix", "pre_step", "request", "step_result", "turn_continuation", "turn_stop", "tool_pre_execute", "tool_post_execute", "tool_execute", "session_event", "agent_event", "tool_result"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["prompt_submit", "session_prefix", "pre_step", "request", "step_result", "turn_continuation", "turn_stop", "tool_pre_execute", "tool_post_execute", "tool_execute", "session_event", "agent_event", "tool_result", "model_stream"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 
 Global___HookCall: _TypeAlias = HookCall  # noqa: Y015
+
+@_typing.final
+class ModelStreamCall(_message.Message):
+    """ModelStreamCall is one model request to a provider served by a plugin."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    HEADER_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    provider: _builtins.str
+    """Provider is the provider name."""
+    @_builtins.property
+    def header(self) -> _content_pb2.RequestHeader:
+        """Header is the config, system prompt, tools and message prefix."""
+
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_content_pb2.Message]:
+        """Messages are the message prefix followed by the history."""
+
+    def __init__(
+        self,
+        *,
+        provider: _builtins.str = ...,
+        header: _content_pb2.RequestHeader | None = ...,
+        messages: _abc.Iterable[_content_pb2.Message] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "messages", b"messages", "provider", b"provider"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelStreamCall: _TypeAlias = ModelStreamCall  # noqa: Y015
 
 @_typing.final
 class CancelCall(_message.Message):

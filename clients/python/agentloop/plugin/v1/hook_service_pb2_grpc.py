@@ -41,9 +41,11 @@ class HookServiceStub:
     it open. Every seam call for every agent travels on it as a `HookCall`
     with a unique `call_id`; the plugin answers each with a `HookResult`
     carrying the same `call_id`, in any order: many calls may be in flight.
-    Notifications (session events, agent events, tool results) get no
-    answer. When the turn that made a call is cancelled, the server sends a
-    `CancelCall` for it and stops waiting; the plugin should stop work on it.
+    A `model_stream` call is answered by `ModelChunk`s instead, the last one
+    carrying a finish. Notifications (session events, agent events, tool
+    results) get no answer. When the turn that made a call is cancelled, the
+    server sends a `CancelCall` for it and stops waiting; the plugin should
+    stop work on it.
 
     The plugin's listeners sit in the same order as in-process listeners
     (order number, then name). On a transforming seam the plugin receives the
@@ -102,9 +104,11 @@ class HookServiceServicer:
     it open. Every seam call for every agent travels on it as a `HookCall`
     with a unique `call_id`; the plugin answers each with a `HookResult`
     carrying the same `call_id`, in any order: many calls may be in flight.
-    Notifications (session events, agent events, tool results) get no
-    answer. When the turn that made a call is cancelled, the server sends a
-    `CancelCall` for it and stops waiting; the plugin should stop work on it.
+    A `model_stream` call is answered by `ModelChunk`s instead, the last one
+    carrying a finish. Notifications (session events, agent events, tool
+    results) get no answer. When the turn that made a call is cancelled, the
+    server sends a `CancelCall` for it and stops waiting; the plugin should
+    stop work on it.
 
     The plugin's listeners sit in the same order as in-process listeners
     (order number, then name). On a transforming seam the plugin receives the
@@ -181,9 +185,11 @@ class HookService:
     it open. Every seam call for every agent travels on it as a `HookCall`
     with a unique `call_id`; the plugin answers each with a `HookResult`
     carrying the same `call_id`, in any order: many calls may be in flight.
-    Notifications (session events, agent events, tool results) get no
-    answer. When the turn that made a call is cancelled, the server sends a
-    `CancelCall` for it and stops waiting; the plugin should stop work on it.
+    A `model_stream` call is answered by `ModelChunk`s instead, the last one
+    carrying a finish. Notifications (session events, agent events, tool
+    results) get no answer. When the turn that made a call is cancelled, the
+    server sends a `CancelCall` for it and stops waiting; the plugin should
+    stop work on it.
 
     The plugin's listeners sit in the same order as in-process listeners
     (order number, then name). On a transforming seam the plugin receives the

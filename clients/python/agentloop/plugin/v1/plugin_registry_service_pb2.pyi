@@ -208,6 +208,7 @@ class Plugin(_message.Message):
     STATS_FIELD_NUMBER: _builtins.int
     LATENCIES_FIELD_NUMBER: _builtins.int
     LAST_ERROR_FIELD_NUMBER: _builtins.int
+    MODELS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Name is the plugin's name."""
     version: _builtins.str
@@ -234,6 +235,10 @@ class Plugin(_message.Message):
     def latencies(self) -> _containers.RepeatedCompositeFieldContainer[Global___SeamLatency]:
         """Latencies are per-seam call latencies."""
 
+    @_builtins.property
+    def models(self) -> _containers.RepeatedCompositeFieldContainer[_hook_service_pb2.ModelProviderDefinition]:
+        """Models are the model providers it serves."""
+
     def __init__(
         self,
         *,
@@ -246,10 +251,11 @@ class Plugin(_message.Message):
         stats: Global___PluginStats | None = ...,
         latencies: _abc.Iterable[Global___SeamLatency] | None = ...,
         last_error: _builtins.str = ...,
+        models: _abc.Iterable[_hook_service_pb2.ModelProviderDefinition] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["stats", b"stats"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "last_error", b"last_error", "latencies", b"latencies", "name", b"name", "state", b"state", "stats", b"stats", "subscriptions", b"subscriptions", "tools", b"tools", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "last_error", b"last_error", "latencies", b"latencies", "models", b"models", "name", b"name", "state", b"state", "stats", b"stats", "subscriptions", b"subscriptions", "tools", b"tools", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
