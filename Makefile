@@ -4,6 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 BUF := node_modules/.bin/buf
+NODE_CLIENT := clients/node
+GENERATED := clients/python/agentloop/v1 clients/python/agentloop/plugin/v1
 PROTOS := $(sort $(shell find proto -name '*.proto'))
 SERVICE_PROTOS := $(shell grep -l '^service ' $(PROTOS))
 CONFIG ?=
@@ -24,7 +26,11 @@ node_modules/.installed: package.json package-lock.json
 	npm ci --silent --no-audit --no-fund
 	touch $@
 
-setup: $(VENV)/.installed node_modules/.installed ## Create .venv and install Python and Node dependencies.
+$(NODE_CLIENT)/node_modules/.installed: $(NODE_CLIENT)/package.json $(NODE_CLIENT)/package-lock.json
+	cd $(NODE_CLIENT) && npm ci --silent --no-audit --no-fund
+	touch $@
+
+setup: $(VENV)/.installed node_modules/.installed $(NODE_CLIENT)/node_modules/.installed ## Create .venv and install Python and Node dependencies.
 
 run: $(VENV)/.installed ## Start the server on its defaults (127.0.0.1:50051, scripted model).
 	$(PY) -m server $(if $(CONFIG),--config $(CONFIG),)
@@ -32,6 +38,7 @@ run: $(VENV)/.installed ## Start the server on its defaults (127.0.0.1:50051, sc
 test: setup ## Run lint, type checks and the whole test suite (what CI runs).
 	$(MAKE) --no-print-directory check-gen lint typecheck
 	$(BIN)/pytest -q
+	npm test --prefix $(NODE_CLIENT)
 
 gen: $(VENV)/.installed ## Regenerate the Python code from proto/.
 	rm -rf clients/python/agentloop/v1/*_pb2* clients/python/agentloop/plugin/v1/*_pb2*
@@ -41,9 +48,9 @@ gen: $(VENV)/.installed ## Regenerate the Python code from proto/.
 		--grpc_python_out=clients/python --mypy_grpc_out=quiet:clients/python $(SERVICE_PROTOS)
 
 check-gen: gen ## Fail when the committed generated code is stale.
-	git diff --exit-code --stat -- clients/python
-	@test -z "$$(git status --porcelain --untracked-files=all -- clients/python)" || \
-		{ git status --porcelain -- clients/python; echo 'generated code is stale: run make gen and commit'; exit 1; }
+	git diff --exit-code --stat -- $(GENERATED)
+	@test -z "$$(git status --porcelain --untracked-files=all -- $(GENERATED))" || \
+		{ git status --porcelain -- $(GENERATED); echo 'generated code is stale: run make gen and commit'; exit 1; }
 
 lint: setup ## ruff (lint and format) and buf (lint and format).
 	$(BIN)/ruff check .
@@ -58,4 +65,4 @@ bench: $(VENV)/.installed ## Run the performance benchmark and print its figures
 	$(PY) -m bench.loop_bench
 
 clean: ## Remove the virtualenv and caches.
-	rm -rf $(VENV) node_modules .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) node_modules $(NODE_CLIENT)/node_modules .mypy_cache .ruff_cache .pytest_cache

@@ -48,14 +48,14 @@ def text_of(content: Iterable[c.ContentBlock]) -> str:
     return "".join(block.text.text for block in content if block.WhichOneof("block") == "text")
 
 
-def source(value: SourceLike) -> c.Source:
+def as_source(value: SourceLike) -> c.Source:
     """`value` as a `Source` (a string is the kind)."""
     return c.Source(kind=value) if isinstance(value, str) else value
 
 
 def context(
     text: Content,
-    source_kind: SourceLike = "plugin",
+    source: SourceLike = "plugin",
     *,
     raw: bool = False,
     meta: dict[str, object] | None = None,
@@ -63,11 +63,11 @@ def context(
     """A context message: wrapped as `<context source=...>` unless `raw`."""
     hook_context = d.HookContext(
         content=blocks(text),
-        source=source(source_kind),
+        source=as_source(source),
         envelope=ev.CONTEXT_ENVELOPE_RAW if raw else ev.CONTEXT_ENVELOPE_CONTEXT,
     )
     if meta:
-        hook_context.meta.update(meta)
+        hook_context.meta.CopyFrom(struct(meta))
     return hook_context
 
 
@@ -101,9 +101,9 @@ def replace_prefix(messages: Iterable[c.Message]) -> hs.SessionPrefixResult:
     return hs.SessionPrefixResult(prefix=list(messages))
 
 
-def add_context(text: ContextLike, source_kind: SourceLike = "plugin") -> hs.PreStepResult:
+def add_context(text: ContextLike, source: SourceLike = "plugin") -> hs.PreStepResult:
     """Add one context before the step (a `HookContext` is used as it is)."""
-    hook_context = context(text, source_kind) if isinstance(text, str) else text
+    hook_context = context(text, source) if isinstance(text, str) else text
     return hs.PreStepResult(contexts=[hook_context])
 
 
@@ -150,12 +150,12 @@ def replace_message(message: c.Message | Content) -> hs.StepResultResult:
 
 
 def continue_turn(
-    reason: Content | None = None, source_kind: SourceLike | None = None
+    reason: Content | None = None, source: SourceLike | None = None
 ) -> d.ContinuationDecision:
     """Run another step; `reason`, when given, is recorded as steering at its top."""
     decision = d.ContinuationContinue(reason=blocks(reason))
-    if source_kind is not None:
-        decision.source.CopyFrom(source(source_kind))
+    if source is not None:
+        decision.source.CopyFrom(as_source(source))
     return d.ContinuationDecision(continue_turn=decision)
 
 

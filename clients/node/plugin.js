@@ -1,0 +1,333 @@
+'use strict';
+/**
+ * @file Write an agentloop plugin in Node.js: register seam handlers and tools, serve.
+ *
+ * ```js
+ * const { createPlugin, blockPrompt, textOf } = require('@agentloop/plugin');
+ * const plugin = createPlugin({ name: 'guard', version: '1.0' });
+ * plugin.promptSubmit({ order: 10 }, async (call) =>
+ *   (textOf(call.promptSubmit.content).includes('rm -rf') ? blockPrompt('no') : null));
+ * plugin.tool({ name: 'reverse', parallelSafe: true }, async (args) =>
+ *   [...args.text].reverse().join(''));
+ * const port = await plugin.serve('127.0.0.1:0');
+ * ```
+ *
+ * A seam handler receives the `HookCall` (camelCase fields, see `proto.js`) and a
+ * context `{signal}`: the `AbortSignal` is aborted by the server's `CancelCall` and at
+ * the call's deadline, after which no result is sent. It returns `null`/`undefined`
+ * ("continue unchanged") or the seam's decision, built with the constructors of
+ * `decisions.js` (re-exported here). A handler that throws answers `HookResult.error`
+ * with the error's message. Observers (`onSessionEvent`, `onAgentEvent`,
+ * `onToolResult`) receive notifications, never answered.
+ *
+ * Modules: `proto.js` (the contract), `decisions.js` (decisions and content helpers),
+ * `calls.js` (running one call), `stream.js` (the `Handle` stream and the token check).
+ */
+
+const grpc = require('@grpc/grpc-js');
+const decisions = require('./decisions');
+const proto = require('./proto');
+const { runCall } = require('./calls');
+const { authorized, refuse, serveStream } = require('./stream');
+
+const NAME_PATTERN = /^[A-Za-z0-9._:-]{1,128}$/;
+const FAILURE_POLICIES = ['FAIL_CLOSED', 'FAIL_OPEN'];
+
+/**
+ * @typedef {object} SubscriptionOptions
+ * @property {number} [order=0] place among the seam's listeners, lower first
+ * @property {number} [timeout] deadline of each call in seconds (default: the server's)
+ * @property {'FAIL_CLOSED'|'FAIL_OPEN'} [failurePolicy] what a failed call does to the
+ *   turn (default: FAIL_CLOSED, the turn ends with reason `error`)
+ * @property {string[]} [agentIds] only these agents' calls (default: every agent)
+ */
+
+/**
+ * @callback Handler
+ * @param {object} call the `HookCall`: `callId`, `seam`, `agentId`, `sessionId`, `turn`,
+ *   `step`, and the seam's payload (`call.promptSubmit`, `call.toolPreExecute`, ...)
+ * @param {{signal: AbortSignal}} context aborted on `CancelCall` or at the deadline
+ * @returns {Promise<object|null|undefined>|object|null|undefined} the decision, or nothing
+ */
+
+/**
+ * @callback ToolHandler
+ * @param {any} args the parsed JSON arguments
+ * @param {object} call the `HookCall` (`call.toolExecute.invocation`)
+ * @param {{signal: AbortSignal}} context aborted on `CancelCall` or at the deadline
+ * @returns {Promise<any>|any} a string, content blocks, `toolOutput(...)` or
+ *   `toolError(...)`, or any other JSON value (sent as JSON text)
+ */
+
+/** A plugin: its seam handlers and tools, served as an agentloop `HookService`. */
+class Plugin {
+  /** @param {{name: string, version?: string, token?: string, logger?: Console}} options */
+  constructor({ name, version = '', token = '', logger = console }) {
+    if (!NAME_PATTERN.test(name || '')) {
+      throw new Error(`plugin name ${JSON.stringify(name)}: 1-128 letters, digits, . _ : -`);
+    }
+    this.name = name;
+    this.version = version;
+    this.token = token || '';
+    this.logger = logger;
+    /** @type {Map<string, {handler: Handler, options: SubscriptionOptions}>} by payload */
+    this.subscriptions = new Map();
+    /** @type {Map<string, {definition: object, handler: ToolHandler}>} by name */
+    this.tools = new Map();
+    /** The open `Handle` streams, each with `drain()`. */
+    this.streams = new Set();
+    this.server = null;
+  }
+
+  /**
+   * `agent/prompt-submit`: return `allowPrompt(content, contexts)` or `blockPrompt(reason)`.
+   * @param {SubscriptionOptions|Handler} options the options, or directly the handler
+   * @param {Handler} [handler]
+   * @returns {this}
+   */
+  promptSubmit(options, handler) {
+    return this._subscribe('promptSubmit', options, handler);
+  }
+
+  /**
+   * `agent/session-prefix`: return `replacePrefix(messages)`.
+   * @param {SubscriptionOptions|Handler} options @param {Handler} [handler] @returns {this}
+   */
+  sessionPrefix(options, handler) {
+    return this._subscribe('sessionPrefix', options, handler);
+  }
+
+  /**
+   * `agent/pre-step`: return `addContext(text)` or `addContexts(items)`.
+   * @param {SubscriptionOptions|Handler} options @param {Handler} [handler] @returns {this}
+   */
+  preStep(options, handler) {
+    return this._subscribe('preStep', options, handler);
+  }
+
+  /**
+   * `agent/request`: return `replaceConfig(call.request.config, changes)`.
+   * @param {SubscriptionOptions|Handler} options @param {Handler} [handler] @returns {this}
+   */
+  request(options, handler) {
+    return this._subscribe('request', options, handler);
+  }
+
+  /**
+   * `agent/step-result`: return `replaceMessage(message)`.
+   * @param {SubscriptionOptions|Handler} options @param {Handler} [handler] @returns {this}
+   */
+  stepResult(options, handler) {
+    return this._subscribe('stepResult', options, handler);
+  }
+
+  /**
+   * `agent/turn-continuation`: return `continueTurn(reason)` or `stopTurn()`.
+   * @param {SubscriptionOptions|Handler} options @param {Handler} [handler] @returns {this}
+   */
+  turnContinuation(options, handler) {
+    return this._subscribe('turnContinuation', options, handler);
+  }
+
+  /**
+   * `agent/turn-stop`: return `terminalStop()`.
+   * @param {SubscriptionOptions|Handler} options @param {Handler} [handler] @returns {this}
+   */
+  turnStop(options, handler) {
+    return this._subscribe('turnStop', options, handler);
+  }
+
+  /**
+   * `tools/pre-execute`: return `allowTool()`, `deny(reason)` or `ask(reason)`.
+   * @param {SubscriptionOptions|Handler} options @param {Handler} [handler] @returns {this}
+   */
+  toolsPreExecute(options, handler) {
+    return this._subscribe('toolPreExecute', options, handler);
+  }
+
+  /**
+   * `tools/post-execute`: return `accept(content, contexts)` or `blockResult(feedback)`.
+   * @param {SubscriptionOptions|Handler} options @param {Handler} [handler] @returns {this}
+   */
+  toolsPostExecute(options, handler) {
+    return this._subscribe('toolPostExecute', options, handler);
+  }
+
+  /**
+   * Observer of every session event (`call.sessionEvent.event`, `.dropped`).
+   * @param {SubscriptionOptions|Handler} options @param {Handler} [handler] @returns {this}
+   */
+  onSessionEvent(options, handler) {
+    return this._subscribe('sessionEvent', options, handler);
+  }
+
+  /**
+   * Observer of the live agent events (`call.agentEvent.event`, `.dropped`).
+   * @param {SubscriptionOptions|Handler} options @param {Handler} [handler] @returns {this}
+   */
+  onAgentEvent(options, handler) {
+    return this._subscribe('agentEvent', options, handler);
+  }
+
+  /**
+   * Observer of every final tool result (`call.toolResult.invocation`, `.output`).
+   * @param {SubscriptionOptions|Handler} options @param {Handler} [handler] @returns {this}
+   */
+  onToolResult(options, handler) {
+    return this._subscribe('toolResult', options, handler);
+  }
+
+  /** Register the one handler of the seam whose payload field is `payload`. */
+  _subscribe(payload, options, handler) {
+    if (typeof options === 'function') [options, handler] = [{}, options];
+    if (typeof handler !== 'function') throw new TypeError(`the ${payload} handler: not a function`);
+    if (this.subscriptions.has(payload)) {
+      throw new Error(`plugin ${this.name} already has a ${payload} handler`);
+    }
+    const policy = options.failurePolicy;
+    if (policy !== undefined && !FAILURE_POLICIES.includes(policy)) {
+      throw new Error(`failurePolicy: one of ${FAILURE_POLICIES.join(', ')}, not ${policy}`);
+    }
+    this.subscriptions.set(payload, { handler, options: { ...options } });
+    return this;
+  }
+
+  /**
+   * Provide a tool the model can call; its calls come through `Handle`.
+   * @param {object} options
+   * @param {string} options.name the tool name the model uses
+   * @param {string} [options.description] what the tool does, for the model
+   * @param {object} [options.schema] the JSON schema of the arguments (an object)
+   * @param {boolean} [options.parallelSafe=false] may run in the parallel pool
+   * @param {number} [options.timeout] deadline of each call in seconds
+   * @param {ToolHandler} handler
+   * @returns {this}
+   */
+  tool({ name, description = '', schema, parallelSafe = false, timeout }, handler) {
+    if (!name || this.tools.has(name)) {
+      throw new Error(`plugin ${this.name}: tool name ${JSON.stringify(name)} is empty or taken`);
+    }
+    if (typeof handler !== 'function') throw new TypeError(`the ${name} handler is not a function`);
+    const definition = {
+      name,
+      description,
+      inputSchema: decisions.toStruct(schema || { type: 'object', properties: {} }),
+      parallelSafe,
+      timeout: timeout === undefined ? null : proto.duration(timeout),
+    };
+    this.tools.set(name, { definition, handler });
+    return this;
+  }
+
+  /** The `Describe` answer: name, version, subscriptions (in seam order), tools. */
+  describe() {
+    const subscriptions = proto.SEAMS.filter((spec) => this.subscriptions.has(spec.payload))
+      .map((spec) => {
+        const { options } = this.subscriptions.get(spec.payload);
+        return {
+          seam: spec.seam,
+          order: options.order || 0,
+          timeout: options.timeout === undefined ? null : proto.duration(options.timeout),
+          failurePolicy: `FAILURE_POLICY_${options.failurePolicy || 'UNSPECIFIED'}`,
+          agentIds: [...(options.agentIds || [])],
+        };
+      });
+    const tools = [...this.tools.values()].map((tool) => tool.definition);
+    return { name: this.name, version: this.version, subscriptions, tools };
+  }
+
+  /**
+   * Run one call as `Handle` does; never rejects.
+   * @param {object} call the `HookCall`
+   * @param {AbortSignal} [signal] handed to the handler
+   * @returns {Promise<object|null>} the `HookResult`, or null when nothing is sent
+   */
+  handle(call, signal = new AbortController().signal) {
+    return runCall(this, call, signal);
+  }
+
+  /**
+   * Start serving on `address` (`host:port`; port 0 picks a free one).
+   * @param {string} [address='127.0.0.1:0']
+   * @returns {Promise<number>} the bound port
+   */
+  async serve(address = '127.0.0.1:0') {
+    if (this.server) throw new Error(`plugin ${this.name} is already serving`);
+    const server = new grpc.Server();
+    server.addService(proto.HookService.service, {
+      Describe: (call, callback) => {
+        if (!authorized(this, call)) return callback(refuse(this));
+        return callback(null, this.describe());
+      },
+      Handle: (stream) => serveStream(this, stream),
+    });
+    const port = await new Promise((resolve, reject) => {
+      server.bindAsync(address, grpc.ServerCredentials.createInsecure(), (error, bound) =>
+        (error ? reject(error) : resolve(bound)));
+    });
+    this.server = server;
+    return port;
+  }
+
+  /**
+   * Stop: refuse new calls, answer those in flight, close the streams; whatever is
+   * left after `grace` seconds is cancelled.
+   * @param {{grace?: number}} [options]
+   * @returns {Promise<void>}
+   */
+  async stop({ grace = 5 } = {}) {
+    const { server } = this;
+    this.server = null;
+    if (!server) return;
+    for (const stream of this.streams) stream.drain();
+    await new Promise((resolve) => {
+      const timer = setTimeout(() => server.forceShutdown(), grace * 1000);
+      server.tryShutdown(() => {
+        clearTimeout(timer);
+        resolve();
+      });
+    });
+  }
+
+  /**
+   * Serve until SIGTERM or SIGINT, printing `plugin NAME listening on HOST:PORT` once
+   * ready; then stop.
+   * @param {string} address `host:port`
+   * @returns {Promise<void>} settled once stopped
+   */
+  async run(address) {
+    const port = await this.serve(address);
+    const host = address.replace(/:[^:]*$/, '');
+    process.stdout.write(`plugin ${this.name} listening on ${host}:${port}\n`);
+    await new Promise((resolve) => {
+      process.once('SIGTERM', resolve);
+      process.once('SIGINT', resolve);
+    });
+    await this.stop();
+  }
+}
+
+/**
+ * Create a plugin.
+ * @param {object} options
+ * @param {string} options.name identifies the plugin: letters, digits, `.`, `_`, `:`, `-`
+ * @param {string} [options.version] free-form, for operators
+ * @param {string} [options.token] when set, the server must send
+ *   `authorization: Bearer <token>` metadata (UNAUTHENTICATED otherwise)
+ * @param {Console} [options.logger=console] where observer failures are reported
+ * @returns {Plugin}
+ */
+function createPlugin(options) {
+  return new Plugin(options);
+}
+
+module.exports = {
+  ...decisions,
+  HookService: proto.HookService,
+  LOADER_OPTIONS: proto.LOADER_OPTIONS,
+  PROTO_DIR: proto.PROTO_DIR,
+  Plugin,
+  SEAMS: proto.SEAMS,
+  createPlugin,
+  duration: proto.duration,
+};

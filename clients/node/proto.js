@@ -1,0 +1,83 @@
+'use strict';
+/**
+ * @file The plugin contract, loaded from the repository's `proto/` directory.
+ *
+ * `@grpc/proto-loader` maps messages to plain objects with these options:
+ * - `keepCase: false`: camelCase fields, the JavaScript convention (`call.callId`,
+ *   `call.promptSubmit`, `result.toolExecute.isError`);
+ * - `enums: String`: enum values are their names (`'SEAM_PROMPT_SUBMIT'`);
+ * - `longs: Number`: uint64 counters (`seq`, `dropped`) are numbers, exact below 2^53;
+ * - `defaults: true`: scalars and repeated fields are always present; an unset message
+ *   field is `null`;
+ * - `oneofs: true`: on a received message, a oneof's name holds the member that is set
+ *   (`call.payload === 'promptSubmit'`, `result.decision`, `block.block`). To send a
+ *   oneof, set exactly one of its members (`{block: {reason}}`).
+ */
+
+const path = require('node:path');
+const grpc = require('@grpc/grpc-js');
+const protoLoader = require('@grpc/proto-loader');
+
+/** The repository's proto directory. */
+const PROTO_DIR = path.join(__dirname, '..', '..', 'proto');
+
+/** How the protos map to JavaScript objects (see the file comment). */
+const LOADER_OPTIONS = {
+  keepCase: false,
+  enums: String,
+  longs: Number,
+  defaults: true,
+  oneofs: true,
+};
+
+const definition = protoLoader.loadSync('agentloop/plugin/v1/hook_service.proto', {
+  ...LOADER_OPTIONS,
+  includeDirs: [PROTO_DIR],
+});
+
+/** The `agentloop.plugin.v1.HookService` client constructor; `.service` is its definition. */
+const HookService = grpc.loadPackageDefinition(definition).agentloop.plugin.v1.HookService;
+
+/**
+ * The seams: the `Plugin` method, the `Seam` enum value, the `HookCall` payload field
+ * (a decision goes in the `HookResult` field of the same name) and whether it is
+ * answered (observers' notifications are not).
+ * @type {{method: string, seam: string, payload: string, answered: boolean}[]}
+ */
+const SEAMS = [
+  ['promptSubmit', 'SEAM_PROMPT_SUBMIT', 'promptSubmit', true],
+  ['sessionPrefix', 'SEAM_SESSION_PREFIX', 'sessionPrefix', true],
+  ['preStep', 'SEAM_PRE_STEP', 'preStep', true],
+  ['request', 'SEAM_REQUEST', 'request', true],
+  ['stepResult', 'SEAM_STEP_RESULT', 'stepResult', true],
+  ['turnContinuation', 'SEAM_TURN_CONTINUATION', 'turnContinuation', true],
+  ['turnStop', 'SEAM_TURN_STOP', 'turnStop', true],
+  ['toolsPreExecute', 'SEAM_TOOLS_PRE_EXECUTE', 'toolPreExecute', true],
+  ['toolsPostExecute', 'SEAM_TOOLS_POST_EXECUTE', 'toolPostExecute', true],
+  ['onSessionEvent', 'SEAM_SESSION_EVENTS', 'sessionEvent', false],
+  ['onAgentEvent', 'SEAM_AGENT_EVENTS', 'agentEvent', false],
+  ['onToolResult', 'SEAM_TOOLS_RESULT', 'toolResult', false],
+].map(([method, seam, payload, answered]) => ({ method, seam, payload, answered }));
+
+/** The seams by `HookCall` payload field. */
+const BY_PAYLOAD = new Map(SEAMS.map((spec) => [spec.payload, spec]));
+
+/**
+ * `seconds` as a `google.protobuf.Duration`.
+ * @param {number} seconds
+ * @returns {{seconds: number, nanos: number}}
+ */
+function duration(seconds) {
+  const whole = Math.floor(seconds);
+  return { seconds: whole, nanos: Math.round((seconds - whole) * 1e9) };
+}
+
+/**
+ * A received `google.protobuf.Duration` in seconds (0 when unset).
+ * @param {{seconds: number|string, nanos: number}|null|undefined} value
+ */
+function seconds(value) {
+  return value ? Number(value.seconds) + value.nanos / 1e9 : 0;
+}
+
+module.exports = { BY_PAYLOAD, HookService, LOADER_OPTIONS, PROTO_DIR, SEAMS, duration, seconds };

@@ -1,0 +1,118 @@
+'use strict';
+/**
+ * @file The `Handle` stream of a plugin, and its bearer-token check.
+ *
+ * Every `HookCall` runs at once (its handler's promise), so many calls are in flight;
+ * each result is written when its call finishes. A `CancelCall` aborts the call's
+ * `AbortSignal` and no result is sent for it; neither is one after the call's
+ * deadline. Notifications get no result. When the server closes its side, the calls
+ * in flight are answered, then the stream ends.
+ */
+
+const crypto = require('node:crypto');
+const grpc = require('@grpc/grpc-js');
+const { seconds: secondsOf } = require('./proto');
+
+/**
+ * Whether the call carries the plugin's token (always true when it has none).
+ * @param {{token: string}} plugin
+ * @param {{metadata: import('@grpc/grpc-js').Metadata}} call
+ */
+function authorized(plugin, call) {
+  if (!plugin.token) return true;
+  const sent = Buffer.from(String(call.metadata.get('authorization')[0] || ''));
+  const expected = Buffer.from(`Bearer ${plugin.token}`);
+  return sent.length === expected.length && crypto.timingSafeEqual(sent, expected);
+}
+
+/** The UNAUTHENTICATED status of a call without the token. @param {{name: string}} plugin */
+function refuse(plugin) {
+  return {
+    code: grpc.status.UNAUTHENTICATED,
+    details: `plugin ${plugin.name} requires 'authorization: Bearer <token>'`,
+  };
+}
+
+/** The `CancelCall` or deadline that withdrew a call. */
+class CallWithdrawn extends Error {}
+
+/**
+ * Serve one `Handle` stream until the server closes it or the plugin stops.
+ * @param {import('./plugin').Plugin} plugin
+ * @param {import('@grpc/grpc-js').ServerDuplexStream<object, object>} stream
+ */
+function serveStream(plugin, stream) {
+  if (!authorized(plugin, stream)) {
+    stream.emit('error', refuse(plugin));
+    return;
+  }
+  stream.sendMetadata(new grpc.Metadata()); // the server sees the stream open at once
+  /** Cancellable calls in flight, by call id. @type {Map<string, AbortController>} */
+  const calls = new Map();
+  /** Every call still running (cancelled or not). @type {Set<AbortController>} */
+  const running = new Set();
+  let closing = false; // the server closed its side, or the plugin is stopping
+  let ended = false;
+
+  const endIfIdle = () => {
+    if (closing && running.size === 0 && !ended) {
+      ended = true;
+      stream.end();
+    }
+  };
+  const abortAll = (why) => {
+    ended = true;
+    for (const controller of running) controller.abort(new CallWithdrawn(why));
+    plugin.streams.delete(handle);
+  };
+
+  const start = (call) => {
+    if (call.callId && calls.has(call.callId)) {
+      plugin.logger.error(`plugin ${plugin.name}: duplicate call id ${call.callId} ignored`);
+      return;
+    }
+    if (closing) {
+      stream.write({ result: { callId: call.callId, error: 'the plugin is stopping' } });
+      return;
+    }
+    const controller = new AbortController();
+    running.add(controller);
+    if (call.callId) calls.set(call.callId, controller);
+    const seconds = secondsOf(call.timeout);
+    const timer = seconds > 0
+      ? setTimeout(() => controller.abort(new CallWithdrawn('deadline exceeded')), seconds * 1000)
+      : null;
+    plugin.handle(call, controller.signal).then((result) => {
+      if (timer) clearTimeout(timer);
+      running.delete(controller);
+      if (calls.get(call.callId) === controller) calls.delete(call.callId);
+      if (result && !controller.signal.aborted && !ended) stream.write({ result });
+      endIfIdle();
+    });
+  };
+
+  const handle = {
+    /** Refuse new calls; end the stream once the calls in flight are answered. */
+    drain() {
+      closing = true;
+      endIfIdle();
+    },
+  };
+  plugin.streams.add(handle);
+
+  stream.on('data', (request) => {
+    if (request.kind === 'call') {
+      start(request.call);
+    } else if (request.kind === 'cancel') {
+      const controller = calls.get(request.cancel.callId);
+      calls.delete(request.cancel.callId);
+      if (controller) controller.abort(new CallWithdrawn(request.cancel.reason || 'cancelled'));
+    }
+  });
+  stream.on('end', () => handle.drain());
+  stream.on('cancelled', () => abortAll('the stream was cancelled'));
+  stream.on('error', () => abortAll('the stream failed'));
+  stream.on('finish', () => plugin.streams.delete(handle));
+}
+
+module.exports = { CallWithdrawn, authorized, refuse, serveStream };

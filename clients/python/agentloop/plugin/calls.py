@@ -1,0 +1,239 @@
+"""A plugin's registrations (seam handlers and tools) and the running of one `HookCall`.
+
+Each seam travels in a `HookCall` payload field and is answered in the `HookResult`
+decision field of the same name (`prompt_submit`, ..., `tool_execute`); observers'
+payloads (`session_event`, `agent_event`, `tool_result`) are notifications, never
+answered. `Registry.run` maps a handler's return value, or its exception, to the result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias, TypedDict, TypeVar
+
+from google.protobuf import duration_pb2
+from google.protobuf.message import Message as ProtoMessage
+
+from agentloop.plugin.decisions import blocks, struct, tool_error
+from agentloop.plugin.v1 import hook_service_pb2 as hs
+from agentloop.v1 import content_pb2 as c
+from agentloop.v1 import decision_pb2 as d
+
+log = logging.getLogger("agentloop.plugin")
+
+D = TypeVar("D")
+
+Handler: TypeAlias = Callable[[hs.HookCall], Awaitable[D | None]]
+"""A seam handler: the call in, the seam's decision (or None: unchanged) out."""
+
+Decorator: TypeAlias = Callable[[Handler[D]], Handler[D]]
+"""What a seam method returns: registers the handler and returns it unchanged."""
+
+ToolReturn: TypeAlias = (
+    str | Sequence[c.ContentBlock] | hs.ToolOutput | Mapping[str, Any] | list[Any] | float | None
+)
+"""What a tool handler returns: text, blocks, an output, or JSON (sent as JSON text)."""
+
+ToolHandler: TypeAlias = Callable[[Any, hs.HookCall], Awaitable[ToolReturn]]
+"""A tool handler: the parsed JSON arguments and the call in, the result out."""
+
+
+class Options(TypedDict, total=False):
+    """The options of a seam subscription."""
+
+    order: int
+    """Place among the seam's listeners, lower first (default 0)."""
+    timeout: float | None
+    """Deadline of each call in seconds (default: the server's)."""
+    failure_policy: hs.FailurePolicy.ValueType
+    """`FAIL_CLOSED` (the default) or `FAIL_OPEN`."""
+    agent_ids: Iterable[str]
+    """Only these agents' calls (default: every agent)."""
+
+
+@dataclass(frozen=True)
+class SeamSpec:
+    """How one seam travels."""
+
+    seam: hs.Seam.ValueType
+    payload: str
+    """The field of `HookCall.payload`, and of `HookResult.decision` when answered."""
+    decision: type[ProtoMessage] | None
+    """The decision type; None for an observer."""
+
+
+SPECS = (
+    SeamSpec(hs.SEAM_PROMPT_SUBMIT, "prompt_submit", d.PromptDecision),
+    SeamSpec(hs.SEAM_SESSION_PREFIX, "session_prefix", hs.SessionPrefixResult),
+    SeamSpec(hs.SEAM_PRE_STEP, "pre_step", hs.PreStepResult),
+    SeamSpec(hs.SEAM_REQUEST, "request", hs.RequestResult),
+    SeamSpec(hs.SEAM_STEP_RESULT, "step_result", hs.StepResultResult),
+    SeamSpec(hs.SEAM_TURN_CONTINUATION, "turn_continuation", d.ContinuationDecision),
+    SeamSpec(hs.SEAM_TURN_STOP, "turn_stop", hs.TurnStopResult),
+    SeamSpec(hs.SEAM_TOOLS_PRE_EXECUTE, "tool_pre_execute", d.PreToolDecision),
+    SeamSpec(hs.SEAM_TOOLS_POST_EXECUTE, "tool_post_execute", d.PostToolDecision),
+    SeamSpec(hs.SEAM_SESSION_EVENTS, "session_event", None),
+    SeamSpec(hs.SEAM_AGENT_EVENTS, "agent_event", None),
+    SeamSpec(hs.SEAM_TOOLS_RESULT, "tool_result", None),
+)
+BY_SEAM = {spec.seam: spec for spec in SPECS}
+BY_PAYLOAD = {spec.payload: spec for spec in SPECS}
+
+
+def duration(seconds: float) -> duration_pb2.Duration:
+    """`seconds` as a protobuf Duration."""
+    result = duration_pb2.Duration()
+    result.FromNanoseconds(round(seconds * 1e9))
+    return result
+
+
+def error_text(exc: BaseException) -> str:
+    """The text `HookResult.error` carries for an exception."""
+    return str(exc) or type(exc).__name__
+
+
+def tool_output_of(value: ToolReturn) -> hs.ToolOutput:
+    """A tool handler's return value as a `ToolOutput`."""
+    if isinstance(value, hs.ToolOutput):
+        return value
+    if value is None or isinstance(value, str):
+        return hs.ToolOutput(content=blocks(value))
+    if isinstance(value, Sequence):
+        content = [block for block in value if isinstance(block, c.ContentBlock)]
+        if len(content) == len(value):
+            return hs.ToolOutput(content=content)
+    return hs.ToolOutput(content=blocks(json.dumps(value)))
+
+
+@dataclass
+class Subscription:
+    """One registered seam handler."""
+
+    spec: SeamSpec
+    handler: Handler[Any] = field(repr=False)
+    options: Options
+
+    def message(self) -> hs.Subscription:
+        """The subscription as `Describe` reports it."""
+        message = hs.Subscription(
+            seam=self.spec.seam,
+            order=self.options.get("order", 0),
+            failure_policy=self.options.get("failure_policy", hs.FAILURE_POLICY_UNSPECIFIED),
+            agent_ids=list(self.options.get("agent_ids", ())),
+        )
+        timeout = self.options.get("timeout")
+        if timeout is not None:
+            message.timeout.CopyFrom(duration(timeout))
+        return message
+
+
+@dataclass
+class Registry:
+    """A plugin's seam handlers (one per seam) and tools (unique names)."""
+
+    name: str
+    subscriptions: dict[str, Subscription] = field(default_factory=dict)
+    tools: dict[str, tuple[hs.ToolDefinition, ToolHandler]] = field(default_factory=dict)
+
+    def subscribe(self, seam: hs.Seam.ValueType, handler: Handler[Any], options: Options) -> None:
+        """Register the handler of `seam`."""
+        spec = BY_SEAM[seam]
+        if spec.payload in self.subscriptions:
+            raise ValueError(f"plugin {self.name} already has a {spec.payload} handler")
+        self.subscriptions[spec.payload] = Subscription(spec, handler, options)
+
+    def add_tool(self, definition: hs.ToolDefinition, handler: ToolHandler) -> None:
+        """Register a tool."""
+        if not definition.name or definition.name in self.tools:
+            raise ValueError(f"plugin {self.name}: tool name {definition.name!r} empty or taken")
+        self.tools[definition.name] = (definition, handler)
+
+    def describe(self, version: str) -> hs.DescribeResponse:
+        """The `Describe` answer: subscriptions in seam order, tools in registration order."""
+        return hs.DescribeResponse(
+            name=self.name,
+            version=version,
+            subscriptions=[
+                self.subscriptions[s.payload].message()
+                for s in SPECS
+                if s.payload in self.subscriptions
+            ],
+            tools=[definition for definition, _ in self.tools.values()],
+        )
+
+    async def run(self, call: hs.HookCall) -> hs.HookResult | None:
+        """Run one call's handler: its result, or None when nothing is to be sent.
+
+        Nothing is sent for a notification, nor for a call whose deadline
+        (`call.timeout`) passed: the server has stopped waiting for it.
+        """
+        limit = call.timeout.ToNanoseconds() / 1e9 if call.HasField("timeout") else 0.0
+        try:
+            async with asyncio.timeout(limit if limit > 0 else None):
+                return await self._dispatch(call)
+        except TimeoutError:  # only the deadline's: _dispatch answers every error
+            log.warning("plugin %s: call %s passed its deadline", self.name, call.call_id)
+            return None
+
+    async def _dispatch(self, call: hs.HookCall) -> hs.HookResult | None:
+        payload = call.WhichOneof("payload") or ""
+        spec = BY_PAYLOAD.get(payload)
+        sub = self.subscriptions.get(payload)
+        if spec is not None and spec.decision is None:  # a notification
+            if sub is not None:
+                try:
+                    await sub.handler(call)
+                except Exception:
+                    log.exception("plugin %s: the %s observer failed", self.name, payload)
+            return None
+        result = hs.HookResult(call_id=call.call_id)
+        try:
+            if payload == "tool_execute":
+                result.tool_execute.CopyFrom(await self._run_tool(call))
+            elif spec is None or spec.decision is None or sub is None:
+                raise LookupError(f"plugin {self.name} has no handler for {payload or 'the call'}")
+            elif (decision := await sub.handler(call)) is not None:
+                if not isinstance(decision, spec.decision):
+                    raise TypeError(
+                        f"the {payload} handler returned {type(decision).__name__}, "
+                        f"not {spec.decision.__name__} or None"
+                    )
+                getattr(result, payload).CopyFrom(decision)
+        except Exception as exc:
+            log.warning("plugin %s: call %s failed: %s", self.name, call.call_id, exc)
+            result = hs.HookResult(call_id=call.call_id, error=error_text(exc))
+        return result
+
+    async def _run_tool(self, call: hs.HookCall) -> hs.ToolOutput:
+        invocation = call.tool_execute.invocation
+        if invocation.name not in self.tools:
+            raise LookupError(f"plugin {self.name} has no tool {invocation.name!r}")
+        _, handler = self.tools[invocation.name]
+        try:
+            args = json.loads(invocation.arguments) if invocation.arguments.strip() else {}
+        except ValueError as exc:
+            return tool_error(f"invalid JSON arguments: {exc}", code="INVALID_ARGUMENTS")
+        return tool_output_of(await handler(args, call))
+
+
+def tool_definition(
+    name: str,
+    description: str,
+    schema: Mapping[str, Any] | None,
+    parallel_safe: bool,
+    timeout: float | None,
+) -> hs.ToolDefinition:
+    """A tool's definition; no schema means an object with any properties."""
+    definition = hs.ToolDefinition(
+        name=name,
+        description=description,
+        input_schema=struct(dict(schema or {"type": "object", "properties": {}})),
+        parallel_safe=parallel_safe,
+    )
+    if timeout is not None:
+        definition.timeout.CopyFrom(duration(timeout))
+    return definition

@@ -1,0 +1,256 @@
+"""Write an agentloop plugin in a few lines: decorate handlers, then serve.
+
+```python
+from agentloop.plugin.sdk import Plugin, block_prompt, text_of
+
+plugin = Plugin("guard", version="1.0")
+
+@plugin.prompt_submit(order=10)
+async def no_rm(call):
+    if "rm -rf" in text_of(call.prompt_submit.content):
+        return block_prompt("destructive command")
+    return None  # continue unchanged
+
+@plugin.tool("shout", description="Upper-cases text", parallel_safe=True)
+async def shout(args, call):
+    return args["text"].upper()
+
+plugin.run("127.0.0.1:50100")
+```
+
+A seam handler receives the `HookCall` (agent, session, turn, step, and the seam's
+payload, e.g. `call.prompt_submit`) and returns `None` ("continue unchanged") or the
+seam's decision, built with the constructors re-exported here from
+`agentloop.plugin.decisions`. A handler that raises answers `HookResult.error` with the
+exception text. Observers (`on_session_event`, `on_agent_event`, `on_tool_result`) get
+no answer. A tool handler receives the parsed JSON arguments and the call, and returns
+text, content blocks, a `ToolOutput`, or any other JSON value (sent as JSON text).
+
+Registrations and the running of one call live in `agentloop.plugin.calls`; the
+serving side (the `Handle` stream: concurrent calls, `CancelCall`, the token check) in
+`agentloop.plugin.service`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+from collections.abc import Callable, Mapping
+from typing import Any, Unpack
+
+from agentloop.plugin.calls import (
+    Decorator,
+    Handler,
+    Options,
+    Registry,
+    ToolHandler,
+    ToolReturn,
+    tool_definition,
+)
+from agentloop.plugin.decisions import (
+    accept,
+    add_context,
+    add_contexts,
+    allow_prompt,
+    allow_tool,
+    ask,
+    block_prompt,
+    block_result,
+    context,
+    continue_turn,
+    deny,
+    replace_config,
+    replace_message,
+    replace_prefix,
+    stop_turn,
+    terminal_stop,
+    text_block,
+    text_of,
+    tool_error,
+    tool_output,
+)
+from agentloop.plugin.service import PluginServer
+from agentloop.plugin.v1 import hook_service_pb2 as hs
+from agentloop.v1 import decision_pb2 as d
+
+__all__ = [
+    "FAIL_CLOSED",
+    "FAIL_OPEN",
+    "Handler",
+    "Options",
+    "Plugin",
+    "ToolHandler",
+    "ToolReturn",
+    "accept",
+    "add_context",
+    "add_contexts",
+    "allow_prompt",
+    "allow_tool",
+    "ask",
+    "block_prompt",
+    "block_result",
+    "context",
+    "continue_turn",
+    "deny",
+    "replace_config",
+    "replace_message",
+    "replace_prefix",
+    "stop_turn",
+    "terminal_stop",
+    "text_block",
+    "text_of",
+    "tool_error",
+    "tool_output",
+]
+
+FAIL_CLOSED = hs.FAILURE_POLICY_FAIL_CLOSED
+"""A failed call ends the turn with reason `error` (the default)."""
+
+FAIL_OPEN = hs.FAILURE_POLICY_FAIL_OPEN
+"""A failed call skips the plugin for that call; the skip is counted."""
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+"""The plugin name alphabet: the same as agent ids."""
+
+
+class Plugin:
+    """A plugin: its seam handlers and tools, served as an agentloop `HookService`.
+
+    Every seam method takes the subscription options `order` (lower first, default
+    0), `timeout` (seconds per call), `failure_policy` (`FAIL_CLOSED` or `FAIL_OPEN`)
+    and `agent_ids` (default: every agent), and returns the decorator registering the
+    seam's one handler.
+    """
+
+    def __init__(self, name: str, version: str = "", *, token: str | None = None) -> None:
+        """Name it (letters, digits, `.`, `_`, `:`, `-`); `token` requires that bearer."""
+        if not NAME_PATTERN.fullmatch(name):
+            raise ValueError(f"plugin name {name!r}: 1-128 letters, digits, '.', '_', ':', '-'")
+        self.name = name
+        self.version = version
+        self.token = token
+        self.registry = Registry(name)
+        self._server: PluginServer | None = None
+
+    # Transforming seams: the handler returns the seam's decision, or None (unchanged).
+
+    def prompt_submit(self, **options: Unpack[Options]) -> Decorator[d.PromptDecision]:
+        """`agent/prompt-submit`: `allow_prompt(content, contexts)` or `block_prompt(reason)`."""
+        return self._subscribe(hs.SEAM_PROMPT_SUBMIT, options)
+
+    def session_prefix(self, **options: Unpack[Options]) -> Decorator[hs.SessionPrefixResult]:
+        """`agent/session-prefix`: `replace_prefix(messages)`."""
+        return self._subscribe(hs.SEAM_SESSION_PREFIX, options)
+
+    def pre_step(self, **options: Unpack[Options]) -> Decorator[hs.PreStepResult]:
+        """`agent/pre-step`: `add_context(text)` or `add_contexts(items)`."""
+        return self._subscribe(hs.SEAM_PRE_STEP, options)
+
+    def request(self, **options: Unpack[Options]) -> Decorator[hs.RequestResult]:
+        """`agent/request`: `replace_config(call.request.config, temperature=...)`."""
+        return self._subscribe(hs.SEAM_REQUEST, options)
+
+    def step_result(self, **options: Unpack[Options]) -> Decorator[hs.StepResultResult]:
+        """`agent/step-result`: `replace_message(message)`."""
+        return self._subscribe(hs.SEAM_STEP_RESULT, options)
+
+    def turn_continuation(self, **options: Unpack[Options]) -> Decorator[d.ContinuationDecision]:
+        """`agent/turn-continuation`: `continue_turn(reason)` or `stop_turn()`."""
+        return self._subscribe(hs.SEAM_TURN_CONTINUATION, options)
+
+    def turn_stop(self, **options: Unpack[Options]) -> Decorator[hs.TurnStopResult]:
+        """`agent/turn-stop`: `terminal_stop()`."""
+        return self._subscribe(hs.SEAM_TURN_STOP, options)
+
+    def tools_pre_execute(self, **options: Unpack[Options]) -> Decorator[d.PreToolDecision]:
+        """`tools/pre-execute`: `allow_tool()`, `deny(reason)` or `ask(reason)`."""
+        return self._subscribe(hs.SEAM_TOOLS_PRE_EXECUTE, options)
+
+    def tools_post_execute(self, **options: Unpack[Options]) -> Decorator[d.PostToolDecision]:
+        """`tools/post-execute`: `accept(content, contexts)` or `block_result(feedback)`."""
+        return self._subscribe(hs.SEAM_TOOLS_POST_EXECUTE, options)
+
+    # Observers: notifications, never answered; the handler's return value is ignored.
+
+    def on_session_event(self, **options: Unpack[Options]) -> Decorator[object]:
+        """Every session event (`call.session_event.event`, `.dropped`)."""
+        return self._subscribe(hs.SEAM_SESSION_EVENTS, options)
+
+    def on_agent_event(self, **options: Unpack[Options]) -> Decorator[object]:
+        """Every live agent event (`call.agent_event.event`, `.dropped`)."""
+        return self._subscribe(hs.SEAM_AGENT_EVENTS, options)
+
+    def on_tool_result(self, **options: Unpack[Options]) -> Decorator[object]:
+        """Every final tool result (`call.tool_result.invocation`, `.output`)."""
+        return self._subscribe(hs.SEAM_TOOLS_RESULT, options)
+
+    def _subscribe(self, seam: hs.Seam.ValueType, options: Options) -> Decorator[Any]:
+        def register(handler: Handler[Any]) -> Handler[Any]:
+            self.registry.subscribe(seam, handler, options)
+            return handler
+
+        return register
+
+    def tool(
+        self,
+        name: str,
+        *,
+        description: str = "",
+        schema: Mapping[str, Any] | None = None,
+        parallel_safe: bool = False,
+        timeout: float | None = None,
+    ) -> Callable[[ToolHandler], ToolHandler]:
+        """Provide a tool; `schema` is the JSON schema of its arguments (an object).
+
+        The handler gets the parsed JSON arguments and the call; it returns text,
+        content blocks, a `ToolOutput` (`tool_output(...)`, `tool_error(...)`), or any
+        other JSON value (sent as JSON text). Arguments that are not JSON answer a
+        `tool_error` without calling it.
+        """
+
+        def register(handler: ToolHandler) -> ToolHandler:
+            definition = tool_definition(name, description, schema, parallel_safe, timeout)
+            self.registry.add_tool(definition, handler)
+            return handler
+
+        return register
+
+    def describe(self) -> hs.DescribeResponse:
+        """The `Describe` answer: name, version, subscriptions (in seam order), tools."""
+        return self.registry.describe(self.version)
+
+    async def handle(self, call: hs.HookCall) -> hs.HookResult | None:
+        """Run one call as `Handle` would: its result, or None when none is sent."""
+        return await self.registry.run(call)
+
+    async def serve(self, address: str = "127.0.0.1:0") -> int:
+        """Start serving on `address` (port 0 picks a free one); returns the bound port."""
+        if self._server is not None:
+            raise RuntimeError(f"plugin {self.name} is already serving")
+        server = PluginServer(self)
+        port = await server.start(address)
+        self._server = server
+        return port
+
+    async def stop(self, grace: float | None = 5.0) -> None:
+        """Stop: refuse new calls, answer those in flight, cancel what is left after `grace`."""
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(grace)
+
+    def run(self, address: str = "127.0.0.1:50100") -> None:
+        """Serve until SIGTERM or SIGINT; prints `plugin NAME listening on HOST:PORT`."""
+        asyncio.run(self._run_until_signal(address))
+
+    async def _run_until_signal(self, address: str) -> None:
+        port = await self.serve(address)
+        print(f"plugin {self.name} listening on {address.rpartition(':')[0]}:{port}", flush=True)
+        stop_requested = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop_requested.set)
+        try:
+            await stop_requested.wait()
+        finally:
+            await self.stop()

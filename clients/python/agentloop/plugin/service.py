@@ -1,0 +1,181 @@
+"""The gRPC side of a plugin: the `HookService` servicer, its `Handle` streams, the server.
+
+Each `HookCall` on a `Handle` stream runs as its own asyncio task, so many calls are in
+flight at once; their results are written as they finish by the stream's single writer
+(the servicer's response generator: grpc.aio writes never overlap). A `CancelCall`
+cancels the call's task and no result is sent for it. Notifications get no result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+import grpc  # the plugin's transport edge, like the server's api_*.py
+
+from agentloop.plugin.calls import error_text
+from agentloop.plugin.v1 import hook_service_pb2 as hs
+from agentloop.plugin.v1 import hook_service_pb2_grpc as rpc
+
+if TYPE_CHECKING:
+    from agentloop.plugin.sdk import Plugin
+
+log = logging.getLogger("agentloop.plugin")
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class CallStream:
+    """One `Handle` stream: its calls in flight, by call id, and its result queue."""
+
+    def __init__(self, plugin: Plugin) -> None:
+        self._plugin = plugin
+        self._calls: dict[str, asyncio.Task[None]] = {}
+        """The cancellable calls in flight, by call id."""
+        self._running: set[asyncio.Task[None]] = set()
+        """Every task still running, cancelled or not (awaited when the stream ends)."""
+        self._results: asyncio.Queue[hs.HandleResponse | None] = asyncio.Queue()
+        """What the writer sends, in finishing order; None ends the stream."""
+        self._draining = False
+
+    async def responses(
+        self, requests: AsyncIterator[hs.HandleRequest]
+    ) -> AsyncGenerator[hs.HandleResponse]:
+        """Read `requests` in the background; yield each result as its call finishes."""
+        reader = asyncio.create_task(self._read(requests), name="agentloop-plugin reader")
+        try:
+            while (response := await self._results.get()) is not None:
+                yield response
+            if reader.done():
+                reader.result()  # a failed read fails the stream
+        finally:
+            reader.cancel()
+            for task in self._running:
+                task.cancel()
+            await asyncio.gather(reader, *self._running, return_exceptions=True)
+
+    def drain(self) -> None:
+        """Refuse new calls, and end the stream once the calls in flight are answered."""
+        self._draining = True
+        if not self._running:
+            self._results.put_nowait(None)
+
+    async def _read(self, requests: AsyncIterator[hs.HandleRequest]) -> None:
+        try:
+            async for request in requests:
+                kind = request.WhichOneof("kind")
+                if kind == "call":
+                    self._start(request.call)
+                elif kind == "cancel":
+                    task = self._calls.pop(request.cancel.call_id, None)
+                    if task is not None:
+                        task.cancel()
+            while self._running:  # the server closed its side: answer what is in flight
+                await asyncio.wait(set(self._running))
+        finally:
+            self._results.put_nowait(None)
+
+    def _start(self, call: hs.HookCall) -> None:
+        if call.call_id and call.call_id in self._calls:
+            log.warning("plugin %s: duplicate call id %s ignored", self._plugin.name, call.call_id)
+            return
+        if self._draining:
+            self._send(hs.HookResult(call_id=call.call_id, error="the plugin is stopping"))
+            return
+        task = asyncio.create_task(self._run(call), name=f"agentloop-plugin call {call.call_id}")
+        if call.call_id:
+            self._calls[call.call_id] = task
+        self._running.add(task)
+        task.add_done_callback(self._finished)
+
+    async def _run(self, call: hs.HookCall) -> None:
+        me = asyncio.current_task()
+        try:
+            result = await self._plugin.registry.run(call)
+        except Exception as exc:  # run() answers handler errors itself: a bug guard
+            log.exception("plugin %s: call %s", self._plugin.name, call.call_id)
+            result = hs.HookResult(call_id=call.call_id, error=error_text(exc))
+        if self._calls.get(call.call_id) is me:
+            del self._calls[call.call_id]
+            if result is not None:
+                self._send(result)
+        elif result is not None and not call.call_id:
+            self._send(result)
+
+    def _send(self, result: hs.HookResult) -> None:
+        self._results.put_nowait(hs.HandleResponse(result=result))
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        if self._draining and not self._running:
+            self._results.put_nowait(None)
+
+
+class HookServicer(rpc.HookServiceServicer):
+    """`HookService` for one plugin: `Describe` from its registrations, `Handle` streams."""
+
+    def __init__(self, plugin: Plugin) -> None:
+        self._plugin = plugin
+        self.streams: set[CallStream] = set()
+
+    async def _authorize(self, context: Context) -> None:
+        """Abort with UNAUTHENTICATED unless the plugin's bearer token was sent."""
+        token = self._plugin.token
+        if not token:
+            return
+        sent = ""
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization" and isinstance(value, str):
+                sent = value
+        if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"plugin {self._plugin.name} requires 'authorization: Bearer <token>'",
+            )
+
+    async def Describe(self, request: hs.DescribeRequest, context: Context) -> hs.DescribeResponse:
+        """The plugin's name, version, subscriptions and tools."""
+        await self._authorize(context)
+        return self._plugin.describe()
+
+    async def Handle(
+        self, request_iterator: AsyncIterator[hs.HandleRequest], context: Context
+    ) -> AsyncIterator[hs.HandleResponse]:
+        """Serve the calls of one server stream until it closes."""
+        await self._authorize(context)
+        await context.send_initial_metadata(())  # the server sees the stream open at once
+        stream = CallStream(self._plugin)
+        self.streams.add(stream)
+        try:
+            async with aclosing(stream.responses(request_iterator)) as responses:
+                async for response in responses:
+                    yield response
+        finally:
+            self.streams.discard(stream)
+
+
+class PluginServer:
+    """A gRPC server serving one plugin."""
+
+    def __init__(self, plugin: Plugin) -> None:
+        self._servicer = HookServicer(plugin)
+        self._server = grpc.aio.server()
+        rpc.add_HookServiceServicer_to_server(self._servicer, self._server)
+
+    async def start(self, address: str) -> int:
+        """Bind `address` and start; returns the bound port."""
+        port = self._server.add_insecure_port(address)
+        if port == 0:
+            raise OSError(f"cannot listen on {address}")
+        await self._server.start()
+        return port
+
+    async def stop(self, grace: float | None) -> None:
+        """Drain every stream (new calls are refused), then stop within `grace` seconds."""
+        for stream in list(self._servicer.streams):
+            stream.drain()
+        await self._server.stop(grace)
