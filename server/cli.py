@@ -7,9 +7,11 @@ Subcommands create, list, talk to, watch, cancel and dispose agents. Rendering l
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -245,6 +247,41 @@ def report_rpc_error(error: grpc.RpcError, address: str) -> int:
     return EXIT_RPC_ERROR
 
 
+class CallDetails(
+    collections.namedtuple(
+        "CallDetails",
+        ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression"),
+    ),
+    grpc.ClientCallDetails,
+):
+    """Call details with our metadata added (grpc's own type cannot be built)."""
+
+
+class BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Adds `authorization: Bearer <token>` to every call."""
+
+    def __init__(self, token: str) -> None:
+        self._metadata = ("authorization", f"Bearer {token}")
+
+    def _with_token(self, details: Any) -> CallDetails:
+        return CallDetails(
+            details.method,
+            details.timeout,
+            [*(details.metadata or ()), self._metadata],
+            details.credentials,
+            details.wait_for_ready,
+            details.compression,
+        )
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        """Send a unary call with the token."""
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        """Send a streaming call with the token."""
+        return continuation(self._with_token(details), request)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command.
 
@@ -261,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     handler: Command = args.handler
     try:
         with grpc.insecure_channel(args.address) as channel:
+            token = os.environ.get("AGENTLOOP_TOKEN", "").strip()
+            if token:  # the server's bearer token, sent on every call
+                authorized = grpc.intercept_channel(channel, BearerToken(token))
+                return handler(authorized, args)
             return handler(channel, args)
     except grpc.RpcError as error:
         return report_rpc_error(error, args.address)
