@@ -61,8 +61,9 @@ lint: setup ## ruff (lint and format) and buf (lint and format).
 typecheck: $(VENV)/.installed ## mypy --strict.
 	$(BIN)/mypy
 
-bench: $(VENV)/.installed ## Run the performance benchmark and print its figures.
+bench: $(VENV)/.installed ## Run the performance benchmarks and print their figures.
 	$(PY) -m bench.loop_bench
+	$(PY) -m bench.plugin_bench
 
 clean: ## Remove the virtualenv and caches.
 	rm -rf $(VENV) node_modules $(NODE_CLIENT)/node_modules .mypy_cache .ruff_cache .pytest_cache

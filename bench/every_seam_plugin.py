@@ -1,0 +1,34 @@
+"""A plugin for the benchmark: the SDK, subscribed to every seam, always "continue".
+
+Prints "plugin every-seam listening on HOST:PORT" when ready.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentloop.plugin.sdk import Plugin
+
+plugin = Plugin("every-seam", version="bench")
+
+
+async def proceed(call: Any) -> None:
+    """Continue unchanged."""
+    return None
+
+
+async def observe(call: Any) -> None:
+    """Notifications need no answer."""
+
+
+for decorator in (
+    plugin.prompt_submit, plugin.session_prefix, plugin.pre_step, plugin.request,
+    plugin.step_result, plugin.turn_continuation, plugin.turn_stop,
+    plugin.tools_pre_execute, plugin.tools_post_execute,
+):  # fmt: skip
+    decorator()(proceed)
+for observer in (plugin.on_session_event, plugin.on_agent_event, plugin.on_tool_result):
+    observer()(observe)
+
+if __name__ == "__main__":
+    plugin.run("127.0.0.1:0")

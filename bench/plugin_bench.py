@@ -1,0 +1,141 @@
+"""Measure remote seams: one call on an open plugin stream, and a step with a plugin on every seam.
+
+    python -m bench.plugin_bench [--calls N] [--turns N]
+
+Both plugins run as separate processes, as they would in production:
+- a bare `Handle` echo server (raw grpc.aio, no SDK): the floor, a bidi ping-pong;
+- the same through the Python plugin SDK, subscribed to every seam, answering "continue".
+The figures are printed next to their targets; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import grpc
+
+from agentloop.plugin.v1 import hook_service_pb2 as hk
+from agentloop.plugin.v1 import hook_service_pb2_grpc as hk_rpc
+from agentloop.v1 import agent_pb2
+from agentloop.v1 import content_pb2 as c
+from server.abort import NEVER
+from server.app import App
+from server.config import Config
+from server.plugin_client import PluginConnection
+from server.plugin_listeners import PluginStats
+from server.plugin_registry import Overrides
+
+HERE = Path(__file__).resolve().parent
+OPTIONS = agent_pb2.AgentOptions(provider="scripted", model="bench", tools=["word_count"])
+PROMPT = [c.ContentBlock(text=c.TextBlock(text="count the words of this short prompt"))]
+
+
+async def start(script: str) -> tuple[asyncio.subprocess.Process, str]:
+    """Start a plugin process; returns it and its address."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, str(HERE / script), stdout=asyncio.subprocess.PIPE
+    )
+    assert process.stdout is not None
+    line = (await asyncio.wait_for(process.stdout.readline(), 10)).decode()
+    return process, line.rsplit(" ", 1)[-1].strip()
+
+
+async def stop(process: asyncio.subprocess.Process) -> None:
+    process.terminate()
+    await asyncio.wait_for(process.wait(), 10)
+
+
+def line(label: str, value: str, target: str = "") -> None:
+    print(f"  {label:<56} {value:>12}   {target}")
+
+
+async def ping_pong(address: str, calls: int) -> list[float]:
+    """Raw bidi round trips on one open `Handle` stream, µs each."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stream = hk_rpc.HookServiceStub(channel).Handle()
+        samples = []
+        for i in range(calls + 200):
+            call = hk.HookCall(call_id=str(i), seam=hk.SEAM_TURN_STOP, turn_stop=hk.TurnStopCall())
+            request = hk.HandleRequest(call=call)
+            started = time.perf_counter()
+            await stream.write(request)
+            await stream.read()
+            if i >= 200:  # warm-up excluded
+                samples.append((time.perf_counter() - started) * 1e6)
+        stream.cancel()
+    return samples
+
+
+async def seam_calls(address: str, calls: int) -> list[float]:
+    """Round trips through the server's plugin client, µs each."""
+    connection = PluginConnection(address, "", PluginStats())
+    connection.start()
+    assert await connection.wait_ready(5)
+    samples = []
+    for i in range(calls + 200):
+        call = hk.HookCall(
+            call_id=f"b{i}", seam=hk.SEAM_TURN_STOP, agent_id="a", turn_stop=hk.TurnStopCall()
+        )
+        started = time.perf_counter()
+        await connection.call(call, 5.0, NEVER)
+        if i >= 200:
+            samples.append((time.perf_counter() - started) * 1e6)
+    await connection.close()
+    return samples
+
+
+async def turns(address: str | None, count: int) -> float:
+    """µs per turn of the standard workload, with or without the plugin registered."""
+    app = App(Config(listen="127.0.0.1:0", store="memory"))
+    await app.start()
+    try:
+        if address is not None:
+            await app.plugins.register(address, Overrides())
+        agent = await app.factory.create("bench", OPTIONS)
+        for _ in range(20):
+            agent.send(PROMPT)
+            await agent.when_idle()
+        started = time.perf_counter()
+        for _ in range(count):
+            agent.send(PROMPT)
+            await agent.when_idle()
+        return (time.perf_counter() - started) / count * 1e6
+    finally:
+        await app.stop(grace=0)
+
+
+async def main(calls: int, turn_count: int) -> None:
+    print("remote seams (plugins in their own processes, loopback)")
+    bare, bare_address = await start("echo_plugin.py")
+    sdk, sdk_address = await start("every_seam_plugin.py")
+    try:
+        floor = statistics.median(await ping_pong(bare_address, calls))
+        raw_sdk = statistics.median(await ping_pong(sdk_address, calls))
+        via_client = statistics.median(await seam_calls(sdk_address, calls))
+        line("bare bidi ping-pong (raw client, raw echo server)", f"{floor:,.0f} µs")
+        line("raw client -> SDK plugin", f"{raw_sdk:,.0f} µs")
+        line("remote seam call (server's plugin client -> SDK plugin)", f"{via_client:,.0f} µs",
+             f"target ≤ 1.3 × bare = {1.3 * floor:,.0f} µs")  # fmt: skip
+        line("  ratio to the bare ping-pong", f"{via_client / floor:.2f}×")
+        without = await turns(None, turn_count)
+        with_plugin = await turns(sdk_address, turn_count)
+        steps = 2  # the workload: a tool step, then a text step
+        line(f"turn without plugins ({turn_count} turns, 2 steps)", f"{without:,.0f} µs")
+        line("turn with one plugin on every seam", f"{with_plugin:,.0f} µs")
+        line("  added latency per step", f"{(with_plugin - without) / steps:,.0f} µs")
+    finally:
+        await stop(bare)
+        await stop(sdk)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--turns", type=int, default=200)
+    args = parser.parse_args()
+    asyncio.run(main(args.calls, args.turns))
