@@ -556,3 +556,31 @@ async def test_agent_turn_with_a_tool_round_trip(fake: FakeOpenAI) -> None:
         "tool_call_id": "call_wc",
         "content": "4 words",
     }
+
+
+async def test_agent_turn_cut_by_length_dispatches_no_tool(fake: FakeOpenAI) -> None:
+    fake.script(
+        Reply(
+            events=[
+                chunk({"content": "Let me count"}),
+                call(0, "", call_id="call_cut", name="word_count"),
+                call(0, '{"text": "one tw'),
+                chunk(finish="length"),
+            ]
+        )
+    )
+    factory = make_factory(fake)
+    try:
+        agent = await factory.create("a1", AGENT_OPTIONS)
+        agent.send([c.ContentBlock(text=c.TextBlock(text="one two"))])
+        await asyncio.wait_for(agent.when_idle(), 10)
+        events = agent.session.events
+        check_log(events)
+        assert not [e for e in events if e.HasField("tool_call")]
+        [message] = [e.assistant_message for e in events if e.HasField("assistant_message")]
+        assert [b.WhichOneof("block") for b in message.content] == ["text"]
+        [end] = [e.turn_end for e in events if e.HasField("turn_end")]
+        assert end.reason.WhichOneof("kind") == "max_tokens"
+        assert len(fake.requests) == 1
+    finally:
+        await factory.close()
