@@ -54,9 +54,10 @@ async def serve(config: Config) -> int:
     except OSError as error:
         print(f"agentloop: {error}", file=sys.stderr)
         return 1
+    requested = app.stop_on_signals()  # before announcing: a SIGTERM right after is graceful
     host = config.listen.rpartition(":")[0]
     print(f"agentloop listening on {host}:{port}", flush=True)
-    await app.run_until_signal()
+    await app.run_until(requested)
     return 0
 
 

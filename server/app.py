@@ -181,12 +181,16 @@ class App:
         agent = self.factory.agents.get(agent_id)
         return agent.session.session_id if agent is not None else ""
 
-    async def run_until_signal(self) -> None:
-        """Serve until SIGTERM or SIGINT, then stop gracefully."""
+    def stop_on_signals(self) -> asyncio.Event:
+        """Install SIGTERM and SIGINT handlers now; the event is set when one arrives."""
         loop = asyncio.get_running_loop()
-        stop_requested = asyncio.Event()
+        requested = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop_requested.set)
-        await stop_requested.wait()
+            loop.add_signal_handler(sig, requested.set)
+        return requested
+
+    async def run_until(self, requested: asyncio.Event) -> None:
+        """Serve until `requested` is set, then stop gracefully."""
+        await requested.wait()
         log.info("shutting down")
         await self.stop()

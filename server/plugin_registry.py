@@ -132,6 +132,8 @@ class PluginRegistry:
             await self.unregister(name)
 
     def _check(self, address: str, description: hk.DescribeResponse) -> None:
+        if description.name in self.plugins:
+            raise AlreadyExists(f'a plugin named "{description.name}" is already registered')
         problem = invalid_description(
             description, self.runtime.tools.names(), set(self.runtime.models.names())
         )

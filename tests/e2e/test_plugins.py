@@ -1,0 +1,819 @@
+"""Plugins as real processes (Python and Node) against a real server, through the real API.
+
+Every plugin here is a separate OS process started with `--listen 127.0.0.1:0`; the test
+reads its `plugin NAME listening on HOST:PORT` line, registers the address with
+`PluginRegistryService/RegisterPlugin` and waits for `ListPlugins` to show it READY. The
+plugins are the shipped examples (`clients/python/examples/guard_plugin.py`,
+`clients/node/examples/guard-plugin.js`) and the test plugins `tests/plugins/configurable.py`
+and `tests/plugins/configurable.js`, whose behaviour is chosen by flags.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import shutil
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agentloop.plugin.v1 import hook_service_pb2 as hk
+from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
+from agentloop.plugin.v1 import plugin_registry_service_pb2_grpc as reg_rpc
+from agentloop.v1 import agent_factory_service_pb2 as fac
+from agentloop.v1 import (
+    agent_factory_service_pb2_grpc,
+    agent_pb2,
+    agent_service_pb2_grpc,
+    session_event_pb2,
+)
+from agentloop.v1 import agent_service_pb2 as api
+from agentloop.v1 import content_pb2 as c
+from agentloop.v1.stream_pb2 import StreamChunk
+from server.abort import AbortSignal
+from server.app import App
+from server.config import Config, PluginConfig
+from server.models import ModelRequest
+from server.models.scripted import ScriptedModel
+from tests.e2e.conftest import E2E, READ_TIMEOUT, EventStream, kinds, read_turn
+
+T = READ_TIMEOUT
+"""The deadline of every unary call and of every wait."""
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGINS = ROOT / "tests" / "plugins"
+PY_EXAMPLE = ROOT / "clients" / "python" / "examples" / "guard_plugin.py"
+NODE_EXAMPLE = ROOT / "clients" / "node" / "examples" / "guard-plugin.js"
+LISTENING = re.compile(r"plugin (\S+) listening on (\S+):(\d+)")
+
+LANGS = ["python", "node"]
+"""Each "each" test runs once per plugin language."""
+
+Event = session_event_pb2.SessionEvent
+
+
+@pytest.fixture(autouse=True)
+def _no_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fixture servers and the plugin processes run without any token."""
+    monkeypatch.delenv("AGENTLOOP_TOKEN", raising=False)
+    monkeypatch.delenv("AGENTLOOP_PLUGIN_TOKEN", raising=False)
+
+
+# -- plugin processes --------------------------------------------------------------------
+
+
+def node() -> str:
+    """The node binary (the Node plugins need it and clients/node/node_modules)."""
+    found = shutil.which("node")
+    assert found, "node is not on PATH: the Node plugin tests need Node.js 20+"
+    assert (ROOT / "clients" / "node" / "node_modules" / "@grpc").is_dir(), (
+        "clients/node/node_modules is missing: run `npm ci` in clients/node"
+    )
+    return found
+
+
+def configurable(lang: str, *flags: str) -> list[str]:
+    """The command line of the configurable test plugin in `lang` (without --listen)."""
+    if lang == "python":
+        return [sys.executable, str(PLUGINS / "configurable.py"), *flags]
+    return [node(), str(PLUGINS / "configurable.js"), *flags]
+
+
+def example(lang: str) -> list[str]:
+    """The command line of the shipped example plugin in `lang` (without --listen)."""
+    if lang == "python":
+        return [sys.executable, str(PY_EXAMPLE)]
+    return [node(), str(NODE_EXAMPLE)]
+
+
+@dataclass
+class PluginProcess:
+    """One running plugin process."""
+
+    argv: list[str]
+    process: asyncio.subprocess.Process
+    name: str
+    address: str
+    stderr: Path
+
+    @property
+    def port(self) -> int:
+        """The port it listens on."""
+        return int(self.address.rpartition(":")[2])
+
+    async def line(self, seconds: float = T) -> str:
+        """The next line the plugin prints on stdout ("" at EOF)."""
+        assert self.process.stdout is not None
+        async with asyncio.timeout(seconds):
+            return (await self.process.stdout.readline()).decode().strip()
+
+    async def kill(self) -> None:
+        """SIGKILL it and reap it."""
+        if self.process.returncode is None:
+            self.process.kill()
+        async with asyncio.timeout(T):
+            await self.process.wait()
+
+
+@dataclass
+class Launcher:
+    """Starts plugin processes; every one is killed when the test ends."""
+
+    tmp_path: Path
+    started: list[PluginProcess] = field(default_factory=list)
+
+    async def start(self, argv: Sequence[str], listen: str = "127.0.0.1:0") -> PluginProcess:
+        """Start a plugin and wait for its listening line."""
+        stderr = self.tmp_path / f"plugin-{len(self.started)}.stderr"
+        with stderr.open("wb") as err:
+            process = await asyncio.create_subprocess_exec(
+                *argv, "--listen", listen,
+                stdout=asyncio.subprocess.PIPE, stderr=err, cwd=ROOT,
+            )  # fmt: skip
+        plugin = PluginProcess(list(argv), process, "", "", stderr)
+        self.started.append(plugin)
+        first = await plugin.line()
+        match = LISTENING.fullmatch(first)
+        assert match, f"{argv} printed {first!r}; stderr: {stderr.read_text()}"
+        plugin.name = match.group(1)
+        plugin.address = f"{match.group(2)}:{match.group(3)}"
+        return plugin
+
+    async def restart(self, plugin: PluginProcess) -> PluginProcess:
+        """Start the same plugin again on the same address."""
+        again = await self.start(plugin.argv, listen=plugin.address)
+        assert again.address == plugin.address
+        return again
+
+    async def close(self) -> None:
+        """Kill every plugin still running."""
+        for plugin in self.started:
+            with contextlib.suppress(ProcessLookupError, TimeoutError):
+                await plugin.kill()
+
+
+@pytest.fixture
+async def launcher(tmp_path: Path) -> AsyncIterator[Launcher]:
+    """Plugin processes for one test."""
+    launch = Launcher(tmp_path)
+    try:
+        yield launch
+    finally:
+        await launch.close()
+
+
+# -- the API -----------------------------------------------------------------------------
+
+
+def registry(channel: grpc.aio.Channel) -> reg_rpc.PluginRegistryServiceAsyncStub:
+    """The PluginRegistryService stub on `channel`."""
+    return reg_rpc.PluginRegistryServiceStub(channel)
+
+
+async def list_plugins(channel: grpc.aio.Channel) -> dict[str, reg.Plugin]:
+    """ListPlugins, by name."""
+    response = await registry(channel).ListPlugins(reg.ListPluginsRequest(), timeout=T)
+    return {plugin.name: plugin for plugin in response.plugins}
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], what: str, seconds: float = T) -> None:
+    """Poll `check` every 20 ms until it holds; fail after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not await check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def plugin_state(channel: grpc.aio.Channel, name: str) -> reg.Plugin:
+    """One plugin as ListPlugins shows it."""
+    plugins = await list_plugins(channel)
+    assert name in plugins, f"plugin {name} is not listed: {sorted(plugins)}"
+    return plugins[name]
+
+
+async def wait_ready(channel: grpc.aio.Channel, name: str, seconds: float = T) -> reg.Plugin:
+    """Wait until ListPlugins shows the plugin READY; returns it."""
+
+    async def ready() -> bool:
+        plugins = await list_plugins(channel)
+        return name in plugins and plugins[name].state == reg.PLUGIN_STATE_READY
+
+    await eventually(ready, f"plugin {name} to be READY", seconds)
+    return await plugin_state(channel, name)
+
+
+async def register(
+    channel: grpc.aio.Channel,
+    address: str,
+    *,
+    order: int | None = None,
+    deadline: float | None = None,
+    failure_policy: hk.FailurePolicy.ValueType = hk.FAILURE_POLICY_UNSPECIFIED,
+) -> reg.Plugin:
+    """RegisterPlugin, then wait until the plugin is READY."""
+    request = reg.RegisterPluginRequest(address=address, failure_policy=failure_policy)
+    if order is not None:
+        request.order = order
+    if deadline is not None:
+        request.timeout.FromNanoseconds(int(deadline * 1e9))
+    response = await registry(channel).RegisterPlugin(request, timeout=T)
+    assert response.plugin.address == address
+    return await wait_ready(channel, response.plugin.name)
+
+
+async def unregister(channel: grpc.aio.Channel, name: str) -> None:
+    """UnregisterPlugin."""
+    await registry(channel).UnregisterPlugin(reg.UnregisterPluginRequest(name=name), timeout=T)
+
+
+async def create_agent(
+    e2e: E2E,
+    agent_id: str,
+    *,
+    tools: Sequence[str] = (),
+    script: Sequence[agent_pb2.ScriptedStep] = (),
+) -> None:
+    """A scripted agent (with no script it echoes "You said: <latest user text>")."""
+    options = agent_pb2.AgentOptions(
+        provider="scripted", model="m", tools=list(tools), script=list(script)
+    )
+    await e2e.factory.CreateAgent(
+        fac.CreateAgentRequest(agent_id=agent_id, options=options), timeout=T
+    )
+
+
+async def run_turn(e2e: E2E, agent_id: str, text: str) -> list[Event]:
+    """Send a message and read its turn up to the turn_end."""
+    sent = await e2e.agents.SendMessage(
+        api.SendMessageRequest(agent_id=agent_id, text=text), timeout=T
+    )
+    return await read_turn(e2e.agents, agent_id, sent.next_seq)
+
+
+def text_of(blocks: Sequence[object]) -> str:
+    """The concatenated text blocks of some content."""
+    return "".join(b.text.text for b in blocks if b.WhichOneof("block") == "text")  # type: ignore[attr-defined]
+
+
+def of_kind(events: Sequence[Event], kind: str) -> list[Event]:
+    """The events whose payload is `kind`."""
+    return [e for e in events if e.WhichOneof("payload") == kind]
+
+
+def end_reason(events: Sequence[Event]) -> session_event_pb2.TurnEndReason:
+    """The reason of the turn's (last) turn_end."""
+    assert events and events[-1].WhichOneof("payload") == "turn_end", kinds(list(events))
+    return events[-1].turn_end.reason
+
+
+def user_text(events: Sequence[Event]) -> str:
+    """The text of the turn's user_message."""
+    (user,) = of_kind(events, "user_message")
+    return text_of(user.user_message.content)
+
+
+def assistant_text(events: Sequence[Event]) -> str:
+    """The text of the turn's assistant messages, joined."""
+    return "".join(
+        text_of(e.assistant_message.content) for e in of_kind(events, "assistant_message")
+    )
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (right now)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def step(*calls: tuple[str, str, dict[str, object]], text: str = "") -> agent_pb2.ScriptedStep:
+    """One scripted model call: `text`, then tool calls (id, name, arguments)."""
+    return agent_pb2.ScriptedStep(
+        text=text,
+        tool_calls=[
+            agent_pb2.ScriptedToolCall(id=call_id, name=name, arguments=json.dumps(arguments))
+            for call_id, name, arguments in calls
+        ],
+    )
+
+
+# -- seams, for each plugin language -------------------------------------------------------
+
+
+@pytest.mark.parametrize("lang", LANGS)
+async def test_blocked_prompt_gives_a_rejected_turn(
+    e2e: E2E, launcher: Launcher, lang: str
+) -> None:
+    plugin = await launcher.start(example(lang))
+    await register(e2e.channel, plugin.address)
+    await create_agent(e2e, "guarded")
+
+    events = await run_turn(e2e, "guarded", "please rm -rf / now")
+
+    assert kinds(events) == ["turn_start", "prompt_blocked", "turn_end"]
+    assert events[1].prompt_blocked.reason == "destructive command"
+    assert text_of(events[1].prompt_blocked.content) == "please rm -rf / now"
+    reason = end_reason(events)
+    assert reason.WhichOneof("kind") == "rejected"
+    assert reason.rejected.reason == "destructive command"
+
+    # Any other prompt is allowed, with the example's clock note as a context.
+    events = await run_turn(e2e, "guarded", "hello")
+    assert end_reason(events).WhichOneof("kind") == "completed"
+    k = kinds(events)
+    assert k[1:3] == ["user_message", "context_message"]
+    note = events[2].context_message
+    assert "The plugin's clock reads" in text_of(note.content)
+    assert (note.source.kind, note.source.name) == ("plugin", plugin.name)
+
+
+class RecordingModel:
+    """The scripted model, recording the messages of every request it gets."""
+
+    def __init__(self) -> None:
+        self.inner = ScriptedModel()
+        self.requests: list[list[c.Message]] = []
+
+    def stream(self, request: ModelRequest, signal: AbortSignal) -> AsyncIterator[StreamChunk]:
+        self.requests.append(list(request.messages))
+        return self.inner.stream(request, signal)
+
+
+@pytest.mark.parametrize("lang", LANGS)
+async def test_prompt_rewrite_and_context_reach_the_model(
+    e2e: E2E, launcher: Launcher, lang: str
+) -> None:
+    recording = RecordingModel()
+    e2e.app.runtime.models.register("recording", recording, default_model="m")
+    plugin = await launcher.start(
+        configurable(lang, "--name", f"rewriter-{lang}", "--tag", "T", "--context", "ctx note")
+    )
+    await register(e2e.channel, plugin.address)
+    await e2e.factory.CreateAgent(
+        fac.CreateAgentRequest(
+            agent_id="echo", options=agent_pb2.AgentOptions(provider="recording")
+        ),
+        timeout=T,
+    )
+
+    events = await run_turn(e2e, "echo", "p")
+
+    assert end_reason(events).WhichOneof("kind") == "completed"
+    # The session log: the rewritten prompt, then the plugin's context.
+    k = kinds(events)
+    user_at = k.index("user_message")
+    assert k[user_at + 1] == "context_message", k
+    assert text_of(events[user_at].user_message.content) == "p-T"
+    note = events[user_at + 1].context_message
+    assert text_of(note.content) == "ctx note"
+    assert (note.source.kind, note.source.name) == ("plugin", plugin.name)
+    # The model request: the rewritten prompt, then the context (wrapped), last.
+    (messages,) = recording.requests
+    assert [(m.role, text_of(m.content)) for m in messages[-2:]] == [
+        (c.ROLE_USER, "p-T"),
+        (c.ROLE_USER, '<context source="plugin">\nctx note\n</context>'),
+    ]
+    # The scripted model echoes the latest user text it was sent: the context.
+    assert assistant_text(events) == 'You said: <context source="plugin">\nctx note\n</context>'
+
+
+@pytest.mark.parametrize("lang", LANGS)
+async def test_pre_execute_deny_is_an_error_result_the_model_sees(
+    e2e: E2E, launcher: Launcher, lang: str
+) -> None:
+    plugin = await launcher.start(
+        configurable(lang, "--name", f"denier-{lang}", "--deny-tool", "echo",
+                     "--deny-reason", "echo is off limits")
+    )  # fmt: skip
+    await register(e2e.channel, plugin.address)
+    # Step 1 calls echo; step 2 is the scripted model's default: it summarises the
+    # tool results it was sent.
+    await create_agent(e2e, "denied", tools=["echo"], script=[step(("e1", "echo", {"text": "hi"}))])
+
+    events = await run_turn(e2e, "denied", "go")
+
+    assert end_reason(events).WhichOneof("kind") == "completed"
+    (result,) = of_kind(events, "tool_result")
+    assert result.tool_result.call_id == "e1"
+    assert result.tool_result.is_error
+    assert text_of(result.tool_result.content) == "Error: echo is off limits"
+    assert "Tool results: Error: echo is off limits" in assistant_text(events)
+
+
+@pytest.mark.parametrize("lang", LANGS)
+async def test_plugin_tool_runs_in_the_pool_beside_a_local_tool(
+    e2e: E2E, launcher: Launcher, lang: str
+) -> None:
+    tool = f"nap_{lang}"
+    plugin = await launcher.start(
+        configurable(lang, "--name", f"napper-{lang}", "--tool", tool, "--tool-sleep", "0.3")
+    )
+    registered = await register(e2e.channel, plugin.address)
+    assert [(t.name, t.parallel_safe) for t in registered.tools] == [(tool, True)]
+    await create_agent(
+        e2e, "pool", tools=["sleep"],
+        script=[step(("c1", tool, {}), ("c2", "sleep", {"seconds": 0.05}))],
+    )  # fmt: skip
+
+    events = await run_turn(e2e, "pool", "go")
+
+    assert end_reason(events).WhichOneof("kind") == "completed"
+    k = kinds(events)
+    calls = [i for i, kind in enumerate(k) if kind == "tool_call"]
+    results = [i for i, kind in enumerate(k) if kind == "tool_result"]
+    assert len(calls) == 2 and len(results) == 2, k
+    # Both were dispatched before either committed (an exclusive call is a barrier:
+    # the next call would only be logged after its result) ...
+    assert max(calls) < min(results), k
+    # ... and the results are committed in model order, though `sleep` finished first.
+    first, second = (events[i].tool_result for i in results)
+    assert (first.call_id, second.call_id) == ("c1", "c2")
+    assert text_of(first.content) == f"{tool} done" and not first.is_error
+    assert text_of(second.content) == "slept 0.05 seconds" and not second.is_error
+
+
+@pytest.mark.parametrize("lang", LANGS)
+async def test_turn_continuation_forces_one_more_step(
+    e2e: E2E, launcher: Launcher, lang: str
+) -> None:
+    await create_agent(e2e, "again")
+    baseline = await run_turn(e2e, "again", "once")
+    assert kinds(baseline).count("step_start") == 1
+
+    plugin = await launcher.start(configurable(lang, "--name", f"again-{lang}", "--continue-once"))
+    await register(e2e.channel, plugin.address)
+
+    events = await run_turn(e2e, "again", "twice")
+
+    assert end_reason(events).WhichOneof("kind") == "completed"
+    steps = of_kind(events, "step_start")
+    assert [(s.step_start.turn, s.step_start.step) for s in steps] == [(2, 1), (2, 2)]
+
+
+@pytest.mark.parametrize("lang", LANGS)
+async def test_cancel_during_a_slow_hook_call(
+    e2e: E2E, launcher: Launcher, lang: str, tmp_path: Path
+) -> None:
+    cancel_file = tmp_path / f"cancelled-{lang}.txt"
+    plugin = await launcher.start(
+        configurable(lang, "--name", f"slow-{lang}", "--slow", "5", "--tag", "S",
+                     "--cancel-file", str(cancel_file))
+    )  # fmt: skip
+    await register(e2e.channel, plugin.address)
+    await create_agent(e2e, "patient")
+
+    sent = await e2e.agents.SendMessage(
+        api.SendMessageRequest(agent_id="patient", text="p"), timeout=T
+    )
+    stream = EventStream(e2e.agents, agent_id="patient", from_seq=sent.next_seq)
+    try:
+        await stream.until("turn_start")
+
+        async def in_flight() -> bool:
+            return (await plugin_state(e2e.channel, plugin.name)).stats.calls >= 1
+
+        await eventually(in_flight, "the prompt-submit call to be sent")
+        started = time.monotonic()
+        cancel = await e2e.agents.CancelTurn(
+            api.CancelTurnRequest(agent_id="patient", reason="enough"), timeout=T
+        )
+        assert cancel.cancelled
+        end = await stream.until("turn_end")
+        elapsed = time.monotonic() - started
+    finally:
+        stream.close()
+
+    assert end.turn_end.reason.WhichOneof("kind") == "aborted"
+    assert end.turn_end.reason.aborted.reason == "enough"
+    assert elapsed < 1.5, f"the turn took {elapsed:.2f} s to abort (the handler sleeps 5 s)"
+    assert "user_message" not in kinds(stream.events)
+    # The plugin saw the CancelCall: its handler was cancelled.
+    line = await plugin.line(seconds=3)
+    assert re.fullmatch(r"cancelled \S+", line), line
+    assert cancel_file.read_text().strip() == line
+
+
+# -- composition -------------------------------------------------------------------------
+
+
+async def test_two_plugins_on_one_waterfall_compose_in_order(e2e: E2E, launcher: Launcher) -> None:
+    a = await launcher.start(
+        configurable("python", "--name", "tag-a", "--tag", "A", "--order", "1")
+    )
+    b = await launcher.start(configurable("node", "--name", "tag-b", "--tag", "B", "--order", "2"))
+    await register(e2e.channel, a.address)
+    await register(e2e.channel, b.address)
+    await create_agent(e2e, "composed")
+
+    events = await run_turn(e2e, "composed", "p")
+    assert user_text(events) == "p-A-B"
+    assert "p-A-B" in assistant_text(events)
+
+    # Swap the orders with the operator override at registration.
+    await unregister(e2e.channel, "tag-a")
+    await unregister(e2e.channel, "tag-b")
+    a_again = await register(e2e.channel, a.address, order=2)
+    b_again = await register(e2e.channel, b.address, order=1)
+    assert [s.order for s in a_again.subscriptions] == [2]
+    assert [s.order for s in b_again.subscriptions] == [1]
+
+    events = await run_turn(e2e, "composed", "p")
+    assert user_text(events) == "p-B-A"
+
+
+# -- faults ------------------------------------------------------------------------------
+
+
+async def test_killed_plugin_fails_closed_then_serves_again_after_restart(
+    e2e: E2E, launcher: Launcher
+) -> None:
+    argv = configurable("python", "--name", "victim", "--tag", "K", "--slow", "0.5")
+    plugin = await launcher.start(argv)
+    await register(e2e.channel, plugin.address)
+    await create_agent(e2e, "fragile")
+
+    # SIGKILL while the prompt-submit call is in flight.
+    sent = await e2e.agents.SendMessage(
+        api.SendMessageRequest(agent_id="fragile", text="p"), timeout=T
+    )
+
+    async def in_flight() -> bool:
+        return (await plugin_state(e2e.channel, "victim")).stats.calls >= 1
+
+    await eventually(in_flight, "the prompt-submit call to be sent")
+    await plugin.kill()
+    events = await read_turn(e2e.agents, "fragile", sent.next_seq)
+    reason = end_reason(events)
+    assert reason.WhichOneof("kind") == "error"
+    assert 'plugin "victim"' in reason.error.message
+    assert "agent/prompt-submit" in reason.error.message
+    assert reason.error.code == "PLUGIN_DISCONNECTED"
+    assert kinds(events).count("turn_end") == 1
+
+    # Still registered and down: the FAIL_CLOSED seam fails the next turn too, at once.
+    down = await plugin_state(e2e.channel, "victim")
+    assert down.state != reg.PLUGIN_STATE_READY
+    assert down.last_error
+    events = await run_turn(e2e, "fragile", "q")
+    reason = end_reason(events)
+    assert reason.WhichOneof("kind") == "error"
+    assert 'plugin "victim"' in reason.error.message
+    assert reason.error.code == "PLUGIN_DISCONNECTED"
+
+    # Restarted on the same port, it is reconnected (with backoff) and used again.
+    await launcher.restart(plugin)
+    back = await wait_ready(e2e.channel, "victim")
+    assert back.stats.reconnects >= 1
+    events = await run_turn(e2e, "fragile", "r")
+    assert end_reason(events).WhichOneof("kind") == "completed"
+    assert user_text(events) == "r-K"
+
+
+async def test_a_plugin_that_never_answers_times_out(e2e: E2E, launcher: Launcher) -> None:
+    plugin = await launcher.start(configurable("python", "--name", "mute", "--hang"))
+    registered = await register(e2e.channel, plugin.address, deadline=0.5)
+    assert registered.subscriptions[0].timeout.ToNanoseconds() == 500_000_000
+    await create_agent(e2e, "waiting")
+
+    started = time.monotonic()
+    events = await run_turn(e2e, "waiting", "p")
+    elapsed = time.monotonic() - started
+
+    reason = end_reason(events)
+    assert reason.WhichOneof("kind") == "error"
+    assert reason.error.code == "PLUGIN_TIMEOUT"
+    assert 'plugin "mute"' in reason.error.message
+    assert "agent/prompt-submit" in reason.error.message
+    assert 0.4 < elapsed < 3.0, f"the turn failed after {elapsed:.2f} s (deadline 0.5 s)"
+    stats = (await plugin_state(e2e.channel, "mute")).stats
+    assert stats.timeouts == 1 and stats.errors == 0
+
+
+async def test_a_malformed_reply_fails_the_turn(e2e: E2E, launcher: Launcher) -> None:
+    plugin = await launcher.start(configurable("python", "--name", "garbled", "--malformed"))
+    await register(e2e.channel, plugin.address)
+    await create_agent(e2e, "confused")
+
+    events = await run_turn(e2e, "confused", "p")
+
+    reason = end_reason(events)
+    assert reason.WhichOneof("kind") == "error"
+    assert reason.error.code == "PLUGIN_MALFORMED"
+    assert 'plugin "garbled"' in reason.error.message
+    assert "tool_pre_execute" in reason.error.message
+    assert "user_message" not in kinds(events)
+    assert (await plugin_state(e2e.channel, "garbled")).stats.errors == 1
+
+
+async def test_unregister_during_a_call_fails_it_under_the_policy(
+    e2e: E2E, launcher: Launcher
+) -> None:
+    plugin = await launcher.start(configurable("python", "--name", "leaving", "--slow", "5"))
+    await register(e2e.channel, plugin.address)
+    await create_agent(e2e, "left")
+    sent = await e2e.agents.SendMessage(
+        api.SendMessageRequest(agent_id="left", text="p"), timeout=T
+    )
+
+    async def in_flight() -> bool:
+        return (await plugin_state(e2e.channel, "leaving")).stats.calls >= 1
+
+    await eventually(in_flight, "the prompt-submit call to be sent")
+    started = time.monotonic()
+    await unregister(e2e.channel, "leaving")
+    events = await read_turn(e2e.agents, "left", sent.next_seq)
+
+    reason = end_reason(events)
+    assert reason.WhichOneof("kind") == "error"
+    assert reason.error.code == "PLUGIN_DISCONNECTED"
+    assert 'plugin "leaving"' in reason.error.message
+    assert "unregistered" in reason.error.message
+    assert time.monotonic() - started < 2.0
+    # The next turn runs without it.
+    assert end_reason(await run_turn(e2e, "left", "q")).WhichOneof("kind") == "completed"
+
+
+async def test_a_fail_open_plugin_that_is_down_is_skipped_and_counted(
+    e2e: E2E, launcher: Launcher
+) -> None:
+    plugin = await launcher.start(
+        configurable("python", "--name", "optional", "--tag", "X", "--fail-open")
+    )
+    registered = await register(e2e.channel, plugin.address)
+    assert [s.failure_policy for s in registered.subscriptions] == [hk.FAILURE_POLICY_FAIL_OPEN]
+    await create_agent(e2e, "resilient")
+    assert user_text(await run_turn(e2e, "resilient", "p")) == "p-X"
+
+    await plugin.kill()
+
+    async def down() -> bool:
+        return (await plugin_state(e2e.channel, "optional")).state != reg.PLUGIN_STATE_READY
+
+    await eventually(down, "the killed plugin to be shown down")
+    events = await run_turn(e2e, "resilient", "q")
+
+    assert end_reason(events).WhichOneof("kind") == "completed"
+    assert user_text(events) == "q"
+    assert (await plugin_state(e2e.channel, "optional")).stats.fail_opens >= 1
+
+
+# -- the registry ------------------------------------------------------------------------
+
+
+async def test_list_plugins_shows_state_subscriptions_counters_and_latencies(
+    e2e: E2E, launcher: Launcher
+) -> None:
+    plugin = await launcher.start(
+        configurable("python", "--name", "busy", "--tag", "L", "--order", "7",
+                     "--deny-tool", "echo", "--tool", "busy_tool", "--tool-sleep", "0.01")
+    )  # fmt: skip
+    await register(e2e.channel, plugin.address)
+    await create_agent(
+        e2e, "observed", tools=["echo"],
+        script=[step(("t1", "busy_tool", {}), ("t2", "echo", {"text": "x"}))],
+    )  # fmt: skip
+    events = await run_turn(e2e, "observed", "p")
+    assert end_reason(events).WhichOneof("kind") == "completed"
+    assert user_text(events) == "p-L"
+
+    listed = await plugin_state(e2e.channel, "busy")
+    assert listed.state == reg.PLUGIN_STATE_READY
+    assert listed.version == "test"
+    assert listed.address == plugin.address
+    assert [(s.seam, s.order, s.failure_policy) for s in listed.subscriptions] == [
+        (hk.SEAM_PROMPT_SUBMIT, 7, hk.FAILURE_POLICY_FAIL_CLOSED),
+        (hk.SEAM_TOOLS_PRE_EXECUTE, 7, hk.FAILURE_POLICY_FAIL_CLOSED),
+    ]
+    assert [t.name for t in listed.tools] == ["busy_tool"]
+    # prompt-submit once, pre-execute per call (twice), the tool once.
+    assert listed.stats.calls == 4
+    assert (listed.stats.errors, listed.stats.timeouts, listed.stats.fail_opens) == (0, 0, 0)
+    latencies = {lat.seam: lat for lat in listed.latencies}
+    assert set(latencies) == {
+        hk.SEAM_PROMPT_SUBMIT, hk.SEAM_TOOLS_PRE_EXECUTE, hk.SEAM_TOOL_EXECUTE,
+    }  # fmt: skip
+    assert latencies[hk.SEAM_PROMPT_SUBMIT].calls == 1
+    assert latencies[hk.SEAM_TOOLS_PRE_EXECUTE].calls == 2
+    assert latencies[hk.SEAM_TOOL_EXECUTE].calls == 1
+    for latency in latencies.values():
+        assert 0 < latency.p50.ToNanoseconds() <= latency.p99.ToNanoseconds()
+    # The tool sleeps 10 ms: its latency says so.
+    assert latencies[hk.SEAM_TOOL_EXECUTE].p50.ToNanoseconds() >= 10_000_000
+
+    # Unregistered: no effect any more, and its tool is gone.
+    await unregister(e2e.channel, "busy")
+    assert await list_plugins(e2e.channel) == {}
+    await create_agent(e2e, "after", script=[step(("t3", "busy_tool", {}))])
+    events = await run_turn(e2e, "after", "p")
+    assert end_reason(events).WhichOneof("kind") == "completed"
+    assert user_text(events) == "p"
+    (result,) = of_kind(events, "tool_result")
+    assert result.tool_result.is_error
+    assert "busy_tool" in text_of(result.tool_result.content)
+    with pytest.raises(grpc.aio.AioRpcError) as missing:
+        await unregister(e2e.channel, "busy")
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def refused(e2e: E2E, address: str) -> grpc.aio.AioRpcError:
+    """RegisterPlugin of `address`, which must fail; returns the error."""
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await registry(e2e.channel).RegisterPlugin(
+            reg.RegisterPluginRequest(address=address), timeout=T
+        )
+    return error.value
+
+
+async def test_register_an_unreachable_or_empty_address_is_refused(e2e: E2E) -> None:
+    unreachable = f"127.0.0.1:{free_port()}"
+    error = await refused(e2e, unreachable)
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert unreachable in (error.details() or "")
+
+    error = await refused(e2e, "")
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "address" in (error.details() or "")
+
+    assert await list_plugins(e2e.channel) == {}
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "subscriptions-only",
+        # A plugin providing a tool: its second registration must also be ALREADY_EXISTS
+        # (the contract: "A name already registered gives ALREADY_EXISTS"), not the
+        # FAILED_PRECONDITION "tool is already provided" that its own first
+        # registration's tool would cause.
+        "with-a-tool",
+    ],
+)
+async def test_register_the_same_plugin_twice_is_already_exists(
+    e2e: E2E, launcher: Launcher, kind: str
+) -> None:
+    if kind == "with-a-tool":
+        plugin = await launcher.start(example("python"))
+    else:
+        plugin = await launcher.start(configurable("python", "--name", "guard", "--tag", "G"))
+    await register(e2e.channel, plugin.address)
+
+    error = await refused(e2e, plugin.address)
+
+    assert error.code() == grpc.StatusCode.ALREADY_EXISTS, error.details()
+    assert '"guard"' in (error.details() or "")
+    assert list(await list_plugins(e2e.channel)) == ["guard"]
+
+
+# -- config plugins ----------------------------------------------------------------------
+
+
+async def test_config_plugins_are_connected_at_start(launcher: Launcher) -> None:
+    plugin = await launcher.start(configurable("node", "--name", "from-config", "--tag", "C"))
+    late_port = free_port()
+    app = App(
+        Config(
+            listen="127.0.0.1:0",
+            store="memory",
+            plugins=(
+                PluginConfig(address=plugin.address, order=3, failure_policy="fail_open"),
+                # Nothing listens there yet: retried in the background.
+                PluginConfig(address=f"127.0.0.1:{late_port}"),
+            ),
+        )
+    )
+    port = await app.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        listed = await plugin_state(channel, "from-config")
+        assert listed.state == reg.PLUGIN_STATE_READY
+        assert [(s.order, s.failure_policy) for s in listed.subscriptions] == [
+            (3, hk.FAILURE_POLICY_FAIL_OPEN)
+        ]
+        e2e = E2E(
+            app=app,
+            port=port,
+            channel=channel,
+            factory=agent_factory_service_pb2_grpc.AgentFactoryServiceStub(channel),
+            agents=agent_service_pb2_grpc.AgentServiceStub(channel),
+        )
+        await create_agent(e2e, "configured")
+        assert user_text(await run_turn(e2e, "configured", "p")) == "p-C"
+
+        # The plugin that was not up at start is registered once it is.
+        await launcher.start(
+            configurable("python", "--name", "late", "--tag", "L", "--order", "5"),
+            listen=f"127.0.0.1:{late_port}",
+        )
+        await wait_ready(channel, "late")
+        assert user_text(await run_turn(e2e, "configured", "p")) == "p-C-L"
+    finally:
+        await channel.close()
+        await app.stop(grace=0)
