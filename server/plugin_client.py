@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import grpc
 
@@ -130,7 +130,7 @@ class PluginConnection:
 
     async def stream(
         self, call: hk.HookCall, seconds: float, signal: AbortSignal
-    ) -> AsyncIterator[st.StreamChunk]:
+    ) -> AsyncGenerator[st.StreamChunk, None]:
         """Send a `model_stream` call and yield its chunks until the finish.
 
         `seconds` bounds the silence between two chunks, not the whole call.

@@ -14,11 +14,12 @@ and is skipped and counted under FAIL_OPEN.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -80,7 +81,7 @@ class PluginCaller(Protocol):
 
     def stream(
         self, call: hk.HookCall, seconds: float, signal: AbortSignal
-    ) -> AsyncIterator[st.StreamChunk]:
+    ) -> AsyncGenerator[st.StreamChunk, None]:
         """Send a `model_stream` call; yield its chunks (`seconds` bounds each wait)."""
         ...
 
@@ -461,12 +462,12 @@ class PluginModel:
         plugin: str,
         definition: hk.ModelProviderDefinition,
         caller: PluginCaller,
-        session_of: Callable[[str], str],
+        stats: PluginStats,
     ) -> None:
         self.plugin = plugin
         self.provider = definition.provider
         self.caller = caller
-        self.session_of = session_of
+        self.stats = stats
         self.timeout = (
             definition.timeout.ToNanoseconds() / 1e9
             if definition.HasField("timeout")
@@ -490,9 +491,14 @@ class PluginModel:
         )
         call.timeout.FromNanoseconds(int(self.timeout * 1e9))
         try:
-            async for chunk in self.caller.stream(call, self.timeout, signal):
-                yield chunk
+            # Closed with this generator, so an early stop withdraws the call at once.
+            async with contextlib.aclosing(
+                self.caller.stream(call, self.timeout, signal)
+            ) as chunks:
+                async for chunk in chunks:
+                    yield chunk
         except PluginCallFailed as failure:
+            self.stats.errors += failure.kind != "timeout"
             raise CodedError(
                 f'plugin "{self.plugin}" model {self.provider}: {failure.kind}: {failure}',
                 f"PLUGIN_{failure.kind.upper()}",
@@ -533,7 +539,7 @@ def install(
         disposers.append(registry.register(tool))
     if model_registry is not None:
         for model in models:
-            served = PluginModel(plugin, model, caller, session_of)
+            served = PluginModel(plugin, model, caller, stats)
             disposers.append(
                 model_registry.register(model.provider, served, default_model=model.default_model)
             )

@@ -9,6 +9,10 @@
  *   (textOf(call.promptSubmit.content).includes('rm -rf') ? blockPrompt('no') : null));
  * plugin.tool({ name: 'reverse', parallelSafe: true }, async (args) =>
  *   [...args.text].reverse().join(''));
+ * plugin.model({ provider: 'shouty', defaultModel: 'v1' }, async function* (call) {
+ *   yield* textChunks(lastUserText(call.modelStream.messages).toUpperCase());
+ *   yield finishChunk();
+ * });
  * const port = await plugin.serve('127.0.0.1:0');
  * ```
  *
@@ -18,15 +22,18 @@
  * ("continue unchanged") or the seam's decision, built with the constructors of
  * `decisions.js` (re-exported here). A handler that throws answers `HookResult.error`
  * with the error's message. Observers (`onSessionEvent`, `onAgentEvent`,
- * `onToolResult`) receive notifications, never answered.
+ * `onToolResult`) receive notifications, never answered. A model handler streams the
+ * answer of a model call (see `models.js`).
  *
  * Modules: `proto.js` (the contract), `decisions.js` (decisions and content helpers),
- * `calls.js` (running one call), `stream.js` (the `Handle` stream and the token check).
+ * `models.js` (chunk helpers, running one model call), `calls.js` (running one call),
+ * `stream.js` (the `Handle` stream and the token check).
  */
 
 const grpc = require('@grpc/grpc-js');
 const decisions = require('./decisions');
 const proto = require('./proto');
+const models = require('./models');
 const { runCall } = require('./calls');
 const { authorized, refuse, serveStream } = require('./stream');
 
@@ -74,6 +81,8 @@ class Plugin {
     this.subscriptions = new Map();
     /** @type {Map<string, {definition: object, handler: ToolHandler}>} by name */
     this.tools = new Map();
+    /** @type {Map<string, {definition: object, handler: Function}>} by provider */
+    this.models = new Map();
     /** The open `Handle` streams, each with `drain()`. */
     this.streams = new Set();
     this.server = null;
@@ -219,7 +228,35 @@ class Plugin {
     return this;
   }
 
-  /** The `Describe` answer: name, version, subscriptions (in seam order), tools. */
+  /**
+   * Serve a model provider; agents select it with `AgentOptions.provider` and each of
+   * their model calls streams through `Handle`.
+   * @param {object} options
+   * @param {string} options.provider the provider name (letters, digits, `.`, `_`, `:`, `-`)
+   * @param {string} [options.defaultModel] the model of agents that name none
+   * @param {number} [options.timeout] the longest silence between two chunks, in
+   *   seconds (default: the server's, 60)
+   * @param {import('./models').ModelHandler} handler
+   * @returns {this}
+   */
+  model({ provider, defaultModel = '', timeout }, handler) {
+    if (!NAME_PATTERN.test(provider || '') || this.models.has(provider)) {
+      const shown = JSON.stringify(provider);
+      throw new Error(`plugin ${this.name}: provider name ${shown} is invalid or taken`);
+    }
+    if (typeof handler !== 'function') {
+      throw new TypeError(`the ${provider} handler is not a function`);
+    }
+    const definition = {
+      provider,
+      defaultModel,
+      timeout: timeout === undefined ? null : proto.duration(timeout),
+    };
+    this.models.set(provider, { definition, handler });
+    return this;
+  }
+
+  /** The `Describe` answer: name, version, subscriptions (in seam order), tools, models. */
   describe() {
     const subscriptions = proto.SEAMS.filter((spec) => this.subscriptions.has(spec.payload))
       .map((spec) => {
@@ -233,16 +270,25 @@ class Plugin {
         };
       });
     const tools = [...this.tools.values()].map((tool) => tool.definition);
-    return { name: this.name, version: this.version, subscriptions, tools };
+    const modelDefinitions = [...this.models.values()].map((model) => model.definition);
+    return {
+      name: this.name, version: this.version, subscriptions, tools, models: modelDefinitions,
+    };
   }
 
   /**
-   * Run one call as `Handle` does; never rejects.
+   * Run one call as `Handle` does; never rejects. A `modelStream` call hands each
+   * `StreamChunk` to `onChunk` as it is produced (the finish last) and resolves to
+   * null, or to a `HookResult` with `error` when the model failed.
    * @param {object} call the `HookCall`
    * @param {AbortSignal} [signal] handed to the handler
+   * @param {(chunk: object) => void} [onChunk] receives a model call's chunks
    * @returns {Promise<object|null>} the `HookResult`, or null when nothing is sent
    */
-  handle(call, signal = new AbortController().signal) {
+  handle(call, signal = new AbortController().signal, onChunk = () => {}) {
+    if (call.payload === 'modelStream') {
+      return models.runModel(this, call, signal, onChunk);
+    }
     return runCall(this, call, signal);
   }
 
@@ -323,6 +369,11 @@ function createPlugin(options) {
 
 module.exports = {
   ...decisions,
+  finishChunk: models.finishChunk,
+  lastUserText: models.lastUserText,
+  textChunks: models.textChunks,
+  toolCallChunks: models.toolCallChunks,
+  usageChunk: models.usageChunk,
   HookService: proto.HookService,
   LOADER_OPTIONS: proto.LOADER_OPTIONS,
   PROTO_DIR: proto.PROTO_DIR,

@@ -3,10 +3,11 @@
  * @file The `Handle` stream of a plugin, and its bearer-token check.
  *
  * Every `HookCall` runs at once (its handler's promise), so many calls are in flight;
- * each result is written when its call finishes. A `CancelCall` aborts the call's
- * `AbortSignal` and no result is sent for it; neither is one after the call's
- * deadline. Notifications get no result. When the server closes its side, the calls
- * in flight are answered, then the stream ends.
+ * each result is written when its call finishes. A `modelStream` call's chunks are
+ * written as they are produced, and its deadline is the silence between two chunks.
+ * A `CancelCall` aborts the call's `AbortSignal` and nothing more is sent for it;
+ * neither is anything after the call's deadline. Notifications get no result. When the
+ * server closes its side, the calls in flight are answered, then the stream ends.
  */
 
 const crypto = require('node:crypto');
@@ -79,11 +80,21 @@ function serveStream(plugin, stream) {
     running.add(controller);
     if (call.callId) calls.set(call.callId, controller);
     const seconds = secondsOf(call.timeout);
-    const timer = seconds > 0
-      ? setTimeout(() => controller.abort(new CallWithdrawn('deadline exceeded')), seconds * 1000)
-      : null;
-    plugin.handle(call, controller.signal).then((result) => {
-      if (timer) clearTimeout(timer);
+    let timer = null;
+    const expire = () => controller.abort(new CallWithdrawn('deadline exceeded'));
+    const arm = () => { // (re)start the deadline; a model call's restarts with each chunk
+      if (seconds <= 0) return;
+      clearTimeout(timer);
+      timer = setTimeout(expire, seconds * 1000);
+    };
+    const emit = (chunk) => {
+      if (controller.signal.aborted || ended) return;
+      stream.write({ chunk: { callId: call.callId, chunk } });
+      arm();
+    };
+    arm();
+    plugin.handle(call, controller.signal, emit).then((result) => {
+      clearTimeout(timer);
       running.delete(controller);
       if (calls.get(call.callId) === controller) calls.delete(call.callId);
       if (result && !controller.signal.aborted && !ended) stream.write({ result });

@@ -1,9 +1,11 @@
-"""A plugin's registrations (seam handlers and tools) and the running of one `HookCall`.
+"""A plugin's registrations (seam handlers, tools, models) and the running of one `HookCall`.
 
 Each seam travels in a `HookCall` payload field and is answered in the `HookResult`
 decision field of the same name (`prompt_submit`, ..., `tool_execute`); observers'
 payloads (`session_event`, `agent_event`, `tool_result`) are notifications, never
 answered. `Registry.run` maps a handler's return value, or its exception, to the result.
+A `model_stream` call is answered by chunks instead (`Registry.responses`; see
+`agentloop.plugin.models`).
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, TypeVar
 
 from google.protobuf import duration_pb2
 from google.protobuf.message import Message as ProtoMessage
@@ -22,6 +25,9 @@ from agentloop.plugin.decisions import blocks, struct, tool_error
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
+
+if TYPE_CHECKING:
+    from agentloop.plugin.models import ModelProvider
 
 log = logging.getLogger("agentloop.plugin")
 
@@ -133,11 +139,12 @@ class Subscription:
 
 @dataclass
 class Registry:
-    """A plugin's seam handlers (one per seam) and tools (unique names)."""
+    """A plugin's seam handlers (one per seam), tools and model providers (unique names)."""
 
     name: str
     subscriptions: dict[str, Subscription] = field(default_factory=dict)
     tools: dict[str, tuple[hs.ToolDefinition, ToolHandler]] = field(default_factory=dict)
+    models: dict[str, ModelProvider] = field(default_factory=dict)
 
     def subscribe(self, seam: hs.Seam.ValueType, handler: Handler[Any], options: Options) -> None:
         """Register the handler of `seam`."""
@@ -152,8 +159,14 @@ class Registry:
             raise ValueError(f"plugin {self.name}: tool name {definition.name!r} empty or taken")
         self.tools[definition.name] = (definition, handler)
 
+    def add_model(self, provider: ModelProvider) -> None:
+        """Register a model provider."""
+        if not provider.name or provider.name in self.models:
+            raise ValueError(f"plugin {self.name}: provider name {provider.name!r} empty or taken")
+        self.models[provider.name] = provider
+
     def describe(self, version: str) -> hs.DescribeResponse:
-        """The `Describe` answer: subscriptions in seam order, tools in registration order."""
+        """The `Describe` answer: subscriptions in seam order, tools and models as registered."""
         return hs.DescribeResponse(
             name=self.name,
             version=version,
@@ -163,7 +176,25 @@ class Registry:
                 if s.payload in self.subscriptions
             ],
             tools=[definition for definition, _ in self.tools.values()],
+            models=[provider.definition for provider in self.models.values()],
         )
+
+    async def responses(self, call: hs.HookCall) -> AsyncGenerator[hs.HandleResponse]:
+        """Everything `Handle` sends for one call: the chunks of a model call, else its result.
+
+        A model call's chunks come as they are produced; the last one carries the
+        finish, or a result with `error` ends the call instead.
+        """
+        if call.WhichOneof("payload") == "model_stream":
+            provider = self.models.get(call.model_stream.provider)
+            if provider is not None:
+                async with aclosing(provider.responses(call)) as responses:
+                    async for response in responses:
+                        yield response
+                return
+        result = await self.run(call)
+        if result is not None:
+            yield hs.HandleResponse(result=result)
 
     async def run(self, call: hs.HookCall) -> hs.HookResult | None:
         """Run one call's handler: its result, or None when nothing is to be sent.
@@ -194,6 +225,11 @@ class Registry:
         try:
             if payload == "tool_execute":
                 result.tool_execute.CopyFrom(await self._run_tool(call))
+            elif payload == "model_stream":
+                provider = call.model_stream.provider
+                if provider in self.models:
+                    raise TypeError("a model_stream call streams chunks: use responses(call)")
+                raise LookupError(f"plugin {self.name} serves no model provider {provider!r}")
             elif spec is None or spec.decision is None or sub is None:
                 raise LookupError(f"plugin {self.name} has no handler for {payload or 'the call'}")
             elif (decision := await sub.handler(call)) is not None:

@@ -1,7 +1,9 @@
 """Write an agentloop plugin in a few lines: decorate handlers, then serve.
 
 ```python
-from agentloop.plugin.sdk import Plugin, block_prompt, text_of
+from agentloop.plugin.sdk import (
+    Plugin, block_prompt, finish_chunk, last_user_text, text_chunks, text_of
+)
 
 plugin = Plugin("guard", version="1.0")
 
@@ -15,6 +17,12 @@ async def no_rm(call):
 async def shout(args, call):
     return args["text"].upper()
 
+@plugin.model("shouty", default_model="v1")
+async def shouty(call):  # an async generator of StreamChunks, or a function returning text
+    for chunk in text_chunks(last_user_text(call.model_stream.messages).upper()):
+        yield chunk
+    yield finish_chunk()
+
 plugin.run("127.0.0.1:50100")
 ```
 
@@ -24,7 +32,8 @@ seam's decision, built with the constructors re-exported here from
 `agentloop.plugin.decisions`. A handler that raises answers `HookResult.error` with the
 exception text. Observers (`on_session_event`, `on_agent_event`, `on_tool_result`) get
 no answer. A tool handler receives the parsed JSON arguments and the call, and returns
-text, content blocks, a `ToolOutput`, or any other JSON value (sent as JSON text).
+text, content blocks, a `ToolOutput`, or any other JSON value (sent as JSON text). A
+model handler streams the answer of a model call (see `agentloop.plugin.models`).
 
 Registrations and the running of one call live in `agentloop.plugin.calls`; the
 serving side (the `Handle` stream: concurrent calls, `CancelCall`, the token check) in
@@ -36,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any, Unpack
 
 from agentloop.plugin.calls import (
@@ -70,14 +79,37 @@ from agentloop.plugin.decisions import (
     tool_error,
     tool_output,
 )
+from agentloop.plugin.models import (
+    ERROR,
+    MAX_TOKENS,
+    REASONING,
+    STOP,
+    TEXT,
+    ModelHandler,
+    ModelProvider,
+    ModelReturn,
+    finish_chunk,
+    last_user_text,
+    model_definition,
+    text_chunks,
+    tool_call_chunks,
+    usage_chunk,
+)
 from agentloop.plugin.service import PluginServer
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.v1 import decision_pb2 as d
 
 __all__ = [
+    "ERROR",
     "FAIL_CLOSED",
     "FAIL_OPEN",
+    "MAX_TOKENS",
+    "REASONING",
+    "STOP",
+    "TEXT",
     "Handler",
+    "ModelHandler",
+    "ModelReturn",
     "Options",
     "Plugin",
     "ToolHandler",
@@ -93,15 +125,20 @@ __all__ = [
     "context",
     "continue_turn",
     "deny",
+    "finish_chunk",
+    "last_user_text",
     "replace_config",
     "replace_message",
     "replace_prefix",
     "stop_turn",
     "terminal_stop",
     "text_block",
+    "text_chunks",
     "text_of",
+    "tool_call_chunks",
     "tool_error",
     "tool_output",
+    "usage_chunk",
 ]
 
 FAIL_CLOSED = hs.FAILURE_POLICY_FAIL_CLOSED
@@ -216,13 +253,49 @@ class Plugin:
 
         return register
 
+    def model(
+        self, provider: str, *, default_model: str = "", timeout: float | None = None
+    ) -> Callable[[ModelHandler], ModelHandler]:
+        """Serve the model provider `provider`; agents select it with `AgentOptions.provider`.
+
+        `default_model` is the model of agents that name none; `timeout` (seconds) is
+        the longest silence between two chunks (default: the server's, 60 s). The
+        handler gets the call (`call.model_stream`: `provider`, `header`, `messages`;
+        the model is `header.config.model`) and is an async generator of
+        `StreamChunk`s (`text_chunks`, `tool_call_chunks`, `usage_chunk`,
+        `finish_chunk`; a finish `STOP` is appended when it ends without one), or an
+        async function returning text (one text block), chunks, or None.
+        """
+        if not NAME_PATTERN.fullmatch(provider):
+            raise ValueError(
+                f"provider name {provider!r}: 1-128 letters, digits, '.', '_', ':', '-'"
+            )
+
+        def register(handler: ModelHandler) -> ModelHandler:
+            definition = model_definition(provider, default_model, timeout)
+            self.registry.add_model(ModelProvider(definition, handler))
+            return handler
+
+        return register
+
     def describe(self) -> hs.DescribeResponse:
-        """The `Describe` answer: name, version, subscriptions (in seam order), tools."""
+        """The `Describe` answer: name, version, subscriptions (in seam order), tools, models."""
         return self.registry.describe(self.version)
 
     async def handle(self, call: hs.HookCall) -> hs.HookResult | None:
-        """Run one call as `Handle` would: its result, or None when none is sent."""
+        """Run one seam or tool call as `Handle` would: its result, or None when none is sent.
+
+        A `model_stream` call streams chunks: run it with `responses(call)`.
+        """
         return await self.registry.run(call)
+
+    def responses(self, call: hs.HookCall) -> AsyncGenerator[hs.HandleResponse]:
+        """Run any call as `Handle` would: everything sent for it, in order.
+
+        A model call gives its `chunk`s (the last with the finish) or ends with a
+        `result` carrying `error`; other calls give their one `result`, if any.
+        """
+        return self.registry.responses(call)
 
     async def serve(self, address: str = "127.0.0.1:0") -> int:
         """Start serving on `address` (port 0 picks a free one); returns the bound port."""

@@ -2,8 +2,10 @@
 
 Each `HookCall` on a `Handle` stream runs as its own asyncio task, so many calls are in
 flight at once; their results are written as they finish by the stream's single writer
-(the servicer's response generator: grpc.aio writes never overlap). A `CancelCall`
-cancels the call's task and no result is sent for it. Notifications get no result.
+(the servicer's response generator: grpc.aio writes never overlap). A `model_stream`
+call's chunks go through the same writer, each as soon as the model produces it. A
+`CancelCall` cancels the call's task (a model's generator is closed) and nothing more
+is sent for it. Notifications get no result.
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ class CallStream:
             log.warning("plugin %s: duplicate call id %s ignored", self._plugin.name, call.call_id)
             return
         if self._draining:
-            self._send(hs.HookResult(call_id=call.call_id, error="the plugin is stopping"))
+            refused = hs.HookResult(call_id=call.call_id, error="the plugin is stopping")
+            self._send(hs.HandleResponse(result=refused))
             return
         task = asyncio.create_task(self._run(call), name=f"agentloop-plugin call {call.call_id}")
         if call.call_id:
@@ -94,20 +97,25 @@ class CallStream:
 
     async def _run(self, call: hs.HookCall) -> None:
         me = asyncio.current_task()
+        ended = False  # a result, or a model call's finish, was sent
         try:
-            result = await self._plugin.registry.run(call)
-        except Exception as exc:  # run() answers handler errors itself: a bug guard
+            async with aclosing(self._plugin.registry.responses(call)) as responses:
+                async for response in responses:
+                    if call.call_id and self._calls.get(call.call_id) is not me:
+                        return  # withdrawn: nothing more is sent
+                    self._send(response)
+                    ended = response.HasField("result") or response.chunk.chunk.HasField("finish")
+        except Exception as exc:  # responses() answers handler errors itself: a bug guard
             log.exception("plugin %s: call %s", self._plugin.name, call.call_id)
-            result = hs.HookResult(call_id=call.call_id, error=error_text(exc))
-        if self._calls.get(call.call_id) is me:
-            del self._calls[call.call_id]
-            if result is not None:
-                self._send(result)
-        elif result is not None and not call.call_id:
-            self._send(result)
+            if not ended and (not call.call_id or self._calls.get(call.call_id) is me):
+                failed = hs.HookResult(call_id=call.call_id, error=error_text(exc))
+                self._send(hs.HandleResponse(result=failed))
+        finally:
+            if call.call_id and self._calls.get(call.call_id) is me:
+                del self._calls[call.call_id]
 
-    def _send(self, result: hs.HookResult) -> None:
-        self._results.put_nowait(hs.HandleResponse(result=result))
+    def _send(self, response: hs.HandleResponse) -> None:
+        self._results.put_nowait(response)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)

@@ -452,7 +452,9 @@ class HookCall(_message.Message):
     """Step is the step number (0 outside a step)."""
     @_builtins.property
     def timeout(self) -> _duration_pb2.Duration:
-        """Timeout is how long the server waits for the result."""
+        """Timeout is how long the server waits for the result; for `model_stream`,
+        the longest silence it allows between two chunks.
+        """
 
     @_builtins.property
     def prompt_submit(self) -> Global___PromptSubmitCall:
