@@ -65,6 +65,9 @@ class PluginConnection:
         self._notes: deque[hk.HookCall] = deque()
         self._dropped = 0
         self._wake_writer = asyncio.Event()
+        self._stream: grpc.aio.StreamStreamCall[hk.HandleRequest, hk.HandleResponse] | None = None
+        self._write_lock = asyncio.Lock()
+        """Writes never overlap: calls write directly, the writer task sends the rest."""
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -112,10 +115,9 @@ class PluginConnection:
         self._pending[call.call_id] = future
         self.stats.calls += 1
         started = time.perf_counter()
-        self._outbox.put_nowait(hk.HandleRequest(call=call))
-        self._wake_writer.set()
         try:
             async with asyncio.timeout(seconds):
+                await self._send_now(hk.HandleRequest(call=call))
                 return await signal.race(future)
         except TimeoutError:
             self.stats.timeouts += 1
@@ -141,10 +143,9 @@ class PluginConnection:
         self._streams[call.call_id] = queue
         self.stats.calls += 1
         started = time.perf_counter()
-        self._outbox.put_nowait(hk.HandleRequest(call=call))
-        self._wake_writer.set()
         finished = False
         try:
+            await self._send_now(hk.HandleRequest(call=call))
             while True:
                 try:
                     async with asyncio.timeout(seconds):
@@ -198,6 +199,7 @@ class PluginConnection:
             writer: asyncio.Task[None] | None = None
             try:
                 await stream.wait_for_connection()
+                self._stream = stream
                 self.state = reg.PLUGIN_STATE_READY
                 self._ready.set()
                 if connected_before:
@@ -223,6 +225,7 @@ class PluginConnection:
                 if writer is not None:
                     writer.cancel()
             stream.cancel()
+            self._stream = None
             self.state = reg.PLUGIN_STATE_UNAVAILABLE
             self._ready.clear()
             self._fail_pending(self.last_error)
@@ -231,18 +234,31 @@ class PluginConnection:
             backoff = min(backoff * 2, BACKOFF_MAX)
             self.state = reg.PLUGIN_STATE_CONNECTING
 
+    async def _send_now(self, request: hk.HandleRequest) -> None:
+        """Write a call at once (no hop through the writer task)."""
+        stream = self._stream
+        if stream is None:
+            raise PluginCallFailed("disconnected", f"the plugin is unavailable ({self.last_error})")
+        try:
+            async with self._write_lock:
+                await stream.write(request)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as error:
+            raise PluginCallFailed("disconnected", f"the stream broke: {error}") from None
+
     async def _write(
         self, stream: grpc.aio.StreamStreamCall[hk.HandleRequest, hk.HandleResponse]
     ) -> None:
-        """The only writer of the stream: calls and cancels first, then notifications."""
+        """Send what is not time-critical: cancels first, then notifications."""
         while True:
             while not self._outbox.empty():
-                await stream.write(self._outbox.get_nowait())
+                async with self._write_lock:
+                    await stream.write(self._outbox.get_nowait())
             if self._notes:
                 note = self._notes.popleft()
                 payload = getattr(note, note.WhichOneof("payload") or "session_event")
                 payload.dropped, self._dropped = self._dropped, 0
-                await stream.write(hk.HandleRequest(call=note))
+                async with self._write_lock:
+                    await stream.write(hk.HandleRequest(call=note))
                 continue
             self._wake_writer.clear()
             if self._outbox.empty() and not self._notes:
