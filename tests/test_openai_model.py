@@ -584,3 +584,26 @@ async def test_agent_turn_cut_by_length_dispatches_no_tool(fake: FakeOpenAI) -> 
         assert len(fake.requests) == 1
     finally:
         await factory.close()
+
+
+def test_calls_left_unanswered_by_a_cancel_get_a_stand_in_answer() -> None:
+    from server.models.openai_wire import NOT_RUN, chat_messages
+
+    calls = [
+        c.ContentBlock(tool_call=c.ToolCallBlock(id="c1", name="sleep", arguments="{}")),
+        c.ContentBlock(tool_call=c.ToolCallBlock(id="c2", name="word_count", arguments="{}")),
+    ]
+    result = c.ContentBlock(
+        tool_result=c.ToolResultBlock(tool_call_id="c1", content=text_content("Error: aborted"))
+    )
+    history = [
+        c.Message(role=c.ROLE_USER, content=text_content("go")),
+        c.Message(role=c.ROLE_ASSISTANT, content=calls),
+        c.Message(role=c.ROLE_USER, content=[result]),
+        c.Message(role=c.ROLE_USER, content=text_content("again")),
+    ]
+    out = chat_messages("", history)
+    assert [(m["role"], m.get("tool_call_id")) for m in out] == [
+        ("user", None), ("assistant", None), ("tool", "c1"), ("tool", "c2"), ("user", None)
+    ]  # fmt: skip
+    assert out[3]["content"] == NOT_RUN

@@ -67,26 +67,46 @@ def request_body(request: ModelRequest, model: str) -> JSON:
     return body
 
 
+NOT_RUN = "Error: this tool call was not run (its turn was cancelled first)."
+"""The stand-in answer to a call that never started: Chat Completions requires one."""
+
+
 def chat_messages(system: str, messages: Sequence[c.Message]) -> list[JSON]:
     """The `messages` array: the system prompt (when set), then the history.
 
     A user message's tool results become one `tool` message each, ahead of its other
-    content (an assistant's tool calls must be answered right after it). Reasoning is
-    never sent back: providers that stream it (DeepSeek) refuse it as input.
+    content (an assistant's tool calls must be answered right after it). A call left
+    without a result, because a cancel stopped its batch before it started, gets a
+    stand-in error answer: the log keeps no result for it, but the API refuses an
+    unanswered call. Reasoning is never sent back: providers that stream it (DeepSeek)
+    refuse it as input.
     """
     out: list[JSON] = [{"role": "system", "content": system}] if system else []
+    unanswered: list[str] = []
+
+    def answer_the_rest() -> None:
+        out.extend({"role": "tool", "tool_call_id": i, "content": NOT_RUN} for i in unanswered)
+        unanswered.clear()
+
     for message in messages:
         if message.role == c.ROLE_ASSISTANT:
-            out.append(_assistant(message))
+            answer_the_rest()
+            assistant = _assistant(message)
+            out.append(assistant)
+            unanswered.extend(call["id"] for call in assistant.get("tool_calls", []))
             continue
         results = [b.tool_result for b in message.content if b.WhichOneof("block") == "tool_result"]
-        out.extend(
-            {"role": "tool", "tool_call_id": r.tool_call_id, "content": plain_text(r.content)}
-            for r in results
-        )
+        for r in results:
+            out.append(
+                {"role": "tool", "tool_call_id": r.tool_call_id, "content": plain_text(r.content)}
+            )
+            if r.tool_call_id in unanswered:
+                unanswered.remove(r.tool_call_id)
         text = plain_text(message.content)
         if text or not results:
+            answer_the_rest()
             out.append({"role": "user", "content": text})
+    answer_the_rest()
     return out
 
 
