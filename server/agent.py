@@ -77,6 +77,8 @@ class Agent:
         self.deferred: list[ev.ContextMessage] = []
         """Contexts held back while a tool batch runs, appended after its results."""
         self.driver: asyncio.Task[None] | None = None
+        self.teardown: asyncio.Future[None] | None = None
+        """The one teardown of this agent, once disposal began."""
         self.pending_flushes: set[asyncio.Task[None]] = set()
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._live: list[LiveListener] = []
@@ -132,6 +134,12 @@ class Agent:
             self.step_controller.abort(reason)
         return has_work
 
+    def is_idle(self) -> bool:
+        """Whether nothing runs and nothing is queued (a disposed agent counts as idle)."""
+        if self.disposed:
+            return self.driver is None or self.driver.done()
+        return self.status != ae.AGENT_STATUS_RUNNING and not self.inbox.queued
+
     async def when_idle(self) -> None:
         """Return when nothing runs and nothing is queued (or the agent is disposed)."""
         if self.disposed:
@@ -142,7 +150,13 @@ class Agent:
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._idle_waiters.append(waiter)
-        await waiter
+        try:
+            await waiter
+        finally:
+            if waiter in self._idle_waiters:  # timed out or cancelled: do not keep it
+                self._idle_waiters.remove(waiter)
+        if self.disposed and self.driver is not None:
+            await asyncio.shield(self.driver)  # disposal settles at once; the turn closes later
 
     def subscribe(self, listener: LiveListener) -> Callable[[], None]:
         """Receive the live agent events; returns a remover."""

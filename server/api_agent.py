@@ -32,13 +32,13 @@ LIVE_EVENT_BUFFER = 1024
 
 def message_content(text: str, content: list[c.ContentBlock], field: str) -> list[c.ContentBlock]:
     """The content of a request: `text` as a block, then `content`; never empty."""
+    for i, block in enumerate(content):
+        if block.WhichOneof("block") is None:
+            raise InvalidArgument(f"content[{i}]", "is an empty content block")
     blocks = [c.ContentBlock(text=c.TextBlock(text=text))] if text else []
     blocks.extend(content)
     if not blocks:
         raise InvalidArgument(field, "needs text or content")
-    for i, block in enumerate(blocks):
-        if block.WhichOneof("block") is None:
-            raise InvalidArgument(f"content[{i}]", "is an empty content block")
     return blocks
 
 
@@ -100,11 +100,13 @@ class AgentServicer(rpc.AgentServiceServicer):
         )
         if not 0 <= timeout <= 3600:
             raise InvalidArgument("timeout", "must be between 0 and 1 hour")
-        try:
-            await asyncio.wait_for(agent.when_idle(), timeout)
-            idle = True
-        except TimeoutError:
-            idle = False
+        idle = agent.is_idle()  # first: a zero timeout is a poll (wait_for(…, 0) never runs it)
+        if not idle:
+            try:
+                await asyncio.wait_for(agent.when_idle(), timeout)
+                idle = True
+            except TimeoutError:
+                idle = False
         return pb.WaitIdleResponse(idle=idle, status=agent.status, next_seq=len(agent.session))
 
     @mapped

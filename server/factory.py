@@ -16,6 +16,7 @@ import asyncio
 import logging
 import re
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 from agentloop.v1 import agent_event_pb2 as ae
@@ -24,6 +25,7 @@ from server import seams as S
 from server.agent import Agent
 from server.errors import (
     AlreadyExists,
+    CodedError,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -33,9 +35,12 @@ from server.loop import run_loop
 from server.repair import crash_closers
 from server.runtime import Runtime
 from server.session import SessionLog, now_timestamp, session_message
-from server.system_prompt import persona_section
+from server.system_prompt import PERSONA_VARIABLES, interpolate, persona_section
 
 log = logging.getLogger(__name__)
+
+READ_CACHE = 8
+"""How many stored sessions stay loaded for reading."""
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -62,6 +67,14 @@ class AgentFactory:
         """Sessions with a live agent, by id."""
         self._closing = False
         self._loading: dict[str, asyncio.Lock] = {}
+        self._agent_ids: set[str] = set()
+        """Agent ids in use: live, being created, or being torn down (scope not yet gone)."""
+        self._session_ids: set[str] = set()
+        """Session ids driven by an agent that is live, being created or being torn down."""
+        self._verified: dict[str, int] = {}
+        """Stored sessions read whole without damage, with their event count then."""
+        self._readonly: OrderedDict[str, SessionLog] = OrderedDict()
+        """The latest stored sessions loaded for reading (paging through a log reuses them)."""
 
     # -- create and resume -------------------------------------------------------------
 
@@ -81,14 +94,20 @@ class AgentFactory:
         if cwd and not cwd.startswith("/"):
             raise InvalidArgument("metadata.cwd", f"{cwd!r} must be an absolute path")
         self._check_options(options)
-        self._check_free(agent_id)
-        if session_id in self.sessions or await self.runtime.store.exists(session_id):
+        if session_id in self._session_ids:
             raise AlreadyExists(f'session "{session_id}" already exists')
-        header = session_pb2.SessionHeader(cwd=cwd, create_time=now_timestamp())
-        session = SessionLog(session_id, header)
-        return await self._publish(
-            agent_id, session, options, setup, ae.SESSION_START_SOURCE_STARTUP, stored=None
-        )
+        self._reserve(agent_id, session_id)
+        try:
+            if await self.runtime.store.exists(session_id):
+                raise AlreadyExists(f'session "{session_id}" already exists')
+            header = session_pb2.SessionHeader(cwd=cwd, create_time=now_timestamp())
+            session = SessionLog(session_id, header)
+            return await self._publish(
+                agent_id, session, options, setup, ae.SESSION_START_SOURCE_STARTUP, stored=None
+            )
+        except BaseException:
+            self._release(agent_id, session_id)
+            raise
 
     async def resume(
         self,
@@ -102,19 +121,27 @@ class AgentFactory:
         check_id("agent_id", agent_id)
         check_id("session_id", session_id)
         self._check_options(options)
-        self._check_free(agent_id)
-        if session_id in self.sessions:
-            owner = self.sessions[session_id].agent_id
-            raise FailedPrecondition(f'session "{session_id}" is driven by agent "{owner}"')
+        if session_id in self._session_ids:
+            owner = self.sessions[session_id].agent_id if session_id in self.sessions else ""
+            raise FailedPrecondition(
+                f'session "{session_id}" is driven by agent "{owner}"'
+                if owner
+                else f'session "{session_id}" is being taken by another agent'
+            )
         if not self.runtime.store.persistent:
             raise FailedPrecondition(
                 "cannot resume: this server keeps no persistent session store"
                 " (configure store: sqlite)"
             )
-        session = await self.load(session_id)
-        return await self._publish(
-            agent_id, session, options, setup, ae.SESSION_START_SOURCE_RESUME, stored=len(session)
-        )
+        self._reserve(agent_id, session_id)
+        try:
+            session = await self.load(session_id)
+            return await self._publish(
+                agent_id, session, options, setup, ae.SESSION_START_SOURCE_RESUME, len(session)
+            )
+        except BaseException:
+            self._release(agent_id, session_id)
+            raise
 
     async def _publish(
         self,
@@ -125,34 +152,33 @@ class AgentFactory:
         source: ae.SessionStartSource.ValueType,
         stored: int | None,
     ) -> Agent:
+        """Prepare privately, enter the registries, let `agent/created` veto, then start.
+
+        The ids are reserved by the caller, so no concurrent creation can interleave.
+        Any failure (setup, veto, store) rolls everything back and publishes nothing.
+        """
         runtime = self.runtime
         agent = Agent(agent_id, session, options, runtime)
-        if options.persona:
-            runtime.prompts.add_section(persona_section(options.persona), agent_id=agent_id)
         try:
+            if options.persona:
+                runtime.prompts.add_section(persona_section(options.persona), agent_id=agent_id)
             if setup is not None:
                 await setup(agent)
-            # Final arbitration: a concurrent creation may have won while we awaited.
-            self._check_free(agent_id)
-            if session.session_id in self.sessions:
-                raise AlreadyExists(f'session "{session.session_id}" already exists')
-            if stored is None:
-                await runtime.store.create(session.session_id, session.header)
-            self._check_free(agent_id)
-        except BaseException:
-            self._unwind(agent)
-            raise
-        self.agents[agent_id] = agent
-        self.sessions[session.session_id] = session
-        session.agent_id = agent_id
-        runtime.persistence.track(session, stored or 0)
-        try:
+            if self._closing:
+                raise FailedPrecondition("the server is shutting down")
+            self.agents[agent_id] = agent
+            self.sessions[session.session_id] = session
+            session.agent_id = agent_id
             for reg in runtime.seams.listeners(S.CREATED, agent_id):
                 reg.fn(agent)  # a throw here vetoes publication
+            if stored is None:  # after the veto: a vetoed creation leaves no stored session
+                await runtime.store.create(session.session_id, session.header)
         except BaseException:
             self._detach(agent)
+            session.agent_id = ""
             self._unwind(agent)
             raise
+        runtime.persistence.track(session, stored or 0)
         agent.published = True
         agent.emit(None, (), ae.AgentEvent(created=ae.AgentCreated(session_id=session.session_id)))
         agent.emit(
@@ -178,12 +204,22 @@ class AgentFactory:
         return [self.agents[key] for key in sorted(self.agents)]
 
     async def session(self, session_id: str) -> SessionLog:
-        """A live session, or a stored one loaded read-only."""
+        """A live session, or a stored one loaded read-only (kept while it is unchanged)."""
         check_id("session_id", session_id)
         live = self.sessions.get(session_id)
         if live is not None:
             return live
-        return await self.load(session_id)
+        cached = self._readonly.get(session_id)
+        if cached is not None:
+            summary = await self.runtime.store.summary(session_id)
+            if summary.event_count == len(cached):
+                self._readonly.move_to_end(session_id)
+                return cached
+        loaded = await self.load(session_id)
+        self._readonly[session_id] = loaded
+        if len(self._readonly) > READ_CACHE:
+            self._readonly.popitem(last=False)
+        return loaded
 
     async def load(self, session_id: str) -> SessionLog:
         """Load a stored session, closing (durably) a turn that a crash left open.
@@ -207,6 +243,7 @@ class AgentFactory:
         finally:
             if not lock.locked() and self._loading.get(session_id) is lock:
                 del self._loading[session_id]
+        self._verified[session_id] = len(events) + len(closers)
         return SessionLog(session_id, header, seed=[*events, *closers])
 
     async def session_ids(self) -> list[str]:
@@ -216,16 +253,25 @@ class AgentFactory:
     async def describe(self, session_id: str) -> session_pb2.Session:
         """The `Session` resource of a live or stored session.
 
-        A stored session is read whole, so that a damaged one is reported with its
-        `load_error` (and a crash tail is repaired) before anyone resumes it.
+        A stored session is read whole once (and again when it grew since), so that a
+        damaged one is reported with its `load_error`, and a crash tail is repaired,
+        before anyone resumes it; after that its stored counts are enough.
         """
         live = self.sessions.get(session_id)
         if live is not None:
             return session_message(live)
         try:
-            return session_message(await self.load(session_id))
+            summary = await self.runtime.store.summary(session_id)
+            if self._verified.get(session_id) != summary.event_count:
+                return session_message(await self.load(session_id))
         except SessionDamaged as error:
             return session_pb2.Session(session_id=session_id, load_error=str(error))
+        return session_pb2.Session(
+            session_id=session_id,
+            header=summary.header,
+            event_count=summary.event_count,
+            turn_count=summary.turn_count,
+        )
 
     async def fork(
         self, session_id: str, boundary_seq: int | None, new_session_id: str = ""
@@ -270,10 +316,19 @@ class AgentFactory:
         return agent
 
     async def teardown(self, agent: Agent) -> None:
-        """Stop, drain, detach the agent, flush and detach the session, unwind the scope."""
+        """Stop, drain, detach the agent, flush and detach the session, unwind the scope.
+
+        Memoised per agent and shielded: concurrent or cancelled callers all wait for the
+        one teardown, which always runs to its end.
+        """
+        if agent.teardown is None:
+            agent.teardown = asyncio.ensure_future(self._teardown(agent))
+        await asyncio.shield(agent.teardown)
+
+    async def _teardown(self, agent: Agent) -> None:
         agent.stop()
         if agent.driver is not None:
-            await asyncio.shield(agent.driver)
+            await asyncio.wait([agent.driver])  # its failure, if any, was logged by the loop
         if agent.pending_flushes:
             await asyncio.gather(*agent.pending_flushes, return_exceptions=True)
         if self.agents.get(agent.agent_id) is agent:
@@ -285,12 +340,27 @@ class AgentFactory:
             agent.report_error(agent.session.max_turn, 0, error)
         self._detach(agent)
         self._unwind(agent)
+        self.runtime.models.release(agent.agent_id)
+        self._release(agent.agent_id, agent.session.session_id)
         agent.session.wake_waiters()
 
     async def close(self) -> None:
         """Dispose every agent (server shutdown): running turns end `disposed`."""
         self._closing = True
         await asyncio.gather(*(self.teardown(a) for a in list(self.agents.values())))
+
+    def _reserve(self, agent_id: str, session_id: str) -> None:
+        """Claim both ids at once, before any await, so a same-id race has one winner."""
+        if self._closing:
+            raise FailedPrecondition("the server is shutting down")
+        if agent_id in self._agent_ids:
+            raise AlreadyExists(f'agent "{agent_id}" already exists')
+        self._agent_ids.add(agent_id)
+        self._session_ids.add(session_id)
+
+    def _release(self, agent_id: str, session_id: str) -> None:
+        self._agent_ids.discard(agent_id)
+        self._session_ids.discard(session_id)
 
     def _detach(self, agent: Agent) -> None:
         if self.agents.get(agent.agent_id) is agent:
@@ -303,12 +373,6 @@ class AgentFactory:
         self.runtime.seams.remove_agent(agent.agent_id)
         self.runtime.prompts.remove_agent(agent.agent_id)
         self.runtime.tools.remove_agent(agent.agent_id)
-
-    def _check_free(self, agent_id: str) -> None:
-        if self._closing:
-            raise FailedPrecondition("the server is shutting down")
-        if agent_id in self.agents:
-            raise AlreadyExists(f'agent "{agent_id}" already exists')
 
     def _check_options(self, options: agent_pb2.AgentOptions) -> None:
         if options.HasField("max_parallel_tool_calls") and options.max_parallel_tool_calls < 1:
@@ -324,3 +388,8 @@ class AgentFactory:
         unknown = sorted(set(options.tools) - self.runtime.tools.names())
         if unknown:
             raise InvalidArgument("options.tools", f"unknown tools: {', '.join(unknown)}")
+        if options.persona:
+            try:  # every variable a persona may use, with a value: only the syntax is checked
+                interpolate(options.persona, dict.fromkeys(PERSONA_VARIABLES, "x"))
+            except CodedError as error:
+                raise InvalidArgument("options.persona", str(error)) from None

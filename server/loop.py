@@ -10,6 +10,8 @@ Every turn that opened is closed with exactly one `turn/end` and then flushed.
 
 from __future__ import annotations
 
+import asyncio
+
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
@@ -17,7 +19,7 @@ from agentloop.v1 import session_event_pb2 as ev
 from server import seams as S
 from server.abort import AbortController
 from server.agent import Agent
-from server.errors import Aborted
+from server.errors import Aborted, CodedError
 from server.inbox import Pending
 from server.step import prepare_step, run_step
 from server.turn import (
@@ -87,6 +89,13 @@ async def run_turn(agent: Agent) -> bool:
             interrupt(agent, turn)  # a seam call gave up because the turn was cancelled
         else:
             fail(agent, turn, error)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the driver itself is being cancelled (a shutdown past its grace)
+        # A stray cancellation from inside a seam or tool: a failure of this turn only.
+        close_step(agent, turn)
+        fail(agent, turn, CodedError("a listener or tool was cancelled", "CANCELLED"))
     finally:
         agent.turn_controller = None
     close_turn(agent, turn)

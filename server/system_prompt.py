@@ -262,6 +262,10 @@ def persona_section(text: str) -> Section:
     return Section("persona", 0, text)
 
 
+PERSONA_VARIABLES = ("provider", "model", "cwd")
+"""The variables every agent's prompt may use; the loop resolves them per step."""
+
+
 def default_system_prompt() -> SystemPrompt:
     """A `SystemPrompt` with the built-in `identity` section and the scope variables.
 

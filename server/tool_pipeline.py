@@ -162,10 +162,13 @@ class ToolPipeline:
         try:
             return _outcome_of(await tool.execute(exec))
         except asyncio.CancelledError:
-            # Cancelled because the signal fired, not because our own task is cancelled.
+            # A cancellation that did not target our own task (the signal fired, or the
+            # tool cancelled something of its own) is the tool's failure, not the loop's.
             task = asyncio.current_task()
-            if exec.signal.aborted and (task is None or task.cancelling() == 0):
-                return failure_outcome(Aborted(exec.signal.reason))
+            if task is None or task.cancelling() == 0:
+                if exec.signal.aborted:
+                    return failure_outcome(Aborted(exec.signal.reason))
+                return failure_outcome(CodedError("the tool was cancelled", "CANCELLED"))
             raise
         except Exception as exc:
             return failure_outcome(exc)

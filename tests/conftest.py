@@ -18,5 +18,5 @@ async def harness() -> AsyncIterator[Harness]:
     await h.factory.close()
     for agent in h.created:
         check_log(agent.session.events)
-    for trace in h.status_traces.values():
+    for trace in h.all_status_traces:
         check_status_trace(trace)

@@ -27,6 +27,9 @@ class RecordingModel:
         self.inner = ScriptedModel()
         self.requests: list[ModelRequest] = []
 
+    def release(self, agent_id: str) -> None:
+        self.inner.release(agent_id)
+
     async def stream(self, request: ModelRequest, signal: Any) -> Any:
         self.requests.append(request)
         async for chunk in self.inner.stream(request, signal):
@@ -47,6 +50,7 @@ class Harness:
         self.status_traces: dict[str, list[int]] = {}
         self.agent_events: dict[str, list[ae.AgentEvent]] = {}
         self.created: list[Agent] = []
+        self.all_status_traces: list[list[int]] = []
 
     async def create(
         self,
@@ -68,8 +72,10 @@ class Harness:
         setup = kwargs.pop("setup", None)
 
         async def record(agent: Agent) -> None:
-            trace = self.status_traces.setdefault(agent.agent_id, [])
-            events = self.agent_events.setdefault(agent.agent_id, [])
+            # A later agent with the same id gets fresh records; every trace is checked.
+            trace = self.status_traces[agent.agent_id] = []
+            self.all_status_traces.append(trace)
+            events = self.agent_events[agent.agent_id] = []
 
             def on_event(event: ae.AgentEvent) -> None:
                 events.append(event)

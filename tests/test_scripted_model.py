@@ -178,7 +178,7 @@ async def test_per_agent_cursor_and_default_tool_ids():
     assert third[0].text.text == "three"
     assert model.calls("a1") == 3
     assert model.calls("a2") == 1
-    model.forget("a1")
+    model.release("a1")
     assert model.calls("a1") == 0
 
 

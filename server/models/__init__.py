@@ -71,6 +71,13 @@ class ModelRegistry:
 
         return remove
 
+    def release(self, agent_id: str) -> None:
+        """Drop what any provider keeps for `agent_id` (the agent was disposed)."""
+        for model in self._providers.values():
+            release = getattr(model, "release", None)
+            if release is not None:
+                release(agent_id)
+
     def default_model(self, name: str) -> str:
         """The default model of provider `name`; empty when it has none."""
         return self._default_models.get(name, "")

@@ -42,8 +42,8 @@ class ScriptedModel:
         """How many calls this model has started for `agent_id`."""
         return self._calls.get(agent_id, 0)
 
-    def forget(self, agent_id: str) -> None:
-        """Drop the cursor of `agent_id` (for example when the agent is disposed)."""
+    def release(self, agent_id: str) -> None:
+        """Drop the cursor of `agent_id`: the agent was disposed, a new one starts afresh."""
         self._calls.pop(agent_id, None)
         self._counted.pop(agent_id, None)
 
