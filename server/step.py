@@ -99,9 +99,9 @@ async def run_step(agent: Agent, turn: Turn, system: str, history: list[c.Messag
         tools=runtime.tools.schemas(agent.agent_id, agent.enabled_tools, runtime.tool_order),
         message_prefix=agent.session_prefix or (),
     )
+    model = runtime.models.get(config.provider)  # before the header: no header for no request
     log_header(agent, header, first_request)
     agent.requests_made += 1
-    model = runtime.models.get(config.provider)
     request = ModelRequest(
         agent_id=agent.agent_id,
         session_id=session.session_id,

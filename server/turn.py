@@ -12,7 +12,6 @@ from server.errors import Aborted, CodedError
 log = logging.getLogger(__name__)
 
 
-COMPLETED = ev.TurnEndReason(completed=ev.TurnCompleted())
 
 
 class StepInterrupted(Exception):
@@ -25,7 +24,9 @@ class Turn:
 
     number: int
     step: int = 0
-    reason: ev.TurnEndReason = field(default_factory=lambda: COMPLETED)
+    reason: ev.TurnEndReason = field(
+        default_factory=lambda: ev.TurnEndReason(completed=ev.TurnCompleted())
+    )
     error_reported: bool = False
     max_tokens: bool = False
     step_open: bool = False
