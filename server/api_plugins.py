@@ -6,6 +6,7 @@ from typing import Any
 
 import grpc
 
+from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as pb
 from agentloop.plugin.v1 import plugin_registry_service_pb2_grpc as rpc
 from server.errors import InvalidArgument
@@ -31,6 +32,10 @@ class PluginRegistryServicer(rpc.PluginRegistryServiceServicer):
         timeout = request.timeout.ToNanoseconds() / 1e9 if request.HasField("timeout") else None
         if timeout is not None and timeout <= 0:
             raise InvalidArgument("timeout", "must be positive")
+        if request.failure_policy not in hk.FailurePolicy.values():
+            raise InvalidArgument(
+                "failure_policy", f"{request.failure_policy} is not a known failure policy"
+            )
         overrides = Overrides(
             order=request.order if request.HasField("order") else None,
             timeout=timeout,

@@ -45,6 +45,9 @@ SERVICE_NAMES = (
     plugin_registry_service_pb2.DESCRIPTOR.services_by_name["PluginRegistryService"].full_name,
 )
 
+CANCEL_SETTLE_SECONDS = 1.0
+"""How long the teardown of agents cancelled past the grace period may still take."""
+
 FAILURE_POLICIES = {
     "": hk.FAILURE_POLICY_UNSPECIFIED,
     "fail_closed": hk.FAILURE_POLICY_FAIL_CLOSED,
@@ -167,13 +170,37 @@ class App:
         return self.port
 
     async def stop(self, grace: float | None = None) -> None:
-        """Graceful shutdown: NOT_SERVING, dispose agents (turns end `disposed`), stop."""
+        """Graceful shutdown: NOT_SERVING, dispose agents (turns end `disposed`), stop.
+
+        The agents get `grace` seconds (default: the config's) to end their turns; the
+        drivers still running then are cancelled. Then the RPCs get `grace` seconds,
+        the plugins are closed, the pending listener tasks are cancelled and the store
+        is closed.
+        """
         if self._stopped.is_set():
             return
+        grace = self.config.shutdown_grace_seconds if grace is None else grace
         await self.health.enter_graceful_shutdown()
-        await self.factory.close()
+        closing = asyncio.ensure_future(self.factory.close())
+        done, _ = await asyncio.wait({closing}, timeout=grace)
+        if not done:
+            running = list(self.factory.agents.values())
+            log.warning(
+                "%d agent(s) did not stop within the %g s grace period; cancelling them",
+                len(running), grace,
+            )  # fmt: skip
+            for agent in running:
+                if agent.driver is not None:
+                    agent.driver.cancel()
+            done, _ = await asyncio.wait({closing}, timeout=CANCEL_SETTLE_SECONDS)
+            if not done:
+                log.error("agents still not torn down after cancelling them; going on")
+                closing.cancel()
+        if closing.done() and not closing.cancelled() and closing.exception() is not None:
+            log.error("disposing the agents failed", exc_info=closing.exception())
+        await self.server.stop(grace)
         await self.plugins.close()
-        await self.server.stop(self.config.shutdown_grace_seconds if grace is None else grace)
+        await self.runtime.seams.close()
         await self.runtime.store.close()
         self._stopped.set()
 

@@ -9,6 +9,11 @@ from typing import Any
 
 import yaml
 
+from server.builtin_tools import builtin_tools
+from server.errors import CodedError
+from server.factory import ID_PATTERN
+from server.system_prompt import PERSONA_VARIABLES, interpolate
+
 DEFAULT_LISTEN = "127.0.0.1:50051"
 
 SERVER_FIELDS = {
@@ -22,6 +27,7 @@ PROVIDER_FIELDS = {
 }  # fmt: skip
 PLUGIN_FIELDS = {"address", "order", "timeoutSeconds", "failurePolicy"}
 FAILURE_POLICIES = ("fail_closed", "fail_open")
+BUILTIN_PROVIDER = "scripted"
 AGENT_FIELDS = {
     "id", "provider", "model", "cwd", "tools", "persona", "maxParallelToolCalls",
     "resumeSessionId",
@@ -153,17 +159,6 @@ def parse_config(raw: object) -> Config:
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"listen: {listen!r} must be host:port")
-    agents_raw = doc.get("agents", [])
-    if not isinstance(agents_raw, list):
-        raise ConfigError("agents: must be a list")
-    agents = tuple(_agent(item, f"agents[{i}]") for i, item in enumerate(agents_raw))
-    ids = [a.id for a in agents]
-    for i, agent_id in enumerate(ids):
-        if agent_id in ids[:i]:
-            raise ConfigError(f"agents[{i}].id: duplicate agent id {agent_id!r}")
-    grace = doc.get("shutdownGraceSeconds", 5.0)
-    if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
-        raise ConfigError("shutdownGraceSeconds: must be a non-negative number")
     plugins_raw = doc.get("plugins", [])
     if not isinstance(plugins_raw, list):
         raise ConfigError("plugins: must be a list")
@@ -172,11 +167,29 @@ def parse_config(raw: object) -> Config:
     if not isinstance(providers_raw, list):
         raise ConfigError("providers: must be a list")
     providers = tuple(_provider(item, f"providers[{i}]") for i, item in enumerate(providers_raw))
-    names = ["scripted"]
+    names = [BUILTIN_PROVIDER]
     for i, provider in enumerate(providers):
         if provider.name in names:
             raise ConfigError(f"providers[{i}].name: {provider.name!r} is already a provider")
         names.append(provider.name)
+    default_provider = _string(doc.get("defaultProvider", BUILTIN_PROVIDER), "defaultProvider")
+    # With plugins listed, a provider may be one that a plugin serves: known only at start.
+    checked = None if plugins else names
+    if checked is not None and default_provider not in checked:
+        raise ConfigError(
+            f"defaultProvider: {default_provider!r} is not a provider (known: {', '.join(names)})"
+        )
+    agents_raw = doc.get("agents", [])
+    if not isinstance(agents_raw, list):
+        raise ConfigError("agents: must be a list")
+    agents = tuple(_agent(item, f"agents[{i}]", checked) for i, item in enumerate(agents_raw))
+    ids = [a.id for a in agents]
+    for i, agent_id in enumerate(ids):
+        if agent_id in ids[:i]:
+            raise ConfigError(f"agents[{i}].id: duplicate agent id {agent_id!r}")
+    grace = doc.get("shutdownGraceSeconds", 5.0)
+    if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
+        raise ConfigError("shutdownGraceSeconds: must be a non-negative number")
     store = _string(doc.get("store", "sqlite"), "store")
     if store not in ("sqlite", "memory"):
         raise ConfigError(f"store: {store!r} must be sqlite or memory")
@@ -192,30 +205,53 @@ def parse_config(raw: object) -> Config:
             doc.get("maxParallelToolCalls", 10), "maxParallelToolCalls"
         ),
         shutdown_grace_seconds=float(grace),
-        default_provider=_string(doc.get("defaultProvider", "scripted"), "defaultProvider"),
+        default_provider=default_provider,
         agents=agents,
     )
 
 
-def _agent(raw: object, where: str) -> AgentConfig:
+def _agent(raw: object, where: str, providers: list[str] | None) -> AgentConfig:
     item = _mapping(raw, where)
     _no_unknown(item, where, AGENT_FIELDS)
     if "id" not in item:
         raise ConfigError(f"{where}.id: is required")
+    agent_id = _string(item["id"], f"{where}.id")
+    if not ID_PATTERN.fullmatch(agent_id):
+        raise ConfigError(
+            f"{where}.id: {agent_id!r} must be 1-128 letters, digits, '.', '_', ':' or '-'"
+        )
+    provider = _string(item.get("provider", ""), f"{where}.provider")
+    if provider and providers is not None and provider not in providers:
+        raise ConfigError(
+            f"{where}.provider: {provider!r} is not a provider (known: {', '.join(providers)})"
+        )
     cwd = _string(item.get("cwd", ""), f"{where}.cwd")
     if cwd and not cwd.startswith("/"):
         raise ConfigError(f"{where}.cwd: {cwd!r} must be an absolute path")
     tools = item.get("tools", [])
     if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
         raise ConfigError(f"{where}.tools: must be a list of tool names")
+    known_tools = sorted(tool.name for tool in builtin_tools())
+    for tool in tools:
+        if tool not in known_tools:
+            raise ConfigError(
+                f"{where}.tools: {tool!r} is not a built-in tool (known: {', '.join(known_tools)})"
+            )
+    persona = _string(item.get("persona", ""), f"{where}.persona")
+    try:
+        interpolate(persona, dict.fromkeys(PERSONA_VARIABLES, ""))
+    except CodedError as error:
+        raise ConfigError(
+            f"{where}.persona: {error} (known: {', '.join(PERSONA_VARIABLES)})"
+        ) from None
     cap = item.get("maxParallelToolCalls")
     return AgentConfig(
-        id=_string(item["id"], f"{where}.id"),
-        provider=_string(item.get("provider", ""), f"{where}.provider"),
+        id=agent_id,
+        provider=provider,
         model=_string(item.get("model", ""), f"{where}.model"),
         cwd=cwd,
         tools=tuple(tools),
-        persona=_string(item.get("persona", ""), f"{where}.persona"),
+        persona=persona,
         max_parallel_tool_calls=None
         if cap is None
         else _positive(cap, f"{where}.maxParallelToolCalls"),

@@ -396,6 +396,16 @@ def tool_output(outcome: ToolOutcome) -> hk.ToolOutput:
     return output
 
 
+def tool_schema(definition: hk.ToolDefinition) -> dict[str, Any]:
+    """A plugin tool's input schema as JSON data.
+
+    Raises:
+        ValueError: the schema holds a number JSON cannot carry (NaN, an infinity).
+    """
+    schema: dict[str, Any] = json.loads(json_format.MessageToJson(definition.input_schema))
+    return schema
+
+
 def remote_tool(
     plugin: str,
     definition: hk.ToolDefinition,
@@ -439,11 +449,10 @@ def remote_tool(
             contexts=list(output.additional_contexts),
         )
 
-    schema = json.loads(json_format.MessageToJson(definition.input_schema))
     return Tool(
         name=definition.name,
         description=definition.description,
-        input_schema=schema,
+        input_schema=tool_schema(definition),
         execute=execute,
         parallel_safe=definition.parallel_safe,
         opt_in=False,
@@ -517,30 +526,41 @@ def install(
     models: Sequence[hk.ModelProviderDefinition] = (),
     model_registry: ModelRegistry | None = None,
 ) -> list[Callable[[], None]]:
-    """Register a plugin's listeners, tools and models; returns their disposers."""
+    """Register a plugin's listeners, tools and models; returns their disposers.
+
+    All or nothing: when one registration fails, those already made are undone and the
+    error propagates.
+    """
     disposers: list[Callable[[], None]] = []
-    for subscription in subscriptions:
-        timeout = (
-            subscription.timeout.ToNanoseconds() / 1e9
-            if subscription.HasField("timeout")
-            else DEFAULT_TIMEOUT
-        )
-        remote = RemoteListener(plugin, subscription, caller, stats, session_of, timeout)
-        disposers.append(
-            seams.on(remote.seam_name, remote.listener(), order=subscription.order, name=plugin)
-        )
-    for definition in tools:
-        timeout = (
-            definition.timeout.ToNanoseconds() / 1e9
-            if definition.HasField("timeout")
-            else DEFAULT_TIMEOUT
-        )
-        tool = remote_tool(plugin, definition, caller, stats, session_of, timeout)
-        disposers.append(registry.register(tool))
-    if model_registry is not None:
-        for model in models:
-            served = PluginModel(plugin, model, caller, stats)
-            disposers.append(
-                model_registry.register(model.provider, served, default_model=model.default_model)
+    try:
+        for subscription in subscriptions:
+            timeout = (
+                subscription.timeout.ToNanoseconds() / 1e9
+                if subscription.HasField("timeout")
+                else DEFAULT_TIMEOUT
             )
+            remote = RemoteListener(plugin, subscription, caller, stats, session_of, timeout)
+            disposers.append(
+                seams.on(remote.seam_name, remote.listener(), order=subscription.order, name=plugin)
+            )
+        for definition in tools:
+            timeout = (
+                definition.timeout.ToNanoseconds() / 1e9
+                if definition.HasField("timeout")
+                else DEFAULT_TIMEOUT
+            )
+            tool = remote_tool(plugin, definition, caller, stats, session_of, timeout)
+            disposers.append(registry.register(tool))
+        if model_registry is not None:
+            for model in models:
+                served = PluginModel(plugin, model, caller, stats)
+                disposers.append(
+                    model_registry.register(
+                        model.provider, served, default_model=model.default_model
+                    )
+                )
+    except BaseException:
+        for dispose in reversed(disposers):
+            dispose()
+        raise
     return disposers

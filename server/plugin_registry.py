@@ -15,8 +15,9 @@ from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from server.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from server.factory import ID_PATTERN
+from server.jsonvalue import check_lossless
 from server.plugin_client import PluginConnection, PluginUnreachable
-from server.plugin_listeners import PluginStats, install
+from server.plugin_listeners import SEAM_NAMES, PluginStats, install, tool_schema
 from server.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -68,27 +69,32 @@ class PluginRegistry:
         stats = PluginStats()
         connection = PluginConnection(address, self.token, stats)
         try:
-            description = await connection.describe(DESCRIBE_TIMEOUT)
-            self._check(address, description)
-        except (PluginUnreachable, FailedPrecondition, AlreadyExists) as error:
-            await connection.close()
-            if isinstance(error, PluginUnreachable):
+            try:
+                description = await connection.describe(DESCRIBE_TIMEOUT)
+            except PluginUnreachable as error:
                 raise FailedPrecondition(
                     f"cannot describe the plugin at {address}: {error}"
                 ) from None
+            self._check(address, description)
+            subscriptions = [effective(s, overrides) for s in description.subscriptions]
+            tools = [effective_tool(t, overrides) for t in description.tools]
+            plugin = RegisteredPlugin(
+                description.name, description.version, address, connection, subscriptions,
+                tools, stats, list(description.models),
+            )  # fmt: skip
+            # All or nothing, and published only once installed: no await from the name
+            # check to here, so no other registration can take the name in between.
+            plugin.disposers = install(
+                plugin.name, subscriptions, tools, connection, stats,
+                self.runtime.seams, self.runtime.tools, self.session_of,
+                description.models, self.runtime.models,
+            )  # fmt: skip
+        except BaseException:
+            # Refused, failed or cancelled (a config plugin's retry at shutdown): nothing
+            # of it stays, not even its channel.
+            await connection.close()
             raise
-        subscriptions = [effective(s, overrides) for s in description.subscriptions]
-        tools = [effective_tool(t, overrides) for t in description.tools]
-        plugin = RegisteredPlugin(
-            description.name, description.version, address, connection, subscriptions, tools, stats,
-            list(description.models),
-        )  # fmt: skip
         self.plugins[plugin.name] = plugin
-        plugin.disposers = install(
-            plugin.name, subscriptions, tools, connection, stats,
-            self.runtime.seams, self.runtime.tools, self.session_of,
-            description.models, self.runtime.models,
-        )  # fmt: skip
         connection.start()
         if not await connection.wait_ready(READY_TIMEOUT):
             log.warning("plugin %s registered but its stream is not open yet", plugin.name)
@@ -126,8 +132,11 @@ class PluginRegistry:
 
     async def close(self) -> None:
         """Stop retrying and close every connection."""
-        for task in list(self._retries):
+        retries = list(self._retries)
+        for task in retries:
             task.cancel()
+        # Awaited: a cancelled attempt closes its own connection before we go on.
+        await asyncio.gather(*retries, return_exceptions=True)
         for name in list(self.plugins):
             await self.unregister(name)
 
@@ -141,8 +150,6 @@ class PluginRegistry:
             raise FailedPrecondition(
                 f"the plugin at {address} describes itself invalidly: {problem}"
             )
-        if description.name in self.plugins:
-            raise AlreadyExists(f'a plugin named "{description.name}" is already registered')
 
 
 def invalid_description(
@@ -152,20 +159,42 @@ def invalid_description(
     if not ID_PATTERN.fullmatch(description.name):
         return f"name {description.name!r} must be 1-128 letters, digits, '.', '_', ':', '-'"
     for subscription in description.subscriptions:
-        if subscription.seam in (hk.SEAM_UNSPECIFIED, hk.SEAM_TOOL_EXECUTE):
-            return f"a subscription names seam {hk.Seam.Name(subscription.seam)}"
+        seam = seam_name(subscription.seam)
+        if subscription.seam not in SEAM_NAMES:
+            return f"a subscription names seam {seam}, which cannot be subscribed to"
+        if subscription.failure_policy not in hk.FailurePolicy.values():
+            return f"the subscription to {seam} has an unknown failure policy"
+        if subscription.HasField("timeout") and subscription.timeout.ToNanoseconds() <= 0:
+            return f"the subscription to {seam} has a timeout of zero or less"
     names = [tool.name for tool in description.tools]
     for name in names:
         if not name or names.count(name) > 1:
             return f"tool name {name!r} is empty or repeated"
         if name in taken_tools:
             return f'tool "{name}" is already provided'
+    for tool in description.tools:
+        if tool.HasField("timeout") and tool.timeout.ToNanoseconds() <= 0:
+            return f'tool "{tool.name}" has a timeout of zero or less'
+        try:
+            check_lossless(tool_schema(tool), "its input schema")
+        except (ValueError, TypeError) as error:
+            return f'tool "{tool.name}": its input schema is not valid JSON ({error})'
     for model in description.models:
         if not ID_PATTERN.fullmatch(model.provider):
             return f"model provider name {model.provider!r} is not valid"
         if model.provider in taken_providers:
             return f'model provider "{model.provider}" is already served'
+        if model.HasField("timeout") and model.timeout.ToNanoseconds() <= 0:
+            return f'model provider "{model.provider}" has a timeout of zero or less'
     return ""
+
+
+def seam_name(seam: int) -> str:
+    """The contract name of a seam number, or the number itself when it is unknown."""
+    try:
+        return hk.Seam.Name(seam)  # type: ignore[arg-type]
+    except ValueError:
+        return str(seam)
 
 
 def effective(subscription: hk.Subscription, overrides: Overrides) -> hk.Subscription:

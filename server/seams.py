@@ -184,6 +184,14 @@ class SeamRegistry:
                 self._tasks.add(task)
                 task.add_done_callback(functools.partial(self._settled, seam, reg))
 
+    async def close(self) -> None:
+        """Cancel the emit listeners still running and wait for them (server shutdown)."""
+        while self._tasks:
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
     def _settled(self, seam: str, reg: Registration, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:

@@ -12,6 +12,7 @@ costs one list copy per step, not a pass over the whole log.
 from __future__ import annotations
 
 import asyncio
+import html
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -166,8 +167,12 @@ class SessionLog:
 
 
 def _wrap(tag: str, source: c.Source, content: Sequence[c.ContentBlock]) -> list[c.ContentBlock]:
-    """Wrap content in `<tag source="kind">` ... `</tag>`."""
-    kind = source.kind or "user"
+    """Wrap content in `<tag source="kind">` ... `</tag>`.
+
+    The kind comes from the client: it is escaped, so that it can neither close the
+    attribute nor the tag (and so forge another provenance).
+    """
+    kind = html.escape(source.kind or "user", quote=True)
     if all(block.WhichOneof("block") == "text" for block in content):
         inner = "".join(block.text.text for block in content)
         return [

@@ -12,8 +12,6 @@ from server.errors import Aborted, CodedError
 log = logging.getLogger(__name__)
 
 
-
-
 class StepInterrupted(Exception):
     """A checkpoint found the turn cancelled or the agent disposed."""
 

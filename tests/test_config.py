@@ -77,6 +77,24 @@ def test_storage_and_resume_fields() -> None:
         ({"agents": [{"id": "a", "resumeSessionId": 7}]}, "agents[0].resumeSessionId"),
         ({"agents": {"id": "a"}}, "agents"),
         ([1, 2], "config"),
+        ({"agents": [{"id": "a b"}]}, "agents[0].id"),
+        ({"agents": [{"id": ""}]}, "agents[0].id"),
+        ({"agents": [{"id": "a"}, {"id": "x" * 129}]}, "agents[1].id"),
+        ({"agents": [{"id": "a/b"}]}, "agents[0].id"),
+        ({"defaultProvider": "openai"}, "defaultProvider"),
+        ({"agents": [{"id": "a", "provider": "openai"}]}, "agents[0].provider"),
+        (
+            {
+                "providers": [{"name": "p", "baseUrl": "http://x"}],
+                "agents": [{"id": "a", "provider": "q"}],
+            },
+            "agents[0].provider",
+        ),
+        ({"agents": [{"id": "a", "tools": ["word_count", "wordcount"]}]}, "agents[0].tools"),
+        ({"agents": [{"id": "a", "tools": ["rm_rf"]}]}, "agents[0].tools"),
+        ({"agents": [{"id": "a", "persona": "You are {{nme}}."}]}, "agents[0].persona"),
+        ({"agents": [{"id": "a", "persona": "Run {{ model }}."}]}, "agents[0].persona"),
+        ({"agents": [{"id": "a", "persona": "{{Model}}"}]}, "agents[0].persona"),
     ],
 )
 def test_invalid_config_names_the_field(raw: object, field: str) -> None:
@@ -112,3 +130,56 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
     bad.write_text("agents: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+def test_config_agents_may_name_every_known_provider_tool_and_variable() -> None:
+    config = parse_config(
+        {
+            "defaultProvider": "local",
+            "providers": [{"name": "local", "baseUrl": "http://127.0.0.1:1/v1"}],
+            "agents": [
+                {"id": "a.b:c_d-1", "provider": "local",
+                 "tools": ["current_time", "echo", "sleep", "word_count"],
+                 "persona": "You run {{model}} from {{provider}} in {{cwd}}; {{ is literal"},
+                {"id": "s", "provider": "scripted"},
+                {"id": "d"},
+            ],
+        }
+    )  # fmt: skip
+    assert config.default_provider == "local"
+    assert [a.provider for a in config.agents] == ["local", "scripted", ""]
+    assert config.agents[0].tools == ("current_time", "echo", "sleep", "word_count")
+
+
+def test_the_messages_say_what_is_known() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"agents": [{"id": "a", "tools": ["nope"]}]})
+    assert str(info.value) == (
+        "agents[0].tools: 'nope' is not a built-in tool"
+        " (known: current_time, echo, sleep, word_count)"
+    )
+    with pytest.raises(ConfigError) as info:
+        parse_config({"agents": [{"id": "a", "persona": "{{nme}}"}]})
+    assert str(info.value) == (
+        'agents[0].persona: unknown prompt variable "nme" (known: provider, model, cwd)'
+    )
+    with pytest.raises(ConfigError) as info:
+        parse_config({"defaultProvider": "gpt"})
+    assert str(info.value) == "defaultProvider: 'gpt' is not a provider (known: scripted)"
+
+
+def test_an_invalid_file_stops_the_server_at_start_naming_the_field(tmp_path: Path) -> None:
+    config = tmp_path / "agentloop.yaml"
+    config.write_text("agents:\n  - id: helper\n    tools: [word_count, wordcount]\n")
+    with pytest.raises(ConfigError, match=r"^agents\[0\]\.tools: 'wordcount'"):
+        load_config(config)
+
+
+def test_with_plugins_a_provider_may_be_one_a_plugin_serves() -> None:
+    config = parse_config(
+        {"plugins": [{"address": "127.0.0.1:50100"}],
+         "agents": [{"id": "a", "provider": "plugin-echo"}]}
+    )  # fmt: skip
+    assert config.agents[0].provider == "plugin-echo"
+    with pytest.raises(ConfigError, match=r"^agents\[0\]\.provider:"):
+        parse_config({"agents": [{"id": "a", "provider": "plugin-echo"}]})

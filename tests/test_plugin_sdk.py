@@ -17,6 +17,7 @@ import pytest
 from google.protobuf import duration_pb2, json_format
 
 from agentloop.plugin import sdk
+from agentloop.plugin.service import CallStream
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.plugin.v1 import hook_service_pb2_grpc
 from agentloop.v1 import agent_event_pb2, content_pb2, decision_pb2, session_event_pb2
@@ -374,12 +375,22 @@ async def test_notifications_get_no_result(loop: Loop) -> None:
     assert loop.probe.agent_events == ["a1"]
 
 
-async def test_stop_answers_the_calls_in_flight_then_ends_the_stream() -> None:
+async def test_stop_answers_the_calls_in_flight_then_ends_the_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     plugin = sdk.Plugin("drain")
-    release = asyncio.Event()
+    started, draining, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    drain = CallStream.drain
+
+    def drain_and_tell(stream: CallStream) -> None:
+        drain(stream)
+        draining.set()
+
+    monkeypatch.setattr(CallStream, "drain", drain_and_tell)
 
     @plugin.turn_stop()
     async def wait(call: hs.HookCall) -> hs.TurnStopResult:
+        started.set()
         await release.wait()
         return sdk.terminal_stop()
 
@@ -387,9 +398,11 @@ async def test_stop_answers_the_calls_in_flight_then_ends_the_stream() -> None:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stream = Stream(hook_service_pb2_grpc.HookServiceStub(channel))
         await stream.send(hs.HookCall(call_id="t", turn_stop=hs.TurnStopCall()))
-        await asyncio.sleep(0.05)
+        async with asyncio.timeout(T):
+            await started.wait()  # the call is in flight ...
         stopping = asyncio.create_task(plugin.stop(grace=T))
-        await asyncio.sleep(0.05)
+        async with asyncio.timeout(T):
+            await draining.wait()  # ... when the stop begins: it is still answered
         release.set()
         result = await stream.result()
         assert (result.call_id, result.turn_stop.stop) == ("t", True)

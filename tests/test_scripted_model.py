@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
-import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 from google.protobuf import duration_pb2
@@ -79,9 +79,18 @@ def assembled(chunks: list[S.StreamChunk]) -> MessageAssembler:
     return a
 
 
-def test_satisfies_the_model_protocol():
+async def test_satisfies_the_model_protocol():
+    # The signature the loop calls (by keyword too), and an async iterator of chunks.
+    assert (
+        list(inspect.signature(ScriptedModel().stream).parameters)
+        == list(inspect.signature(Model.stream).parameters)[1:]
+    )
     model: Model = ScriptedModel()
-    assert model is not None
+    stream = model.stream(request=request([user("hi")], []), signal=NEVER)
+    assert isinstance(stream, AsyncIterator)
+    chunks = [chunk async for chunk in stream]
+    assert all(isinstance(chunk, S.StreamChunk) for chunk in chunks)
+    assert kinds(chunks)[-1] == "finish"
 
 
 async def test_text_abc_gives_seven_chunks():
@@ -267,16 +276,14 @@ async def test_cancellation_mid_stream_with_chunk_delay():
         await first_chunk.wait()
         controller.abort("user interrupt")
 
-    began = time.monotonic()
     consumer = asyncio.create_task(consume())
     interrupter = asyncio.create_task(interrupt())
     with pytest.raises(Aborted) as info:
-        await asyncio.wait_for(consumer, timeout=2)
+        await asyncio.wait_for(consumer, timeout=10)  # a hang guard: the stream is 20 s
     await interrupter
     assert info.value.reason == "user interrupt"
-    # Far fewer chunks than the ~1000 scripted, and well before the full 20 s stream.
+    # Far fewer chunks than the ~1000 scripted: the abort cut the stream short.
     assert 1 <= len(received) < 5
-    assert time.monotonic() - began < 1
 
 
 async def test_abort_during_a_long_delay_is_prompt():

@@ -21,11 +21,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import duration_pb2, struct_pb2
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
+from agentloop.plugin.v1 import hook_service_pb2_grpc as hk_rpc
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.plugin.v1 import plugin_registry_service_pb2_grpc as reg_rpc
 from agentloop.v1 import agent_factory_service_pb2 as fac
@@ -53,6 +56,9 @@ PLUGINS = ROOT / "tests" / "plugins"
 PY_EXAMPLE = ROOT / "clients" / "python" / "examples" / "guard_plugin.py"
 NODE_EXAMPLE = ROOT / "clients" / "node" / "examples" / "guard-plugin.js"
 LISTENING = re.compile(r"plugin (\S+) listening on (\S+):(\d+)")
+
+FOREVER = 3600
+"""Seconds a "slow" plugin handler sleeps: it can only end by being cancelled."""
 
 LANGS = ["python", "node"]
 """Each "each" test runs once per plugin language."""
@@ -464,7 +470,7 @@ async def test_cancel_during_a_slow_hook_call(
 ) -> None:
     cancel_file = tmp_path / f"cancelled-{lang}.txt"
     plugin = await launcher.start(
-        configurable(lang, "--name", f"slow-{lang}", "--slow", "5", "--tag", "S",
+        configurable(lang, "--name", f"slow-{lang}", "--slow", str(FOREVER), "--tag", "S",
                      "--cancel-file", str(cancel_file))
     )  # fmt: skip
     await register(e2e.channel, plugin.address)
@@ -481,22 +487,20 @@ async def test_cancel_during_a_slow_hook_call(
             return (await plugin_state(e2e.channel, plugin.name)).stats.calls >= 1
 
         await eventually(in_flight, "the prompt-submit call to be sent")
-        started = time.monotonic()
         cancel = await e2e.agents.CancelTurn(
             api.CancelTurnRequest(agent_id="patient", reason="enough"), timeout=T
         )
         assert cancel.cancelled
+        # The handler sleeps far longer than this wait: the turn ends without it.
         end = await stream.until("turn_end")
-        elapsed = time.monotonic() - started
     finally:
         stream.close()
 
     assert end.turn_end.reason.WhichOneof("kind") == "aborted"
     assert end.turn_end.reason.aborted.reason == "enough"
-    assert elapsed < 1.5, f"the turn took {elapsed:.2f} s to abort (the handler sleeps 5 s)"
     assert "user_message" not in kinds(stream.events)
-    # The plugin saw the CancelCall: its handler was cancelled.
-    line = await plugin.line(seconds=3)
+    # The plugin saw the CancelCall: its handler was cancelled mid-sleep, not answered.
+    line = await plugin.line()
     assert re.fullmatch(r"cancelled \S+", line), line
     assert cancel_file.read_text().strip() == line
 
@@ -583,16 +587,15 @@ async def test_a_plugin_that_never_answers_times_out(e2e: E2E, launcher: Launche
     assert registered.subscriptions[0].timeout.ToNanoseconds() == 500_000_000
     await create_agent(e2e, "waiting")
 
-    started = time.monotonic()
     events = await run_turn(e2e, "waiting", "p")
-    elapsed = time.monotonic() - started
 
     reason = end_reason(events)
     assert reason.WhichOneof("kind") == "error"
     assert reason.error.code == "PLUGIN_TIMEOUT"
     assert 'plugin "mute"' in reason.error.message
     assert "agent/prompt-submit" in reason.error.message
-    assert 0.4 < elapsed < 3.0, f"the turn failed after {elapsed:.2f} s (deadline 0.5 s)"
+    # The deadline that applied is the registration's, not the 5 s default.
+    assert "no answer within 0.5 s" in reason.error.message
     stats = (await plugin_state(e2e.channel, "mute")).stats
     assert stats.timeouts == 1 and stats.errors == 0
 
@@ -616,7 +619,9 @@ async def test_a_malformed_reply_fails_the_turn(e2e: E2E, launcher: Launcher) ->
 async def test_unregister_during_a_call_fails_it_under_the_policy(
     e2e: E2E, launcher: Launcher
 ) -> None:
-    plugin = await launcher.start(configurable("python", "--name", "leaving", "--slow", "5"))
+    plugin = await launcher.start(
+        configurable("python", "--name", "leaving", "--slow", str(FOREVER))
+    )
     await register(e2e.channel, plugin.address)
     await create_agent(e2e, "left")
     sent = await e2e.agents.SendMessage(
@@ -627,8 +632,8 @@ async def test_unregister_during_a_call_fails_it_under_the_policy(
         return (await plugin_state(e2e.channel, "leaving")).stats.calls >= 1
 
     await eventually(in_flight, "the prompt-submit call to be sent")
-    started = time.monotonic()
     await unregister(e2e.channel, "leaving")
+    # The handler sleeps far longer than this wait: the call failed without its answer.
     events = await read_turn(e2e.agents, "left", sent.next_seq)
 
     reason = end_reason(events)
@@ -636,7 +641,8 @@ async def test_unregister_during_a_call_fails_it_under_the_policy(
     assert reason.error.code == "PLUGIN_DISCONNECTED"
     assert 'plugin "leaving"' in reason.error.message
     assert "unregistered" in reason.error.message
-    assert time.monotonic() - started < 2.0
+    # Its stream closed, the plugin cancelled the handler mid-sleep.
+    assert re.fullmatch(r"cancelled \S+", await plugin.line())
     # The next turn runs without it.
     assert end_reason(await run_turn(e2e, "left", "q")).WhichOneof("kind") == "completed"
 
@@ -743,6 +749,78 @@ async def test_register_an_unreachable_or_empty_address_is_refused(e2e: E2E) -> 
     assert "address" in (error.details() or "")
 
     assert await list_plugins(e2e.channel) == {}
+
+
+async def test_an_unknown_failure_policy_is_an_invalid_argument(e2e: E2E) -> None:
+    request = reg.RegisterPluginRequest(address=f"127.0.0.1:{free_port()}", failure_policy=7)  # type: ignore[arg-type]
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await registry(e2e.channel).RegisterPlugin(request, timeout=T)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (error.value.details() or "").startswith("failure_policy:")
+    assert await list_plugins(e2e.channel) == {}
+
+
+def struct(value: dict[str, Any]) -> struct_pb2.Struct:
+    """`value` as a Struct, unchecked (it may hold what JSON cannot carry)."""
+    result = struct_pb2.Struct()
+    result.update(value)
+    return result
+
+
+class Describer(hk_rpc.HookServiceServicer):
+    """A plugin that only answers `Describe`, with the description it is given."""
+
+    def __init__(self, description: hk.DescribeResponse) -> None:
+        self.description = description
+
+    async def Describe(
+        self, request: hk.DescribeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> hk.DescribeResponse:
+        return self.description
+
+    async def Handle(
+        self, request_iterator: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[hk.HandleResponse]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this plugin only describes itself")
+        yield hk.HandleResponse()  # unreachable: makes this an async generator
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        hk.Subscription(seam=hk.SEAM_MODEL_STREAM),
+        hk.Subscription(seam=hk.SEAM_TOOL_EXECUTE),
+        hk.Subscription(seam=42),  # type: ignore[arg-type]
+        hk.Subscription(seam=hk.SEAM_PRE_STEP, timeout=duration_pb2.Duration()),
+        hk.ToolDefinition(name="nan_tool", input_schema=struct({"maximum": float("nan")})),
+    ],
+    ids=["model-stream", "tool-execute", "unknown-seam", "zero-timeout", "nan-schema"],
+)
+async def test_an_invalid_description_is_failed_precondition_and_leaves_nothing(
+    e2e: E2E, bad: hk.Subscription | hk.ToolDefinition
+) -> None:
+    description = hk.DescribeResponse(
+        name="half", version="1", subscriptions=[hk.Subscription(seam=hk.SEAM_PROMPT_SUBMIT)]
+    )
+    if isinstance(bad, hk.Subscription):
+        description.subscriptions.append(bad)
+    else:
+        description.tools.append(bad)
+    server = grpc.aio.server()
+    hk_rpc.add_HookServiceServicer_to_server(Describer(description), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        error = await refused(e2e, f"127.0.0.1:{port}")
+    finally:
+        await server.stop(0)
+
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error.details()
+    assert "describes itself invalidly" in (error.details() or "")
+    assert await list_plugins(e2e.channel) == {}
+    # No listener was left behind: a prompt goes through untouched.
+    await create_agent(e2e, "untouched")
+    assert user_text(await run_turn(e2e, "untouched", "p")) == "p"
 
 
 @pytest.mark.parametrize(

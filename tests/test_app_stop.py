@@ -1,0 +1,127 @@
+"""`App.stop` in process: bounded by the grace period, and nothing left running."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from agentloop.v1 import agent_pb2
+from server import seams as S
+from server.app import App
+from server.config import Config
+from server.seams import SeamRegistry
+from tests.harness import text_block
+
+T = 10.0
+"""A hang guard, never a measured time."""
+
+
+@pytest.fixture
+async def app() -> AsyncIterator[App]:
+    app = App(Config(listen="127.0.0.1:0", store="memory", agents=()))
+    await app.start()
+    try:
+        yield app
+    finally:
+        async with asyncio.timeout(T):
+            await app.stop(grace=0)
+
+
+class Stubborn:
+    """A coroutine listener that ignores every abort signal; records its cancellation."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.cancelled: list[str] = []
+
+    async def wait_forever(self, name: str) -> None:
+        self.entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(name)
+            raise
+
+
+async def test_a_turn_that_ignores_disposal_is_cancelled_after_the_grace_period(app: App) -> None:
+    stubborn = Stubborn()
+
+    async def prompt_submit(agent: Any, content: Any, source: Any, next_: Any) -> Any:
+        await stubborn.wait_forever(agent.agent_id)
+        return await next_()
+
+    app.runtime.seams.on(S.PROMPT_SUBMIT, prompt_submit)
+    agent = await app.factory.create("stuck", agent_pb2.AgentOptions(provider="scripted"))
+    agent.send([text_block("p")])
+    async with asyncio.timeout(T):
+        await stubborn.entered.wait()
+
+    # Disposal aborts the turn, which this listener ignores: without the bound, stop
+    # would wait for it forever (the timeout is only a hang guard).
+    async with asyncio.timeout(T):
+        await app.stop(grace=0.1)
+
+    assert stubborn.cancelled == ["stuck"]  # its driver was cancelled ...
+    assert agent.driver is not None and agent.driver.done()
+    assert app.factory.agents == {}  # ... and the agent torn down
+
+
+async def test_a_stop_within_the_grace_period_ends_turns_disposed(app: App) -> None:
+    started = asyncio.Event()
+
+    async def prompt_submit(agent: Any, content: Any, source: Any, next_: Any) -> Any:
+        started.set()
+        await agent.turn_signal().race(asyncio.Event().wait())  # honours the abort
+        return await next_()
+
+    app.runtime.seams.on(S.PROMPT_SUBMIT, prompt_submit)
+    agent = await app.factory.create("polite", agent_pb2.AgentOptions(provider="scripted"))
+    agent.send([text_block("p")])
+    async with asyncio.timeout(T):
+        await started.wait()
+        await app.stop(grace=T)
+
+    (end,) = [e.turn_end for e in agent.session.events if e.HasField("turn_end")]
+    assert end.reason.WhichOneof("kind") == "disposed"
+
+
+async def test_stop_cancels_the_emit_listeners_still_running(app: App) -> None:
+    stubborn = Stubborn()
+
+    async def observer() -> None:
+        await stubborn.wait_forever("observer")
+
+    app.runtime.seams.on("test/notice", observer)
+    app.runtime.seams.emit("test/notice", None, ())
+    async with asyncio.timeout(T):
+        await stubborn.entered.wait()
+        await app.stop(grace=0)
+
+    assert stubborn.cancelled == ["observer"]
+
+
+async def test_seam_registry_close_cancels_and_awaits_its_tasks() -> None:
+    seams = SeamRegistry()
+    stubborn = Stubborn()
+    finished: list[str] = []
+
+    async def slow() -> None:
+        await stubborn.wait_forever("slow")
+
+    async def quick() -> None:
+        finished.append("quick")
+
+    seams.on("n", slow)
+    seams.on("n", quick)
+    seams.emit("n", None, ())
+    async with asyncio.timeout(T):
+        await stubborn.entered.wait()
+        await seams.close()
+
+    assert stubborn.cancelled == ["slow"]
+    assert finished == ["quick"]
+    assert seams.contained_failures == 0  # a cancellation at shutdown is not a failure
+    await seams.close()  # nothing left: a second close returns at once
