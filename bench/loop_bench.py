@@ -18,6 +18,7 @@ import resource
 import socket
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -58,7 +59,7 @@ async def one_turn(agent: Agent) -> None:
 
 
 def line(label: str, value: str, target: str) -> None:
-    print(f"  {label:<52} {value:>14}   target {target}")
+    print(f"  {label:<52} {value:>14}   {'target ' + target if target else ''}".rstrip())
 
 
 async def bench_in_process(turns: int, conversation: int) -> None:
@@ -189,22 +190,39 @@ async def bench_grpc(turns: int) -> None:
         await asyncio.wait_for(server.wait(), 10)
 
 
+SECTIONS = ("loop", "resume", "grpc", "idle")
+
+
 def main() -> None:
-    """Run every benchmark and print the figures."""
+    """Run every benchmark section, each in a fresh process (so each peak RSS is its own)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--turns", type=int, default=500)
     parser.add_argument("--conversation", type=int, default=300)
     parser.add_argument("--idle-agents", type=int, default=1000)
     parser.add_argument("--resume-events", type=int, default=10_000)
     parser.add_argument("--no-grpc", action="store_true", help="skip the end-to-end figure")
+    parser.add_argument("--section", choices=SECTIONS, help="run one section in this process")
     args = parser.parse_args()
-    print(f"agentloop benchmark · Python {sys.version.split()[0]} · {os.cpu_count()} cores")
-    asyncio.run(bench_in_process(args.turns, args.conversation))
-    asyncio.run(bench_resume(args.resume_events))
-    if not args.no_grpc:
+    if args.section is None:
+        print(f"agentloop benchmark · Python {sys.version.split()[0]} · {os.cpu_count()} cores")
+        for section in SECTIONS:
+            if section == "grpc" and args.no_grpc:
+                continue
+            argv = [a for a in sys.argv[1:] if a != "--no-grpc"]
+            subprocess.run(
+                [sys.executable, "-m", "bench.loop_bench", *argv, "--section", section], check=True
+            )
+        return
+    if args.section == "loop":
+        asyncio.run(bench_in_process(args.turns, args.conversation))
+        line("peak RSS of this process (the loop workload)", f"{peak_rss_mb():,.1f} MB",
+             "≤ 100 MB")  # fmt: skip
+    elif args.section == "resume":
+        asyncio.run(bench_resume(args.resume_events))
+    elif args.section == "grpc":
         asyncio.run(bench_grpc(args.turns))
-    line("peak RSS of this process so far", f"{peak_rss_mb():,.1f} MB", "≤ 100 MB")
-    asyncio.run(bench_idle_agents(args.idle_agents))
+    else:
+        asyncio.run(bench_idle_agents(args.idle_agents))
 
 
 if __name__ == "__main__":
