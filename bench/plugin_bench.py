@@ -106,7 +106,7 @@ async def turns(address: str | None, count: int) -> float:
             await agent.when_idle()
         return (time.perf_counter() - started) / count * 1e6
     finally:
-        await app.stop(grace=0)
+        await app.stop(grace=5)
 
 
 async def main(calls: int, turn_count: int) -> None:

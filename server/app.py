@@ -68,6 +68,7 @@ def build_runtime(config: Config) -> Runtime:
         store=build_store(config),
         max_parallel_tool_calls=config.max_parallel_tool_calls,
         default_provider=config.default_provider,
+        plugin_timeout=config.plugin_timeout_seconds,
     )
     for tool in builtin_tools():
         runtime.tools.register(tool)

@@ -19,6 +19,7 @@ DEFAULT_LISTEN = "127.0.0.1:50051"
 SERVER_FIELDS = {
     "listen", "maxParallelToolCalls", "shutdownGraceSeconds", "defaultProvider", "store",
     "dataDir", "agents", "plugins", "tokenFile", "pluginTokenFile", "providers",
+    "pluginTimeoutSeconds",
 }  # fmt: skip
 PROVIDER_FIELDS = {
     "name", "type", "baseUrl", "apiKeyEnv", "defaultModel", "headers", "connectTimeoutSeconds",
@@ -128,6 +129,8 @@ class Config:
     """A file holding the token every client must send (also: $AGENTLOOP_TOKEN)."""
     plugin_token_file: str = ""
     """A file holding the token sent to plugins (also: $AGENTLOOP_PLUGIN_TOKEN)."""
+    plugin_timeout_seconds: float = 5.0
+    """The deadline of a plugin call whose subscription sets none."""
     insecure: bool = False
     """Allow a non-loopback listen address without a token (`--insecure`)."""
 
@@ -190,6 +193,13 @@ def parse_config(raw: object) -> Config:
     grace = doc.get("shutdownGraceSeconds", 5.0)
     if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
         raise ConfigError("shutdownGraceSeconds: must be a non-negative number")
+    plugin_timeout = doc.get("pluginTimeoutSeconds", 5.0)
+    if (
+        isinstance(plugin_timeout, bool)
+        or not isinstance(plugin_timeout, int | float)
+        or plugin_timeout <= 0
+    ):
+        raise ConfigError("pluginTimeoutSeconds: must be a positive number")
     store = _string(doc.get("store", "sqlite"), "store")
     if store not in ("sqlite", "memory"):
         raise ConfigError(f"store: {store!r} must be sqlite or memory")
@@ -205,6 +215,7 @@ def parse_config(raw: object) -> Config:
             doc.get("maxParallelToolCalls", 10), "maxParallelToolCalls"
         ),
         shutdown_grace_seconds=float(grace),
+        plugin_timeout_seconds=float(plugin_timeout),
         default_provider=default_provider,
         agents=agents,
     )

@@ -525,6 +525,7 @@ def install(
     session_of: Callable[[str], str],
     models: Sequence[hk.ModelProviderDefinition] = (),
     model_registry: ModelRegistry | None = None,
+    default_timeout: float = DEFAULT_TIMEOUT,
 ) -> list[Callable[[], None]]:
     """Register a plugin's listeners, tools and models; returns their disposers.
 
@@ -537,7 +538,7 @@ def install(
             timeout = (
                 subscription.timeout.ToNanoseconds() / 1e9
                 if subscription.HasField("timeout")
-                else DEFAULT_TIMEOUT
+                else default_timeout
             )
             remote = RemoteListener(plugin, subscription, caller, stats, session_of, timeout)
             disposers.append(
@@ -547,7 +548,7 @@ def install(
             timeout = (
                 definition.timeout.ToNanoseconds() / 1e9
                 if definition.HasField("timeout")
-                else DEFAULT_TIMEOUT
+                else default_timeout
             )
             tool = remote_tool(plugin, definition, caller, stats, session_of, timeout)
             disposers.append(registry.register(tool))

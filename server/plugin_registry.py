@@ -87,7 +87,7 @@ class PluginRegistry:
             plugin.disposers = install(
                 plugin.name, subscriptions, tools, connection, stats,
                 self.runtime.seams, self.runtime.tools, self.session_of,
-                description.models, self.runtime.models,
+                description.models, self.runtime.models, self.runtime.plugin_timeout,
             )  # fmt: skip
         except BaseException:
             # Refused, failed or cancelled (a config plugin's retry at shutdown): nothing

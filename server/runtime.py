@@ -28,6 +28,8 @@ class Runtime:
     """The server-wide cap on parallel tool calls per step; agents may set their own."""
     default_provider: str = "scripted"
     """The provider of agents that name none."""
+    plugin_timeout: float = 5.0
+    """Seconds a plugin call waits for its result when neither plugin nor operator set it."""
     tool_order: list[str] | None = None
     """The canonical tool order, with one "<unlisted-tools>" marker; None is by name."""
     persistence: Persistence = field(init=False)

@@ -55,6 +55,7 @@ def test_storage_and_resume_fields() -> None:
         ({"agents": [{"id": "a", "colour": "red"}]}, "agents[0].colour"),
         ({"agentz": []}, "agentz"),
         ({"store": "redis"}, "store"),
+        ({"pluginTimeoutSeconds": 0}, "pluginTimeoutSeconds"),
         ({"providers": [{"baseUrl": "http://x"}]}, "providers[0].name"),
         ({"providers": [{"name": "p", "baseUrl": "ftp://x"}]}, "providers[0].baseUrl"),
         (

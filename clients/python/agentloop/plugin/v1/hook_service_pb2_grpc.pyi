@@ -54,15 +54,17 @@ class HookServiceStub:
     result's oneof set) means "continue unchanged", and the next listener sees
     the result.
 
-    Failures. Each call has a deadline (the subscription's timeout, default 5
-    seconds). A timeout, an error status on the stream, a `HookResult` with
+    Failures. Each call has a deadline (the subscription's timeout; the server's
+    default is 5 seconds, `pluginTimeoutSeconds` in its config). A timeout, an error status on the stream, a `HookResult` with
     `error` set or with a decision of the wrong kind (malformed), and a
     disconnect are failures. Under `FAILURE_POLICY_FAIL_CLOSED` (the default)
     the turn ends with reason `error`, once, naming the plugin and the seam, and
     the server keeps serving. Under `FAILURE_POLICY_FAIL_OPEN` the plugin is
     skipped for that call; the skip is never silent: it is counted
-    (`ListPlugins` shows `fail_opens`) and logged. If `Describe` or `Handle`
-    answers `UNIMPLEMENTED`, the plugin is marked unavailable with that reason.
+    (`ListPlugins` shows `fail_opens`) and logged. If `Describe` fails (for
+    example `UNIMPLEMENTED` or `UNAUTHENTICATED`), registration is refused with
+    FAILED_PRECONDITION carrying that status. If `Handle` fails, the plugin is
+    shown UNAVAILABLE with that reason and the stream is retried with backoff.
     When the plugin closes the stream cleanly or the connection drops, the
     calls in flight fail as above, and the server reconnects with exponential
     backoff (0.1 s doubling to 5 s); a plugin that comes back serves the next
@@ -111,15 +113,17 @@ class HookServiceAsyncStub(HookServiceStub):
     result's oneof set) means "continue unchanged", and the next listener sees
     the result.
 
-    Failures. Each call has a deadline (the subscription's timeout, default 5
-    seconds). A timeout, an error status on the stream, a `HookResult` with
+    Failures. Each call has a deadline (the subscription's timeout; the server's
+    default is 5 seconds, `pluginTimeoutSeconds` in its config). A timeout, an error status on the stream, a `HookResult` with
     `error` set or with a decision of the wrong kind (malformed), and a
     disconnect are failures. Under `FAILURE_POLICY_FAIL_CLOSED` (the default)
     the turn ends with reason `error`, once, naming the plugin and the seam, and
     the server keeps serving. Under `FAILURE_POLICY_FAIL_OPEN` the plugin is
     skipped for that call; the skip is never silent: it is counted
-    (`ListPlugins` shows `fail_opens`) and logged. If `Describe` or `Handle`
-    answers `UNIMPLEMENTED`, the plugin is marked unavailable with that reason.
+    (`ListPlugins` shows `fail_opens`) and logged. If `Describe` fails (for
+    example `UNIMPLEMENTED` or `UNAUTHENTICATED`), registration is refused with
+    FAILED_PRECONDITION carrying that status. If `Handle` fails, the plugin is
+    shown UNAVAILABLE with that reason and the stream is retried with backoff.
     When the plugin closes the stream cleanly or the connection drops, the
     calls in flight fail as above, and the server reconnects with exponential
     backoff (0.1 s doubling to 5 s); a plugin that comes back serves the next
@@ -164,15 +168,17 @@ class HookServiceServicer(metaclass=_abc_1.ABCMeta):
     result's oneof set) means "continue unchanged", and the next listener sees
     the result.
 
-    Failures. Each call has a deadline (the subscription's timeout, default 5
-    seconds). A timeout, an error status on the stream, a `HookResult` with
+    Failures. Each call has a deadline (the subscription's timeout; the server's
+    default is 5 seconds, `pluginTimeoutSeconds` in its config). A timeout, an error status on the stream, a `HookResult` with
     `error` set or with a decision of the wrong kind (malformed), and a
     disconnect are failures. Under `FAILURE_POLICY_FAIL_CLOSED` (the default)
     the turn ends with reason `error`, once, naming the plugin and the seam, and
     the server keeps serving. Under `FAILURE_POLICY_FAIL_OPEN` the plugin is
     skipped for that call; the skip is never silent: it is counted
-    (`ListPlugins` shows `fail_opens`) and logged. If `Describe` or `Handle`
-    answers `UNIMPLEMENTED`, the plugin is marked unavailable with that reason.
+    (`ListPlugins` shows `fail_opens`) and logged. If `Describe` fails (for
+    example `UNIMPLEMENTED` or `UNAUTHENTICATED`), registration is refused with
+    FAILED_PRECONDITION carrying that status. If `Handle` fails, the plugin is
+    shown UNAVAILABLE with that reason and the stream is retried with backoff.
     When the plugin closes the stream cleanly or the connection drops, the
     calls in flight fail as above, and the server reconnects with exponential
     backoff (0.1 s doubling to 5 s); a plugin that comes back serves the next
