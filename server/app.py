@@ -26,7 +26,7 @@ from server.api_factory import AgentFactoryServicer
 from server.api_plugins import PluginRegistryServicer
 from server.auth import TokenAuth, is_loopback
 from server.builtin_tools import builtin_tools
-from server.config import Config, ConfigError, read_token
+from server.config import Config, ConfigError, read_pem, read_token
 from server.errors import SessionDamaged
 from server.factory import AgentFactory
 from server.models.openai import OpenAIModel
@@ -112,6 +112,7 @@ class App:
             self.runtime,
             self._session_of,
             read_token(config.plugin_token_file, "AGENTLOOP_PLUGIN_TOKEN"),
+            read_pem(config.plugin_ca_file),
         )
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(interceptors=[TokenAuth(token)] if token else [])

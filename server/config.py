@@ -19,7 +19,7 @@ DEFAULT_LISTEN = "127.0.0.1:50051"
 SERVER_FIELDS = {
     "listen", "maxParallelToolCalls", "shutdownGraceSeconds", "defaultProvider", "store",
     "dataDir", "agents", "plugins", "tokenFile", "pluginTokenFile", "providers",
-    "pluginTimeoutSeconds",
+    "pluginTimeoutSeconds", "pluginCaFile",
 }  # fmt: skip
 PROVIDER_FIELDS = {
     "name", "type", "baseUrl", "apiKeyEnv", "defaultModel", "headers", "connectTimeoutSeconds",
@@ -129,6 +129,8 @@ class Config:
     """A file holding the token every client must send (also: $AGENTLOOP_TOKEN)."""
     plugin_token_file: str = ""
     """A file holding the token sent to plugins (also: $AGENTLOOP_PLUGIN_TOKEN)."""
+    plugin_ca_file: str = ""
+    """PEM roots trusted for `tls://` plugin addresses; empty trusts the system's."""
     plugin_timeout_seconds: float = 5.0
     """The deadline of a plugin call whose subscription sets none."""
     insecure: bool = False
@@ -216,6 +218,7 @@ def parse_config(raw: object) -> Config:
         ),
         shutdown_grace_seconds=float(grace),
         plugin_timeout_seconds=float(plugin_timeout),
+        plugin_ca_file=_string(doc.get("pluginCaFile", ""), "pluginCaFile"),
         default_provider=default_provider,
         agents=agents,
     )
@@ -342,6 +345,16 @@ def read_token(path: str, variable: str) -> str:
             raise ConfigError(f"token file {path} is empty")
         return token
     return os.environ.get(variable, "").strip()
+
+
+def read_pem(path: str) -> bytes | None:
+    """The bytes of a PEM file; None for an empty path."""
+    if not path:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as error:
+        raise ConfigError(f"cannot read {path}: {error.strerror}") from error
 
 
 def _mapping(raw: object, where: str) -> dict[str, Any]:

@@ -39,20 +39,26 @@ class PluginUnreachable(Exception):
     """`Describe` failed: the plugin cannot be reached or refused."""
 
 
-def open_channel(address: str) -> grpc.aio.Channel:
-    """A channel to `host:port`, or TLS for `tls://host:port`."""
+def open_channel(address: str, root_certificates: bytes | None = None) -> grpc.aio.Channel:
+    """A channel to `host:port`, or TLS for `tls://host:port`.
+
+    TLS trusts the system's roots, or `root_certificates` (PEM) when given.
+    """
     if address.startswith("tls://"):
-        return grpc.aio.secure_channel(address[len("tls://") :], grpc.ssl_channel_credentials())
+        credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+        return grpc.aio.secure_channel(address[len("tls://") :], credentials)
     return grpc.aio.insecure_channel(address)
 
 
 class PluginConnection:
     """Implements `PluginCaller` over gRPC."""
 
-    def __init__(self, address: str, token: str, stats: PluginStats) -> None:
+    def __init__(
+        self, address: str, token: str, stats: PluginStats, root_certificates: bytes | None = None
+    ) -> None:
         self.address = address
         self.stats = stats
-        self.channel = open_channel(address)
+        self.channel = open_channel(address, root_certificates)
         self.stub = hk_rpc.HookServiceStub(self.channel)
         self.metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()

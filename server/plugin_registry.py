@@ -55,10 +55,18 @@ class RegisteredPlugin:
 class PluginRegistry:
     """Plugins by name."""
 
-    def __init__(self, runtime: Runtime, session_of: Callable[[str], str], token: str) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        session_of: Callable[[str], str],
+        token: str,
+        root_certificates: bytes | None = None,
+    ) -> None:
         self.runtime = runtime
         self.session_of = session_of
         self.token = token
+        self.root_certificates = root_certificates
+        """PEM roots trusted for `tls://` plugins; None trusts the system's."""
         self.plugins: dict[str, RegisteredPlugin] = {}
         self._retries: set[asyncio.Task[None]] = set()
 
@@ -67,7 +75,7 @@ class PluginRegistry:
         if not ADDRESS.fullmatch(address):
             raise InvalidArgument("address", f"{address!r} must be host:port or tls://host:port")
         stats = PluginStats()
-        connection = PluginConnection(address, self.token, stats)
+        connection = PluginConnection(address, self.token, stats, self.root_certificates)
         try:
             try:
                 description = await connection.describe(DESCRIBE_TIMEOUT)

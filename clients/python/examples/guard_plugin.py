@@ -58,8 +58,10 @@ def main() -> None:
         default=os.environ.get("AGENTLOOP_PLUGIN_TOKEN"),
         help="require 'authorization: Bearer TOKEN' (default: $AGENTLOOP_PLUGIN_TOKEN)",
     )
+    parser.add_argument("--tls-key", default="", help="serve TLS: the private key (PEM)")
+    parser.add_argument("--tls-cert", default="", help="serve TLS: the certificate (PEM)")
     args = parser.parse_args()
-    build_plugin(args.token).run(args.listen)
+    build_plugin(args.token).run(args.listen, tls_key=args.tls_key, tls_cert=args.tls_cert)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ import asyncio
 import re
 import signal
 from collections.abc import AsyncGenerator, Callable, Mapping
+from pathlib import Path
 from typing import Any, Unpack
 
 from agentloop.plugin.calls import (
@@ -297,12 +298,21 @@ class Plugin:
         """
         return self.registry.responses(call)
 
-    async def serve(self, address: str = "127.0.0.1:0") -> int:
-        """Start serving on `address` (port 0 picks a free one); returns the bound port."""
+    async def serve(
+        self, address: str = "127.0.0.1:0", *, tls_key: str = "", tls_cert: str = ""
+    ) -> int:
+        """Start serving on `address` (port 0 picks a free one); returns the bound port.
+
+        With `tls_key` and `tls_cert` (PEM file paths) the plugin serves TLS; register it
+        as `tls://host:port`.
+        """
         if self._server is not None:
             raise RuntimeError(f"plugin {self.name} is already serving")
+        if bool(tls_key) != bool(tls_cert):
+            raise ValueError("TLS needs both tls_key and tls_cert")
+        tls = read_key_pair(tls_key, tls_cert) if tls_key else None
         server = PluginServer(self)
-        port = await server.start(address)
+        port = await server.start(address, tls)
         self._server = server
         return port
 
@@ -312,18 +322,25 @@ class Plugin:
         if server is not None:
             await server.stop(grace)
 
-    def run(self, address: str = "127.0.0.1:50100") -> None:
+    def run(
+        self, address: str = "127.0.0.1:50100", *, tls_key: str = "", tls_cert: str = ""
+    ) -> None:
         """Serve until SIGTERM or SIGINT; prints `plugin NAME listening on HOST:PORT`."""
-        asyncio.run(self._run_until_signal(address))
+        asyncio.run(self._run_until_signal(address, tls_key, tls_cert))
 
-    async def _run_until_signal(self, address: str) -> None:
-        port = await self.serve(address)
-        print(f"plugin {self.name} listening on {address.rpartition(':')[0]}:{port}", flush=True)
+    async def _run_until_signal(self, address: str, tls_key: str, tls_cert: str) -> None:
+        port = await self.serve(address, tls_key=tls_key, tls_cert=tls_cert)
         stop_requested = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT):  # before announcing: a SIGTERM is graceful
             loop.add_signal_handler(sig, stop_requested.set)
+        print(f"plugin {self.name} listening on {address.rpartition(':')[0]}:{port}", flush=True)
         try:
             await stop_requested.wait()
         finally:
             await self.stop()
+
+
+def read_key_pair(key_file: str, cert_file: str) -> tuple[bytes, bytes]:
+    """The PEM bytes of a TLS private key and its certificate chain."""
+    return Path(key_file).read_bytes(), Path(cert_file).read_bytes()

@@ -175,9 +175,13 @@ class PluginServer:
         self._server = grpc.aio.server()
         rpc.add_HookServiceServicer_to_server(self._servicer, self._server)
 
-    async def start(self, address: str) -> int:
-        """Bind `address` and start; returns the bound port."""
-        port = self._server.add_insecure_port(address)
+    async def start(self, address: str, tls: tuple[bytes, bytes] | None = None) -> int:
+        """Bind `address` (with TLS when `tls` is (key, cert) PEM) and start; returns the port."""
+        if tls is None:
+            port = self._server.add_insecure_port(address)
+        else:
+            credentials = grpc.ssl_server_credentials([tls])
+            port = self._server.add_secure_port(address, credentials)
         if port == 0:
             raise OSError(f"cannot listen on {address}")
         await self._server.start()
