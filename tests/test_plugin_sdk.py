@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import signal
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import pytest
@@ -21,22 +17,8 @@ from agentloop.plugin.service import CallStream
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.plugin.v1 import hook_service_pb2_grpc
 from agentloop.v1 import agent_event_pb2, content_pb2, decision_pb2, session_event_pb2
-
-if TYPE_CHECKING:
-    from agentloop.plugin.v1.hook_service_pb2_grpc import HookServiceAsyncStub
-
-EXAMPLE = Path(__file__).parent.parent / "clients" / "python" / "examples" / "guard_plugin.py"
-T = 5.0
-"""The longest any single wait may take."""
-
-
-def load_example() -> ModuleType:
-    """The example plugin module, loaded from its file."""
-    spec = importlib.util.spec_from_file_location("guard_plugin_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.plugin_client import HandleStream, PluginLoop, T, hook_client, load_example, looping
+from tests.processes import guard_example, plugin_launcher
 
 
 def text(value: str) -> content_pb2.ContentBlock:
@@ -84,7 +66,7 @@ class Probe:
 
 def build_plugin(token: str | None = None) -> tuple[sdk.Plugin, Probe]:
     """The example plugin plus handlers on other seams: gated, slow, raising, observing."""
-    plugin: sdk.Plugin = load_example().build_plugin(token)
+    plugin: sdk.Plugin = load_example("guard_plugin.py").build_plugin(token)
     probe = Probe()
 
     @plugin.step_result()
@@ -132,59 +114,13 @@ def build_plugin(token: str | None = None) -> tuple[sdk.Plugin, Probe]:
     return plugin, probe
 
 
-@dataclass
-class Loop:
-    """The loop's side of a running plugin."""
-
-    plugin: sdk.Plugin
-    probe: Probe
-    channel: grpc.aio.Channel
-    stub: HookServiceAsyncStub
+Loop = PluginLoop[Probe]
 
 
 @pytest.fixture
 async def loop() -> AsyncIterator[Loop]:
-    plugin, probe = build_plugin()
-    port = await plugin.serve("127.0.0.1:0")
-    assert port > 0
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        yield Loop(plugin, probe, channel, hook_service_pb2_grpc.HookServiceStub(channel))
-    finally:
-        await channel.close()
-        await plugin.stop(grace=0)
-
-
-class Stream:
-    """One Handle stream, written and read as the loop does."""
-
-    def __init__(self, stub: HookServiceAsyncStub, metadata: Any = None) -> None:
-        self.call = stub.Handle(metadata=metadata)
-
-    async def send(self, *calls: hs.HookCall) -> None:
-        for call in calls:
-            await self.call.write(hs.HandleRequest(call=call))
-
-    async def cancel(self, call_id: str) -> None:
-        await self.call.write(hs.HandleRequest(cancel=hs.CancelCall(call_id=call_id, reason="x")))
-
-    async def result(self) -> hs.HookResult:
-        async with asyncio.timeout(T):
-            response = await self.call.read()
-        assert response is not grpc.aio.EOF
-        assert isinstance(response, hs.HandleResponse)
-        return response.result
-
-    async def finish(self) -> list[hs.HookResult]:
-        """Close the loop's side; the results still sent before the plugin ends the stream."""
-        await self.call.done_writing()
-        rest = []
-        async with asyncio.timeout(T):
-            while (response := await self.call.read()) is not grpc.aio.EOF:
-                assert isinstance(response, hs.HandleResponse)
-                rest.append(response.result)
-        assert await self.call.code() == grpc.StatusCode.OK
-        return rest
+    async with looping(*build_plugin()) as running:
+        yield running
 
 
 async def test_describe_reports_subscriptions_and_tools(loop: Loop) -> None:
@@ -216,11 +152,12 @@ async def test_describe_reports_subscriptions_and_tools(loop: Loop) -> None:
         "Upper-cases text.",
         True,
     )
-    assert json_format.MessageToDict(shout.input_schema) == load_example().SHOUT_SCHEMA
+    example = load_example("guard_plugin.py")
+    assert json_format.MessageToDict(shout.input_schema) == example.SHOUT_SCHEMA
 
 
 async def test_concurrent_calls_are_answered_as_they_finish(loop: Loop) -> None:
-    stream = Stream(loop.stub)
+    stream = HandleStream(loop.stub)
     step_result = hs.HookCall(
         call_id="c1",
         seam=hs.SEAM_STEP_RESULT,
@@ -282,29 +219,25 @@ async def test_many_calls_in_flight_are_each_answered_once() -> None:
         in_flight -= 1
         return {"n": args["n"]}
 
-    port = await plugin.serve("127.0.0.1:0")
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stream = Stream(hook_service_pb2_grpc.HookServiceStub(channel))
-            count = 300
-            await stream.send(
-                *[
-                    tool_call(f"e{n}", "echo", f'{{"n": {n}, "delay": {(n * 7919) % 50 / 1000}}}')
-                    for n in range(count)
-                ]
-            )
-            results = [await stream.result() for _ in range(count)]
-            assert sorted(r.call_id for r in results) == sorted(f"e{n}" for n in range(count))
-            for r in results:
-                assert sdk.text_of(r.tool_execute.content) == f'{{"n": {r.call_id[1:]}}}'
-            assert peak > 10  # really concurrent
-            assert await stream.finish() == []
-    finally:
-        await plugin.stop(grace=0)
+    async with hook_client(plugin) as stub:
+        stream = HandleStream(stub)
+        count = 300
+        await stream.send(
+            *[
+                tool_call(f"e{n}", "echo", f'{{"n": {n}, "delay": {(n * 7919) % 50 / 1000}}}')
+                for n in range(count)
+            ]
+        )
+        results = [await stream.result() for _ in range(count)]
+        assert sorted(r.call_id for r in results) == sorted(f"e{n}" for n in range(count))
+        for r in results:
+            assert sdk.text_of(r.tool_execute.content) == f'{{"n": {r.call_id[1:]}}}'
+        assert peak > 10  # really concurrent
+        assert await stream.finish() == []
 
 
 async def test_cancel_call_cancels_the_handler_and_sends_no_result(loop: Loop) -> None:
-    stream = Stream(loop.stub)
+    stream = HandleStream(loop.stub)
     slow = hs.HookCall(call_id="slow", seam=hs.SEAM_PRE_STEP, pre_step=hs.PreStepCall())
     await stream.send(slow)
     async with asyncio.timeout(T):
@@ -319,7 +252,7 @@ async def test_cancel_call_cancels_the_handler_and_sends_no_result(loop: Loop) -
 
 
 async def test_a_call_past_its_deadline_is_cancelled_and_not_answered(loop: Loop) -> None:
-    stream = Stream(loop.stub)
+    stream = HandleStream(loop.stub)
     call = hs.HookCall(
         call_id="late",
         seam=hs.SEAM_PRE_STEP,
@@ -333,7 +266,7 @@ async def test_a_call_past_its_deadline_is_cancelled_and_not_answered(loop: Loop
 
 
 async def test_failures_are_answered_with_error(loop: Loop) -> None:
-    stream = Stream(loop.stub)
+    stream = HandleStream(loop.stub)
     await stream.send(
         pre_tool("boom", "boom"),
         pre_tool("wrong", "wrong"),
@@ -358,7 +291,7 @@ async def test_failures_are_answered_with_error(loop: Loop) -> None:
 
 
 async def test_notifications_get_no_result(loop: Loop) -> None:
-    stream = Stream(loop.stub)
+    stream = HandleStream(loop.stub)
     event = session_event_pb2.SessionEvent(seq=7)
     await stream.send(
         hs.HookCall(call_id="n1", session_event=hs.SessionEventNotice(event=event)),
@@ -394,9 +327,8 @@ async def test_stop_answers_the_calls_in_flight_then_ends_the_stream(
         await release.wait()
         return sdk.terminal_stop()
 
-    port = await plugin.serve("127.0.0.1:0")
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        stream = Stream(hook_service_pb2_grpc.HookServiceStub(channel))
+    async with hook_client(plugin) as stub:
+        stream = HandleStream(stub)
         await stream.send(hs.HookCall(call_id="t", turn_stop=hs.TurnStopCall()))
         async with asyncio.timeout(T):
             await started.wait()  # the call is in flight ...
@@ -413,27 +345,22 @@ async def test_stop_answers_the_calls_in_flight_then_ends_the_stream(
 
 async def test_token_is_required_when_configured() -> None:
     plugin, _ = build_plugin(token="s3cret")
-    port = await plugin.serve("127.0.0.1:0")
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = hook_service_pb2_grpc.HookServiceStub(channel)
-            for metadata in [None, (("authorization", "Bearer wrong"),)]:
-                with pytest.raises(grpc.aio.AioRpcError) as error:
-                    await stub.Describe(hs.DescribeRequest(), metadata=metadata, timeout=T)
-                assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
-                stream = Stream(stub, metadata)
-                with pytest.raises(grpc.aio.AioRpcError) as error:
-                    await stream.result()
-                assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            good = (("authorization", "Bearer s3cret"),)
-            described = await stub.Describe(hs.DescribeRequest(), metadata=good, timeout=T)
-            assert described.name == "guard"
-            stream = Stream(stub, good)
-            await stream.send(prompt("p", "hi"))
-            assert (await stream.result()).call_id == "p"
-            assert await stream.finish() == []
-    finally:
-        await plugin.stop(grace=0)
+    async with hook_client(plugin) as stub:
+        for metadata in [None, (("authorization", "Bearer wrong"),)]:
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await stub.Describe(hs.DescribeRequest(), metadata=metadata, timeout=T)
+            assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            stream = HandleStream(stub, metadata)
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await stream.result()
+            assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        good = (("authorization", "Bearer s3cret"),)
+        described = await stub.Describe(hs.DescribeRequest(), metadata=good, timeout=T)
+        assert described.name == "guard"
+        stream = HandleStream(stub, good)
+        await stream.send(prompt("p", "hi"))
+        assert (await stream.result()).call_id == "p"
+        assert await stream.finish() == []
 
 
 def test_registrations_are_checked() -> None:
@@ -475,28 +402,12 @@ def test_decision_constructors() -> None:
     assert sdk.tool_error("bad", code="E").error.code == "E"
 
 
-async def test_the_example_runs_as_a_process() -> None:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(EXAMPLE),
-        "--listen",
-        "127.0.0.1:0",
-        stdout=asyncio.subprocess.PIPE,
-    )
-    try:
-        assert process.stdout is not None
-        async with asyncio.timeout(10):
-            line = (await process.stdout.readline()).decode()
-        assert line.startswith("plugin guard listening on 127.0.0.1:"), line
-        address = line.split()[-1]
-        async with grpc.aio.insecure_channel(address) as channel:
+async def test_the_example_runs_as_a_process(tmp_path: Path) -> None:
+    async with plugin_launcher(tmp_path) as launcher:
+        plugin = await launcher.start(guard_example("python"))
+        assert plugin.name == "guard" and plugin.address.startswith("127.0.0.1:"), plugin
+        async with grpc.aio.insecure_channel(plugin.address) as channel:
             stub = hook_service_pb2_grpc.HookServiceStub(channel)
             described = await stub.Describe(hs.DescribeRequest(), timeout=T)
             assert [t.name for t in described.tools] == ["shout"]
-        process.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(10):
-            assert await process.wait() == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        assert await plugin.terminate() == 0

@@ -3,37 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import grpc
 import pytest
 from google.protobuf import duration_pb2
 
 from agentloop.plugin import sdk
 from agentloop.plugin.v1 import hook_service_pb2 as hs
-from agentloop.plugin.v1 import hook_service_pb2_grpc
 from agentloop.v1 import content_pb2, stream_pb2
-
-if TYPE_CHECKING:
-    from agentloop.plugin.v1.hook_service_pb2_grpc import HookServiceAsyncStub
-
-EXAMPLE = Path(__file__).parent.parent / "clients" / "python" / "examples" / "model_plugin.py"
-T = 5.0
-"""The longest any single wait may take."""
-
-
-def load_example() -> ModuleType:
-    """The example model plugin module, loaded from its file."""
-    spec = importlib.util.spec_from_file_location("model_plugin_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.plugin_client import HandleStream, PluginLoop, T, load_example, looping
 
 
 def user(value: str) -> content_pb2.Message:
@@ -169,66 +149,13 @@ def build_plugin() -> tuple[sdk.Plugin, Probe]:
     return plugin, probe
 
 
-@dataclass
-class Loop:
-    """The loop's side of a running plugin."""
-
-    plugin: sdk.Plugin
-    probe: Probe
-    stub: HookServiceAsyncStub
+Loop = PluginLoop[Probe]
 
 
 @pytest.fixture
 async def loop() -> AsyncIterator[Loop]:
-    plugin, probe = build_plugin()
-    port = await plugin.serve("127.0.0.1:0")
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            yield Loop(plugin, probe, hook_service_pb2_grpc.HookServiceStub(channel))
-    finally:
-        await plugin.stop(grace=0)
-
-
-class Stream:
-    """One Handle stream, written and read as the loop does."""
-
-    def __init__(self, stub: HookServiceAsyncStub) -> None:
-        self.call = stub.Handle()
-
-    async def send(self, *calls: hs.HookCall) -> None:
-        for call in calls:
-            await self.call.write(hs.HandleRequest(call=call))
-
-    async def cancel(self, call_id: str) -> None:
-        await self.call.write(hs.HandleRequest(cancel=hs.CancelCall(call_id=call_id, reason="x")))
-
-    async def response(self) -> hs.HandleResponse:
-        async with asyncio.timeout(T):
-            response = await self.call.read()
-        assert isinstance(response, hs.HandleResponse)
-        return response
-
-    async def chunks(self, call_id: str) -> list[stream_pb2.StreamChunk]:
-        """Read one call's chunks up to its finish (the only call in flight)."""
-        chunks = []
-        while True:
-            response = await self.response()
-            assert response.WhichOneof("kind") == "chunk", response
-            assert response.chunk.call_id == call_id
-            chunks.append(response.chunk.chunk)
-            if response.chunk.chunk.HasField("finish"):
-                return chunks
-
-    async def finish(self) -> list[hs.HandleResponse]:
-        """Close the loop's side; what the plugin still sends before ending the stream."""
-        await self.call.done_writing()
-        rest = []
-        async with asyncio.timeout(T):
-            while (response := await self.call.read()) is not grpc.aio.EOF:
-                assert isinstance(response, hs.HandleResponse)
-                rest.append(response)
-        assert await self.call.code() == grpc.StatusCode.OK
-        return rest
+    async with looping(*build_plugin()) as running:
+        yield running
 
 
 async def test_describe_lists_the_models(loop: Loop) -> None:
@@ -248,7 +175,7 @@ async def test_describe_lists_the_models(loop: Loop) -> None:
 
 
 async def test_a_model_call_streams_its_chunks_in_order_up_to_the_finish(loop: Loop) -> None:
-    stream = Stream(loop.stub)
+    stream = HandleStream(loop.stub)
     await stream.send(model_call("m1", "full", user("hi")))
     chunks = await stream.chunks("m1")
     assert [kind(c) for c in chunks] == (
@@ -275,7 +202,7 @@ async def test_a_model_call_streams_its_chunks_in_order_up_to_the_finish(loop: L
 
 
 async def test_a_missing_finish_is_appended_and_plain_handlers_are_wrapped(loop: Loop) -> None:
-    stream = Stream(loop.stub)
+    stream = HandleStream(loop.stub)
     await stream.send(model_call("m1", "open-ended", user("say this")))
     chunks = await stream.chunks("m1")
     assert text_of_chunks(chunks) == "say this"
@@ -293,7 +220,7 @@ async def test_a_missing_finish_is_appended_and_plain_handlers_are_wrapped(loop:
 
 
 async def test_a_failing_model_answers_an_error_result(loop: Loop) -> None:
-    stream = Stream(loop.stub)
+    stream = HandleStream(loop.stub)
     await stream.send(model_call("m1", "boom"))
     first = await stream.response()
     assert (first.chunk.call_id, kind(first.chunk.chunk)) == ("m1", "block_start")
@@ -316,7 +243,7 @@ async def test_a_failing_model_answers_an_error_result(loop: Loop) -> None:
 async def test_cancel_call_stops_the_chunks_and_closes_the_generator(
     loop: Loop, provider: str
 ) -> None:
-    stream = Stream(loop.stub)
+    stream = HandleStream(loop.stub)
     await stream.send(model_call("m1", provider))
     first = await stream.response()
     assert (first.chunk.call_id, kind(first.chunk.chunk)) == ("m1", "block_start")
@@ -334,7 +261,7 @@ async def test_cancel_call_stops_the_chunks_and_closes_the_generator(
 
 
 async def test_the_silence_deadline_withdraws_a_model_call(loop: Loop) -> None:
-    stream = Stream(loop.stub)
+    stream = HandleStream(loop.stub)
     await stream.send(model_call("m1", "slow", timeout=0.2))
     first = await stream.response()
     assert first.chunk.call_id == "m1"
@@ -344,7 +271,7 @@ async def test_the_silence_deadline_withdraws_a_model_call(loop: Loop) -> None:
 
 
 async def test_concurrent_model_calls_interleave_each_in_order(loop: Loop) -> None:
-    stream = Stream(loop.stub)
+    stream = HandleStream(loop.stub)
     # "gated" waits after its first delta for a gate only "opener" opens.
     await stream.send(model_call("g", "gated"), model_call("o", "opener"))
     by_call: dict[str, list[stream_pb2.StreamChunk]] = {"g": [], "o": []}
@@ -360,7 +287,7 @@ async def test_concurrent_model_calls_interleave_each_in_order(loop: Loop) -> No
 
 
 async def test_the_example_reverses_and_asks_for_the_time() -> None:
-    plugin: sdk.Plugin = load_example().build_plugin()
+    plugin: sdk.Plugin = load_example("model_plugin.py").build_plugin()
     [model] = plugin.describe().models
     assert (model.provider, model.default_model) == ("plugin-echo", "reverse")
 

@@ -3,28 +3,26 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import pytest
 
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from server.abort import AbortController
-from server.content import plain_text, text_content
+from server.content import plain_text
 from server.errors import Aborted
 from server.scheduler import DEFAULT_MAX_PARALLEL, run_tool_batch
 from server.seams import TOOLS_POST_EXECUTE, TOOLS_PRE_EXECUTE, TOOLS_RESULT, SeamRegistry
 from server.tools import (
     ParallelSafe,
-    Tool,
     ToolExecution,
     ToolOutcome,
     ToolRegistry,
     ToolReturn,
     ToolValue,
 )
-
-Body = Callable[[ToolExecution], Awaitable[ToolValue]]
+from tests.tool_helpers import Execute, Next, context, make_tool
 
 
 class Batch:
@@ -42,7 +40,7 @@ class Batch:
         self.events.append((kind, call_id))
 
     def tool(
-        self, name: str, body: Body | None = None, *, parallel_safe: ParallelSafe = True
+        self, name: str, body: Execute | None = None, *, parallel_safe: ParallelSafe = True
     ) -> Callable[[], None]:
         """Register a tool that records its start and end around `body`."""
 
@@ -52,16 +50,7 @@ class Batch:
             self.record("end", exec.call_id)
             return result
 
-        return self.registry.register(
-            Tool(
-                name=name,
-                description=f"The {name} tool.",
-                input_schema={"type": "object"},
-                execute=execute,
-                parallel_safe=parallel_safe,
-                opt_in=False,
-            )
-        )
+        return self.registry.register(make_tool(name, execute, parallel_safe=parallel_safe))
 
     def gated(self, name: str, gates: dict[str, asyncio.Event]) -> None:
         """A parallel tool whose call `id` waits for `gates[id]` when there is one."""
@@ -84,8 +73,8 @@ class Batch:
             self.record("result", call.id)
             self.outcomes[call.id] = outcome
 
-        def on_context(context: d.HookContext) -> None:
-            self.record("context", plain_text(context.content))
+        def on_context(delivered: d.HookContext) -> None:
+            self.record("context", plain_text(delivered.content))
 
         await run_tool_batch(
             [c.ToolCallBlock(id=call_id, name=name, arguments="{}") for call_id, name in calls],
@@ -281,16 +270,14 @@ async def test_cap_one_is_serial() -> None:
 def recording_seams(b: Batch, *, contexts: bool = False) -> None:
     """Pre- and post-execute listeners that record what they see."""
 
-    async def pre(exec: ToolExecution, next: Callable[[], Awaitable[d.PreToolDecision]]) -> object:
+    async def pre(exec: ToolExecution, next: Next) -> object:
         b.record("pre", exec.call_id)
         return await next()
 
-    async def post(
-        exec: ToolExecution, outcome: ToolOutcome, next: Callable[[], Awaitable[object]]
-    ) -> object:
+    async def post(exec: ToolExecution, outcome: ToolOutcome, next: Next) -> object:
         b.record("post", exec.call_id)
         await next()
-        extra = [d.HookContext(content=text_content(f"{exec.call_id}-post"))] if contexts else []
+        extra = [context(f"{exec.call_id}-post")] if contexts else []
         return d.PostToolDecision(accept=d.ToolAccept(additional_contexts=extra))
 
     b.seams.on(TOOLS_PRE_EXECUTE, pre)
@@ -326,8 +313,7 @@ async def test_contexts_are_delivered_in_model_order() -> None:
             await gate.wait()
         else:
             gate.set()
-        context = d.HookContext(content=text_content(f"{exec.call_id}-tool"))
-        return ToolReturn(f"{exec.call_id} done", contexts=[context])
+        return ToolReturn(f"{exec.call_id} done", contexts=[context(f"{exec.call_id}-tool")])
 
     b.tool("p", body)
     await b.run(("a", "p"), ("b", "p"))
@@ -342,7 +328,7 @@ async def test_denials_and_pre_execute_errors_are_ordered_and_not_dispatched() -
     b = Batch()
     b.tool("p")
 
-    async def pre(exec: ToolExecution, next: Callable[[], Awaitable[object]]) -> object:
+    async def pre(exec: ToolExecution, next: Next) -> object:
         b.record("pre", exec.call_id)
         if exec.call_id == "a":
             return d.PreToolDecision(deny=d.ToolDeny(reason="denied a"))
@@ -350,9 +336,7 @@ async def test_denials_and_pre_execute_errors_are_ordered_and_not_dispatched() -
             raise RuntimeError("boom")
         return await next()
 
-    async def post(
-        exec: ToolExecution, outcome: ToolOutcome, next: Callable[[], Awaitable[object]]
-    ):
+    async def post(exec: ToolExecution, outcome: ToolOutcome, next: Next):
         b.record("post", exec.call_id)
         return await next()
 
@@ -412,7 +396,7 @@ async def test_abort_inside_an_exclusive_call_prevents_the_rest() -> None:
 async def test_abort_during_ordered_pre_execute_starts_no_further_call() -> None:
     b = Batch()
 
-    async def pre(exec: ToolExecution, next: Callable[[], Awaitable[object]]) -> object:
+    async def pre(exec: ToolExecution, next: Next) -> object:
         b.controller.abort("stop")
         return await next()
 

@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import re
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import pytest
 from google.protobuf import json_format
@@ -28,7 +28,6 @@ from server.tool_pipeline import ToolPipeline
 from server.tools import (
     NOT_LOSSLESS,
     ParallelSafe,
-    Tool,
     ToolExecution,
     ToolOutcome,
     ToolRegistry,
@@ -37,31 +36,7 @@ from server.tools import (
     canonical_order,
     parse_arguments,
 )
-
-Next = Callable[..., Awaitable[object]]
-
-
-async def ok(exec: ToolExecution) -> ToolValue:
-    return f"{exec.name} ok"
-
-
-def make_tool(
-    name: str,
-    execute: Callable[[ToolExecution], Awaitable[ToolValue]] = ok,
-    *,
-    parallel_safe: ParallelSafe = False,
-    opt_in: bool = False,
-    agent_id: str | None = None,
-) -> Tool:
-    return Tool(
-        name=name,
-        description=f"The {name} tool.",
-        input_schema={"type": "object", "properties": {}},
-        execute=execute,
-        parallel_safe=parallel_safe,
-        opt_in=opt_in,
-        agent_id=agent_id,
-    )
+from tests.tool_helpers import Execute, Next, context, make_tool, ok
 
 
 def make_exec(
@@ -80,9 +55,7 @@ class Pipeline:
         self.pipeline = ToolPipeline(self.registry, self.seams, "a1", enabled)
         self.log: list[str] = []
 
-    def add(
-        self, name: str = "t", execute: Callable[[ToolExecution], Awaitable[ToolValue]] = ok
-    ) -> None:
+    def add(self, name: str = "t", execute: Execute = ok) -> None:
         self.registry.register(make_tool(name, execute))
 
     def record_post(self) -> None:
@@ -96,10 +69,6 @@ class Pipeline:
         self, name: str = "t", arguments: str = "{}", signal: AbortSignal = NEVER
     ) -> ToolOutcome:
         return await self.pipeline.run(make_exec(name, arguments, signal))
-
-
-def context(text: str) -> d.HookContext:
-    return d.HookContext(content=text_content(text))
 
 
 def texts(contexts: list[d.HookContext]) -> list[str]:

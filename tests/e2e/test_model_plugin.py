@@ -10,129 +10,78 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import grpc
 import pytest
 
 from agentloop.plugin import sdk
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
-from agentloop.plugin.v1 import plugin_registry_service_pb2_grpc
 from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import (
-    agent_factory_service_pb2_grpc,
-    agent_pb2,
-    agent_service_pb2_grpc,
-    stream_pb2,
-)
+from agentloop.v1 import agent_pb2, stream_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
-from server.app import App
 from server.config import Config
 from server.content import plain_text
-from tests.e2e.conftest import EventStream, kinds, read_turn
-
-if TYPE_CHECKING:
-    from agentloop.plugin.v1.plugin_registry_service_pb2_grpc import (
-        PluginRegistryServiceAsyncStub,
-    )
-    from agentloop.v1.agent_factory_service_pb2_grpc import AgentFactoryServiceAsyncStub
-    from agentloop.v1.agent_service_pb2_grpc import AgentServiceAsyncStub
+from tests.e2e.conftest import E2E, READ_TIMEOUT, EventStream, kinds, read_turn, running_app
+from tests.e2e.registry import register, wait_state
+from tests.plugin_client import serving
+from tests.processes import PluginLauncher
 
 EXAMPLE = Path(__file__).parents[2] / "clients" / "python" / "examples" / "model_plugin.py"
-LISTENING = re.compile(r"plugin model-echo listening on (\S+:\d+)")
-T = 10.0
+T = READ_TIMEOUT
 """The longest any single wait may take."""
 
 
 @dataclass
 class Server:
-    """A running server, its stubs, and the plugin processes started for the test."""
+    """A running server, a client, and the plugin processes started for the test."""
 
-    app: App
-    registry: PluginRegistryServiceAsyncStub
-    factory: AgentFactoryServiceAsyncStub
-    agents: AgentServiceAsyncStub
-    processes: list[asyncio.subprocess.Process] = field(default_factory=list)
+    e2e: E2E
+    launcher: PluginLauncher
 
     async def start_plugin(self, *args: str, listen: str = "127.0.0.1:0") -> str:
         """Start the example plugin; returns the address it printed once listening."""
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(EXAMPLE),
-            "--listen",
-            listen,
-            *args,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        self.processes.append(process)
-        assert process.stdout is not None
-        async with asyncio.timeout(T):
-            line = (await process.stdout.readline()).decode()
-        match = LISTENING.fullmatch(line.strip())
-        assert match, f"unexpected first line {line!r}"
-        return match.group(1)
+        plugin = await self.launcher.start([sys.executable, str(EXAMPLE), *args], listen=listen)
+        assert plugin.name == "model-echo"
+        return plugin.address
 
     async def register(self, address: str, name: str = "model-echo") -> reg.Plugin:
         """Register the plugin at `address`; returns it once READY."""
-        registered = await self.registry.RegisterPlugin(
-            reg.RegisterPluginRequest(address=address), timeout=T
-        )
-        assert registered.plugin.name == name
-        return await self.plugin_state(registered.plugin.name, {reg.PLUGIN_STATE_READY})
+        registered = await register(self.e2e.channel, address)
+        assert registered.name == name
+        return registered
 
-    async def plugin_state(self, name: str, states: set[reg.PluginState.ValueType]) -> reg.Plugin:
+    async def plugin_state(
+        self, name: str, states: Collection[reg.PluginState.ValueType]
+    ) -> reg.Plugin:
         """Poll `ListPlugins` until the plugin `name` is in one of `states`."""
-        async with asyncio.timeout(T):
-            while True:
-                listed = await self.registry.ListPlugins(reg.ListPluginsRequest(), timeout=T)
-                plugin = next(p for p in listed.plugins if p.name == name)
-                if plugin.state in states:
-                    return plugin
-                await asyncio.sleep(0.05)
+        return await wait_state(self.e2e.channel, name, states)
 
     async def create(self, agent_id: str, provider: str, tools: Sequence[str] = ()) -> None:
         options = agent_pb2.AgentOptions(provider=provider, tools=list(tools))
-        await self.factory.CreateAgent(
+        await self.e2e.factory.CreateAgent(
             fac.CreateAgentRequest(agent_id=agent_id, options=options), timeout=T
         )
 
     async def send(self, agent_id: str, text: str) -> int:
         """Send `text`; returns the seq the turn's events start at."""
-        sent = await self.agents.SendMessage(
+        sent = await self.e2e.agents.SendMessage(
             api.SendMessageRequest(agent_id=agent_id, text=text), timeout=T
         )
         return sent.next_seq
 
     async def turn(self, agent_id: str, text: str) -> list[ev.SessionEvent]:
         """Send `text` and read the turn's session events up to its end."""
-        return await read_turn(self.agents, agent_id, await self.send(agent_id, text))
+        return await read_turn(self.e2e.agents, agent_id, await self.send(agent_id, text))
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[Server]:
-    app = App(Config(listen="127.0.0.1:0", store="memory"))
-    port = await app.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    server = Server(
-        app=app,
-        registry=plugin_registry_service_pb2_grpc.PluginRegistryServiceStub(channel),
-        factory=agent_factory_service_pb2_grpc.AgentFactoryServiceStub(channel),
-        agents=agent_service_pb2_grpc.AgentServiceStub(channel),
-    )
-    try:
-        yield server
-    finally:
-        for process in server.processes:
-            if process.returncode is None:
-                process.kill()
-            await process.wait()
-        await channel.close()
-        await app.stop(grace=0)
+async def server(launcher: PluginLauncher) -> AsyncIterator[Server]:
+    async with running_app(Config(listen="127.0.0.1:0", store="memory")) as e2e:
+        yield Server(e2e, launcher)
 
 
 def assistant_messages(events: list[ev.SessionEvent]) -> list[ev.AssistantMessage]:
@@ -186,15 +135,13 @@ async def test_a_plugin_killed_mid_stream_fails_the_turn_and_the_server_keeps_se
     await server.register(address)
     await server.create("echo", "plugin-echo")
     await server.create("local", "scripted")
+    (plugin,) = server.launcher.started
     from_seq = await server.send("echo", "hello world")
-    stream = EventStream(server.agents, agent_id="echo", from_seq=from_seq)
-    try:
+    with EventStream(server.e2e.agents, agent_id="echo", from_seq=from_seq) as stream:
         first = await stream.until("assistant_chunk")
         assert first.assistant_chunk.chunk.HasField("block_start")
-        server.processes[0].kill()  # mid-stream: the deltas come 0.5 s apart
+        await plugin.kill()  # mid-stream: the deltas come 0.5 s apart
         end = await stream.until("turn_end")
-    finally:
-        stream.close()
     error = end.turn_end.reason.error
     assert end.turn_end.reason.WhichOneof("kind") == "error"
     assert 'plugin "model-echo"' in error.message, error.message
@@ -251,12 +198,9 @@ async def in_process() -> AsyncIterator[InProcess]:
     async def overloaded(call: hk.HookCall) -> list[stream_pb2.StreamChunk]:
         return [sdk.finish_chunk(sdk.ERROR, "try again later", "OVERLOADED")]
 
-    port = await probe.plugin.serve("127.0.0.1:0")
-    probe.address = f"127.0.0.1:{port}"
-    try:
+    async with serving(probe.plugin) as address:
+        probe.address = address
         yield probe
-    finally:
-        await probe.plugin.stop(grace=0)
 
 
 async def test_cancel_turn_withdraws_the_plugin_model_call(
@@ -264,13 +208,11 @@ async def test_cancel_turn_withdraws_the_plugin_model_call(
 ) -> None:
     await server.register(in_process.address, "in-process")
     await server.create("a", "hanging")
-    stream = EventStream(server.agents, agent_id="a", from_seq=await server.send("a", "hi"))
-    try:
+    from_seq = await server.send("a", "hi")
+    with EventStream(server.e2e.agents, agent_id="a", from_seq=from_seq) as stream:
         await stream.until("assistant_chunk")
-        await server.agents.CancelTurn(api.CancelTurnRequest(agent_id="a", reason="enough"))
+        await server.e2e.agents.CancelTurn(api.CancelTurnRequest(agent_id="a", reason="enough"))
         end = await stream.until("turn_end")
-    finally:
-        stream.close()
     assert end.turn_end.reason.aborted.reason == "enough"
     async with asyncio.timeout(T):
         await in_process.closed["hanging"].wait()  # the CancelCall reached the plugin

@@ -5,16 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import grpc
 import pytest
 
 from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import agent_factory_service_pb2_grpc, agent_pb2, agent_service_pb2_grpc
+from agentloop.v1 import agent_pb2
 from agentloop.v1 import agent_service_pb2 as api
-from server.app import App
 from server.config import load_config
 from server.content import plain_text
-from tests.e2e.conftest import kinds, read_turn
+from tests.e2e.conftest import kinds, read_turn, running_app
 from tests.fake_openai import FakeOpenAI, Reply, call, chunk, text, usage
 
 KEY = "sk-e2e-secret-key"
@@ -47,18 +45,11 @@ async def test_a_configured_provider_serves_a_tool_round_trip(
                       usage(12, 5)]),
         Reply(events=[*text("There are ", "3 words."), usage(30, 4)]),
     )  # fmt: skip
-    app = App(load_config(config_file))
-    port = await app.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            factory = agent_factory_service_pb2_grpc.AgentFactoryServiceStub(channel)
-            agents = agent_service_pb2_grpc.AgentServiceStub(channel)
-            options = agent_pb2.AgentOptions(provider="fake", tools=["word_count"])
-            await factory.CreateAgent(fac.CreateAgentRequest(agent_id="real", options=options))
-            sent = await agents.SendMessage(api.SendMessageRequest(agent_id="real", text="count"))
-            events = await read_turn(agents, "real", sent.next_seq)
-    finally:
-        await app.stop(grace=0)
+    async with running_app(load_config(config_file)) as e2e:
+        options = agent_pb2.AgentOptions(provider="fake", tools=["word_count"])
+        await e2e.factory.CreateAgent(fac.CreateAgentRequest(agent_id="real", options=options))
+        sent = await e2e.agents.SendMessage(api.SendMessageRequest(agent_id="real", text="count"))
+        events = await read_turn(e2e.agents, "real", sent.next_seq)
     assert kinds(events).count("step_start") == 2
     result = next(e.tool_result for e in events if e.HasField("tool_result"))
     assert plain_text(result.content) == "3 words"

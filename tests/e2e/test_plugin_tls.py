@@ -9,7 +9,7 @@ import pytest
 
 from agentloop.plugin.sdk import Plugin, block_prompt
 from agentloop.plugin.v1 import hook_service_pb2 as hs
-from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_pb2, decision_pb2
 from agentloop.v1 import content_pb2 as c
 from server.app import App
 from server.config import Config
@@ -35,7 +35,7 @@ def guard() -> Plugin:
     plugin = Plugin("tls-guard")
 
     @plugin.prompt_submit()
-    async def refuse(call: hs.HookCall) -> object:
+    async def refuse(call: hs.HookCall) -> decision_pb2.PromptDecision:
         return block_prompt("seen over TLS")
 
     return plugin

@@ -10,16 +10,9 @@ and `tests/plugins/configurable.js`, whose behaviour is chosen by flags.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import re
-import shutil
-import socket
-import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,32 +23,37 @@ from google.protobuf import duration_pb2, struct_pb2
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import hook_service_pb2_grpc as hk_rpc
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
-from agentloop.plugin.v1 import plugin_registry_service_pb2_grpc as reg_rpc
 from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import (
-    agent_factory_service_pb2_grpc,
-    agent_pb2,
-    agent_service_pb2_grpc,
-    session_event_pb2,
-)
+from agentloop.v1 import agent_pb2, session_event_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1.stream_pb2 import StreamChunk
 from server.abort import AbortSignal
-from server.app import App
 from server.config import Config, PluginConfig
 from server.models import ModelRequest
 from server.models.scripted import ScriptedModel
-from tests.e2e.conftest import E2E, READ_TIMEOUT, EventStream, kinds, read_turn
+from tests.e2e.conftest import (
+    E2E,
+    READ_TIMEOUT,
+    EventStream,
+    kinds,
+    of_kind,
+    read_turn,
+    running_app,
+    text_of,
+)
+from tests.e2e.registry import (
+    eventually,
+    list_plugins,
+    plugin_state,
+    register,
+    unregister,
+    wait_state,
+)
+from tests.processes import PluginLauncher, configurable, free_port, guard_example
 
 T = READ_TIMEOUT
 """The deadline of every unary call and of every wait."""
-
-ROOT = Path(__file__).resolve().parents[2]
-PLUGINS = ROOT / "tests" / "plugins"
-PY_EXAMPLE = ROOT / "clients" / "python" / "examples" / "guard_plugin.py"
-NODE_EXAMPLE = ROOT / "clients" / "node" / "examples" / "guard-plugin.js"
-LISTENING = re.compile(r"plugin (\S+) listening on (\S+):(\d+)")
 
 FOREVER = 3600
 """Seconds a "slow" plugin handler sleeps: it can only end by being cancelled."""
@@ -65,179 +63,11 @@ LANGS = ["python", "node"]
 
 Event = session_event_pb2.SessionEvent
 
-
-@pytest.fixture(autouse=True)
-def _no_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fixture servers and the plugin processes run without any token."""
-    monkeypatch.delenv("AGENTLOOP_TOKEN", raising=False)
-    monkeypatch.delenv("AGENTLOOP_PLUGIN_TOKEN", raising=False)
-
-
-# -- plugin processes --------------------------------------------------------------------
-
-
-def node() -> str:
-    """The node binary (the Node plugins need it and clients/node/node_modules)."""
-    found = shutil.which("node")
-    assert found, "node is not on PATH: the Node plugin tests need Node.js 20+"
-    assert (ROOT / "clients" / "node" / "node_modules" / "@grpc").is_dir(), (
-        "clients/node/node_modules is missing: run `npm ci` in clients/node"
-    )
-    return found
-
-
-def configurable(lang: str, *flags: str) -> list[str]:
-    """The command line of the configurable test plugin in `lang` (without --listen)."""
-    if lang == "python":
-        return [sys.executable, str(PLUGINS / "configurable.py"), *flags]
-    return [node(), str(PLUGINS / "configurable.js"), *flags]
-
-
-def example(lang: str) -> list[str]:
-    """The command line of the shipped example plugin in `lang` (without --listen)."""
-    if lang == "python":
-        return [sys.executable, str(PY_EXAMPLE)]
-    return [node(), str(NODE_EXAMPLE)]
-
-
-@dataclass
-class PluginProcess:
-    """One running plugin process."""
-
-    argv: list[str]
-    process: asyncio.subprocess.Process
-    name: str
-    address: str
-    stderr: Path
-
-    @property
-    def port(self) -> int:
-        """The port it listens on."""
-        return int(self.address.rpartition(":")[2])
-
-    async def line(self, seconds: float = T) -> str:
-        """The next line the plugin prints on stdout ("" at EOF)."""
-        assert self.process.stdout is not None
-        async with asyncio.timeout(seconds):
-            return (await self.process.stdout.readline()).decode().strip()
-
-    async def kill(self) -> None:
-        """SIGKILL it and reap it."""
-        if self.process.returncode is None:
-            self.process.kill()
-        async with asyncio.timeout(T):
-            await self.process.wait()
-
-
-@dataclass
-class Launcher:
-    """Starts plugin processes; every one is killed when the test ends."""
-
-    tmp_path: Path
-    started: list[PluginProcess] = field(default_factory=list)
-
-    async def start(self, argv: Sequence[str], listen: str = "127.0.0.1:0") -> PluginProcess:
-        """Start a plugin and wait for its listening line."""
-        stderr = self.tmp_path / f"plugin-{len(self.started)}.stderr"
-        with stderr.open("wb") as err:
-            process = await asyncio.create_subprocess_exec(
-                *argv, "--listen", listen,
-                stdout=asyncio.subprocess.PIPE, stderr=err, cwd=ROOT,
-            )  # fmt: skip
-        plugin = PluginProcess(list(argv), process, "", "", stderr)
-        self.started.append(plugin)
-        first = await plugin.line()
-        match = LISTENING.fullmatch(first)
-        assert match, f"{argv} printed {first!r}; stderr: {stderr.read_text()}"
-        plugin.name = match.group(1)
-        plugin.address = f"{match.group(2)}:{match.group(3)}"
-        return plugin
-
-    async def restart(self, plugin: PluginProcess) -> PluginProcess:
-        """Start the same plugin again on the same address."""
-        again = await self.start(plugin.argv, listen=plugin.address)
-        assert again.address == plugin.address
-        return again
-
-    async def close(self) -> None:
-        """Kill every plugin still running."""
-        for plugin in self.started:
-            with contextlib.suppress(ProcessLookupError, TimeoutError):
-                await plugin.kill()
-
-
-@pytest.fixture
-async def launcher(tmp_path: Path) -> AsyncIterator[Launcher]:
-    """Plugin processes for one test."""
-    launch = Launcher(tmp_path)
-    try:
-        yield launch
-    finally:
-        await launch.close()
+pytestmark = pytest.mark.usefixtures("without_tokens")
+"""The fixture servers and the plugin processes run without any token."""
 
 
 # -- the API -----------------------------------------------------------------------------
-
-
-def registry(channel: grpc.aio.Channel) -> reg_rpc.PluginRegistryServiceAsyncStub:
-    """The PluginRegistryService stub on `channel`."""
-    return reg_rpc.PluginRegistryServiceStub(channel)
-
-
-async def list_plugins(channel: grpc.aio.Channel) -> dict[str, reg.Plugin]:
-    """ListPlugins, by name."""
-    response = await registry(channel).ListPlugins(reg.ListPluginsRequest(), timeout=T)
-    return {plugin.name: plugin for plugin in response.plugins}
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, seconds: float = T) -> None:
-    """Poll `check` every 20 ms until it holds; fail after `seconds`."""
-    deadline = time.monotonic() + seconds
-    while not await check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
-async def plugin_state(channel: grpc.aio.Channel, name: str) -> reg.Plugin:
-    """One plugin as ListPlugins shows it."""
-    plugins = await list_plugins(channel)
-    assert name in plugins, f"plugin {name} is not listed: {sorted(plugins)}"
-    return plugins[name]
-
-
-async def wait_ready(channel: grpc.aio.Channel, name: str, seconds: float = T) -> reg.Plugin:
-    """Wait until ListPlugins shows the plugin READY; returns it."""
-
-    async def ready() -> bool:
-        plugins = await list_plugins(channel)
-        return name in plugins and plugins[name].state == reg.PLUGIN_STATE_READY
-
-    await eventually(ready, f"plugin {name} to be READY", seconds)
-    return await plugin_state(channel, name)
-
-
-async def register(
-    channel: grpc.aio.Channel,
-    address: str,
-    *,
-    order: int | None = None,
-    deadline: float | None = None,
-    failure_policy: hk.FailurePolicy.ValueType = hk.FAILURE_POLICY_UNSPECIFIED,
-) -> reg.Plugin:
-    """RegisterPlugin, then wait until the plugin is READY."""
-    request = reg.RegisterPluginRequest(address=address, failure_policy=failure_policy)
-    if order is not None:
-        request.order = order
-    if deadline is not None:
-        request.timeout.FromNanoseconds(int(deadline * 1e9))
-    response = await registry(channel).RegisterPlugin(request, timeout=T)
-    assert response.plugin.address == address
-    return await wait_ready(channel, response.plugin.name)
-
-
-async def unregister(channel: grpc.aio.Channel, name: str) -> None:
-    """UnregisterPlugin."""
-    await registry(channel).UnregisterPlugin(reg.UnregisterPluginRequest(name=name), timeout=T)
 
 
 async def create_agent(
@@ -264,20 +94,28 @@ async def run_turn(e2e: E2E, agent_id: str, text: str) -> list[Event]:
     return await read_turn(e2e.agents, agent_id, sent.next_seq)
 
 
-def text_of(blocks: Sequence[object]) -> str:
-    """The concatenated text blocks of some content."""
-    return "".join(b.text.text for b in blocks if b.WhichOneof("block") == "text")  # type: ignore[attr-defined]
+async def wait_call_sent(channel: grpc.aio.Channel, name: str) -> None:
+    """Wait until the plugin `name` has been sent a call (it is in flight or answered)."""
 
+    async def sent() -> bool:
+        return (await plugin_state(channel, name)).stats.calls >= 1
 
-def of_kind(events: Sequence[Event], kind: str) -> list[Event]:
-    """The events whose payload is `kind`."""
-    return [e for e in events if e.WhichOneof("payload") == kind]
+    await eventually(sent, f"a call to be sent to plugin {name}")
 
 
 def end_reason(events: Sequence[Event]) -> session_event_pb2.TurnEndReason:
     """The reason of the turn's (last) turn_end."""
     assert events and events[-1].WhichOneof("payload") == "turn_end", kinds(list(events))
     return events[-1].turn_end.reason
+
+
+def plugin_error(events: Sequence[Event], code: str, plugin: str) -> str:
+    """The turn ended in an error with `code` naming `plugin`; returns the error message."""
+    reason = end_reason(events)
+    assert reason.WhichOneof("kind") == "error", reason
+    assert reason.error.code == code, reason.error
+    assert f'plugin "{plugin}"' in reason.error.message, reason.error.message
+    return reason.error.message
 
 
 def user_text(events: Sequence[Event]) -> str:
@@ -291,13 +129,6 @@ def assistant_text(events: Sequence[Event]) -> str:
     return "".join(
         text_of(e.assistant_message.content) for e in of_kind(events, "assistant_message")
     )
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on (right now)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def step(*calls: tuple[str, str, dict[str, object]], text: str = "") -> agent_pb2.ScriptedStep:
@@ -316,9 +147,9 @@ def step(*calls: tuple[str, str, dict[str, object]], text: str = "") -> agent_pb
 
 @pytest.mark.parametrize("lang", LANGS)
 async def test_blocked_prompt_gives_a_rejected_turn(
-    e2e: E2E, launcher: Launcher, lang: str
+    e2e: E2E, launcher: PluginLauncher, lang: str
 ) -> None:
-    plugin = await launcher.start(example(lang))
+    plugin = await launcher.start(guard_example(lang))
     await register(e2e.channel, plugin.address)
     await create_agent(e2e, "guarded")
 
@@ -355,7 +186,7 @@ class RecordingModel:
 
 @pytest.mark.parametrize("lang", LANGS)
 async def test_prompt_rewrite_and_context_reach_the_model(
-    e2e: E2E, launcher: Launcher, lang: str
+    e2e: E2E, launcher: PluginLauncher, lang: str
 ) -> None:
     recording = RecordingModel()
     e2e.app.runtime.models.register("recording", recording, default_model="m")
@@ -393,7 +224,7 @@ async def test_prompt_rewrite_and_context_reach_the_model(
 
 @pytest.mark.parametrize("lang", LANGS)
 async def test_pre_execute_deny_is_an_error_result_the_model_sees(
-    e2e: E2E, launcher: Launcher, lang: str
+    e2e: E2E, launcher: PluginLauncher, lang: str
 ) -> None:
     plugin = await launcher.start(
         configurable(lang, "--name", f"denier-{lang}", "--deny-tool", "echo",
@@ -416,7 +247,7 @@ async def test_pre_execute_deny_is_an_error_result_the_model_sees(
 
 @pytest.mark.parametrize("lang", LANGS)
 async def test_plugin_tool_runs_in_the_pool_beside_a_local_tool(
-    e2e: E2E, launcher: Launcher, lang: str
+    e2e: E2E, launcher: PluginLauncher, lang: str
 ) -> None:
     tool = f"nap_{lang}"
     plugin = await launcher.start(
@@ -448,7 +279,7 @@ async def test_plugin_tool_runs_in_the_pool_beside_a_local_tool(
 
 @pytest.mark.parametrize("lang", LANGS)
 async def test_turn_continuation_forces_one_more_step(
-    e2e: E2E, launcher: Launcher, lang: str
+    e2e: E2E, launcher: PluginLauncher, lang: str
 ) -> None:
     await create_agent(e2e, "again")
     baseline = await run_turn(e2e, "again", "once")
@@ -466,7 +297,7 @@ async def test_turn_continuation_forces_one_more_step(
 
 @pytest.mark.parametrize("lang", LANGS)
 async def test_cancel_during_a_slow_hook_call(
-    e2e: E2E, launcher: Launcher, lang: str, tmp_path: Path
+    e2e: E2E, launcher: PluginLauncher, lang: str, tmp_path: Path
 ) -> None:
     cancel_file = tmp_path / f"cancelled-{lang}.txt"
     plugin = await launcher.start(
@@ -479,22 +310,16 @@ async def test_cancel_during_a_slow_hook_call(
     sent = await e2e.agents.SendMessage(
         api.SendMessageRequest(agent_id="patient", text="p"), timeout=T
     )
-    stream = EventStream(e2e.agents, agent_id="patient", from_seq=sent.next_seq)
-    try:
+    with EventStream(e2e.agents, agent_id="patient", from_seq=sent.next_seq) as stream:
         await stream.until("turn_start")
 
-        async def in_flight() -> bool:
-            return (await plugin_state(e2e.channel, plugin.name)).stats.calls >= 1
-
-        await eventually(in_flight, "the prompt-submit call to be sent")
+        await wait_call_sent(e2e.channel, plugin.name)
         cancel = await e2e.agents.CancelTurn(
             api.CancelTurnRequest(agent_id="patient", reason="enough"), timeout=T
         )
         assert cancel.cancelled
         # The handler sleeps far longer than this wait: the turn ends without it.
         end = await stream.until("turn_end")
-    finally:
-        stream.close()
 
     assert end.turn_end.reason.WhichOneof("kind") == "aborted"
     assert end.turn_end.reason.aborted.reason == "enough"
@@ -508,7 +333,9 @@ async def test_cancel_during_a_slow_hook_call(
 # -- composition -------------------------------------------------------------------------
 
 
-async def test_two_plugins_on_one_waterfall_compose_in_order(e2e: E2E, launcher: Launcher) -> None:
+async def test_two_plugins_on_one_waterfall_compose_in_order(
+    e2e: E2E, launcher: PluginLauncher
+) -> None:
     a = await launcher.start(
         configurable("python", "--name", "tag-a", "--tag", "A", "--order", "1")
     )
@@ -537,7 +364,7 @@ async def test_two_plugins_on_one_waterfall_compose_in_order(e2e: E2E, launcher:
 
 
 async def test_killed_plugin_fails_closed_then_serves_again_after_restart(
-    e2e: E2E, launcher: Launcher
+    e2e: E2E, launcher: PluginLauncher
 ) -> None:
     argv = configurable("python", "--name", "victim", "--tag", "K", "--slow", "0.5")
     plugin = await launcher.start(argv)
@@ -549,17 +376,11 @@ async def test_killed_plugin_fails_closed_then_serves_again_after_restart(
         api.SendMessageRequest(agent_id="fragile", text="p"), timeout=T
     )
 
-    async def in_flight() -> bool:
-        return (await plugin_state(e2e.channel, "victim")).stats.calls >= 1
-
-    await eventually(in_flight, "the prompt-submit call to be sent")
+    await wait_call_sent(e2e.channel, "victim")
     await plugin.kill()
     events = await read_turn(e2e.agents, "fragile", sent.next_seq)
-    reason = end_reason(events)
-    assert reason.WhichOneof("kind") == "error"
-    assert 'plugin "victim"' in reason.error.message
-    assert "agent/prompt-submit" in reason.error.message
-    assert reason.error.code == "PLUGIN_DISCONNECTED"
+    message = plugin_error(events, "PLUGIN_DISCONNECTED", "victim")
+    assert "agent/prompt-submit" in message
     assert kinds(events).count("turn_end") == 1
 
     # Still registered and down: the FAIL_CLOSED seam fails the next turn too, at once.
@@ -567,21 +388,18 @@ async def test_killed_plugin_fails_closed_then_serves_again_after_restart(
     assert down.state != reg.PLUGIN_STATE_READY
     assert down.last_error
     events = await run_turn(e2e, "fragile", "q")
-    reason = end_reason(events)
-    assert reason.WhichOneof("kind") == "error"
-    assert 'plugin "victim"' in reason.error.message
-    assert reason.error.code == "PLUGIN_DISCONNECTED"
+    plugin_error(events, "PLUGIN_DISCONNECTED", "victim")
 
     # Restarted on the same port, it is reconnected (with backoff) and used again.
     await launcher.restart(plugin)
-    back = await wait_ready(e2e.channel, "victim")
+    back = await wait_state(e2e.channel, "victim")
     assert back.stats.reconnects >= 1
     events = await run_turn(e2e, "fragile", "r")
     assert end_reason(events).WhichOneof("kind") == "completed"
     assert user_text(events) == "r-K"
 
 
-async def test_a_plugin_that_never_answers_times_out(e2e: E2E, launcher: Launcher) -> None:
+async def test_a_plugin_that_never_answers_times_out(e2e: E2E, launcher: PluginLauncher) -> None:
     plugin = await launcher.start(configurable("python", "--name", "mute", "--hang"))
     registered = await register(e2e.channel, plugin.address, deadline=0.5)
     assert registered.subscriptions[0].timeout.ToNanoseconds() == 500_000_000
@@ -589,35 +407,28 @@ async def test_a_plugin_that_never_answers_times_out(e2e: E2E, launcher: Launche
 
     events = await run_turn(e2e, "waiting", "p")
 
-    reason = end_reason(events)
-    assert reason.WhichOneof("kind") == "error"
-    assert reason.error.code == "PLUGIN_TIMEOUT"
-    assert 'plugin "mute"' in reason.error.message
-    assert "agent/prompt-submit" in reason.error.message
+    message = plugin_error(events, "PLUGIN_TIMEOUT", "mute")
+    assert "agent/prompt-submit" in message
     # The deadline that applied is the registration's, not the 5 s default.
-    assert "no answer within 0.5 s" in reason.error.message
+    assert "no answer within 0.5 s" in message
     stats = (await plugin_state(e2e.channel, "mute")).stats
     assert stats.timeouts == 1 and stats.errors == 0
 
 
-async def test_a_malformed_reply_fails_the_turn(e2e: E2E, launcher: Launcher) -> None:
+async def test_a_malformed_reply_fails_the_turn(e2e: E2E, launcher: PluginLauncher) -> None:
     plugin = await launcher.start(configurable("python", "--name", "garbled", "--malformed"))
     await register(e2e.channel, plugin.address)
     await create_agent(e2e, "confused")
 
     events = await run_turn(e2e, "confused", "p")
 
-    reason = end_reason(events)
-    assert reason.WhichOneof("kind") == "error"
-    assert reason.error.code == "PLUGIN_MALFORMED"
-    assert 'plugin "garbled"' in reason.error.message
-    assert "tool_pre_execute" in reason.error.message
+    assert "tool_pre_execute" in plugin_error(events, "PLUGIN_MALFORMED", "garbled")
     assert "user_message" not in kinds(events)
     assert (await plugin_state(e2e.channel, "garbled")).stats.errors == 1
 
 
 async def test_unregister_during_a_call_fails_it_under_the_policy(
-    e2e: E2E, launcher: Launcher
+    e2e: E2E, launcher: PluginLauncher
 ) -> None:
     plugin = await launcher.start(
         configurable("python", "--name", "leaving", "--slow", str(FOREVER))
@@ -628,19 +439,12 @@ async def test_unregister_during_a_call_fails_it_under_the_policy(
         api.SendMessageRequest(agent_id="left", text="p"), timeout=T
     )
 
-    async def in_flight() -> bool:
-        return (await plugin_state(e2e.channel, "leaving")).stats.calls >= 1
-
-    await eventually(in_flight, "the prompt-submit call to be sent")
+    await wait_call_sent(e2e.channel, "leaving")
     await unregister(e2e.channel, "leaving")
     # The handler sleeps far longer than this wait: the call failed without its answer.
     events = await read_turn(e2e.agents, "left", sent.next_seq)
 
-    reason = end_reason(events)
-    assert reason.WhichOneof("kind") == "error"
-    assert reason.error.code == "PLUGIN_DISCONNECTED"
-    assert 'plugin "leaving"' in reason.error.message
-    assert "unregistered" in reason.error.message
+    assert "unregistered" in plugin_error(events, "PLUGIN_DISCONNECTED", "leaving")
     # Its stream closed, the plugin cancelled the handler mid-sleep.
     assert re.fullmatch(r"cancelled \S+", await plugin.line())
     # The next turn runs without it.
@@ -648,7 +452,7 @@ async def test_unregister_during_a_call_fails_it_under_the_policy(
 
 
 async def test_a_fail_open_plugin_that_is_down_is_skipped_and_counted(
-    e2e: E2E, launcher: Launcher
+    e2e: E2E, launcher: PluginLauncher
 ) -> None:
     plugin = await launcher.start(
         configurable("python", "--name", "optional", "--tag", "X", "--fail-open")
@@ -675,7 +479,7 @@ async def test_a_fail_open_plugin_that_is_down_is_skipped_and_counted(
 
 
 async def test_list_plugins_shows_state_subscriptions_counters_and_latencies(
-    e2e: E2E, launcher: Launcher
+    e2e: E2E, launcher: PluginLauncher
 ) -> None:
     plugin = await launcher.start(
         configurable("python", "--name", "busy", "--tag", "L", "--order", "7",
@@ -732,9 +536,7 @@ async def test_list_plugins_shows_state_subscriptions_counters_and_latencies(
 async def refused(e2e: E2E, address: str) -> grpc.aio.AioRpcError:
     """RegisterPlugin of `address`, which must fail; returns the error."""
     with pytest.raises(grpc.aio.AioRpcError) as error:
-        await registry(e2e.channel).RegisterPlugin(
-            reg.RegisterPluginRequest(address=address), timeout=T
-        )
+        await e2e.registry.RegisterPlugin(reg.RegisterPluginRequest(address=address), timeout=T)
     return error.value
 
 
@@ -754,7 +556,7 @@ async def test_register_an_unreachable_or_empty_address_is_refused(e2e: E2E) -> 
 async def test_an_unknown_failure_policy_is_an_invalid_argument(e2e: E2E) -> None:
     request = reg.RegisterPluginRequest(address=f"127.0.0.1:{free_port()}", failure_policy=7)  # type: ignore[arg-type]
     with pytest.raises(grpc.aio.AioRpcError) as error:
-        await registry(e2e.channel).RegisterPlugin(request, timeout=T)
+        await e2e.registry.RegisterPlugin(request, timeout=T)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert (error.value.details() or "").startswith("failure_policy:")
     assert await list_plugins(e2e.channel) == {}
@@ -835,10 +637,10 @@ async def test_an_invalid_description_is_failed_precondition_and_leaves_nothing(
     ],
 )
 async def test_register_the_same_plugin_twice_is_already_exists(
-    e2e: E2E, launcher: Launcher, kind: str
+    e2e: E2E, launcher: PluginLauncher, kind: str
 ) -> None:
     if kind == "with-a-tool":
-        plugin = await launcher.start(example("python"))
+        plugin = await launcher.start(guard_example("python"))
     else:
         plugin = await launcher.start(configurable("python", "--name", "guard", "--tag", "G"))
     await register(e2e.channel, plugin.address)
@@ -853,35 +655,24 @@ async def test_register_the_same_plugin_twice_is_already_exists(
 # -- config plugins ----------------------------------------------------------------------
 
 
-async def test_config_plugins_are_connected_at_start(launcher: Launcher) -> None:
+async def test_config_plugins_are_connected_at_start(launcher: PluginLauncher) -> None:
     plugin = await launcher.start(configurable("node", "--name", "from-config", "--tag", "C"))
     late_port = free_port()
-    app = App(
-        Config(
-            listen="127.0.0.1:0",
-            store="memory",
-            plugins=(
-                PluginConfig(address=plugin.address, order=3, failure_policy="fail_open"),
-                # Nothing listens there yet: retried in the background.
-                PluginConfig(address=f"127.0.0.1:{late_port}"),
-            ),
-        )
+    config = Config(
+        listen="127.0.0.1:0",
+        store="memory",
+        plugins=(
+            PluginConfig(address=plugin.address, order=3, failure_policy="fail_open"),
+            # Nothing listens there yet: retried in the background.
+            PluginConfig(address=f"127.0.0.1:{late_port}"),
+        ),
     )
-    port = await app.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        listed = await plugin_state(channel, "from-config")
+    async with running_app(config) as e2e:
+        listed = await plugin_state(e2e.channel, "from-config")
         assert listed.state == reg.PLUGIN_STATE_READY
         assert [(s.order, s.failure_policy) for s in listed.subscriptions] == [
             (3, hk.FAILURE_POLICY_FAIL_OPEN)
         ]
-        e2e = E2E(
-            app=app,
-            port=port,
-            channel=channel,
-            factory=agent_factory_service_pb2_grpc.AgentFactoryServiceStub(channel),
-            agents=agent_service_pb2_grpc.AgentServiceStub(channel),
-        )
         await create_agent(e2e, "configured")
         assert user_text(await run_turn(e2e, "configured", "p")) == "p-C"
 
@@ -890,8 +681,5 @@ async def test_config_plugins_are_connected_at_start(launcher: Launcher) -> None
             configurable("python", "--name", "late", "--tag", "L", "--order", "5"),
             listen=f"127.0.0.1:{late_port}",
         )
-        await wait_ready(channel, "late")
+        await wait_state(e2e.channel, "late")
         assert user_text(await run_turn(e2e, "configured", "p")) == "p-C-L"
-    finally:
-        await channel.close()
-        await app.stop(grace=0)

@@ -1,27 +1,11 @@
 'use strict';
 // Model providers of the Node plugin helper, driven as the loop drives them over Handle.
 
-const { test, beforeEach, afterEach } = require('node:test');
+const { test } = require('node:test');
 const assert = require('node:assert/strict');
 const { setTimeout: sleep } = require('node:timers/promises');
-const grpc = require('@grpc/grpc-js');
 const sdk = require('../plugin');
-
-const T = 5000; // the longest any single wait may take, in ms
-
-function deferred() {
-  let resolve;
-  const promise = new Promise((r) => { resolve = r; });
-  return { promise, resolve };
-}
-
-function within(promise, what, ms = T) {
-  let timer;
-  const timeout = new Promise((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`timed out waiting for ${what}`)), ms);
-  });
-  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
-}
+const { deferred, within, servedForEachTest, describe, HandleStream } = require('./helpers');
 
 const user = (text) => ({ role: 'ROLE_USER', content: [{ text: { text } }] });
 /** A `modelStream` call of `provider`. */
@@ -110,72 +94,10 @@ function testPlugin() {
   return { plugin, probe };
 }
 
-/** One Handle stream, written and read as the loop does. */
-class Stream {
-  constructor(client) {
-    this.call = client.Handle(new grpc.Metadata());
-    this.responses = [];
-    this.waiters = [];
-    this.ended = deferred();
-    this.call.on('data', (response) => {
-      const waiter = this.waiters.shift();
-      if (waiter) waiter.resolve(response); else this.responses.push(response);
-    });
-    this.call.on('status', (status) => this.ended.resolve(status));
-    this.call.on('error', (error) => {
-      for (const waiter of this.waiters.splice(0)) waiter.reject(error);
-    });
-  }
-
-  send(...calls) { for (const call of calls) this.call.write({ call }); }
-
-  cancel(callId) { this.call.write({ cancel: { callId, reason: 'x' } }); }
-
-  response() {
-    if (this.responses.length) return Promise.resolve(this.responses.shift());
-    const next = new Promise((resolve, reject) => this.waiters.push({ resolve, reject }));
-    return within(next, 'a response');
-  }
-
-  /** One call's chunks up to its finish (the only call in flight). */
-  async chunks(callId) {
-    const chunks = [];
-    for (;;) {
-      const response = await this.response();
-      assert.equal(response.kind, 'chunk', JSON.stringify(response));
-      assert.equal(response.chunk.callId, callId);
-      chunks.push(response.chunk.chunk);
-      if (response.chunk.chunk.finish) return chunks;
-    }
-  }
-
-  /** Close the loop's side; what the plugin still sends before ending the stream. */
-  async finish() {
-    this.call.end();
-    const status = await within(this.ended.promise, 'the end of the stream');
-    assert.equal(status.code, grpc.status.OK);
-    return this.responses.splice(0);
-  }
-}
-
-let plugin;
-let probe;
-let client;
-
-beforeEach(async () => {
-  ({ plugin, probe } = testPlugin());
-  const port = await plugin.serve('127.0.0.1:0');
-  client = new sdk.HookService(`127.0.0.1:${port}`, grpc.credentials.createInsecure());
-});
-
-afterEach(async () => {
-  client.close();
-  await plugin.stop({ grace: 0 });
-});
+const served = servedForEachTest(testPlugin);
 
 test('Describe lists the models', async () => {
-  const described = await new Promise((resolve, reject) =>
-    client.Describe({}, (error, response) => (error ? reject(error) : resolve(response))));
+  const described = await describe(served.client);
   assert.deepEqual(described.models.map((m) => m.provider), [
     'full', 'open-ended', 'plain', 'listed', 'empty', 'boom', 'bad', 'two-kinds', 'ticker',
     'stuck', 'steady', 'gated', 'opener',
@@ -189,7 +111,7 @@ test('Describe lists the models', async () => {
 });
 
 test('a model call streams its chunks in order up to the finish', async () => {
-  const stream = new Stream(client);
+  const stream = new HandleStream(served.client);
   stream.send(modelCall('m1', 'full'));
   const chunks = await stream.chunks('m1');
   assert.deepEqual(chunks.map(kindOf), [
@@ -207,13 +129,13 @@ test('a model call streams its chunks in order up to the finish', async () => {
   assert.equal(chunks[10].blockDelta.text, '{"q":"x"}');
   assert.deepEqual(chunks[12].usage, { inputTokens: 3, outputTokens: 4, cachedInputTokens: 0 });
   assert.deepEqual(chunks[13].finish, { kind: 'FINISH_KIND_STOP', message: '', code: '' });
-  const closed = await within(probe.closed.promise, 'the generator closed');
+  const closed = await within(served.probe.closed.promise, 'the generator closed');
   assert.equal(closed, 'closed after the finish');
   assert.deepEqual(await stream.finish(), []);
 });
 
 test('a missing finish is appended and plain handlers are wrapped', async () => {
-  const stream = new Stream(client);
+  const stream = new HandleStream(served.client);
   stream.send(modelCall('m1', 'open-ended', { messages: [user('say this')] }));
   let chunks = await stream.chunks('m1');
   assert.equal(textOf(chunks), 'say this');
@@ -233,7 +155,7 @@ test('a missing finish is appended and plain handlers are wrapped', async () => 
 });
 
 test('a failing model answers an error result', async () => {
-  const stream = new Stream(client);
+  const stream = new HandleStream(served.client);
   stream.send(modelCall('m1', 'boom'));
   const first = await stream.response();
   assert.deepEqual([first.chunk.callId, kindOf(first.chunk.chunk)], ['m1', 'blockStart']);
@@ -251,13 +173,13 @@ test('a failing model answers an error result', async () => {
 
 for (const provider of ['ticker', 'stuck']) {
   test(`CancelCall stops the chunks and closes the generator (${provider})`, async () => {
-    const stream = new Stream(client);
+    const stream = new HandleStream(served.client);
     stream.send(modelCall('m1', provider));
     const first = await stream.response();
     assert.deepEqual([first.chunk.callId, kindOf(first.chunk.chunk)], ['m1', 'blockStart']);
-    if (provider === 'ticker') await within(probe.started.promise, 'the ticking');
+    if (provider === 'ticker') await within(served.probe.started.promise, 'the ticking');
     stream.cancel('m1');
-    assert.equal(await within(probe.reason.promise, 'the abort'), 'x');
+    assert.equal(await within(served.probe.reason.promise, 'the abort'), 'x');
     stream.send({ callId: 'after', seam: 'SEAM_TURN_STOP', turnStop: {} });
     let after = await stream.response();
     while (after.kind === 'chunk') { // sent before the cancel arrived
@@ -271,22 +193,22 @@ for (const provider of ['ticker', 'stuck']) {
 }
 
 test('the silence deadline withdraws a model call', async () => {
-  const stream = new Stream(client);
+  const stream = new HandleStream(served.client);
   stream.send(modelCall('m1', 'stuck', { timeout: 0.2 }));
   assert.equal((await stream.response()).chunk.callId, 'm1');
-  assert.equal(await within(probe.reason.promise, 'the deadline'), 'deadline exceeded');
+  assert.equal(await within(served.probe.reason.promise, 'the deadline'), 'deadline exceeded');
   assert.deepEqual(await stream.finish(), []); // neither a finish nor an error
 });
 
 test('the silence deadline restarts with each chunk', async () => {
-  const stream = new Stream(client);
+  const stream = new HandleStream(served.client);
   stream.send(modelCall('m1', 'steady', { timeout: 0.3 })); // 7 chunks, 100 ms apart
   assert.equal(textOf(await stream.chunks('m1')), 'abcde');
   assert.deepEqual(await stream.finish(), []);
 });
 
 test('concurrent model calls interleave, each in order', async () => {
-  const stream = new Stream(client);
+  const stream = new HandleStream(served.client);
   stream.send(modelCall('g', 'gated'), modelCall('o', 'opener'));
   const byCall = { g: [], o: [] };
   const order = [];
@@ -302,6 +224,7 @@ test('concurrent model calls interleave, each in order', async () => {
 });
 
 test('handle runs a model call in process', async () => {
+  const { plugin } = served;
   const chunks = [];
   const call = { ...modelCall('h', 'plain', { model: 'x' }), payload: 'modelStream' };
   assert.equal(await plugin.handle(call, undefined, (chunk) => chunks.push(chunk)), null);
@@ -313,6 +236,7 @@ test('handle runs a model call in process', async () => {
 });
 
 test('registrations and chunk helpers are checked', () => {
+  const { plugin } = served;
   assert.throws(() => plugin.model({ provider: 'full' }, async () => ''), /invalid or taken/);
   assert.throws(() => plugin.model({ provider: 'no spaces' }, async () => ''), /invalid or taken/);
   assert.throws(() => plugin.model({ provider: 'fine' }), /not a function/);

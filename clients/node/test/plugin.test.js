@@ -1,7 +1,7 @@
 'use strict';
 // The Node plugin helper, driven as the loop drives a plugin: Describe, then Handle.
 
-const { test, beforeEach, afterEach } = require('node:test');
+const { test } = require('node:test');
 const assert = require('node:assert/strict');
 const path = require('node:path');
 const { spawn } = require('node:child_process');
@@ -9,23 +9,9 @@ const { once } = require('node:events');
 const grpc = require('@grpc/grpc-js');
 const sdk = require('../plugin');
 const { buildPlugin, REVERSE_SCHEMA } = require('../examples/guard-plugin');
-
-const T = 5000; // the longest any single wait may take, in ms
-
-/** A promise settled from outside, with a timeout. */
-function deferred() {
-  let resolve;
-  const promise = new Promise((r) => { resolve = r; });
-  return { promise, resolve };
-}
-
-function within(promise, what, ms = T) {
-  let timer;
-  const timeout = new Promise((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`timed out waiting for ${what}`)), ms);
-  });
-  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
-}
+const {
+  deferred, within, connect, serve, servedForEachTest, describe, HandleStream,
+} = require('./helpers');
 
 const text = (value) => ({ text: { text: value } });
 const prompt = (callId, value) => ({
@@ -78,76 +64,10 @@ function testPlugin(options) {
   return { plugin, probe };
 }
 
-/** One Handle stream, written and read as the loop does. */
-class Stream {
-  constructor(client, metadata = new grpc.Metadata()) {
-    this.call = client.Handle(metadata);
-    this.results = [];
-    this.waiters = [];
-    this.ended = deferred();
-    this.call.on('data', (response) => {
-      const waiter = this.waiters.shift();
-      if (waiter) waiter.resolve(response.result); else this.results.push(response.result);
-    });
-    this.call.on('status', (status) => this.ended.resolve(status));
-    this.call.on('error', (error) => {
-      for (const waiter of this.waiters.splice(0)) waiter.reject(error);
-      this.error = error;
-    });
-  }
-
-  send(...calls) { for (const call of calls) this.call.write({ call }); }
-
-  cancel(callId) { this.call.write({ cancel: { callId, reason: 'x' } }); }
-
-  result() {
-    if (this.results.length) return Promise.resolve(this.results.shift());
-    if (this.error) return Promise.reject(this.error);
-    const next = new Promise((resolve, reject) => this.waiters.push({ resolve, reject }));
-    return within(next, 'a result');
-  }
-
-  async take(count) {
-    const all = [];
-    for (let i = 0; i < count; i += 1) all.push(await this.result());
-    return all;
-  }
-
-  /** Close the loop's side; returns the results sent before the plugin ended the stream. */
-  async finish() {
-    this.call.end();
-    const status = await within(this.ended.promise, 'the end of the stream');
-    assert.equal(status.code, grpc.status.OK);
-    return this.results.splice(0);
-  }
-}
-
-function connect(port) {
-  return new sdk.HookService(`127.0.0.1:${port}`, grpc.credentials.createInsecure());
-}
-
-function describe(client, metadata = new grpc.Metadata()) {
-  return new Promise((resolve, reject) =>
-    client.Describe({}, metadata, { deadline: Date.now() + T }, (error, response) =>
-      error ? reject(error) : resolve(response)));
-}
-
-let plugin;
-let probe;
-let client;
-
-beforeEach(async () => {
-  ({ plugin, probe } = testPlugin());
-  client = connect(await plugin.serve('127.0.0.1:0'));
-});
-
-afterEach(async () => {
-  client.close();
-  await plugin.stop({ grace: 0 });
-});
+const served = servedForEachTest(testPlugin);
 
 test('Describe reports the subscriptions and tools', async () => {
-  const described = await describe(client);
+  const described = await describe(served.client);
   assert.equal(described.name, 'guard-node');
   assert.equal(described.version, '1.0');
   const seams = described.subscriptions.map((s) => s.seam);
@@ -171,7 +91,7 @@ test('Describe reports the subscriptions and tools', async () => {
 });
 
 test('concurrent calls are answered as they finish', async () => {
-  const stream = new Stream(client);
+  const stream = new HandleStream(served.client);
   // c1 waits for a gate only c2 opens: served one at a time, it would never finish.
   stream.send(
     { callId: 'c1', seam: 'SEAM_STEP_RESULT', stepResult: { message: { content: [text('old')] } } },
@@ -208,7 +128,7 @@ test('concurrent calls are answered as they finish', async () => {
 });
 
 test('many calls in flight are each answered once', async () => {
-  const stream = new Stream(client);
+  const stream = new HandleStream(served.client);
   const count = 300;
   for (let n = 0; n < count; n += 1) {
     stream.send(toolCall(`e${n}`, 'reverse', JSON.stringify({ text: `${n}x` })));
@@ -223,11 +143,11 @@ test('many calls in flight are each answered once', async () => {
 });
 
 test('CancelCall aborts the handler and no result is sent for it', async () => {
-  const stream = new Stream(client);
+  const stream = new HandleStream(served.client);
   stream.send({ callId: 'slow', seam: 'SEAM_PRE_STEP', preStep: { system: '' } });
-  await within(probe.started.promise, 'the slow handler');
+  await within(served.probe.started.promise, 'the slow handler');
   stream.cancel('slow');
-  assert.equal(await within(probe.cancelled.promise, 'the cancellation'), 'x');
+  assert.equal(await within(served.probe.cancelled.promise, 'the cancellation'), 'x');
   stream.cancel('unknown'); // a cancel for a call already answered is ignored
   stream.send(prompt('after', 'hello'));
   assert.equal((await stream.result()).callId, 'after');
@@ -235,15 +155,15 @@ test('CancelCall aborts the handler and no result is sent for it', async () => {
 });
 
 test('a call past its deadline is aborted and not answered', async () => {
-  const stream = new Stream(client);
+  const stream = new HandleStream(served.client);
   const timeout = { seconds: 0, nanos: 100000000 };
   stream.send({ callId: 'late', seam: 'SEAM_PRE_STEP', preStep: {}, timeout });
-  assert.equal(await within(probe.cancelled.promise, 'the deadline'), 'deadline exceeded');
+  assert.equal(await within(served.probe.cancelled.promise, 'the deadline'), 'deadline exceeded');
   assert.deepEqual(await stream.finish(), []);
 });
 
 test('failures are answered with HookResult.error', async () => {
-  const stream = new Stream(client);
+  const stream = new HandleStream(served.client);
   stream.send(
     preTool('boom', 'boom'),
     preTool('wrong', 'wrong'),
@@ -271,7 +191,7 @@ test('failures are answered with HookResult.error', async () => {
 });
 
 test('notifications get no result', async () => {
-  const stream = new Stream(client);
+  const stream = new HandleStream(served.client);
   stream.send(
     { callId: 'n1', sessionEvent: { event: { seq: 7 } } },
     { callId: 'n2', agentEvent: { event: { agentId: 'a1' } } },
@@ -280,19 +200,24 @@ test('notifications get no result', async () => {
   );
   assert.equal((await stream.result()).callId, 'p');
   assert.deepEqual(await stream.finish(), []);
-  assert.deepEqual(probe.events, [7]);
-  assert.deepEqual(probe.agentEvents, ['a1']);
+  assert.deepEqual(served.probe.events, [7]);
+  assert.deepEqual(served.probe.agentEvents, ['a1']);
 });
 
 test('stop answers the calls in flight, then ends the stream', async () => {
+  const started = deferred();
   const release = deferred();
   const drain = sdk.createPlugin({ name: 'drain' });
-  drain.turnStop(async () => { await release.promise; return sdk.terminalStop(); });
-  const drainClient = connect(await drain.serve('127.0.0.1:0'));
+  drain.turnStop(async () => {
+    started.resolve();
+    await release.promise;
+    return sdk.terminalStop();
+  });
+  const drainClient = await serve(drain);
   try {
-    const stream = new Stream(drainClient);
+    const stream = new HandleStream(drainClient);
     stream.send({ callId: 't', turnStop: {} });
-    await new Promise((r) => setTimeout(r, 50));
+    await within(started.promise, 'the call in flight');
     const stopping = drain.stop({ grace: 5 });
     release.resolve();
     const result = await stream.result();
@@ -307,20 +232,20 @@ test('stop answers the calls in flight, then ends the stream', async () => {
 
 test('the token is required when configured', async () => {
   const guarded = testPlugin({ token: 's3cret' }).plugin;
-  const guardedClient = connect(await guarded.serve('127.0.0.1:0'));
+  const guardedClient = await serve(guarded);
   try {
     const wrong = new grpc.Metadata();
     wrong.set('authorization', 'Bearer wrong');
     for (const metadata of [new grpc.Metadata(), wrong]) {
       const refused = { code: grpc.status.UNAUTHENTICATED };
       await assert.rejects(describe(guardedClient, metadata), refused);
-      const stream = new Stream(guardedClient, metadata);
+      const stream = new HandleStream(guardedClient, metadata);
       await assert.rejects(stream.result(), refused);
     }
     const good = new grpc.Metadata();
     good.set('authorization', 'Bearer s3cret');
     assert.equal((await describe(guardedClient, good)).name, 'guard-node');
-    const stream = new Stream(guardedClient, good);
+    const stream = new HandleStream(guardedClient, good);
     stream.send(prompt('p', 'hi'));
     assert.equal((await stream.result()).callId, 'p');
     assert.deepEqual(await stream.finish(), []);
@@ -349,7 +274,7 @@ test('the example runs as a process', async () => {
     const line = chunk.toString();
     assert.match(line, /^plugin guard-node listening on 127\.0\.0\.1:\d+\n$/);
     const address = line.trim().split(' ').pop();
-    const exampleClient = new sdk.HookService(address, grpc.credentials.createInsecure());
+    const exampleClient = connect(address);
     try {
       assert.deepEqual((await describe(exampleClient)).tools.map((t) => t.name), ['reverse']);
     } finally {

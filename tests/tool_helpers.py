@@ -1,0 +1,45 @@
+"""Helpers of the tool registry, pipeline and scheduler tests: tools made from a body,
+hook contexts, and the types of bodies and seam listeners."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from agentloop.v1 import decision_pb2 as d
+from server.content import text_content
+from server.tools import ParallelSafe, Tool, ToolExecution, ToolValue
+
+Execute = Callable[[ToolExecution], Awaitable[ToolValue]]
+"""What a tool runs for a call."""
+
+Next = Callable[..., Awaitable[object]]
+"""The `next` a seam listener calls to go on down the chain."""
+
+
+async def ok(exec: ToolExecution) -> ToolValue:
+    return f"{exec.name} ok"
+
+
+def make_tool(
+    name: str,
+    execute: Execute = ok,
+    *,
+    parallel_safe: ParallelSafe = False,
+    opt_in: bool = False,
+    agent_id: str | None = None,
+) -> Tool:
+    """A tool named `name` running `execute`, described as "The NAME tool."."""
+    return Tool(
+        name=name,
+        description=f"The {name} tool.",
+        input_schema={"type": "object", "properties": {}},
+        execute=execute,
+        parallel_safe=parallel_safe,
+        opt_in=opt_in,
+        agent_id=agent_id,
+    )
+
+
+def context(text: str) -> d.HookContext:
+    """A hook context carrying `text`."""
+    return d.HookContext(content=text_content(text))
