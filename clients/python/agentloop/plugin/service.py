@@ -98,6 +98,9 @@ class CallStream:
         task.add_done_callback(self._finished)
 
     async def _run(self, call: hs.HookCall) -> None:
+        if call.WhichOneof("payload") != "model_stream":
+            await self._answer(call)
+            return
         me = asyncio.current_task()
         ended = False  # a result, or a model call's finish, was sent
         try:
@@ -115,6 +118,21 @@ class CallStream:
         finally:
             if call.call_id and self._calls.get(call.call_id) is me:
                 del self._calls[call.call_id]
+
+    async def _answer(self, call: hs.HookCall) -> None:
+        """A call with one result (or none): the short path, with no generator per call."""
+        me = asyncio.current_task()
+        try:
+            result = await self._plugin.registry.run(call)
+        except Exception as exc:  # run() answers handler errors itself: a bug guard
+            log.exception("plugin %s: call %s", self._plugin.name, call.call_id)
+            result = hs.HookResult(call_id=call.call_id, error=error_text(exc))
+        finally:
+            withdrawn = bool(call.call_id) and self._calls.get(call.call_id) is not me
+            if call.call_id and not withdrawn:
+                del self._calls[call.call_id]
+        if result is not None and not withdrawn:
+            await self._send(hs.HandleResponse(result=result))
 
     async def _send(self, response: hs.HandleResponse) -> None:
         async with self._write_lock:
