@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
@@ -213,3 +215,42 @@ async def test_deferred_context_drains_before_disposal_completes(harness: Harnes
     await asyncio.wait_for(asyncio.shield(agent.driver), 5)
     assert kinds(agent)[-4:] == ["tool_result", "context_message", "step_end", "turn_end"]
     assert reason_kinds(agent) == ["disposed"]
+
+
+async def test_inject_during_agent_request_joins_the_next_request(harness: Harness) -> None:
+    agent = await harness.create(
+        script=[tool_step(("word_count", '{"text":"a"}')), text_step("ok")], tools=["word_count"]
+    )
+
+    async def request(agent_: Any, turn: int, step: int, config: Any, next_: Any) -> Any:
+        if step == 1:
+            agent.inject(d.HookContext(content=[text_block("late for step 1")]))
+        return await next_()
+
+    harness.runtime.seams.on(S.REQUEST, request)
+    await harness.turn(agent, "go")
+    first, second = harness.model.requests
+    assert all("late for step 1" not in plain_text(m.content) for m in first.messages)
+    assert any("late for step 1" in plain_text(m.content) for m in second.messages)
+
+
+async def test_a_one_shot_step_end_veto_keeps_one_error(harness: Harness) -> None:
+    agent = await harness.create(script=[text_step("x")])
+    vetoed: list[int] = []
+
+    def veto_once(event: ev.SessionEvent) -> None:
+        if event.HasField("step_end") and not vetoed:
+            vetoed.append(1)
+            raise ValueError("step/end vetoed")
+
+    agent.session.pre_commit.append(veto_once)
+    await harness.turn(agent, "go")
+    assert kinds(agent).count("step_end") == 1
+    assert "step/end vetoed" in turn_ends(agent)[0].error.message
+    errors = [e for e in harness.agent_events["a1"] if e.HasField("error")]
+    assert len(errors) == 1
+
+
+def test_a_second_provider_of_one_name_is_refused(harness: Harness) -> None:
+    with pytest.raises(ValueError, match='"scripted" is already registered'):
+        harness.runtime.models.register("scripted", harness.model)
