@@ -13,13 +13,14 @@ from server.builtin_tools import builtin_tools
 from server.errors import CodedError
 from server.factory import ID_PATTERN
 from server.system_prompt import PERSONA_VARIABLES, interpolate
+from server.tools import UNLISTED_TOOLS
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
 
 SERVER_FIELDS = {
     "listen", "maxParallelToolCalls", "shutdownGraceSeconds", "defaultProvider", "store",
     "dataDir", "agents", "plugins", "tokenFile", "pluginTokenFile", "providers",
-    "pluginTimeoutSeconds", "pluginCaFile",
+    "pluginTimeoutSeconds", "pluginCaFile", "toolOrder",
 }  # fmt: skip
 PROVIDER_FIELDS = {
     "name", "type", "baseUrl", "apiKeyEnv", "defaultModel", "headers", "connectTimeoutSeconds",
@@ -129,6 +130,8 @@ class Config:
     """A file holding the token every client must send (also: $AGENTLOOP_TOKEN)."""
     plugin_token_file: str = ""
     """A file holding the token sent to plugins (also: $AGENTLOOP_PLUGIN_TOKEN)."""
+    tool_order: tuple[str, ...] | None = None
+    """The order tools are offered in: names and one "<unlisted-tools>" marker."""
     plugin_ca_file: str = ""
     """PEM roots trusted for `tls://` plugin addresses; empty trusts the system's."""
     plugin_timeout_seconds: float = 5.0
@@ -219,6 +222,7 @@ def parse_config(raw: object) -> Config:
         shutdown_grace_seconds=float(grace),
         plugin_timeout_seconds=float(plugin_timeout),
         plugin_ca_file=_string(doc.get("pluginCaFile", ""), "pluginCaFile"),
+        tool_order=_tool_order(doc.get("toolOrder")),
         default_provider=default_provider,
         agents=agents,
     )
@@ -345,6 +349,18 @@ def read_token(path: str, variable: str) -> str:
             raise ConfigError(f"token file {path} is empty")
         return token
     return os.environ.get(variable, "").strip()
+
+
+def _tool_order(raw: object) -> tuple[str, ...] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(isinstance(n, str) and n for n in raw):
+        raise ConfigError("toolOrder: must be a list of tool names")
+    if raw.count(UNLISTED_TOOLS) != 1:
+        raise ConfigError(f'toolOrder: must contain "{UNLISTED_TOOLS}" exactly once')
+    if len(set(raw)) != len(raw):
+        raise ConfigError("toolOrder: names a tool twice")
+    return tuple(raw)
 
 
 def read_pem(path: str) -> bytes | None:

@@ -232,8 +232,9 @@ class ToolRegistry:
     ) -> list[content_pb2.ToolSchema]:
         """The schemas of the visible tools, in canonical order (see `canonical_order`)."""
         visible = self.visible(agent_id, enabled)
+        known = {*self._global, *self._scoped.get(agent_id, {})}
         schemas = []
-        for name in canonical_order(visible, tool_order):
+        for name in canonical_order(visible, tool_order, known):
             schema = content_pb2.ToolSchema()
             schema.CopyFrom(self._schemas[visible[name]])
             schemas.append(schema)
@@ -257,15 +258,20 @@ def _usable(tool: Tool, enabled: Collection[str]) -> bool:
     return not tool.opt_in or tool.name in enabled
 
 
-def canonical_order(names: Collection[str], tool_order: Sequence[str] | None) -> list[str]:
+def canonical_order(
+    names: Collection[str], tool_order: Sequence[str] | None, known: Collection[str] = ()
+) -> list[str]:
     """`names` sorted, or arranged by `tool_order`.
 
     `tool_order` lists names plus exactly one `UNLISTED_TOOLS` marker, where the
-    names it does not list go, sorted.
+    names it does not list go, sorted. A listed name that is `known` (registered) but
+    not among `names` (this agent does not see it) is skipped, so that one server-wide
+    order serves agents with different tools.
 
     Raises:
-        CodedError: (code INVALID_TOOL_ORDER) `tool_order` names a tool not in
-            `names` or names one twice, or the marker is missing or repeated.
+        CodedError: (code INVALID_TOOL_ORDER) `tool_order` names a tool that is
+            neither in `names` nor `known`, or names one twice, or the marker is
+            missing or repeated.
     """
     ordered = sorted(names)
     if tool_order is None:
@@ -276,7 +282,7 @@ def canonical_order(names: Collection[str], tool_order: Sequence[str] | None) ->
         )
     listed = [name for name in tool_order if name != UNLISTED_TOOLS]
     for name in listed:
-        if name not in names:
+        if name not in names and name not in known:
             raise CodedError(f'toolOrder names unknown tool "{name}"', "INVALID_TOOL_ORDER")
     listed_set = set(listed)
     if len(listed_set) != len(listed):
@@ -286,6 +292,6 @@ def canonical_order(names: Collection[str], tool_order: Sequence[str] | None) ->
     for name in tool_order:
         if name == UNLISTED_TOOLS:
             result.extend(unlisted)
-        else:
+        elif name in names:
             result.append(name)
     return result

@@ -56,6 +56,9 @@ def test_storage_and_resume_fields() -> None:
         ({"agentz": []}, "agentz"),
         ({"store": "redis"}, "store"),
         ({"pluginTimeoutSeconds": 0}, "pluginTimeoutSeconds"),
+        ({"toolOrder": ["echo"]}, "toolOrder"),
+        ({"toolOrder": "echo"}, "toolOrder"),
+        ({"toolOrder": ["echo", "echo", "<unlisted-tools>"]}, "toolOrder"),
         ({"providers": [{"baseUrl": "http://x"}]}, "providers[0].name"),
         ({"providers": [{"name": "p", "baseUrl": "ftp://x"}]}, "providers[0].baseUrl"),
         (
@@ -184,3 +187,8 @@ def test_with_plugins_a_provider_may_be_one_a_plugin_serves() -> None:
     assert config.agents[0].provider == "plugin-echo"
     with pytest.raises(ConfigError, match=r"^agents\[0\]\.provider:"):
         parse_config({"agents": [{"id": "a", "provider": "plugin-echo"}]})
+
+
+def test_tool_order_parses() -> None:
+    config = parse_config({"toolOrder": ["word_count", "<unlisted-tools>", "echo"]})
+    assert config.tool_order == ("word_count", "<unlisted-tools>", "echo")

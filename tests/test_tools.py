@@ -181,7 +181,6 @@ def test_tool_order_is_honoured() -> None:
 @pytest.mark.parametrize(
     ("order", "message"),
     [
-        (["alpha", "hidden", "<unlisted-tools>"], 'unknown tool "hidden"'),
         (["ghost", "<unlisted-tools>"], 'unknown tool "ghost"'),
         (["alpha"], "exactly once"),
         (["<unlisted-tools>", "alpha", "<unlisted-tools>"], "exactly once"),
@@ -195,6 +194,15 @@ def test_an_invalid_tool_order_is_refused(order: list[str], message: str) -> Non
     with pytest.raises(CodedError, match=message) as caught:
         registry.schemas("a1", [], order)
     assert caught.value.code == "INVALID_TOOL_ORDER"
+
+
+def test_a_tool_order_may_name_registered_tools_an_agent_does_not_see() -> None:
+    registry = ToolRegistry()
+    registry.register(make_tool("alpha"))
+    registry.register(make_tool("hidden", opt_in=True))
+    order = ["hidden", "<unlisted-tools>"]
+    assert [s.name for s in registry.schemas("a1", [], order)] == ["alpha"]
+    assert [s.name for s in registry.schemas("a1", ["hidden"], order)] == ["hidden", "alpha"]
 
 
 def test_canonical_order_without_tool_order_sorts() -> None:

@@ -254,3 +254,16 @@ async def test_a_one_shot_step_end_veto_keeps_one_error(harness: Harness) -> Non
 def test_a_second_provider_of_one_name_is_refused(harness: Harness) -> None:
     with pytest.raises(ValueError, match='"scripted" is already registered'):
         harness.runtime.models.register("scripted", harness.model)
+
+
+async def test_a_server_wide_tool_order_serves_agents_with_different_tools() -> None:
+    ordered = Harness(tool_order=["word_count", "<unlisted-tools>", "echo"])
+    everything = await ordered.create(
+        "all", script=[text_step("x")], tools=["echo", "sleep", "word_count"]
+    )
+    fewer = await ordered.create("few", script=[text_step("x")], tools=["sleep"])
+    await ordered.turn(everything, "hi")
+    await ordered.turn(fewer, "hi")
+    names = [[t.name for t in r.header.tools] for r in ordered.model.requests]
+    assert names == [["word_count", "sleep", "echo"], ["sleep"]]
+    await ordered.factory.close()
