@@ -1,10 +1,12 @@
 """A plugin for the benchmark: the SDK, subscribed to every seam, always "continue".
 
+With `--turn-end-only` its session-event observer asks for `turn_end` events only.
 Prints "plugin every-seam listening on HOST:PORT" when ready.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from agentloop.plugin.sdk import Plugin
@@ -27,7 +29,8 @@ for decorator in (
     plugin.tools_pre_execute, plugin.tools_post_execute,
 ):  # fmt: skip
     decorator()(proceed)
-for observer in (plugin.on_session_event, plugin.on_agent_event, plugin.on_tool_result):
+plugin.on_session_event(event_kinds=["turn_end"] if "--turn-end-only" in sys.argv else [])(observe)
+for observer in (plugin.on_agent_event, plugin.on_tool_result):
     observer()(observe)
 
 if __name__ == "__main__":

@@ -35,10 +35,10 @@ OPTIONS = agent_pb2.AgentOptions(provider="scripted", model="bench", tools=["wor
 PROMPT = [c.ContentBlock(text=c.TextBlock(text="count the words of this short prompt"))]
 
 
-async def start(script: str) -> tuple[asyncio.subprocess.Process, str]:
+async def start(script: str, *args: str) -> tuple[asyncio.subprocess.Process, str]:
     """Start a plugin process; returns it and its address."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, str(HERE / script), stdout=asyncio.subprocess.PIPE
+        sys.executable, str(HERE / script), *args, stdout=asyncio.subprocess.PIPE
     )
     assert process.stdout is not None
     line = (await asyncio.wait_for(process.stdout.readline(), 10)).decode()
@@ -113,6 +113,7 @@ async def main(calls: int, turn_count: int) -> None:
     print("remote seams (plugins in their own processes, loopback)")
     bare, bare_address = await start("echo_plugin.py")
     sdk, sdk_address = await start("every_seam_plugin.py")
+    quiet, quiet_address = await start("every_seam_plugin.py", "--turn-end-only")
     try:
         floor = statistics.median(await ping_pong(bare_address, calls))
         raw_sdk = statistics.median(await ping_pong(sdk_address, calls))
@@ -128,9 +129,13 @@ async def main(calls: int, turn_count: int) -> None:
         line(f"turn without plugins ({turn_count} turns, 2 steps)", f"{without:,.0f} µs")
         line("turn with one plugin on every seam", f"{with_plugin:,.0f} µs")
         line("  added latency per step", f"{(with_plugin - without) / steps:,.0f} µs")
+        filtered = await turns(quiet_address, turn_count)
+        line("same, its session-event observer asking for turn_end only", f"{filtered:,.0f} µs")
+        line("  added latency per step", f"{(filtered - without) / steps:,.0f} µs")
     finally:
         await stop(bare)
         await stop(sdk)
+        await stop(quiet)
 
 
 if __name__ == "__main__":

@@ -362,7 +362,10 @@ class RemoteListener:
     # -- observers ---------------------------------------------------------------------
 
     def on_session_event(self, agent: Any, event: ev.SessionEvent) -> None:
-        """Forward a session event."""
+        """Forward a session event, when its kind is one the plugin asked for."""
+        kinds = self.subscription.event_kinds
+        if kinds and event.WhichOneof("payload") not in kinds:
+            return
         self.notify(agent.agent_id, session_event=hk.SessionEventNotice(event=event))
 
     def on_agent_event(self, agent: Any, event: ae.AgentEvent) -> None:

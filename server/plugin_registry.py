@@ -13,6 +13,7 @@ from google.protobuf import duration_pb2
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
+from agentloop.v1 import session_event_pb2 as ev
 from server.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from server.factory import ID_PATTERN
 from server.jsonvalue import check_lossless
@@ -166,7 +167,11 @@ def invalid_description(
     """What is wrong with a plugin's description; empty when nothing is."""
     if not ID_PATTERN.fullmatch(description.name):
         return f"name {description.name!r} must be 1-128 letters, digits, '.', '_', ':', '-'"
+    kinds = {f.name for f in ev.SessionEvent.DESCRIPTOR.oneofs_by_name["payload"].fields}
     for subscription in description.subscriptions:
+        unknown = sorted(set(subscription.event_kinds) - kinds)
+        if unknown:
+            return f"unknown session event kinds {unknown} (known: {sorted(kinds)})"
         seam = seam_name(subscription.seam)
         if subscription.seam not in SEAM_NAMES:
             return f"a subscription names seam {seam}, which cannot be subscribed to"

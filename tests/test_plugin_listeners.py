@@ -92,3 +92,21 @@ async def test_fail_open_skips_and_counts_fail_closed_fails_the_turn(harness: Ha
     error = [e.turn_end.reason for e in agent.session.events if e.HasField("turn_end")][-1].error
     assert error.code == "PLUGIN_DISCONNECTED"
     assert error.message.startswith('plugin "fake" failed at agent/prompt-submit')
+
+
+async def test_event_kinds_limit_the_session_events_a_plugin_is_sent(harness: Harness) -> None:
+    caller = FakeCaller()
+    install(
+        "watcher",
+        [hk.Subscription(seam=hk.SEAM_SESSION_EVENTS, event_kinds=["turn_end"])],
+        [],
+        caller,
+        PluginStats(),
+        harness.runtime.seams,
+        harness.runtime.tools,
+        lambda agent_id: "",
+    )
+    agent = await harness.create(script=[text_step("x")])
+    await harness.turn(agent, "hi")
+    sent = [c.session_event.event.WhichOneof("payload") for c in caller.calls]
+    assert sent == ["turn_end"]

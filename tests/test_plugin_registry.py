@@ -108,6 +108,13 @@ INVALID: list[tuple[str, Callable[[hk.DescribeResponse], None], str]] = [
         "SEAM_UNSPECIFIED",
     ),
     (
+        "unknown-event-kind",
+        lambda d: d.subscriptions.append(
+            hk.Subscription(seam=hk.SEAM_SESSION_EVENTS, event_kinds=["turn_ended"])
+        ),
+        "unknown session event kinds ['turn_ended']",
+    ),
+    (
         "unknown-failure-policy",
         lambda d: d.subscriptions.append(
             hk.Subscription(seam=hk.SEAM_PRE_STEP, failure_policy=7)  # type: ignore[arg-type]

@@ -47,6 +47,8 @@ const FAILURE_POLICIES = ['FAIL_CLOSED', 'FAIL_OPEN'];
  * @property {'FAIL_CLOSED'|'FAIL_OPEN'} [failurePolicy] what a failed call does to the
  *   turn (default: FAIL_CLOSED, the turn ends with reason `error`)
  * @property {string[]} [agentIds] only these agents' calls (default: every agent)
+ * @property {string[]} [eventKinds] onSessionEvent only: only these payload kinds, such as
+ *   'turn_end' (default: all); the server filters, so other events cost nothing
  */
 
 /**
@@ -267,6 +269,7 @@ class Plugin {
           timeout: options.timeout === undefined ? null : proto.duration(options.timeout),
           failurePolicy: `FAILURE_POLICY_${options.failurePolicy || 'UNSPECIFIED'}`,
           agentIds: [...(options.agentIds || [])],
+          eventKinds: [...(options.eventKinds || [])],
         };
       });
     const tools = [...this.tools.values()].map((tool) => tool.definition);

@@ -59,6 +59,8 @@ class Options(TypedDict, total=False):
     """`FAIL_CLOSED` (the default) or `FAIL_OPEN`."""
     agent_ids: Iterable[str]
     """Only these agents' calls (default: every agent)."""
+    event_kinds: Iterable[str]
+    """`on_session_event` only: only these kinds, such as "turn_end" (default: all)."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,7 @@ class Subscription:
             order=self.options.get("order", 0),
             failure_policy=self.options.get("failure_policy", hs.FAILURE_POLICY_UNSPECIFIED),
             agent_ids=list(self.options.get("agent_ids", ())),
+            event_kinds=list(self.options.get("event_kinds", ())),
         )
         timeout = self.options.get("timeout")
         if timeout is not None:

@@ -240,6 +240,7 @@ class Subscription(_message.Message):
     TIMEOUT_FIELD_NUMBER: _builtins.int
     FAILURE_POLICY_FIELD_NUMBER: _builtins.int
     AGENT_IDS_FIELD_NUMBER: _builtins.int
+    EVENT_KINDS_FIELD_NUMBER: _builtins.int
     seam: Global___Seam.ValueType
     """Seam is the seam."""
     order: _builtins.int
@@ -256,6 +257,13 @@ class Subscription(_message.Message):
     def agent_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """AgentIDs restricts the subscription to these agents; empty means all."""
 
+    @_builtins.property
+    def event_kinds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """EventKinds restricts SEAM_SESSION_EVENTS to these payload kinds (the
+        `SessionEvent.payload` field names, such as "turn_end" or "tool_result");
+        empty means every event. The server filters: other events cost nothing.
+        """
+
     def __init__(
         self,
         *,
@@ -264,10 +272,11 @@ class Subscription(_message.Message):
         timeout: _duration_pb2.Duration | None = ...,
         failure_policy: Global___FailurePolicy.ValueType = ...,
         agent_ids: _abc.Iterable[_builtins.str] | None = ...,
+        event_kinds: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_ids", b"agent_ids", "failure_policy", b"failure_policy", "order", b"order", "seam", b"seam", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_ids", b"agent_ids", "event_kinds", b"event_kinds", "failure_policy", b"failure_policy", "order", b"order", "seam", b"seam", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
