@@ -21,8 +21,10 @@ from server.abort import NEVER, AbortController, AbortSignal
 from server.content import resolve_source
 from server.errors import AgentDisposed, CodedError
 from server.inbox import Inbox, Pending
+from server.requests import Request
 from server.runtime import Runtime
 from server.session import SessionLog, now_timestamp
+from server.stores import INBOX_CONTEXT, INBOX_MESSAGE, INBOX_STEERING, InboxEntry
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +76,9 @@ class Agent:
         self.requests_made = 0
         """Model requests made by this loop instance (0: the next one logs a header)."""
         self.tool_batch_active = False
-        self.deferred: list[ev.ContextMessage] = []
-        """Contexts held back while a tool batch runs, appended after its results."""
+        self.deferred: list[tuple[ev.ContextMessage, tuple[int, ...]]] = []
+        """Contexts held back while a tool batch runs (with the inbox entries they
+        record), appended after its results."""
         self.driver: asyncio.Task[None] | None = None
         self.teardown: asyncio.Future[None] | None = None
         """The one teardown of this agent, once disposal began."""
@@ -83,41 +86,63 @@ class Agent:
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._live: list[LiveListener] = []
         session.observers.append(self._observe_session)
+        session.committed_observers.append(self._observe_committed)
 
     # -- verbs -------------------------------------------------------------------------
 
-    def send(self, content: Sequence[c.ContentBlock], source: c.Source | None = None) -> None:
-        """Queue a message for the next turn."""
+    def send(
+        self,
+        content: Sequence[c.ContentBlock],
+        source: c.Source | None = None,
+        request: Request | None = None,
+    ) -> Pending:
+        """Queue a message for the next turn (durable with the next commit)."""
         self._check_live()
-        item = Pending(list(content), resolve_source(source))
+        item = self._accept(content, source, request, steering=False)
         self.inbox.enqueue(item)
-        self._emit_queued(item, steering=False)
+        self._emit_queued(item)
+        return item
 
-    def steer(self, content: Sequence[c.ContentBlock], source: c.Source | None = None) -> bool:
+    def steer(
+        self,
+        content: Sequence[c.ContentBlock],
+        source: c.Source | None = None,
+        request: Request | None = None,
+    ) -> bool:
         """Steer the running turn; when not running, exactly `send`. True if it steered."""
         self._check_live()
         if self.status != ae.AGENT_STATUS_RUNNING:
-            self.send(content, source)
+            self.send(content, source, request)
             return False
-        item = Pending(list(content), resolve_source(source))
+        item = self._accept(content, source, request, steering=True)
         self.inbox.steer(item)
-        self._emit_queued(item, steering=True)
+        self._emit_queued(item)
         return True
 
-    def inject(self, context: d.HookContext) -> None:
+    def inject(self, context: d.HookContext, request: Request | None = None) -> None:
         """Add context: to the open turn (deferred during a tool batch), or as an idle turn."""
         self._check_live()
         message = context_message(context)
-        if self.session.open_turn:
-            if self.tool_batch_active:
-                self.deferred.append(message)
-            else:
-                self.session.append("context_message", message)
+        if request is not None:
+            message.request_id = request.request_id
+        record = request.record(self.agent_id) if request is not None else None
+        if self.session.open_turn and self.tool_batch_active:
+            entry = self.session.accept(INBOX_CONTEXT, message, record)
+            self.deferred.append((message, (entry.entry_id,)))
             return
-        self._injection_turn(message)
+        if self.session.open_turn:
+            self.session.append("context_message", message)
+        else:
+            self._injection_turn(message, ())
+        if record is not None:
+            self.runtime.journal.record(self.session, record)
 
-    def cancel(self, reason: str = "") -> bool:
-        """Cancel the running turn and drop queued work; False when there was none."""
+    def cancel(self, reason: str = "") -> tuple[bool, int]:
+        """Cancel the running turn and drop queued work.
+
+        Returns whether there was work to cancel and how many messages were dropped
+        (each recorded as `message/dropped`).
+        """
         reason = reason or "cancelled"
         has_work = (
             self.status == ae.AGENT_STATUS_RUNNING
@@ -127,12 +152,76 @@ class Agent:
         )
         if has_work:
             self.cancel_reason = reason
-        self.inbox.clear()
+        dropped = [*self.inbox.drain_queued(), *self.inbox.drain_steering()]
+        self.record_dropped(dropped, f"cancelled: {reason}", abort_reason=reason)
         if self.turn_controller is not None:
             self.turn_controller.abort(reason)
         if self.step_controller is not None:
             self.step_controller.abort(reason)
-        return has_work
+        return has_work, len(dropped)
+
+    def record_dropped(
+        self, items: Sequence[Pending], reason: str, *, abort_reason: str = ""
+    ) -> None:
+        """Record accepted messages that no turn will answer, inside a turn.
+
+        In the open turn if there is one; else in a zero-step turn that ends
+        `aborted` with `abort_reason`, so that the drop is part of the turn log.
+        """
+        items = [item for item in items if item.entry_id]  # continuation reasons: not accepted
+        if not items:
+            return
+        opened = 0
+        if not self.session.open_turn:
+            opened = self.session.max_turn + 1
+            self.session.append(
+                "turn_start",
+                ev.TurnStart(turn=opened, trigger=ev.TRIGGER_KIND_MESSAGE, source=items[0].source),
+            )
+        for item in items:
+            self.session.append(
+                "message_dropped",
+                ev.MessageDropped(
+                    content=item.content,
+                    source=item.source,
+                    reason=reason,
+                    request_id=item.request_id,
+                    steering=item.steering,
+                ),
+                consumes=item.consumes,
+            )
+        if opened:
+            self.session.append(
+                "turn_end",
+                ev.TurnEnd(
+                    turn=opened,
+                    reason=ev.TurnEndReason(
+                        aborted=ev.TurnAborted(reason=abort_reason or "cancelled")
+                    ),
+                ),
+            )
+
+    def restore(self, entries: Sequence[InboxEntry]) -> None:
+        """Take up what the durable inbox held when the session was loaded, in order.
+
+        Messages and steering queue for the next turn (steering that missed its turn
+        becomes a prompt); a context becomes a one-shot injection turn.
+        """
+        for entry in entries:
+            message = entry.message
+            if entry.kind == INBOX_CONTEXT:
+                assert isinstance(message, ev.ContextMessage)
+                self._injection_turn(message, (entry.entry_id,))
+                continue
+            item = Pending(
+                list(message.content),
+                message.source,
+                entry.entry_id,
+                message.request_id,
+                steering=entry.kind == INBOX_STEERING,
+            )
+            self.inbox.enqueue(item)
+            self._emit_queued(item)
 
     def is_idle(self) -> bool:
         """Whether nothing runs and nothing is queued (a disposed agent counts as idle)."""
@@ -211,28 +300,42 @@ class Agent:
         )
 
     def emit(self, seam: str | None, args: tuple[Any, ...], event: ae.AgentEvent) -> None:
-        """Notify the seam's listeners (if any seam) and the live subscribers; contained."""
+        """Notify the seam's listeners (if any seam) and the live subscribers; contained.
+
+        The seam's in-process listeners run now; the live subscribers and the
+        `agent/event` observers only once everything written before is stored, so
+        that no notification overtakes the log it refers to.
+        """
         seams = self.runtime.seams
         if seam is not None:
             seams.emit(seam, self.agent_id, args)
-        observed = seams.has(S.AGENT_EVENT, self.agent_id)
-        if not self._live and not observed:
+        if not self._live and not seams.has(S.AGENT_EVENT, self.agent_id):
             return
         event.agent_id = self.agent_id
         event.time.CopyFrom(now_timestamp())
+        self.runtime.journal.after_commit(lambda: self._notify(event))
+
+    def _notify(self, event: ae.AgentEvent) -> None:
         for listener in list(self._live):
             try:
                 listener(event)
             except Exception:
                 log.warning("live agent event listener failed", exc_info=True)
-        if observed:
+        seams = self.runtime.seams
+        if seams.has(S.AGENT_EVENT, self.agent_id):
             seams.emit(S.AGENT_EVENT, self.agent_id, (self, event))
 
     def _observe_session(self, event: ev.SessionEvent) -> None:
-        """Pass each appended event to the `session/event` observers (none: no cost)."""
+        """Pass each appended event to the in-process `session/event` observers."""
         seams = self.runtime.seams
         if seams.has(S.SESSION_EVENT, self.agent_id):
             seams.emit(S.SESSION_EVENT, self.agent_id, (self, event))
+
+    def _observe_committed(self, event: ev.SessionEvent) -> None:
+        """Pass each stored event to the `session/committed` observers (plugins)."""
+        seams = self.runtime.seams
+        if seams.has(S.SESSION_COMMITTED, self.agent_id):
+            seams.emit(S.SESSION_COMMITTED, self.agent_id, (self, event))
 
     def stop(self) -> None:
         """First step of disposal: mark disposed, unpark the driver, abort the step."""
@@ -266,16 +369,41 @@ class Agent:
         if self.disposed:
             raise AgentDisposed(self.agent_id)
 
-    def _emit_queued(self, item: Pending, *, steering: bool) -> None:
+    def _accept(
+        self,
+        content: Sequence[c.ContentBlock],
+        source: c.Source | None,
+        request: Request | None,
+        *,
+        steering: bool,
+    ) -> Pending:
+        """Record a message in the durable inbox; the item that mirrors it in memory."""
+        request_id = request.request_id if request is not None else ""
+        message = ev.UserMessage(
+            content=content, source=resolve_source(source), request_id=request_id
+        )
+        record = request.record(self.agent_id) if request is not None else None
+        kind = INBOX_STEERING if steering else INBOX_MESSAGE
+        entry = self.session.accept(kind, message, record)
+        return Pending(
+            list(message.content), message.source, entry.entry_id, request_id, steering=steering
+        )
+
+    def _emit_queued(self, item: Pending) -> None:
         self.emit(
             S.QUEUED,
-            (self, item.content, item.source, steering),
+            (self, item.content, item.source, item.steering),
             ae.AgentEvent(
-                queued=ae.AgentQueued(content=item.content, source=item.source, steering=steering)
+                queued=ae.AgentQueued(
+                    content=item.content,
+                    source=item.source,
+                    steering=item.steering,
+                    request_id=item.request_id,
+                )
             ),
         )
 
-    def _injection_turn(self, message: ev.ContextMessage) -> None:
+    def _injection_turn(self, message: ev.ContextMessage, consumes: tuple[int, ...]) -> None:
         """The one-shot turn of an idle injection: turn/start, context, turn/end."""
         turn = self.session.max_turn + 1
         self.session.append(
@@ -283,7 +411,7 @@ class Agent:
             ev.TurnStart(turn=turn, trigger=ev.TRIGGER_KIND_INJECTION, source=message.source),
         )
         try:
-            self.session.append("context_message", message)
+            self.session.append("context_message", message, consumes=consumes)
         finally:
             self.session.append(
                 "turn_end",

@@ -16,8 +16,9 @@ from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from server.agent import Agent
 from server.api_factory import page_bounds
-from server.errors import AgentLoopError, InvalidArgument
+from server.errors import AgentLoopError, InvalidArgument, OutOfRange
 from server.factory import AgentFactory, check_id
+from server.requests import Request
 from server.session import SessionLog, session_message
 from server.status import code_of, mapped
 
@@ -25,6 +26,10 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 STREAM_BATCH = 500
 """The most session events one stream response carries."""
+
+MAX_RESPONSE_BYTES = 3 * 1024 * 1024
+"""The most event bytes one page or stream response carries (beyond its first event):
+under the 4 MiB a client with gRPC's default limits accepts."""
 
 LIVE_EVENT_BUFFER = 1024
 """Live agent events held for a slow stream reader; older ones are dropped first."""
@@ -47,32 +52,61 @@ class AgentServicer(rpc.AgentServiceServicer):
 
     def __init__(self, factory: AgentFactory) -> None:
         self.factory = factory
+        self.runtime = factory.runtime
 
     @mapped
     async def SendMessage(
         self, request: pb.SendMessageRequest, context: Context
     ) -> pb.SendMessageResponse:
-        """Queue a prompt."""
+        """Queue a prompt; answer once it is durable."""
         agent = self.factory.get(request.agent_id)
         content = message_content(request.text, list(request.content), "text")
-        agent.send(content, request.source)
-        return pb.SendMessageResponse(next_seq=len(agent.session), status=agent.status)
+
+        def answer() -> pb.SendMessageResponse:
+            return pb.SendMessageResponse(next_seq=agent.session.durable, status=agent.status)
+
+        async def run() -> bytes:
+            call = Request(request.request_id, "SendMessage", answer)
+            agent.send(content, request.source, call if request.request_id else None)
+            response = answer()
+            await agent.session.settle()
+            return response.SerializeToString()
+
+        raw = await self.runtime.requests.once(
+            agent.agent_id, request.request_id, "SendMessage", run
+        )
+        return pb.SendMessageResponse.FromString(raw)
 
     @mapped
     async def SteerMessage(
         self, request: pb.SteerMessageRequest, context: Context
     ) -> pb.SteerMessageResponse:
-        """Steer the running turn, or queue when idle."""
+        """Steer the running turn, or queue when idle; answer once it is durable."""
         agent = self.factory.get(request.agent_id)
         content = message_content(request.text, list(request.content), "text")
-        steering = agent.steer(content, request.source)
-        return pb.SteerMessageResponse(next_seq=len(agent.session), steering=steering)
+        steering = agent.status == ae.AGENT_STATUS_RUNNING
+
+        def answer() -> pb.SteerMessageResponse:
+            return pb.SteerMessageResponse(next_seq=agent.session.durable, steering=steering)
+
+        async def run() -> bytes:
+            nonlocal steering
+            call = Request(request.request_id, "SteerMessage", answer)
+            steering = agent.steer(content, request.source, call if request.request_id else None)
+            response = answer()
+            await agent.session.settle()
+            return response.SerializeToString()
+
+        raw = await self.runtime.requests.once(
+            agent.agent_id, request.request_id, "SteerMessage", run
+        )
+        return pb.SteerMessageResponse.FromString(raw)
 
     @mapped
     async def InjectContext(
         self, request: pb.InjectContextRequest, context: Context
     ) -> pb.InjectContextResponse:
-        """Add context to the conversation."""
+        """Add context to the conversation; answer once it is durable."""
         agent = self.factory.get(request.agent_id)
         content = message_content(request.text, list(request.content), "text")
         hook_context = d.HookContext(
@@ -80,16 +114,31 @@ class AgentServicer(rpc.AgentServiceServicer):
         )
         if request.HasField("meta"):
             hook_context.meta.CopyFrom(request.meta)
-        agent.inject(hook_context)
-        return pb.InjectContextResponse(next_seq=len(agent.session))
+
+        def answer() -> pb.InjectContextResponse:
+            return pb.InjectContextResponse(next_seq=agent.session.count)
+
+        async def run() -> bytes:
+            call = Request(request.request_id, "InjectContext", answer)
+            agent.inject(hook_context, call if request.request_id else None)
+            response = answer()
+            await agent.session.settle()
+            return response.SerializeToString()
+
+        raw = await self.runtime.requests.once(
+            agent.agent_id, request.request_id, "InjectContext", run
+        )
+        return pb.InjectContextResponse.FromString(raw)
 
     @mapped
     async def CancelTurn(
         self, request: pb.CancelTurnRequest, context: Context
     ) -> pb.CancelTurnResponse:
-        """Cancel the running turn."""
+        """Cancel the running turn; answer once the dropped messages are recorded."""
         agent = self.factory.get(request.agent_id)
-        return pb.CancelTurnResponse(cancelled=agent.cancel(request.reason))
+        cancelled, dropped = agent.cancel(request.reason)
+        await agent.session.settle()
+        return pb.CancelTurnResponse(cancelled=cancelled, dropped=dropped)
 
     @mapped
     async def WaitIdle(self, request: pb.WaitIdleRequest, context: Context) -> pb.WaitIdleResponse:
@@ -107,7 +156,7 @@ class AgentServicer(rpc.AgentServiceServicer):
                 idle = True
             except TimeoutError:
                 idle = False
-        return pb.WaitIdleResponse(idle=idle, status=agent.status, next_seq=len(agent.session))
+        return pb.WaitIdleResponse(idle=idle, status=agent.status, next_seq=agent.session.durable)
 
     @mapped
     async def GetSession(
@@ -142,24 +191,29 @@ class AgentServicer(rpc.AgentServiceServicer):
     async def ListSessionEvents(
         self, request: pb.ListSessionEventsRequest, context: Context
     ) -> pb.ListSessionEventsResponse:
-        """Page through a session log."""
+        """Page through the stored log (bounded by count and by bytes)."""
         session = await self._session(request.agent_id, request.session_id)
         start, size = page_bounds(request.page_size, request.page_token, 500, 5000)
         if not request.page_token:
             start = request.from_seq
-        events = session.events[start : start + size]
+        events = await session.read(start, size, MAX_RESPONSE_BYTES)
         end = start + len(events)
         return pb.ListSessionEventsResponse(
-            events=events, next_page_token=str(end) if end < len(session) else ""
+            events=events, next_page_token=str(end) if end < session.durable else ""
         )
 
     async def StreamSessionEvents(
         self, request: pb.StreamSessionEventsRequest, context: Context
     ) -> AsyncIterator[pb.StreamSessionEventsResponse]:
-        """Replay the log from `from_seq`, then follow it live, with the agent's events."""
+        """Replay the stored log from `from_seq`, then follow it, with the agent's events."""
         try:
             session = await self._session(request.agent_id, request.session_id)
             agent = self.factory.agents.get(session.agent_id) if request.agent_id else None
+            if request.from_seq > session.durable:
+                raise OutOfRange(
+                    f"from_seq: {request.from_seq} is past the end of the log"
+                    f" ({session.durable} events): no such event was ever appended"
+                )
         except AgentLoopError as error:
             await context.abort(code_of(error), str(error))
             return
@@ -175,16 +229,19 @@ class AgentServicer(rpc.AgentServiceServicer):
         cursor = request.from_seq
         try:
             while True:
-                if cursor < len(session) or live:
-                    # Everything appended since the last batch goes in one response:
+                if cursor < session.durable or live:
+                    # Everything stored since the last batch goes in one response:
                     # a turn's burst of chunks costs one message, not one each.
-                    events = session.events[cursor : cursor + STREAM_BATCH]
+                    events = await session.read(cursor, STREAM_BATCH, MAX_RESPONSE_BYTES)
                     cursor += len(events)
                     agent_events = list(live)
                     live.clear()
                     yield pb.StreamSessionEventsResponse(events=events, agent_events=agent_events)
                     continue
                 if request.replay_only or not self._follows(session, agent):
+                    return
+                if session.failure is not None:
+                    await context.abort(code_of(session.failure), str(session.failure))
                     return
                 await session.wait_beyond(cursor)
         finally:

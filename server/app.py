@@ -59,7 +59,7 @@ def build_store(config: Config) -> SessionStore:
     """The session store the config asks for."""
     if config.store == "memory":
         return MemoryStore()
-    return SqliteStore(Path(config.data_dir) / "agentloop.db")
+    return SqliteStore(Path(config.data_dir) / "agentloop.db", config.durability)
 
 
 def build_runtime(config: Config) -> Runtime:
@@ -164,7 +164,9 @@ class App:
                 if agent.resume_session_id:
                     created = await self.factory.resume(agent.id, agent.resume_session_id, options)
                 else:
-                    created = await self.factory.create(agent.id, options, cwd=agent.cwd)
+                    created = await self.factory.create(
+                        agent.id, options, cwd=agent.cwd, adopt_pending=True
+                    )
                 log.info("agent %s started on session %s", agent.id, created.session.session_id)
             except Exception as error:  # reported, not fatal: the server still serves
                 log.error("config agent %s was not started: %s", agent.id, error)

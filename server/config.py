@@ -20,7 +20,7 @@ DEFAULT_LISTEN = "127.0.0.1:50051"
 SERVER_FIELDS = {
     "listen", "maxParallelToolCalls", "shutdownGraceSeconds", "defaultProvider", "store",
     "dataDir", "agents", "plugins", "tokenFile", "pluginTokenFile", "providers",
-    "pluginTimeoutSeconds", "pluginCaFile", "toolOrder",
+    "pluginTimeoutSeconds", "pluginCaFile", "toolOrder", "durability",
 }  # fmt: skip
 PROVIDER_FIELDS = {
     "name", "type", "baseUrl", "apiKeyEnv", "defaultModel", "headers", "connectTimeoutSeconds",
@@ -120,6 +120,9 @@ class Config:
     """Where sessions live: "sqlite" (durable, a file under `data_dir`) or "memory"."""
     data_dir: str = "data"
     """The directory of the SQLite file (`agentloop.db`); relative to the working directory."""
+    durability: str = "process"
+    """What a commit survives: "process" (a crash of the server) or "power" (an OS crash
+    or power loss too, at the cost of an fsync per group commit)."""
     agents: tuple[AgentConfig, ...] = field(default_factory=tuple)
     """Agents created at start."""
     plugins: tuple[PluginConfig, ...] = field(default_factory=tuple)
@@ -208,9 +211,13 @@ def parse_config(raw: object) -> Config:
     store = _string(doc.get("store", "sqlite"), "store")
     if store not in ("sqlite", "memory"):
         raise ConfigError(f"store: {store!r} must be sqlite or memory")
+    durability = _string(doc.get("durability", "process"), "durability")
+    if durability not in ("process", "power"):
+        raise ConfigError(f"durability: {durability!r} must be process or power")
     return Config(
         listen=listen,
         store=store,
+        durability=durability,
         data_dir=_string(doc.get("dataDir", "data"), "dataDir"),
         plugins=plugins,
         providers=providers,

@@ -6,7 +6,9 @@ AgentLoopError            any error a caller can be told about
 ├── AlreadyExists         duplicate agent or session id     -> ALREADY_EXISTS
 ├── FailedPrecondition    e.g. the agent is disposed        -> FAILED_PRECONDITION
 ├── ResourceExhausted     a limit was reached               -> RESOURCE_EXHAUSTED
-└── SessionDamaged        a stored session cannot be read   -> DATA_LOSS
+├── OutOfRange            past the end of a log             -> OUT_OF_RANGE
+├── SessionDamaged        a stored session cannot be read   -> DATA_LOSS
+└── StoreConflict         another writer owns the session   -> ABORTED (server.stores)
 CodedError                a failure inside a turn with a machine-readable code
 Aborted                   the step's abort signal fired; carries the reason
 """
@@ -48,6 +50,10 @@ class AgentDisposed(FailedPrecondition):
 
 class ResourceExhausted(AgentLoopError):
     """A configured limit was reached."""
+
+
+class OutOfRange(AgentLoopError):
+    """A position past the end of what exists (a sequence number never appended)."""
 
 
 class SessionDamaged(AgentLoopError):

@@ -35,6 +35,7 @@ from server.loop import run_loop
 from server.repair import crash_closers
 from server.runtime import Runtime
 from server.session import SessionLog, now_timestamp, session_message
+from server.stores import Commit, InboxEntry, SessionWrites
 from server.system_prompt import PERSONA_VARIABLES, interpolate, persona_section
 
 log = logging.getLogger(__name__)
@@ -86,8 +87,14 @@ class AgentFactory:
         session_id: str = "",
         cwd: str = "",
         setup: Setup | None = None,
+        adopt_pending: bool = False,
     ) -> Agent:
-        """Create an agent on a new session (default id `<agent_id>-session-<uuid>`)."""
+        """Create an agent on a new session (default id `<agent_id>-session-<uuid>`).
+
+        With `adopt_pending` (config agents, which start on a fresh session at every
+        start), the messages the agent had accepted on its earlier sessions and no
+        turn recorded come along and run first.
+        """
         check_id("agent_id", agent_id)
         session_id = session_id or f"{agent_id}-session-{uuid.uuid4()}"
         check_id("session_id", session_id)
@@ -101,9 +108,15 @@ class AgentFactory:
             if await self.runtime.store.exists(session_id):
                 raise AlreadyExists(f'session "{session_id}" already exists')
             header = session_pb2.SessionHeader(cwd=cwd, create_time=now_timestamp())
-            session = SessionLog(session_id, header)
+            session = SessionLog(session_id, header, self.runtime.journal)
             return await self._publish(
-                agent_id, session, options, setup, ae.SESSION_START_SOURCE_STARTUP, stored=None
+                agent_id,
+                session,
+                options,
+                setup,
+                ae.SESSION_START_SOURCE_STARTUP,
+                stored=False,
+                adopt_pending=adopt_pending,
             )
         except BaseException:
             self._release(agent_id, session_id)
@@ -137,7 +150,7 @@ class AgentFactory:
         try:
             session = await self.load(session_id)
             return await self._publish(
-                agent_id, session, options, setup, ae.SESSION_START_SOURCE_RESUME, len(session)
+                agent_id, session, options, setup, ae.SESSION_START_SOURCE_RESUME, stored=True
             )
         except BaseException:
             self._release(agent_id, session_id)
@@ -150,12 +163,17 @@ class AgentFactory:
         options: agent_pb2.AgentOptions,
         setup: Setup | None,
         source: ae.SessionStartSource.ValueType,
-        stored: int | None,
+        *,
+        stored: bool,
+        adopt_pending: bool = False,
     ) -> Agent:
         """Prepare privately, enter the registries, let `agent/created` veto, then start.
 
         The ids are reserved by the caller, so no concurrent creation can interleave.
         Any failure (setup, veto, store) rolls everything back and publishes nothing.
+        A new session is stored, with the agent as its driver, in one commit before
+        anything is published; a resumed one records its new driver. What the
+        session's durable inbox holds runs once the driver starts.
         """
         runtime = self.runtime
         agent = Agent(agent_id, session, options, runtime)
@@ -171,14 +189,20 @@ class AgentFactory:
             session.agent_id = agent_id
             for reg in runtime.seams.listeners(S.CREATED, agent_id):
                 reg.fn(agent)  # a throw here vetoes publication
-            if stored is None:  # after the veto: a vetoed creation leaves no stored session
-                await runtime.store.create(session.session_id, session.header)
+            # After the veto: a vetoed creation leaves no stored session.
+            writes = SessionWrites(driver=agent_id)
+            if not stored:
+                writes.create = session.header
+            await runtime.store.commit(Commit({session.session_id: writes}))
+            adopted: list[InboxEntry] = []
+            if adopt_pending:
+                adopted = await runtime.store.adopt_pending(agent_id, session.session_id)
+                session.adopt(adopted)
         except BaseException:
             self._detach(agent)
             session.agent_id = ""
             self._unwind(agent)
             raise
-        runtime.persistence.track(session, stored or 0)
         agent.published = True
         agent.emit(None, (), ae.AgentEvent(created=ae.AgentCreated(session_id=session.session_id)))
         agent.emit(
@@ -187,6 +211,10 @@ class AgentFactory:
             ae.AgentEvent(session_start=ae.AgentSessionStart(source=source)),
         )
         agent.driver = asyncio.create_task(run_loop(agent), name=f"agent:{agent_id}")
+        pending = [session.inbox[key] for key in sorted(session.inbox)]
+        if pending:
+            log.info("agent %s: %d pending message(s) from the store", agent_id, len(pending))
+            agent.restore(pending)
         return agent
 
     # -- lookup ------------------------------------------------------------------------
@@ -231,20 +259,26 @@ class AgentFactory:
         lock = self._loading.setdefault(session_id, asyncio.Lock())
         try:
             async with lock:
-                header, events = await store.load(session_id)
-                closers = crash_closers(events)
+                stored = await store.load(session_id)
+                closers = crash_closers(stored.events)
                 if closers:
                     log.warning(
                         "session %s: closing turn %d interrupted by a crash",
                         session_id,
                         closers[-1].turn_end.turn,
                     )
-                    await store.append(session_id, closers)
+                    await store.commit(Commit({session_id: SessionWrites(events=closers)}))
         finally:
             if not lock.locked() and self._loading.get(session_id) is lock:
                 del self._loading[session_id]
-        self._verified[session_id] = len(events) + len(closers)
-        return SessionLog(session_id, header, seed=[*events, *closers])
+        self._verified[session_id] = len(stored.events) + len(closers)
+        return SessionLog(
+            session_id,
+            stored.header,
+            self.runtime.journal,
+            seed=[*stored.events, *closers],
+            inbox=stored.inbox,
+        )
 
     async def session_ids(self) -> list[str]:
         """Every session id, stored or live, sorted."""
@@ -271,40 +305,27 @@ class AgentFactory:
             header=summary.header,
             event_count=summary.event_count,
             turn_count=summary.turn_count,
+            pending_messages=summary.pending,
         )
 
     async def fork(
         self, session_id: str, boundary_seq: int | None, new_session_id: str = ""
     ) -> session_pb2.Session:
-        """Store a new session seeded with `session_id`'s events up to a `turn/end`."""
-        source = await self.session(session_id)
+        """Store a new session seeded with `session_id`'s events up to a `turn_end`.
+
+        The copy is one transaction of the store: after a crash the fork is absent
+        or complete. Only stored events can be forked.
+        """
+        live = self.sessions.get(session_id)
+        source = live if live is not None else await self.session(session_id)  # repairs
         new_session_id = new_session_id or f"{session_id}-fork-{uuid.uuid4()}"
         check_id("new_session_id", new_session_id)
-        ends = [e.seq for e in source.events if e.HasField("turn_end")]
-        if boundary_seq is None:
-            if not ends:
-                raise InvalidArgument("boundary_seq", f'session "{session_id}" has no turn_end')
-            boundary_seq = ends[-1]
-        elif boundary_seq >= len(source):
-            raise InvalidArgument(
-                "boundary_seq", f"{boundary_seq} is out of range (the log has {len(source)} events)"
-            )
-        elif boundary_seq not in ends:
-            kind = source.events[boundary_seq].WhichOneof("payload")
-            raise InvalidArgument(
-                "boundary_seq", f"event {boundary_seq} is a {kind}, not a turn_end"
-            )
-        if new_session_id in self.sessions or await self.runtime.store.exists(new_session_id):
+        if new_session_id in self.sessions or new_session_id in self._session_ids:
             raise AlreadyExists(f'session "{new_session_id}" already exists')
-        seed = source.events[: boundary_seq + 1]
         header = session_pb2.SessionHeader(
-            cwd=source.header.cwd,
-            parent_session_id=session_id,
-            seed_length=len(seed),
-            create_time=now_timestamp(),
+            cwd=source.header.cwd, parent_session_id=session_id, create_time=now_timestamp()
         )
-        await self.runtime.store.create(new_session_id, header)
-        await self.runtime.store.append(new_session_id, seed)
+        await self.runtime.store.fork(session_id, boundary_seq, new_session_id, header)
         return await self.describe(new_session_id)
 
     # -- teardown ----------------------------------------------------------------------
@@ -345,9 +366,14 @@ class AgentFactory:
         agent.session.wake_waiters()
 
     async def close(self) -> None:
-        """Dispose every agent (server shutdown): running turns end `disposed`."""
+        """Dispose every agent (server shutdown): running turns end `disposed`.
+
+        Queued messages stay in the durable inbox: they run when the session is
+        resumed (or, for config agents, when the server starts again).
+        """
         self._closing = True
         await asyncio.gather(*(self.teardown(a) for a in list(self.agents.values())))
+        await self.runtime.journal.drain()
 
     def _reserve(self, agent_id: str, session_id: str) -> None:
         """Claim both ids at once, before any await, so a same-id race has one winner."""
@@ -367,7 +393,6 @@ class AgentFactory:
             del self.agents[agent.agent_id]
         if self.sessions.get(agent.session.session_id) is agent.session:
             del self.sessions[agent.session.session_id]
-            self.runtime.persistence.forget(agent.session)
 
     def _unwind(self, agent: Agent) -> None:
         self.runtime.seams.remove_agent(agent.agent_id)

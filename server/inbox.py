@@ -1,6 +1,9 @@
 """The inbox: the queued and steering FIFOs of one agent, and the driver's wake-up.
 
-Nothing in the inbox is durable; a message is durable once its turn records it.
+Each item mirrors an entry of the session's durable inbox (`entry_id`): the entry is
+removed in the same commit as the event that records the message (`user/message`,
+`prompt/blocked`, `steering/message`, `message/dropped`), so after a crash every
+accepted message is recorded or still pending.
 """
 
 from __future__ import annotations
@@ -18,6 +21,16 @@ class Pending:
 
     content: list[c.ContentBlock]
     source: c.Source
+    entry_id: int = 0
+    """Its durable inbox entry; 0 for a message no client sent (a continuation reason)."""
+    request_id: str = ""
+    steering: bool = False
+    """Accepted as steering of a running turn."""
+
+    @property
+    def consumes(self) -> tuple[int, ...]:
+        """The inbox entries the event recording this message removes."""
+        return (self.entry_id,) if self.entry_id else ()
 
 
 class Inbox:

@@ -55,7 +55,11 @@ async def run_loop(agent: Agent) -> None:
         terminal = await run_turn(agent)
         agent.cancel_reason = None
         late = agent.inbox.drain_steering()
-        if not terminal:
+        if terminal:
+            agent.record_dropped(
+                late, "steering after a terminal agent/turn-stop", abort_reason="turn-stop"
+            )
+        else:
             for item in late:  # steering that missed its turn becomes the next prompt
                 agent.inbox.enqueue(item)
         if not agent.inbox.queued and not agent.disposed:
@@ -78,11 +82,15 @@ async def run_turn(agent: Agent) -> bool:
         agent.report_error(turn.number, 0, error)
         return False
     agent.turn_controller = AbortController()
+    turn.unsubmitted = list(batch)
     try:
         if await submit_prompts(agent, turn, batch):
             await run_steps(agent, turn)
     except Exception as error:
         close_step(agent, turn)
+        if not agent.disposed:  # disposed: they stay pending and run when resumed
+            reason = f"the turn ended before it was submitted: {error}"
+            agent.record_dropped(turn.unsubmitted, reason)
         if agent.disposed and not turn.error_reported:
             turn.reason = ev.TurnEndReason(disposed=ev.TurnDisposed())
         elif isinstance(error, Aborted) and agent.cancel_reason is not None:
@@ -114,16 +122,27 @@ async def submit_prompts(agent: Agent, turn: Turn, batch: list[Pending]) -> bool
         decision = await agent.runtime.seams.waterfall(
             S.PROMPT_SUBMIT, agent.agent_id, (agent, item.content, item.source), d.PromptDecision()
         )
+        turn.unsubmitted.remove(item)
         if decision.WhichOneof("decision") == "block":
             last_block = decision.block.reason
             agent.session.append(
                 "prompt_blocked",
-                ev.PromptBlocked(content=item.content, source=item.source, reason=last_block),
+                ev.PromptBlocked(
+                    content=item.content,
+                    source=item.source,
+                    reason=last_block,
+                    request_id=item.request_id,
+                ),
+                consumes=item.consumes,
             )
             continue
         allowed = True
         content = decision.allow.content or item.content
-        agent.session.append("user_message", ev.UserMessage(content=content, source=item.source))
+        agent.session.append(
+            "user_message",
+            ev.UserMessage(content=content, source=item.source, request_id=item.request_id),
+            consumes=item.consumes,
+        )
         for context in decision.allow.additional_contexts:
             agent.inject(context)
     if not allowed:
@@ -184,7 +203,9 @@ async def should_continue(agent: Agent, turn: Turn, default_continue: bool) -> b
     proceed = kind == "continue_turn" or bool(agent.inbox.steering)
     if await seams.serial(S.TURN_STOP, agent.agent_id, (agent, turn.number)) is not None:
         turn.terminal = True
-        agent.inbox.steering.clear()
+        agent.record_dropped(
+            agent.inbox.drain_steering(), "discarded by a terminal agent/turn-stop"
+        )
         proceed = False
     if agent.cancel_reason is not None or agent.disposed:
         interrupt(agent, turn)

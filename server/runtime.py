@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from server.journal import Journal
 from server.models import ModelRegistry
 from server.persistence import Persistence
+from server.requests import Requests
 from server.seams import SeamRegistry
 from server.stores import SessionStore
 from server.stores.memory import MemoryStore
@@ -32,7 +34,12 @@ class Runtime:
     """Seconds a plugin call waits for its result when neither plugin nor operator set it."""
     tool_order: list[str] | None = None
     """The canonical tool order, with one "<unlisted-tools>" marker; None is by name."""
+    journal: Journal = field(init=False)
+    """The write-ahead path to the store: group commits, then publication."""
+    requests: Requests = field(init=False)
     persistence: Persistence = field(init=False)
 
     def __post_init__(self) -> None:
-        self.persistence = Persistence(self.store, self.seams)
+        self.journal = Journal(self.store)
+        self.requests = Requests(self.store)
+        self.persistence = Persistence(self.seams)

@@ -12,7 +12,7 @@ post-execute listeners see the calls in model order.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from agentloop.v1 import content_pb2, decision_pb2
@@ -27,6 +27,7 @@ DEFAULT_MAX_PARALLEL = 10
 OnCall = Callable[[content_pb2.ToolCallBlock], int]
 OnResult = Callable[[content_pb2.ToolCallBlock, ToolOutcome, int], None]
 OnContext = Callable[[decision_pb2.HookContext], None]
+BeforeDispatch = Callable[[], Awaitable[None]]
 
 
 async def run_tool_batch(
@@ -43,6 +44,7 @@ async def run_tool_batch(
     on_call: OnCall,
     on_result: OnResult,
     on_context: OnContext,
+    before_dispatch: BeforeDispatch | None = None,
 ) -> None:
     """Run one step's tool calls and commit their results in model order.
 
@@ -60,6 +62,8 @@ async def run_tool_batch(
             its `tool/call` event.
         on_result: called with each result, its call and the call's seq, in model order.
         on_context: called with each committed result's contexts, in model order.
+        before_dispatch: awaited before each dispatch (the tool's side effects):
+            the loop waits there until the call's `tool/call` is stored.
 
     Raises:
         ValueError: `max_parallel` is not a positive integer.
@@ -75,6 +79,7 @@ async def run_tool_batch(
         on_call,
         on_result,
         on_context,
+        before_dispatch,
     )
     pending = [
         (call, ToolExecution.of(call, agent_id=agent_id, turn=turn, step=step, signal=signal))
@@ -112,8 +117,10 @@ class _Batch:
         on_call: OnCall,
         on_result: OnResult,
         on_context: OnContext,
+        before_dispatch: BeforeDispatch | None,
     ) -> None:
         self._pipeline = pipeline
+        self._before_dispatch = before_dispatch
         self._signal = signal
         self._max_parallel = max_parallel
         self._on_call = on_call
@@ -163,10 +170,16 @@ class _Batch:
         if slot.outcome is not None:
             return  # denied or failed: nothing to dispatch
         if inline:
-            slot.outcome = await self._pipeline.dispatch(exec)
+            slot.outcome = await self._dispatch(exec)
         else:
-            slot.task = asyncio.create_task(self._pipeline.dispatch(exec))
+            slot.task = asyncio.create_task(self._dispatch(exec))
             self._in_flight.add(slot.task)
+
+    async def _dispatch(self, exec: ToolExecution) -> ToolOutcome:
+        # Calls started in one tick wait for the same commit: one write for the pool.
+        if self._before_dispatch is not None:
+            await self._before_dispatch()
+        return await self._pipeline.dispatch(exec)
 
     async def _settle_one(self) -> None:
         await asyncio.wait(self._in_flight, return_when=asyncio.FIRST_COMPLETED)

@@ -1,9 +1,16 @@
 """The session log: an append-only list of `SessionEvent`s and the history derived from it.
 
 Appends are synchronous. Each one gets the next sequence number and the time, passes
-the pre-commit checks (surface rules, a `pre_commit` veto), is committed, and is then
-published to the observers, whose failures are contained. An append from inside an
-observer is refused: observers must defer, or use other channels.
+the pre-commit checks (surface rules, a `pre_commit` veto), is applied to the derived
+state, handed to the journal for the next group commit, and passed to the in-process
+observers, whose failures are contained. An append from inside an observer is
+refused: observers must defer, or use other channels.
+
+Nothing leaves the process before it is stored: readers (`read`, `wait_beyond`) and
+the post-commit observers see an event only once the journal has committed it (the
+durable mark). Memory holds what the next model request needs (the derived history,
+the folded request header, turn numbering) and a bounded window of recent events;
+older events are read back from the store.
 
 History is a projection of the surface events, kept incrementally so that deriving it
 costs one list copy per step, not a pass over the whole log.
@@ -13,16 +20,23 @@ from __future__ import annotations
 
 import asyncio
 import html
+import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import timestamp_pb2
 
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
+from server.errors import AgentLoopError
+from server.stores import InboxEntry, RequestRecord
+
+if TYPE_CHECKING:
+    from server.journal import Journal
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +46,9 @@ SURFACE_KINDS = frozenset(
 """The payload kinds that produce history."""
 
 APPEND = ev.SurfaceOp(kind=ev.SURFACE_OP_KIND_APPEND)
+
+WINDOW = 256
+"""Recent events a session keeps in memory; readers of older ones go to the store."""
 
 Observer = Callable[[ev.SessionEvent], Any]
 
@@ -47,21 +64,36 @@ def now_timestamp() -> timestamp_pb2.Timestamp:
 
 
 class SessionLog:
-    """One session: its header, its events, its derived history and its folded header."""
+    """One session: its header, its recent events, its derived history and folded header."""
 
     def __init__(
         self,
         session_id: str,
         header: session_pb2.SessionHeader,
-        seed: Sequence[ev.SessionEvent] = (),
+        journal: Journal | None = None,
+        seed: Iterable[ev.SessionEvent] = (),
+        inbox: Sequence[InboxEntry] = (),
+        window: int = WINDOW,
     ) -> None:
+        """A session whose writes go through `journal`.
+
+        Without a journal it is a detached log (a replay, a test fixture) that keeps
+        every event and treats each append as stored at once.
+        """
         self.session_id = session_id
         self.header = header
-        self.events: list[ev.SessionEvent] = []
+        self.journal = journal
+        self.count = 0
+        """The next sequence number: events appended so far, stored or not."""
+        self.durable = 0
+        """Events `[0, durable)` are stored and published."""
+        self._window: deque[ev.SessionEvent] = deque(maxlen=window if journal else None)
         self.observers: list[Observer] = []
-        """Called after each commit; failures are logged and contained."""
+        """Called in-process at each append; failures are logged and contained."""
+        self.committed_observers: list[Observer] = []
+        """Called once each event is stored, in order; failures are logged and contained."""
         self.pre_commit: list[Observer] = []
-        """Called before each commit; a throw vetoes the append."""
+        """Called before each append; a throw vetoes the append."""
         self.agent_id = ""
         """The live agent driving this session, if any."""
         self.max_turn = 0
@@ -69,16 +101,34 @@ class SessionLog:
         """The turn whose `turn/start` is the last boundary; 0 when none is open."""
         self.request_header: c.RequestHeader | None = None
         """The latest logged request header (the fold: the latest snapshot wins)."""
+        self.failure: AgentLoopError | None = None
+        """Why the store refused this session's writes, once it has (nothing commits then)."""
+        self.inbox: dict[int, InboxEntry] = {entry.entry_id: entry for entry in inbox}
+        """The durable inbox: accepted messages no event records yet, by entry id."""
+        self._next_entry = max(self.inbox, default=0) + 1
         self._history: list[c.Message] = []
         self._surface: list[c.Message | None] = []
         self._publishing = False
         self._waiters: list[asyncio.Future[None]] = []
         self.observer_failures = 0
         for event in seed:
-            self._commit(event)
+            self._apply(event)
+            self._window.append(event)
+            self.count += 1
+        self.durable = self.count
 
     def __len__(self) -> int:
-        return len(self.events)
+        return self.count
+
+    @property
+    def events(self) -> list[ev.SessionEvent]:
+        """The events held in memory: the whole log while it fits the window, else its tail."""
+        return list(self._window)
+
+    @property
+    def window_start(self) -> int:
+        """The sequence number of the oldest event held in memory."""
+        return self.count - len(self._window)
 
     def append(
         self,
@@ -86,13 +136,19 @@ class SessionLog:
         payload: Any,
         *,
         source_event_seqs: Sequence[int] = (),
+        consumes: tuple[int, ...] = (),
     ) -> ev.SessionEvent:
-        """Append one event whose payload field is `kind`; returns the committed event."""
+        """Append one event whose payload field is `kind`; returns the event.
+
+        `consumes` names the inbox entries this event records: they leave the durable
+        inbox in the same commit as the event, so a message is pending or recorded,
+        never both and never neither.
+        """
         if self._publishing:
             raise ReentrantAppend(
                 "session append cannot reenter while another append is being published"
             )
-        event = ev.SessionEvent(seq=len(self.events), time=now_timestamp(), **{kind: payload})
+        event = ev.SessionEvent(seq=self.count, time=now_timestamp(), **{kind: payload})
         if kind in SURFACE_KINDS:
             event.surface_op.CopyFrom(APPEND)
             event.source_event_seqs.extend(source_event_seqs)
@@ -100,17 +156,76 @@ class SessionLog:
             raise ValueError(f"{kind} is not a surface event and takes no source_event_seqs")
         for check in self.pre_commit:
             check(event)
-        self._commit(event)
+        self._apply(event)
+        self.count += 1
+        self._window.append(event)
+        for entry_id in consumes:
+            self.inbox.pop(entry_id, None)
+        if self.journal is not None:
+            self.journal.append(self, event, consumes)
         self._publish(event)
+        if self.journal is None:
+            self.published([event])
         return event
+
+    def accept(
+        self, kind: str, message: ev.UserMessage | ev.ContextMessage, record: RequestRecord | None
+    ) -> InboxEntry:
+        """Put an accepted message in the durable inbox (with its request record)."""
+        entry = InboxEntry(self._next_entry, kind, message)
+        self._next_entry += 1
+        self.inbox[entry.entry_id] = entry
+        if self.journal is not None:
+            self.journal.put(self, entry, record)
+        return entry
+
+    def adopt(self, entries: Sequence[InboxEntry]) -> None:
+        """Take up inbox entries the store already moved to this session."""
+        for entry in entries:
+            self.inbox[entry.entry_id] = entry
+        self._next_entry = max(self.inbox, default=0) + 1
+
+    async def settle(self) -> None:
+        """Wait until everything so far is stored; raises the store's refusal, if any."""
+        if self.journal is not None:
+            await asyncio.shield(self.journal.sync())
+        if self.failure is not None:
+            raise self.failure
 
     def derive_messages(self) -> list[c.Message]:
         """The history: one message per projecting surface node, in order."""
         return list(self._history)
 
+    async def read(
+        self, start: int, limit: int, max_bytes: int | None = None
+    ) -> list[ev.SessionEvent]:
+        """Up to `limit` stored events from `start` (at least one, then within `max_bytes`)."""
+        out: list[ev.SessionEvent] = []
+        size = 0
+        while len(out) < limit:
+            pos = start + len(out)
+            end = min(self.durable, start + limit)
+            if pos >= end:
+                break
+            first = self.window_start
+            if pos >= first:
+                chunk = list(itertools.islice(self._window, pos - first, end - first))
+            else:
+                assert self.journal is not None  # a detached log keeps every event
+                chunk = await self.journal.store.read(self.session_id, pos, min(end, first))
+                if not chunk:
+                    break
+            for event in chunk:
+                if max_bytes is not None:
+                    size += event.ByteSize()
+                    if out and size > max_bytes:
+                        return out
+                out.append(event)
+        return out
+
     async def wait_beyond(self, seq: int) -> None:
-        """Wait until the log holds an event with sequence number `seq` (or more)."""
-        if len(self.events) > seq:
+        """Wait until the stored log holds an event with sequence number `seq` (or more)."""
+        if self.durable > seq:
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
@@ -127,8 +242,26 @@ class SessionLog:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def _commit(self, event: ev.SessionEvent) -> None:
-        self.events.append(event)
+    def published(self, events: Sequence[ev.SessionEvent]) -> None:
+        """The journal stored `events`: advance the durable mark and tell the readers."""
+        if events:
+            self.durable = events[-1].seq + 1
+            for observer in self.committed_observers:
+                for event in events:
+                    try:
+                        observer(event)
+                    except Exception:
+                        self.observer_failures += 1
+                        log.warning("post-commit session observer failed", exc_info=True)
+        if self._waiters:
+            self.wake_waiters()
+
+    def fail(self, error: AgentLoopError) -> None:
+        """The store refused this session's writes: nothing of it commits from now on."""
+        self.failure = error
+        self.wake_waiters()
+
+    def _apply(self, event: ev.SessionEvent) -> None:
         kind = event.WhichOneof("payload")
         if kind == "turn_start":
             self.max_turn = max(self.max_turn, event.turn_start.turn)
@@ -162,8 +295,6 @@ class SessionLog:
                     log.warning("session/event observer failed", exc_info=True)
         finally:
             self._publishing = False
-        if self._waiters:
-            self.wake_waiters()
 
 
 def _wrap(tag: str, source: c.Source, content: Sequence[c.ContentBlock]) -> list[c.ContentBlock]:
@@ -215,6 +346,7 @@ def session_message(session: SessionLog) -> session_pb2.Session:
         session_id=session.session_id,
         agent_id=session.agent_id,
         header=session.header,
-        event_count=len(session),
+        event_count=session.durable,
         turn_count=session.max_turn,
+        pending_messages=len(session.inbox),
     )

@@ -14,9 +14,11 @@ from server.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    OutOfRange,
     ResourceExhausted,
     SessionDamaged,
 )
+from server.stores import StoreConflict
 
 CODES: list[tuple[type[AgentLoopError], grpc.StatusCode]] = [
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
@@ -24,7 +26,9 @@ CODES: list[tuple[type[AgentLoopError], grpc.StatusCode]] = [
     (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (OutOfRange, grpc.StatusCode.OUT_OF_RANGE),
     (SessionDamaged, grpc.StatusCode.DATA_LOSS),
+    (StoreConflict, grpc.StatusCode.ABORTED),
 ]
 
 Response = TypeVar("Response")

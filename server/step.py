@@ -194,7 +194,7 @@ async def run_tools(agent: Agent, turn: Turn, calls: list[c.ToolCallBlock]) -> N
         session.append("tool_result", result, source_event_seqs=[call_seq])
 
     def on_context(context: d.HookContext) -> None:
-        agent.deferred.append(context_message(context))
+        agent.deferred.append((context_message(context), ()))
 
     agent.tool_batch_active = True
     try:
@@ -211,12 +211,13 @@ async def run_tools(agent: Agent, turn: Turn, calls: list[c.ToolCallBlock]) -> N
             on_call=on_call,
             on_result=on_result,
             on_context=on_context,
+            before_dispatch=session.settle,
         )
     finally:
         agent.tool_batch_active = False
         deferred, agent.deferred = agent.deferred, []
-        for message in deferred:
-            session.append("context_message", message)
+        for message, consumes in deferred:
+            session.append("context_message", message, consumes=consumes)
 
 
 def log_header(agent: Agent, header: c.RequestHeader, first_request: bool) -> None:

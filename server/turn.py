@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from agentloop.v1 import session_event_pb2 as ev
 from server.agent import Agent
 from server.errors import Aborted, CodedError
+from server.inbox import Pending
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,8 @@ class Turn:
     max_tokens: bool = False
     step_open: bool = False
     terminal: bool = False
+    unsubmitted: list[Pending] = field(default_factory=list)
+    """Drained messages that prompt-submit has not recorded yet."""
 
 
 def drain_steering(agent: Agent, turn: Turn) -> bool:
@@ -37,7 +40,13 @@ def drain_steering(agent: Agent, turn: Turn) -> bool:
     for item in items:
         agent.session.append(
             "steering_message",
-            ev.SteeringMessage(turn=turn.number, content=item.content, source=item.source),
+            ev.SteeringMessage(
+                turn=turn.number,
+                content=item.content,
+                source=item.source,
+                request_id=item.request_id,
+            ),
+            consumes=item.consumes,
         )
     return bool(items)
 

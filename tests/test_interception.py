@@ -97,7 +97,9 @@ async def test_throwing_prompt_submit_fails_at_step_zero_and_the_loop_survives(
 
     harness.runtime.seams.on(S.PROMPT_SUBMIT, boom)
     await harness.turn(agent, "one")
-    assert kinds(agent) == ["turn_start", "turn_end"]
+    # The message the failed turn drained is recorded as dropped, not lost silently.
+    assert kinds(agent) == ["turn_start", "message_dropped", "turn_end"]
+    assert "policy crashed" in agent.session.events[1].message_dropped.reason
     error = turn_ends(agent)[0].error
     assert error.step == 0 and "policy crashed" in error.message
     await harness.turn(agent, "two")

@@ -13,7 +13,7 @@ from agentloop.v1 import agent_pb2
 from agentloop.v1 import decision_pb2 as d
 from server import seams as S
 from server.errors import AgentDisposed, AlreadyExists, FailedPrecondition, InvalidArgument
-from tests.harness import Harness, kinds, reason_kinds, text_block, text_step
+from tests.harness import Harness, kinds, reason_kinds, text_block, text_step, turn_ends
 
 
 async def test_session_id_defaults_to_agent_session_uuid(harness: Harness) -> None:
@@ -152,9 +152,15 @@ async def test_when_idle_resolves_when_a_cancel_drops_the_queued_turn(harness: H
     agent = await harness.create(script=[text_step("x")])
     agent.send([text_block("a")])
     waiter = asyncio.ensure_future(agent.when_idle())
-    agent.cancel()  # before the driver woke: the turn never opens
+    assert agent.cancel("never mind") == (True, 1)  # before the driver woke: no step runs
     await asyncio.wait_for(waiter, 5)
-    assert kinds(agent) == []
+    # The accepted message is not lost silently: a zero-step turn records its drop.
+    assert kinds(agent) == ["turn_start", "message_dropped", "turn_end"]
+    dropped = agent.session.events[1].message_dropped
+    assert dropped.content[0].text.text == "a"
+    assert dropped.reason == "cancelled: never mind"
+    assert turn_ends(agent)[0].aborted.reason == "never mind"
+    assert agent.session.inbox == {}
 
 
 async def test_resume_continues_history_turns_and_seqs(harness: Harness) -> None:

@@ -311,7 +311,7 @@ async def test_default_cancel_reason_and_marker_reset(harness: Harness) -> None:
     agent = await harness.create(script=[text_step("slow", chunk_delay=delay), text_step("ok")])
     agent.send([text_block("go")])
     await agent.session.wait_beyond(4)
-    assert agent.cancel() is True
+    assert agent.cancel() == (True, 0)
     await asyncio.wait_for(agent.when_idle(), 5)
     assert turn_ends(agent)[0].aborted.reason == "cancelled"
     await harness.turn(agent, "again")
@@ -320,7 +320,7 @@ async def test_default_cancel_reason_and_marker_reset(harness: Harness) -> None:
 
 async def test_idle_cancel_is_a_noop(harness: Harness) -> None:
     agent = await harness.create(script=[text_step("ok")])
-    assert agent.cancel() is False
+    assert agent.cancel() == (False, 0)
     await harness.turn(agent, "hi")
     assert reason_kinds(agent) == ["completed"]
 
@@ -353,7 +353,10 @@ async def test_cancel_from_running_listener_opens_no_turn(harness: Harness) -> N
     harness.runtime.seams.on(S.STATUS, on_status, agent_id="a1")
     agent.send([text_block("go")])
     await asyncio.wait_for(agent.when_idle(), 5)
-    assert kinds(agent) == []
+    # No step runs; the dropped message is recorded in a zero-step aborted turn.
+    assert kinds(agent) == ["turn_start", "message_dropped", "turn_end"]
+    assert reason_kinds(agent) == ["aborted"]
+    assert harness.model.requests == []
 
 
 async def test_cancel_clears_steering(harness: Harness) -> None:

@@ -13,6 +13,7 @@ from server.stores.memory import MemoryStore
 from server.stores.sqlite import SqliteStore
 from tests.harness import Harness, kinds, reason_kinds, text_step, tool_step
 from tests.invariants import check_log
+from tests.stores import append_events
 
 OPTIONS = agent_pb2.AgentOptions(provider="scripted", model="m", tools=["word_count"])
 
@@ -31,7 +32,7 @@ async def test_every_turn_is_stored_when_the_agent_goes_idle(db: Path) -> None:
     h = Harness(store=SqliteStore(db))
     agent = await h.create(session_id="s", tools=["word_count"])
     await h.turn(agent, "one two")
-    _, stored = await h.runtime.store.load("s")
+    stored = (await h.runtime.store.load("s")).events
     assert stored == agent.session.events
     await h.factory.close()
     await h.runtime.store.close()
@@ -81,7 +82,7 @@ async def test_a_crash_tail_is_closed_as_interrupted_and_persisted(db: Path) -> 
         ),
     ]
     await h.factory.close()
-    await store.append("s", tail)
+    await append_events(store, "s", tail)
     await store.close()
 
     h2 = await restart(db)
@@ -91,7 +92,7 @@ async def test_a_crash_tail_is_closed_as_interrupted_and_persisted(db: Path) -> 
         "turn_start", "step_start", "tool_call", "tool_result", "step_end", "turn_end"
     ]  # fmt: skip
     assert reason_kinds(resumed)[-1] == "interrupted"
-    _, on_disk = await h2.runtime.store.load("s")
+    on_disk = (await h2.runtime.store.load("s")).events
     assert len(on_disk) == len(resumed.session)  # the repair itself was stored
     await h2.turn(resumed, "after the crash")
     assert resumed.session.max_turn == 3

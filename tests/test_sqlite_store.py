@@ -11,7 +11,9 @@ from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
 from server.errors import AlreadyExists, NotFound, SessionDamaged
 from server.session import SessionLog
+from server.stores import StoreConflict
 from server.stores.sqlite import SqliteStore
+from tests.stores import append_events, create_session
 
 
 def sample_events(turns: int) -> list[ev.SessionEvent]:
@@ -31,11 +33,12 @@ async def store(tmp_path: Path):
 
 async def test_round_trip_and_counts(store: SqliteStore) -> None:
     header = session_pb2.SessionHeader(cwd="/w")
-    await store.create("s1", header)
+    await create_session(store, "s1", header)
     events = sample_events(3)
-    await store.append("s1", events[:2])
-    await store.append("s1", events[2:])
-    loaded_header, loaded = await store.load("s1")
+    await append_events(store, "s1", events[:2])
+    await append_events(store, "s1", events[2:])
+    loaded_session = await store.load("s1")
+    loaded_header, loaded = loaded_session.header, loaded_session.events
     assert loaded_header == header and loaded == events
     summary = await store.summary("s1")
     assert (summary.event_count, summary.turn_count) == (6, 3)
@@ -44,29 +47,29 @@ async def test_round_trip_and_counts(store: SqliteStore) -> None:
 
 
 async def test_duplicates_gaps_and_unknown_sessions(store: SqliteStore) -> None:
-    await store.create("s1", session_pb2.SessionHeader())
+    await create_session(store, "s1", session_pb2.SessionHeader())
     with pytest.raises(AlreadyExists):
-        await store.create("s1", session_pb2.SessionHeader())
+        await create_session(store, "s1", session_pb2.SessionHeader())
     with pytest.raises(NotFound):
         await store.load("nope")
     events = sample_events(2)
-    with pytest.raises(SessionDamaged, match="does not follow"):
-        await store.append("s1", events[1:])
-    _, stored = await store.load("s1")
+    with pytest.raises(StoreConflict, match="does not follow"):
+        await append_events(store, "s1", events[1:])
+    stored = (await store.load("s1")).events
     assert stored == []  # the rejected append wrote nothing
 
 
 async def test_a_corrupt_row_damages_only_its_session(store: SqliteStore, tmp_path: Path) -> None:
     for name in ("good", "bad"):
-        await store.create(name, session_pb2.SessionHeader())
-        await store.append(name, sample_events(1))
+        await create_session(store, name, session_pb2.SessionHeader())
+        await append_events(store, name, sample_events(1))
     await store.close()
     with sqlite3.connect(tmp_path / "data" / "agentloop.db") as db:
         db.execute("UPDATE events SET event = X'FFFFFFFF' WHERE session_id = 'bad' AND seq = 1")
     reopened = SqliteStore(tmp_path / "data" / "agentloop.db")
     with pytest.raises(SessionDamaged, match='session "bad" is damaged'):
         await reopened.load("bad")
-    _, good = await reopened.load("good")
+    good = (await reopened.load("good")).events
     assert len(good) == 2
     await reopened.close()
 

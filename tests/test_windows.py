@@ -100,7 +100,10 @@ async def test_a_running_listener_that_cancels_and_queues_replacement_work(
     prompts = [plain_text(e.user_message.content) for e in agent.session.events
                if e.HasField("user_message")]  # fmt: skip
     assert prompts == ["B"]  # A was dropped, B ran, and when_idle waited for it
-    assert reason_kinds(agent) == ["completed"]
+    dropped = [plain_text(e.message_dropped.content) for e in agent.session.events
+               if e.HasField("message_dropped")]  # fmt: skip
+    assert dropped == ["A"]  # recorded, in the zero-step turn of the cancel
+    assert reason_kinds(agent) == ["aborted", "completed"]
 
 
 async def test_the_flush_is_awaited_before_idle(harness: Harness) -> None:

@@ -1,18 +1,102 @@
-"""Session stores: where session logs are kept between turns and across restarts.
+"""Session stores: the log of record.
 
-The loop writes to a store at every turn-end flush; a store never sees an event
-twice. Reads return the stored events in sequence order; a session that cannot be
-read raises `SessionDamaged`.
+A store keeps, per session, its header, its events (in sequence order, each stored
+once as the protobuf message of the contract) and its durable inbox (accepted
+messages that no turn has recorded yet); and, per agent id, the answers of calls
+made with a `request_id`. Everything one group commit writes (`Commit`) lands in
+one transaction: after a crash a commit is either whole or absent.
+
+Appends are fenced: a session's events in a commit must start exactly at the
+stored event count, so a second writer (a replica that lost ownership, a stale
+process) can never interleave; the store refuses with `StoreConflict`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
+from server.errors import AgentLoopError, InvalidArgument
+
+INBOX_MESSAGE = "message"
+INBOX_STEERING = "steering"
+INBOX_CONTEXT = "context"
+
+
+class StoreConflict(AgentLoopError):
+    """An append did not follow the stored log: another writer got there first."""
+
+
+@dataclass(frozen=True)
+class InboxEntry:
+    """An accepted message waiting in a session's durable inbox.
+
+    `message` is a `UserMessage` (kind message or steering) or a `ContextMessage`
+    (kind context), carrying content, source and request id.
+    """
+
+    entry_id: int
+    kind: str
+    message: ev.UserMessage | ev.ContextMessage
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """The first answer to a call made with a request id."""
+
+    agent_id: str
+    request_id: str
+    method: str
+    response: bytes
+
+
+@dataclass
+class SessionWrites:
+    """What one commit writes for one session."""
+
+    create: session_pb2.SessionHeader | None = None
+    """Create the session with this header first (its first events may follow)."""
+    driver: str = ""
+    """The agent now driving the session (recorded so its pending work can follow it)."""
+    events: list[ev.SessionEvent] = field(default_factory=list)
+    """New events; the first one's seq must equal the stored event count."""
+    inbox_put: list[InboxEntry] = field(default_factory=list)
+    inbox_take: list[int] = field(default_factory=list)
+    """Entry ids recorded by an event of this commit (or dropped), removed."""
+    requests: list[RequestRecord] = field(default_factory=list)
+    """First answers of calls with a request id that wrote to this session."""
+
+    def empty(self) -> bool:
+        """Whether there is nothing to write."""
+        return not (
+            self.create is not None
+            or self.driver
+            or self.events
+            or self.inbox_put
+            or self.inbox_take
+            or self.requests
+        )
+
+
+@dataclass
+class Commit:
+    """Everything one group commit writes, in one transaction."""
+
+    sessions: dict[str, SessionWrites] = field(default_factory=dict)
+
+    def of(self, session_id: str) -> SessionWrites:
+        """The writes of `session_id` in this commit (created on first use)."""
+        writes = self.sessions.get(session_id)
+        if writes is None:
+            writes = self.sessions[session_id] = SessionWrites()
+        return writes
+
+    def empty(self) -> bool:
+        """Whether the commit writes nothing."""
+        return all(w.empty() for w in self.sessions.values())
 
 
 @dataclass(frozen=True)
@@ -22,39 +106,24 @@ class SessionSummary:
     header: session_pb2.SessionHeader
     event_count: int
     turn_count: int
+    pending: int = 0
+    """Entries in the durable inbox."""
+
+
+@dataclass(frozen=True)
+class StoredSession:
+    """A whole stored session, as a load returns it."""
+
+    header: session_pb2.SessionHeader
+    events: list[ev.SessionEvent]
+    inbox: list[InboxEntry]
 
 
 class SessionStore(Protocol):
-    """A place to keep sessions."""
+    """A place to keep sessions: the interface every store implements."""
 
     persistent: bool
     """Whether sessions survive a restart of the server."""
-
-    async def create(self, session_id: str, header: session_pb2.SessionHeader) -> None:
-        """Record a new session and its header; raises `AlreadyExists` if it exists."""
-        ...
-
-    async def append(self, session_id: str, events: Sequence[ev.SessionEvent]) -> None:
-        """Durably add events that follow the ones stored."""
-        ...
-
-    async def exists(self, session_id: str) -> bool:
-        """Whether the session is stored."""
-        ...
-
-    async def load(
-        self, session_id: str
-    ) -> tuple[session_pb2.SessionHeader, list[ev.SessionEvent]]:
-        """The header and every event; raises `NotFound` if the session is unknown."""
-        ...
-
-    async def summary(self, session_id: str) -> SessionSummary:
-        """The header and counts; raises `NotFound` if the session is unknown."""
-        ...
-
-    async def list_ids(self) -> list[str]:
-        """Every stored session id, sorted."""
-        ...
 
     async def open(self) -> None:
         """Open the store now (creating it if needed) rather than on first use."""
@@ -63,3 +132,99 @@ class SessionStore(Protocol):
     async def close(self) -> None:
         """Release the store's resources."""
         ...
+
+    async def commit(self, commit: Commit) -> None:
+        """Write everything in `commit` in one transaction.
+
+        Raises `AlreadyExists` when a session to create exists, `NotFound` when a
+        session written to does not, `StoreConflict` when events do not follow the
+        stored ones.
+        """
+        ...
+
+    async def exists(self, session_id: str) -> bool:
+        """Whether the session is stored."""
+        ...
+
+    async def load(self, session_id: str) -> StoredSession:
+        """The header, every event and the inbox; `NotFound` if unknown."""
+        ...
+
+    async def read(self, session_id: str, start: int, end: int) -> list[ev.SessionEvent]:
+        """The stored events with `start <= seq < end`, in order."""
+        ...
+
+    async def summary(self, session_id: str) -> SessionSummary:
+        """The header and counts; `NotFound` if the session is unknown."""
+        ...
+
+    async def list_ids(self) -> list[str]:
+        """Every stored session id, sorted."""
+        ...
+
+    async def fork(
+        self,
+        source_id: str,
+        boundary_seq: int | None,
+        new_id: str,
+        header: session_pb2.SessionHeader,
+    ) -> int:
+        """Create `new_id` with the events of `source_id` up to a `turn_end`, atomically.
+
+        `boundary_seq` None means the last `turn_end`. Returns the seed length.
+        Raises `InvalidArgument` (field `boundary_seq`) for a boundary that is not a
+        stored `turn_end`, `AlreadyExists` if `new_id` exists, `NotFound` if the
+        source is unknown.
+        """
+        ...
+
+    async def find_request(self, agent_id: str, request_id: str) -> RequestRecord | None:
+        """The recorded answer of an earlier call with this request id, if any."""
+        ...
+
+    async def adopt_pending(self, agent_id: str, session_id: str) -> list[InboxEntry]:
+        """Move the inbox of every other session last driven by `agent_id` to `session_id`.
+
+        Used when a config agent starts on a fresh session: what it had accepted
+        before a shutdown or a crash comes back with it. Returns the moved entries
+        in acceptance order, renumbered after the target's own.
+        """
+        ...
+
+
+def check_follows(session_id: str, stored: int, events: Sequence[ev.SessionEvent]) -> None:
+    """Raise `StoreConflict` unless `events` start at `stored` and have no gaps."""
+    for offset, event in enumerate(events):
+        if event.seq != stored + offset:
+            raise StoreConflict(
+                f'session "{session_id}": event {event.seq} does not follow the'
+                f" {stored + offset} stored"
+            )
+
+
+def turn_of(events: Sequence[ev.SessionEvent]) -> int:
+    """The highest `turn_start` turn among `events` (0 if none)."""
+    return max((e.turn_start.turn for e in events if e.HasField("turn_start")), default=0)
+
+
+def fork_boundary(
+    session_id: str, boundary_seq: int | None, count: int, kind_at: str | None, last_end: int | None
+) -> int:
+    """The validated fork boundary: a stored `turn_end` (default: the last one).
+
+    `kind_at` is the payload kind of the event at `boundary_seq` (None when it is out
+    of range); `last_end` the seq of the last `turn_end` (None when there is none).
+    """
+    if boundary_seq is None:
+        if last_end is None:
+            raise InvalidArgument("boundary_seq", f'session "{session_id}" has no turn_end')
+        return last_end
+    if boundary_seq >= count or kind_at is None:
+        raise InvalidArgument(
+            "boundary_seq", f"{boundary_seq} is out of range (the log has {count} events)"
+        )
+    if kind_at != "turn_end":
+        raise InvalidArgument(
+            "boundary_seq", f"event {boundary_seq} is a {kind_at}, not a turn_end"
+        )
+    return boundary_seq

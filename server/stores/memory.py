@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
 from server.errors import AlreadyExists, NotFound
-from server.stores import SessionSummary
+from server.stores import (
+    Commit,
+    InboxEntry,
+    RequestRecord,
+    SessionSummary,
+    StoredSession,
+    check_follows,
+    fork_boundary,
+    turn_of,
+)
+
+
+@dataclass
+class _Session:
+    header: session_pb2.SessionHeader
+    driver: str = ""
+    events: list[ev.SessionEvent] = field(default_factory=list)
+    inbox: dict[int, InboxEntry] = field(default_factory=dict)
+    turns: int = 0
 
 
 class MemoryStore:
@@ -15,45 +33,14 @@ class MemoryStore:
 
     A server started with `store: memory` keeps no sessions across restarts and says
     so (`persistent` is False: resume is refused). Tests pass `persistent=True` to
-    exercise resume without a file.
+    exercise resume without a file. A commit is checked whole before anything is
+    applied, so a refused commit changes nothing, as a rolled-back transaction.
     """
 
     def __init__(self, *, persistent: bool = False) -> None:
         self.persistent = persistent
-        self._sessions: dict[str, tuple[session_pb2.SessionHeader, list[ev.SessionEvent]]] = {}
-
-    async def create(self, session_id: str, header: session_pb2.SessionHeader) -> None:
-        """Record a new session."""
-        if session_id in self._sessions:
-            raise AlreadyExists(f'session "{session_id}" already exists')
-        self._sessions[session_id] = (header, [])
-
-    async def append(self, session_id: str, events: Sequence[ev.SessionEvent]) -> None:
-        """Add events after the stored ones."""
-        stored = self._sessions[session_id][1]
-        for event in events:
-            if event.seq != len(stored):
-                raise ValueError(f"session {session_id}: event {event.seq} after {len(stored)}")
-            stored.append(event)
-
-    async def exists(self, session_id: str) -> bool:
-        """Whether the session is stored."""
-        return session_id in self._sessions
-
-    async def load(
-        self, session_id: str
-    ) -> tuple[session_pb2.SessionHeader, list[ev.SessionEvent]]:
-        """The header and events of a session."""
-        if session_id not in self._sessions:
-            raise NotFound(f'session "{session_id}" not found')
-        header, events = self._sessions[session_id]
-        return header, list(events)
-
-    async def summary(self, session_id: str) -> SessionSummary:
-        """The header and counts of a session."""
-        header, events = await self.load(session_id)
-        turns = max((e.turn_start.turn for e in events if e.HasField("turn_start")), default=0)
-        return SessionSummary(header, len(events), turns)
+        self._sessions: dict[str, _Session] = {}
+        self._requests: dict[tuple[str, str], RequestRecord] = {}
 
     async def open(self) -> None:
         """Nothing to open."""
@@ -61,6 +48,112 @@ class MemoryStore:
     async def close(self) -> None:
         """Nothing to release."""
 
+    async def commit(self, commit: Commit) -> None:
+        """Apply every write of the commit, or none."""
+        for session_id, writes in commit.sessions.items():
+            stored = self._sessions.get(session_id)
+            if writes.create is not None:
+                if stored is not None:
+                    raise AlreadyExists(f'session "{session_id}" already exists')
+                check_follows(session_id, 0, writes.events)
+            elif stored is None:
+                raise NotFound(f'session "{session_id}" not found')
+            else:
+                check_follows(session_id, len(stored.events), writes.events)
+        for session_id, writes in commit.sessions.items():
+            if writes.create is not None:
+                self._sessions[session_id] = _Session(writes.create)
+            session = self._sessions[session_id]
+            if writes.driver:
+                session.driver = writes.driver
+            session.events.extend(writes.events)
+            session.turns = max(session.turns, turn_of(writes.events))
+            for entry in writes.inbox_put:
+                session.inbox[entry.entry_id] = entry
+            for entry_id in writes.inbox_take:
+                session.inbox.pop(entry_id, None)
+            for record in writes.requests:
+                self._requests.setdefault((record.agent_id, record.request_id), record)
+
+    async def exists(self, session_id: str) -> bool:
+        """Whether the session is stored."""
+        return session_id in self._sessions
+
+    async def load(self, session_id: str) -> StoredSession:
+        """The header, events and inbox of a session."""
+        session = self._get(session_id)
+        inbox = [session.inbox[k] for k in sorted(session.inbox)]
+        return StoredSession(session.header, list(session.events), inbox)
+
+    async def read(self, session_id: str, start: int, end: int) -> list[ev.SessionEvent]:
+        """The stored events in `[start, end)`."""
+        return self._get(session_id).events[start:end]
+
+    async def summary(self, session_id: str) -> SessionSummary:
+        """The header and counts of a session."""
+        session = self._get(session_id)
+        return SessionSummary(
+            session.header, len(session.events), session.turns, len(session.inbox)
+        )
+
     async def list_ids(self) -> list[str]:
         """Every session id, sorted."""
         return sorted(self._sessions)
+
+    async def fork(
+        self,
+        source_id: str,
+        boundary_seq: int | None,
+        new_id: str,
+        header: session_pb2.SessionHeader,
+    ) -> int:
+        """Copy the source's events up to a `turn_end` into a new session."""
+        source = self._get(source_id)
+        events = source.events
+        kind_at = (
+            events[boundary_seq].WhichOneof("payload")
+            if boundary_seq is not None and boundary_seq < len(events)
+            else None
+        )
+        ends = [e.seq for e in events if e.HasField("turn_end")]
+        boundary = fork_boundary(
+            source_id, boundary_seq, len(events), kind_at, ends[-1] if ends else None
+        )
+        if new_id in self._sessions:
+            raise AlreadyExists(f'session "{new_id}" already exists')
+        seed = events[: boundary + 1]
+        header.seed_length = len(seed)
+        self._sessions[new_id] = _Session(header, events=list(seed), turns=turn_of(seed))
+        return len(seed)
+
+    async def find_request(self, agent_id: str, request_id: str) -> RequestRecord | None:
+        """The recorded answer of an earlier call, if any."""
+        return self._requests.get((agent_id, request_id))
+
+    async def adopt_pending(self, agent_id: str, session_id: str) -> list[InboxEntry]:
+        """Move the other sessions' inbox entries of `agent_id` here."""
+        target = self._get(session_id)
+        moved: list[InboxEntry] = []
+        next_id = max(target.inbox, default=0) + 1
+
+        def created(other_id: str) -> tuple[int, str]:
+            return (self._sessions[other_id].header.create_time.ToNanoseconds(), other_id)
+
+        for other_id in sorted(self._sessions, key=created):
+            other = self._sessions[other_id]
+            if other_id == session_id or other.driver != agent_id or not other.inbox:
+                continue
+            for key in sorted(other.inbox):
+                entry = other.inbox[key]
+                moved.append(InboxEntry(next_id, entry.kind, entry.message))
+                next_id += 1
+            other.inbox.clear()
+        for entry in moved:
+            target.inbox[entry.entry_id] = entry
+        return moved
+
+    def _get(self, session_id: str) -> _Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise NotFound(f'session "{session_id}" not found')
+        return session

@@ -32,6 +32,7 @@ from server.stores.sqlite import SqliteStore
 from tests.e2e.conftest import READ_TIMEOUT, Client, EventStream, kinds, read_turn
 from tests.invariants import check_log
 from tests.processes import ServerProcess, server_process
+from tests.stores import append_events
 
 T = READ_TIMEOUT
 """The deadline of every unary call and of every wait on the server process."""
@@ -373,49 +374,54 @@ async def stored_log(tmp_path: Path, session_id: str) -> list[ev.SessionEvent]:
     """What the SQLite file holds for a session, read in-process (server stopped)."""
     store = SqliteStore(db_path(tmp_path))
     try:
-        _, events = await store.load(session_id)
+        events = (await store.load(session_id)).events
     finally:
         await store.close()
     return events
 
 
-async def test_sigkill_mid_tool_keeps_the_flushed_turns_exactly(tmp_path: Path) -> None:
+async def test_sigkill_mid_tool_keeps_every_seen_event_and_repairs_the_turn(
+    tmp_path: Path,
+) -> None:
     async with running_server(tmp_path) as server:
         session_id = await create(server, "sleeper", sleeper_options())
         first = await run_turn(server, "sleeper", "answer me")
         assert turn_number(first) == 1 and reason(first[-1]) == "completed"
-        flushed = await list_events(server, session_id)
 
         sent = await server.agents.SendMessage(
             api.SendMessageRequest(agent_id="sleeper", text="now sleep"), timeout=T
         )
-        with EventStream(server.agents, agent_id="sleeper", from_seq=sent.next_seq) as stream:
+        with EventStream(server.agents, agent_id="sleeper", from_seq=0) as stream:
             call = await stream.until("tool_call")
+            seen = list(stream.events)
         assert (call.tool_call.turn, call.tool_call.name) == (2, "sleep")
+        assert sent.next_seq == len(first) + first[0].seq
         await server.crash()
 
-    # A turn's events are written together when it ends (README, "Where sessions
-    # live"), so the open turn 2 never reached the file: the store holds exactly the
-    # completed turn 1, byte for byte. There is nothing for crash repair to close, so
-    # no `interrupted` turn appears; the message that opened turn 2 is lost with it.
-    # (Repair of a stored open turn is tested below, by writing one into the file.)
+    # Every event is stored before anyone sees it: the file holds everything the
+    # stream delivered, byte for byte, the open turn 2 included.
     on_disk = await stored_log(tmp_path, session_id)
-    assert as_bytes(on_disk) == as_bytes(flushed)
+    assert as_bytes(on_disk[: len(seen)]) == as_bytes(seen)
+    assert kinds(on_disk)[-1] == "tool_call"
 
     async with running_server(tmp_path) as server:
         listed = await list_sessions(server)
-        assert session_id in listed
-        assert (listed[session_id].event_count, listed[session_id].turn_count) == (len(flushed), 1)
-        assert not listed[session_id].load_error
+        assert session_id in listed and not listed[session_id].load_error
 
         await resume(server, "back", session_id)
         reloaded = await list_events(server, session_id)
-        assert as_bytes(reloaded) == as_bytes(flushed)
-        assert "interrupted" not in [reason(e) for e in reloaded if e.HasField("turn_end")]
+        assert as_bytes(reloaded[: len(seen)]) == as_bytes(seen)
+        # The turn open at the crash is closed on load as the reference says.
+        assert kinds(reloaded)[len(seen) :] == ["tool_result", "step_end", "turn_end"]
+        interrupted = reloaded[len(seen)].tool_result
+        assert interrupted.call_id == call.tool_call.call_id and interrupted.is_error
+        assert interrupted.error.name == "InterruptedError"
+        assert reason(reloaded[-1]) == "interrupted"
+        check_log(reloaded)
 
-        # The next turn is numbered after the flushed turns, and completes.
+        # The next turn is numbered after the interrupted one, and completes.
         await run_next_turn(
-            server, "back", session_id, "are you there", turn=2, first_seq=len(flushed)
+            server, "back", session_id, "are you there", turn=3, first_seq=len(reloaded)
         )
         await server.terminate()
 
@@ -429,7 +435,7 @@ async def write_open_tail(tmp_path: Path, session_id: str) -> list[ev.SessionEve
     """
     store = SqliteStore(db_path(tmp_path))
     try:
-        _, events = await store.load(session_id)
+        events = (await store.load(session_id)).events
         turn = max(e.turn_start.turn for e in events if e.HasField("turn_start")) + 1
         seq = len(events)
         surface = ev.SurfaceOp(kind=ev.SURFACE_OP_KIND_APPEND)
@@ -464,7 +470,7 @@ async def write_open_tail(tmp_path: Path, session_id: str) -> list[ev.SessionEve
             ev.SessionEvent(seq=seq + i, time=now_timestamp(), **payload)
             for i, payload in enumerate(payloads)
         ]
-        await store.append(session_id, tail)
+        await append_events(store, session_id, tail)
     finally:
         await store.close()
     return tail

@@ -172,8 +172,11 @@ class AgentQueued(_message.Message):
     CONTENT_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
     STEERING_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     steering: _builtins.bool
     """Steering is true when it was queued as steering of a running turn."""
+    request_id: _builtins.str
+    """RequestID is the request_id of the call, if the caller set one."""
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[_content_pb2.ContentBlock]:
         """Content is the accepted content."""
@@ -188,10 +191,11 @@ class AgentQueued(_message.Message):
         content: _abc.Iterable[_content_pb2.ContentBlock] | None = ...,
         source: _content_pb2.Source | None = ...,
         steering: _builtins.bool = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "source", b"source", "steering", b"steering"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "request_id", b"request_id", "source", b"source", "steering", b"steering"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -34,10 +34,18 @@ class SendMessageRequest(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     CONTENT_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """AgentID is the agent."""
     text: _builtins.str
     """Text is the prompt; a shorthand for one text block in `content`."""
+    request_id: _builtins.str
+    """RequestID makes the call idempotent: a retry with the same id (after a
+    timeout, a disconnect or a restart) returns the first call's answer and
+    queues nothing twice. Ids are scoped to the agent id; at most 128
+    characters; empty means no deduplication. The id is echoed on the events
+    the message produces.
+    """
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[_content_pb2.ContentBlock]:
         """Content is the prompt as content blocks; appended after `text`."""
@@ -53,10 +61,11 @@ class SendMessageRequest(_message.Message):
         text: _builtins.str = ...,
         content: _abc.Iterable[_content_pb2.ContentBlock] | None = ...,
         source: _content_pb2.Source | None = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "content", b"content", "source", b"source", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "content", b"content", "request_id", b"request_id", "source", b"source", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -71,8 +80,9 @@ class SendMessageResponse(_message.Message):
     NEXT_SEQ_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     next_seq: _builtins.int
-    """NextSeq is the session log length when the message was accepted: the
-    events of the turn that answers it come at or after this sequence number.
+    """NextSeq is the durable session log length when the message was accepted:
+    the events of the turn that answers it come at or after this sequence
+    number.
     """
     status: _agent_event_pb2.AgentStatus.ValueType
     """Status is the agent status after acceptance."""
@@ -100,10 +110,18 @@ class SteerMessageRequest(_message.Message):
     TEXT_FIELD_NUMBER: _builtins.int
     CONTENT_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """AgentID is the agent."""
     text: _builtins.str
     """Text is the steering text."""
+    request_id: _builtins.str
+    """RequestID makes the call idempotent: a retry with the same id (after a
+    timeout, a disconnect or a restart) returns the first call's answer and
+    queues nothing twice. Ids are scoped to the agent id; at most 128
+    characters; empty means no deduplication. The id is echoed on the events
+    the message produces.
+    """
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[_content_pb2.ContentBlock]:
         """Content is the steering as content blocks; appended after `text`."""
@@ -119,10 +137,11 @@ class SteerMessageRequest(_message.Message):
         text: _builtins.str = ...,
         content: _abc.Iterable[_content_pb2.ContentBlock] | None = ...,
         source: _content_pb2.Source | None = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "content", b"content", "source", b"source", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "content", b"content", "request_id", b"request_id", "source", b"source", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -168,12 +187,20 @@ class InjectContextRequest(_message.Message):
     SOURCE_FIELD_NUMBER: _builtins.int
     ENVELOPE_FIELD_NUMBER: _builtins.int
     META_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """AgentID is the agent."""
     text: _builtins.str
     """Text is the context; a shorthand for one text block in `content`."""
     envelope: _session_event_pb2.ContextEnvelope.ValueType
     """Envelope is how the context is projected; unset means CONTEXT."""
+    request_id: _builtins.str
+    """RequestID makes the call idempotent: a retry with the same id (after a
+    timeout, a disconnect or a restart) returns the first call's answer and
+    queues nothing twice. Ids are scoped to the agent id; at most 128
+    characters; empty means no deduplication. The id is echoed on the events
+    the message produces.
+    """
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[_content_pb2.ContentBlock]:
         """Content is the context as content blocks; appended after `text`."""
@@ -195,10 +222,11 @@ class InjectContextRequest(_message.Message):
         source: _content_pb2.Source | None = ...,
         envelope: _session_event_pb2.ContextEnvelope.ValueType = ...,
         meta: _struct_pb2.Struct | None = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "source", b"source"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "content", b"content", "envelope", b"envelope", "meta", b"meta", "source", b"source", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "content", b"content", "envelope", b"envelope", "meta", b"meta", "request_id", b"request_id", "source", b"source", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -259,16 +287,22 @@ class CancelTurnResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CANCELLED_FIELD_NUMBER: _builtins.int
+    DROPPED_FIELD_NUMBER: _builtins.int
     cancelled: _builtins.bool
     """Cancelled is true when there was work to cancel."""
+    dropped: _builtins.int
+    """Dropped is how many queued or steering messages were dropped (each is
+    recorded as a `message_dropped` event).
+    """
     def __init__(
         self,
         *,
         cancelled: _builtins.bool = ...,
+        dropped: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "dropped", b"dropped"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

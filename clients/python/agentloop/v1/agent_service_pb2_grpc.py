@@ -33,6 +33,16 @@ class AgentServiceStub:
     client that wants to watch its turn passes the returned `next_seq` as
     `from_seq` to `StreamSessionEvents` and reads until `turn_end`.
 
+    Durability: the session store is the log of record. An event is committed
+    to the store before any client, stream or plugin sees it, so a crash never
+    takes back an event that was seen, and sequence numbers are never reused.
+    SendMessage, SteerMessage and InjectContext return OK only once the message
+    is durable (in the session's inbox, or as events); after a crash or a
+    shutdown each accepted message is either in a stored turn or still pending,
+    and pending messages run, in order and once, when an agent drives the
+    session again. A retry that repeats a call's `request_id` returns the first
+    call's answer and queues nothing twice.
+
     Errors: an empty id gives INVALID_ARGUMENT naming the field; an unknown
     agent or session gives NOT_FOUND; a disposed agent gives
     FAILED_PRECONDITION. A rejected call changes nothing.
@@ -104,6 +114,16 @@ class AgentServiceServicer:
     client that wants to watch its turn passes the returned `next_seq` as
     `from_seq` to `StreamSessionEvents` and reads until `turn_end`.
 
+    Durability: the session store is the log of record. An event is committed
+    to the store before any client, stream or plugin sees it, so a crash never
+    takes back an event that was seen, and sequence numbers are never reused.
+    SendMessage, SteerMessage and InjectContext return OK only once the message
+    is durable (in the session's inbox, or as events); after a crash or a
+    shutdown each accepted message is either in a stored turn or still pending,
+    and pending messages run, in order and once, when an agent drives the
+    session again. A retry that repeats a call's `request_id` returns the first
+    call's answer and queues nothing twice.
+
     Errors: an empty id gives INVALID_ARGUMENT naming the field; an unknown
     agent or session gives NOT_FOUND; a disposed agent gives
     FAILED_PRECONDITION. A rejected call changes nothing.
@@ -137,7 +157,10 @@ class AgentServiceServicer:
 
     def CancelTurn(self, request, context):
         """CancelTurn cancels the running turn (it ends `aborted` with the reason)
-        and drops queued messages and steering. A no-op when the agent is idle.
+        and drops queued messages and steering; each dropped message is recorded
+        as a `message_dropped` event (in the running turn, or in a zero-step turn
+        that ends `aborted` when none is open). It returns once those records are
+        durable. A no-op when the agent is idle with nothing queued.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -191,6 +214,8 @@ class AgentServiceServicer:
         those are not replayed. After a disconnect, reconnect with `from_seq` set
         to one past the last sequence number seen: nothing is lost or repeated.
         The stream ends when the agent is disposed and its log is drained.
+        A `from_seq` past the end of the log is OUT_OF_RANGE at once: no event
+        with that sequence number was ever seen by anyone.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -264,6 +289,16 @@ class AgentService:
     the message is accepted; the turn's work appears as session events. A
     client that wants to watch its turn passes the returned `next_seq` as
     `from_seq` to `StreamSessionEvents` and reads until `turn_end`.
+
+    Durability: the session store is the log of record. An event is committed
+    to the store before any client, stream or plugin sees it, so a crash never
+    takes back an event that was seen, and sequence numbers are never reused.
+    SendMessage, SteerMessage and InjectContext return OK only once the message
+    is durable (in the session's inbox, or as events); after a crash or a
+    shutdown each accepted message is either in a stored turn or still pending,
+    and pending messages run, in order and once, when an agent drives the
+    session again. A retry that repeats a call's `request_id` returns the first
+    call's answer and queues nothing twice.
 
     Errors: an empty id gives INVALID_ARGUMENT naming the field; an unknown
     agent or session gives NOT_FOUND; a disposed agent gives

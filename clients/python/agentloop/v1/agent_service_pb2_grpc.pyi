@@ -34,6 +34,16 @@ class AgentServiceStub:
     client that wants to watch its turn passes the returned `next_seq` as
     `from_seq` to `StreamSessionEvents` and reads until `turn_end`.
 
+    Durability: the session store is the log of record. An event is committed
+    to the store before any client, stream or plugin sees it, so a crash never
+    takes back an event that was seen, and sequence numbers are never reused.
+    SendMessage, SteerMessage and InjectContext return OK only once the message
+    is durable (in the session's inbox, or as events); after a crash or a
+    shutdown each accepted message is either in a stored turn or still pending,
+    and pending messages run, in order and once, when an agent drives the
+    session again. A retry that repeats a call's `request_id` returns the first
+    call's answer and queues nothing twice.
+
     Errors: an empty id gives INVALID_ARGUMENT naming the field; an unknown
     agent or session gives NOT_FOUND; a disposed agent gives
     FAILED_PRECONDITION. A rejected call changes nothing.
@@ -59,7 +69,10 @@ class AgentServiceStub:
     """
     CancelTurn: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.CancelTurnRequest, _agent_service_pb2.CancelTurnResponse]
     """CancelTurn cancels the running turn (it ends `aborted` with the reason)
-    and drops queued messages and steering. A no-op when the agent is idle.
+    and drops queued messages and steering; each dropped message is recorded
+    as a `message_dropped` event (in the running turn, or in a zero-step turn
+    that ends `aborted` when none is open). It returns once those records are
+    durable. A no-op when the agent is idle with nothing queued.
     """
     WaitIdle: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.WaitIdleRequest, _agent_service_pb2.WaitIdleResponse]
     """WaitIdle returns when the agent has no running turn and nothing queued, or
@@ -87,6 +100,8 @@ class AgentServiceStub:
     those are not replayed. After a disconnect, reconnect with `from_seq` set
     to one past the last sequence number seen: nothing is lost or repeated.
     The stream ends when the agent is disposed and its log is drained.
+    A `from_seq` past the end of the log is OUT_OF_RANGE at once: no event
+    with that sequence number was ever seen by anyone.
     """
 
 @_typing.type_check_only
@@ -97,6 +112,16 @@ class AgentServiceAsyncStub(AgentServiceStub):
     the message is accepted; the turn's work appears as session events. A
     client that wants to watch its turn passes the returned `next_seq` as
     `from_seq` to `StreamSessionEvents` and reads until `turn_end`.
+
+    Durability: the session store is the log of record. An event is committed
+    to the store before any client, stream or plugin sees it, so a crash never
+    takes back an event that was seen, and sequence numbers are never reused.
+    SendMessage, SteerMessage and InjectContext return OK only once the message
+    is durable (in the session's inbox, or as events); after a crash or a
+    shutdown each accepted message is either in a stored turn or still pending,
+    and pending messages run, in order and once, when an agent drives the
+    session again. A retry that repeats a call's `request_id` returns the first
+    call's answer and queues nothing twice.
 
     Errors: an empty id gives INVALID_ARGUMENT naming the field; an unknown
     agent or session gives NOT_FOUND; a disposed agent gives
@@ -120,7 +145,10 @@ class AgentServiceAsyncStub(AgentServiceStub):
     """
     CancelTurn: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.CancelTurnRequest, _agent_service_pb2.CancelTurnResponse]  # type: ignore[assignment]
     """CancelTurn cancels the running turn (it ends `aborted` with the reason)
-    and drops queued messages and steering. A no-op when the agent is idle.
+    and drops queued messages and steering; each dropped message is recorded
+    as a `message_dropped` event (in the running turn, or in a zero-step turn
+    that ends `aborted` when none is open). It returns once those records are
+    durable. A no-op when the agent is idle with nothing queued.
     """
     WaitIdle: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.WaitIdleRequest, _agent_service_pb2.WaitIdleResponse]  # type: ignore[assignment]
     """WaitIdle returns when the agent has no running turn and nothing queued, or
@@ -148,6 +176,8 @@ class AgentServiceAsyncStub(AgentServiceStub):
     those are not replayed. After a disconnect, reconnect with `from_seq` set
     to one past the last sequence number seen: nothing is lost or repeated.
     The stream ends when the agent is disposed and its log is drained.
+    A `from_seq` past the end of the log is OUT_OF_RANGE at once: no event
+    with that sequence number was ever seen by anyone.
     """
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -157,6 +187,16 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     the message is accepted; the turn's work appears as session events. A
     client that wants to watch its turn passes the returned `next_seq` as
     `from_seq` to `StreamSessionEvents` and reads until `turn_end`.
+
+    Durability: the session store is the log of record. An event is committed
+    to the store before any client, stream or plugin sees it, so a crash never
+    takes back an event that was seen, and sequence numbers are never reused.
+    SendMessage, SteerMessage and InjectContext return OK only once the message
+    is durable (in the session's inbox, or as events); after a crash or a
+    shutdown each accepted message is either in a stored turn or still pending,
+    and pending messages run, in order and once, when an agent drives the
+    session again. A retry that repeats a call's `request_id` returns the first
+    call's answer and queues nothing twice.
 
     Errors: an empty id gives INVALID_ARGUMENT naming the field; an unknown
     agent or session gives NOT_FOUND; a disposed agent gives
@@ -202,7 +242,10 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_agent_service_pb2.CancelTurnResponse, _abc.Awaitable[_agent_service_pb2.CancelTurnResponse]]:
         """CancelTurn cancels the running turn (it ends `aborted` with the reason)
-        and drops queued messages and steering. A no-op when the agent is idle.
+        and drops queued messages and steering; each dropped message is recorded
+        as a `message_dropped` event (in the running turn, or in a zero-step turn
+        that ends `aborted` when none is open). It returns once those records are
+        durable. A no-op when the agent is idle with nothing queued.
         """
 
     @_abc_1.abstractmethod
@@ -266,6 +309,8 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         those are not replayed. After a disconnect, reconnect with `from_seq` set
         to one past the last sequence number seen: nothing is lost or repeated.
         The stream ends when the agent is disposed and its log is drained.
+        A `from_seq` past the end of the log is OUT_OF_RANGE at once: no event
+        with that sequence number was ever seen by anyone.
         """
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -150,6 +150,7 @@ class SessionEvent(_message.Message):
     TOOL_RESULT_FIELD_NUMBER: _builtins.int
     STEP_END_FIELD_NUMBER: _builtins.int
     TURN_END_FIELD_NUMBER: _builtins.int
+    MESSAGE_DROPPED_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """Seq is the position in the log: 0, 1, 2, ... with no gaps."""
     @_builtins.property
@@ -218,6 +219,13 @@ class SessionEvent(_message.Message):
     def turn_end(self) -> Global___TurnEnd:
         """TurnEnd closes a turn with its reason (`turn/end`)."""
 
+    @_builtins.property
+    def message_dropped(self) -> Global___MessageDropped:
+        """MessageDropped records an accepted message that no turn will answer
+        (a cancel, a failed prompt-submit, a terminal stop). It never enters
+        history.
+        """
+
     def __init__(
         self,
         *,
@@ -238,12 +246,13 @@ class SessionEvent(_message.Message):
         tool_result: Global___ToolResult | None = ...,
         step_end: Global___StepEnd | None = ...,
         turn_end: Global___TurnEnd | None = ...,
+        message_dropped: Global___MessageDropped | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["assistant_chunk", b"assistant_chunk", "assistant_message", b"assistant_message", "context_message", b"context_message", "payload", b"payload", "prompt_blocked", b"prompt_blocked", "request_header", b"request_header", "steering_message", b"steering_message", "step_end", b"step_end", "step_start", b"step_start", "surface_op", b"surface_op", "time", b"time", "tool_call", b"tool_call", "tool_result", b"tool_result", "turn_end", b"turn_end", "turn_start", b"turn_start", "user_message", b"user_message"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assistant_chunk", b"assistant_chunk", "assistant_message", b"assistant_message", "context_message", b"context_message", "message_dropped", b"message_dropped", "payload", b"payload", "prompt_blocked", b"prompt_blocked", "request_header", b"request_header", "steering_message", b"steering_message", "step_end", b"step_end", "step_start", b"step_start", "surface_op", b"surface_op", "time", b"time", "tool_call", b"tool_call", "tool_result", b"tool_result", "turn_end", b"turn_end", "turn_start", b"turn_start", "user_message", b"user_message"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_chunk", b"assistant_chunk", "assistant_message", b"assistant_message", "context_message", b"context_message", "payload", b"payload", "prompt_blocked", b"prompt_blocked", "request_header", b"request_header", "seq", b"seq", "source_event_seqs", b"source_event_seqs", "steering_message", b"steering_message", "step_end", b"step_end", "step_start", b"step_start", "surface_op", b"surface_op", "time", b"time", "tool_call", b"tool_call", "tool_result", b"tool_result", "turn_end", b"turn_end", "turn_start", b"turn_start", "user_message", b"user_message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_chunk", b"assistant_chunk", "assistant_message", b"assistant_message", "context_message", b"context_message", "message_dropped", b"message_dropped", "payload", b"payload", "prompt_blocked", b"prompt_blocked", "request_header", b"request_header", "seq", b"seq", "source_event_seqs", b"source_event_seqs", "steering_message", b"steering_message", "step_end", b"step_end", "step_start", b"step_start", "surface_op", b"surface_op", "time", b"time", "tool_call", b"tool_call", "tool_result", b"tool_result", "turn_end", b"turn_end", "turn_start", b"turn_start", "user_message", b"user_message"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["turn_start", "user_message", "prompt_blocked", "context_message", "steering_message", "step_start", "request_header", "assistant_chunk", "assistant_message", "tool_call", "tool_result", "step_end", "turn_end"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["turn_start", "user_message", "prompt_blocked", "context_message", "steering_message", "step_start", "request_header", "assistant_chunk", "assistant_message", "tool_call", "tool_result", "step_end", "turn_end", "message_dropped"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 
@@ -319,6 +328,11 @@ class UserMessage(_message.Message):
 
     CONTENT_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """RequestID is the request_id of the SendMessage or SteerMessage call that
+    carried it, when the caller set one.
+    """
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[_content_pb2.ContentBlock]:
         """Content is the prompt, possibly rewritten by a listener."""
@@ -332,10 +346,11 @@ class UserMessage(_message.Message):
         *,
         content: _abc.Iterable[_content_pb2.ContentBlock] | None = ...,
         source: _content_pb2.Source | None = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "source", b"source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "request_id", b"request_id", "source", b"source"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -352,8 +367,11 @@ class PromptBlocked(_message.Message):
     CONTENT_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     reason: _builtins.str
     """Reason is the veto reason."""
+    request_id: _builtins.str
+    """RequestID is the request_id of the call that carried it, if any."""
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[_content_pb2.ContentBlock]:
         """Content is the original prompt."""
@@ -368,10 +386,11 @@ class PromptBlocked(_message.Message):
         content: _abc.Iterable[_content_pb2.ContentBlock] | None = ...,
         source: _content_pb2.Source | None = ...,
         reason: _builtins.str = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "reason", b"reason", "source", b"source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "reason", b"reason", "request_id", b"request_id", "source", b"source"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -387,8 +406,13 @@ class ContextMessage(_message.Message):
     SOURCE_FIELD_NUMBER: _builtins.int
     ENVELOPE_FIELD_NUMBER: _builtins.int
     META_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     envelope: Global___ContextEnvelope.ValueType
     """Envelope is how it is projected."""
+    request_id: _builtins.str
+    """RequestID is the request_id of the InjectContext call that carried it, if
+    any.
+    """
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[_content_pb2.ContentBlock]:
         """Content is the context."""
@@ -408,10 +432,11 @@ class ContextMessage(_message.Message):
         source: _content_pb2.Source | None = ...,
         envelope: Global___ContextEnvelope.ValueType = ...,
         meta: _struct_pb2.Struct | None = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "source", b"source"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "envelope", b"envelope", "meta", b"meta", "source", b"source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "envelope", b"envelope", "meta", b"meta", "request_id", b"request_id", "source", b"source"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -426,8 +451,11 @@ class SteeringMessage(_message.Message):
     TURN_FIELD_NUMBER: _builtins.int
     CONTENT_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     turn: _builtins.int
     """Turn is the turn it joined."""
+    request_id: _builtins.str
+    """RequestID is the request_id of the call that carried it, if any."""
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[_content_pb2.ContentBlock]:
         """Content is the steering text."""
@@ -442,10 +470,11 @@ class SteeringMessage(_message.Message):
         turn: _builtins.int = ...,
         content: _abc.Iterable[_content_pb2.ContentBlock] | None = ...,
         source: _content_pb2.Source | None = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "source", b"source", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "request_id", b"request_id", "source", b"source", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -956,3 +985,51 @@ class TurnInterrupted(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TurnInterrupted: _TypeAlias = TurnInterrupted  # noqa: Y015
+
+@_typing.final
+class MessageDropped(_message.Message):
+    """MessageDropped records an accepted message that was dropped: a CancelTurn
+    cleared it from the queue, the turn that drained it failed before it was
+    submitted, or a terminal `agent/turn-stop` discarded pending steering.
+    Recorded inside a turn (a cancel with no open turn records a zero-step turn
+    that ends `aborted`), so that every accepted message is in a stored turn or
+    still pending.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTENT_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    STEERING_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """Reason says why it was dropped."""
+    request_id: _builtins.str
+    """RequestID is the request_id of the call that carried it, if any."""
+    steering: _builtins.bool
+    """Steering is true when it was accepted as steering of a running turn."""
+    @_builtins.property
+    def content(self) -> _containers.RepeatedCompositeFieldContainer[_content_pb2.ContentBlock]:
+        """Content is the dropped message."""
+
+    @_builtins.property
+    def source(self) -> _content_pb2.Source:
+        """Source is who sent it."""
+
+    def __init__(
+        self,
+        *,
+        content: _abc.Iterable[_content_pb2.ContentBlock] | None = ...,
+        source: _content_pb2.Source | None = ...,
+        reason: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+        steering: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["source", b"source"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "reason", b"reason", "request_id", b"request_id", "source", b"source", "steering", b"steering"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MessageDropped: _TypeAlias = MessageDropped  # noqa: Y015

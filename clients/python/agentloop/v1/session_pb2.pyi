@@ -65,6 +65,7 @@ class Session(_message.Message):
     EVENT_COUNT_FIELD_NUMBER: _builtins.int
     TURN_COUNT_FIELD_NUMBER: _builtins.int
     LOAD_ERROR_FIELD_NUMBER: _builtins.int
+    PENDING_MESSAGES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """SessionID is the session id."""
     agent_id: _builtins.str
@@ -76,6 +77,11 @@ class Session(_message.Message):
     load_error: _builtins.str
     """LoadError says why the session could not be read, when it could not;
     the other fields are then partial.
+    """
+    pending_messages: _builtins.int
+    """PendingMessages is how many accepted messages wait in the session's
+    durable inbox: queued or steering not yet recorded by a turn. They run
+    when an agent drives the session.
     """
     @_builtins.property
     def header(self) -> Global___SessionHeader:
@@ -90,10 +96,11 @@ class Session(_message.Message):
         event_count: _builtins.int = ...,
         turn_count: _builtins.int = ...,
         load_error: _builtins.str = ...,
+        pending_messages: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "event_count", b"event_count", "header", b"header", "load_error", b"load_error", "session_id", b"session_id", "turn_count", b"turn_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "event_count", b"event_count", "header", b"header", "load_error", b"load_error", "pending_messages", b"pending_messages", "session_id", b"session_id", "turn_count", b"turn_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

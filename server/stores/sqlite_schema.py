@@ -1,0 +1,100 @@
+"""The SQLite schema of the session store, and the migrations from older formats.
+
+The `meta` table records the format version. A newer server migrates an older file
+in place, in one transaction, on first open; a file of an unknown (newer) version is
+refused as damaged rather than guessed at.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from agentloop.v1 import session_event_pb2 as ev
+from agentloop.v1 import session_pb2
+from server.errors import SessionDamaged
+
+FORMAT_VERSION = "2"
+"""The on-disk format this code reads and writes."""
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    header BLOB NOT NULL,
+    create_ns INTEGER NOT NULL DEFAULT 0,
+    event_count INTEGER NOT NULL DEFAULT 0,
+    turn_count INTEGER NOT NULL DEFAULT 0,
+    driver TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS events (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    kind INTEGER NOT NULL,
+    event BLOB NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS inbox (
+    session_id TEXT NOT NULL,
+    entry_id INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    message BLOB NOT NULL,
+    PRIMARY KEY (session_id, entry_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS requests (
+    agent_id TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    method TEXT NOT NULL,
+    response BLOB NOT NULL,
+    PRIMARY KEY (agent_id, request_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS sessions_by_driver ON sessions (driver);
+"""
+
+
+def statements() -> list[str]:
+    """The schema as single statements."""
+    return [part.strip() for part in SCHEMA.split(";") if part.strip()]
+
+
+def migrate(db: sqlite3.Connection, version: str, where: str) -> None:
+    """Bring a file of an older format to `FORMAT_VERSION`, in one transaction."""
+    if version != "1":
+        raise SessionDamaged("", f"{where}: format version {version}, this server reads 1 and 2")
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        _from_1(db)
+        db.execute("UPDATE meta SET value = ? WHERE key = 'format_version'", (FORMAT_VERSION,))
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
+def _from_1(db: sqlite3.Connection) -> None:
+    """Format 1 had no kind column, no inbox, no request records, no driver."""
+    db.execute("ALTER TABLE sessions ADD COLUMN create_ns INTEGER NOT NULL DEFAULT 0")
+    db.execute("ALTER TABLE sessions ADD COLUMN driver TEXT NOT NULL DEFAULT ''")
+    db.execute("ALTER TABLE events RENAME TO events_v1")
+    for statement in statements():  # not executescript: it would commit midway
+        db.execute(statement)
+    headers = db.execute("SELECT session_id, header FROM sessions").fetchall()
+    for session_id, blob in headers:
+        try:
+            create_ns = session_pb2.SessionHeader.FromString(blob).create_time.ToNanoseconds()
+        except Exception:  # a damaged header stays damaged: the load reports it
+            create_ns = 0
+        db.execute(
+            "UPDATE sessions SET create_ns = ? WHERE session_id = ?", (create_ns, session_id)
+        )
+    payload = ev.SessionEvent.DESCRIPTOR.oneofs_by_name["payload"]
+    numbers = {f.name: f.number for f in payload.fields}
+    rows = db.execute("SELECT session_id, seq, event FROM events_v1").fetchall()
+    converted = []
+    for session_id, seq, blob in rows:
+        try:
+            kind = ev.SessionEvent.FromString(blob).WhichOneof("payload") or ""
+        except Exception:  # a damaged row stays damaged: the load reports it
+            kind = ""
+        converted.append((session_id, seq, numbers.get(kind, 0), blob))
+    db.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", converted)
+    db.execute("DROP TABLE events_v1")
