@@ -139,7 +139,10 @@ class Journal:
     def _schedule(self) -> None:
         if self._inflight is None and not self._scheduled:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._start)
+            # Start after one more pass of the loop: the tasks this tick woke (a driver
+            # woken by a message, a stream reader) add their writes to the same commit.
+            loop = asyncio.get_running_loop()
+            loop.call_soon(loop.call_soon, self._start)
 
     def _start(self) -> None:
         self._scheduled = False

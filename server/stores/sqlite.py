@@ -1,17 +1,17 @@
 """The SQLite session store: one file, WAL, every event stored once as protobuf bytes.
 
-Tables: `meta` (the format version), `sessions` (the header, written once, the event
-and turn counts kept current by each commit, and the agent that last drove it),
-`events` (one row per event, keyed by session and sequence number, with its payload
-kind so that a fork can find its boundary without decoding), `inbox` (accepted
-messages no turn has recorded yet) and `requests` (the first answer of each call
-made with a request id). Storage grows with the content of the log, never with a
-snapshot per step.
+Tables (`sqlite_schema`): `meta` (the format version), `sessions` (the header,
+written once, and the agent that last drove it), `events` (one row per event, keyed
+by session and sequence number, with its payload kind so that a fork finds its
+boundary without decoding), `inbox` (accepted messages no turn has recorded yet) and
+`requests` (the first answer of each call made with a request id). Storage grows
+with the content of the log, never with a snapshot per step.
 
-sqlite3 blocks, so statements run on worker threads: one owns the writing
-connection (one transaction per group commit), another a reading connection (WAL
-lets it read while a commit is written). A damaged file or a row that cannot be
-decoded is reported as `SessionDamaged` for the session it belongs to.
+Where the SQL (`sqlite_sql`) runs: small group commits on the event loop's thread (a
+WAL append is cheaper than a hop to a thread), large or fsyncing ones on the writer
+thread, reads on a reader thread with its own connection (WAL lets it read while a
+commit is written), checkpoints in the background. A damaged file or a row that
+cannot be decoded is reported as `SessionDamaged` for the session it belongs to.
 
 Durability: with `synchronous=NORMAL` (the default, "process") a committed
 transaction survives a crash of the server process; `synchronous=FULL` ("power")
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,35 +32,34 @@ from google.protobuf.message import DecodeError
 
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
-from server.errors import AlreadyExists, NotFound, SessionDamaged
+from server.errors import NotFound, SessionDamaged
 from server.stores import (
     INBOX_CONTEXT,
     Commit,
     InboxEntry,
     RequestRecord,
     SessionSummary,
-    StoreConflict,
     StoredSession,
-    check_follows,
-    fork_boundary,
-    turn_of,
 )
 from server.stores.sqlite_schema import FORMAT_VERSION, migrate, statements
+from server.stores.sqlite_sql import (
+    SessionRows,
+    adopt_move,
+    fork_copy,
+    summary_row,
+    write_commit,
+)
 
 T = TypeVar("T")
 
+INLINE_BYTES = 64 * 1024
+"""Commits up to this size are written on the event loop's thread (see `commit`)."""
+
+CHECKPOINT_BYTES = 4 * 1024 * 1024
+"""WAL growth after which a background checkpoint folds it into the database."""
+
 DURABILITY = {"process": "NORMAL", "power": "FULL"}
 """The `durability` settings and the SQLite `synchronous` mode of each."""
-
-_PAYLOAD = ev.SessionEvent.DESCRIPTOR.oneofs_by_name["payload"]
-_KIND_NUMBERS = {f.name: f.number for f in _PAYLOAD.fields}
-_KIND_NAMES = {number: name for name, number in _KIND_NUMBERS.items()}
-TURN_END = _KIND_NUMBERS["turn_end"]
-
-
-def kind_number(event: ev.SessionEvent) -> int:
-    """The field number of the event's payload (its kind, as stored)."""
-    return _KIND_NUMBERS[event.WhichOneof("payload") or "turn_end"]
 
 
 class SqliteStore:
@@ -74,6 +74,10 @@ class SqliteStore:
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-read")
         self._write_db: sqlite3.Connection | None = None
         self._read_db: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+        """Held while the writing connection is in use (by the loop or the writer thread)."""
+        self._wal_bytes = 0
+        self._checkpointing: asyncio.Future[None] | None = None
 
     # -- connections -------------------------------------------------------------------
 
@@ -86,9 +90,10 @@ class SqliteStore:
         return await self._guarded(session_id, self._reader, self._on_reader, fn)
 
     def _on_writer(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        if self._write_db is None:
-            self._write_db = self._connect(create=True)
-        return fn(self._write_db)
+        with self._lock:
+            if self._write_db is None:
+                self._write_db = self._connect(create=True)
+            return fn(self._write_db)
 
     def _on_reader(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._read_db is None:
@@ -118,6 +123,7 @@ class SqliteStore:
                 return db
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(f"PRAGMA synchronous={self.synchronous}")
+            db.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run off the loop
             row = None
             tables = db.execute("SELECT name FROM sqlite_master WHERE name = 'meta'").fetchone()
             if tables is not None:
@@ -150,6 +156,8 @@ class SqliteStore:
         def close(db: sqlite3.Connection) -> None:
             db.close()
 
+        if self._checkpointing is not None:
+            await asyncio.gather(self._checkpointing, return_exceptions=True)
         if self._write_db is not None:
             await self._write("", close)
             self._write_db = None
@@ -162,87 +170,39 @@ class SqliteStore:
     # -- writes ------------------------------------------------------------------------
 
     async def commit(self, commit: Commit) -> None:
-        """Write the whole commit in one transaction."""
-        sessions = [
-            (
-                session_id,
-                writes.create.SerializeToString() if writes.create is not None else None,
-                writes.create.create_time.ToNanoseconds() if writes.create is not None else 0,
-                writes.driver,
-                writes.events,
-                [(session_id, e.seq, kind_number(e), e.SerializeToString()) for e in writes.events],
-                turn_of(writes.events),
-                [
-                    (session_id, i.entry_id, i.kind, i.message.SerializeToString())
-                    for i in writes.inbox_put
-                ],
-                [(session_id, entry_id) for entry_id in writes.inbox_take],
-                [(r.agent_id, r.request_id, r.method, r.response) for r in writes.requests],
-            )
-            for session_id, writes in commit.sessions.items()
+        """Write the whole commit in one transaction.
+
+        A small commit (the common case: the events of one loop tick) is written on
+        the event loop's own thread: with `synchronous=NORMAL` a WAL append is a copy
+        to the page cache and costs less than a hop to a worker thread. A large one,
+        or one that must fsync, goes to the writer thread.
+        """
+        rows = [
+            SessionRows.of(session_id, writes) for session_id, writes in commit.sessions.items()
         ]
-
-        def write(db: sqlite3.Connection) -> None:
-            db.execute("BEGIN IMMEDIATE")
+        size = sum(r.size for r in rows)
+        if self.synchronous == "NORMAL" and size <= INLINE_BYTES and self._write_db is not None:
             try:
-                for (
-                    session_id,
-                    header,
-                    create_ns,
-                    driver,
-                    events,
-                    rows,
-                    turns,
-                    puts,
-                    takes,
-                    requests,
-                ) in sessions:
-                    if header is not None:
-                        try:
-                            db.execute(
-                                "INSERT INTO sessions (session_id, header, create_ns)"
-                                " VALUES (?, ?, ?)",
-                                (session_id, header, create_ns),
-                            )
-                        except sqlite3.IntegrityError:
-                            raise AlreadyExists(f'session "{session_id}" already exists') from None
-                    count = db.execute(
-                        "SELECT event_count FROM sessions WHERE session_id = ?", (session_id,)
-                    ).fetchone()
-                    if count is None:
-                        raise NotFound(f'session "{session_id}" not found')
-                    check_follows(session_id, count[0], events)
-                    if rows:
-                        db.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", rows)
-                        db.execute(
-                            "UPDATE sessions SET event_count = event_count + ?,"
-                            " turn_count = MAX(turn_count, ?) WHERE session_id = ?",
-                            (len(rows), turns, session_id),
-                        )
-                    if driver:
-                        db.execute(
-                            "UPDATE sessions SET driver = ? WHERE session_id = ?",
-                            (driver, session_id),
-                        )
-                    if puts:
-                        db.executemany("INSERT INTO inbox VALUES (?, ?, ?, ?)", puts)
-                    if takes:
-                        db.executemany(
-                            "DELETE FROM inbox WHERE session_id = ? AND entry_id = ?", takes
-                        )
-                    if requests:
-                        db.executemany(
-                            "INSERT OR IGNORE INTO requests VALUES (?, ?, ?, ?)", requests
-                        )
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+                with self._lock:
+                    write_commit(self._write_db, rows)
+            except sqlite3.DatabaseError as error:
+                raise SessionDamaged("", f"{self.path}: {error}") from error
+        else:
+            await self._write("", lambda db: write_commit(db, rows))
+        self._wal_bytes += size
+        if self._wal_bytes > CHECKPOINT_BYTES:
+            self._checkpoint()
 
-        try:
-            await self._write("", write)
-        except sqlite3.IntegrityError as error:  # two writers raced past the count check
-            raise StoreConflict(str(error)) from error
+    def _checkpoint(self) -> None:
+        """Fold the WAL into the database in the background (never on the loop)."""
+        if self._checkpointing is not None and not self._checkpointing.done():
+            return
+        self._wal_bytes = 0
+
+        def checkpoint(db: sqlite3.Connection) -> None:
+            db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+        self._checkpointing = asyncio.ensure_future(self._read("", checkpoint))
 
     async def fork(
         self,
@@ -252,61 +212,18 @@ class SqliteStore:
         header: session_pb2.SessionHeader,
     ) -> int:
         """Copy the source's events up to a `turn_end` into a new session, atomically."""
+        create_ns = header.create_time.ToNanoseconds()
 
         def copy(db: sqlite3.Connection) -> int:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                count = db.execute(
-                    "SELECT event_count FROM sessions WHERE session_id = ?", (source_id,)
-                ).fetchone()
-                if count is None:
-                    raise NotFound(f'session "{source_id}" not found')
-                kind_at = None
-                if boundary_seq is not None:
-                    row = db.execute(
-                        "SELECT kind FROM events WHERE session_id = ? AND seq = ?",
-                        (source_id, boundary_seq),
-                    ).fetchone()
-                    kind_at = _KIND_NAMES.get(row[0], "unknown") if row is not None else None
-                last = db.execute(
-                    "SELECT MAX(seq) FROM events WHERE session_id = ? AND kind = ?",
-                    (source_id, TURN_END),
-                ).fetchone()[0]
-                boundary = fork_boundary(source_id, boundary_seq, count[0], kind_at, last)
-                turns = db.execute(
-                    "SELECT turn_count FROM sessions WHERE session_id = ?", (source_id,)
-                ).fetchone()[0]
-                header.seed_length = boundary + 1
-                try:
-                    db.execute(
-                        "INSERT INTO sessions (session_id, header, create_ns, event_count,"
-                        " turn_count) VALUES (?, ?, ?, ?, ?)",
-                        (
-                            new_id,
-                            header.SerializeToString(),
-                            header.create_time.ToNanoseconds(),
-                            boundary + 1,
-                            turns,
-                        ),
-                    )
-                except sqlite3.IntegrityError:
-                    raise AlreadyExists(f'session "{new_id}" already exists') from None
-                db.execute(
-                    "INSERT INTO events SELECT ?, seq, kind, event FROM events"
-                    " WHERE session_id = ? AND seq <= ?",
-                    (new_id, source_id, boundary),
-                )
-                # The seed may end before the source's last turn: count its own turns.
-                seed_turns = _seed_turns(db, new_id)
-                db.execute(
-                    "UPDATE sessions SET turn_count = ? WHERE session_id = ?",
-                    (seed_turns, new_id),
-                )
-                db.execute("COMMIT")
-                return boundary + 1
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+            seed = fork_copy(
+                db, source_id, boundary_seq, new_id, header.SerializeToString(), create_ns
+            )
+            header.seed_length = seed
+            db.execute(  # the header records its seed length: rewrite it, same transaction
+                "UPDATE sessions SET header = ? WHERE session_id = ?",
+                (header.SerializeToString(), new_id),
+            )
+            return seed
 
         return await self._write(source_id, copy)
 
@@ -314,35 +231,7 @@ class SqliteStore:
         """Move the other sessions' inbox entries of `agent_id` to `session_id`."""
 
         def move(db: sqlite3.Connection) -> list[tuple[int, str, bytes]]:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                rows = db.execute(
-                    "SELECT inbox.session_id, entry_id, kind, message FROM inbox"
-                    " JOIN sessions USING (session_id)"
-                    " WHERE sessions.driver = ? AND inbox.session_id != ?"
-                    " ORDER BY sessions.create_ns, inbox.session_id, entry_id",
-                    (agent_id, session_id),
-                ).fetchall()
-                start = db.execute(
-                    "SELECT COALESCE(MAX(entry_id), 0) FROM inbox WHERE session_id = ?",
-                    (session_id,),
-                ).fetchone()[0]
-                moved = []
-                for offset, (source, entry_id, kind, message) in enumerate(rows, start=1):
-                    db.execute(
-                        "DELETE FROM inbox WHERE session_id = ? AND entry_id = ?",
-                        (source, entry_id),
-                    )
-                    db.execute(
-                        "INSERT INTO inbox VALUES (?, ?, ?, ?)",
-                        (session_id, start + offset, kind, message),
-                    )
-                    moved.append((start + offset, kind, message))
-                db.execute("COMMIT")
-                return moved
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+            return adopt_move(db, agent_id, session_id)
 
         rows = await self._write(session_id, move)
         try:
@@ -416,15 +305,7 @@ class SqliteStore:
         """The header and counts of a session, without reading its events."""
 
         def read(db: sqlite3.Connection) -> tuple[bytes, int, int, int]:
-            row = db.execute(
-                "SELECT header, event_count, turn_count,"
-                " (SELECT COUNT(*) FROM inbox WHERE inbox.session_id = sessions.session_id)"
-                " FROM sessions WHERE session_id = ?",
-                (session_id,),
-            ).fetchone()
-            if row is None:
-                raise NotFound(f'session "{session_id}" not found')
-            return row[0], row[1], row[2], row[3]
+            return summary_row(db, session_id)
 
         header, events, turns, pending = await self._read(session_id, read)
         try:
@@ -454,14 +335,6 @@ class SqliteStore:
 
         found = await self._read("", query)
         return None if found is None else RequestRecord(agent_id, request_id, *found)
-
-
-def _seed_turns(db: sqlite3.Connection, session_id: str) -> int:
-    rows = db.execute(
-        "SELECT event FROM events WHERE session_id = ? AND kind = ?",
-        (session_id, _KIND_NUMBERS["turn_start"]),
-    ).fetchall()
-    return max((ev.SessionEvent.FromString(r[0]).turn_start.turn for r in rows), default=0)
 
 
 def _decode_events(

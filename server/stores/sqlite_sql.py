@@ -1,0 +1,223 @@
+"""The SQL of the SQLite store: each function is one synchronous transaction or query.
+
+`server.stores.sqlite` decides where these run (the event loop's thread or a worker)
+and turns their results into messages. A session's event count and last turn are
+read from its events (the primary key makes both a short index walk), so a commit
+writes the events and nothing else: no counter row to rewrite on every append.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from agentloop.v1 import session_event_pb2 as ev
+from server.errors import AlreadyExists, NotFound
+from server.stores import SessionWrites, StoreConflict, check_follows, fork_boundary
+
+_PAYLOAD = ev.SessionEvent.DESCRIPTOR.oneofs_by_name["payload"]
+KIND_NUMBERS = {f.name: f.number for f in _PAYLOAD.fields}
+"""Each payload kind and its field number: what the `kind` column holds."""
+KIND_NAMES = {number: name for name, number in KIND_NUMBERS.items()}
+TURN_START = KIND_NUMBERS["turn_start"]
+TURN_END = KIND_NUMBERS["turn_end"]
+
+
+def kind_number(event: ev.SessionEvent) -> int:
+    """The field number of the event's payload (its kind, as stored)."""
+    return KIND_NUMBERS[event.WhichOneof("payload") or "turn_end"]
+
+
+@contextmanager
+def transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any failure."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+@dataclass(frozen=True)
+class SessionRows:
+    """One session's writes of a commit, as rows (serialized on the caller's thread)."""
+
+    session_id: str
+    header: bytes | None
+    create_ns: int
+    driver: str
+    first_seq: int
+    events: list[tuple[str, int, int, bytes]]
+    puts: list[tuple[str, int, str, bytes]]
+    takes: list[tuple[str, int]]
+    requests: list[tuple[str, str, str, bytes]]
+    size: int
+    """Bytes of events and inbox entries."""
+
+    @staticmethod
+    def of(session_id: str, writes: SessionWrites) -> SessionRows:
+        """The rows of `writes`; raises `StoreConflict` if its events have a gap."""
+        events = writes.events
+        first = events[0].seq if events else 0
+        check_follows(session_id, first, events)
+        rows = [(session_id, e.seq, kind_number(e), e.SerializeToString()) for e in events]
+        puts = [
+            (session_id, i.entry_id, i.kind, i.message.SerializeToString())
+            for i in writes.inbox_put
+        ]
+        header = writes.create
+        return SessionRows(
+            session_id,
+            header.SerializeToString() if header is not None else None,
+            header.create_time.ToNanoseconds() if header is not None else 0,
+            writes.driver,
+            first,
+            rows,
+            puts,
+            [(session_id, entry_id) for entry_id in writes.inbox_take],
+            [(r.agent_id, r.request_id, r.method, r.response) for r in writes.requests],
+            sum(len(r[3]) for r in rows) + sum(len(p[3]) for p in puts),
+        )
+
+
+def event_count(db: sqlite3.Connection, session_id: str) -> int:
+    """The number of stored events of a session (its next sequence number)."""
+    row = db.execute("SELECT MAX(seq) FROM events WHERE session_id = ?", (session_id,)).fetchone()
+    return 0 if row[0] is None else int(row[0]) + 1
+
+
+def last_turn(db: sqlite3.Connection, session_id: str) -> int:
+    """The highest turn number of a session: its last `turn_start` (turns only grow)."""
+    row = db.execute(
+        "SELECT event FROM events WHERE session_id = ? AND kind = ? ORDER BY seq DESC LIMIT 1",
+        (session_id, TURN_START),
+    ).fetchone()
+    return 0 if row is None else ev.SessionEvent.FromString(row[0]).turn_start.turn
+
+
+def write_commit(db: sqlite3.Connection, sessions: list[SessionRows]) -> None:
+    """One transaction. The stored event count is the fence against a second writer."""
+    with transaction(db):
+        for s in sessions:
+            if s.header is not None:
+                try:
+                    db.execute(
+                        "INSERT INTO sessions (session_id, header, create_ns) VALUES (?, ?, ?)",
+                        (s.session_id, s.header, s.create_ns),
+                    )
+                except sqlite3.IntegrityError:
+                    raise AlreadyExists(f'session "{s.session_id}" already exists') from None
+            if s.events:
+                stored = event_count(db, s.session_id)
+                if stored != s.first_seq:
+                    _refuse(db, s.session_id, s.first_seq, stored)
+                db.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", s.events)
+            if s.driver:
+                moved = db.execute(
+                    "UPDATE sessions SET driver = ? WHERE session_id = ?",
+                    (s.driver, s.session_id),
+                ).rowcount
+                if moved != 1:
+                    raise NotFound(f'session "{s.session_id}" not found')
+            if s.puts:
+                db.executemany("INSERT INTO inbox VALUES (?, ?, ?, ?)", s.puts)
+            if s.takes:
+                db.executemany("DELETE FROM inbox WHERE session_id = ? AND entry_id = ?", s.takes)
+            if s.requests:
+                db.executemany("INSERT OR IGNORE INTO requests VALUES (?, ?, ?, ?)", s.requests)
+
+
+def _refuse(db: sqlite3.Connection, session_id: str, first_seq: int, stored: int) -> None:
+    """Raise why an append does not follow: no such session, or another writer."""
+    exists = db.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+    if exists is None:
+        raise NotFound(f'session "{session_id}" not found')
+    raise StoreConflict(
+        f'session "{session_id}": event {first_seq} does not follow the {stored} stored'
+    )
+
+
+def fork_copy(
+    db: sqlite3.Connection,
+    source_id: str,
+    boundary_seq: int | None,
+    new_id: str,
+    header: bytes,
+    create_ns: int,
+) -> int:
+    """Create `new_id` with the source's events up to a `turn_end`; the seed length."""
+    with transaction(db):
+        if (
+            db.execute("SELECT 1 FROM sessions WHERE session_id = ?", (source_id,)).fetchone()
+            is None
+        ):
+            raise NotFound(f'session "{source_id}" not found')
+        kind_at = None
+        if boundary_seq is not None:
+            row = db.execute(
+                "SELECT kind FROM events WHERE session_id = ? AND seq = ?",
+                (source_id, boundary_seq),
+            ).fetchone()
+            kind_at = KIND_NAMES.get(row[0], "unknown") if row is not None else None
+        last = db.execute(
+            "SELECT MAX(seq) FROM events WHERE session_id = ? AND kind = ?",
+            (source_id, TURN_END),
+        ).fetchone()[0]
+        count = event_count(db, source_id)
+        boundary = fork_boundary(source_id, boundary_seq, count, kind_at, last)
+        try:
+            db.execute(
+                "INSERT INTO sessions (session_id, header, create_ns) VALUES (?, ?, ?)",
+                (new_id, header, create_ns),
+            )
+        except sqlite3.IntegrityError:
+            raise AlreadyExists(f'session "{new_id}" already exists') from None
+        db.execute(
+            "INSERT INTO events SELECT ?, seq, kind, event FROM events"
+            " WHERE session_id = ? AND seq <= ?",
+            (new_id, source_id, boundary),
+        )
+    return boundary + 1
+
+
+def adopt_move(
+    db: sqlite3.Connection, agent_id: str, session_id: str
+) -> list[tuple[int, str, bytes]]:
+    """Move the inbox of the other sessions driven by `agent_id`; the moved entries."""
+    with transaction(db):
+        rows = db.execute(
+            "SELECT inbox.session_id, entry_id, kind, message FROM inbox"
+            " JOIN sessions USING (session_id)"
+            " WHERE sessions.driver = ? AND inbox.session_id != ?"
+            " ORDER BY sessions.create_ns, inbox.session_id, entry_id",
+            (agent_id, session_id),
+        ).fetchall()
+        start = db.execute(
+            "SELECT COALESCE(MAX(entry_id), 0) FROM inbox WHERE session_id = ?", (session_id,)
+        ).fetchone()[0]
+        moved = []
+        for offset, (source, entry_id, kind, message) in enumerate(rows, start=1):
+            db.execute(
+                "DELETE FROM inbox WHERE session_id = ? AND entry_id = ?", (source, entry_id)
+            )
+            db.execute(
+                "INSERT INTO inbox VALUES (?, ?, ?, ?)",
+                (session_id, start + offset, kind, message),
+            )
+            moved.append((start + offset, kind, message))
+    return moved
+
+
+def summary_row(db: sqlite3.Connection, session_id: str) -> tuple[bytes, int, int, int]:
+    """Header bytes, event count, last turn and inbox size of a session."""
+    row = db.execute("SELECT header FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+    if row is None:
+        raise NotFound(f'session "{session_id}" not found')
+    pending = db.execute(
+        "SELECT COUNT(*) FROM inbox WHERE session_id = ?", (session_id,)
+    ).fetchone()[0]
+    return row[0], event_count(db, session_id), last_turn(db, session_id), pending
