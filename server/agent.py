@@ -21,7 +21,6 @@ from server.abort import NEVER, AbortController, AbortSignal
 from server.content import resolve_source
 from server.errors import AgentDisposed, CodedError
 from server.inbox import Inbox, Pending
-from server.requests import Request
 from server.runtime import Runtime
 from server.session import SessionLog, now_timestamp
 from server.stores import INBOX_CONTEXT, INBOX_MESSAGE, INBOX_STEERING, InboxEntry
@@ -94,11 +93,11 @@ class Agent:
         self,
         content: Sequence[c.ContentBlock],
         source: c.Source | None = None,
-        request: Request | None = None,
+        request_id: str = "",
     ) -> Pending:
         """Queue a message for the next turn (durable with the next commit)."""
         self._check_live()
-        item = self._accept(content, source, request, steering=False)
+        item = self._accept(content, source, request_id, steering=False)
         self.inbox.enqueue(item)
         self._emit_queued(item)
         return item
@@ -107,35 +106,30 @@ class Agent:
         self,
         content: Sequence[c.ContentBlock],
         source: c.Source | None = None,
-        request: Request | None = None,
+        request_id: str = "",
     ) -> bool:
         """Steer the running turn; when not running, exactly `send`. True if it steered."""
         self._check_live()
         if self.status != ae.AGENT_STATUS_RUNNING:
-            self.send(content, source, request)
+            self.send(content, source, request_id)
             return False
-        item = self._accept(content, source, request, steering=True)
+        item = self._accept(content, source, request_id, steering=True)
         self.inbox.steer(item)
         self._emit_queued(item)
         return True
 
-    def inject(self, context: d.HookContext, request: Request | None = None) -> None:
+    def inject(self, context: d.HookContext, request_id: str = "") -> None:
         """Add context: to the open turn (deferred during a tool batch), or as an idle turn."""
         self._check_live()
         message = context_message(context)
-        if request is not None:
-            message.request_id = request.request_id
-        record = request.record(self.agent_id) if request is not None else None
+        message.request_id = request_id
         if self.session.open_turn and self.tool_batch_active:
-            entry = self.session.accept(INBOX_CONTEXT, message, record)
+            entry = self.session.accept(INBOX_CONTEXT, message)
             self.deferred.append((message, (entry.entry_id,)))
-            return
-        if self.session.open_turn:
+        elif self.session.open_turn:
             self.session.append("context_message", message)
         else:
             self._injection_turn(message, ())
-        if record is not None:
-            self.runtime.journal.record(self.session, record)
 
     def cancel(self, reason: str = "") -> tuple[bool, int]:
         """Cancel the running turn and drop queued work.
@@ -373,18 +367,16 @@ class Agent:
         self,
         content: Sequence[c.ContentBlock],
         source: c.Source | None,
-        request: Request | None,
+        request_id: str,
         *,
         steering: bool,
     ) -> Pending:
         """Record a message in the durable inbox; the item that mirrors it in memory."""
-        request_id = request.request_id if request is not None else ""
         message = ev.UserMessage(
             content=content, source=resolve_source(source), request_id=request_id
         )
-        record = request.record(self.agent_id) if request is not None else None
         kind = INBOX_STEERING if steering else INBOX_MESSAGE
-        entry = self.session.accept(kind, message, record)
+        entry = self.session.accept(kind, message)
         return Pending(
             list(message.content), message.source, entry.entry_id, request_id, steering=steering
         )

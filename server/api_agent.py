@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_service_pb2 as pb
@@ -18,11 +19,12 @@ from server.agent import Agent
 from server.api_factory import page_bounds
 from server.errors import AgentLoopError, InvalidArgument, OutOfRange
 from server.factory import AgentFactory, check_id
-from server.requests import Request
 from server.session import SessionLog, session_message
 from server.status import code_of, mapped
+from server.stores import RequestRecord
 
 Context = grpc.aio.ServicerContext[Any, Any]
+Answer = TypeVar("Answer", bound=Message)
 
 STREAM_BATCH = 500
 """The most session events one stream response carries."""
@@ -62,20 +64,13 @@ class AgentServicer(rpc.AgentServiceServicer):
         agent = self.factory.get(request.agent_id)
         content = message_content(request.text, list(request.content), "text")
 
-        def answer() -> pb.SendMessageResponse:
+        def accept() -> pb.SendMessageResponse:
+            agent.send(content, request.source, request.request_id)
             return pb.SendMessageResponse(next_seq=agent.session.durable, status=agent.status)
 
-        async def run() -> bytes:
-            call = Request(request.request_id, "SendMessage", answer)
-            agent.send(content, request.source, call if request.request_id else None)
-            response = answer()
-            await agent.session.settle()
-            return response.SerializeToString()
-
-        raw = await self.runtime.requests.once(
-            agent.agent_id, request.request_id, "SendMessage", run
+        return await self._once(
+            agent, "SendMessage", request.request_id, pb.SendMessageResponse, accept
         )
-        return pb.SendMessageResponse.FromString(raw)
 
     @mapped
     async def SteerMessage(
@@ -84,23 +79,14 @@ class AgentServicer(rpc.AgentServiceServicer):
         """Steer the running turn, or queue when idle; answer once it is durable."""
         agent = self.factory.get(request.agent_id)
         content = message_content(request.text, list(request.content), "text")
-        steering = agent.status == ae.AGENT_STATUS_RUNNING
 
-        def answer() -> pb.SteerMessageResponse:
+        def accept() -> pb.SteerMessageResponse:
+            steering = agent.steer(content, request.source, request.request_id)
             return pb.SteerMessageResponse(next_seq=agent.session.durable, steering=steering)
 
-        async def run() -> bytes:
-            nonlocal steering
-            call = Request(request.request_id, "SteerMessage", answer)
-            steering = agent.steer(content, request.source, call if request.request_id else None)
-            response = answer()
-            await agent.session.settle()
-            return response.SerializeToString()
-
-        raw = await self.runtime.requests.once(
-            agent.agent_id, request.request_id, "SteerMessage", run
+        return await self._once(
+            agent, "SteerMessage", request.request_id, pb.SteerMessageResponse, accept
         )
-        return pb.SteerMessageResponse.FromString(raw)
 
     @mapped
     async def InjectContext(
@@ -115,20 +101,38 @@ class AgentServicer(rpc.AgentServiceServicer):
         if request.HasField("meta"):
             hook_context.meta.CopyFrom(request.meta)
 
-        def answer() -> pb.InjectContextResponse:
+        def accept() -> pb.InjectContextResponse:
+            agent.inject(hook_context, request.request_id)
             return pb.InjectContextResponse(next_seq=agent.session.count)
 
-        async def run() -> bytes:
-            call = Request(request.request_id, "InjectContext", answer)
-            agent.inject(hook_context, call if request.request_id else None)
-            response = answer()
-            await agent.session.settle()
-            return response.SerializeToString()
-
-        raw = await self.runtime.requests.once(
-            agent.agent_id, request.request_id, "InjectContext", run
+        return await self._once(
+            agent, "InjectContext", request.request_id, pb.InjectContextResponse, accept
         )
-        return pb.InjectContextResponse.FromString(raw)
+
+    async def _once(
+        self,
+        agent: Agent,
+        method: str,
+        request_id: str,
+        kind: type[Answer],
+        accept: Callable[[], Answer],
+    ) -> Answer:
+        """Run `accept` once per request id; answer when what it wrote is durable.
+
+        The answer is recorded in the same tick as the message, hence the same commit:
+        a retry finds it exactly when the message is stored.
+        """
+
+        async def run() -> bytes:
+            answer = accept()
+            raw = answer.SerializeToString()
+            if request_id:
+                agent.session.record(RequestRecord(agent.agent_id, request_id, method, raw))
+            await agent.session.settle()
+            return raw
+
+        raw = await self.runtime.requests.once(agent.agent_id, request_id, method, run)
+        return kind.FromString(raw)
 
     @mapped
     async def CancelTurn(

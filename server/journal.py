@@ -74,12 +74,9 @@ class Journal:
         if consumes:
             self._take(writes, consumes)
 
-    def put(self, session: SessionLog, entry: InboxEntry, record: RequestRecord | None) -> None:
+    def put(self, session: SessionLog, entry: InboxEntry) -> None:
         """Add an accepted message to the session's durable inbox."""
-        writes = self._writes(session)
-        writes.inbox_put.append(entry)
-        if record is not None:
-            writes.requests.append(record)
+        self._writes(session).inbox_put.append(entry)
 
     def take(self, session: SessionLog, entry_ids: tuple[int, ...]) -> None:
         """Remove inbox entries that an event of this commit records."""

@@ -1,40 +1,23 @@
 """Idempotent calls: a retry with the same request id gets the first call's answer.
 
 A mutating agent call (send, steer, inject) may carry a client-chosen request id.
-The first call's answer is stored in the same commit as the message it accepted, so
-"accepted" and "answered" are one durable fact: a retry after a timeout, a
-disconnect or a restart finds the answer and queues nothing. Concurrent duplicates
-in this process wait for the first one instead of racing it.
+The first call's answer is stored in the same commit as the message it accepted
+(`SessionLog.record` in the same tick as the verb), so "accepted" and "answered" are
+one durable fact: a retry after a timeout, a disconnect or a restart finds the answer
+and queues nothing. Concurrent duplicates in this process wait for the first one
+instead of racing it.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-
-from google.protobuf.message import Message
 
 from server.errors import InvalidArgument
-from server.stores import RequestRecord, SessionStore
+from server.stores import SessionStore
 
 MAX_REQUEST_ID = 128
 """The longest request id accepted, in characters."""
-
-
-@dataclass(frozen=True)
-class Request:
-    """A call made with a request id, and how to build its answer at acceptance."""
-
-    request_id: str
-    method: str
-    answer: Callable[[], Message]
-
-    def record(self, agent_id: str) -> RequestRecord:
-        """The record to store with the accepted message."""
-        return RequestRecord(
-            agent_id, self.request_id, self.method, self.answer().SerializeToString()
-        )
 
 
 def check_request_id(request_id: str) -> None:

@@ -168,15 +168,13 @@ class SessionLog:
             self.published([event])
         return event
 
-    def accept(
-        self, kind: str, message: ev.UserMessage | ev.ContextMessage, record: RequestRecord | None
-    ) -> InboxEntry:
-        """Put an accepted message in the durable inbox (with its request record)."""
+    def accept(self, kind: str, message: ev.UserMessage | ev.ContextMessage) -> InboxEntry:
+        """Put an accepted message in the durable inbox (stored with the next commit)."""
         entry = InboxEntry(self._next_entry, kind, message)
         self._next_entry += 1
         self.inbox[entry.entry_id] = entry
         if self.journal is not None:
-            self.journal.put(self, entry, record)
+            self.journal.put(self, entry)
         return entry
 
     def adopt(self, entries: Sequence[InboxEntry]) -> None:
@@ -184,6 +182,11 @@ class SessionLog:
         for entry in entries:
             self.inbox[entry.entry_id] = entry
         self._next_entry = max(self.inbox, default=0) + 1
+
+    def record(self, record: RequestRecord) -> None:
+        """Keep the first answer of a call with a request id, in the next commit."""
+        if self.journal is not None:
+            self.journal.record(self, record)
 
     async def settle(self) -> None:
         """Wait until everything so far is stored; raises the store's refusal, if any."""
