@@ -96,3 +96,47 @@ async def test_an_unknown_format_version_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SessionDamaged, match="format version 99"):
         await again.open()
     await again.close()
+
+
+FORMAT_1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE sessions (
+    session_id TEXT PRIMARY KEY,
+    header BLOB NOT NULL,
+    event_count INTEGER NOT NULL DEFAULT 0,
+    turn_count INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE events (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    event BLOB NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+INSERT INTO meta VALUES ('format_version', '1');
+"""
+
+
+async def test_a_format_1_file_is_migrated_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "agentloop.db"
+    events = sample_events(2)
+    header = session_pb2.SessionHeader(cwd="/old")
+    with sqlite3.connect(path) as db:
+        db.executescript(FORMAT_1)
+        db.execute("INSERT INTO sessions VALUES ('old', ?, ?, 2)", (header.SerializeToString(), 4))
+        db.executemany(
+            "INSERT INTO events VALUES ('old', ?, ?)",
+            [(e.seq, e.SerializeToString()) for e in events],
+        )
+    store = SqliteStore(path)
+    await store.open()
+    loaded = await store.load("old")
+    assert loaded.header == header and loaded.events == events
+    summary = await store.summary("old")
+    assert (summary.event_count, summary.turn_count) == (4, 2)
+    assert await store.fork("old", None, "new", session_pb2.SessionHeader()) == 4  # kinds known
+    await append_events(store, "old", sample_events(3)[4:])
+    assert len((await store.load("old")).events) == 6
+    await store.close()
+    with sqlite3.connect(path) as db:
+        version = db.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone()
+    assert version == ("2",)

@@ -113,7 +113,7 @@ def write_commit(db: sqlite3.Connection, sessions: list[SessionRows]) -> None:
                     raise AlreadyExists(f'session "{s.session_id}" already exists') from None
             if s.events:
                 stored = event_count(db, s.session_id)
-                if stored != s.first_seq:
+                if stored != s.first_seq or (stored == 0 and s.header is None):
                     _refuse(db, s.session_id, s.first_seq, stored)
                 db.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", s.events)
             if s.driver:
@@ -132,10 +132,15 @@ def write_commit(db: sqlite3.Connection, sessions: list[SessionRows]) -> None:
 
 
 def _refuse(db: sqlite3.Connection, session_id: str, first_seq: int, stored: int) -> None:
-    """Raise why an append does not follow: no such session, or another writer."""
+    """Raise why an append does not follow: no such session, or another writer.
+
+    Returns when it does follow after all (the first events of an existing session).
+    """
     exists = db.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
     if exists is None:
         raise NotFound(f'session "{session_id}" not found')
+    if stored == first_seq:
+        return
     raise StoreConflict(
         f'session "{session_id}": event {first_seq} does not follow the {stored} stored'
     )

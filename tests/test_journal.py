@@ -1,0 +1,127 @@
+"""Write ahead, then publish: group commits, the durable mark, bounded memory."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from pathlib import Path
+
+import pytest
+
+from agentloop.v1 import agent_pb2, session_pb2
+from agentloop.v1 import session_event_pb2 as ev
+from server.errors import AgentLoopError
+from server.journal import Journal
+from server.session import WINDOW, SessionLog
+from server.stores import Commit, StoreConflict
+from server.stores.memory import MemoryStore
+from server.stores.sqlite import SqliteStore
+from tests.harness import Harness, text_block
+from tests.invariants import check_log
+from tests.stores import append_events, create_session
+
+TURN_START = ev.TurnStart(turn=1, trigger=ev.TRIGGER_KIND_MESSAGE)
+
+
+async def new_session(journal: Journal, session_id: str) -> SessionLog:
+    await create_session(journal.store, session_id, session_pb2.SessionHeader())
+    return SessionLog(session_id, session_pb2.SessionHeader(), journal)
+
+
+async def test_appends_of_one_tick_are_one_commit_and_published_after_it() -> None:
+    journal = Journal(MemoryStore())
+    a, b = await new_session(journal, "a"), await new_session(journal, "b")
+    committed: list[int] = []
+    a.committed_observers.append(lambda e: committed.append(e.seq))
+    order: list[str] = []
+    for seq in range(3):
+        a.append("step_end", ev.StepEnd(turn=1, step=seq))
+    b.append("turn_start", TURN_START)
+    journal.after_commit(lambda: order.append(f"callback after {a.durable} stored"))
+    # Nothing is visible before the commit: not to readers, not to observers.
+    assert (a.count, a.durable, committed) == (3, 0, [])
+    assert await a.read(0, 10) == []
+    await a.settle()
+    assert journal.commits == 1
+    assert (a.durable, b.durable, committed) == (3, 1, [0, 1, 2])
+    assert order == ["callback after 3 stored"]
+    assert [e.seq for e in await a.read(0, 10)] == [0, 1, 2]
+    assert (await journal.store.load("a")).events == a.events
+
+
+async def test_a_refused_session_fails_alone() -> None:
+    store = MemoryStore()
+    journal = Journal(store)
+    good, bad = await new_session(journal, "good"), await new_session(journal, "bad")
+    await append_events(store, "bad", [ev.SessionEvent(seq=0, turn_start=TURN_START)])
+    bad.append("turn_start", TURN_START)  # seq 0 again: another writer got there first
+    good.append("turn_start", TURN_START)
+    await good.settle()
+    assert good.durable == 1 and (await store.summary("good")).event_count == 1
+    with pytest.raises(StoreConflict):
+        await bad.settle()
+    assert bad.durable == 0
+    bad.append("turn_end", ev.TurnEnd(turn=1))  # a failed session writes nowhere
+    await journal.drain()
+    assert (await store.summary("bad")).event_count == 1
+
+
+class FlakyStore(MemoryStore):
+    """A memory store whose first commits fail as a full disk would."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def commit(self, commit: Commit) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise OSError("No space left on device")
+        await super().commit(commit)
+
+
+async def test_a_failing_store_is_retried_and_nothing_is_dropped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = FlakyStore(failures=0)
+    journal = Journal(store)
+    session = await new_session(journal, "s")
+    store.failures = 2
+    session.append("turn_start", TURN_START)
+    await asyncio.wait_for(session.settle(), 5)
+    assert session.durable == 1 and (await store.summary("s")).event_count == 1
+    assert caplog.text.count("No space left on device") == 2
+
+
+async def test_a_long_session_keeps_a_bounded_window_and_reads_the_rest_from_the_store(
+    tmp_path: Path,
+) -> None:
+    chunks = 20_000
+    step = agent_pb2.ScriptedStep(text="x" * chunks, chunk_size=1)
+    h = Harness(store=SqliteStore(tmp_path / "agentloop.db"))
+    agent = await h.create(script=[step])
+    agent.send([text_block("stream a lot")])
+    await asyncio.wait_for(agent.when_idle(), 60)
+    assert len(agent.session) > chunks
+    gc.collect()
+    in_memory = sum(1 for o in gc.get_objects() if type(o) is ev.SessionEvent)
+    assert in_memory <= WINDOW + 16, in_memory  # the window, not the log
+    assert len(agent.session.events) == WINDOW
+    events = await agent.session.read(0, len(agent.session))
+    assert [e.seq for e in events] == list(range(len(agent.session)))
+    check_log(events)
+    paged = await agent.session.read(0, 5000, max_bytes=64 * 1024)
+    assert 0 < len(paged) < 5000 and sum(e.ByteSize() for e in paged) <= 64 * 1024
+    await h.factory.close()
+    await h.runtime.store.close()
+
+
+async def test_a_refused_commit_is_reported_to_the_waiters() -> None:
+    store = MemoryStore()
+    journal = Journal(store)
+    session = await new_session(journal, "s")
+    await append_events(store, "s", [ev.SessionEvent(seq=0, turn_start=TURN_START)])
+    session.append("turn_start", TURN_START)
+    with pytest.raises(AgentLoopError, match="does not follow"):
+        await session.settle()
+    assert session.failure is not None

@@ -1,0 +1,183 @@
+"""One suite for every session store: what the loop relies on, whatever the backend."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from google.protobuf import timestamp_pb2
+
+from agentloop.v1 import content_pb2 as c
+from agentloop.v1 import session_event_pb2 as ev
+from agentloop.v1 import session_pb2
+from server.errors import AlreadyExists, InvalidArgument, NotFound
+from server.stores import (
+    INBOX_CONTEXT,
+    INBOX_MESSAGE,
+    Commit,
+    InboxEntry,
+    RequestRecord,
+    SessionStore,
+    SessionWrites,
+    StoreConflict,
+)
+from server.stores.memory import MemoryStore
+from server.stores.sqlite import SqliteStore
+from tests.stores import append_events, create_session
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
+    s: SessionStore = (
+        MemoryStore(persistent=True)
+        if request.param == "memory"
+        else SqliteStore(tmp_path / "agentloop.db")
+    )
+    await s.open()
+    yield s
+    await s.close()
+
+
+def header(created: int = 1) -> session_pb2.SessionHeader:
+    return session_pb2.SessionHeader(cwd="/w", create_time=timestamp_pb2.Timestamp(seconds=created))
+
+
+def turns(count: int, first_seq: int = 0, first_turn: int = 1) -> list[ev.SessionEvent]:
+    """`count` closed turns (turn_start, user_message, turn_end each) from `first_seq`."""
+    events = []
+    for turn in range(first_turn, first_turn + count):
+        for payload in (
+            {"turn_start": ev.TurnStart(turn=turn, trigger=ev.TRIGGER_KIND_MESSAGE)},
+            {"user_message": ev.UserMessage(content=[text(f"t{turn}")], request_id=f"r{turn}")},
+            {"turn_end": ev.TurnEnd(turn=turn)},
+        ):
+            events.append(ev.SessionEvent(seq=first_seq + len(events), **payload))  # type: ignore[arg-type]
+    return events
+
+
+def text(value: str) -> c.ContentBlock:
+    return c.ContentBlock(text=c.TextBlock(text=value))
+
+
+def entry(entry_id: int, value: str, kind: str = INBOX_MESSAGE) -> InboxEntry:
+    message: ev.UserMessage | ev.ContextMessage = (
+        ev.ContextMessage(content=[text(value)])
+        if kind == INBOX_CONTEXT
+        else ev.UserMessage(content=[text(value)], request_id=value)
+    )
+    return InboxEntry(entry_id, kind, message)
+
+
+async def test_events_round_trip_with_counts_ranges_and_listing(store: SessionStore) -> None:
+    await create_session(store, "s1", header())
+    events = turns(3)
+    await append_events(store, "s1", events[:4])
+    await append_events(store, "s1", events[4:])
+    loaded = await store.load("s1")
+    assert loaded.header == header() and loaded.events == events and loaded.inbox == []
+    assert await store.read("s1", 2, 5) == events[2:5]
+    assert await store.read("s1", 8, 100) == events[8:]
+    summary = await store.summary("s1")
+    assert (summary.event_count, summary.turn_count, summary.pending) == (9, 3, 0)
+    assert await store.list_ids() == ["s1"]
+    assert await store.exists("s1") and not await store.exists("nope")
+
+
+async def test_refusals_change_nothing(store: SessionStore) -> None:
+    await create_session(store, "s1", header())
+    with pytest.raises(AlreadyExists):
+        await create_session(store, "s1", header())
+    with pytest.raises(NotFound):
+        await store.load("nope")
+    with pytest.raises(NotFound):
+        await append_events(store, "nope", turns(1))
+    with pytest.raises(StoreConflict, match="does not follow"):
+        await append_events(store, "s1", turns(1, first_seq=1))  # a gap
+    await append_events(store, "s1", turns(1))
+    with pytest.raises(StoreConflict):
+        await append_events(store, "s1", turns(1))  # a second writer at the same seqs
+    # One refused session refuses the whole commit: the other session's writes too.
+    await create_session(store, "s2", header())
+    both = Commit(
+        {
+            "s2": SessionWrites(events=turns(1), inbox_put=[entry(1, "x")]),
+            "s1": SessionWrites(events=turns(1)),
+        }
+    )
+    with pytest.raises(StoreConflict):
+        await store.commit(both)
+    assert (await store.summary("s2")).event_count == 0
+    assert (await store.load("s2")).inbox == []
+    assert (await store.load("s1")).events == turns(1)
+
+
+async def test_the_inbox_holds_what_no_event_recorded(store: SessionStore) -> None:
+    await create_session(store, "s1", header())
+    puts = [entry(1, "a"), entry(2, "b"), entry(3, "c", INBOX_CONTEXT)]
+    await store.commit(Commit({"s1": SessionWrites(inbox_put=puts)}))
+    assert (await store.summary("s1")).pending == 3
+    # The event recording "a" and the removal of its entry land together.
+    recording = turns(1)
+    await store.commit(Commit({"s1": SessionWrites(events=recording, inbox_take=[1])}))
+    loaded = await store.load("s1")
+    assert loaded.inbox == puts[1:] and loaded.events == recording
+
+
+async def test_request_records_keep_the_first_answer(store: SessionStore) -> None:
+    await create_session(store, "s1", header())
+    first = RequestRecord("a1", "r1", "SendMessage", b"first")
+    await store.commit(Commit({"s1": SessionWrites(requests=[first])}))
+    again = RequestRecord("a1", "r1", "SendMessage", b"second")
+    await store.commit(Commit({"s1": SessionWrites(requests=[again])}))
+    assert await store.find_request("a1", "r1") == first
+    assert await store.find_request("a2", "r1") is None  # ids are scoped to the agent
+
+
+async def test_fork_copies_up_to_a_turn_end_or_refuses(store: SessionStore) -> None:
+    await create_session(store, "src", header())
+    events = turns(3)
+    open_tail = ev.SessionEvent(seq=9, turn_start=ev.TurnStart(turn=4))
+    await append_events(store, "src", [*events, open_tail])
+    assert await store.fork("src", None, "last", header(2)) == 9  # the last turn_end
+    assert await store.fork("src", 5, "middle", header(2)) == 6
+    fork = await store.load("middle")
+    assert fork.events == events[:6] and fork.header.seed_length == 6
+    assert (await store.summary("middle")).turn_count == 2
+    for boundary, problem in ((4, "not a turn_end"), (10, "out of range")):
+        with pytest.raises(InvalidArgument, match=problem) as refused:
+            await store.fork("src", boundary, "bad", header(2))
+        assert refused.value.field == "boundary_seq"
+    assert not await store.exists("bad")
+    with pytest.raises(AlreadyExists):
+        await store.fork("src", None, "last", header(2))
+    with pytest.raises(NotFound):
+        await store.fork("nope", None, "other", header(2))
+    await create_session(store, "empty", header())
+    with pytest.raises(InvalidArgument, match="no turn_end"):
+        await store.fork("empty", None, "other", header(2))
+
+
+async def test_adopt_moves_an_agents_pending_messages_in_acceptance_order(
+    store: SessionStore,
+) -> None:
+    for session_id, created, driver in (("old", 1, "bot"), ("older", 0, "bot"), ("x", 2, "other")):
+        await store.commit(
+            Commit({session_id: SessionWrites(create=header(created), driver=driver)})
+        )
+    await store.commit(
+        Commit(
+            {
+                "older": SessionWrites(inbox_put=[entry(1, "o1"), entry(2, "o2")]),
+                "old": SessionWrites(inbox_put=[entry(1, "n1")]),
+                "x": SessionWrites(inbox_put=[entry(1, "other agent")]),
+            }
+        )
+    )
+    await store.commit(Commit({"new": SessionWrites(create=header(3), driver="bot")}))
+    moved = await store.adopt_pending("bot", "new")
+    assert [(e.entry_id, e.message.request_id) for e in moved] == [(1, "o1"), (2, "o2"), (3, "n1")]
+    assert (await store.load("new")).inbox == moved
+    assert (await store.summary("old")).pending == 0
+    assert (await store.summary("x")).pending == 1  # another agent's stay put
+    assert await store.adopt_pending("bot", "new") == []
