@@ -45,14 +45,14 @@ def header(created: int = 1) -> session_pb2.SessionHeader:
 
 def turns(count: int, first_seq: int = 0, first_turn: int = 1) -> list[ev.SessionEvent]:
     """`count` closed turns (turn_start, user_message, turn_end each) from `first_seq`."""
-    events = []
+    events: list[ev.SessionEvent] = []
     for turn in range(first_turn, first_turn + count):
         for payload in (
             {"turn_start": ev.TurnStart(turn=turn, trigger=ev.TRIGGER_KIND_MESSAGE)},
             {"user_message": ev.UserMessage(content=[text(f"t{turn}")], request_id=f"r{turn}")},
             {"turn_end": ev.TurnEnd(turn=turn)},
         ):
-            events.append(ev.SessionEvent(seq=first_seq + len(events), **payload))  # type: ignore[arg-type]
+            events.append(ev.SessionEvent(seq=first_seq + len(events), **payload))
     return events
 
 
