@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from server.app import App
 from server.config import Config, ConfigError, load_config
+from server.memory import freeze_startup_heap
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,6 +55,7 @@ async def serve(config: Config) -> int:
     except OSError as error:
         print(f"agentloop: {error}", file=sys.stderr)
         return 1
+    freeze_startup_heap()
     requested = app.stop_on_signals()  # before announcing: a SIGTERM right after is graceful
     host = config.listen.rpartition(":")[0]
     print(f"agentloop listening on {host}:{port}", flush=True)

@@ -32,6 +32,7 @@ from server.errors import (
     SessionDamaged,
 )
 from server.loop import run_loop
+from server.memory import Trimmer
 from server.repair import crash_closers
 from server.runtime import Runtime
 from server.session import SessionLog, now_timestamp, session_message
@@ -76,6 +77,7 @@ class AgentFactory:
         """Stored sessions read whole without damage, with their event count then."""
         self._readonly: OrderedDict[str, SessionLog] = OrderedDict()
         """The latest stored sessions loaded for reading (paging through a log reuses them)."""
+        self.trimmer = Trimmer()
 
     # -- create and resume -------------------------------------------------------------
 
@@ -108,7 +110,9 @@ class AgentFactory:
             if await self.runtime.store.exists(session_id):
                 raise AlreadyExists(f'session "{session_id}" already exists')
             header = session_pb2.SessionHeader(cwd=cwd, create_time=now_timestamp())
-            session = SessionLog(session_id, header, self.runtime.journal)
+            session = SessionLog(
+                session_id, header, self.runtime.journal, window=self.runtime.event_window
+            )
             return await self._publish(
                 agent_id,
                 session,
@@ -278,6 +282,7 @@ class AgentFactory:
             self.runtime.journal,
             seed=[*stored.events, *closers],
             inbox=stored.inbox,
+            window=self.runtime.event_window,
         )
 
     async def session_ids(self) -> list[str]:
@@ -364,6 +369,7 @@ class AgentFactory:
         self.runtime.models.release(agent.agent_id)
         self._release(agent.agent_id, agent.session.session_id)
         agent.session.wake_waiters()
+        self.trimmer.soon()  # what the agent held is free now: give it back
 
     async def close(self) -> None:
         """Dispose every agent (server shutdown): running turns end `disposed`.
@@ -374,6 +380,7 @@ class AgentFactory:
         self._closing = True
         await asyncio.gather(*(self.teardown(a) for a in list(self.agents.values())))
         await self.runtime.journal.drain()
+        await self.trimmer.close()
 
     def _reserve(self, agent_id: str, session_id: str) -> None:
         """Claim both ids at once, before any await, so a same-id race has one winner."""

@@ -9,6 +9,7 @@ from server.models import ModelRegistry
 from server.persistence import Persistence
 from server.requests import Requests
 from server.seams import SeamRegistry
+from server.session import WINDOW
 from server.stores import SessionStore
 from server.stores.memory import MemoryStore
 from server.system_prompt import SystemPrompt, default_system_prompt
@@ -32,6 +33,8 @@ class Runtime:
     """The provider of agents that name none."""
     plugin_timeout: float = 5.0
     """Seconds a plugin call waits for its result when neither plugin nor operator set it."""
+    event_window: int = WINDOW
+    """Recent events each session keeps in memory; older ones are read from the store."""
     tool_order: list[str] | None = None
     """The canonical tool order, with one "<unlisted-tools>" marker; None is by name."""
     journal: Journal = field(init=False)

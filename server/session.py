@@ -47,7 +47,7 @@ SURFACE_KINDS = frozenset(
 
 APPEND = ev.SurfaceOp(kind=ev.SURFACE_OP_KIND_APPEND)
 
-WINDOW = 256
+WINDOW = 64
 """Recent events a session keeps in memory; readers of older ones go to the store."""
 
 Observer = Callable[[ev.SessionEvent], Any]

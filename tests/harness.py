@@ -41,6 +41,8 @@ class Harness:
 
     def __init__(self, **runtime_args: Any) -> None:
         runtime_args.setdefault("store", MemoryStore(persistent=True))
+        # Unit tests inspect whole logs in memory; the bounded window has its own test.
+        runtime_args.setdefault("event_window", 1_000_000)
         self.runtime = Runtime(**runtime_args)
         self.model = RecordingModel()
         self.runtime.models.register("scripted", self.model, default_model="echo")

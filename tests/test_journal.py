@@ -98,7 +98,7 @@ async def test_a_long_session_keeps_a_bounded_window_and_reads_the_rest_from_the
 ) -> None:
     chunks = 20_000
     step = agent_pb2.ScriptedStep(text="x" * chunks, chunk_size=1)
-    h = Harness(store=SqliteStore(tmp_path / "agentloop.db"))
+    h = Harness(store=SqliteStore(tmp_path / "agentloop.db"), event_window=WINDOW)
     agent = await h.create(script=[step])
     agent.send([text_block("stream a lot")])
     await asyncio.wait_for(agent.when_idle(), 60)
