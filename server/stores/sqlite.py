@@ -151,19 +151,25 @@ class SqliteStore:
         await self._write("", lambda db: None)
 
     async def close(self) -> None:
-        """Close the connections and the worker threads."""
+        """Fold the WAL into the database file, close the connections and the threads."""
 
         def close(db: sqlite3.Connection) -> None:
             db.close()
 
+        def fold_and_close(db: sqlite3.Connection) -> None:
+            try:
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # a clean stop leaves one file
+            finally:
+                db.close()
+
         if self._checkpointing is not None:
             await asyncio.gather(self._checkpointing, return_exceptions=True)
-        if self._write_db is not None:
-            await self._write("", close)
-            self._write_db = None
         if self._read_db is not None:
             await self._read("", close)
             self._read_db = None
+        if self._write_db is not None:
+            await self._write("", fold_and_close)
+            self._write_db = None
         self._writer.shutdown(wait=True)
         self._reader.shutdown(wait=True)
 
