@@ -15,6 +15,7 @@ import asyncio
 import gc
 import os
 import resource
+import shutil
 import socket
 import sqlite3
 import statistics
@@ -36,6 +37,7 @@ from server.agent import Agent
 from server.app import build_runtime
 from server.config import Config
 from server.factory import AgentFactory
+from server.stores.sqlite_sql import KIND_NUMBERS
 
 OPTIONS = agent_pb2.AgentOptions(provider="scripted", model="bench", tools=["word_count"])
 PROMPT = [c.ContentBlock(text=c.TextBlock(text="count the words of this short prompt"))]
@@ -93,6 +95,41 @@ async def bench_in_process(turns: int, conversation: int) -> None:
     await factory.close()
 
 
+async def store_turns(store: str, data_dir: str, turns: int) -> float:
+    """µs per independent turn on `store` (agents created beforehand)."""
+    runtime = build_runtime(Config(store=store, data_dir=data_dir))
+    factory = AgentFactory(runtime)
+    warm = await factory.create("warm", OPTIONS)
+    for _ in range(20):
+        await one_turn(warm)
+    agents = [await factory.create(f"{store}-{i}", OPTIONS) for i in range(turns)]
+    gc.collect()
+    start = time.perf_counter()
+    for agent in agents:
+        await one_turn(agent)
+    per_turn = (time.perf_counter() - start) / turns * 1e6
+    await factory.close()
+    await runtime.store.close()
+    return per_turn
+
+
+async def bench_store(turns: int, rounds: int = 5) -> None:
+    """The write-ahead SQLite store against the memory store, interleaved, median ratio."""
+    memory: list[float] = []
+    sqlite: list[float] = []
+    with tempfile.TemporaryDirectory() as data_dir:
+        for i in range(rounds):
+            memory.append(await store_turns("memory", data_dir, turns))
+            sqlite.append(await store_turns("sqlite", str(Path(data_dir) / str(i)), turns))
+    ratios = sorted(s / m for s, m in zip(sqlite, memory, strict=True))
+    print(f"durable store: write-ahead SQLite vs memory ({rounds} interleaved rounds)")
+    line("memory store (median)", f"{statistics.median(memory):,.0f} µs/turn", "")
+    line("SQLite, every event stored before it is seen (median)",
+         f"{statistics.median(sqlite):,.0f} µs/turn", "")  # fmt: skip
+    line("SQLite / memory (median of the rounds' ratios)",
+         f"{statistics.median(ratios):.2f}×", "≤ 1.3×")  # fmt: skip
+
+
 async def bench_idle_agents(count: int) -> None:
     factory = AgentFactory(build_runtime(Config(store="memory")))
     gc.collect()
@@ -117,13 +154,15 @@ async def bench_resume(events_wanted: int) -> None:
             await one_turn(agent)
         session_id = agent.session.session_id
         count = len(agent.session)
-        steps = sum(1 for e in agent.session.events if e.HasField("step_start"))
         await factory.close()
         await runtime.store.close()
         db = Path(data_dir) / "agentloop.db"
         with sqlite3.connect(db) as conn:  # fold the WAL in, so the file size is the data
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             payload = conn.execute("SELECT SUM(LENGTH(event)) FROM events").fetchone()[0]
+            steps = conn.execute(
+                "SELECT COUNT(*) FROM events WHERE kind = ?", (KIND_NUMBERS["step_start"],)
+            ).fetchone()[0]
         size = db.stat().st_size
 
         restarted = build_runtime(config)  # a new process would see just the file
@@ -133,7 +172,7 @@ async def bench_resume(events_wanted: int) -> None:
         elapsed = time.perf_counter() - start
         await factory.close()
         await restarted.store.close()
-    print("durable sessions (SQLite, synchronous=FULL)")
+    print("durable sessions (SQLite)")
     line(f"resume a session of {count:,} events after a restart", f"{elapsed * 1e3:,.1f} ms",
          "< 500 ms")  # fmt: skip
     line("event bytes per step (protobuf, a two-step tool turn)", f"{payload / steps:,.0f} B", "")
@@ -149,6 +188,7 @@ def free_port() -> int:
 
 async def bench_grpc(turns: int) -> None:
     port = free_port()
+    data_dir = tempfile.mkdtemp(prefix="agentloop-bench-")  # never the user's ./data
     server = await asyncio.create_subprocess_exec(
         *(
             sys.executable,
@@ -156,6 +196,8 @@ async def bench_grpc(turns: int) -> None:
             "server",
             "--listen",
             f"127.0.0.1:{port}",
+            "--data-dir",
+            data_dir,
             "--log-level",
             "WARNING",
         ),
@@ -183,14 +225,16 @@ async def bench_grpc(turns: int) -> None:
                 await turn()
             per_turn = (time.perf_counter() - start) / turns * 1e6
             stream.cancel()
-        print("end to end over gRPC (server in a subprocess; client sees turn_end on its stream)")
+        print("end to end over gRPC (server in a subprocess, SQLite in a temporary directory;"
+              " client sees turn_end on its stream)")  # fmt: skip
         line(f"turns ({turns}, one agent)", f"{per_turn:,.0f} µs/turn", "≤ 2500")
     finally:
         server.terminate()
         await asyncio.wait_for(server.wait(), 10)
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
-SECTIONS = ("loop", "resume", "grpc", "idle")
+SECTIONS = ("loop", "store", "resume", "grpc", "idle")
 
 
 def main() -> None:
@@ -217,6 +261,8 @@ def main() -> None:
         asyncio.run(bench_in_process(args.turns, args.conversation))
         line("peak RSS of this process (the loop workload)", f"{peak_rss_mb():,.1f} MB",
              "≤ 100 MB")  # fmt: skip
+    elif args.section == "store":
+        asyncio.run(bench_store(min(args.turns, 300)))
     elif args.section == "resume":
         asyncio.run(bench_resume(args.resume_events))
     elif args.section == "grpc":

@@ -63,8 +63,13 @@ class SessionRows:
         """The rows of `writes`; raises `StoreConflict` if its events have a gap."""
         events = writes.events
         first = events[0].seq if events else 0
-        check_follows(session_id, first, events)
-        rows = [(session_id, e.seq, kind_number(e), e.SerializeToString()) for e in events]
+        if events and events[-1].seq != first + len(events) - 1:
+            check_follows(session_id, first, events)  # a gap: raise, naming it
+        numbers = KIND_NUMBERS
+        rows = [
+            (session_id, e.seq, numbers[e.WhichOneof("payload")], e.SerializeToString())  # type: ignore[index]
+            for e in events
+        ]
         puts = [
             (session_id, i.entry_id, i.kind, i.message.SerializeToString())
             for i in writes.inbox_put
