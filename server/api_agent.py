@@ -20,6 +20,7 @@ from server.errors import AgentLoopError, InvalidArgument
 from server.factory import AgentFactory, check_id
 from server.session import SessionLog, session_message
 from server.status import code_of, mapped
+from server.validation import check_finite, duration_seconds, user_content
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -30,16 +31,11 @@ LIVE_EVENT_BUFFER = 1024
 """Live agent events held for a slow stream reader; older ones are dropped first."""
 
 
-def message_content(text: str, content: list[c.ContentBlock], field: str) -> list[c.ContentBlock]:
-    """The content of a request: `text` as a block, then `content`; never empty."""
-    for i, block in enumerate(content):
-        if block.WhichOneof("block") is None:
-            raise InvalidArgument(f"content[{i}]", "is an empty content block")
-    blocks = [c.ContentBlock(text=c.TextBlock(text=text))] if text else []
-    blocks.extend(content)
-    if not blocks:
-        raise InvalidArgument(field, "needs text or content")
-    return blocks
+def message_content(
+    agent: Agent, text: str, content: list[c.ContentBlock], field: str
+) -> list[c.ContentBlock]:
+    """The content of a request: `text` as a block, then `content`; user content only."""
+    return user_content(agent.runtime.limits, text, content, field)
 
 
 class AgentServicer(rpc.AgentServiceServicer):
@@ -54,7 +50,7 @@ class AgentServicer(rpc.AgentServiceServicer):
     ) -> pb.SendMessageResponse:
         """Queue a prompt."""
         agent = self.factory.get(request.agent_id)
-        content = message_content(request.text, list(request.content), "text")
+        content = message_content(agent, request.text, list(request.content), "text")
         agent.send(content, request.source)
         return pb.SendMessageResponse(next_seq=len(agent.session), status=agent.status)
 
@@ -64,7 +60,7 @@ class AgentServicer(rpc.AgentServiceServicer):
     ) -> pb.SteerMessageResponse:
         """Steer the running turn, or queue when idle."""
         agent = self.factory.get(request.agent_id)
-        content = message_content(request.text, list(request.content), "text")
+        content = message_content(agent, request.text, list(request.content), "text")
         steering = agent.steer(content, request.source)
         return pb.SteerMessageResponse(next_seq=len(agent.session), steering=steering)
 
@@ -74,11 +70,12 @@ class AgentServicer(rpc.AgentServiceServicer):
     ) -> pb.InjectContextResponse:
         """Add context to the conversation."""
         agent = self.factory.get(request.agent_id)
-        content = message_content(request.text, list(request.content), "text")
+        content = message_content(agent, request.text, list(request.content), "text")
         hook_context = d.HookContext(
             content=content, source=request.source, envelope=request.envelope
         )
         if request.HasField("meta"):
+            check_finite(request.meta, "meta")
             hook_context.meta.CopyFrom(request.meta)
         agent.inject(hook_context)
         return pb.InjectContextResponse(next_seq=len(agent.session))
@@ -96,10 +93,10 @@ class AgentServicer(rpc.AgentServiceServicer):
         """Wait for the agent to become idle."""
         agent = self.factory.get(request.agent_id)
         timeout = (
-            request.timeout.ToTimedelta().total_seconds() if request.HasField("timeout") else 30
+            duration_seconds(request.timeout, "timeout", 3600)
+            if request.HasField("timeout")
+            else 30
         )
-        if not 0 <= timeout <= 3600:
-            raise InvalidArgument("timeout", "must be between 0 and 1 hour")
         idle = agent.is_idle()  # first: a zero timeout is a poll (wait_for(…, 0) never runs it)
         if not idle:
             try:

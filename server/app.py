@@ -23,6 +23,7 @@ from agentloop.v1 import (
 )
 from server.api_agent import AgentServicer
 from server.api_factory import AgentFactoryServicer
+from server.api_guard import RequestGuard
 from server.api_plugins import PluginRegistryServicer
 from server.auth import TokenAuth, is_loopback
 from server.builtin_tools import builtin_tools
@@ -70,6 +71,7 @@ def build_runtime(config: Config) -> Runtime:
         default_provider=config.default_provider,
         plugin_timeout=config.plugin_timeout_seconds,
         tool_order=list(config.tool_order) if config.tool_order is not None else None,
+        limits=config.limits,
     )
     for tool in builtin_tools():
         runtime.tools.register(tool)
@@ -116,7 +118,13 @@ class App:
             read_pem(config.plugin_ca_file),
         )
         self.health = health.aio.HealthServicer()
-        self.server = grpc.aio.server(interceptors=[TokenAuth(token)] if token else [])
+        limits = self.runtime.limits
+        # Auth first: an unauthenticated caller learns nothing, not even that a body is bad.
+        interceptors = [TokenAuth(token)] if token else []
+        self.server = grpc.aio.server(
+            interceptors=[*interceptors, RequestGuard(limits)],
+            options=[("grpc.max_receive_message_length", limits.max_request_bytes)],
+        )
         plugin_registry_service_pb2_grpc.add_PluginRegistryServiceServicer_to_server(
             PluginRegistryServicer(self.plugins), self.server
         )

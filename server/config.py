@@ -12,6 +12,7 @@ import yaml
 from server.builtin_tools import builtin_tools
 from server.errors import CodedError
 from server.factory import ID_PATTERN
+from server.limits import LIMIT_FIELDS, Limits
 from server.system_prompt import PERSONA_VARIABLES, interpolate
 from server.tools import UNLISTED_TOOLS
 
@@ -20,7 +21,7 @@ DEFAULT_LISTEN = "127.0.0.1:50051"
 SERVER_FIELDS = {
     "listen", "maxParallelToolCalls", "shutdownGraceSeconds", "defaultProvider", "store",
     "dataDir", "agents", "plugins", "tokenFile", "pluginTokenFile", "providers",
-    "pluginTimeoutSeconds", "pluginCaFile", "toolOrder",
+    "pluginTimeoutSeconds", "pluginCaFile", "toolOrder", "limits",
 }  # fmt: skip
 PROVIDER_FIELDS = {
     "name", "type", "baseUrl", "apiKeyEnv", "defaultModel", "headers", "connectTimeoutSeconds",
@@ -136,6 +137,8 @@ class Config:
     """PEM roots trusted for `tls://` plugin addresses; empty trusts the system's."""
     plugin_timeout_seconds: float = 5.0
     """The deadline of a plugin call whose subscription sets none."""
+    limits: Limits = field(default_factory=Limits)
+    """Size and count limits; see `server/limits.py` for each one and its default."""
     insecure: bool = False
     """Allow a non-loopback listen address without a token (`--insecure`)."""
 
@@ -223,6 +226,7 @@ def parse_config(raw: object) -> Config:
         plugin_timeout_seconds=float(plugin_timeout),
         plugin_ca_file=_string(doc.get("pluginCaFile", ""), "pluginCaFile"),
         tool_order=_tool_order(doc.get("toolOrder")),
+        limits=_limits(doc.get("limits", {})),
         default_provider=default_provider,
         agents=agents,
     )
@@ -257,7 +261,11 @@ def _agent(raw: object, where: str, providers: list[str] | None) -> AgentConfig:
             )
     persona = _string(item.get("persona", ""), f"{where}.persona")
     try:
-        interpolate(persona, dict.fromkeys(PERSONA_VARIABLES, ""))
+        # A resumed agent's cwd comes from its stored session: checked when it starts.
+        values: dict[str, str | None] = dict.fromkeys(PERSONA_VARIABLES, "x")
+        if not cwd and "resumeSessionId" not in item:
+            values["cwd"] = None
+        interpolate(persona, values)
     except CodedError as error:
         raise ConfigError(
             f"{where}.persona: {error} (known: {', '.join(PERSONA_VARIABLES)})"
@@ -275,6 +283,13 @@ def _agent(raw: object, where: str, providers: list[str] | None) -> AgentConfig:
         else _positive(cap, f"{where}.maxParallelToolCalls"),
         resume_session_id=_string(item.get("resumeSessionId", ""), f"{where}.resumeSessionId"),
     )
+
+
+def _limits(raw: object) -> Limits:
+    item = _mapping(raw, "limits")
+    _no_unknown(item, "limits", set(LIMIT_FIELDS))
+    values = {LIMIT_FIELDS[key]: _positive(value, f"limits.{key}") for key, value in item.items()}
+    return Limits(**values)
 
 
 def _provider(raw: object, where: str) -> ProviderConfig:

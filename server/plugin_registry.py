@@ -17,6 +17,7 @@ from agentloop.v1 import session_event_pb2 as ev
 from server.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from server.factory import ID_PATTERN
 from server.jsonvalue import check_lossless
+from server.limits import check_capacity
 from server.plugin_client import PluginConnection, PluginUnreachable
 from server.plugin_listeners import SEAM_NAMES, PluginStats, install, tool_schema
 from server.runtime import Runtime
@@ -75,6 +76,7 @@ class PluginRegistry:
         """Connect to a plugin, describe it, subscribe its listeners and tools."""
         if not ADDRESS.fullmatch(address):
             raise InvalidArgument("address", f"{address!r} must be host:port or tls://host:port")
+        check_capacity(self.runtime.limits, "max_plugins", len(self.plugins), "plugins")
         stats = PluginStats()
         connection = PluginConnection(address, self.token, stats, self.root_certificates)
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from server.limits import Limits
 from server.models import ModelRegistry
 from server.persistence import Persistence
 from server.seams import SeamRegistry
@@ -32,6 +33,8 @@ class Runtime:
     """Seconds a plugin call waits for its result when neither plugin nor operator set it."""
     tool_order: list[str] | None = None
     """The canonical tool order, with one "<unlisted-tools>" marker; None is by name."""
+    limits: Limits = field(default_factory=Limits)
+    """The server's size and count limits."""
     persistence: Persistence = field(init=False)
 
     def __post_init__(self) -> None:

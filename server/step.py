@@ -15,6 +15,7 @@ from server.assembly import MessageAssembler
 from server.content import tool_calls_of, without_tool_calls
 from server.errors import Aborted, CodedError
 from server.jsonvalue import to_struct
+from server.limits import check_tool_calls, check_turn_events
 from server.models import ModelRequest
 from server.scheduler import run_tool_batch
 from server.system_prompt import PromptScope
@@ -67,6 +68,7 @@ async def prepare_step(
             raise StepInterrupted from None
         raise
     history = session.derive_messages()
+    check_turn_events(runtime.limits, len(session) - turn.start_seq)
     session.append("step_start", ev.StepStart(turn=turn.number, step=turn.step))
     turn.step_open = True
     check_interrupted(agent)
@@ -121,6 +123,7 @@ async def run_step(agent: Agent, turn: Turn, system: str, history: list[c.Messag
                 "assistant_chunk", ev.AssistantChunk(turn=turn.number, step=turn.step, chunk=chunk)
             )
             chunk_seqs.append(event.seq)
+            check_turn_events(runtime.limits, event.seq - turn.start_seq)
             assembler.add(chunk)
     finally:
         close = getattr(chunks, "aclose", None)
@@ -156,8 +159,13 @@ async def run_step(agent: Agent, turn: Turn, system: str, history: list[c.Messag
         content = without_tool_calls(content)
     if result is not message and list(result.content) != list(message.content):
         provenance.replay_state = ""  # replay state only fits the content it came with
-    append_assistant(agent, turn, content, provenance, assembler.usage, chunk_seqs)
     calls = [] if max_tokens else tool_calls_of(content)
+    if len(calls) > runtime.limits.max_tool_calls_per_step:
+        # The calls are left out of the log: no call stays there without its result.
+        content = without_tool_calls(content)
+        append_assistant(agent, turn, content, provenance, assembler.usage, chunk_seqs)
+        check_tool_calls(runtime.limits, len(calls))
+    append_assistant(agent, turn, content, provenance, assembler.usage, chunk_seqs)
     if not calls:
         return StepOutcome(had_tool_calls=False, max_tokens=max_tokens)
     await run_tools(agent, turn, calls)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from server.config import DEFAULT_AGENT, ConfigError, load_config, parse_config
+from server.limits import Limits
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -142,7 +143,7 @@ def test_config_agents_may_name_every_known_provider_tool_and_variable() -> None
             "defaultProvider": "local",
             "providers": [{"name": "local", "baseUrl": "http://127.0.0.1:1/v1"}],
             "agents": [
-                {"id": "a.b:c_d-1", "provider": "local",
+                {"id": "a.b:c_d-1", "provider": "local", "cwd": "/w",
                  "tools": ["current_time", "echo", "sleep", "word_count"],
                  "persona": "You run {{model}} from {{provider}} in {{cwd}}; {{ is literal"},
                 {"id": "s", "provider": "scripted"},
@@ -153,6 +154,22 @@ def test_config_agents_may_name_every_known_provider_tool_and_variable() -> None
     assert config.default_provider == "local"
     assert [a.provider for a in config.agents] == ["local", "scripted", ""]
     assert config.agents[0].tools == ("current_time", "echo", "sleep", "word_count")
+
+
+def test_a_persona_using_cwd_needs_an_agent_with_a_cwd() -> None:
+    with pytest.raises(ConfigError, match=r'agents\[0\]\.persona: prompt variable "cwd"'):
+        parse_config({"agents": [{"id": "a", "persona": "in {{cwd}}"}]})
+
+
+def test_limits_are_read_from_their_section_and_checked() -> None:
+    config = parse_config({"limits": {"maxContentBytes": 1000, "maxAgents": 2}})
+    assert config.limits.max_content_bytes == 1000
+    assert config.limits.max_agents == 2
+    assert config.limits.max_streams == Limits().max_streams
+    with pytest.raises(ConfigError, match="limits.maxAgents: must be a positive integer"):
+        parse_config({"limits": {"maxAgents": 0}})
+    with pytest.raises(ConfigError, match="limits.maxNope: unknown field"):
+        parse_config({"limits": {"maxNope": 1}})
 
 
 def test_the_messages_say_what_is_known() -> None:

@@ -1,0 +1,212 @@
+"""Hostile sizes through a real server: templates stay linear, and every limit is refused
+with a status (or a turn end) that names it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from agentloop.v1 import agent_factory_service_pb2 as fac
+from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_service_pb2 as api
+from server.config import Config
+from server.limits import Limits
+from tests.e2e.conftest import E2E, READ_TIMEOUT, EventStream, read_turn, running_app
+
+T = READ_TIMEOUT
+
+
+def scripted(*steps: agent_pb2.ScriptedStep, persona: str = "") -> agent_pb2.AgentOptions:
+    """Options of a scripted agent."""
+    return agent_pb2.AgentOptions(provider="scripted", model="m", script=steps, persona=persona)
+
+
+@pytest.fixture
+async def small() -> AsyncIterator[E2E]:
+    """A server with small limits, so that each can be reached cheaply."""
+    limits = Limits(
+        max_content_bytes=1000,
+        max_persona_bytes=2 * 1024 * 1024,
+        max_script_steps=3,
+        max_script_tool_calls=4,
+        max_agents=3,
+        max_tool_calls_per_step=2,
+        max_events_per_turn=60,
+        max_streams=2,
+    )
+    config = Config(listen="127.0.0.1:0", store="memory", agents=(), limits=limits)
+    async with running_app(config) as running:
+        yield running
+
+
+async def refused(call: object, code: grpc.StatusCode) -> str:
+    """Await `call`, expect `code`; returns the details."""
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call  # type: ignore[misc]
+    assert info.value.code() == code, info.value.details()
+    return info.value.details() or ""
+
+
+async def test_health_answers_while_a_1_mb_hostile_persona_is_checked_and_rendered(
+    small: E2E,
+) -> None:
+    hostile = "{{" * 500_000  # 1 MB: quadratic scanning took hours at this size
+    create = asyncio.ensure_future(
+        small.factory.CreateAgent(
+            fac.CreateAgentRequest(agent_id="h", options=scripted(persona=hostile)), timeout=T
+        )
+    )
+    slowest = 0.0
+    while not create.done():
+        started = time.monotonic()
+        await small.health()
+        slowest = max(slowest, time.monotonic() - started)
+    await create
+    # Each step renders the persona again: a turn must run with health still answering.
+    await small.agents.SendMessage(api.SendMessageRequest(agent_id="h", text="hi"), timeout=T)
+    turn = asyncio.ensure_future(read_turn(small.agents, "h", 0))
+    while not turn.done():
+        started = time.monotonic()
+        await small.health()
+        slowest = max(slowest, time.monotonic() - started)
+    events = await turn
+    end = events[-1].turn_end.reason
+    assert end.WhichOneof("kind") == "completed", end
+    header = next(e for e in events if e.HasField("request_header"))
+    assert hostile in header.request_header.header.system  # a lone `{{` is literal
+    assert slowest < 0.5, f"a health check took {slowest:.3f} s"
+
+
+async def test_a_hostile_persona_with_a_late_close_is_refused_naming_it(small: E2E) -> None:
+    request = fac.CreateAgentRequest(agent_id="h", options=scripted(persona="{{" * 400_000 + "}}"))
+    details = await refused(small.factory.CreateAgent(request, timeout=T), INVALID)
+    assert details.startswith("options.persona: malformed prompt variable reference")
+    assert len(details) < 200  # the huge group is not echoed back
+
+
+async def test_a_cwd_persona_is_refused_for_an_agent_without_a_cwd(small: E2E) -> None:
+    request = fac.CreateAgentRequest(agent_id="p", options=scripted(persona="Work in {{cwd}}."))
+    details = await refused(small.factory.CreateAgent(request, timeout=T), INVALID)
+    assert details == 'options.persona: prompt variable "cwd" has no value for this assembly'
+    request.metadata.cwd = "/srv"
+    created = await small.factory.CreateAgent(request, timeout=T)
+    assert created.agent.agent_id == "p"
+
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_content_over_the_limit_is_refused_and_nothing_is_appended(small: E2E) -> None:
+    await small.factory.CreateAgent(fac.CreateAgentRequest(agent_id="c", options=scripted()))
+    calls = [
+        small.agents.SendMessage(api.SendMessageRequest(agent_id="c", text="x" * 1001), timeout=T),
+        small.agents.SteerMessage(
+            api.SteerMessageRequest(agent_id="c", text="x" * 1001), timeout=T
+        ),
+        small.agents.InjectContext(
+            api.InjectContextRequest(agent_id="c", text="x" * 1001), timeout=T
+        ),
+    ]
+    for call in calls:
+        details = await refused(call, INVALID)
+        assert details == "text: has 1001 bytes, over the limit limits.maxContentBytes (1000)"
+    session = await small.agents.GetSession(api.GetSessionRequest(agent_id="c"), timeout=T)
+    assert session.session.event_count == 0
+
+
+async def test_a_request_over_the_size_limit_is_resource_exhausted(small: E2E) -> None:
+    await small.factory.CreateAgent(fac.CreateAgentRequest(agent_id="r", options=scripted()))
+    request = api.SendMessageRequest(agent_id="r", text="x" * (4 * 1024 * 1024 + 1))
+    exhausted = grpc.StatusCode.RESOURCE_EXHAUSTED
+    details = await refused(small.agents.SendMessage(request, timeout=T), exhausted)
+    assert str(Limits().max_request_bytes) in details
+    assert await small.health() == 1  # SERVING
+
+
+async def test_persona_and_script_sizes_are_refused_naming_the_limit(small: E2E) -> None:
+    cases = [
+        (scripted(persona="p" * (2 * 1024 * 1024 + 1)), "limits.maxPersonaBytes (2097152)"),
+        (scripted(*[agent_pb2.ScriptedStep(text="s")] * 4), "limits.maxScriptSteps (3)"),
+        (
+            scripted(
+                agent_pb2.ScriptedStep(tool_calls=[agent_pb2.ScriptedToolCall(name="t")] * 3),
+                agent_pb2.ScriptedStep(tool_calls=[agent_pb2.ScriptedToolCall(name="t")] * 2),
+            ),
+            "limits.maxScriptToolCalls (4)",
+        ),
+        (scripted(agent_pb2.ScriptedStep(text="s" * 1001)), "limits.maxContentBytes (1000)"),
+    ]
+    for options, limit in cases:
+        request = fac.CreateAgentRequest(agent_id="s", options=options)
+        details = await refused(small.factory.CreateAgent(request, timeout=T), INVALID)
+        assert details.startswith("options.") and details.endswith(limit), details
+    listed = await small.factory.ListAgents(fac.ListAgentsRequest(), timeout=T)
+    assert list(listed.agents) == []
+
+
+async def test_agents_past_the_limit_are_resource_exhausted(small: E2E) -> None:
+    for i in range(3):
+        await small.factory.CreateAgent(fac.CreateAgentRequest(agent_id=f"a{i}"), timeout=T)
+    request = fac.CreateAgentRequest(agent_id="a3")
+    details = await refused(
+        small.factory.CreateAgent(request, timeout=T), grpc.StatusCode.RESOURCE_EXHAUSTED
+    )
+    assert details == "agents: the server reached limits.maxAgents (3)"
+    await small.factory.DisposeAgent(fac.DisposeAgentRequest(agent_id="a0"), timeout=T)
+    await small.factory.CreateAgent(request, timeout=T)  # a slot was freed
+
+
+async def test_too_many_tool_calls_in_a_step_end_the_turn_naming_the_limit(small: E2E) -> None:
+    calls = [agent_pb2.ScriptedToolCall(name="t", arguments="{}")] * 3
+    options = scripted(agent_pb2.ScriptedStep(tool_calls=calls))
+    await small.factory.CreateAgent(fac.CreateAgentRequest(agent_id="t", options=options))
+    await small.agents.SendMessage(api.SendMessageRequest(agent_id="t", text="go"), timeout=T)
+    events = await read_turn(small.agents, "t", 0)
+    error = events[-1].turn_end.reason.error
+    assert error.code == "TOOL_CALLS_PER_STEP"
+    assert error.message.endswith("limits.maxToolCallsPerStep (2)")
+    assert not [e for e in events if e.HasField("tool_call")]  # no call left unanswered
+
+
+async def test_too_many_events_in_a_turn_end_it_naming_the_limit(small: E2E) -> None:
+    options = scripted(agent_pb2.ScriptedStep(text="y" * 500, chunk_size=1))
+    await small.factory.CreateAgent(fac.CreateAgentRequest(agent_id="e", options=options))
+    await small.agents.SendMessage(api.SendMessageRequest(agent_id="e", text="go"), timeout=T)
+    events = await read_turn(small.agents, "e", 0)
+    error = events[-1].turn_end.reason.error
+    assert error.code == "EVENTS_PER_TURN"
+    assert error.message.endswith("limits.maxEventsPerTurn (60)")
+    assert len(events) < 70
+    # The agent is still usable afterwards.
+    assert await small.health() == 1
+
+
+async def test_event_streams_past_the_limit_are_resource_exhausted(small: E2E) -> None:
+    await small.factory.CreateAgent(fac.CreateAgentRequest(agent_id="s"), timeout=T)
+    with EventStream(small.agents, agent_id="s") as one, EventStream(small.agents, agent_id="s"):
+        await small.agents.SendMessage(api.SendMessageRequest(agent_id="s", text="go"), timeout=T)
+        await one.until("turn_end")  # both streams are open now
+        third = EventStream(small.agents, agent_id="s")
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await third.next()
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "limits.maxStreams (2)" in (info.value.details() or "")
+    for _ in range(50):  # the two closed streams free their slots (asynchronously)
+        if small.app.server is not None and await _stream_opens(small):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("a stream slot was never freed")
+
+
+async def _stream_opens(e2e: E2E) -> bool:
+    with EventStream(e2e.agents, agent_id="s", replay_only=True) as stream:
+        try:
+            await stream.drain()
+        except grpc.aio.AioRpcError as error:
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            return False
+    return True
