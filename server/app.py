@@ -21,6 +21,7 @@ from agentloop.v1 import (
     agent_service_pb2,
     agent_service_pb2_grpc,
 )
+from server.addresses import Allowlist
 from server.api_agent import AgentServicer
 from server.api_factory import AgentFactoryServicer
 from server.api_guard import RequestGuard
@@ -116,6 +117,8 @@ class App:
             self._session_of,
             read_token(config.plugin_token_file, "AGENTLOOP_PLUGIN_TOKEN"),
             read_pem(config.plugin_ca_file),
+            allowlist=Allowlist.of(config.plugin_allowlist),
+            token_plaintext=config.plugin_token_plaintext,
         )
         self.health = health.aio.HealthServicer()
         limits = self.runtime.limits

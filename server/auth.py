@@ -8,6 +8,8 @@ from typing import Any
 
 import grpc
 
+from server.addresses import is_loopback
+
 OPEN_PREFIXES = (
     "/grpc.health.v1.Health/",
     "/grpc.reflection.v1alpha.ServerReflection/",
@@ -15,13 +17,7 @@ OPEN_PREFIXES = (
 )
 """Services anyone may call: operators probe them without a token."""
 
-LOOPBACK_HOSTS = ("localhost", "[::1]", "::1")
-
-
-def is_loopback(listen: str) -> bool:
-    """Whether a `host:port` listen address is reachable only from this machine."""
-    host = listen.rpartition(":")[0]
-    return host in LOOPBACK_HOSTS or host.startswith("127.")
+__all__ = ["OPEN_PREFIXES", "TokenAuth", "is_loopback", "refusal"]
 
 
 class TokenAuth(grpc.aio.ServerInterceptor):

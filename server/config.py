@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from server.addresses import DEFAULT_ALLOWLIST, parse_pattern
 from server.builtin_tools import builtin_tools
 from server.errors import CodedError
 from server.factory import ID_PATTERN
@@ -21,7 +22,8 @@ DEFAULT_LISTEN = "127.0.0.1:50051"
 SERVER_FIELDS = {
     "listen", "maxParallelToolCalls", "shutdownGraceSeconds", "defaultProvider", "store",
     "dataDir", "agents", "plugins", "tokenFile", "pluginTokenFile", "providers",
-    "pluginTimeoutSeconds", "pluginCaFile", "toolOrder", "limits",
+    "pluginTimeoutSeconds", "pluginCaFile", "toolOrder", "limits", "pluginAllowlist",
+    "pluginTokenPlaintext",
 }  # fmt: skip
 PROVIDER_FIELDS = {
     "name", "type", "baseUrl", "apiKeyEnv", "defaultModel", "headers", "connectTimeoutSeconds",
@@ -137,6 +139,11 @@ class Config:
     """PEM roots trusted for `tls://` plugin addresses; empty trusts the system's."""
     plugin_timeout_seconds: float = 5.0
     """The deadline of a plugin call whose subscription sets none."""
+    plugin_allowlist: tuple[str, ...] = DEFAULT_ALLOWLIST
+    """`host:port` patterns plugin addresses must match (host: name, IP, CIDR or *;
+    port: number or *); the default is loopback only."""
+    plugin_token_plaintext: bool = False
+    """Send the plugin token to non-loopback plugins without TLS (not recommended)."""
     limits: Limits = field(default_factory=Limits)
     """Size and count limits; see `server/limits.py` for each one and its default."""
     insecure: bool = False
@@ -168,7 +175,7 @@ def parse_config(raw: object) -> Config:
     _no_unknown(doc, "", SERVER_FIELDS)
     listen = _string(doc.get("listen", DEFAULT_LISTEN), "listen")
     host, sep, port = listen.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not host or not port.isascii() or not port.isdigit() or int(port) > 65535:
         raise ConfigError(f"listen: {listen!r} must be host:port")
     plugins_raw = doc.get("plugins", [])
     if not isinstance(plugins_raw, list):
@@ -227,6 +234,10 @@ def parse_config(raw: object) -> Config:
         plugin_ca_file=_string(doc.get("pluginCaFile", ""), "pluginCaFile"),
         tool_order=_tool_order(doc.get("toolOrder")),
         limits=_limits(doc.get("limits", {})),
+        plugin_allowlist=_allowlist(doc.get("pluginAllowlist", list(DEFAULT_ALLOWLIST))),
+        plugin_token_plaintext=_boolean(
+            doc.get("pluginTokenPlaintext", False), "pluginTokenPlaintext"
+        ),
         default_provider=default_provider,
         agents=agents,
     )
@@ -283,6 +294,23 @@ def _agent(raw: object, where: str, providers: list[str] | None) -> AgentConfig:
         else _positive(cap, f"{where}.maxParallelToolCalls"),
         resume_session_id=_string(item.get("resumeSessionId", ""), f"{where}.resumeSessionId"),
     )
+
+
+def _allowlist(raw: object) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not all(isinstance(entry, str) for entry in raw):
+        raise ConfigError("pluginAllowlist: must be a list of host:port patterns")
+    for i, entry in enumerate(raw):
+        try:
+            parse_pattern(entry)
+        except ValueError as error:
+            raise ConfigError(f"pluginAllowlist[{i}]: {error}") from None
+    return tuple(raw)
+
+
+def _boolean(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: must be true or false")
+    return value
 
 
 def _limits(raw: object) -> Limits:

@@ -209,3 +209,13 @@ def test_with_plugins_a_provider_may_be_one_a_plugin_serves() -> None:
 def test_tool_order_parses() -> None:
     config = parse_config({"toolOrder": ["word_count", "<unlisted-tools>", "echo"]})
     assert config.tool_order == ("word_count", "<unlisted-tools>", "echo")
+
+
+def test_the_plugin_allowlist_is_loopback_by_default_and_checked() -> None:
+    assert parse_config({}).plugin_allowlist == ("localhost:*", "127.0.0.0/8:*", "[::1]:*")
+    config = parse_config({"pluginAllowlist": ["10.0.0.0/8:7000", "plugins.internal:*"]})
+    assert config.plugin_allowlist == ("10.0.0.0/8:7000", "plugins.internal:*")
+    with pytest.raises(ConfigError, match=r"pluginAllowlist\[0\]: '10.0.0.1:99999'"):
+        parse_config({"pluginAllowlist": ["10.0.0.1:99999"]})
+    with pytest.raises(ConfigError, match="pluginTokenPlaintext: must be true or false"):
+        parse_config({"pluginTokenPlaintext": "yes"})
