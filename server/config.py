@@ -23,8 +23,9 @@ SERVER_FIELDS = {
     "listen", "maxParallelToolCalls", "shutdownGraceSeconds", "defaultProvider", "store",
     "dataDir", "agents", "plugins", "tokenFile", "pluginTokenFile", "providers",
     "pluginTimeoutSeconds", "pluginCaFile", "toolOrder", "limits", "pluginAllowlist",
-    "pluginTokenPlaintext",
+    "pluginTokenPlaintext", "tlsCertFile", "tlsKeyFile", "tlsClientCaFile",
 }  # fmt: skip
+TLS_FIELDS = ("tlsCertFile", "tlsKeyFile", "tlsClientCaFile")
 PROVIDER_FIELDS = {
     "name", "type", "baseUrl", "apiKeyEnv", "defaultModel", "headers", "connectTimeoutSeconds",
     "readTimeoutSeconds", "maxAttempts", "initialBackoffSeconds", "maxBackoffSeconds",
@@ -144,6 +145,12 @@ class Config:
     port: number or *); the default is loopback only."""
     plugin_token_plaintext: bool = False
     """Send the plugin token to non-loopback plugins without TLS (not recommended)."""
+    tls_cert_file: str = ""
+    """PEM certificate chain of the server's own port; with `tls_key_file`, serves TLS."""
+    tls_key_file: str = ""
+    """PEM private key of `tls_cert_file`."""
+    tls_client_ca_file: str = ""
+    """PEM roots client certificates must chain to (mutual TLS); empty: none asked."""
     limits: Limits = field(default_factory=Limits)
     """Size and count limits; see `server/limits.py` for each one and its default."""
     insecure: bool = False
@@ -218,7 +225,15 @@ def parse_config(raw: object) -> Config:
     store = _string(doc.get("store", "sqlite"), "store")
     if store not in ("sqlite", "memory"):
         raise ConfigError(f"store: {store!r} must be sqlite or memory")
+    tls = {key: _string(doc.get(key, ""), key) for key in TLS_FIELDS}
+    if bool(tls["tlsCertFile"]) != bool(tls["tlsKeyFile"]):
+        raise ConfigError("tlsCertFile, tlsKeyFile: set both or neither")
+    if tls["tlsClientCaFile"] and not tls["tlsCertFile"]:
+        raise ConfigError("tlsClientCaFile: needs tlsCertFile and tlsKeyFile (mutual TLS)")
     return Config(
+        tls_cert_file=tls["tlsCertFile"],
+        tls_key_file=tls["tlsKeyFile"],
+        tls_client_ca_file=tls["tlsClientCaFile"],
         listen=listen,
         store=store,
         data_dir=_string(doc.get("dataDir", "data"), "dataDir"),

@@ -219,3 +219,14 @@ def test_the_plugin_allowlist_is_loopback_by_default_and_checked() -> None:
         parse_config({"pluginAllowlist": ["10.0.0.1:99999"]})
     with pytest.raises(ConfigError, match="pluginTokenPlaintext: must be true or false"):
         parse_config({"pluginTokenPlaintext": "yes"})
+
+
+def test_tls_files_come_in_pairs() -> None:
+    config = parse_config({"tlsCertFile": "c.pem", "tlsKeyFile": "k.pem", "tlsClientCaFile": "ca"})
+    assert (config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file) == (
+        "c.pem", "k.pem", "ca",
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="tlsCertFile, tlsKeyFile: set both or neither"):
+        parse_config({"tlsCertFile": "c.pem"})
+    with pytest.raises(ConfigError, match="tlsClientCaFile: needs tlsCertFile"):
+        parse_config({"tlsClientCaFile": "ca.pem"})
