@@ -10,9 +10,13 @@ from typing import Any
 import grpc
 import pytest
 
+from agentloop.plugin.sdk import Plugin
+from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
+from agentloop.v1 import decision_pb2
 from server.addresses import is_loopback
 from server.config import Config
+from server.limits import Limits
 from tests.e2e.conftest import E2E, READ_TIMEOUT, running_app
 
 T = READ_TIMEOUT
@@ -116,3 +120,30 @@ async def test_the_plugin_token_goes_beyond_loopback_only_over_tls(
 )  # fmt: skip
 def test_loopback_is_an_address_check(listen: str, loopback: bool) -> None:
     assert is_loopback(listen) is loopback
+
+
+async def test_plugins_past_the_limit_are_resource_exhausted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plugin = Plugin("first")
+
+    @plugin.prompt_submit()
+    async def allow(call: hs.HookCall) -> decision_pb2.PromptDecision:
+        return decision_pb2.PromptDecision()
+
+    port = await plugin.serve("127.0.0.1:0")
+    try:
+        async with fake_plugin() as (second, recorder):
+            async with server_with(monkeypatch, limits=Limits(max_plugins=1)) as e2e:
+                await e2e.registry.RegisterPlugin(
+                    reg.RegisterPluginRequest(address=f"127.0.0.1:{port}"), timeout=T
+                )
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await e2e.registry.RegisterPlugin(
+                        reg.RegisterPluginRequest(address=f"127.0.0.1:{second}"), timeout=T
+                    )
+                assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert info.value.details() == "plugins: the server reached limits.maxPlugins (1)"
+            assert recorder.calls == []
+    finally:
+        await plugin.stop(0)
