@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from server.config import DEFAULT_AGENT, ConfigError, load_config, parse_config
-from server.limits import Limits
+from server.limits import LIMIT_FIELDS, Limits
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,6 +26,14 @@ def test_the_shipped_example_parses() -> None:
     assert agent.id == "assistant"
     assert agent.max_parallel_tool_calls == 4
     assert agent.tools == ("current_time", "word_count")
+    assert config.limits == Limits()  # the example documents the defaults
+
+
+def test_the_readme_limits_table_documents_every_default() -> None:
+    rows = re.findall(r"^\| `(max\w+)` \| (\d+)", (ROOT / "README.md").read_text(), re.M)
+    documented = {LIMIT_FIELDS[name]: int(value) for name, value in rows}
+    defaults = Limits()
+    assert documented == {f: getattr(defaults, f) for f in LIMIT_FIELDS.values()}
 
 
 def test_an_empty_file_is_all_defaults() -> None:
