@@ -14,6 +14,7 @@ from server.agent import Agent, context_message
 from server.assembly import MessageAssembler
 from server.content import tool_calls_of, without_tool_calls
 from server.errors import Aborted, CodedError
+from server.fairness import yield_if_due
 from server.jsonvalue import to_struct
 from server.limits import check_tool_calls, check_turn_events
 from server.models import ModelRequest
@@ -41,6 +42,7 @@ async def prepare_step(
     """
     runtime = agent.runtime
     session = agent.session
+    await yield_if_due()  # a turn of many steps that never wait must not starve the others
     try:
         scope = PromptScope(
             agent_id=agent.agent_id,
@@ -125,6 +127,7 @@ async def run_step(agent: Agent, turn: Turn, system: str, history: list[c.Messag
             chunk_seqs.append(event.seq)
             check_turn_events(runtime.limits, event.seq - turn.start_seq)
             assembler.add(chunk)
+            await yield_if_due()
     finally:
         close = getattr(chunks, "aclose", None)
         if close is not None:

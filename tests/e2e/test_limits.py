@@ -4,8 +4,11 @@ with a status (or a turn end) that names it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import pytest
@@ -15,9 +18,20 @@ from agentloop.v1 import agent_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from server.config import Config
 from server.limits import Limits
-from tests.e2e.conftest import E2E, READ_TIMEOUT, EventStream, read_turn, running_app
+from tests.e2e.conftest import (
+    E2E,
+    READ_TIMEOUT,
+    Client,
+    EventStream,
+    of_kind,
+    read_turn,
+    running_app,
+    text_of,
+)
+from tests.processes import server_process, token_free_env
 
 T = READ_TIMEOUT
+T_ = TypeVar("T_")
 
 
 def scripted(*steps: agent_pb2.ScriptedStep, persona: str = "") -> agent_pb2.AgentOptions:
@@ -51,33 +65,61 @@ async def refused(call: object, code: grpc.StatusCode) -> str:
     return info.value.details() or ""
 
 
+@contextlib.asynccontextmanager
+async def server_in_a_process(tmp_path: Path) -> AsyncIterator[Client]:
+    """A `python -m server` process (a blocked event loop there cannot hide behind the
+    test's own loop), with room for a 1 MB persona; a client connected to it."""
+    config = tmp_path / "config.yaml"
+    config.write_text("store: memory\nagents: []\nlimits:\n  maxPersonaBytes: 2097152\n")
+    async with server_process(
+        "--config", str(config), "--listen", "127.0.0.1:0",
+        stderr_path=tmp_path / "server.log", env=token_free_env(),
+    ) as server:  # fmt: skip
+        address = await server.listening_address()
+        async with grpc.aio.insecure_channel(address) as channel:
+            yield Client(channel)
+
+
+async def slowest_health_while(client: Client, work: Awaitable[T_]) -> tuple[T_, float]:
+    """Run `work` while checking health back to back; its result and the slowest check."""
+    task = asyncio.ensure_future(work)
+    slowest = 0.0
+    while not task.done():
+        started = time.monotonic()
+        await client.health()
+        slowest = max(slowest, time.monotonic() - started)
+    return await task, slowest
+
+
 async def test_health_answers_while_a_1_mb_hostile_persona_is_checked_and_rendered(
-    small: E2E,
+    tmp_path: Path,
 ) -> None:
     hostile = "{{" * 500_000  # 1 MB: quadratic scanning took hours at this size
-    create = asyncio.ensure_future(
-        small.factory.CreateAgent(
-            fac.CreateAgentRequest(agent_id="h", options=scripted(persona=hostile)), timeout=T
+    async with server_in_a_process(tmp_path) as client:
+        request = fac.CreateAgentRequest(agent_id="h", options=scripted(persona=hostile))
+        _, slow_create = await slowest_health_while(
+            client, client.factory.CreateAgent(request, timeout=T)
         )
-    )
-    slowest = 0.0
-    while not create.done():
-        started = time.monotonic()
-        await small.health()
-        slowest = max(slowest, time.monotonic() - started)
-    await create
-    # Each step renders the persona again: a turn must run with health still answering.
-    await small.agents.SendMessage(api.SendMessageRequest(agent_id="h", text="hi"), timeout=T)
-    turn = asyncio.ensure_future(read_turn(small.agents, "h", 0))
-    while not turn.done():
-        started = time.monotonic()
-        await small.health()
-        slowest = max(slowest, time.monotonic() - started)
-    events = await turn
+        # Each step renders the persona again: a turn runs with health still answering.
+        await client.agents.SendMessage(api.SendMessageRequest(agent_id="h", text="hi"))
+        events, slow_turn = await slowest_health_while(client, read_turn(client.agents, "h", 0))
     end = events[-1].turn_end.reason
     assert end.WhichOneof("kind") == "completed", end
     header = next(e for e in events if e.HasField("request_header"))
     assert hostile in header.request_header.header.system  # a lone `{{` is literal
+    assert max(slow_create, slow_turn) < 0.5, (slow_create, slow_turn)
+
+
+async def test_health_answers_while_an_echo_agent_streams_a_megabyte(tmp_path: Path) -> None:
+    text = "word " * 200_000  # 1 MB, under limits.maxContentBytes: 125,000 chunk events
+    async with server_in_a_process(tmp_path) as client:
+        await client.factory.CreateAgent(fac.CreateAgentRequest(agent_id="e"), timeout=T)
+        await client.agents.SendMessage(api.SendMessageRequest(agent_id="e", text=text))
+        events, slowest = await slowest_health_while(client, read_turn(client.agents, "e", 0))
+    assert events[-1].turn_end.reason.WhichOneof("kind") == "completed"
+    assert text_of(of_kind(events, "assistant_message")[0].assistant_message.content) == (
+        f"You said: {text}"
+    )
     assert slowest < 0.5, f"a health check took {slowest:.3f} s"
 
 
