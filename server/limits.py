@@ -59,6 +59,8 @@ TOOL_CALLS_PER_STEP = "TOOL_CALLS_PER_STEP"
 """The `turn_end.error.code` of a step whose model asked for too many tool calls."""
 EVENTS_PER_TURN = "EVENTS_PER_TURN"
 """The `turn_end.error.code` of a turn that appended too many events."""
+CONTENT_BYTES = "CONTENT_BYTES"
+"""The code of a model message or tool result over `maxContentBytes`."""
 
 
 def check_size(limits: Limits, attribute: str, field: str, size: int, unit: str = "bytes") -> None:
@@ -94,3 +96,25 @@ def check_turn_events(limits: Limits, appended: int) -> None:
             f"the turn appended {appended} events; {limits.describe('max_events_per_turn')}",
             EVENTS_PER_TURN,
         )
+
+
+def check_model_output(limits: Limits, size: int) -> None:
+    """End the step (`CodedError`) once a model's message passed `maxContentBytes`.
+
+    The message becomes one event: bounded, it fits what any default client receives.
+    """
+    if size > limits.max_content_bytes:
+        raise CodedError(
+            f"the model's message passed {size} bytes; {limits.describe('max_content_bytes')}",
+            CONTENT_BYTES,
+        )
+
+
+def oversized_result(limits: Limits, size: int) -> str:
+    """The error text replacing a tool result of `size` bytes; "" when it fits."""
+    if size <= limits.max_content_bytes:
+        return ""
+    return (
+        f"Error: the tool result has {size} bytes, over the limit"
+        f" {limits.describe('max_content_bytes')}"
+    )

@@ -12,11 +12,17 @@ from server import seams as S
 from server.abort import AbortSignal
 from server.agent import Agent, context_message
 from server.assembly import MessageAssembler
-from server.content import tool_calls_of, without_tool_calls
+from server.content import text_block, tool_calls_of, without_tool_calls
 from server.errors import Aborted, CodedError
 from server.fairness import yield_if_due
 from server.jsonvalue import to_struct
-from server.limits import check_tool_calls, check_turn_events
+from server.limits import (
+    CONTENT_BYTES,
+    check_model_output,
+    check_tool_calls,
+    check_turn_events,
+    oversized_result,
+)
 from server.models import ModelRequest
 from server.scheduler import run_tool_batch
 from server.system_prompt import PromptScope
@@ -117,6 +123,7 @@ async def run_step(agent: Agent, turn: Turn, system: str, history: list[c.Messag
     )
     assembler = MessageAssembler()
     chunk_seqs: list[int] = []
+    output_bytes = 0
     chunks = model.stream(request, signal)
     try:
         async for chunk in chunks:
@@ -126,6 +133,9 @@ async def run_step(agent: Agent, turn: Turn, system: str, history: list[c.Messag
             )
             chunk_seqs.append(event.seq)
             check_turn_events(runtime.limits, event.seq - turn.start_seq)
+            if chunk.HasField("block_delta"):
+                output_bytes += len(chunk.block_delta.text.encode())
+                check_model_output(runtime.limits, output_bytes)
             assembler.add(chunk)
             await yield_if_due()
     finally:
@@ -200,6 +210,12 @@ async def run_tools(agent: Agent, turn: Turn, calls: list[c.ToolCallBlock]) -> N
             is_error=outcome.is_error,
             error=outcome.error,
         )
+        oversized = oversized_result(agent.runtime.limits, result.ByteSize())
+        if oversized:  # one event must fit any client, and the model's context
+            del result.content[:]
+            result.content.append(text_block(oversized))
+            result.is_error = True
+            result.error.CopyFrom(ev.ToolError(name="ResultTooLarge", code=CONTENT_BYTES))
         if outcome.meta is not None:
             result.meta.CopyFrom(to_struct(outcome.meta))
         session.append("tool_result", result, source_event_seqs=[call_seq])

@@ -18,6 +18,7 @@ from agentloop.v1 import agent_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from server.config import Config
 from server.limits import Limits
+from server.tools import ToolExecution, ToolValue
 from tests.e2e.conftest import (
     E2E,
     READ_TIMEOUT,
@@ -29,6 +30,7 @@ from tests.e2e.conftest import (
     text_of,
 )
 from tests.processes import server_process, token_free_env
+from tests.tool_helpers import make_tool
 
 T = READ_TIMEOUT
 T_ = TypeVar("T_")
@@ -49,7 +51,7 @@ async def small() -> AsyncIterator[E2E]:
         max_script_tool_calls=4,
         max_agents=3,
         max_tool_calls_per_step=2,
-        max_events_per_turn=60,
+        max_events_per_turn=300,
         max_streams=2,
     )
     config = Config(listen="127.0.0.1:0", store="memory", agents=(), limits=limits)
@@ -215,14 +217,14 @@ async def test_too_many_tool_calls_in_a_step_end_the_turn_naming_the_limit(small
 
 
 async def test_too_many_events_in_a_turn_end_it_naming_the_limit(small: E2E) -> None:
-    options = scripted(agent_pb2.ScriptedStep(text="y" * 500, chunk_size=1))
+    options = scripted(agent_pb2.ScriptedStep(text="y" * 900, chunk_size=1))
     await small.factory.CreateAgent(fac.CreateAgentRequest(agent_id="e", options=options))
     await small.agents.SendMessage(api.SendMessageRequest(agent_id="e", text="go"), timeout=T)
     events = await read_turn(small.agents, "e", 0)
     error = events[-1].turn_end.reason.error
     assert error.code == "EVENTS_PER_TURN"
-    assert error.message.endswith("limits.maxEventsPerTurn (60)")
-    assert len(events) < 70
+    assert error.message.endswith("limits.maxEventsPerTurn (300)")
+    assert len(events) < 310
     # The agent is still usable afterwards.
     assert await small.health() == 1
 
@@ -252,3 +254,34 @@ async def _stream_opens(e2e: E2E) -> bool:
             assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             return False
     return True
+
+
+async def test_a_model_message_over_the_content_limit_ends_the_turn(small: E2E) -> None:
+    echo = agent_pb2.AgentOptions(provider="scripted", model="echo")
+    await small.factory.CreateAgent(fac.CreateAgentRequest(agent_id="m", options=echo))
+    request = api.SendMessageRequest(agent_id="m", text="z" * 1000)  # the echo adds a prefix
+    await small.agents.SendMessage(request, timeout=T)
+    events = await read_turn(small.agents, "m", 0)
+    error = events[-1].turn_end.reason.error
+    assert error.code == "CONTENT_BYTES"
+    assert error.message.startswith("the model's message passed 10")  # a chunk at a time
+    assert error.message.endswith(" bytes; limits.maxContentBytes (1000)")
+
+
+async def test_a_tool_result_over_the_content_limit_is_replaced_by_an_error(small: E2E) -> None:
+    async def big(exec: ToolExecution) -> ToolValue:
+        return "t" * 5000  # a tool (a plugin's, say) may return anything
+
+    small.app.runtime.tools.register(make_tool("big", big))
+    call = agent_pb2.ScriptedToolCall(name="big", arguments="{}")
+    options = scripted(agent_pb2.ScriptedStep(tool_calls=[call]), agent_pb2.ScriptedStep(text="ok"))
+    options.tools.append("big")
+    await small.factory.CreateAgent(fac.CreateAgentRequest(agent_id="r", options=options))
+    await small.agents.SendMessage(api.SendMessageRequest(agent_id="r", text="go"), timeout=T)
+    events = await read_turn(small.agents, "r", 0)
+    (result,) = of_kind(events, "tool_result")
+    assert result.tool_result.is_error
+    assert result.tool_result.error.code == "CONTENT_BYTES"
+    assert text_of(result.tool_result.content).startswith("Error: the tool result has ")
+    assert text_of(result.tool_result.content).endswith("limits.maxContentBytes (1000)")
+    assert events[-1].turn_end.reason.WhichOneof("kind") == "completed"  # the model went on
