@@ -285,3 +285,21 @@ async def test_a_tool_result_over_the_content_limit_is_replaced_by_an_error(smal
     assert text_of(result.tool_result.content).startswith("Error: the tool result has ")
     assert text_of(result.tool_result.content).endswith("limits.maxContentBytes (1000)")
     assert events[-1].turn_end.reason.WhichOneof("kind") == "completed"  # the model went on
+
+
+async def test_a_resumed_agent_s_persona_is_checked_against_the_stored_cwd(
+    tmp_path: Path,
+) -> None:
+    config = Config(listen="127.0.0.1:0", data_dir=str(tmp_path), agents=())
+    async with running_app(config) as e2e:
+        created = await e2e.factory.CreateAgent(fac.CreateAgentRequest(agent_id="a"), timeout=T)
+        session_id = created.agent.session_id
+        await e2e.factory.DisposeAgent(fac.DisposeAgentRequest(agent_id="a"), timeout=T)
+        resume = fac.ResumeAgentRequest(
+            agent_id="b", session_id=session_id, options=scripted(persona="In {{cwd}}.")
+        )
+        details = await refused(e2e.factory.ResumeAgent(resume, timeout=T), INVALID)
+        assert details == 'options.persona: prompt variable "cwd" has no value for this assembly'
+        resume.options.persona = "As {{model}}."
+        resumed = await e2e.factory.ResumeAgent(resume, timeout=T)  # the session was let go
+        assert resumed.agent.session_id == session_id
