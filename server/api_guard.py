@@ -45,6 +45,8 @@ class RequestGuard(grpc.aio.ServerInterceptor):
         self.limits = limits
         self.streams = 0
         """StreamSessionEvents calls open now."""
+        self._wrapped: dict[str, tuple[object, grpc.RpcMethodHandler[Any, Any]]] = {}
+        """Per method, the handler last wrapped and its wrapper: built once, not per call."""
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
@@ -54,6 +56,14 @@ class RequestGuard(grpc.aio.ServerInterceptor):
         if handler is None or handler.request_streaming:
             return handler
         method = handler_call_details.method or ""
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(handler, method)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, handler: Any, method: str) -> grpc.RpcMethodHandler[Any, Any]:
         decode = guarded(handler.request_deserializer)
         kwargs = {
             "request_deserializer": decode,
@@ -61,10 +71,8 @@ class RequestGuard(grpc.aio.ServerInterceptor):
         }
         if handler.unary_unary:
             return grpc.unary_unary_rpc_method_handler(self._unary(handler.unary_unary), **kwargs)
-        if handler.unary_stream:
-            behaviour = self._streaming(handler.unary_stream, method == STREAM_METHOD)
-            return grpc.unary_stream_rpc_method_handler(behaviour, **kwargs)
-        return handler
+        behaviour = self._streaming(handler.unary_stream, method == STREAM_METHOD)
+        return grpc.unary_stream_rpc_method_handler(behaviour, **kwargs)
 
     def _unary(self, behaviour: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
         async def unary(request: Any, context: Context) -> Any:
