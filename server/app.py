@@ -21,12 +21,12 @@ from agentloop.v1 import (
     agent_service_pb2,
     agent_service_pb2_grpc,
 )
-from server.addresses import Allowlist
+from server.addresses import Allowlist, is_loopback
 from server.api_agent import AgentServicer
 from server.api_factory import AgentFactoryServicer
 from server.api_guard import RequestGuard
 from server.api_plugins import PluginRegistryServicer
-from server.auth import TokenAuth, is_loopback
+from server.auth import TokenAuth
 from server.builtin_tools import builtin_tools
 from server.config import Config, ConfigError, read_pem, read_token
 from server.errors import SessionDamaged

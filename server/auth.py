@@ -8,16 +8,12 @@ from typing import Any
 
 import grpc
 
-from server.addresses import is_loopback
-
 OPEN_PREFIXES = (
     "/grpc.health.v1.Health/",
     "/grpc.reflection.v1alpha.ServerReflection/",
     "/grpc.reflection.v1.ServerReflection/",
 )
 """Services anyone may call: operators probe them without a token."""
-
-__all__ = ["OPEN_PREFIXES", "TokenAuth", "is_loopback", "refusal"]
 
 
 class TokenAuth(grpc.aio.ServerInterceptor):

@@ -154,7 +154,7 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     """Size and count limits; see `server/limits.py` for each one and its default."""
     insecure: bool = False
-    """Allow a non-loopback listen address without a token (`--insecure`)."""
+    """Allow a non-loopback listen address without TLS and a token (`--insecure`)."""
 
 
 DEFAULT_AGENT = AgentConfig(
