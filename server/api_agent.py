@@ -14,13 +14,13 @@ from agentloop.v1 import agent_service_pb2 as pb
 from agentloop.v1 import agent_service_pb2_grpc as rpc
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
+from server import validation
 from server.agent import Agent
 from server.api_factory import page_bounds
 from server.errors import AgentLoopError, InvalidArgument
 from server.factory import AgentFactory, check_id
 from server.session import SessionLog, session_message
 from server.status import code_of, mapped
-from server.validation import check_finite, duration_seconds, user_content
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -31,11 +31,16 @@ LIVE_EVENT_BUFFER = 1024
 """Live agent events held for a slow stream reader; older ones are dropped first."""
 
 
-def message_content(
-    agent: Agent, text: str, content: list[c.ContentBlock], field: str
-) -> list[c.ContentBlock]:
-    """The content of a request: `text` as a block, then `content`; user content only."""
-    return user_content(agent.runtime.limits, text, content, field)
+def message_content(text: str, content: list[c.ContentBlock], field: str) -> list[c.ContentBlock]:
+    """The content of a request: `text` as a block, then `content`; never empty."""
+    for i, block in enumerate(content):
+        if block.WhichOneof("block") is None:
+            raise InvalidArgument(f"content[{i}]", "is an empty content block")
+    blocks = [c.ContentBlock(text=c.TextBlock(text=text))] if text else []
+    blocks.extend(content)
+    if not blocks:
+        raise InvalidArgument(field, "needs text or content")
+    return blocks
 
 
 class AgentServicer(rpc.AgentServiceServicer):
@@ -50,7 +55,8 @@ class AgentServicer(rpc.AgentServiceServicer):
     ) -> pb.SendMessageResponse:
         """Queue a prompt."""
         agent = self.factory.get(request.agent_id)
-        content = message_content(agent, request.text, list(request.content), "text")
+        validation.check_message(self.factory.runtime.limits, request.text, request.content)
+        content = message_content(request.text, list(request.content), "text")
         agent.send(content, request.source)
         return pb.SendMessageResponse(next_seq=len(agent.session), status=agent.status)
 
@@ -60,7 +66,8 @@ class AgentServicer(rpc.AgentServiceServicer):
     ) -> pb.SteerMessageResponse:
         """Steer the running turn, or queue when idle."""
         agent = self.factory.get(request.agent_id)
-        content = message_content(agent, request.text, list(request.content), "text")
+        validation.check_message(self.factory.runtime.limits, request.text, request.content)
+        content = message_content(request.text, list(request.content), "text")
         steering = agent.steer(content, request.source)
         return pb.SteerMessageResponse(next_seq=len(agent.session), steering=steering)
 
@@ -70,12 +77,13 @@ class AgentServicer(rpc.AgentServiceServicer):
     ) -> pb.InjectContextResponse:
         """Add context to the conversation."""
         agent = self.factory.get(request.agent_id)
-        content = message_content(agent, request.text, list(request.content), "text")
+        validation.check_message(self.factory.runtime.limits, request.text, request.content)
+        content = message_content(request.text, list(request.content), "text")
         hook_context = d.HookContext(
             content=content, source=request.source, envelope=request.envelope
         )
         if request.HasField("meta"):
-            check_finite(request.meta, "meta")
+            validation.check_finite(request.meta, "meta")
             hook_context.meta.CopyFrom(request.meta)
         agent.inject(hook_context)
         return pb.InjectContextResponse(next_seq=len(agent.session))
@@ -93,7 +101,7 @@ class AgentServicer(rpc.AgentServiceServicer):
         """Wait for the agent to become idle."""
         agent = self.factory.get(request.agent_id)
         timeout = (
-            duration_seconds(request.timeout, "timeout", 3600)
+            validation.duration_seconds(request.timeout, "timeout", 3600)
             if request.HasField("timeout")
             else 30
         )

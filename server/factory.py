@@ -25,6 +25,7 @@ from server import seams as S
 from server.agent import Agent
 from server.errors import (
     AlreadyExists,
+    CodedError,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -35,8 +36,8 @@ from server.loop import run_loop
 from server.repair import crash_closers
 from server.runtime import Runtime
 from server.session import SessionLog, now_timestamp, session_message
-from server.system_prompt import persona_section
-from server.validation import check_agent_options, check_persona
+from server.system_prompt import PERSONA_VARIABLES, interpolate, persona_section
+from server.validation import check_agent_options
 
 log = logging.getLogger(__name__)
 
@@ -395,6 +396,18 @@ class AgentFactory:
         check_agent_options(self.runtime.limits, options)
 
     def _check_persona(self, options: agent_pb2.AgentOptions, cwd: str) -> None:
+        """Refuse a persona using a variable this agent will have no value for.
+
+        Checked against the agent's own values: a `{{cwd}}` persona for an agent without
+        a working directory would otherwise fail every turn.
+        """
+        if not options.persona:
+            return
         provider = options.provider or self.runtime.default_provider
         model = options.model or self.runtime.models.default_model(provider)
-        check_persona(options.persona, provider, model, cwd)
+        values = {"provider": provider, "model": model, "cwd": cwd}
+        assert set(values) == set(PERSONA_VARIABLES)
+        try:
+            interpolate(options.persona, {name: value or None for name, value in values.items()})
+        except CodedError as error:
+            raise InvalidArgument("options.persona", str(error)) from None

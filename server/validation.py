@@ -7,14 +7,14 @@ reached, so that a refused call changes nothing.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from google.protobuf import duration_pb2, struct_pb2
 
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
-from server.errors import CodedError, InvalidArgument
+from server.errors import InvalidArgument
 from server.limits import Limits, check_size
-from server.system_prompt import PERSONA_VARIABLES, interpolate
 
 USER_BLOCKS = ("text",)
 """The content block kinds a user may send: tool calls, tool results and reasoning come
@@ -24,14 +24,12 @@ MAX_PAGE_TOKEN_DIGITS = 18
 """Page tokens are decimal offsets this server issued; longer ones were never issued."""
 
 
-def user_content(
-    limits: Limits, text: str, content: list[c.ContentBlock], field: str
-) -> list[c.ContentBlock]:
-    """The content of a send, steer or inject: `text` as a block, then `content`.
+def check_message(limits: Limits, text: str, content: Sequence[c.ContentBlock]) -> None:
+    """Refuse what a send, steer or inject may not carry, before anything is appended.
 
     Raises:
-        InvalidArgument: a block is empty or not user content (naming `content[i]`), the
-            message is empty (naming `field`), or over `limits.maxContentBytes`.
+        InvalidArgument: a block is empty or not user content (naming `content[i]`), or
+            text and content together are over `limits.maxContentBytes`.
     """
     size = len(text.encode())
     for i, block in enumerate(content):
@@ -43,12 +41,7 @@ def user_content(
                 f"content[{i}]", f"is a {kind} block; a message may carry only text"
             )
         size += block.ByteSize()
-    check_size(limits, "max_content_bytes", field if not content else "content", size)
-    blocks = [c.ContentBlock(text=c.TextBlock(text=text))] if text else []
-    blocks.extend(content)
-    if not blocks:
-        raise InvalidArgument(field, "needs text or content")
-    return blocks
+    check_size(limits, "max_content_bytes", "content" if content else "text", size)
 
 
 def check_agent_options(limits: Limits, options: agent_pb2.AgentOptions) -> None:
@@ -60,22 +53,6 @@ def check_agent_options(limits: Limits, options: agent_pb2.AgentOptions) -> None
     for i, step in enumerate(options.script):
         # A step becomes one assistant message: bounded like any other message.
         check_size(limits, "max_content_bytes", f"options.script[{i}]", step.ByteSize())
-
-
-def check_persona(persona: str, provider: str, model: str, cwd: str) -> None:
-    """Refuse a persona that uses a variable this agent will have no value for.
-
-    Checked against the agent's own values (a `{{cwd}}` persona for an agent without a
-    working directory would fail every turn), not only against the variable names.
-    """
-    if not persona:
-        return
-    values = {"provider": provider or None, "model": model or None, "cwd": cwd or None}
-    assert set(values) == set(PERSONA_VARIABLES)
-    try:
-        interpolate(persona, {name: "x" if value else None for name, value in values.items()})
-    except CodedError as error:
-        raise InvalidArgument("options.persona", str(error)) from None
 
 
 def page_offset(page_token: str) -> int:
