@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import yaml
 
@@ -22,10 +22,11 @@ DEFAULT_LISTEN = "127.0.0.1:50051"
 SERVER_FIELDS = {
     "listen", "maxParallelToolCalls", "shutdownGraceSeconds", "defaultProvider", "store",
     "dataDir", "agents", "plugins", "tokenFile", "pluginTokenFile", "providers",
-    "pluginTimeoutSeconds", "pluginCaFile", "toolOrder", "limits", "pluginAllowlist",
-    "pluginTokenPlaintext", "tlsCertFile", "tlsKeyFile", "tlsClientCaFile",
+    "pluginTimeoutSeconds", "pluginCaFile", "toolOrder",
 }  # fmt: skip
 TLS_FIELDS = ("tlsCertFile", "tlsKeyFile", "tlsClientCaFile")
+GUARD_FIELDS = {"limits", "pluginAllowlist", "pluginTokenPlaintext", *TLS_FIELDS}
+"""The fields of limits and transport security."""
 PROVIDER_FIELDS = {
     "name", "type", "baseUrl", "apiKeyEnv", "defaultModel", "headers", "connectTimeoutSeconds",
     "readTimeoutSeconds", "maxAttempts", "initialBackoffSeconds", "maxBackoffSeconds",
@@ -179,7 +180,7 @@ def load_config(path: str | Path | None) -> Config:
 def parse_config(raw: object) -> Config:
     """Validate a parsed YAML document."""
     doc = _mapping(raw, "config")
-    _no_unknown(doc, "", SERVER_FIELDS)
+    _no_unknown(doc, "", SERVER_FIELDS | GUARD_FIELDS)
     listen = _string(doc.get("listen", DEFAULT_LISTEN), "listen")
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isascii() or not port.isdigit() or int(port) > 65535:
@@ -225,15 +226,7 @@ def parse_config(raw: object) -> Config:
     store = _string(doc.get("store", "sqlite"), "store")
     if store not in ("sqlite", "memory"):
         raise ConfigError(f"store: {store!r} must be sqlite or memory")
-    tls = {key: _string(doc.get(key, ""), key) for key in TLS_FIELDS}
-    if bool(tls["tlsCertFile"]) != bool(tls["tlsKeyFile"]):
-        raise ConfigError("tlsCertFile, tlsKeyFile: set both or neither")
-    if tls["tlsClientCaFile"] and not tls["tlsCertFile"]:
-        raise ConfigError("tlsClientCaFile: needs tlsCertFile and tlsKeyFile (mutual TLS)")
     return Config(
-        tls_cert_file=tls["tlsCertFile"],
-        tls_key_file=tls["tlsKeyFile"],
-        tls_client_ca_file=tls["tlsClientCaFile"],
         listen=listen,
         store=store,
         data_dir=_string(doc.get("dataDir", "data"), "dataDir"),
@@ -249,6 +242,7 @@ def parse_config(raw: object) -> Config:
         plugin_ca_file=_string(doc.get("pluginCaFile", ""), "pluginCaFile"),
         tool_order=_tool_order(doc.get("toolOrder")),
         limits=_limits(doc.get("limits", {})),
+        **_tls(doc),
         plugin_allowlist=_allowlist(doc.get("pluginAllowlist", list(DEFAULT_ALLOWLIST))),
         plugin_token_plaintext=_boolean(
             doc.get("pluginTokenPlaintext", False), "pluginTokenPlaintext"
@@ -308,6 +302,26 @@ def _agent(raw: object, where: str, providers: list[str] | None) -> AgentConfig:
         if cap is None
         else _positive(cap, f"{where}.maxParallelToolCalls"),
         resume_session_id=_string(item.get("resumeSessionId", ""), f"{where}.resumeSessionId"),
+    )
+
+
+class _TlsFiles(TypedDict):
+    tls_cert_file: str
+    tls_key_file: str
+    tls_client_ca_file: str
+
+
+def _tls(doc: dict[str, Any]) -> _TlsFiles:
+    """The TLS files, checked to come in pairs, as `Config` keyword arguments."""
+    tls = {key: _string(doc.get(key, ""), key) for key in TLS_FIELDS}
+    if bool(tls["tlsCertFile"]) != bool(tls["tlsKeyFile"]):
+        raise ConfigError("tlsCertFile, tlsKeyFile: set both or neither")
+    if tls["tlsClientCaFile"] and not tls["tlsCertFile"]:
+        raise ConfigError("tlsClientCaFile: needs tlsCertFile and tlsKeyFile (mutual TLS)")
+    return _TlsFiles(
+        tls_cert_file=tls["tlsCertFile"],
+        tls_key_file=tls["tlsKeyFile"],
+        tls_client_ca_file=tls["tlsClientCaFile"],
     )
 
 

@@ -25,6 +25,8 @@ class Runtime:
     models: ModelRegistry = field(default_factory=ModelRegistry)
     prompts: SystemPrompt = field(default_factory=default_system_prompt)
     store: SessionStore = field(default_factory=MemoryStore)
+    limits: Limits = field(default_factory=Limits)
+    """The server's size and count limits."""
     max_parallel_tool_calls: int = DEFAULT_MAX_PARALLEL_TOOL_CALLS
     """The server-wide cap on parallel tool calls per step; agents may set their own."""
     default_provider: str = "scripted"
@@ -33,8 +35,6 @@ class Runtime:
     """Seconds a plugin call waits for its result when neither plugin nor operator set it."""
     tool_order: list[str] | None = None
     """The canonical tool order, with one "<unlisted-tools>" marker; None is by name."""
-    limits: Limits = field(default_factory=Limits)
-    """The server's size and count limits."""
     persistence: Persistence = field(init=False)
 
     def __post_init__(self) -> None:
