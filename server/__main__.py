@@ -22,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--insecure",
         action="store_true",
-        help="allow listening beyond loopback without a token (anyone could register a plugin)",
+        help="allow listening beyond loopback without TLS and a token (anyone could register a"
+        " plugin and read the traffic)",
     )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     args = parser.parse_args(argv)

@@ -15,6 +15,7 @@ from agentloop.v1 import agent_service_pb2 as pb
 from agentloop.v1 import agent_service_pb2_grpc as rpc
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
+from server import validation
 from server.agent import Agent
 from server.api_factory import page_bounds
 from server.errors import AgentLoopError, InvalidArgument, OutOfRange
@@ -62,6 +63,7 @@ class AgentServicer(rpc.AgentServiceServicer):
     ) -> pb.SendMessageResponse:
         """Queue a prompt; answer once it is durable."""
         agent = self.factory.get(request.agent_id)
+        validation.check_message(self.factory.runtime.limits, request.text, request.content)
         content = message_content(request.text, list(request.content), "text")
 
         def accept() -> pb.SendMessageResponse:
@@ -78,6 +80,7 @@ class AgentServicer(rpc.AgentServiceServicer):
     ) -> pb.SteerMessageResponse:
         """Steer the running turn, or queue when idle; answer once it is durable."""
         agent = self.factory.get(request.agent_id)
+        validation.check_message(self.factory.runtime.limits, request.text, request.content)
         content = message_content(request.text, list(request.content), "text")
 
         def accept() -> pb.SteerMessageResponse:
@@ -94,11 +97,13 @@ class AgentServicer(rpc.AgentServiceServicer):
     ) -> pb.InjectContextResponse:
         """Add context to the conversation; answer once it is durable."""
         agent = self.factory.get(request.agent_id)
+        validation.check_message(self.factory.runtime.limits, request.text, request.content)
         content = message_content(request.text, list(request.content), "text")
         hook_context = d.HookContext(
             content=content, source=request.source, envelope=request.envelope
         )
         if request.HasField("meta"):
+            validation.check_finite(request.meta, "meta")
             hook_context.meta.CopyFrom(request.meta)
 
         def accept() -> pb.InjectContextResponse:
@@ -149,10 +154,10 @@ class AgentServicer(rpc.AgentServiceServicer):
         """Wait for the agent to become idle."""
         agent = self.factory.get(request.agent_id)
         timeout = (
-            request.timeout.ToTimedelta().total_seconds() if request.HasField("timeout") else 30
+            validation.duration_seconds(request.timeout, "timeout", 3600)
+            if request.HasField("timeout")
+            else 30
         )
-        if not 0 <= timeout <= 3600:
-            raise InvalidArgument("timeout", "must be between 0 and 1 hour")
         idle = agent.is_idle()  # first: a zero timeout is a poll (wait_for(…, 0) never runs it)
         if not idle:
             try:

@@ -13,6 +13,7 @@ from server.agent import Agent
 from server.errors import InvalidArgument
 from server.factory import AgentFactory
 from server.status import mapped
+from server.validation import page_offset
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -32,9 +33,9 @@ def page_bounds(page_size: int, page_token: str, default: int, maximum: int) -> 
     """Validated (offset, size) of a page; tokens are decimal offsets."""
     if page_size > maximum:
         raise InvalidArgument("page_size", f"must be at most {maximum}")
-    if page_token and not page_token.isdigit():
-        raise InvalidArgument("page_token", "is not a token this server issued")
-    return int(page_token or 0), page_size or default
+    if page_size < 0:
+        raise InvalidArgument("page_size", "must not be negative")
+    return page_offset(page_token), page_size or default
 
 
 class AgentFactoryServicer(rpc.AgentFactoryServiceServicer):

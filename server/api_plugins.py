@@ -12,8 +12,12 @@ from agentloop.plugin.v1 import plugin_registry_service_pb2_grpc as rpc
 from server.errors import InvalidArgument
 from server.plugin_registry import Overrides, PluginRegistry, describe
 from server.status import mapped
+from server.validation import duration_seconds
 
 Context = grpc.aio.ServicerContext[Any, Any]
+
+MAX_TIMEOUT_SECONDS = 3600
+"""The longest plugin call deadline an operator may set."""
 
 
 class PluginRegistryServicer(rpc.PluginRegistryServiceServicer):
@@ -29,7 +33,11 @@ class PluginRegistryServicer(rpc.PluginRegistryServiceServicer):
         """Connect to a plugin, describe it and subscribe it."""
         if not request.address:
             raise InvalidArgument("address", "must not be empty")
-        timeout = request.timeout.ToNanoseconds() / 1e9 if request.HasField("timeout") else None
+        timeout = (
+            duration_seconds(request.timeout, "timeout", MAX_TIMEOUT_SECONDS)
+            if request.HasField("timeout")
+            else None
+        )
         if timeout is not None and timeout <= 0:
             raise InvalidArgument("timeout", "must be positive")
         if request.failure_policy not in hk.FailurePolicy.values():

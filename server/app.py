@@ -21,10 +21,12 @@ from agentloop.v1 import (
     agent_service_pb2,
     agent_service_pb2_grpc,
 )
+from server.addresses import Allowlist, is_loopback
 from server.api_agent import AgentServicer
 from server.api_factory import AgentFactoryServicer
+from server.api_guard import RequestGuard
 from server.api_plugins import PluginRegistryServicer
-from server.auth import TokenAuth, is_loopback
+from server.auth import TokenAuth
 from server.builtin_tools import builtin_tools
 from server.config import Config, ConfigError, read_pem, read_token
 from server.errors import SessionDamaged
@@ -70,6 +72,7 @@ def build_runtime(config: Config) -> Runtime:
         default_provider=config.default_provider,
         plugin_timeout=config.plugin_timeout_seconds,
         tool_order=list(config.tool_order) if config.tool_order is not None else None,
+        limits=config.limits,
     )
     for tool in builtin_tools():
         runtime.tools.register(tool)
@@ -95,6 +98,32 @@ def build_runtime(config: Config) -> Runtime:
     return runtime
 
 
+def server_credentials(config: Config) -> grpc.ServerCredentials | None:
+    """TLS credentials of the server's port (mutual with a client CA); None for plaintext."""
+    if not config.tls_cert_file:
+        return None
+    key, chain = read_pem(config.tls_key_file), read_pem(config.tls_cert_file)
+    assert key is not None and chain is not None  # both set: the config checked it
+    client_ca = read_pem(config.tls_client_ca_file)
+    return grpc.ssl_server_credentials(
+        [(key, chain)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
+def check_exposed(config: Config, tls: bool, token: bool) -> None:
+    """A port other machines reach needs TLS, and a token or client certificates."""
+    missing = []
+    if not tls:
+        missing.append("TLS (tlsCertFile and tlsKeyFile)")
+    if not token and not config.tls_client_ca_file:
+        missing.append("a token (tokenFile or $AGENTLOOP_TOKEN) or tlsClientCaFile")
+    if missing:
+        raise ConfigError(
+            f"listen: {config.listen} is reachable from other machines; set"
+            f" {' and '.join(missing)}, or start with --insecure"
+        )
+
+
 class App:
     """One running server."""
 
@@ -102,11 +131,9 @@ class App:
         """Build the server; raises `ConfigError` for an unreadable token or an unsafe listen."""
         self.config = config
         token = read_token(config.token_file, "AGENTLOOP_TOKEN")
-        if not token and not config.insecure and not is_loopback(config.listen):
-            raise ConfigError(
-                f"listen: {config.listen} is reachable from other machines; set a token"
-                " (tokenFile or $AGENTLOOP_TOKEN) or start with --insecure"
-            )
+        self.credentials = server_credentials(config)
+        if not config.insecure and not is_loopback(config.listen):
+            check_exposed(config, self.credentials is not None, bool(token))
         self.runtime = runtime or build_runtime(config)
         self.factory = AgentFactory(self.runtime)
         self.plugins = PluginRegistry(
@@ -114,9 +141,17 @@ class App:
             self._session_of,
             read_token(config.plugin_token_file, "AGENTLOOP_PLUGIN_TOKEN"),
             read_pem(config.plugin_ca_file),
+            allowlist=Allowlist.of(config.plugin_allowlist),
+            token_plaintext=config.plugin_token_plaintext,
         )
         self.health = health.aio.HealthServicer()
-        self.server = grpc.aio.server(interceptors=[TokenAuth(token)] if token else [])
+        limits = self.runtime.limits
+        # Auth first: an unauthenticated caller learns nothing, not even that a body is bad.
+        interceptors = [TokenAuth(token)] if token else []
+        self.server = grpc.aio.server(
+            interceptors=[*interceptors, RequestGuard(limits)],
+            options=[("grpc.max_receive_message_length", limits.max_request_bytes)],
+        )
         plugin_registry_service_pb2_grpc.add_PluginRegistryServiceServicer_to_server(
             PluginRegistryServicer(self.plugins), self.server
         )
@@ -139,7 +174,10 @@ class App:
             await self.runtime.store.open()
         except SessionDamaged as error:  # reported per session later; the server serves
             log.error("%s", error)
-        self.port = self.server.add_insecure_port(self.config.listen)
+        if self.credentials is not None:
+            self.port = self.server.add_secure_port(self.config.listen, self.credentials)
+        else:
+            self.port = self.server.add_insecure_port(self.config.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
         await self.server.start()

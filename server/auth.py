@@ -15,14 +15,6 @@ OPEN_PREFIXES = (
 )
 """Services anyone may call: operators probe them without a token."""
 
-LOOPBACK_HOSTS = ("localhost", "[::1]", "::1")
-
-
-def is_loopback(listen: str) -> bool:
-    """Whether a `host:port` listen address is reachable only from this machine."""
-    host = listen.rpartition(":")[0]
-    return host in LOOPBACK_HOSTS or host.startswith("127.")
-
 
 class TokenAuth(grpc.aio.ServerInterceptor):
     """Refuses calls whose `authorization` metadata is not `Bearer <token>`."""

@@ -11,6 +11,7 @@ import collections
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -192,6 +193,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--timeout", type=float, default=30.0, help="deadline of unary calls, seconds"
     )
+    parser.add_argument(
+        "--ca-file",
+        default=os.environ.get("AGENTLOOP_CA_FILE", ""),
+        help="PEM roots of the server's certificate: connect over TLS ($AGENTLOOP_CA_FILE)",
+    )
+    parser.add_argument(
+        "--cert-file",
+        default=os.environ.get("AGENTLOOP_CERT_FILE", ""),
+        help="this client's PEM certificate, for mutual TLS ($AGENTLOOP_CERT_FILE)",
+    )
+    parser.add_argument(
+        "--key-file",
+        default=os.environ.get("AGENTLOOP_KEY_FILE", ""),
+        help="the private key of --cert-file ($AGENTLOOP_KEY_FILE)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, handler: Command, help_text: str) -> argparse.ArgumentParser:
@@ -282,6 +298,20 @@ class BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterc
         return continuation(self._with_token(details), request)
 
 
+def open_channel(args: argparse.Namespace) -> grpc.Channel:
+    """Plaintext, or TLS when a CA file or a client certificate is given."""
+    if not (args.ca_file or args.cert_file):
+        return grpc.insecure_channel(args.address)
+
+    def read(path: str) -> bytes | None:
+        return Path(path).read_bytes() if path else None
+
+    credentials = grpc.ssl_channel_credentials(
+        read(args.ca_file), read(args.key_file), read(args.cert_file)
+    )
+    return grpc.secure_channel(args.address, credentials)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command.
 
@@ -297,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("tail needs exactly one of AGENT_ID or --session-id")
     handler: Command = args.handler
     try:
-        with grpc.insecure_channel(args.address) as channel:
+        with open_channel(args) as channel:
             token = os.environ.get("AGENTLOOP_TOKEN", "").strip()
             if token:  # the server's bearer token, sent on every call
                 authorized = grpc.intercept_channel(channel, BearerToken(token))
@@ -311,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
         # `agentloop tail | head`: the reader left; silence the flush at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as error:  # an unreadable --ca-file, --cert-file or --key-file
+        print(f"agentloop: cannot read {error.filename}: {error.strerror}", file=sys.stderr)
+        return EXIT_RPC_ERROR
 
 
 if __name__ == "__main__":

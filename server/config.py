@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import yaml
 
+from server.addresses import DEFAULT_ALLOWLIST, parse_pattern
 from server.builtin_tools import builtin_tools
 from server.errors import CodedError
 from server.factory import ID_PATTERN
+from server.limits import LIMIT_FIELDS, Limits
 from server.system_prompt import PERSONA_VARIABLES, interpolate
 from server.tools import UNLISTED_TOOLS
 
@@ -22,6 +24,9 @@ SERVER_FIELDS = {
     "dataDir", "agents", "plugins", "tokenFile", "pluginTokenFile", "providers",
     "pluginTimeoutSeconds", "pluginCaFile", "toolOrder", "durability",
 }  # fmt: skip
+TLS_FIELDS = ("tlsCertFile", "tlsKeyFile", "tlsClientCaFile")
+GUARD_FIELDS = {"limits", "pluginAllowlist", "pluginTokenPlaintext", *TLS_FIELDS}
+"""The fields of limits and transport security."""
 PROVIDER_FIELDS = {
     "name", "type", "baseUrl", "apiKeyEnv", "defaultModel", "headers", "connectTimeoutSeconds",
     "readTimeoutSeconds", "maxAttempts", "initialBackoffSeconds", "maxBackoffSeconds",
@@ -139,8 +144,21 @@ class Config:
     """PEM roots trusted for `tls://` plugin addresses; empty trusts the system's."""
     plugin_timeout_seconds: float = 5.0
     """The deadline of a plugin call whose subscription sets none."""
+    plugin_allowlist: tuple[str, ...] = DEFAULT_ALLOWLIST
+    """`host:port` patterns plugin addresses must match (host: name, IP, CIDR or *;
+    port: number or *); the default is loopback only."""
+    plugin_token_plaintext: bool = False
+    """Send the plugin token to non-loopback plugins without TLS (not recommended)."""
+    tls_cert_file: str = ""
+    """PEM certificate chain of the server's own port; with `tls_key_file`, serves TLS."""
+    tls_key_file: str = ""
+    """PEM private key of `tls_cert_file`."""
+    tls_client_ca_file: str = ""
+    """PEM roots client certificates must chain to (mutual TLS); empty: none asked."""
+    limits: Limits = field(default_factory=Limits)
+    """Size and count limits; see `server/limits.py` for each one and its default."""
     insecure: bool = False
-    """Allow a non-loopback listen address without a token (`--insecure`)."""
+    """Allow a non-loopback listen address without TLS and a token (`--insecure`)."""
 
 
 DEFAULT_AGENT = AgentConfig(
@@ -165,10 +183,10 @@ def load_config(path: str | Path | None) -> Config:
 def parse_config(raw: object) -> Config:
     """Validate a parsed YAML document."""
     doc = _mapping(raw, "config")
-    _no_unknown(doc, "", SERVER_FIELDS)
+    _no_unknown(doc, "", SERVER_FIELDS | GUARD_FIELDS)
     listen = _string(doc.get("listen", DEFAULT_LISTEN), "listen")
     host, sep, port = listen.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not host or not port.isascii() or not port.isdigit() or int(port) > 65535:
         raise ConfigError(f"listen: {listen!r} must be host:port")
     plugins_raw = doc.get("plugins", [])
     if not isinstance(plugins_raw, list):
@@ -230,6 +248,12 @@ def parse_config(raw: object) -> Config:
         plugin_timeout_seconds=float(plugin_timeout),
         plugin_ca_file=_string(doc.get("pluginCaFile", ""), "pluginCaFile"),
         tool_order=_tool_order(doc.get("toolOrder")),
+        limits=_limits(doc.get("limits", {})),
+        **_tls(doc),
+        plugin_allowlist=_allowlist(doc.get("pluginAllowlist", list(DEFAULT_ALLOWLIST))),
+        plugin_token_plaintext=_boolean(
+            doc.get("pluginTokenPlaintext", False), "pluginTokenPlaintext"
+        ),
         default_provider=default_provider,
         agents=agents,
     )
@@ -264,7 +288,11 @@ def _agent(raw: object, where: str, providers: list[str] | None) -> AgentConfig:
             )
     persona = _string(item.get("persona", ""), f"{where}.persona")
     try:
-        interpolate(persona, dict.fromkeys(PERSONA_VARIABLES, ""))
+        # A resumed agent's cwd comes from its stored session: checked when it starts.
+        values: dict[str, str | None] = dict.fromkeys(PERSONA_VARIABLES, "x")
+        if not cwd and "resumeSessionId" not in item:
+            values["cwd"] = None
+        interpolate(persona, values)
     except CodedError as error:
         raise ConfigError(
             f"{where}.persona: {error} (known: {', '.join(PERSONA_VARIABLES)})"
@@ -282,6 +310,50 @@ def _agent(raw: object, where: str, providers: list[str] | None) -> AgentConfig:
         else _positive(cap, f"{where}.maxParallelToolCalls"),
         resume_session_id=_string(item.get("resumeSessionId", ""), f"{where}.resumeSessionId"),
     )
+
+
+class _TlsFiles(TypedDict):
+    tls_cert_file: str
+    tls_key_file: str
+    tls_client_ca_file: str
+
+
+def _tls(doc: dict[str, Any]) -> _TlsFiles:
+    """The TLS files, checked to come in pairs, as `Config` keyword arguments."""
+    tls = {key: _string(doc.get(key, ""), key) for key in TLS_FIELDS}
+    if bool(tls["tlsCertFile"]) != bool(tls["tlsKeyFile"]):
+        raise ConfigError("tlsCertFile, tlsKeyFile: set both or neither")
+    if tls["tlsClientCaFile"] and not tls["tlsCertFile"]:
+        raise ConfigError("tlsClientCaFile: needs tlsCertFile and tlsKeyFile (mutual TLS)")
+    return _TlsFiles(
+        tls_cert_file=tls["tlsCertFile"],
+        tls_key_file=tls["tlsKeyFile"],
+        tls_client_ca_file=tls["tlsClientCaFile"],
+    )
+
+
+def _allowlist(raw: object) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not all(isinstance(entry, str) for entry in raw):
+        raise ConfigError("pluginAllowlist: must be a list of host:port patterns")
+    for i, entry in enumerate(raw):
+        try:
+            parse_pattern(entry)
+        except ValueError as error:
+            raise ConfigError(f"pluginAllowlist[{i}]: {error}") from None
+    return tuple(raw)
+
+
+def _boolean(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: must be true or false")
+    return value
+
+
+def _limits(raw: object) -> Limits:
+    item = _mapping(raw, "limits")
+    _no_unknown(item, "limits", set(LIMIT_FIELDS))
+    values = {LIMIT_FIELDS[key]: _positive(value, f"limits.{key}") for key, value in item.items()}
+    return Limits(**values)
 
 
 def _provider(raw: object, where: str) -> ProviderConfig:

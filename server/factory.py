@@ -31,6 +31,7 @@ from server.errors import (
     NotFound,
     SessionDamaged,
 )
+from server.limits import check_capacity
 from server.loop import run_loop
 from server.memory import Trimmer
 from server.repair import crash_closers
@@ -38,6 +39,7 @@ from server.runtime import Runtime
 from server.session import SessionLog, now_timestamp, session_message
 from server.stores import Commit, InboxEntry, SessionWrites
 from server.system_prompt import PERSONA_VARIABLES, interpolate, persona_section
+from server.validation import check_agent_options
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +105,7 @@ class AgentFactory:
         if cwd and not cwd.startswith("/"):
             raise InvalidArgument("metadata.cwd", f"{cwd!r} must be an absolute path")
         self._check_options(options)
+        self._check_persona(options, cwd)
         if session_id in self._session_ids:
             raise AlreadyExists(f'session "{session_id}" already exists')
         self._reserve(agent_id, session_id)
@@ -153,6 +156,7 @@ class AgentFactory:
         self._reserve(agent_id, session_id)
         try:
             session = await self.load(session_id)
+            self._check_persona(options, session.header.cwd)
             return await self._publish(
                 agent_id, session, options, setup, ae.SESSION_START_SOURCE_RESUME, stored=True
             )
@@ -388,6 +392,7 @@ class AgentFactory:
             raise FailedPrecondition("the server is shutting down")
         if agent_id in self._agent_ids:
             raise AlreadyExists(f'agent "{agent_id}" already exists')
+        check_capacity(self.runtime.limits, "max_agents", len(self._agent_ids), "agents")
         self._agent_ids.add(agent_id)
         self._session_ids.add(session_id)
 
@@ -420,8 +425,21 @@ class AgentFactory:
         unknown = sorted(set(options.tools) - self.runtime.tools.names())
         if unknown:
             raise InvalidArgument("options.tools", f"unknown tools: {', '.join(unknown)}")
-        if options.persona:
-            try:  # every variable a persona may use, with a value: only the syntax is checked
-                interpolate(options.persona, dict.fromkeys(PERSONA_VARIABLES, "x"))
-            except CodedError as error:
-                raise InvalidArgument("options.persona", str(error)) from None
+        check_agent_options(self.runtime.limits, options)
+
+    def _check_persona(self, options: agent_pb2.AgentOptions, cwd: str) -> None:
+        """Refuse a persona using a variable this agent will have no value for.
+
+        Checked against the agent's own values: a `{{cwd}}` persona for an agent without
+        a working directory would otherwise fail every turn.
+        """
+        if not options.persona:
+            return
+        provider = options.provider or self.runtime.default_provider
+        model = options.model or self.runtime.models.default_model(provider)
+        values = {"provider": provider, "model": model, "cwd": cwd}
+        assert set(values) == set(PERSONA_VARIABLES)
+        try:
+            interpolate(options.persona, {name: value or None for name, value in values.items()})
+        except CodedError as error:
+            raise InvalidArgument("options.persona", str(error)) from None

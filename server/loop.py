@@ -69,7 +69,7 @@ async def run_loop(agent: Agent) -> None:
 async def run_turn(agent: Agent) -> bool:
     """Run one turn over every queued message; returns whether it stopped terminally."""
     session = agent.session
-    turn = Turn(session.max_turn + 1)
+    turn = Turn(session.max_turn + 1, start_seq=len(session))
     batch = agent.inbox.drain_queued()
     if not batch:
         return False

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,16 +13,17 @@ from google.protobuf import duration_pb2
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import session_event_pb2 as ev
+from server.addresses import Allowlist, parse_address
 from server.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from server.factory import ID_PATTERN
 from server.jsonvalue import check_lossless
+from server.limits import check_capacity
 from server.plugin_client import PluginConnection, PluginUnreachable
 from server.plugin_listeners import SEAM_NAMES, PluginStats, install, tool_schema
 from server.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
-ADDRESS = re.compile(r"(tls://)?[A-Za-z0-9.\-\[\]:]+:\d{1,5}")
 DESCRIBE_TIMEOUT = 5.0
 READY_TIMEOUT = 5.0
 CONFIG_RETRY_SECONDS = 2.0
@@ -62,19 +62,25 @@ class PluginRegistry:
         session_of: Callable[[str], str],
         token: str,
         root_certificates: bytes | None = None,
+        allowlist: Allowlist | None = None,
+        token_plaintext: bool = False,
     ) -> None:
         self.runtime = runtime
         self.session_of = session_of
         self.token = token
         self.root_certificates = root_certificates
         """PEM roots trusted for `tls://` plugins; None trusts the system's."""
+        self.allowlist = allowlist or Allowlist()
+        """Where plugins may be reached; checked before anything is sent."""
+        self.token_plaintext = token_plaintext
+        """Send the plugin token without TLS to a non-loopback plugin (the operator's call)."""
         self.plugins: dict[str, RegisteredPlugin] = {}
         self._retries: set[asyncio.Task[None]] = set()
 
     async def register(self, address: str, overrides: Overrides) -> RegisteredPlugin:
         """Connect to a plugin, describe it, subscribe its listeners and tools."""
-        if not ADDRESS.fullmatch(address):
-            raise InvalidArgument("address", f"{address!r} must be host:port or tls://host:port")
+        self._check_address(address)
+        check_capacity(self.runtime.limits, "max_plugins", len(self.plugins), "plugins")
         stats = PluginStats()
         connection = PluginConnection(address, self.token, stats, self.root_certificates)
         try:
@@ -148,6 +154,17 @@ class PluginRegistry:
         await asyncio.gather(*retries, return_exceptions=True)
         for name in list(self.plugins):
             await self.unregister(name)
+
+    def _check_address(self, text: str) -> None:
+        """Allowed, and safe for the token: nothing reaches the plugin before this passes."""
+        address = parse_address(text)
+        self.allowlist.check(address, text)
+        if self.token and not address.tls and not address.loopback and not self.token_plaintext:
+            raise InvalidArgument(
+                "address",
+                f"{text!r} is not loopback: the plugin token goes only over tls:// there"
+                " (or set pluginTokenPlaintext)",
+            )
 
     def _check(self, address: str, description: hk.DescribeResponse) -> None:
         if description.name in self.plugins:

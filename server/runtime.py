@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from server.journal import Journal
+from server.limits import Limits
 from server.models import ModelRegistry
 from server.persistence import Persistence
 from server.requests import Requests
@@ -27,6 +28,8 @@ class Runtime:
     models: ModelRegistry = field(default_factory=ModelRegistry)
     prompts: SystemPrompt = field(default_factory=default_system_prompt)
     store: SessionStore = field(default_factory=MemoryStore)
+    limits: Limits = field(default_factory=Limits)
+    """The server's size and count limits."""
     max_parallel_tool_calls: int = DEFAULT_MAX_PARALLEL_TOOL_CALLS
     """The server-wide cap on parallel tool calls per step; agents may set their own."""
     default_provider: str = "scripted"

@@ -12,9 +12,17 @@ from server import seams as S
 from server.abort import AbortSignal
 from server.agent import Agent, context_message
 from server.assembly import MessageAssembler
-from server.content import tool_calls_of, without_tool_calls
+from server.content import text_block, tool_calls_of, without_tool_calls
 from server.errors import Aborted, CodedError
+from server.fairness import yield_if_due
 from server.jsonvalue import to_struct
+from server.limits import (
+    CONTENT_BYTES,
+    check_model_output,
+    check_tool_calls,
+    check_turn_events,
+    oversized_result,
+)
 from server.models import ModelRequest
 from server.scheduler import run_tool_batch
 from server.system_prompt import PromptScope
@@ -40,6 +48,7 @@ async def prepare_step(
     """
     runtime = agent.runtime
     session = agent.session
+    await yield_if_due()  # a turn of many steps that never wait must not starve the others
     try:
         scope = PromptScope(
             agent_id=agent.agent_id,
@@ -67,6 +76,7 @@ async def prepare_step(
             raise StepInterrupted from None
         raise
     history = session.derive_messages()
+    check_turn_events(runtime.limits, len(session) - turn.start_seq)
     session.append("step_start", ev.StepStart(turn=turn.number, step=turn.step))
     turn.step_open = True
     check_interrupted(agent)
@@ -113,6 +123,7 @@ async def run_step(agent: Agent, turn: Turn, system: str, history: list[c.Messag
     )
     assembler = MessageAssembler()
     chunk_seqs: list[int] = []
+    output_bytes = 0
     chunks = model.stream(request, signal)
     try:
         async for chunk in chunks:
@@ -121,7 +132,12 @@ async def run_step(agent: Agent, turn: Turn, system: str, history: list[c.Messag
                 "assistant_chunk", ev.AssistantChunk(turn=turn.number, step=turn.step, chunk=chunk)
             )
             chunk_seqs.append(event.seq)
+            check_turn_events(runtime.limits, event.seq - turn.start_seq)
+            if chunk.HasField("block_delta"):
+                output_bytes += len(chunk.block_delta.text.encode())
+                check_model_output(runtime.limits, output_bytes)
             assembler.add(chunk)
+            await yield_if_due()
     finally:
         close = getattr(chunks, "aclose", None)
         if close is not None:
@@ -156,8 +172,13 @@ async def run_step(agent: Agent, turn: Turn, system: str, history: list[c.Messag
         content = without_tool_calls(content)
     if result is not message and list(result.content) != list(message.content):
         provenance.replay_state = ""  # replay state only fits the content it came with
-    append_assistant(agent, turn, content, provenance, assembler.usage, chunk_seqs)
     calls = [] if max_tokens else tool_calls_of(content)
+    if len(calls) > runtime.limits.max_tool_calls_per_step:
+        # The calls are left out of the log: no call stays there without its result.
+        content = without_tool_calls(content)
+        append_assistant(agent, turn, content, provenance, assembler.usage, chunk_seqs)
+        check_tool_calls(runtime.limits, len(calls))
+    append_assistant(agent, turn, content, provenance, assembler.usage, chunk_seqs)
     if not calls:
         return StepOutcome(had_tool_calls=False, max_tokens=max_tokens)
     await run_tools(agent, turn, calls)
@@ -189,6 +210,12 @@ async def run_tools(agent: Agent, turn: Turn, calls: list[c.ToolCallBlock]) -> N
             is_error=outcome.is_error,
             error=outcome.error,
         )
+        oversized = oversized_result(agent.runtime.limits, result.ByteSize())
+        if oversized:  # one event must fit any client, and the model's context
+            del result.content[:]
+            result.content.append(text_block(oversized))
+            result.is_error = True
+            result.error.CopyFrom(ev.ToolError(name="ResultTooLarge", code=CONTENT_BYTES))
         if outcome.meta is not None:
             result.meta.CopyFrom(to_struct(outcome.meta))
         session.append("tool_result", result, source_event_seqs=[call_seq])

@@ -29,8 +29,6 @@ IDENTITY_TEXT = "You are an AI agent hosted by agentloop."
 """The text of the built-in `identity` section."""
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
-# Non-greedy and DOTALL: a group runs from a `{{` to the first `}}` after it, across lines.
-_GROUP = re.compile(r"\{\{(.*?)\}\}", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -215,26 +213,40 @@ def interpolate(template: str, variables: dict[str, str | None]) -> str:
             value, or a malformed group (a `{{` whose first later `}}` does not enclose a
             valid name).
     """
-    if "{{" not in template:
+    # One left-to-right pass with str.find: linear in the template's length. A group runs
+    # from a `{{` to the first `}}` after it; when no `}}` follows a `{{`, none follows any
+    # later `{{` either, so the rest is literal (a lazy regex rescans it per `{{`: quadratic).
+    parts: list[str] = []
+    pos = 0
+    while True:
+        start = template.find("{{", pos)
+        if start < 0:
+            break
+        end = template.find("}}", start + 2)
+        if end < 0:
+            break
+        parts.append(template[pos:start])
+        parts.append(_value(template[start + 2 : end], variables))
+        pos = end + 2
+    if not parts:
         return template
+    parts.append(template[pos:])
+    return "".join(parts)
 
-    def substitute(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if not _NAME.fullmatch(name):
-            raise CodedError(
-                f'malformed prompt variable reference "{match.group(0)}"', PROMPT_VARIABLE
-            )
-        if name not in variables:
-            raise CodedError(f'unknown prompt variable "{name}"', PROMPT_VARIABLE)
-        value = variables[name]
-        if value is None:
-            raise CodedError(
-                f'prompt variable "{name}" has no value for this assembly', PROMPT_VARIABLE
-            )
-        return value
 
-    # re.sub never rescans replacement text, and a `{{` with no later `}}` never matches.
-    return _GROUP.sub(substitute, template)
+def _value(name: str, variables: dict[str, str | None]) -> str:
+    """The value of the reference `{{name}}`; `CodedError` when it has none."""
+    if not _NAME.fullmatch(name):
+        shown = name if len(name) <= 40 else f"{name[:40]}..."  # a hostile group can be huge
+        raise CodedError(f'malformed prompt variable reference "{{{{{shown}}}}}"', PROMPT_VARIABLE)
+    if name not in variables:
+        raise CodedError(f'unknown prompt variable "{name}"', PROMPT_VARIABLE)
+    value = variables[name]
+    if value is None:
+        raise CodedError(
+            f'prompt variable "{name}" has no value for this assembly', PROMPT_VARIABLE
+        )
+    return value
 
 
 def render(assembly: Assembly) -> str:

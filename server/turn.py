@@ -23,6 +23,8 @@ class Turn:
 
     number: int
     step: int = 0
+    start_seq: int = 0
+    """The session length when the turn began: what it appended is counted from here."""
     reason: ev.TurnEndReason = field(
         default_factory=lambda: ev.TurnEndReason(completed=ev.TurnCompleted())
     )

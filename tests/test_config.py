@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from server.config import DEFAULT_AGENT, ConfigError, load_config, parse_config
+from server.limits import LIMIT_FIELDS, Limits
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,6 +26,14 @@ def test_the_shipped_example_parses() -> None:
     assert agent.id == "assistant"
     assert agent.max_parallel_tool_calls == 4
     assert agent.tools == ("current_time", "word_count")
+    assert config.limits == Limits()  # the example documents the defaults
+
+
+def test_the_readme_limits_table_documents_every_default() -> None:
+    rows = re.findall(r"^\| `(max\w+)` \| (\d+)", (ROOT / "README.md").read_text(), re.M)
+    documented = {LIMIT_FIELDS[name]: int(value) for name, value in rows}
+    defaults = Limits()
+    assert documented == {f: getattr(defaults, f) for f in LIMIT_FIELDS.values()}
 
 
 def test_an_empty_file_is_all_defaults() -> None:
@@ -142,7 +152,7 @@ def test_config_agents_may_name_every_known_provider_tool_and_variable() -> None
             "defaultProvider": "local",
             "providers": [{"name": "local", "baseUrl": "http://127.0.0.1:1/v1"}],
             "agents": [
-                {"id": "a.b:c_d-1", "provider": "local",
+                {"id": "a.b:c_d-1", "provider": "local", "cwd": "/w",
                  "tools": ["current_time", "echo", "sleep", "word_count"],
                  "persona": "You run {{model}} from {{provider}} in {{cwd}}; {{ is literal"},
                 {"id": "s", "provider": "scripted"},
@@ -153,6 +163,22 @@ def test_config_agents_may_name_every_known_provider_tool_and_variable() -> None
     assert config.default_provider == "local"
     assert [a.provider for a in config.agents] == ["local", "scripted", ""]
     assert config.agents[0].tools == ("current_time", "echo", "sleep", "word_count")
+
+
+def test_a_persona_using_cwd_needs_an_agent_with_a_cwd() -> None:
+    with pytest.raises(ConfigError, match=r'agents\[0\]\.persona: prompt variable "cwd"'):
+        parse_config({"agents": [{"id": "a", "persona": "in {{cwd}}"}]})
+
+
+def test_limits_are_read_from_their_section_and_checked() -> None:
+    config = parse_config({"limits": {"maxContentBytes": 1000, "maxAgents": 2}})
+    assert config.limits.max_content_bytes == 1000
+    assert config.limits.max_agents == 2
+    assert config.limits.max_streams == Limits().max_streams
+    with pytest.raises(ConfigError, match="limits.maxAgents: must be a positive integer"):
+        parse_config({"limits": {"maxAgents": 0}})
+    with pytest.raises(ConfigError, match="limits.maxNope: unknown field"):
+        parse_config({"limits": {"maxNope": 1}})
 
 
 def test_the_messages_say_what_is_known() -> None:
@@ -192,3 +218,24 @@ def test_with_plugins_a_provider_may_be_one_a_plugin_serves() -> None:
 def test_tool_order_parses() -> None:
     config = parse_config({"toolOrder": ["word_count", "<unlisted-tools>", "echo"]})
     assert config.tool_order == ("word_count", "<unlisted-tools>", "echo")
+
+
+def test_the_plugin_allowlist_is_loopback_by_default_and_checked() -> None:
+    assert parse_config({}).plugin_allowlist == ("localhost:*", "127.0.0.0/8:*", "[::1]:*")
+    config = parse_config({"pluginAllowlist": ["10.0.0.0/8:7000", "plugins.internal:*"]})
+    assert config.plugin_allowlist == ("10.0.0.0/8:7000", "plugins.internal:*")
+    with pytest.raises(ConfigError, match=r"pluginAllowlist\[0\]: '10.0.0.1:99999'"):
+        parse_config({"pluginAllowlist": ["10.0.0.1:99999"]})
+    with pytest.raises(ConfigError, match="pluginTokenPlaintext: must be true or false"):
+        parse_config({"pluginTokenPlaintext": "yes"})
+
+
+def test_tls_files_come_in_pairs() -> None:
+    config = parse_config({"tlsCertFile": "c.pem", "tlsKeyFile": "k.pem", "tlsClientCaFile": "ca"})
+    assert (config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file) == (
+        "c.pem", "k.pem", "ca",
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="tlsCertFile, tlsKeyFile: set both or neither"):
+        parse_config({"tlsCertFile": "c.pem"})
+    with pytest.raises(ConfigError, match="tlsClientCaFile: needs tlsCertFile"):
+        parse_config({"tlsClientCaFile": "ca.pem"})

@@ -14,6 +14,7 @@ from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 from server import seams as S
 from server.content import plain_text
+from server.system_prompt import Section
 from tests.harness import (
     ERROR,
     MAX_TOKENS,
@@ -657,7 +658,9 @@ async def test_system_prompt_renders_identity_persona_and_variables(harness: Har
 async def test_strict_variable_failure_is_a_turn_error_and_the_loop_survives(
     harness: Harness,
 ) -> None:
-    agent = await harness.create(script=[text_step("ok")], persona="In {{cwd}}.")
+    # A persona is checked at creation; a section added later can still fail at render.
+    agent = await harness.create(script=[text_step("ok")])
+    agent.runtime.prompts.add_section(Section("late", 1, "In {{cwd}}."), agent.agent_id)
     await harness.turn(agent, "hi")
     assert harness.model.requests == []
     assert "no value for this assembly" in turn_ends(agent)[0].error.message

@@ -287,3 +287,33 @@ async def test_waterfall_returning_a_non_assembly_is_an_error():
     seams.on(SYSTEM_PROMPT_ASSEMBLE, lambda assembly, next_: None)
     with pytest.raises(CodedError, match="not an Assembly"):
         await default_system_prompt().assemble(PromptScope("a1"), seams)
+
+
+# Hostile templates: one linear pass (a lazy regex rescanned the tail per `{{`).
+
+MEGABYTE = 1_000_000
+
+
+def test_a_megabyte_of_open_braces_is_literal() -> None:
+    template = "{{" * (MEGABYTE // 2)
+    assert interpolate(template, {"x": "1"}) == template
+
+
+def test_a_megabyte_of_open_braces_then_a_close_is_one_malformed_group() -> None:
+    with pytest.raises(CodedError) as info:
+        interpolate("{{" * (MEGABYTE // 2) + "}}", {})
+    message = str(info.value)
+    assert message.startswith('malformed prompt variable reference "{{{{{{')
+    assert len(message) < 120  # the group is shown shortened
+
+
+def test_a_megabyte_of_references_is_substituted() -> None:
+    template = "{{x}}-" * (MEGABYTE // 6)
+    assert interpolate(template, {"x": "ab"}) == "ab-" * (MEGABYTE // 6)
+
+
+def test_interleaved_braces_follow_the_first_close_rule() -> None:
+    assert interpolate("{{x}}}", {"x": "v"}) == "v}"
+    with pytest.raises(CodedError, match='malformed prompt variable reference "{{ b {{x}}"'):
+        interpolate("a {{ b {{x}}", {"x": "v"})
+    assert interpolate("}} {{x}} {{", {"x": "v"}) == "}} v {{"

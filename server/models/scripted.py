@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 
 from agentloop.v1 import agent_pb2, content_pb2, stream_pb2
 from server.abort import AbortSignal
@@ -92,7 +92,7 @@ class ScriptedModel:
             yield chunk
 
 
-def scripted_chunks(step: agent_pb2.ScriptedStep, k: int) -> list[stream_pb2.StreamChunk]:
+def scripted_chunks(step: agent_pb2.ScriptedStep, k: int) -> Iterable[stream_pb2.StreamChunk]:
     """The chunks of `step` answering call `k` (0-based) of an agent.
 
     Args:
@@ -118,12 +118,12 @@ def scripted_chunks(step: agent_pb2.ScriptedStep, k: int) -> list[stream_pb2.Str
             code=step.error_code,
         )
     )
-    return out.chunks
+    return out
 
 
 def default_chunks(
     request: ModelRequest, k: int, input_chars: int | None = None
-) -> list[stream_pb2.StreamChunk]:
+) -> Iterable[stream_pb2.StreamChunk]:
     """The unscripted answer to call `k`: summarise tool results, call word_count, or echo.
 
     Usage is always reported: input tokens are the characters of the request's messages
@@ -159,15 +159,29 @@ def default_chunks(
         )
     )
     out.finish(stream_pb2.Finish(kind=stream_pb2.FINISH_KIND_STOP))
-    return out.chunks
+    return out
 
 
 class _Chunks:
-    """Builds one stream, numbering blocks from 0."""
+    """Builds one stream, numbering blocks from 0; iterating it yields the chunks.
+
+    Deltas are kept as (index, text) and made into messages only as they are streamed:
+    building 100,000 delta messages up front held the event loop for half a second.
+    """
 
     def __init__(self) -> None:
-        self.chunks: list[stream_pb2.StreamChunk] = []
+        self.chunks: list[stream_pb2.StreamChunk | tuple[int, str]] = []
         self._next_index = 0
+
+    def __iter__(self) -> Iterator[stream_pb2.StreamChunk]:
+        for item in self.chunks:
+            if isinstance(item, tuple):
+                index, text = item
+                yield stream_pb2.StreamChunk(
+                    block_delta=stream_pb2.BlockDelta(index=index, text=text)
+                )
+            else:
+                yield item
 
     def block(self, kind: stream_pb2.BlockKind.ValueType, pieces: list[str]) -> None:
         """A block of `kind` with one delta per piece; nothing when there are no pieces."""
@@ -205,9 +219,7 @@ class _Chunks:
         return index
 
     def _delta(self, index: int, text: str) -> None:
-        self.chunks.append(
-            stream_pb2.StreamChunk(block_delta=stream_pb2.BlockDelta(index=index, text=text))
-        )
+        self.chunks.append((index, text))
 
     def _close(self, index: int) -> None:
         self.chunks.append(stream_pb2.StreamChunk(block_end=stream_pb2.BlockEnd(index=index)))

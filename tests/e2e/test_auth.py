@@ -300,3 +300,16 @@ async def test_sigterm_right_after_the_listening_line_shuts_down_gracefully(
         assert address.startswith("127.0.0.1:"), address
         returncode = await server.terminate(T)
     assert returncode == 0, f"exit {returncode} on a SIGTERM sent right after the listening line"
+
+
+async def test_an_undecodable_body_is_unauthenticated_before_it_is_invalid(secured: E2E) -> None:
+    raw = secured.channel.unary_unary(
+        "/agentloop.v1.AgentFactoryService/CreateAgent",
+        request_serializer=lambda b: b,
+        response_deserializer=lambda b: b,
+    )
+    await unauthenticated(raw(b"\xff\xff\xff", timeout=T))
+    await unauthenticated(raw(b"\xff\xff\xff", metadata=WRONG, timeout=T))
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await raw(b"\xff\xff\xff", metadata=RIGHT, timeout=T)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT

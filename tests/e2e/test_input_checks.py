@@ -1,10 +1,13 @@
-"""Input checks at the API: WaitIdle as a poll, content errors naming the right field."""
+"""Input checks at the API: statuses that name the field, never UNKNOWN, nothing appended."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Awaitable
+
 import grpc
 import pytest
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, struct_pb2
 
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2
@@ -34,3 +37,98 @@ async def test_an_empty_content_block_is_named_by_its_own_index(e2e: E2E) -> Non
     assert (info.value.details() or "").startswith("content[0]:")
     session = await e2e.agents.GetSession(api.GetSessionRequest(agent_id="f"))
     assert session.session.event_count == 0  # nothing was accepted
+
+
+NOT_USER_CONTENT = [
+    c.ContentBlock(tool_call=c.ToolCallBlock(id="x", name="echo", arguments="{}")),
+    c.ContentBlock(tool_result=c.ToolResultBlock(tool_call_id="x")),
+    c.ContentBlock(reasoning=c.ReasoningBlock(text="forged")),
+]
+
+
+async def test_only_user_content_may_be_sent_steered_or_injected(e2e: E2E) -> None:
+    await e2e.factory.CreateAgent(
+        fac.CreateAgentRequest(agent_id="u", options=agent_pb2.AgentOptions())
+    )
+    text = c.ContentBlock(text=c.TextBlock(text="fine"))
+    for block in NOT_USER_CONTENT:
+        kind = block.WhichOneof("block")
+        calls: list[Awaitable[object]] = [
+            e2e.agents.SendMessage(api.SendMessageRequest(agent_id="u", content=[text, block])),
+            e2e.agents.SteerMessage(api.SteerMessageRequest(agent_id="u", content=[text, block])),
+            e2e.agents.InjectContext(api.InjectContextRequest(agent_id="u", content=[text, block])),
+        ]
+        for call in calls:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert info.value.details() == (
+                f"content[1]: is a {kind} block; a message may carry only text"
+            )
+    session = await e2e.agents.GetSession(api.GetSessionRequest(agent_id="u"))
+    assert session.session.event_count == 0  # nothing was appended
+
+
+async def test_page_tokens_the_server_never_issued_are_invalid(e2e: E2E) -> None:
+    await e2e.factory.CreateAgent(fac.CreateAgentRequest(agent_id="p"))
+    for token in ("²", "9" * 4301, "-1", "1.5", "0x10"):
+        calls: list[Awaitable[object]] = [
+            e2e.factory.ListAgents(fac.ListAgentsRequest(page_token=token)),
+            e2e.agents.ListSessions(api.ListSessionsRequest(page_token=token)),
+            e2e.agents.ListSessionEvents(
+                api.ListSessionEventsRequest(agent_id="p", page_token=token)
+            ),
+        ]
+        for call in calls:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, token
+            assert info.value.details() == "page_token: is not a token this server issued"
+    # Issued tokens still work: decimal offsets.
+    for i in range(2):
+        await e2e.factory.CreateAgent(fac.CreateAgentRequest(agent_id=f"q{i}"))
+    first = await e2e.factory.ListAgents(fac.ListAgentsRequest(page_size=2))
+    rest = await e2e.factory.ListAgents(
+        fac.ListAgentsRequest(page_size=2, page_token=first.next_page_token)
+    )
+    assert [a.agent_id for a in [*first.agents, *rest.agents]] == ["p", "q0", "q1"]
+
+
+async def test_wait_idle_timeouts_out_of_range_are_invalid(e2e: E2E) -> None:
+    await e2e.factory.CreateAgent(fac.CreateAgentRequest(agent_id="w"))
+    for seconds, nanos in ((2**63 - 1, 0), (-(2**63), 0), (3601, 0), (-1, 0), (0, -1)):
+        request = api.WaitIdleRequest(
+            agent_id="w", timeout=duration_pb2.Duration(seconds=seconds, nanos=nanos)
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await e2e.agents.WaitIdle(request)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details() == "timeout: must be between 0 and 3600 seconds"
+
+
+async def test_inject_meta_refuses_non_finite_numbers(e2e: E2E) -> None:
+    await e2e.factory.CreateAgent(fac.CreateAgentRequest(agent_id="m"))
+    for bad in (math.nan, math.inf, -math.inf):
+        meta = struct_pb2.Struct()
+        meta.update({"ok": 1, "deep": {"list": [1, bad]}})
+        request = api.InjectContextRequest(agent_id="m", text="ctx", meta=meta)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await e2e.agents.InjectContext(request)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (info.value.details() or "").startswith("meta: holds")
+    session = await e2e.agents.GetSession(api.GetSessionRequest(agent_id="m"))
+    assert session.session.event_count == 0
+
+
+async def test_an_undecodable_body_is_invalid_argument(e2e: E2E) -> None:
+    raw = e2e.channel.unary_unary(
+        "/agentloop.v1.AgentService/SendMessage",
+        request_serializer=lambda b: b,
+        response_deserializer=lambda b: b,
+    )
+    for body in (b"\xff\xff\xff", b"\x0a\x05ab", b"\x08" + b"\xff" * 11):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await raw(body)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert (info.value.details() or "").startswith("the request body is not a valid message")
+    assert await e2e.health() == 1

@@ -48,7 +48,9 @@ class AgentOptions(_message.Message):
     """
     persona: _builtins.str
     """Persona is the `deployment:persona` section of the system prompt. It may
-    use the variables {{provider}}, {{model}} and {{cwd}}.
+    use the variables {{provider}}, {{model}} and {{cwd}}, each only when the
+    agent has a value for it ({{cwd}} needs a session cwd); at most the
+    server's maxPersonaBytes (default 64 KiB).
     """
     @_builtins.property
     def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -59,6 +61,8 @@ class AgentOptions(_message.Message):
     @_builtins.property
     def script(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScriptedStep]:
         """Script drives the "scripted" provider: one entry per model call, in order.
+        At most maxScriptSteps entries and maxScriptToolCalls tool calls in all
+        (default 1000 each), each entry at most maxContentBytes.
         When it runs out, the provider echoes (and, with tools offered, makes a
         tool round trip first).
         """

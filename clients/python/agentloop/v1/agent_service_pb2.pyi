@@ -48,7 +48,11 @@ class SendMessageRequest(_message.Message):
     """
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[_content_pb2.ContentBlock]:
-        """Content is the prompt as content blocks; appended after `text`."""
+        """Content is the prompt as content blocks; appended after `text`. Only text
+        blocks: a tool call, tool result or reasoning block is INVALID_ARGUMENT.
+        Text and content together are at most the server's maxContentBytes
+        (default 1 MiB).
+        """
 
     @_builtins.property
     def source(self) -> _content_pb2.Source:
@@ -124,7 +128,9 @@ class SteerMessageRequest(_message.Message):
     """
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[_content_pb2.ContentBlock]:
-        """Content is the steering as content blocks; appended after `text`."""
+        """Content is the steering as content blocks; appended after `text`. Text
+        blocks only, at most maxContentBytes in all, as for SendMessage.
+        """
 
     @_builtins.property
     def source(self) -> _content_pb2.Source:
@@ -203,7 +209,9 @@ class InjectContextRequest(_message.Message):
     """
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[_content_pb2.ContentBlock]:
-        """Content is the context as content blocks; appended after `text`."""
+        """Content is the context as content blocks; appended after `text`. Text
+        blocks only, at most maxContentBytes in all, as for SendMessage.
+        """
 
     @_builtins.property
     def source(self) -> _content_pb2.Source:
@@ -211,7 +219,9 @@ class InjectContextRequest(_message.Message):
 
     @_builtins.property
     def meta(self) -> _struct_pb2.Struct:
-        """Meta is free-form JSON kept with the event, never sent to the model."""
+        """Meta is free-form JSON kept with the event, never sent to the model. NaN
+        and infinities are INVALID_ARGUMENT: the log is lossless JSON.
+        """
 
     def __init__(
         self,
