@@ -8,6 +8,7 @@ AgentLoopError            any error a caller can be told about
 ├── ResourceExhausted     a limit was reached               -> RESOURCE_EXHAUSTED
 └── SessionDamaged        a stored session cannot be read   -> DATA_LOSS
 CodedError                a failure inside a turn with a machine-readable code
+└── TurnFatal             one that ends the turn even inside a tool call
 Aborted                   the step's abort signal fired; carries the reason
 """
 
@@ -65,6 +66,14 @@ class CodedError(Exception):
     def __init__(self, message: str, code: str = "") -> None:
         super().__init__(message)
         self.code = code
+
+
+class TurnFatal(CodedError):
+    """A failure that ends the turn `error` even where failures are usually results.
+
+    A FAIL_CLOSED plugin failing at a tool seam raises it: the call gets a neutral
+    error result (the model never sees the infrastructure detail) and the turn ends.
+    """
 
 
 class Aborted(Exception):

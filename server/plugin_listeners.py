@@ -33,7 +33,7 @@ from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
 from server import seams as S
 from server.abort import NEVER, AbortSignal
-from server.errors import CodedError
+from server.errors import TurnFatal
 from server.models import ModelRegistry, ModelRequest
 from server.seams import SeamRegistry
 from server.tools import Tool, ToolExecution, ToolOutcome, ToolRegistry, ToolReturn
@@ -159,7 +159,7 @@ class RemoteListener:
                     self.plugin, self.seam_name, failure.kind, failure,
                 )  # fmt: skip
                 return None
-            raise CodedError(
+            raise TurnFatal(
                 f'plugin "{self.plugin}" failed at {self.seam_name}: {failure.kind}: {failure}',
                 f"PLUGIN_{failure.kind.upper()}",
             ) from None
@@ -432,16 +432,22 @@ def remote_tool(
         call.timeout.FromNanoseconds(int(timeout * 1e9))
         try:
             result = await caller.call(call, timeout, exec.signal or NEVER)
+            kind = result.WhichOneof("decision")
+            if not result.error and kind not in (None, "tool_execute"):
+                raise PluginCallFailed("malformed", f"answered {kind} to a tool_execute call")
         except PluginCallFailed as failure:
             stats.errors += failure.kind != "timeout"
-            raise CodedError(
-                f'plugin "{plugin}" tool {definition.name}: {failure.kind}: {failure}',
+            raise TurnFatal(
+                f'plugin "{plugin}" failed at tools/execute ({definition.name}): '
+                f"{failure.kind}: {failure}",
                 f"PLUGIN_{failure.kind.upper()}",
             ) from None
         if result.error:
             stats.errors += 1
-            raise CodedError(
-                f'plugin "{plugin}" tool {definition.name}: {result.error}', "PLUGIN_ERROR"
+            raise TurnFatal(
+                f'plugin "{plugin}" failed at tools/execute ({definition.name}): '
+                f"error: {result.error}",
+                "PLUGIN_ERROR",
             )
         output = result.tool_execute
         meta = json_format.MessageToDict(output.meta) if output.HasField("meta") else None
@@ -511,7 +517,7 @@ class PluginModel:
                     yield chunk
         except PluginCallFailed as failure:
             self.stats.errors += failure.kind != "timeout"
-            raise CodedError(
+            raise TurnFatal(
                 f'plugin "{self.plugin}" model {self.provider}: {failure.kind}: {failure}',
                 f"PLUGIN_{failure.kind.upper()}",
             ) from None

@@ -119,6 +119,8 @@ class ToolOutcome:
     """The tool's contexts, then those post-execute added, in that order."""
     final: bool = False
     """A pipeline failure: `finalize` skips post-execute."""
+    fatal: CodedError | None = None
+    """Set when the call's failure must end the turn (a FAIL_CLOSED plugin failed)."""
 
 
 @dataclass(frozen=True, eq=False)
