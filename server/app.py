@@ -114,6 +114,7 @@ class App:
             self._session_of,
             read_token(config.plugin_token_file, "AGENTLOOP_PLUGIN_TOKEN"),
             read_pem(config.plugin_ca_file),
+            config.plugin_max_message_bytes,
         )
         self.health = health.aio.HealthServicer()
         self.server = grpc.aio.server(interceptors=[TokenAuth(token)] if token else [])

@@ -20,7 +20,7 @@ DEFAULT_LISTEN = "127.0.0.1:50051"
 SERVER_FIELDS = {
     "listen", "maxParallelToolCalls", "shutdownGraceSeconds", "defaultProvider", "store",
     "dataDir", "agents", "plugins", "tokenFile", "pluginTokenFile", "providers",
-    "pluginTimeoutSeconds", "pluginCaFile", "toolOrder",
+    "pluginTimeoutSeconds", "pluginCaFile", "toolOrder", "pluginMaxMessageBytes",
 }  # fmt: skip
 PROVIDER_FIELDS = {
     "name", "type", "baseUrl", "apiKeyEnv", "defaultModel", "headers", "connectTimeoutSeconds",
@@ -136,6 +136,8 @@ class Config:
     """PEM roots trusted for `tls://` plugin addresses; empty trusts the system's."""
     plugin_timeout_seconds: float = 5.0
     """The deadline of a plugin call whose subscription sets none."""
+    plugin_max_message_bytes: int = 16 * 1024 * 1024
+    """The largest message sent to or accepted from a plugin; a larger call fails alone."""
     insecure: bool = False
     """Allow a non-loopback listen address without a token (`--insecure`)."""
 
@@ -223,6 +225,9 @@ def parse_config(raw: object) -> Config:
         plugin_timeout_seconds=float(plugin_timeout),
         plugin_ca_file=_string(doc.get("pluginCaFile", ""), "pluginCaFile"),
         tool_order=_tool_order(doc.get("toolOrder")),
+        plugin_max_message_bytes=_positive(
+            doc.get("pluginMaxMessageBytes", 16 * 1024 * 1024), "pluginMaxMessageBytes"
+        ),
         default_provider=default_provider,
         agents=agents,
     )

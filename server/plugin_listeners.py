@@ -23,7 +23,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from google.protobuf import json_format
+from google.protobuf import json_format, unknown_fields
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import agent_event_pb2 as ae
@@ -65,7 +65,7 @@ WATERFALLS = frozenset(SEAM_NAMES) - CHECKPOINTS - OBSERVERS
 
 
 class PluginCallFailed(Exception):
-    """A call to a plugin failed; `kind` is timeout, error, malformed or disconnected."""
+    """A call to a plugin failed: timeout, error, malformed, oversized or disconnected."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -100,6 +100,9 @@ class PluginStats:
     fail_opens: int = 0
     dropped: int = 0
     reconnects: int = 0
+    oversized: int = 0
+    protocol_errors: int = 0
+    unexpected_results: int = 0
     latencies: dict[int, deque[float]] = field(default_factory=dict)
     """Per contract seam, the latest call latencies in seconds."""
 
@@ -145,8 +148,9 @@ class RemoteListener:
         expected = next(iter(payload))
         try:
             result = await self.caller.call(call, self.timeout, signal)
-            if result.error:
+            if result.error:  # an error wins over any decision beside it
                 raise PluginCallFailed("error", result.error)
+            check_known(result)
             kind = result.WhichOneof("decision")
             if kind is not None and kind != expected:
                 raise PluginCallFailed("malformed", f"answered {kind} to a {expected} call")
@@ -381,6 +385,20 @@ class RemoteListener:
 Next = Callable[..., Awaitable[Any]]
 
 
+def check_known(result: hk.HookResult) -> None:
+    """Refuse a result carrying fields this server does not know.
+
+    A decision of a kind from a newer protocol would otherwise read as "continue
+    unchanged": on a policy seam, a silent fail-open.
+    """
+    unknown = unknown_fields.UnknownFieldSet(result)
+    if len(unknown):
+        numbers = sorted({unknown[i].field_number for i in range(len(unknown))})
+        raise PluginCallFailed(
+            "malformed", f"the result holds fields this server does not know: {numbers}"
+        )
+
+
 def invocation(exec: ToolExecution) -> hk.ToolInvocation:
     """The contract's view of a tool call."""
     return hk.ToolInvocation(call_id=exec.call_id, name=exec.name, arguments=exec.raw_arguments)
@@ -433,6 +451,8 @@ def remote_tool(
         try:
             result = await caller.call(call, timeout, exec.signal or NEVER)
             kind = result.WhichOneof("decision")
+            if not result.error:
+                check_known(result)
             if not result.error and kind not in (None, "tool_execute"):
                 raise PluginCallFailed("malformed", f"answered {kind} to a tool_execute call")
         except PluginCallFailed as failure:

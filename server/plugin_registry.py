@@ -17,7 +17,7 @@ from agentloop.v1 import session_event_pb2 as ev
 from server.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from server.factory import ID_PATTERN
 from server.jsonvalue import check_lossless
-from server.plugin_client import PluginConnection, PluginUnreachable
+from server.plugin_client import DEFAULT_MAX_MESSAGE_BYTES, PluginConnection, PluginUnreachable
 from server.plugin_listeners import SEAM_NAMES, PluginStats, install, tool_schema
 from server.runtime import Runtime
 
@@ -62,12 +62,15 @@ class PluginRegistry:
         session_of: Callable[[str], str],
         token: str,
         root_certificates: bytes | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self.runtime = runtime
         self.session_of = session_of
         self.token = token
         self.root_certificates = root_certificates
         """PEM roots trusted for `tls://` plugins; None trusts the system's."""
+        self.max_message_bytes = max_message_bytes
+        """The largest message sent to or accepted from a plugin."""
         self.plugins: dict[str, RegisteredPlugin] = {}
         self._retries: set[asyncio.Task[None]] = set()
 
@@ -76,7 +79,9 @@ class PluginRegistry:
         if not ADDRESS.fullmatch(address):
             raise InvalidArgument("address", f"{address!r} must be host:port or tls://host:port")
         stats = PluginStats()
-        connection = PluginConnection(address, self.token, stats, self.root_certificates)
+        connection = PluginConnection(
+            address, self.token, stats, self.root_certificates, self.max_message_bytes
+        )
         try:
             try:
                 description = await connection.describe(DESCRIBE_TIMEOUT)
@@ -270,6 +275,9 @@ def describe(plugin: RegisteredPlugin) -> reg.Plugin:
             fail_opens=stats.fail_opens,
             dropped_notifications=stats.dropped,
             reconnects=stats.reconnects,
+            oversized_calls=stats.oversized,
+            protocol_errors=stats.protocol_errors,
+            unexpected_results=stats.unexpected_results,
         ),
         latencies=latencies,
         last_error=plugin.connection.last_error,

@@ -35,6 +35,9 @@ const decisions = require('./decisions');
 const proto = require('./proto');
 const models = require('./models');
 const { runCall } = require('./calls');
+
+/** The server's default `pluginMaxMessageBytes`: what a plugin must accept and may send. */
+const MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
 const { authorized, refuse, serveStream } = require('./stream');
 
 const NAME_PATTERN = /^[A-Za-z0-9._:-]{1,128}$/;
@@ -71,7 +74,9 @@ const FAILURE_POLICIES = ['FAIL_CLOSED', 'FAIL_OPEN'];
 /** A plugin: its seam handlers and tools, served as an agentloop `HookService`. */
 class Plugin {
   /** @param {{name: string, version?: string, token?: string, logger?: Console}} options */
-  constructor({ name, version = '', token = '', logger = console }) {
+  constructor({
+    name, version = '', token = '', logger = console, maxMessageBytes = MAX_MESSAGE_BYTES,
+  }) {
     if (!NAME_PATTERN.test(name || '')) {
       throw new Error(`plugin name ${JSON.stringify(name)}: 1-128 letters, digits, . _ : -`);
     }
@@ -79,6 +84,8 @@ class Plugin {
     this.version = version;
     this.token = token || '';
     this.logger = logger;
+    /** at least the server's `pluginMaxMessageBytes` (gRPC's default 4 MiB is below it) */
+    this.maxMessageBytes = maxMessageBytes;
     /** @type {Map<string, {handler: Handler, options: SubscriptionOptions}>} by payload */
     this.subscriptions = new Map();
     /** @type {Map<string, {definition: object, handler: ToolHandler}>} by name */
@@ -302,7 +309,10 @@ class Plugin {
    */
   async serve(address = '127.0.0.1:0') {
     if (this.server) throw new Error(`plugin ${this.name} is already serving`);
-    const server = new grpc.Server();
+    const server = new grpc.Server({
+      'grpc.max_receive_message_length': this.maxMessageBytes,
+      'grpc.max_send_message_length': this.maxMessageBytes,
+    });
     server.addService(proto.HookService.service, {
       Describe: (call, callback) => {
         if (!authorized(this, call)) return callback(refuse(this));

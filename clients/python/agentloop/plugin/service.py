@@ -185,12 +185,22 @@ class HookServicer(rpc.HookServiceServicer):
             self.streams.discard(stream)
 
 
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+"""The server's default `pluginMaxMessageBytes`: what a plugin must accept and may send."""
+
+
 class PluginServer:
     """A gRPC server serving one plugin."""
 
-    def __init__(self, plugin: Plugin) -> None:
+    def __init__(self, plugin: Plugin, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
         self._servicer = HookServicer(plugin)
-        self._server = grpc.aio.server()
+        # gRPC's default receive limit (4 MiB) is below the server's: raise it to match.
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", max_message_bytes),
+                ("grpc.max_send_message_length", max_message_bytes),
+            ]
+        )
         rpc.add_HookServiceServicer_to_server(self._servicer, self._server)
 
     async def start(self, address: str, tls: tuple[bytes, bytes] | None = None) -> int:

@@ -273,6 +273,9 @@ class PluginStats(_message.Message):
     FAIL_OPENS_FIELD_NUMBER: _builtins.int
     DROPPED_NOTIFICATIONS_FIELD_NUMBER: _builtins.int
     RECONNECTS_FIELD_NUMBER: _builtins.int
+    OVERSIZED_CALLS_FIELD_NUMBER: _builtins.int
+    PROTOCOL_ERRORS_FIELD_NUMBER: _builtins.int
+    UNEXPECTED_RESULTS_FIELD_NUMBER: _builtins.int
     calls: _builtins.int
     """Calls counts calls sent."""
     errors: _builtins.int
@@ -284,9 +287,26 @@ class PluginStats(_message.Message):
     fail_opens: _builtins.int
     """FailOpens counts failed calls skipped under FAIL_OPEN."""
     dropped_notifications: _builtins.int
-    """DroppedNotifications counts observer notifications dropped on overflow."""
+    """DroppedNotifications counts observer notifications dropped: on buffer
+    overflow, while the plugin is not READY, buffered when its stream ended,
+    or larger than the message size limit.
+    """
     reconnects: _builtins.int
     """Reconnects counts reconnections after a drop."""
+    oversized_calls: _builtins.int
+    """OversizedCalls counts calls (and notifications) not sent because they
+    exceeded the server's `pluginMaxMessageBytes`; each such call failed
+    alone with kind `oversized`.
+    """
+    protocol_errors: _builtins.int
+    """ProtocolErrors counts stream resets caused by the plugin: a message that
+    does not decode as a HandleResponse, or one with no kind set.
+    """
+    unexpected_results: _builtins.int
+    """UnexpectedResults counts results and chunks for no call in flight: an
+    unknown call id, a second answer, or an answer after `CancelCall` or past
+    the deadline. They are logged and ignored.
+    """
     def __init__(
         self,
         *,
@@ -296,10 +316,13 @@ class PluginStats(_message.Message):
         fail_opens: _builtins.int = ...,
         dropped_notifications: _builtins.int = ...,
         reconnects: _builtins.int = ...,
+        oversized_calls: _builtins.int = ...,
+        protocol_errors: _builtins.int = ...,
+        unexpected_results: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "dropped_notifications", b"dropped_notifications", "errors", b"errors", "fail_opens", b"fail_opens", "reconnects", b"reconnects", "timeouts", b"timeouts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "dropped_notifications", b"dropped_notifications", "errors", b"errors", "fail_opens", b"fail_opens", "oversized_calls", b"oversized_calls", "protocol_errors", b"protocol_errors", "reconnects", b"reconnects", "timeouts", b"timeouts", "unexpected_results", b"unexpected_results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
