@@ -27,7 +27,7 @@ PROVIDER_FIELDS = {
     "readTimeoutSeconds", "maxAttempts", "initialBackoffSeconds", "maxBackoffSeconds",
     "maxRetryAfterSeconds",
 }  # fmt: skip
-PLUGIN_FIELDS = {"address", "order", "timeoutSeconds", "failurePolicy"}
+PLUGIN_FIELDS = {"address", "order", "timeoutSeconds", "failurePolicy", "required", "name"}
 FAILURE_POLICIES = ("fail_closed", "fail_open")
 BUILTIN_PROVIDER = "scripted"
 AGENT_FIELDS = {
@@ -102,6 +102,14 @@ class PluginConfig:
     """Overrides the timeout of every subscription and tool."""
     failure_policy: str = ""
     """Overrides the failure policy: "fail_closed" or "fail_open"."""
+    required: bool | None = None
+    """Whether turns wait for it (fail closed until READY); unset: unless fail_open."""
+    name: str = ""
+    """How ListPlugins shows it before it first describes itself; empty: its address."""
+
+    def is_required(self) -> bool:
+        """Required unless the config says `required: false` or overrides to fail_open."""
+        return self.required if self.required is not None else self.failure_policy != "fail_open"
 
 
 @dataclass(frozen=True)
@@ -335,11 +343,16 @@ def _plugin(raw: object, where: str) -> PluginConfig:
     policy = _string(item.get("failurePolicy", ""), f"{where}.failurePolicy")
     if policy and policy not in FAILURE_POLICIES:
         raise ConfigError(f"{where}.failurePolicy: {policy!r} must be fail_closed or fail_open")
+    required = item.get("required")
+    if required is not None and not isinstance(required, bool):
+        raise ConfigError(f"{where}.required: must be true or false")
     return PluginConfig(
         address=_string(item["address"], f"{where}.address"),
         order=order,
         timeout_seconds=None if timeout is None else float(timeout),
         failure_policy=policy,
+        required=required,
+        name=_string(item.get("name", ""), f"{where}.name"),
     )
 
 

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
 import grpc
 
@@ -85,6 +85,8 @@ class PluginConnection:
             (("authorization", f"Bearer {token}"),) if token else ()
         )
         self.state: reg.PluginState.ValueType = reg.PLUGIN_STATE_CONNECTING
+        self.on_state: Callable[[], None] = lambda: None
+        """Called after every change of `state` (readiness watches it)."""
         self.last_error = ""
         self._failure_kind = "disconnected"
         """How the calls in flight fail when the stream ends: disconnected or malformed."""
@@ -215,6 +217,10 @@ class PluginConnection:
 
     # -- the stream ----------------------------------------------------------------------
 
+    def _set_state(self, state: reg.PluginState.ValueType) -> None:
+        self.state = state
+        self.on_state()
+
     def _sized(self, call: hk.HookCall) -> hk.HandleRequest:
         """The request of `call`; a call over the size limit fails here, alone."""
         request = hk.HandleRequest(call=call)
@@ -250,7 +256,7 @@ class PluginConnection:
             try:
                 await stream.wait_for_connection()
                 self._stream = stream
-                self.state = reg.PLUGIN_STATE_READY
+                self._set_state(reg.PLUGIN_STATE_READY)
                 self._ready.set()
                 if connected_before:
                     self.stats.reconnects += 1
@@ -285,14 +291,14 @@ class PluginConnection:
                     writer.cancel()
             stream.cancel()
             self._stream = None
-            self.state = reg.PLUGIN_STATE_UNAVAILABLE
+            self._set_state(reg.PLUGIN_STATE_UNAVAILABLE)
             self._ready.clear()
             self._fail_pending(self.last_error, self._failure_kind)
             self._failure_kind = "disconnected"
             log.warning("plugin at %s unavailable: %s", self.address, self.last_error)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
-            self.state = reg.PLUGIN_STATE_CONNECTING
+            self._set_state(reg.PLUGIN_STATE_CONNECTING)
 
     async def _send_now(self, request: hk.HandleRequest) -> None:
         """Write a call at once (no hop through the writer task)."""

@@ -19,6 +19,7 @@ from server.factory import ID_PATTERN
 from server.jsonvalue import check_lossless
 from server.plugin_client import DEFAULT_MAX_MESSAGE_BYTES, PluginConnection, PluginUnreachable
 from server.plugin_listeners import SEAM_NAMES, PluginStats, install, tool_schema
+from server.plugin_required import Expected, all_ready, guard, release
 from server.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class RegisteredPlugin:
     stats: PluginStats
     models: list[hk.ModelProviderDefinition] = field(default_factory=list)
     disposers: list[Callable[[], None]] = field(default_factory=list)
+    required: bool = False
+    """A required config plugin: readiness waits for it to be READY."""
 
 
 class PluginRegistry:
@@ -72,9 +75,54 @@ class PluginRegistry:
         self.max_message_bytes = max_message_bytes
         """The largest message sent to or accepted from a plugin."""
         self.plugins: dict[str, RegisteredPlugin] = {}
+        self.expected: dict[str, Expected] = {}
+        """Required config plugins not registered yet, by address."""
+        self.on_readiness: Callable[[bool], None] = lambda ready: None
+        """Told whether every required plugin is READY, whenever that may have changed."""
         self._retries: set[asyncio.Task[None]] = set()
 
-    async def register(self, address: str, overrides: Overrides) -> RegisteredPlugin:
+    async def add_config_plugin(
+        self, address: str, overrides: Overrides, *, required: bool, name: str = ""
+    ) -> None:
+        """Register a config plugin now, or keep trying in the background.
+
+        A required one is guarded first (see `server.plugin_required`), so that no turn
+        runs without it, even during its first `Describe`.
+        """
+        if required:
+            expected = Expected(name or address, address)
+            guard(self.runtime.seams, expected)
+            self.expected[address] = expected
+            self._readiness_changed()
+        try:
+            await self._register_config(address, overrides, required)
+        except Exception as error:  # retried in the background; the server serves
+            log.error("plugin at %s not registered: %s", address, error)
+            self.register_in_background(address, overrides, required)
+
+    async def _register_config(self, address: str, overrides: Overrides, required: bool) -> None:
+        expected = self.expected.get(address)
+        try:
+            await self.register(address, overrides, required=required)
+        except Exception as error:
+            if expected is not None:
+                expected.last_error = str(error)
+            raise
+        if expected is not None:
+            release(self.expected.pop(address))
+        self._readiness_changed()
+
+    def ready(self) -> bool:
+        """Whether every required plugin is registered and READY."""
+        states = [p.connection.state for p in self.plugins.values() if p.required]
+        return all_ready(states, len(self.expected))
+
+    def _readiness_changed(self) -> None:
+        self.on_readiness(self.ready())
+
+    async def register(
+        self, address: str, overrides: Overrides, *, required: bool = False
+    ) -> RegisteredPlugin:
         """Connect to a plugin, describe it, subscribe its listeners and tools."""
         if not ADDRESS.fullmatch(address):
             raise InvalidArgument("address", f"{address!r} must be host:port or tls://host:port")
@@ -94,7 +142,7 @@ class PluginRegistry:
             tools = [effective_tool(t, overrides) for t in description.tools]
             plugin = RegisteredPlugin(
                 description.name, description.version, address, connection, subscriptions,
-                tools, stats, list(description.models),
+                tools, stats, list(description.models), required=required,
             )  # fmt: skip
             # All or nothing, and published only once installed: no await from the name
             # check to here, so no other registration can take the name in between.
@@ -109,19 +157,22 @@ class PluginRegistry:
             await connection.close()
             raise
         self.plugins[plugin.name] = plugin
+        connection.on_state = self._readiness_changed
         connection.start()
         if not await connection.wait_ready(READY_TIMEOUT):
             log.warning("plugin %s registered but its stream is not open yet", plugin.name)
         log.info("plugin %s %s registered at %s", plugin.name, plugin.version, address)
         return plugin
 
-    def register_in_background(self, address: str, overrides: Overrides) -> None:
+    def register_in_background(
+        self, address: str, overrides: Overrides, required: bool = False
+    ) -> None:
         """Register a config plugin, retrying until it answers (the server keeps serving)."""
 
         async def keep_trying() -> None:
             while True:
                 try:
-                    await self.register(address, overrides)
+                    await self._register_config(address, overrides, required)
                     return
                 except Exception as error:  # logged; the next attempt may succeed
                     log.error("plugin at %s not registered yet: %s", address, error)
@@ -139,10 +190,17 @@ class PluginRegistry:
         for dispose in plugin.disposers:
             dispose()
         await plugin.connection.close()
+        self._readiness_changed()
 
     def list_plugins(self) -> list[reg.Plugin]:
-        """Every registered plugin, by name, with state, counters and latencies."""
-        return [describe(self.plugins[name]) for name in sorted(self.plugins)]
+        """Every plugin, by name, with state, counters and latencies.
+
+        Required config plugins not registered yet are listed too, CONNECTING.
+        """
+        listed = {name: describe(plugin) for name, plugin in self.plugins.items()}
+        for expected in self.expected.values():
+            listed.setdefault(expected.name, expected.listed())
+        return [listed[name] for name in sorted(listed)]
 
     async def close(self) -> None:
         """Stop retrying and close every connection."""
@@ -151,6 +209,8 @@ class PluginRegistry:
             task.cancel()
         # Awaited: a cancelled attempt closes its own connection before we go on.
         await asyncio.gather(*retries, return_exceptions=True)
+        for expected in self.expected.values():
+            release(expected)
         for name in list(self.plugins):
             await self.unregister(name)
 
@@ -282,4 +342,5 @@ def describe(plugin: RegisteredPlugin) -> reg.Plugin:
         latencies=latencies,
         last_error=plugin.connection.last_error,
         models=plugin.models,
+        required=plugin.required,
     )

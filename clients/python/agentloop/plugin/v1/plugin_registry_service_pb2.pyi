@@ -209,6 +209,7 @@ class Plugin(_message.Message):
     LATENCIES_FIELD_NUMBER: _builtins.int
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     MODELS_FIELD_NUMBER: _builtins.int
+    REQUIRED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Name is the plugin's name."""
     version: _builtins.str
@@ -219,6 +220,15 @@ class Plugin(_message.Message):
     """State is the connection state."""
     last_error: _builtins.str
     """LastError is the most recent failure, for operators."""
+    required: _builtins.bool
+    """Required marks a plugin from the config that is required (the default
+    for config plugins unless `required: false` or a fail_open override).
+    Until it first describes itself it is listed CONNECTING under the
+    config's `name` (else its address), and every seam of a turn fails
+    closed with code PLUGIN_NOT_READY. The health service
+    `agentloop.readiness` is NOT_SERVING while any required plugin is not
+    READY.
+    """
     @_builtins.property
     def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[_hook_service_pb2.Subscription]:
         """Subscriptions are the effective subscriptions (overrides applied)."""
@@ -252,10 +262,11 @@ class Plugin(_message.Message):
         latencies: _abc.Iterable[Global___SeamLatency] | None = ...,
         last_error: _builtins.str = ...,
         models: _abc.Iterable[_hook_service_pb2.ModelProviderDefinition] | None = ...,
+        required: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["stats", b"stats"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "last_error", b"last_error", "latencies", b"latencies", "models", b"models", "name", b"name", "state", b"state", "stats", b"stats", "subscriptions", b"subscriptions", "tools", b"tools", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "last_error", b"last_error", "latencies", b"latencies", "models", b"models", "name", b"name", "required", b"required", "state", b"state", "stats", b"stats", "subscriptions", b"subscriptions", "tools", b"tools", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
