@@ -484,7 +484,9 @@ def remote_tool(
         input_schema=tool_schema(definition),
         execute=execute,
         parallel_safe=definition.parallel_safe,
-        opt_in=False,
+        # Offered only to agents that enable it by name and that its filter allows.
+        opt_in=True,
+        agents=frozenset(definition.agent_ids),
     )
 
 

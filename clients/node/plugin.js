@@ -218,10 +218,14 @@ class Plugin {
    * @param {object} [options.schema] the JSON schema of the arguments (an object)
    * @param {boolean} [options.parallelSafe=false] may run in the parallel pool
    * @param {number} [options.timeout] deadline of each call in seconds
+   * @param {string[]} [options.agentIds] only these agents may see it (default: every
+   *   agent); either way an agent sees it only if it names it in `AgentOptions.tools`
    * @param {ToolHandler} handler
    * @returns {this}
    */
-  tool({ name, description = '', schema, parallelSafe = false, timeout }, handler) {
+  tool({
+    name, description = '', schema, parallelSafe = false, timeout, agentIds = [],
+  }, handler) {
     if (!name || this.tools.has(name)) {
       throw new Error(`plugin ${this.name}: tool name ${JSON.stringify(name)} is empty or taken`);
     }
@@ -232,6 +236,7 @@ class Plugin {
       inputSchema: decisions.toStruct(schema || { type: 'object', properties: {} }),
       parallelSafe,
       timeout: timeout === undefined ? null : proto.duration(timeout),
+      agentIds: [...agentIds],
     };
     this.tools.set(name, { definition, handler });
     return this;

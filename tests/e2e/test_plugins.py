@@ -256,7 +256,7 @@ async def test_plugin_tool_runs_in_the_pool_beside_a_local_tool(
     registered = await register(e2e.channel, plugin.address)
     assert [(t.name, t.parallel_safe) for t in registered.tools] == [(tool, True)]
     await create_agent(
-        e2e, "pool", tools=["sleep"],
+        e2e, "pool", tools=["sleep", tool],
         script=[step(("c1", tool, {}), ("c2", "sleep", {"seconds": 0.05}))],
     )  # fmt: skip
 
@@ -487,7 +487,7 @@ async def test_list_plugins_shows_state_subscriptions_counters_and_latencies(
     )  # fmt: skip
     await register(e2e.channel, plugin.address)
     await create_agent(
-        e2e, "observed", tools=["echo"],
+        e2e, "observed", tools=["echo", "busy_tool"],
         script=[step(("t1", "busy_tool", {}), ("t2", "echo", {"text": "x"}))],
     )  # fmt: skip
     events = await run_turn(e2e, "observed", "p")

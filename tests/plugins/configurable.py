@@ -18,8 +18,8 @@ Other seams:
 - `--continue-once`: `agent/turn-continuation` forces one more step per turn (then
   leaves the decision unchanged);
 - `--deny-tool NAME` (with `--deny-reason`): `tools/pre-execute` denies that tool;
-- `--tool NAME` (with `--tool-sleep SECONDS`): a parallel-safe tool that sleeps, then
-  returns `NAME done`.
+- `--tool NAME` (with `--tool-sleep SECONDS`, `--tool-agents A,B`): a parallel-safe
+  tool that sleeps, then returns `NAME done`, offered only to those agents if given.
 
 A fault on a tool seam (`--fault-seam pre-execute|post-execute|tool`, the tool being
 `--tool NAME`) with `--fault hang|error|malformed|die`: never answer, answer an error
@@ -119,8 +119,11 @@ def build(args: argparse.Namespace) -> Plugin:
         fault_at(plugin, args, options)
 
     if args.tool and args.fault_seam != "tool":
+        agent_ids = [a for a in args.tool_agents.split(",") if a]
 
-        @plugin.tool(args.tool, description="Sleeps, then answers.", parallel_safe=True)
+        @plugin.tool(
+            args.tool, description="Sleeps, then answers.", parallel_safe=True, agent_ids=agent_ids
+        )
         async def slow_tool(arguments: Any, call: hs.HookCall) -> str:
             await asyncio.sleep(args.tool_sleep)
             return f"{args.tool} done"
@@ -208,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--deny-reason", default="denied by the test plugin")
     parser.add_argument("--tool", default="")
     parser.add_argument("--tool-sleep", type=float, default=0.3)
+    parser.add_argument("--tool-agents", default="", help="comma-separated agent filter")
     parser.add_argument("--fault", choices=["hang", "error", "malformed", "die"], default="")
     parser.add_argument(
         "--fault-seam", choices=["pre-execute", "post-execute", "tool"], default="pre-execute"

@@ -45,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Unpack
 
@@ -249,8 +249,12 @@ class Plugin:
         schema: Mapping[str, Any] | None = None,
         parallel_safe: bool = False,
         timeout: float | None = None,
+        agent_ids: Iterable[str] = (),
     ) -> Callable[[ToolHandler], ToolHandler]:
         """Provide a tool; `schema` is the JSON schema of its arguments (an object).
+
+        The server offers it only to agents that enable it by name in
+        `AgentOptions.tools` and, when `agent_ids` is given, only to those agents.
 
         The handler gets the parsed JSON arguments and the call; it returns text,
         content blocks, a `ToolOutput` (`tool_output(...)`, `tool_error(...)`), or any
@@ -260,6 +264,7 @@ class Plugin:
 
         def register(handler: ToolHandler) -> ToolHandler:
             definition = tool_definition(name, description, schema, parallel_safe, timeout)
+            definition.agent_ids.extend(agent_ids)
             self.registry.add_tool(definition, handler)
             return handler
 

@@ -284,7 +284,10 @@ Global___Subscription: _TypeAlias = Subscription  # noqa: Y015
 
 @_typing.final
 class ToolDefinition(_message.Message):
-    """ToolDefinition is a tool provided by a plugin."""
+    """ToolDefinition is a tool provided by a plugin. It is offered to an agent
+    only when the agent names it in `AgentOptions.tools` and `agent_ids` (if
+    set) holds the agent.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -293,6 +296,7 @@ class ToolDefinition(_message.Message):
     INPUT_SCHEMA_FIELD_NUMBER: _builtins.int
     PARALLEL_SAFE_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
+    AGENT_IDS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Name is the tool name the model uses."""
     description: _builtins.str
@@ -307,6 +311,13 @@ class ToolDefinition(_message.Message):
     def timeout(self) -> _duration_pb2.Duration:
         """Timeout is the deadline of each call; unset means the server default."""
 
+    @_builtins.property
+    def agent_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """AgentIDs restricts the tool to these agents; empty means all. Either way
+        an agent sees a plugin tool only if it enables it by name in
+        `AgentOptions.tools`, like any opt-in tool.
+        """
+
     def __init__(
         self,
         *,
@@ -315,10 +326,11 @@ class ToolDefinition(_message.Message):
         input_schema: _struct_pb2.Struct | None = ...,
         parallel_safe: _builtins.bool = ...,
         timeout: _duration_pb2.Duration | None = ...,
+        agent_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input_schema", b"input_schema", "timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "input_schema", b"input_schema", "name", b"name", "parallel_safe", b"parallel_safe", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_ids", b"agent_ids", "description", b"description", "input_schema", b"input_schema", "name", b"name", "parallel_safe", b"parallel_safe", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
