@@ -5,8 +5,10 @@ several calls can be in flight. One writer task owns the stream's writes; the re
 resolves each call's future when its result arrives. A dropped stream fails the calls
 in flight (`disconnected`) and is reopened with exponential backoff; calls made while
 the plugin is unavailable fail at once, so a FAIL_OPEN plugin that is down costs
-nothing. Notifications wait in a bounded buffer; on overflow the oldest are dropped
-and the next one sent carries the count.
+nothing. Notifications wait in a bounded buffer, a share per subscription; one that
+finds no room (or the plugin not READY) is dropped before it is even built, and the
+next one queued carries the count. Those still buffered when the stream ends are
+dropped and counted the same way.
 
 A failure stays with its call: a call over the message size limit fails alone before
 it is sent, and a message from the plugin that does not decode (or has no kind)
@@ -31,11 +33,10 @@ from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import stream_pb2 as st
 from server.abort import AbortSignal
 from server.errors import Aborted
-from server.plugin_listeners import PluginCallFailed, PluginStats
+from server.plugin_listeners import NoticeSlot, PluginCallFailed, PluginStats
 
 log = logging.getLogger(__name__)
 
-NOTIFICATION_BUFFER = 1024
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """The largest message sent to or accepted from a plugin (`pluginMaxMessageBytes`)."""
 BACKOFF_START = 0.1
@@ -93,7 +94,7 @@ class PluginConnection:
         self._pending: dict[str, asyncio.Future[hk.HookResult]] = {}
         self._streams: dict[str, asyncio.Queue[st.StreamChunk | BaseException]] = {}
         self._outbox: asyncio.Queue[hk.HandleRequest] = asyncio.Queue()
-        self._notes: deque[hk.HookCall] = deque()
+        self._notes: deque[tuple[hk.HookCall, NoticeSlot]] = deque()
         self._dropped = 0
         self._wake_writer = asyncio.Event()
         self._stream: grpc.aio.StreamStreamCall[hk.HandleRequest, hk.HandleResponse] | None = None
@@ -202,17 +203,20 @@ class PluginConnection:
                 self._cancel(call.call_id, "the model call was closed")
             self.stats.record(call.seam, time.perf_counter() - started)
 
-    def notify(self, call: hk.HookCall) -> None:
-        """Queue a notification; drop the oldest beyond the buffer."""
-        if self.state != reg.PLUGIN_STATE_READY:
-            self._dropped += 1
-            self.stats.dropped += 1
-            return
-        if len(self._notes) >= NOTIFICATION_BUFFER:
-            self._notes.popleft()
-            self._dropped += 1
-            self.stats.dropped += 1
-        self._notes.append(call)
+    def admit(self, slot: NoticeSlot) -> bool:
+        """Room for one more notification of `slot`; if none, it is counted dropped."""
+        if self.state == reg.PLUGIN_STATE_READY and slot.queued < slot.limit:
+            return True
+        self._dropped += 1
+        self.stats.dropped += 1
+        return False
+
+    def notify(self, call: hk.HookCall, slot: NoticeSlot) -> None:
+        """Queue an admitted notification; it carries the drops since the last one."""
+        payload = getattr(call, call.WhichOneof("payload") or "session_event")
+        payload.dropped, self._dropped = self._dropped, 0
+        slot.queued += 1
+        self._notes.append((call, slot))
         self._wake_writer.set()
 
     # -- the stream ----------------------------------------------------------------------
@@ -320,12 +324,12 @@ class PluginConnection:
                 async with self._write_lock:
                     await stream.write(self._outbox.get_nowait())
             if self._notes:
-                note = self._notes.popleft()
-                payload = getattr(note, note.WhichOneof("payload") or "session_event")
-                payload.dropped, self._dropped = self._dropped, 0
+                note, slot = self._notes.popleft()
+                slot.queued -= 1
                 request = hk.HandleRequest(call=note)
                 if request.ByteSize() > self.max_message_bytes:
-                    self._dropped = payload.dropped + 1  # too big to send: dropped, counted
+                    payload = getattr(note, note.WhichOneof("payload") or "session_event")
+                    self._dropped += payload.dropped + 1  # too big to send: dropped, counted
                     self.stats.dropped += 1
                     self.stats.oversized += 1
                     continue
@@ -374,6 +378,9 @@ class PluginConnection:
         while not self._outbox.empty():
             self._outbox.get_nowait()
         # Buffered notifications die with the stream: counted, and carried by the next one.
-        self._dropped += len(self._notes)
-        self.stats.dropped += len(self._notes)
+        for note, slot in self._notes:
+            slot.queued -= 1
+            payload = getattr(note, note.WhichOneof("payload") or "session_event")
+            self._dropped += payload.dropped + 1
+            self.stats.dropped += 1
         self._notes.clear()

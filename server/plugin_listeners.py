@@ -85,9 +85,28 @@ class PluginCaller(Protocol):
         """Send a `model_stream` call; yield its chunks (`seconds` bounds each wait)."""
         ...
 
-    def notify(self, call: hk.HookCall) -> None:
-        """Send a notification (no result); never blocks."""
+    def admit(self, slot: NoticeSlot) -> bool:
+        """Whether a notification of `slot` would be queued now; if not, count it dropped.
+
+        Asked before the notification is built, so that a dropped one costs nothing.
+        """
         ...
+
+    def notify(self, call: hk.HookCall, slot: NoticeSlot) -> None:
+        """Queue an admitted notification (no result); never blocks."""
+        ...
+
+
+NOTIFICATION_BUFFER = 1024
+"""Notifications a subscription may have waiting to be sent, unless it sets its own."""
+
+
+@dataclass
+class NoticeSlot:
+    """One observer subscription's share of the plugin's notification buffer."""
+
+    limit: int = NOTIFICATION_BUFFER
+    queued: int = 0
 
 
 @dataclass
@@ -124,6 +143,12 @@ class RemoteListener:
     stats: PluginStats
     session_of: Callable[[str], str]
     timeout: float
+    slot: NoticeSlot = field(default_factory=NoticeSlot)
+    """The buffer share of an observer subscription."""
+
+    def __post_init__(self) -> None:
+        if self.subscription.buffer_size:
+            self.slot.limit = self.subscription.buffer_size
 
     @property
     def seam_name(self) -> str:
@@ -170,7 +195,7 @@ class RemoteListener:
         return result
 
     def notify(self, agent_id: str, **payload: Any) -> None:
-        """Send an observer notification."""
+        """Send an observer notification (admitted already)."""
         call = hk.HookCall(
             call_id=f"n{next(_call_ids)}",
             seam=self.subscription.seam,
@@ -178,7 +203,7 @@ class RemoteListener:
             session_id=self.session_of(agent_id),
             **payload,
         )
-        self.caller.notify(call)
+        self.caller.notify(call, self.slot)
 
     def listener(self) -> Callable[..., Any]:
         """The function registered on the seam, filtered by the subscription's agents."""
@@ -365,21 +390,26 @@ class RemoteListener:
 
     # -- observers ---------------------------------------------------------------------
 
+    # Each filters, then asks for room, and only then builds the message.
+
     def on_session_event(self, agent: Any, event: ev.SessionEvent) -> None:
         """Forward a session event, when its kind is one the plugin asked for."""
         kinds = self.subscription.event_kinds
         if kinds and event.WhichOneof("payload") not in kinds:
             return
-        self.notify(agent.agent_id, session_event=hk.SessionEventNotice(event=event))
+        if self.caller.admit(self.slot):
+            self.notify(agent.agent_id, session_event=hk.SessionEventNotice(event=event))
 
     def on_agent_event(self, agent: Any, event: ae.AgentEvent) -> None:
         """Forward a live agent event."""
-        self.notify(agent.agent_id, agent_event=hk.AgentEventNotice(event=event))
+        if self.caller.admit(self.slot):
+            self.notify(agent.agent_id, agent_event=hk.AgentEventNotice(event=event))
 
     def on_tool_result(self, exec: ToolExecution, outcome: ToolOutcome) -> None:
         """Forward a final tool result."""
-        notice = hk.ToolResultNotice(invocation=invocation(exec), output=tool_output(outcome))
-        self.notify(exec.agent_id, tool_result=notice)
+        if self.caller.admit(self.slot):
+            notice = hk.ToolResultNotice(invocation=invocation(exec), output=tool_output(outcome))
+            self.notify(exec.agent_id, tool_result=notice)
 
 
 Next = Callable[..., Awaitable[Any]]

@@ -50,6 +50,8 @@ const FAILURE_POLICIES = ['FAIL_CLOSED', 'FAIL_OPEN'];
  * @property {'FAIL_CLOSED'|'FAIL_OPEN'} [failurePolicy] what a failed call does to the
  *   turn (default: FAIL_CLOSED, the turn ends with reason `error`)
  * @property {string[]} [agentIds] only these agents' calls (default: every agent)
+ * @property {number} [bufferSize] observers only: notifications that may wait to be
+ *   sent (default: the server's 1024)
  * @property {string[]} [eventKinds] onSessionEvent only: only these payload kinds, such as
  *   'turn_end' (default: all); the server filters, so other events cost nothing
  */
@@ -282,6 +284,7 @@ class Plugin {
           failurePolicy: `FAILURE_POLICY_${options.failurePolicy || 'UNSPECIFIED'}`,
           agentIds: [...(options.agentIds || [])],
           eventKinds: [...(options.eventKinds || [])],
+          bufferSize: options.bufferSize || 0,
         };
       });
     const tools = [...this.tools.values()].map((tool) => tool.definition);

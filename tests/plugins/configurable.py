@@ -26,6 +26,9 @@ A fault on a tool seam (`--fault-seam pre-execute|post-execute|tool`, the tool b
 naming an address (`connect to 10.9.8.7:6 failed`), answer another seam's decision, or
 exit the process at the call.
 
+`--observe-file PATH` (with `--buffer N`): a session-event observer (buffer N) that
+appends `KIND DROPPED` per notification to PATH.
+
 Every subscription takes `--order`, `--timeout` and `--fail-open`; `--token` requires
 that bearer token from the server.
 """
@@ -117,6 +120,14 @@ def build(args: argparse.Namespace) -> Plugin:
 
     if args.fault:
         fault_at(plugin, args, options)
+
+    if args.observe_file:
+
+        @plugin.on_session_event(buffer_size=args.buffer)
+        async def observe(call: hs.HookCall) -> None:
+            notice = call.session_event
+            with open(args.observe_file, "a") as file:
+                file.write(f"{notice.event.WhichOneof('payload')} {notice.dropped}\n")
 
     if args.tool and args.fault_seam != "tool":
         agent_ids = [a for a in args.tool_agents.split(",") if a]
@@ -211,6 +222,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--deny-reason", default="denied by the test plugin")
     parser.add_argument("--tool", default="")
     parser.add_argument("--tool-sleep", type=float, default=0.3)
+    parser.add_argument("--observe-file", default="")
+    parser.add_argument("--buffer", type=int, default=0)
     parser.add_argument("--tool-agents", default="", help="comma-separated agent filter")
     parser.add_argument("--fault", choices=["hang", "error", "malformed", "die"], default="")
     parser.add_argument(

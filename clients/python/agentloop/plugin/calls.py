@@ -61,6 +61,8 @@ class Options(TypedDict, total=False):
     """Only these agents' calls (default: every agent)."""
     event_kinds: Iterable[str]
     """`on_session_event` only: only these kinds, such as "turn_end" (default: all)."""
+    buffer_size: int
+    """Observers only: notifications that may wait to be sent (default: the server's 1024)."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,7 @@ class Subscription:
             failure_policy=self.options.get("failure_policy", hs.FAILURE_POLICY_UNSPECIFIED),
             agent_ids=list(self.options.get("agent_ids", ())),
             event_kinds=list(self.options.get("event_kinds", ())),
+            buffer_size=self.options.get("buffer_size", 0),
         )
         timeout = self.options.get("timeout")
         if timeout is not None:

@@ -241,6 +241,7 @@ class Subscription(_message.Message):
     FAILURE_POLICY_FIELD_NUMBER: _builtins.int
     AGENT_IDS_FIELD_NUMBER: _builtins.int
     EVENT_KINDS_FIELD_NUMBER: _builtins.int
+    BUFFER_SIZE_FIELD_NUMBER: _builtins.int
     seam: Global___Seam.ValueType
     """Seam is the seam."""
     order: _builtins.int
@@ -249,6 +250,11 @@ class Subscription(_message.Message):
     """
     failure_policy: Global___FailurePolicy.ValueType
     """FailurePolicy is what a failed call does; unset means FAIL_CLOSED."""
+    buffer_size: _builtins.int
+    """BufferSize is, for an observer, how many of its notifications may wait
+    to be sent; 0 means 1024. A notification that finds the buffer full is
+    dropped before it is built, and counted.
+    """
     @_builtins.property
     def timeout(self) -> _duration_pb2.Duration:
         """Timeout is the deadline of each call; unset means the server default."""
@@ -273,10 +279,11 @@ class Subscription(_message.Message):
         failure_policy: Global___FailurePolicy.ValueType = ...,
         agent_ids: _abc.Iterable[_builtins.str] | None = ...,
         event_kinds: _abc.Iterable[_builtins.str] | None = ...,
+        buffer_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_ids", b"agent_ids", "event_kinds", b"event_kinds", "failure_policy", b"failure_policy", "order", b"order", "seam", b"seam", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_ids", b"agent_ids", "buffer_size", b"buffer_size", "event_kinds", b"event_kinds", "failure_policy", b"failure_policy", "order", b"order", "seam", b"seam", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
