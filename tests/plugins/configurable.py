@@ -67,6 +67,12 @@ def record(note: str, path: str) -> None:
     print(note, flush=True)
 
 
+def append(path: str, line: str) -> None:
+    """Append one line to the file `path` (small, local: blocking is fine here)."""
+    with open(path, "a") as file:
+        file.write(line + "\n")
+
+
 def build(args: argparse.Namespace) -> Plugin:
     """The plugin the arguments describe."""
     plugin = Plugin(args.name, version="test", token=args.token or None)
@@ -126,8 +132,7 @@ def build(args: argparse.Namespace) -> Plugin:
         @plugin.on_session_event(buffer_size=args.buffer)
         async def observe(call: hs.HookCall) -> None:
             notice = call.session_event
-            with open(args.observe_file, "a") as file:
-                file.write(f"{notice.event.WhichOneof('payload')} {notice.dropped}\n")
+            append(args.observe_file, f"{notice.event.WhichOneof('payload')} {notice.dropped}")
 
     if args.tool and args.fault_seam != "tool":
         agent_ids = [a for a in args.tool_agents.split(",") if a]
