@@ -23,7 +23,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import grpc
 
@@ -41,6 +41,10 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """The largest message sent to or accepted from a plugin (`pluginMaxMessageBytes`)."""
 BACKOFF_START = 0.1
 BACKOFF_MAX = 5.0
+
+
+async def _nothing() -> None:
+    return None
 
 
 class PluginUnreachable(Exception):
@@ -88,6 +92,8 @@ class PluginConnection:
         self.state: reg.PluginState.ValueType = reg.PLUGIN_STATE_CONNECTING
         self.on_state: Callable[[], None] = lambda: None
         """Called after every change of `state` (readiness watches it)."""
+        self.on_reconnect: Callable[[], Awaitable[None]] = _nothing
+        """Awaited before each reconnection; raising keeps the plugin down (retried)."""
         self.last_error = ""
         self._failure_kind = "disconnected"
         """How the calls in flight fail when the stream ends: disconnected or malformed."""
@@ -255,6 +261,17 @@ class PluginConnection:
         backoff = BACKOFF_START
         connected_before = False
         while not self._closed:
+            if connected_before:
+                try:  # the plugin may have restarted as another version: Describe again
+                    await self.on_reconnect()
+                except Exception as error:
+                    self.last_error = f"Describe on reconnect failed: {error}"
+                    self._set_state(reg.PLUGIN_STATE_UNAVAILABLE)
+                    log.warning("plugin at %s: %s", self.address, self.last_error)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, BACKOFF_MAX)
+                    self._set_state(reg.PLUGIN_STATE_CONNECTING)
+                    continue
             stream = self.stub.Handle(metadata=self.metadata)
             writer: asyncio.Task[None] | None = None
             try:

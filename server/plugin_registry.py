@@ -3,24 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from google.protobuf import duration_pb2
-
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
-from agentloop.v1 import session_event_pb2 as ev
 from server.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from server.factory import ID_PATTERN
-from server.jsonvalue import check_lossless
 from server.plugin_client import DEFAULT_MAX_MESSAGE_BYTES, PluginConnection, PluginUnreachable
-from server.plugin_listeners import SEAM_NAMES, PluginStats, install, tool_schema
+from server.plugin_description import (
+    Overrides,
+    effective,
+    effective_tool,
+    invalid_description,
+    seconds_to_duration,
+)
+from server.plugin_listeners import PluginStats, install
+from server.plugin_refresh import refresh
 from server.plugin_required import Expected, all_ready, guard, release
 from server.runtime import Runtime
+
+__all__ = ["Overrides", "PluginRegistry", "RegisteredPlugin", "describe"]
 
 log = logging.getLogger(__name__)
 
@@ -28,15 +34,6 @@ ADDRESS = re.compile(r"(tls://)?[A-Za-z0-9.\-\[\]:]+:\d{1,5}")
 DESCRIBE_TIMEOUT = 5.0
 READY_TIMEOUT = 5.0
 CONFIG_RETRY_SECONDS = 2.0
-
-
-@dataclass(frozen=True)
-class Overrides:
-    """Operator overrides applied on top of a plugin's own description."""
-
-    order: int | None = None
-    timeout: float | None = None
-    failure_policy: hk.FailurePolicy.ValueType = hk.FAILURE_POLICY_UNSPECIFIED
 
 
 @dataclass
@@ -54,6 +51,8 @@ class RegisteredPlugin:
     disposers: list[Callable[[], None]] = field(default_factory=list)
     required: bool = False
     """A required config plugin: readiness waits for it to be READY."""
+    overrides: Overrides = field(default_factory=Overrides)
+    """The operator's overrides, applied again to each new description."""
 
 
 class PluginRegistry:
@@ -142,7 +141,7 @@ class PluginRegistry:
             tools = [effective_tool(t, overrides) for t in description.tools]
             plugin = RegisteredPlugin(
                 description.name, description.version, address, connection, subscriptions,
-                tools, stats, list(description.models), required=required,
+                tools, stats, list(description.models), required=required, overrides=overrides,
             )  # fmt: skip
             # All or nothing, and published only once installed: no await from the name
             # check to here, so no other registration can take the name in between.
@@ -158,6 +157,9 @@ class PluginRegistry:
             raise
         self.plugins[plugin.name] = plugin
         connection.on_state = self._readiness_changed
+        connection.on_reconnect = functools.partial(
+            refresh, plugin, self.runtime, self.session_of, DESCRIBE_TIMEOUT
+        )
         connection.start()
         if not await connection.wait_ready(READY_TIMEOUT):
             log.warning("plugin %s registered but its stream is not open yet", plugin.name)
@@ -224,86 +226,6 @@ class PluginRegistry:
             raise FailedPrecondition(
                 f"the plugin at {address} describes itself invalidly: {problem}"
             )
-
-
-def invalid_description(
-    description: hk.DescribeResponse, taken_tools: set[str], taken_providers: set[str]
-) -> str:
-    """What is wrong with a plugin's description; empty when nothing is."""
-    if not ID_PATTERN.fullmatch(description.name):
-        return f"name {description.name!r} must be 1-128 letters, digits, '.', '_', ':', '-'"
-    kinds = {f.name for f in ev.SessionEvent.DESCRIPTOR.oneofs_by_name["payload"].fields}
-    for subscription in description.subscriptions:
-        unknown = sorted(set(subscription.event_kinds) - kinds)
-        if unknown:
-            return f"unknown session event kinds {unknown} (known: {sorted(kinds)})"
-        seam = seam_name(subscription.seam)
-        if subscription.seam not in SEAM_NAMES:
-            return f"a subscription names seam {seam}, which cannot be subscribed to"
-        if subscription.failure_policy not in hk.FailurePolicy.values():
-            return f"the subscription to {seam} has an unknown failure policy"
-        if subscription.HasField("timeout") and subscription.timeout.ToNanoseconds() <= 0:
-            return f"the subscription to {seam} has a timeout of zero or less"
-    names = [tool.name for tool in description.tools]
-    for name in names:
-        if not name or names.count(name) > 1:
-            return f"tool name {name!r} is empty or repeated"
-        if name in taken_tools:
-            return f'tool "{name}" is already provided'
-    for tool in description.tools:
-        if tool.HasField("timeout") and tool.timeout.ToNanoseconds() <= 0:
-            return f'tool "{tool.name}" has a timeout of zero or less'
-        try:
-            check_lossless(tool_schema(tool), "its input schema")
-        except (ValueError, TypeError) as error:
-            return f'tool "{tool.name}": its input schema is not valid JSON ({error})'
-    for model in description.models:
-        if not ID_PATTERN.fullmatch(model.provider):
-            return f"model provider name {model.provider!r} is not valid"
-        if model.provider in taken_providers:
-            return f'model provider "{model.provider}" is already served'
-        if model.HasField("timeout") and model.timeout.ToNanoseconds() <= 0:
-            return f'model provider "{model.provider}" has a timeout of zero or less'
-    return ""
-
-
-def seam_name(seam: int) -> str:
-    """The contract name of a seam number, or the number itself when it is unknown."""
-    try:
-        return hk.Seam.Name(seam)  # type: ignore[arg-type]
-    except ValueError:
-        return str(seam)
-
-
-def effective(subscription: hk.Subscription, overrides: Overrides) -> hk.Subscription:
-    """A subscription with the operator's overrides applied."""
-    result = hk.Subscription()
-    result.CopyFrom(subscription)
-    if overrides.order is not None:
-        result.order = overrides.order
-    if overrides.timeout is not None:
-        result.timeout.CopyFrom(seconds_to_duration(overrides.timeout))
-    if overrides.failure_policy:
-        result.failure_policy = overrides.failure_policy
-    if not result.failure_policy:
-        result.failure_policy = hk.FAILURE_POLICY_FAIL_CLOSED
-    return result
-
-
-def effective_tool(tool: hk.ToolDefinition, overrides: Overrides) -> hk.ToolDefinition:
-    """A tool definition with the operator's timeout applied."""
-    result = hk.ToolDefinition()
-    result.CopyFrom(tool)
-    if overrides.timeout is not None:
-        result.timeout.CopyFrom(seconds_to_duration(overrides.timeout))
-    return result
-
-
-def seconds_to_duration(seconds: float) -> duration_pb2.Duration:
-    """A Duration of `seconds`."""
-    duration = duration_pb2.Duration()
-    duration.FromNanoseconds(int(seconds * 1e9))
-    return duration
 
 
 def describe(plugin: RegisteredPlugin) -> reg.Plugin:

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import agent_service_pb2 as api
 from server.config import Config
@@ -115,3 +116,35 @@ async def test_an_oversized_call_fails_alone(launcher: PluginLauncher) -> None:
         assert user_text(small) == "p-S"
         listed = await wait_state(e2e.channel, "sizer")
         assert (listed.stats.oversized_calls, listed.stats.reconnects) == (1, 0)
+
+
+async def test_a_plugin_restarted_with_new_subscriptions_is_described_again(
+    e2e: E2E, launcher: PluginLauncher
+) -> None:
+    plugin = await launcher.start(configurable("python", "--name", "morph", "--tag", "A"))
+    registered = await register(e2e.channel, plugin.address)
+    assert [s.seam for s in registered.subscriptions] == [hk.SEAM_PROMPT_SUBMIT]
+    await create_agent(e2e, "a")
+    assert user_text(await run_turn(e2e, "a", "p")) == "p-A"
+
+    await plugin.kill()
+    await launcher.start(
+        configurable("python", "--name", "morph", "--block", "closed now",
+                     "--deny-tool", "echo", "--tool", "morph_tool"),
+        listen=plugin.address,
+    )  # fmt: skip
+
+    async def redescribed() -> bool:
+        listed = await plugin_state(e2e.channel, "morph")
+        return listed.state == reg.PLUGIN_STATE_READY and len(listed.subscriptions) == 2
+
+    await eventually(redescribed, "the restarted plugin to be described again")
+    listed = await plugin_state(e2e.channel, "morph")
+    assert [s.seam for s in listed.subscriptions] == [
+        hk.SEAM_PROMPT_SUBMIT,
+        hk.SEAM_TOOLS_PRE_EXECUTE,
+    ]
+    assert [t.name for t in listed.tools] == ["morph_tool"]
+    assert listed.stats.reconnects >= 1
+    events = await run_turn(e2e, "a", "p")
+    assert end_reason(events).WhichOneof("kind") == "rejected"
