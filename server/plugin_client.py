@@ -33,6 +33,7 @@ from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import stream_pb2 as st
 from server.abort import AbortSignal
 from server.errors import Aborted
+from server.plugin_description import describe_request
 from server.plugin_listeners import NoticeSlot, PluginCallFailed, PluginStats
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ class PluginConnection:
         """Call `Describe`; raises `PluginUnreachable` with the status on failure."""
         try:
             return await self.stub.Describe(
-                hk.DescribeRequest(), timeout=seconds, metadata=self.metadata
+                describe_request(self.max_message_bytes), timeout=seconds, metadata=self.metadata
             )
         except grpc.aio.AioRpcError as error:
             raise PluginUnreachable(f"{error.code().name}: {error.details()}") from None

@@ -22,10 +22,30 @@ class Overrides:
     failure_policy: hk.FailurePolicy.ValueType = hk.FAILURE_POLICY_UNSPECIFIED
 
 
+PROTOCOL_VERSION = 1
+"""The plugin protocol version this server speaks."""
+CAPABILITIES = ("model_stream", "tool_execute", "event_kinds", "buffer_size")
+"""The optional features this server offers plugins."""
+
+
+def describe_request(max_message_bytes: int) -> hk.DescribeRequest:
+    """What the server tells a plugin about itself when it asks for its description."""
+    return hk.DescribeRequest(
+        protocol_version=PROTOCOL_VERSION,
+        max_message_bytes=max_message_bytes,
+        capabilities=CAPABILITIES,
+    )
+
+
 def invalid_description(
     description: hk.DescribeResponse, taken_tools: set[str], taken_providers: set[str]
 ) -> str:
     """What is wrong with a plugin's description; empty when nothing is."""
+    if description.protocol_version not in (0, PROTOCOL_VERSION):
+        return f"protocol version {description.protocol_version} (this server speaks 1)"
+    unknown_capabilities = sorted(set(description.capabilities) - set(CAPABILITIES))
+    if unknown_capabilities:
+        return f"it requires capabilities this server does not offer: {unknown_capabilities}"
     if not ID_PATTERN.fullmatch(description.name):
         return f"name {description.name!r} must be 1-128 letters, digits, '.', '_', ':', '-'"
     kinds = {f.name for f in ev.SessionEvent.DESCRIPTOR.oneofs_by_name["payload"].fields}

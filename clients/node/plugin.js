@@ -290,7 +290,12 @@ class Plugin {
     const tools = [...this.tools.values()].map((tool) => tool.definition);
     const modelDefinitions = [...this.models.values()].map((model) => model.definition);
     return {
-      name: this.name, version: this.version, subscriptions, tools, models: modelDefinitions,
+      name: this.name,
+      version: this.version,
+      subscriptions,
+      tools,
+      models: modelDefinitions,
+      protocolVersion: 1,
     };
   }
 

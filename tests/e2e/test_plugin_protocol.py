@@ -7,20 +7,32 @@ put any bytes on the wire; the size test uses `tests/plugins/configurable.py`.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
+import grpc
 import pytest
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
+from agentloop.plugin.v1 import hook_service_pb2_grpc as hk_rpc
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import agent_service_pb2 as api
 from server.config import Config
 from tests.e2e.conftest import E2E, kinds, read_turn, running_app
-from tests.e2e.registry import eventually, plugin_state, register, unregister, wait_state
+from tests.e2e.registry import (
+    eventually,
+    list_plugins,
+    plugin_state,
+    register,
+    unregister,
+    wait_state,
+)
 from tests.e2e.test_plugins import (
+    Describer,
     T,
     create_agent,
     end_reason,
     plugin_error,
+    refused,
     run_turn,
     user_text,
     wait_call_sent,
@@ -148,3 +160,53 @@ async def test_a_plugin_restarted_with_new_subscriptions_is_described_again(
     assert listed.stats.reconnects >= 1
     events = await run_turn(e2e, "a", "p")
     assert end_reason(events).WhichOneof("kind") == "rejected"
+
+
+class RecordingDescriber(Describer):
+    """Answers Describe with the description given, and keeps the requests."""
+
+    def __init__(self, description: hk.DescribeResponse) -> None:
+        super().__init__(description)
+        self.requests: list[hk.DescribeRequest] = []
+
+    async def Describe(
+        self, request: hk.DescribeRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> hk.DescribeResponse:
+        self.requests.append(request)
+        return self.description
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("protocol_version", 2, "protocol version 2"),
+        ("capabilities", ["time_travel"], "'time_travel'"),
+    ],
+)
+async def test_a_newer_protocol_or_an_unoffered_capability_is_refused(
+    e2e: E2E, field: str, value: object, reason: str
+) -> None:
+    description = hk.DescribeResponse(
+        name="future", subscriptions=[hk.Subscription(seam=hk.SEAM_PROMPT_SUBMIT)]
+    )
+    if isinstance(value, list):
+        getattr(description, field).extend(value)
+    else:
+        setattr(description, field, value)
+    describer = RecordingDescriber(description)
+    server = grpc.aio.server()
+    hk_rpc.add_HookServiceServicer_to_server(describer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        error = await refused(e2e, f"127.0.0.1:{port}")
+    finally:
+        await server.stop(0)
+
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert reason in (error.details() or "")
+    (request,) = describer.requests
+    assert request.protocol_version == 1
+    assert request.max_message_bytes == 16 * 1024 * 1024
+    assert "model_stream" in request.capabilities
+    assert await list_plugins(e2e.channel) == {}

@@ -183,6 +183,7 @@ class Registry:
             ],
             tools=[definition for definition, _ in self.tools.values()],
             models=[provider.definition for provider in self.models.values()],
+            protocol_version=1,
         )
 
     async def responses(self, call: hs.HookCall) -> AsyncGenerator[hs.HandleResponse]:

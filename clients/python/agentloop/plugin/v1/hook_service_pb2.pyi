@@ -132,16 +132,41 @@ Global___FailurePolicy: _TypeAlias = FailurePolicy  # noqa: Y015
 
 @_typing.final
 class DescribeRequest(_message.Message):
-    """DescribeRequest is the input of Describe."""
+    """DescribeRequest is the input of Describe: what the server speaks. It is
+    sent at registration and again before every reconnection of `Handle`.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
+    CAPABILITIES_FIELD_NUMBER: _builtins.int
+    protocol_version: _builtins.int
+    """ProtocolVersion is the plugin protocol version the server speaks: 1."""
+    max_message_bytes: _builtins.int
+    """MaxMessageBytes is the largest message the server sends or accepts on
+    `Handle` (its `pluginMaxMessageBytes`, 16 MiB by default). A plugin must
+    accept messages this large (gRPC's usual default is 4 MiB) and send none
+    larger. A call that would exceed it is never sent: it fails alone, with
+    kind `oversized`.
+    """
+    @_builtins.property
+    def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Capabilities are the optional features the server offers (see
+        `DescribeResponse.capabilities`). Version 1 offers "model_stream",
+        "tool_execute", "event_kinds" and "buffer_size".
+        """
+
     def __init__(
         self,
+        *,
+        protocol_version: _builtins.int = ...,
+        max_message_bytes: _builtins.int = ...,
+        capabilities: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "max_message_bytes", b"max_message_bytes", "protocol_version", b"protocol_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -158,12 +183,18 @@ class DescribeResponse(_message.Message):
     SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
     MODELS_FIELD_NUMBER: _builtins.int
+    PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
+    CAPABILITIES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Name identifies the plugin; unique among registered plugins. Same
     alphabet as agent ids.
     """
     version: _builtins.str
     """Version is free-form, for operators."""
+    protocol_version: _builtins.int
+    """ProtocolVersion is the protocol version the plugin speaks; 0 means 1. A
+    version the server does not speak refuses the registration.
+    """
     @_builtins.property
     def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Subscription]:
         """Subscriptions are the seams the plugin listens to."""
@@ -178,6 +209,13 @@ class DescribeResponse(_message.Message):
         `AgentOptions.provider`, and each model call streams through `Handle`.
         """
 
+    @_builtins.property
+    def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Capabilities are the optional features the plugin requires; one the
+        server did not offer in `DescribeRequest.capabilities` refuses the
+        registration (FAILED_PRECONDITION naming it).
+        """
+
     def __init__(
         self,
         *,
@@ -186,10 +224,12 @@ class DescribeResponse(_message.Message):
         subscriptions: _abc.Iterable[Global___Subscription] | None = ...,
         tools: _abc.Iterable[Global___ToolDefinition] | None = ...,
         models: _abc.Iterable[Global___ModelProviderDefinition] | None = ...,
+        protocol_version: _builtins.int = ...,
+        capabilities: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["models", b"models", "name", b"name", "subscriptions", b"subscriptions", "tools", b"tools", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "models", b"models", "name", b"name", "protocol_version", b"protocol_version", "subscriptions", b"subscriptions", "tools", b"tools", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
