@@ -34,7 +34,7 @@ from agentloop.v1 import stream_pb2 as st
 from server.abort import AbortSignal
 from server.errors import Aborted
 from server.plugin_description import describe_request
-from server.plugin_listeners import NoticeSlot, PluginCallFailed, PluginStats
+from server.plugin_listeners import NoticeSlot, PluginCallFailed, PluginStats, error_text
 
 log = logging.getLogger(__name__)
 
@@ -368,7 +368,11 @@ class PluginConnection:
     def _resolve(self, result: hk.HookResult) -> None:
         queue = self._streams.get(result.call_id)
         if queue is not None:  # a result ends a model stream: an error, or a finish-less end
-            why = result.error or "the model call ended without a finish chunk"
+            why = (
+                error_text(result.error)
+                if result.HasField("error")
+                else "the model call ended without a finish chunk"
+            )
             queue.put_nowait(PluginCallFailed("error", why))
             return
         future = self._pending.get(result.call_id)

@@ -173,10 +173,10 @@ class RemoteListener:
         expected = next(iter(payload))
         try:
             result = await self.caller.call(call, self.timeout, signal)
-            if result.error:  # an error wins over any decision beside it
-                raise PluginCallFailed("error", result.error)
+            kind = result.WhichOneof("outcome")
+            if kind == "error":
+                raise PluginCallFailed("error", error_text(result.error))
             check_known(result)
-            kind = result.WhichOneof("decision")
             if kind is not None and kind != expected:
                 raise PluginCallFailed("malformed", f"answered {kind} to a {expected} call")
         except PluginCallFailed as failure:
@@ -415,6 +415,25 @@ class RemoteListener:
 Next = Callable[..., Awaitable[Any]]
 
 
+def error_text(error: hk.CallError) -> str:
+    """A plugin's error as the turn's error message shows it."""
+    code = error.code or 2
+    try:
+        name = grpc_code_names[code]
+    except KeyError:
+        name = f"code {code}"
+    return f"{name}: {error.message}" if error.message else name
+
+
+grpc_code_names = {
+    1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED",
+    5: "NOT_FOUND", 6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED",
+    9: "FAILED_PRECONDITION", 10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED",
+    13: "INTERNAL", 14: "UNAVAILABLE", 15: "DATA_LOSS", 16: "UNAUTHENTICATED",
+}  # fmt: skip
+"""`google.rpc.Code` names by number (the core imports no grpc)."""
+
+
 def check_known(result: hk.HookResult) -> None:
     """Refuse a result carrying fields this server does not know.
 
@@ -480,10 +499,11 @@ def remote_tool(
         call.timeout.FromNanoseconds(int(timeout * 1e9))
         try:
             result = await caller.call(call, timeout, exec.signal or NEVER)
-            kind = result.WhichOneof("decision")
-            if not result.error:
-                check_known(result)
-            if not result.error and kind not in (None, "tool_execute"):
+            kind = result.WhichOneof("outcome")
+            if kind == "error":
+                raise PluginCallFailed("error", error_text(result.error))
+            check_known(result)
+            if kind not in (None, "tool_execute"):
                 raise PluginCallFailed("malformed", f"answered {kind} to a tool_execute call")
         except PluginCallFailed as failure:
             stats.errors += failure.kind != "timeout"
@@ -492,13 +512,6 @@ def remote_tool(
                 f"{failure.kind}: {failure}",
                 f"PLUGIN_{failure.kind.upper()}",
             ) from None
-        if result.error:
-            stats.errors += 1
-            raise TurnFatal(
-                f'plugin "{plugin}" failed at tools/execute ({definition.name}): '
-                f"error: {result.error}",
-                "PLUGIN_ERROR",
-            )
         output = result.tool_execute
         meta = json_format.MessageToDict(output.meta) if output.HasField("meta") else None
         return ToolReturn(

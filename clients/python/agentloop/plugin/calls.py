@@ -101,6 +101,11 @@ def duration(seconds: float) -> duration_pb2.Duration:
     return result
 
 
+def failure(call_id: str, message: str) -> hs.HookResult:
+    """The answer of a call the plugin failed to handle (code UNKNOWN)."""
+    return hs.HookResult(call_id=call_id, error=hs.CallError(code=2, message=message))
+
+
 def error_text(exc: BaseException) -> str:
     """The text `HookResult.error` carries for an exception."""
     return str(exc) or type(exc).__name__
@@ -248,7 +253,7 @@ class Registry:
                 getattr(result, payload).CopyFrom(decision)
         except Exception as exc:
             log.warning("plugin %s: call %s failed: %s", self.name, call.call_id, exc)
-            result = hs.HookResult(call_id=call.call_id, error=error_text(exc))
+            result = failure(call.call_id, error_text(exc))
         return result
 
     async def _run_tool(self, call: hs.HookCall) -> hs.ToolOutput:

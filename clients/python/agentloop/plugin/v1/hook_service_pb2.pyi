@@ -684,7 +684,6 @@ class HookResult(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CALL_ID_FIELD_NUMBER: _builtins.int
-    ERROR_FIELD_NUMBER: _builtins.int
     PROMPT_SUBMIT_FIELD_NUMBER: _builtins.int
     SESSION_PREFIX_FIELD_NUMBER: _builtins.int
     PRE_STEP_FIELD_NUMBER: _builtins.int
@@ -695,12 +694,9 @@ class HookResult(_message.Message):
     TOOL_PRE_EXECUTE_FIELD_NUMBER: _builtins.int
     TOOL_POST_EXECUTE_FIELD_NUMBER: _builtins.int
     TOOL_EXECUTE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     """CallID is the call answered."""
-    error: _builtins.str
-    """Error reports that the plugin failed to handle the call; the failure
-    policy applies.
-    """
     @_builtins.property
     def prompt_submit(self) -> _decision_pb2.PromptDecision:
         """PromptSubmit decides a prompt."""
@@ -741,11 +737,16 @@ class HookResult(_message.Message):
     def tool_execute(self) -> Global___ToolOutput:
         """ToolExecute is the output of a plugin tool."""
 
+    @_builtins.property
+    def error(self) -> Global___CallError:
+        """Error reports that the plugin failed to handle the call; the failure
+        policy applies. It is for operators: the model never sees it.
+        """
+
     def __init__(
         self,
         *,
         call_id: _builtins.str = ...,
-        error: _builtins.str = ...,
         prompt_submit: _decision_pb2.PromptDecision | None = ...,
         session_prefix: Global___SessionPrefixResult | None = ...,
         pre_step: Global___PreStepResult | None = ...,
@@ -756,16 +757,45 @@ class HookResult(_message.Message):
         tool_pre_execute: _decision_pb2.PreToolDecision | None = ...,
         tool_post_execute: _decision_pb2.PostToolDecision | None = ...,
         tool_execute: Global___ToolOutput | None = ...,
+        error: Global___CallError | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_prefix", b"session_prefix", "step_result", b"step_result", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_prefix", b"session_prefix", "step_result", b"step_result", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "decision", b"decision", "error", b"error", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_prefix", b"session_prefix", "step_result", b"step_result", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "error", b"error", "outcome", b"outcome", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_prefix", b"session_prefix", "step_result", b"step_result", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_decision: _TypeAlias = _typing.Literal["prompt_submit", "session_prefix", "pre_step", "request", "step_result", "turn_continuation", "turn_stop", "tool_pre_execute", "tool_post_execute", "tool_execute"]  # noqa: Y015
-    _WhichOneofArgType_decision: _TypeAlias = _typing.Literal["decision", b"decision"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_decision) -> _WhichOneofReturnType_decision | None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["prompt_submit", "session_prefix", "pre_step", "request", "step_result", "turn_continuation", "turn_stop", "tool_pre_execute", "tool_post_execute", "tool_execute", "error"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
 
 Global___HookResult: _TypeAlias = HookResult  # noqa: Y015
+
+@_typing.final
+class CallError(_message.Message):
+    """CallError is a plugin's failure to handle a call, shaped like
+    `google.rpc.Status`.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """Code is a `google.rpc.Code` number (2 = UNKNOWN when in doubt)."""
+    message: _builtins.str
+    """Message says what went wrong."""
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CallError: _TypeAlias = CallError  # noqa: Y015
 
 @_typing.final
 class PromptSubmitCall(_message.Message):
