@@ -71,7 +71,7 @@ class SeamSpec:
 
     seam: hs.Seam.ValueType
     payload: str
-    """The field of `HookCall.payload`, and of `HookResult.decision` when answered."""
+    """The field of `HookCall.payload`, and of `HookResult.outcome` when answered."""
     decision: type[ProtoMessage] | None
     """The decision type; None for an observer."""
 
