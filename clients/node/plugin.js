@@ -387,6 +387,8 @@ class Plugin {
  * @param {string} [options.token] when set, the server must send
  *   `authorization: Bearer <token>` metadata (UNAUTHENTICATED otherwise)
  * @param {Console} [options.logger=console] where observer failures are reported
+ * @param {number} [options.maxMessageBytes=16 MiB] gRPC message limits; at least the
+ *   server's `pluginMaxMessageBytes`
  * @returns {Plugin}
  */
 function createPlugin(options) {
