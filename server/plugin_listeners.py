@@ -146,9 +146,13 @@ class RemoteListener:
     slot: NoticeSlot = field(default_factory=NoticeSlot)
     """The buffer share of an observer subscription."""
 
+    event_kinds: frozenset[str] = frozenset()
+    """The session event kinds asked for (empty: all), read once: checked per event."""
+
     def __post_init__(self) -> None:
         if self.subscription.buffer_size:
             self.slot.limit = self.subscription.buffer_size
+        self.event_kinds = frozenset(self.subscription.event_kinds)
 
     @property
     def seam_name(self) -> str:
@@ -394,7 +398,7 @@ class RemoteListener:
 
     def on_session_event(self, agent: Any, event: ev.SessionEvent) -> None:
         """Forward a session event, when its kind is one the plugin asked for."""
-        kinds = self.subscription.event_kinds
+        kinds = self.event_kinds
         if kinds and event.WhichOneof("payload") not in kinds:
             return
         if self.caller.admit(self.slot):
