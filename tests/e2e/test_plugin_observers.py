@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
 
+from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from tests.e2e.conftest import E2E, read_turn
@@ -54,3 +56,33 @@ async def test_a_small_observer_buffer_drops_and_counts_every_dropped_event(
     assert dropped > 0
     stats = (await plugin_state(e2e.channel, "watcher")).stats
     assert stats.dropped_notifications >= dropped
+
+
+async def test_notifications_buffered_when_the_plugin_dies_are_counted_dropped(
+    e2e: E2E, launcher: PluginLauncher, tmp_path: Path
+) -> None:
+    path = tmp_path / "seen.txt"
+    plugin = await launcher.start(
+        configurable("python", "--name", "stalled", "--observe-file", str(path),
+                     "--buffer", "100000")
+    )  # fmt: skip
+    await register(e2e.channel, plugin.address)
+    await create_agent(e2e, "flood", script=[agent_pb2.ScriptedStep(text="ok")] * 60)
+    # Stopped, it reads nothing: once the socket buffers and the stream's flow-control
+    # window are full (far less than 60 turns of 500 kB prompts), notifications wait
+    # in the server's buffer, which is big enough for all of them.
+    plugin.process.send_signal(signal.SIGSTOP)
+    for _ in range(60):
+        sent = await e2e.agents.SendMessage(
+            api.SendMessageRequest(agent_id="flood", text="x" * 500_000), timeout=T
+        )
+        await read_turn(e2e.agents, "flood", sent.next_seq)
+    assert (await plugin_state(e2e.channel, "stalled")).stats.dropped_notifications == 0
+
+    await plugin.kill()
+
+    async def counted() -> bool:
+        listed = await plugin_state(e2e.channel, "stalled")
+        return listed.state != reg.PLUGIN_STATE_READY and listed.stats.dropped_notifications > 0
+
+    await eventually(counted, "the notifications buffered at the disconnect to be counted")
