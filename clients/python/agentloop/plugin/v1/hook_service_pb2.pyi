@@ -115,7 +115,9 @@ class _FailurePolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Failure
     FAILURE_POLICY_UNSPECIFIED: _FailurePolicy.ValueType  # 0
     """Unset means FAIL_CLOSED."""
     FAILURE_POLICY_FAIL_CLOSED: _FailurePolicy.ValueType  # 1
-    """A failure ends the turn with reason `error`."""
+    """A failure ends the turn with reason `error`, on every seam (at a tool
+    seam the call gets a neutral error result first).
+    """
     FAILURE_POLICY_FAIL_OPEN: _FailurePolicy.ValueType  # 2
     """A failure skips the plugin for that call; the skip is counted."""
 
@@ -125,7 +127,9 @@ class FailurePolicy(_FailurePolicy, metaclass=_FailurePolicyEnumTypeWrapper):
 FAILURE_POLICY_UNSPECIFIED: FailurePolicy.ValueType  # 0
 """Unset means FAIL_CLOSED."""
 FAILURE_POLICY_FAIL_CLOSED: FailurePolicy.ValueType  # 1
-"""A failure ends the turn with reason `error`."""
+"""A failure ends the turn with reason `error`, on every seam (at a tool
+seam the call gets a neutral error result first).
+"""
 FAILURE_POLICY_FAIL_OPEN: FailurePolicy.ValueType  # 2
 """A failure skips the plugin for that call; the skip is counted."""
 Global___FailurePolicy: _TypeAlias = FailurePolicy  # noqa: Y015
@@ -426,7 +430,7 @@ class HandleResponse(_message.Message):
     @_builtins.property
     def result(self) -> Global___HookResult:
         """Result answers the call with the same call id. For a `model_stream`
-        call, a result ends the stream: with `error` set it fails the model call.
+        call, a result ends the call as failed (with `error` set, its reason).
         """
 
     @_builtins.property
