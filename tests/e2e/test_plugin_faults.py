@@ -13,6 +13,7 @@ import pytest
 from server.tool_pipeline import FATAL_TEXT
 from tests.e2e.conftest import E2E, kinds, of_kind, text_of
 from tests.e2e.registry import register
+from tests.e2e.test_plugin_protocol import rogue
 from tests.e2e.test_plugins import create_agent, end_reason, run_turn, step
 from tests.processes import PluginLauncher, configurable
 
@@ -61,3 +62,22 @@ async def test_a_failing_tool_seam_plugin_ends_the_turn_error(
     assert text_of(result.tool_result.content) == FATAL_TEXT
     assert "10.9.8.7" not in str(events[:-1]) and "ipv4" not in str(events[:-1])
     assert [e.tool_call.call_id for e in of_kind(events, "tool_call")] == ["a1"]
+
+
+async def test_a_handle_stream_ended_with_an_error_status_fails_the_tool_call_closed(
+    e2e: E2E, launcher: PluginLauncher
+) -> None:
+    plugin = await launcher.start(rogue("--name", "aborter", "--pre-execute", "--abort"))
+    await register(e2e.channel, plugin.address)
+    await create_agent(e2e, "victim", tools=["echo"], script=[step(("a1", "echo", {"text": "x"}))])
+
+    events = await run_turn(e2e, "victim", "go")
+
+    reason = end_reason(events)
+    assert reason.WhichOneof("kind") == "error", reason
+    assert reason.error.code == "PLUGIN_DISCONNECTED", reason.error
+    assert 'plugin "aborter" failed at tools/pre-execute' in reason.error.message
+    assert "INTERNAL" in reason.error.message  # the operator sees the status ...
+    (result,) = of_kind(events, "tool_result")
+    assert text_of(result.tool_result.content) == FATAL_TEXT  # ... the model does not
+    assert "10.9.8.7" not in str(events[:-1])

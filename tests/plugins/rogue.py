@@ -9,7 +9,11 @@ prints `plugin NAME listening on HOST:PORT`, then serves until killed. It subscr
 - `--extras`: before each answer it sends a result for an unknown call id, and after
   it the same answer again (a duplicate);
 - `--unknown-kind`: it answers with a field number no `HookResult` has (a decision
-  of a kind from a newer protocol).
+  of a kind from a newer protocol);
+- `--abort`: it ends the `Handle` stream with status INTERNAL (naming an address)
+  instead of answering.
+
+With `--pre-execute` it subscribes to `tools/pre-execute` instead (answering "allow").
 """
 
 from __future__ import annotations
@@ -44,14 +48,14 @@ class Rogue:
         self.garbage_left = args.garbage
 
     async def describe(self, request: hk.DescribeRequest, context: Any) -> hk.DescribeResponse:
+        seam = hk.SEAM_TOOLS_PRE_EXECUTE if self.args.pre_execute else hk.SEAM_PROMPT_SUBMIT
         return hk.DescribeResponse(
             name=self.args.name,
             version="rogue",
             subscriptions=[
-                hk.Subscription(seam=hk.SEAM_PROMPT_SUBMIT,
-                                failure_policy=hk.FAILURE_POLICY_FAIL_CLOSED)
+                hk.Subscription(seam=seam, failure_policy=hk.FAILURE_POLICY_FAIL_CLOSED)
             ],
-        )  # fmt: skip
+        )
 
     def answer(self, call: hk.HookCall) -> list[bytes]:
         """The bytes written for one call, in order."""
@@ -60,6 +64,10 @@ class Rogue:
             return [GARBAGE]
         if self.args.unknown_kind:
             return [unknown_kind(call.call_id)]
+        if self.args.pre_execute:
+            return [
+                hk.HandleResponse(result=hk.HookResult(call_id=call.call_id)).SerializeToString()
+            ]
         text = "".join(b.text.text for b in call.prompt_submit.content) + "-R"
         decision = d.PromptDecision(
             allow=d.PromptAllow(content=[c.ContentBlock(text=c.TextBlock(text=text))])
@@ -74,8 +82,10 @@ class Rogue:
 
     async def handle(self, requests: AsyncIterator[hk.HandleRequest], context: Any) -> None:
         async for request in requests:
-            if request.WhichOneof("kind") != "call" or not request.call.HasField("prompt_submit"):
+            if request.WhichOneof("kind") != "call":
                 continue
+            if self.args.abort:
+                await context.abort(grpc.StatusCode.INTERNAL, "backend 10.9.8.7:6 refused")
             for raw in self.answer(request.call):
                 await context.write(raw)
 
@@ -115,6 +125,8 @@ def main() -> None:
     parser.add_argument("--garbage", type=int, default=0)
     parser.add_argument("--extras", action="store_true")
     parser.add_argument("--unknown-kind", action="store_true")
+    parser.add_argument("--abort", action="store_true")
+    parser.add_argument("--pre-execute", action="store_true")
     asyncio.run(serve(parser.parse_args()))
 
 
