@@ -7,8 +7,7 @@ import sys
 
 import pytest
 
-from tests.e2e.test_plugin_protocol import rogue
-from tests.processes import PluginLauncher, configurable, guard_example
+from tests.processes import PluginLauncher, configurable, guard_example, rogue
 
 CHECK_TIMEOUT = 60.0
 """How long one checker run may take (a hanging plugin costs it one deadline)."""

@@ -13,9 +13,8 @@ import pytest
 from server.tool_pipeline import FATAL_TEXT
 from tests.e2e.conftest import E2E, kinds, of_kind, text_of
 from tests.e2e.registry import register
-from tests.e2e.test_plugin_protocol import rogue
 from tests.e2e.test_plugins import create_agent, end_reason, run_turn, step
-from tests.processes import PluginLauncher, configurable
+from tests.processes import PluginLauncher, configurable, rogue
 
 SEAMS = {
     "pre-execute": "tools/pre-execute",

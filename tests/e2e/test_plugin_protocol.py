@@ -6,7 +6,6 @@ put any bytes on the wire; the size test uses `tests/plugins/configurable.py`.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import grpc
@@ -37,14 +36,9 @@ from tests.e2e.test_plugins import (
     user_text,
     wait_call_sent,
 )
-from tests.processes import TEST_PLUGINS, PluginLauncher, configurable
+from tests.processes import PluginLauncher, configurable, rogue
 
 pytestmark = pytest.mark.usefixtures("without_tokens")
-
-
-def rogue(*flags: str) -> list[str]:
-    """The command line of the rogue test plugin (without --listen)."""
-    return [sys.executable, str(TEST_PLUGINS / "rogue.py"), *flags]
 
 
 async def test_garbage_bytes_reset_the_stream_and_the_plugin_recovers(
