@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.processes import PluginLauncher, configurable, guard_example, rogue
+from tests.processes import REPO, PluginLauncher, configurable, guard_example, rogue
 
 CHECK_TIMEOUT = 60.0
 """How long one checker run may take (a hanging plugin costs it one deadline)."""
@@ -35,6 +35,18 @@ async def test_the_example_plugins_conform(launcher: PluginLauncher, lang: str) 
     assert "PASS describe" in output and "PASS prompt_submit" in output
     assert "PASS a cancel and a missed deadline, then a call: it is answered" in output
     assert output.strip().endswith("the plugin conforms")
+
+
+async def test_the_model_example_conforms(launcher: PluginLauncher) -> None:
+    plugin = await launcher.start(
+        [sys.executable, str(REPO / "clients/python/examples/model_plugin.py")]
+    )
+
+    code, output = await run_check(plugin.address)
+
+    assert code == 0, output
+    assert "PASS model plugin-echo" in output
+    assert "PASS a cancel and a missed deadline, then a call: it is answered" in output
 
 
 @pytest.mark.parametrize(

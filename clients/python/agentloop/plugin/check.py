@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Callable
 
 import grpc
 
@@ -181,8 +182,13 @@ async def conversation(
     probe = next((s for s in description.subscriptions if s.seam in BY_SEAM
                   and BY_SEAM[s.seam].decision is not None), None)  # fmt: skip
     if probe is not None:
-        payload = BY_SEAM[probe.seam].payload
-        await withdrawn(session, report, payload, seconds)
+        await withdrawn(session, report, sample(BY_SEAM[probe.seam].payload), seconds)
+    elif description.tools:
+        await withdrawn(session, report, sample("tool_execute", tool=description.tools[0].name),
+                        seconds)  # fmt: skip
+    elif description.models:
+        model = sample("model_stream", provider=description.models[0].provider)
+        await withdrawn(session, report, model, seconds)
     twice = [call_id for call_id, queue in session.answers.items() if not queue.empty()]
     if twice:
         report.fail("call ids", f"answered more than once: {sorted(twice)}")
@@ -192,20 +198,27 @@ async def conversation(
         report.fail("stream", session.broken)
 
 
-async def withdrawn(session: Session, report: Report, payload: str, seconds: float) -> None:
+def sample(payload: str, **names: str) -> Callable[[str], hs.HookCall]:
+    """Sample calls of one kind, by call id."""
+    return lambda call_id: sample_call(call_id, payload, **names)
+
+
+async def withdrawn(
+    session: Session, report: Report, make: Callable[[str], hs.HookCall], seconds: float
+) -> None:
     """A call cancelled at once, then one past its deadline: the stream must go on serving."""
     # Answers after a cancel are ignored by the server: allowed, not needed.
     session.withdrawn.update(("x-cancel", "x-late"))
-    cancelled = sample_call("x-cancel", payload)
+    cancelled = make("x-cancel")
     await session.send(cancelled)
     await session.cancel(cancelled.call_id, "the turn was cancelled")
-    late = sample_call("x-late", payload)
+    late = make("x-late")
     late.timeout.FromNanoseconds(1_000_000)
     await session.send(late)
     await asyncio.sleep(0.001)
     await session.cancel(late.call_id, "deadline exceeded")
     await asyncio.sleep(QUIET)
-    after = sample_call("x-after", payload)
+    after = make("x-after")
     label = "a cancel and a missed deadline, then a call: it is answered"
     await run_call(session, report, label, after, seconds, answered_only=True)
 
