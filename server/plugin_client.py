@@ -168,7 +168,7 @@ class PluginConnection:
             raise
         finally:
             self._pending.pop(call.call_id, None)
-            self.stats.record(call.seam, time.perf_counter() - started)
+            self.stats.record(call, time.perf_counter() - started)
 
     async def stream(
         self, call: hk.HookCall, seconds: float, signal: AbortSignal
@@ -208,7 +208,7 @@ class PluginConnection:
             self._streams.pop(call.call_id, None)
             if not finished:
                 self._cancel(call.call_id, "the model call was closed")
-            self.stats.record(call.seam, time.perf_counter() - started)
+            self.stats.record(call, time.perf_counter() - started)
 
     def admit(self, slot: NoticeSlot) -> bool:
         """Room for one more notification of `slot`; if none, it is counted dropped."""

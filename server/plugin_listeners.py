@@ -122,12 +122,13 @@ class PluginStats:
     oversized: int = 0
     protocol_errors: int = 0
     unexpected_results: int = 0
-    latencies: dict[int, deque[float]] = field(default_factory=dict)
-    """Per contract seam, the latest call latencies in seconds."""
+    latencies: dict[tuple[int, int], deque[float]] = field(default_factory=dict)
+    """Per (call kind, contract seam), the latest call latencies in seconds."""
 
-    def record(self, seam: int, seconds: float) -> None:
-        """Keep one latency sample (the latest 1000 per seam)."""
-        self.latencies.setdefault(seam, deque(maxlen=1000)).append(seconds)
+    def record(self, call: hk.HookCall, seconds: float) -> None:
+        """Keep one latency sample of `call` (the latest 1000 per kind and seam)."""
+        key = (call.kind, call.seam)
+        self.latencies.setdefault(key, deque(maxlen=1000)).append(seconds)
 
 
 _call_ids = itertools.count(1)
@@ -166,6 +167,7 @@ class RemoteListener:
         seam = self.subscription.seam
         call = hk.HookCall(
             call_id=f"c{next(_call_ids)}",
+            kind=hk.CALL_KIND_SEAM,
             seam=seam,
             agent_id=agent_id,
             session_id=self.session_of(agent_id),
@@ -202,6 +204,7 @@ class RemoteListener:
         """Send an observer notification (admitted already)."""
         call = hk.HookCall(
             call_id=f"n{next(_call_ids)}",
+            kind=hk.CALL_KIND_NOTIFICATION,
             seam=self.subscription.seam,
             agent_id=agent_id,
             session_id=self.session_of(agent_id),
@@ -493,7 +496,7 @@ def remote_tool(
     async def execute(exec: ToolExecution) -> ToolReturn:
         call = hk.HookCall(
             call_id=f"t{next(_call_ids)}",
-            seam=hk.SEAM_TOOL_EXECUTE,
+            kind=hk.CALL_KIND_TOOL_EXECUTE,
             agent_id=exec.agent_id,
             session_id=session_of(exec.agent_id),
             turn=exec.turn,
@@ -567,7 +570,7 @@ class PluginModel:
         """Stream one model call from the plugin; a failure is a coded turn error."""
         call = hk.HookCall(
             call_id=f"m{next(_call_ids)}",
-            seam=hk.SEAM_MODEL_STREAM,
+            kind=hk.CALL_KIND_MODEL_STREAM,
             agent_id=request.agent_id,
             session_id=request.session_id,
             turn=request.turn,

@@ -232,12 +232,13 @@ def describe(plugin: RegisteredPlugin) -> reg.Plugin:
     """The `Plugin` resource of a registered plugin."""
     stats = plugin.stats
     latencies = []
-    for seam, samples in sorted(stats.latencies.items()):
+    for (kind, seam), samples in sorted(stats.latencies.items()):
         ordered = sorted(samples)
         p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
         latencies.append(
             reg.SeamLatency(
                 seam=seam,  # type: ignore[arg-type]
+                kind=kind,  # type: ignore[arg-type]
                 calls=len(ordered),
                 p50=seconds_to_duration(statistics.median(ordered)),
                 p99=seconds_to_duration(p99),

@@ -39,7 +39,7 @@ def tool_call(call_id: str, name: str, arguments: str) -> hs.HookCall:
     invocation = hs.ToolInvocation(call_id="m-" + call_id, name=name, arguments=arguments)
     return hs.HookCall(
         call_id=call_id,
-        seam=hs.SEAM_TOOL_EXECUTE,
+        kind=hs.CALL_KIND_TOOL_EXECUTE,
         tool_execute=hs.ToolExecuteCall(invocation=invocation),
     )
 

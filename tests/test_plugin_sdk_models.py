@@ -37,7 +37,7 @@ def model_call(
     )
     call = hs.HookCall(
         call_id=call_id,
-        seam=hs.SEAM_MODEL_STREAM,
+        kind=hs.CALL_KIND_MODEL_STREAM,
         agent_id="a1",
         turn=1,
         step=1,

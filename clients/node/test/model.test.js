@@ -12,7 +12,7 @@ const user = (text) => ({ role: 'ROLE_USER', content: [{ text: { text } }] });
 function modelCall(callId, provider, { messages = [user('hi')], model = '', timeout } = {}) {
   return {
     callId,
-    seam: 'SEAM_MODEL_STREAM',
+    kind: 'CALL_KIND_MODEL_STREAM',
     agentId: 'a1',
     turn: 1,
     step: 1,

@@ -19,7 +19,7 @@ const prompt = (callId, value) => ({
 });
 const invocation = (callId, name, args) => ({ invocation: { callId: `m-${callId}`, name, arguments: args } });
 const toolCall = (callId, name, args) =>
-  ({ callId, seam: 'SEAM_TOOL_EXECUTE', toolExecute: invocation(callId, name, args) });
+  ({ callId, kind: 'CALL_KIND_TOOL_EXECUTE', toolExecute: invocation(callId, name, args) });
 const preTool = (callId, name) =>
   ({ callId, seam: 'SEAM_TOOLS_PRE_EXECUTE', toolPreExecute: invocation(callId, name, '{}') });
 

@@ -132,14 +132,15 @@ def sample_call(call_id: str, payload: str, *, tool: str = "", provider: str = "
             messages=[c.Message(role=c.ROLE_USER, content=text("hello"))],
         ),
     }
-    seam = BY_PAYLOAD[payload].seam if payload in BY_PAYLOAD else hs.SEAM_UNSPECIFIED
-    if payload == "tool_execute":
-        seam = hs.SEAM_TOOL_EXECUTE
-    if payload == "model_stream":
-        seam = hs.SEAM_MODEL_STREAM
+    spec = BY_PAYLOAD.get(payload)
+    kinds = {"tool_execute": hs.CALL_KIND_TOOL_EXECUTE, "model_stream": hs.CALL_KIND_MODEL_STREAM}
+    kind = kinds.get(payload, hs.CALL_KIND_SEAM)
+    if spec is not None and spec.decision is None:
+        kind = hs.CALL_KIND_NOTIFICATION
     call = hs.HookCall(
-        call_id=call_id, seam=seam, agent_id="checker", session_id="checker-session", turn=1,
-        step=1, **{payload: payloads[payload]},  # type: ignore[arg-type]
+        call_id=call_id, kind=kind, seam=spec.seam if spec else hs.SEAM_UNSPECIFIED,
+        agent_id="checker", session_id="checker-session", turn=1, step=1,
+        **{payload: payloads[payload]},  # type: ignore[arg-type]
     )  # fmt: skip
     call.timeout.FromSeconds(5)
     return call

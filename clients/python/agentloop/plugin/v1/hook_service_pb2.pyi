@@ -58,14 +58,6 @@ class _SeamEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Seam.ValueType],
     """Observer of the live agent events."""
     SEAM_TOOLS_RESULT: _Seam.ValueType  # 12
     """Observer of every final tool result (`tools/result`)."""
-    SEAM_TOOL_EXECUTE: _Seam.ValueType  # 13
-    """A call of one of the plugin's own tools. Not a subscription: it marks
-    `tool_execute` calls and their latencies.
-    """
-    SEAM_MODEL_STREAM: _Seam.ValueType  # 14
-    """A model call to a provider the plugin serves. Not a subscription: it marks
-    `model_stream` calls and their latencies.
-    """
 
 class Seam(_Seam, metaclass=_SeamEnumTypeWrapper):
     """Seam names a point of the loop a plugin can subscribe to."""
@@ -96,15 +88,55 @@ SEAM_AGENT_EVENTS: Seam.ValueType  # 11
 """Observer of the live agent events."""
 SEAM_TOOLS_RESULT: Seam.ValueType  # 12
 """Observer of every final tool result (`tools/result`)."""
-SEAM_TOOL_EXECUTE: Seam.ValueType  # 13
-"""A call of one of the plugin's own tools. Not a subscription: it marks
-`tool_execute` calls and their latencies.
-"""
-SEAM_MODEL_STREAM: Seam.ValueType  # 14
-"""A model call to a provider the plugin serves. Not a subscription: it marks
-`model_stream` calls and their latencies.
-"""
 Global___Seam: _TypeAlias = Seam  # noqa: Y015
+
+class _CallKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CallKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CallKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CALL_KIND_UNSPECIFIED: _CallKind.ValueType  # 0
+    """Not set (never sent)."""
+    CALL_KIND_SEAM: _CallKind.ValueType  # 1
+    """A call of a subscribed transforming seam or checkpoint (`HookCall.seam`
+    names it), answered by one `HookResult`.
+    """
+    CALL_KIND_NOTIFICATION: _CallKind.ValueType  # 2
+    """An observer notification (`HookCall.seam` names the observer seam); it
+    gets no answer.
+    """
+    CALL_KIND_TOOL_EXECUTE: _CallKind.ValueType  # 3
+    """A call of one of the plugin's tools (`tool_execute` payload), answered by
+    one `HookResult`; `seam` is unset.
+    """
+    CALL_KIND_MODEL_STREAM: _CallKind.ValueType  # 4
+    """A model call to a provider the plugin serves (`model_stream` payload),
+    answered by `ModelChunk`s; `seam` is unset.
+    """
+
+class CallKind(_CallKind, metaclass=_CallKindEnumTypeWrapper):
+    """CallKind says what a `HookCall` asks for, and so how it is answered."""
+
+CALL_KIND_UNSPECIFIED: CallKind.ValueType  # 0
+"""Not set (never sent)."""
+CALL_KIND_SEAM: CallKind.ValueType  # 1
+"""A call of a subscribed transforming seam or checkpoint (`HookCall.seam`
+names it), answered by one `HookResult`.
+"""
+CALL_KIND_NOTIFICATION: CallKind.ValueType  # 2
+"""An observer notification (`HookCall.seam` names the observer seam); it
+gets no answer.
+"""
+CALL_KIND_TOOL_EXECUTE: CallKind.ValueType  # 3
+"""A call of one of the plugin's tools (`tool_execute` payload), answered by
+one `HookResult`; `seam` is unset.
+"""
+CALL_KIND_MODEL_STREAM: CallKind.ValueType  # 4
+"""A model call to a provider the plugin serves (`model_stream` payload),
+answered by `ModelChunk`s; `seam` is unset.
+"""
+Global___CallKind: _TypeAlias = CallKind  # noqa: Y015
 
 class _FailurePolicy:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -491,6 +523,7 @@ class HookCall(_message.Message):
 
     CALL_ID_FIELD_NUMBER: _builtins.int
     SEAM_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
     AGENT_ID_FIELD_NUMBER: _builtins.int
     SESSION_ID_FIELD_NUMBER: _builtins.int
     TURN_FIELD_NUMBER: _builtins.int
@@ -513,7 +546,11 @@ class HookCall(_message.Message):
     call_id: _builtins.str
     """CallID identifies the call on this stream; the result repeats it."""
     seam: Global___Seam.ValueType
-    """Seam is the seam being called."""
+    """Seam is the seam being called, for seam calls and notifications; unset
+    for tool and model calls.
+    """
+    kind: Global___CallKind.ValueType
+    """Kind says what the call asks for and how it is answered."""
     agent_id: _builtins.str
     """AgentID is the agent whose loop makes the call."""
     session_id: _builtins.str
@@ -591,6 +628,7 @@ class HookCall(_message.Message):
         *,
         call_id: _builtins.str = ...,
         seam: Global___Seam.ValueType = ...,
+        kind: Global___CallKind.ValueType = ...,
         agent_id: _builtins.str = ...,
         session_id: _builtins.str = ...,
         turn: _builtins.int = ...,
@@ -613,7 +651,7 @@ class HookCall(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "model_stream", b"model_stream", "payload", b"payload", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_event", b"session_event", "session_prefix", b"session_prefix", "step_result", b"step_result", "timeout", b"timeout", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "tool_result", b"tool_result", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "agent_id", b"agent_id", "call_id", b"call_id", "model_stream", b"model_stream", "payload", b"payload", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "seam", b"seam", "session_event", b"session_event", "session_id", b"session_id", "session_prefix", b"session_prefix", "step", b"step", "step_result", b"step_result", "timeout", b"timeout", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "tool_result", b"tool_result", "turn", b"turn", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "agent_id", b"agent_id", "call_id", b"call_id", "kind", b"kind", "model_stream", b"model_stream", "payload", b"payload", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "seam", b"seam", "session_event", b"session_event", "session_id", b"session_id", "session_prefix", b"session_prefix", "step", b"step", "step_result", b"step_result", "timeout", b"timeout", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "tool_result", b"tool_result", "turn", b"turn", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["prompt_submit", "session_prefix", "pre_step", "request", "step_result", "turn_continuation", "turn_stop", "tool_pre_execute", "tool_post_execute", "tool_execute", "session_event", "agent_event", "tool_result", "model_stream"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015

@@ -346,11 +346,16 @@ class SeamLatency(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SEAM_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
     CALLS_FIELD_NUMBER: _builtins.int
     P50_FIELD_NUMBER: _builtins.int
     P99_FIELD_NUMBER: _builtins.int
     seam: _hook_service_pb2.Seam.ValueType
-    """Seam is the seam."""
+    """Seam is the seam; unset for tool and model calls."""
+    kind: _hook_service_pb2.CallKind.ValueType
+    """Kind is the kind of the calls measured (seam calls, tool calls or model
+    calls).
+    """
     calls: _builtins.int
     """Calls counts the calls measured."""
     @_builtins.property
@@ -365,13 +370,14 @@ class SeamLatency(_message.Message):
         self,
         *,
         seam: _hook_service_pb2.Seam.ValueType = ...,
+        kind: _hook_service_pb2.CallKind.ValueType = ...,
         calls: _builtins.int = ...,
         p50: _duration_pb2.Duration | None = ...,
         p99: _duration_pb2.Duration | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["p50", b"p50", "p99", b"p99"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "p50", b"p50", "p99", b"p99", "seam", b"seam"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "kind", b"kind", "p50", b"p50", "p99", b"p99", "seam", b"seam"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
