@@ -1,6 +1,7 @@
 """A plugin for the benchmark: the SDK, subscribed to every seam, always "continue".
 
-With `--turn-end-only` its session-event observer asks for `turn_end` events only.
+With `--turn-end-only` its session-event observer asks for `turn_end` events only;
+with `--observer-only` it is nothing but a session-event observer of every event.
 Prints "plugin every-seam listening on HOST:PORT" when ready.
 """
 
@@ -23,15 +24,19 @@ async def observe(call: Any) -> None:
     """Notifications need no answer."""
 
 
-for decorator in (
-    plugin.prompt_submit, plugin.session_prefix, plugin.pre_step, plugin.request,
-    plugin.step_result, plugin.turn_continuation, plugin.turn_stop,
-    plugin.tools_pre_execute, plugin.tools_post_execute,
-):  # fmt: skip
-    decorator()(proceed)
-plugin.on_session_event(event_kinds=["turn_end"] if "--turn-end-only" in sys.argv else [])(observe)
-for observer in (plugin.on_agent_event, plugin.on_tool_result):
-    observer()(observe)
+if "--observer-only" in sys.argv:
+    plugin.on_session_event()(observe)
+else:
+    for decorator in (
+        plugin.prompt_submit, plugin.session_prefix, plugin.pre_step, plugin.request,
+        plugin.step_result, plugin.turn_continuation, plugin.turn_stop,
+        plugin.tools_pre_execute, plugin.tools_post_execute,
+    ):  # fmt: skip
+        decorator()(proceed)
+    kinds = ["turn_end"] if "--turn-end-only" in sys.argv else []
+    plugin.on_session_event(event_kinds=kinds)(observe)
+    for observer in (plugin.on_agent_event, plugin.on_tool_result):
+        observer()(observe)
 
 if __name__ == "__main__":
     plugin.run("127.0.0.1:0")

@@ -1,10 +1,11 @@
 """Measure remote seams: one call on an open plugin stream, and a step with a plugin on every seam.
 
-    python -m bench.plugin_bench [--calls N] [--turns N]
+    python -m bench.plugin_bench [--calls N] [--turns N] [--chunk-turns N]
 
 Both plugins run as separate processes, as they would in production:
 - a bare `Handle` echo server (raw grpc.aio, no SDK): the floor, a bidi ping-pong;
-- the same through the Python plugin SDK, subscribed to every seam, answering "continue".
+- the same through the Python plugin SDK, subscribed to every seam, answering "continue";
+- the SDK as a session-event observer only: the CPU a 10,000-chunk turn costs with it.
 The figures are printed next to their targets; nothing is asserted.
 """
 
@@ -109,7 +110,51 @@ async def turns(address: str | None, count: int) -> float:
         await app.stop(grace=5)
 
 
-async def main(calls: int, turn_count: int) -> None:
+CHUNKS = 10_000
+"""The chunks of the observer workload's one model call."""
+
+
+async def chunk_turns_cpu(address: str | None, count: int) -> float:
+    """CPU seconds of this process per 10,000-chunk turn, with or without an observer."""
+    app = App(Config(listen="127.0.0.1:0", store="memory"))
+    await app.start()
+    try:
+        if address is not None:
+            await app.plugins.register(address, Overrides())
+        step = agent_pb2.ScriptedStep(text="x" * CHUNKS, chunk_size=1)
+        options = agent_pb2.AgentOptions(provider="scripted", model="bench", tools=[])
+        options.script.extend([step] * (count + 1))
+        agent = await app.factory.create("chunky", options)
+        agent.send(PROMPT)  # warm-up
+        await agent.when_idle()
+        started = time.process_time()
+        for _ in range(count):
+            agent.send(PROMPT)
+            await agent.when_idle()
+        return (time.process_time() - started) / count
+    finally:
+        await app.stop(grace=5)
+
+
+async def observer_cost(chunk_turns: int) -> None:
+    """The CPU of a 10,000-chunk turn with one session-event observer ÷ without."""
+    observer, observer_address = await start("every_seam_plugin.py", "--observer-only")
+    try:
+        # Alternated, best of three each: the first server of a process runs colder, and
+        # the machine may be shared.
+        runs: dict[str | None, list[float]] = {None: [], observer_address: []}
+        for _ in range(3):
+            for address in runs:
+                runs[address].append(await chunk_turns_cpu(address, chunk_turns))
+        without, with_observer = min(runs[None]), min(runs[observer_address])
+    finally:
+        await stop(observer)
+    line(f"{CHUNKS:,}-chunk turn, CPU without plugins", f"{without * 1e3:,.0f} ms")
+    line("same, one session-event observer of every event", f"{with_observer * 1e3:,.0f} ms")
+    line("  CPU ratio", f"{with_observer / without:.2f}×", "target ≤ 1.2×")
+
+
+async def main(calls: int, turn_count: int, chunk_turns: int) -> None:
     print("remote seams (plugins in their own processes, loopback)")
     bare, bare_address = await start("echo_plugin.py")
     sdk, sdk_address = await start("every_seam_plugin.py")
@@ -132,6 +177,7 @@ async def main(calls: int, turn_count: int) -> None:
         filtered = await turns(quiet_address, turn_count)
         line("same, its session-event observer asking for turn_end only", f"{filtered:,.0f} µs")
         line("  added latency per step", f"{(filtered - without) / steps:,.0f} µs")
+        await observer_cost(chunk_turns)
     finally:
         await stop(bare)
         await stop(sdk)
@@ -142,5 +188,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--chunk-turns", type=int, default=4)
     args = parser.parse_args()
-    asyncio.run(main(args.calls, args.turns))
+    asyncio.run(main(args.calls, args.turns, args.chunk_turns))

@@ -34,6 +34,7 @@ from server.factory import AgentFactory
 from server.models.openai import OpenAIModel
 from server.models.scripted import ScriptedModel
 from server.plugin_registry import Overrides, PluginRegistry
+from server.plugin_required import READINESS_SERVICE
 from server.runtime import Runtime
 from server.stores import SessionStore
 from server.stores.memory import MemoryStore
@@ -143,6 +144,7 @@ class App:
             read_pem(config.plugin_ca_file),
             allowlist=Allowlist.of(config.plugin_allowlist),
             token_plaintext=config.plugin_token_plaintext,
+            max_message_bytes=config.plugin_max_message_bytes,
         )
         self.health = health.aio.HealthServicer()
         limits = self.runtime.limits
@@ -167,6 +169,7 @@ class App:
         )
         self.port = 0
         self._stopped = asyncio.Event()
+        self._health_updates: set[asyncio.Task[None]] = set()
 
     async def start(self) -> int:
         """Bind, start serving, create the config agents; returns the bound port."""
@@ -180,6 +183,8 @@ class App:
             self.port = self.server.add_insecure_port(self.config.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
+        await self._readiness(self.plugins.ready())
+        self.plugins.on_readiness = self._on_readiness
         await self.server.start()
         for plugin in self.config.plugins:
             overrides = Overrides(
@@ -187,11 +192,9 @@ class App:
                 timeout=plugin.timeout_seconds,
                 failure_policy=FAILURE_POLICIES[plugin.failure_policy],
             )
-            try:
-                await self.plugins.register(plugin.address, overrides)
-            except Exception as error:  # retried in the background; the server serves
-                log.error("plugin at %s not registered: %s", plugin.address, error)
-                self.plugins.register_in_background(plugin.address, overrides)
+            await self.plugins.add_config_plugin(
+                plugin.address, overrides, required=plugin.is_required(), name=plugin.name
+            )
         for agent in self.config.agents:
             options = agent_pb2.AgentOptions(
                 provider=agent.provider, model=agent.model, tools=agent.tools, persona=agent.persona
@@ -211,6 +214,17 @@ class App:
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         return self.port
+
+    async def _readiness(self, ready: bool) -> None:
+        serving = health_pb2.HealthCheckResponse.SERVING
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        await self.health.set(READINESS_SERVICE, serving if ready else not_serving)
+
+    def _on_readiness(self, ready: bool) -> None:
+        """Readiness may have changed (a required plugin came or went): tell health."""
+        task = asyncio.get_running_loop().create_task(self._readiness(ready))
+        self._health_updates.add(task)
+        task.add_done_callback(self._health_updates.discard)
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown: NOT_SERVING, dispose agents (turns end `disposed`), stop.

@@ -22,7 +22,7 @@ DEFAULT_LISTEN = "127.0.0.1:50051"
 SERVER_FIELDS = {
     "listen", "maxParallelToolCalls", "shutdownGraceSeconds", "defaultProvider", "store",
     "dataDir", "agents", "plugins", "tokenFile", "pluginTokenFile", "providers",
-    "pluginTimeoutSeconds", "pluginCaFile", "toolOrder", "durability",
+    "pluginTimeoutSeconds", "pluginCaFile", "toolOrder", "durability", "pluginMaxMessageBytes",
 }  # fmt: skip
 TLS_FIELDS = ("tlsCertFile", "tlsKeyFile", "tlsClientCaFile")
 GUARD_FIELDS = {"limits", "pluginAllowlist", "pluginTokenPlaintext", *TLS_FIELDS}
@@ -32,7 +32,7 @@ PROVIDER_FIELDS = {
     "readTimeoutSeconds", "maxAttempts", "initialBackoffSeconds", "maxBackoffSeconds",
     "maxRetryAfterSeconds",
 }  # fmt: skip
-PLUGIN_FIELDS = {"address", "order", "timeoutSeconds", "failurePolicy"}
+PLUGIN_FIELDS = {"address", "order", "timeoutSeconds", "failurePolicy", "required", "name"}
 FAILURE_POLICIES = ("fail_closed", "fail_open")
 BUILTIN_PROVIDER = "scripted"
 AGENT_FIELDS = {
@@ -107,6 +107,14 @@ class PluginConfig:
     """Overrides the timeout of every subscription and tool."""
     failure_policy: str = ""
     """Overrides the failure policy: "fail_closed" or "fail_open"."""
+    required: bool | None = None
+    """Whether turns wait for it (fail closed until READY); unset: unless fail_open."""
+    name: str = ""
+    """How ListPlugins shows it before it first describes itself; empty: its address."""
+
+    def is_required(self) -> bool:
+        """Required unless the config says `required: false` or overrides to fail_open."""
+        return self.required if self.required is not None else self.failure_policy != "fail_open"
 
 
 @dataclass(frozen=True)
@@ -157,6 +165,8 @@ class Config:
     """PEM roots client certificates must chain to (mutual TLS); empty: none asked."""
     limits: Limits = field(default_factory=Limits)
     """Size and count limits; see `server/limits.py` for each one and its default."""
+    plugin_max_message_bytes: int = 16 * 1024 * 1024
+    """The largest message sent to or accepted from a plugin; a larger call fails alone."""
     insecure: bool = False
     """Allow a non-loopback listen address without TLS and a token (`--insecure`)."""
 
@@ -253,6 +263,9 @@ def parse_config(raw: object) -> Config:
         plugin_allowlist=_allowlist(doc.get("pluginAllowlist", list(DEFAULT_ALLOWLIST))),
         plugin_token_plaintext=_boolean(
             doc.get("pluginTokenPlaintext", False), "pluginTokenPlaintext"
+        ),
+        plugin_max_message_bytes=_positive(
+            doc.get("pluginMaxMessageBytes", 16 * 1024 * 1024), "pluginMaxMessageBytes"
         ),
         default_provider=default_provider,
         agents=agents,
@@ -409,11 +422,16 @@ def _plugin(raw: object, where: str) -> PluginConfig:
     policy = _string(item.get("failurePolicy", ""), f"{where}.failurePolicy")
     if policy and policy not in FAILURE_POLICIES:
         raise ConfigError(f"{where}.failurePolicy: {policy!r} must be fail_closed or fail_open")
+    required = item.get("required")
+    if required is not None and not isinstance(required, bool):
+        raise ConfigError(f"{where}.required: must be true or false")
     return PluginConfig(
         address=_string(item["address"], f"{where}.address"),
         order=order,
         timeout_seconds=None if timeout is None else float(timeout),
         failure_policy=policy,
+        required=required,
+        name=_string(item.get("name", ""), f"{where}.name"),
     )
 
 

@@ -10,6 +10,7 @@ AgentLoopError            any error a caller can be told about
 ├── SessionDamaged        a stored session cannot be read   -> DATA_LOSS
 └── StoreConflict         another writer owns the session   -> ABORTED (server.stores)
 CodedError                a failure inside a turn with a machine-readable code
+└── TurnFatal             one that ends the turn even inside a tool call
 Aborted                   the step's abort signal fired; carries the reason
 """
 
@@ -71,6 +72,14 @@ class CodedError(Exception):
     def __init__(self, message: str, code: str = "") -> None:
         super().__init__(message)
         self.code = code
+
+
+class TurnFatal(CodedError):
+    """A failure that ends the turn `error` even where failures are usually results.
+
+    A FAIL_CLOSED plugin failing at a tool seam raises it: the call gets a neutral
+    error result (the model never sees the infrastructure detail) and the turn ends.
+    """
 
 
 class Aborted(Exception):

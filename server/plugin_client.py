@@ -5,8 +5,15 @@ several calls can be in flight. One writer task owns the stream's writes; the re
 resolves each call's future when its result arrives. A dropped stream fails the calls
 in flight (`disconnected`) and is reopened with exponential backoff; calls made while
 the plugin is unavailable fail at once, so a FAIL_OPEN plugin that is down costs
-nothing. Notifications wait in a bounded buffer; on overflow the oldest are dropped
-and the next one sent carries the count.
+nothing. Notifications wait in a bounded buffer, a share per subscription; one that
+finds no room (or the plugin not READY) is dropped before it is even built, and the
+next one queued carries the count. Those still buffered when the stream ends are
+dropped and counted the same way.
+
+A failure stays with its call: a call over the message size limit fails alone before
+it is sent, and a message from the plugin that does not decode (or has no kind)
+resets only this plugin's stream: the calls in flight fail as `malformed`, and the
+stream is reopened like after a drop. No exception escapes the stream task.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import grpc
 
@@ -26,49 +33,75 @@ from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import stream_pb2 as st
 from server.abort import AbortSignal
 from server.errors import Aborted
-from server.plugin_listeners import PluginCallFailed, PluginStats
+from server.plugin_description import describe_request
+from server.plugin_listeners import NoticeSlot, PluginCallFailed, PluginStats, error_text
 
 log = logging.getLogger(__name__)
 
-NOTIFICATION_BUFFER = 1024
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+"""The largest message sent to or accepted from a plugin (`pluginMaxMessageBytes`)."""
 BACKOFF_START = 0.1
 BACKOFF_MAX = 5.0
+
+
+async def _nothing() -> None:
+    return None
 
 
 class PluginUnreachable(Exception):
     """`Describe` failed: the plugin cannot be reached or refused."""
 
 
-def open_channel(address: str, root_certificates: bytes | None = None) -> grpc.aio.Channel:
+def open_channel(
+    address: str,
+    root_certificates: bytes | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> grpc.aio.Channel:
     """A channel to `host:port`, or TLS for `tls://host:port`.
 
     TLS trusts the system's roots, or `root_certificates` (PEM) when given.
     """
+    options = [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
     if address.startswith("tls://"):
         credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
-        return grpc.aio.secure_channel(address[len("tls://") :], credentials)
-    return grpc.aio.insecure_channel(address)
+        return grpc.aio.secure_channel(address[len("tls://") :], credentials, options)
+    return grpc.aio.insecure_channel(address, options)
 
 
 class PluginConnection:
     """Implements `PluginCaller` over gRPC."""
 
     def __init__(
-        self, address: str, token: str, stats: PluginStats, root_certificates: bytes | None = None
+        self,
+        address: str,
+        token: str,
+        stats: PluginStats,
+        root_certificates: bytes | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self.address = address
         self.stats = stats
-        self.channel = open_channel(address, root_certificates)
+        self.max_message_bytes = max_message_bytes
+        self.channel = open_channel(address, root_certificates, max_message_bytes)
         self.stub = hk_rpc.HookServiceStub(self.channel)
         self.metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
         )
         self.state: reg.PluginState.ValueType = reg.PLUGIN_STATE_CONNECTING
+        self.on_state: Callable[[], None] = lambda: None
+        """Called after every change of `state` (readiness watches it)."""
+        self.on_reconnect: Callable[[], Awaitable[None]] = _nothing
+        """Awaited before each reconnection; raising keeps the plugin down (retried)."""
         self.last_error = ""
+        self._failure_kind = "disconnected"
+        """How the calls in flight fail when the stream ends: disconnected or malformed."""
         self._pending: dict[str, asyncio.Future[hk.HookResult]] = {}
         self._streams: dict[str, asyncio.Queue[st.StreamChunk | BaseException]] = {}
         self._outbox: asyncio.Queue[hk.HandleRequest] = asyncio.Queue()
-        self._notes: deque[hk.HookCall] = deque()
+        self._notes: deque[tuple[hk.HookCall, NoticeSlot]] = deque()
         self._dropped = 0
         self._wake_writer = asyncio.Event()
         self._stream: grpc.aio.StreamStreamCall[hk.HandleRequest, hk.HandleResponse] | None = None
@@ -82,7 +115,7 @@ class PluginConnection:
         """Call `Describe`; raises `PluginUnreachable` with the status on failure."""
         try:
             return await self.stub.Describe(
-                hk.DescribeRequest(), timeout=seconds, metadata=self.metadata
+                describe_request(self.max_message_bytes), timeout=seconds, metadata=self.metadata
             )
         except grpc.aio.AioRpcError as error:
             raise PluginUnreachable(f"{error.code().name}: {error.details()}") from None
@@ -106,7 +139,7 @@ class PluginConnection:
         self._closed = True
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         self._fail_pending("the plugin was unregistered")
         await self.channel.close()
@@ -117,13 +150,14 @@ class PluginConnection:
         """Send a call and await its result within `seconds`."""
         if self.state != reg.PLUGIN_STATE_READY:
             raise PluginCallFailed("disconnected", f"the plugin is unavailable ({self.last_error})")
+        request = self._sized(call)
         future: asyncio.Future[hk.HookResult] = asyncio.get_running_loop().create_future()
         self._pending[call.call_id] = future
         self.stats.calls += 1
         started = time.perf_counter()
         try:
             async with asyncio.timeout(seconds):
-                await self._send_now(hk.HandleRequest(call=call))
+                await self._send_now(request)
                 return await signal.race(future)
         except TimeoutError:
             self.stats.timeouts += 1
@@ -134,7 +168,7 @@ class PluginConnection:
             raise
         finally:
             self._pending.pop(call.call_id, None)
-            self.stats.record(call.seam, time.perf_counter() - started)
+            self.stats.record(call, time.perf_counter() - started)
 
     async def stream(
         self, call: hk.HookCall, seconds: float, signal: AbortSignal
@@ -145,13 +179,14 @@ class PluginConnection:
         """
         if self.state != reg.PLUGIN_STATE_READY:
             raise PluginCallFailed("disconnected", f"the plugin is unavailable ({self.last_error})")
+        request = self._sized(call)
         queue: asyncio.Queue[st.StreamChunk | BaseException] = asyncio.Queue()
         self._streams[call.call_id] = queue
         self.stats.calls += 1
         started = time.perf_counter()
         finished = False
         try:
-            await self._send_now(hk.HandleRequest(call=call))
+            await self._send_now(request)
             while True:
                 try:
                     async with asyncio.timeout(seconds):
@@ -173,22 +208,48 @@ class PluginConnection:
             self._streams.pop(call.call_id, None)
             if not finished:
                 self._cancel(call.call_id, "the model call was closed")
-            self.stats.record(call.seam, time.perf_counter() - started)
+            self.stats.record(call, time.perf_counter() - started)
 
-    def notify(self, call: hk.HookCall) -> None:
-        """Queue a notification; drop the oldest beyond the buffer."""
-        if self.state != reg.PLUGIN_STATE_READY:
-            self._dropped += 1
-            self.stats.dropped += 1
-            return
-        if len(self._notes) >= NOTIFICATION_BUFFER:
-            self._notes.popleft()
-            self._dropped += 1
-            self.stats.dropped += 1
-        self._notes.append(call)
+    def admit(self, slot: NoticeSlot) -> bool:
+        """Room for one more notification of `slot`; if none, it is counted dropped."""
+        if self.state == reg.PLUGIN_STATE_READY and slot.queued < slot.limit:
+            return True
+        self._dropped += 1
+        self.stats.dropped += 1
+        return False
+
+    def notify(self, call: hk.HookCall, slot: NoticeSlot) -> None:
+        """Queue an admitted notification; it carries the drops since the last one."""
+        payload = getattr(call, call.WhichOneof("payload") or "session_event")
+        payload.dropped, self._dropped = self._dropped, 0
+        slot.queued += 1
+        self._notes.append((call, slot))
         self._wake_writer.set()
 
     # -- the stream ----------------------------------------------------------------------
+
+    def _set_state(self, state: reg.PluginState.ValueType) -> None:
+        self.state = state
+        self.on_state()
+
+    def _sized(self, call: hk.HookCall) -> hk.HandleRequest:
+        """The request of `call`; a call over the size limit fails here, alone."""
+        request = hk.HandleRequest(call=call)
+        size = request.ByteSize()
+        if size > self.max_message_bytes:
+            self.stats.calls += 1
+            self.stats.oversized += 1
+            raise PluginCallFailed(
+                "oversized",
+                f"the call is {size} bytes, over the {self.max_message_bytes}-byte message limit",
+            )
+        return request
+
+    def _violation(self, problem: str) -> None:
+        """The plugin broke the protocol: its stream is reset, its calls fail as malformed."""
+        self.stats.protocol_errors += 1
+        self._failure_kind = "malformed"
+        self.last_error = f"protocol violation: {problem}"
 
     def _cancel(self, call_id: str, reason: str) -> None:
         if self.state == reg.PLUGIN_STATE_READY:
@@ -201,12 +262,23 @@ class PluginConnection:
         backoff = BACKOFF_START
         connected_before = False
         while not self._closed:
+            if connected_before:
+                try:  # the plugin may have restarted as another version: Describe again
+                    await self.on_reconnect()
+                except Exception as error:
+                    self.last_error = f"Describe on reconnect failed: {error}"
+                    self._set_state(reg.PLUGIN_STATE_UNAVAILABLE)
+                    log.warning("plugin at %s: %s", self.address, self.last_error)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, BACKOFF_MAX)
+                    self._set_state(reg.PLUGIN_STATE_CONNECTING)
+                    continue
             stream = self.stub.Handle(metadata=self.metadata)
             writer: asyncio.Task[None] | None = None
             try:
                 await stream.wait_for_connection()
                 self._stream = stream
-                self.state = reg.PLUGIN_STATE_READY
+                self._set_state(reg.PLUGIN_STATE_READY)
                 self._ready.set()
                 if connected_before:
                     self.stats.reconnects += 1
@@ -217,28 +289,38 @@ class PluginConnection:
                     if response is grpc.aio.EOF:
                         self.last_error = "the plugin closed the stream"
                         break
-                    assert isinstance(response, hk.HandleResponse)
-                    if response.HasField("chunk"):
+                    if not isinstance(response, hk.HandleResponse):
+                        self._violation("a message that does not decode as a HandleResponse")
+                        break
+                    kind = response.WhichOneof("kind")
+                    if kind == "chunk":
                         self._deliver(response.chunk)
-                    else:
+                    elif kind == "result":
                         self._resolve(response.result)
+                    else:
+                        self._violation("a HandleResponse with no kind set")
+                        break
             except grpc.aio.AioRpcError as error:
                 self.last_error = f"{error.code().name}: {error.details()}"
             except asyncio.CancelledError:
                 stream.cancel()
                 raise
+            except Exception as error:  # a bug must not end the task: the plugin would wedge
+                log.exception("plugin at %s: the stream failed", self.address)
+                self.last_error = f"the stream failed: {error!r}"
             finally:
                 if writer is not None:
                     writer.cancel()
             stream.cancel()
             self._stream = None
-            self.state = reg.PLUGIN_STATE_UNAVAILABLE
+            self._set_state(reg.PLUGIN_STATE_UNAVAILABLE)
             self._ready.clear()
-            self._fail_pending(self.last_error)
+            self._fail_pending(self.last_error, self._failure_kind)
+            self._failure_kind = "disconnected"
             log.warning("plugin at %s unavailable: %s", self.address, self.last_error)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX)
-            self.state = reg.PLUGIN_STATE_CONNECTING
+            self._set_state(reg.PLUGIN_STATE_CONNECTING)
 
     async def _send_now(self, request: hk.HandleRequest) -> None:
         """Write a call at once (no hop through the writer task)."""
@@ -260,11 +342,17 @@ class PluginConnection:
                 async with self._write_lock:
                     await stream.write(self._outbox.get_nowait())
             if self._notes:
-                note = self._notes.popleft()
-                payload = getattr(note, note.WhichOneof("payload") or "session_event")
-                payload.dropped, self._dropped = self._dropped, 0
+                note, slot = self._notes.popleft()
+                slot.queued -= 1
+                request = hk.HandleRequest(call=note)
+                if request.ByteSize() > self.max_message_bytes:
+                    payload = getattr(note, note.WhichOneof("payload") or "session_event")
+                    self._dropped += payload.dropped + 1  # too big to send: dropped, counted
+                    self.stats.dropped += 1
+                    self.stats.oversized += 1
+                    continue
                 async with self._write_lock:
-                    await stream.write(hk.HandleRequest(call=note))
+                    await stream.write(request)
                 continue
             self._wake_writer.clear()
             if self._outbox.empty() and not self._notes:
@@ -274,24 +362,47 @@ class PluginConnection:
         queue = self._streams.get(chunk.call_id)
         if queue is not None:
             queue.put_nowait(chunk.chunk)
+        else:
+            self._unexpected(chunk.call_id, "a chunk")
 
     def _resolve(self, result: hk.HookResult) -> None:
         queue = self._streams.get(result.call_id)
         if queue is not None:  # a result ends a model stream: an error, or a finish-less end
-            why = result.error or "the model call ended without a finish chunk"
+            why = (
+                error_text(result.error)
+                if result.HasField("error")
+                else "the model call ended without a finish chunk"
+            )
             queue.put_nowait(PluginCallFailed("error", why))
             return
         future = self._pending.get(result.call_id)
         if future is not None and not future.done():
             future.set_result(result)
+        else:
+            self._unexpected(result.call_id, "a result")
 
-    def _fail_pending(self, reason: str) -> None:
+    def _unexpected(self, call_id: str, what: str) -> None:
+        """An answer to no call in flight: unknown id, a second answer, or after a cancel."""
+        self.stats.unexpected_results += 1
+        log.warning(
+            "plugin at %s sent %s for call %r, which is not in flight (unknown, answered,"
+            " cancelled or past its deadline); ignored",
+            self.address, what, call_id,
+        )  # fmt: skip
+
+    def _fail_pending(self, reason: str, kind: str = "disconnected") -> None:
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():
-                future.set_exception(PluginCallFailed("disconnected", reason))
+                future.set_exception(PluginCallFailed(kind, reason))
         for queue in self._streams.values():
-            queue.put_nowait(PluginCallFailed("disconnected", reason))
+            queue.put_nowait(PluginCallFailed(kind, reason))
         while not self._outbox.empty():
             self._outbox.get_nowait()
+        # Buffered notifications die with the stream: counted, and carried by the next one.
+        for note, slot in self._notes:
+            slot.queued -= 1
+            payload = getattr(note, note.WhichOneof("payload") or "session_event")
+            self._dropped += payload.dropped + 1
+            self.stats.dropped += 1
         self._notes.clear()

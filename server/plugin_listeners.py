@@ -23,7 +23,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from google.protobuf import json_format
+from google.protobuf import json_format, unknown_fields
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import agent_event_pb2 as ae
@@ -33,7 +33,7 @@ from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
 from server import seams as S
 from server.abort import NEVER, AbortSignal
-from server.errors import CodedError
+from server.errors import TurnFatal
 from server.models import ModelRegistry, ModelRequest
 from server.seams import SeamRegistry
 from server.tools import Tool, ToolExecution, ToolOutcome, ToolRegistry, ToolReturn
@@ -65,7 +65,7 @@ WATERFALLS = frozenset(SEAM_NAMES) - CHECKPOINTS - OBSERVERS
 
 
 class PluginCallFailed(Exception):
-    """A call to a plugin failed; `kind` is timeout, error, malformed or disconnected."""
+    """A call to a plugin failed: timeout, error, malformed, oversized or disconnected."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -85,9 +85,28 @@ class PluginCaller(Protocol):
         """Send a `model_stream` call; yield its chunks (`seconds` bounds each wait)."""
         ...
 
-    def notify(self, call: hk.HookCall) -> None:
-        """Send a notification (no result); never blocks."""
+    def admit(self, slot: NoticeSlot) -> bool:
+        """Whether a notification of `slot` would be queued now; if not, count it dropped.
+
+        Asked before the notification is built, so that a dropped one costs nothing.
+        """
         ...
+
+    def notify(self, call: hk.HookCall, slot: NoticeSlot) -> None:
+        """Queue an admitted notification (no result); never blocks."""
+        ...
+
+
+NOTIFICATION_BUFFER = 1024
+"""Notifications a subscription may have waiting to be sent, unless it sets its own."""
+
+
+@dataclass
+class NoticeSlot:
+    """One observer subscription's share of the plugin's notification buffer."""
+
+    limit: int = NOTIFICATION_BUFFER
+    queued: int = 0
 
 
 @dataclass
@@ -100,12 +119,16 @@ class PluginStats:
     fail_opens: int = 0
     dropped: int = 0
     reconnects: int = 0
-    latencies: dict[int, deque[float]] = field(default_factory=dict)
-    """Per contract seam, the latest call latencies in seconds."""
+    oversized: int = 0
+    protocol_errors: int = 0
+    unexpected_results: int = 0
+    latencies: dict[tuple[int, int], deque[float]] = field(default_factory=dict)
+    """Per (call kind, contract seam), the latest call latencies in seconds."""
 
-    def record(self, seam: int, seconds: float) -> None:
-        """Keep one latency sample (the latest 1000 per seam)."""
-        self.latencies.setdefault(seam, deque(maxlen=1000)).append(seconds)
+    def record(self, call: hk.HookCall, seconds: float) -> None:
+        """Keep one latency sample of `call` (the latest 1000 per kind and seam)."""
+        key = (call.kind, call.seam)
+        self.latencies.setdefault(key, deque(maxlen=1000)).append(seconds)
 
 
 _call_ids = itertools.count(1)
@@ -121,6 +144,16 @@ class RemoteListener:
     stats: PluginStats
     session_of: Callable[[str], str]
     timeout: float
+    slot: NoticeSlot = field(default_factory=NoticeSlot)
+    """The buffer share of an observer subscription."""
+
+    event_kinds: frozenset[str] = frozenset()
+    """The session event kinds asked for (empty: all), read once: checked per event."""
+
+    def __post_init__(self) -> None:
+        if self.subscription.buffer_size:
+            self.slot.limit = self.subscription.buffer_size
+        self.event_kinds = frozenset(self.subscription.event_kinds)
 
     @property
     def seam_name(self) -> str:
@@ -134,6 +167,7 @@ class RemoteListener:
         seam = self.subscription.seam
         call = hk.HookCall(
             call_id=f"c{next(_call_ids)}",
+            kind=hk.CALL_KIND_SEAM,
             seam=seam,
             agent_id=agent_id,
             session_id=self.session_of(agent_id),
@@ -145,9 +179,10 @@ class RemoteListener:
         expected = next(iter(payload))
         try:
             result = await self.caller.call(call, self.timeout, signal)
-            if result.error:
-                raise PluginCallFailed("error", result.error)
-            kind = result.WhichOneof("decision")
+            kind = result.WhichOneof("outcome")
+            if kind == "error":
+                raise PluginCallFailed("error", error_text(result.error))
+            check_known(result)
             if kind is not None and kind != expected:
                 raise PluginCallFailed("malformed", f"answered {kind} to a {expected} call")
         except PluginCallFailed as failure:
@@ -159,22 +194,23 @@ class RemoteListener:
                     self.plugin, self.seam_name, failure.kind, failure,
                 )  # fmt: skip
                 return None
-            raise CodedError(
+            raise TurnFatal(
                 f'plugin "{self.plugin}" failed at {self.seam_name}: {failure.kind}: {failure}',
                 f"PLUGIN_{failure.kind.upper()}",
             ) from None
         return result
 
     def notify(self, agent_id: str, **payload: Any) -> None:
-        """Send an observer notification."""
+        """Send an observer notification (admitted already)."""
         call = hk.HookCall(
             call_id=f"n{next(_call_ids)}",
+            kind=hk.CALL_KIND_NOTIFICATION,
             seam=self.subscription.seam,
             agent_id=agent_id,
             session_id=self.session_of(agent_id),
             **payload,
         )
-        self.caller.notify(call)
+        self.caller.notify(call, self.slot)
 
     def listener(self) -> Callable[..., Any]:
         """The function registered on the seam, filtered by the subscription's agents."""
@@ -361,24 +397,62 @@ class RemoteListener:
 
     # -- observers ---------------------------------------------------------------------
 
+    # Each filters, then asks for room, and only then builds the message.
+
     def on_session_event(self, agent: Any, event: ev.SessionEvent) -> None:
         """Forward a session event, when its kind is one the plugin asked for."""
-        kinds = self.subscription.event_kinds
+        kinds = self.event_kinds
         if kinds and event.WhichOneof("payload") not in kinds:
             return
-        self.notify(agent.agent_id, session_event=hk.SessionEventNotice(event=event))
+        if self.caller.admit(self.slot):
+            self.notify(agent.agent_id, session_event=hk.SessionEventNotice(event=event))
 
     def on_agent_event(self, agent: Any, event: ae.AgentEvent) -> None:
         """Forward a live agent event."""
-        self.notify(agent.agent_id, agent_event=hk.AgentEventNotice(event=event))
+        if self.caller.admit(self.slot):
+            self.notify(agent.agent_id, agent_event=hk.AgentEventNotice(event=event))
 
     def on_tool_result(self, exec: ToolExecution, outcome: ToolOutcome) -> None:
         """Forward a final tool result."""
-        notice = hk.ToolResultNotice(invocation=invocation(exec), output=tool_output(outcome))
-        self.notify(exec.agent_id, tool_result=notice)
+        if self.caller.admit(self.slot):
+            notice = hk.ToolResultNotice(invocation=invocation(exec), output=tool_output(outcome))
+            self.notify(exec.agent_id, tool_result=notice)
 
 
 Next = Callable[..., Awaitable[Any]]
+
+
+def error_text(error: hk.CallError) -> str:
+    """A plugin's error as the turn's error message shows it."""
+    code = error.code or 2
+    try:
+        name = grpc_code_names[code]
+    except KeyError:
+        name = f"code {code}"
+    return f"{name}: {error.message}" if error.message else name
+
+
+grpc_code_names = {
+    1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED",
+    5: "NOT_FOUND", 6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED",
+    9: "FAILED_PRECONDITION", 10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED",
+    13: "INTERNAL", 14: "UNAVAILABLE", 15: "DATA_LOSS", 16: "UNAUTHENTICATED",
+}  # fmt: skip
+"""`google.rpc.Code` names by number (the core imports no grpc)."""
+
+
+def check_known(result: hk.HookResult) -> None:
+    """Refuse a result carrying fields this server does not know.
+
+    A decision of a kind from a newer protocol would otherwise read as "continue
+    unchanged": on a policy seam, a silent fail-open.
+    """
+    unknown = unknown_fields.UnknownFieldSet(result)
+    if len(unknown):
+        numbers = sorted({unknown[i].field_number for i in range(len(unknown))})
+        raise PluginCallFailed(
+            "malformed", f"the result holds fields this server does not know: {numbers}"
+        )
 
 
 def invocation(exec: ToolExecution) -> hk.ToolInvocation:
@@ -422,7 +496,7 @@ def remote_tool(
     async def execute(exec: ToolExecution) -> ToolReturn:
         call = hk.HookCall(
             call_id=f"t{next(_call_ids)}",
-            seam=hk.SEAM_TOOL_EXECUTE,
+            kind=hk.CALL_KIND_TOOL_EXECUTE,
             agent_id=exec.agent_id,
             session_id=session_of(exec.agent_id),
             turn=exec.turn,
@@ -432,17 +506,19 @@ def remote_tool(
         call.timeout.FromNanoseconds(int(timeout * 1e9))
         try:
             result = await caller.call(call, timeout, exec.signal or NEVER)
+            kind = result.WhichOneof("outcome")
+            if kind == "error":
+                raise PluginCallFailed("error", error_text(result.error))
+            check_known(result)
+            if kind not in (None, "tool_execute"):
+                raise PluginCallFailed("malformed", f"answered {kind} to a tool_execute call")
         except PluginCallFailed as failure:
             stats.errors += failure.kind != "timeout"
-            raise CodedError(
-                f'plugin "{plugin}" tool {definition.name}: {failure.kind}: {failure}',
+            raise TurnFatal(
+                f'plugin "{plugin}" failed at tools/execute ({definition.name}): '
+                f"{failure.kind}: {failure}",
                 f"PLUGIN_{failure.kind.upper()}",
             ) from None
-        if result.error:
-            stats.errors += 1
-            raise CodedError(
-                f'plugin "{plugin}" tool {definition.name}: {result.error}', "PLUGIN_ERROR"
-            )
         output = result.tool_execute
         meta = json_format.MessageToDict(output.meta) if output.HasField("meta") else None
         return ToolReturn(
@@ -458,7 +534,9 @@ def remote_tool(
         input_schema=tool_schema(definition),
         execute=execute,
         parallel_safe=definition.parallel_safe,
-        opt_in=False,
+        # Offered only to agents that enable it by name and that its filter allows.
+        opt_in=True,
+        agents=frozenset(definition.agent_ids),
     )
 
 
@@ -492,7 +570,7 @@ class PluginModel:
         """Stream one model call from the plugin; a failure is a coded turn error."""
         call = hk.HookCall(
             call_id=f"m{next(_call_ids)}",
-            seam=hk.SEAM_MODEL_STREAM,
+            kind=hk.CALL_KIND_MODEL_STREAM,
             agent_id=request.agent_id,
             session_id=request.session_id,
             turn=request.turn,
@@ -511,7 +589,7 @@ class PluginModel:
                     yield chunk
         except PluginCallFailed as failure:
             self.stats.errors += failure.kind != "timeout"
-            raise CodedError(
+            raise TurnFatal(
                 f'plugin "{self.plugin}" model {self.provider}: {failure.kind}: {failure}',
                 f"PLUGIN_{failure.kind.upper()}",
             ) from None

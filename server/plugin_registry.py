@@ -3,39 +3,37 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from google.protobuf import duration_pb2
-
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
-from agentloop.v1 import session_event_pb2 as ev
 from server.addresses import Allowlist, parse_address
 from server.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from server.factory import ID_PATTERN
-from server.jsonvalue import check_lossless
 from server.limits import check_capacity
-from server.plugin_client import PluginConnection, PluginUnreachable
-from server.plugin_listeners import SEAM_NAMES, PluginStats, install, tool_schema
+from server.plugin_client import DEFAULT_MAX_MESSAGE_BYTES, PluginConnection, PluginUnreachable
+from server.plugin_description import (
+    Overrides,
+    effective,
+    effective_tool,
+    invalid_description,
+    seconds_to_duration,
+)
+from server.plugin_listeners import PluginStats, install
+from server.plugin_refresh import refresh
+from server.plugin_required import Expected, all_ready, guard, release
 from server.runtime import Runtime
+
+__all__ = ["Overrides", "PluginRegistry", "RegisteredPlugin", "describe"]
 
 log = logging.getLogger(__name__)
 
 DESCRIBE_TIMEOUT = 5.0
 READY_TIMEOUT = 5.0
 CONFIG_RETRY_SECONDS = 2.0
-
-
-@dataclass(frozen=True)
-class Overrides:
-    """Operator overrides applied on top of a plugin's own description."""
-
-    order: int | None = None
-    timeout: float | None = None
-    failure_policy: hk.FailurePolicy.ValueType = hk.FAILURE_POLICY_UNSPECIFIED
 
 
 @dataclass
@@ -51,6 +49,10 @@ class RegisteredPlugin:
     stats: PluginStats
     models: list[hk.ModelProviderDefinition] = field(default_factory=list)
     disposers: list[Callable[[], None]] = field(default_factory=list)
+    required: bool = False
+    """A required config plugin: readiness waits for it to be READY."""
+    overrides: Overrides = field(default_factory=Overrides)
+    """The operator's overrides, applied again to each new description."""
 
 
 class PluginRegistry:
@@ -64,6 +66,7 @@ class PluginRegistry:
         root_certificates: bytes | None = None,
         allowlist: Allowlist | None = None,
         token_plaintext: bool = False,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         self.runtime = runtime
         self.session_of = session_of
@@ -74,15 +77,64 @@ class PluginRegistry:
         """Where plugins may be reached; checked before anything is sent."""
         self.token_plaintext = token_plaintext
         """Send the plugin token without TLS to a non-loopback plugin (the operator's call)."""
+        self.max_message_bytes = max_message_bytes
+        """The largest message sent to or accepted from a plugin."""
         self.plugins: dict[str, RegisteredPlugin] = {}
+        self.expected: dict[str, Expected] = {}
+        """Required config plugins not registered yet, by address."""
+        self.on_readiness: Callable[[bool], None] = lambda ready: None
+        """Told whether every required plugin is READY, whenever that may have changed."""
         self._retries: set[asyncio.Task[None]] = set()
 
-    async def register(self, address: str, overrides: Overrides) -> RegisteredPlugin:
+    async def add_config_plugin(
+        self, address: str, overrides: Overrides, *, required: bool, name: str = ""
+    ) -> None:
+        """Register a config plugin now, or keep trying in the background.
+
+        A required one is guarded first (see `server.plugin_required`), so that no turn
+        runs without it, even during its first `Describe`.
+        """
+        if required:
+            expected = Expected(name or address, address)
+            guard(self.runtime.seams, expected)
+            self.expected[address] = expected
+            self._readiness_changed()
+        try:
+            await self._register_config(address, overrides, required)
+        except Exception as error:  # retried in the background; the server serves
+            log.error("plugin at %s not registered: %s", address, error)
+            self.register_in_background(address, overrides, required)
+
+    async def _register_config(self, address: str, overrides: Overrides, required: bool) -> None:
+        expected = self.expected.get(address)
+        try:
+            await self.register(address, overrides, required=required)
+        except Exception as error:
+            if expected is not None:
+                expected.last_error = str(error)
+            raise
+        if expected is not None:
+            release(self.expected.pop(address))
+        self._readiness_changed()
+
+    def ready(self) -> bool:
+        """Whether every required plugin is registered and READY."""
+        states = [p.connection.state for p in self.plugins.values() if p.required]
+        return all_ready(states, len(self.expected))
+
+    def _readiness_changed(self) -> None:
+        self.on_readiness(self.ready())
+
+    async def register(
+        self, address: str, overrides: Overrides, *, required: bool = False
+    ) -> RegisteredPlugin:
         """Connect to a plugin, describe it, subscribe its listeners and tools."""
         self._check_address(address)
         check_capacity(self.runtime.limits, "max_plugins", len(self.plugins), "plugins")
         stats = PluginStats()
-        connection = PluginConnection(address, self.token, stats, self.root_certificates)
+        connection = PluginConnection(
+            address, self.token, stats, self.root_certificates, self.max_message_bytes
+        )
         try:
             try:
                 description = await connection.describe(DESCRIBE_TIMEOUT)
@@ -95,7 +147,7 @@ class PluginRegistry:
             tools = [effective_tool(t, overrides) for t in description.tools]
             plugin = RegisteredPlugin(
                 description.name, description.version, address, connection, subscriptions,
-                tools, stats, list(description.models),
+                tools, stats, list(description.models), required=required, overrides=overrides,
             )  # fmt: skip
             # All or nothing, and published only once installed: no await from the name
             # check to here, so no other registration can take the name in between.
@@ -110,19 +162,25 @@ class PluginRegistry:
             await connection.close()
             raise
         self.plugins[plugin.name] = plugin
+        connection.on_state = self._readiness_changed
+        connection.on_reconnect = functools.partial(
+            refresh, plugin, self.runtime, self.session_of, DESCRIBE_TIMEOUT
+        )
         connection.start()
         if not await connection.wait_ready(READY_TIMEOUT):
             log.warning("plugin %s registered but its stream is not open yet", plugin.name)
         log.info("plugin %s %s registered at %s", plugin.name, plugin.version, address)
         return plugin
 
-    def register_in_background(self, address: str, overrides: Overrides) -> None:
+    def register_in_background(
+        self, address: str, overrides: Overrides, required: bool = False
+    ) -> None:
         """Register a config plugin, retrying until it answers (the server keeps serving)."""
 
         async def keep_trying() -> None:
             while True:
                 try:
-                    await self.register(address, overrides)
+                    await self._register_config(address, overrides, required)
                     return
                 except Exception as error:  # logged; the next attempt may succeed
                     log.error("plugin at %s not registered yet: %s", address, error)
@@ -140,10 +198,17 @@ class PluginRegistry:
         for dispose in plugin.disposers:
             dispose()
         await plugin.connection.close()
+        self._readiness_changed()
 
     def list_plugins(self) -> list[reg.Plugin]:
-        """Every registered plugin, by name, with state, counters and latencies."""
-        return [describe(self.plugins[name]) for name in sorted(self.plugins)]
+        """Every plugin, by name, with state, counters and latencies.
+
+        Required config plugins not registered yet are listed too, CONNECTING.
+        """
+        listed = {name: describe(plugin) for name, plugin in self.plugins.items()}
+        for expected in self.expected.values():
+            listed.setdefault(expected.name, expected.listed())
+        return [listed[name] for name in sorted(listed)]
 
     async def close(self) -> None:
         """Stop retrying and close every connection."""
@@ -152,6 +217,8 @@ class PluginRegistry:
             task.cancel()
         # Awaited: a cancelled attempt closes its own connection before we go on.
         await asyncio.gather(*retries, return_exceptions=True)
+        for expected in self.expected.values():
+            release(expected)
         for name in list(self.plugins):
             await self.unregister(name)
 
@@ -178,96 +245,17 @@ class PluginRegistry:
             )
 
 
-def invalid_description(
-    description: hk.DescribeResponse, taken_tools: set[str], taken_providers: set[str]
-) -> str:
-    """What is wrong with a plugin's description; empty when nothing is."""
-    if not ID_PATTERN.fullmatch(description.name):
-        return f"name {description.name!r} must be 1-128 letters, digits, '.', '_', ':', '-'"
-    kinds = {f.name for f in ev.SessionEvent.DESCRIPTOR.oneofs_by_name["payload"].fields}
-    for subscription in description.subscriptions:
-        unknown = sorted(set(subscription.event_kinds) - kinds)
-        if unknown:
-            return f"unknown session event kinds {unknown} (known: {sorted(kinds)})"
-        seam = seam_name(subscription.seam)
-        if subscription.seam not in SEAM_NAMES:
-            return f"a subscription names seam {seam}, which cannot be subscribed to"
-        if subscription.failure_policy not in hk.FailurePolicy.values():
-            return f"the subscription to {seam} has an unknown failure policy"
-        if subscription.HasField("timeout") and subscription.timeout.ToNanoseconds() <= 0:
-            return f"the subscription to {seam} has a timeout of zero or less"
-    names = [tool.name for tool in description.tools]
-    for name in names:
-        if not name or names.count(name) > 1:
-            return f"tool name {name!r} is empty or repeated"
-        if name in taken_tools:
-            return f'tool "{name}" is already provided'
-    for tool in description.tools:
-        if tool.HasField("timeout") and tool.timeout.ToNanoseconds() <= 0:
-            return f'tool "{tool.name}" has a timeout of zero or less'
-        try:
-            check_lossless(tool_schema(tool), "its input schema")
-        except (ValueError, TypeError) as error:
-            return f'tool "{tool.name}": its input schema is not valid JSON ({error})'
-    for model in description.models:
-        if not ID_PATTERN.fullmatch(model.provider):
-            return f"model provider name {model.provider!r} is not valid"
-        if model.provider in taken_providers:
-            return f'model provider "{model.provider}" is already served'
-        if model.HasField("timeout") and model.timeout.ToNanoseconds() <= 0:
-            return f'model provider "{model.provider}" has a timeout of zero or less'
-    return ""
-
-
-def seam_name(seam: int) -> str:
-    """The contract name of a seam number, or the number itself when it is unknown."""
-    try:
-        return hk.Seam.Name(seam)  # type: ignore[arg-type]
-    except ValueError:
-        return str(seam)
-
-
-def effective(subscription: hk.Subscription, overrides: Overrides) -> hk.Subscription:
-    """A subscription with the operator's overrides applied."""
-    result = hk.Subscription()
-    result.CopyFrom(subscription)
-    if overrides.order is not None:
-        result.order = overrides.order
-    if overrides.timeout is not None:
-        result.timeout.CopyFrom(seconds_to_duration(overrides.timeout))
-    if overrides.failure_policy:
-        result.failure_policy = overrides.failure_policy
-    if not result.failure_policy:
-        result.failure_policy = hk.FAILURE_POLICY_FAIL_CLOSED
-    return result
-
-
-def effective_tool(tool: hk.ToolDefinition, overrides: Overrides) -> hk.ToolDefinition:
-    """A tool definition with the operator's timeout applied."""
-    result = hk.ToolDefinition()
-    result.CopyFrom(tool)
-    if overrides.timeout is not None:
-        result.timeout.CopyFrom(seconds_to_duration(overrides.timeout))
-    return result
-
-
-def seconds_to_duration(seconds: float) -> duration_pb2.Duration:
-    """A Duration of `seconds`."""
-    duration = duration_pb2.Duration()
-    duration.FromNanoseconds(int(seconds * 1e9))
-    return duration
-
-
 def describe(plugin: RegisteredPlugin) -> reg.Plugin:
     """The `Plugin` resource of a registered plugin."""
     stats = plugin.stats
     latencies = []
-    for seam, samples in sorted(stats.latencies.items()):
+    for (kind, seam), samples in sorted(stats.latencies.items()):
         ordered = sorted(samples)
         p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
         latencies.append(
             reg.SeamLatency(
                 seam=seam,  # type: ignore[arg-type]
+                kind=kind,  # type: ignore[arg-type]
                 calls=len(ordered),
                 p50=seconds_to_duration(statistics.median(ordered)),
                 p99=seconds_to_duration(p99),
@@ -287,8 +275,12 @@ def describe(plugin: RegisteredPlugin) -> reg.Plugin:
             fail_opens=stats.fail_opens,
             dropped_notifications=stats.dropped,
             reconnects=stats.reconnects,
+            oversized_calls=stats.oversized,
+            protocol_errors=stats.protocol_errors,
+            unexpected_results=stats.unexpected_results,
         ),
         latencies=latencies,
         last_error=plugin.connection.last_error,
         models=plugin.models,
+        required=plugin.required,
     )

@@ -7,6 +7,10 @@ before the next call starts. Consecutive parallel calls share a rolling pool of 
 most `max_parallel` dispatches. Only dispatch overlaps: every prepare and every
 finalize runs on the scheduler's own task, one at a time, so pre-execute and
 post-execute listeners see the calls in model order.
+
+A result marked `fatal` (a FAIL_CLOSED plugin failed) stops the batch: calls not yet
+started are neither logged nor run, those started are committed, then the failure
+is raised so that the turn ends `error`.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 
 from agentloop.v1 import content_pb2, decision_pb2
 from server.abort import AbortSignal
+from server.errors import CodedError
 from server.seams import SeamRegistry
 from server.tool_pipeline import ToolPipeline
 from server.tools import ToolExecution, ToolOutcome, ToolRegistry
@@ -69,6 +74,7 @@ async def run_tool_batch(
         ValueError: `max_parallel` is not a positive integer.
         Aborted: the signal fired; calls that started were committed first, and
             calls that had not started were neither logged nor run.
+        TurnFatal: a call's failure ends the turn (same commit rule as Aborted).
     """
     if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
         raise ValueError("maxParallelToolCalls must be a positive integer")
@@ -86,6 +92,8 @@ async def run_tool_batch(
         for call in calls
     ]
     await batch.run(pending)
+    if batch.fatal is not None:
+        raise batch.fatal
     signal.raise_if_aborted()
 
 
@@ -129,6 +137,8 @@ class _Batch:
         self._slots: list[_Slot] = []
         self._cursor = 0
         self._in_flight: set[asyncio.Task[ToolOutcome]] = set()
+        self.fatal: CodedError | None = None
+        """The first failure that ends the turn; no call starts after it."""
 
     async def run(self, pending: list[tuple[content_pb2.ToolCallBlock, ToolExecution]]) -> None:
         """Start what may start, then commit everything that started."""
@@ -146,7 +156,7 @@ class _Batch:
         while index < len(pending):
             # Commit first: a `tools/result` observer may change how the next call runs.
             await self._commit_ready()
-            if self._signal.aborted:
+            if self._signal.aborted or self.fatal is not None:
                 return
             call, exec = pending[index]
             if self._pipeline.execution_mode(exec) == "exclusive":
@@ -168,6 +178,8 @@ class _Batch:
         self._slots.append(slot)
         slot.outcome = await self._pipeline.prepare(exec)
         if slot.outcome is not None:
+            if slot.outcome.fatal is not None and self.fatal is None:
+                self.fatal = slot.outcome.fatal
             return  # denied or failed: nothing to dispatch
         if inline:
             slot.outcome = await self._dispatch(exec)
@@ -192,6 +204,8 @@ class _Batch:
             if outcome is None:
                 return  # a later result waits behind an earlier one
             outcome = await self._pipeline.finalize(slot.exec, outcome)
+            if outcome.fatal is not None and self.fatal is None:
+                self.fatal = outcome.fatal
             self._cursor += 1
             self._on_result(slot.call, outcome, slot.seq)
             for context in outcome.contexts:

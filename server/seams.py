@@ -81,6 +81,8 @@ class SeamRegistry:
 
     def __init__(self) -> None:
         self._by_seam: dict[str, list[Registration]] = {}
+        self._scoped: set[str] = set()
+        """Seams with an agent-scoped listener; the others need no filtering per dispatch."""
         self._counter = 0
         self.contained_failures = 0
         """How many emit listeners failed (each is logged too)."""
@@ -104,25 +106,35 @@ class SeamRegistry:
         reg = Registration(seam, fn, -(10**9) if prepend else order, name, agent_id, self._counter)
         listeners = [*self._by_seam.get(seam, []), reg]
         listeners.sort(key=Registration.sort_key)
-        self._by_seam[seam] = listeners
+        self._set(seam, listeners)
 
         def dispose() -> None:
             current = self._by_seam.get(seam, [])
             if reg in current:
-                self._by_seam[seam] = [r for r in current if r is not reg]
+                self._set(seam, [r for r in current if r is not reg])
 
         return dispose
 
     def remove_agent(self, agent_id: str) -> None:
         """Remove every listener scoped to `agent_id`."""
         for seam, listeners in list(self._by_seam.items()):
-            self._by_seam[seam] = [r for r in listeners if r.agent_id != agent_id]
+            self._set(seam, [r for r in listeners if r.agent_id != agent_id])
+
+    def _set(self, seam: str, listeners: list[Registration]) -> None:
+        # Lists are replaced, never changed in place: a dispatch may hold the old one.
+        self._by_seam[seam] = listeners
+        if any(r.agent_id is not None for r in listeners):
+            self._scoped.add(seam)
+        else:
+            self._scoped.discard(seam)
 
     def listeners(self, seam: str, agent_id: str | None) -> list[Registration]:
-        """The listeners that see a dispatch of `seam` for `agent_id`, in order."""
+        """The listeners that see a dispatch of `seam` for `agent_id`, in order (read-only)."""
         regs = self._by_seam.get(seam)
         if not regs:
             return []
+        if seam not in self._scoped:
+            return regs  # every listener is global; the list is never changed in place
         return [r for r in regs if r.agent_id is None or r.agent_id == agent_id]
 
     def has(self, seam: str, agent_id: str | None) -> bool:

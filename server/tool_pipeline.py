@@ -10,7 +10,8 @@ A started call goes through three stages, split the way the scheduler runs them:
   lossless-JSON check of `meta`, then the contained `tools/result` emit.
 
 A throwing pre-execute or execute listener gives a *final* error result, which
-skips post-execute.
+skips post-execute. A `TurnFatal` failure (a FAIL_CLOSED plugin) gives a final
+result with neutral text and `fatal` set: the scheduler then ends the turn.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Awaitable, Collection
 
 from agentloop.v1 import content_pb2, decision_pb2, session_event_pb2
 from server.content import text_content
-from server.errors import Aborted, CodedError
+from server.errors import Aborted, CodedError, TurnFatal
 from server.jsonvalue import check_lossless
 from server.seams import (
     TOOLS_EXECUTE,
@@ -43,9 +44,16 @@ from server.tools import (
     ToolValue,
 )
 
+FATAL_TEXT = "Error: the tool call was stopped; the turn ended with an error"
+"""What the log (and a later model request) shows for a call whose failure ended the turn."""
+
 
 def failure_outcome(exc: BaseException, *, final: bool = False) -> ToolOutcome:
     """The error result of a failure: `Error: <message>`, classified when it has a code."""
+    if isinstance(exc, TurnFatal):
+        fatal = session_event_pb2.ToolError(name="TurnFatal", code=exc.code)
+        return ToolOutcome(text_content(FATAL_TEXT), is_error=True, error=fatal, final=True,
+                           fatal=exc)  # fmt: skip
     if isinstance(exc, Aborted):
         return ToolOutcome(
             text_content(f"Error: aborted: {exc.reason}"), is_error=True, final=final

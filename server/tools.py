@@ -119,6 +119,8 @@ class ToolOutcome:
     """The tool's contexts, then those post-execute added, in that order."""
     final: bool = False
     """A pipeline failure: `finalize` skips post-execute."""
+    fatal: CodedError | None = None
+    """Set when the call's failure must end the turn (a FAIL_CLOSED plugin failed)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -137,6 +139,8 @@ class Tool:
     """True, or a classifier of the arguments; only an exact `True` runs in parallel."""
     opt_in: bool = True
     """Visible only to agents that enable it by name; False makes it visible to all."""
+    agents: frozenset[str] = frozenset()
+    """When set, only these agents may see it (a plugin tool's agent filter)."""
     agent_id: str | None = None
     """Set for a tool scoped to one agent; it shadows a global tool of the same name.
 
@@ -220,12 +224,12 @@ class ToolRegistry:
     def lookup(self, name: str, agent_id: str, enabled: Collection[str]) -> Tool | None:
         """The tool `name` as `agent_id` sees it, or None when it is unknown or hidden."""
         tool = self._scoped.get(agent_id, {}).get(name) or self._global.get(name)
-        return tool if tool is not None and _usable(tool, enabled) else None
+        return tool if tool is not None and _usable(tool, agent_id, enabled) else None
 
     def visible(self, agent_id: str, enabled: Collection[str]) -> dict[str, Tool]:
         """The tools `agent_id` sees by name: its scoped tools shadow global ones."""
         merged = {**self._global, **self._scoped.get(agent_id, {})}
-        return {name: tool for name, tool in merged.items() if _usable(tool, enabled)}
+        return {name: tool for name, tool in merged.items() if _usable(tool, agent_id, enabled)}
 
     def schemas(
         self, agent_id: str, enabled: Collection[str], tool_order: Sequence[str] | None = None
@@ -254,7 +258,9 @@ class ToolRegistry:
         return "parallel" if safe is True else "exclusive"
 
 
-def _usable(tool: Tool, enabled: Collection[str]) -> bool:
+def _usable(tool: Tool, agent_id: str, enabled: Collection[str]) -> bool:
+    if tool.agents and agent_id not in tool.agents:
+        return False
     return not tool.opt_in or tool.name in enabled
 
 

@@ -264,6 +264,11 @@ def guard_example(lang: str, *flags: str) -> list[str]:
     return [node(), str(NODE_GUARD_EXAMPLE), *flags]
 
 
+def rogue(*flags: str) -> list[str]:
+    """The command line of the protocol-breaking test plugin (without --listen)."""
+    return [sys.executable, str(TEST_PLUGINS / "rogue.py"), *flags]
+
+
 def configurable(lang: str, *flags: str) -> list[str]:
     """The command line of the configurable test plugin in `lang` (without --listen)."""
     if lang == "python":

@@ -87,6 +87,8 @@ def test_storage_and_resume_fields() -> None:
         ({"plugins": [{"order": 1}]}, "plugins[0].address"),
         ({"plugins": [{"address": "h:1", "failurePolicy": "maybe"}]}, "plugins[0].failurePolicy"),
         ({"plugins": [{"address": "h:1", "timeoutSeconds": 0}]}, "plugins[0].timeoutSeconds"),
+        ({"plugins": [{"address": "h:1", "required": "yes"}]}, "plugins[0].required"),
+        ({"pluginMaxMessageBytes": 0}, "pluginMaxMessageBytes"),
         ({"dataDir": 3}, "dataDir"),
         ({"agents": [{"id": "a", "resumeSessionId": 7}]}, "agents[0].resumeSessionId"),
         ({"agents": {"id": "a"}}, "agents"),
@@ -135,6 +137,23 @@ def test_providers_and_plugins_parse() -> None:
     assert provider.headers == (("X-A", "1"),)
     (plugin,) = config.plugins
     assert (plugin.order, plugin.failure_policy) == (-5, "fail_open")
+    assert not plugin.is_required()  # fail_open: turns never wait for it
+
+
+def test_config_plugins_are_required_unless_said_otherwise() -> None:
+    config = parse_config(
+        {
+            "pluginMaxMessageBytes": 1024,
+            "plugins": [
+                {"address": "h:1", "name": "gate"},
+                {"address": "h:2", "required": False},
+                {"address": "h:3", "failurePolicy": "fail_open", "required": True},
+            ],
+        }
+    )
+    assert config.plugin_max_message_bytes == 1024
+    assert [p.is_required() for p in config.plugins] == [True, False, True]
+    assert config.plugins[0].name == "gate"
 
 
 def test_unreadable_and_malformed_files(tmp_path: Path) -> None:

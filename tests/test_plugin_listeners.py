@@ -8,7 +8,7 @@ from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import stream_pb2 as st
 from server.abort import AbortSignal
-from server.plugin_listeners import PluginCallFailed, PluginStats, install
+from server.plugin_listeners import NoticeSlot, PluginCallFailed, PluginStats, install
 from tests.harness import Harness, reason_kinds, text_step
 
 
@@ -35,7 +35,10 @@ class FakeCaller:
         raise PluginCallFailed("error", "no models here")
         yield st.StreamChunk()  # pragma: no cover - makes this an async generator
 
-    def notify(self, call: hk.HookCall) -> None:
+    def admit(self, slot: NoticeSlot) -> bool:
+        return True
+
+    def notify(self, call: hk.HookCall, slot: NoticeSlot) -> None:
         self.calls.append(call)
 
 

@@ -88,14 +88,9 @@ def with_timeout(message: Any, nanos: int) -> Any:
 
 INVALID: list[tuple[str, Callable[[hk.DescribeResponse], None], str]] = [
     (
-        "model-stream-subscription",
-        lambda d: d.subscriptions.append(hk.Subscription(seam=hk.SEAM_MODEL_STREAM)),
-        "SEAM_MODEL_STREAM",
-    ),
-    (
-        "tool-execute-subscription",
-        lambda d: d.subscriptions.append(hk.Subscription(seam=hk.SEAM_TOOL_EXECUTE)),
-        "SEAM_TOOL_EXECUTE",
+        "reserved-seam",  # 13 was SEAM_TOOL_EXECUTE: tool calls are a call kind now
+        lambda d: d.subscriptions.append(hk.Subscription(seam=13)),  # type: ignore[arg-type]
+        "seam 13",
     ),
     (
         "unknown-seam",

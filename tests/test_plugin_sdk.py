@@ -39,7 +39,7 @@ def tool_call(call_id: str, name: str, arguments: str) -> hs.HookCall:
     invocation = hs.ToolInvocation(call_id="m-" + call_id, name=name, arguments=arguments)
     return hs.HookCall(
         call_id=call_id,
-        seam=hs.SEAM_TOOL_EXECUTE,
+        kind=hs.CALL_KIND_TOOL_EXECUTE,
         tool_execute=hs.ToolExecuteCall(invocation=invocation),
     )
 
@@ -187,7 +187,7 @@ async def test_concurrent_calls_are_answered_as_they_finish(loop: Loop) -> None:
         results[result.call_id] = result
         order.append(result.call_id)
     assert order.index("c2") < order.index("c1")
-    assert all(not r.error for r in results.values()), results
+    assert all(not r.HasField("error") for r in results.values()), results
     assert results["c1"].step_result.message.content[0].text.text == "rewritten"
     assert results["c1"].step_result.message.role == content_pb2.ROLE_ASSISTANT
     assert results["c2"].turn_stop.stop
@@ -200,7 +200,7 @@ async def test_concurrent_calls_are_answered_as_they_finish(loop: Loop) -> None:
     assert results["c5"].tool_execute.content[0].text.text == "HI THERE"
     assert not results["c5"].tool_execute.is_error
     assert results["c6"].tool_pre_execute.deny.reason == "no deletes"
-    assert results["c7"].WhichOneof("decision") is None  # continue unchanged
+    assert results["c7"].WhichOneof("outcome") is None  # continue unchanged
     assert results["c8"].turn_continuation.continue_turn.reason[0].text.text == "one more step"
     assert await stream.finish() == []
 
@@ -275,16 +275,17 @@ async def test_failures_are_answered_with_error(loop: Loop) -> None:
         hs.HookCall(call_id="empty"),
     )
     results = {r.call_id: r for r in [await stream.result() for _ in range(5)]}
-    assert results["boom"].error == "boom is not allowed to run"
-    assert "returned ContinuationDecision, not PreToolDecision" in results["wrong"].error
-    assert "no tool 'no_such_tool'" in results["missing"].error
-    assert "no handler for session_prefix" in results["unsubscribed"].error
-    assert "no handler" in results["empty"].error
-    assert all(r.WhichOneof("decision") is None for r in results.values())
+    assert results["boom"].error.message == "boom is not allowed to run"
+    wrong = "returned ContinuationDecision, not PreToolDecision"
+    assert wrong in results["wrong"].error.message
+    assert "no tool 'no_such_tool'" in results["missing"].error.message
+    assert "no handler for session_prefix" in results["unsubscribed"].error.message
+    assert "no handler" in results["empty"].error.message
+    assert all(r.WhichOneof("outcome") == "error" for r in results.values())
     # Arguments that are not JSON are the model's mistake: a tool error it sees.
     await stream.send(tool_call("bad-json", "shout", "{not json"))
     bad = await stream.result()
-    assert not bad.error and bad.tool_execute.is_error
+    assert not bad.HasField("error") and bad.tool_execute.is_error
     assert bad.tool_execute.error.code == "INVALID_ARGUMENTS"
     assert sdk.text_of(bad.tool_execute.content).startswith("Error: invalid JSON arguments")
     assert await stream.finish() == []

@@ -37,7 +37,7 @@ def model_call(
     )
     call = hs.HookCall(
         call_id=call_id,
-        seam=hs.SEAM_MODEL_STREAM,
+        kind=hs.CALL_KIND_MODEL_STREAM,
         agent_id="a1",
         turn=1,
         step=1,
@@ -225,17 +225,21 @@ async def test_a_failing_model_answers_an_error_result(loop: Loop) -> None:
     first = await stream.response()
     assert (first.chunk.call_id, kind(first.chunk.chunk)) == ("m1", "block_start")
     failed = await stream.response()
-    assert failed.result == hs.HookResult(call_id="m1", error="the model broke")
+    assert failed.result == hs.HookResult(
+        call_id="m1", error=hs.CallError(code=2, message="the model broke")
+    )
     await stream.send(model_call("m2", "bad"))
     bad = await stream.response()
     assert bad.result.call_id == "m2"
-    assert "produced 'not a chunk', not a StreamChunk" in bad.result.error
+    assert "produced 'not a chunk', not a StreamChunk" in bad.result.error.message
     await stream.send(model_call("m3", "unknown"))
     unknown = await stream.response()
-    assert unknown.result.error == "plugin models serves no model provider 'unknown'"
+    assert unknown.result.error.message == "plugin models serves no model provider 'unknown'"
     await stream.send(model_call("m4", "upstream", timeout=T))
     upstream = await stream.response()
-    assert upstream.result == hs.HookResult(call_id="m4", error="the upstream API timed out")
+    assert upstream.result == hs.HookResult(
+        call_id="m4", error=hs.CallError(code=2, message="the upstream API timed out")
+    )
     assert await stream.finish() == []
 
 
@@ -344,7 +348,7 @@ async def test_the_example_reverses_and_asks_for_the_time() -> None:
 async def test_handle_points_model_calls_to_responses() -> None:
     plugin, _ = build_plugin()
     result = await plugin.handle(model_call("m", "plain"))
-    assert result is not None and "use responses(call)" in result.error
+    assert result is not None and "use responses(call)" in result.error.message
     assert [r.result.call_id async for r in plugin.responses(hs.HookCall(call_id="s"))] == ["s"]
 
 

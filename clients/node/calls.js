@@ -10,6 +10,8 @@
  */
 
 const decisions = require('./decisions');
+
+const { failure } = decisions;
 const { BY_PAYLOAD, HookService } = require('./proto');
 
 const CONTENT_KINDS = ['text', 'toolCall', 'toolResult', 'reasoning'];
@@ -91,9 +93,10 @@ async function answer(plugin, call, signal) {
     }
     return { callId: call.callId, [payload]: decision };
   } catch (error) {
-    return { callId: call.callId, error: (error && error.message) || String(error) };
+    return failure(call.callId, (error && error.message) || String(error));
   }
 }
+
 
 /**
  * Run one call's handler. Never rejects: every failure is a `HookResult` with `error`.
@@ -109,7 +112,7 @@ async function runCall(plugin, call, signal) {
     HookService.service.Handle.responseSerialize({ result }); // what the stream will send
     return result;
   } catch (error) {
-    return { callId: call.callId, error: `malformed ${call.payload} result: ${error.message}` };
+    return failure(call.callId, `malformed ${call.payload} result: ${error.message}`);
   }
 }
 

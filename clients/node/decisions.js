@@ -277,7 +277,18 @@ function fromStruct(struct) {
   return object;
 }
 
+/**
+ * The answer to a call the plugin failed to handle (`HookResult.error`, code UNKNOWN).
+ * @param {string} callId
+ * @param {string} message
+ * @returns {object} the `HookResult`
+ */
+function failure(callId, message) {
+  return { callId, error: { code: 2, message } };
+}
+
 module.exports = {
+  failure,
   SEAM_OF,
   accept,
   addContext,

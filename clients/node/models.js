@@ -19,7 +19,7 @@
  */
 
 const { HookService } = require('./proto');
-const { textOf } = require('./decisions');
+const { failure, textOf } = require('./decisions');
 
 /**
  * @callback ModelHandler
@@ -150,8 +150,9 @@ async function runModel(plugin, call, signal, emit) {
   const { provider: name } = call.modelStream || {};
   const provider = plugin.models.get(name);
   if (!provider) {
-    const error = `plugin ${plugin.name} serves no model provider ${JSON.stringify(name)}`;
-    return { callId: call.callId, error };
+    return failure(
+      call.callId, `plugin ${plugin.name} serves no model provider ${JSON.stringify(name)}`,
+    );
   }
   const stopped = withdrawn(signal);
   let iterator = null;
@@ -177,7 +178,7 @@ async function runModel(plugin, call, signal, emit) {
     }
   } catch (error) {
     if (signal.aborted) return null;
-    return { callId: call.callId, error: (error && error.message) || String(error) };
+    return failure(call.callId, (error && error.message) || String(error));
   } finally {
     if (iterator && iterator !== WITHDRAWN && !exhausted && typeof iterator.return === 'function') {
       Promise.resolve(iterator.return()).catch(() => {}); // close it, without waiting

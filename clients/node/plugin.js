@@ -35,6 +35,9 @@ const decisions = require('./decisions');
 const proto = require('./proto');
 const models = require('./models');
 const { runCall } = require('./calls');
+
+/** The server's default `pluginMaxMessageBytes`: what a plugin must accept and may send. */
+const MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
 const { authorized, refuse, serveStream } = require('./stream');
 
 const NAME_PATTERN = /^[A-Za-z0-9._:-]{1,128}$/;
@@ -47,6 +50,8 @@ const FAILURE_POLICIES = ['FAIL_CLOSED', 'FAIL_OPEN'];
  * @property {'FAIL_CLOSED'|'FAIL_OPEN'} [failurePolicy] what a failed call does to the
  *   turn (default: FAIL_CLOSED, the turn ends with reason `error`)
  * @property {string[]} [agentIds] only these agents' calls (default: every agent)
+ * @property {number} [bufferSize] observers only: notifications that may wait to be
+ *   sent (default: the server's 1024)
  * @property {string[]} [eventKinds] onSessionEvent only: only these payload kinds, such as
  *   'turn_end' (default: all); the server filters, so other events cost nothing
  */
@@ -71,7 +76,9 @@ const FAILURE_POLICIES = ['FAIL_CLOSED', 'FAIL_OPEN'];
 /** A plugin: its seam handlers and tools, served as an agentloop `HookService`. */
 class Plugin {
   /** @param {{name: string, version?: string, token?: string, logger?: Console}} options */
-  constructor({ name, version = '', token = '', logger = console }) {
+  constructor({
+    name, version = '', token = '', logger = console, maxMessageBytes = MAX_MESSAGE_BYTES,
+  }) {
     if (!NAME_PATTERN.test(name || '')) {
       throw new Error(`plugin name ${JSON.stringify(name)}: 1-128 letters, digits, . _ : -`);
     }
@@ -79,6 +86,8 @@ class Plugin {
     this.version = version;
     this.token = token || '';
     this.logger = logger;
+    /** at least the server's `pluginMaxMessageBytes` (gRPC's default 4 MiB is below it) */
+    this.maxMessageBytes = maxMessageBytes;
     /** @type {Map<string, {handler: Handler, options: SubscriptionOptions}>} by payload */
     this.subscriptions = new Map();
     /** @type {Map<string, {definition: object, handler: ToolHandler}>} by name */
@@ -211,10 +220,14 @@ class Plugin {
    * @param {object} [options.schema] the JSON schema of the arguments (an object)
    * @param {boolean} [options.parallelSafe=false] may run in the parallel pool
    * @param {number} [options.timeout] deadline of each call in seconds
+   * @param {string[]} [options.agentIds] only these agents may see it (default: every
+   *   agent); either way an agent sees it only if it names it in `AgentOptions.tools`
    * @param {ToolHandler} handler
    * @returns {this}
    */
-  tool({ name, description = '', schema, parallelSafe = false, timeout }, handler) {
+  tool({
+    name, description = '', schema, parallelSafe = false, timeout, agentIds = [],
+  }, handler) {
     if (!name || this.tools.has(name)) {
       throw new Error(`plugin ${this.name}: tool name ${JSON.stringify(name)} is empty or taken`);
     }
@@ -225,6 +238,7 @@ class Plugin {
       inputSchema: decisions.toStruct(schema || { type: 'object', properties: {} }),
       parallelSafe,
       timeout: timeout === undefined ? null : proto.duration(timeout),
+      agentIds: [...agentIds],
     };
     this.tools.set(name, { definition, handler });
     return this;
@@ -270,12 +284,18 @@ class Plugin {
           failurePolicy: `FAILURE_POLICY_${options.failurePolicy || 'UNSPECIFIED'}`,
           agentIds: [...(options.agentIds || [])],
           eventKinds: [...(options.eventKinds || [])],
+          bufferSize: options.bufferSize || 0,
         };
       });
     const tools = [...this.tools.values()].map((tool) => tool.definition);
     const modelDefinitions = [...this.models.values()].map((model) => model.definition);
     return {
-      name: this.name, version: this.version, subscriptions, tools, models: modelDefinitions,
+      name: this.name,
+      version: this.version,
+      subscriptions,
+      tools,
+      models: modelDefinitions,
+      protocolVersion: 1,
     };
   }
 
@@ -302,7 +322,10 @@ class Plugin {
    */
   async serve(address = '127.0.0.1:0') {
     if (this.server) throw new Error(`plugin ${this.name} is already serving`);
-    const server = new grpc.Server();
+    const server = new grpc.Server({
+      'grpc.max_receive_message_length': this.maxMessageBytes,
+      'grpc.max_send_message_length': this.maxMessageBytes,
+    });
     server.addService(proto.HookService.service, {
       Describe: (call, callback) => {
         if (!authorized(this, call)) return callback(refuse(this));
@@ -364,6 +387,8 @@ class Plugin {
  * @param {string} [options.token] when set, the server must send
  *   `authorization: Bearer <token>` metadata (UNAUTHENTICATED otherwise)
  * @param {Console} [options.logger=console] where observer failures are reported
+ * @param {number} [options.maxMessageBytes=16 MiB] gRPC message limits; at least the
+ *   server's `pluginMaxMessageBytes`
  * @returns {Plugin}
  */
 function createPlugin(options) {

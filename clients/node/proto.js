@@ -10,7 +10,7 @@
  * - `defaults: true`: scalars and repeated fields are always present; an unset message
  *   field is `null`;
  * - `oneofs: true`: on a received message, a oneof's name holds the member that is set
- *   (`call.payload === 'promptSubmit'`, `result.decision`, `block.block`). To send a
+ *   (`call.payload === 'promptSubmit'`, `result.outcome`, `block.block`). To send a
  *   oneof, set exactly one of its members (`{block: {reason}}`).
  */
 

@@ -73,7 +73,7 @@ function serveStream(plugin, stream) {
       return;
     }
     if (closing) {
-      stream.write({ result: { callId: call.callId, error: 'the plugin is stopping' } });
+      stream.write({ result: { callId: call.callId, error: { code: 2, message: 'the plugin is stopping' } } });
       return;
     }
     const controller = new AbortController();

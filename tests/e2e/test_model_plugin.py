@@ -107,7 +107,7 @@ async def test_a_plugin_model_serves_a_turn(server: Server) -> None:
     assert deltas == ["dlr", "ow ", "oll", "eh"]  # streamed, as the plugin produced them
     assert events[-1].turn_end.reason.WhichOneof("kind") == "completed"
     listed = await server.plugin_state("model-echo", {reg.PLUGIN_STATE_READY})
-    [model_calls] = [lat for lat in listed.latencies if lat.seam == hk.SEAM_MODEL_STREAM]
+    [model_calls] = [lat for lat in listed.latencies if lat.kind == hk.CALL_KIND_MODEL_STREAM]
     assert model_calls.calls == 1
 
 

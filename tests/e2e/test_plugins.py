@@ -256,7 +256,7 @@ async def test_plugin_tool_runs_in_the_pool_beside_a_local_tool(
     registered = await register(e2e.channel, plugin.address)
     assert [(t.name, t.parallel_safe) for t in registered.tools] == [(tool, True)]
     await create_agent(
-        e2e, "pool", tools=["sleep"],
+        e2e, "pool", tools=["sleep", tool],
         script=[step(("c1", tool, {}), ("c2", "sleep", {"seconds": 0.05}))],
     )  # fmt: skip
 
@@ -487,7 +487,7 @@ async def test_list_plugins_shows_state_subscriptions_counters_and_latencies(
     )  # fmt: skip
     await register(e2e.channel, plugin.address)
     await create_agent(
-        e2e, "observed", tools=["echo"],
+        e2e, "observed", tools=["echo", "busy_tool"],
         script=[step(("t1", "busy_tool", {}), ("t2", "echo", {"text": "x"}))],
     )  # fmt: skip
     events = await run_turn(e2e, "observed", "p")
@@ -506,17 +506,18 @@ async def test_list_plugins_shows_state_subscriptions_counters_and_latencies(
     # prompt-submit once, pre-execute per call (twice), the tool once.
     assert listed.stats.calls == 4
     assert (listed.stats.errors, listed.stats.timeouts, listed.stats.fail_opens) == (0, 0, 0)
-    latencies = {lat.seam: lat for lat in listed.latencies}
-    assert set(latencies) == {
-        hk.SEAM_PROMPT_SUBMIT, hk.SEAM_TOOLS_PRE_EXECUTE, hk.SEAM_TOOL_EXECUTE,
-    }  # fmt: skip
-    assert latencies[hk.SEAM_PROMPT_SUBMIT].calls == 1
-    assert latencies[hk.SEAM_TOOLS_PRE_EXECUTE].calls == 2
-    assert latencies[hk.SEAM_TOOL_EXECUTE].calls == 1
+    latencies = {(lat.kind, lat.seam): lat for lat in listed.latencies}
+    prompt = (hk.CALL_KIND_SEAM, hk.SEAM_PROMPT_SUBMIT)
+    pre_execute = (hk.CALL_KIND_SEAM, hk.SEAM_TOOLS_PRE_EXECUTE)
+    tool = (hk.CALL_KIND_TOOL_EXECUTE, hk.SEAM_UNSPECIFIED)
+    assert set(latencies) == {prompt, pre_execute, tool}
+    assert latencies[prompt].calls == 1
+    assert latencies[pre_execute].calls == 2
+    assert latencies[tool].calls == 1
     for latency in latencies.values():
         assert 0 < latency.p50.ToNanoseconds() <= latency.p99.ToNanoseconds()
     # The tool sleeps 10 ms: its latency says so.
-    assert latencies[hk.SEAM_TOOL_EXECUTE].p50.ToNanoseconds() >= 10_000_000
+    assert latencies[tool].p50.ToNanoseconds() >= 10_000_000
 
     # Unregistered: no effect any more, and its tool is gone.
     await unregister(e2e.channel, "busy")
@@ -590,13 +591,12 @@ class Describer(hk_rpc.HookServiceServicer):
 @pytest.mark.parametrize(
     "bad",
     [
-        hk.Subscription(seam=hk.SEAM_MODEL_STREAM),
-        hk.Subscription(seam=hk.SEAM_TOOL_EXECUTE),
+        hk.Subscription(seam=14),  # type: ignore[arg-type]  # was SEAM_MODEL_STREAM
         hk.Subscription(seam=42),  # type: ignore[arg-type]
         hk.Subscription(seam=hk.SEAM_PRE_STEP, timeout=duration_pb2.Duration()),
         hk.ToolDefinition(name="nan_tool", input_schema=struct({"maximum": float("nan")})),
     ],
-    ids=["model-stream", "tool-execute", "unknown-seam", "zero-timeout", "nan-schema"],
+    ids=["reserved-seam", "unknown-seam", "zero-timeout", "nan-schema"],
 )
 async def test_an_invalid_description_is_failed_precondition_and_leaves_nothing(
     e2e: E2E, bad: hk.Subscription | hk.ToolDefinition
@@ -663,8 +663,9 @@ async def test_config_plugins_are_connected_at_start(launcher: PluginLauncher) -
         store="memory",
         plugins=(
             PluginConfig(address=plugin.address, order=3, failure_policy="fail_open"),
-            # Nothing listens there yet: retried in the background.
-            PluginConfig(address=f"127.0.0.1:{late_port}"),
+            # Nothing listens there yet: retried in the background. Not required, so
+            # turns run without it meanwhile.
+            PluginConfig(address=f"127.0.0.1:{late_port}", required=False),
         ),
     )
     async with running_app(config) as e2e:

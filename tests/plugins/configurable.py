@@ -18,8 +18,16 @@ Other seams:
 - `--continue-once`: `agent/turn-continuation` forces one more step per turn (then
   leaves the decision unchanged);
 - `--deny-tool NAME` (with `--deny-reason`): `tools/pre-execute` denies that tool;
-- `--tool NAME` (with `--tool-sleep SECONDS`): a parallel-safe tool that sleeps, then
-  returns `NAME done`.
+- `--tool NAME` (with `--tool-sleep SECONDS`, `--tool-agents A,B`): a parallel-safe
+  tool that sleeps, then returns `NAME done`, offered only to those agents if given.
+
+A fault on a tool seam (`--fault-seam pre-execute|post-execute|tool`, the tool being
+`--tool NAME`) with `--fault hang|error|malformed|die`: never answer, answer an error
+naming an address (`connect to 10.9.8.7:6 failed`), answer another seam's decision, or
+exit the process at the call.
+
+`--observe-file PATH` (with `--buffer N`): a session-event observer (buffer N) that
+appends `KIND DROPPED` per notification to PATH.
 
 Every subscription takes `--order`, `--timeout` and `--fail-open`; `--token` requires
 that bearer token from the server.
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from typing import Any
 
 from agentloop.plugin.sdk import (
@@ -56,6 +65,12 @@ def record(note: str, path: str) -> None:
         with open(path, "a") as file:
             file.write(note + "\n")
     print(note, flush=True)
+
+
+def append(path: str, line: str) -> None:
+    """Append one line to the file `path` (small, local: blocking is fine here)."""
+    with open(path, "a") as file:
+        file.write(line + "\n")
 
 
 def build(args: argparse.Namespace) -> Plugin:
@@ -109,9 +124,22 @@ def build(args: argparse.Namespace) -> Plugin:
                 return deny(args.deny_reason)
             return None
 
-    if args.tool:
+    if args.fault:
+        fault_at(plugin, args, options)
 
-        @plugin.tool(args.tool, description="Sleeps, then answers.", parallel_safe=True)
+    if args.observe_file:
+
+        @plugin.on_session_event(buffer_size=args.buffer)
+        async def observe(call: hs.HookCall) -> None:
+            notice = call.session_event
+            append(args.observe_file, f"{notice.event.WhichOneof('payload')} {notice.dropped}")
+
+    if args.tool and args.fault_seam != "tool":
+        agent_ids = [a for a in args.tool_agents.split(",") if a]
+
+        @plugin.tool(
+            args.tool, description="Sleeps, then answers.", parallel_safe=True, agent_ids=agent_ids
+        )
         async def slow_tool(arguments: Any, call: hs.HookCall) -> str:
             await asyncio.sleep(args.tool_sleep)
             return f"{args.tool} done"
@@ -130,6 +158,52 @@ def build(args: argparse.Namespace) -> Plugin:
         plugin.registry.run = malformed  # type: ignore[method-assign]
 
     return plugin
+
+
+async def fault(args: argparse.Namespace) -> None:
+    """Misbehave as `--fault` says (the malformed answer is made in `fault_at`)."""
+    if args.fault == "hang":
+        await asyncio.Event().wait()
+    if args.fault == "die":
+        os._exit(3)
+    if args.fault == "error":
+        raise RuntimeError("connect to 10.9.8.7:6 failed")
+
+
+def fault_at(plugin: Plugin, args: argparse.Namespace, options: Options) -> None:
+    """Subscribe the faulty handler at `--fault-seam`."""
+    if args.fault_seam == "pre-execute":
+
+        @plugin.tools_pre_execute(**options)
+        async def pre(call: hs.HookCall) -> None:
+            await fault(args)
+
+    elif args.fault_seam == "post-execute":
+
+        @plugin.tools_post_execute(**options)
+        async def post(call: hs.HookCall) -> None:
+            await fault(args)
+
+    else:
+
+        @plugin.tool(args.tool, description="Misbehaves.", parallel_safe=True)
+        async def faulty_tool(arguments: Any, call: hs.HookCall) -> str:
+            await fault(args)
+            return "unreachable"
+
+    if args.fault == "malformed":
+        run = plugin.registry.run
+
+        async def malformed(call: hs.HookCall) -> hs.HookResult | None:
+            if call.WhichOneof("payload") not in ("tool_pre_execute", "tool_post_execute",
+                                                  "tool_execute"):  # fmt: skip
+                return await run(call)
+            return hs.HookResult(
+                call_id=call.call_id,
+                prompt_submit=decision_pb2.PromptDecision(allow=decision_pb2.PromptAllow()),
+            )
+
+        plugin.registry.run = malformed  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -153,6 +227,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--deny-reason", default="denied by the test plugin")
     parser.add_argument("--tool", default="")
     parser.add_argument("--tool-sleep", type=float, default=0.3)
+    parser.add_argument("--observe-file", default="")
+    parser.add_argument("--buffer", type=int, default=0)
+    parser.add_argument("--tool-agents", default="", help="comma-separated agent filter")
+    parser.add_argument("--fault", choices=["hang", "error", "malformed", "die"], default="")
+    parser.add_argument(
+        "--fault-seam", choices=["pre-execute", "post-execute", "tool"], default="pre-execute"
+    )
     args = parser.parse_args(argv)
     build(args).run(args.listen)
 

@@ -12,7 +12,7 @@ const user = (text) => ({ role: 'ROLE_USER', content: [{ text: { text } }] });
 function modelCall(callId, provider, { messages = [user('hi')], model = '', timeout } = {}) {
   return {
     callId,
-    seam: 'SEAM_MODEL_STREAM',
+    kind: 'CALL_KIND_MODEL_STREAM',
     agentId: 'a1',
     turn: 1,
     step: 1,
@@ -161,10 +161,10 @@ test('a failing model answers an error result', async () => {
   assert.deepEqual([first.chunk.callId, kindOf(first.chunk.chunk)], ['m1', 'blockStart']);
   const failed = await stream.response();
   assert.equal(failed.kind, 'result');
-  assert.deepEqual([failed.result.callId, failed.result.error], ['m1', 'the model broke']);
+  assert.deepEqual([failed.result.callId, failed.result.error.message], ['m1', 'the model broke']);
   stream.send(modelCall('m2', 'bad'), modelCall('m3', 'two-kinds'), modelCall('m4', 'unknown'));
   const results = Object.fromEntries((await Promise.all([1, 2, 3].map(() => stream.response())))
-    .map((r) => [r.result.callId, r.result.error]));
+    .map((r) => [r.result.callId, r.result.error.message]));
   assert.match(results.m2, /produced not a chunk, not a StreamChunk/);
   assert.match(results.m3, /not a StreamChunk/);
   assert.equal(results.m4, 'plugin models serves no model provider "unknown"');
@@ -232,7 +232,7 @@ test('handle runs a model call in process', async () => {
     ['blockStart', 'blockDelta', 'blockEnd', 'finish']);
   assert.equal(chunks[1].blockDelta.text, 'model x');
   const failed = await plugin.handle({ ...modelCall('b', 'boom'), payload: 'modelStream' });
-  assert.deepEqual(failed, { callId: 'b', error: 'the model broke' });
+  assert.deepEqual(failed, { callId: 'b', error: { code: 2, message: 'the model broke' } });
 });
 
 test('registrations and chunk helpers are checked', () => {

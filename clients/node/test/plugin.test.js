@@ -19,7 +19,7 @@ const prompt = (callId, value) => ({
 });
 const invocation = (callId, name, args) => ({ invocation: { callId: `m-${callId}`, name, arguments: args } });
 const toolCall = (callId, name, args) =>
-  ({ callId, seam: 'SEAM_TOOL_EXECUTE', toolExecute: invocation(callId, name, args) });
+  ({ callId, kind: 'CALL_KIND_TOOL_EXECUTE', toolExecute: invocation(callId, name, args) });
 const preTool = (callId, name) =>
   ({ callId, seam: 'SEAM_TOOLS_PRE_EXECUTE', toolPreExecute: invocation(callId, name, '{}') });
 
@@ -108,8 +108,8 @@ test('concurrent calls are answered as they finish', async () => {
   assert.deepEqual([...order].sort(), ['c1', 'c2', 'c3', 'c4', 'c5', 'c6', 'c7', 'c8']);
   assert.ok(order.indexOf('c2') < order.indexOf('c1'));
   const r = Object.fromEntries(list.map((result) => [result.callId, result]));
-  for (const result of list) assert.equal(result.error, '', result.error);
-  assert.equal(r.c1.decision, 'stepResult');
+  for (const result of list) assert.equal(result.error, undefined, result.error);
+  assert.equal(r.c1.outcome, 'stepResult');
   assert.equal(r.c1.stepResult.message.role, 'ROLE_ASSISTANT');
   assert.equal(sdk.textOf(r.c1.stepResult.message.content), 'rewritten');
   assert.equal(r.c2.turnStop.stop, true);
@@ -122,7 +122,7 @@ test('concurrent calls are answered as they finish', async () => {
   assert.equal(sdk.textOf(r.c5.toolExecute.content), 'cba');
   assert.equal(r.c5.toolExecute.isError, false);
   assert.equal(r.c6.toolPreExecute.deny.reason, 'no deletes');
-  assert.equal(r.c7.decision, undefined); // continue unchanged
+  assert.equal(r.c7.outcome, undefined); // continue unchanged
   assert.equal(sdk.textOf(r.c8.turnContinuation.continueTurn.reason), 'one more step');
   assert.deepEqual(await stream.finish(), []);
 });
@@ -173,17 +173,17 @@ test('failures are answered with HookResult.error', async () => {
     { callId: 'empty' },
   );
   const r = Object.fromEntries((await stream.take(6)).map((result) => [result.callId, result]));
-  assert.equal(r.boom.error, 'boom is not allowed to run');
-  assert.match(r.wrong.error, /toolPreExecute handler returned a turnContinuation decision/);
-  assert.match(r.malformed.error, /malformed toolPreExecute result/);
-  assert.match(r.missing.error, /no tool "no_such_tool"/);
-  assert.match(r.unsubscribed.error, /no handler for sessionPrefix/);
-  assert.match(r.empty.error, /no handler/);
-  for (const result of Object.values(r)) assert.equal(result.decision, undefined);
+  assert.equal(r.boom.error.message, 'boom is not allowed to run');
+  assert.match(r.wrong.error.message, /toolPreExecute handler returned a turnContinuation decision/);
+  assert.match(r.malformed.error.message, /malformed toolPreExecute result/);
+  assert.match(r.missing.error.message, /no tool "no_such_tool"/);
+  assert.match(r.unsubscribed.error.message, /no handler for sessionPrefix/);
+  assert.match(r.empty.error.message, /no handler/);
+  for (const result of Object.values(r)) assert.equal(result.outcome, 'error');
   // Arguments that are not JSON are the model's mistake: a tool error it sees.
   stream.send(toolCall('bad-json', 'reverse', '{not json'));
   const bad = await stream.result();
-  assert.equal(bad.error, '');
+  assert.equal(bad.error, undefined);
   assert.equal(bad.toolExecute.isError, true);
   assert.equal(bad.toolExecute.error.code, 'INVALID_ARGUMENTS');
   assert.match(sdk.textOf(bad.toolExecute.content), /^Error: invalid JSON arguments/);

@@ -61,6 +61,8 @@ class Options(TypedDict, total=False):
     """Only these agents' calls (default: every agent)."""
     event_kinds: Iterable[str]
     """`on_session_event` only: only these kinds, such as "turn_end" (default: all)."""
+    buffer_size: int
+    """Observers only: notifications that may wait to be sent (default: the server's 1024)."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class SeamSpec:
 
     seam: hs.Seam.ValueType
     payload: str
-    """The field of `HookCall.payload`, and of `HookResult.decision` when answered."""
+    """The field of `HookCall.payload`, and of `HookResult.outcome` when answered."""
     decision: type[ProtoMessage] | None
     """The decision type; None for an observer."""
 
@@ -97,6 +99,11 @@ def duration(seconds: float) -> duration_pb2.Duration:
     result = duration_pb2.Duration()
     result.FromNanoseconds(round(seconds * 1e9))
     return result
+
+
+def failure(call_id: str, message: str) -> hs.HookResult:
+    """The answer of a call the plugin failed to handle (code UNKNOWN)."""
+    return hs.HookResult(call_id=call_id, error=hs.CallError(code=2, message=message))
 
 
 def error_text(exc: BaseException) -> str:
@@ -133,6 +140,7 @@ class Subscription:
             failure_policy=self.options.get("failure_policy", hs.FAILURE_POLICY_UNSPECIFIED),
             agent_ids=list(self.options.get("agent_ids", ())),
             event_kinds=list(self.options.get("event_kinds", ())),
+            buffer_size=self.options.get("buffer_size", 0),
         )
         timeout = self.options.get("timeout")
         if timeout is not None:
@@ -180,6 +188,7 @@ class Registry:
             ],
             tools=[definition for definition, _ in self.tools.values()],
             models=[provider.definition for provider in self.models.values()],
+            protocol_version=1,
         )
 
     async def responses(self, call: hs.HookCall) -> AsyncGenerator[hs.HandleResponse]:
@@ -244,7 +253,7 @@ class Registry:
                 getattr(result, payload).CopyFrom(decision)
         except Exception as exc:
             log.warning("plugin %s: call %s failed: %s", self.name, call.call_id, exc)
-            result = hs.HookResult(call_id=call.call_id, error=error_text(exc))
+            result = failure(call.call_id, error_text(exc))
         return result
 
     async def _run_tool(self, call: hs.HookCall) -> hs.ToolOutput:

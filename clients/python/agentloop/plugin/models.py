@@ -26,7 +26,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
-from agentloop.plugin.calls import duration, error_text
+from agentloop.plugin.calls import duration, error_text, failure
 from agentloop.plugin.decisions import text_of
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.v1 import content_pb2 as c
@@ -158,7 +158,7 @@ class ModelProvider:
                         log.warning("plugin model %s: call %s went silent", self.name, call.call_id)
                         return
                     log.warning("plugin model %s: call %s failed: %s", self.name, call.call_id, exc)
-                    error = hs.HookResult(call_id=call.call_id, error=error_text(exc))
+                    error = failure(call.call_id, error_text(exc))
                     yield hs.HandleResponse(result=error)
                     return
                 if chunk is None:

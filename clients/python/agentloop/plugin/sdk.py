@@ -45,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Unpack
 
@@ -96,7 +96,7 @@ from agentloop.plugin.models import (
     tool_call_chunks,
     usage_chunk,
 )
-from agentloop.plugin.service import PluginServer
+from agentloop.plugin.service import MAX_MESSAGE_BYTES, PluginServer
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.v1 import decision_pb2 as d
 
@@ -161,13 +161,24 @@ class Plugin:
     seam's one handler.
     """
 
-    def __init__(self, name: str, version: str = "", *, token: str | None = None) -> None:
-        """Name it (letters, digits, `.`, `_`, `:`, `-`); `token` requires that bearer."""
+    def __init__(
+        self,
+        name: str,
+        version: str = "",
+        *,
+        token: str | None = None,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> None:
+        """Name it (letters, digits, `.`, `_`, `:`, `-`); `token` requires that bearer.
+
+        `max_message_bytes` must be at least the server's `pluginMaxMessageBytes`.
+        """
         if not NAME_PATTERN.fullmatch(name):
             raise ValueError(f"plugin name {name!r}: 1-128 letters, digits, '.', '_', ':', '-'")
         self.name = name
         self.version = version
         self.token = token
+        self.max_message_bytes = max_message_bytes
         self.registry = Registry(name)
         self._server: PluginServer | None = None
 
@@ -238,8 +249,12 @@ class Plugin:
         schema: Mapping[str, Any] | None = None,
         parallel_safe: bool = False,
         timeout: float | None = None,
+        agent_ids: Iterable[str] = (),
     ) -> Callable[[ToolHandler], ToolHandler]:
         """Provide a tool; `schema` is the JSON schema of its arguments (an object).
+
+        The server offers it only to agents that enable it by name in
+        `AgentOptions.tools` and, when `agent_ids` is given, only to those agents.
 
         The handler gets the parsed JSON arguments and the call; it returns text,
         content blocks, a `ToolOutput` (`tool_output(...)`, `tool_error(...)`), or any
@@ -249,6 +264,7 @@ class Plugin:
 
         def register(handler: ToolHandler) -> ToolHandler:
             definition = tool_definition(name, description, schema, parallel_safe, timeout)
+            definition.agent_ids.extend(agent_ids)
             self.registry.add_tool(definition, handler)
             return handler
 
@@ -311,7 +327,7 @@ class Plugin:
         if bool(tls_key) != bool(tls_cert):
             raise ValueError("TLS needs both tls_key and tls_cert")
         tls = read_key_pair(tls_key, tls_cert) if tls_key else None
-        server = PluginServer(self)
+        server = PluginServer(self, self.max_message_bytes)
         port = await server.start(address, tls)
         self._server = server
         return port

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc  # the plugin's transport edge, like the server's api_*.py
 
-from agentloop.plugin.calls import error_text
+from agentloop.plugin.calls import error_text, failure
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.plugin.v1 import hook_service_pb2_grpc as rpc
 
@@ -85,7 +85,7 @@ class CallStream:
             log.warning("plugin %s: duplicate call id %s ignored", self._plugin.name, call.call_id)
             return
         if self._draining:
-            refused = hs.HookResult(call_id=call.call_id, error="the plugin is stopping")
+            refused = failure(call.call_id, "the plugin is stopping")
             self._track(asyncio.create_task(self._send(hs.HandleResponse(result=refused))))
             return
         task = asyncio.create_task(self._run(call), name=f"agentloop-plugin call {call.call_id}")
@@ -113,7 +113,7 @@ class CallStream:
         except Exception as exc:  # responses() answers handler errors itself: a bug guard
             log.exception("plugin %s: call %s", self._plugin.name, call.call_id)
             if not ended and (not call.call_id or self._calls.get(call.call_id) is me):
-                failed = hs.HookResult(call_id=call.call_id, error=error_text(exc))
+                failed = failure(call.call_id, error_text(exc))
                 await self._send(hs.HandleResponse(result=failed))
         finally:
             if call.call_id and self._calls.get(call.call_id) is me:
@@ -126,7 +126,7 @@ class CallStream:
             result = await self._plugin.registry.run(call)
         except Exception as exc:  # run() answers handler errors itself: a bug guard
             log.exception("plugin %s: call %s", self._plugin.name, call.call_id)
-            result = hs.HookResult(call_id=call.call_id, error=error_text(exc))
+            result = failure(call.call_id, error_text(exc))
         finally:
             withdrawn = bool(call.call_id) and self._calls.get(call.call_id) is not me
             if call.call_id and not withdrawn:
@@ -185,12 +185,22 @@ class HookServicer(rpc.HookServiceServicer):
             self.streams.discard(stream)
 
 
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+"""The server's default `pluginMaxMessageBytes`: what a plugin must accept and may send."""
+
+
 class PluginServer:
     """A gRPC server serving one plugin."""
 
-    def __init__(self, plugin: Plugin) -> None:
+    def __init__(self, plugin: Plugin, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
         self._servicer = HookServicer(plugin)
-        self._server = grpc.aio.server()
+        # gRPC's default receive limit (4 MiB) is below the server's: raise it to match.
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", max_message_bytes),
+                ("grpc.max_send_message_length", max_message_bytes),
+            ]
+        )
         rpc.add_HookServiceServicer_to_server(self._servicer, self._server)
 
     async def start(self, address: str, tls: tuple[bytes, bytes] | None = None) -> int:

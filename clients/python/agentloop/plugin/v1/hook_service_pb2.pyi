@@ -58,14 +58,6 @@ class _SeamEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Seam.ValueType],
     """Observer of the live agent events."""
     SEAM_TOOLS_RESULT: _Seam.ValueType  # 12
     """Observer of every final tool result (`tools/result`)."""
-    SEAM_TOOL_EXECUTE: _Seam.ValueType  # 13
-    """A call of one of the plugin's own tools. Not a subscription: it marks
-    `tool_execute` calls and their latencies.
-    """
-    SEAM_MODEL_STREAM: _Seam.ValueType  # 14
-    """A model call to a provider the plugin serves. Not a subscription: it marks
-    `model_stream` calls and their latencies.
-    """
 
 class Seam(_Seam, metaclass=_SeamEnumTypeWrapper):
     """Seam names a point of the loop a plugin can subscribe to."""
@@ -96,15 +88,55 @@ SEAM_AGENT_EVENTS: Seam.ValueType  # 11
 """Observer of the live agent events."""
 SEAM_TOOLS_RESULT: Seam.ValueType  # 12
 """Observer of every final tool result (`tools/result`)."""
-SEAM_TOOL_EXECUTE: Seam.ValueType  # 13
-"""A call of one of the plugin's own tools. Not a subscription: it marks
-`tool_execute` calls and their latencies.
-"""
-SEAM_MODEL_STREAM: Seam.ValueType  # 14
-"""A model call to a provider the plugin serves. Not a subscription: it marks
-`model_stream` calls and their latencies.
-"""
 Global___Seam: _TypeAlias = Seam  # noqa: Y015
+
+class _CallKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CallKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CallKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CALL_KIND_UNSPECIFIED: _CallKind.ValueType  # 0
+    """Not set (never sent)."""
+    CALL_KIND_SEAM: _CallKind.ValueType  # 1
+    """A call of a subscribed transforming seam or checkpoint (`HookCall.seam`
+    names it), answered by one `HookResult`.
+    """
+    CALL_KIND_NOTIFICATION: _CallKind.ValueType  # 2
+    """An observer notification (`HookCall.seam` names the observer seam); it
+    gets no answer.
+    """
+    CALL_KIND_TOOL_EXECUTE: _CallKind.ValueType  # 3
+    """A call of one of the plugin's tools (`tool_execute` payload), answered by
+    one `HookResult`; `seam` is unset.
+    """
+    CALL_KIND_MODEL_STREAM: _CallKind.ValueType  # 4
+    """A model call to a provider the plugin serves (`model_stream` payload),
+    answered by `ModelChunk`s; `seam` is unset.
+    """
+
+class CallKind(_CallKind, metaclass=_CallKindEnumTypeWrapper):
+    """CallKind says what a `HookCall` asks for, and so how it is answered."""
+
+CALL_KIND_UNSPECIFIED: CallKind.ValueType  # 0
+"""Not set (never sent)."""
+CALL_KIND_SEAM: CallKind.ValueType  # 1
+"""A call of a subscribed transforming seam or checkpoint (`HookCall.seam`
+names it), answered by one `HookResult`.
+"""
+CALL_KIND_NOTIFICATION: CallKind.ValueType  # 2
+"""An observer notification (`HookCall.seam` names the observer seam); it
+gets no answer.
+"""
+CALL_KIND_TOOL_EXECUTE: CallKind.ValueType  # 3
+"""A call of one of the plugin's tools (`tool_execute` payload), answered by
+one `HookResult`; `seam` is unset.
+"""
+CALL_KIND_MODEL_STREAM: CallKind.ValueType  # 4
+"""A model call to a provider the plugin serves (`model_stream` payload),
+answered by `ModelChunk`s; `seam` is unset.
+"""
+Global___CallKind: _TypeAlias = CallKind  # noqa: Y015
 
 class _FailurePolicy:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -115,7 +147,9 @@ class _FailurePolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Failure
     FAILURE_POLICY_UNSPECIFIED: _FailurePolicy.ValueType  # 0
     """Unset means FAIL_CLOSED."""
     FAILURE_POLICY_FAIL_CLOSED: _FailurePolicy.ValueType  # 1
-    """A failure ends the turn with reason `error`."""
+    """A failure ends the turn with reason `error`, on every seam (at a tool
+    seam the call gets a neutral error result first).
+    """
     FAILURE_POLICY_FAIL_OPEN: _FailurePolicy.ValueType  # 2
     """A failure skips the plugin for that call; the skip is counted."""
 
@@ -125,23 +159,50 @@ class FailurePolicy(_FailurePolicy, metaclass=_FailurePolicyEnumTypeWrapper):
 FAILURE_POLICY_UNSPECIFIED: FailurePolicy.ValueType  # 0
 """Unset means FAIL_CLOSED."""
 FAILURE_POLICY_FAIL_CLOSED: FailurePolicy.ValueType  # 1
-"""A failure ends the turn with reason `error`."""
+"""A failure ends the turn with reason `error`, on every seam (at a tool
+seam the call gets a neutral error result first).
+"""
 FAILURE_POLICY_FAIL_OPEN: FailurePolicy.ValueType  # 2
 """A failure skips the plugin for that call; the skip is counted."""
 Global___FailurePolicy: _TypeAlias = FailurePolicy  # noqa: Y015
 
 @_typing.final
 class DescribeRequest(_message.Message):
-    """DescribeRequest is the input of Describe."""
+    """DescribeRequest is the input of Describe: what the server speaks. It is
+    sent at registration and again before every reconnection of `Handle`.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
+    CAPABILITIES_FIELD_NUMBER: _builtins.int
+    protocol_version: _builtins.int
+    """ProtocolVersion is the plugin protocol version the server speaks: 1."""
+    max_message_bytes: _builtins.int
+    """MaxMessageBytes is the largest message the server sends or accepts on
+    `Handle` (its `pluginMaxMessageBytes`, 16 MiB by default). A plugin must
+    accept messages this large (gRPC's usual default is 4 MiB) and send none
+    larger. A call that would exceed it is never sent: it fails alone, with
+    kind `oversized`.
+    """
+    @_builtins.property
+    def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Capabilities are the optional features the server offers (see
+        `DescribeResponse.capabilities`). Version 1 offers "model_stream",
+        "tool_execute", "event_kinds" and "buffer_size".
+        """
+
     def __init__(
         self,
+        *,
+        protocol_version: _builtins.int = ...,
+        max_message_bytes: _builtins.int = ...,
+        capabilities: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "max_message_bytes", b"max_message_bytes", "protocol_version", b"protocol_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -158,12 +219,18 @@ class DescribeResponse(_message.Message):
     SUBSCRIPTIONS_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
     MODELS_FIELD_NUMBER: _builtins.int
+    PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
+    CAPABILITIES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Name identifies the plugin; unique among registered plugins. Same
     alphabet as agent ids.
     """
     version: _builtins.str
     """Version is free-form, for operators."""
+    protocol_version: _builtins.int
+    """ProtocolVersion is the protocol version the plugin speaks; 0 means 1. A
+    version the server does not speak refuses the registration.
+    """
     @_builtins.property
     def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Subscription]:
         """Subscriptions are the seams the plugin listens to."""
@@ -178,6 +245,13 @@ class DescribeResponse(_message.Message):
         `AgentOptions.provider`, and each model call streams through `Handle`.
         """
 
+    @_builtins.property
+    def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Capabilities are the optional features the plugin requires; one the
+        server did not offer in `DescribeRequest.capabilities` refuses the
+        registration (FAILED_PRECONDITION naming it).
+        """
+
     def __init__(
         self,
         *,
@@ -186,10 +260,12 @@ class DescribeResponse(_message.Message):
         subscriptions: _abc.Iterable[Global___Subscription] | None = ...,
         tools: _abc.Iterable[Global___ToolDefinition] | None = ...,
         models: _abc.Iterable[Global___ModelProviderDefinition] | None = ...,
+        protocol_version: _builtins.int = ...,
+        capabilities: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["models", b"models", "name", b"name", "subscriptions", b"subscriptions", "tools", b"tools", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "models", b"models", "name", b"name", "protocol_version", b"protocol_version", "subscriptions", b"subscriptions", "tools", b"tools", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -241,6 +317,7 @@ class Subscription(_message.Message):
     FAILURE_POLICY_FIELD_NUMBER: _builtins.int
     AGENT_IDS_FIELD_NUMBER: _builtins.int
     EVENT_KINDS_FIELD_NUMBER: _builtins.int
+    BUFFER_SIZE_FIELD_NUMBER: _builtins.int
     seam: Global___Seam.ValueType
     """Seam is the seam."""
     order: _builtins.int
@@ -249,6 +326,11 @@ class Subscription(_message.Message):
     """
     failure_policy: Global___FailurePolicy.ValueType
     """FailurePolicy is what a failed call does; unset means FAIL_CLOSED."""
+    buffer_size: _builtins.int
+    """BufferSize is, for an observer, how many of its notifications may wait
+    to be sent; 0 means 1024. A notification that finds the buffer full is
+    dropped before it is built, and counted.
+    """
     @_builtins.property
     def timeout(self) -> _duration_pb2.Duration:
         """Timeout is the deadline of each call; unset means the server default."""
@@ -273,10 +355,11 @@ class Subscription(_message.Message):
         failure_policy: Global___FailurePolicy.ValueType = ...,
         agent_ids: _abc.Iterable[_builtins.str] | None = ...,
         event_kinds: _abc.Iterable[_builtins.str] | None = ...,
+        buffer_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_ids", b"agent_ids", "event_kinds", b"event_kinds", "failure_policy", b"failure_policy", "order", b"order", "seam", b"seam", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_ids", b"agent_ids", "buffer_size", b"buffer_size", "event_kinds", b"event_kinds", "failure_policy", b"failure_policy", "order", b"order", "seam", b"seam", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -284,7 +367,10 @@ Global___Subscription: _TypeAlias = Subscription  # noqa: Y015
 
 @_typing.final
 class ToolDefinition(_message.Message):
-    """ToolDefinition is a tool provided by a plugin."""
+    """ToolDefinition is a tool provided by a plugin. It is offered to an agent
+    only when the agent names it in `AgentOptions.tools` and `agent_ids` (if
+    set) holds the agent.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -293,6 +379,7 @@ class ToolDefinition(_message.Message):
     INPUT_SCHEMA_FIELD_NUMBER: _builtins.int
     PARALLEL_SAFE_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
+    AGENT_IDS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Name is the tool name the model uses."""
     description: _builtins.str
@@ -307,6 +394,13 @@ class ToolDefinition(_message.Message):
     def timeout(self) -> _duration_pb2.Duration:
         """Timeout is the deadline of each call; unset means the server default."""
 
+    @_builtins.property
+    def agent_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """AgentIDs restricts the tool to these agents; empty means all. Either way
+        an agent sees a plugin tool only if it enables it by name in
+        `AgentOptions.tools`, like any opt-in tool.
+        """
+
     def __init__(
         self,
         *,
@@ -315,10 +409,11 @@ class ToolDefinition(_message.Message):
         input_schema: _struct_pb2.Struct | None = ...,
         parallel_safe: _builtins.bool = ...,
         timeout: _duration_pb2.Duration | None = ...,
+        agent_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input_schema", b"input_schema", "timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "input_schema", b"input_schema", "name", b"name", "parallel_safe", b"parallel_safe", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_ids", b"agent_ids", "description", b"description", "input_schema", b"input_schema", "name", b"name", "parallel_safe", b"parallel_safe", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -367,7 +462,7 @@ class HandleResponse(_message.Message):
     @_builtins.property
     def result(self) -> Global___HookResult:
         """Result answers the call with the same call id. For a `model_stream`
-        call, a result ends the stream: with `error` set it fails the model call.
+        call, a result ends the call as failed (with `error` set, its reason).
         """
 
     @_builtins.property
@@ -428,6 +523,7 @@ class HookCall(_message.Message):
 
     CALL_ID_FIELD_NUMBER: _builtins.int
     SEAM_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
     AGENT_ID_FIELD_NUMBER: _builtins.int
     SESSION_ID_FIELD_NUMBER: _builtins.int
     TURN_FIELD_NUMBER: _builtins.int
@@ -450,7 +546,11 @@ class HookCall(_message.Message):
     call_id: _builtins.str
     """CallID identifies the call on this stream; the result repeats it."""
     seam: Global___Seam.ValueType
-    """Seam is the seam being called."""
+    """Seam is the seam being called, for seam calls and notifications; unset
+    for tool and model calls.
+    """
+    kind: Global___CallKind.ValueType
+    """Kind says what the call asks for and how it is answered."""
     agent_id: _builtins.str
     """AgentID is the agent whose loop makes the call."""
     session_id: _builtins.str
@@ -528,6 +628,7 @@ class HookCall(_message.Message):
         *,
         call_id: _builtins.str = ...,
         seam: Global___Seam.ValueType = ...,
+        kind: Global___CallKind.ValueType = ...,
         agent_id: _builtins.str = ...,
         session_id: _builtins.str = ...,
         turn: _builtins.int = ...,
@@ -550,7 +651,7 @@ class HookCall(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "model_stream", b"model_stream", "payload", b"payload", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_event", b"session_event", "session_prefix", b"session_prefix", "step_result", b"step_result", "timeout", b"timeout", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "tool_result", b"tool_result", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "agent_id", b"agent_id", "call_id", b"call_id", "model_stream", b"model_stream", "payload", b"payload", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "seam", b"seam", "session_event", b"session_event", "session_id", b"session_id", "session_prefix", b"session_prefix", "step", b"step", "step_result", b"step_result", "timeout", b"timeout", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "tool_result", b"tool_result", "turn", b"turn", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "agent_id", b"agent_id", "call_id", b"call_id", "kind", b"kind", "model_stream", b"model_stream", "payload", b"payload", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "seam", b"seam", "session_event", b"session_event", "session_id", b"session_id", "session_prefix", b"session_prefix", "step", b"step", "step_result", b"step_result", "timeout", b"timeout", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "tool_result", b"tool_result", "turn", b"turn", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["prompt_submit", "session_prefix", "pre_step", "request", "step_result", "turn_continuation", "turn_stop", "tool_pre_execute", "tool_post_execute", "tool_execute", "session_event", "agent_event", "tool_result", "model_stream"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
@@ -625,7 +726,6 @@ class HookResult(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CALL_ID_FIELD_NUMBER: _builtins.int
-    ERROR_FIELD_NUMBER: _builtins.int
     PROMPT_SUBMIT_FIELD_NUMBER: _builtins.int
     SESSION_PREFIX_FIELD_NUMBER: _builtins.int
     PRE_STEP_FIELD_NUMBER: _builtins.int
@@ -636,12 +736,9 @@ class HookResult(_message.Message):
     TOOL_PRE_EXECUTE_FIELD_NUMBER: _builtins.int
     TOOL_POST_EXECUTE_FIELD_NUMBER: _builtins.int
     TOOL_EXECUTE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     """CallID is the call answered."""
-    error: _builtins.str
-    """Error reports that the plugin failed to handle the call; the failure
-    policy applies.
-    """
     @_builtins.property
     def prompt_submit(self) -> _decision_pb2.PromptDecision:
         """PromptSubmit decides a prompt."""
@@ -682,11 +779,16 @@ class HookResult(_message.Message):
     def tool_execute(self) -> Global___ToolOutput:
         """ToolExecute is the output of a plugin tool."""
 
+    @_builtins.property
+    def error(self) -> Global___CallError:
+        """Error reports that the plugin failed to handle the call; the failure
+        policy applies. It is for operators: the model never sees it.
+        """
+
     def __init__(
         self,
         *,
         call_id: _builtins.str = ...,
-        error: _builtins.str = ...,
         prompt_submit: _decision_pb2.PromptDecision | None = ...,
         session_prefix: Global___SessionPrefixResult | None = ...,
         pre_step: Global___PreStepResult | None = ...,
@@ -697,16 +799,45 @@ class HookResult(_message.Message):
         tool_pre_execute: _decision_pb2.PreToolDecision | None = ...,
         tool_post_execute: _decision_pb2.PostToolDecision | None = ...,
         tool_execute: Global___ToolOutput | None = ...,
+        error: Global___CallError | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_prefix", b"session_prefix", "step_result", b"step_result", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_prefix", b"session_prefix", "step_result", b"step_result", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "decision", b"decision", "error", b"error", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_prefix", b"session_prefix", "step_result", b"step_result", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "error", b"error", "outcome", b"outcome", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_prefix", b"session_prefix", "step_result", b"step_result", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_decision: _TypeAlias = _typing.Literal["prompt_submit", "session_prefix", "pre_step", "request", "step_result", "turn_continuation", "turn_stop", "tool_pre_execute", "tool_post_execute", "tool_execute"]  # noqa: Y015
-    _WhichOneofArgType_decision: _TypeAlias = _typing.Literal["decision", b"decision"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_decision) -> _WhichOneofReturnType_decision | None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["prompt_submit", "session_prefix", "pre_step", "request", "step_result", "turn_continuation", "turn_stop", "tool_pre_execute", "tool_post_execute", "tool_execute", "error"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
 
 Global___HookResult: _TypeAlias = HookResult  # noqa: Y015
+
+@_typing.final
+class CallError(_message.Message):
+    """CallError is a plugin's failure to handle a call, shaped like
+    `google.rpc.Status`.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """Code is a `google.rpc.Code` number (2 = UNKNOWN when in doubt)."""
+    message: _builtins.str
+    """Message says what went wrong."""
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CallError: _TypeAlias = CallError  # noqa: Y015
 
 @_typing.final
 class PromptSubmitCall(_message.Message):

@@ -27,49 +27,104 @@ if _version_not_supported:
 
 class HookServiceStub:
     """HookService is implemented by plugins: out-of-process listeners of the
-    loop's seams, written in any language.
+    loop's seams, written in any language. Protocol version 1; the seam table
+    and a concurrent `Handle` skeleton are in proto/README.md, and
+    `python -m agentloop.plugin.check HOST:PORT` checks a plugin against it.
 
-    The protocol:
-
+    Lifecycle.
     1. An operator registers the plugin's address with the server
     (`PluginRegistryService.RegisterPlugin`, or the config file).
-    2. The server calls `Describe` and learns the plugin's name, its seam
-    subscriptions (order, timeout, failure policy, agent filter) and the
-    tools it provides. Operator overrides of order, timeout and failure
-    policy are applied on top.
-    3. The server opens one long-lived `Handle` stream to the plugin and keeps
-    it open. Every seam call for every agent travels on it as a `HookCall`
-    with a unique `call_id`; the plugin answers each with a `HookResult`
-    carrying the same `call_id`, in any order: many calls may be in flight.
-    A `model_stream` call is answered by `ModelChunk`s instead, the last one
-    carrying a finish. Notifications (session events, agent events, tool
-    results) get no answer. When the turn that made a call is cancelled, the
-    server sends a `CancelCall` for it and stops waiting; the plugin should
-    stop work on it.
+    2. The server calls `Describe` (telling its protocol version, message size
+    limit and capabilities) and learns the plugin's name, protocol version,
+    required capabilities, seam subscriptions (order, timeout, failure
+    policy, agent filter, buffer size), tools and model providers. Operator
+    overrides of order, timeout and failure policy are applied on top.
+    3. The server opens one long-lived `Handle` stream and keeps it open. Every
+    call for every agent travels on it as a `HookCall` with a `call_id`
+    unique on the stream; the plugin answers each with one `HookResult`
+    carrying the same `call_id`, in any order: many calls are in flight at
+    once, so a plugin must read, run each call concurrently and write
+    answers as they finish (one writer: gRPC allows one write at a time).
+    4. When the stream drops, the server calls `Describe` again before it
+    reconnects (0.1 s backoff doubling to 5 s): a restarted plugin may come
+    back with another version, other subscriptions, tools or models, which
+    replace the old ones. A changed name or an invalid description keeps it
+    down (UNAVAILABLE, with the reason), retried.
 
-    The plugin's listeners sit in the same order as in-process listeners
-    (order number, then name). On a transforming seam the plugin receives the
-    current value and returns a decision; an empty decision (no field of the
-    result's oneof set) means "continue unchanged", and the next listener sees
-    the result.
+    Metadata. When the server is configured with a plugin token
+    (`pluginTokenFile`, or $AGENTLOOP_PLUGIN_TOKEN), every `Describe` and
+    `Handle` carries `authorization: Bearer <token>`; a plugin that requires it
+    answers UNAUTHENTICATED otherwise.
 
-    Failures. Each call has a deadline (the subscription's timeout; the server's
-    default is 5 seconds, `pluginTimeoutSeconds` in its config). A timeout, an error status on the stream, a `HookResult` with
-    `error` set or with a decision of the wrong kind (malformed), and a
-    disconnect are failures. Under `FAILURE_POLICY_FAIL_CLOSED` (the default)
-    the turn ends with reason `error`, once, naming the plugin and the seam, and
-    the server keeps serving. Under `FAILURE_POLICY_FAIL_OPEN` the plugin is
-    skipped for that call; the skip is never silent: it is counted
-    (`ListPlugins` shows `fail_opens`) and logged. If `Describe` fails (for
-    example `UNIMPLEMENTED` or `UNAUTHENTICATED`), registration is refused with
-    FAILED_PRECONDITION carrying that status. If `Handle` fails, the plugin is
-    shown UNAVAILABLE with that reason and the stream is retried with backoff.
-    When the plugin closes the stream cleanly or the connection drops, the
-    calls in flight fail as above, and the server reconnects with exponential
-    backoff (0.1 s doubling to 5 s); a plugin that comes back serves the next
-    call. Observers have a bounded buffer (1024 notifications); on overflow the
-    oldest are dropped and the next notification's `dropped` field counts them,
-    so a plugin can catch up with `ListSessionEvents`.
+    Ordering. Messages on the stream keep their order. Calls are written as
+    they are made; notifications (session events, agent events, tool results)
+    and `CancelCall`s are written by a background writer, cancels first, so a
+    notification may arrive after a later call. Notifications get no answer.
+
+    Answers. `HookResult.outcome` is unset ("continue unchanged": the next
+    listener sees the value as it was), the decision of the call's own kind
+    (the `HookCall.payload` field name; see the table), or `error`. A decision
+    of another kind, and a result holding fields the server does not know (a
+    decision kind of a newer protocol), are malformed. A result for a call id
+    that is not in flight (unknown, already answered, cancelled, past its
+    deadline) is logged, counted (`PluginStats.unexpected_results`) and
+    ignored.
+
+    Model calls. A `model_stream` call is answered by `ModelChunk`s with its
+    `call_id`: per content block a block start, deltas, a block end; then
+    optionally usage; then exactly one finish, which ends the call. A
+    `HookResult` ends it instead, as failed: with `error` set, or without (the
+    call "ended without a finish chunk"). The timeout bounds the silence
+    between two chunks.
+
+    Deadlines and cancels. Each call carries its deadline in `timeout` (the
+    subscription's, or the server default, 5 s, `pluginTimeoutSeconds`). When
+    the deadline passes, and when the turn that made the call is cancelled,
+    the server sends `CancelCall` and stops waiting: the plugin should stop
+    work on the call; an answer after it is ignored.
+
+    Numbers. `HookCall.turn` is the turn number; `step` the step number, or 0
+    where no step is running: `agent/prompt-submit`, `agent/session-prefix`,
+    `agent/turn-continuation` and `agent/turn-stop` carry step 0.
+
+    Sizes. No message on `Handle` may exceed `DescribeRequest.max_message_bytes`
+    (`pluginMaxMessageBytes`, 16 MiB by default); a plugin must accept that
+    much (gRPC's usual default receive limit is 4 MiB). The server checks each
+    call before sending it: one too large fails alone, with kind `oversized`,
+    and the stream and the other calls are untouched.
+
+    Failures. A timeout, an `error` outcome, a malformed answer, an oversized
+    call and a disconnect are failures. Under `FAILURE_POLICY_FAIL_CLOSED` (the
+    default) the turn ends with reason `error`, once, naming the plugin and the
+    seam (code PLUGIN_TIMEOUT, PLUGIN_ERROR, PLUGIN_MALFORMED, PLUGIN_OVERSIZED
+    or PLUGIN_DISCONNECTED), on every seam: at `tools/pre-execute`,
+    `tools/post-execute` and in a plugin tool the call gets a neutral error
+    result and no further step runs, so the model never sees infrastructure
+    details. Under `FAILURE_POLICY_FAIL_OPEN` the plugin is skipped for that
+    call; the skip is counted (`fail_opens`) and logged. Plugin tools and model
+    providers always fail closed. A message from the plugin that does not
+    decode as a `HandleResponse`, or has no kind set, is a protocol error: the
+    server resets that plugin's stream (its calls in flight fail as malformed)
+    and reconnects; other plugins are untouched. If `Describe` fails (for
+    example `UNIMPLEMENTED` or `UNAUTHENTICATED`) or the description is
+    invalid, registration is refused with FAILED_PRECONDITION carrying the
+    reason.
+
+    Required plugins. A plugin listed in the server's config is required unless
+    its entry says `required: false` (or overrides its policy to fail_open).
+    Until it is registered and READY it is listed CONNECTING, every seam of a
+    turn fails closed (PLUGIN_NOT_READY), and the gRPC health service
+    `agentloop.readiness` is NOT_SERVING.
+
+    Observers. Each observer subscription has a buffer of notifications
+    waiting to be sent (`Subscription.buffer_size`, 1024 by default). A
+    notification that finds it full, or the plugin not READY, is dropped
+    before it is built; so are those still buffered when the stream ends. The
+    next notification queued carries the count in its `dropped` field, so a
+    plugin can catch up with `ListSessionEvents`; `ListPlugins` counts them.
+
+    Tools. A plugin tool is offered only to agents that name it in
+    `AgentOptions.tools` and that `ToolDefinition.agent_ids` (if set) allows.
     """
 
     def __init__(self, channel):
@@ -92,49 +147,104 @@ class HookServiceStub:
 
 class HookServiceServicer:
     """HookService is implemented by plugins: out-of-process listeners of the
-    loop's seams, written in any language.
+    loop's seams, written in any language. Protocol version 1; the seam table
+    and a concurrent `Handle` skeleton are in proto/README.md, and
+    `python -m agentloop.plugin.check HOST:PORT` checks a plugin against it.
 
-    The protocol:
-
+    Lifecycle.
     1. An operator registers the plugin's address with the server
     (`PluginRegistryService.RegisterPlugin`, or the config file).
-    2. The server calls `Describe` and learns the plugin's name, its seam
-    subscriptions (order, timeout, failure policy, agent filter) and the
-    tools it provides. Operator overrides of order, timeout and failure
-    policy are applied on top.
-    3. The server opens one long-lived `Handle` stream to the plugin and keeps
-    it open. Every seam call for every agent travels on it as a `HookCall`
-    with a unique `call_id`; the plugin answers each with a `HookResult`
-    carrying the same `call_id`, in any order: many calls may be in flight.
-    A `model_stream` call is answered by `ModelChunk`s instead, the last one
-    carrying a finish. Notifications (session events, agent events, tool
-    results) get no answer. When the turn that made a call is cancelled, the
-    server sends a `CancelCall` for it and stops waiting; the plugin should
-    stop work on it.
+    2. The server calls `Describe` (telling its protocol version, message size
+    limit and capabilities) and learns the plugin's name, protocol version,
+    required capabilities, seam subscriptions (order, timeout, failure
+    policy, agent filter, buffer size), tools and model providers. Operator
+    overrides of order, timeout and failure policy are applied on top.
+    3. The server opens one long-lived `Handle` stream and keeps it open. Every
+    call for every agent travels on it as a `HookCall` with a `call_id`
+    unique on the stream; the plugin answers each with one `HookResult`
+    carrying the same `call_id`, in any order: many calls are in flight at
+    once, so a plugin must read, run each call concurrently and write
+    answers as they finish (one writer: gRPC allows one write at a time).
+    4. When the stream drops, the server calls `Describe` again before it
+    reconnects (0.1 s backoff doubling to 5 s): a restarted plugin may come
+    back with another version, other subscriptions, tools or models, which
+    replace the old ones. A changed name or an invalid description keeps it
+    down (UNAVAILABLE, with the reason), retried.
 
-    The plugin's listeners sit in the same order as in-process listeners
-    (order number, then name). On a transforming seam the plugin receives the
-    current value and returns a decision; an empty decision (no field of the
-    result's oneof set) means "continue unchanged", and the next listener sees
-    the result.
+    Metadata. When the server is configured with a plugin token
+    (`pluginTokenFile`, or $AGENTLOOP_PLUGIN_TOKEN), every `Describe` and
+    `Handle` carries `authorization: Bearer <token>`; a plugin that requires it
+    answers UNAUTHENTICATED otherwise.
 
-    Failures. Each call has a deadline (the subscription's timeout; the server's
-    default is 5 seconds, `pluginTimeoutSeconds` in its config). A timeout, an error status on the stream, a `HookResult` with
-    `error` set or with a decision of the wrong kind (malformed), and a
-    disconnect are failures. Under `FAILURE_POLICY_FAIL_CLOSED` (the default)
-    the turn ends with reason `error`, once, naming the plugin and the seam, and
-    the server keeps serving. Under `FAILURE_POLICY_FAIL_OPEN` the plugin is
-    skipped for that call; the skip is never silent: it is counted
-    (`ListPlugins` shows `fail_opens`) and logged. If `Describe` fails (for
-    example `UNIMPLEMENTED` or `UNAUTHENTICATED`), registration is refused with
-    FAILED_PRECONDITION carrying that status. If `Handle` fails, the plugin is
-    shown UNAVAILABLE with that reason and the stream is retried with backoff.
-    When the plugin closes the stream cleanly or the connection drops, the
-    calls in flight fail as above, and the server reconnects with exponential
-    backoff (0.1 s doubling to 5 s); a plugin that comes back serves the next
-    call. Observers have a bounded buffer (1024 notifications); on overflow the
-    oldest are dropped and the next notification's `dropped` field counts them,
-    so a plugin can catch up with `ListSessionEvents`.
+    Ordering. Messages on the stream keep their order. Calls are written as
+    they are made; notifications (session events, agent events, tool results)
+    and `CancelCall`s are written by a background writer, cancels first, so a
+    notification may arrive after a later call. Notifications get no answer.
+
+    Answers. `HookResult.outcome` is unset ("continue unchanged": the next
+    listener sees the value as it was), the decision of the call's own kind
+    (the `HookCall.payload` field name; see the table), or `error`. A decision
+    of another kind, and a result holding fields the server does not know (a
+    decision kind of a newer protocol), are malformed. A result for a call id
+    that is not in flight (unknown, already answered, cancelled, past its
+    deadline) is logged, counted (`PluginStats.unexpected_results`) and
+    ignored.
+
+    Model calls. A `model_stream` call is answered by `ModelChunk`s with its
+    `call_id`: per content block a block start, deltas, a block end; then
+    optionally usage; then exactly one finish, which ends the call. A
+    `HookResult` ends it instead, as failed: with `error` set, or without (the
+    call "ended without a finish chunk"). The timeout bounds the silence
+    between two chunks.
+
+    Deadlines and cancels. Each call carries its deadline in `timeout` (the
+    subscription's, or the server default, 5 s, `pluginTimeoutSeconds`). When
+    the deadline passes, and when the turn that made the call is cancelled,
+    the server sends `CancelCall` and stops waiting: the plugin should stop
+    work on the call; an answer after it is ignored.
+
+    Numbers. `HookCall.turn` is the turn number; `step` the step number, or 0
+    where no step is running: `agent/prompt-submit`, `agent/session-prefix`,
+    `agent/turn-continuation` and `agent/turn-stop` carry step 0.
+
+    Sizes. No message on `Handle` may exceed `DescribeRequest.max_message_bytes`
+    (`pluginMaxMessageBytes`, 16 MiB by default); a plugin must accept that
+    much (gRPC's usual default receive limit is 4 MiB). The server checks each
+    call before sending it: one too large fails alone, with kind `oversized`,
+    and the stream and the other calls are untouched.
+
+    Failures. A timeout, an `error` outcome, a malformed answer, an oversized
+    call and a disconnect are failures. Under `FAILURE_POLICY_FAIL_CLOSED` (the
+    default) the turn ends with reason `error`, once, naming the plugin and the
+    seam (code PLUGIN_TIMEOUT, PLUGIN_ERROR, PLUGIN_MALFORMED, PLUGIN_OVERSIZED
+    or PLUGIN_DISCONNECTED), on every seam: at `tools/pre-execute`,
+    `tools/post-execute` and in a plugin tool the call gets a neutral error
+    result and no further step runs, so the model never sees infrastructure
+    details. Under `FAILURE_POLICY_FAIL_OPEN` the plugin is skipped for that
+    call; the skip is counted (`fail_opens`) and logged. Plugin tools and model
+    providers always fail closed. A message from the plugin that does not
+    decode as a `HandleResponse`, or has no kind set, is a protocol error: the
+    server resets that plugin's stream (its calls in flight fail as malformed)
+    and reconnects; other plugins are untouched. If `Describe` fails (for
+    example `UNIMPLEMENTED` or `UNAUTHENTICATED`) or the description is
+    invalid, registration is refused with FAILED_PRECONDITION carrying the
+    reason.
+
+    Required plugins. A plugin listed in the server's config is required unless
+    its entry says `required: false` (or overrides its policy to fail_open).
+    Until it is registered and READY it is listed CONNECTING, every seam of a
+    turn fails closed (PLUGIN_NOT_READY), and the gRPC health service
+    `agentloop.readiness` is NOT_SERVING.
+
+    Observers. Each observer subscription has a buffer of notifications
+    waiting to be sent (`Subscription.buffer_size`, 1024 by default). A
+    notification that finds it full, or the plugin not READY, is dropped
+    before it is built; so are those still buffered when the stream ends. The
+    next notification queued carries the count in its `dropped` field, so a
+    plugin can catch up with `ListSessionEvents`; `ListPlugins` counts them.
+
+    Tools. A plugin tool is offered only to agents that name it in
+    `AgentOptions.tools` and that `ToolDefinition.agent_ids` (if set) allows.
     """
 
     def Describe(self, request, context):
@@ -175,49 +285,104 @@ def add_HookServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class HookService:
     """HookService is implemented by plugins: out-of-process listeners of the
-    loop's seams, written in any language.
+    loop's seams, written in any language. Protocol version 1; the seam table
+    and a concurrent `Handle` skeleton are in proto/README.md, and
+    `python -m agentloop.plugin.check HOST:PORT` checks a plugin against it.
 
-    The protocol:
-
+    Lifecycle.
     1. An operator registers the plugin's address with the server
     (`PluginRegistryService.RegisterPlugin`, or the config file).
-    2. The server calls `Describe` and learns the plugin's name, its seam
-    subscriptions (order, timeout, failure policy, agent filter) and the
-    tools it provides. Operator overrides of order, timeout and failure
-    policy are applied on top.
-    3. The server opens one long-lived `Handle` stream to the plugin and keeps
-    it open. Every seam call for every agent travels on it as a `HookCall`
-    with a unique `call_id`; the plugin answers each with a `HookResult`
-    carrying the same `call_id`, in any order: many calls may be in flight.
-    A `model_stream` call is answered by `ModelChunk`s instead, the last one
-    carrying a finish. Notifications (session events, agent events, tool
-    results) get no answer. When the turn that made a call is cancelled, the
-    server sends a `CancelCall` for it and stops waiting; the plugin should
-    stop work on it.
+    2. The server calls `Describe` (telling its protocol version, message size
+    limit and capabilities) and learns the plugin's name, protocol version,
+    required capabilities, seam subscriptions (order, timeout, failure
+    policy, agent filter, buffer size), tools and model providers. Operator
+    overrides of order, timeout and failure policy are applied on top.
+    3. The server opens one long-lived `Handle` stream and keeps it open. Every
+    call for every agent travels on it as a `HookCall` with a `call_id`
+    unique on the stream; the plugin answers each with one `HookResult`
+    carrying the same `call_id`, in any order: many calls are in flight at
+    once, so a plugin must read, run each call concurrently and write
+    answers as they finish (one writer: gRPC allows one write at a time).
+    4. When the stream drops, the server calls `Describe` again before it
+    reconnects (0.1 s backoff doubling to 5 s): a restarted plugin may come
+    back with another version, other subscriptions, tools or models, which
+    replace the old ones. A changed name or an invalid description keeps it
+    down (UNAVAILABLE, with the reason), retried.
 
-    The plugin's listeners sit in the same order as in-process listeners
-    (order number, then name). On a transforming seam the plugin receives the
-    current value and returns a decision; an empty decision (no field of the
-    result's oneof set) means "continue unchanged", and the next listener sees
-    the result.
+    Metadata. When the server is configured with a plugin token
+    (`pluginTokenFile`, or $AGENTLOOP_PLUGIN_TOKEN), every `Describe` and
+    `Handle` carries `authorization: Bearer <token>`; a plugin that requires it
+    answers UNAUTHENTICATED otherwise.
 
-    Failures. Each call has a deadline (the subscription's timeout; the server's
-    default is 5 seconds, `pluginTimeoutSeconds` in its config). A timeout, an error status on the stream, a `HookResult` with
-    `error` set or with a decision of the wrong kind (malformed), and a
-    disconnect are failures. Under `FAILURE_POLICY_FAIL_CLOSED` (the default)
-    the turn ends with reason `error`, once, naming the plugin and the seam, and
-    the server keeps serving. Under `FAILURE_POLICY_FAIL_OPEN` the plugin is
-    skipped for that call; the skip is never silent: it is counted
-    (`ListPlugins` shows `fail_opens`) and logged. If `Describe` fails (for
-    example `UNIMPLEMENTED` or `UNAUTHENTICATED`), registration is refused with
-    FAILED_PRECONDITION carrying that status. If `Handle` fails, the plugin is
-    shown UNAVAILABLE with that reason and the stream is retried with backoff.
-    When the plugin closes the stream cleanly or the connection drops, the
-    calls in flight fail as above, and the server reconnects with exponential
-    backoff (0.1 s doubling to 5 s); a plugin that comes back serves the next
-    call. Observers have a bounded buffer (1024 notifications); on overflow the
-    oldest are dropped and the next notification's `dropped` field counts them,
-    so a plugin can catch up with `ListSessionEvents`.
+    Ordering. Messages on the stream keep their order. Calls are written as
+    they are made; notifications (session events, agent events, tool results)
+    and `CancelCall`s are written by a background writer, cancels first, so a
+    notification may arrive after a later call. Notifications get no answer.
+
+    Answers. `HookResult.outcome` is unset ("continue unchanged": the next
+    listener sees the value as it was), the decision of the call's own kind
+    (the `HookCall.payload` field name; see the table), or `error`. A decision
+    of another kind, and a result holding fields the server does not know (a
+    decision kind of a newer protocol), are malformed. A result for a call id
+    that is not in flight (unknown, already answered, cancelled, past its
+    deadline) is logged, counted (`PluginStats.unexpected_results`) and
+    ignored.
+
+    Model calls. A `model_stream` call is answered by `ModelChunk`s with its
+    `call_id`: per content block a block start, deltas, a block end; then
+    optionally usage; then exactly one finish, which ends the call. A
+    `HookResult` ends it instead, as failed: with `error` set, or without (the
+    call "ended without a finish chunk"). The timeout bounds the silence
+    between two chunks.
+
+    Deadlines and cancels. Each call carries its deadline in `timeout` (the
+    subscription's, or the server default, 5 s, `pluginTimeoutSeconds`). When
+    the deadline passes, and when the turn that made the call is cancelled,
+    the server sends `CancelCall` and stops waiting: the plugin should stop
+    work on the call; an answer after it is ignored.
+
+    Numbers. `HookCall.turn` is the turn number; `step` the step number, or 0
+    where no step is running: `agent/prompt-submit`, `agent/session-prefix`,
+    `agent/turn-continuation` and `agent/turn-stop` carry step 0.
+
+    Sizes. No message on `Handle` may exceed `DescribeRequest.max_message_bytes`
+    (`pluginMaxMessageBytes`, 16 MiB by default); a plugin must accept that
+    much (gRPC's usual default receive limit is 4 MiB). The server checks each
+    call before sending it: one too large fails alone, with kind `oversized`,
+    and the stream and the other calls are untouched.
+
+    Failures. A timeout, an `error` outcome, a malformed answer, an oversized
+    call and a disconnect are failures. Under `FAILURE_POLICY_FAIL_CLOSED` (the
+    default) the turn ends with reason `error`, once, naming the plugin and the
+    seam (code PLUGIN_TIMEOUT, PLUGIN_ERROR, PLUGIN_MALFORMED, PLUGIN_OVERSIZED
+    or PLUGIN_DISCONNECTED), on every seam: at `tools/pre-execute`,
+    `tools/post-execute` and in a plugin tool the call gets a neutral error
+    result and no further step runs, so the model never sees infrastructure
+    details. Under `FAILURE_POLICY_FAIL_OPEN` the plugin is skipped for that
+    call; the skip is counted (`fail_opens`) and logged. Plugin tools and model
+    providers always fail closed. A message from the plugin that does not
+    decode as a `HandleResponse`, or has no kind set, is a protocol error: the
+    server resets that plugin's stream (its calls in flight fail as malformed)
+    and reconnects; other plugins are untouched. If `Describe` fails (for
+    example `UNIMPLEMENTED` or `UNAUTHENTICATED`) or the description is
+    invalid, registration is refused with FAILED_PRECONDITION carrying the
+    reason.
+
+    Required plugins. A plugin listed in the server's config is required unless
+    its entry says `required: false` (or overrides its policy to fail_open).
+    Until it is registered and READY it is listed CONNECTING, every seam of a
+    turn fails closed (PLUGIN_NOT_READY), and the gRPC health service
+    `agentloop.readiness` is NOT_SERVING.
+
+    Observers. Each observer subscription has a buffer of notifications
+    waiting to be sent (`Subscription.buffer_size`, 1024 by default). A
+    notification that finds it full, or the plugin not READY, is dropped
+    before it is built; so are those still buffered when the stream ends. The
+    next notification queued carries the count in its `dropped` field, so a
+    plugin can catch up with `ListSessionEvents`; `ListPlugins` counts them.
+
+    Tools. A plugin tool is offered only to agents that name it in
+    `AgentOptions.tools` and that `ToolDefinition.agent_ids` (if set) allows.
     """
 
     @staticmethod

@@ -26,15 +26,15 @@ from agentloop.plugin.v1 import hook_service_pb2 as agentloop_dot_plugin_dot_v1_
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n1agentloop/plugin/v1/plugin_registry_service.proto\x12\x13\x61gentloop.plugin.v1\x1a&agentloop/plugin/v1/hook_service.proto\x1a\x1egoogle/protobuf/duration.proto\"\xae\x01\n\x15RegisterPluginRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x12\n\x05order\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12*\n\x07timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12:\n\x0e\x66\x61ilure_policy\x18\x04 \x01(\x0e\x32\".agentloop.plugin.v1.FailurePolicyB\x08\n\x06_order\"E\n\x16RegisterPluginResponse\x12+\n\x06plugin\x18\x01 \x01(\x0b\x32\x1b.agentloop.plugin.v1.Plugin\"\'\n\x17UnregisterPluginRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x1a\n\x18UnregisterPluginResponse\"\x14\n\x12ListPluginsRequest\"C\n\x13ListPluginsResponse\x12,\n\x07plugins\x18\x01 \x03(\x0b\x32\x1b.agentloop.plugin.v1.Plugin\"\x8f\x03\n\x06Plugin\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12/\n\x05state\x18\x04 \x01(\x0e\x32 .agentloop.plugin.v1.PluginState\x12\x38\n\rsubscriptions\x18\x05 \x03(\x0b\x32!.agentloop.plugin.v1.Subscription\x12\x32\n\x05tools\x18\x06 \x03(\x0b\x32#.agentloop.plugin.v1.ToolDefinition\x12/\n\x05stats\x18\x07 \x01(\x0b\x32 .agentloop.plugin.v1.PluginStats\x12\x33\n\tlatencies\x18\x08 \x03(\x0b\x32 .agentloop.plugin.v1.SeamLatency\x12\x12\n\nlast_error\x18\t \x01(\t\x12<\n\x06models\x18\n \x03(\x0b\x32,.agentloop.plugin.v1.ModelProviderDefinition\"\x85\x01\n\x0bPluginStats\x12\r\n\x05\x63\x61lls\x18\x01 \x01(\x04\x12\x0e\n\x06\x65rrors\x18\x02 \x01(\x04\x12\x10\n\x08timeouts\x18\x03 \x01(\x04\x12\x12\n\nfail_opens\x18\x04 \x01(\x04\x12\x1d\n\x15\x64ropped_notifications\x18\x05 \x01(\x04\x12\x12\n\nreconnects\x18\x06 \x01(\x04\"\x95\x01\n\x0bSeamLatency\x12\'\n\x04seam\x18\x01 \x01(\x0e\x32\x19.agentloop.plugin.v1.Seam\x12\r\n\x05\x63\x61lls\x18\x02 \x01(\x04\x12&\n\x03p50\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12&\n\x03p99\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration*~\n\x0bPluginState\x12\x1c\n\x18PLUGIN_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17PLUGIN_STATE_CONNECTING\x10\x01\x12\x16\n\x12PLUGIN_STATE_READY\x10\x02\x12\x1c\n\x18PLUGIN_STATE_UNAVAILABLE\x10\x03\x32\xd5\x02\n\x15PluginRegistryService\x12i\n\x0eRegisterPlugin\x12*.agentloop.plugin.v1.RegisterPluginRequest\x1a+.agentloop.plugin.v1.RegisterPluginResponse\x12o\n\x10UnregisterPlugin\x12,.agentloop.plugin.v1.UnregisterPluginRequest\x1a-.agentloop.plugin.v1.UnregisterPluginResponse\x12`\n\x0bListPlugins\x12\'.agentloop.plugin.v1.ListPluginsRequest\x1a(.agentloop.plugin.v1.ListPluginsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n1agentloop/plugin/v1/plugin_registry_service.proto\x12\x13\x61gentloop.plugin.v1\x1a&agentloop/plugin/v1/hook_service.proto\x1a\x1egoogle/protobuf/duration.proto\"\xae\x01\n\x15RegisterPluginRequest\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x12\n\x05order\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12*\n\x07timeout\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12:\n\x0e\x66\x61ilure_policy\x18\x04 \x01(\x0e\x32\".agentloop.plugin.v1.FailurePolicyB\x08\n\x06_order\"E\n\x16RegisterPluginResponse\x12+\n\x06plugin\x18\x01 \x01(\x0b\x32\x1b.agentloop.plugin.v1.Plugin\"\'\n\x17UnregisterPluginRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x1a\n\x18UnregisterPluginResponse\"\x14\n\x12ListPluginsRequest\"C\n\x13ListPluginsResponse\x12,\n\x07plugins\x18\x01 \x03(\x0b\x32\x1b.agentloop.plugin.v1.Plugin\"\xa1\x03\n\x06Plugin\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12/\n\x05state\x18\x04 \x01(\x0e\x32 .agentloop.plugin.v1.PluginState\x12\x38\n\rsubscriptions\x18\x05 \x03(\x0b\x32!.agentloop.plugin.v1.Subscription\x12\x32\n\x05tools\x18\x06 \x03(\x0b\x32#.agentloop.plugin.v1.ToolDefinition\x12/\n\x05stats\x18\x07 \x01(\x0b\x32 .agentloop.plugin.v1.PluginStats\x12\x33\n\tlatencies\x18\x08 \x03(\x0b\x32 .agentloop.plugin.v1.SeamLatency\x12\x12\n\nlast_error\x18\t \x01(\t\x12<\n\x06models\x18\n \x03(\x0b\x32,.agentloop.plugin.v1.ModelProviderDefinition\x12\x10\n\x08required\x18\x0b \x01(\x08\"\xd3\x01\n\x0bPluginStats\x12\r\n\x05\x63\x61lls\x18\x01 \x01(\x04\x12\x0e\n\x06\x65rrors\x18\x02 \x01(\x04\x12\x10\n\x08timeouts\x18\x03 \x01(\x04\x12\x12\n\nfail_opens\x18\x04 \x01(\x04\x12\x1d\n\x15\x64ropped_notifications\x18\x05 \x01(\x04\x12\x12\n\nreconnects\x18\x06 \x01(\x04\x12\x17\n\x0foversized_calls\x18\x07 \x01(\x04\x12\x17\n\x0fprotocol_errors\x18\x08 \x01(\x04\x12\x1a\n\x12unexpected_results\x18\t \x01(\x04\"\xc2\x01\n\x0bSeamLatency\x12\'\n\x04seam\x18\x01 \x01(\x0e\x32\x19.agentloop.plugin.v1.Seam\x12+\n\x04kind\x18\x05 \x01(\x0e\x32\x1d.agentloop.plugin.v1.CallKind\x12\r\n\x05\x63\x61lls\x18\x02 \x01(\x04\x12&\n\x03p50\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12&\n\x03p99\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration*~\n\x0bPluginState\x12\x1c\n\x18PLUGIN_STATE_UNSPECIFIED\x10\x00\x12\x1b\n\x17PLUGIN_STATE_CONNECTING\x10\x01\x12\x16\n\x12PLUGIN_STATE_READY\x10\x02\x12\x1c\n\x18PLUGIN_STATE_UNAVAILABLE\x10\x03\x32\xd5\x02\n\x15PluginRegistryService\x12i\n\x0eRegisterPlugin\x12*.agentloop.plugin.v1.RegisterPluginRequest\x1a+.agentloop.plugin.v1.RegisterPluginResponse\x12o\n\x10UnregisterPlugin\x12,.agentloop.plugin.v1.UnregisterPluginRequest\x1a-.agentloop.plugin.v1.UnregisterPluginResponse\x12`\n\x0bListPlugins\x12\'.agentloop.plugin.v1.ListPluginsRequest\x1a(.agentloop.plugin.v1.ListPluginsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentloop.plugin.v1.plugin_registry_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PLUGINSTATE']._serialized_start=1244
-  _globals['_PLUGINSTATE']._serialized_end=1370
+  _globals['_PLUGINSTATE']._serialized_start=1385
+  _globals['_PLUGINSTATE']._serialized_end=1511
   _globals['_REGISTERPLUGINREQUEST']._serialized_start=147
   _globals['_REGISTERPLUGINREQUEST']._serialized_end=321
   _globals['_REGISTERPLUGINRESPONSE']._serialized_start=323
@@ -48,11 +48,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTPLUGINSRESPONSE']._serialized_start=485
   _globals['_LISTPLUGINSRESPONSE']._serialized_end=552
   _globals['_PLUGIN']._serialized_start=555
-  _globals['_PLUGIN']._serialized_end=954
-  _globals['_PLUGINSTATS']._serialized_start=957
-  _globals['_PLUGINSTATS']._serialized_end=1090
-  _globals['_SEAMLATENCY']._serialized_start=1093
-  _globals['_SEAMLATENCY']._serialized_end=1242
-  _globals['_PLUGINREGISTRYSERVICE']._serialized_start=1373
-  _globals['_PLUGINREGISTRYSERVICE']._serialized_end=1714
+  _globals['_PLUGIN']._serialized_end=972
+  _globals['_PLUGINSTATS']._serialized_start=975
+  _globals['_PLUGINSTATS']._serialized_end=1186
+  _globals['_SEAMLATENCY']._serialized_start=1189
+  _globals['_SEAMLATENCY']._serialized_end=1383
+  _globals['_PLUGINREGISTRYSERVICE']._serialized_start=1514
+  _globals['_PLUGINREGISTRYSERVICE']._serialized_end=1855
 # @@protoc_insertion_point(module_scope)

@@ -209,6 +209,7 @@ class Plugin(_message.Message):
     LATENCIES_FIELD_NUMBER: _builtins.int
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     MODELS_FIELD_NUMBER: _builtins.int
+    REQUIRED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Name is the plugin's name."""
     version: _builtins.str
@@ -219,6 +220,15 @@ class Plugin(_message.Message):
     """State is the connection state."""
     last_error: _builtins.str
     """LastError is the most recent failure, for operators."""
+    required: _builtins.bool
+    """Required marks a plugin from the config that is required (the default
+    for config plugins unless `required: false` or a fail_open override).
+    Until it first describes itself it is listed CONNECTING under the
+    config's `name` (else its address), and every seam of a turn fails
+    closed with code PLUGIN_NOT_READY. The health service
+    `agentloop.readiness` is NOT_SERVING while any required plugin is not
+    READY.
+    """
     @_builtins.property
     def subscriptions(self) -> _containers.RepeatedCompositeFieldContainer[_hook_service_pb2.Subscription]:
         """Subscriptions are the effective subscriptions (overrides applied)."""
@@ -252,10 +262,11 @@ class Plugin(_message.Message):
         latencies: _abc.Iterable[Global___SeamLatency] | None = ...,
         last_error: _builtins.str = ...,
         models: _abc.Iterable[_hook_service_pb2.ModelProviderDefinition] | None = ...,
+        required: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["stats", b"stats"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "last_error", b"last_error", "latencies", b"latencies", "models", b"models", "name", b"name", "state", b"state", "stats", b"stats", "subscriptions", b"subscriptions", "tools", b"tools", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "last_error", b"last_error", "latencies", b"latencies", "models", b"models", "name", b"name", "required", b"required", "state", b"state", "stats", b"stats", "subscriptions", b"subscriptions", "tools", b"tools", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -273,6 +284,9 @@ class PluginStats(_message.Message):
     FAIL_OPENS_FIELD_NUMBER: _builtins.int
     DROPPED_NOTIFICATIONS_FIELD_NUMBER: _builtins.int
     RECONNECTS_FIELD_NUMBER: _builtins.int
+    OVERSIZED_CALLS_FIELD_NUMBER: _builtins.int
+    PROTOCOL_ERRORS_FIELD_NUMBER: _builtins.int
+    UNEXPECTED_RESULTS_FIELD_NUMBER: _builtins.int
     calls: _builtins.int
     """Calls counts calls sent."""
     errors: _builtins.int
@@ -284,9 +298,26 @@ class PluginStats(_message.Message):
     fail_opens: _builtins.int
     """FailOpens counts failed calls skipped under FAIL_OPEN."""
     dropped_notifications: _builtins.int
-    """DroppedNotifications counts observer notifications dropped on overflow."""
+    """DroppedNotifications counts observer notifications dropped: on buffer
+    overflow, while the plugin is not READY, buffered when its stream ended,
+    or larger than the message size limit.
+    """
     reconnects: _builtins.int
     """Reconnects counts reconnections after a drop."""
+    oversized_calls: _builtins.int
+    """OversizedCalls counts calls (and notifications) not sent because they
+    exceeded the server's `pluginMaxMessageBytes`; each such call failed
+    alone with kind `oversized`.
+    """
+    protocol_errors: _builtins.int
+    """ProtocolErrors counts stream resets caused by the plugin: a message that
+    does not decode as a HandleResponse, or one with no kind set.
+    """
+    unexpected_results: _builtins.int
+    """UnexpectedResults counts results and chunks for no call in flight: an
+    unknown call id, a second answer, or an answer after `CancelCall` or past
+    the deadline. They are logged and ignored.
+    """
     def __init__(
         self,
         *,
@@ -296,10 +327,13 @@ class PluginStats(_message.Message):
         fail_opens: _builtins.int = ...,
         dropped_notifications: _builtins.int = ...,
         reconnects: _builtins.int = ...,
+        oversized_calls: _builtins.int = ...,
+        protocol_errors: _builtins.int = ...,
+        unexpected_results: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "dropped_notifications", b"dropped_notifications", "errors", b"errors", "fail_opens", b"fail_opens", "reconnects", b"reconnects", "timeouts", b"timeouts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "dropped_notifications", b"dropped_notifications", "errors", b"errors", "fail_opens", b"fail_opens", "oversized_calls", b"oversized_calls", "protocol_errors", b"protocol_errors", "reconnects", b"reconnects", "timeouts", b"timeouts", "unexpected_results", b"unexpected_results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -312,11 +346,16 @@ class SeamLatency(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SEAM_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
     CALLS_FIELD_NUMBER: _builtins.int
     P50_FIELD_NUMBER: _builtins.int
     P99_FIELD_NUMBER: _builtins.int
     seam: _hook_service_pb2.Seam.ValueType
-    """Seam is the seam."""
+    """Seam is the seam; unset for tool and model calls."""
+    kind: _hook_service_pb2.CallKind.ValueType
+    """Kind is the kind of the calls measured (seam calls, tool calls or model
+    calls).
+    """
     calls: _builtins.int
     """Calls counts the calls measured."""
     @_builtins.property
@@ -331,13 +370,14 @@ class SeamLatency(_message.Message):
         self,
         *,
         seam: _hook_service_pb2.Seam.ValueType = ...,
+        kind: _hook_service_pb2.CallKind.ValueType = ...,
         calls: _builtins.int = ...,
         p50: _duration_pb2.Duration | None = ...,
         p99: _duration_pb2.Duration | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["p50", b"p50", "p99", b"p99"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "p50", b"p50", "p99", b"p99", "seam", b"seam"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "kind", b"kind", "p50", b"p50", "p99", b"p99", "seam", b"seam"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

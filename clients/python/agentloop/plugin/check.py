@@ -1,0 +1,241 @@
+r"""A conformance checker for plugins in any language: run it against a running plugin.
+
+    python -m agentloop.plugin.check HOST:PORT [--token TOKEN] [--timeout SECONDS]
+
+It calls `Describe` (as the server does: protocol version 1, the default message size
+limit, the offered capabilities) and checks the description; then it opens `Handle`
+and sends one representative call for each subscribed seam, one `tool_execute` per
+tool, one `model_stream` per model provider and one notification per observer, all
+at once (a correct plugin answers them concurrently); then a call withdrawn at once
+with `CancelCall`, and a call whose 1 ms deadline passes (the server cancels it
+then too). After each of those the stream must still serve. Each check prints PASS or
+FAIL with the reason; the exit code is 1 if any failed, 2 if the plugin is unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable
+
+import grpc
+
+from agentloop.plugin.calls import BY_SEAM
+from agentloop.plugin.check_calls import (
+    MAX_MESSAGE_BYTES,
+    Report,
+    check_description,
+    check_result,
+    sample_call,
+)
+from agentloop.plugin.v1 import hook_service_pb2 as hs
+from agentloop.plugin.v1 import hook_service_pb2_grpc as rpc
+
+CAPABILITIES = ("model_stream", "tool_execute", "event_kinds", "buffer_size")
+QUIET = 0.5
+"""Seconds a notification, a cancelled call or a late call is given to (wrongly) answer."""
+
+
+class Session:
+    """One `Handle` stream: sends calls, routes each answer to its call id."""
+
+    def __init__(self, stub: rpc.HookServiceStub, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.stream = stub.Handle(metadata=metadata)
+        self.answers: dict[str, asyncio.Queue[hs.HandleResponse]] = {}
+        self.strays: list[str] = []
+        self.withdrawn: set[str] = set()
+        """Calls cancelled: an answer to them is allowed (the server ignores it)."""
+        self.broken = ""
+        self._writing = asyncio.Lock()
+        """gRPC allows one write in flight per stream."""
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        try:
+            async for response in self.stream:
+                if not isinstance(response, hs.HandleResponse):
+                    self.broken = "a message that does not decode as a HandleResponse"
+                    return
+                kind = response.WhichOneof("kind")
+                call_id = response.chunk.call_id if kind == "chunk" else response.result.call_id
+                if kind is None:
+                    self.broken = "a HandleResponse with no kind set"
+                    return
+                queue = self.answers.get(call_id)
+                if call_id in self.withdrawn:
+                    continue
+                if queue is None:
+                    self.strays.append(call_id)
+                else:
+                    queue.put_nowait(response)
+        except grpc.aio.AioRpcError as error:
+            self.broken = f"the stream failed: {error.code().name}: {error.details()}"
+
+    async def send(self, call: hs.HookCall) -> asyncio.Queue[hs.HandleResponse]:
+        """Send a call; its answers arrive on the returned queue."""
+        queue: asyncio.Queue[hs.HandleResponse] = asyncio.Queue()
+        self.answers[call.call_id] = queue
+        async with self._writing:
+            await self.stream.write(hs.HandleRequest(call=call))
+        return queue
+
+    async def cancel(self, call_id: str, reason: str) -> None:
+        """Withdraw a call, as the server does on a cancelled turn or a deadline."""
+        await self.stream.write(
+            hs.HandleRequest(cancel=hs.CancelCall(call_id=call_id, reason=reason))
+        )
+
+    async def close(self) -> None:
+        """End the stream."""
+        self.stream.cancel()
+        self.reader.cancel()
+
+
+async def answer_of(
+    queue: asyncio.Queue[hs.HandleResponse], seconds: float, streaming: bool
+) -> list[hs.HandleResponse]:
+    """The answer to one call: one result, or (model_stream) chunks up to a finish or result."""
+    got: list[hs.HandleResponse] = []
+    async with asyncio.timeout(seconds):
+        while True:
+            response = await queue.get()
+            got.append(response)
+            if response.WhichOneof("kind") == "result":
+                return got
+            if not streaming or response.chunk.chunk.HasField("finish"):
+                return got
+
+
+async def run_call(
+    session: Session,
+    report: Report,
+    label: str,
+    call: hs.HookCall,
+    seconds: float,
+    *,
+    answered_only: bool = False,
+) -> None:
+    """Send `call`, check what comes back (only that something does, if `answered_only`)."""
+    queue = await session.send(call)
+    payload = call.WhichOneof("payload") or ""
+    notification = payload in ("session_event", "agent_event", "tool_result")
+    try:
+        got = await answer_of(queue, QUIET if notification else seconds, payload == "model_stream")
+    except TimeoutError:
+        if notification:
+            report.ok(label, "no answer, as a notification wants")
+        else:
+            report.fail(label, f"no answer within its deadline ({seconds:g} s)")
+        return
+    if notification:
+        report.fail(label, "a notification was answered (it must not be)")
+        return
+    report.record(label, [] if answered_only else check_result(call, got))
+
+
+async def check(address: str, token: str, seconds: float) -> Report:
+    """Every check against the plugin at `address`."""
+    report = Report()
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+    async with grpc.aio.insecure_channel(address, options=options) as channel:
+        stub = rpc.HookServiceStub(channel)
+        request = hs.DescribeRequest(
+            protocol_version=1, max_message_bytes=MAX_MESSAGE_BYTES, capabilities=CAPABILITIES
+        )
+        try:
+            description = await stub.Describe(request, timeout=seconds, metadata=metadata)
+        except grpc.aio.AioRpcError as error:
+            report.unreachable = f"Describe failed: {error.code().name}: {error.details()}"
+            return report
+        report.record("describe", check_description(description, CAPABILITIES))
+        session = Session(stub, metadata)
+        try:
+            await conversation(session, report, description, seconds)
+        finally:
+            await session.close()
+    return report
+
+
+async def conversation(
+    session: Session, report: Report, description: hs.DescribeResponse, seconds: float
+) -> None:
+    """The calls, all at once; then a cancel and a missed deadline, each followed by a probe."""
+    runs = []
+    for index, subscription in enumerate(description.subscriptions):
+        spec = BY_SEAM.get(subscription.seam)
+        if spec is None:
+            continue
+        call = sample_call(f"k{index}", spec.payload)
+        timeout = seconds
+        if subscription.HasField("timeout"):
+            timeout = subscription.timeout.ToNanoseconds() / 1e9
+        runs.append(run_call(session, report, spec.payload, call, timeout))
+    for index, tool in enumerate(description.tools):
+        call = sample_call(f"t{index}", "tool_execute", tool=tool.name)
+        runs.append(run_call(session, report, f"tool {tool.name}", call, seconds))
+    for index, model in enumerate(description.models):
+        call = sample_call(f"m{index}", "model_stream", provider=model.provider)
+        runs.append(run_call(session, report, f"model {model.provider}", call, seconds))
+    await asyncio.gather(*runs)
+    probe = next((s for s in description.subscriptions if s.seam in BY_SEAM
+                  and BY_SEAM[s.seam].decision is not None), None)  # fmt: skip
+    if probe is not None:
+        await withdrawn(session, report, sample(BY_SEAM[probe.seam].payload), seconds)
+    elif description.tools:
+        await withdrawn(session, report, sample("tool_execute", tool=description.tools[0].name),
+                        seconds)  # fmt: skip
+    elif description.models:
+        model = sample("model_stream", provider=description.models[0].provider)
+        await withdrawn(session, report, model, seconds)
+    twice = [call_id for call_id, queue in session.answers.items() if not queue.empty()]
+    if twice:
+        report.fail("call ids", f"answered more than once: {sorted(twice)}")
+    if session.strays:
+        report.fail("call ids", f"answers for calls never sent: {session.strays}")
+    if session.broken:
+        report.fail("stream", session.broken)
+
+
+def sample(payload: str, **names: str) -> Callable[[str], hs.HookCall]:
+    """Sample calls of one kind, by call id."""
+    return lambda call_id: sample_call(call_id, payload, **names)
+
+
+async def withdrawn(
+    session: Session, report: Report, make: Callable[[str], hs.HookCall], seconds: float
+) -> None:
+    """A call cancelled at once, then one past its deadline: the stream must go on serving."""
+    # Answers after a cancel are ignored by the server: allowed, not needed.
+    session.withdrawn.update(("x-cancel", "x-late"))
+    cancelled = make("x-cancel")
+    await session.send(cancelled)
+    await session.cancel(cancelled.call_id, "the turn was cancelled")
+    late = make("x-late")
+    late.timeout.FromNanoseconds(1_000_000)
+    await session.send(late)
+    await asyncio.sleep(0.001)
+    await session.cancel(late.call_id, "deadline exceeded")
+    await asyncio.sleep(QUIET)
+    after = make("x-after")
+    label = "a cancel and a missed deadline, then a call: it is answered"
+    await run_call(session, report, label, after, seconds, answered_only=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the checks, print the report; the exit code says how it went."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("address", help="host:port of the plugin")
+    parser.add_argument("--token", default="", help="bearer token the plugin requires")
+    parser.add_argument("--timeout", type=float, default=5.0, help="default deadline, seconds")
+    args = parser.parse_args(argv)
+    report = asyncio.run(check(args.address, args.token, args.timeout))
+    print(report.render())
+    if report.unreachable:
+        return 2
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

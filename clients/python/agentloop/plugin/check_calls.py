@@ -1,0 +1,180 @@
+"""The conformance checker's parts: sample calls, and the rules an answer must follow."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from google.protobuf import unknown_fields
+
+from agentloop.plugin.calls import BY_PAYLOAD
+from agentloop.plugin.v1 import hook_service_pb2 as hs
+from agentloop.v1 import content_pb2 as c
+from agentloop.v1 import decision_pb2 as d
+from agentloop.v1 import session_event_pb2 as ev
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+"""The server's default `pluginMaxMessageBytes`."""
+NAME = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+SUBSCRIBABLE = {spec.seam for spec in BY_PAYLOAD.values()}
+
+
+@dataclass
+class Report:
+    """PASS and FAIL lines, in the order they were checked."""
+
+    lines: list[str] = field(default_factory=list)
+    failed: int = 0
+    unreachable: str = ""
+
+    def ok(self, label: str, why: str = "") -> None:
+        """A check passed."""
+        self.lines.append(f"PASS {label}" + (f": {why}" if why else ""))
+
+    def fail(self, label: str, why: str) -> None:
+        """A check failed, and why."""
+        self.failed += 1
+        self.lines.append(f"FAIL {label}: {why}")
+
+    def record(self, label: str, problems: Sequence[str]) -> None:
+        """PASS when there are no problems, else one FAIL naming them."""
+        if problems:
+            self.fail(label, "; ".join(problems))
+        else:
+            self.ok(label)
+
+    def render(self) -> str:
+        """The report as printed."""
+        if self.unreachable:
+            return f"FAIL {self.unreachable}"
+        verdict = f"{self.failed} check(s) failed" if self.failed else "the plugin conforms"
+        return "\n".join([*self.lines, verdict])
+
+
+def check_description(description: hs.DescribeResponse, offered: Sequence[str]) -> list[str]:
+    """What the server would refuse in a description."""
+    problems = []
+    if not NAME.fullmatch(description.name):
+        problems.append(f"name {description.name!r} must be 1-128 letters, digits, . _ : -")
+    if description.protocol_version not in (0, 1):
+        problems.append(f"protocol version {description.protocol_version} is not 1")
+    unknown = sorted(set(description.capabilities) - set(offered))
+    if unknown:
+        problems.append(f"capabilities not offered: {unknown}")
+    kinds = {f.name for f in ev.SessionEvent.DESCRIPTOR.oneofs_by_name["payload"].fields}
+    seen = set()
+    for subscription in description.subscriptions:
+        seam = (
+            hs.Seam.Name(subscription.seam)
+            if subscription.seam in hs.Seam.values()
+            else str(subscription.seam)
+        )
+        if subscription.seam not in SUBSCRIBABLE:
+            problems.append(f"{seam} cannot be subscribed to")
+        if subscription.seam in seen:
+            problems.append(f"{seam} is subscribed twice")
+        seen.add(subscription.seam)
+        if subscription.failure_policy not in hs.FailurePolicy.values():
+            problems.append(f"{seam}: unknown failure policy {subscription.failure_policy}")
+        if subscription.HasField("timeout") and subscription.timeout.ToNanoseconds() <= 0:
+            problems.append(f"{seam}: a timeout of zero or less")
+        bad_kinds = sorted(set(subscription.event_kinds) - kinds)
+        if bad_kinds:
+            problems.append(f"{seam}: unknown event kinds {bad_kinds}")
+    names = [tool.name for tool in description.tools]
+    problems.extend(
+        f"tool name {name!r} is empty or repeated"
+        for name in sorted(set(names))
+        if not name or names.count(name) > 1
+    )
+    problems.extend(
+        f"model provider name {model.provider!r} is not valid"
+        for model in description.models
+        if not NAME.fullmatch(model.provider)
+    )
+    if not (description.subscriptions or description.tools or description.models):
+        problems.append("it subscribes to nothing and provides nothing")
+    return problems
+
+
+def text(value: str) -> list[c.ContentBlock]:
+    """One text block."""
+    return [c.ContentBlock(text=c.TextBlock(text=value))]
+
+
+def sample_call(call_id: str, payload: str, *, tool: str = "", provider: str = "") -> hs.HookCall:
+    """A representative call of kind `payload`, as the server would send it."""
+    invocation = hs.ToolInvocation(call_id="tc1", name=tool or "echo", arguments='{"text": "hi"}')
+    output = hs.ToolOutput(content=text("hi"))
+    payloads = {
+        "prompt_submit": hs.PromptSubmitCall(content=text("hello"), source=c.Source(kind="user")),
+        "session_prefix": hs.SessionPrefixCall(),
+        "pre_step": hs.PreStepCall(system="You are a test."),
+        "request": hs.RequestCall(config=c.ModelConfig(provider="scripted", model="m")),
+        "step_result": hs.StepResultCall(
+            message=c.Message(role=c.ROLE_ASSISTANT, content=text("hi"))
+        ),
+        "turn_continuation": hs.TurnContinuationCall(
+            decision=d.ContinuationDecision(stop=d.ContinuationStop())
+        ),
+        "turn_stop": hs.TurnStopCall(),
+        "tool_pre_execute": hs.ToolPreExecuteCall(invocation=invocation),
+        "tool_post_execute": hs.ToolPostExecuteCall(invocation=invocation, output=output),
+        "tool_execute": hs.ToolExecuteCall(invocation=invocation),
+        "session_event": hs.SessionEventNotice(
+            event=ev.SessionEvent(seq=1, turn_start=ev.TurnStart(turn=1))
+        ),
+        "agent_event": hs.AgentEventNotice(),
+        "tool_result": hs.ToolResultNotice(invocation=invocation, output=output),
+        "model_stream": hs.ModelStreamCall(
+            provider=provider,
+            messages=[c.Message(role=c.ROLE_USER, content=text("hello"))],
+        ),
+    }
+    spec = BY_PAYLOAD.get(payload)
+    kinds = {"tool_execute": hs.CALL_KIND_TOOL_EXECUTE, "model_stream": hs.CALL_KIND_MODEL_STREAM}
+    kind = kinds.get(payload, hs.CALL_KIND_SEAM)
+    if spec is not None and spec.decision is None:
+        kind = hs.CALL_KIND_NOTIFICATION
+    call = hs.HookCall(
+        call_id=call_id, kind=kind, seam=spec.seam if spec else hs.SEAM_UNSPECIFIED,
+        agent_id="checker", session_id="checker-session", turn=1, step=1,
+        **{payload: payloads[payload]},  # type: ignore[arg-type]
+    )  # fmt: skip
+    call.timeout.FromSeconds(5)
+    return call
+
+
+def check_result(call: hs.HookCall, answer: Sequence[hs.HandleResponse]) -> list[str]:
+    """What the server would reject in the answer to `call`."""
+    payload = call.WhichOneof("payload") or ""
+    if payload == "model_stream":
+        return _check_stream(answer)
+    (response,) = answer
+    if response.WhichOneof("kind") != "result":
+        return ["a model chunk answered a call that is not model_stream"]
+    result = response.result
+    problems = []
+    if len(unknown_fields.UnknownFieldSet(result)):
+        problems.append("the result holds fields the protocol does not define")
+    outcome = result.WhichOneof("outcome")
+    if outcome == "error":
+        if not result.error.message:
+            problems.append("an error outcome without a message")
+        return problems
+    if outcome is not None and outcome != payload:
+        problems.append(f"answered {outcome} to a {payload} call (malformed: fails closed)")
+    return problems
+
+
+def _check_stream(answer: Sequence[hs.HandleResponse]) -> list[str]:
+    last = answer[-1]
+    if last.WhichOneof("kind") == "result":
+        if last.result.WhichOneof("outcome") == "error":
+            return []  # a failed model call, answered correctly
+        return ["a model call ended by a result without an error (it needs a finish chunk)"]
+    kinds = [r.chunk.chunk.WhichOneof("chunk") for r in answer]
+    if kinds.count("finish") != 1:
+        return ["a model call must end with exactly one finish chunk"]
+    return []

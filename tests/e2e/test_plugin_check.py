@@ -1,0 +1,87 @@
+"""The conformance checker (`python -m agentloop.plugin.check`) against real plugin processes."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+from tests.processes import REPO, PluginLauncher, configurable, guard_example, rogue
+
+CHECK_TIMEOUT = 60.0
+"""How long one checker run may take (a hanging plugin costs it one deadline)."""
+
+
+async def run_check(address: str, *flags: str) -> tuple[int, str]:
+    """Run the checker on `address`; its exit code and output."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agentloop.plugin.check", address, *flags,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    async with asyncio.timeout(CHECK_TIMEOUT):
+        output, _ = await process.communicate()
+    assert process.returncode is not None
+    return process.returncode, output.decode()
+
+
+@pytest.mark.parametrize("lang", ["python", "node"])
+async def test_the_example_plugins_conform(launcher: PluginLauncher, lang: str) -> None:
+    plugin = await launcher.start(guard_example(lang))
+
+    code, output = await run_check(plugin.address)
+
+    assert code == 0, output
+    assert "PASS describe" in output and "PASS prompt_submit" in output
+    assert "PASS a cancel and a missed deadline, then a call: it is answered" in output
+    assert output.strip().endswith("the plugin conforms")
+
+
+async def test_the_model_example_conforms(launcher: PluginLauncher) -> None:
+    plugin = await launcher.start(
+        [sys.executable, str(REPO / "clients/python/examples/model_plugin.py")]
+    )
+
+    code, output = await run_check(plugin.address)
+
+    assert code == 0, output
+    assert "PASS model plugin-echo" in output
+    assert "PASS a cancel and a missed deadline, then a call: it is answered" in output
+
+
+@pytest.mark.parametrize(
+    ("argv", "reason"),
+    [
+        (
+            configurable("python", "--name", "wrong-kind", "--malformed"),
+            "FAIL prompt_submit: answered tool_pre_execute to a prompt_submit call",
+        ),
+        (
+            configurable("node", "--name", "mute", "--hang", "--timeout", "0.5"),
+            "FAIL prompt_submit: no answer within its deadline (0.5 s)",
+        ),
+        (
+            rogue("--name", "newer", "--unknown-kind"),
+            "FAIL prompt_submit: the result holds fields the protocol does not define",
+        ),
+        (rogue("--name", "chatty", "--extras"), "FAIL call ids: answered more than once"),
+        (rogue("--name", "garbler", "--garbage", "9"), "does not decode as a HandleResponse"),
+    ],
+    ids=["wrong-kind", "hang", "unknown-kind", "duplicates", "garbage"],
+)
+async def test_a_broken_plugin_fails_with_reasons(
+    launcher: PluginLauncher, argv: list[str], reason: str
+) -> None:
+    plugin = await launcher.start(argv)
+
+    code, output = await run_check(plugin.address)
+
+    assert code == 1, output
+    assert reason in output, output
+    assert "check(s) failed" in output
+
+
+async def test_an_unreachable_address_is_exit_code_2() -> None:
+    code, output = await run_check("127.0.0.1:1", "--timeout", "1")
+    assert code == 2, output
+    assert output.startswith("FAIL Describe failed: UNAVAILABLE")
