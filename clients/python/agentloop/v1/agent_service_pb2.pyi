@@ -602,7 +602,9 @@ class ListSessionEventsResponse(_message.Message):
     """
     @_builtins.property
     def events(self) -> _containers.RepeatedCompositeFieldContainer[_session_event_pb2.SessionEvent]:
-        """Events are the events of this page, in order."""
+        """Events are the stored events of this page, in order: at most `page_size`
+        and at most 3 MiB (at least one event), so any client can read any log.
+        """
 
     def __init__(
         self,
@@ -668,7 +670,9 @@ class StreamSessionEventsResponse(_message.Message):
     AGENT_EVENTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def events(self) -> _containers.RepeatedCompositeFieldContainer[_session_event_pb2.SessionEvent]:
-        """Events are the next session events, in sequence order, at most 500."""
+        """Events are the next stored session events, in sequence order: at most 500
+        and at most 3 MiB (at least one event).
+        """
 
     @_builtins.property
     def agent_events(self) -> _containers.RepeatedCompositeFieldContainer[_agent_event_pb2.AgentEvent]:
