@@ -64,37 +64,6 @@ def line(label: str, value: str, target: str) -> None:
     print(f"  {label:<52} {value:>14}   {'target ' + target if target else ''}".rstrip())
 
 
-async def bench_in_process(turns: int, conversation: int) -> None:
-    factory = AgentFactory(build_runtime(Config(store="memory")))
-    print("in process (loop + session log, no gRPC)")
-    # Warm up imports and caches.
-    warm = await factory.create("warm", OPTIONS)
-    for _ in range(20):
-        await one_turn(warm)
-    agents = [await factory.create(f"ind-{i}", OPTIONS) for i in range(turns)]
-    gc.collect()
-    start = time.perf_counter()
-    for agent in agents:
-        await one_turn(agent)
-    per_turn = (time.perf_counter() - start) / turns * 1e6
-    events = len(agents[0].session)
-    line(f"independent turns ({turns}, {events} events each)", f"{per_turn:,.0f} µs/turn", "≤ 1000")
-
-    agent = await factory.create("conversation", OPTIONS)
-    durations = []
-    for _ in range(conversation):
-        t0 = time.perf_counter()
-        await one_turn(agent)
-        durations.append(time.perf_counter() - t0)
-    first = statistics.mean(durations[:50]) * 1e6
-    last = statistics.mean(durations[-50:]) * 1e6
-    line(f"conversation of {conversation} turns: first 50", f"{first:,.0f} µs/turn", "")
-    line(f"conversation of {conversation} turns: last 50", f"{last:,.0f} µs/turn", "")
-    line("  last 50 / first 50", f"{last / first:.2f}×", "≤ 1.3×")
-    line("  session events", f"{len(agent.session):,}", "")
-    await factory.close()
-
-
 async def store_turns(store: str, data_dir: str, turns: int) -> float:
     """µs per independent turn on `store` (agents created beforehand)."""
     runtime = build_runtime(Config(store=store, data_dir=data_dir))
@@ -111,6 +80,28 @@ async def store_turns(store: str, data_dir: str, turns: int) -> float:
     await factory.close()
     await runtime.store.close()
     return per_turn
+
+
+async def bench_in_process(turns: int, conversation: int) -> None:
+    print("in process (loop + session log, no gRPC)")
+    with tempfile.TemporaryDirectory() as data_dir:
+        per_turn = await store_turns("memory", data_dir, turns)
+    line(f"independent turns ({turns})", f"{per_turn:,.0f} µs/turn", "≤ 1000")
+
+    factory = AgentFactory(build_runtime(Config(store="memory")))
+    agent = await factory.create("conversation", OPTIONS)
+    durations = []
+    for _ in range(conversation):
+        t0 = time.perf_counter()
+        await one_turn(agent)
+        durations.append(time.perf_counter() - t0)
+    first = statistics.mean(durations[:50]) * 1e6
+    last = statistics.mean(durations[-50:]) * 1e6
+    line(f"conversation of {conversation} turns: first 50", f"{first:,.0f} µs/turn", "")
+    line(f"conversation of {conversation} turns: last 50", f"{last:,.0f} µs/turn", "")
+    line("  last 50 / first 50", f"{last / first:.2f}×", "≤ 1.3×")
+    line("  session events", f"{len(agent.session):,}", "")
+    await factory.close()
 
 
 async def bench_store(turns: int, rounds: int = 5) -> None:
