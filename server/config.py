@@ -23,6 +23,7 @@ SERVER_FIELDS = {
     "listen", "maxParallelToolCalls", "shutdownGraceSeconds", "defaultProvider", "store",
     "dataDir", "agents", "plugins", "tokenFile", "pluginTokenFile", "providers",
     "pluginTimeoutSeconds", "pluginCaFile", "toolOrder", "durability", "pluginMaxMessageBytes",
+    "postgresDsn",
 }  # fmt: skip
 TLS_FIELDS = ("tlsCertFile", "tlsKeyFile", "tlsClientCaFile")
 GUARD_FIELDS = {"limits", "pluginAllowlist", "pluginTokenPlaintext", *TLS_FIELDS}
@@ -130,7 +131,10 @@ class Config:
     default_provider: str = "scripted"
     """The provider of agents that name none."""
     store: str = "sqlite"
-    """Where sessions live: "sqlite" (durable, a file under `data_dir`) or "memory"."""
+    """Where sessions live: "sqlite" (durable, a file under `data_dir`), "postgres" (durable,
+    shared by replicas) or "memory"."""
+    postgres_dsn: str = ""
+    """The PostgreSQL DSN of `store: postgres` (also: $AGENTLOOP_POSTGRES_DSN)."""
     data_dir: str = "data"
     """The directory of the SQLite file (`agentloop.db`); relative to the working directory."""
     durability: str = "process"
@@ -237,14 +241,22 @@ def parse_config(raw: object) -> Config:
     ):
         raise ConfigError("pluginTimeoutSeconds: must be a positive number")
     store = _string(doc.get("store", "sqlite"), "store")
-    if store not in ("sqlite", "memory"):
-        raise ConfigError(f"store: {store!r} must be sqlite or memory")
+    if store not in ("sqlite", "memory", "postgres"):
+        raise ConfigError(f"store: {store!r} must be sqlite, memory or postgres")
+    postgres_dsn = _string(
+        doc.get("postgresDsn", os.environ.get("AGENTLOOP_POSTGRES_DSN", "")), "postgresDsn"
+    )
+    if store == "postgres" and not postgres_dsn:
+        raise ConfigError(
+            "postgresDsn: required with store: postgres (or set $AGENTLOOP_POSTGRES_DSN)"
+        )
     durability = _string(doc.get("durability", "process"), "durability")
     if durability not in ("process", "power"):
         raise ConfigError(f"durability: {durability!r} must be process or power")
     return Config(
         listen=listen,
         store=store,
+        postgres_dsn=postgres_dsn,
         durability=durability,
         data_dir=_string(doc.get("dataDir", "data"), "dataDir"),
         plugins=plugins,

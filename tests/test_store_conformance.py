@@ -23,20 +23,28 @@ from server.stores import (
     StoreConflict,
 )
 from server.stores.memory import MemoryStore
+from server.stores.postgres import PostgresStore
 from server.stores.sqlite import SqliteStore
+from tests.postgres import drop_database, fresh_database
 from tests.stores import append_events, create_session
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SessionStore]:
-    s: SessionStore = (
-        MemoryStore(persistent=True)
-        if request.param == "memory"
-        else SqliteStore(tmp_path / "agentloop.db")
-    )
+    s: SessionStore
+    if request.param == "memory":
+        s = MemoryStore(persistent=True)
+    elif request.param == "sqlite":
+        s = SqliteStore(tmp_path / "agentloop.db")
+    else:
+        server = request.getfixturevalue("postgres_server")
+        dsn = await fresh_database(server)
+        s = PostgresStore(dsn)
     await s.open()
     yield s
     await s.close()
+    if request.param == "postgres":
+        await drop_database(server, dsn)
 
 
 def header(created: int = 1) -> session_pb2.SessionHeader:

@@ -16,18 +16,7 @@ from dataclasses import dataclass
 from agentloop.v1 import session_event_pb2 as ev
 from server.errors import AlreadyExists, NotFound
 from server.stores import SessionWrites, StoreConflict, check_follows, fork_boundary
-
-_PAYLOAD = ev.SessionEvent.DESCRIPTOR.oneofs_by_name["payload"]
-KIND_NUMBERS = {f.name: f.number for f in _PAYLOAD.fields}
-"""Each payload kind and its field number: what the `kind` column holds."""
-KIND_NAMES = {number: name for name, number in KIND_NUMBERS.items()}
-TURN_START = KIND_NUMBERS["turn_start"]
-TURN_END = KIND_NUMBERS["turn_end"]
-
-
-def kind_number(event: ev.SessionEvent) -> int:
-    """The field number of the event's payload (its kind, as stored)."""
-    return KIND_NUMBERS[event.WhichOneof("payload") or "turn_end"]
+from server.stores.kinds import KIND_NAMES, KIND_NUMBERS, TURN_END, TURN_START
 
 
 @contextmanager

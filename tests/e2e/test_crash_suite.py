@@ -14,8 +14,9 @@ a random moment. After each restart:
 - a fork is absent or complete, and every acknowledged fork exists;
 - every session satisfies the log invariants, and its next turn numbers correctly.
 
-`AGENTLOOP_CRASH_POINTS` sets the number of kills (default 30); `AGENTLOOP_CRASH_SEED`
-replays one random schedule.
+It runs on SQLite and on PostgreSQL. `AGENTLOOP_CRASH_POINTS` sets the number of kills
+on SQLite (default 30), `AGENTLOOP_CRASH_POINTS_POSTGRES` on PostgreSQL (default 10);
+`AGENTLOOP_CRASH_SEED` replays one random schedule.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
 from tests.e2e.test_durability import Server, T, running_server
 from tests.invariants import check_log
+from tests.postgres import fresh_database
 
 CRASH_POINTS = int(os.environ.get("AGENTLOOP_CRASH_POINTS", "30"))
+CRASH_POINTS_POSTGRES = int(os.environ.get("AGENTLOOP_CRASH_POINTS_POSTGRES", "10"))
 SEED = int(os.environ.get("AGENTLOOP_CRASH_SEED", str(random.randrange(1 << 30))))
 RECORDING_KINDS = (
     "user_message",
@@ -109,18 +112,30 @@ class World:
 
 @pytest.mark.timeout(60 + 10 * CRASH_POINTS)
 async def test_sigkill_at_random_points_loses_nothing_seen_or_accepted(tmp_path: Path) -> None:
+    await crash_cycles(tmp_path, "agents: []\n", CRASH_POINTS)
+
+
+@pytest.mark.timeout(60 + 10 * CRASH_POINTS_POSTGRES)
+async def test_the_same_on_postgres(tmp_path: Path, postgres_server: str) -> None:
+    dsn = await fresh_database(postgres_server)
+    config = f"agents: []\nstore: postgres\npostgresDsn: '{dsn}'\n"
+    await crash_cycles(tmp_path, config, CRASH_POINTS_POSTGRES)
+
+
+async def crash_cycles(tmp_path: Path, config: str, points: int) -> None:
+    """Start, check, load, kill: `points` times, then a last start and check."""
     world = World(random.Random(SEED))
-    for cycle in range(CRASH_POINTS + 1):
-        async with running_server(tmp_path) as server:
+    for cycle in range(points + 1):
+        async with running_server(tmp_path, config) as server:
             await resume_all(server, world)
             await verify(server, world, cycle)
-            if cycle == CRASH_POINTS:
+            if cycle == points:
                 await server.terminate()
                 break
             if cycle == 0 or world.rng.random() < 0.3:
                 await create_agent(server, world, f"agent-{cycle}")
             await load_until_killed(server, world)
-    assert world.kills == CRASH_POINTS, f"seed {SEED}"
+    assert world.kills == points, f"seed {SEED}"
     # The load was real: the checks above had something to check.
     seen = sum(len(events) for events in world.seen.values())
     accepted = sum(len(ids) for ids in world.accepted.values())

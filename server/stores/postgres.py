@@ -1,0 +1,358 @@
+"""The PostgreSQL session store (asyncpg): the same interface as SQLite, for many replicas.
+
+Each group commit is one transaction. A session's `event_count` row is the fence: an
+append updates it only where it still equals the seq the append starts at, so two
+writers of one session serialise on that row and the second one finds the count moved
+and is refused (`StoreConflict`), whatever its timing. Reads run on the pool's other
+connections, concurrently with commits.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from agentloop.v1 import session_event_pb2 as ev
+from agentloop.v1 import session_pb2
+from server.errors import AlreadyExists, NotFound, SessionDamaged
+from server.stores import (
+    INBOX_CONTEXT,
+    Commit,
+    InboxEntry,
+    RequestRecord,
+    SessionSummary,
+    SessionWrites,
+    StoreConflict,
+    StoredSession,
+    check_follows,
+    fork_boundary,
+    turn_of,
+)
+from server.stores.kinds import KIND_NAMES, KIND_NUMBERS, TURN_END, TURN_START
+from server.stores.postgres_schema import LOCK_KEY, MIGRATIONS, MIGRATIONS_TABLE
+
+POOL_SIZE = 8
+
+Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+
+
+class PostgresStore:
+    """Sessions in a PostgreSQL database, shared by every replica that points at it."""
+
+    persistent = True
+
+    def __init__(self, dsn: str, pool_size: int = POOL_SIZE) -> None:
+        self.dsn = dsn
+        self.pool_size = pool_size
+        self._pool: asyncpg.Pool | None = None
+
+    async def open(self) -> None:
+        """Connect and bring the schema up to date."""
+        await self._connected()
+
+    async def close(self) -> None:
+        """Close the pool."""
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def _connected(self) -> asyncpg.Pool:
+        if self._pool is None:
+            try:
+                pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=self.pool_size)
+            except (OSError, asyncpg.PostgresError) as error:
+                raise SessionDamaged("", f"cannot reach the PostgreSQL store: {error}") from error
+            async with pool.acquire() as conn:
+                await migrate(conn)
+            self._pool = pool
+        return self._pool
+
+    # -- writes ------------------------------------------------------------------------
+
+    async def commit(self, commit: Commit) -> None:
+        """Write the whole commit in one transaction."""
+        pool = await self._connected()
+        async with pool.acquire() as conn, conn.transaction():
+            for session_id, writes in commit.sessions.items():
+                await _write(conn, session_id, writes)
+
+    async def fork(
+        self,
+        source_id: str,
+        boundary_seq: int | None,
+        new_id: str,
+        header: session_pb2.SessionHeader,
+    ) -> int:
+        """Copy the source's events up to a `turn_end` into a new session, atomically."""
+        pool = await self._connected()
+        async with pool.acquire() as conn, conn.transaction():
+            count = await conn.fetchval(
+                "SELECT event_count FROM sessions WHERE session_id = $1 FOR SHARE", source_id
+            )
+            if count is None:
+                raise NotFound(f'session "{source_id}" not found')
+            kind_at = None
+            if boundary_seq is not None:
+                kind = await conn.fetchval(
+                    "SELECT kind FROM events WHERE session_id = $1 AND seq = $2",
+                    source_id,
+                    boundary_seq,
+                )
+                kind_at = KIND_NAMES.get(kind, "unknown") if kind is not None else None
+            last = await conn.fetchval(
+                "SELECT max(seq) FROM events WHERE session_id = $1 AND kind = $2",
+                source_id,
+                TURN_END,
+            )
+            boundary = fork_boundary(source_id, boundary_seq, count, kind_at, last)
+            turn_start = await conn.fetchval(
+                "SELECT event FROM events WHERE session_id = $1 AND kind = $2 AND seq <= $3"
+                " ORDER BY seq DESC LIMIT 1",
+                source_id,
+                TURN_START,
+                boundary,
+            )
+            turns = ev.SessionEvent.FromString(turn_start).turn_start.turn if turn_start else 0
+            header.seed_length = boundary + 1
+            try:
+                await conn.execute(
+                    "INSERT INTO sessions (session_id, header, create_ns, event_count, turn_count)"
+                    " VALUES ($1, $2, $3, $4, $5)",
+                    new_id,
+                    header.SerializeToString(),
+                    header.create_time.ToNanoseconds(),
+                    boundary + 1,
+                    turns,
+                )
+            except asyncpg.UniqueViolationError:
+                raise AlreadyExists(f'session "{new_id}" already exists') from None
+            await conn.execute(
+                "INSERT INTO events SELECT $1, seq, kind, event FROM events"
+                " WHERE session_id = $2 AND seq <= $3",
+                new_id,
+                source_id,
+                boundary,
+            )
+        return boundary + 1
+
+    async def adopt_pending(self, agent_id: str, session_id: str) -> list[InboxEntry]:
+        """Move the other sessions' inbox entries of `agent_id` to `session_id`."""
+        pool = await self._connected()
+        async with pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(
+                "SELECT inbox.session_id, entry_id, kind, message FROM inbox"
+                " JOIN sessions USING (session_id)"
+                " WHERE sessions.driver = $1 AND inbox.session_id <> $2"
+                " ORDER BY sessions.create_ns, inbox.session_id, entry_id FOR UPDATE OF inbox",
+                agent_id,
+                session_id,
+            )
+            start = await conn.fetchval(
+                "SELECT coalesce(max(entry_id), 0) FROM inbox WHERE session_id = $1", session_id
+            )
+            moved = []
+            for offset, row in enumerate(rows, start=1):
+                await conn.execute(
+                    "DELETE FROM inbox WHERE session_id = $1 AND entry_id = $2",
+                    row["session_id"],
+                    row["entry_id"],
+                )
+                await conn.execute(
+                    "INSERT INTO inbox VALUES ($1, $2, $3, $4)",
+                    session_id,
+                    start + offset,
+                    row["kind"],
+                    row["message"],
+                )
+                moved.append(_entry(start + offset, row["kind"], row["message"]))
+        return moved
+
+    # -- reads -------------------------------------------------------------------------
+
+    async def exists(self, session_id: str) -> bool:
+        """Whether the session is stored."""
+        pool = await self._connected()
+        found = await pool.fetchval("SELECT 1 FROM sessions WHERE session_id = $1", session_id)
+        return found is not None
+
+    async def load(self, session_id: str) -> StoredSession:
+        """The header, every event and the inbox, from one snapshot."""
+        pool = await self._connected()
+        async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
+            header = await conn.fetchval(
+                "SELECT header FROM sessions WHERE session_id = $1", session_id
+            )
+            if header is None:
+                raise NotFound(f'session "{session_id}" not found')
+            rows = await conn.fetch(
+                "SELECT seq, event FROM events WHERE session_id = $1 ORDER BY seq", session_id
+            )
+            inbox = await conn.fetch(
+                "SELECT entry_id, kind, message FROM inbox WHERE session_id = $1 ORDER BY entry_id",
+                session_id,
+            )
+        return StoredSession(
+            session_pb2.SessionHeader.FromString(header),
+            _decode(session_id, 0, rows),
+            [_entry(r["entry_id"], r["kind"], r["message"]) for r in inbox],
+        )
+
+    async def read(self, session_id: str, start: int, end: int) -> list[ev.SessionEvent]:
+        """The stored events in `[start, end)`."""
+        pool = await self._connected()
+        rows = await pool.fetch(
+            "SELECT seq, event FROM events WHERE session_id = $1 AND seq >= $2 AND seq < $3"
+            " ORDER BY seq",
+            session_id,
+            start,
+            end,
+        )
+        return _decode(session_id, start, rows)
+
+    async def summary(self, session_id: str) -> SessionSummary:
+        """The header and counts of a session."""
+        pool = await self._connected()
+        row = await pool.fetchrow(
+            "SELECT header, event_count, turn_count,"
+            " (SELECT count(*) FROM inbox WHERE inbox.session_id = sessions.session_id)"
+            " AS pending FROM sessions WHERE session_id = $1",
+            session_id,
+        )
+        if row is None:
+            raise NotFound(f'session "{session_id}" not found')
+        return SessionSummary(
+            session_pb2.SessionHeader.FromString(row["header"]),
+            row["event_count"],
+            row["turn_count"],
+            row["pending"],
+        )
+
+    async def list_ids(self) -> list[str]:
+        """Every stored session id, sorted."""
+        pool = await self._connected()
+        rows = await pool.fetch('SELECT session_id FROM sessions ORDER BY session_id COLLATE "C"')
+        return [r["session_id"] for r in rows]
+
+    async def find_request(self, agent_id: str, request_id: str) -> RequestRecord | None:
+        """The recorded answer of an earlier call, if any."""
+        pool = await self._connected()
+        row = await pool.fetchrow(
+            "SELECT method, response FROM requests WHERE agent_id = $1 AND request_id = $2",
+            agent_id,
+            request_id,
+        )
+        return None if row is None else RequestRecord(agent_id, request_id, row[0], row[1])
+
+
+async def migrate(conn: Conn) -> None:
+    """Apply the missing migrations, once, however many replicas start together."""
+    await conn.execute("SELECT pg_advisory_lock($1)", LOCK_KEY)
+    try:
+        await conn.execute(MIGRATIONS_TABLE)
+        applied = {r["number"] for r in await conn.fetch("SELECT number FROM agentloop_migrations")}
+        known = {number for number, _, _ in MIGRATIONS}
+        unknown = applied - known
+        if unknown:
+            raise SessionDamaged(
+                "", f"the database has migrations {sorted(unknown)} this server does not know"
+            )
+        for number, description, statements in MIGRATIONS:
+            if number in applied:
+                continue
+            async with conn.transaction():
+                for statement in statements:
+                    await conn.execute(statement)
+                await conn.execute(
+                    "INSERT INTO agentloop_migrations (number, description) VALUES ($1, $2)",
+                    number,
+                    description,
+                )
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", LOCK_KEY)
+
+
+async def _write(conn: Conn, session_id: str, writes: SessionWrites) -> None:
+    header = writes.create
+    if header is not None:
+        try:
+            await conn.execute(
+                "INSERT INTO sessions (session_id, header, create_ns) VALUES ($1, $2, $3)",
+                session_id,
+                header.SerializeToString(),
+                header.create_time.ToNanoseconds(),
+            )
+        except asyncpg.UniqueViolationError:
+            raise AlreadyExists(f'session "{session_id}" already exists') from None
+    events = writes.events
+    if events:
+        first = events[0].seq
+        check_follows(session_id, first, events)
+        moved = await conn.fetchval(
+            "UPDATE sessions SET event_count = $3, turn_count = greatest(turn_count, $4)"
+            " WHERE session_id = $1 AND event_count = $2 RETURNING 1",
+            session_id,
+            first,
+            first + len(events),
+            turn_of(events),
+        )
+        if moved is None:
+            stored = await conn.fetchval(
+                "SELECT event_count FROM sessions WHERE session_id = $1", session_id
+            )
+            if stored is None:
+                raise NotFound(f'session "{session_id}" not found')
+            raise StoreConflict(
+                f'session "{session_id}": event {first} does not follow the {stored} stored'
+            )
+        await conn.copy_records_to_table(
+            "events",
+            records=[
+                (session_id, e.seq, KIND_NUMBERS[e.WhichOneof("payload") or "turn_end"],
+                 e.SerializeToString())
+                for e in events
+            ],
+        )  # fmt: skip
+    if writes.driver:
+        updated = await conn.fetchval(
+            "UPDATE sessions SET driver = $2 WHERE session_id = $1 RETURNING 1",
+            session_id,
+            writes.driver,
+        )
+        if updated is None:
+            raise NotFound(f'session "{session_id}" not found')
+    if writes.inbox_put:
+        await conn.executemany(
+            "INSERT INTO inbox VALUES ($1, $2, $3, $4)",
+            [
+                (session_id, i.entry_id, i.kind, i.message.SerializeToString())
+                for i in writes.inbox_put
+            ],
+        )
+    if writes.inbox_take:
+        await conn.execute(
+            "DELETE FROM inbox WHERE session_id = $1 AND entry_id = ANY($2::bigint[])",
+            session_id,
+            writes.inbox_take,
+        )
+    if writes.requests:
+        await conn.executemany(
+            "INSERT INTO requests VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+            [(r.agent_id, r.request_id, r.method, r.response) for r in writes.requests],
+        )
+
+
+def _decode(session_id: str, start: int, rows: list[asyncpg.Record]) -> list[ev.SessionEvent]:
+    events = []
+    for index, row in enumerate(rows, start=start):
+        if row["seq"] != index:
+            raise SessionDamaged(session_id, f"event {index} is missing")
+        events.append(ev.SessionEvent.FromString(row["event"]))
+    return events
+
+
+def _entry(entry_id: int, kind: str, blob: bytes) -> InboxEntry:
+    message: ev.UserMessage | ev.ContextMessage = (
+        ev.ContextMessage.FromString(blob)
+        if kind == INBOX_CONTEXT
+        else ev.UserMessage.FromString(blob)
+    )
+    return InboxEntry(entry_id, kind, message)
