@@ -202,6 +202,9 @@ class AgentFactory:
             if not stored:
                 writes.create = session.header
             await runtime.store.commit(Commit({session.session_id: writes}))
+            # From here on, a writer that drove this session before (a paused process,
+            # a replica that lost it) is fenced off: its commits are refused.
+            session.fence = await runtime.store.claim(session.session_id)
             adopted: list[InboxEntry] = []
             if adopt_pending:
                 adopted = await runtime.store.adopt_pending(agent_id, session.session_id)

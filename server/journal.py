@@ -122,7 +122,9 @@ class Journal:
             return SessionWrites()
         self._pending.sessions[session.session_id] = session
         self._schedule()
-        return self._pending.commit.of(session.session_id)
+        writes = self._pending.commit.of(session.session_id)
+        writes.fence = session.fence
+        return writes
 
     @staticmethod
     def _take(writes: SessionWrites, entry_ids: tuple[int, ...]) -> None:

@@ -101,6 +101,8 @@ class SessionLog:
         """The turn whose `turn/start` is the last boundary; 0 when none is open."""
         self.request_header: c.RequestHeader | None = None
         """The latest logged request header (the fold: the latest snapshot wins)."""
+        self.fence = 0
+        """The driver's claim token: every commit carries it (0: a reader's log, unfenced)."""
         self.failure: AgentLoopError | None = None
         """Why the store refused this session's writes, once it has (nothing commits then)."""
         self.inbox: dict[int, InboxEntry] = {entry.entry_id: entry for entry in inbox}

@@ -125,3 +125,30 @@ async def test_a_refused_commit_is_reported_to_the_waiters() -> None:
     with pytest.raises(AgentLoopError, match="does not follow"):
         await session.settle()
     assert session.failure is not None
+
+
+async def test_a_writer_fenced_off_by_a_takeover_stops_writing(tmp_path: Path) -> None:
+    """Two servers on one file: the second resumes the session, the first can no longer write."""
+    first = Harness(store=SqliteStore(tmp_path / "agentloop.db"))
+    agent = await first.create(session_id="s")
+    await first.turn(agent, "one two three")
+    stored = len(agent.session)
+    second = Harness(store=SqliteStore(tmp_path / "agentloop.db"))
+    taken = await second.factory.resume("b", "s", agent_pb2.AgentOptions(tools=["word_count"]))
+    second.created.append(taken)
+    # The first server still thinks it drives "s"; its next turn is refused by the store.
+    agent.send([text_block("late words")])
+    await asyncio.wait_for(agent.when_idle(), 5)
+    assert isinstance(agent.session.failure, StoreConflict)
+    errors = [e.error for e in first.agent_events["a1"] if e.HasField("error")]
+    assert errors and "taken over" in errors[-1].message
+    # The session holds what the first server wrote before the takeover, then the second's.
+    await second.turn(taken, "from the new owner")
+    events = (await second.runtime.store.load("s")).events
+    check_log(events)
+    late = [e for e in events if e.HasField("user_message") and "late" in str(e)]
+    assert late == [] and len(events) > stored
+    await first.factory.close()
+    await second.factory.close()
+    await first.runtime.store.close()
+    await second.runtime.store.close()

@@ -189,3 +189,26 @@ async def test_adopt_moves_an_agents_pending_messages_in_acceptance_order(
     assert (await store.summary("old")).pending == 0
     assert (await store.summary("x")).pending == 1  # another agent's stay put
     assert await store.adopt_pending("bot", "new") == []
+
+
+async def test_a_claim_fences_off_earlier_writers(store: SessionStore) -> None:
+    await create_session(store, "s1", header())
+    first = await store.claim("s1")
+    await store.commit(Commit({"s1": SessionWrites(events=turns(1), fence=first)}))
+    second = await store.claim("s1")
+    assert second > first
+    # The earlier writer's next commit fits the sequence but is refused: it lost the session.
+    late = Commit({"s1": SessionWrites(events=turns(1, first_seq=3, first_turn=2), fence=first)})
+    with pytest.raises(StoreConflict, match="taken over"):
+        await store.commit(late)
+    stale_inbox = Commit({"s1": SessionWrites(inbox_put=[entry(1, "x")], fence=first)})
+    with pytest.raises(StoreConflict):
+        await store.commit(stale_inbox)
+    assert (await store.summary("s1")).event_count == 3
+    assert (await store.load("s1")).inbox == []
+    await store.commit(
+        Commit({"s1": SessionWrites(events=turns(1, first_seq=3, first_turn=2), fence=second)})
+    )
+    assert (await store.summary("s1")).event_count == 6
+    with pytest.raises(NotFound):
+        await store.claim("nope")

@@ -6,9 +6,12 @@ messages that no turn has recorded yet); and, per agent id, the answers of calls
 made with a `request_id`. Everything one group commit writes (`Commit`) lands in
 one transaction: after a crash a commit is either whole or absent.
 
-Appends are fenced: a session's events in a commit must start exactly at the
-stored event count, so a second writer (a replica that lost ownership, a stale
-process) can never interleave; the store refuses with `StoreConflict`.
+Writes are fenced twice. A session's events in a commit must start exactly at the
+stored event count, so two writers can never interleave events. And whoever drives
+a session claims it first (`claim` returns a new token); every later commit of the
+driver carries that token, and a commit with an older one (a process that was paused
+or partitioned while another took the session over) is refused with `StoreConflict`,
+even where its sequence numbers would fit.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ class SessionWrites:
     """Entry ids recorded by an event of this commit (or dropped), removed."""
     requests: list[RequestRecord] = field(default_factory=list)
     """First answers of calls with a request id that wrote to this session."""
+    fence: int = 0
+    """The writer's claim token (see `SessionStore.claim`); 0 writes unfenced."""
 
     def empty(self) -> bool:
         """Whether there is nothing to write."""
@@ -142,6 +147,13 @@ class SessionStore(Protocol):
         """
         ...
 
+    async def claim(self, session_id: str) -> int:
+        """Take the session over: a new token that fences off every earlier claim.
+
+        Raises `NotFound` if the session is unknown.
+        """
+        ...
+
     async def exists(self, session_id: str) -> bool:
         """Whether the session is stored."""
         ...
@@ -200,6 +212,15 @@ def check_follows(session_id: str, stored: int, events: Sequence[ev.SessionEvent
                 f'session "{session_id}": event {event.seq} does not follow the'
                 f" {stored + offset} stored"
             )
+
+
+def check_fence(session_id: str, stored: int, fence: int) -> None:
+    """Raise `StoreConflict` when a fenced write carries a superseded claim token."""
+    if fence and fence != stored:
+        raise StoreConflict(
+            f'session "{session_id}" was taken over by another writer'
+            f" (claim {stored}; this writer holds {fence})"
+        )
 
 
 def turn_of(events: Sequence[ev.SessionEvent]) -> int:

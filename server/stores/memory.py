@@ -13,6 +13,7 @@ from server.stores import (
     RequestRecord,
     SessionSummary,
     StoredSession,
+    check_fence,
     check_follows,
     fork_boundary,
     turn_of,
@@ -26,6 +27,7 @@ class _Session:
     events: list[ev.SessionEvent] = field(default_factory=list)
     inbox: dict[int, InboxEntry] = field(default_factory=dict)
     turns: int = 0
+    fence: int = 0
 
 
 class MemoryStore:
@@ -59,6 +61,7 @@ class MemoryStore:
             elif stored is None:
                 raise NotFound(f'session "{session_id}" not found')
             else:
+                check_fence(session_id, stored.fence, writes.fence)
                 check_follows(session_id, len(stored.events), writes.events)
         for session_id, writes in commit.sessions.items():
             if writes.create is not None:
@@ -74,6 +77,12 @@ class MemoryStore:
                 session.inbox.pop(entry_id, None)
             for record in writes.requests:
                 self._requests.setdefault((record.agent_id, record.request_id), record)
+
+    async def claim(self, session_id: str) -> int:
+        """A new claim token for the session."""
+        session = self._get(session_id)
+        session.fence += 1
+        return session.fence
 
     async def exists(self, session_id: str) -> bool:
         """Whether the session is stored."""

@@ -23,6 +23,7 @@ from server.stores import (
     SessionWrites,
     StoreConflict,
     StoredSession,
+    check_fence,
     check_follows,
     fork_boundary,
     turn_of,
@@ -166,6 +167,17 @@ class PostgresStore:
                 moved.append(_entry(start + offset, row["kind"], row["message"]))
         return moved
 
+    async def claim(self, session_id: str) -> int:
+        """A new claim token for the session."""
+        pool = await self._connected()
+        token = await pool.fetchval(
+            "UPDATE sessions SET fence = fence + 1 WHERE session_id = $1 RETURNING fence",
+            session_id,
+        )
+        if token is None:
+            raise NotFound(f'session "{session_id}" not found')
+        return int(token)
+
     # -- reads -------------------------------------------------------------------------
 
     async def exists(self, session_id: str) -> bool:
@@ -282,6 +294,13 @@ async def _write(conn: Conn, session_id: str, writes: SessionWrites) -> None:
             )
         except asyncpg.UniqueViolationError:
             raise AlreadyExists(f'session "{session_id}" already exists') from None
+    if writes.fence:
+        stored_fence = await conn.fetchval(
+            "SELECT fence FROM sessions WHERE session_id = $1 FOR SHARE", session_id
+        )
+        if stored_fence is None:
+            raise NotFound(f'session "{session_id}" not found')
+        check_fence(session_id, stored_fence, writes.fence)
     events = writes.events
     if events:
         first = events[0].seq

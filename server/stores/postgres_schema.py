@@ -19,7 +19,8 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
                 create_ns bigint NOT NULL DEFAULT 0,
                 driver text NOT NULL DEFAULT '',
                 event_count bigint NOT NULL DEFAULT 0,
-                turn_count integer NOT NULL DEFAULT 0
+                turn_count integer NOT NULL DEFAULT 0,
+                fence bigint NOT NULL DEFAULT 0
             )""",
             """CREATE TABLE events (
                 session_id text NOT NULL REFERENCES sessions ON DELETE CASCADE,

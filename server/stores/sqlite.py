@@ -45,6 +45,7 @@ from server.stores.sqlite_schema import FORMAT_VERSION, migrate, statements
 from server.stores.sqlite_sql import (
     SessionRows,
     adopt_move,
+    claim,
     fork_copy,
     summary_row,
     write_commit,
@@ -232,6 +233,10 @@ class SqliteStore:
             return seed
 
         return await self._write(source_id, copy)
+
+    async def claim(self, session_id: str) -> int:
+        """A new claim token for the session."""
+        return await self._write(session_id, lambda db: claim(db, session_id))
 
     async def adopt_pending(self, agent_id: str, session_id: str) -> list[InboxEntry]:
         """Move the other sessions' inbox entries of `agent_id` to `session_id`."""

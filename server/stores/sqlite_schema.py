@@ -22,7 +22,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     session_id TEXT PRIMARY KEY,
     header BLOB NOT NULL,
     create_ns INTEGER NOT NULL DEFAULT 0,
-    driver TEXT NOT NULL DEFAULT ''
+    driver TEXT NOT NULL DEFAULT '',
+    fence INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS events (
     session_id TEXT NOT NULL,
@@ -69,13 +70,14 @@ def migrate(db: sqlite3.Connection, version: str, where: str) -> None:
 
 
 def _from_1(db: sqlite3.Connection) -> None:
-    """Format 1 had no kind column, no inbox, no request records, no driver.
+    """Format 1 had no kind column, no inbox, no request records, no driver, no fence.
 
     Its `event_count` and `turn_count` columns stay, unused: format 2 reads both from
     the events.
     """
     db.execute("ALTER TABLE sessions ADD COLUMN create_ns INTEGER NOT NULL DEFAULT 0")
     db.execute("ALTER TABLE sessions ADD COLUMN driver TEXT NOT NULL DEFAULT ''")
+    db.execute("ALTER TABLE sessions ADD COLUMN fence INTEGER NOT NULL DEFAULT 0")
     db.execute("ALTER TABLE events RENAME TO events_v1")
     for statement in statements():  # not executescript: it would commit midway
         db.execute(statement)

@@ -15,7 +15,13 @@ from dataclasses import dataclass
 
 from agentloop.v1 import session_event_pb2 as ev
 from server.errors import AlreadyExists, NotFound
-from server.stores import SessionWrites, StoreConflict, check_follows, fork_boundary
+from server.stores import (
+    SessionWrites,
+    StoreConflict,
+    check_fence,
+    check_follows,
+    fork_boundary,
+)
 from server.stores.kinds import KIND_NAMES, KIND_NUMBERS, TURN_END, TURN_START
 
 
@@ -44,6 +50,7 @@ class SessionRows:
     puts: list[tuple[str, int, str, bytes]]
     takes: list[tuple[str, int]]
     requests: list[tuple[str, str, str, bytes]]
+    fence: int
     size: int
     """Bytes of events and inbox entries."""
 
@@ -74,6 +81,7 @@ class SessionRows:
             puts,
             [(session_id, entry_id) for entry_id in writes.inbox_take],
             [(r.agent_id, r.request_id, r.method, r.response) for r in writes.requests],
+            writes.fence,
             sum(len(r[3]) for r in rows) + sum(len(p[3]) for p in puts),
         )
 
@@ -105,6 +113,13 @@ def write_commit(db: sqlite3.Connection, sessions: list[SessionRows]) -> None:
                     )
                 except sqlite3.IntegrityError:
                     raise AlreadyExists(f'session "{s.session_id}" already exists') from None
+            if s.fence:
+                row = db.execute(
+                    "SELECT fence FROM sessions WHERE session_id = ?", (s.session_id,)
+                ).fetchone()
+                if row is None:
+                    raise NotFound(f'session "{s.session_id}" not found')
+                check_fence(s.session_id, row[0], s.fence)
             if s.events:
                 stored = event_count(db, s.session_id)
                 if stored != s.first_seq or (stored == 0 and s.header is None):
@@ -209,6 +224,18 @@ def adopt_move(
             )
             moved.append((start + offset, kind, message))
     return moved
+
+
+def claim(db: sqlite3.Connection, session_id: str) -> int:
+    """Bump the session's claim token; the new one."""
+    with transaction(db):
+        row = db.execute(
+            "UPDATE sessions SET fence = fence + 1 WHERE session_id = ? RETURNING fence",
+            (session_id,),
+        ).fetchone()
+    if row is None:
+        raise NotFound(f'session "{session_id}" not found')
+    return int(row[0])
 
 
 def summary_row(db: sqlite3.Connection, session_id: str) -> tuple[bytes, int, int, int]:
