@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 from pathlib import Path
 
 import grpc
@@ -24,10 +25,12 @@ from agentloop.v1 import (
 from server.addresses import Allowlist, is_loopback
 from server.api_agent import AgentServicer
 from server.api_factory import AgentFactoryServicer
+from server.api_forward import Forwarder
 from server.api_guard import RequestGuard
 from server.api_plugins import PluginRegistryServicer
 from server.auth import TokenAuth
 from server.builtin_tools import builtin_tools
+from server.cluster import Cluster
 from server.config import Config, ConfigError, read_pem, read_token
 from server.errors import SessionDamaged
 from server.factory import AgentFactory
@@ -38,6 +41,8 @@ from server.plugin_required import READINESS_SERVICE
 from server.runtime import Runtime
 from server.stores import SessionStore
 from server.stores.memory import MemoryStore
+from server.stores.postgres import PostgresStore
+from server.stores.postgres_leases import Lease, Leases
 from server.stores.sqlite import SqliteStore
 
 log = logging.getLogger(__name__)
@@ -63,8 +68,6 @@ def build_store(config: Config) -> SessionStore:
     if config.store == "memory":
         return MemoryStore()
     if config.store == "postgres":
-        from server.stores.postgres import PostgresStore  # asyncpg only when asked for
-
         return PostgresStore(config.postgres_dsn)
     return SqliteStore(Path(config.data_dir) / "agentloop.db", config.durability)
 
@@ -153,9 +156,16 @@ class App:
         self.health = health.aio.HealthServicer()
         limits = self.runtime.limits
         # Auth first: an unauthenticated caller learns nothing, not even that a body is bad.
-        interceptors = [TokenAuth(token)] if token else []
+        interceptors: list[grpc.aio.ServerInterceptor] = [TokenAuth(token)] if token else []
+        interceptors.append(RequestGuard(limits))
+        self.cluster: Cluster | None = None
+        self.forwarder: Forwarder | None = None
+        if config.store == "postgres":  # replicas may share the store: calls go to owners
+            self.forwarder = Forwarder(lambda agent_id: agent_id in self.factory.agents,
+                                       self._owner_address)  # fmt: skip
+            interceptors.append(self.forwarder)
         self.server = grpc.aio.server(
-            interceptors=[*interceptors, RequestGuard(limits)],
+            interceptors=interceptors,
             options=[("grpc.max_receive_message_length", limits.max_request_bytes)],
         )
         plugin_registry_service_pb2_grpc.add_PluginRegistryServiceServicer_to_server(
@@ -190,6 +200,8 @@ class App:
         await self._readiness(self.plugins.ready())
         self.plugins.on_readiness = self._on_readiness
         await self.server.start()
+        if self.forwarder is not None:
+            await self._join_cluster()
         for plugin in self.config.plugins:
             overrides = Overrides(
                 order=plugin.order,
@@ -242,6 +254,8 @@ class App:
             return
         grace = self.config.shutdown_grace_seconds if grace is None else grace
         await self.health.enter_graceful_shutdown()
+        if self.cluster is not None:
+            await self.cluster.stop()  # no renewal, no takeover while the agents close
         closing = asyncio.ensure_future(self.factory.close())
         done, _ = await asyncio.wait({closing}, timeout=grace)
         if not done:
@@ -259,11 +273,40 @@ class App:
                 closing.cancel()
         if closing.done() and not closing.cancelled() and closing.exception() is not None:
             log.error("disposing the agents failed", exc_info=closing.exception())
+        if self.cluster is not None:
+            try:
+                await self.cluster.hand_over()  # the other replicas take the agents now
+            except Exception:
+                log.warning("handing the agents over failed; they move at lease expiry")
         await self.server.stop(grace)
+        if self.forwarder is not None:
+            await self.forwarder.close()
         await self.plugins.close()
         await self.runtime.seams.close()
         await self.runtime.store.close()
         self._stopped.set()
+
+    async def _join_cluster(self) -> None:
+        """Register as a replica, take the leases of this replica's agents, start the loops."""
+        store = self.runtime.store
+        assert isinstance(store, PostgresStore)
+        host = self.config.listen.rpartition(":")[0]
+        address = self.config.advertise_address or f"{host}:{self.port}"
+        replica_id = self.config.replica_id or f"{socket.gethostname()}-{os.getpid()}"
+        leases = Leases(store, replica_id, address, self.config.lease_seconds)
+        self.cluster = Cluster(leases)
+        self.factory.ownership = self.cluster
+
+        async def take_over(lease: Lease) -> None:
+            options = agent_pb2.AgentOptions.FromString(lease.options)
+            await self.factory.resume(lease.agent_id, lease.session_id, options, owned=True)
+
+        await self.cluster.start(lambda: set(self.factory.agents), take_over, self.factory.abandon)
+        log.info("replica %s serving at %s", replica_id, address)
+
+    async def _owner_address(self, agent_id: str) -> str | None:
+        holder = await self.cluster.owner_of(agent_id) if self.cluster is not None else None
+        return holder.address if holder is not None and holder.address else None
 
     def _session_of(self, agent_id: str) -> str:
         agent = self.factory.agents.get(agent_id)

@@ -23,7 +23,7 @@ SERVER_FIELDS = {
     "listen", "maxParallelToolCalls", "shutdownGraceSeconds", "defaultProvider", "store",
     "dataDir", "agents", "plugins", "tokenFile", "pluginTokenFile", "providers",
     "pluginTimeoutSeconds", "pluginCaFile", "toolOrder", "durability", "pluginMaxMessageBytes",
-    "postgresDsn",
+    "postgresDsn", "replicaId", "advertiseAddress", "leaseSeconds",
 }  # fmt: skip
 TLS_FIELDS = ("tlsCertFile", "tlsKeyFile", "tlsClientCaFile")
 GUARD_FIELDS = {"limits", "pluginAllowlist", "pluginTokenPlaintext", *TLS_FIELDS}
@@ -135,6 +135,13 @@ class Config:
     shared by replicas) or "memory"."""
     postgres_dsn: str = ""
     """The PostgreSQL DSN of `store: postgres` (also: $AGENTLOOP_POSTGRES_DSN)."""
+    replica_id: str = ""
+    """With `store: postgres`: this replica's name among the others; empty: host-pid."""
+    advertise_address: str = ""
+    """With `store: postgres`: host:port other replicas forward calls to; empty: listen."""
+    lease_seconds: float = 5.0
+    """With `store: postgres`: how long a replica owns its agents without renewing: the
+    time a failover waits at most, against renewals (a third of it) it must keep up."""
     data_dir: str = "data"
     """The directory of the SQLite file (`agentloop.db`); relative to the working directory."""
     durability: str = "process"
@@ -253,10 +260,16 @@ def parse_config(raw: object) -> Config:
     durability = _string(doc.get("durability", "process"), "durability")
     if durability not in ("process", "power"):
         raise ConfigError(f"durability: {durability!r} must be process or power")
+    lease = doc.get("leaseSeconds", 5.0)
+    if isinstance(lease, bool) or not isinstance(lease, int | float) or not 1 <= lease <= 300:
+        raise ConfigError("leaseSeconds: must be a number of seconds from 1 to 300")
     return Config(
         listen=listen,
         store=store,
         postgres_dsn=postgres_dsn,
+        replica_id=_string(doc.get("replicaId", ""), "replicaId"),
+        advertise_address=_string(doc.get("advertiseAddress", ""), "advertiseAddress"),
+        lease_seconds=float(lease),
         durability=durability,
         data_dir=_string(doc.get("dataDir", "data"), "dataDir"),
         plugins=plugins,

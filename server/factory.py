@@ -34,10 +34,11 @@ from server.errors import (
 from server.limits import check_capacity
 from server.loop import run_loop
 from server.memory import Trimmer
+from server.ownership import Ownership, Solo
 from server.repair import crash_closers
 from server.runtime import Runtime
 from server.session import SessionLog, now_timestamp, session_message
-from server.stores import Commit, InboxEntry, SessionWrites
+from server.stores import Commit, InboxEntry, SessionWrites, StoreConflict
 from server.system_prompt import PERSONA_VARIABLES, interpolate, persona_section
 from server.validation import check_agent_options
 
@@ -80,6 +81,10 @@ class AgentFactory:
         self._readonly: OrderedDict[str, SessionLog] = OrderedDict()
         """The latest stored sessions loaded for reading (paging through a log reuses them)."""
         self.trimmer = Trimmer()
+        self.ownership: Ownership = Solo()
+        """Who owns live agents: this server alone, or one replica among many."""
+        self._abandoned: set[str] = set()
+        """Agents stopped because another replica owns them now: never released here."""
 
     # -- create and resume -------------------------------------------------------------
 
@@ -109,9 +114,12 @@ class AgentFactory:
         if session_id in self._session_ids:
             raise AlreadyExists(f'session "{session_id}" already exists')
         self._reserve(agent_id, session_id)
+        owned = False
         try:
             if await self.runtime.store.exists(session_id):
                 raise AlreadyExists(f'session "{session_id}" already exists')
+            await self.ownership.acquire(agent_id, session_id, options)
+            owned = True
             header = session_pb2.SessionHeader(cwd=cwd, create_time=now_timestamp())
             session = SessionLog(
                 session_id, header, self.runtime.journal, window=self.runtime.event_window
@@ -127,6 +135,8 @@ class AgentFactory:
             )
         except BaseException:
             self._release(agent_id, session_id)
+            if owned:
+                await self.ownership.release(agent_id)
             raise
 
     async def resume(
@@ -136,8 +146,13 @@ class AgentFactory:
         options: agent_pb2.AgentOptions,
         *,
         setup: Setup | None = None,
+        owned: bool = False,
     ) -> Agent:
-        """Create an agent over a stored session; history and numbering continue."""
+        """Create an agent over a stored session; history and numbering continue.
+
+        `owned`: this server already holds the agent (a replica taking over an orphaned
+        agent); otherwise it is acquired first.
+        """
         check_id("agent_id", agent_id)
         check_id("session_id", session_id)
         self._check_options(options)
@@ -154,7 +169,11 @@ class AgentFactory:
                 " (configure store: sqlite)"
             )
         self._reserve(agent_id, session_id)
+        acquired = False
         try:
+            if not owned:
+                await self.ownership.acquire(agent_id, session_id, options)
+                acquired = True
             session = await self.load(session_id)
             self._check_persona(options, session.header.cwd)
             return await self._publish(
@@ -162,6 +181,8 @@ class AgentFactory:
             )
         except BaseException:
             self._release(agent_id, session_id)
+            if acquired or owned:
+                await self.ownership.release(agent_id)
             raise
 
     async def _publish(
@@ -374,9 +395,25 @@ class AgentFactory:
         self._detach(agent)
         self._unwind(agent)
         self.runtime.models.release(agent.agent_id)
+        abandoned = agent.agent_id in self._abandoned
+        self._abandoned.discard(agent.agent_id)
+        if not self._closing and not abandoned:  # a stopping server hands over instead
+            try:
+                await self.ownership.release(agent.agent_id)
+            except Exception:
+                log.warning("agent %s: giving up its ownership failed", agent.agent_id)
         self._release(agent.agent_id, agent.session.session_id)
         agent.session.wake_waiters()
         self.trimmer.soon()  # what the agent held is free now: give it back
+
+    async def abandon(self, agent_id: str) -> None:
+        """Stop an agent whose ownership moved elsewhere, writing nothing more."""
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            return
+        self._abandoned.add(agent_id)
+        agent.session.fail(StoreConflict(f'agent "{agent_id}" is owned by another replica now'))
+        await self.teardown(agent)
 
     async def close(self) -> None:
         """Dispose every agent (server shutdown): running turns end `disposed`.

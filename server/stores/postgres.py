@@ -48,7 +48,7 @@ class PostgresStore:
 
     async def open(self) -> None:
         """Connect and bring the schema up to date."""
-        await self._connected()
+        await self.pool()
 
     async def close(self) -> None:
         """Close the pool."""
@@ -56,7 +56,8 @@ class PostgresStore:
             await self._pool.close()
             self._pool = None
 
-    async def _connected(self) -> asyncpg.Pool:
+    async def pool(self) -> asyncpg.Pool:
+        """The connection pool (connected and migrated on first use)."""
         if self._pool is None:
             try:
                 pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=self.pool_size)
@@ -71,7 +72,7 @@ class PostgresStore:
 
     async def commit(self, commit: Commit) -> None:
         """Write the whole commit in one transaction."""
-        pool = await self._connected()
+        pool = await self.pool()
         async with pool.acquire() as conn, conn.transaction():
             for session_id, writes in commit.sessions.items():
                 await _write(conn, session_id, writes)
@@ -84,7 +85,7 @@ class PostgresStore:
         header: session_pb2.SessionHeader,
     ) -> int:
         """Copy the source's events up to a `turn_end` into a new session, atomically."""
-        pool = await self._connected()
+        pool = await self.pool()
         async with pool.acquire() as conn, conn.transaction():
             count = await conn.fetchval(
                 "SELECT event_count FROM sessions WHERE session_id = $1 FOR SHARE", source_id
@@ -137,7 +138,7 @@ class PostgresStore:
 
     async def adopt_pending(self, agent_id: str, session_id: str) -> list[InboxEntry]:
         """Move the other sessions' inbox entries of `agent_id` to `session_id`."""
-        pool = await self._connected()
+        pool = await self.pool()
         async with pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(
                 "SELECT inbox.session_id, entry_id, kind, message FROM inbox"
@@ -169,7 +170,7 @@ class PostgresStore:
 
     async def claim(self, session_id: str) -> int:
         """A new claim token for the session."""
-        pool = await self._connected()
+        pool = await self.pool()
         token = await pool.fetchval(
             "UPDATE sessions SET fence = fence + 1 WHERE session_id = $1 RETURNING fence",
             session_id,
@@ -182,13 +183,13 @@ class PostgresStore:
 
     async def exists(self, session_id: str) -> bool:
         """Whether the session is stored."""
-        pool = await self._connected()
+        pool = await self.pool()
         found = await pool.fetchval("SELECT 1 FROM sessions WHERE session_id = $1", session_id)
         return found is not None
 
     async def load(self, session_id: str) -> StoredSession:
         """The header, every event and the inbox, from one snapshot."""
-        pool = await self._connected()
+        pool = await self.pool()
         async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
             header = await conn.fetchval(
                 "SELECT header FROM sessions WHERE session_id = $1", session_id
@@ -210,7 +211,7 @@ class PostgresStore:
 
     async def read(self, session_id: str, start: int, end: int) -> list[ev.SessionEvent]:
         """The stored events in `[start, end)`."""
-        pool = await self._connected()
+        pool = await self.pool()
         rows = await pool.fetch(
             "SELECT seq, event FROM events WHERE session_id = $1 AND seq >= $2 AND seq < $3"
             " ORDER BY seq",
@@ -222,7 +223,7 @@ class PostgresStore:
 
     async def summary(self, session_id: str) -> SessionSummary:
         """The header and counts of a session."""
-        pool = await self._connected()
+        pool = await self.pool()
         row = await pool.fetchrow(
             "SELECT header, event_count, turn_count,"
             " (SELECT count(*) FROM inbox WHERE inbox.session_id = sessions.session_id)"
@@ -240,13 +241,13 @@ class PostgresStore:
 
     async def list_ids(self) -> list[str]:
         """Every stored session id, sorted."""
-        pool = await self._connected()
+        pool = await self.pool()
         rows = await pool.fetch('SELECT session_id FROM sessions ORDER BY session_id COLLATE "C"')
         return [r["session_id"] for r in rows]
 
     async def find_request(self, agent_id: str, request_id: str) -> RequestRecord | None:
         """The recorded answer of an earlier call, if any."""
-        pool = await self._connected()
+        pool = await self.pool()
         row = await pool.fetchrow(
             "SELECT method, response FROM requests WHERE agent_id = $1 AND request_id = $2",
             agent_id,

@@ -46,6 +46,26 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "CREATE INDEX sessions_by_driver ON sessions (driver)",
         ],
     ),
+    (
+        2,
+        "replicas and the leases by which one replica owns each live agent",
+        [
+            """CREATE TABLE replicas (
+                replica_id text PRIMARY KEY,
+                address text NOT NULL,
+                heartbeat timestamptz NOT NULL DEFAULT now()
+            )""",
+            """CREATE TABLE leases (
+                agent_id text PRIMARY KEY,
+                session_id text NOT NULL UNIQUE,
+                owner text NOT NULL,
+                expires_at timestamptz NOT NULL,
+                options bytea NOT NULL
+            )""",
+            "CREATE INDEX leases_by_owner ON leases (owner)",
+            "CREATE INDEX leases_by_expiry ON leases (expires_at)",
+        ],
+    ),
 ]
 """(number, what it does, statements), in order; append, never edit a released one."""
 

@@ -1,0 +1,167 @@
+"""Any replica answers any call: calls for an agent owned elsewhere go to its owner.
+
+An interceptor of the agent-scoped methods (those that name an `agent_id`): when the
+agent is not live here but another replica holds its lease, the call is made again on
+that replica, with the caller's metadata (its token) and a marker that stops it from
+being forwarded twice, and the answer (or the status, or the stream of responses) is
+passed back unchanged. Calls by session id are served from the shared store by any
+replica and are never forwarded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from google.protobuf import message_factory
+from google.protobuf.message import Message
+
+from agentloop.v1 import agent_factory_service_pb2, agent_service_pb2
+
+if TYPE_CHECKING:
+    Continuation = Callable[
+        [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+    ]
+    Context = grpc.aio.ServicerContext[Any, Any]
+
+FORWARDED = "agentloop-forwarded"
+"""Metadata set on a forwarded call: its receiver serves it, whatever it owns."""
+
+OwnerAddress = Callable[[str], Awaitable[str | None]]
+
+
+def _agent_methods() -> dict[str, type[Message]]:
+    """Each forwardable method's path and its response type."""
+    methods: dict[str, type[Message]] = {}
+    for module, service, names in (
+        (
+            agent_service_pb2,
+            "AgentService",
+            ("SendMessage", "SteerMessage", "InjectContext", "CancelTurn", "WaitIdle",
+             "GetSession", "ListSessionEvents", "StreamSessionEvents"),
+        ),
+        (agent_factory_service_pb2, "AgentFactoryService", ("GetAgent", "DisposeAgent")),
+    ):  # fmt: skip
+        descriptor = module.DESCRIPTOR.services_by_name[service]
+        for name in names:
+            output = descriptor.methods_by_name[name].output_type
+            methods[f"/{descriptor.full_name}/{name}"] = message_factory.GetMessageClass(output)
+    return methods
+
+
+AGENT_METHODS = _agent_methods()
+
+
+class Forwarder(grpc.aio.ServerInterceptor):
+    """Sends agent calls to the replica that owns the agent."""
+
+    def __init__(self, is_local: Callable[[str], bool], owner_address: OwnerAddress) -> None:
+        self.is_local = is_local
+        self.owner_address = owner_address
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        """Wrap the agent-scoped methods; leave the others as they are."""
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method or ""
+        response_type = AGENT_METHODS.get(method)
+        if handler is None or response_type is None:
+            return handler
+        kwargs = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary:
+            local_unary: Any = handler.unary_unary
+
+            async def unary(request: Any, context: Context) -> Any:
+                address = await self._elsewhere(request, context)
+                if address is None:
+                    return await local_unary(request, context)
+                return await self._forward(address, method, response_type, request, context)
+
+            return grpc.unary_unary_rpc_method_handler(unary, **kwargs)
+        local_stream: Any = handler.unary_stream
+
+        async def stream(request: Any, context: Context) -> AsyncIterator[Any]:
+            address = await self._elsewhere(request, context)
+            if address is None:
+                async for response in local_stream(request, context):
+                    yield response
+                return
+            async for response in self._forward_stream(
+                address, method, response_type, request, context
+            ):
+                yield response
+
+        return grpc.unary_stream_rpc_method_handler(stream, **kwargs)
+
+    async def close(self) -> None:
+        """Close the channels to other replicas."""
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+    async def _elsewhere(self, request: Any, context: Context) -> str | None:
+        """The owner's address when the call is for an agent another replica owns."""
+        agent_id = getattr(request, "agent_id", "")
+        if not isinstance(agent_id, str) or not agent_id or self.is_local(agent_id):
+            return None
+        if any(key == FORWARDED for key, _ in context.invocation_metadata() or ()):
+            return None  # forwarded once already: answer here
+        return await self.owner_address(agent_id)
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+        return channel
+
+    def _metadata(self, context: Context) -> list[tuple[str, str | bytes]]:
+        passed = [(k, v) for k, v in context.invocation_metadata() or () if k == "authorization"]
+        return [*passed, (FORWARDED, "1")]
+
+    async def _forward(
+        self,
+        address: str,
+        method: str,
+        response_type: type[Message],
+        request: Message,
+        context: Context,
+    ) -> Any:
+        call = self._channel(address).unary_unary(
+            method,
+            request_serializer=type(request).SerializeToString,
+            response_deserializer=response_type.FromString,
+        )
+        try:
+            return await call(
+                request, metadata=self._metadata(context), timeout=context.time_remaining()
+            )
+        except grpc.aio.AioRpcError as error:
+            await context.abort(error.code(), error.details() or "")
+
+    async def _forward_stream(
+        self,
+        address: str,
+        method: str,
+        response_type: type[Message],
+        request: Message,
+        context: Context,
+    ) -> AsyncIterator[Any]:
+        call = self._channel(address).unary_stream(
+            method,
+            request_serializer=type(request).SerializeToString,
+            response_deserializer=response_type.FromString,
+        )
+        responses = call(request, metadata=self._metadata(context))
+        try:
+            async for response in responses:
+                yield response
+        except grpc.aio.AioRpcError as error:
+            await context.abort(error.code(), error.details() or "")
+        finally:
+            responses.cancel()

@@ -1,0 +1,147 @@
+"""Leases: which replica owns each live agent, for how long (PostgreSQL).
+
+A replica registers itself (id, the address other replicas forward to, a heartbeat).
+Creating or resuming an agent takes its lease: a row keyed by agent id (and unique by
+session id) with an owner and an expiry. The owner renews its leases in the
+background; a lease that expired (its owner died, or was paused past it) can be taken
+over by any replica, which then claims the session (the store's fence refuses the old
+owner's late writes) and runs the agent. The agent's options travel with the lease,
+so the new owner recreates the same agent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import asyncpg
+
+from server.stores.postgres import PostgresStore
+
+
+@dataclass(frozen=True)
+class Lease:
+    """An agent, its session, its options (serialized `AgentOptions`) and its (last) owner."""
+
+    agent_id: str
+    session_id: str
+    owner: str
+    options: bytes
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds what a replica asked for: the owner, and its address."""
+
+    owner: str
+    address: str
+
+
+class Leases:
+    """The lease table, as seen by one replica."""
+
+    def __init__(self, store: PostgresStore, replica_id: str, address: str, ttl: float) -> None:
+        self.store = store
+        self.replica_id = replica_id
+        self.address = address
+        self.ttl = ttl
+
+    async def register(self) -> None:
+        """Record this replica and the address other replicas forward its agents' calls to."""
+        pool = await self.store.pool()
+        await pool.execute(
+            "INSERT INTO replicas (replica_id, address) VALUES ($1, $2)"
+            " ON CONFLICT (replica_id) DO UPDATE SET address = $2, heartbeat = now()",
+            self.replica_id,
+            self.address,
+        )
+
+    async def acquire(self, agent_id: str, session_id: str, options: bytes) -> Holder | None:
+        """Take the lease of a new live agent; None when taken, else who holds it.
+
+        The agent id is free when no lease names it or its lease expired; the session
+        must not be driven under another agent id.
+        """
+        pool = await self.store.pool()
+        try:
+            owner = await pool.fetchval(
+                "INSERT INTO leases (agent_id, session_id, owner, expires_at, options)"
+                " VALUES ($1, $2, $3, now() + make_interval(secs => $4), $5)"
+                " ON CONFLICT (agent_id) DO UPDATE SET session_id = excluded.session_id,"
+                " owner = excluded.owner, expires_at = excluded.expires_at,"
+                " options = excluded.options"
+                " WHERE leases.expires_at < now() RETURNING owner",
+                agent_id,
+                session_id,
+                self.replica_id,
+                self.ttl,
+                options,
+            )
+        except asyncpg.UniqueViolationError:  # the session is leased under another agent id
+            return await self._holder("session_id", session_id) or Holder("", "")
+        if owner is not None:
+            return None
+        return await self._holder("agent_id", agent_id) or Holder("", "")
+
+    async def renew(self) -> set[str]:
+        """Extend every lease of this replica; the agent ids it still owns."""
+        pool = await self.store.pool()
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "UPDATE replicas SET heartbeat = now() WHERE replica_id = $1", self.replica_id
+            )
+            rows = await conn.fetch(
+                "UPDATE leases SET expires_at = now() + make_interval(secs => $2)"
+                " WHERE owner = $1 AND expires_at > now() RETURNING agent_id",
+                self.replica_id,
+                self.ttl,
+            )
+        return {row["agent_id"] for row in rows}
+
+    async def release(self, agent_id: str) -> None:
+        """Give up an agent for good (it was disposed), if this replica still holds it."""
+        pool = await self.store.pool()
+        await pool.execute(
+            "DELETE FROM leases WHERE agent_id = $1 AND owner = $2 AND expires_at > now()",
+            agent_id,
+            self.replica_id,
+        )
+
+    async def hand_over(self) -> None:
+        """Expire every lease of this replica now (a graceful stop): others take them."""
+        pool = await self.store.pool()
+        await pool.execute("UPDATE leases SET expires_at = now() WHERE owner = $1", self.replica_id)
+
+    async def take_over(self) -> list[Lease]:
+        """Take every expired lease (another replica died or stalled); what was taken.
+
+        `SKIP LOCKED`: replicas sweeping at the same moment split the work, and no
+        lease is taken twice.
+        """
+        pool = await self.store.pool()
+        rows = await pool.fetch(
+            "WITH expired AS (SELECT agent_id, owner FROM leases WHERE expires_at < now()"
+            " FOR UPDATE SKIP LOCKED)"
+            " UPDATE leases SET owner = $1, expires_at = now() + make_interval(secs => $2)"
+            " FROM expired WHERE leases.agent_id = expired.agent_id"
+            " RETURNING leases.agent_id, leases.session_id, expired.owner, leases.options",
+            self.replica_id,
+            self.ttl,
+        )
+        return [Lease(r["agent_id"], r["session_id"], r["owner"], r["options"]) for r in rows]
+
+    async def owner_of(self, agent_id: str) -> Holder | None:
+        """The live owner of an agent leased by another replica, if any."""
+        holder = await self._holder("agent_id", agent_id)
+        if holder is None or holder.owner == self.replica_id:
+            return None
+        return holder
+
+    async def _holder(self, column: str, value: str) -> Holder | None:
+        pool = await self.store.pool()
+        row = await pool.fetchrow(
+            "SELECT leases.owner, coalesce(replicas.address, '') AS address FROM leases"
+            " LEFT JOIN replicas ON replicas.replica_id = leases.owner"
+            f" WHERE leases.{column} = $1 AND leases.expires_at > now()",
+            value,
+        )
+        return None if row is None else Holder(row["owner"], row["address"])
