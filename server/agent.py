@@ -19,7 +19,7 @@ from agentloop.v1 import session_event_pb2 as ev
 from server import seams as S
 from server.abort import NEVER, AbortController, AbortSignal
 from server.content import resolve_source
-from server.errors import AgentDisposed, CodedError
+from server.errors import AgentDisposed, CodedError, FailedPrecondition
 from server.inbox import Inbox, Pending
 from server.runtime import Runtime
 from server.session import SessionLog, now_timestamp
@@ -362,6 +362,10 @@ class Agent:
     def _check_live(self) -> None:
         if self.disposed:
             raise AgentDisposed(self.agent_id)
+        if not self.published:  # creation still awaits the store: nothing may queue yet
+            raise FailedPrecondition(f'agent "{self.agent_id}" is still being created')
+        if self.session.failure is not None:  # its writes are refused: it is stopping
+            raise FailedPrecondition(f'agent "{self.agent_id}" stopped: {self.session.failure}')
 
     def _accept(
         self,

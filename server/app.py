@@ -227,6 +227,7 @@ class App:
                 log.info("agent %s started on session %s", agent.id, created.session.session_id)
             except Exception as error:  # reported, not fatal: the server still serves
                 log.error("config agent %s was not started: %s", agent.id, error)
+        self._run_cluster()
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         return self.port
@@ -283,6 +284,7 @@ class App:
             await self.forwarder.close()
         await self.plugins.close()
         await self.runtime.seams.close()
+        self.runtime.journal.close()  # a store still down now: stop retrying, say so
         await self.runtime.store.close()
         self._stopped.set()
 
@@ -296,13 +298,21 @@ class App:
         leases = Leases(store, replica_id, address, self.config.lease_seconds)
         self.cluster = Cluster(leases)
         self.factory.ownership = self.cluster
+        self.factory.repair_on_read = False  # another replica's running turn looks open
+
+        await self.cluster.register()
+        log.info("replica %s serving at %s", replica_id, address)
+
+    def _run_cluster(self) -> None:
+        """Renew this replica's leases and take over orphaned agents, in the background."""
+        if self.cluster is None:
+            return
 
         async def take_over(lease: Lease) -> None:
             options = agent_pb2.AgentOptions.FromString(lease.options)
             await self.factory.resume(lease.agent_id, lease.session_id, options, owned=True)
 
-        await self.cluster.start(lambda: set(self.factory.agents), take_over, self.factory.abandon)
-        log.info("replica %s serving at %s", replica_id, address)
+        self.cluster.start(lambda: set(self.factory.agents), take_over, self.factory.abandon)
 
     async def _owner_address(self, agent_id: str) -> str | None:
         holder = await self.cluster.owner_of(agent_id) if self.cluster is not None else None

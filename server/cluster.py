@@ -60,9 +60,16 @@ class Cluster:
 
     # -- the loops ---------------------------------------------------------------------
 
-    async def start(self, owned: Owned, resume: Resume, abandon: Abandon) -> None:
-        """Register, then renew and sweep in the background."""
+    async def register(self) -> None:
+        """Record this replica and its address (before it creates any agent)."""
         await self.leases.register()
+
+    def start(self, owned: Owned, resume: Resume, abandon: Abandon) -> None:
+        """Renew and sweep in the background.
+
+        Called once the config agents exist: a sweep racing their creation would take
+        one over as it is being created.
+        """
         ttl = self.leases.ttl
         self._tasks = [
             asyncio.create_task(self._every(ttl / 3, lambda: self._renew(owned, abandon))),
@@ -89,8 +96,9 @@ class Cluster:
             await asyncio.sleep(seconds)
 
     async def _renew(self, owned: Owned, abandon: Abandon) -> None:
-        kept = await self.leases.renew()
-        for agent_id in sorted(owned() - kept):
+        running = owned()
+        kept = await self.leases.renew(running)
+        for agent_id in sorted(running - kept):
             log.warning("cluster: the lease of agent %s was lost; stopping it here", agent_id)
             await abandon(agent_id)
 

@@ -44,6 +44,9 @@ from server.validation import check_agent_options
 
 log = logging.getLogger(__name__)
 
+EARLIER_SESSIONS = 3
+"""How many of a config agent's earlier sessions its start checks for an open turn."""
+
 READ_CACHE = 8
 """How many stored sessions stay loaded for reading."""
 
@@ -83,7 +86,10 @@ class AgentFactory:
         self.trimmer = Trimmer()
         self.ownership: Ownership = Solo()
         """Who owns live agents: this server alone, or one replica among many."""
+        self._stopping: set[asyncio.Task[None]] = set()
         self._abandoned: set[str] = set()
+        self.repair_on_read = True
+        """Repair a crashed session's open turn when it is read (a single server)."""
         """Agents stopped because another replica owns them now: never released here."""
 
     # -- create and resume -------------------------------------------------------------
@@ -174,10 +180,18 @@ class AgentFactory:
             if not owned:
                 await self.ownership.acquire(agent_id, session_id, options)
                 acquired = True
-            session = await self.load(session_id)
+            # Claim before reading: the repair of a crash tail is written under the claim.
+            fence = await self.runtime.store.claim(session_id)
+            session = await self.load(session_id, fence=fence)
             self._check_persona(options, session.header.cwd)
             return await self._publish(
-                agent_id, session, options, setup, ae.SESSION_START_SOURCE_RESUME, stored=True
+                agent_id,
+                session,
+                options,
+                setup,
+                ae.SESSION_START_SOURCE_RESUME,
+                stored=True,
+                fence=fence,
             )
         except BaseException:
             self._release(agent_id, session_id)
@@ -195,6 +209,7 @@ class AgentFactory:
         *,
         stored: bool,
         adopt_pending: bool = False,
+        fence: int = 0,
     ) -> Agent:
         """Prepare privately, enter the registries, let `agent/created` veto, then start.
 
@@ -219,17 +234,18 @@ class AgentFactory:
             for reg in runtime.seams.listeners(S.CREATED, agent_id):
                 reg.fn(agent)  # a throw here vetoes publication
             # After the veto: a vetoed creation leaves no stored session.
-            writes = SessionWrites(driver=agent_id)
+            writes = SessionWrites(driver=agent_id, fence=fence)
             if not stored:
                 writes.create = session.header
             await runtime.store.commit(Commit({session.session_id: writes}))
             # From here on, a writer that drove this session before (a paused process,
             # a replica that lost it) is fenced off: its commits are refused.
-            session.fence = await runtime.store.claim(session.session_id)
+            session.fence = fence or await runtime.store.claim(session.session_id)
             adopted: list[InboxEntry] = []
             if adopt_pending:
                 adopted = await runtime.store.adopt_pending(agent_id, session.session_id)
                 session.adopt(adopted)
+                await self._close_earlier(agent_id, session.session_id)
         except BaseException:
             self._detach(agent)
             session.agent_id = ""
@@ -243,6 +259,7 @@ class AgentFactory:
             ae.AgentEvent(session_start=ae.AgentSessionStart(source=source)),
         )
         agent.driver = asyncio.create_task(run_loop(agent), name=f"agent:{agent_id}")
+        session.on_failure.append(lambda error: self._stop_soon(agent_id))
         pending = [session.inbox[key] for key in sorted(session.inbox)]
         if pending:
             log.info("agent %s: %d pending message(s) from the store", agent_id, len(pending))
@@ -252,16 +269,20 @@ class AgentFactory:
     # -- lookup ------------------------------------------------------------------------
 
     def get(self, agent_id: str) -> Agent:
-        """The live agent `agent_id`; `NotFound` otherwise."""
+        """The live agent `agent_id`; `NotFound` otherwise.
+
+        An agent being created or resumed is not found until it is published: nothing
+        can reach its inbox while its creation still awaits the store.
+        """
         check_id("agent_id", agent_id)
         agent = self.agents.get(agent_id)
-        if agent is None:
+        if agent is None or not agent.published:
             raise NotFound(f'agent "{agent_id}" not found')
         return agent
 
     def list_agents(self) -> list[Agent]:
-        """Every live agent, by id."""
-        return [self.agents[key] for key in sorted(self.agents)]
+        """Every live (published) agent, by id."""
+        return [self.agents[key] for key in sorted(self.agents) if self.agents[key].published]
 
     async def session(self, session_id: str) -> SessionLog:
         """A live session, or a stored one loaded read-only (kept while it is unchanged)."""
@@ -281,8 +302,13 @@ class AgentFactory:
             self._readonly.popitem(last=False)
         return loaded
 
-    async def load(self, session_id: str) -> SessionLog:
+    async def load(self, session_id: str, *, fence: int = 0) -> SessionLog:
         """Load a stored session, closing (durably) a turn that a crash left open.
+
+        Only a server that may drive the session repairs it: one that claimed it
+        (`fence`, resuming it), or a single server reading a session nobody drives
+        (`repair_on_read`). A replica merely reading a session shows its stored log as
+        it is: the open turn may be another replica's running turn.
 
         Loads of one session are serialised, so that concurrent readers of a crashed
         session store its repair once and all see the repaired log.
@@ -292,14 +318,16 @@ class AgentFactory:
         try:
             async with lock:
                 stored = await store.load(session_id)
-                closers = crash_closers(stored.events)
+                repair = bool(fence) or self.repair_on_read
+                closers = crash_closers(stored.events) if repair else []
                 if closers:
                     log.warning(
                         "session %s: closing turn %d interrupted by a crash",
                         session_id,
                         closers[-1].turn_end.turn,
                     )
-                    await store.commit(Commit({session_id: SessionWrites(events=closers)}))
+                    writes = SessionWrites(events=closers, fence=fence)
+                    await store.commit(Commit({session_id: writes}))
         finally:
             if not lock.locked() and self._loading.get(session_id) is lock:
                 del self._loading[session_id]
@@ -312,6 +340,22 @@ class AgentFactory:
             inbox=stored.inbox,
             window=self.runtime.event_window,
         )
+
+    async def _close_earlier(self, agent_id: str, session_id: str) -> None:
+        """Repair the agent's recent earlier sessions a crash left open (a config agent).
+
+        They are the agent's: nobody else drives them (it holds the agent), so the
+        repair is written under a claim. Balanced ones (their last event is a
+        `turn_end`) are not read.
+        """
+        store = self.runtime.store
+        for earlier in (await store.driven_by(agent_id))[:EARLIER_SESSIONS]:
+            if earlier == session_id or earlier in self.sessions:
+                continue
+            count = (await store.summary(earlier)).event_count
+            last = await store.read(earlier, count - 1, count) if count else []
+            if last and not last[0].HasField("turn_end"):
+                await self.load(earlier, fence=await store.claim(earlier))
 
     async def session_ids(self) -> list[str]:
         """Every session id, stored or live, sorted."""
@@ -406,13 +450,20 @@ class AgentFactory:
         agent.session.wake_waiters()
         self.trimmer.soon()  # what the agent held is free now: give it back
 
+    def _stop_soon(self, agent_id: str) -> None:
+        """The store refused the agent's session: stop the agent (it writes nothing more)."""
+        task = asyncio.ensure_future(self.abandon(agent_id))
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
     async def abandon(self, agent_id: str) -> None:
         """Stop an agent whose ownership moved elsewhere, writing nothing more."""
         agent = self.agents.get(agent_id)
         if agent is None:
             return
         self._abandoned.add(agent_id)
-        agent.session.fail(StoreConflict(f'agent "{agent_id}" is owned by another replica now'))
+        agent.session.fail(StoreConflict(f'agent "{agent_id}" is owned by another writer now'))
+        log.warning("agent %s stopped: %s", agent_id, agent.session.failure)
         await self.teardown(agent)
 
     async def close(self) -> None:
@@ -423,6 +474,7 @@ class AgentFactory:
         """
         self._closing = True
         await asyncio.gather(*(self.teardown(a) for a in list(self.agents.values())))
+        await asyncio.gather(*self._stopping, return_exceptions=True)
         await self.runtime.journal.drain()
         await self.trimmer.close()
 

@@ -9,9 +9,10 @@ the sessions advance their durable mark (which wakes streams and the post-commit
 observers) and the callbacks waiting for that point run, in order. Nothing reaches
 a client, a plugin or an RPC reply before it is stored.
 
-A store that fails (a full disk, an I/O error) is retried with backoff: writers wait,
-nothing is dropped. A refusal that is about one session (its events do not follow
-the stored ones: another writer) fails that session alone; the others commit.
+A store that fails (a full disk, an I/O error, a lost connection) is retried with
+backoff: writers wait, nothing is dropped. A refusal that is about one session (its
+events do not follow the stored ones, or its claim was superseded: another writer)
+fails that session alone, and its agent stops; the others commit.
 """
 
 from __future__ import annotations
@@ -22,8 +23,19 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agentloop.v1 import session_event_pb2 as ev
-from server.errors import AgentLoopError
-from server.stores import Commit, InboxEntry, RequestRecord, SessionStore, SessionWrites
+from server.errors import AlreadyExists, NotFound
+from server.stores import (
+    Commit,
+    InboxEntry,
+    RequestRecord,
+    SessionStore,
+    SessionWrites,
+    StoreConflict,
+    StoreUnavailable,
+)
+
+REFUSALS = (StoreConflict, AlreadyExists, NotFound)
+"""What a store says about one session's writes that no retry can change."""
 
 if TYPE_CHECKING:
     from server.session import SessionLog
@@ -60,6 +72,7 @@ class Journal:
         self._pending = _Group()
         self._inflight: _Group | None = None
         self._scheduled = False
+        self._closed = False
         self.commits = 0
         """Transactions written (a figure for benchmarks and tests)."""
 
@@ -154,6 +167,12 @@ class Journal:
     async def _run(self, group: _Group) -> None:
         try:
             await self._write(group)
+        except BaseException as error:  # closed, or cancelled at exit: nothing was stored
+            for session in group.sessions.values():
+                session.fail(StoreUnavailable(f"the session store is unavailable: {error}"))
+            if not isinstance(error, Exception):
+                raise
+        else:
             for session_id, session in group.sessions.items():
                 writes = group.commit.sessions.get(session_id)
                 if writes is not None and session.failure is None:
@@ -165,36 +184,48 @@ class Journal:
                     log.warning("a post-commit callback failed", exc_info=True)
         finally:
             if group.done is not None and not group.done.done():
-                group.done.set_result(None)
+                group.done.set_result(None)  # waiters check their session's failure
             self._inflight = None
             if not self._pending.idle():
                 self._start()
 
     async def _write(self, group: _Group) -> None:
-        """Commit the group, retrying store failures; a refused session fails alone."""
+        """Commit the group, retrying outages; a refused session fails alone."""
         if group.commit.empty():
             return
-        delay = RETRY_INITIAL
-        while True:
-            try:
-                await self.store.commit(group.commit)
-                self.commits += 1
-                return
-            except AgentLoopError:
-                break  # a refusal, not an outage: find whose
-            except Exception as error:
-                log.error("session store commit failed: %s; retrying in %.2f s", error, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX)
+        try:
+            await self._commit(group.commit)
+            return
+        except REFUSALS:
+            pass  # a refusal, not an outage: find whose
         for session_id, writes in group.commit.sessions.items():
-            alone = Commit(sessions={session_id: writes})
             try:
-                await self.store.commit(alone)
-                self.commits += 1
-            except AgentLoopError as error:
+                await self._commit(Commit(sessions={session_id: writes}))
+            except REFUSALS as error:
                 log.error("session %s: commit refused: %s", session_id, error)
                 group.sessions[session_id].fail(error)
                 self._forget(session_id)
+
+    async def _commit(self, commit: Commit) -> None:
+        """One commit, retried with backoff while the store is unavailable."""
+        delay = RETRY_INITIAL
+        while True:
+            if self._closed:
+                raise StoreUnavailable("the journal was closed with writes not stored")
+            try:
+                await self.store.commit(commit)
+                self.commits += 1
+                return
+            except REFUSALS:
+                raise
+            except Exception as error:  # an outage: a full disk, a lost connection
+                log.error("session store commit failed: %s; retrying in %.2f s", error, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+
+    def close(self) -> None:
+        """Stop retrying (shutdown): writes still unstored fail their sessions."""
+        self._closed = True
 
     def _forget(self, session_id: str) -> None:
         """Drop the pending writes of a failed session: they can never follow."""

@@ -2,7 +2,10 @@
 
 A log whose last turn has a `turn/start` but no `turn/end` gets, in order: a synthetic
 error `tool/result` for each call of the open step that has no result, a `step/end`
-if a step is open, and a `turn/end` with reason `interrupted`. The closers reuse the
+if a step is open, and a `turn/end` with reason `interrupted`. The calls are those of
+the step's assistant message, in model order (with write-ahead, a crash can land
+between two of them, so a call may have no `tool/call` yet: its result then names no
+source event), then any other call the step logged. The closers reuse the
 last event's time; their sequence numbers continue the log. A balanced log gets none.
 """
 
@@ -20,17 +23,25 @@ def crash_closers(events: Sequence[ev.SessionEvent]) -> list[ev.SessionEvent]:
     """The events that close the open tail of `events` (empty when it is balanced)."""
     open_turn: ev.TurnStart | None = None
     open_step: ev.StepStart | None = None
-    calls: dict[str, ev.SessionEvent] = {}
+    asked: list[str] = []
+    """The call ids the open step's assistant message asked for, in model order."""
+    calls: dict[str, ev.SessionEvent | None] = {}
+    """Calls of the open step without a result, with their `tool/call` if logged."""
     for event in events:
         kind = event.WhichOneof("payload")
         if kind == "turn_start":
-            open_turn, open_step, calls = event.turn_start, None, {}
+            open_turn, open_step, calls, asked = event.turn_start, None, {}, []
         elif kind == "turn_end":
-            open_turn, open_step, calls = None, None, {}
+            open_turn, open_step, calls, asked = None, None, {}, []
         elif kind == "step_start":
-            open_step, calls = event.step_start, {}
+            open_step, calls, asked = event.step_start, {}, []
         elif kind == "step_end":
-            open_step, calls = None, {}
+            open_step, calls, asked = None, {}, []
+        elif kind == "assistant_message":
+            asked = [
+                b.tool_call.id for b in event.assistant_message.content if b.HasField("tool_call")
+            ]
+            calls.update((call_id, None) for call_id in asked)
         elif kind == "tool_call":
             calls[event.tool_call.call_id] = event
         elif kind == "tool_result":
@@ -46,20 +57,22 @@ def crash_closers(events: Sequence[ev.SessionEvent]) -> list[ev.SessionEvent]:
         return event
 
     if open_step is not None:
-        for call_event in calls.values():  # insertion order is log order
-            call = call_event.tool_call
+        order = [i for i in asked if i in calls] + [i for i in calls if i not in asked]
+        for call_id in order:
+            call_event = calls[call_id]
             result = add(
                 tool_result=ev.ToolResult(
-                    turn=call.turn,
-                    step=call.step,
-                    call_id=call.call_id,
+                    turn=open_step.turn,
+                    step=open_step.step,
+                    call_id=call_id,
                     content=[c.ContentBlock(text=c.TextBlock(text=INTERRUPTED_TEXT))],
                     is_error=True,
                     error=ev.ToolError(name="InterruptedError", code="interrupted"),
                 )
             )
             result.surface_op.kind = ev.SURFACE_OP_KIND_APPEND
-            result.source_event_seqs.append(call_event.seq)
+            if call_event is not None:
+                result.source_event_seqs.append(call_event.seq)
         add(step_end=ev.StepEnd(turn=open_step.turn, step=open_step.step))
     add(
         turn_end=ev.TurnEnd(

@@ -11,6 +11,7 @@ instead of racing it.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 from server.errors import InvalidArgument
@@ -28,12 +29,23 @@ def check_request_id(request_id: str) -> None:
         raise InvalidArgument("request_id", "must be printable characters")
 
 
+RECENT = 10_000
+"""Answers kept in memory after their commit, for duplicates whose store lookup raced it."""
+
+
 class Requests:
-    """Deduplicates calls by (agent id, request id)."""
+    """Deduplicates calls by (agent id, request id).
+
+    The first call runs in a task of its own, not in the caller's: a caller that
+    gives up (its deadline passed while the commit was slow) does not take the
+    in-flight entry with it, so a retry waits for the same commit instead of
+    accepting the message again.
+    """
 
     def __init__(self, store: SessionStore) -> None:
         self.store = store
         self._in_flight: dict[tuple[str, str], asyncio.Future[bytes]] = {}
+        self._recent: OrderedDict[tuple[str, str], tuple[str, bytes]] = OrderedDict()
 
     async def once(
         self, agent_id: str, request_id: str, method: str, run: Callable[[], Awaitable[bytes]]
@@ -43,40 +55,31 @@ class Requests:
             return await run()
         check_request_id(request_id)
         key = (agent_id, request_id)
-        while True:
-            first = self._in_flight.get(key)
-            if first is None:
-                stored = await self.store.find_request(agent_id, request_id)
-                if stored is not None:
-                    if stored.method != method:
-                        raise InvalidArgument(
-                            "request_id",
-                            f'"{request_id}" was used for {stored.method}, not {method}',
-                        )
-                    return stored.response
-                first = self._in_flight.get(key)  # a duplicate may have started meanwhile
-            if first is None:
-                return await self._first(key, run)
-            try:
-                return await asyncio.shield(first)
-            except asyncio.CancelledError:
-                if not first.cancelled():
-                    raise  # this call was cancelled
-                # The first call was cancelled before it answered: try again.
+        first = self._in_flight.get(key)
+        if first is None:
+            stored = self._recent.get(key)
+            if stored is None:
+                record = await self.store.find_request(agent_id, request_id)
+                # The lookup may have read before a first call committed: look again.
+                stored = (record.method, record.response) if record else self._recent.get(key)
+            if stored is not None:
+                if stored[0] != method:
+                    raise InvalidArgument(
+                        "request_id", f'"{request_id}" was used for {stored[0]}, not {method}'
+                    )
+                return stored[1]
+            first = self._in_flight.get(key)  # a duplicate may have started meanwhile
+        if first is None:
+            first = asyncio.ensure_future(run())
+            self._in_flight[key] = first
+            first.add_done_callback(lambda done: self._settled(key, method, done))
+        return await asyncio.shield(first)
 
-    async def _first(self, key: tuple[str, str], run: Callable[[], Awaitable[bytes]]) -> bytes:
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self._in_flight[key] = future
-        try:
-            answer = await run()
-        except asyncio.CancelledError:
-            future.cancel()
-            raise
-        except BaseException as error:
-            future.set_exception(error)
-            future.exception()  # retrieved here: a duplicate that never came is no error
-            raise
-        finally:
+    def _settled(self, key: tuple[str, str], method: str, done: asyncio.Future[bytes]) -> None:
+        if self._in_flight.get(key) is done:
             del self._in_flight[key]
-        future.set_result(answer)
-        return answer
+        if done.cancelled() or done.exception() is not None:
+            return  # not accepted: a retry runs again
+        self._recent[key] = (method, done.result())
+        while len(self._recent) > RECENT:
+            self._recent.popitem(last=False)

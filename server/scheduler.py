@@ -21,16 +21,16 @@ from dataclasses import dataclass
 
 from agentloop.v1 import content_pb2, decision_pb2
 from server.abort import AbortSignal
-from server.errors import CodedError
+from server.errors import Aborted, CodedError
 from server.seams import SeamRegistry
-from server.tool_pipeline import ToolPipeline
+from server.tool_pipeline import ToolPipeline, failure_outcome
 from server.tools import ToolExecution, ToolOutcome, ToolRegistry
 
 DEFAULT_MAX_PARALLEL = 10
 """The server's default cap on parallel dispatches per batch."""
 
 OnCall = Callable[[content_pb2.ToolCallBlock], int]
-OnResult = Callable[[content_pb2.ToolCallBlock, ToolOutcome, int], None]
+OnResult = Callable[[ToolExecution, ToolOutcome, int], None]
 OnContext = Callable[[decision_pb2.HookContext], None]
 BeforeDispatch = Callable[[], Awaitable[None]]
 
@@ -65,7 +65,8 @@ async def run_tool_batch(
         max_parallel: the most dispatches in flight at once; 1 is serial.
         on_call: called just before a call's prepare stage; returns the seq of
             its `tool/call` event.
-        on_result: called with each result, its call and the call's seq, in model order.
+        on_result: called with each call's execution, its result and the seq of its
+            `tool/call`, in model order.
         on_context: called with each committed result's contexts, in model order.
         before_dispatch: awaited before each dispatch (the tool's side effects):
             the loop waits there until the call's `tool/call` is stored.
@@ -190,7 +191,12 @@ class _Batch:
     async def _dispatch(self, exec: ToolExecution) -> ToolOutcome:
         # Calls started in one tick wait for the same commit: one write for the pool.
         if self._before_dispatch is not None:
-            await self._before_dispatch()
+            try:
+                await self._before_dispatch()
+            except Exception as error:  # the call was never stored: it must not run
+                return failure_outcome(error, final=True)
+            if exec.signal.aborted:  # cancelled while the commit was written
+                return failure_outcome(Aborted(exec.signal.reason), final=True)
         return await self._pipeline.dispatch(exec)
 
     async def _settle_one(self) -> None:
@@ -207,7 +213,7 @@ class _Batch:
             if outcome.fatal is not None and self.fatal is None:
                 self.fatal = outcome.fatal
             self._cursor += 1
-            self._on_result(slot.call, outcome, slot.seq)
+            self._on_result(slot.exec, outcome, slot.seq)
             for context in outcome.contexts:
                 self._on_context(context)
 

@@ -105,6 +105,8 @@ class SessionLog:
         """The driver's claim token: every commit carries it (0: a reader's log, unfenced)."""
         self.failure: AgentLoopError | None = None
         """Why the store refused this session's writes, once it has (nothing commits then)."""
+        self.on_failure: list[Callable[[AgentLoopError], None]] = []
+        """Told once, when the store refuses the session (its driver must stop)."""
         self.inbox: dict[int, InboxEntry] = {entry.entry_id: entry for entry in inbox}
         """The durable inbox: accepted messages no event records yet, by entry id."""
         self._next_entry = max(self.inbox, default=0) + 1
@@ -263,8 +265,15 @@ class SessionLog:
 
     def fail(self, error: AgentLoopError) -> None:
         """The store refused this session's writes: nothing of it commits from now on."""
+        if self.failure is not None:
+            return
         self.failure = error
         self.wake_waiters()
+        for callback in self.on_failure:
+            try:
+                callback(error)
+            except Exception:
+                log.warning("a session failure callback failed", exc_info=True)
 
     def _apply(self, event: ev.SessionEvent) -> None:
         kind = event.WhichOneof("payload")

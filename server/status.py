@@ -18,7 +18,7 @@ from server.errors import (
     ResourceExhausted,
     SessionDamaged,
 )
-from server.stores import StoreConflict
+from server.stores import StoreConflict, StoreUnavailable
 
 CODES: list[tuple[type[AgentLoopError], grpc.StatusCode]] = [
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
@@ -29,6 +29,7 @@ CODES: list[tuple[type[AgentLoopError], grpc.StatusCode]] = [
     (OutOfRange, grpc.StatusCode.OUT_OF_RANGE),
     (SessionDamaged, grpc.StatusCode.DATA_LOSS),
     (StoreConflict, grpc.StatusCode.ABORTED),
+    (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
 ]
 
 Response = TypeVar("Response")

@@ -26,7 +26,7 @@ from server.limits import (
 from server.models import ModelRequest
 from server.scheduler import run_tool_batch
 from server.system_prompt import PromptScope
-from server.tools import ToolOutcome
+from server.tools import ToolExecution, ToolOutcome
 from server.turn import StepInterrupted, Turn, check_interrupted
 
 
@@ -201,11 +201,11 @@ async def run_tools(agent: Agent, turn: Turn, calls: list[c.ToolCallBlock]) -> N
             ),
         ).seq
 
-    def on_result(call: c.ToolCallBlock, outcome: ToolOutcome, call_seq: int) -> None:
+    def on_result(exec: ToolExecution, outcome: ToolOutcome, call_seq: int) -> None:
         result = ev.ToolResult(
             turn=turn.number,
             step=turn.step,
-            call_id=call.id,  # the model's id, whatever a listener did to the content
+            call_id=exec.call_id,  # the model's id, whatever a listener did to the content
             content=outcome.content,
             is_error=outcome.is_error,
             error=outcome.error,
@@ -219,6 +219,11 @@ async def run_tools(agent: Agent, turn: Turn, calls: list[c.ToolCallBlock]) -> N
         if outcome.meta is not None:
             result.meta.CopyFrom(to_struct(outcome.meta))
         session.append("tool_result", result, source_event_seqs=[call_seq])
+        seams = agent.runtime.seams
+        if seams.has(S.TOOLS_RESULT_COMMITTED, agent.agent_id):  # plugins see stored results
+            agent.runtime.journal.after_commit(
+                lambda: seams.emit(S.TOOLS_RESULT_COMMITTED, agent.agent_id, (exec, outcome))
+            )
 
     def on_context(context: d.HookContext) -> None:
         agent.deferred.append((context_message(context), ()))

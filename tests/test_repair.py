@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
 from server.repair import INTERRUPTED_TEXT, crash_closers
@@ -84,3 +85,22 @@ def test_repaired_log_projects_the_synthetic_results() -> None:
     repaired = SessionLog("s", session_pb2.SessionHeader(), seed=[*events, *crash_closers(events)])
     (message,) = repaired.derive_messages()
     assert message.content[0].tool_result.tool_call_id == "a"
+
+
+def test_calls_the_message_asked_for_but_never_logged_get_results_in_model_order() -> None:
+    # Write-ahead: a crash between two calls leaves the second without a tool/call.
+    message = ev.AssistantMessage(
+        turn=1,
+        step=1,
+        content=[
+            c.ContentBlock(tool_call=c.ToolCallBlock(id="a", name="sleep")),
+            c.ContentBlock(tool_call=c.ToolCallBlock(id="b", name="sleep")),
+        ],
+    )
+    events = log_of(TURN, STEP, ("assistant_message", message), CALL_A)
+    closers = crash_closers(events)
+    assert kinds(closers) == ["tool_result", "tool_result", "step_end", "turn_end"]
+    a, b = closers[0], closers[1]
+    assert (a.tool_result.call_id, list(a.source_event_seqs)) == ("a", [events[-1].seq])
+    assert (b.tool_result.call_id, list(b.source_event_seqs)) == ("b", [])
+    check_log([*events, *closers])

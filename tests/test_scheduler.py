@@ -68,10 +68,10 @@ class Batch:
             self._seqs[call.id] = len(self.events)
             return self._seqs[call.id]
 
-        def on_result(call: c.ToolCallBlock, outcome: ToolOutcome, seq: int) -> None:
-            assert seq == self._seqs[call.id]
-            self.record("result", call.id)
-            self.outcomes[call.id] = outcome
+        def on_result(exec: ToolExecution, outcome: ToolOutcome, seq: int) -> None:
+            assert seq == self._seqs[exec.call_id]
+            self.record("result", exec.call_id)
+            self.outcomes[exec.call_id] = outcome
 
         def on_context(delivered: d.HookContext) -> None:
             self.record("context", plain_text(delivered.content))

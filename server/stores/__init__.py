@@ -33,6 +33,10 @@ class StoreConflict(AgentLoopError):
     """An append did not follow the stored log: another writer got there first."""
 
 
+class StoreUnavailable(AgentLoopError):
+    """The store cannot be written now (an outage); the write may be retried."""
+
+
 @dataclass(frozen=True)
 class InboxEntry:
     """An accepted message waiting in a session's durable inbox.
@@ -192,6 +196,10 @@ class SessionStore(Protocol):
 
     async def find_request(self, agent_id: str, request_id: str) -> RequestRecord | None:
         """The recorded answer of an earlier call with this request id, if any."""
+        ...
+
+    async def driven_by(self, agent_id: str) -> list[str]:
+        """The sessions `agent_id` drove, the most recent first."""
         ...
 
     async def adopt_pending(self, agent_id: str, session_id: str) -> list[InboxEntry]:

@@ -139,6 +139,15 @@ class MemoryStore:
         """The recorded answer of an earlier call, if any."""
         return self._requests.get((agent_id, request_id))
 
+    async def driven_by(self, agent_id: str) -> list[str]:
+        """The sessions `agent_id` drove, the most recent first."""
+        mine = [i for i, s in self._sessions.items() if s.driver == agent_id]
+        return sorted(
+            mine,
+            key=lambda i: (self._sessions[i].header.create_time.ToNanoseconds(), i),
+            reverse=True,
+        )
+
     async def adopt_pending(self, agent_id: str, session_id: str) -> list[InboxEntry]:
         """Move the other sessions' inbox entries of `agent_id` here."""
         target = self._get(session_id)

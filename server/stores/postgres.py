@@ -23,6 +23,7 @@ from server.stores import (
     SessionWrites,
     StoreConflict,
     StoredSession,
+    StoreUnavailable,
     check_fence,
     check_follows,
     fork_boundary,
@@ -71,11 +72,18 @@ class PostgresStore:
     # -- writes ------------------------------------------------------------------------
 
     async def commit(self, commit: Commit) -> None:
-        """Write the whole commit in one transaction."""
-        pool = await self.pool()
-        async with pool.acquire() as conn, conn.transaction():
-            for session_id, writes in commit.sessions.items():
-                await _write(conn, session_id, writes)
+        """Write the whole commit in one transaction (an outage is `StoreUnavailable`)."""
+        try:
+            pool = await self.pool()
+            async with pool.acquire() as conn, conn.transaction():
+                for session_id, writes in commit.sessions.items():
+                    await _write(conn, session_id, writes)
+        except asyncpg.UniqueViolationError as error:  # a second writer raced the checks
+            raise StoreConflict(str(error)) from error
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+            raise StoreUnavailable(f"the PostgreSQL store: {error}") from error
+        except SessionDamaged as error:  # unreachable at connect
+            raise StoreUnavailable(str(error)) from error
 
     async def fork(
         self,
@@ -135,6 +143,16 @@ class PostgresStore:
                 boundary,
             )
         return boundary + 1
+
+    async def driven_by(self, agent_id: str) -> list[str]:
+        """The sessions `agent_id` drove, the most recent first."""
+        pool = await self.pool()
+        rows = await pool.fetch(
+            "SELECT session_id FROM sessions WHERE driver = $1"
+            " ORDER BY create_ns DESC, session_id DESC",
+            agent_id,
+        )
+        return [row["session_id"] for row in rows]
 
     async def adopt_pending(self, agent_id: str, session_id: str) -> list[InboxEntry]:
         """Move the other sessions' inbox entries of `agent_id` to `session_id`."""

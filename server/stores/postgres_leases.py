@@ -82,8 +82,12 @@ class Leases:
             return None
         return await self._holder("agent_id", agent_id) or Holder("", "")
 
-    async def renew(self) -> set[str]:
-        """Extend every lease of this replica; the agent ids it still owns."""
+    async def renew(self, running: set[str]) -> set[str]:
+        """Extend the leases of the agents running here; those it still owns.
+
+        Only running agents: a lease this replica id held in an earlier life (before a
+        restart) is left to expire, so that someone takes the agent over and runs it.
+        """
         pool = await self.store.pool()
         async with pool.acquire() as conn, conn.transaction():
             await conn.execute(
@@ -91,9 +95,11 @@ class Leases:
             )
             rows = await conn.fetch(
                 "UPDATE leases SET expires_at = now() + make_interval(secs => $2)"
-                " WHERE owner = $1 AND expires_at > now() RETURNING agent_id",
+                " WHERE owner = $1 AND expires_at > now() AND agent_id = ANY($3::text[])"
+                " RETURNING agent_id",
                 self.replica_id,
                 self.ttl,
+                sorted(running),
             )
         return {row["agent_id"] for row in rows}
 

@@ -39,7 +39,9 @@ from server.stores import (
     InboxEntry,
     RequestRecord,
     SessionSummary,
+    StoreConflict,
     StoredSession,
+    StoreUnavailable,
 )
 from server.stores.sqlite_schema import FORMAT_VERSION, migrate, statements
 from server.stores.sqlite_sql import (
@@ -182,20 +184,38 @@ class SqliteStore:
         A small commit (the common case: the events of one loop tick) is written on
         the event loop's own thread: with `synchronous=NORMAL` a WAL append is a copy
         to the page cache and costs less than a hop to a worker thread. A large one,
-        or one that must fsync, goes to the writer thread.
+        one that must fsync, or one that finds the connection busy (a fork copying on
+        the writer thread) goes to the writer thread: the loop never waits on a lock.
+
+        A SQLite error here is an outage (`StoreUnavailable`: a full disk, an I/O
+        error, a locked file), which the journal retries; a key collision is a refusal.
         """
         rows = [
             SessionRows.of(session_id, writes) for session_id, writes in commit.sessions.items()
         ]
         size = sum(r.size for r in rows)
-        if self.synchronous == "NORMAL" and size <= INLINE_BYTES and self._write_db is not None:
-            try:
-                with self._lock:
+        try:
+            inline = (
+                self.synchronous == "NORMAL"
+                and size <= INLINE_BYTES
+                and self._write_db is not None
+                and self._lock.acquire(blocking=False)
+            )
+            if inline:
+                assert self._write_db is not None
+                try:
                     write_commit(self._write_db, rows)
-            except sqlite3.DatabaseError as error:
-                raise SessionDamaged("", f"{self.path}: {error}") from error
-        else:
-            await self._write("", lambda db: write_commit(db, rows))
+                finally:
+                    self._lock.release()
+            else:
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(
+                    self._writer, self._on_writer, lambda db: write_commit(db, rows)
+                )
+        except sqlite3.IntegrityError as error:  # a second writer raced past the checks
+            raise StoreConflict(f"{self.path}: {error}") from error
+        except sqlite3.Error as error:
+            raise StoreUnavailable(f"{self.path}: {error}") from error
         self._wal_bytes += size
         if self._wal_bytes > CHECKPOINT_BYTES:
             self._checkpoint()
@@ -237,6 +257,19 @@ class SqliteStore:
     async def claim(self, session_id: str) -> int:
         """A new claim token for the session."""
         return await self._write(session_id, lambda db: claim(db, session_id))
+
+    async def driven_by(self, agent_id: str) -> list[str]:
+        """The sessions `agent_id` drove, the most recent first."""
+
+        def query(db: sqlite3.Connection) -> list[str]:
+            rows = db.execute(
+                "SELECT session_id FROM sessions WHERE driver = ?"
+                " ORDER BY create_ns DESC, session_id DESC",
+                (agent_id,),
+            ).fetchall()
+            return [row[0] for row in rows]
+
+        return await self._read("", query)
 
     async def adopt_pending(self, agent_id: str, session_id: str) -> list[InboxEntry]:
         """Move the other sessions' inbox entries of `agent_id` to `session_id`."""

@@ -22,6 +22,7 @@ on SQLite (default 30), `AGENTLOOP_CRASH_POINTS_POSTGRES` on PostgreSQL (default
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import uuid
@@ -94,7 +95,9 @@ class World:
     seen: dict[str, dict[int, bytes]] = field(default_factory=dict)
     """Per session: every event a stream delivered, by seq."""
     accepted: dict[str, set[str]] = field(default_factory=dict)
-    """Per session: request ids of calls that returned OK."""
+    """Per agent: request ids of calls that returned OK."""
+    retries: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    """Per agent: (method, request id) of calls that failed; sent again next cycle."""
     forks: set[str] = field(default_factory=set)
     """Acknowledged forks."""
     kills: int = 0
@@ -112,19 +115,24 @@ class World:
 
 @pytest.mark.timeout(60 + 10 * CRASH_POINTS)
 async def test_sigkill_at_random_points_loses_nothing_seen_or_accepted(tmp_path: Path) -> None:
-    await crash_cycles(tmp_path, "agents: []\n", CRASH_POINTS)
+    await crash_cycles(tmp_path, "", CRASH_POINTS)
 
 
 @pytest.mark.timeout(60 + 10 * CRASH_POINTS_POSTGRES)
 async def test_the_same_on_postgres(tmp_path: Path, postgres_server: str) -> None:
     dsn = await fresh_database(postgres_server)
-    config = f"agents: []\nstore: postgres\npostgresDsn: '{dsn}'\n"
+    config = f"store: postgres\npostgresDsn: '{dsn}'\nleaseSeconds: 1\n"
     await crash_cycles(tmp_path, config, CRASH_POINTS_POSTGRES)
+
+
+CONFIG_AGENT = "cfg"
+"""A config agent: it starts on a fresh session at each start, with its pending messages."""
 
 
 async def crash_cycles(tmp_path: Path, config: str, points: int) -> None:
     """Start, check, load, kill: `points` times, then a last start and check."""
     world = World(random.Random(SEED))
+    config += f"agents:\n  - id: {CONFIG_AGENT}\n    tools: [word_count]\n"
     for cycle in range(points + 1):
         async with running_server(tmp_path, config) as server:
             await resume_all(server, world)
@@ -132,9 +140,9 @@ async def crash_cycles(tmp_path: Path, config: str, points: int) -> None:
             if cycle == points:
                 await server.terminate()
                 break
-            if cycle == 0 or world.rng.random() < 0.3:
+            if cycle == 0:
                 await create_agent(server, world, f"agent-{cycle}")
-            await load_until_killed(server, world)
+            await load_until_killed(server, world, cycle)
     assert world.kills == points, f"seed {SEED}"
     # The load was real: the checks above had something to check.
     seen = sum(len(events) for events in world.seen.values())
@@ -155,15 +163,35 @@ async def create_agent(server: Server, world: World, agent_id: str) -> None:
 
 
 async def resume_all(server: Server, world: World) -> None:
-    """Resume every acknowledged agent; its pending messages run; wait until idle."""
+    """Resume every acknowledged agent; its pending messages run; wait until idle.
+
+    Over PostgreSQL the dead server's leases hold its agents until they expire; then
+    the new server takes them over by itself (or a resume gets them).
+    """
     for agent_id, session_id in world.agents.items():
-        await server.factory.ResumeAgent(
-            fac.ResumeAgentRequest(
-                agent_id=agent_id, session_id=session_id, options=world.options_for(agent_id)
-            ),
-            timeout=T,
+        request = fac.ResumeAgentRequest(
+            agent_id=agent_id, session_id=session_id, options=world.options_for(agent_id)
         )
-    for agent_id in world.agents:
+        for _ in range(100):
+            try:
+                await server.factory.ResumeAgent(request, timeout=T)
+                break
+            except grpc.aio.AioRpcError as error:
+                held = (grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.FAILED_PRECONDITION)
+                if error.code() not in held:
+                    raise
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await server.factory.GetAgent(fac.GetAgentRequest(agent_id=agent_id), timeout=T)
+                break  # taken over here
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"{agent_id} never came back (seed {SEED})")
+    for _ in range(100):  # the config agent: created at start, or taken over at expiry
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await server.factory.GetAgent(fac.GetAgentRequest(agent_id=CONFIG_AGENT), timeout=T)
+            break
+        await asyncio.sleep(0.1)
+    for agent_id in [*world.agents, CONFIG_AGENT]:
         idle = await server.agents.WaitIdle(
             api.WaitIdleRequest(agent_id=agent_id, timeout=duration_pb2.Duration(seconds=20)),
             timeout=T + 20,
@@ -171,13 +199,18 @@ async def resume_all(server: Server, world: World) -> None:
         assert idle.idle, f"{agent_id} did not settle after the restart (seed {SEED})"
 
 
-async def load_until_killed(server: Server, world: World) -> None:
+async def load_until_killed(server: Server, world: World, cycle: int) -> None:
     """Run the load for a random while, then SIGKILL the server mid-flight."""
     stop = asyncio.Event()
+    config_session = await server.agents.GetSession(
+        api.GetSessionRequest(agent_id=CONFIG_AGENT), timeout=T
+    )
+    live = {**world.agents, CONFIG_AGENT: config_session.session.session_id}
     workers = [
-        *(stream_worker(server, world, a, stop) for a in world.agents),
-        *(message_worker(server, world, a, stop) for a in world.agents),
+        *(stream_worker(server, world, a, s) for a, s in live.items()),
+        *(message_worker(server, world, a, stop) for a in live),
         fork_worker(server, world, stop),
+        create_worker(server, world, cycle, stop),
     ]
     tasks = [asyncio.ensure_future(w) for w in workers]
     await asyncio.sleep(world.rng.uniform(0.05, 0.6))
@@ -196,9 +229,8 @@ async def tolerant(call: Awaitable[object]) -> object | None:
         return None
 
 
-async def stream_worker(server: Server, world: World, agent_id: str, stop: asyncio.Event) -> None:
+async def stream_worker(server: Server, world: World, agent_id: str, session_id: str) -> None:
     """Follow the agent's session from its start; record every event delivered."""
-    session_id = world.agents[agent_id]
     seen = world.seen.setdefault(session_id, {})
     call = server.agents.StreamSessionEvents(
         api.StreamSessionEventsRequest(agent_id=agent_id, from_seq=0)
@@ -211,38 +243,72 @@ async def stream_worker(server: Server, world: World, agent_id: str, stop: async
         pass  # the server died: what was delivered so far is recorded
 
 
+def message_call(server: Server, agent_id: str, method: str, request_id: str) -> Awaitable[object]:
+    """One mutating call with a request id."""
+    if method == "SendMessage":
+        return server.agents.SendMessage(
+            api.SendMessageRequest(agent_id=agent_id, text="go", request_id=request_id),
+            timeout=T,
+        )
+    if method == "SteerMessage":
+        return server.agents.SteerMessage(
+            api.SteerMessageRequest(agent_id=agent_id, text="steer", request_id=request_id),
+            timeout=T,
+        )
+    return server.agents.InjectContext(
+        api.InjectContextRequest(agent_id=agent_id, text="ctx", request_id=request_id),
+        timeout=T,
+    )
+
+
 async def message_worker(server: Server, world: World, agent_id: str, stop: asyncio.Event) -> None:
-    """Send, steer, inject and cancel at random; record what was acknowledged."""
-    session_id = world.agents[agent_id]
-    accepted = world.accepted.setdefault(session_id, set())
+    """Retry what failed before, then send, steer, inject and cancel at random.
+
+    A call that fails (the server died around it) is sent again, with its request id,
+    after the restart: if the first one was stored the retry gets its answer,
+    otherwise the retry runs it; either way it must be recorded exactly once.
+    """
+    accepted = world.accepted.setdefault(agent_id, set())
+    retries = world.retries.setdefault(agent_id, [])
     rng = random.Random(world.rng.random())
     while not stop.is_set():
-        request_id = str(uuid.uuid4())
-        roll = rng.random()
-        call: Awaitable[object]
-        if roll < 0.5:
-            call = server.agents.SendMessage(
-                api.SendMessageRequest(agent_id=agent_id, text="go", request_id=request_id),
-                timeout=T,
-            )
-        elif roll < 0.7:
-            call = server.agents.SteerMessage(
-                api.SteerMessageRequest(agent_id=agent_id, text="steer", request_id=request_id),
-                timeout=T,
-            )
-        elif roll < 0.85:
-            call = server.agents.InjectContext(
-                api.InjectContextRequest(agent_id=agent_id, text="ctx", request_id=request_id),
-                timeout=T,
-            )
+        if retries:
+            method, request_id = retries.pop(0)
         else:
-            call = server.agents.CancelTurn(
-                api.CancelTurnRequest(agent_id=agent_id, reason="crash test"), timeout=T
+            method = rng.choices(
+                ["SendMessage", "SteerMessage", "InjectContext", "CancelTurn"], [50, 20, 15, 15]
+            )[0]
+            request_id = str(uuid.uuid4())
+        if method == "CancelTurn":
+            await tolerant(
+                server.agents.CancelTurn(
+                    api.CancelTurnRequest(agent_id=agent_id, reason="crash test"), timeout=T
+                )
             )
-            request_id = ""
-        if await tolerant(call) is not None and request_id:
+        elif await tolerant(message_call(server, agent_id, method, request_id)) is not None:
             accepted.add(request_id)
+        else:
+            retries.append((method, request_id))
+            return  # the server is gone (or going)
         await asyncio.sleep(rng.uniform(0, 0.03))
+
+
+async def create_worker(server: Server, world: World, cycle: int, stop: asyncio.Event) -> None:
+    """Create an agent now and then, during the load; record the ones acknowledged."""
+    rng = random.Random(world.rng.random())
+    for n in range(3):
+        await asyncio.sleep(rng.uniform(0.02, 0.3))
+        if stop.is_set():
+            return
+        agent_id = f"agent-{cycle}-{n}"
+        created = await tolerant(
+            server.factory.CreateAgent(
+                fac.CreateAgentRequest(agent_id=agent_id, options=world.options_for(agent_id)),
+                timeout=T,
+            )
+        )
+        if isinstance(created, fac.CreateAgentResponse):
+            world.agents[agent_id] = created.agent.session_id
 
 
 async def fork_worker(server: Server, world: World, stop: asyncio.Event) -> None:
@@ -292,16 +358,13 @@ async def verify(server: Server, world: World, cycle: int) -> None:
         stored = {e.seq: e.SerializeToString(deterministic=True) for e in events}
         for seq, seen in world.seen.get(session_id, {}).items():
             assert stored.get(seq) == seen, f"{session_id}: event {seq} seen but not stored {where}"
-        recorded = [
-            getattr(e, e.WhichOneof("payload") or "").request_id
-            for e in events
-            if e.WhichOneof("payload") in RECORDING_KINDS
-        ]
-        ids = Counter(r for r in recorded if r)
+    for agent_id, accepted in world.accepted.items():
+        sessions = sessions_of(agent_id, world, logs)
+        ids = Counter(r for session_id in sessions for r in recorded_ids(logs[session_id]))
         duplicates = {r for r, n in ids.items() if n > 1}
-        assert not duplicates, f"{session_id}: recorded twice: {duplicates} {where}"
-        missing = world.accepted.get(session_id, set()) - set(ids)
-        assert not missing, f"{session_id}: accepted but never recorded: {missing} {where}"
+        assert not duplicates, f"{agent_id}: recorded twice: {duplicates} {where}"
+        missing = accepted - set(ids)
+        assert not missing, f"{agent_id}: accepted but never recorded: {missing} {where}"
     by_id = {s.session_id: s for s in listed.sessions}
     assert world.forks <= set(by_id), f"acknowledged forks missing {where}"
     for session in listed.sessions:
@@ -316,6 +379,23 @@ async def verify(server: Server, world: World, cycle: int) -> None:
         assert copy == source, f"fork {session.session_id} differs from its source {where}"
     for agent_id, session_id in world.agents.items():
         await next_turn_numbers_correctly(server, agent_id, logs[session_id])
+
+
+def sessions_of(agent_id: str, world: World, logs: dict[str, list[ev.SessionEvent]]) -> list[str]:
+    """The sessions an agent drove: its one session, or every session of the config agent."""
+    if agent_id == CONFIG_AGENT:
+        return [s for s in logs if s.startswith(f"{CONFIG_AGENT}-session-")]
+    return [world.agents[agent_id]]
+
+
+def recorded_ids(events: list[ev.SessionEvent]) -> list[str]:
+    """The request ids on the events that record accepted messages."""
+    return [
+        getattr(e, e.WhichOneof("payload") or "").request_id
+        for e in events
+        if e.WhichOneof("payload") in RECORDING_KINDS
+        and getattr(e, e.WhichOneof("payload") or "").request_id
+    ]
 
 
 async def next_turn_numbers_correctly(
