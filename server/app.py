@@ -93,6 +93,7 @@ def build_runtime(config: Config) -> Runtime:
             initial_backoff=provider.initial_backoff_seconds,
             max_backoff=provider.max_backoff_seconds,
             max_retry_after=provider.max_retry_after_seconds,
+            max_tokens_field=provider.max_tokens_field,
         )
         runtime.models.register(provider.name, model, default_model=provider.default_model)
     return runtime
@@ -244,6 +245,7 @@ class App:
         await self.server.stop(grace)
         await self.plugins.close()
         await self.runtime.seams.close()
+        await self.runtime.models.aclose()
         await self.runtime.store.close()
         self._stopped.set()
 

@@ -14,6 +14,7 @@ from server.builtin_tools import builtin_tools
 from server.errors import CodedError
 from server.factory import ID_PATTERN
 from server.limits import LIMIT_FIELDS, Limits
+from server.models.openai_wire import MAX_TOKENS_FIELDS
 from server.system_prompt import PERSONA_VARIABLES, interpolate
 from server.tools import UNLISTED_TOOLS
 
@@ -30,7 +31,7 @@ GUARD_FIELDS = {"limits", "pluginAllowlist", "pluginTokenPlaintext", *TLS_FIELDS
 PROVIDER_FIELDS = {
     "name", "type", "baseUrl", "apiKeyEnv", "defaultModel", "headers", "connectTimeoutSeconds",
     "readTimeoutSeconds", "maxAttempts", "initialBackoffSeconds", "maxBackoffSeconds",
-    "maxRetryAfterSeconds",
+    "maxRetryAfterSeconds", "maxTokensField",
 }  # fmt: skip
 PLUGIN_FIELDS = {"address", "order", "timeoutSeconds", "failurePolicy"}
 FAILURE_POLICIES = ("fail_closed", "fail_open")
@@ -93,6 +94,9 @@ class ProviderConfig:
     """The longest retry delay."""
     max_retry_after_seconds: float = 60.0
     """The cap on a server's Retry-After."""
+    max_tokens_field: str = "auto"
+    """How the output cap is sent: "max_tokens", "max_completion_tokens" (OpenAI's
+    reasoning models need it), or "auto" (by model name)."""
 
 
 @dataclass(frozen=True)
@@ -390,7 +394,15 @@ def _provider(raw: object, where: str) -> ProviderConfig:
         initial_backoff_seconds=seconds("initialBackoffSeconds", 0.5),
         max_backoff_seconds=seconds("maxBackoffSeconds", 8.0),
         max_retry_after_seconds=seconds("maxRetryAfterSeconds", 60.0),
+        max_tokens_field=_max_tokens_field(item.get("maxTokensField", "auto"), where),
     )
+
+
+def _max_tokens_field(raw: object, where: str) -> str:
+    value = _string(raw, f"{where}.maxTokensField")
+    if value not in MAX_TOKENS_FIELDS:
+        raise ConfigError(f"{where}.maxTokensField: must be one of {', '.join(MAX_TOKENS_FIELDS)}")
+    return value
 
 
 def _plugin(raw: object, where: str) -> PluginConfig:
