@@ -22,6 +22,7 @@ from agentloop.v1 import (
     agent_service_pb2_grpc,
 )
 from server.addresses import Allowlist, is_loopback
+from server.api_access import AccessLog
 from server.api_agent import AgentServicer
 from server.api_factory import AgentFactoryServicer
 from server.api_guard import RequestGuard
@@ -31,6 +32,7 @@ from server.builtin_tools import builtin_tools
 from server.config import Config, ConfigError, read_pem, read_token
 from server.errors import SessionDamaged
 from server.factory import AgentFactory
+from server.logs import fields
 from server.models.openai import OpenAIModel
 from server.models.scripted import ScriptedModel
 from server.plugin_registry import Overrides, PluginRegistry
@@ -38,6 +40,7 @@ from server.runtime import Runtime
 from server.stores import SessionStore
 from server.stores.memory import MemoryStore
 from server.stores.sqlite import SqliteStore
+from server.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +131,9 @@ def check_exposed(config: Config, tls: bool, token: bool) -> None:
 class App:
     """One running server."""
 
-    def __init__(self, config: Config, runtime: Runtime | None = None) -> None:
+    def __init__(
+        self, config: Config, runtime: Runtime | None = None, telemetry: Telemetry | None = None
+    ) -> None:
         """Build the server; raises `ConfigError` for an unreadable token or an unsafe listen."""
         self.config = config
         token = read_token(config.token_file, "AGENTLOOP_TOKEN")
@@ -147,10 +152,20 @@ class App:
         )
         self.health = health.aio.HealthServicer()
         limits = self.runtime.limits
-        # Auth first: an unauthenticated caller learns nothing, not even that a body is bad.
-        interceptors = [TokenAuth(token)] if token else []
+        self.guard = RequestGuard(limits)
+        self.telemetry = telemetry or Telemetry(config)
+        self.telemetry.install(
+            self.runtime.seams,
+            agents=lambda: len(self.factory.agents),
+            streams=lambda: self.guard.streams,
+            plugins=lambda: {name: p.stats for name, p in self.plugins.plugins.items()},
+        )
+        # The access log sees every call; then auth, so that an unauthenticated caller
+        # learns nothing, not even that a body is bad.
+        access = AccessLog(self.telemetry.metrics, self.telemetry.tracing)
+        interceptors = [access, TokenAuth(token)] if token else [access]
         self.server = grpc.aio.server(
-            interceptors=[*interceptors, RequestGuard(limits)],
+            interceptors=[*interceptors, self.guard],
             options=[("grpc.max_receive_message_length", limits.max_request_bytes)],
         )
         plugin_registry_service_pb2_grpc.add_PluginRegistryServiceServicer_to_server(
@@ -182,6 +197,7 @@ class App:
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
         await self.server.start()
+        await self.telemetry.start()
         for plugin in self.config.plugins:
             overrides = Overrides(
                 order=plugin.order,
@@ -206,7 +222,10 @@ class App:
                     created = await self.factory.create(
                         agent.id, options, cwd=agent.cwd, adopt_pending=True
                     )
-                log.info("agent %s started on session %s", agent.id, created.session.session_id)
+                log.info(
+                    "agent %s started on session %s", agent.id, created.session.session_id,
+                    extra=fields(agent=agent.id, session=created.session.session_id),
+                )  # fmt: skip
             except Exception as error:  # reported, not fatal: the server still serves
                 log.error("config agent %s was not started: %s", agent.id, error)
         for name in ("", *SERVICE_NAMES):
@@ -246,6 +265,7 @@ class App:
         await self.plugins.close()
         await self.runtime.seams.close()
         await self.runtime.models.aclose()
+        await self.telemetry.stop()
         await self.runtime.store.close()
         self._stopped.set()
 

@@ -28,6 +28,9 @@ SERVER_FIELDS = {
 TLS_FIELDS = ("tlsCertFile", "tlsKeyFile", "tlsClientCaFile")
 GUARD_FIELDS = {"limits", "pluginAllowlist", "pluginTokenPlaintext", *TLS_FIELDS}
 """The fields of limits and transport security."""
+OBSERVE_FIELDS = {"logFormat", "metricsListen", "traceExporter", "otlpEndpoint"}
+"""The fields of logs, metrics and traces."""
+TRACE_EXPORTERS = ("", "none", "otlp", "console")
 PROVIDER_FIELDS = {
     "name", "type", "baseUrl", "apiKeyEnv", "defaultModel", "headers", "connectTimeoutSeconds",
     "readTimeoutSeconds", "maxAttempts", "initialBackoffSeconds", "maxBackoffSeconds",
@@ -161,6 +164,14 @@ class Config:
     """PEM roots client certificates must chain to (mutual TLS); empty: none asked."""
     limits: Limits = field(default_factory=Limits)
     """Size and count limits; see `server/limits.py` for each one and its default."""
+    log_format: str = "text"
+    """Log lines as "text" (for humans) or "json" (one object per line)."""
+    metrics_listen: str = ""
+    """host:port of the Prometheus endpoint (a bare port: loopback); empty: no metrics."""
+    trace_exporter: str = ""
+    """"otlp", "console" or "none"; empty: $OTEL_TRACES_EXPORTER decides (default none)."""
+    otlp_endpoint: str = ""
+    """The OTLP/gRPC collector; empty: $OTEL_EXPORTER_OTLP_ENDPOINT or localhost:4317."""
     insecure: bool = False
     """Allow a non-loopback listen address without TLS and a token (`--insecure`)."""
 
@@ -187,7 +198,7 @@ def load_config(path: str | Path | None) -> Config:
 def parse_config(raw: object) -> Config:
     """Validate a parsed YAML document."""
     doc = _mapping(raw, "config")
-    _no_unknown(doc, "", SERVER_FIELDS | GUARD_FIELDS)
+    _no_unknown(doc, "", SERVER_FIELDS | GUARD_FIELDS | OBSERVE_FIELDS)
     listen = _string(doc.get("listen", DEFAULT_LISTEN), "listen")
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isascii() or not port.isdigit() or int(port) > 65535:
@@ -254,6 +265,7 @@ def parse_config(raw: object) -> Config:
         tool_order=_tool_order(doc.get("toolOrder")),
         limits=_limits(doc.get("limits", {})),
         **_tls(doc),
+        **_observability(doc),
         plugin_allowlist=_allowlist(doc.get("pluginAllowlist", list(DEFAULT_ALLOWLIST))),
         plugin_token_plaintext=_boolean(
             doc.get("pluginTokenPlaintext", False), "pluginTokenPlaintext"
@@ -487,3 +499,27 @@ def _positive(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{where}: must be a positive integer, not {value!r}")
     return value
+
+
+def _observability(doc: dict[str, Any]) -> dict[str, Any]:
+    log_format = _string(doc.get("logFormat", "text"), "logFormat")
+    if log_format not in ("text", "json"):
+        raise ConfigError(f"logFormat: {log_format!r} must be text or json")
+    metrics = doc.get("metricsListen", "")
+    if isinstance(metrics, int) and not isinstance(metrics, bool):
+        metrics = f"127.0.0.1:{metrics}"  # a bare port stays on loopback
+    metrics = _string(metrics, "metricsListen")
+    if metrics:
+        host, sep, port = metrics.rpartition(":")
+        if not sep or not port.isascii() or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(f"metricsListen: {metrics!r} must be host:port or a port")
+        metrics = f"{host or '127.0.0.1'}:{port}"
+    exporter = _string(doc.get("traceExporter", ""), "traceExporter")
+    if exporter not in TRACE_EXPORTERS:
+        raise ConfigError(f"traceExporter: {exporter!r} must be otlp, console or none")
+    return {
+        "log_format": log_format,
+        "metrics_listen": metrics,
+        "trace_exporter": exporter,
+        "otlp_endpoint": _string(doc.get("otlpEndpoint", ""), "otlpEndpoint"),
+    }

@@ -32,6 +32,7 @@ from server.errors import (
     SessionDamaged,
 )
 from server.limits import check_capacity
+from server.logs import fields
 from server.loop import run_loop
 from server.memory import Trimmer
 from server.repair import crash_closers
@@ -221,7 +222,10 @@ class AgentFactory:
         agent.driver = asyncio.create_task(run_loop(agent), name=f"agent:{agent_id}")
         pending = [session.inbox[key] for key in sorted(session.inbox)]
         if pending:
-            log.info("agent %s: %d pending message(s) from the store", agent_id, len(pending))
+            log.info(
+                "agent %s: %d pending message(s) from the store", agent_id, len(pending),
+                extra=fields(agent=agent_id, session=session.session_id),
+            )  # fmt: skip
             agent.restore(pending)
         return agent
 
@@ -274,6 +278,7 @@ class AgentFactory:
                         "session %s: closing turn %d interrupted by a crash",
                         session_id,
                         closers[-1].turn_end.turn,
+                        extra=fields(session=session_id, turn=closers[-1].turn_end.turn),
                     )
                     await store.commit(Commit({session_id: SessionWrites(events=closers)}))
         finally:

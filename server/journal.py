@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agentloop.v1 import session_event_pb2 as ev
+from server import observe
 from server.errors import AgentLoopError
+from server.logs import fields
 from server.stores import Commit, InboxEntry, RequestRecord, SessionStore, SessionWrites
 
 if TYPE_CHECKING:
@@ -175,8 +178,11 @@ class Journal:
         delay = RETRY_INITIAL
         while True:
             try:
+                started = time.perf_counter()
                 await self.store.commit(group.commit)
                 self.commits += 1
+                if observe.store_commit is not None:  # the metric of commit latency, when on
+                    observe.store_commit(time.perf_counter() - started)
                 return
             except AgentLoopError:
                 break  # a refusal, not an outage: find whose
@@ -190,7 +196,10 @@ class Journal:
                 await self.store.commit(alone)
                 self.commits += 1
             except AgentLoopError as error:
-                log.error("session %s: commit refused: %s", session_id, error)
+                log.error(
+                    "session %s: commit refused: %s", session_id, error,
+                    extra=fields(session=session_id),
+                )  # fmt: skip
                 group.sessions[session_id].fail(error)
                 self._forget(session_id)
 

@@ -16,11 +16,11 @@ import asyncio
 import contextlib
 import ssl
 from collections.abc import AsyncIterator, Mapping
-from importlib.metadata import PackageNotFoundError, version
 
 import httpx
 
 from server.errors import CodedError
+from server.version import version
 
 CONNECTION_FAILED = "CONNECTION_FAILED"
 TIMEOUT = "TIMEOUT"
@@ -37,10 +37,7 @@ FINISH_SECONDS = 1.0
 
 def user_agent() -> str:
     """`agentloop/<version>`, the User-Agent of every model request."""
-    try:
-        return f"agentloop/{version('agentloop')}"
-    except PackageNotFoundError:  # run from a tree that was never installed
-        return "agentloop/0+unknown"
+    return f"agentloop/{version()}"
 
 
 class TransportError(CodedError):

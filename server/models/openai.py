@@ -49,6 +49,7 @@ import httpx
 from agentloop.v1 import stream_pb2
 from server.abort import AbortSignal
 from server.errors import CodedError
+from server.logs import fields
 from server.models import ModelRequest
 from server.models.http import (
     BAD_RESPONSE,
@@ -211,7 +212,11 @@ class OpenAIModel:
         signal.raise_if_aborted()
         model = request.header.config.model or self.default_model
         body = json.dumps(request_body(request, model, self.max_tokens_field)).encode()
-        response = await self._open(body, signal)
+        context = fields(
+            agent=request.agent_id, session=request.session_id, turn=request.turn,
+            step=request.step,
+        )  # fmt: skip
+        response = await self._open(body, signal, context)
         translator = DeltaTranslator(self.name)
         decoder = EventStreamDecoder()
         try:
@@ -260,7 +265,7 @@ class OpenAIModel:
             raise self._failure(error) from None
         return chunks, False
 
-    async def _open(self, body: bytes, signal: AbortSignal) -> Response:
+    async def _open(self, body: bytes, signal: AbortSignal, context: dict[str, object]) -> Response:
         """POST `body`, retrying as the policy allows, until a 2xx response head arrives."""
         attempt = 1
         while True:
@@ -295,6 +300,7 @@ class OpenAIModel:
                 attempt,
                 self.retry.max_attempts,
                 delay,
+                extra=context,
             )
             await signal.race(asyncio.sleep(delay))
             attempt += 1
