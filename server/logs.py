@@ -21,6 +21,8 @@ ACCESS_FIELDS = ("method", "code", "duration_ms", "peer")
 LOG_FORMATS = ("text", "json")
 
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None)))
+_SET_LATER = frozenset({"message", "asctime"})
+"""Set on a record by formatting it."""
 
 
 def fields(**values: object) -> dict[str, object]:
@@ -29,7 +31,7 @@ def fields(**values: object) -> dict[str, object]:
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
-    return {k: v for k, v in vars(record).items() if k not in _STANDARD and k != "message"}
+    return {k: v for k, v in vars(record).items() if k not in _STANDARD and k not in _SET_LATER}
 
 
 class TextFormatter(logging.Formatter):
