@@ -91,6 +91,7 @@ class Metrics:
             buckets=LAG,
             registry=r,
         )
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._lag_task: asyncio.Task[None] | None = None
         self._http: WSGIServer | None = None
 
@@ -104,8 +105,16 @@ class Metrics:
 
     def rpc(self, method: str, code: str, seconds: float) -> None:
         """One RPC ended."""
-        self.rpcs.labels(method, code).inc()
-        self.rpc_seconds.labels(method).observe(seconds)
+        self._child(self.rpcs, method, code).inc()
+        self._child(self.rpc_seconds, method).observe(seconds)
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, looked up once per label set."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     async def start(self, listen: str) -> int:
         """Serve `/metrics` on `listen` (host:port); returns the bound port."""
@@ -142,7 +151,7 @@ class Metrics:
 
     def turn_end(self, turn: Turn, reason: str, end_ns: int) -> None:
         """Count the turn and its latency."""
-        self.turns.labels(reason).inc()
+        self._child(self.turns, reason).inc()
         self.turn_seconds.observe(_seconds(turn.start_ns, end_ns))
 
     def step_start(self, turn: Turn, step: Step) -> None:
@@ -163,11 +172,11 @@ class Metrics:
         self, turn: Turn, step: Step, model: Model, message: ev.AssistantMessage | None, end_ns: int
     ) -> None:
         """Count the call by finish reason, and its tokens."""
-        self.model_calls.labels(model.finish or "none").inc()
+        self._child(self.model_calls, model.finish or "none").inc()
         usage = observe.usage_of(message)
         if usage is not None:
-            self.tokens.labels("input").inc(usage.input_tokens)
-            self.tokens.labels("output").inc(usage.output_tokens)
+            self._child(self.tokens, "input").inc(usage.input_tokens)
+            self._child(self.tokens, "output").inc(usage.output_tokens)
 
     def tool_start(self, turn: Turn, step: Step, call: ev.ToolCall, start_ns: int) -> None:
         """Nothing to count yet."""
@@ -176,8 +185,8 @@ class Metrics:
         self, turn: Turn, step: Step, result: ev.ToolResult, name: str, start_ns: int, end_ns: int
     ) -> None:
         """Count the call and its duration."""
-        self.tool_calls.labels(name, "error" if result.is_error else "ok").inc()
-        self.tool_seconds.labels(name).observe(_seconds(start_ns, end_ns))
+        self._child(self.tool_calls, name, "error" if result.is_error else "ok").inc()
+        self._child(self.tool_seconds, name).observe(_seconds(start_ns, end_ns))
 
 
 class PluginCollector(Collector):

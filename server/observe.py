@@ -23,6 +23,11 @@ from agentloop.v1 import stream_pb2 as st
 from server import seams as S
 from server.seams import SeamRegistry
 
+_SINK_METHODS = (
+    "turn_start", "turn_end", "step_start", "step_end", "model_start", "first_chunk",
+    "model_end", "tool_start", "tool_end",
+)  # fmt: skip
+
 FINISH_REASONS = {
     st.FINISH_KIND_STOP: "stop",
     st.FINISH_KIND_MAX_TOKENS: "length",
@@ -106,6 +111,10 @@ class EventClock:
         self.sinks = sinks
         self.turns: dict[str, Turn] = {}
         """The open turn of each agent."""
+        # Bound once: this runs for every appended event, chunks included.
+        self._calls: dict[str, list[Callable[..., None]]] = {
+            name: [getattr(sink, name) for sink in sinks] for name in _SINK_METHODS
+        }
 
     def install(self, seams: SeamRegistry) -> Callable[[], None]:
         """Listen to every agent's appended events; returns the disposer."""
@@ -114,8 +123,19 @@ class EventClock:
     def observe(self, agent: Any, event: ev.SessionEvent) -> None:
         """One appended event of `agent`."""
         kind = event.WhichOneof("payload")
-        now = time.time_ns()
         agent_id: str = agent.agent_id
+        if kind == "assistant_chunk":  # the most frequent event: only two cases matter
+            open_turn = self.turns.get(agent_id)
+            step_now = open_turn.step if open_turn is not None else None
+            if step_now is None or step_now.model is None:
+                return
+            chunk = event.assistant_chunk.chunk
+            if step_now.model.first_chunk_ns and not chunk.HasField("finish"):
+                return
+            assert open_turn is not None
+            self._chunk(open_turn, step_now, chunk, time.time_ns())
+            return
+        now = time.time_ns()
         if kind == "turn_start":
             turn = Turn(agent_id, agent.session.session_id, event.turn_start.turn, now)
             self.turns[agent_id] = turn
@@ -134,8 +154,6 @@ class EventClock:
         elif step is None:
             if kind == "turn_end":
                 self._end_turn(agent_id, turn, event.turn_end, now)
-        elif kind == "assistant_chunk":
-            self._chunk(turn, step, event.assistant_chunk.chunk, now)
         elif kind == "assistant_message" and step.model is not None:
             model, step.model = step.model, None
             self._each("model_end", turn, step, model, event.assistant_message, now)
@@ -174,8 +192,8 @@ class EventClock:
         self._each("turn_end", turn, end.reason.WhichOneof("kind") or "unknown", now)
 
     def _each(self, method: str, *args: Any) -> None:
-        for sink in self.sinks:
-            getattr(sink, method)(*args)
+        for call in self._calls[method]:
+            call(*args)
 
 
 def usage_of(message: ev.AssistantMessage | None) -> c.Usage | None:

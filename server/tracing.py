@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -164,8 +165,9 @@ class Tracing:
 
     def model_start(self, turn: Turn, step: Step, model: Model) -> None:
         """Open the model call's span under the step's."""
-        self._models[turn.agent] = self._child(turn.agent, "chat", model.start_ns)
-        self._models[turn.agent].set_attribute("gen_ai.operation.name", "chat")
+        self._models[turn.agent] = self._child(
+            turn.agent, "chat", model.start_ns, {"gen_ai.operation.name": "chat"}
+        )
 
     def first_chunk(self, turn: Turn, step: Step, model: Model) -> None:
         """Mark the first chunk on the model call's span."""
@@ -180,29 +182,36 @@ class Tracing:
         span = self._models.pop(turn.agent, None)
         if span is None:
             return
+        attributes: dict[str, Any] = {}
         if message is not None:
             provenance = message.provenance
             span.update_name(f"chat {provenance.model}")
-            span.set_attribute("gen_ai.provider.name", provenance.provider)
-            span.set_attribute("gen_ai.request.model", provenance.model)
-            span.set_attribute("gen_ai.response.model", provenance.model)
+            attributes["gen_ai.provider.name"] = provenance.provider
+            attributes["gen_ai.request.model"] = provenance.model
+            attributes["gen_ai.response.model"] = provenance.model
         if model.finish:
-            span.set_attribute("gen_ai.response.finish_reasons", [model.finish])
+            attributes["gen_ai.response.finish_reasons"] = (model.finish,)
         usage = observe.usage_of(message)
         if usage is not None:
-            span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
-            span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+            attributes["gen_ai.usage.input_tokens"] = usage.input_tokens
+            attributes["gen_ai.usage.output_tokens"] = usage.output_tokens
+        span.set_attributes(attributes)
         if message is None or model.finish == "error":
             span.set_status(Status(StatusCode.ERROR, "the model call failed"))
         span.end(end_time=end_ns)
 
     def tool_start(self, turn: Turn, step: Step, call: ev.ToolCall, start_ns: int) -> None:
         """Open the tool call's span under the step's."""
-        span = self._child(turn.agent, f"execute_tool {call.name}", start_ns)
-        span.set_attribute("gen_ai.operation.name", "execute_tool")
-        span.set_attribute("gen_ai.tool.name", call.name)
-        span.set_attribute("gen_ai.tool.call.id", call.call_id)
-        self._tools[turn.agent, call.call_id] = span
+        self._tools[turn.agent, call.call_id] = self._child(
+            turn.agent,
+            f"execute_tool {call.name}",
+            start_ns,
+            {
+                "gen_ai.operation.name": "execute_tool",
+                "gen_ai.tool.name": call.name,
+                "gen_ai.tool.call.id": call.call_id,
+            },
+        )
 
     def tool_end(
         self, turn: Turn, step: Step, result: ev.ToolResult, name: str, start_ns: int, end_ns: int
@@ -217,11 +226,12 @@ class Tracing:
                 span.set_attribute("error.type", result.error.name)
         span.end(end_time=end_ns)
 
-    def _child(self, agent: str, name: str, start_ns: int) -> Span:
+    def _child(self, agent: str, name: str, start_ns: int, attributes: dict[str, Any]) -> Span:
         parent = self._steps.get(agent) or self._turns.get(agent)
         return self.tracer.start_span(
             name,
             context=trace.set_span_in_context(parent) if parent is not None else None,
             start_time=start_ns,
             kind=SpanKind.CLIENT,
+            attributes=attributes,
         )
