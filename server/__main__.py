@@ -8,7 +8,7 @@ import sys
 from dataclasses import replace
 
 from server.app import App
-from server.config import Config, ConfigError, load_config
+from server.config import Config, ConfigError, load_config, metrics_address
 from server.logs import LOG_FORMATS, setup_logging
 from server.memory import freeze_startup_heap
 from server.version import version
@@ -39,8 +39,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agentloop: invalid config: {error}", file=sys.stderr)
         return 2
     setup_logging(args.log_level, args.log_format or config.log_format)
-    if args.metrics_listen:
-        config = replace(config, metrics_listen=args.metrics_listen)
+    try:
+        if args.metrics_listen:
+            config = replace(config, metrics_listen=metrics_address(args.metrics_listen))
+    except ConfigError as error:
+        print(f"agentloop: {error}", file=sys.stderr)
+        return 2
     if args.listen:
         config = replace(config, listen=args.listen)
     if args.data_dir:

@@ -121,10 +121,7 @@ class AccessLog(grpc.aio.ServerInterceptor):
                 if self.metrics is not None:
                     self.metrics.rpc(method, code, seconds)
                 log.info(
-                    "%s %s %.1f ms",
-                    method,
-                    code,
-                    seconds * 1000,
+                    "rpc",  # everything is in the fields
                     extra={
                         "method": method,
                         "code": code,

@@ -196,8 +196,8 @@ class App:
             self.port = self.server.add_insecure_port(self.config.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
+        await self.telemetry.start()  # first: a taken metrics port fails before gRPC serves
         await self.server.start()
-        await self.telemetry.start()
         for plugin in self.config.plugins:
             overrides = Overrides(
                 order=plugin.order,

@@ -70,8 +70,9 @@ def cmd_sessions(channel: grpc.Channel, args: argparse.Namespace) -> int:
         token = page.next_page_token
         if not token:
             break
-    rows = [f"{'SESSION':<44} EVENTS"]
-    rows += [f"{s.session_id:<44} {s.event_count}" for s in sessions]
+    width = max([len("SESSION"), *(len(s.session_id) for s in sessions)])
+    rows = [f"{'SESSION':<{width}}  EVENTS"]
+    rows += [f"{s.session_id:<{width}}  {s.event_count}" for s in sessions]
     emit(args, {"sessions": [as_dict(s) for s in sessions]}, "\n".join(rows) + "\n")
     return 0
 

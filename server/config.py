@@ -507,13 +507,8 @@ def _observability(doc: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"logFormat: {log_format!r} must be text or json")
     metrics = doc.get("metricsListen", "")
     if isinstance(metrics, int) and not isinstance(metrics, bool):
-        metrics = f"127.0.0.1:{metrics}"  # a bare port stays on loopback
-    metrics = _string(metrics, "metricsListen")
-    if metrics:
-        host, sep, port = metrics.rpartition(":")
-        if not sep or not port.isascii() or not port.isdigit() or int(port) > 65535:
-            raise ConfigError(f"metricsListen: {metrics!r} must be host:port or a port")
-        metrics = f"{host or '127.0.0.1'}:{port}"
+        metrics = str(metrics)
+    metrics = metrics_address(_string(metrics, "metricsListen"))
     exporter = _string(doc.get("traceExporter", ""), "traceExporter")
     if exporter not in TRACE_EXPORTERS:
         raise ConfigError(f"traceExporter: {exporter!r} must be otlp, console or none")
@@ -523,3 +518,13 @@ def _observability(doc: dict[str, Any]) -> dict[str, Any]:
         "trace_exporter": exporter,
         "otlp_endpoint": _string(doc.get("otlpEndpoint", ""), "otlpEndpoint"),
     }
+
+
+def metrics_address(value: str) -> str:
+    """`host:port` of the metrics endpoint; a bare port (or `:port`) stays on loopback."""
+    if not value:
+        return ""
+    host, _, port = value.rpartition(":")
+    if not port.isascii() or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"metricsListen: {value!r} must be host:port or a port")
+    return f"{host or '127.0.0.1'}:{port}"
