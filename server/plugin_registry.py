@@ -18,7 +18,6 @@ from server.errors import AlreadyExists, FailedPrecondition, InvalidArgument, No
 from server.factory import ID_PATTERN
 from server.jsonvalue import check_lossless
 from server.limits import check_capacity
-from server.logs import fields
 from server.plugin_client import PluginConnection, PluginUnreachable
 from server.plugin_listeners import SEAM_NAMES, PluginStats, install, tool_schema
 from server.runtime import Runtime
@@ -114,10 +113,7 @@ class PluginRegistry:
         connection.start()
         if not await connection.wait_ready(READY_TIMEOUT):
             log.warning("plugin %s registered but its stream is not open yet", plugin.name)
-        log.info(
-            "plugin %s %s registered at %s", plugin.name, plugin.version, address,
-            extra=fields(plugin=plugin.name),
-        )  # fmt: skip
+        log.info("plugin %s %s registered at %s", plugin.name, plugin.version, address)
         return plugin
 
     def register_in_background(self, address: str, overrides: Overrides) -> None:
