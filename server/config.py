@@ -162,8 +162,6 @@ class Config:
     """PEM private key of `tls_cert_file`."""
     tls_client_ca_file: str = ""
     """PEM roots client certificates must chain to (mutual TLS); empty: none asked."""
-    limits: Limits = field(default_factory=Limits)
-    """Size and count limits; see `server/limits.py` for each one and its default."""
     log_format: str = "text"
     """Log lines as "text" (for humans) or "json" (one object per line)."""
     metrics_listen: str = ""
@@ -172,6 +170,8 @@ class Config:
     """"otlp", "console" or "none"; empty: $OTEL_TRACES_EXPORTER decides (default none)."""
     otlp_endpoint: str = ""
     """The OTLP/gRPC collector; empty: $OTEL_EXPORTER_OTLP_ENDPOINT or localhost:4317."""
+    limits: Limits = field(default_factory=Limits)
+    """Size and count limits; see `server/limits.py` for each one and its default."""
     insecure: bool = False
     """Allow a non-loopback listen address without TLS and a token (`--insecure`)."""
 
