@@ -190,13 +190,13 @@ class App:
             await self.runtime.store.open()
         except SessionDamaged as error:  # reported per session later; the server serves
             log.error("%s", error)
+        await self.telemetry.start()  # before gRPC: a taken metrics port stops the start
         if self.credentials is not None:
             self.port = self.server.add_secure_port(self.config.listen, self.credentials)
         else:
             self.port = self.server.add_insecure_port(self.config.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
-        await self.telemetry.start()  # first: a taken metrics port fails before gRPC serves
         await self.server.start()
         for plugin in self.config.plugins:
             overrides = Overrides(

@@ -31,17 +31,16 @@ from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
-from server import observe
+from server import logs, observe
 from server import seams as S
 from server.abort import NEVER, AbortSignal
 from server.errors import CodedError
-from server.logs import RateLimited, fields
 from server.models import ModelRegistry, ModelRequest
 from server.seams import SeamRegistry
 from server.tools import Tool, ToolExecution, ToolOutcome, ToolRegistry, ToolReturn
 
 log = logging.getLogger(__name__)
-_fail_open_log = RateLimited(log)
+_fail_open_log = logs.RateLimited(log)
 """A plugin that is down fails every call: one line per plugin and seam per interval."""
 
 DEFAULT_TIMEOUT = 5.0
@@ -163,7 +162,7 @@ class RemoteListener:
                     logging.WARNING, (self.plugin, self.seam_name),
                     'plugin "%s" failed at %s (%s: %s); skipped (fail-open)',
                     self.plugin, self.seam_name, failure.kind, failure,
-                    extra=fields(
+                    extra=logs.fields(
                         plugin=self.plugin, seam=self.seam_name, agent=agent_id, turn=turn,
                         step=step,
                     ),
