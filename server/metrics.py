@@ -199,7 +199,11 @@ class PluginCollector(Collector):
         ("fail_opens", "Failed calls skipped under the fail-open policy."),
         ("dropped", "Observer notifications dropped."),
         ("reconnects", "Reconnections of the plugin's stream."),
+        ("oversized", "Messages refused for their size."),
+        ("protocol_errors", "Answers that broke the plugin protocol."),
+        ("unexpected_results", "Results of calls that were not pending."),
     )
+    """Read with a default of 0: a counter the plugin client does not keep stays 0."""
 
     def __init__(self, read: Callable[[], Mapping[str, Any]]) -> None:
         self.read = read
@@ -212,7 +216,7 @@ class PluginCollector(Collector):
         for attr, help_text in self.COUNTERS:
             family = CounterMetricFamily(f"agentloop_plugin_{attr}", help_text, labels=["plugin"])
             for name, stats in plugins.items():
-                family.add_metric([name], getattr(stats, attr))
+                family.add_metric([name], getattr(stats, attr, 0))
             yield family
         latency = SummaryMetricFamily(
             "agentloop_plugin_call_seconds",
@@ -220,11 +224,12 @@ class PluginCollector(Collector):
             labels=["plugin", "seam"],
         )
         for name, stats in plugins.items():
-            for seam, samples in stats.latencies.items():
-                values = list(samples)
-                latency.add_metric(
-                    [name, SEAM_NAMES.get(seam, str(seam))], len(values), sum(values)
-                )
+            by_seam: dict[str, list[float]] = {}
+            for key, samples in stats.latencies.items():
+                seam = key[-1] if isinstance(key, tuple) else key  # keyed by (kind, seam) too
+                by_seam.setdefault(SEAM_NAMES.get(seam, str(seam)), []).extend(samples)
+            for seam_name, values in by_seam.items():
+                latency.add_metric([name, seam_name], len(values), sum(values))
         yield latency
         up = GaugeMetricFamily("agentloop_plugins", "Registered plugins.")
         up.add_metric([], len(plugins))

@@ -146,12 +146,16 @@ def scrape(port: int) -> dict[str, float]:
     return samples
 
 
-async def test_metrics_and_json_logs_of_a_server_process(tmp_path: Path) -> None:
+async def test_metrics_and_json_logs_of_a_server_process(
+    tmp_path: Path, launcher: PluginLauncher
+) -> None:
+    plugin = await launcher.start(configurable("python", "--name", "tagger", "--tag", "T"))
     metrics_port = free_port()
     config = tmp_path / "agentloop.yaml"
     config.write_text(
         f"listen: 127.0.0.1:0\nstore: memory\nlogFormat: json\nmetricsListen: {metrics_port}\n"
         "agents:\n  - id: assistant\n    tools: [word_count]\n"
+        f"plugins:\n  - address: {plugin.address}\n"
     )
     stderr = tmp_path / "server.stderr"
     async with server_process("--config", str(config), stderr_path=stderr) as server:
@@ -195,6 +199,10 @@ async def test_metrics_and_json_logs_of_a_server_process(tmp_path: Path) -> None
     assert after["agentloop_agents{}"] == 2
     assert "agentloop_event_loop_lag_seconds_count{}" in after
     assert "agentloop_open_streams{}" in after
+    assert after["agentloop_plugins{}"] == 1
+    assert moved('agentloop_plugin_calls_total{plugin="tagger"}') == 4  # one prompt per turn
+    assert moved('agentloop_plugin_call_seconds_count{plugin="tagger",seam="agent/prompt-submit"}')
+    assert after['agentloop_plugin_fail_opens_total{plugin="tagger"}'] == 0
 
     lines = [json.loads(line) for line in stderr.read_text().splitlines() if line.strip()]
     access = [r for r in lines if r.get("logger") == "agentloop.access"]
