@@ -75,8 +75,11 @@ class HttpClient:
         self._client = httpx.AsyncClient(
             headers=merged,
             timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=connect_timeout),
+            # No cap on open connections: every streaming agent holds one for its step.
             limits=httpx.Limits(
-                max_keepalive_connections=MAX_KEEPALIVE, keepalive_expiry=KEEPALIVE_SECONDS
+                max_connections=None,
+                max_keepalive_connections=MAX_KEEPALIVE,
+                keepalive_expiry=KEEPALIVE_SECONDS,
             ),
             verify=ssl_context or ssl.create_default_context(),
             trust_env=True,
