@@ -64,6 +64,7 @@ typecheck: $(VENV)/.installed ## mypy --strict.
 bench: $(VENV)/.installed ## Run the performance benchmarks and print their figures.
 	$(PY) -m bench.loop_bench
 	$(PY) -m bench.plugin_bench
+	$(PY) -m bench.telemetry_bench
 
 clean: ## Remove the virtualenv and caches.
 	rm -rf $(VENV) node_modules $(NODE_CLIENT)/node_modules .mypy_cache .ruff_cache .pytest_cache

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from dataclasses import replace
 
 from server.app import App
-from server.config import Config, ConfigError, load_config
+from server.config import Config, ConfigError, load_config, metrics_address
+from server.logs import LOG_FORMATS, setup_logging
 from server.memory import freeze_startup_heap
+from server.version import version
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,14 +27,23 @@ def main(argv: list[str] | None = None) -> int:
         " plugin and read the traffic)",
     )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    parser.add_argument(
+        "--log-format", choices=LOG_FORMATS, help="text or json lines (default: the config's)"
     )
+    parser.add_argument("--metrics-listen", help="host:port of the Prometheus endpoint")
+    parser.add_argument("--version", action="version", version=f"agentloop {version()}")
+    args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
     except ConfigError as error:
         print(f"agentloop: invalid config: {error}", file=sys.stderr)
+        return 2
+    setup_logging(args.log_level, args.log_format or config.log_format)
+    try:
+        if args.metrics_listen:
+            config = replace(config, metrics_listen=metrics_address(args.metrics_listen))
+    except ConfigError as error:
+        print(f"agentloop: {error}", file=sys.stderr)
         return 2
     if args.listen:
         config = replace(config, listen=args.listen)

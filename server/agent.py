@@ -21,6 +21,7 @@ from server.abort import NEVER, AbortController, AbortSignal
 from server.content import resolve_source
 from server.errors import AgentDisposed, CodedError, FailedPrecondition
 from server.inbox import Inbox, Pending
+from server.logs import fields
 from server.runtime import Runtime
 from server.session import SessionLog, now_timestamp
 from server.stores import INBOX_CONTEXT, INBOX_MESSAGE, INBOX_STEERING, InboxEntry
@@ -286,7 +287,12 @@ class Agent:
     def report_error(self, turn: int, step: int, error: BaseException) -> None:
         """Emit `agent/error` for a failure of turn `turn` at step `step`."""
         code = error.code if isinstance(error, CodedError) else ""
-        log.warning("agent %s turn %d step %d failed: %s", self.agent_id, turn, step, error)
+        log.warning(
+            "agent %s turn %d step %d failed: %s", self.agent_id, turn, step, error,
+            extra=fields(
+                agent=self.agent_id, session=self.session.session_id, turn=turn, step=step
+            ),
+        )  # fmt: skip
         self.emit(
             S.ERROR,
             (self, turn, step, error),

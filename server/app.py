@@ -23,6 +23,7 @@ from agentloop.v1 import (
     agent_service_pb2_grpc,
 )
 from server.addresses import Allowlist, is_loopback
+from server.api_access import AccessLog
 from server.api_agent import AgentServicer
 from server.api_factory import AgentFactoryServicer
 from server.api_forward import Forwarder
@@ -34,6 +35,7 @@ from server.cluster import Cluster
 from server.config import Config, ConfigError, read_pem, read_token
 from server.errors import SessionDamaged
 from server.factory import AgentFactory
+from server.logs import fields
 from server.models.openai import OpenAIModel
 from server.models.scripted import ScriptedModel
 from server.plugin_registry import Overrides, PluginRegistry
@@ -44,6 +46,7 @@ from server.stores.memory import MemoryStore
 from server.stores.postgres import PostgresStore
 from server.stores.postgres_leases import Lease, Leases
 from server.stores.sqlite import SqliteStore
+from server.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +104,7 @@ def build_runtime(config: Config) -> Runtime:
             initial_backoff=provider.initial_backoff_seconds,
             max_backoff=provider.max_backoff_seconds,
             max_retry_after=provider.max_retry_after_seconds,
+            max_tokens_field=provider.max_tokens_field,
         )
         runtime.models.register(provider.name, model, default_model=provider.default_model)
     return runtime
@@ -135,7 +139,9 @@ def check_exposed(config: Config, tls: bool, token: bool) -> None:
 class App:
     """One running server."""
 
-    def __init__(self, config: Config, runtime: Runtime | None = None) -> None:
+    def __init__(
+        self, config: Config, runtime: Runtime | None = None, telemetry: Telemetry | None = None
+    ) -> None:
         """Build the server; raises `ConfigError` for an unreadable token or an unsafe listen."""
         self.config = config
         token = read_token(config.token_file, "AGENTLOOP_TOKEN")
@@ -155,9 +161,22 @@ class App:
         )
         self.health = health.aio.HealthServicer()
         limits = self.runtime.limits
-        # Auth first: an unauthenticated caller learns nothing, not even that a body is bad.
-        interceptors: list[grpc.aio.ServerInterceptor] = [TokenAuth(token)] if token else []
-        interceptors.append(RequestGuard(limits))
+        self.guard = RequestGuard(limits)
+        self.telemetry = telemetry or Telemetry(config)
+        self.telemetry.install(
+            self.runtime.seams,
+            agents=lambda: len(self.factory.agents),
+            streams=lambda: self.guard.streams,
+            plugins=lambda: {name: p.stats for name, p in self.plugins.plugins.items()},
+        )
+        # The access log sees every call; then auth, so that an unauthenticated caller
+        # learns nothing, not even that a body is bad.
+        interceptors: list[grpc.aio.ServerInterceptor] = [
+            AccessLog(self.telemetry.metrics, self.telemetry.tracing)
+        ]
+        if token:
+            interceptors.append(TokenAuth(token))
+        interceptors.append(self.guard)
         self.cluster: Cluster | None = None
         self.forwarder: Forwarder | None = None
         if config.store == "postgres":  # replicas may share the store: calls go to owners
@@ -191,6 +210,7 @@ class App:
             await self.runtime.store.open()
         except SessionDamaged as error:  # reported per session later; the server serves
             log.error("%s", error)
+        await self.telemetry.start()  # before gRPC: a taken metrics port stops the start
         if self.credentials is not None:
             self.port = self.server.add_secure_port(self.config.listen, self.credentials)
         else:
@@ -224,7 +244,10 @@ class App:
                     created = await self.factory.create(
                         agent.id, options, cwd=agent.cwd, adopt_pending=True
                     )
-                log.info("agent %s started on session %s", agent.id, created.session.session_id)
+                log.info(
+                    "agent %s started on session %s", agent.id, created.session.session_id,
+                    extra=fields(agent=agent.id, session=created.session.session_id),
+                )  # fmt: skip
             except Exception as error:  # reported, not fatal: the server still serves
                 log.error("config agent %s was not started: %s", agent.id, error)
         self._run_cluster()
@@ -285,6 +308,8 @@ class App:
         await self.plugins.close()
         await self.runtime.seams.close()
         self.runtime.journal.close()  # a store still down now: stop retrying, say so
+        await self.runtime.models.aclose()
+        await self.telemetry.stop()
         await self.runtime.store.close()
         self._stopped.set()
 

@@ -1,7 +1,9 @@
 """agentloop: a command-line client of the agentloop gRPC service.
 
-Subcommands create, list, talk to, watch, cancel and dispose agents. Rendering lives in
-`server.cli_render`; this module only parses arguments and makes the calls.
+Subcommands create, list, talk to, watch, cancel and dispose agents; `server.cli_verbs`
+adds sessions, resume, fork, inject, steer, wait, plugins and the `--json` output.
+Rendering lives in `server.cli_render`; this module only parses arguments and makes
+the calls.
 """
 
 from __future__ import annotations
@@ -24,18 +26,14 @@ from agentloop.v1 import (
     agent_service_pb2_grpc,
 )
 from server import cli_render as render
+from server.cli_verbs import add_verbs, as_dict, completion_script, emit, out
+from server.version import version
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 EXIT_RPC_ERROR = 2
 EXIT_INTERRUPTED = 130
 
 Command = Callable[[grpc.Channel, argparse.Namespace], int]
-
-
-def out(text: str) -> None:
-    """Write and flush at once, so that streamed text appears as it arrives."""
-    sys.stdout.write(text)
-    sys.stdout.flush()
 
 
 def cmd_create(channel: grpc.Channel, args: argparse.Namespace) -> int:
@@ -57,8 +55,8 @@ def cmd_create(channel: grpc.Channel, args: argparse.Namespace) -> int:
         .CreateAgent(request, timeout=args.timeout)
         .agent
     )
-    out(f"agent    {agent.agent_id}\nsession  {agent.session_id}\n")
-    out(f"status   {render.status_word(agent.status)}\n")
+    text = f"agent    {agent.agent_id}\nsession  {agent.session_id}\n"
+    emit(args, agent, text + f"status   {render.status_word(agent.status)}\n")
     return 0
 
 
@@ -75,7 +73,7 @@ def cmd_agents(channel: grpc.Channel, args: argparse.Namespace) -> int:
         token = page.next_page_token
         if not token:
             break
-    out(render.agents_table(agents) + "\n")
+    emit(args, {"agents": [as_dict(a) for a in agents]}, render.agents_table(agents) + "\n")
     return 0
 
 
@@ -89,7 +87,7 @@ def cmd_dispose(channel: grpc.Channel, args: argparse.Namespace) -> int:
         )
         .agent
     )
-    out(f"disposed {agent.agent_id} (session {agent.session_id})\n")
+    emit(args, agent, f"disposed {agent.agent_id} (session {agent.session_id})\n")
     return 0
 
 
@@ -99,7 +97,8 @@ def cmd_cancel(channel: grpc.Channel, args: argparse.Namespace) -> int:
         agent_service_pb2.CancelTurnRequest(agent_id=args.agent_id, reason=args.reason),
         timeout=args.timeout,
     )
-    out("cancelled\n" if response.cancelled else "nothing to cancel: the agent is idle\n")
+    text = "cancelled\n" if response.cancelled else "nothing to cancel: the agent is idle\n"
+    emit(args, response, text)
     return 0
 
 
@@ -136,7 +135,7 @@ def cmd_send(channel: grpc.Channel, args: argparse.Namespace) -> int:
                 from_seq = event.seq + 1
                 show, done = tracker.feed(event)
                 if show:
-                    out(view.render(event))
+                    emit(args, event, "") if args.json else out(view.render(event))
                 if done:
                     stream.cancel()
                     return 0 if render.turn_succeeded(event.turn_end) else 1
@@ -172,9 +171,9 @@ def cmd_tail(channel: grpc.Channel, args: argparse.Namespace) -> int:
     try:
         for batch in stream:
             for event in batch.events:
-                out(render.event_line(event) + "\n")
+                emit(args, event, render.event_line(event) + "\n")
             for agent_event in batch.agent_events:
-                out(render.agent_event_line(agent_event) + "\n")
+                emit(args, agent_event, render.agent_event_line(agent_event) + "\n")
     except KeyboardInterrupt:
         stream.cancel()  # Ctrl-C is the normal way to stop following
     return 0
@@ -208,6 +207,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("AGENTLOOP_KEY_FILE", ""),
         help="the private key of --cert-file ($AGENTLOOP_KEY_FILE)",
     )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("AGENTLOOP_TOKEN", ""),
+        help="the server's bearer token (default: $AGENTLOOP_TOKEN)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print responses as JSON (one object per line)"
+    )
+    parser.add_argument("--version", action="version", version=f"agentloop {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, handler: Command, help_text: str) -> argparse.ArgumentParser:
@@ -246,7 +254,16 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = command("cancel", cmd_cancel, "cancel the running turn")
     cancel.add_argument("agent_id", metavar="AGENT_ID")
     cancel.add_argument("--reason", default="", help="recorded on the aborted turn")
+
+    add_verbs(command)
+    completion = command("completion", cmd_completion, "print a shell completion script")
+    completion.add_argument("shell", choices=("bash",))
     return parser
+
+
+def cmd_completion(_channel: grpc.Channel, _args: argparse.Namespace) -> int:
+    """`completion bash`: `main` prints the script without connecting."""
+    raise AssertionError("main handles completion")
 
 
 def report_rpc_error(error: grpc.RpcError, address: str) -> int:
@@ -326,9 +343,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "tail" and bool(args.agent_id) == bool(args.session_id):
         parser.error("tail needs exactly one of AGENT_ID or --session-id")
     handler: Command = args.handler
+    if args.command == "completion":  # needs no server
+        out(completion_script(parser))
+        return 0
     try:
         with open_channel(args) as channel:
-            token = os.environ.get("AGENTLOOP_TOKEN", "").strip()
+            token = args.token.strip()
             if token:  # the server's bearer token, sent on every call
                 authorized = grpc.intercept_channel(channel, BearerToken(token))
                 return handler(authorized, args)

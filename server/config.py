@@ -14,6 +14,7 @@ from server.builtin_tools import builtin_tools
 from server.errors import CodedError
 from server.factory import ID_PATTERN
 from server.limits import LIMIT_FIELDS, Limits
+from server.models.openai_wire import MAX_TOKENS_FIELDS
 from server.system_prompt import PERSONA_VARIABLES, interpolate
 from server.tools import UNLISTED_TOOLS
 
@@ -28,10 +29,13 @@ SERVER_FIELDS = {
 TLS_FIELDS = ("tlsCertFile", "tlsKeyFile", "tlsClientCaFile")
 GUARD_FIELDS = {"limits", "pluginAllowlist", "pluginTokenPlaintext", *TLS_FIELDS}
 """The fields of limits and transport security."""
+OBSERVE_FIELDS = {"logFormat", "metricsListen", "traceExporter", "otlpEndpoint"}
+"""The fields of logs, metrics and traces."""
+TRACE_EXPORTERS = ("", "none", "otlp", "console")
 PROVIDER_FIELDS = {
     "name", "type", "baseUrl", "apiKeyEnv", "defaultModel", "headers", "connectTimeoutSeconds",
     "readTimeoutSeconds", "maxAttempts", "initialBackoffSeconds", "maxBackoffSeconds",
-    "maxRetryAfterSeconds",
+    "maxRetryAfterSeconds", "maxTokensField",
 }  # fmt: skip
 PLUGIN_FIELDS = {"address", "order", "timeoutSeconds", "failurePolicy", "required", "name"}
 FAILURE_POLICIES = ("fail_closed", "fail_open")
@@ -94,6 +98,9 @@ class ProviderConfig:
     """The longest retry delay."""
     max_retry_after_seconds: float = 60.0
     """The cap on a server's Retry-After."""
+    max_tokens_field: str = "auto"
+    """How the output cap is sent: "max_tokens", "max_completion_tokens" (OpenAI's
+    reasoning models need it), or "auto" (by model name)."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +181,14 @@ class Config:
     """PEM private key of `tls_cert_file`."""
     tls_client_ca_file: str = ""
     """PEM roots client certificates must chain to (mutual TLS); empty: none asked."""
+    log_format: str = "text"
+    """Log lines as "text" (for humans) or "json" (one object per line)."""
+    metrics_listen: str = ""
+    """host:port of the Prometheus endpoint (a bare port: loopback); empty: no metrics."""
+    trace_exporter: str = ""
+    """"otlp", "console" or "none"; empty: $OTEL_TRACES_EXPORTER decides (default none)."""
+    otlp_endpoint: str = ""
+    """The OTLP/gRPC collector; empty: $OTEL_EXPORTER_OTLP_ENDPOINT or localhost:4317."""
     limits: Limits = field(default_factory=Limits)
     """Size and count limits; see `server/limits.py` for each one and its default."""
     plugin_max_message_bytes: int = 16 * 1024 * 1024
@@ -204,7 +219,7 @@ def load_config(path: str | Path | None) -> Config:
 def parse_config(raw: object) -> Config:
     """Validate a parsed YAML document."""
     doc = _mapping(raw, "config")
-    _no_unknown(doc, "", SERVER_FIELDS | GUARD_FIELDS)
+    _no_unknown(doc, "", SERVER_FIELDS | GUARD_FIELDS | OBSERVE_FIELDS)
     listen = _string(doc.get("listen", DEFAULT_LISTEN), "listen")
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isascii() or not port.isdigit() or int(port) > 65535:
@@ -285,6 +300,7 @@ def parse_config(raw: object) -> Config:
         tool_order=_tool_order(doc.get("toolOrder")),
         limits=_limits(doc.get("limits", {})),
         **_tls(doc),
+        **_observability(doc),
         plugin_allowlist=_allowlist(doc.get("pluginAllowlist", list(DEFAULT_ALLOWLIST))),
         plugin_token_plaintext=_boolean(
             doc.get("pluginTokenPlaintext", False), "pluginTokenPlaintext"
@@ -428,7 +444,15 @@ def _provider(raw: object, where: str) -> ProviderConfig:
         initial_backoff_seconds=seconds("initialBackoffSeconds", 0.5),
         max_backoff_seconds=seconds("maxBackoffSeconds", 8.0),
         max_retry_after_seconds=seconds("maxRetryAfterSeconds", 60.0),
+        max_tokens_field=_max_tokens_field(item.get("maxTokensField", "auto"), where),
     )
+
+
+def _max_tokens_field(raw: object, where: str) -> str:
+    value = _string(raw, f"{where}.maxTokensField")
+    if value not in MAX_TOKENS_FIELDS:
+        raise ConfigError(f"{where}.maxTokensField: must be one of {', '.join(MAX_TOKENS_FIELDS)}")
+    return value
 
 
 def _plugin(raw: object, where: str) -> PluginConfig:
@@ -518,3 +542,32 @@ def _positive(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{where}: must be a positive integer, not {value!r}")
     return value
+
+
+def _observability(doc: dict[str, Any]) -> dict[str, Any]:
+    log_format = _string(doc.get("logFormat", "text"), "logFormat")
+    if log_format not in ("text", "json"):
+        raise ConfigError(f"logFormat: {log_format!r} must be text or json")
+    metrics = doc.get("metricsListen", "")
+    if isinstance(metrics, int) and not isinstance(metrics, bool):
+        metrics = str(metrics)
+    metrics = metrics_address(_string(metrics, "metricsListen"))
+    exporter = _string(doc.get("traceExporter", ""), "traceExporter")
+    if exporter not in TRACE_EXPORTERS:
+        raise ConfigError(f"traceExporter: {exporter!r} must be otlp, console or none")
+    return {
+        "log_format": log_format,
+        "metrics_listen": metrics,
+        "trace_exporter": exporter,
+        "otlp_endpoint": _string(doc.get("otlpEndpoint", ""), "otlpEndpoint"),
+    }
+
+
+def metrics_address(value: str) -> str:
+    """`host:port` of the metrics endpoint; a bare port (or `:port`) stays on loopback."""
+    if not value:
+        return ""
+    host, _, port = value.rpartition(":")
+    if not port.isascii() or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"metricsListen: {value!r} must be host:port or a port")
+    return f"{host or '127.0.0.1'}:{port}"

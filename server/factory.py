@@ -32,6 +32,7 @@ from server.errors import (
     SessionDamaged,
 )
 from server.limits import check_capacity
+from server.logs import fields
 from server.loop import run_loop
 from server.memory import Trimmer
 from server.ownership import Ownership, Solo
@@ -262,7 +263,10 @@ class AgentFactory:
         session.on_failure.append(lambda error: self._stop_soon(agent_id))
         pending = [session.inbox[key] for key in sorted(session.inbox)]
         if pending:
-            log.info("agent %s: %d pending message(s) from the store", agent_id, len(pending))
+            log.info(
+                "agent %s: %d pending message(s) from the store", agent_id, len(pending),
+                extra=fields(agent=agent_id, session=session.session_id),
+            )  # fmt: skip
             agent.restore(pending)
         return agent
 
@@ -325,6 +329,7 @@ class AgentFactory:
                         "session %s: closing turn %d interrupted by a crash",
                         session_id,
                         closers[-1].turn_end.turn,
+                        extra=fields(session=session_id, turn=closers[-1].turn_end.turn),
                     )
                     writes = SessionWrites(events=closers, fence=fence)
                     await store.commit(Commit({session_id: writes}))

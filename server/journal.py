@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agentloop.v1 import session_event_pb2 as ev
+from server import observe
 from server.errors import AlreadyExists, NotFound
+from server.logs import fields
 from server.stores import (
     Commit,
     InboxEntry,
@@ -202,7 +205,10 @@ class Journal:
             try:
                 await self._commit(Commit(sessions={session_id: writes}))
             except REFUSALS as error:
-                log.error("session %s: commit refused: %s", session_id, error)
+                log.error(
+                    "session %s: commit refused: %s", session_id, error,
+                    extra=fields(session=session_id),
+                )  # fmt: skip
                 group.sessions[session_id].fail(error)
                 self._forget(session_id)
 
@@ -213,8 +219,11 @@ class Journal:
             if self._closed:
                 raise StoreUnavailable("the journal was closed with writes not stored")
             try:
+                started = time.perf_counter()
                 await self.store.commit(commit)
                 self.commits += 1
+                if observe.store_commit is not None:  # the metric of commit latency, when on
+                    observe.store_commit(time.perf_counter() - started)
                 return
             except REFUSALS:
                 raise

@@ -31,6 +31,7 @@ from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
+from server import logs, observe
 from server import seams as S
 from server.abort import NEVER, AbortSignal
 from server.errors import TurnFatal
@@ -39,6 +40,8 @@ from server.seams import SeamRegistry
 from server.tools import Tool, ToolExecution, ToolOutcome, ToolRegistry, ToolReturn
 
 log = logging.getLogger(__name__)
+_fail_open_log = logs.RateLimited(log)
+"""A plugin that is down fails every call: one line per plugin and seam per interval."""
 
 DEFAULT_TIMEOUT = 5.0
 """Seconds a call waits for its result when neither the plugin nor the operator set it."""
@@ -178,7 +181,8 @@ class RemoteListener:
         call.timeout.FromNanoseconds(int(self.timeout * 1e9))
         expected = next(iter(payload))
         try:
-            result = await self.caller.call(call, self.timeout, signal)
+            with observe.plugin_call_scope(self.plugin, self.seam_name, agent_id, turn, step):
+                result = await self.caller.call(call, self.timeout, signal)
             kind = result.WhichOneof("outcome")
             if kind == "error":
                 raise PluginCallFailed("error", error_text(result.error))
@@ -189,9 +193,14 @@ class RemoteListener:
             self.stats.errors += failure.kind != "timeout"
             if self.subscription.failure_policy == hk.FAILURE_POLICY_FAIL_OPEN:
                 self.stats.fail_opens += 1
-                log.warning(
+                _fail_open_log.log(
+                    logging.WARNING, (self.plugin, self.seam_name),
                     'plugin "%s" failed at %s (%s: %s); skipped (fail-open)',
                     self.plugin, self.seam_name, failure.kind, failure,
+                    extra=logs.fields(
+                        plugin=self.plugin, seam=self.seam_name, agent=agent_id, turn=turn,
+                        step=step,
+                    ),
                 )  # fmt: skip
                 return None
             raise TurnFatal(

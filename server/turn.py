@@ -9,6 +9,7 @@ from agentloop.v1 import session_event_pb2 as ev
 from server.agent import Agent
 from server.errors import Aborted, CodedError
 from server.inbox import Pending
+from server.logs import fields
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,10 @@ def interrupt(agent: Agent, turn: Turn) -> None:
 def fail(agent: Agent, turn: Turn, error: BaseException) -> None:
     """Record the turn's one error; later failures of the same turn are only logged."""
     if turn.error_reported:
-        log.warning("agent %s turn %d: further failure: %s", agent.agent_id, turn.number, error)
+        log.warning(
+            "agent %s turn %d: further failure: %s", agent.agent_id, turn.number, error,
+            extra=fields(agent=agent.agent_id, session=agent.session.session_id, turn=turn.number),
+        )  # fmt: skip
         return
     turn.error_reported = True
     if isinstance(error, Aborted):

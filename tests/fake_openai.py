@@ -1,9 +1,11 @@
 """A fake OpenAI-compatible Chat Completions server on a real local socket.
 
-Each request takes the next scripted `Reply` (status, headers, a JSON body or a stream
-of server-sent events sent with chunked transfer encoding, optional delays, a cut) and
-is recorded as a `Seen`: its headers, its JSON body, when it arrived, and whether the
-client hung up before the reply was fully written.
+Connections are kept alive between requests (HTTP/1.1), unless a reply closes them,
+and counted in `connections`. Each request takes the next scripted `Reply` (status,
+headers, a JSON body or a stream of server-sent events sent with chunked transfer
+encoding, optional delays, a cut) and is recorded as a `Seen`: its headers, its JSON
+body, when it arrived, on which connection, and whether the client hung up before the
+reply was fully written.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class Seen:
     """Set when the client closed the connection before the reply was fully sent."""
     completed: bool = False
     """True once the whole reply was written."""
+    connection: int = 0
+    """Which TCP connection it came on, from 1."""
 
 
 class FakeOpenAI:
@@ -79,6 +83,8 @@ class FakeOpenAI:
     def __init__(self) -> None:
         self.replies: deque[Reply] = deque()
         self.requests: list[Seen] = []
+        self.connections = 0
+        """TCP connections accepted so far."""
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
         self._arrived = asyncio.Condition()
@@ -122,25 +128,39 @@ class FakeOpenAI:
             self._handlers.discard(task)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        watcher: asyncio.Task[None] | None = None
+        self.connections += 1
+        connection = self.connections
         try:
-            seen = await self._read_request(reader)
-            self.requests.append(seen)
-            async with self._arrived:
-                self._arrived.notify_all()
-            watcher = asyncio.create_task(_watch(reader, seen))
-            reply = self.replies.popleft() if self.replies else _unscripted()
-            await _respond(writer, reply, seen)
+            early = b""  # bytes of the next request read while watching for a hang-up
+            while True:
+                seen = await self._read_request(reader, early)
+                if seen is None:
+                    return  # the client closed an idle connection
+                seen.connection = connection
+                self.requests.append(seen)
+                async with self._arrived:
+                    self._arrived.notify_all()
+                watcher = asyncio.create_task(_watch(reader, seen))
+                reply = self.replies.popleft() if self.replies else _unscripted()
+                try:
+                    await _respond(writer, reply, seen)
+                finally:
+                    watcher.cancel()
+                    await asyncio.gather(watcher, return_exceptions=True)
+                early = watcher.result() if not watcher.cancelled() else b""
+                keep = seen.completed and not seen.hung_up.is_set()
+                if not keep or reply.framing == "close" or reply.cut_after is not None:
+                    return
         finally:
-            if watcher is not None:
-                watcher.cancel()
-                await asyncio.gather(watcher, return_exceptions=True)
             writer.close()
             with contextlib.suppress(ConnectionError, TimeoutError):
                 await asyncio.wait_for(writer.wait_closed(), 1)
 
-    async def _read_request(self, reader: asyncio.StreamReader) -> Seen:
-        method, path, _ = (await reader.readline()).decode("latin-1").split(" ", 2)
+    async def _read_request(self, reader: asyncio.StreamReader, early: bytes) -> Seen | None:
+        first = early + await reader.readline() if not early.endswith(b"\n") else early
+        if not first:
+            return None
+        method, path, _ = first.decode("latin-1").split(" ", 2)
         headers: dict[str, str] = {}
         while line := (await reader.readline()).decode("latin-1").rstrip("\r\n"):
             name, _, value = line.partition(":")
@@ -150,12 +170,17 @@ class FakeOpenAI:
         return Seen(method, path, headers, body, time.monotonic())
 
 
-async def _watch(reader: asyncio.StreamReader, seen: Seen) -> None:
-    """The client sends nothing after its request: any EOF or reset is a hang-up."""
+async def _watch(reader: asyncio.StreamReader, seen: Seen) -> bytes:
+    """Until the reply is whole the client sends nothing: an EOF or reset is a hang-up.
+
+    Returns what was read: after a whole reply, the start of the next request.
+    """
+    data = b""
     with contextlib.suppress(ConnectionError):
-        await reader.read(1)
+        data = await reader.read(1)
     if not seen.completed:
         seen.hung_up.set()
+    return data
 
 
 def _unscripted() -> Reply:

@@ -36,17 +36,35 @@ async def fake() -> AsyncIterator[FakeOpenAI]:
         yield server
 
 
+OPEN_MODELS: list[OpenAIModel] = []
+
+
+@pytest.fixture(autouse=True)
+async def close_models() -> AsyncIterator[None]:
+    """Each model's connection pool is closed when its test ends."""
+    yield
+    while OPEN_MODELS:
+        await OPEN_MODELS.pop().aclose()
+
+
 def make_model(fake: FakeOpenAI, **kwargs: Any) -> OpenAIModel:
     kwargs.setdefault("initial_backoff", 0.01)
     kwargs.setdefault("max_backoff", 0.05)
-    return OpenAIModel(
-        name="openai",
-        base_url=fake.base_url,
-        api_key=KEY,
-        headers={"X-Extra": "yes"},
-        default_model="gpt-default",
-        **kwargs,
+    return opened(
+        OpenAIModel(
+            name="openai",
+            base_url=fake.base_url,
+            api_key=KEY,
+            headers={"X-Extra": "yes"},
+            default_model="gpt-default",
+            **kwargs,
+        )
     )
+
+
+def opened(model: OpenAIModel) -> OpenAIModel:
+    OPEN_MODELS.append(model)
+    return model
 
 
 def request(
@@ -327,8 +345,13 @@ async def test_connection_refused() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    model = OpenAIModel(
-        base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_attempts=2, initial_backoff=0.01
+    model = opened(
+        OpenAIModel(
+            base_url=f"http://127.0.0.1:{port}/v1",
+            api_key=KEY,
+            max_attempts=2,
+            initial_backoff=0.01,
+        )
     )
     error = await failure(model)
     assert error.code == "CONNECTION_FAILED"

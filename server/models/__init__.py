@@ -78,6 +78,13 @@ class ModelRegistry:
             if release is not None:
                 release(agent_id)
 
+    async def aclose(self) -> None:
+        """Close what the providers hold open (pooled connections); at server stop."""
+        for model in self._providers.values():
+            aclose = getattr(model, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
     def default_model(self, name: str) -> str:
         """The default model of provider `name`; empty when it has none."""
         return self._default_models.get(name, "")

@@ -1,4 +1,4 @@
-"""An OpenAI-compatible Chat Completions provider that streams over HTTP/1.1.
+"""An OpenAI-compatible Chat Completions provider that streams over pooled HTTP.
 
 It speaks to OpenAI and to the many servers that copy its API (DeepSeek, vLLM, Ollama,
 llama.cpp, LiteLLM, OpenRouter, ...). Wire mapping lives in `openai_wire`, the HTTP
@@ -15,11 +15,16 @@ in the file: the file names the environment variable that holds it)::
         defaultModel: gpt-4o-mini     # for agents that name no model
         headers: {OpenAI-Organization: org-123}   # extra request headers
         connectTimeoutSeconds: 10     # TCP connect and TLS handshake
+        maxTokensField: auto          # max_tokens, max_completion_tokens, or auto: the
+                                      # latter for OpenAI's reasoning models (o1, o3, gpt-5...)
         readTimeoutSeconds: 300       # the longest silence tolerated mid-request
         maxAttempts: 3                # 1 = never retry
         initialBackoffSeconds: 0.5    # doubled per retry, with jitter ...
         maxBackoffSeconds: 8          # ... up to this
         maxRetryAfterSeconds: 60      # cap on a server's Retry-After
+
+Proxies come from `HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY`. A Retry-After may be seconds
+or an HTTP date; `retry-after-ms` (milliseconds) is preferred when both are sent.
 
 Retries happen only before the response is accepted (so never after a chunk was
 yielded), only for 429, 5xx and connection failures. Nothing here ever logs or reports
@@ -29,26 +34,37 @@ the API key: error texts from the server are scrubbed of it, and `repr` hides it
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import logging
 import random
 import ssl
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import httpx
+
 from agentloop.v1 import stream_pb2
 from server.abort import AbortSignal
 from server.errors import CodedError
+from server.logs import fields
 from server.models import ModelRequest
 from server.models.http import (
     BAD_RESPONSE,
     STREAM_INTERRUPTED,
+    HttpClient,
     Response,
     TransportError,
-    post,
 )
-from server.models.openai_wire import BAD_CHUNK, DeltaTranslator, error_message, request_body
+from server.models.openai_wire import (
+    BAD_CHUNK,
+    MAX_TOKENS_FIELDS,
+    DeltaTranslator,
+    error_message,
+    request_body,
+)
 from server.models.sse import EventStreamDecoder
 
 log = logging.getLogger(__name__)
@@ -103,6 +119,8 @@ class OpenAIModel:
         max_backoff: float = 8.0,
         max_retry_after: float = 60.0,
         ssl_context: ssl.SSLContext | None = None,
+        max_tokens_field: str = "auto",
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         """Configure the provider; nothing connects until the first `stream`.
 
@@ -119,6 +137,9 @@ class OpenAIModel:
             max_backoff: The longest backoff, in seconds.
             max_retry_after: The longest Retry-After honoured, in seconds.
             ssl_context: The TLS context for https; the system default when None.
+            max_tokens_field: "max_tokens", "max_completion_tokens", or "auto" (the
+                latter for OpenAI's reasoning models, the former otherwise).
+            transport: An httpx transport instead of the network (tests of framing).
 
         Raises:
             ValueError: For a base URL that is not http(s), a header with a line break,
@@ -130,6 +151,9 @@ class OpenAIModel:
         _ = parts.port  # raises ValueError for a malformed port, now rather than per call
         if connect_timeout <= 0 or read_timeout <= 0:
             raise ValueError(f"{name}: timeouts must be positive")
+        if max_tokens_field not in MAX_TOKENS_FIELDS:
+            raise ValueError(f"{name}: max_tokens_field must be one of {MAX_TOKENS_FIELDS}")
+        self.max_tokens_field = max_tokens_field
         self.name = name
         self.base_url = base_url.rstrip("/")
         self.default_model = default_model
@@ -137,9 +161,6 @@ class OpenAIModel:
         self.read_timeout = read_timeout
         self.retry = RetryPolicy(max_attempts, initial_backoff, max_backoff, max_retry_after)
         self._api_key = api_key
-        # Made once: loading the system's CA certificates per request would be wasteful.
-        https = parts.scheme == "https"
-        self._ssl_context = ssl_context or (ssl.create_default_context() if https else None)
         merged = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if api_key:
             merged["Authorization"] = f"Bearer {api_key}"
@@ -150,6 +171,18 @@ class OpenAIModel:
             if any(ch in key + value for ch in "\r\n\0"):
                 raise ValueError(f"{name}: header {key!r} contains a line break")  # not the value
         self._headers = merged
+        self._http = HttpClient(
+            headers=merged,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            ssl_context=ssl_context,
+            transport=transport,
+        )
+        self._url = f"{self.base_url}/chat/completions"
+
+    async def aclose(self) -> None:
+        """Close the pooled connections."""
+        await self._http.aclose()
 
     def __repr__(self) -> str:
         key = "<set>" if self._api_key else "<none>"
@@ -178,19 +211,21 @@ class OpenAIModel:
         """
         signal.raise_if_aborted()
         model = request.header.config.model or self.default_model
-        body = json.dumps(request_body(request, model)).encode()
-        response = await self._open(body, signal)
-        # Closing the socket wakes a pending read at once; the read then sees the signal.
-        remove = signal.on_abort(lambda _reason: response.close())
+        body = json.dumps(request_body(request, model, self.max_tokens_field)).encode()
+        context = fields(
+            agent=request.agent_id, session=request.session_id, turn=request.turn,
+            step=request.step,
+        )  # fmt: skip
+        response = await self._open(body, signal, context)
         translator = DeltaTranslator(self.name)
         decoder = EventStreamDecoder()
         try:
             done = False
             while not done:
                 try:
-                    piece = await response.read_some()
+                    # An abort cancels the read; closing the response then drops the socket.
+                    piece = await signal.race(response.read_some())
                 except TransportError as error:
-                    signal.raise_if_aborted()
                     if translator.finish_reason is None:
                         raise self._failure(error) from None
                     break  # the answer is whole; only the usage or [DONE] was lost
@@ -204,11 +239,11 @@ class OpenAIModel:
                             f"{self.name}: the stream ended before its finish", STREAM_INTERRUPTED
                         )
                     done = True
+            await response.finish()  # so that the connection goes back to the pool
             for chunk in translator.end():
                 yield chunk
         finally:
-            remove()
-            response.close()
+            await response.aclose()
 
     def _translate(
         self, decoder: EventStreamDecoder, translator: DeltaTranslator, piece: bytes
@@ -230,7 +265,7 @@ class OpenAIModel:
             raise self._failure(error) from None
         return chunks, False
 
-    async def _open(self, body: bytes, signal: AbortSignal) -> Response:
+    async def _open(self, body: bytes, signal: AbortSignal, context: dict[str, object]) -> Response:
         """POST `body`, retrying as the policy allows, until a 2xx response head arrives."""
         attempt = 1
         while True:
@@ -249,7 +284,7 @@ class OpenAIModel:
                 try:
                     detail = await self._error_detail(response, signal)
                 finally:
-                    response.close()
+                    await response.aclose()
                 if status < 300:
                     raise CodedError(
                         f"{self.name}: expected an event stream, got JSON: {detail}", BAD_RESPONSE
@@ -265,28 +300,19 @@ class OpenAIModel:
                 attempt,
                 self.retry.max_attempts,
                 delay,
+                extra=context,
             )
             await signal.race(asyncio.sleep(delay))
             attempt += 1
 
     async def _post(self, body: bytes) -> Response:
-        return await post(
-            f"{self.base_url}/chat/completions",
-            self._headers,
-            body,
-            connect_timeout=self.connect_timeout,
-            read_timeout=self.read_timeout,
-            ssl_context=self._ssl_context,
-        )
+        return await self._http.post(self._url, body)
 
     def _retry_delay(self, response: Response, attempt: int) -> float:
-        """Retry-After (in seconds, capped) on 429 and 503; the backoff otherwise."""
+        """The server's wait (capped) on 429 and 503 when it gives one; the backoff otherwise."""
         if response.status in (429, 503):
-            try:
-                seconds = float(response.headers.get("retry-after", ""))
-            except ValueError:
-                seconds = -1.0  # absent, or an HTTP date: fall back to the backoff
-            if 0 <= seconds < float("inf"):
+            seconds = retry_after(response.headers)
+            if seconds is not None:
                 return min(seconds, self.retry.max_retry_after)
         return self.retry.backoff(attempt)
 
@@ -308,3 +334,28 @@ class OpenAIModel:
     def _scrub(self, text: str) -> str:
         """`text` without the API key, should a server ever echo it."""
         return text.replace(self._api_key, "***") if self._api_key else text
+
+
+def retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """Seconds to wait from `retry-after-ms`, or `Retry-After` in seconds or as an HTTP date.
+
+    None when the headers give no usable wait; a date in the past is a wait of 0.
+    """
+    try:
+        millis = float(headers.get("retry-after-ms", ""))
+        if 0 <= millis < float("inf"):
+            return millis / 1000
+    except ValueError:
+        pass
+    value = headers.get("retry-after", "").strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            return None  # not an HTTP date (those are always GMT)
+        seconds = max(0.0, when.timestamp() - (time.time() if now is None else now))
+    return seconds if 0 <= seconds < float("inf") else None

@@ -38,12 +38,27 @@ _FINISH_KINDS = {
 }
 
 
-def request_body(request: ModelRequest, model: str) -> JSON:
+MAX_TOKENS_FIELDS = ("auto", "max_tokens", "max_completion_tokens")
+"""How the output token cap is sent: `auto` picks by model name."""
+REASONING_PREFIXES = ("o1", "o3", "o4", "gpt-5")
+"""OpenAI models that refuse `max_tokens` and want `max_completion_tokens`."""
+
+
+def max_tokens_key(field: str, model: str) -> str:
+    """The body key of the output token cap for `model` under the provider's setting."""
+    if field != "auto":
+        return field
+    bare = model.rpartition("/")[2]  # "openai/o3-mini" through a router
+    return "max_completion_tokens" if bare.startswith(REASONING_PREFIXES) else "max_tokens"
+
+
+def request_body(request: ModelRequest, model: str, max_tokens_field: str = "auto") -> JSON:
     """The JSON body of a streaming Chat Completions request.
 
     Args:
         request: The model call; its header supplies config, system prompt and tools.
         model: The model name to send.
+        max_tokens_field: One of `MAX_TOKENS_FIELDS`.
 
     Returns:
         The body, with `stream` and `stream_options.include_usage` on.
@@ -61,7 +76,7 @@ def request_body(request: ModelRequest, model: str) -> JSON:
     if config.HasField("temperature"):
         body["temperature"] = config.temperature
     if config.HasField("max_tokens"):
-        body["max_tokens"] = config.max_tokens
+        body[max_tokens_key(max_tokens_field, model)] = config.max_tokens
     if config.stop:
         body["stop"] = list(config.stop)
     return body

@@ -25,6 +25,7 @@ from agentloop.v1 import (
 from agentloop.v1 import agent_service_pb2 as api
 from server.app import App
 from server.config import Config
+from server.telemetry import Telemetry
 from tests.processes import PluginLauncher, plugin_launcher
 
 if TYPE_CHECKING:
@@ -82,10 +83,10 @@ class E2E(Client):
 
 
 @contextlib.asynccontextmanager
-async def running_app(config: Config) -> AsyncIterator[E2E]:
+async def running_app(config: Config, telemetry: Telemetry | None = None) -> AsyncIterator[E2E]:
     """Start an `App` with `config` (whose `listen` is a loopback address) and connect to it;
     on exit close the channel and stop the app."""
-    app = App(config)
+    app = App(config, telemetry=telemetry)
     port = await app.start()
     assert port > 0
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")

@@ -1,0 +1,219 @@
+"""Traces, metrics and logs of a real server: the span tree of a turn, a scrape of the
+metrics endpoint over HTTP, and the JSON log lines of a server process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
+
+from agentloop.v1 import agent_factory_service_pb2 as fac
+from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_service_pb2 as api
+from agentloop.v1 import content_pb2 as c
+from agentloop.v1 import stream_pb2 as st
+from server.config import Config
+from server.telemetry import Telemetry
+from server.tracing import Tracing
+from tests.e2e.conftest import E2E, READ_TIMEOUT, Client, read_turn, running_app
+from tests.e2e.registry import register
+from tests.processes import PluginLauncher, configurable, free_port, server_process
+
+T = READ_TIMEOUT
+
+
+@pytest.fixture
+async def traced(tmp_path: Path) -> AsyncIterator[tuple[E2E, InMemorySpanExporter]]:
+    exporter = InMemorySpanExporter()
+    config = Config(listen="127.0.0.1:0", store="memory", agents=())
+    telemetry = Telemetry(config, tracing=Tracing(SimpleSpanProcessor(exporter)))
+    async with running_app(config, telemetry) as e2e:
+        yield e2e, exporter
+
+
+async def turn(client: Client, agent_id: str, text: str) -> None:
+    sent = await client.agents.SendMessage(
+        api.SendMessageRequest(agent_id=agent_id, text=text), timeout=T
+    )
+    events = await read_turn(client.agents, agent_id, sent.next_seq)
+    assert events[-1].turn_end.reason.WhichOneof("kind") == "completed"
+
+
+def by_name(spans: list[ReadableSpan], name: str) -> list[ReadableSpan]:
+    return [span for span in spans if span.name == name]
+
+
+def parent_of(span: ReadableSpan) -> int | None:
+    return span.parent.span_id if span.parent is not None else None
+
+
+async def test_a_turn_is_one_span_tree(
+    traced: tuple[E2E, InMemorySpanExporter], launcher: PluginLauncher
+) -> None:
+    e2e, exporter = traced
+    plugin = await launcher.start(configurable("python", "--name", "tagger", "--tag", "T"))
+    await register(e2e.channel, plugin.address)
+    usage = c.Usage(input_tokens=12, output_tokens=5)
+    script = [
+        agent_pb2.ScriptedStep(
+            tool_calls=[agent_pb2.ScriptedToolCall(name="word_count", arguments='{"text": "a b"}')],
+            usage=usage,
+        ),
+        agent_pb2.ScriptedStep(text="two words", usage=usage),
+    ]
+    await e2e.factory.CreateAgent(
+        fac.CreateAgentRequest(
+            agent_id="traced",
+            options=agent_pb2.AgentOptions(tools=["word_count"], script=script),
+        ),
+        timeout=T,
+    )
+    await turn(e2e, "traced", "count a b")
+    await e2e.app.stop(grace=0)  # flushes the spans
+    spans = list(exporter.get_finished_spans())
+
+    [root] = by_name(spans, "agent turn")
+    assert root.parent is None
+    assert root.attributes is not None
+    assert root.attributes["gen_ai.agent.id"] == "traced"
+    assert root.attributes["agentloop.turn.end_reason"] == "completed"
+    tree = [s for s in spans if s.context.trace_id == root.context.trace_id]
+    steps = by_name(tree, "agent step")
+    assert len(steps) == 2
+    assert all(parent_of(step) == root.context.span_id for step in steps)
+    step_ids = [step.context.span_id for step in sorted(steps, key=lambda s: s.start_time or 0)]
+
+    models = sorted(by_name(tree, "chat echo"), key=lambda s: s.start_time or 0)
+    assert [parent_of(m) for m in models] == step_ids
+    for model in models:
+        attrs = model.attributes or {}
+        assert attrs["gen_ai.operation.name"] == "chat"
+        assert attrs["gen_ai.provider.name"] == "scripted"
+        assert attrs["gen_ai.request.model"] == "echo"
+        assert tuple(attrs["gen_ai.response.finish_reasons"]) == ("stop",)  # type: ignore[arg-type]
+        assert (attrs["gen_ai.usage.input_tokens"], attrs["gen_ai.usage.output_tokens"]) == (12, 5)
+        assert [event.name for event in model.events] == ["gen_ai.first_chunk"]
+
+    [tool] = by_name(tree, "execute_tool word_count")
+    assert parent_of(tool) == step_ids[0]
+    assert (tool.attributes or {})["gen_ai.tool.name"] == "word_count"
+
+    [plugin_call] = by_name(tree, "plugin tagger agent/prompt-submit")
+    assert parent_of(plugin_call) == root.context.span_id  # before any step
+    # Each span lies within its parent.
+    ids = {span.context.span_id: span for span in tree}
+    for span in tree:
+        parent = ids.get(parent_of(span) or 0)
+        if parent is not None:
+            assert parent.start_time is not None and span.start_time is not None
+            assert parent.end_time is not None and span.end_time is not None
+            assert parent.start_time <= span.start_time <= span.end_time <= parent.end_time
+
+    [send] = by_name(spans, "agentloop.v1.AgentService/SendMessage")
+    assert (send.attributes or {})["rpc.method"] == "SendMessage"
+    assert send.context.trace_id != root.context.trace_id  # the turn runs after the reply
+
+
+async def test_tracing_off_registers_nothing() -> None:
+    config = Config(listen="127.0.0.1:0", store="memory", agents=())
+    async with running_app(config) as e2e:
+        assert e2e.app.telemetry.tracing is None and e2e.app.telemetry.metrics is None
+        assert not e2e.app.runtime.seams.has("session/event", None)
+
+
+# -- a server process: metrics over HTTP and JSON logs ---------------------------------
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Every sample on the endpoint, by `name{label="value",...}`."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=T) as response:
+        text = response.read().decode()
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}"] = sample.value
+    return samples
+
+
+async def test_metrics_and_json_logs_of_a_server_process(
+    tmp_path: Path, launcher: PluginLauncher
+) -> None:
+    plugin = await launcher.start(configurable("python", "--name", "tagger", "--tag", "T"))
+    metrics_port = free_port()
+    config = tmp_path / "agentloop.yaml"
+    config.write_text(
+        f"listen: 127.0.0.1:0\nstore: memory\nlogFormat: json\nmetricsListen: {metrics_port}\n"
+        "agents:\n  - id: assistant\n    tools: [word_count]\n"
+        f"plugins:\n  - address: {plugin.address}\n"
+    )
+    stderr = tmp_path / "server.stderr"
+    async with server_process("--config", str(config), stderr_path=stderr) as server:
+        address = await server.listening_address()
+        channel = grpc.aio.insecure_channel(address)
+        client = Client(channel)
+        try:
+            before = await asyncio.to_thread(scrape, metrics_port)
+            for i in range(3):
+                await turn(client, "assistant", f"count these {i} words")
+            failing = agent_pb2.ScriptedStep(
+                finish=st.FINISH_KIND_ERROR, error_message="scripted failure", error_code="BOOM"
+            )
+            await client.factory.CreateAgent(
+                fac.CreateAgentRequest(
+                    agent_id="failing", options=agent_pb2.AgentOptions(script=[failing])
+                ),
+                timeout=T,
+            )
+            sent = await client.agents.SendMessage(
+                api.SendMessageRequest(agent_id="failing", text="go"), timeout=T
+            )
+            await read_turn(client.agents, "failing", sent.next_seq)
+            after = await asyncio.to_thread(scrape, metrics_port)
+        finally:
+            await channel.close()
+        assert await server.terminate() == 0
+
+    def moved(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert moved('agentloop_turns_total{reason="completed"}') == 3
+    assert moved('agentloop_turns_total{reason="error"}') == 1
+    assert moved("agentloop_turn_duration_seconds_count{}") == 4
+    assert moved("agentloop_step_duration_seconds_count{}") == 7  # 2 per good turn, 1 failing
+    assert moved("agentloop_model_first_chunk_seconds_count{}") == 7
+    assert moved('agentloop_tool_calls_total{outcome="ok",tool="word_count"}') == 3
+    assert moved('agentloop_tool_duration_seconds_count{tool="word_count"}') == 3
+    assert moved('agentloop_rpcs_total{code="OK",method="/agentloop.v1.AgentService/SendMessage"}')
+    assert moved("agentloop_store_commit_seconds_count{}") > 0
+    assert after["agentloop_agents{}"] == 2
+    assert "agentloop_event_loop_lag_seconds_count{}" in after
+    assert "agentloop_open_streams{}" in after
+    assert after["agentloop_plugins{}"] == 1
+    assert moved('agentloop_plugin_calls_total{plugin="tagger"}') == 4  # one prompt per turn
+    assert moved('agentloop_plugin_call_seconds_count{plugin="tagger",seam="agent/prompt-submit"}')
+    assert after['agentloop_plugin_fail_opens_total{plugin="tagger"}'] == 0
+
+    lines = [json.loads(line) for line in stderr.read_text().splitlines() if line.strip()]
+    access = [r for r in lines if r.get("logger") == "agentloop.access"]
+    sends = [r for r in access if r["method"] == "/agentloop.v1.AgentService/SendMessage"]
+    assert len(sends) == 4
+    for record in sends:
+        assert record["level"] == "INFO" and record["code"] == "OK"
+        assert isinstance(record["duration_ms"], float) and record["peer"].startswith("ipv4:")
+    started = next(r for r in lines if r["message"].startswith("agent assistant started"))
+    assert started["agent"] == "assistant" and started["session"].startswith("assistant-session-")
+    failed: dict[str, Any] = next(r for r in lines if "scripted failure" in r["message"])
+    assert failed["level"] == "WARNING"
+    assert (failed["agent"], failed["turn"], failed["step"]) == ("failing", 1, 1)
+    assert failed["session"].startswith("failing-session-")
