@@ -247,7 +247,17 @@ class AgentServicer(rpc.AgentServiceServicer):
                     live.clear()
                     yield pb.StreamSessionEventsResponse(events=events, agent_events=agent_events)
                     continue
-                if request.replay_only or not self._follows(session, agent):
+                if request.replay_only:
+                    return
+                if not self._follows(session, agent):
+                    if not request.session_id:
+                        return
+                    # Not driven here: maybe by another replica; follow it in the store.
+                    stored = self.factory.follow_stored(
+                        session.session_id, cursor, MAX_RESPONSE_BYTES
+                    )
+                    async for batch in stored:
+                        yield pb.StreamSessionEventsResponse(events=batch)
                     return
                 if session.failure is not None:
                     await context.abort(code_of(session.failure), str(session.failure))

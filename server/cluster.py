@@ -54,6 +54,10 @@ class Cluster:
         """The agent was disposed: delete its lease."""
         await self.leases.release(agent_id)
 
+    async def drives_elsewhere(self, session_id: str) -> bool:
+        """Whether another replica holds a live lease on the session."""
+        return await self.leases.session_owner(session_id) not in (None, self.replica_id)
+
     async def owner_of(self, agent_id: str) -> Holder | None:
         """The replica that owns `agent_id`, when it is another one."""
         return await self.leases.owner_of(agent_id)

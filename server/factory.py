@@ -17,10 +17,11 @@ import logging
 import re
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_pb2, session_pb2
+from agentloop.v1 import session_event_pb2 as ev
 from server import seams as S
 from server.agent import Agent
 from server.errors import (
@@ -44,6 +45,11 @@ from server.system_prompt import PERSONA_VARIABLES, interpolate, persona_section
 from server.validation import check_agent_options
 
 log = logging.getLogger(__name__)
+
+FOLLOW_POLL = 0.05
+"""Seconds between two reads of a session another server drives."""
+
+FOLLOW_BATCH = 500
 
 EARLIER_SESSIONS = 3
 """How many of a config agent's earlier sessions its start checks for an open turn."""
@@ -362,6 +368,32 @@ class AgentFactory:
             if last and not last[0].HasField("turn_end"):
                 await self.load(earlier, fence=await store.claim(earlier))
 
+    async def follow_stored(
+        self, session_id: str, cursor: int, max_bytes: int
+    ) -> AsyncIterator[list[ev.SessionEvent]]:
+        """Batches of a session another server drives, read from the store as they land.
+
+        The store is the truth: polled, so nothing is missed or repeated whichever
+        server writes; it ends once nobody drives the session and all was read.
+        """
+        store = self.runtime.store
+        while True:
+            events = await store.read(session_id, cursor, cursor + FOLLOW_BATCH)
+            batch: list[ev.SessionEvent] = []
+            size = 0
+            for event in events:
+                size += event.ByteSize()
+                if batch and size > max_bytes:
+                    break
+                batch.append(event)
+            if batch:
+                cursor += len(batch)
+                yield batch
+                continue
+            if not await self.ownership.drives_elsewhere(session_id):
+                return
+            await asyncio.sleep(FOLLOW_POLL)
+
     async def session_ids(self) -> list[str]:
         """Every session id, stored or live, sorted."""
         return sorted(set(await self.runtime.store.list_ids()) | set(self.sessions))
@@ -464,7 +496,7 @@ class AgentFactory:
     async def abandon(self, agent_id: str) -> None:
         """Stop an agent whose ownership moved elsewhere, writing nothing more."""
         agent = self.agents.get(agent_id)
-        if agent is None:
+        if agent is None or agent_id in self._abandoned:
             return
         self._abandoned.add(agent_id)
         agent.session.fail(StoreConflict(f'agent "{agent_id}" is owned by another writer now'))

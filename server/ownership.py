@@ -26,6 +26,10 @@ class Ownership(Protocol):
         """The agent was disposed: nobody owns it any more."""
         ...
 
+    async def drives_elsewhere(self, session_id: str) -> bool:
+        """Whether another server drives the session now (its events still come)."""
+        ...
+
 
 class Solo:
     """One server: every agent it creates is its own."""
@@ -37,3 +41,7 @@ class Solo:
 
     async def release(self, agent_id: str) -> None:
         """Nothing to give back."""
+
+    async def drives_elsewhere(self, session_id: str) -> bool:
+        """No other server: never."""
+        return False

@@ -135,6 +135,11 @@ class Leases:
         )
         return [Lease(r["agent_id"], r["session_id"], r["owner"], r["options"]) for r in rows]
 
+    async def session_owner(self, session_id: str) -> str | None:
+        """The replica whose live lease drives the session, if any."""
+        holder = await self._holder("session_id", session_id)
+        return holder.owner if holder is not None else None
+
     async def owner_of(self, agent_id: str) -> Holder | None:
         """The live owner of an agent leased by another replica, if any."""
         holder = await self._holder("agent_id", agent_id)

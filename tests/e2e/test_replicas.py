@@ -1,0 +1,226 @@
+"""Replicas over one PostgreSQL: three real server processes, a real embedded PostgreSQL.
+
+Any replica answers any call (calls for an agent go to its owner); a stream on any
+replica sees every event once, in order; when an owner dies another takes its agents
+over after the lease time, closes the turn the crash left open and runs the pending
+messages once; a paused owner that comes back is fenced off; racing creations have one
+winner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf import duration_pb2
+
+from agentloop.v1 import agent_factory_service_pb2 as fac
+from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_service_pb2 as api
+from agentloop.v1 import session_event_pb2 as ev
+from tests.e2e.conftest import EventStream, kinds
+from tests.e2e.test_durability import Server, T, running_server
+from tests.invariants import check_log
+from tests.postgres import fresh_database
+
+LEASE = 1
+"""Seconds a replica owns its agents without renewing (short, so failover is quick)."""
+
+
+@contextlib.asynccontextmanager
+async def replicas(
+    tmp_path: Path, postgres_server: str, count: int = 3
+) -> AsyncIterator[list[Server]]:
+    """`count` replicas over one fresh database, each on a port of its own."""
+    dsn = await fresh_database(postgres_server)
+    async with contextlib.AsyncExitStack() as stack:
+        servers = []
+        for i in range(count):
+            config = (
+                f"agents: []\nstore: postgres\npostgresDsn: '{dsn}'\n"
+                f"replicaId: r{i}\nleaseSeconds: {LEASE}\n"
+            )
+            servers.append(await stack.enter_async_context(running_server(tmp_path, config)))
+        yield servers
+
+
+def sleeper(seconds: float = 0.5) -> agent_pb2.AgentOptions:
+    """Turns that call `sleep` (so there is time to do things mid-turn), then answer."""
+    call = agent_pb2.ScriptedToolCall(name="sleep", arguments=f'{{"seconds": {seconds}}}')
+    script = []
+    for i in range(20):
+        script.append(agent_pb2.ScriptedStep(tool_calls=[call]))
+        script.append(agent_pb2.ScriptedStep(text=f"slept {i}"))
+    return agent_pb2.AgentOptions(provider="scripted", model="m", tools=["sleep"], script=script)
+
+
+async def read_log(server: Server, session_id: str) -> list[ev.SessionEvent]:
+    page = await server.agents.ListSessionEvents(
+        api.ListSessionEventsRequest(session_id=session_id, page_size=5000), timeout=T
+    )
+    assert not page.next_page_token
+    return list(page.events)
+
+
+async def wait_idle(server: Server, agent_id: str, seconds: int = 20) -> None:
+    request = api.WaitIdleRequest(agent_id=agent_id, timeout=duration_pb2.Duration(seconds=seconds))
+    response = await server.agents.WaitIdle(request, timeout=seconds + 5)
+    assert response.idle
+
+
+async def owned_again(server: Server, agent_id: str, seconds: float = 10) -> None:
+    """Until `server` answers for the agent (taken over by some surviving replica)."""
+    for _ in range(int(seconds / 0.1)):
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await server.factory.GetAgent(fac.GetAgentRequest(agent_id=agent_id), timeout=T)
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{agent_id} was not taken over")
+
+
+def request_ids(events: list[ev.SessionEvent]) -> list[str]:
+    return [e.user_message.request_id for e in events if e.HasField("user_message")]
+
+
+async def test_any_replica_answers_and_a_stream_on_a_third_sees_everything_once(
+    tmp_path: Path, postgres_server: str
+) -> None:
+    async with replicas(tmp_path, postgres_server) as (r0, r1, r2):
+        created = await r0.factory.CreateAgent(
+            fac.CreateAgentRequest(
+                agent_id="a", options=agent_pb2.AgentOptions(tools=["word_count"])
+            ),
+            timeout=T,
+        )
+        session_id = created.agent.session_id
+        with (
+            EventStream(r2.agents, session_id=session_id) as by_session,
+            EventStream(r1.agents, agent_id="a") as by_agent,
+        ):
+            for i, server in enumerate((r1, r2, r0, r1)):
+                await server.agents.SendMessage(
+                    api.SendMessageRequest(
+                        agent_id="a", text=f"count {i} words", request_id=f"m{i}"
+                    ),
+                    timeout=T,
+                )
+                await wait_idle(server, "a")
+            stored = await read_log(r2, session_id)
+            while len(by_session.events) < len(stored):
+                assert await by_session.next() is not None
+            while len(by_agent.events) < len(stored):
+                assert await by_agent.next() is not None
+        check_log(stored)
+        assert request_ids(stored) == ["m0", "m1", "m2", "m3"]
+        for stream in (by_session, by_agent):
+            assert [e.seq for e in stream.events] == list(range(len(stored)))  # once, in order
+            assert [e.SerializeToString() for e in stream.events] == [
+                e.SerializeToString() for e in stored
+            ]
+        got = await r2.factory.GetAgent(fac.GetAgentRequest(agent_id="a"), timeout=T)
+        assert got.agent.session_id == session_id  # answered by the owner, r0
+
+
+async def test_the_owner_dies_and_another_replica_finishes_its_work_once(
+    tmp_path: Path, postgres_server: str
+) -> None:
+    async with replicas(tmp_path, postgres_server) as (r0, r1, r2):
+        created = await r0.factory.CreateAgent(
+            fac.CreateAgentRequest(agent_id="s", options=sleeper(2)), timeout=T
+        )
+        session_id = created.agent.session_id
+        with EventStream(r1.agents, session_id=session_id) as stream:
+            await r2.agents.SendMessage(
+                api.SendMessageRequest(agent_id="s", text="first", request_id="first"), timeout=T
+            )
+            await stream.until("tool_call")  # turn 1 sleeps on r0
+            await r1.agents.SendMessage(
+                api.SendMessageRequest(agent_id="s", text="second", request_id="second"),
+                timeout=T,
+            )
+            await r0.crash()
+            await owned_again(r1, "s")
+            await wait_idle(r1, "s")
+            stored = await read_log(r2, session_id)
+            while len(stream.events) < len(stored):
+                assert await stream.next() is not None
+        check_log(stored)
+        assert [e.seq for e in stream.events] == list(range(len(stored)))
+        ends = [e.turn_end.reason.WhichOneof("kind") for e in stored if e.HasField("turn_end")]
+        assert ends[0] == "interrupted"  # the crash's turn, closed by the new owner
+        assert ends[-1] == "completed"
+        assert request_ids(stored) == ["first", "second"]  # the queued one ran, once
+        results = [e.tool_result for e in stored if e.HasField("tool_result")]
+        assert results[0].error.name == "InterruptedError"
+
+
+async def test_a_paused_owner_is_fenced_off_when_it_wakes(
+    tmp_path: Path, postgres_server: str
+) -> None:
+    async with replicas(tmp_path, postgres_server, count=2) as (r0, r1):
+        created = await r0.factory.CreateAgent(
+            fac.CreateAgentRequest(agent_id="p", options=sleeper(1.5)), timeout=T
+        )
+        session_id = created.agent.session_id
+        await r1.agents.SendMessage(api.SendMessageRequest(agent_id="p", text="go"), timeout=T)
+        with EventStream(r1.agents, session_id=session_id) as stream:
+            await stream.until("tool_call")
+        pid = r0.process.process.pid
+        os.kill(pid, signal.SIGSTOP)  # paused mid-tool, past its lease
+        try:
+            await owned_again(r1, "p")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await wait_idle(r1, "p")
+        await asyncio.sleep(2 * LEASE)  # the woken owner tries to write, and is refused
+        await r1.agents.SendMessage(api.SendMessageRequest(agent_id="p", text="again"), timeout=T)
+        await wait_idle(r1, "p")
+        stored = await read_log(r1, session_id)
+        check_log(stored)
+        turns = [e.turn_start.turn for e in stored if e.HasField("turn_start")]
+        assert turns == sorted(set(turns))  # no turn twice: the old owner wrote nothing more
+        assert "taken over by another writer" in r0.log() or "was lost" in r0.log(), r0.log()
+        with pytest.raises(grpc.aio.AioRpcError) as gone:  # r0 no longer runs it
+            await r0.agents.SendMessage(
+                api.SendMessageRequest(agent_id="p", text="x"),
+                timeout=T,
+                metadata=[("agentloop-forwarded", "1")],
+            )
+        assert gone.value.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION)
+        assert kinds(stored).count("turn_end") == kinds(stored).count("turn_start")
+
+
+async def test_racing_creations_and_resumes_have_one_winner(
+    tmp_path: Path, postgres_server: str
+) -> None:
+    async with replicas(tmp_path, postgres_server) as servers:
+        answers = await asyncio.gather(
+            *(
+                s.factory.CreateAgent(fac.CreateAgentRequest(agent_id="dup"), timeout=T)
+                for s in servers
+            ),
+            return_exceptions=True,
+        )
+        winners = [a for a in answers if isinstance(a, fac.CreateAgentResponse)]
+        losers = [a for a in answers if isinstance(a, grpc.aio.AioRpcError)]
+        assert len(winners) == 1 and len(losers) == 2
+        assert {e.code() for e in losers} == {grpc.StatusCode.ALREADY_EXISTS}
+        session_id = winners[0].agent.session_id
+        await servers[0].factory.DisposeAgent(fac.DisposeAgentRequest(agent_id="dup"), timeout=T)
+        resumes = await asyncio.gather(
+            *(
+                s.factory.ResumeAgent(
+                    fac.ResumeAgentRequest(agent_id=f"back-{i}", session_id=session_id), timeout=T
+                )
+                for i, s in enumerate(servers)
+            ),
+            return_exceptions=True,
+        )
+        resumed = [a for a in resumes if isinstance(a, fac.ResumeAgentResponse)]
+        assert len(resumed) == 1, resumes
