@@ -11,7 +11,7 @@ SERVICE_PROTOS := $(shell grep -l '^service ' $(PROTOS))
 CONFIG ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run test check lint typecheck gen check-gen bench clean
+.PHONY: help setup run cluster test check lint typecheck gen check-gen bench clean
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -34,6 +34,10 @@ setup: $(VENV)/.installed node_modules/.installed $(NODE_CLIENT)/node_modules/.i
 
 run: $(VENV)/.installed ## Start the server on its defaults (127.0.0.1:50051, scripted model).
 	$(PY) -m server $(if $(CONFIG),--config $(CONFIG),)
+
+REPLICAS ?= 3
+cluster: $(VENV)/.installed ## An embedded PostgreSQL and REPLICAS replicas on 127.0.0.1:50061+ (Ctrl-C stops).
+	$(PY) -m server.devcluster --replicas $(REPLICAS)
 
 test: setup ## Run lint, type checks and the whole test suite (what CI runs).
 	$(MAKE) --no-print-directory check-gen lint typecheck
