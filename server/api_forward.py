@@ -10,6 +10,7 @@ replica and are never forwarded.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,10 @@ if TYPE_CHECKING:
 
 FORWARDED = "agentloop-forwarded"
 """Metadata set on a forwarded call: its receiver serves it, whatever it owns."""
+
+OWNER_CACHE_SECONDS = 0.5
+"""How long an owner's address is reused before the leases are asked again (a failover
+shows after at most this long; a call to a dead owner also drops its entry)."""
 
 OwnerAddress = Callable[[str], Awaitable[str | None]]
 
@@ -60,6 +65,7 @@ class Forwarder(grpc.aio.ServerInterceptor):
         self.is_local = is_local
         self.owner_address = owner_address
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._owners: dict[str, tuple[str | None, float]] = {}
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
@@ -112,7 +118,15 @@ class Forwarder(grpc.aio.ServerInterceptor):
             return None
         if any(key == FORWARDED for key, _ in context.invocation_metadata() or ()):
             return None  # forwarded once already: answer here
-        return await self.owner_address(agent_id)
+        now = time.monotonic()
+        cached = self._owners.get(agent_id)
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        address = await self.owner_address(agent_id)
+        if len(self._owners) > 10_000:
+            self._owners.clear()
+        self._owners[agent_id] = (address, now + OWNER_CACHE_SECONDS)
+        return address
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
@@ -142,6 +156,8 @@ class Forwarder(grpc.aio.ServerInterceptor):
                 request, metadata=self._metadata(context), timeout=context.time_remaining()
             )
         except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.UNAVAILABLE:
+                self._owners.pop(getattr(request, "agent_id", ""), None)  # ask again next time
             await context.abort(error.code(), error.details() or "")
 
     async def _forward_stream(

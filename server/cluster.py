@@ -54,9 +54,9 @@ class Cluster:
         """The agent was disposed: delete its lease."""
         await self.leases.release(agent_id)
 
-    async def drives_elsewhere(self, session_id: str) -> bool:
-        """Whether another replica holds a live lease on the session."""
-        return await self.leases.session_owner(session_id) not in (None, self.replica_id)
+    async def still_driven(self, session_id: str) -> bool:
+        """Whether the session's agent lives on, elsewhere or between owners."""
+        return await self.leases.session_owner(session_id) is not None
 
     async def owner_of(self, agent_id: str) -> Holder | None:
         """The replica that owns `agent_id`, when it is another one."""

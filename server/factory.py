@@ -390,7 +390,8 @@ class AgentFactory:
                 cursor += len(batch)
                 yield batch
                 continue
-            if not await self.ownership.drives_elsewhere(session_id):
+            driven = session_id in self.sessions  # taken over here meanwhile: still coming
+            if not driven and not await self.ownership.still_driven(session_id):
                 return
             await asyncio.sleep(FOLLOW_POLL)
 

@@ -26,8 +26,8 @@ class Ownership(Protocol):
         """The agent was disposed: nobody owns it any more."""
         ...
 
-    async def drives_elsewhere(self, session_id: str) -> bool:
-        """Whether another server drives the session now (its events still come)."""
+    async def still_driven(self, session_id: str) -> bool:
+        """Whether an agent still drives the session somewhere (its events still come)."""
         ...
 
 
@@ -42,6 +42,6 @@ class Solo:
     async def release(self, agent_id: str) -> None:
         """Nothing to give back."""
 
-    async def drives_elsewhere(self, session_id: str) -> bool:
-        """No other server: never."""
+    async def still_driven(self, session_id: str) -> bool:
+        """No other server: the factory's own sessions are all there is."""
         return False

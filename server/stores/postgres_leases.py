@@ -136,9 +136,14 @@ class Leases:
         return [Lease(r["agent_id"], r["session_id"], r["owner"], r["options"]) for r in rows]
 
     async def session_owner(self, session_id: str) -> str | None:
-        """The replica whose live lease drives the session, if any."""
-        holder = await self._holder("session_id", session_id)
-        return holder.owner if holder is not None else None
+        """The replica whose lease names the session, if any, expired or not.
+
+        An expired lease still counts: its agent is between owners (a failover), and
+        the sweep gives it a new one; only a disposed agent's lease is gone.
+        """
+        pool = await self.store.pool()
+        owner = await pool.fetchval("SELECT owner FROM leases WHERE session_id = $1", session_id)
+        return str(owner) if owner is not None else None
 
     async def owner_of(self, agent_id: str) -> Holder | None:
         """The live owner of an agent leased by another replica, if any."""
