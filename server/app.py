@@ -6,7 +6,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 from pathlib import Path
 
 import grpc
@@ -26,12 +25,11 @@ from server.addresses import Allowlist, is_loopback
 from server.api_access import AccessLog
 from server.api_agent import AgentServicer
 from server.api_factory import AgentFactoryServicer
-from server.api_forward import Forwarder
 from server.api_guard import RequestGuard
 from server.api_plugins import PluginRegistryServicer
+from server.app_replica import Replica
 from server.auth import TokenAuth
 from server.builtin_tools import builtin_tools
-from server.cluster import Cluster
 from server.config import Config, ConfigError, read_pem, read_token
 from server.errors import SessionDamaged
 from server.factory import AgentFactory
@@ -44,7 +42,6 @@ from server.runtime import Runtime
 from server.stores import SessionStore
 from server.stores.memory import MemoryStore
 from server.stores.postgres import PostgresStore
-from server.stores.postgres_leases import Lease, Leases
 from server.stores.sqlite import SqliteStore
 from server.telemetry import Telemetry
 
@@ -177,18 +174,19 @@ class App:
         if token:
             interceptors.append(TokenAuth(token))
         interceptors.append(self.guard)
-        self.cluster: Cluster | None = None
-        self.forwarder: Forwarder | None = None
-        if config.store == "postgres":  # replicas may share the store: calls go to owners
-            self.forwarder = Forwarder(lambda agent_id: agent_id in self.factory.agents,
-                                       self._owner_address)  # fmt: skip
-            interceptors.append(self.forwarder)
+        self.plugin_servicer = PluginRegistryServicer(self.plugins)
+        self.replica: Replica | None = None
+        if isinstance(self.runtime.store, PostgresStore):  # replicas: calls go to owners
+            self.replica = Replica(
+                config, self.runtime.store, self.factory, self.plugins, self.plugin_servicer
+            )
+            interceptors.append(self.replica.forwarder)
         self.server = grpc.aio.server(
             interceptors=interceptors,
             options=[("grpc.max_receive_message_length", limits.max_request_bytes)],
         )
         plugin_registry_service_pb2_grpc.add_PluginRegistryServiceServicer_to_server(
-            PluginRegistryServicer(self.plugins), self.server
+            self.plugin_servicer, self.server
         )
         agent_factory_service_pb2_grpc.add_AgentFactoryServiceServicer_to_server(
             AgentFactoryServicer(self.factory), self.server
@@ -220,8 +218,8 @@ class App:
         await self._readiness(self.plugins.ready())
         self.plugins.on_readiness = self._on_readiness
         await self.server.start()
-        if self.forwarder is not None:
-            await self._join_cluster()
+        if self.replica is not None:
+            await self.replica.join(self.port)
         for plugin in self.config.plugins:
             overrides = Overrides(
                 order=plugin.order,
@@ -250,7 +248,8 @@ class App:
                 )  # fmt: skip
             except Exception as error:  # reported, not fatal: the server still serves
                 log.error("config agent %s was not started: %s", agent.id, error)
-        self._run_cluster()
+        if self.replica is not None:
+            self.replica.run()
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         return self.port
@@ -278,8 +277,8 @@ class App:
             return
         grace = self.config.shutdown_grace_seconds if grace is None else grace
         await self.health.enter_graceful_shutdown()
-        if self.cluster is not None:
-            await self.cluster.stop()  # no renewal, no takeover while the agents close
+        if self.replica is not None:
+            await self.replica.stop_loops()
         closing = asyncio.ensure_future(self.factory.close())
         done, _ = await asyncio.wait({closing}, timeout=grace)
         if not done:
@@ -297,14 +296,11 @@ class App:
                 closing.cancel()
         if closing.done() and not closing.cancelled() and closing.exception() is not None:
             log.error("disposing the agents failed", exc_info=closing.exception())
-        if self.cluster is not None:
-            try:
-                await self.cluster.hand_over()  # the other replicas take the agents now
-            except Exception:
-                log.warning("handing the agents over failed; they move at lease expiry")
+        if self.replica is not None:
+            await self.replica.hand_over()
         await self.server.stop(grace)
-        if self.forwarder is not None:
-            await self.forwarder.close()
+        if self.replica is not None:
+            await self.replica.close()
         await self.plugins.close()
         await self.runtime.seams.close()
         self.runtime.journal.close()  # a store still down now: stop retrying, say so
@@ -312,36 +308,6 @@ class App:
         await self.telemetry.stop()
         await self.runtime.store.close()
         self._stopped.set()
-
-    async def _join_cluster(self) -> None:
-        """Register as a replica, take the leases of this replica's agents, start the loops."""
-        store = self.runtime.store
-        assert isinstance(store, PostgresStore)
-        host = self.config.listen.rpartition(":")[0]
-        address = self.config.advertise_address or f"{host}:{self.port}"
-        replica_id = self.config.replica_id or f"{socket.gethostname()}-{os.getpid()}"
-        leases = Leases(store, replica_id, address, self.config.lease_seconds)
-        self.cluster = Cluster(leases)
-        self.factory.ownership = self.cluster
-        self.factory.repair_on_read = False  # another replica's running turn looks open
-
-        await self.cluster.register()
-        log.info("replica %s serving at %s", replica_id, address)
-
-    def _run_cluster(self) -> None:
-        """Renew this replica's leases and take over orphaned agents, in the background."""
-        if self.cluster is None:
-            return
-
-        async def take_over(lease: Lease) -> None:
-            options = agent_pb2.AgentOptions.FromString(lease.options)
-            await self.factory.resume(lease.agent_id, lease.session_id, options, owned=True)
-
-        self.cluster.start(lambda: set(self.factory.agents), take_over, self.factory.abandon)
-
-    async def _owner_address(self, agent_id: str) -> str | None:
-        holder = await self.cluster.owner_of(agent_id) if self.cluster is not None else None
-        return holder.address if holder is not None and holder.address else None
 
     def _session_of(self, agent_id: str) -> str:
         agent = self.factory.agents.get(agent_id)

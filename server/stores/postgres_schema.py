@@ -66,6 +66,16 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "CREATE INDEX leases_by_expiry ON leases (expires_at)",
         ],
     ),
+    (
+        3,
+        "plugin registrations every replica connects to",
+        [
+            """CREATE TABLE plugins (
+                name text PRIMARY KEY,
+                request bytea NOT NULL
+            )""",
+        ],
+    ),
 ]
 """(number, what it does, statements), in order; append, never edit a released one."""
 

@@ -20,6 +20,7 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 
+from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import agent_service_pb2 as api
@@ -28,6 +29,7 @@ from tests.e2e.conftest import EventStream, kinds
 from tests.e2e.test_durability import Server, T, running_server
 from tests.invariants import check_log
 from tests.postgres import fresh_database
+from tests.processes import PluginLauncher, guard_example
 
 LEASE = 1
 """Seconds a replica owns its agents without renewing (short, so failover is quick)."""
@@ -120,8 +122,8 @@ async def test_any_replica_answers_and_a_stream_on_a_third_sees_everything_once(
         assert request_ids(stored) == ["m0", "m1", "m2", "m3"]
         for stream in (by_session, by_agent):
             assert [e.seq for e in stream.events] == list(range(len(stored)))  # once, in order
-            assert [e.SerializeToString() for e in stream.events] == [
-                e.SerializeToString() for e in stored
+            assert [e.SerializeToString(deterministic=True) for e in stream.events] == [
+                e.SerializeToString(deterministic=True) for e in stored
             ]
         got = await r2.factory.GetAgent(fac.GetAgentRequest(agent_id="a"), timeout=T)
         assert got.agent.session_id == session_id  # answered by the owner, r0
@@ -224,3 +226,35 @@ async def test_racing_creations_and_resumes_have_one_winner(
         )
         resumed = [a for a in resumes if isinstance(a, fac.ResumeAgentResponse)]
         assert len(resumed) == 1, resumes
+
+
+async def test_a_plugin_registered_on_one_replica_serves_every_replica(
+    tmp_path: Path, postgres_server: str, launcher: PluginLauncher
+) -> None:
+    guard = await launcher.start(guard_example("python"))
+    async with replicas(tmp_path, postgres_server, count=2) as (r0, r1):
+        registered = await r0.registry.RegisterPlugin(
+            reg.RegisterPluginRequest(address=guard.address), timeout=T
+        )
+        name = registered.plugin.name
+        await until_listed(r1, name, present=True)
+        # An agent owned by r1 runs under the plugin r0 registered: it blocks the prompt.
+        created = await r1.factory.CreateAgent(fac.CreateAgentRequest(agent_id="g"), timeout=T)
+        await r1.agents.SendMessage(
+            api.SendMessageRequest(agent_id="g", text="please rm -rf /"), timeout=T
+        )
+        await wait_idle(r1, "g")
+        stored = await read_log(r0, created.agent.session_id)
+        assert "prompt_blocked" in kinds(stored)
+        await r1.registry.UnregisterPlugin(reg.UnregisterPluginRequest(name=name), timeout=T)
+        await until_listed(r0, name, present=False)
+
+
+async def until_listed(server: Server, name: str, *, present: bool) -> None:
+    """Until `name` is (or is no longer) among the server's plugins."""
+    for _ in range(100):
+        listed = await server.registry.ListPlugins(reg.ListPluginsRequest(), timeout=T)
+        if (name in {p.name for p in listed.plugins}) == present:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"plugin {name} {'never came' if present else 'never left'}")
