@@ -46,8 +46,9 @@ from server.validation import check_agent_options
 
 log = logging.getLogger(__name__)
 
-FOLLOW_POLL = 0.05
-"""Seconds between two reads of a session another server drives."""
+FOLLOW_POLL = 0.5
+"""Seconds a follower of a session another server drives waits for a notification
+before it reads the store again anyway."""
 
 FOLLOW_BATCH = 500
 
@@ -393,7 +394,7 @@ class AgentFactory:
             driven = session_id in self.sessions  # taken over here meanwhile: still coming
             if not driven and not await self.ownership.still_driven(session_id):
                 return
-            await asyncio.sleep(FOLLOW_POLL)
+            await store.wait_for_events(session_id, FOLLOW_POLL)
 
     async def session_ids(self) -> list[str]:
         """Every session id, stored or live, sorted."""

@@ -198,6 +198,10 @@ class SessionStore(Protocol):
         """The recorded answer of an earlier call with this request id, if any."""
         ...
 
+    async def wait_for_events(self, session_id: str, seconds: float) -> None:
+        """Return when another process stored events of the session, or after `seconds`."""
+        ...
+
     async def driven_by(self, agent_id: str) -> list[str]:
         """The sessions `agent_id` drove, the most recent first."""
         ...

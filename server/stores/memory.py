@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from agentloop.v1 import session_event_pb2 as ev
@@ -138,6 +139,10 @@ class MemoryStore:
     async def find_request(self, agent_id: str, request_id: str) -> RequestRecord | None:
         """The recorded answer of an earlier call, if any."""
         return self._requests.get((agent_id, request_id))
+
+    async def wait_for_events(self, session_id: str, seconds: float) -> None:
+        """One process: no other writer to hear from; wait the time out."""
+        await asyncio.sleep(seconds)
 
     async def driven_by(self, agent_id: str) -> list[str]:
         """The sessions `agent_id` drove, the most recent first."""

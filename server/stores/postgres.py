@@ -9,6 +9,8 @@ connections, concurrently with commits.
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 
 from agentloop.v1 import session_event_pb2 as ev
@@ -34,6 +36,9 @@ from server.stores.postgres_schema import LOCK_KEY, MIGRATIONS, MIGRATIONS_TABLE
 
 POOL_SIZE = 8
 
+CHANNEL = "agentloop_events"
+"""The NOTIFY channel: each commit that stores events names their session on it."""
+
 Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
 
 
@@ -46,13 +51,18 @@ class PostgresStore:
         self.dsn = dsn
         self.pool_size = pool_size
         self._pool: asyncpg.Pool | None = None
+        self._listener: asyncpg.Connection | None = None
+        self._waiters: dict[str, set[asyncio.Event]] = {}
 
     async def open(self) -> None:
         """Connect and bring the schema up to date."""
         await self.pool()
 
     async def close(self) -> None:
-        """Close the pool."""
+        """Close the listening connection and the pool."""
+        if self._listener is not None:
+            await self._listener.close()
+            self._listener = None
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -196,6 +206,33 @@ class PostgresStore:
         if token is None:
             raise NotFound(f'session "{session_id}" not found')
         return int(token)
+
+    async def wait_for_events(self, session_id: str, seconds: float) -> None:
+        """Return when a commit of any replica stored events of the session, or later.
+
+        The wake-up is a NOTIFY sent with each commit; `seconds` bound the wait, so a
+        notification lost (a reconnect) costs a delay, never an event: the events
+        table stays the truth.
+        """
+        if self._listener is None:
+            self._listener = await asyncpg.connect(self.dsn)
+            await self._listener.add_listener(CHANNEL, self._notified)
+        event = asyncio.Event()
+        self._waiters.setdefault(session_id, set()).add(event)
+        try:
+            await asyncio.wait_for(event.wait(), seconds)
+        except TimeoutError:
+            pass
+        finally:
+            waiters = self._waiters.get(session_id)
+            if waiters is not None:
+                waiters.discard(event)
+                if not waiters:
+                    del self._waiters[session_id]
+
+    def _notified(self, conn: object, pid: int, channel: str, session_id: object) -> None:
+        for event in self._waiters.get(str(session_id), ()):
+            event.set()
 
     # -- reads -------------------------------------------------------------------------
 
@@ -341,6 +378,7 @@ async def _write(conn: Conn, session_id: str, writes: SessionWrites) -> None:
             raise StoreConflict(
                 f'session "{session_id}": event {first} does not follow the {stored} stored'
             )
+        await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, session_id)  # at commit
         await conn.copy_records_to_table(
             "events",
             records=[

@@ -258,6 +258,10 @@ class SqliteStore:
         """A new claim token for the session."""
         return await self._write(session_id, lambda db: claim(db, session_id))
 
+    async def wait_for_events(self, session_id: str, seconds: float) -> None:
+        """One server per file: no other writer to hear from; wait the time out."""
+        await asyncio.sleep(seconds)
+
     async def driven_by(self, agent_id: str) -> list[str]:
         """The sessions `agent_id` drove, the most recent first."""
 
