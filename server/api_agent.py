@@ -22,7 +22,7 @@ from server.errors import AgentLoopError, InvalidArgument, OutOfRange
 from server.factory import AgentFactory, check_id
 from server.session import SessionLog, session_message
 from server.status import code_of, mapped
-from server.stores import RequestRecord
+from server.stores import FIRST_SEQ, RequestRecord
 
 Context = grpc.aio.ServicerContext[Any, Any]
 Answer = TypeVar("Answer", bound=Message)
@@ -68,7 +68,11 @@ class AgentServicer(rpc.AgentServiceServicer):
 
         def accept() -> pb.SendMessageResponse:
             agent.send(content, request.source, request.request_id)
-            return pb.SendMessageResponse(next_seq=agent.session.durable, status=agent.status)
+            # The message is queued, so the agent has work: it is running, or its driver
+            # is about to open the turn that answers it. Reporting the driver's status of
+            # this instant would say IDLE for the message that wakes it.
+            status = ae.AGENT_STATUS_RUNNING if not agent.is_idle() else agent.status
+            return pb.SendMessageResponse(next_seq=agent.session.durable, status=status)
 
         return await self._once(
             agent, "SendMessage", request.request_id, pb.SendMessageResponse, accept
@@ -204,7 +208,7 @@ class AgentServicer(rpc.AgentServiceServicer):
         session = await self._session(request.agent_id, request.session_id)
         start, size = page_bounds(request.page_size, request.page_token, 500, 5000)
         if not request.page_token:
-            start = request.from_seq
+            start = max(request.from_seq, FIRST_SEQ)
         events = await session.read(start, size, MAX_RESPONSE_BYTES)
         end = start + len(events)
         return pb.ListSessionEventsResponse(
@@ -221,7 +225,7 @@ class AgentServicer(rpc.AgentServiceServicer):
             if request.from_seq > session.durable:
                 raise OutOfRange(
                     f"from_seq: {request.from_seq} is past the end of the log"
-                    f" ({session.durable} events): no such event was ever appended"
+                    f" ({session.stored} events): no such event was ever appended"
                 )
         except AgentLoopError as error:
             await context.abort(code_of(error), str(error))
@@ -235,7 +239,7 @@ class AgentServicer(rpc.AgentServiceServicer):
             session.wake_waiters()
 
         unsubscribe = agent.subscribe(on_live) if agent is not None else None
-        cursor = request.from_seq
+        cursor = max(request.from_seq, FIRST_SEQ)
         try:
             while True:
                 if cursor < session.durable or live:

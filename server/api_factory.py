@@ -62,7 +62,8 @@ class AgentFactoryServicer(rpc.AgentFactoryServiceServicer):
         self, request: pb.ResumeAgentRequest, context: Context
     ) -> pb.ResumeAgentResponse:
         """Create an agent over an existing session."""
-        agent = await self.factory.resume(request.agent_id, request.session_id, request.options)
+        options = request.options if request.HasField("options") else None
+        agent = await self.factory.resume(request.agent_id, request.session_id, options)
         return pb.ResumeAgentResponse(agent=agent_message(agent))
 
     @mapped

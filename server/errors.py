@@ -45,7 +45,10 @@ class AgentDisposed(FailedPrecondition):
     """The agent was disposed; send, steer and inject are refused."""
 
     def __init__(self, agent_id: str) -> None:
-        super().__init__(f'agent "{agent_id}" is disposed')
+        super().__init__(
+            f'agent "{agent_id}" is disposed: its session stays readable by session id,'
+            " and ResumeAgent continues it"
+        )
         self.agent_id = agent_id
 
 

@@ -23,7 +23,9 @@ from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_pb2, session_pb2
 from server import seams as S
 from server.agent import Agent
+from server.disposed import DisposedIds
 from server.errors import (
+    AgentDisposed,
     AlreadyExists,
     CodedError,
     FailedPrecondition,
@@ -80,6 +82,8 @@ class AgentFactory:
         self._readonly: OrderedDict[str, SessionLog] = OrderedDict()
         """The latest stored sessions loaded for reading (paging through a log reuses them)."""
         self.trimmer = Trimmer()
+        self.disposed = DisposedIds()
+        """Recently disposed agent ids: calls to them are FAILED_PRECONDITION."""
 
     # -- create and resume -------------------------------------------------------------
 
@@ -133,20 +137,25 @@ class AgentFactory:
         self,
         agent_id: str,
         session_id: str,
-        options: agent_pb2.AgentOptions,
+        options: agent_pb2.AgentOptions | None,
         *,
         setup: Setup | None = None,
     ) -> Agent:
-        """Create an agent over a stored session; history and numbering continue."""
+        """Create an agent over a stored session; history and numbering continue.
+
+        `options` None restores the options the session's last agent had.
+        """
         check_id("agent_id", agent_id)
         check_id("session_id", session_id)
-        self._check_options(options)
+        if options is not None:
+            self._check_options(options)
         if session_id in self._session_ids:
             owner = self.sessions[session_id].agent_id if session_id in self.sessions else ""
             raise FailedPrecondition(
-                f'session "{session_id}" is driven by agent "{owner}"'
+                f'session "{session_id}" is driven by live agent "{owner}": talk to that'
+                " agent, or dispose it (DisposeAgent) and resume again"
                 if owner
-                else f'session "{session_id}" is being taken by another agent'
+                else f'session "{session_id}" is being taken by another agent; retry later'
             )
         if not self.runtime.store.persistent:
             raise FailedPrecondition(
@@ -156,6 +165,9 @@ class AgentFactory:
         self._reserve(agent_id, session_id)
         try:
             session = await self.load(session_id)
+            if options is None:
+                options = session.options or agent_pb2.AgentOptions()
+                self._check_options(options)
             self._check_persona(options, session.header.cwd)
             return await self._publish(
                 agent_id, session, options, setup, ae.SESSION_START_SOURCE_RESUME, stored=True
@@ -198,10 +210,11 @@ class AgentFactory:
             for reg in runtime.seams.listeners(S.CREATED, agent_id):
                 reg.fn(agent)  # a throw here vetoes publication
             # After the veto: a vetoed creation leaves no stored session.
-            writes = SessionWrites(driver=agent_id)
+            writes = SessionWrites(driver=agent_id, options=options)
             if not stored:
                 writes.create = session.header
             await runtime.store.commit(Commit({session.session_id: writes}))
+            session.options = options
             adopted: list[InboxEntry] = []
             if adopt_pending:
                 adopted = await runtime.store.adopt_pending(agent_id, session.session_id)
@@ -232,6 +245,8 @@ class AgentFactory:
         check_id("agent_id", agent_id)
         agent = self.agents.get(agent_id)
         if agent is None:
+            if agent_id in self.disposed:
+                raise AgentDisposed(agent_id)
             raise NotFound(f'agent "{agent_id}" not found')
         return agent
 
@@ -287,6 +302,7 @@ class AgentFactory:
             seed=[*stored.events, *closers],
             inbox=stored.inbox,
             window=self.runtime.event_window,
+            options=stored.options,
         )
 
     async def session_ids(self) -> list[str]:
@@ -363,6 +379,7 @@ class AgentFactory:
             await asyncio.gather(*agent.pending_flushes, return_exceptions=True)
         if self.agents.get(agent.agent_id) is agent:
             del self.agents[agent.agent_id]
+            self.disposed.add(agent.agent_id)
             agent.emit(S.DISPOSED, (agent,), ae.AgentEvent(disposed=ae.AgentDisposed()))
         try:
             await self.runtime.persistence.flush(agent.session)
@@ -395,6 +412,7 @@ class AgentFactory:
         check_capacity(self.runtime.limits, "max_agents", len(self._agent_ids), "agents")
         self._agent_ids.add(agent_id)
         self._session_ids.add(session_id)
+        self.disposed.discard(agent_id)
 
     def _release(self, agent_id: str, session_id: str) -> None:
         self._agent_ids.discard(agent_id)

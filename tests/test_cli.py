@@ -137,13 +137,13 @@ async def test_tail_no_follow_prints_the_log(server: str) -> None:
     result = await run_cli(server, "tail", "assistant", "--no-follow")
     assert result.code == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split()[:2] == ["0", "turn_start"]
-    assert lines[-1].split() == ["23", "turn_end", "turn", "1", "completed"]
+    assert lines[0].split()[:2] == ["1", "turn_start"]
+    assert lines[-1].split() == ["24", "turn_end", "turn", "1", "completed"]
     assert any("tool_call" in line and "word_count" in line for line in lines)
     # Every line is `seq kind summary`, in sequence order.
-    assert [int(line.split()[0]) for line in lines] == list(range(len(lines)))
-    later = await run_cli(server, "tail", "assistant", "--no-follow", "--from", "20")
-    assert [line.split()[0] for line in later.stdout.splitlines()] == ["20", "21", "22", "23"]
+    assert [int(line.split()[0]) for line in lines] == list(range(1, len(lines) + 1))
+    later = await run_cli(server, "tail", "assistant", "--no-follow", "--from", "21")
+    assert [line.split()[0] for line in later.stdout.splitlines()] == ["21", "22", "23", "24"]
 
 
 async def test_cancel_and_dispose(server: str) -> None:

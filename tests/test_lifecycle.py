@@ -179,7 +179,7 @@ async def test_resume_continues_history_turns_and_seqs(harness: Harness) -> None
     assert resumed.session.derive_messages() == history
     await harness.turn(resumed, "second")
     events = resumed.session.events
-    assert [e.seq for e in events] == list(range(len(events)))
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert [e.turn_start.turn for e in events if e.HasField("turn_start")] == [1, 2]
     headers = [e.request_header.reason for e in events if e.HasField("request_header")]
     assert headers == [1, 2]  # initial, then resume

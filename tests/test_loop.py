@@ -52,7 +52,7 @@ async def test_simple_turn_event_order_usage_and_history(harness: Harness) -> No
     assert events[3].request_header.reason == ev.HEADER_REASON_INITIAL
     message = events[9].assistant_message
     assert message.usage == USAGE
-    assert list(events[9].source_event_seqs) == [4, 5, 6, 7, 8]
+    assert list(events[9].source_event_seqs) == [5, 6, 7, 8, 9]
     assert message.provenance.provider == "scripted"
     history = agent.session.derive_messages()
     assert [m.role for m in history] == [c.ROLE_USER, c.ROLE_ASSISTANT]
@@ -681,8 +681,8 @@ async def test_every_request_rebuilds_from_the_log(harness: Harness) -> None:
     from server.session import SessionLog
 
     for request, seq in zip(harness.model.requests, step_starts, strict=True):
-        replay = SessionLog("replay", agent.session.header, seed=events[:seq])
+        replay = SessionLog("replay", agent.session.header, seed=events[: seq - 1])
         rebuilt = [*request.header.message_prefix, *replay.derive_messages()]
         assert list(request.messages) == rebuilt
-        header_log = SessionLog("replay", agent.session.header, seed=events[: seq + 2])
+        header_log = SessionLog("replay", agent.session.header, seed=events[: seq + 1])
         assert header_log.request_header == request.header

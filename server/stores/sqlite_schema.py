@@ -13,7 +13,7 @@ from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
 from server.errors import SessionDamaged
 
-FORMAT_VERSION = "2"
+FORMAT_VERSION = "3"
 """The on-disk format this code reads and writes."""
 
 SCHEMA = """
@@ -22,7 +22,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     session_id TEXT PRIMARY KEY,
     header BLOB NOT NULL,
     create_ns INTEGER NOT NULL DEFAULT 0,
-    driver TEXT NOT NULL DEFAULT ''
+    driver TEXT NOT NULL DEFAULT '',
+    options BLOB
 );
 CREATE TABLE IF NOT EXISTS events (
     session_id TEXT NOT NULL,
@@ -56,11 +57,13 @@ def statements() -> list[str]:
 
 def migrate(db: sqlite3.Connection, version: str, where: str) -> None:
     """Bring a file of an older format to `FORMAT_VERSION`, in one transaction."""
-    if version != "1":
-        raise SessionDamaged("", f"{where}: format version {version}, this server reads 1 and 2")
+    if version not in ("1", "2"):
+        raise SessionDamaged("", f"{where}: format version {version}, this server reads 1 to 3")
     db.execute("BEGIN IMMEDIATE")
     try:
-        _from_1(db)
+        if version == "1":
+            _from_1(db)
+        _from_2(db)
         db.execute("UPDATE meta SET value = ? WHERE key = 'format_version'", (FORMAT_VERSION,))
         db.execute("COMMIT")
     except BaseException:
@@ -100,3 +103,30 @@ def _from_1(db: sqlite3.Connection) -> None:
         converted.append((session_id, seq, numbers.get(kind, 0), blob))
     db.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", converted)
     db.execute("DROP TABLE events_v1")
+
+
+def _from_2(db: sqlite3.Connection) -> None:
+    """Format 2 numbered events from 0 and kept no agent options.
+
+    Every event moves one up, in its row and inside its bytes (its own `seq` and the
+    `source_event_seqs` it cites), so that seqs start at 1. A row that does not decode
+    keeps its bytes: the load reports it.
+    """
+    columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
+    if "options" not in columns:
+        db.execute("ALTER TABLE sessions ADD COLUMN options BLOB")
+    rows = db.execute("SELECT session_id, seq, kind, event FROM events").fetchall()
+    moved = []
+    for session_id, seq, kind, blob in rows:
+        try:
+            event = ev.SessionEvent.FromString(blob)
+        except Exception:
+            moved.append((session_id, seq + 1, kind, blob))
+            continue
+        event.seq = seq + 1
+        sources = [s + 1 for s in event.source_event_seqs]
+        del event.source_event_seqs[:]
+        event.source_event_seqs.extend(sources)
+        moved.append((session_id, seq + 1, kind, event.SerializeToString()))
+    db.execute("DELETE FROM events")
+    db.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", moved)

@@ -104,7 +104,7 @@ def assert_contiguous(events: list[session_event_pb2.SessionEvent], start: int) 
 async def test_simple_turn_has_the_canonical_sequence(e2e: E2E) -> None:
     await create(e2e, "a1", options([agent_pb2.ScriptedStep(text="hi there", chunk_size=3)]))
     next_seq = await send(e2e, "a1", "hello")
-    assert next_seq == 0
+    assert next_seq == 1  # sequence numbers start at 1
 
     events = await read_turn(e2e.agents, "a1", next_seq)
 
@@ -350,10 +350,9 @@ REJECTED = {
     ),
     "send-after-dispose": Rejected(
         _send("d1", "anyone there?"),
-        grpc.StatusCode.NOT_FOUND,
-        ("d1",),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        ("d1", "disposed"),
         setup=_create_and_dispose,
-        absent="d1",
     ),
 }
 
@@ -385,7 +384,7 @@ async def test_rejected_call_changes_nothing(e2e: E2E, case: Rejected) -> None:
         assert missing.value.code() == grpc.StatusCode.NOT_FOUND
     # The server still serves: a valid turn completes and answers exactly one message.
     next_seq = await send(e2e, WITNESS, "still there?")
-    assert next_seq == before_count
+    assert next_seq == before_count + 1
     events = await read_turn(e2e.agents, WITNESS, next_seq)
     assert reason_of(events[-1]) == "completed"
     users = of_kind(events, "user_message")
@@ -418,7 +417,7 @@ async def test_list_session_events_pages(e2e: E2E) -> None:
     assert all(len(p) == 3 for p in pages[:-1])
     assert 1 <= len(pages[-1]) <= 3
     flat = [e for p in pages for e in p]
-    assert_contiguous(flat, 0)
+    assert_contiguous(flat, 1)
     assert len(flat) == total
     assert flat == await list_all(e2e, agent_id="p1")
 
@@ -513,7 +512,7 @@ async def test_agents_wait_idle_and_sessions(e2e: E2E) -> None:
     idle = await wait_idle(e2e, "la")
     assert idle.status == ae.AGENT_STATUS_IDLE
     logged = await list_all(e2e, agent_id="la")
-    assert idle.next_seq == len(logged)
+    assert idle.next_seq == len(logged) + 1
     assert reason_of(logged[-1]) == "completed"
 
     # GetSession by agent and by session id describe the same session.
@@ -556,7 +555,7 @@ async def test_dispose_during_a_turn(e2e: E2E) -> None:
     logged = await list_all(e2e, session_id=agent.session_id)
     assert logged[-1] == stream.events[-1]
     assert reason_of(logged[-1]) == "disposed"
-    turn = logged[next_seq:]
+    turn = logged[next_seq - 1 :]
     assert kinds(turn)[-2:] == ["step_end", "turn_end"]
     assert "assistant_message" not in kinds(turn)
     session = await e2e.agents.GetSession(
@@ -566,7 +565,7 @@ async def test_dispose_during_a_turn(e2e: E2E) -> None:
     assert session.session.event_count == len(logged)
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await e2e.factory.GetAgent(fac.GetAgentRequest(agent_id="dx"), timeout=T)
-    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
 # -- health -----------------------------------------------------------------------------
@@ -616,4 +615,50 @@ async def test_stream_drains_the_log_when_disposed_behind_live_events(e2e: E2E) 
     assert await stream.call.code() == grpc.StatusCode.OK
     logged = await list_all(e2e, session_id=agent.session_id)
     assert reason_of(logged[-1]) == "disposed"
-    assert stream.events == logged[next_seq:], "the stream ended before the log was drained"
+    assert stream.events == logged[next_seq - 1 :], "the stream ended before the log was drained"
+
+
+async def test_a_disposed_agent_is_failed_precondition_until_its_id_is_reused(e2e: E2E) -> None:
+    await create(e2e, "gone", options())
+    await e2e.factory.DisposeAgent(fac.DisposeAgentRequest(agent_id="gone"), timeout=T)
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
+        "SendMessage": lambda: e2e.agents.SendMessage(
+            api.SendMessageRequest(agent_id="gone", text="hi"), timeout=T
+        ),
+        "SteerMessage": lambda: e2e.agents.SteerMessage(
+            api.SteerMessageRequest(agent_id="gone", text="hi"), timeout=T
+        ),
+        "InjectContext": lambda: e2e.agents.InjectContext(
+            api.InjectContextRequest(agent_id="gone", text="hi"), timeout=T
+        ),
+        "CancelTurn": lambda: e2e.agents.CancelTurn(
+            api.CancelTurnRequest(agent_id="gone"), timeout=T
+        ),
+        "GetAgent": lambda: e2e.factory.GetAgent(fac.GetAgentRequest(agent_id="gone"), timeout=T),
+        "DisposeAgent": lambda: e2e.factory.DisposeAgent(
+            fac.DisposeAgentRequest(agent_id="gone"), timeout=T
+        ),
+    }
+    for name, call in calls.items():
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call()
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION, name
+        assert "disposed" in (info.value.details() or ""), name
+    # An id that never existed is still NOT_FOUND; a reused id is live again.
+    with pytest.raises(grpc.aio.AioRpcError) as never:
+        await e2e.factory.GetAgent(fac.GetAgentRequest(agent_id="never-was"), timeout=T)
+    assert never.value.code() == grpc.StatusCode.NOT_FOUND
+    await create(e2e, "gone", options())
+    again = await e2e.factory.GetAgent(fac.GetAgentRequest(agent_id="gone"), timeout=T)
+    assert again.agent.status == ae.AGENT_STATUS_IDLE
+
+
+async def test_send_message_reports_running_for_the_message_that_wakes_the_agent(
+    e2e: E2E,
+) -> None:
+    await create(e2e, "waker", options([slow_step(5)]))
+    sent = await e2e.agents.SendMessage(
+        api.SendMessageRequest(agent_id="waker", text="wake up"), timeout=T
+    )
+    assert sent.status == ae.AGENT_STATUS_RUNNING
+    await wait_idle(e2e, "waker")

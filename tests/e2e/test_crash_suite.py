@@ -312,8 +312,8 @@ async def next_turn_numbers_correctly(
         api.InjectContextRequest(agent_id=agent_id, text="check"), timeout=T
     )
     page = await server.agents.ListSessionEvents(
-        api.ListSessionEventsRequest(agent_id=agent_id, from_seq=len(events)), timeout=T
+        api.ListSessionEventsRequest(agent_id=agent_id, from_seq=len(events) + 1), timeout=T
     )
     starts = [e.turn_start.turn for e in page.events if e.HasField("turn_start")]
     assert starts and starts[0] == before + 1, (starts, before)
-    assert sent.next_seq >= len(events)
+    assert sent.next_seq > len(events)

@@ -307,7 +307,7 @@ async def test_three_turns_survive_a_restart_and_the_fourth_continues(tmp_path: 
         await server.terminate()
 
     n = len(before)
-    assert [e.seq for e in before] == list(range(n))
+    assert [e.seq for e in before] == list(range(1, n + 1))
     assert described.event_count == n and described.turn_count == 3
     check_log(before)
 
@@ -328,8 +328,8 @@ async def test_three_turns_survive_a_restart_and_the_fourth_continues(tmp_path: 
     assert as_bytes(after[:n]) == as_bytes(before)
     # (b) numbering continues: turn 4, seq N onwards, no gaps, no duplicates.
     assert turn_number(fourth) == 4 and reason(fourth[-1]) == "completed"
-    assert fourth[0].seq == n
-    assert [e.seq for e in after] == list(range(len(after)))
+    assert fourth[0].seq == n + 1
+    assert [e.seq for e in after] == list(range(1, len(after) + 1))
     assert as_bytes(after[n:]) == as_bytes(fourth)
     check_log(after)
     new_headers = [e.request_header for e in after[n:] if e.HasField("request_header")]
@@ -421,7 +421,7 @@ async def test_sigkill_mid_tool_keeps_every_seen_event_and_repairs_the_turn(
 
         # The next turn is numbered after the interrupted one, and completes.
         await run_next_turn(
-            server, "back", session_id, "are you there", turn=3, first_seq=len(reloaded)
+            server, "back", session_id, "are you there", turn=3, first_seq=len(reloaded) + 1
         )
         await server.terminate()
 
@@ -437,7 +437,7 @@ async def write_open_tail(tmp_path: Path, session_id: str) -> list[ev.SessionEve
     try:
         events = (await store.load(session_id)).events
         turn = max(e.turn_start.turn for e in events if e.HasField("turn_start")) + 1
-        seq = len(events)
+        seq = len(events) + 1  # seqs start at 1
         surface = ev.SurfaceOp(kind=ev.SURFACE_OP_KIND_APPEND)
         call = c.ToolCallBlock(id="c7", name="sleep", arguments='{"seconds": 60}')
         payloads: list[dict[str, Any]] = [
@@ -529,7 +529,7 @@ async def test_a_stored_open_turn_is_closed_interrupted_and_the_repair_is_stored
         assert as_bytes(await list_events(server, session_id)) == as_bytes(repaired)
         await resume(server, "back", session_id)
         await run_next_turn(
-            server, "back", session_id, "wake up", turn=turn + 1, first_seq=len(repaired)
+            server, "back", session_id, "wake up", turn=turn + 1, first_seq=len(repaired) + 1
         )
         await server.terminate()
 
@@ -537,7 +537,7 @@ async def test_a_stored_open_turn_is_closed_interrupted_and_the_repair_is_stored
 async def test_concurrent_reads_of_a_crashed_session_repair_it_once(tmp_path: Path) -> None:
     session_id = await stored_one_turn_session(tmp_path)
     tail = await write_open_tail(tmp_path, session_id)
-    stored = tail[-1].seq + 1
+    stored = tail[-1].seq  # the stored count: seqs start at 1
 
     async with running_server(tmp_path) as server:
         # Three readers load the unrepaired session at once: each must see it closed,
@@ -576,7 +576,7 @@ async def test_an_idle_injection_turn_survives_a_restart(tmp_path: Path) -> None
         injected = await server.agents.InjectContext(
             api.InjectContextRequest(agent_id="a1", text="the build is green"), timeout=T
         )
-        assert injected.next_seq == mark + 3
+        assert injected.next_seq == mark + 4
         await server.terminate()  # disposal drains the injection's background flush
 
     async with running_server(tmp_path) as server:
@@ -592,7 +592,7 @@ async def test_an_idle_injection_turn_survives_a_restart(tmp_path: Path) -> None
         assert "the build is green" in history[-1].content[0].text.text
 
         await run_next_turn(
-            server, "again", session_id, "three four", turn=3, first_seq=len(events)
+            server, "again", session_id, "three four", turn=3, first_seq=len(events) + 1
         )
         await server.terminate()
 
@@ -620,7 +620,8 @@ async def test_fork_at_a_turn_end_and_resume_the_fork(tmp_path: Path) -> None:
         assert "boundary_seq" in (not_end.details() or "")
         out_of_range = await status_of(
             server.agents.ForkSession(
-                api.ForkSessionRequest(session_id=session_id, boundary_seq=len(source)), timeout=T
+                api.ForkSessionRequest(session_id=session_id, boundary_seq=len(source) + 1),
+                timeout=T,
             )
         )
         assert out_of_range.code() == grpc.StatusCode.INVALID_ARGUMENT

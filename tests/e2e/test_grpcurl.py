@@ -48,7 +48,7 @@ async def run_word_count_turn(e2e: E2E, agent_id: str, options: dict[str, Any]) 
             data={"agent_id": agent_id, "text": "count my four words"},
         )
     )
-    assert sent.get("next_seq", "0") == "0"
+    assert sent["next_seq"] == "1"  # seqs start at 1: JSON shows them all
 
     idle = json.loads(
         await grpcurl(
@@ -68,8 +68,8 @@ async def run_word_count_turn(e2e: E2E, agent_id: str, options: dict[str, Any]) 
         )
     )
     events: list[Any] = listed["events"]
-    assert [e.get("seq", "0") for e in events] == [str(i) for i in range(len(events))]
-    assert int(idle["next_seq"]) == len(events)
+    assert [e["seq"] for e in events] == [str(i) for i in range(1, len(events) + 1)]
+    assert int(idle["next_seq"]) == len(events) + 1
     assert "turn_start" in events[0]
     assert "turn_end" in events[-1], events[-1]
     return events

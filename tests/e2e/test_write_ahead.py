@@ -180,20 +180,20 @@ async def test_a_stream_past_the_end_is_out_of_range_also_after_a_crash(tmp_path
         session_id = await create(server, "a1")
         await send(server, "a1", "count these words", "")
         await wait_idle(server, "a1")
-        count = len(await list_events(server, session_id))
-        await expect_out_of_range(server, "a1", "", count + 1)
+        count = len(await list_events(server, session_id))  # seqs 1..count
+        await expect_out_of_range(server, "a1", "", count + 2)
         await server.crash()
 
     async with running_server(tmp_path) as server:
         # The client had seen up to `count`; asking for more than exists is refused.
         await expect_out_of_range(server, "", session_id, count + 5)
         await resume(server, "a1", session_id)
-        await expect_out_of_range(server, "a1", "", count + 1)
+        await expect_out_of_range(server, "a1", "", count + 2)
         # At the end exactly, a stream waits for the next event, which comes.
-        with EventStream(server.agents, agent_id="a1", from_seq=count) as stream:
+        with EventStream(server.agents, agent_id="a1", from_seq=count + 1) as stream:
             await send(server, "a1", "more", "")
             start = await stream.until("turn_start")
-        assert start.seq == count
+        assert start.seq == count + 1
         await server.terminate()
 
 
