@@ -26,11 +26,11 @@ from server.agent import Agent
 from server.disposed import DisposedIds
 from server.errors import (
     AgentDisposed,
+    AgentNotFound,
     AlreadyExists,
     CodedError,
     FailedPrecondition,
     InvalidArgument,
-    NotFound,
     SessionDamaged,
 )
 from server.limits import check_capacity
@@ -155,12 +155,16 @@ class AgentFactory:
                 f'session "{session_id}" is driven by live agent "{owner}": talk to that'
                 " agent, or dispose it (DisposeAgent) and resume again"
                 if owner
-                else f'session "{session_id}" is being taken by another agent; retry later'
+                else f'session "{session_id}" is being taken by another agent; retry later',
+                "SESSION_IN_USE",
+                session_id=session_id,
+                agent_id=owner,
             )
         if not self.runtime.store.persistent:
             raise FailedPrecondition(
                 "cannot resume: this server keeps no persistent session store"
-                " (configure store: sqlite)"
+                " (configure store: sqlite)",
+                "NOT_PERSISTENT",
             )
         self._reserve(agent_id, session_id)
         try:
@@ -203,7 +207,7 @@ class AgentFactory:
             if setup is not None:
                 await setup(agent)
             if self._closing:
-                raise FailedPrecondition("the server is shutting down")
+                raise FailedPrecondition("the server is shutting down", "SHUTTING_DOWN")
             self.agents[agent_id] = agent
             self.sessions[session.session_id] = session
             session.agent_id = agent_id
@@ -247,7 +251,7 @@ class AgentFactory:
         if agent is None:
             if agent_id in self.disposed:
                 raise AgentDisposed(agent_id)
-            raise NotFound(f'agent "{agent_id}" not found')
+            raise AgentNotFound(agent_id)
         return agent
 
     def list_agents(self) -> list[Agent]:
@@ -406,7 +410,7 @@ class AgentFactory:
     def _reserve(self, agent_id: str, session_id: str) -> None:
         """Claim both ids at once, before any await, so a same-id race has one winner."""
         if self._closing:
-            raise FailedPrecondition("the server is shutting down")
+            raise FailedPrecondition("the server is shutting down", "SHUTTING_DOWN")
         if agent_id in self._agent_ids:
             raise AlreadyExists(f'agent "{agent_id}" already exists')
         check_capacity(self.runtime.limits, "max_agents", len(self._agent_ids), "agents")

@@ -76,7 +76,9 @@ def check_capacity(limits: Limits, attribute: str, current: int, what: str) -> N
     """`ResourceExhausted` when `current` already reached the limit."""
     limit: int = getattr(limits, attribute)
     if current >= limit:
-        raise ResourceExhausted(f"{what}: the server reached {limits.describe(attribute)}")
+        raise ResourceExhausted(
+            f"{what}: the server reached {limits.describe(attribute)}", limit=attribute
+        )
 
 
 def check_tool_calls(limits: Limits, count: int) -> None:

@@ -20,9 +20,6 @@ USER_BLOCKS = ("text",)
 """The content block kinds a user may send: tool calls, tool results and reasoning come
 from models and tools only (a forged tool result would poison the session)."""
 
-MAX_PAGE_TOKEN_DIGITS = 18
-"""Page tokens are decimal offsets this server issued; longer ones were never issued."""
-
 
 def check_message(limits: Limits, text: str, content: Sequence[c.ContentBlock]) -> None:
     """Refuse what a send, steer or inject may not carry, before anything is appended.
@@ -53,20 +50,6 @@ def check_agent_options(limits: Limits, options: agent_pb2.AgentOptions) -> None
     for i, step in enumerate(options.script):
         # A step becomes one assistant message: bounded like any other message.
         check_size(limits, "max_content_bytes", f"options.script[{i}]", step.ByteSize())
-
-
-def page_offset(page_token: str) -> int:
-    """The offset a page token stands for; "" is the first page."""
-    if not page_token:
-        return 0
-    # isdigit alone accepts "²" and other Unicode digits that int() refuses or misreads.
-    if (
-        len(page_token) > MAX_PAGE_TOKEN_DIGITS
-        or not page_token.isascii()
-        or not page_token.isdigit()
-    ):
-        raise InvalidArgument("page_token", "is not a token this server issued")
-    return int(page_token)
 
 
 def duration_seconds(duration: duration_pb2.Duration, field: str, maximum: float) -> float:

@@ -34,6 +34,8 @@ INBOX_CONTEXT = "context"
 class StoreConflict(AgentLoopError):
     """An append did not follow the stored log: another writer got there first."""
 
+    reason = "STORE_CONFLICT"
+
 
 @dataclass(frozen=True)
 class InboxEntry:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
-from server.errors import AlreadyExists, NotFound
+from server.errors import AlreadyExists, SessionNotFound
 from server.stores import (
     FIRST_SEQ,
     Commit,
@@ -59,7 +59,7 @@ class MemoryStore:
                     raise AlreadyExists(f'session "{session_id}" already exists')
                 check_follows(session_id, 0, writes.events)
             elif stored is None:
-                raise NotFound(f'session "{session_id}" not found')
+                raise SessionNotFound(session_id)
             else:
                 check_follows(session_id, len(stored.events), writes.events)
         for session_id, writes in commit.sessions.items():
@@ -163,7 +163,7 @@ class MemoryStore:
     def _get(self, session_id: str) -> _Session:
         session = self._sessions.get(session_id)
         if session is None:
-            raise NotFound(f'session "{session_id}" not found')
+            raise SessionNotFound(session_id)
         return session
 
 

@@ -32,7 +32,7 @@ from google.protobuf.message import DecodeError
 
 from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
-from server.errors import NotFound, SessionDamaged
+from server.errors import SessionDamaged, SessionNotFound
 from server.stores import (
     FIRST_SEQ,
     INBOX_CONTEXT,
@@ -271,7 +271,7 @@ class SqliteStore:
                     "SELECT header, options FROM sessions WHERE session_id = ?", (session_id,)
                 ).fetchone()
                 if row is None:
-                    raise NotFound(f'session "{session_id}" not found')
+                    raise SessionNotFound(session_id)
                 events = db.execute(
                     "SELECT seq, event FROM events WHERE session_id = ? ORDER BY seq",
                     (session_id,),

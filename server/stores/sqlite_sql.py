@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from agentloop.v1 import session_event_pb2 as ev
-from server.errors import AlreadyExists, NotFound
+from server.errors import AlreadyExists, SessionNotFound
 from server.stores import FIRST_SEQ, SessionWrites, StoreConflict, check_follows, fork_boundary
 
 _PAYLOAD = ev.SessionEvent.DESCRIPTOR.oneofs_by_name["payload"]
@@ -129,7 +129,7 @@ def write_commit(db: sqlite3.Connection, sessions: list[SessionRows]) -> None:
                     (s.driver, s.session_id),
                 ).rowcount
                 if moved != 1:
-                    raise NotFound(f'session "{s.session_id}" not found')
+                    raise SessionNotFound(s.session_id)
             if s.options is not None:
                 db.execute(
                     "UPDATE sessions SET options = ? WHERE session_id = ?",
@@ -150,7 +150,7 @@ def _refuse(db: sqlite3.Connection, session_id: str, first_seq: int, stored: int
     """
     exists = db.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
     if exists is None:
-        raise NotFound(f'session "{session_id}" not found')
+        raise SessionNotFound(session_id)
     if stored + FIRST_SEQ == first_seq:
         return
     raise StoreConflict(
@@ -172,7 +172,7 @@ def fork_copy(
             db.execute("SELECT 1 FROM sessions WHERE session_id = ?", (source_id,)).fetchone()
             is None
         ):
-            raise NotFound(f'session "{source_id}" not found')
+            raise SessionNotFound(source_id)
         kind_at = None
         if boundary_seq is not None:
             row = db.execute(
@@ -234,7 +234,7 @@ def summary_row(db: sqlite3.Connection, session_id: str) -> tuple[bytes, int, in
     """Header bytes, event count, last turn and inbox size of a session."""
     row = db.execute("SELECT header FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
     if row is None:
-        raise NotFound(f'session "{session_id}" not found')
+        raise SessionNotFound(session_id)
     pending = db.execute(
         "SELECT COUNT(*) FROM inbox WHERE session_id = ?", (session_id,)
     ).fetchone()[0]

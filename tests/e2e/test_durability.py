@@ -641,9 +641,9 @@ async def test_fork_at_a_turn_end_and_resume_the_fork(tmp_path: Path) -> None:
         fork = forked.session
         assert fork.session_id == "what-if" and not fork.agent_id
         assert fork.header.parent_session_id == session_id
-        assert fork.header.seed_length == ends[0] + 1 == fork.event_count
+        assert fork.header.seed_length == ends[0] == fork.event_count  # seqs start at 1
         assert fork.turn_count == 1
-        assert as_bytes(await list_events(server, "what-if")) == as_bytes(source[: ends[0] + 1])
+        assert as_bytes(await list_events(server, "what-if")) == as_bytes(source[: ends[0]])
         taken = await status_of(
             server.agents.ForkSession(
                 api.ForkSessionRequest(session_id=session_id, new_session_id="what-if"), timeout=T

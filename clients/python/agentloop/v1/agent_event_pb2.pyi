@@ -37,7 +37,10 @@ class _AgentStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AgentStat
     """Disposed; terminal."""
 
 class AgentStatus(_AgentStatus, metaclass=_AgentStatusEnumTypeWrapper):
-    """AgentStatus is the driver state of an agent."""
+    """AgentStatus is the driver state of an agent.
+    This enum may grow: a client must accept values it does not know (treat
+    them as UNSPECIFIED, or show the number), never fail on them.
+    """
 
 AGENT_STATUS_UNSPECIFIED: AgentStatus.ValueType  # 0
 """Not set."""
@@ -63,7 +66,10 @@ class _SessionStartSourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Se
     """A persisted session resumed."""
 
 class SessionStartSource(_SessionStartSource, metaclass=_SessionStartSourceEnumTypeWrapper):
-    """SessionStartSource is why a session started for an agent."""
+    """SessionStartSource is why a session started for an agent.
+    This enum may grow: a client must accept values it does not know (treat
+    them as UNSPECIFIED, or show the number), never fail on them.
+    """
 
 SESSION_START_SOURCE_UNSPECIFIED: SessionStartSource.ValueType  # 0
 """Not set."""
@@ -90,7 +96,7 @@ class AgentEvent(_message.Message):
     DISPOSED_FIELD_NUMBER: _builtins.int
     SESSION_START_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
-    """AgentID is the agent."""
+    """The agent it happened to."""
     @_builtins.property
     def time(self) -> _timestamp_pb2.Timestamp:
         """Time is when it happened."""
@@ -220,7 +226,9 @@ class AgentError(_message.Message):
     message: _builtins.str
     """Message says what failed."""
     code: _builtins.str
-    """Code is a machine-readable code, when known."""
+    """A machine-readable code: the codes of `TurnError.code` (that list may
+    grow: accept codes you do not know).
+    """
     def __init__(
         self,
         *,

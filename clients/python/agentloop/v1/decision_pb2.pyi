@@ -37,7 +37,7 @@ class HookContext(_message.Message):
     """Envelope is how it is projected; unset means CONTEXT."""
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[_content_pb2.ContentBlock]:
-        """Content is the context."""
+        """The text to add, as text blocks."""
 
     @_builtins.property
     def source(self) -> _content_pb2.Source:

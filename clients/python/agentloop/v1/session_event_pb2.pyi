@@ -37,7 +37,10 @@ class _SurfaceOpKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Surface
     """Replaces an inclusive range of history nodes with this one (compaction)."""
 
 class SurfaceOpKind(_SurfaceOpKind, metaclass=_SurfaceOpKindEnumTypeWrapper):
-    """SurfaceOpKind is how a surface event changes the history."""
+    """SurfaceOpKind is how a surface event changes the history.
+    This enum may grow: a client must accept values it does not know (treat
+    them as UNSPECIFIED, or show the number), never fail on them.
+    """
 
 SURFACE_OP_KIND_UNSPECIFIED: SurfaceOpKind.ValueType  # 0
 """Not a surface event."""
@@ -61,7 +64,10 @@ class _TriggerKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TriggerKi
     """An idle context injection opened a one-shot turn."""
 
 class TriggerKind(_TriggerKind, metaclass=_TriggerKindEnumTypeWrapper):
-    """TriggerKind is what opened a turn."""
+    """TriggerKind is what opened a turn.
+    This enum may grow: a client must accept values it does not know (treat
+    them as UNSPECIFIED, or show the number), never fail on them.
+    """
 
 TRIGGER_KIND_UNSPECIFIED: TriggerKind.ValueType  # 0
 """Not set."""
@@ -85,7 +91,10 @@ class _ContextEnvelopeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Conte
     """Projected verbatim."""
 
 class ContextEnvelope(_ContextEnvelope, metaclass=_ContextEnvelopeEnumTypeWrapper):
-    """ContextEnvelope is how injected context is projected into history."""
+    """ContextEnvelope is how injected context is projected into history.
+    This enum may grow: a client must accept values it does not know (treat
+    them as UNSPECIFIED, or show the number), never fail on them.
+    """
 
 CONTEXT_ENVELOPE_UNSPECIFIED: ContextEnvelope.ValueType  # 0
 """Unset means CONTEXT."""
@@ -111,7 +120,10 @@ class _HeaderReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_HeaderRe
     """The header differs from the last one logged."""
 
 class HeaderReason(_HeaderReason, metaclass=_HeaderReasonEnumTypeWrapper):
-    """HeaderReason is why a request header was logged."""
+    """HeaderReason is why a request header was logged.
+    This enum may grow: a client must accept values it does not know (treat
+    them as UNSPECIFIED, or show the number), never fail on them.
+    """
 
 HEADER_REASON_UNSPECIFIED: HeaderReason.ValueType  # 0
 """Not set."""
@@ -415,7 +427,7 @@ class ContextMessage(_message.Message):
     """
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[_content_pb2.ContentBlock]:
-        """Content is the context."""
+        """The injected text, as text blocks; projected per `envelope`."""
 
     @_builtins.property
     def source(self) -> _content_pb2.Source:
@@ -912,9 +924,29 @@ class TurnError(_message.Message):
     step: _builtins.int
     """Step is the step counter when the failure surfaced; 0 before any step."""
     message: _builtins.str
-    """Message says what failed."""
+    """Message says what failed, for people; do not parse it."""
     code: _builtins.str
-    """Code is a machine-readable code, when known."""
+    """A machine-readable code. The server produces these; the list may grow,
+    so a client must accept a code it does not know:
+
+    | code | what failed |
+    |---|---|
+    | `NO_MODEL` | no provider or model for the call (options or `agent/request`) |
+    | `UNKNOWN_PROVIDER` | the provider is not registered |
+    | `MODEL_PROTOCOL` | a model stream broke the chunk grammar |
+    | `ABORTED` | the model stream or the turn was aborted |
+    | `CANCELLED` | a listener or tool was cancelled |
+    | `PROMPT_VARIABLE` | the system prompt uses a variable with no value |
+    | `INVALID_TOOL_ORDER` | the configured tool order is invalid |
+    | `TOOL_CALLS_PER_STEP`, `EVENTS_PER_TURN`, `CONTENT_BYTES` | a limit of the server |
+    | `PLUGIN_TIMEOUT`, `PLUGIN_ERROR`, `PLUGIN_MALFORMED`, `PLUGIN_DISCONNECTED` | a FAIL_CLOSED plugin call |
+    | `PLUGIN_NOT_READY` | a required plugin has not connected |
+    | `CONNECTION_FAILED`, `TIMEOUT`, `STREAM_INTERRUPTED`, `BAD_RESPONSE`, `BAD_CHUNK`, `STREAM_ERROR`, `HTTP_<status>` | an OpenAI-compatible provider |
+    | empty | an unexpected failure (the message says what) |
+
+    Any other value is a code a model provider (or a model plugin) reported
+    with its error, passed through unchanged.
+    """
     def __init__(
         self,
         *,
