@@ -43,7 +43,9 @@ test: setup ## Run lint, type checks and the whole test suite (what CI runs).
 gen: $(VENV)/.installed ## Regenerate the Python code from proto/.
 	rm -rf clients/python/agentloop/v1/*_pb2* clients/python/agentloop/plugin/v1/*_pb2*
 	PATH=$(abspath $(BIN)):$$PATH $(PY) -m grpc_tools.protoc -I proto \
-		--python_out=clients/python --mypy_out=quiet:clients/python $(PROTOS)
+		--python_out=clients/python --mypy_out=quiet:clients/python $(PROTOS) \
+		--include_source_info --include_imports \
+		--descriptor_set_out=clients/python/agentloop/v1/agentloop.binpb
 	PATH=$(abspath $(BIN)):$$PATH $(PY) -m grpc_tools.protoc -I proto \
 		--grpc_python_out=clients/python --mypy_grpc_out=quiet:clients/python $(SERVICE_PROTOS)
 

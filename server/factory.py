@@ -36,6 +36,7 @@ from server.errors import (
 from server.limits import check_capacity
 from server.loop import run_loop
 from server.memory import Trimmer
+from server.models.scripted_options import options_type
 from server.repair import crash_closers
 from server.runtime import Runtime
 from server.session import SessionLog, now_timestamp, session_message
@@ -444,6 +445,14 @@ class AgentFactory:
             raise InvalidArgument(
                 "options.provider", f'unknown provider "{provider}" (known: {known})'
             )
+        given = options_type(options)
+        if given:
+            taken = getattr(self.runtime.models.get(provider), "options_type", "")
+            if given != taken:
+                takes = f"takes {taken}" if taken else "takes no provider options"
+                raise InvalidArgument(
+                    "options.provider_options", f'provider "{provider}" {takes}, not {given}'
+                )
         unknown = sorted(set(options.tools) - self.runtime.tools.names())
         if unknown:
             raise InvalidArgument("options.tools", f"unknown tools: {', '.join(unknown)}")

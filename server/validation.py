@@ -15,6 +15,7 @@ from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
 from server.errors import InvalidArgument
 from server.limits import Limits, check_size
+from server.models.scripted_options import script_of
 
 USER_BLOCKS = ("text",)
 """The content block kinds a user may send: tool calls, tool results and reasoning come
@@ -44,12 +45,14 @@ def check_message(limits: Limits, text: str, content: Sequence[c.ContentBlock]) 
 def check_agent_options(limits: Limits, options: agent_pb2.AgentOptions) -> None:
     """The sizes of `options`: persona and script, each against its limit."""
     check_size(limits, "max_persona_bytes", "options.persona", len(options.persona.encode()))
-    check_size(limits, "max_script_steps", "options.script", len(options.script), "steps")
-    calls = sum(len(step.tool_calls) for step in options.script)
-    check_size(limits, "max_script_tool_calls", "options.script", calls, "tool calls")
-    for i, step in enumerate(options.script):
+    script = script_of(options)
+    field = "options.provider_options.steps"
+    check_size(limits, "max_script_steps", field, len(script), "steps")
+    calls = sum(len(step.tool_calls) for step in script)
+    check_size(limits, "max_script_tool_calls", field, calls, "tool calls")
+    for i, step in enumerate(script):
         # A step becomes one assistant message: bounded like any other message.
-        check_size(limits, "max_content_bytes", f"options.script[{i}]", step.ByteSize())
+        check_size(limits, "max_content_bytes", f"{field}[{i}]", step.ByteSize())
 
 
 def duration_seconds(duration: duration_pb2.Duration, field: str, maximum: float) -> float:

@@ -15,9 +15,15 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 
-from agentloop.v1 import agent_factory_service_pb2, agent_factory_service_pb2_grpc, agent_pb2
+from agentloop.v1 import (
+    agent_factory_service_pb2,
+    agent_factory_service_pb2_grpc,
+    agent_pb2,
+    scripted_pb2,
+)
 from server.app import App
 from server.config import AgentConfig, Config
+from server.models.scripted_options import script_options
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -161,14 +167,16 @@ async def test_cancel_and_dispose(server: str) -> None:
 
 
 async def test_ctrl_c_cancels_the_turn(server: str) -> None:
-    slow = agent_pb2.ScriptedStep(
+    slow = scripted_pb2.ScriptedStep(
         text="slowly " * 50, chunk_size=2, chunk_delay=duration_pb2.Duration(nanos=50_000_000)
     )
     async with grpc.aio.insecure_channel(server) as channel:
         await agent_factory_service_pb2_grpc.AgentFactoryServiceStub(channel).CreateAgent(
             agent_factory_service_pb2.CreateAgentRequest(
                 agent_id="slow",
-                options=agent_pb2.AgentOptions(provider="scripted", model="echo", script=[slow]),
+                options=agent_pb2.AgentOptions(
+                    provider="scripted", model="echo", provider_options=script_options([slow])
+                ),
             )
         )
     proc = await start_cli(server, "send", "slow", "go", launch=WITH_SIGINT)

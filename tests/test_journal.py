@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agentloop.v1 import agent_pb2, session_pb2
+from agentloop.v1 import scripted_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
 from server.errors import AgentLoopError
 from server.journal import Journal
@@ -97,7 +97,7 @@ async def test_a_long_session_keeps_a_bounded_window_and_reads_the_rest_from_the
     tmp_path: Path,
 ) -> None:
     chunks = 20_000
-    step = agent_pb2.ScriptedStep(text="x" * chunks, chunk_size=1)
+    step = scripted_pb2.ScriptedStep(text="x" * chunks, chunk_size=1)
     h = Harness(store=SqliteStore(tmp_path / "agentloop.db"), event_window=WINDOW)
     agent = await h.create(script=[step])
     agent.send([text_block("stream a lot")])

@@ -14,9 +14,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import agent_pb2, decision_pb2, session_event_pb2, stream_pb2
+from agentloop.v1 import agent_pb2, decision_pb2, scripted_pb2, session_event_pb2, stream_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import content_pb2 as c
+from server.models.scripted_options import script_options
 from tests.e2e.conftest import E2E, READ_TIMEOUT, EventStream, kinds, of_kind, read_turn, text_of
 
 T = READ_TIMEOUT
@@ -26,11 +27,14 @@ SLOW_TEXT = "This reply streams one character every fifty milliseconds. " * 4
 
 
 def options(
-    script: list[agent_pb2.ScriptedStep] | None = None, tools: list[str] | None = None
+    script: list[scripted_pb2.ScriptedStep] | None = None, tools: list[str] | None = None
 ) -> agent_pb2.AgentOptions:
     """Scripted-model options."""
     return agent_pb2.AgentOptions(
-        provider="scripted", model="m", script=script or [], tools=tools or []
+        provider="scripted",
+        model="m",
+        provider_options=script_options(script or []),
+        tools=tools or [],
     )
 
 
@@ -39,9 +43,9 @@ def millis(ms: int) -> duration_pb2.Duration:
     return duration_pb2.Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
 
 
-def slow_step(ms: int = 50) -> agent_pb2.ScriptedStep:
+def slow_step(ms: int = 50) -> scripted_pb2.ScriptedStep:
     """A long text streamed one character per `ms` milliseconds."""
-    return agent_pb2.ScriptedStep(text=SLOW_TEXT, chunk_delay=millis(ms))
+    return scripted_pb2.ScriptedStep(text=SLOW_TEXT, chunk_delay=millis(ms))
 
 
 async def create(
@@ -102,7 +106,7 @@ def assert_contiguous(events: list[session_event_pb2.SessionEvent], start: int) 
 
 
 async def test_simple_turn_has_the_canonical_sequence(e2e: E2E) -> None:
-    await create(e2e, "a1", options([agent_pb2.ScriptedStep(text="hi there", chunk_size=3)]))
+    await create(e2e, "a1", options([scripted_pb2.ScriptedStep(text="hi there", chunk_size=3)]))
     next_seq = await send(e2e, "a1", "hello")
     assert next_seq == 1  # sequence numbers start at 1
 
@@ -164,12 +168,12 @@ async def test_tool_round_trip(e2e: E2E) -> None:
 
 async def test_steering_joins_the_running_step(e2e: E2E) -> None:
     script = [
-        agent_pb2.ScriptedStep(
+        scripted_pb2.ScriptedStep(
             tool_calls=[
-                agent_pb2.ScriptedToolCall(id="s1", name="sleep", arguments='{"seconds": 0.3}')
+                scripted_pb2.ScriptedToolCall(id="s1", name="sleep", arguments='{"seconds": 0.3}')
             ]
         ),
-        agent_pb2.ScriptedStep(text="steered answer"),
+        scripted_pb2.ScriptedStep(text="steered answer"),
     ]
     await create(e2e, "st1", options(script, tools=["sleep"]))
     next_seq = await send(e2e, "st1", "start")
@@ -250,10 +254,10 @@ async def test_blocked_prompt_rejects_the_turn(e2e: E2E) -> None:
 
 async def test_max_tokens_drops_tool_calls(e2e: E2E) -> None:
     script = [
-        agent_pb2.ScriptedStep(
+        scripted_pb2.ScriptedStep(
             text="truncated",
             tool_calls=[
-                agent_pb2.ScriptedToolCall(id="e1", name="echo", arguments='{"text": "x"}')
+                scripted_pb2.ScriptedToolCall(id="e1", name="echo", arguments='{"text": "x"}')
             ],
             finish=stream_pb2.FINISH_KIND_MAX_TOKENS,
         )

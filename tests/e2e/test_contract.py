@@ -10,13 +10,15 @@ from typing import Any
 
 import grpc
 import pytest
+from google.protobuf import any_pb2, struct_pb2
 from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
 
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from server import api_agent
+from server.models.scripted_options import script_options
 from tests.e2e.conftest import E2E, READ_TIMEOUT, EventStream
 
 T = READ_TIMEOUT
@@ -47,8 +49,10 @@ async def refused(call: Any) -> grpc.aio.AioRpcError:
 
 
 async def create(e2e: E2E, agent_id: str) -> None:
-    short = [agent_pb2.ScriptedStep(text="ok")] * 50  # not an echo of long prompts
-    options = agent_pb2.AgentOptions(provider="scripted", model="m", script=short)
+    short = [scripted_pb2.ScriptedStep(text="ok")] * 50  # not an echo of long prompts
+    options = agent_pb2.AgentOptions(
+        provider="scripted", model="m", provider_options=script_options(short)
+    )
     await e2e.factory.CreateAgent(
         fac.CreateAgentRequest(agent_id=agent_id, options=options), timeout=T
     )
@@ -175,3 +179,19 @@ async def test_live_events_dropped_for_a_slow_reader_are_counted(
             dropped += batch.dropped_agent_events
     assert dropped > 0
     assert len(stream.agent_events) + dropped == len(emitted)
+
+
+async def test_provider_options_of_another_type_are_refused(e2e: E2E) -> None:
+    wrong = any_pb2.Any()
+    wrong.Pack(struct_pb2.Struct())
+    error = await refused(
+        e2e.factory.CreateAgent(
+            fac.CreateAgentRequest(
+                agent_id="typed", options=agent_pb2.AgentOptions(provider_options=wrong)
+            ),
+            timeout=T,
+        )
+    )
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "agentloop.v1.ScriptedOptions" in (error.details() or "")
+    assert [v.field for v in details(error)[1].field_violations] == ["options.provider_options"]

@@ -22,10 +22,11 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import agent_pb2, session_pb2
+from agentloop.v1 import agent_pb2, scripted_pb2, session_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
+from server.models.scripted_options import script_options
 from server.repair import INTERRUPTED_TEXT
 from server.session import SessionLog, now_timestamp
 from server.stores.sqlite import SqliteStore
@@ -358,15 +359,17 @@ async def test_three_turns_survive_a_restart_and_the_fourth_continues(tmp_path: 
 
 def sleeper_options() -> agent_pb2.AgentOptions:
     """Turn 1 answers in text; turn 2 calls `sleep` for a minute."""
-    sleep = agent_pb2.ScriptedToolCall(id="c1", name="sleep", arguments='{"seconds": 60}')
+    sleep = scripted_pb2.ScriptedToolCall(id="c1", name="sleep", arguments='{"seconds": 60}')
     return agent_pb2.AgentOptions(
         provider="scripted",
         model="m",
         tools=["sleep", "word_count"],
-        script=[
-            agent_pb2.ScriptedStep(text="the first answer"),
-            agent_pb2.ScriptedStep(tool_calls=[sleep]),
-        ],
+        provider_options=script_options(
+            [
+                scripted_pb2.ScriptedStep(text="the first answer"),
+                scripted_pb2.ScriptedStep(tool_calls=[sleep]),
+            ]
+        ),
     )
 
 

@@ -16,9 +16,10 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 
-from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
+from server.models.scripted_options import script_options
 from tests.e2e.conftest import EventStream
 from tests.e2e.test_durability import (
     Server,
@@ -38,11 +39,13 @@ def slow_then_quick(slow: bool = True) -> agent_pb2.AgentOptions:
 
     The script restarts with each server process: resume with `slow=False`.
     """
-    quick = [agent_pb2.ScriptedStep(text=f"answer {i}") for i in range(4)]
+    quick = [scripted_pb2.ScriptedStep(text=f"answer {i}") for i in range(4)]
     if slow:
         delay = duration_pb2.Duration(seconds=3)
-        quick.insert(0, agent_pb2.ScriptedStep(text="a very slow answer", chunk_delay=delay))
-    return agent_pb2.AgentOptions(provider="scripted", model="m", script=quick)
+        quick.insert(0, scripted_pb2.ScriptedStep(text="a very slow answer", chunk_delay=delay))
+    return agent_pb2.AgentOptions(
+        provider="scripted", model="m", provider_options=script_options(quick)
+    )
 
 
 def recorded(events: list[ev.SessionEvent], kind: str = "user_message") -> list[str]:

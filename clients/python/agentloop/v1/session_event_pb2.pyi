@@ -34,7 +34,10 @@ class _SurfaceOpKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Surface
     SURFACE_OP_KIND_APPEND: _SurfaceOpKind.ValueType  # 1
     """Appends one history node."""
     SURFACE_OP_KIND_REPLACE: _SurfaceOpKind.ValueType  # 2
-    """Replaces an inclusive range of history nodes with this one (compaction)."""
+    """Replaces an inclusive range of history nodes with this one (compaction).
+    Reserved for compaction: the server does not produce it yet, but readers
+    must apply it (the Python server's history derivation already does).
+    """
 
 class SurfaceOpKind(_SurfaceOpKind, metaclass=_SurfaceOpKindEnumTypeWrapper):
     """SurfaceOpKind is how a surface event changes the history.
@@ -47,7 +50,10 @@ SURFACE_OP_KIND_UNSPECIFIED: SurfaceOpKind.ValueType  # 0
 SURFACE_OP_KIND_APPEND: SurfaceOpKind.ValueType  # 1
 """Appends one history node."""
 SURFACE_OP_KIND_REPLACE: SurfaceOpKind.ValueType  # 2
-"""Replaces an inclusive range of history nodes with this one (compaction)."""
+"""Replaces an inclusive range of history nodes with this one (compaction).
+Reserved for compaction: the server does not produce it yet, but readers
+must apply it (the Python server's history derivation already does).
+"""
 Global___SurfaceOpKind: _TypeAlias = SurfaceOpKind  # noqa: Y015
 
 class _TriggerKind:
