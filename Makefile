@@ -11,7 +11,7 @@ SERVICE_PROTOS := $(shell grep -l '^service ' $(PROTOS))
 CONFIG ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run test check lint typecheck gen check-gen bench clean
+.PHONY: help setup run test check lint typecheck gen check-gen breaking baseline bench clean
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -36,7 +36,7 @@ run: $(VENV)/.installed ## Start the server on its defaults (127.0.0.1:50051, sc
 	$(PY) -m server $(if $(CONFIG),--config $(CONFIG),)
 
 test: setup ## Run lint, type checks and the whole test suite (what CI runs).
-	$(MAKE) --no-print-directory check-gen lint typecheck
+	$(MAKE) --no-print-directory check-gen lint typecheck breaking
 	$(BIN)/pytest -q
 	npm test --prefix $(NODE_CLIENT)
 
@@ -59,6 +59,12 @@ lint: setup ## ruff (lint and format) and buf (lint and format).
 	$(BIN)/ruff format --check .
 	cd proto && ../$(BUF) lint
 	cd proto && ../$(BUF) format -d --exit-code
+
+breaking: node_modules/.installed ## Fail on a wire- or source-breaking change against proto/baseline.binpb.
+	cd proto && ../$(BUF) breaking --against baseline.binpb
+
+baseline: node_modules/.installed ## Refresh the compatibility baseline (a deliberate, changelogged decision).
+	cd proto && ../$(BUF) build -o baseline.binpb
 
 typecheck: $(VENV)/.installed ## mypy --strict.
 	$(BIN)/mypy
