@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 BUF := node_modules/.bin/buf
 NODE_CLIENT := clients/node
-GENERATED := clients/python/agentloop/v1 clients/python/agentloop/plugin/v1
+TS_CLIENT := clients/ts
+GENERATED := clients/python/agentloop/v1 clients/python/agentloop/plugin/v1 $(TS_CLIENT)/src/gen
 PROTOS := $(sort $(shell find proto -name '*.proto'))
 SERVICE_PROTOS := $(shell grep -l '^service ' $(PROTOS))
 CONFIG ?=
@@ -30,7 +31,11 @@ $(NODE_CLIENT)/node_modules/.installed: $(NODE_CLIENT)/package.json $(NODE_CLIEN
 	cd $(NODE_CLIENT) && npm ci --silent --no-audit --no-fund
 	touch $@
 
-setup: $(VENV)/.installed node_modules/.installed $(NODE_CLIENT)/node_modules/.installed ## Create .venv and install Python and Node dependencies.
+$(TS_CLIENT)/node_modules/.installed: $(TS_CLIENT)/package.json $(TS_CLIENT)/package-lock.json
+	cd $(TS_CLIENT) && npm ci --silent --no-audit --no-fund
+	touch $@
+
+setup: $(VENV)/.installed node_modules/.installed $(NODE_CLIENT)/node_modules/.installed $(TS_CLIENT)/node_modules/.installed ## Create .venv and install Python and Node dependencies.
 
 run: $(VENV)/.installed ## Start the server on its defaults (127.0.0.1:50051, scripted model).
 	$(PY) -m server $(if $(CONFIG),--config $(CONFIG),)
@@ -39,8 +44,9 @@ test: setup ## Run lint, type checks and the whole test suite (what CI runs).
 	$(MAKE) --no-print-directory check-gen lint typecheck breaking
 	$(BIN)/pytest -q
 	npm test --prefix $(NODE_CLIENT)
+	npm test --prefix $(TS_CLIENT)
 
-gen: $(VENV)/.installed ## Regenerate the Python code from proto/.
+gen: $(VENV)/.installed node_modules/.installed $(TS_CLIENT)/node_modules/.installed ## Regenerate the Python and TypeScript code from proto/.
 	rm -rf clients/python/agentloop/v1/*_pb2* clients/python/agentloop/plugin/v1/*_pb2*
 	PATH=$(abspath $(BIN)):$$PATH $(PY) -m grpc_tools.protoc -I proto \
 		--python_out=clients/python --mypy_out=quiet:clients/python $(PROTOS) \
@@ -48,6 +54,7 @@ gen: $(VENV)/.installed ## Regenerate the Python code from proto/.
 		--descriptor_set_out=clients/python/agentloop/v1/agentloop.binpb
 	PATH=$(abspath $(BIN)):$$PATH $(PY) -m grpc_tools.protoc -I proto \
 		--grpc_python_out=clients/python --mypy_grpc_out=quiet:clients/python $(SERVICE_PROTOS)
+	cd $(TS_CLIENT) && ../../$(BUF) generate
 
 check-gen: gen ## Fail when the committed generated code is stale.
 	git diff --exit-code --stat -- $(GENERATED)
@@ -74,4 +81,4 @@ bench: $(VENV)/.installed ## Run the performance benchmarks and print their figu
 	$(PY) -m bench.plugin_bench
 
 clean: ## Remove the virtualenv and caches.
-	rm -rf $(VENV) node_modules $(NODE_CLIENT)/node_modules .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) node_modules $(NODE_CLIENT)/node_modules $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist .mypy_cache .ruff_cache .pytest_cache
