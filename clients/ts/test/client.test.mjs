@@ -1,38 +1,18 @@
 // The TypeScript client against a real server: `python -m server` on a free port.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join, resolve } from "node:path";
-import { createInterface } from "node:readline";
 import { connect, scriptedOptions } from "../dist/index.js";
+import { startServer } from "./server.mjs";
 
-const root = resolve(import.meta.dirname, "../../..");
-const python = process.env.AGENTLOOP_PYTHON ?? join(root, ".venv/bin/python");
 let server;
-let dataDir;
 let client;
 
 before(async () => {
-  dataDir = mkdtempSync(join(tmpdir(), "agentloop-ts-"));
-  server = spawn(python, ["-m", "server", "--listen", "127.0.0.1:0", "--data-dir", dataDir], {
-    cwd: root,
-    stdio: ["ignore", "pipe", "inherit"],
-  });
-  const first = await new Promise((ok, fail) => {
-    server.once("exit", (code) => fail(new Error(`the server exited (${code}) before listening`)));
-    createInterface({ input: server.stdout }).once("line", ok);
-  });
-  const match = /agentloop listening on (\S+)/.exec(first);
-  assert.ok(match, `the server printed ${first}`);
-  client = connect(match[1]);
+  server = await startServer();
+  client = connect(server.address);
 });
 
-after(() => {
-  server?.kill("SIGTERM");
-  rmSync(dataDir, { recursive: true, force: true });
-});
+after(() => server?.stop());
 
 function scripted(steps, tools = []) {
   return { provider: "scripted", model: "m", tools, providerOptions: scriptedOptions(steps) };
