@@ -6,6 +6,7 @@ parameters, a stream that confirms its subscription and counts what it drops.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -18,8 +19,9 @@ from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from server import api_agent
+from server.config import Config
 from server.models.scripted_options import script_options
-from tests.e2e.conftest import E2E, READ_TIMEOUT, EventStream
+from tests.e2e.conftest import E2E, READ_TIMEOUT, EventStream, running_app
 
 T = READ_TIMEOUT
 DETAILS = "grpc-status-details-bin"
@@ -195,3 +197,26 @@ async def test_provider_options_of_another_type_are_refused(e2e: E2E) -> None:
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "agentloop.v1.ScriptedOptions" in (error.details() or "")
     assert [v.field for v in details(error)[1].field_violations] == ["options.provider_options"]
+
+
+async def test_resume_without_options_restores_the_stored_ones(tmp_path: Path) -> None:
+    config = Config(listen="127.0.0.1:0", store="sqlite", data_dir=str(tmp_path), agents=())
+    async with running_app(config) as server:
+        options = agent_pb2.AgentOptions(provider="scripted", model="m", tools=["word_count"])
+        created = await server.factory.CreateAgent(
+            fac.CreateAgentRequest(agent_id="first", session_id="kept", options=options), timeout=T
+        )
+        assert created.agent.options == options
+        busy = await refused(
+            server.factory.ResumeAgent(
+                fac.ResumeAgentRequest(agent_id="second", session_id="kept"), timeout=T
+            )
+        )
+        info, _ = details(busy)
+        assert busy.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert info.reason == "SESSION_IN_USE" and "DisposeAgent" in (busy.details() or "")
+        await server.factory.DisposeAgent(fac.DisposeAgentRequest(agent_id="first"), timeout=T)
+        resumed = await server.factory.ResumeAgent(
+            fac.ResumeAgentRequest(agent_id="second", session_id="kept"), timeout=T
+        )
+        assert resumed.agent.options == options  # not the server defaults (no tools)
