@@ -157,7 +157,7 @@ class SessionLog:
             raise ReentrantAppend(
                 "session append cannot reenter while another append is being published"
             )
-        event = ev.SessionEvent(seq=self.count, time=now_timestamp(), **{kind: payload})
+        event = ev.SessionEvent(seq=self.count, create_time=now_timestamp(), **{kind: payload})
         if kind in SURFACE_KINDS:
             event.surface_op.CopyFrom(APPEND)
             event.source_event_seqs.extend(source_event_seqs)

@@ -39,7 +39,7 @@ def test_open_turn_gets_interrupted() -> None:
     closers = crash_closers(events)
     assert kinds(closers) == ["turn_end"]
     assert closers[0].turn_end.reason.WhichOneof("kind") == "interrupted"
-    assert closers[0].seq == 2 and closers[0].time == events[-1].time
+    assert closers[0].seq == 2 and closers[0].create_time == events[-1].create_time
     check_log([*events, *closers])
 
 

@@ -470,7 +470,7 @@ async def write_open_tail(tmp_path: Path, session_id: str) -> list[ev.SessionEve
             },
         ]
         tail = [
-            ev.SessionEvent(seq=seq + i, time=now_timestamp(), **payload)
+            ev.SessionEvent(seq=seq + i, create_time=now_timestamp(), **payload)
             for i, payload in enumerate(payloads)
         ]
         await append_events(store, session_id, tail)

@@ -152,7 +152,7 @@ class SessionEvent(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SEQ_FIELD_NUMBER: _builtins.int
-    TIME_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
     SURFACE_OP_FIELD_NUMBER: _builtins.int
     SOURCE_EVENT_SEQS_FIELD_NUMBER: _builtins.int
     TURN_START_FIELD_NUMBER: _builtins.int
@@ -170,10 +170,12 @@ class SessionEvent(_message.Message):
     TURN_END_FIELD_NUMBER: _builtins.int
     MESSAGE_DROPPED_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
-    """Seq is the position in the log: 0, 1, 2, ... with no gaps."""
+    """Output only. The position in the log: 1, 2, 3, ... with no gaps (0 names
+    no event).
+    """
     @_builtins.property
-    def time(self) -> _timestamp_pb2.Timestamp:
-        """Time is when the event was appended."""
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """Output only. When the event was appended."""
 
     @_builtins.property
     def surface_op(self) -> Global___SurfaceOp:
@@ -248,7 +250,7 @@ class SessionEvent(_message.Message):
         self,
         *,
         seq: _builtins.int = ...,
-        time: _timestamp_pb2.Timestamp | None = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
         surface_op: Global___SurfaceOp | None = ...,
         source_event_seqs: _abc.Iterable[_builtins.int] | None = ...,
         turn_start: Global___TurnStart | None = ...,
@@ -266,9 +268,9 @@ class SessionEvent(_message.Message):
         turn_end: Global___TurnEnd | None = ...,
         message_dropped: Global___MessageDropped | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["assistant_chunk", b"assistant_chunk", "assistant_message", b"assistant_message", "context_message", b"context_message", "message_dropped", b"message_dropped", "payload", b"payload", "prompt_blocked", b"prompt_blocked", "request_header", b"request_header", "steering_message", b"steering_message", "step_end", b"step_end", "step_start", b"step_start", "surface_op", b"surface_op", "time", b"time", "tool_call", b"tool_call", "tool_result", b"tool_result", "turn_end", b"turn_end", "turn_start", b"turn_start", "user_message", b"user_message"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assistant_chunk", b"assistant_chunk", "assistant_message", b"assistant_message", "context_message", b"context_message", "create_time", b"create_time", "message_dropped", b"message_dropped", "payload", b"payload", "prompt_blocked", b"prompt_blocked", "request_header", b"request_header", "steering_message", b"steering_message", "step_end", b"step_end", "step_start", b"step_start", "surface_op", b"surface_op", "tool_call", b"tool_call", "tool_result", b"tool_result", "turn_end", b"turn_end", "turn_start", b"turn_start", "user_message", b"user_message"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_chunk", b"assistant_chunk", "assistant_message", b"assistant_message", "context_message", b"context_message", "message_dropped", b"message_dropped", "payload", b"payload", "prompt_blocked", b"prompt_blocked", "request_header", b"request_header", "seq", b"seq", "source_event_seqs", b"source_event_seqs", "steering_message", b"steering_message", "step_end", b"step_end", "step_start", b"step_start", "surface_op", b"surface_op", "time", b"time", "tool_call", b"tool_call", "tool_result", b"tool_result", "turn_end", b"turn_end", "turn_start", b"turn_start", "user_message", b"user_message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_chunk", b"assistant_chunk", "assistant_message", b"assistant_message", "context_message", b"context_message", "create_time", b"create_time", "message_dropped", b"message_dropped", "payload", b"payload", "prompt_blocked", b"prompt_blocked", "request_header", b"request_header", "seq", b"seq", "source_event_seqs", b"source_event_seqs", "steering_message", b"steering_message", "step_end", b"step_end", "step_start", b"step_start", "surface_op", b"surface_op", "tool_call", b"tool_call", "tool_result", b"tool_result", "turn_end", b"turn_end", "turn_start", b"turn_start", "user_message", b"user_message"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["turn_start", "user_message", "prompt_blocked", "context_message", "steering_message", "step_start", "request_header", "assistant_chunk", "assistant_message", "tool_call", "tool_result", "step_end", "turn_end", "message_dropped"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
