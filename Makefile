@@ -5,13 +5,14 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 BUF := node_modules/.bin/buf
 NODE_CLIENT := clients/node
-GENERATED := clients/python/agentloop/v1 clients/python/agentloop/plugin/v1
+TS_CLIENT := clients/ts
+GENERATED := clients/python/agentloop/v1 clients/python/agentloop/plugin/v1 $(TS_CLIENT)/src/gen
 PROTOS := $(sort $(shell find proto -name '*.proto'))
 SERVICE_PROTOS := $(shell grep -l '^service ' $(PROTOS))
 CONFIG ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run cluster test check lint typecheck gen check-gen bench clean
+.PHONY: help setup run cluster test check lint typecheck gen check-gen breaking baseline bench clean
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -30,7 +31,11 @@ $(NODE_CLIENT)/node_modules/.installed: $(NODE_CLIENT)/package.json $(NODE_CLIEN
 	cd $(NODE_CLIENT) && npm ci --silent --no-audit --no-fund
 	touch $@
 
-setup: $(VENV)/.installed node_modules/.installed $(NODE_CLIENT)/node_modules/.installed ## Create .venv and install Python and Node dependencies.
+$(TS_CLIENT)/node_modules/.installed: $(TS_CLIENT)/package.json $(TS_CLIENT)/package-lock.json
+	cd $(TS_CLIENT) && npm ci --silent --no-audit --no-fund
+	touch $@
+
+setup: $(VENV)/.installed node_modules/.installed $(NODE_CLIENT)/node_modules/.installed $(TS_CLIENT)/node_modules/.installed ## Create .venv and install Python and Node dependencies.
 
 run: $(VENV)/.installed ## Start the server on its defaults (127.0.0.1:50051, scripted model).
 	$(PY) -m server $(if $(CONFIG),--config $(CONFIG),)
@@ -40,16 +45,20 @@ cluster: $(VENV)/.installed ## An embedded PostgreSQL and REPLICAS replicas on 1
 	$(PY) -m server.devcluster --replicas $(REPLICAS)
 
 test: setup ## Run lint, type checks and the whole test suite (what CI runs).
-	$(MAKE) --no-print-directory check-gen lint typecheck
+	$(MAKE) --no-print-directory check-gen lint typecheck breaking
 	$(BIN)/pytest -q
 	npm test --prefix $(NODE_CLIENT)
+	npm test --prefix $(TS_CLIENT)
 
-gen: $(VENV)/.installed ## Regenerate the Python code from proto/.
+gen: $(VENV)/.installed node_modules/.installed $(TS_CLIENT)/node_modules/.installed ## Regenerate the Python and TypeScript code from proto/.
 	rm -rf clients/python/agentloop/v1/*_pb2* clients/python/agentloop/plugin/v1/*_pb2*
 	PATH=$(abspath $(BIN)):$$PATH $(PY) -m grpc_tools.protoc -I proto \
-		--python_out=clients/python --mypy_out=quiet:clients/python $(PROTOS)
+		--python_out=clients/python --mypy_out=quiet:clients/python $(PROTOS) \
+		--include_source_info --include_imports \
+		--descriptor_set_out=clients/python/agentloop/v1/agentloop.binpb
 	PATH=$(abspath $(BIN)):$$PATH $(PY) -m grpc_tools.protoc -I proto \
 		--grpc_python_out=clients/python --mypy_grpc_out=quiet:clients/python $(SERVICE_PROTOS)
+	cd $(TS_CLIENT) && ../../$(BUF) generate
 
 check-gen: gen ## Fail when the committed generated code is stale.
 	git diff --exit-code --stat -- $(GENERATED)
@@ -62,6 +71,12 @@ lint: setup ## ruff (lint and format) and buf (lint and format).
 	cd proto && ../$(BUF) lint
 	cd proto && ../$(BUF) format -d --exit-code
 
+breaking: node_modules/.installed ## Fail on a wire- or source-breaking change against proto/baseline.binpb.
+	cd proto && ../$(BUF) breaking --against baseline.binpb
+
+baseline: node_modules/.installed ## Refresh the compatibility baseline (a deliberate, changelogged decision).
+	cd proto && ../$(BUF) build -o baseline.binpb
+
 typecheck: $(VENV)/.installed ## mypy --strict.
 	$(BIN)/mypy
 
@@ -71,4 +86,4 @@ bench: $(VENV)/.installed ## Run the performance benchmarks and print their figu
 	$(PY) -m bench.telemetry_bench
 
 clean: ## Remove the virtualenv and caches.
-	rm -rf $(VENV) node_modules $(NODE_CLIENT)/node_modules .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) node_modules $(NODE_CLIENT)/node_modules $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist .mypy_cache .ruff_cache .pytest_cache

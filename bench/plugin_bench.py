@@ -22,11 +22,12 @@ import grpc
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import hook_service_pb2_grpc as hk_rpc
-from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import content_pb2 as c
 from server.abort import NEVER
 from server.app import App
 from server.config import Config
+from server.models.scripted_options import script_options
 from server.plugin_client import PluginConnection
 from server.plugin_listeners import PluginStats
 from server.plugin_registry import Overrides
@@ -121,9 +122,12 @@ async def chunk_turns_cpu(address: str | None, count: int) -> float:
     try:
         if address is not None:
             await app.plugins.register(address, Overrides())
-        step = agent_pb2.ScriptedStep(text="x" * CHUNKS, chunk_size=1)
-        options = agent_pb2.AgentOptions(provider="scripted", model="bench", tools=[])
-        options.script.extend([step] * (count + 1))
+        step = scripted_pb2.ScriptedStep(text="x" * CHUNKS, chunk_size=1)
+        options = agent_pb2.AgentOptions(
+            provider="scripted",
+            model="bench",
+            provider_options=script_options([step] * (count + 1)),
+        )
         agent = await app.factory.create("chunky", options)
         agent.send(PROMPT)  # warm-up
         await agent.when_idle()

@@ -312,7 +312,7 @@ class Agent:
         if not self._live and not seams.has(S.AGENT_EVENT, self.agent_id):
             return
         event.agent_id = self.agent_id
-        event.time.CopyFrom(now_timestamp())
+        event.create_time.CopyFrom(now_timestamp())
         self.runtime.journal.after_commit(lambda: self._notify(event))
 
     def _notify(self, event: ae.AgentEvent) -> None:

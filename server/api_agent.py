@@ -15,16 +15,16 @@ from agentloop.v1 import agent_service_pb2 as pb
 from agentloop.v1 import agent_service_pb2_grpc as rpc
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
-from server import validation
+from server import page_tokens, validation
 from server.agent import Agent
-from server.api_factory import page_bounds
 from server.errors import AgentLoopError, InvalidArgument, OutOfRange
 from server.factory import AgentFactory, check_id
 from server.session import SessionLog, session_message
-from server.status import code_of, mapped
-from server.stores import RequestRecord
+from server.status import abort, mapped
+from server.stores import FIRST_SEQ, RequestRecord
 
 Context = grpc.aio.ServicerContext[Any, Any]
+Selecting = pb.GetSessionRequest | pb.ListSessionEventsRequest | pb.StreamSessionEventsRequest
 Answer = TypeVar("Answer", bound=Message)
 
 STREAM_BATCH = 500
@@ -68,7 +68,11 @@ class AgentServicer(rpc.AgentServiceServicer):
 
         def accept() -> pb.SendMessageResponse:
             agent.send(content, request.source, request.request_id)
-            return pb.SendMessageResponse(next_seq=agent.session.durable, status=agent.status)
+            # The message is queued, so the agent has work: it is running, or its driver
+            # is about to open the turn that answers it. Reporting the driver's status of
+            # this instant would say IDLE for the message that wakes it.
+            status = ae.AGENT_STATUS_RUNNING if not agent.is_idle() else agent.status
+            return pb.SendMessageResponse(next_seq=agent.session.durable, status=status)
 
         return await self._once(
             agent, "SendMessage", request.request_id, pb.SendMessageResponse, accept
@@ -172,7 +176,7 @@ class AgentServicer(rpc.AgentServiceServicer):
         self, request: pb.GetSessionRequest, context: Context
     ) -> pb.GetSessionResponse:
         """Describe a session."""
-        session = await self._session(request.agent_id, request.session_id)
+        session = await self._session(request)
         return pb.GetSessionResponse(session=session_message(session))
 
     @mapped
@@ -180,10 +184,12 @@ class AgentServicer(rpc.AgentServiceServicer):
         self, request: pb.ListSessionsRequest, context: Context
     ) -> pb.ListSessionsResponse:
         """List every session, a page at a time."""
-        offset, size = page_bounds(request.page_size, request.page_token, 100, 1000)
-        ids = await self.factory.session_ids()
-        page = [await self.factory.describe(i) for i in ids[offset : offset + size]]
-        next_token = str(offset + size) if offset + size < len(ids) else ""
+        size = page_tokens.check_page_size(request.page_size, 100, 1000)
+        after = page_tokens.last_key(request.page_token, "ListSessions")
+        ids = [i for i in await self.factory.session_ids() if after is None or i > after]
+        page = [await self.factory.describe(i) for i in ids[:size]]
+        more = len(ids) > size
+        next_token = page_tokens.issue("ListSessions", ids[size - 1]) if more else ""
         return pb.ListSessionsResponse(sessions=page, next_page_token=next_token)
 
     @mapped
@@ -201,51 +207,65 @@ class AgentServicer(rpc.AgentServiceServicer):
         self, request: pb.ListSessionEventsRequest, context: Context
     ) -> pb.ListSessionEventsResponse:
         """Page through the stored log (bounded by count and by bytes)."""
-        session = await self._session(request.agent_id, request.session_id)
-        start, size = page_bounds(request.page_size, request.page_token, 500, 5000)
-        if not request.page_token:
-            start = request.from_seq
+        size = page_tokens.check_page_size(request.page_size, 500, 5000)
+        selector = request.WhichOneof("selector")
+        if selector is None:
+            raise InvalidArgument("selector", "set agent_id or session_id")
+        params = f"{selector}={getattr(request, selector)} from_seq={request.from_seq}"
+        after = page_tokens.last_key(request.page_token, "ListSessionEvents", params)
+        session = await self._session(request)
+        if after is not None and not (after.isascii() and after.isdigit()):
+            raise InvalidArgument("page_token", page_tokens.NOT_ISSUED)
+        start = max(request.from_seq, FIRST_SEQ) if after is None else int(after) + 1
         events = await session.read(start, size, MAX_RESPONSE_BYTES)
         end = start + len(events)
-        return pb.ListSessionEventsResponse(
-            events=events, next_page_token=str(end) if end < session.durable else ""
-        )
+        next_token = ""
+        if events and end < session.durable:
+            next_token = page_tokens.issue("ListSessionEvents", str(end - 1), params)
+        return pb.ListSessionEventsResponse(events=events, next_page_token=next_token)
 
     async def StreamSessionEvents(
         self, request: pb.StreamSessionEventsRequest, context: Context
     ) -> AsyncIterator[pb.StreamSessionEventsResponse]:
         """Replay the stored log from `from_seq`, then follow it, with the agent's events."""
         try:
-            session = await self._session(request.agent_id, request.session_id)
+            session = await self._session(request)
             agent = self.factory.agents.get(session.agent_id) if request.agent_id else None
             if request.from_seq > session.durable:
                 raise OutOfRange(
                     f"from_seq: {request.from_seq} is past the end of the log"
-                    f" ({session.durable} events): no such event was ever appended"
+                    f" ({session.stored} events): no such event was ever appended"
                 )
         except AgentLoopError as error:
-            await context.abort(code_of(error), str(error))
+            await abort(context, error)
             return
         live: deque[ae.AgentEvent] = deque(maxlen=LIVE_EVENT_BUFFER)
+        dropped = [0]  # live events pushed out of the full buffer since the last batch
 
         def on_live(event: ae.AgentEvent) -> None:
             copy = ae.AgentEvent()
             copy.CopyFrom(event)
+            if len(live) == live.maxlen:
+                dropped[0] += 1  # the append below pushes out the oldest
             live.append(copy)
             session.wake_waiters()
 
         unsubscribe = agent.subscribe(on_live) if agent is not None else None
-        cursor = request.from_seq
+        cursor = max(request.from_seq, FIRST_SEQ)
         try:
+            yield pb.StreamSessionEventsResponse(subscribed=True)
             while True:
-                if cursor < session.durable or live:
+                if cursor < session.durable or live or dropped[0]:
                     # Everything stored since the last batch goes in one response:
                     # a turn's burst of chunks costs one message, not one each.
                     events = await session.read(cursor, STREAM_BATCH, MAX_RESPONSE_BYTES)
                     cursor += len(events)
                     agent_events = list(live)
                     live.clear()
-                    yield pb.StreamSessionEventsResponse(events=events, agent_events=agent_events)
+                    lost, dropped[0] = dropped[0], 0
+                    yield pb.StreamSessionEventsResponse(
+                        events=events, agent_events=agent_events, dropped_agent_events=lost
+                    )
                     continue
                 if request.replay_only:
                     return
@@ -260,7 +280,7 @@ class AgentServicer(rpc.AgentServiceServicer):
                         yield pb.StreamSessionEventsResponse(events=batch)
                     return
                 if session.failure is not None:
-                    await context.abort(code_of(session.failure), str(session.failure))
+                    await abort(context, session.failure)
                     return
                 await session.wait_beyond(cursor)
         finally:
@@ -273,11 +293,11 @@ class AgentServicer(rpc.AgentServiceServicer):
             return not (agent.disposed and self.factory.sessions.get(session.session_id) is None)
         return self.factory.sessions.get(session.session_id) is session
 
-    async def _session(self, agent_id: str, session_id: str) -> SessionLog:
-        if agent_id and session_id:
-            raise InvalidArgument("session_id", "set agent_id or session_id, not both")
-        if agent_id:
-            return self.factory.get(agent_id).session
-        if not session_id:
-            raise InvalidArgument("agent_id", "set agent_id or session_id")
-        return await self.factory.session(session_id)
+    async def _session(self, request: Selecting) -> SessionLog:
+        """The session a request's `selector` oneof names."""
+        selector = request.WhichOneof("selector")
+        if selector == "agent_id":
+            return self.factory.get(request.agent_id).session
+        if selector is None:
+            raise InvalidArgument("selector", "set agent_id or session_id")
+        return await self.factory.session(request.session_id)

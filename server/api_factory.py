@@ -9,11 +9,10 @@ import grpc
 from agentloop.v1 import agent_factory_service_pb2 as pb
 from agentloop.v1 import agent_factory_service_pb2_grpc as rpc
 from agentloop.v1 import agent_pb2
+from server import page_tokens
 from server.agent import Agent
-from server.errors import InvalidArgument
 from server.factory import AgentFactory
 from server.status import mapped
-from server.validation import page_offset
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -27,15 +26,6 @@ def agent_message(agent: Agent) -> agent_pb2.Agent:
         options=agent.options,
         create_time=agent.create_time,
     )
-
-
-def page_bounds(page_size: int, page_token: str, default: int, maximum: int) -> tuple[int, int]:
-    """Validated (offset, size) of a page; tokens are decimal offsets."""
-    if page_size > maximum:
-        raise InvalidArgument("page_size", f"must be at most {maximum}")
-    if page_size < 0:
-        raise InvalidArgument("page_size", "must not be negative")
-    return page_offset(page_token), page_size or default
 
 
 class AgentFactoryServicer(rpc.AgentFactoryServiceServicer):
@@ -62,7 +52,8 @@ class AgentFactoryServicer(rpc.AgentFactoryServiceServicer):
         self, request: pb.ResumeAgentRequest, context: Context
     ) -> pb.ResumeAgentResponse:
         """Create an agent over an existing session."""
-        agent = await self.factory.resume(request.agent_id, request.session_id, request.options)
+        options = request.options if request.HasField("options") else None
+        agent = await self.factory.resume(request.agent_id, request.session_id, options)
         return pb.ResumeAgentResponse(agent=agent_message(agent))
 
     @mapped
@@ -83,10 +74,12 @@ class AgentFactoryServicer(rpc.AgentFactoryServiceServicer):
         self, request: pb.ListAgentsRequest, context: Context
     ) -> pb.ListAgentsResponse:
         """List live agents by id, a page at a time."""
-        offset, size = page_bounds(request.page_size, request.page_token, 100, 1000)
-        agents = self.factory.list_agents()
-        page = agents[offset : offset + size]
-        next_token = str(offset + size) if offset + size < len(agents) else ""
+        size = page_tokens.check_page_size(request.page_size, 100, 1000)
+        after = page_tokens.last_key(request.page_token, "ListAgents")
+        agents = [a for a in self.factory.list_agents() if after is None or a.agent_id > after]
+        page = agents[:size]
+        more = len(agents) > size
+        next_token = page_tokens.issue("ListAgents", page[-1].agent_id) if more else ""
         return pb.ListAgentsResponse(
             agents=[agent_message(a) for a in page], next_page_token=next_token
         )

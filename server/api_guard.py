@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from server.limits import Limits
+from server.status import abort_with, rich_status
 
 if TYPE_CHECKING:  # the grpc stubs are generic only to the type checker
     Continuation = Callable[
@@ -89,9 +90,14 @@ class RequestGuard(grpc.aio.ServerInterceptor):
             if isinstance(request, Undecodable):
                 await refuse(context, request)
             if counted and self.streams >= self.limits.max_streams:
-                await context.abort(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"too many open event streams: {self.limits.describe('max_streams')}",
+                await abort_with(
+                    context,
+                    rich_status(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"too many open event streams: {self.limits.describe('max_streams')}",
+                        "LIMIT_EXCEEDED",
+                        {"limit": "max_streams"},
+                    ),
                 )
             self.streams += counted
             try:
@@ -143,7 +149,11 @@ _refusals = _RateLimitedLog()
 async def refuse(context: Context, request: Undecodable) -> None:
     """Abort INVALID_ARGUMENT; logged at INFO, rate-limited: the fault is the client's."""
     _refusals.info("refused an undecodable request body: %s", request.problem)
-    await context.abort(
-        grpc.StatusCode.INVALID_ARGUMENT,
-        f"the request body is not a valid message ({request.problem})",
+    await abort_with(
+        context,
+        rich_status(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"the request body is not a valid message ({request.problem})",
+            "MALFORMED_REQUEST",
+        ),
     )

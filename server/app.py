@@ -10,7 +10,6 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import plugin_registry_service_pb2, plugin_registry_service_pb2_grpc
@@ -27,6 +26,7 @@ from server.api_agent import AgentServicer
 from server.api_factory import AgentFactoryServicer
 from server.api_guard import RequestGuard
 from server.api_plugins import PluginRegistryServicer
+from server.api_reflection import Reflection
 from server.app_replica import Replica
 from server.auth import TokenAuth
 from server.builtin_tools import builtin_tools
@@ -195,9 +195,7 @@ class App:
             AgentServicer(self.factory), self.server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        reflection.enable_server_reflection(
-            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
-        )
+        Reflection((*SERVICE_NAMES, health.SERVICE_NAME)).add_to(self.server)
         self.port = 0
         self._stopped = asyncio.Event()
         self._health_updates: set[asyncio.Task[None]] = set()

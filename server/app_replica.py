@@ -14,7 +14,6 @@ import logging
 import os
 import socket
 
-from agentloop.v1 import agent_pb2
 from server.api_forward import Forwarder
 from server.api_plugins import PluginRegistryServicer, overrides_of
 from server.cluster import Cluster
@@ -66,8 +65,8 @@ class Replica:
         assert self.cluster is not None
 
         async def take_over(lease: Lease) -> None:
-            options = agent_pb2.AgentOptions.FromString(lease.options)
-            await self.factory.resume(lease.agent_id, lease.session_id, options, owned=True)
+            # The agent's options are stored with its session: restore them.
+            await self.factory.resume(lease.agent_id, lease.session_id, None, owned=True)
 
         self.cluster.start(lambda: set(self.factory.agents), take_over, self.factory.abandon)
         self._plugin_sync = asyncio.create_task(self._sync_plugins())

@@ -162,11 +162,12 @@ def cmd_send(channel: grpc.Channel, args: argparse.Namespace) -> int:
 def cmd_tail(channel: grpc.Channel, args: argparse.Namespace) -> int:
     """`tail`: print every session event (and live agent event) one line each."""
     request = agent_service_pb2.StreamSessionEventsRequest(
-        agent_id=args.agent_id or "",
-        session_id=args.session_id,
-        from_seq=args.from_seq,
-        replay_only=args.no_follow,
+        from_seq=args.from_seq, replay_only=args.no_follow
     )
+    if args.agent_id:  # `selector` is a oneof: set only the one given
+        request.agent_id = args.agent_id
+    else:
+        request.session_id = args.session_id
     stream = agent_service_pb2_grpc.AgentServiceStub(channel).StreamSessionEvents(request)
     try:
         for batch in stream:

@@ -7,7 +7,8 @@ render the raw log one compact line per event for `agentloop tail`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from agentloop.v1 import (
     agent_event_pb2,
@@ -16,6 +17,8 @@ from agentloop.v1 import (
     session_event_pb2,
     stream_pb2,
 )
+
+V = TypeVar("V", bound=int)
 
 DIM = "\x1b[2m"
 RESET = "\x1b[0m"
@@ -28,9 +31,20 @@ def enum_word(enum_name: str, prefix: str) -> str:
     return enum_name.removeprefix(prefix).lower()
 
 
+def word_of(name: Callable[[V], str], value: V, prefix: str) -> str:
+    """The word of an enum value; `unknown(7)` for a value newer than this client.
+
+    Enums may grow: a client must not fail on a value it does not know.
+    """
+    try:
+        return enum_word(name(value), prefix)
+    except ValueError:
+        return f"unknown({value})"
+
+
 def status_word(status: agent_event_pb2.AgentStatus.ValueType) -> str:
     """The lowercase word of an `AgentStatus` value, e.g. "idle"."""
-    return enum_word(agent_event_pb2.AgentStatus.Name(status), "AGENT_STATUS_")
+    return word_of(agent_event_pb2.AgentStatus.Name, status, "AGENT_STATUS_")
 
 
 def one_line(text: str, limit: int = LINE_LIMIT) -> str:
@@ -98,7 +112,7 @@ def chunk_summary(chunk: stream_pb2.StreamChunk) -> str:
         return repr(chunk.block_delta.text)
     if kind == "block_start":
         start = chunk.block_start
-        block = enum_word(stream_pb2.BlockKind.Name(start.kind), "BLOCK_KIND_")
+        block = word_of(stream_pb2.BlockKind.Name, start.kind, "BLOCK_KIND_")
         tool = f" {start.tool_name} {start.tool_call_id}" if start.tool_name else ""
         return f"start #{start.index} {block}{tool}"
     if kind == "block_end":
@@ -107,7 +121,7 @@ def chunk_summary(chunk: stream_pb2.StreamChunk) -> str:
         return f"usage in={chunk.usage.input_tokens} out={chunk.usage.output_tokens}"
     if kind == "finish":
         fin = chunk.finish
-        word = enum_word(stream_pb2.FinishKind.Name(fin.kind), "FINISH_KIND_")
+        word = word_of(stream_pb2.FinishKind.Name, fin.kind, "FINISH_KIND_")
         return " ".join(x for x in ("finish", word, fin.message, fin.code) if x)
     return kind or "?"
 
@@ -117,7 +131,7 @@ def event_summary(event: session_event_pb2.SessionEvent) -> str:
     kind = event.WhichOneof("payload")
     if kind == "turn_start":
         ts = event.turn_start
-        trigger = enum_word(session_event_pb2.TriggerKind.Name(ts.trigger), "TRIGGER_KIND_")
+        trigger = word_of(session_event_pb2.TriggerKind.Name, ts.trigger, "TRIGGER_KIND_")
         return f"turn {ts.turn} ({trigger}, {source_word(ts.source)})"
     if kind == "user_message":
         m = event.user_message
@@ -136,7 +150,7 @@ def event_summary(event: session_event_pb2.SessionEvent) -> str:
         return f"turn {step.turn} step {step.step}"
     if kind == "request_header":
         h = event.request_header
-        why = enum_word(session_event_pb2.HeaderReason.Name(h.reason), "HEADER_REASON_")
+        why = word_of(session_event_pb2.HeaderReason.Name, h.reason, "HEADER_REASON_")
         cfg = h.header.config
         return f"{why} {cfg.provider}/{cfg.model}, {len(h.header.tools)} tools"
     if kind == "assistant_chunk":
@@ -178,7 +192,7 @@ def agent_event_line(event: agent_event_pb2.AgentEvent) -> str:
         detail = f"session {event.created.session_id}"
     elif kind == "session_start":
         src = event.session_start.source
-        detail = enum_word(agent_event_pb2.SessionStartSource.Name(src), "SESSION_START_SOURCE_")
+        detail = word_of(agent_event_pb2.SessionStartSource.Name, src, "SESSION_START_SOURCE_")
     return f"      · {kind.replace('_', ' ')} {detail}".rstrip()
 
 

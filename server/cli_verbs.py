@@ -159,7 +159,7 @@ def cmd_plugins(channel: grpc.Channel, args: argparse.Namespace) -> int:
     listed = stub.ListPlugins(reg.ListPluginsRequest(), timeout=args.timeout)
     rows = [f"{'PLUGIN':<24} {'STATE':<12} {'CALLS':>7} ADDRESS"]
     for plugin in listed.plugins:
-        state = render.enum_word(reg.PluginState.Name(plugin.state), "PLUGIN_STATE_")
+        state = render.word_of(reg.PluginState.Name, plugin.state, "PLUGIN_STATE_")
         rows.append(f"{plugin.name:<24} {state:<12} {plugin.stats.calls:>7} {plugin.address}")
     emit(args, listed, "\n".join(rows) + "\n")
     return 0

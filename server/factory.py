@@ -24,18 +24,21 @@ from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
 from server import seams as S
 from server.agent import Agent
+from server.disposed import DisposedIds
 from server.errors import (
+    AgentDisposed,
+    AgentNotFound,
     AlreadyExists,
     CodedError,
     FailedPrecondition,
     InvalidArgument,
-    NotFound,
     SessionDamaged,
 )
 from server.limits import check_capacity
 from server.logs import fields
 from server.loop import run_loop
 from server.memory import Trimmer
+from server.models.scripted_options import options_type
 from server.ownership import Ownership, Solo
 from server.repair import crash_closers
 from server.runtime import Runtime
@@ -96,9 +99,11 @@ class AgentFactory:
         """Who owns live agents: this server alone, or one replica among many."""
         self._stopping: set[asyncio.Task[None]] = set()
         self._abandoned: set[str] = set()
+        """Agents stopped because another replica owns them now: never released here."""
         self.repair_on_read = True
         """Repair a crashed session's open turn when it is read (a single server)."""
-        """Agents stopped because another replica owns them now: never released here."""
+        self.disposed = DisposedIds()
+        """Recently disposed agent ids: calls to them are FAILED_PRECONDITION."""
 
     # -- create and resume -------------------------------------------------------------
 
@@ -157,40 +162,52 @@ class AgentFactory:
         self,
         agent_id: str,
         session_id: str,
-        options: agent_pb2.AgentOptions,
+        options: agent_pb2.AgentOptions | None,
         *,
         setup: Setup | None = None,
         owned: bool = False,
     ) -> Agent:
         """Create an agent over a stored session; history and numbering continue.
 
-        `owned`: this server already holds the agent (a replica taking over an orphaned
-        agent); otherwise it is acquired first.
+        `options` None restores the options the session's last agent had. `owned`: this
+        server already holds the agent (a replica taking over an orphaned agent);
+        otherwise it is acquired first.
         """
         check_id("agent_id", agent_id)
         check_id("session_id", session_id)
-        self._check_options(options)
+        if options is not None:
+            self._check_options(options)
         if session_id in self._session_ids:
             owner = self.sessions[session_id].agent_id if session_id in self.sessions else ""
             raise FailedPrecondition(
-                f'session "{session_id}" is driven by agent "{owner}"'
+                f'session "{session_id}" is driven by live agent "{owner}": talk to that'
+                " agent, or dispose it (DisposeAgent) and resume again"
                 if owner
-                else f'session "{session_id}" is being taken by another agent'
+                else f'session "{session_id}" is being taken by another agent; retry later',
+                "SESSION_IN_USE",
+                session_id=session_id,
+                agent_id=owner,
             )
         if not self.runtime.store.persistent:
             raise FailedPrecondition(
                 "cannot resume: this server keeps no persistent session store"
-                " (configure store: sqlite)"
+                " (configure store: sqlite)",
+                "NOT_PERSISTENT",
             )
         self._reserve(agent_id, session_id)
         acquired = False
         try:
             if not owned:
-                await self.ownership.acquire(agent_id, session_id, options)
+                await self.ownership.acquire(
+                    agent_id, session_id, options or agent_pb2.AgentOptions()
+                )
                 acquired = True
             # Claim before reading: the repair of a crash tail is written under the claim.
             fence = await self.runtime.store.claim(session_id)
             session = await self.load(session_id, fence=fence)
+            if options is None:
+                options = session.options or agent_pb2.AgentOptions()
+                self._check_options(options)
             self._check_persona(options, session.header.cwd)
             return await self._publish(
                 agent_id,
@@ -235,17 +252,18 @@ class AgentFactory:
             if setup is not None:
                 await setup(agent)
             if self._closing:
-                raise FailedPrecondition("the server is shutting down")
+                raise FailedPrecondition("the server is shutting down", "SHUTTING_DOWN")
             self.agents[agent_id] = agent
             self.sessions[session.session_id] = session
             session.agent_id = agent_id
             for reg in runtime.seams.listeners(S.CREATED, agent_id):
                 reg.fn(agent)  # a throw here vetoes publication
             # After the veto: a vetoed creation leaves no stored session.
-            writes = SessionWrites(driver=agent_id, fence=fence)
+            writes = SessionWrites(driver=agent_id, fence=fence, options=options)
             if not stored:
                 writes.create = session.header
             await runtime.store.commit(Commit({session.session_id: writes}))
+            session.options = options
             # From here on, a writer that drove this session before (a paused process,
             # a replica that lost it) is fenced off: its commits are refused.
             session.fence = fence or await runtime.store.claim(session.session_id)
@@ -288,7 +306,9 @@ class AgentFactory:
         check_id("agent_id", agent_id)
         agent = self.agents.get(agent_id)
         if agent is None or not agent.published:
-            raise NotFound(f'agent "{agent_id}" not found')
+            if agent_id in self.disposed:
+                raise AgentDisposed(agent_id)
+            raise AgentNotFound(agent_id)
         return agent
 
     def list_agents(self) -> list[Agent]:
@@ -351,6 +371,7 @@ class AgentFactory:
             seed=[*stored.events, *closers],
             inbox=stored.inbox,
             window=self.runtime.event_window,
+            options=stored.options,
         )
 
     async def _close_earlier(self, agent_id: str, session_id: str) -> None:
@@ -470,6 +491,7 @@ class AgentFactory:
             await asyncio.gather(*agent.pending_flushes, return_exceptions=True)
         if self.agents.get(agent.agent_id) is agent:
             del self.agents[agent.agent_id]
+            self.disposed.add(agent.agent_id)
             agent.emit(S.DISPOSED, (agent,), ae.AgentEvent(disposed=ae.AgentDisposed()))
         try:
             await self.runtime.persistence.flush(agent.session)
@@ -520,12 +542,13 @@ class AgentFactory:
     def _reserve(self, agent_id: str, session_id: str) -> None:
         """Claim both ids at once, before any await, so a same-id race has one winner."""
         if self._closing:
-            raise FailedPrecondition("the server is shutting down")
+            raise FailedPrecondition("the server is shutting down", "SHUTTING_DOWN")
         if agent_id in self._agent_ids:
             raise AlreadyExists(f'agent "{agent_id}" already exists')
         check_capacity(self.runtime.limits, "max_agents", len(self._agent_ids), "agents")
         self._agent_ids.add(agent_id)
         self._session_ids.add(session_id)
+        self.disposed.discard(agent_id)
 
     def _release(self, agent_id: str, session_id: str) -> None:
         self._agent_ids.discard(agent_id)
@@ -553,6 +576,14 @@ class AgentFactory:
             raise InvalidArgument(
                 "options.provider", f'unknown provider "{provider}" (known: {known})'
             )
+        given = options_type(options)
+        if given:
+            taken = getattr(self.runtime.models.get(provider), "options_type", "")
+            if given != taken:
+                takes = f"takes {taken}" if taken else "takes no provider options"
+                raise InvalidArgument(
+                    "options.provider_options", f'provider "{provider}" {takes}, not {given}'
+                )
         unknown = sorted(set(options.tools) - self.runtime.tools.names())
         if unknown:
             raise InvalidArgument("options.tools", f"unknown tools: {', '.join(unknown)}")

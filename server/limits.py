@@ -26,9 +26,9 @@ class Limits:
     max_persona_bytes: int = 64 * 1024
     """An agent's persona (a system-prompt section rendered on every model request)."""
     max_script_steps: int = 1000
-    """Entries of `AgentOptions.script`."""
+    """Steps of a scripted agent's script (`ScriptedOptions.steps`)."""
     max_script_tool_calls: int = 1000
-    """Tool calls in all of `AgentOptions.script`."""
+    """Tool calls in all of a scripted agent's script."""
     max_agents: int = 1000
     """Live agents per server."""
     max_tool_calls_per_step: int = 128
@@ -76,7 +76,9 @@ def check_capacity(limits: Limits, attribute: str, current: int, what: str) -> N
     """`ResourceExhausted` when `current` already reached the limit."""
     limit: int = getattr(limits, attribute)
     if current >= limit:
-        raise ResourceExhausted(f"{what}: the server reached {limits.describe(attribute)}")
+        raise ResourceExhausted(
+            f"{what}: the server reached {limits.describe(attribute)}", limit=attribute
+        )
 
 
 def check_tool_calls(limits: Limits, count: int) -> None:

@@ -52,7 +52,8 @@ def crash_closers(events: Sequence[ev.SessionEvent]) -> list[ev.SessionEvent]:
     closers: list[ev.SessionEvent] = []
 
     def add(**payload: object) -> ev.SessionEvent:
-        event = ev.SessionEvent(seq=last.seq + 1 + len(closers), time=last.time, **payload)  # type: ignore[arg-type]
+        seq, when = last.seq + 1 + len(closers), last.create_time
+        event = ev.SessionEvent(seq=seq, create_time=when, **payload)  # type: ignore[arg-type]
         closers.append(event)
         return event
 

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 from google.protobuf import timestamp_pb2
 
+from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
-from agentloop.v1 import session_pb2
 from server.errors import AgentLoopError
-from server.stores import InboxEntry, RequestRecord
+from server.stores import FIRST_SEQ, InboxEntry, RequestRecord
 
 if TYPE_CHECKING:
     from server.journal import Journal
@@ -74,6 +74,7 @@ class SessionLog:
         seed: Iterable[ev.SessionEvent] = (),
         inbox: Sequence[InboxEntry] = (),
         window: int = WINDOW,
+        options: agent_pb2.AgentOptions | None = None,
     ) -> None:
         """A session whose writes go through `journal`.
 
@@ -83,10 +84,10 @@ class SessionLog:
         self.session_id = session_id
         self.header = header
         self.journal = journal
-        self.count = 0
-        """The next sequence number: events appended so far, stored or not."""
-        self.durable = 0
-        """Events `[0, durable)` are stored and published."""
+        self.count = FIRST_SEQ
+        """The next sequence number (events appended so far, stored or not, plus 1)."""
+        self.durable = FIRST_SEQ
+        """Events with seq below `durable` are stored and published: the next to store."""
         self._window: deque[ev.SessionEvent] = deque(maxlen=window if journal else None)
         self.observers: list[Observer] = []
         """Called in-process at each append; failures are logged and contained."""
@@ -96,6 +97,8 @@ class SessionLog:
         """Called before each append; a throw vetoes the append."""
         self.agent_id = ""
         """The live agent driving this session, if any."""
+        self.options = options
+        """The options of the session's last agent, as stored (a resume may restore them)."""
         self.max_turn = 0
         self.open_turn = 0
         """The turn whose `turn/start` is the last boundary; 0 when none is open."""
@@ -122,7 +125,13 @@ class SessionLog:
         self.durable = self.count
 
     def __len__(self) -> int:
-        return self.count
+        """The number of events appended, stored or not."""
+        return self.count - FIRST_SEQ
+
+    @property
+    def stored(self) -> int:
+        """The number of events stored and published."""
+        return self.durable - FIRST_SEQ
 
     @property
     def events(self) -> list[ev.SessionEvent]:
@@ -152,7 +161,7 @@ class SessionLog:
             raise ReentrantAppend(
                 "session append cannot reenter while another append is being published"
             )
-        event = ev.SessionEvent(seq=self.count, time=now_timestamp(), **{kind: payload})
+        event = ev.SessionEvent(seq=self.count, create_time=now_timestamp(), **{kind: payload})
         if kind in SURFACE_KINDS:
             event.surface_op.CopyFrom(APPEND)
             event.source_event_seqs.extend(source_event_seqs)
@@ -207,6 +216,7 @@ class SessionLog:
         self, start: int, limit: int, max_bytes: int | None = None
     ) -> list[ev.SessionEvent]:
         """Up to `limit` stored events from `start` (at least one, then within `max_bytes`)."""
+        start = max(start, FIRST_SEQ)
         out: list[ev.SessionEvent] = []
         size = 0
         while len(out) < limit:
@@ -360,7 +370,7 @@ def session_message(session: SessionLog) -> session_pb2.Session:
         session_id=session.session_id,
         agent_id=session.agent_id,
         header=session.header,
-        event_count=session.durable,
+        event_count=session.stored,
         turn_count=session.max_turn,
         pending_messages=len(session.inbox),
     )

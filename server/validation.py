@@ -15,13 +15,11 @@ from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
 from server.errors import InvalidArgument
 from server.limits import Limits, check_size
+from server.models.scripted_options import script_of
 
 USER_BLOCKS = ("text",)
 """The content block kinds a user may send: tool calls, tool results and reasoning come
 from models and tools only (a forged tool result would poison the session)."""
-
-MAX_PAGE_TOKEN_DIGITS = 18
-"""Page tokens are decimal offsets this server issued; longer ones were never issued."""
 
 
 def check_message(limits: Limits, text: str, content: Sequence[c.ContentBlock]) -> None:
@@ -47,26 +45,14 @@ def check_message(limits: Limits, text: str, content: Sequence[c.ContentBlock]) 
 def check_agent_options(limits: Limits, options: agent_pb2.AgentOptions) -> None:
     """The sizes of `options`: persona and script, each against its limit."""
     check_size(limits, "max_persona_bytes", "options.persona", len(options.persona.encode()))
-    check_size(limits, "max_script_steps", "options.script", len(options.script), "steps")
-    calls = sum(len(step.tool_calls) for step in options.script)
-    check_size(limits, "max_script_tool_calls", "options.script", calls, "tool calls")
-    for i, step in enumerate(options.script):
+    script = script_of(options)
+    field = "options.provider_options.steps"
+    check_size(limits, "max_script_steps", field, len(script), "steps")
+    calls = sum(len(step.tool_calls) for step in script)
+    check_size(limits, "max_script_tool_calls", field, calls, "tool calls")
+    for i, step in enumerate(script):
         # A step becomes one assistant message: bounded like any other message.
-        check_size(limits, "max_content_bytes", f"options.script[{i}]", step.ByteSize())
-
-
-def page_offset(page_token: str) -> int:
-    """The offset a page token stands for; "" is the first page."""
-    if not page_token:
-        return 0
-    # isdigit alone accepts "²" and other Unicode digits that int() refuses or misreads.
-    if (
-        len(page_token) > MAX_PAGE_TOKEN_DIGITS
-        or not page_token.isascii()
-        or not page_token.isdigit()
-    ):
-        raise InvalidArgument("page_token", "is not a token this server issued")
-    return int(page_token)
+        check_size(limits, "max_content_bytes", f"{field}[{i}]", step.ByteSize())
 
 
 def duration_seconds(duration: duration_pb2.Duration, field: str, maximum: float) -> float:

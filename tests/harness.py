@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentloop.v1 import agent_event_pb2 as ae
-from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
@@ -16,12 +16,15 @@ from server.builtin_tools import builtin_tools
 from server.factory import AgentFactory
 from server.models import ModelRequest
 from server.models.scripted import ScriptedModel
+from server.models.scripted_options import script_options
 from server.runtime import Runtime
 from server.stores.memory import MemoryStore
 
 
 class RecordingModel:
     """Wraps the scripted model and records every request it serves."""
+
+    options_type = ScriptedModel.options_type
 
     def __init__(self) -> None:
         self.inner = ScriptedModel()
@@ -57,14 +60,14 @@ class Harness:
     async def create(
         self,
         agent_id: str = "a1",
-        script: Sequence[agent_pb2.ScriptedStep] = (),
+        script: Sequence[scripted_pb2.ScriptedStep] = (),
         tools: Sequence[str] = (),
         **kwargs: Any,
     ) -> Agent:
         options = agent_pb2.AgentOptions(
             provider=kwargs.pop("provider", "scripted"),
             model=kwargs.pop("model", "test-model"),
-            script=script,
+            provider_options=script_options(script),
             tools=tools,
         )
         if "max_parallel_tool_calls" in kwargs:
@@ -123,17 +126,17 @@ def reason_kinds(agent: Agent) -> list[str]:
     return [r.WhichOneof("kind") or "" for r in turn_ends(agent)]
 
 
-def text_step(text: str, **kwargs: Any) -> agent_pb2.ScriptedStep:
+def text_step(text: str, **kwargs: Any) -> scripted_pb2.ScriptedStep:
     """A scripted step that streams `text`."""
-    return agent_pb2.ScriptedStep(text=text, **kwargs)
+    return scripted_pb2.ScriptedStep(text=text, **kwargs)
 
 
-def tool_step(*calls: tuple[str, str], text: str = "", **kwargs: Any) -> agent_pb2.ScriptedStep:
+def tool_step(*calls: tuple[str, str], text: str = "", **kwargs: Any) -> scripted_pb2.ScriptedStep:
     """A scripted step that calls tools: (name, arguments JSON) pairs."""
-    return agent_pb2.ScriptedStep(
+    return scripted_pb2.ScriptedStep(
         text=text,
         tool_calls=[
-            agent_pb2.ScriptedToolCall(id=f"c{i + 1}", name=name, arguments=args)
+            scripted_pb2.ScriptedToolCall(id=f"c{i + 1}", name=name, arguments=args)
             for i, (name, args) in enumerate(calls)
         ],
         **kwargs,

@@ -1,6 +1,6 @@
 """The dev invariants of the loop, checked after every test as an oracle.
 
-- sequence numbers are contiguous from 0;
+- sequence numbers are contiguous from 1;
 - every event but the boundaries sits inside a turn; turns and steps are balanced
   and never nest;
 - turn numbers strictly increase by one; steps run 1..M within each turn;
@@ -23,7 +23,7 @@ def check_log(events: Sequence[ev.SessionEvent]) -> None:
     last_turn = 0
     last_step = 0
     calls: set[str] = set()
-    for index, event in enumerate(events):
+    for index, event in enumerate(events, start=1):
         assert event.seq == index, f"seq {event.seq} at position {index}"
         kind = event.WhichOneof("payload")
         if kind == "turn_start":

@@ -15,9 +15,15 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 
-from agentloop.v1 import agent_factory_service_pb2, agent_factory_service_pb2_grpc, agent_pb2
+from agentloop.v1 import (
+    agent_factory_service_pb2,
+    agent_factory_service_pb2_grpc,
+    agent_pb2,
+    scripted_pb2,
+)
 from server.app import App
 from server.config import AgentConfig, Config
+from server.models.scripted_options import script_options
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -137,13 +143,13 @@ async def test_tail_no_follow_prints_the_log(server: str) -> None:
     result = await run_cli(server, "tail", "assistant", "--no-follow")
     assert result.code == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split()[:2] == ["0", "turn_start"]
-    assert lines[-1].split() == ["23", "turn_end", "turn", "1", "completed"]
+    assert lines[0].split()[:2] == ["1", "turn_start"]
+    assert lines[-1].split() == ["24", "turn_end", "turn", "1", "completed"]
     assert any("tool_call" in line and "word_count" in line for line in lines)
     # Every line is `seq kind summary`, in sequence order.
-    assert [int(line.split()[0]) for line in lines] == list(range(len(lines)))
-    later = await run_cli(server, "tail", "assistant", "--no-follow", "--from", "20")
-    assert [line.split()[0] for line in later.stdout.splitlines()] == ["20", "21", "22", "23"]
+    assert [int(line.split()[0]) for line in lines] == list(range(1, len(lines) + 1))
+    later = await run_cli(server, "tail", "assistant", "--no-follow", "--from", "21")
+    assert [line.split()[0] for line in later.stdout.splitlines()] == ["21", "22", "23", "24"]
 
 
 async def test_cancel_and_dispose(server: str) -> None:
@@ -161,14 +167,16 @@ async def test_cancel_and_dispose(server: str) -> None:
 
 
 async def test_ctrl_c_cancels_the_turn(server: str) -> None:
-    slow = agent_pb2.ScriptedStep(
+    slow = scripted_pb2.ScriptedStep(
         text="slowly " * 50, chunk_size=2, chunk_delay=duration_pb2.Duration(nanos=50_000_000)
     )
     async with grpc.aio.insecure_channel(server) as channel:
         await agent_factory_service_pb2_grpc.AgentFactoryServiceStub(channel).CreateAgent(
             agent_factory_service_pb2.CreateAgentRequest(
                 agent_id="slow",
-                options=agent_pb2.AgentOptions(provider="scripted", model="echo", script=[slow]),
+                options=agent_pb2.AgentOptions(
+                    provider="scripted", model="echo", provider_options=script_options([slow])
+                ),
             )
         )
     proc = await start_cli(server, "send", "slow", "go", launch=WITH_SIGINT)

@@ -221,3 +221,11 @@ def test_agents_table_aligns_columns() -> None:
         "assistant  idle     s-1",
         "b          running  s-2",
     ]
+
+
+def test_an_enum_value_newer_than_the_client_is_shown_not_fatal() -> None:
+    from agentloop.v1 import agent_event_pb2
+
+    status = agent_event_pb2.AgentStatus.ValueType(7)
+    assert render.status_word(status) == "unknown(7)"
+    assert render.status_word(agent_event_pb2.AGENT_STATUS_IDLE) == "idle"

@@ -13,6 +13,7 @@ from agentloop.v1 import agent_pb2
 from agentloop.v1 import decision_pb2 as d
 from server import seams as S
 from server.errors import AgentDisposed, AlreadyExists, FailedPrecondition, InvalidArgument
+from server.models.scripted_options import script_options
 from tests.harness import Harness, kinds, reason_kinds, text_block, text_step, turn_ends
 
 
@@ -169,8 +170,8 @@ async def test_resume_continues_history_turns_and_seqs(harness: Harness) -> None
     before = [e.SerializeToString() for e in agent.session.events]
     history = agent.session.derive_messages()
     await harness.factory.dispose("a1")
-    options = agent_pb2.AgentOptions(provider="scripted", model="m",
-                                     script=[text_step("unused"), text_step("two")])  # fmt: skip
+    script = script_options([text_step("unused"), text_step("two")])
+    options = agent_pb2.AgentOptions(provider="scripted", model="m", provider_options=script)
     sources: list[int] = []
     harness.runtime.seams.on(S.SESSION_START, lambda a, source: sources.append(source))
     resumed = await harness.factory.resume("a2", "keep", options)
@@ -179,7 +180,7 @@ async def test_resume_continues_history_turns_and_seqs(harness: Harness) -> None
     assert resumed.session.derive_messages() == history
     await harness.turn(resumed, "second")
     events = resumed.session.events
-    assert [e.seq for e in events] == list(range(len(events)))
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert [e.turn_start.turn for e in events if e.HasField("turn_start")] == [1, 2]
     headers = [e.request_header.reason for e in events if e.HasField("request_header")]
     assert headers == [1, 2]  # initial, then resume

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from google.protobuf import duration_pb2
 
 from agentloop.v1 import agent_event_pb2 as ae
-from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
+from agentloop.v1 import scripted_pb2
 from agentloop.v1 import session_event_pb2 as ev
 from server import seams as S
 from server.content import plain_text
@@ -52,7 +52,7 @@ async def test_simple_turn_event_order_usage_and_history(harness: Harness) -> No
     assert events[3].request_header.reason == ev.HEADER_REASON_INITIAL
     message = events[9].assistant_message
     assert message.usage == USAGE
-    assert list(events[9].source_event_seqs) == [4, 5, 6, 7, 8]
+    assert list(events[9].source_event_seqs) == [5, 6, 7, 8, 9]
     assert message.provenance.provider == "scripted"
     history = agent.session.derive_messages()
     assert [m.role for m in history] == [c.ROLE_USER, c.ROLE_ASSISTANT]
@@ -445,7 +445,9 @@ async def test_a_burst_of_sends_is_one_turn(harness: Harness) -> None:
 
 async def test_model_error_finish_fails_the_turn_once_with_its_code(harness: Harness) -> None:
     agent = await harness.create(
-        script=[agent_pb2.ScriptedStep(finish=ERROR, error_message="overloaded", error_code="E42")]
+        script=[
+            scripted_pb2.ScriptedStep(finish=ERROR, error_message="overloaded", error_code="E42")
+        ]
     )
     await harness.turn(agent, "go")
     k = kinds(agent)
@@ -460,14 +462,16 @@ async def test_model_error_finish_fails_the_turn_once_with_its_code(harness: Har
 async def test_model_aborted_finish_without_cancel_is_an_error(harness: Harness) -> None:
     from agentloop.v1 import stream_pb2 as st
 
-    agent = await harness.create(script=[agent_pb2.ScriptedStep(finish=st.FINISH_KIND_ABORTED)])
+    agent = await harness.create(script=[scripted_pb2.ScriptedStep(finish=st.FINISH_KIND_ABORTED)])
     await harness.turn(agent, "go")
     error = turn_ends(agent)[0].error
     assert (error.message, error.code) == ("model stream aborted", "ABORTED")
 
 
 async def test_error_without_code_leaves_code_empty(harness: Harness) -> None:
-    agent = await harness.create(script=[agent_pb2.ScriptedStep(finish=ERROR, error_message="x")])
+    agent = await harness.create(
+        script=[scripted_pb2.ScriptedStep(finish=ERROR, error_message="x")]
+    )
     await harness.turn(agent, "go")
     assert turn_ends(agent)[0].error.code == ""
 
@@ -681,8 +685,8 @@ async def test_every_request_rebuilds_from_the_log(harness: Harness) -> None:
     from server.session import SessionLog
 
     for request, seq in zip(harness.model.requests, step_starts, strict=True):
-        replay = SessionLog("replay", agent.session.header, seed=events[:seq])
+        replay = SessionLog("replay", agent.session.header, seed=events[: seq - 1])
         rebuilt = [*request.header.message_prefix, *replay.derive_messages()]
         assert list(request.messages) == rebuilt
-        header_log = SessionLog("replay", agent.session.header, seed=events[: seq + 2])
+        header_log = SessionLog("replay", agent.session.header, seed=events[: seq + 1])
         assert header_log.request_header == request.header

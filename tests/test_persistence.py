@@ -75,10 +75,10 @@ async def test_a_crash_tail_is_closed_as_interrupted_and_persisted(db: Path) -> 
     # by the loop. Write them as the store would have them after a partial flush.
     session = agent.session
     tail = [
-        ev.SessionEvent(seq=stored, turn_start=ev.TurnStart(turn=2)),
-        ev.SessionEvent(seq=stored + 1, step_start=ev.StepStart(turn=2, step=1)),
+        ev.SessionEvent(seq=stored + 1, turn_start=ev.TurnStart(turn=2)),
+        ev.SessionEvent(seq=stored + 2, step_start=ev.StepStart(turn=2, step=1)),
         ev.SessionEvent(
-            seq=stored + 2, tool_call=ev.ToolCall(turn=2, step=1, call_id="x", name="sleep")
+            seq=stored + 3, tool_call=ev.ToolCall(turn=2, step=1, call_id="x", name="sleep")
         ),
     ]
     await h.factory.close()
@@ -118,8 +118,8 @@ async def test_fork_at_a_turn_end_continues_numbering(harness: Harness) -> None:
     first_end = next(e.seq for e in agent.session.events if e.HasField("turn_end"))
     fork = await harness.factory.fork("src", first_end, "child")
     assert fork.header.parent_session_id == "src"
-    assert fork.header.seed_length == first_end + 1
-    assert fork.event_count == first_end + 1
+    assert fork.header.seed_length == first_end
+    assert fork.event_count == first_end
     resumed = await harness.factory.resume("forked", "child", OPTIONS)
     harness.created.append(resumed)
     await harness.turn(resumed, "from the fork")
@@ -131,9 +131,9 @@ async def test_fork_boundaries_are_checked(harness: Harness) -> None:
     agent = await harness.create(session_id="src", script=[text_step("1")])
     await harness.turn(agent, "one")
     with pytest.raises(
-        InvalidArgument, match="^boundary_seq: event 1 is a user_message, not a turn_end"
+        InvalidArgument, match="^boundary_seq: event 2 is a user_message, not a turn_end"
     ):
-        await harness.factory.fork("src", 1)
+        await harness.factory.fork("src", 2)
     with pytest.raises(InvalidArgument, match="out of range"):
         await harness.factory.fork("src", 10_000)
     default = await harness.factory.fork("src", None)
@@ -159,3 +159,32 @@ async def test_list_sessions_includes_stored_and_damaged(db: Path) -> None:
     assert sessions["b"].agent_id == "b1"
     await h.factory.close()
     await h.runtime.store.close()
+
+
+async def test_resume_without_options_restores_the_stored_ones(db: Path) -> None:
+    h = Harness(store=SqliteStore(db))
+    agent = await h.create(session_id="s", tools=["word_count"], model="m", persona="terse")
+    created = agent_pb2.AgentOptions()
+    created.CopyFrom(agent.options)
+    await h.factory.close()
+    await h.runtime.store.close()
+
+    h2 = await restart(db)
+    resumed = await h2.factory.resume("again", "s", None)
+    h2.created.append(resumed)
+    assert resumed.options == created and list(resumed.options.tools) == ["word_count"]
+    await h2.factory.dispose("again")
+    # Options given at resume replace the stored ones, and are stored in their turn.
+    other = agent_pb2.AgentOptions(provider="scripted", model="n")
+    replaced = await h2.factory.resume("third", "s", other)
+    h2.created.append(replaced)
+    assert replaced.options == other
+    assert (await h2.runtime.store.load("s")).options == other
+    await h2.factory.close()
+    await h2.runtime.store.close()
+
+
+async def test_resuming_a_live_session_says_what_to_do(harness: Harness) -> None:
+    await harness.create(session_id="live")
+    with pytest.raises(FailedPrecondition, match='live agent "a1".*DisposeAgent'):
+        await harness.factory.resume("other", "live", None)

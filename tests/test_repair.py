@@ -40,7 +40,7 @@ def test_open_turn_gets_interrupted() -> None:
     closers = crash_closers(events)
     assert kinds(closers) == ["turn_end"]
     assert closers[0].turn_end.reason.WhichOneof("kind") == "interrupted"
-    assert closers[0].seq == 1 and closers[0].time == events[-1].time
+    assert closers[0].seq == 2 and closers[0].create_time == events[-1].create_time
     check_log([*events, *closers])
 
 
@@ -62,7 +62,7 @@ def test_unanswered_calls_get_synthetic_results_in_log_order() -> None:
         "interrupted",
     )
     assert first.surface_op.kind == ev.SURFACE_OP_KIND_APPEND
-    assert list(first.source_event_seqs) == [2]
+    assert list(first.source_event_seqs) == [3]
     check_log([*events, *closers])
 
 

@@ -10,13 +10,14 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 from google.protobuf import duration_pb2
 
-from agentloop.v1 import agent_pb2, content_pb2, stream_pb2
+from agentloop.v1 import agent_pb2, content_pb2, scripted_pb2, stream_pb2
 from server.abort import NEVER, AbortController, AbortSignal
 from server.assembly import MessageAssembler
 from server.content import text_content
 from server.errors import Aborted
 from server.models import Model, ModelRequest
 from server.models.scripted import GREETING, ScriptedModel
+from server.models.scripted_options import script_options
 
 S = stream_pb2
 C = content_pb2
@@ -44,7 +45,7 @@ def tool_results(*pairs: tuple[str, str]) -> C.Message:
 
 def request(
     messages: Sequence[C.Message] = (),
-    script: Sequence[agent_pb2.ScriptedStep] = (),
+    script: Sequence[scripted_pb2.ScriptedStep] = (),
     tools: Sequence[str] = (),
     agent_id: str = "a1",
 ) -> ModelRequest:
@@ -58,7 +59,9 @@ def request(
             tools=[C.ToolSchema(name=n) for n in tools],
         ),
         messages=list(messages),
-        options=agent_pb2.AgentOptions(provider="scripted", script=list(script)),
+        options=agent_pb2.AgentOptions(
+            provider="scripted", provider_options=script_options(script)
+        ),
     )
 
 
@@ -94,7 +97,7 @@ async def test_satisfies_the_model_protocol():
 
 
 async def test_text_abc_gives_seven_chunks():
-    step = agent_pb2.ScriptedStep(text="abc", usage=C.Usage(input_tokens=10, output_tokens=3))
+    step = scripted_pb2.ScriptedStep(text="abc", usage=C.Usage(input_tokens=10, output_tokens=3))
     chunks = await collect(ScriptedModel(), request([user("hi")], [step]))
     assert kinds(chunks) == [
         "block_start",
@@ -112,7 +115,7 @@ async def test_text_abc_gives_seven_chunks():
 
 
 async def test_chunk_size_cuts_text_and_counts_code_points():
-    step = agent_pb2.ScriptedStep(text="héllo wörld", chunk_size=4)
+    step = scripted_pb2.ScriptedStep(text="héllo wörld", chunk_size=4)
     chunks = await collect(ScriptedModel(), request(script=[step]))
     assert [c.block_delta.text for c in chunks if c.HasField("block_delta")] == [
         "héll",
@@ -124,13 +127,13 @@ async def test_chunk_size_cuts_text_and_counts_code_points():
 
 
 async def test_reasoning_text_and_tool_calls_in_order_with_indexes():
-    step = agent_pb2.ScriptedStep(
+    step = scripted_pb2.ScriptedStep(
         reasoning="hm",
         text="ok",
         chunk_size=2,
         tool_calls=[
-            agent_pb2.ScriptedToolCall(name="read", arguments='{"path":"a"}'),
-            agent_pb2.ScriptedToolCall(id="mine", name="ping"),
+            scripted_pb2.ScriptedToolCall(name="read", arguments='{"path":"a"}'),
+            scripted_pb2.ScriptedToolCall(id="mine", name="ping"),
         ],
     )
     chunks = await collect(ScriptedModel(), request(script=[step]))
@@ -155,7 +158,7 @@ async def test_reasoning_text_and_tool_calls_in_order_with_indexes():
 
 
 async def test_empty_step_is_just_a_stop_finish():
-    chunks = await collect(ScriptedModel(), request(script=[agent_pb2.ScriptedStep()]))
+    chunks = await collect(ScriptedModel(), request(script=[scripted_pb2.ScriptedStep()]))
     assert kinds(chunks) == ["finish"]
     assert chunks[0].finish.kind == S.FINISH_KIND_STOP
 
@@ -165,16 +168,16 @@ async def test_empty_step_is_just_a_stop_finish():
     [S.FINISH_KIND_STOP, S.FINISH_KIND_MAX_TOKENS, S.FINISH_KIND_ERROR, S.FINISH_KIND_ABORTED],
 )
 async def test_finish_kinds(kind: S.FinishKind.ValueType):
-    step = agent_pb2.ScriptedStep(finish=kind, error_message="why", error_code="CODE")
+    step = scripted_pb2.ScriptedStep(finish=kind, error_message="why", error_code="CODE")
     chunks = await collect(ScriptedModel(), request(script=[step]))
     assert chunks[-1].finish == S.Finish(kind=kind, message="why", code="CODE")
 
 
 async def test_per_agent_cursor_and_default_tool_ids():
     script = [
-        agent_pb2.ScriptedStep(text="one"),
-        agent_pb2.ScriptedStep(tool_calls=[agent_pb2.ScriptedToolCall(name="t")]),
-        agent_pb2.ScriptedStep(text="three"),
+        scripted_pb2.ScriptedStep(text="one"),
+        scripted_pb2.ScriptedStep(tool_calls=[scripted_pb2.ScriptedToolCall(name="t")]),
+        scripted_pb2.ScriptedStep(text="three"),
     ]
     model = ScriptedModel()
     first = assembled(await collect(model, request(script=script))).content
@@ -193,7 +196,7 @@ async def test_per_agent_cursor_and_default_tool_ids():
 
 async def test_script_exhausted_falls_back_to_echo():
     model = ScriptedModel()
-    req = request([user("hi")], [agent_pb2.ScriptedStep(text="scripted")])
+    req = request([user("hi")], [scripted_pb2.ScriptedStep(text="scripted")])
     assert assembled(await collect(model, req)).content[0].text.text == "scripted"
     assert assembled(await collect(model, req)).content[0].text.text == "You said: hi"
 
@@ -262,7 +265,7 @@ async def test_abort_before_streaming_raises():
 async def test_cancellation_mid_stream_with_chunk_delay():
     delay = duration_pb2.Duration()
     delay.FromMilliseconds(20)
-    step = agent_pb2.ScriptedStep(text="x" * 1000, chunk_delay=delay)
+    step = scripted_pb2.ScriptedStep(text="x" * 1000, chunk_delay=delay)
     controller = AbortController()
     first_chunk = asyncio.Event()
     received: list[S.StreamChunk] = []
@@ -287,7 +290,7 @@ async def test_cancellation_mid_stream_with_chunk_delay():
 
 
 async def test_abort_during_a_long_delay_is_prompt():
-    step = agent_pb2.ScriptedStep(text="ab", chunk_delay=duration_pb2.Duration(seconds=30))
+    step = scripted_pb2.ScriptedStep(text="ab", chunk_delay=duration_pb2.Duration(seconds=30))
     controller = AbortController()
     stream = ScriptedModel().stream(request(script=[step]), controller.signal)
     pending = asyncio.ensure_future(anext(stream))

@@ -116,6 +116,19 @@ INSERT INTO meta VALUES ('format_version', '1');
 """
 
 
+def zero_based(events: list[ev.SessionEvent]) -> list[ev.SessionEvent]:
+    """The events as formats 1 and 2 stored them: numbered from 0."""
+    old = []
+    for event in events:
+        copy = ev.SessionEvent()
+        copy.CopyFrom(event)
+        copy.seq -= 1
+        del copy.source_event_seqs[:]
+        copy.source_event_seqs.extend(s - 1 for s in event.source_event_seqs)
+        old.append(copy)
+    return old
+
+
 async def test_a_format_1_file_is_migrated_in_place(tmp_path: Path) -> None:
     path = tmp_path / "agentloop.db"
     events = sample_events(2)
@@ -125,7 +138,7 @@ async def test_a_format_1_file_is_migrated_in_place(tmp_path: Path) -> None:
         db.execute("INSERT INTO sessions VALUES ('old', ?, ?, 2)", (header.SerializeToString(), 4))
         db.executemany(
             "INSERT INTO events VALUES ('old', ?, ?)",
-            [(e.seq, e.SerializeToString()) for e in events],
+            [(e.seq, e.SerializeToString()) for e in zero_based(events)],
         )
     store = SqliteStore(path)
     await store.open()
@@ -139,4 +152,63 @@ async def test_a_format_1_file_is_migrated_in_place(tmp_path: Path) -> None:
     await store.close()
     with sqlite3.connect(path) as db:
         version = db.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone()
-    assert version == ("2",)
+    assert version == ("3",)
+
+
+FORMAT_2 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE sessions (
+    session_id TEXT PRIMARY KEY,
+    header BLOB NOT NULL,
+    create_ns INTEGER NOT NULL DEFAULT 0,
+    driver TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE events (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    kind INTEGER NOT NULL,
+    event BLOB NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE inbox (
+    session_id TEXT NOT NULL,
+    entry_id INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    message BLOB NOT NULL,
+    PRIMARY KEY (session_id, entry_id)
+) WITHOUT ROWID;
+CREATE TABLE requests (
+    agent_id TEXT NOT NULL,
+    request_id TEXT NOT NULL,
+    method TEXT NOT NULL,
+    response BLOB NOT NULL,
+    PRIMARY KEY (agent_id, request_id)
+) WITHOUT ROWID;
+INSERT INTO meta VALUES ('format_version', '2');
+"""
+
+
+async def test_a_format_2_file_is_renumbered_from_1_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "agentloop.db"
+    session = SessionLog("s", session_pb2.SessionHeader())
+    session.append("turn_start", ev.TurnStart(turn=1, trigger=ev.TRIGGER_KIND_MESSAGE))
+    session.append("step_start", ev.StepStart(turn=1, step=1))
+    chunk = session.append("assistant_chunk", ev.AssistantChunk())
+    session.append("assistant_message", ev.AssistantMessage(), source_event_seqs=[chunk.seq])
+    session.append("step_end", ev.StepEnd(turn=1, step=1))
+    session.append("turn_end", ev.TurnEnd(turn=1))
+    events = session.events
+    with sqlite3.connect(path) as db:
+        db.executescript(FORMAT_2)
+        db.execute("INSERT INTO sessions (session_id, header) VALUES ('old', ?)", (b"",))
+        db.executemany(
+            "INSERT INTO events VALUES ('old', ?, 0, ?)",
+            [(e.seq, e.SerializeToString()) for e in zero_based(events)],
+        )
+    store = SqliteStore(path)
+    await store.open()
+    loaded = await store.load("old")
+    assert loaded.events == events and loaded.options is None
+    assert list(loaded.events[3].source_event_seqs) == [3]
+    assert (await store.summary("old")).event_count == 6
+    await store.close()

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from google.protobuf import timestamp_pb2
 
+from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
-from agentloop.v1 import session_pb2
 from server.errors import AlreadyExists, InvalidArgument, NotFound
 from server.stores import (
     INBOX_CONTEXT,
@@ -51,7 +51,7 @@ def header(created: int = 1) -> session_pb2.SessionHeader:
     return session_pb2.SessionHeader(cwd="/w", create_time=timestamp_pb2.Timestamp(seconds=created))
 
 
-def turns(count: int, first_seq: int = 0, first_turn: int = 1) -> list[ev.SessionEvent]:
+def turns(count: int, first_seq: int = 1, first_turn: int = 1) -> list[ev.SessionEvent]:
     """`count` closed turns (turn_start, user_message, turn_end each) from `first_seq`."""
     events: list[ev.SessionEvent] = []
     for turn in range(first_turn, first_turn + count):
@@ -84,8 +84,9 @@ async def test_events_round_trip_with_counts_ranges_and_listing(store: SessionSt
     await append_events(store, "s1", events[4:])
     loaded = await store.load("s1")
     assert loaded.header == header() and loaded.events == events and loaded.inbox == []
-    assert await store.read("s1", 2, 5) == events[2:5]
-    assert await store.read("s1", 8, 100) == events[8:]
+    assert await store.read("s1", 3, 6) == events[2:5]  # seqs start at 1
+    assert await store.read("s1", 9, 100) == events[8:]
+    assert await store.read("s1", 0, 2) == events[:1]  # 0 names no event: reads from 1
     summary = await store.summary("s1")
     assert (summary.event_count, summary.turn_count, summary.pending) == (9, 3, 0)
     assert await store.list_ids() == ["s1"]
@@ -101,7 +102,7 @@ async def test_refusals_change_nothing(store: SessionStore) -> None:
     with pytest.raises(NotFound):
         await append_events(store, "nope", turns(1))
     with pytest.raises(StoreConflict, match="does not follow"):
-        await append_events(store, "s1", turns(1, first_seq=1))  # a gap
+        await append_events(store, "s1", turns(1, first_seq=2))  # a gap
     await append_events(store, "s1", turns(1))
     with pytest.raises(StoreConflict):
         await append_events(store, "s1", turns(1))  # a second writer at the same seqs
@@ -145,14 +146,14 @@ async def test_request_records_keep_the_first_answer(store: SessionStore) -> Non
 async def test_fork_copies_up_to_a_turn_end_or_refuses(store: SessionStore) -> None:
     await create_session(store, "src", header())
     events = turns(3)
-    open_tail = ev.SessionEvent(seq=9, turn_start=ev.TurnStart(turn=4))
+    open_tail = ev.SessionEvent(seq=10, turn_start=ev.TurnStart(turn=4))
     await append_events(store, "src", [*events, open_tail])
     assert await store.fork("src", None, "last", header(2)) == 9  # the last turn_end
-    assert await store.fork("src", 5, "middle", header(2)) == 6
+    assert await store.fork("src", 6, "middle", header(2)) == 6
     fork = await store.load("middle")
     assert fork.events == events[:6] and fork.header.seed_length == 6
     assert (await store.summary("middle")).turn_count == 2
-    for boundary, problem in ((4, "not a turn_end"), (10, "out of range")):
+    for boundary, problem in ((5, "not a turn_end"), (11, "out of range"), (0, "out of range")):
         with pytest.raises(InvalidArgument, match=problem) as refused:
             await store.fork("src", boundary, "bad", header(2))
         assert refused.value.field == "boundary_seq"
@@ -198,7 +199,7 @@ async def test_a_claim_fences_off_earlier_writers(store: SessionStore) -> None:
     second = await store.claim("s1")
     assert second > first
     # The earlier writer's next commit fits the sequence but is refused: it lost the session.
-    late = Commit({"s1": SessionWrites(events=turns(1, first_seq=3, first_turn=2), fence=first)})
+    late = Commit({"s1": SessionWrites(events=turns(1, first_seq=4, first_turn=2), fence=first)})
     with pytest.raises(StoreConflict, match="taken over"):
         await store.commit(late)
     stale_inbox = Commit({"s1": SessionWrites(inbox_put=[entry(1, "x")], fence=first)})
@@ -207,8 +208,27 @@ async def test_a_claim_fences_off_earlier_writers(store: SessionStore) -> None:
     assert (await store.summary("s1")).event_count == 3
     assert (await store.load("s1")).inbox == []
     await store.commit(
-        Commit({"s1": SessionWrites(events=turns(1, first_seq=3, first_turn=2), fence=second)})
+        Commit({"s1": SessionWrites(events=turns(1, first_seq=4, first_turn=2), fence=second)})
     )
     assert (await store.summary("s1")).event_count == 6
     with pytest.raises(NotFound):
         await store.claim("nope")
+
+
+async def test_agent_options_are_kept_with_the_session_and_its_forks(store: SessionStore) -> None:
+    await create_session(store, "s1", header())
+    assert (await store.load("s1")).options is None  # none stored yet
+    first = agent_pb2.AgentOptions(provider="scripted", model="m", tools=["word_count"])
+    await store.commit(Commit({"s1": SessionWrites(driver="a1", options=first, events=turns(1))}))
+    first.model = "changed after the commit"  # the store kept its own copy
+    loaded = await store.load("s1")
+    assert loaded.options == agent_pb2.AgentOptions(
+        provider="scripted", model="m", tools=["word_count"]
+    )
+    await store.commit(Commit({"s1": SessionWrites(driver="a1")}))  # no options: kept
+    assert (await store.load("s1")).options == loaded.options
+    await store.fork("s1", None, "child", header(2))
+    assert (await store.load("child")).options == loaded.options
+    second = agent_pb2.AgentOptions(model="n")
+    await store.commit(Commit({"s1": SessionWrites(driver="a2", options=second)}))
+    assert (await store.load("s1")).options == second

@@ -21,7 +21,7 @@ from server.api_agent import AgentServicer
 from server.errors import FailedPrecondition, NotFound
 from server.journal import Journal
 from server.session import SessionLog
-from server.stores import Commit, SessionWrites, StoreConflict, sqlite_sql
+from server.stores import FIRST_SEQ, Commit, SessionWrites, StoreConflict, sqlite_sql
 from server.stores import sqlite as sqlite_store
 from server.stores.memory import MemoryStore
 from server.stores.sqlite import SqliteStore
@@ -93,7 +93,7 @@ async def test_an_outage_after_a_refusal_is_retried_never_reported_durable() -> 
     missing.append("turn_start", TURN_START)
     await asyncio.wait_for(good.settle(), 5)
     assert store.commits >= 3  # refused whole, outage alone, then stored
-    assert (await store.summary("good")).event_count == 1 and good.durable == 1
+    assert (await store.summary("good")).event_count == 1 and good.stored == 1
     assert isinstance(missing.failure, NotFound)
 
 
@@ -126,7 +126,7 @@ async def test_an_agent_whose_session_was_taken_stops_and_refuses_calls() -> Non
     await h.turn(agent, "first")
     stored = (await store.summary(agent.session.session_id)).event_count
     # Another writer appends behind the agent's back.
-    late = ev.SessionEvent(seq=stored, turn_start=ev.TurnStart(turn=9))
+    late = ev.SessionEvent(seq=stored + FIRST_SEQ, turn_start=ev.TurnStart(turn=9))
     await append_events(store, agent.session.session_id, [late])
     agent.send([text_block("second")])
     with pytest.raises(StoreConflict):
@@ -139,7 +139,7 @@ async def test_an_agent_whose_session_was_taken_stops_and_refuses_calls() -> Non
             break
         await asyncio.sleep(0.01)
     assert agent.disposed
-    with pytest.raises(NotFound):
+    with pytest.raises(FailedPrecondition):  # stopped: it answers as a disposed agent
         h.factory.get("z")
     await h.factory.close()
 

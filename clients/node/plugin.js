@@ -316,11 +316,14 @@ class Plugin {
   }
 
   /**
-   * Start serving on `address` (`host:port`; port 0 picks a free one).
+   * Start serving on `address` (`host:port`; port 0 picks a free one), in plaintext or,
+   * with `tls`, over TLS (PEM certificate chain and key), which the server reaches as
+   * `tls://host:port`; with `ca`, clients must also present a certificate it signed.
    * @param {string} [address='127.0.0.1:0']
+   * @param {{tls?: {cert: string|Buffer, key: string|Buffer, ca?: string|Buffer}}} [options]
    * @returns {Promise<number>} the bound port
    */
-  async serve(address = '127.0.0.1:0') {
+  async serve(address = '127.0.0.1:0', { tls } = {}) {
     if (this.server) throw new Error(`plugin ${this.name} is already serving`);
     const server = new grpc.Server({
       'grpc.max_receive_message_length': this.maxMessageBytes,
@@ -334,7 +337,7 @@ class Plugin {
       Handle: (stream) => serveStream(this, stream),
     });
     const port = await new Promise((resolve, reject) => {
-      server.bindAsync(address, grpc.ServerCredentials.createInsecure(), (error, bound) =>
+      server.bindAsync(address, serverCredentials(tls), (error, bound) =>
         (error ? reject(error) : resolve(bound)));
     });
     this.server = server;
@@ -393,6 +396,18 @@ class Plugin {
  */
 function createPlugin(options) {
   return new Plugin(options);
+}
+
+/**
+ * The credentials of the plugin's port: plaintext, TLS, or mutual TLS with `ca`.
+ * @param {{cert: string|Buffer, key: string|Buffer, ca?: string|Buffer}} [tls]
+ * @returns {grpc.ServerCredentials}
+ */
+function serverCredentials(tls) {
+  if (!tls) return grpc.ServerCredentials.createInsecure();
+  const ca = tls.ca ? Buffer.from(tls.ca) : null;
+  const pair = { private_key: Buffer.from(tls.key), cert_chain: Buffer.from(tls.cert) };
+  return grpc.ServerCredentials.createSsl(ca, [pair], Boolean(ca));
 }
 
 module.exports = {

@@ -18,8 +18,9 @@ const path = require('node:path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 
-/** The repository's proto directory. */
-const PROTO_DIR = path.join(__dirname, '..', '..', 'proto');
+/** The protos: bundled in the package by `npm pack`, else the repository's `proto/`. */
+const BUNDLED = path.join(__dirname, 'proto');
+const PROTO_DIR = require('node:fs').existsSync(BUNDLED) ? BUNDLED : path.join(__dirname, '..', '..', 'proto');
 
 /** How the protos map to JavaScript objects (see the file comment). */
 const LOADER_OPTIONS = {

@@ -1,6 +1,8 @@
-"""The "scripted" provider: a deterministic, offline model driven by `AgentOptions.script`.
+"""The "scripted" provider: a deterministic, offline model driven by a script.
 
-Call k of an agent (counted from 0, per agent) answers with `script[k]`. Once the script
+The script is the provider's own options (`ScriptedOptions` in
+`AgentOptions.provider_options`). Call k of an agent (counted from 0, per agent)
+answers with `steps[k]`. Once the script
 is exhausted, or when there is none, the model falls back to a default behaviour that is
 enough to demonstrate a turn end to end:
 
@@ -15,10 +17,11 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 
-from agentloop.v1 import agent_pb2, content_pb2, stream_pb2
+from agentloop.v1 import content_pb2, scripted_pb2, stream_pb2
 from server.abort import AbortSignal
 from server.content import plain_text
 from server.models import ModelRequest
+from server.models.scripted_options import OPTIONS_TYPE, script_of
 
 DEFAULT_CHUNK_SIZE = 8
 """Characters per text delta in the default (unscripted) behaviour."""
@@ -33,8 +36,13 @@ WORD_COUNT_TOOL = "word_count"
 class ScriptedModel:
     """A `Model` that replays each agent's script, then echoes."""
 
+    options_type = OPTIONS_TYPE
+    """The `provider_options` type this provider takes."""
+
     def __init__(self) -> None:
         self._calls: dict[str, int] = {}
+        self._scripts: dict[str, tuple[bytes, Sequence[scripted_pb2.ScriptedStep]]] = {}
+        """Per agent: its packed options and their script, unpacked once, not per call."""
         self._counted: dict[str, tuple[int, int]] = {}
         """Per agent: (messages already counted, their characters)."""
 
@@ -46,6 +54,15 @@ class ScriptedModel:
         """Drop the cursor of `agent_id`: the agent was disposed, a new one starts afresh."""
         self._calls.pop(agent_id, None)
         self._counted.pop(agent_id, None)
+        self._scripts.pop(agent_id, None)
+
+    def _script(self, request: ModelRequest) -> Sequence[scripted_pb2.ScriptedStep]:
+        """The agent's script, unpacked again only when its options changed."""
+        packed = request.options.provider_options.SerializeToString()
+        cached = self._scripts.get(request.agent_id)
+        if cached is None or cached[0] != packed:
+            cached = self._scripts[request.agent_id] = (packed, script_of(request.options))
+        return cached[1]
 
     def _input_chars(self, agent_id: str, messages: Sequence[content_pb2.Message]) -> int:
         """Characters of `messages`, counting only the new tail of an append-extended request.
@@ -66,7 +83,7 @@ class ScriptedModel:
         """Stream the chunks of one call; raises `Aborted` when `signal` fires.
 
         Args:
-            request: The model call; `options.script` drives the answer.
+            request: The model call; the script in its provider options drives the answer.
             signal: Checked before every chunk; also interrupts a scripted `chunk_delay`.
 
         Yields:
@@ -74,7 +91,7 @@ class ScriptedModel:
         """
         k = self._calls.get(request.agent_id, 0)
         self._calls[request.agent_id] = k + 1
-        script = request.options.script
+        script = self._script(request)
         delay = 0.0
         if k < len(script):
             step = script[k]
@@ -92,7 +109,7 @@ class ScriptedModel:
             yield chunk
 
 
-def scripted_chunks(step: agent_pb2.ScriptedStep, k: int) -> Iterable[stream_pb2.StreamChunk]:
+def scripted_chunks(step: scripted_pb2.ScriptedStep, k: int) -> Iterable[stream_pb2.StreamChunk]:
     """The chunks of `step` answering call `k` (0-based) of an agent.
 
     Args:

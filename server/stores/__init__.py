@@ -6,12 +6,13 @@ messages that no turn has recorded yet); and, per agent id, the answers of calls
 made with a `request_id`. Everything one group commit writes (`Commit`) lands in
 one transaction: after a crash a commit is either whole or absent.
 
-Writes are fenced twice. A session's events in a commit must start exactly at the
-stored event count, so two writers can never interleave events. And whoever drives
-a session claims it first (`claim` returns a new token); every later commit of the
-driver carries that token, and a commit with an older one (a process that was paused
-or partitioned while another took the session over) is refused with `StoreConflict`,
-even where its sequence numbers would fit.
+Sequence numbers start at `FIRST_SEQ` (1) and have no gaps, so a session with n
+stored events holds seqs 1..n. Writes are fenced twice. A session's events in a commit
+must start exactly at the next sequence number (stored count + 1), so two writers can
+never interleave events. And whoever drives a session claims it first (`claim` returns
+a new token); every later commit of the driver carries that token, and a commit with an
+older one (a process that was paused or partitioned while another took the session
+over) is refused with `StoreConflict`, even where its sequence numbers would fit.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
-from agentloop.v1 import session_pb2
 from server.errors import AgentLoopError, InvalidArgument
+
+FIRST_SEQ = 1
+"""The sequence number of a session's first event (0 never names an event)."""
 
 INBOX_MESSAGE = "message"
 INBOX_STEERING = "steering"
@@ -31,6 +35,8 @@ INBOX_CONTEXT = "context"
 
 class StoreConflict(AgentLoopError):
     """An append did not follow the stored log: another writer got there first."""
+
+    reason = "STORE_CONFLICT"
 
 
 class StoreUnavailable(AgentLoopError):
@@ -68,8 +74,10 @@ class SessionWrites:
     """Create the session with this header first (its first events may follow)."""
     driver: str = ""
     """The agent now driving the session (recorded so its pending work can follow it)."""
+    options: agent_pb2.AgentOptions | None = None
+    """The options of that agent: a resume without options restores them."""
     events: list[ev.SessionEvent] = field(default_factory=list)
-    """New events; the first one's seq must equal the stored event count."""
+    """New events; the first one's seq must be the stored event count + 1."""
     inbox_put: list[InboxEntry] = field(default_factory=list)
     inbox_take: list[int] = field(default_factory=list)
     """Entry ids recorded by an event of this commit (or dropped), removed."""
@@ -83,6 +91,7 @@ class SessionWrites:
         return not (
             self.create is not None
             or self.driver
+            or self.options is not None
             or self.events
             or self.inbox_put
             or self.inbox_take
@@ -126,6 +135,8 @@ class StoredSession:
     header: session_pb2.SessionHeader
     events: list[ev.SessionEvent]
     inbox: list[InboxEntry]
+    options: agent_pb2.AgentOptions | None = None
+    """The options of the session's last driver; None when none were stored."""
 
 
 class SessionStore(Protocol):
@@ -167,7 +178,7 @@ class SessionStore(Protocol):
         ...
 
     async def read(self, session_id: str, start: int, end: int) -> list[ev.SessionEvent]:
-        """The stored events with `start <= seq < end`, in order."""
+        """The stored events with `start <= seq < end`, in order (`start` 0 reads as 1)."""
         ...
 
     async def summary(self, session_id: str) -> SessionSummary:
@@ -187,7 +198,10 @@ class SessionStore(Protocol):
     ) -> int:
         """Create `new_id` with the events of `source_id` up to a `turn_end`, atomically.
 
-        `boundary_seq` None means the last `turn_end`. Returns the seed length.
+        The fork keeps the source's stored agent options.
+
+        `boundary_seq` None means the last `turn_end`. Returns the seed length (the
+        boundary's seq, as seqs start at 1).
         Raises `InvalidArgument` (field `boundary_seq`) for a boundary that is not a
         stored `turn_end`, `AlreadyExists` if `new_id` exists, `NotFound` if the
         source is unknown.
@@ -217,9 +231,9 @@ class SessionStore(Protocol):
 
 
 def check_follows(session_id: str, stored: int, events: Sequence[ev.SessionEvent]) -> None:
-    """Raise `StoreConflict` unless `events` start at `stored` and have no gaps."""
+    """Raise `StoreConflict` unless `events` follow `stored` events with no gaps."""
     for offset, event in enumerate(events):
-        if event.seq != stored + offset:
+        if event.seq != FIRST_SEQ + stored + offset:
             raise StoreConflict(
                 f'session "{session_id}": event {event.seq} does not follow the'
                 f" {stored + offset} stored"
@@ -252,7 +266,7 @@ def fork_boundary(
         if last_end is None:
             raise InvalidArgument("boundary_seq", f'session "{session_id}" has no turn_end')
         return last_end
-    if boundary_seq >= count or kind_at is None:
+    if not FIRST_SEQ <= boundary_seq < FIRST_SEQ + count or kind_at is None:
         raise InvalidArgument(
             "boundary_seq", f"{boundary_seq} is out of range (the log has {count} events)"
         )

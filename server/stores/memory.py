@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
-from agentloop.v1 import session_pb2
-from server.errors import AlreadyExists, NotFound
+from server.errors import AlreadyExists, SessionNotFound
 from server.stores import (
+    FIRST_SEQ,
     Commit,
     InboxEntry,
     RequestRecord,
@@ -25,6 +26,7 @@ from server.stores import (
 class _Session:
     header: session_pb2.SessionHeader
     driver: str = ""
+    options: agent_pb2.AgentOptions | None = None
     events: list[ev.SessionEvent] = field(default_factory=list)
     inbox: dict[int, InboxEntry] = field(default_factory=dict)
     turns: int = 0
@@ -60,7 +62,7 @@ class MemoryStore:
                     raise AlreadyExists(f'session "{session_id}" already exists')
                 check_follows(session_id, 0, writes.events)
             elif stored is None:
-                raise NotFound(f'session "{session_id}" not found')
+                raise SessionNotFound(session_id)
             else:
                 check_fence(session_id, stored.fence, writes.fence)
                 check_follows(session_id, len(stored.events), writes.events)
@@ -70,6 +72,8 @@ class MemoryStore:
             session = self._sessions[session_id]
             if writes.driver:
                 session.driver = writes.driver
+            if writes.options is not None:
+                session.options = _copy(writes.options)
             session.events.extend(writes.events)
             session.turns = max(session.turns, turn_of(writes.events))
             for entry in writes.inbox_put:
@@ -93,11 +97,13 @@ class MemoryStore:
         """The header, events and inbox of a session."""
         session = self._get(session_id)
         inbox = [session.inbox[k] for k in sorted(session.inbox)]
-        return StoredSession(session.header, list(session.events), inbox)
+        options = _copy(session.options) if session.options is not None else None
+        return StoredSession(session.header, list(session.events), inbox, options)
 
     async def read(self, session_id: str, start: int, end: int) -> list[ev.SessionEvent]:
         """The stored events in `[start, end)`."""
-        return self._get(session_id).events[start:end]
+        first = max(start, FIRST_SEQ) - FIRST_SEQ
+        return self._get(session_id).events[first : max(first, end - FIRST_SEQ)]
 
     async def summary(self, session_id: str) -> SessionSummary:
         """The header and counts of a session."""
@@ -121,8 +127,8 @@ class MemoryStore:
         source = self._get(source_id)
         events = source.events
         kind_at = (
-            events[boundary_seq].WhichOneof("payload")
-            if boundary_seq is not None and boundary_seq < len(events)
+            events[boundary_seq - FIRST_SEQ].WhichOneof("payload")
+            if boundary_seq is not None and FIRST_SEQ <= boundary_seq < FIRST_SEQ + len(events)
             else None
         )
         ends = [e.seq for e in events if e.HasField("turn_end")]
@@ -131,9 +137,11 @@ class MemoryStore:
         )
         if new_id in self._sessions:
             raise AlreadyExists(f'session "{new_id}" already exists')
-        seed = events[: boundary + 1]
+        seed = events[: boundary - FIRST_SEQ + 1]
         header.seed_length = len(seed)
-        self._sessions[new_id] = _Session(header, events=list(seed), turns=turn_of(seed))
+        self._sessions[new_id] = _Session(
+            header, options=source.options, events=list(seed), turns=turn_of(seed)
+        )
         return len(seed)
 
     async def find_request(self, agent_id: str, request_id: str) -> RequestRecord | None:
@@ -178,5 +186,12 @@ class MemoryStore:
     def _get(self, session_id: str) -> _Session:
         session = self._sessions.get(session_id)
         if session is None:
-            raise NotFound(f'session "{session_id}" not found')
+            raise SessionNotFound(session_id)
         return session
+
+
+def _copy(options: agent_pb2.AgentOptions) -> agent_pb2.AgentOptions:
+    """A copy, so that the caller's later changes never reach the store (as on disk)."""
+    copy = agent_pb2.AgentOptions()
+    copy.CopyFrom(options)
+    return copy

@@ -13,10 +13,11 @@ import asyncio
 
 import asyncpg
 
+from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
-from agentloop.v1 import session_pb2
-from server.errors import AlreadyExists, NotFound, SessionDamaged
+from server.errors import AlreadyExists, SessionDamaged, SessionNotFound
 from server.stores import (
+    FIRST_SEQ,
     INBOX_CONTEXT,
     Commit,
     InboxEntry,
@@ -109,7 +110,7 @@ class PostgresStore:
                 "SELECT event_count FROM sessions WHERE session_id = $1 FOR SHARE", source_id
             )
             if count is None:
-                raise NotFound(f'session "{source_id}" not found')
+                raise SessionNotFound(source_id)
             kind_at = None
             if boundary_seq is not None:
                 kind = await conn.fetchval(
@@ -132,16 +133,19 @@ class PostgresStore:
                 boundary,
             )
             turns = ev.SessionEvent.FromString(turn_start).turn_start.turn if turn_start else 0
-            header.seed_length = boundary + 1
+            seed = boundary - FIRST_SEQ + 1
+            header.seed_length = seed
             try:
                 await conn.execute(
-                    "INSERT INTO sessions (session_id, header, create_ns, event_count, turn_count)"
-                    " VALUES ($1, $2, $3, $4, $5)",
+                    "INSERT INTO sessions"
+                    " (session_id, header, create_ns, event_count, turn_count, options)"
+                    " SELECT $1, $2, $3, $4, $5, options FROM sessions WHERE session_id = $6",
                     new_id,
                     header.SerializeToString(),
                     header.create_time.ToNanoseconds(),
-                    boundary + 1,
+                    seed,
                     turns,
+                    source_id,
                 )
             except asyncpg.UniqueViolationError:
                 raise AlreadyExists(f'session "{new_id}" already exists') from None
@@ -152,7 +156,7 @@ class PostgresStore:
                 source_id,
                 boundary,
             )
-        return boundary + 1
+        return seed
 
     async def driven_by(self, agent_id: str) -> list[str]:
         """The sessions `agent_id` drove, the most recent first."""
@@ -204,7 +208,7 @@ class PostgresStore:
             session_id,
         )
         if token is None:
-            raise NotFound(f'session "{session_id}" not found')
+            raise SessionNotFound(session_id)
         return int(token)
 
     async def wait_for_events(self, session_id: str, seconds: float) -> None:
@@ -246,11 +250,11 @@ class PostgresStore:
         """The header, every event and the inbox, from one snapshot."""
         pool = await self.pool()
         async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
-            header = await conn.fetchval(
-                "SELECT header FROM sessions WHERE session_id = $1", session_id
+            row = await conn.fetchrow(
+                "SELECT header, options FROM sessions WHERE session_id = $1", session_id
             )
-            if header is None:
-                raise NotFound(f'session "{session_id}" not found')
+            if row is None:
+                raise SessionNotFound(session_id)
             rows = await conn.fetch(
                 "SELECT seq, event FROM events WHERE session_id = $1 ORDER BY seq", session_id
             )
@@ -258,14 +262,17 @@ class PostgresStore:
                 "SELECT entry_id, kind, message FROM inbox WHERE session_id = $1 ORDER BY entry_id",
                 session_id,
             )
+        options = row["options"]
         return StoredSession(
-            session_pb2.SessionHeader.FromString(header),
-            _decode(session_id, 0, rows),
+            session_pb2.SessionHeader.FromString(row["header"]),
+            _decode(session_id, FIRST_SEQ, rows),
             [_entry(r["entry_id"], r["kind"], r["message"]) for r in inbox],
+            agent_pb2.AgentOptions.FromString(options) if options is not None else None,
         )
 
     async def read(self, session_id: str, start: int, end: int) -> list[ev.SessionEvent]:
         """The stored events in `[start, end)`."""
+        start = max(start, FIRST_SEQ)
         pool = await self.pool()
         rows = await pool.fetch(
             "SELECT seq, event FROM events WHERE session_id = $1 AND seq >= $2 AND seq < $3"
@@ -286,7 +293,7 @@ class PostgresStore:
             session_id,
         )
         if row is None:
-            raise NotFound(f'session "{session_id}" not found')
+            raise SessionNotFound(session_id)
         return SessionSummary(
             session_pb2.SessionHeader.FromString(row["header"]),
             row["event_count"],
@@ -355,18 +362,18 @@ async def _write(conn: Conn, session_id: str, writes: SessionWrites) -> None:
             "SELECT fence FROM sessions WHERE session_id = $1 FOR SHARE", session_id
         )
         if stored_fence is None:
-            raise NotFound(f'session "{session_id}" not found')
+            raise SessionNotFound(session_id)
         check_fence(session_id, stored_fence, writes.fence)
     events = writes.events
     if events:
-        first = events[0].seq
-        check_follows(session_id, first, events)
+        stored = events[0].seq - FIRST_SEQ  # the count these events must follow
+        check_follows(session_id, stored, events)
         moved = await conn.fetchval(
             "UPDATE sessions SET event_count = $3, turn_count = greatest(turn_count, $4)"
             " WHERE session_id = $1 AND event_count = $2 RETURNING 1",
             session_id,
-            first,
-            first + len(events),
+            stored,
+            stored + len(events),
             turn_of(events),
         )
         if moved is None:
@@ -374,9 +381,9 @@ async def _write(conn: Conn, session_id: str, writes: SessionWrites) -> None:
                 "SELECT event_count FROM sessions WHERE session_id = $1", session_id
             )
             if stored is None:
-                raise NotFound(f'session "{session_id}" not found')
+                raise SessionNotFound(session_id)
             raise StoreConflict(
-                f'session "{session_id}": event {first} does not follow the {stored} stored'
+                f'session "{session_id}": event {events[0].seq} does not follow the {stored} stored'
             )
         await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, session_id)  # at commit
         await conn.copy_records_to_table(
@@ -394,7 +401,13 @@ async def _write(conn: Conn, session_id: str, writes: SessionWrites) -> None:
             writes.driver,
         )
         if updated is None:
-            raise NotFound(f'session "{session_id}" not found')
+            raise SessionNotFound(session_id)
+    if writes.options is not None:
+        await conn.execute(
+            "UPDATE sessions SET options = $2 WHERE session_id = $1",
+            session_id,
+            writes.options.SerializeToString(),
+        )
     if writes.inbox_put:
         await conn.executemany(
             "INSERT INTO inbox VALUES ($1, $2, $3, $4)",

@@ -20,7 +20,8 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
                 driver text NOT NULL DEFAULT '',
                 event_count bigint NOT NULL DEFAULT 0,
                 turn_count integer NOT NULL DEFAULT 0,
-                fence bigint NOT NULL DEFAULT 0
+                fence bigint NOT NULL DEFAULT 0,
+                options bytea
             )""",
             """CREATE TABLE events (
                 session_id text NOT NULL REFERENCES sessions ON DELETE CASCADE,

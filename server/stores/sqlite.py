@@ -30,10 +30,11 @@ from typing import TypeVar
 
 from google.protobuf.message import DecodeError
 
+from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
-from agentloop.v1 import session_pb2
-from server.errors import NotFound, SessionDamaged
+from server.errors import SessionDamaged, SessionNotFound
 from server.stores import (
+    FIRST_SEQ,
     INBOX_CONTEXT,
     Commit,
     InboxEntry,
@@ -303,14 +304,16 @@ class SqliteStore:
 
         def read(
             db: sqlite3.Connection,
-        ) -> tuple[bytes, list[tuple[int, bytes]], list[tuple[int, str, bytes]]]:
+        ) -> tuple[
+            tuple[bytes, bytes | None], list[tuple[int, bytes]], list[tuple[int, str, bytes]]
+        ]:
             db.execute("BEGIN")  # one snapshot for the three reads
             try:
                 row = db.execute(
-                    "SELECT header FROM sessions WHERE session_id = ?", (session_id,)
+                    "SELECT header, options FROM sessions WHERE session_id = ?", (session_id,)
                 ).fetchone()
                 if row is None:
-                    raise NotFound(f'session "{session_id}" not found')
+                    raise SessionNotFound(session_id)
                 events = db.execute(
                     "SELECT seq, event FROM events WHERE session_id = ? ORDER BY seq",
                     (session_id,),
@@ -320,21 +323,27 @@ class SqliteStore:
                     " ORDER BY entry_id",
                     (session_id,),
                 ).fetchall()
-                return row[0], events, inbox
+                return (row[0], row[1]), events, inbox
             finally:
                 db.execute("COMMIT")
 
-        header_bytes, rows, inbox_rows = await self._read(session_id, read)
+        (header_bytes, options_bytes), rows, inbox_rows = await self._read(session_id, read)
         try:
             header = session_pb2.SessionHeader.FromString(header_bytes)
-            events = _decode_events(session_id, 0, rows)
+            options = (
+                agent_pb2.AgentOptions.FromString(options_bytes)
+                if options_bytes is not None
+                else None
+            )
+            events = _decode_events(session_id, FIRST_SEQ, rows)
             inbox = [_decode_entry(entry_id, kind, blob) for entry_id, kind, blob in inbox_rows]
         except DecodeError as error:
             raise SessionDamaged(session_id, f"cannot decode: {error}") from error
-        return StoredSession(header, events, inbox)
+        return StoredSession(header, events, inbox, options)
 
     async def read(self, session_id: str, start: int, end: int) -> list[ev.SessionEvent]:
         """The stored events in `[start, end)`."""
+        start = max(start, FIRST_SEQ)
 
         def query(db: sqlite3.Connection) -> list[tuple[int, bytes]]:
             return db.execute(

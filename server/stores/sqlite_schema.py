@@ -13,7 +13,7 @@ from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
 from server.errors import SessionDamaged
 
-FORMAT_VERSION = "2"
+FORMAT_VERSION = "3"
 """The on-disk format this code reads and writes."""
 
 SCHEMA = """
@@ -23,7 +23,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     header BLOB NOT NULL,
     create_ns INTEGER NOT NULL DEFAULT 0,
     driver TEXT NOT NULL DEFAULT '',
-    fence INTEGER NOT NULL DEFAULT 0
+    fence INTEGER NOT NULL DEFAULT 0,
+    options BLOB
 );
 CREATE TABLE IF NOT EXISTS events (
     session_id TEXT NOT NULL,
@@ -57,11 +58,13 @@ def statements() -> list[str]:
 
 def migrate(db: sqlite3.Connection, version: str, where: str) -> None:
     """Bring a file of an older format to `FORMAT_VERSION`, in one transaction."""
-    if version != "1":
-        raise SessionDamaged("", f"{where}: format version {version}, this server reads 1 and 2")
+    if version not in ("1", "2"):
+        raise SessionDamaged("", f"{where}: format version {version}, this server reads 1 to 3")
     db.execute("BEGIN IMMEDIATE")
     try:
-        _from_1(db)
+        if version == "1":
+            _from_1(db)
+        _from_2(db)
         db.execute("UPDATE meta SET value = ? WHERE key = 'format_version'", (FORMAT_VERSION,))
         db.execute("COMMIT")
     except BaseException:
@@ -70,14 +73,13 @@ def migrate(db: sqlite3.Connection, version: str, where: str) -> None:
 
 
 def _from_1(db: sqlite3.Connection) -> None:
-    """Format 1 had no kind column, no inbox, no request records, no driver, no fence.
+    """Format 1 had no kind column, no inbox, no request records, no driver.
 
     Its `event_count` and `turn_count` columns stay, unused: format 2 reads both from
     the events.
     """
     db.execute("ALTER TABLE sessions ADD COLUMN create_ns INTEGER NOT NULL DEFAULT 0")
     db.execute("ALTER TABLE sessions ADD COLUMN driver TEXT NOT NULL DEFAULT ''")
-    db.execute("ALTER TABLE sessions ADD COLUMN fence INTEGER NOT NULL DEFAULT 0")
     db.execute("ALTER TABLE events RENAME TO events_v1")
     for statement in statements():  # not executescript: it would commit midway
         db.execute(statement)
@@ -102,3 +104,32 @@ def _from_1(db: sqlite3.Connection) -> None:
         converted.append((session_id, seq, numbers.get(kind, 0), blob))
     db.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", converted)
     db.execute("DROP TABLE events_v1")
+
+
+def _from_2(db: sqlite3.Connection) -> None:
+    """Format 2 numbered events from 0 and kept no agent options (nor, early, a fence).
+
+    Every event moves one up, in its row and inside its bytes (its own `seq` and the
+    `source_event_seqs` it cites), so that seqs start at 1. A row that does not decode
+    keeps its bytes: the load reports it.
+    """
+    columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
+    if "options" not in columns:
+        db.execute("ALTER TABLE sessions ADD COLUMN options BLOB")
+    if "fence" not in columns:
+        db.execute("ALTER TABLE sessions ADD COLUMN fence INTEGER NOT NULL DEFAULT 0")
+    rows = db.execute("SELECT session_id, seq, kind, event FROM events").fetchall()
+    moved = []
+    for session_id, seq, kind, blob in rows:
+        try:
+            event = ev.SessionEvent.FromString(blob)
+        except Exception:
+            moved.append((session_id, seq + 1, kind, blob))
+            continue
+        event.seq = seq + 1
+        sources = [s + 1 for s in event.source_event_seqs]
+        del event.source_event_seqs[:]
+        event.source_event_seqs.extend(sources)
+        moved.append((session_id, seq + 1, kind, event.SerializeToString()))
+    db.execute("DELETE FROM events")
+    db.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", moved)

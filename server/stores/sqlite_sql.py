@@ -14,8 +14,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from agentloop.v1 import session_event_pb2 as ev
-from server.errors import AlreadyExists, NotFound
+from server.errors import AlreadyExists, SessionNotFound
 from server.stores import (
+    FIRST_SEQ,
     SessionWrites,
     StoreConflict,
     check_fence,
@@ -45,6 +46,7 @@ class SessionRows:
     header: bytes | None
     create_ns: int
     driver: str
+    options: bytes | None
     first_seq: int
     events: list[tuple[str, int, int, bytes]]
     puts: list[tuple[str, int, str, bytes]]
@@ -60,7 +62,7 @@ class SessionRows:
         events = writes.events
         first = events[0].seq if events else 0
         if events and events[-1].seq != first + len(events) - 1:
-            check_follows(session_id, first, events)  # a gap: raise, naming it
+            check_follows(session_id, first - FIRST_SEQ, events)  # a gap: raise, naming it
         numbers = KIND_NUMBERS
         rows = [
             (session_id, e.seq, numbers[e.WhichOneof("payload")], e.SerializeToString())  # type: ignore[index]
@@ -76,6 +78,7 @@ class SessionRows:
             header.SerializeToString() if header is not None else None,
             header.create_time.ToNanoseconds() if header is not None else 0,
             writes.driver,
+            writes.options.SerializeToString() if writes.options is not None else None,
             first,
             rows,
             puts,
@@ -87,9 +90,9 @@ class SessionRows:
 
 
 def event_count(db: sqlite3.Connection, session_id: str) -> int:
-    """The number of stored events of a session (its next sequence number)."""
+    """The number of stored events of a session: its last seq, as seqs start at 1."""
     row = db.execute("SELECT MAX(seq) FROM events WHERE session_id = ?", (session_id,)).fetchone()
-    return 0 if row[0] is None else int(row[0]) + 1
+    return 0 if row[0] is None else int(row[0]) - FIRST_SEQ + 1
 
 
 def last_turn(db: sqlite3.Connection, session_id: str) -> int:
@@ -118,11 +121,11 @@ def write_commit(db: sqlite3.Connection, sessions: list[SessionRows]) -> None:
                     "SELECT fence FROM sessions WHERE session_id = ?", (s.session_id,)
                 ).fetchone()
                 if row is None:
-                    raise NotFound(f'session "{s.session_id}" not found')
+                    raise SessionNotFound(s.session_id)
                 check_fence(s.session_id, row[0], s.fence)
             if s.events:
                 stored = event_count(db, s.session_id)
-                if stored != s.first_seq or (stored == 0 and s.header is None):
+                if stored + FIRST_SEQ != s.first_seq or (stored == 0 and s.header is None):
                     _refuse(db, s.session_id, s.first_seq, stored)
                 db.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", s.events)
             if s.driver:
@@ -131,7 +134,12 @@ def write_commit(db: sqlite3.Connection, sessions: list[SessionRows]) -> None:
                     (s.driver, s.session_id),
                 ).rowcount
                 if moved != 1:
-                    raise NotFound(f'session "{s.session_id}" not found')
+                    raise SessionNotFound(s.session_id)
+            if s.options is not None:
+                db.execute(
+                    "UPDATE sessions SET options = ? WHERE session_id = ?",
+                    (s.options, s.session_id),
+                )
             if s.puts:
                 db.executemany("INSERT INTO inbox VALUES (?, ?, ?, ?)", s.puts)
             if s.takes:
@@ -147,8 +155,8 @@ def _refuse(db: sqlite3.Connection, session_id: str, first_seq: int, stored: int
     """
     exists = db.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
     if exists is None:
-        raise NotFound(f'session "{session_id}" not found')
-    if stored == first_seq:
+        raise SessionNotFound(session_id)
+    if stored + FIRST_SEQ == first_seq:
         return
     raise StoreConflict(
         f'session "{session_id}": event {first_seq} does not follow the {stored} stored'
@@ -169,7 +177,7 @@ def fork_copy(
             db.execute("SELECT 1 FROM sessions WHERE session_id = ?", (source_id,)).fetchone()
             is None
         ):
-            raise NotFound(f'session "{source_id}" not found')
+            raise SessionNotFound(source_id)
         kind_at = None
         if boundary_seq is not None:
             row = db.execute(
@@ -185,8 +193,9 @@ def fork_copy(
         boundary = fork_boundary(source_id, boundary_seq, count, kind_at, last)
         try:
             db.execute(
-                "INSERT INTO sessions (session_id, header, create_ns) VALUES (?, ?, ?)",
-                (new_id, header, create_ns),
+                "INSERT INTO sessions (session_id, header, create_ns, options)"
+                " SELECT ?, ?, ?, options FROM sessions WHERE session_id = ?",
+                (new_id, header, create_ns, source_id),
             )
         except sqlite3.IntegrityError:
             raise AlreadyExists(f'session "{new_id}" already exists') from None
@@ -195,7 +204,7 @@ def fork_copy(
             " WHERE session_id = ? AND seq <= ?",
             (new_id, source_id, boundary),
         )
-    return boundary + 1
+    return boundary - FIRST_SEQ + 1
 
 
 def adopt_move(
@@ -234,7 +243,7 @@ def claim(db: sqlite3.Connection, session_id: str) -> int:
             (session_id,),
         ).fetchone()
     if row is None:
-        raise NotFound(f'session "{session_id}" not found')
+        raise SessionNotFound(session_id)
     return int(row[0])
 
 
@@ -242,7 +251,7 @@ def summary_row(db: sqlite3.Connection, session_id: str) -> tuple[bytes, int, in
     """Header bytes, event count, last turn and inbox size of a session."""
     row = db.execute("SELECT header FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
     if row is None:
-        raise NotFound(f'session "{session_id}" not found')
+        raise SessionNotFound(session_id)
     pending = db.execute(
         "SELECT COUNT(*) FROM inbox WHERE session_id = ?", (session_id,)
     ).fetchone()[0]

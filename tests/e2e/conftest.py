@@ -184,7 +184,10 @@ class EventStream:
     ) -> None:
         self.call = agent_stub.StreamSessionEvents(
             api.StreamSessionEventsRequest(
-                agent_id=agent_id, session_id=session_id, from_seq=from_seq, replay_only=replay_only
+                # `selector` is a oneof: setting both (even one empty) keeps the last.
+                **({"agent_id": agent_id} if agent_id else {"session_id": session_id}),
+                from_seq=from_seq,
+                replay_only=replay_only,
             )
         )
         self.events: list[session_event_pb2.SessionEvent] = []

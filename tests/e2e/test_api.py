@@ -14,9 +14,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import agent_pb2, decision_pb2, session_event_pb2, stream_pb2
+from agentloop.v1 import agent_pb2, decision_pb2, scripted_pb2, session_event_pb2, stream_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import content_pb2 as c
+from server.models.scripted_options import script_options
 from tests.e2e.conftest import E2E, READ_TIMEOUT, EventStream, kinds, of_kind, read_turn, text_of
 
 T = READ_TIMEOUT
@@ -26,11 +27,14 @@ SLOW_TEXT = "This reply streams one character every fifty milliseconds. " * 4
 
 
 def options(
-    script: list[agent_pb2.ScriptedStep] | None = None, tools: list[str] | None = None
+    script: list[scripted_pb2.ScriptedStep] | None = None, tools: list[str] | None = None
 ) -> agent_pb2.AgentOptions:
     """Scripted-model options."""
     return agent_pb2.AgentOptions(
-        provider="scripted", model="m", script=script or [], tools=tools or []
+        provider="scripted",
+        model="m",
+        provider_options=script_options(script or []),
+        tools=tools or [],
     )
 
 
@@ -39,9 +43,9 @@ def millis(ms: int) -> duration_pb2.Duration:
     return duration_pb2.Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
 
 
-def slow_step(ms: int = 50) -> agent_pb2.ScriptedStep:
+def slow_step(ms: int = 50) -> scripted_pb2.ScriptedStep:
     """A long text streamed one character per `ms` milliseconds."""
-    return agent_pb2.ScriptedStep(text=SLOW_TEXT, chunk_delay=millis(ms))
+    return scripted_pb2.ScriptedStep(text=SLOW_TEXT, chunk_delay=millis(ms))
 
 
 async def create(
@@ -102,9 +106,9 @@ def assert_contiguous(events: list[session_event_pb2.SessionEvent], start: int) 
 
 
 async def test_simple_turn_has_the_canonical_sequence(e2e: E2E) -> None:
-    await create(e2e, "a1", options([agent_pb2.ScriptedStep(text="hi there", chunk_size=3)]))
+    await create(e2e, "a1", options([scripted_pb2.ScriptedStep(text="hi there", chunk_size=3)]))
     next_seq = await send(e2e, "a1", "hello")
-    assert next_seq == 0
+    assert next_seq == 1  # sequence numbers start at 1
 
     events = await read_turn(e2e.agents, "a1", next_seq)
 
@@ -164,12 +168,12 @@ async def test_tool_round_trip(e2e: E2E) -> None:
 
 async def test_steering_joins_the_running_step(e2e: E2E) -> None:
     script = [
-        agent_pb2.ScriptedStep(
+        scripted_pb2.ScriptedStep(
             tool_calls=[
-                agent_pb2.ScriptedToolCall(id="s1", name="sleep", arguments='{"seconds": 0.3}')
+                scripted_pb2.ScriptedToolCall(id="s1", name="sleep", arguments='{"seconds": 0.3}')
             ]
         ),
-        agent_pb2.ScriptedStep(text="steered answer"),
+        scripted_pb2.ScriptedStep(text="steered answer"),
     ]
     await create(e2e, "st1", options(script, tools=["sleep"]))
     next_seq = await send(e2e, "st1", "start")
@@ -250,10 +254,10 @@ async def test_blocked_prompt_rejects_the_turn(e2e: E2E) -> None:
 
 async def test_max_tokens_drops_tool_calls(e2e: E2E) -> None:
     script = [
-        agent_pb2.ScriptedStep(
+        scripted_pb2.ScriptedStep(
             text="truncated",
             tool_calls=[
-                agent_pb2.ScriptedToolCall(id="e1", name="echo", arguments='{"text": "x"}')
+                scripted_pb2.ScriptedToolCall(id="e1", name="echo", arguments='{"text": "x"}')
             ],
             finish=stream_pb2.FINISH_KIND_MAX_TOKENS,
         )
@@ -350,10 +354,9 @@ REJECTED = {
     ),
     "send-after-dispose": Rejected(
         _send("d1", "anyone there?"),
-        grpc.StatusCode.NOT_FOUND,
-        ("d1",),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        ("d1", "disposed"),
         setup=_create_and_dispose,
-        absent="d1",
     ),
 }
 
@@ -385,7 +388,7 @@ async def test_rejected_call_changes_nothing(e2e: E2E, case: Rejected) -> None:
         assert missing.value.code() == grpc.StatusCode.NOT_FOUND
     # The server still serves: a valid turn completes and answers exactly one message.
     next_seq = await send(e2e, WITNESS, "still there?")
-    assert next_seq == before_count
+    assert next_seq == before_count + 1
     events = await read_turn(e2e.agents, WITNESS, next_seq)
     assert reason_of(events[-1]) == "completed"
     users = of_kind(events, "user_message")
@@ -418,7 +421,7 @@ async def test_list_session_events_pages(e2e: E2E) -> None:
     assert all(len(p) == 3 for p in pages[:-1])
     assert 1 <= len(pages[-1]) <= 3
     flat = [e for p in pages for e in p]
-    assert_contiguous(flat, 0)
+    assert_contiguous(flat, 1)
     assert len(flat) == total
     assert flat == await list_all(e2e, agent_id="p1")
 
@@ -513,7 +516,7 @@ async def test_agents_wait_idle_and_sessions(e2e: E2E) -> None:
     idle = await wait_idle(e2e, "la")
     assert idle.status == ae.AGENT_STATUS_IDLE
     logged = await list_all(e2e, agent_id="la")
-    assert idle.next_seq == len(logged)
+    assert idle.next_seq == len(logged) + 1
     assert reason_of(logged[-1]) == "completed"
 
     # GetSession by agent and by session id describe the same session.
@@ -556,7 +559,7 @@ async def test_dispose_during_a_turn(e2e: E2E) -> None:
     logged = await list_all(e2e, session_id=agent.session_id)
     assert logged[-1] == stream.events[-1]
     assert reason_of(logged[-1]) == "disposed"
-    turn = logged[next_seq:]
+    turn = logged[next_seq - 1 :]
     assert kinds(turn)[-2:] == ["step_end", "turn_end"]
     assert "assistant_message" not in kinds(turn)
     session = await e2e.agents.GetSession(
@@ -566,7 +569,7 @@ async def test_dispose_during_a_turn(e2e: E2E) -> None:
     assert session.session.event_count == len(logged)
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await e2e.factory.GetAgent(fac.GetAgentRequest(agent_id="dx"), timeout=T)
-    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
 # -- health -----------------------------------------------------------------------------
@@ -616,4 +619,50 @@ async def test_stream_drains_the_log_when_disposed_behind_live_events(e2e: E2E) 
     assert await stream.call.code() == grpc.StatusCode.OK
     logged = await list_all(e2e, session_id=agent.session_id)
     assert reason_of(logged[-1]) == "disposed"
-    assert stream.events == logged[next_seq:], "the stream ended before the log was drained"
+    assert stream.events == logged[next_seq - 1 :], "the stream ended before the log was drained"
+
+
+async def test_a_disposed_agent_is_failed_precondition_until_its_id_is_reused(e2e: E2E) -> None:
+    await create(e2e, "gone", options())
+    await e2e.factory.DisposeAgent(fac.DisposeAgentRequest(agent_id="gone"), timeout=T)
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
+        "SendMessage": lambda: e2e.agents.SendMessage(
+            api.SendMessageRequest(agent_id="gone", text="hi"), timeout=T
+        ),
+        "SteerMessage": lambda: e2e.agents.SteerMessage(
+            api.SteerMessageRequest(agent_id="gone", text="hi"), timeout=T
+        ),
+        "InjectContext": lambda: e2e.agents.InjectContext(
+            api.InjectContextRequest(agent_id="gone", text="hi"), timeout=T
+        ),
+        "CancelTurn": lambda: e2e.agents.CancelTurn(
+            api.CancelTurnRequest(agent_id="gone"), timeout=T
+        ),
+        "GetAgent": lambda: e2e.factory.GetAgent(fac.GetAgentRequest(agent_id="gone"), timeout=T),
+        "DisposeAgent": lambda: e2e.factory.DisposeAgent(
+            fac.DisposeAgentRequest(agent_id="gone"), timeout=T
+        ),
+    }
+    for name, call in calls.items():
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call()
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION, name
+        assert "disposed" in (info.value.details() or ""), name
+    # An id that never existed is still NOT_FOUND; a reused id is live again.
+    with pytest.raises(grpc.aio.AioRpcError) as never:
+        await e2e.factory.GetAgent(fac.GetAgentRequest(agent_id="never-was"), timeout=T)
+    assert never.value.code() == grpc.StatusCode.NOT_FOUND
+    await create(e2e, "gone", options())
+    again = await e2e.factory.GetAgent(fac.GetAgentRequest(agent_id="gone"), timeout=T)
+    assert again.agent.status == ae.AGENT_STATUS_IDLE
+
+
+async def test_send_message_reports_running_for_the_message_that_wakes_the_agent(
+    e2e: E2E,
+) -> None:
+    await create(e2e, "waker", options([slow_step(5)]))
+    sent = await e2e.agents.SendMessage(
+        api.SendMessageRequest(agent_id="waker", text="wake up"), timeout=T
+    )
+    assert sent.status == ae.AGENT_STATUS_RUNNING
+    await wait_idle(e2e, "waker")

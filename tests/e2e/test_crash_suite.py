@@ -36,9 +36,10 @@ import pytest
 from google.protobuf import duration_pb2
 
 from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
+from server.models.scripted_options import script_options
 from tests.e2e.test_durability import Server, T, running_server
 from tests.invariants import check_log
 from tests.postgres import fresh_database
@@ -60,27 +61,29 @@ def millis(ms: int) -> duration_pb2.Duration:
     return duration_pb2.Duration(nanos=ms * 1_000_000)
 
 
-def busy_script(rng: random.Random) -> list[agent_pb2.ScriptedStep]:
+def busy_script(rng: random.Random) -> list[scripted_pb2.ScriptedStep]:
     """Many model calls of mixed shapes: slow text, sleeping and parallel tool calls."""
     steps = []
     for k in range(300):
         shape = rng.randrange(4)
         if shape == 0:
             steps.append(
-                agent_pb2.ScriptedStep(text=f"slow answer {k}", chunk_size=3, chunk_delay=millis(4))
+                scripted_pb2.ScriptedStep(
+                    text=f"slow answer {k}", chunk_size=3, chunk_delay=millis(4)
+                )
             )
         elif shape == 1:
-            call = agent_pb2.ScriptedToolCall(name="sleep", arguments='{"seconds": 0.03}')
-            steps.append(agent_pb2.ScriptedStep(text="sleeping", tool_calls=[call]))
+            call = scripted_pb2.ScriptedToolCall(name="sleep", arguments='{"seconds": 0.03}')
+            steps.append(scripted_pb2.ScriptedStep(text="sleeping", tool_calls=[call]))
         elif shape == 2:
             calls = [
-                agent_pb2.ScriptedToolCall(name="sleep", arguments='{"seconds": 0.02}'),
-                agent_pb2.ScriptedToolCall(name="echo", arguments='{"text": "a"}'),
-                agent_pb2.ScriptedToolCall(name="sleep", arguments='{"seconds": 0.01}'),
+                scripted_pb2.ScriptedToolCall(name="sleep", arguments='{"seconds": 0.02}'),
+                scripted_pb2.ScriptedToolCall(name="echo", arguments='{"text": "a"}'),
+                scripted_pb2.ScriptedToolCall(name="sleep", arguments='{"seconds": 0.01}'),
             ]
-            steps.append(agent_pb2.ScriptedStep(tool_calls=calls))
+            steps.append(scripted_pb2.ScriptedStep(tool_calls=calls))
         else:
-            steps.append(agent_pb2.ScriptedStep(text=f"quick {k}", chunk_size=5))
+            steps.append(scripted_pb2.ScriptedStep(text=f"quick {k}", chunk_size=5))
     return steps
 
 
@@ -108,7 +111,7 @@ class World:
                 provider="scripted",
                 model="m",
                 tools=["sleep", "echo", "word_count"],
-                script=busy_script(self.rng),
+                provider_options=script_options(busy_script(self.rng)),
             )
         return self.options[agent_id]
 
@@ -407,8 +410,8 @@ async def next_turn_numbers_correctly(
         api.InjectContextRequest(agent_id=agent_id, text="check"), timeout=T
     )
     page = await server.agents.ListSessionEvents(
-        api.ListSessionEventsRequest(agent_id=agent_id, from_seq=len(events)), timeout=T
+        api.ListSessionEventsRequest(agent_id=agent_id, from_seq=len(events) + 1), timeout=T
     )
     starts = [e.turn_start.turn for e in page.events if e.HasField("turn_start")]
     assert starts and starts[0] == before + 1, (starts, before)
-    assert sent.next_seq >= len(events)
+    assert sent.next_seq > len(events)

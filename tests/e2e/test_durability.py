@@ -22,10 +22,11 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import agent_pb2, session_pb2
+from agentloop.v1 import agent_pb2, scripted_pb2, session_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
+from server.models.scripted_options import script_options
 from server.repair import INTERRUPTED_TEXT
 from server.session import SessionLog, now_timestamp
 from server.stores.sqlite import SqliteStore
@@ -307,7 +308,7 @@ async def test_three_turns_survive_a_restart_and_the_fourth_continues(tmp_path: 
         await server.terminate()
 
     n = len(before)
-    assert [e.seq for e in before] == list(range(n))
+    assert [e.seq for e in before] == list(range(1, n + 1))
     assert described.event_count == n and described.turn_count == 3
     check_log(before)
 
@@ -328,8 +329,8 @@ async def test_three_turns_survive_a_restart_and_the_fourth_continues(tmp_path: 
     assert as_bytes(after[:n]) == as_bytes(before)
     # (b) numbering continues: turn 4, seq N onwards, no gaps, no duplicates.
     assert turn_number(fourth) == 4 and reason(fourth[-1]) == "completed"
-    assert fourth[0].seq == n
-    assert [e.seq for e in after] == list(range(len(after)))
+    assert fourth[0].seq == n + 1
+    assert [e.seq for e in after] == list(range(1, len(after) + 1))
     assert as_bytes(after[n:]) == as_bytes(fourth)
     check_log(after)
     new_headers = [e.request_header for e in after[n:] if e.HasField("request_header")]
@@ -358,15 +359,17 @@ async def test_three_turns_survive_a_restart_and_the_fourth_continues(tmp_path: 
 
 def sleeper_options() -> agent_pb2.AgentOptions:
     """Turn 1 answers in text; turn 2 calls `sleep` for a minute."""
-    sleep = agent_pb2.ScriptedToolCall(id="c1", name="sleep", arguments='{"seconds": 60}')
+    sleep = scripted_pb2.ScriptedToolCall(id="c1", name="sleep", arguments='{"seconds": 60}')
     return agent_pb2.AgentOptions(
         provider="scripted",
         model="m",
         tools=["sleep", "word_count"],
-        script=[
-            agent_pb2.ScriptedStep(text="the first answer"),
-            agent_pb2.ScriptedStep(tool_calls=[sleep]),
-        ],
+        provider_options=script_options(
+            [
+                scripted_pb2.ScriptedStep(text="the first answer"),
+                scripted_pb2.ScriptedStep(tool_calls=[sleep]),
+            ]
+        ),
     )
 
 
@@ -421,7 +424,7 @@ async def test_sigkill_mid_tool_keeps_every_seen_event_and_repairs_the_turn(
 
         # The next turn is numbered after the interrupted one, and completes.
         await run_next_turn(
-            server, "back", session_id, "are you there", turn=3, first_seq=len(reloaded)
+            server, "back", session_id, "are you there", turn=3, first_seq=len(reloaded) + 1
         )
         await server.terminate()
 
@@ -437,7 +440,7 @@ async def write_open_tail(tmp_path: Path, session_id: str) -> list[ev.SessionEve
     try:
         events = (await store.load(session_id)).events
         turn = max(e.turn_start.turn for e in events if e.HasField("turn_start")) + 1
-        seq = len(events)
+        seq = len(events) + 1  # seqs start at 1
         surface = ev.SurfaceOp(kind=ev.SURFACE_OP_KIND_APPEND)
         call = c.ToolCallBlock(id="c7", name="sleep", arguments='{"seconds": 60}')
         payloads: list[dict[str, Any]] = [
@@ -467,7 +470,7 @@ async def write_open_tail(tmp_path: Path, session_id: str) -> list[ev.SessionEve
             },
         ]
         tail = [
-            ev.SessionEvent(seq=seq + i, time=now_timestamp(), **payload)
+            ev.SessionEvent(seq=seq + i, create_time=now_timestamp(), **payload)
             for i, payload in enumerate(payloads)
         ]
         await append_events(store, session_id, tail)
@@ -529,7 +532,7 @@ async def test_a_stored_open_turn_is_closed_interrupted_and_the_repair_is_stored
         assert as_bytes(await list_events(server, session_id)) == as_bytes(repaired)
         await resume(server, "back", session_id)
         await run_next_turn(
-            server, "back", session_id, "wake up", turn=turn + 1, first_seq=len(repaired)
+            server, "back", session_id, "wake up", turn=turn + 1, first_seq=len(repaired) + 1
         )
         await server.terminate()
 
@@ -537,7 +540,7 @@ async def test_a_stored_open_turn_is_closed_interrupted_and_the_repair_is_stored
 async def test_concurrent_reads_of_a_crashed_session_repair_it_once(tmp_path: Path) -> None:
     session_id = await stored_one_turn_session(tmp_path)
     tail = await write_open_tail(tmp_path, session_id)
-    stored = tail[-1].seq + 1
+    stored = tail[-1].seq  # the stored count: seqs start at 1
 
     async with running_server(tmp_path) as server:
         # Three readers load the unrepaired session at once: each must see it closed,
@@ -576,7 +579,7 @@ async def test_an_idle_injection_turn_survives_a_restart(tmp_path: Path) -> None
         injected = await server.agents.InjectContext(
             api.InjectContextRequest(agent_id="a1", text="the build is green"), timeout=T
         )
-        assert injected.next_seq == mark + 3
+        assert injected.next_seq == mark + 4
         await server.terminate()  # disposal drains the injection's background flush
 
     async with running_server(tmp_path) as server:
@@ -592,7 +595,7 @@ async def test_an_idle_injection_turn_survives_a_restart(tmp_path: Path) -> None
         assert "the build is green" in history[-1].content[0].text.text
 
         await run_next_turn(
-            server, "again", session_id, "three four", turn=3, first_seq=len(events)
+            server, "again", session_id, "three four", turn=3, first_seq=len(events) + 1
         )
         await server.terminate()
 
@@ -620,7 +623,8 @@ async def test_fork_at_a_turn_end_and_resume_the_fork(tmp_path: Path) -> None:
         assert "boundary_seq" in (not_end.details() or "")
         out_of_range = await status_of(
             server.agents.ForkSession(
-                api.ForkSessionRequest(session_id=session_id, boundary_seq=len(source)), timeout=T
+                api.ForkSessionRequest(session_id=session_id, boundary_seq=len(source) + 1),
+                timeout=T,
             )
         )
         assert out_of_range.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -640,9 +644,9 @@ async def test_fork_at_a_turn_end_and_resume_the_fork(tmp_path: Path) -> None:
         fork = forked.session
         assert fork.session_id == "what-if" and not fork.agent_id
         assert fork.header.parent_session_id == session_id
-        assert fork.header.seed_length == ends[0] + 1 == fork.event_count
+        assert fork.header.seed_length == ends[0] == fork.event_count  # seqs start at 1
         assert fork.turn_count == 1
-        assert as_bytes(await list_events(server, "what-if")) == as_bytes(source[: ends[0] + 1])
+        assert as_bytes(await list_events(server, "what-if")) == as_bytes(source[: ends[0]])
         taken = await status_of(
             server.agents.ForkSession(
                 api.ForkSessionRequest(session_id=session_id, new_session_id="what-if"), timeout=T

@@ -14,10 +14,11 @@ import grpc
 import pytest
 
 from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from server.config import Config
 from server.limits import Limits
+from server.models.scripted_options import script_options
 from server.tools import ToolExecution, ToolValue
 from tests.e2e.conftest import (
     E2E,
@@ -36,9 +37,11 @@ T = READ_TIMEOUT
 T_ = TypeVar("T_")
 
 
-def scripted(*steps: agent_pb2.ScriptedStep, persona: str = "") -> agent_pb2.AgentOptions:
+def scripted(*steps: scripted_pb2.ScriptedStep, persona: str = "") -> agent_pb2.AgentOptions:
     """Options of a scripted agent."""
-    return agent_pb2.AgentOptions(provider="scripted", model="m", script=steps, persona=persona)
+    return agent_pb2.AgentOptions(
+        provider="scripted", model="m", provider_options=script_options(steps), persona=persona
+    )
 
 
 @pytest.fixture
@@ -174,15 +177,15 @@ async def test_a_request_over_the_size_limit_is_resource_exhausted(small: E2E) -
 async def test_persona_and_script_sizes_are_refused_naming_the_limit(small: E2E) -> None:
     cases = [
         (scripted(persona="p" * (2 * 1024 * 1024 + 1)), "limits.maxPersonaBytes (2097152)"),
-        (scripted(*[agent_pb2.ScriptedStep(text="s")] * 4), "limits.maxScriptSteps (3)"),
+        (scripted(*[scripted_pb2.ScriptedStep(text="s")] * 4), "limits.maxScriptSteps (3)"),
         (
             scripted(
-                agent_pb2.ScriptedStep(tool_calls=[agent_pb2.ScriptedToolCall(name="t")] * 3),
-                agent_pb2.ScriptedStep(tool_calls=[agent_pb2.ScriptedToolCall(name="t")] * 2),
+                scripted_pb2.ScriptedStep(tool_calls=[scripted_pb2.ScriptedToolCall(name="t")] * 3),
+                scripted_pb2.ScriptedStep(tool_calls=[scripted_pb2.ScriptedToolCall(name="t")] * 2),
             ),
             "limits.maxScriptToolCalls (4)",
         ),
-        (scripted(agent_pb2.ScriptedStep(text="s" * 1001)), "limits.maxContentBytes (1000)"),
+        (scripted(scripted_pb2.ScriptedStep(text="s" * 1001)), "limits.maxContentBytes (1000)"),
     ]
     for options, limit in cases:
         request = fac.CreateAgentRequest(agent_id="s", options=options)
@@ -205,8 +208,8 @@ async def test_agents_past_the_limit_are_resource_exhausted(small: E2E) -> None:
 
 
 async def test_too_many_tool_calls_in_a_step_end_the_turn_naming_the_limit(small: E2E) -> None:
-    calls = [agent_pb2.ScriptedToolCall(name="t", arguments="{}")] * 3
-    options = scripted(agent_pb2.ScriptedStep(tool_calls=calls))
+    calls = [scripted_pb2.ScriptedToolCall(name="t", arguments="{}")] * 3
+    options = scripted(scripted_pb2.ScriptedStep(tool_calls=calls))
     await small.factory.CreateAgent(fac.CreateAgentRequest(agent_id="t", options=options))
     await small.agents.SendMessage(api.SendMessageRequest(agent_id="t", text="go"), timeout=T)
     events = await read_turn(small.agents, "t", 0)
@@ -217,7 +220,7 @@ async def test_too_many_tool_calls_in_a_step_end_the_turn_naming_the_limit(small
 
 
 async def test_too_many_events_in_a_turn_end_it_naming_the_limit(small: E2E) -> None:
-    options = scripted(agent_pb2.ScriptedStep(text="y" * 900, chunk_size=1))
+    options = scripted(scripted_pb2.ScriptedStep(text="y" * 900, chunk_size=1))
     await small.factory.CreateAgent(fac.CreateAgentRequest(agent_id="e", options=options))
     await small.agents.SendMessage(api.SendMessageRequest(agent_id="e", text="go"), timeout=T)
     events = await read_turn(small.agents, "e", 0)
@@ -273,8 +276,10 @@ async def test_a_tool_result_over_the_content_limit_is_replaced_by_an_error(smal
         return "t" * 5000  # a tool (a plugin's, say) may return anything
 
     small.app.runtime.tools.register(make_tool("big", big))
-    call = agent_pb2.ScriptedToolCall(name="big", arguments="{}")
-    options = scripted(agent_pb2.ScriptedStep(tool_calls=[call]), agent_pb2.ScriptedStep(text="ok"))
+    call = scripted_pb2.ScriptedToolCall(name="big", arguments="{}")
+    options = scripted(
+        scripted_pb2.ScriptedStep(tool_calls=[call]), scripted_pb2.ScriptedStep(text="ok")
+    )
     options.tools.append("big")
     await small.factory.CreateAgent(fac.CreateAgentRequest(agent_id="r", options=options))
     await small.agents.SendMessage(api.SendMessageRequest(agent_id="r", text="go"), timeout=T)

@@ -18,11 +18,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import stream_pb2 as st
 from server.config import Config
+from server.models.scripted_options import script_options
 from server.telemetry import Telemetry
 from server.tracing import Tracing
 from tests.e2e.conftest import E2E, READ_TIMEOUT, Client, read_turn, running_app
@@ -65,16 +66,20 @@ async def test_a_turn_is_one_span_tree(
     await register(e2e.channel, plugin.address)
     usage = c.Usage(input_tokens=12, output_tokens=5)
     script = [
-        agent_pb2.ScriptedStep(
-            tool_calls=[agent_pb2.ScriptedToolCall(name="word_count", arguments='{"text": "a b"}')],
+        scripted_pb2.ScriptedStep(
+            tool_calls=[
+                scripted_pb2.ScriptedToolCall(name="word_count", arguments='{"text": "a b"}')
+            ],
             usage=usage,
         ),
-        agent_pb2.ScriptedStep(text="two words", usage=usage),
+        scripted_pb2.ScriptedStep(text="two words", usage=usage),
     ]
     await e2e.factory.CreateAgent(
         fac.CreateAgentRequest(
             agent_id="traced",
-            options=agent_pb2.AgentOptions(tools=["word_count"], script=script),
+            options=agent_pb2.AgentOptions(
+                tools=["word_count"], provider_options=script_options(script)
+            ),
         ),
         timeout=T,
     )
@@ -166,12 +171,13 @@ async def test_metrics_and_json_logs_of_a_server_process(
             before = await asyncio.to_thread(scrape, metrics_port)
             for i in range(3):
                 await turn(client, "assistant", f"count these {i} words")
-            failing = agent_pb2.ScriptedStep(
+            failing = scripted_pb2.ScriptedStep(
                 finish=st.FINISH_KIND_ERROR, error_message="scripted failure", error_code="BOOM"
             )
             await client.factory.CreateAgent(
                 fac.CreateAgentRequest(
-                    agent_id="failing", options=agent_pb2.AgentOptions(script=[failing])
+                    agent_id="failing",
+                    options=agent_pb2.AgentOptions(provider_options=script_options([failing])),
                 ),
                 timeout=T,
             )

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
-from agentloop.v1 import agent_pb2, session_event_pb2
 from agentloop.v1 import agent_service_pb2 as api
+from agentloop.v1 import scripted_pb2, session_event_pb2
 from tests.e2e.conftest import E2E, read_turn
 from tests.e2e.registry import eventually, plugin_state, register
 from tests.e2e.test_plugins import T, create_agent
@@ -37,14 +37,14 @@ async def test_a_small_observer_buffer_drops_and_counts_every_dropped_event(
     )
     registered = await register(e2e.channel, plugin.address)
     assert [s.buffer_size for s in registered.subscriptions] == [4]
-    await create_agent(e2e, "chatty", script=[agent_pb2.ScriptedStep(text="ok")] * 40)
+    await create_agent(e2e, "chatty", script=[scripted_pb2.ScriptedStep(text="ok")] * 40)
     # Stopped, the plugin reads nothing: its stream backs up, then the buffer of 4 is
     # full, and what comes next is dropped.
     plugin.process.send_signal(signal.SIGSTOP)
     for _ in range(30):
         await turn(e2e, "x" * 500_000)
     plugin.process.send_signal(signal.SIGCONT)
-    total = (await turn(e2e, "go"))[-1].seq + 1  # sessions number events from 0
+    total = (await turn(e2e, "go"))[-1].seq  # sessions number events from 1
 
     async def all_accounted_for() -> bool:
         dropped = (await plugin_state(e2e.channel, "watcher")).stats.dropped_notifications
@@ -76,7 +76,7 @@ async def test_notifications_buffered_when_the_plugin_dies_are_counted_dropped(
                      "--buffer", "100000")
     )  # fmt: skip
     await register(e2e.channel, plugin.address)
-    await create_agent(e2e, "flood", script=[agent_pb2.ScriptedStep(text="ok")] * 60)
+    await create_agent(e2e, "flood", script=[scripted_pb2.ScriptedStep(text="ok")] * 60)
     # Stopped, it reads nothing: once the socket buffers and the stream's flow-control
     # window are full (far less than 60 turns of 500 kB prompts), notifications wait
     # in the server's buffer, which is big enough for all of them.

@@ -24,7 +24,7 @@ from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import hook_service_pb2_grpc as hk_rpc
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import agent_pb2, session_event_pb2
+from agentloop.v1 import agent_pb2, scripted_pb2, session_event_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1.stream_pb2 import StreamChunk
@@ -32,6 +32,7 @@ from server.abort import AbortSignal
 from server.config import Config, PluginConfig
 from server.models import ModelRequest
 from server.models.scripted import ScriptedModel
+from server.models.scripted_options import script_options
 from tests.e2e.conftest import (
     E2E,
     READ_TIMEOUT,
@@ -75,11 +76,11 @@ async def create_agent(
     agent_id: str,
     *,
     tools: Sequence[str] = (),
-    script: Sequence[agent_pb2.ScriptedStep] = (),
+    script: Sequence[scripted_pb2.ScriptedStep] = (),
 ) -> None:
     """A scripted agent (with no script it echoes "You said: <latest user text>")."""
     options = agent_pb2.AgentOptions(
-        provider="scripted", model="m", tools=list(tools), script=list(script)
+        provider="scripted", model="m", tools=list(tools), provider_options=script_options(script)
     )
     await e2e.factory.CreateAgent(
         fac.CreateAgentRequest(agent_id=agent_id, options=options), timeout=T
@@ -131,12 +132,12 @@ def assistant_text(events: Sequence[Event]) -> str:
     )
 
 
-def step(*calls: tuple[str, str, dict[str, object]], text: str = "") -> agent_pb2.ScriptedStep:
+def step(*calls: tuple[str, str, dict[str, object]], text: str = "") -> scripted_pb2.ScriptedStep:
     """One scripted model call: `text`, then tool calls (id, name, arguments)."""
-    return agent_pb2.ScriptedStep(
+    return scripted_pb2.ScriptedStep(
         text=text,
         tool_calls=[
-            agent_pb2.ScriptedToolCall(id=call_id, name=name, arguments=json.dumps(arguments))
+            scripted_pb2.ScriptedToolCall(id=call_id, name=name, arguments=json.dumps(arguments))
             for call_id, name, arguments in calls
         ],
     )

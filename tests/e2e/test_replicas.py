@@ -22,9 +22,11 @@ from google.protobuf import duration_pb2
 
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
+from server.models.scripted_options import script_options
+from server.stores import FIRST_SEQ
 from tests.e2e.conftest import EventStream, kinds
 from tests.e2e.test_durability import Server, T, running_server
 from tests.invariants import check_log
@@ -54,12 +56,14 @@ async def replicas(
 
 def sleeper(seconds: float = 0.5) -> agent_pb2.AgentOptions:
     """Turns that call `sleep` (so there is time to do things mid-turn), then answer."""
-    call = agent_pb2.ScriptedToolCall(name="sleep", arguments=f'{{"seconds": {seconds}}}')
+    call = scripted_pb2.ScriptedToolCall(name="sleep", arguments=f'{{"seconds": {seconds}}}')
     script = []
     for i in range(20):
-        script.append(agent_pb2.ScriptedStep(tool_calls=[call]))
-        script.append(agent_pb2.ScriptedStep(text=f"slept {i}"))
-    return agent_pb2.AgentOptions(provider="scripted", model="m", tools=["sleep"], script=script)
+        script.append(scripted_pb2.ScriptedStep(tool_calls=[call]))
+        script.append(scripted_pb2.ScriptedStep(text=f"slept {i}"))
+    return agent_pb2.AgentOptions(
+        provider="scripted", model="m", tools=["sleep"], provider_options=script_options(script)
+    )
 
 
 async def read_log(server: Server, session_id: str) -> list[ev.SessionEvent]:
@@ -121,7 +125,9 @@ async def test_any_replica_answers_and_a_stream_on_a_third_sees_everything_once(
         check_log(stored)
         assert request_ids(stored) == ["m0", "m1", "m2", "m3"]
         for stream in (by_session, by_agent):
-            assert [e.seq for e in stream.events] == list(range(len(stored)))  # once, in order
+            assert [e.seq for e in stream.events] == list(
+                range(FIRST_SEQ, FIRST_SEQ + len(stored))
+            )  # once, in order
             assert [e.SerializeToString(deterministic=True) for e in stream.events] == [
                 e.SerializeToString(deterministic=True) for e in stored
             ]
@@ -153,7 +159,7 @@ async def test_the_owner_dies_and_another_replica_finishes_its_work_once(
             while len(stream.events) < len(stored):
                 assert await stream.next() is not None
         check_log(stored)
-        assert [e.seq for e in stream.events] == list(range(len(stored)))
+        assert [e.seq for e in stream.events] == list(range(FIRST_SEQ, FIRST_SEQ + len(stored)))
         ends = [e.turn_end.reason.WhichOneof("kind") for e in stored if e.HasField("turn_end")]
         assert ends[0] == "interrupted"  # the crash's turn, closed by the new owner
         assert ends[-1] == "completed"

@@ -9,8 +9,9 @@ import grpc
 import pytest
 
 from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
+from server.models.scripted_options import script_options
 from tests.e2e.conftest import READ_TIMEOUT, Client, EventStream, kinds
 from tests.processes import free_port, server_process
 
@@ -42,12 +43,14 @@ async def test_sigterm_disposes_running_turns_and_exits_cleanly(tmp_path: Path) 
         assert address == f"127.0.0.1:{port}"
         async with grpc.aio.insecure_channel(address) as channel:
             client = Client(channel)
-            slow = agent_pb2.ScriptedStep(text="slow " * 200)
+            slow = scripted_pb2.ScriptedStep(text="slow " * 200)
             slow.chunk_delay.FromMilliseconds(200)
             await client.factory.CreateAgent(
                 fac.CreateAgentRequest(
                     agent_id="s1",
-                    options=agent_pb2.AgentOptions(provider="scripted", model="m", script=[slow]),
+                    options=agent_pb2.AgentOptions(
+                        provider="scripted", model="m", provider_options=script_options([slow])
+                    ),
                 ),
                 timeout=READ_TIMEOUT,
             )

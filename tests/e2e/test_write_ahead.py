@@ -16,9 +16,10 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 
-from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
+from server.models.scripted_options import script_options
 from tests.e2e.conftest import EventStream
 from tests.e2e.test_durability import (
     Server,
@@ -38,11 +39,13 @@ def slow_then_quick(slow: bool = True) -> agent_pb2.AgentOptions:
 
     The script restarts with each server process: resume with `slow=False`.
     """
-    quick = [agent_pb2.ScriptedStep(text=f"answer {i}") for i in range(4)]
+    quick = [scripted_pb2.ScriptedStep(text=f"answer {i}") for i in range(4)]
     if slow:
         delay = duration_pb2.Duration(seconds=3)
-        quick.insert(0, agent_pb2.ScriptedStep(text="a very slow answer", chunk_delay=delay))
-    return agent_pb2.AgentOptions(provider="scripted", model="m", script=quick)
+        quick.insert(0, scripted_pb2.ScriptedStep(text="a very slow answer", chunk_delay=delay))
+    return agent_pb2.AgentOptions(
+        provider="scripted", model="m", provider_options=script_options(quick)
+    )
 
 
 def recorded(events: list[ev.SessionEvent], kind: str = "user_message") -> list[str]:
@@ -180,20 +183,20 @@ async def test_a_stream_past_the_end_is_out_of_range_also_after_a_crash(tmp_path
         session_id = await create(server, "a1")
         await send(server, "a1", "count these words", "")
         await wait_idle(server, "a1")
-        count = len(await list_events(server, session_id))
-        await expect_out_of_range(server, "a1", "", count + 1)
+        count = len(await list_events(server, session_id))  # seqs 1..count
+        await expect_out_of_range(server, "a1", "", count + 2)
         await server.crash()
 
     async with running_server(tmp_path) as server:
         # The client had seen up to `count`; asking for more than exists is refused.
         await expect_out_of_range(server, "", session_id, count + 5)
         await resume(server, "a1", session_id)
-        await expect_out_of_range(server, "a1", "", count + 1)
+        await expect_out_of_range(server, "a1", "", count + 2)
         # At the end exactly, a stream waits for the next event, which comes.
-        with EventStream(server.agents, agent_id="a1", from_seq=count) as stream:
+        with EventStream(server.agents, agent_id="a1", from_seq=count + 1) as stream:
             await send(server, "a1", "more", "")
             start = await stream.until("turn_start")
-        assert start.seq == count
+        assert start.seq == count + 1
         await server.terminate()
 
 

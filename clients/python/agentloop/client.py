@@ -1,23 +1,37 @@
 """Connect to an agentloop server, over plaintext or TLS, with a token or a client cert.
 
 Plaintext is for loopback; elsewhere TLS with a CA file, optionally with a client
-certificate (mutual TLS), and the server's bearer token:
+certificate (mutual TLS), and the server's bearer token. The verbs cover the common
+calls; the raw stubs (`factory`, `agents`, `registry`) everything else:
 
     client = connect("agents.example:50051", token=token, ca_file="ca.pem")
-    await client.agents.SendMessage(api.SendMessageRequest(agent_id="a", text="hi"))
+    await client.create("a")
+    turn = await client.send("a", "hi")
+    async for event in turn:  # the turn that answers this message, to its turn_end
+        print(event)
     await client.close()
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf import duration_pb2
 
 from agentloop.plugin.v1 import plugin_registry_service_pb2_grpc
-from agentloop.v1 import agent_factory_service_pb2_grpc, agent_service_pb2_grpc
+from agentloop.turns import Turn
+from agentloop.v1 import agent_factory_service_pb2 as fac
+from agentloop.v1 import (
+    agent_factory_service_pb2_grpc,
+    agent_pb2,
+    agent_service_pb2_grpc,
+    session_pb2,
+)
+from agentloop.v1 import agent_service_pb2 as api
 
 if TYPE_CHECKING:
     from agentloop.plugin.v1.plugin_registry_service_pb2_grpc import (
@@ -54,6 +68,83 @@ class Client:
     async def close(self) -> None:
         """Close the channel."""
         await self.channel.close()
+
+    async def create(
+        self,
+        agent_id: str,
+        options: agent_pb2.AgentOptions | None = None,
+        *,
+        session_id: str = "",
+        cwd: str = "",
+    ) -> agent_pb2.Agent:
+        """Create an agent on a new session."""
+        request = fac.CreateAgentRequest(
+            agent_id=agent_id,
+            session_id=session_id,
+            options=options,
+            metadata=agent_pb2.SessionMetadata(cwd=cwd),
+        )
+        return (await self.factory.CreateAgent(request)).agent
+
+    async def resume(
+        self, agent_id: str, session_id: str, options: agent_pb2.AgentOptions | None = None
+    ) -> agent_pb2.Agent:
+        """An agent over a stored session; without options, the session's stored ones."""
+        request = fac.ResumeAgentRequest(agent_id=agent_id, session_id=session_id, options=options)
+        return (await self.factory.ResumeAgent(request)).agent
+
+    async def fork(
+        self, session_id: str, boundary_seq: int | None = None, new_session_id: str = ""
+    ) -> session_pb2.Session:
+        """A new stored session with `session_id`'s events up to a `turn_end`."""
+        request = api.ForkSessionRequest(
+            session_id=session_id, boundary_seq=boundary_seq, new_session_id=new_session_id
+        )
+        return (await self.agents.ForkSession(request)).session
+
+    async def dispose(self, agent_id: str) -> agent_pb2.Agent:
+        """Dispose an agent; its session stays readable."""
+        request = fac.DisposeAgentRequest(agent_id=agent_id)
+        return (await self.factory.DisposeAgent(request)).agent
+
+    async def send(self, agent_id: str, text: str, *, request_id: str = "") -> Turn:
+        """Send a message; the `Turn` that answers it (iterate it for its events).
+
+        The call carries a request id (a new one unless given), so a retry of it never
+        queues the message twice, and the turn is found by it.
+        """
+        request_id = request_id or str(uuid.uuid4())
+        request = api.SendMessageRequest(agent_id=agent_id, text=text, request_id=request_id)
+        sent = await self.agents.SendMessage(request)
+        return Turn(lambda: self.agents, agent_id, request_id, sent.next_seq)
+
+    async def steer(
+        self, agent_id: str, text: str, *, request_id: str = ""
+    ) -> api.SteerMessageResponse:
+        """Steer the running turn (when idle: a message, answered by the next turn)."""
+        request = api.SteerMessageRequest(
+            agent_id=agent_id, text=text, request_id=request_id or str(uuid.uuid4())
+        )
+        return await self.agents.SteerMessage(request)
+
+    async def inject(
+        self, agent_id: str, text: str, *, request_id: str = ""
+    ) -> api.InjectContextResponse:
+        """Add context without running the model."""
+        request = api.InjectContextRequest(
+            agent_id=agent_id, text=text, request_id=request_id or str(uuid.uuid4())
+        )
+        return await self.agents.InjectContext(request)
+
+    async def cancel(self, agent_id: str, reason: str = "") -> api.CancelTurnResponse:
+        """Cancel the running turn and drop what is queued."""
+        return await self.agents.CancelTurn(api.CancelTurnRequest(agent_id=agent_id, reason=reason))
+
+    async def wait_idle(self, agent_id: str, seconds: float = 30.0) -> api.WaitIdleResponse:
+        """Wait until the agent has nothing running or queued (at most `seconds`, server-side)."""
+        wait = duration_pb2.Duration()
+        wait.FromNanoseconds(int(seconds * 1e9))
+        return await self.agents.WaitIdle(api.WaitIdleRequest(agent_id=agent_id, timeout=wait))
 
 
 def connect(

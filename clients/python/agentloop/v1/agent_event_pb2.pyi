@@ -37,7 +37,10 @@ class _AgentStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AgentStat
     """Disposed; terminal."""
 
 class AgentStatus(_AgentStatus, metaclass=_AgentStatusEnumTypeWrapper):
-    """AgentStatus is the driver state of an agent."""
+    """AgentStatus is the driver state of an agent.
+    This enum may grow: a client must accept values it does not know (treat
+    them as UNSPECIFIED, or show the number), never fail on them.
+    """
 
 AGENT_STATUS_UNSPECIFIED: AgentStatus.ValueType  # 0
 """Not set."""
@@ -63,7 +66,10 @@ class _SessionStartSourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Se
     """A persisted session resumed."""
 
 class SessionStartSource(_SessionStartSource, metaclass=_SessionStartSourceEnumTypeWrapper):
-    """SessionStartSource is why a session started for an agent."""
+    """SessionStartSource is why a session started for an agent.
+    This enum may grow: a client must accept values it does not know (treat
+    them as UNSPECIFIED, or show the number), never fail on them.
+    """
 
 SESSION_START_SOURCE_UNSPECIFIED: SessionStartSource.ValueType  # 0
 """Not set."""
@@ -82,7 +88,7 @@ class AgentEvent(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     AGENT_ID_FIELD_NUMBER: _builtins.int
-    TIME_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     QUEUED_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
@@ -90,10 +96,10 @@ class AgentEvent(_message.Message):
     DISPOSED_FIELD_NUMBER: _builtins.int
     SESSION_START_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
-    """AgentID is the agent."""
+    """The agent it happened to."""
     @_builtins.property
-    def time(self) -> _timestamp_pb2.Timestamp:
-        """Time is when it happened."""
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """Output only. When it happened."""
 
     @_builtins.property
     def status(self) -> Global___AgentStatusChanged:
@@ -123,7 +129,7 @@ class AgentEvent(_message.Message):
         self,
         *,
         agent_id: _builtins.str = ...,
-        time: _timestamp_pb2.Timestamp | None = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
         status: Global___AgentStatusChanged | None = ...,
         queued: Global___AgentQueued | None = ...,
         error: Global___AgentError | None = ...,
@@ -131,9 +137,9 @@ class AgentEvent(_message.Message):
         disposed: Global___AgentDisposed | None = ...,
         session_start: Global___AgentSessionStart | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "disposed", b"disposed", "error", b"error", "event", b"event", "queued", b"queued", "session_start", b"session_start", "status", b"status", "time", b"time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "created", b"created", "disposed", b"disposed", "error", b"error", "event", b"event", "queued", b"queued", "session_start", b"session_start", "status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "created", b"created", "disposed", b"disposed", "error", b"error", "event", b"event", "queued", b"queued", "session_start", b"session_start", "status", b"status", "time", b"time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_time", b"create_time", "created", b"created", "disposed", b"disposed", "error", b"error", "event", b"event", "queued", b"queued", "session_start", b"session_start", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["status", "queued", "error", "created", "disposed", "session_start"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
@@ -220,7 +226,9 @@ class AgentError(_message.Message):
     message: _builtins.str
     """Message says what failed."""
     code: _builtins.str
-    """Code is a machine-readable code, when known."""
+    """A machine-readable code: the codes of `TurnError.code` (that list may
+    grow: accept codes you do not know).
+    """
     def __init__(
         self,
         *,

@@ -30,20 +30,22 @@ class CreateAgentRequest(_message.Message):
     OPTIONS_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
-    """AgentID is the caller-chosen id: 1 to 128 characters of letters, digits,
+    """Required. The caller-chosen id: 1 to 128 characters of letters, digits,
     '.', '_', ':' and '-'.
     """
     session_id: _builtins.str
-    """SessionID is the new session's id, same alphabet; empty means
+    """Optional. The new session's id, same alphabet; empty means
     "<agent_id>-session-<uuid>". ALREADY_EXISTS if the session exists.
     """
     @_builtins.property
     def options(self) -> _agent_pb2.AgentOptions:
-        """Options configure the agent."""
+        """Optional. How the agent runs; stored with the session, so that a resume
+        without options restores them. Unset means the server defaults.
+        """
 
     @_builtins.property
     def metadata(self) -> _agent_pb2.SessionMetadata:
-        """Metadata goes into the session header."""
+        """Optional. Written once into the new session's header."""
 
     def __init__(
         self,
@@ -70,7 +72,7 @@ class CreateAgentResponse(_message.Message):
     AGENT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def agent(self) -> _agent_pb2.Agent:
-        """Agent is the new agent."""
+        """The new agent, idle."""
 
     def __init__(
         self,
@@ -95,12 +97,17 @@ class ResumeAgentRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     OPTIONS_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
-    """AgentID is the caller-chosen id of the new agent."""
+    """Required. The caller-chosen id of the new agent (same alphabet as
+    CreateAgent); it need not be the id of the session's last agent.
+    """
     session_id: _builtins.str
-    """SessionID is the existing session to continue."""
+    """Required. The stored session to continue."""
     @_builtins.property
     def options(self) -> _agent_pb2.AgentOptions:
-        """Options configure the agent."""
+        """Optional. How the agent runs. Unset restores the options stored with the
+        session (those of its last agent; the server defaults if none were
+        stored); set, they replace them and are stored in their turn.
+        """
 
     def __init__(
         self,
@@ -126,7 +133,7 @@ class ResumeAgentResponse(_message.Message):
     AGENT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def agent(self) -> _agent_pb2.Agent:
-        """Agent is the resumed agent."""
+        """The resumed agent, with the options it runs with."""
 
     def __init__(
         self,
@@ -149,7 +156,7 @@ class DisposeAgentRequest(_message.Message):
 
     AGENT_ID_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
-    """AgentID is the agent to dispose."""
+    """Required. The live agent to dispose."""
     def __init__(
         self,
         *,
@@ -172,7 +179,7 @@ class DisposeAgentResponse(_message.Message):
     AGENT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def agent(self) -> _agent_pb2.Agent:
-        """Agent is the agent as it was disposed."""
+        """The agent as it was disposed (status AGENT_STATUS_DISPOSED)."""
 
     def __init__(
         self,
@@ -195,7 +202,7 @@ class GetAgentRequest(_message.Message):
 
     AGENT_ID_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
-    """AgentID is the agent."""
+    """Required. The live agent to describe."""
     def __init__(
         self,
         *,
@@ -218,7 +225,7 @@ class GetAgentResponse(_message.Message):
     AGENT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def agent(self) -> _agent_pb2.Agent:
-        """Agent is the agent."""
+        """The agent as it is now."""
 
     def __init__(
         self,
@@ -242,11 +249,14 @@ class ListAgentsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
-    """PageSize is the maximum number of agents returned; 0 means 100; at most
-    1000.
+    """Optional. The maximum number of agents returned; 0 means 100; at most
+    1000. It may change from page to page.
     """
     page_token: _builtins.str
-    """PageToken is the next_page_token of a previous call, or empty."""
+    """Optional. The opaque next_page_token of a previous call; empty for the
+    first page. A page starts after the last id of the previous one, so
+    agents created or disposed meanwhile never shift it.
+    """
     def __init__(
         self,
         *,
@@ -270,10 +280,10 @@ class ListAgentsResponse(_message.Message):
     AGENTS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
-    """NextPageToken fetches the next page; empty on the last one."""
+    """Opaque; fetches the next page; empty on the last one."""
     @_builtins.property
     def agents(self) -> _containers.RepeatedCompositeFieldContainer[_agent_pb2.Agent]:
-        """Agents are the agents of this page."""
+        """The live agents of this page, ordered by id."""
 
     def __init__(
         self,

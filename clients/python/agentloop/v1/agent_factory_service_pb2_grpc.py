@@ -34,7 +34,10 @@ class AgentFactoryServiceStub:
     creation publishes nothing. Errors: an empty or malformed id gives
     INVALID_ARGUMENT naming the field; an unknown agent gives NOT_FOUND; an
     agent id that is live gives ALREADY_EXISTS; a disposed agent gives
-    FAILED_PRECONDITION.
+    FAILED_PRECONDITION (reason AGENT_DISPOSED) until the id is reused or
+    forgotten (the last 10,000 disposed ids, per server process). Errors carry
+    `google.rpc.ErrorInfo` and `google.rpc.BadRequest` details (see
+    AgentService).
     """
 
     def __init__(self, channel):
@@ -79,7 +82,10 @@ class AgentFactoryServiceServicer:
     creation publishes nothing. Errors: an empty or malformed id gives
     INVALID_ARGUMENT naming the field; an unknown agent gives NOT_FOUND; an
     agent id that is live gives ALREADY_EXISTS; a disposed agent gives
-    FAILED_PRECONDITION.
+    FAILED_PRECONDITION (reason AGENT_DISPOSED) until the id is reused or
+    forgotten (the last 10,000 disposed ids, per server process). Errors carry
+    `google.rpc.ErrorInfo` and `google.rpc.BadRequest` details (see
+    AgentService).
     """
 
     def CreateAgent(self, request, context):
@@ -92,9 +98,12 @@ class AgentFactoryServiceServicer:
     def ResumeAgent(self, request, context):
         """ResumeAgent creates an agent over a stored session: history, turn numbers
         and sequence numbers continue, and a turn cut short by a crash is closed
-        as `interrupted`. NOT_FOUND if the session does not exist;
-        FAILED_PRECONDITION if a live agent already drives it or the server keeps
-        no persistent store; DATA_LOSS if the stored session cannot be read.
+        as `interrupted`. Without `options` the agent gets the options the
+        session's last agent had (stored with the session). NOT_FOUND if the
+        session does not exist; FAILED_PRECONDITION if a live agent already
+        drives it (reason SESSION_IN_USE: send to that agent, or dispose it and
+        resume again) or the server keeps no persistent store (NOT_PERSISTENT);
+        DATA_LOSS if the stored session cannot be read.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -167,7 +176,10 @@ class AgentFactoryService:
     creation publishes nothing. Errors: an empty or malformed id gives
     INVALID_ARGUMENT naming the field; an unknown agent gives NOT_FOUND; an
     agent id that is live gives ALREADY_EXISTS; a disposed agent gives
-    FAILED_PRECONDITION.
+    FAILED_PRECONDITION (reason AGENT_DISPOSED) until the id is reused or
+    forgotten (the last 10,000 disposed ids, per server process). Errors carry
+    `google.rpc.ErrorInfo` and `google.rpc.BadRequest` details (see
+    AgentService).
     """
 
     @staticmethod

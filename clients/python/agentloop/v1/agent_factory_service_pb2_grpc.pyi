@@ -35,7 +35,10 @@ class AgentFactoryServiceStub:
     creation publishes nothing. Errors: an empty or malformed id gives
     INVALID_ARGUMENT naming the field; an unknown agent gives NOT_FOUND; an
     agent id that is live gives ALREADY_EXISTS; a disposed agent gives
-    FAILED_PRECONDITION.
+    FAILED_PRECONDITION (reason AGENT_DISPOSED) until the id is reused or
+    forgotten (the last 10,000 disposed ids, per server process). Errors carry
+    `google.rpc.ErrorInfo` and `google.rpc.BadRequest` details (see
+    AgentService).
     """
 
     @_typing.overload
@@ -47,9 +50,12 @@ class AgentFactoryServiceStub:
     ResumeAgent: _grpc.UnaryUnaryMultiCallable[_agent_factory_service_pb2.ResumeAgentRequest, _agent_factory_service_pb2.ResumeAgentResponse]
     """ResumeAgent creates an agent over a stored session: history, turn numbers
     and sequence numbers continue, and a turn cut short by a crash is closed
-    as `interrupted`. NOT_FOUND if the session does not exist;
-    FAILED_PRECONDITION if a live agent already drives it or the server keeps
-    no persistent store; DATA_LOSS if the stored session cannot be read.
+    as `interrupted`. Without `options` the agent gets the options the
+    session's last agent had (stored with the session). NOT_FOUND if the
+    session does not exist; FAILED_PRECONDITION if a live agent already
+    drives it (reason SESSION_IN_USE: send to that agent, or dispose it and
+    resume again) or the server keeps no persistent store (NOT_PERSISTENT);
+    DATA_LOSS if the stored session cannot be read.
     """
     DisposeAgent: _grpc.UnaryUnaryMultiCallable[_agent_factory_service_pb2.DisposeAgentRequest, _agent_factory_service_pb2.DisposeAgentResponse]
     """DisposeAgent stops an agent: a running turn ends `disposed`, the session
@@ -70,7 +76,10 @@ class AgentFactoryServiceAsyncStub(AgentFactoryServiceStub):
     creation publishes nothing. Errors: an empty or malformed id gives
     INVALID_ARGUMENT naming the field; an unknown agent gives NOT_FOUND; an
     agent id that is live gives ALREADY_EXISTS; a disposed agent gives
-    FAILED_PRECONDITION.
+    FAILED_PRECONDITION (reason AGENT_DISPOSED) until the id is reused or
+    forgotten (the last 10,000 disposed ids, per server process). Errors carry
+    `google.rpc.ErrorInfo` and `google.rpc.BadRequest` details (see
+    AgentService).
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -79,9 +88,12 @@ class AgentFactoryServiceAsyncStub(AgentFactoryServiceStub):
     ResumeAgent: _aio.UnaryUnaryMultiCallable[_agent_factory_service_pb2.ResumeAgentRequest, _agent_factory_service_pb2.ResumeAgentResponse]  # type: ignore[assignment]
     """ResumeAgent creates an agent over a stored session: history, turn numbers
     and sequence numbers continue, and a turn cut short by a crash is closed
-    as `interrupted`. NOT_FOUND if the session does not exist;
-    FAILED_PRECONDITION if a live agent already drives it or the server keeps
-    no persistent store; DATA_LOSS if the stored session cannot be read.
+    as `interrupted`. Without `options` the agent gets the options the
+    session's last agent had (stored with the session). NOT_FOUND if the
+    session does not exist; FAILED_PRECONDITION if a live agent already
+    drives it (reason SESSION_IN_USE: send to that agent, or dispose it and
+    resume again) or the server keeps no persistent store (NOT_PERSISTENT);
+    DATA_LOSS if the stored session cannot be read.
     """
     DisposeAgent: _aio.UnaryUnaryMultiCallable[_agent_factory_service_pb2.DisposeAgentRequest, _agent_factory_service_pb2.DisposeAgentResponse]  # type: ignore[assignment]
     """DisposeAgent stops an agent: a running turn ends `disposed`, the session
@@ -101,7 +113,10 @@ class AgentFactoryServiceServicer(metaclass=_abc_1.ABCMeta):
     creation publishes nothing. Errors: an empty or malformed id gives
     INVALID_ARGUMENT naming the field; an unknown agent gives NOT_FOUND; an
     agent id that is live gives ALREADY_EXISTS; a disposed agent gives
-    FAILED_PRECONDITION.
+    FAILED_PRECONDITION (reason AGENT_DISPOSED) until the id is reused or
+    forgotten (the last 10,000 disposed ids, per server process). Errors carry
+    `google.rpc.ErrorInfo` and `google.rpc.BadRequest` details (see
+    AgentService).
     """
 
     @_abc_1.abstractmethod
@@ -120,9 +135,12 @@ class AgentFactoryServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_agent_factory_service_pb2.ResumeAgentResponse, _abc.Awaitable[_agent_factory_service_pb2.ResumeAgentResponse]]:
         """ResumeAgent creates an agent over a stored session: history, turn numbers
         and sequence numbers continue, and a turn cut short by a crash is closed
-        as `interrupted`. NOT_FOUND if the session does not exist;
-        FAILED_PRECONDITION if a live agent already drives it or the server keeps
-        no persistent store; DATA_LOSS if the stored session cannot be read.
+        as `interrupted`. Without `options` the agent gets the options the
+        session's last agent had (stored with the session). NOT_FOUND if the
+        session does not exist; FAILED_PRECONDITION if a live agent already
+        drives it (reason SESSION_IN_USE: send to that agent, or dispose it and
+        resume again) or the server keeps no persistent store (NOT_PERSISTENT);
+        DATA_LOSS if the stored session cannot be read.
         """
 
     @_abc_1.abstractmethod

@@ -4,11 +4,9 @@ isort:skip_file
 """
 
 from agentloop.v1 import agent_event_pb2 as _agent_event_pb2
-from agentloop.v1 import content_pb2 as _content_pb2
-from agentloop.v1 import stream_pb2 as _stream_pb2
 from collections import abc as _abc
+from google.protobuf import any_pb2 as _any_pb2
 from google.protobuf import descriptor as _descriptor
-from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -34,7 +32,7 @@ class AgentOptions(_message.Message):
     MAX_PARALLEL_TOOL_CALLS_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
     PERSONA_FIELD_NUMBER: _builtins.int
-    SCRIPT_FIELD_NUMBER: _builtins.int
+    PROVIDER_OPTIONS_FIELD_NUMBER: _builtins.int
     provider: _builtins.str
     """Provider names the model provider, for example "scripted". Empty means the
     server default ("scripted"). A model call needs a provider and a model,
@@ -59,12 +57,11 @@ class AgentOptions(_message.Message):
         """
 
     @_builtins.property
-    def script(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScriptedStep]:
-        """Script drives the "scripted" provider: one entry per model call, in order.
-        At most maxScriptSteps entries and maxScriptToolCalls tool calls in all
-        (default 1000 each), each entry at most maxContentBytes.
-        When it runs out, the provider echoes (and, with tools offered, makes a
-        tool round trip first).
+    def provider_options(self) -> _any_pb2.Any:
+        """Optional. Options of the agent's provider alone, as that provider's own
+        message: the scripted provider takes `agentloop.v1.ScriptedOptions`; the
+        OpenAI-compatible provider takes none. A message of a type the provider
+        does not take is INVALID_ARGUMENT (field `options.provider_options`).
         """
 
     def __init__(
@@ -75,109 +72,17 @@ class AgentOptions(_message.Message):
         max_parallel_tool_calls: _builtins.int | None = ...,
         tools: _abc.Iterable[_builtins.str] | None = ...,
         persona: _builtins.str = ...,
-        script: _abc.Iterable[Global___ScriptedStep] | None = ...,
+        provider_options: _any_pb2.Any | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_parallel_tool_calls", b"_max_parallel_tool_calls", "max_parallel_tool_calls", b"max_parallel_tool_calls"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_parallel_tool_calls", b"_max_parallel_tool_calls", "max_parallel_tool_calls", b"max_parallel_tool_calls", "provider_options", b"provider_options"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_parallel_tool_calls", b"_max_parallel_tool_calls", "max_parallel_tool_calls", b"max_parallel_tool_calls", "model", b"model", "persona", b"persona", "provider", b"provider", "script", b"script", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_parallel_tool_calls", b"_max_parallel_tool_calls", "max_parallel_tool_calls", b"max_parallel_tool_calls", "model", b"model", "persona", b"persona", "provider", b"provider", "provider_options", b"provider_options", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_parallel_tool_calls: _TypeAlias = _typing.Literal["max_parallel_tool_calls"]  # noqa: Y015
     _WhichOneofArgType__max_parallel_tool_calls: _TypeAlias = _typing.Literal["_max_parallel_tool_calls", b"_max_parallel_tool_calls"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_parallel_tool_calls) -> _WhichOneofReturnType__max_parallel_tool_calls | None: ...
 
 Global___AgentOptions: _TypeAlias = AgentOptions  # noqa: Y015
-
-@_typing.final
-class ScriptedStep(_message.Message):
-    """ScriptedStep is the scripted model's answer to one model call."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    TEXT_FIELD_NUMBER: _builtins.int
-    REASONING_FIELD_NUMBER: _builtins.int
-    TOOL_CALLS_FIELD_NUMBER: _builtins.int
-    FINISH_FIELD_NUMBER: _builtins.int
-    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
-    ERROR_CODE_FIELD_NUMBER: _builtins.int
-    USAGE_FIELD_NUMBER: _builtins.int
-    CHUNK_DELAY_FIELD_NUMBER: _builtins.int
-    CHUNK_SIZE_FIELD_NUMBER: _builtins.int
-    text: _builtins.str
-    """Text is streamed as one text block, one chunk per `chunk_size` runes."""
-    reasoning: _builtins.str
-    """Reasoning is streamed as a reasoning block before the text."""
-    finish: _stream_pb2.FinishKind.ValueType
-    """Finish is how the stream ends; unset means STOP."""
-    error_message: _builtins.str
-    """ErrorMessage is the message of an ERROR or ABORTED finish."""
-    error_code: _builtins.str
-    """ErrorCode is the code of an ERROR finish."""
-    chunk_size: _builtins.int
-    """ChunkSize is how many characters each text delta carries; 0 means 1."""
-    @_builtins.property
-    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScriptedToolCall]:
-        """ToolCalls are streamed after the text."""
-
-    @_builtins.property
-    def usage(self) -> _content_pb2.Usage:
-        """Usage is reported before the finish, when set."""
-
-    @_builtins.property
-    def chunk_delay(self) -> _duration_pb2.Duration:
-        """ChunkDelay is slept before each chunk, so that a test can cancel
-        mid-stream.
-        """
-
-    def __init__(
-        self,
-        *,
-        text: _builtins.str = ...,
-        reasoning: _builtins.str = ...,
-        tool_calls: _abc.Iterable[Global___ScriptedToolCall] | None = ...,
-        finish: _stream_pb2.FinishKind.ValueType = ...,
-        error_message: _builtins.str = ...,
-        error_code: _builtins.str = ...,
-        usage: _content_pb2.Usage | None = ...,
-        chunk_delay: _duration_pb2.Duration | None = ...,
-        chunk_size: _builtins.int = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["chunk_delay", b"chunk_delay", "usage", b"usage"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_delay", b"chunk_delay", "chunk_size", b"chunk_size", "error_code", b"error_code", "error_message", b"error_message", "finish", b"finish", "reasoning", b"reasoning", "text", b"text", "tool_calls", b"tool_calls", "usage", b"usage"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___ScriptedStep: _TypeAlias = ScriptedStep  # noqa: Y015
-
-@_typing.final
-class ScriptedToolCall(_message.Message):
-    """ScriptedToolCall is a tool call the scripted model makes."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    ID_FIELD_NUMBER: _builtins.int
-    NAME_FIELD_NUMBER: _builtins.int
-    ARGUMENTS_FIELD_NUMBER: _builtins.int
-    id: _builtins.str
-    """ID is the call id; empty means "call_<step>_<index>"."""
-    name: _builtins.str
-    """Name is the tool name."""
-    arguments: _builtins.str
-    """Arguments is the raw JSON argument text."""
-    def __init__(
-        self,
-        *,
-        id: _builtins.str = ...,
-        name: _builtins.str = ...,
-        arguments: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "id", b"id", "name", b"name"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___ScriptedToolCall: _TypeAlias = ScriptedToolCall  # noqa: Y015
 
 @_typing.final
 class SessionMetadata(_message.Message):

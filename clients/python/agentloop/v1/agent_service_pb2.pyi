@@ -36,9 +36,11 @@ class SendMessageRequest(_message.Message):
     SOURCE_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
-    """AgentID is the agent."""
+    """Required. The live agent to send to."""
     text: _builtins.str
-    """Text is the prompt; a shorthand for one text block in `content`."""
+    """Text is the prompt; a shorthand for one text block in `content`. Text or
+    content is required.
+    """
     request_id: _builtins.str
     """RequestID makes the call idempotent: a retry with the same id (after a
     timeout, a disconnect or a restart) returns the first call's answer and
@@ -84,12 +86,15 @@ class SendMessageResponse(_message.Message):
     NEXT_SEQ_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     next_seq: _builtins.int
-    """NextSeq is the durable session log length when the message was accepted:
-    the events of the turn that answers it come at or after this sequence
-    number.
+    """The seq the next event got when the message was accepted (durable log
+    length + 1): the events of the turn that answers it come at or after it.
     """
     status: _agent_event_pb2.AgentStatus.ValueType
-    """Status is the agent status after acceptance."""
+    """AGENT_STATUS_RUNNING on every accepted message: the agent has work, this
+    message included (it runs, or its driver is about to open the turn that
+    answers it). A later CancelTurn may still drop the message; a
+    `message_dropped` event then says so.
+    """
     def __init__(
         self,
         *,
@@ -116,9 +121,9 @@ class SteerMessageRequest(_message.Message):
     SOURCE_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
-    """AgentID is the agent."""
+    """Required. The live agent to steer."""
     text: _builtins.str
-    """Text is the steering text."""
+    """Text is the steering text. Text or content is required."""
     request_id: _builtins.str
     """RequestID makes the call idempotent: a retry with the same id (after a
     timeout, a disconnect or a restart) returns the first call's answer and
@@ -162,7 +167,7 @@ class SteerMessageResponse(_message.Message):
     NEXT_SEQ_FIELD_NUMBER: _builtins.int
     STEERING_FIELD_NUMBER: _builtins.int
     next_seq: _builtins.int
-    """NextSeq is the session log length at acceptance."""
+    """The seq the next event got at acceptance (durable log length + 1)."""
     steering: _builtins.bool
     """Steering is true when it joined the running turn, false when it was
     queued as an ordinary message.
@@ -195,9 +200,11 @@ class InjectContextRequest(_message.Message):
     META_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
-    """AgentID is the agent."""
+    """Required. The live agent to give context to."""
     text: _builtins.str
-    """Text is the context; a shorthand for one text block in `content`."""
+    """Text is the context; a shorthand for one text block in `content`. Text or
+    content is required.
+    """
     envelope: _session_event_pb2.ContextEnvelope.ValueType
     """Envelope is how the context is projected; unset means CONTEXT."""
     request_id: _builtins.str
@@ -250,7 +257,7 @@ class InjectContextResponse(_message.Message):
 
     NEXT_SEQ_FIELD_NUMBER: _builtins.int
     next_seq: _builtins.int
-    """NextSeq is the session log length after the call."""
+    """The seq the next event will get after the call (log length + 1)."""
     def __init__(
         self,
         *,
@@ -273,7 +280,7 @@ class CancelTurnRequest(_message.Message):
     AGENT_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
-    """AgentID is the agent."""
+    """Required. The live agent whose work to cancel."""
     reason: _builtins.str
     """Reason is recorded on the aborted turn; empty means "cancelled"."""
     def __init__(
@@ -327,7 +334,7 @@ class WaitIdleRequest(_message.Message):
     AGENT_ID_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
-    """AgentID is the agent."""
+    """Required. The live agent to wait for."""
     @_builtins.property
     def timeout(self) -> _duration_pb2.Duration:
         """Timeout bounds the wait; unset means 30 seconds; at most 1 hour."""
@@ -360,7 +367,7 @@ class WaitIdleResponse(_message.Message):
     status: _agent_event_pb2.AgentStatus.ValueType
     """Status is the agent status on return."""
     next_seq: _builtins.int
-    """NextSeq is the session log length on return."""
+    """The seq the next event will get, on return (durable log length + 1)."""
     def __init__(
         self,
         *,
@@ -378,27 +385,29 @@ Global___WaitIdleResponse: _TypeAlias = WaitIdleResponse  # noqa: Y015
 
 @_typing.final
 class GetSessionRequest(_message.Message):
-    """GetSessionRequest is the input of GetSession. Set exactly one of the ids."""
+    """GetSessionRequest is the input of GetSession."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     AGENT_ID_FIELD_NUMBER: _builtins.int
     SESSION_ID_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
-    """AgentID selects the session of a live agent."""
+    """The live agent whose session to describe."""
     session_id: _builtins.str
-    """SessionID selects a session directly."""
+    """The session to describe, stored or live."""
     def __init__(
         self,
         *,
         agent_id: _builtins.str = ...,
         session_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "selector", b"selector", "session_id", b"session_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "selector", b"selector", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType_selector: _TypeAlias = _typing.Literal["agent_id", "session_id"]  # noqa: Y015
+    _WhichOneofArgType_selector: _TypeAlias = _typing.Literal["selector", b"selector"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_selector) -> _WhichOneofReturnType_selector | None: ...
 
 Global___GetSessionRequest: _TypeAlias = GetSessionRequest  # noqa: Y015
 
@@ -411,7 +420,7 @@ class GetSessionResponse(_message.Message):
     SESSION_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def session(self) -> _session_pb2.Session:
-        """Session is the session."""
+        """The session, with its counts at the time of the call."""
 
     def __init__(
         self,
@@ -435,11 +444,14 @@ class ListSessionsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
-    """PageSize is the maximum number of sessions returned; 0 means 100; at most
-    1000.
+    """Optional. The maximum number of sessions returned; 0 means 100; at most
+    1000. It may change from page to page.
     """
     page_token: _builtins.str
-    """PageToken is the next_page_token of a previous call, or empty."""
+    """Optional. The opaque next_page_token of a previous call; empty for the
+    first page. A page starts after the last id of the previous one, so
+    sessions created or removed meanwhile never shift it.
+    """
     def __init__(
         self,
         *,
@@ -463,7 +475,7 @@ class ListSessionsResponse(_message.Message):
     SESSIONS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
-    """NextPageToken fetches the next page; empty on the last one."""
+    """Opaque; fetches the next page; empty on the last one."""
     @_builtins.property
     def sessions(self) -> _containers.RepeatedCompositeFieldContainer[_session_pb2.Session]:
         """Sessions are the sessions of this page. A session that cannot be read is
@@ -494,14 +506,14 @@ class ForkSessionRequest(_message.Message):
     BOUNDARY_SEQ_FIELD_NUMBER: _builtins.int
     NEW_SESSION_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
-    """SessionID is the session to copy from."""
+    """Required. The stored session to copy from."""
     boundary_seq: _builtins.int
     """BoundarySeq is the sequence number of the `turn_end` event the copy ends
     with (inclusive). Unset means the last `turn_end` of the session.
     """
     new_session_id: _builtins.str
-    """NewSessionID is the id of the fork; empty means
-    "<session_id>-fork-<uuid>".
+    """Optional. The id of the fork; empty means "<session_id>-fork-<uuid>".
+    The fork keeps the source's stored agent options.
     """
     def __init__(
         self,
@@ -546,9 +558,7 @@ Global___ForkSessionResponse: _TypeAlias = ForkSessionResponse  # noqa: Y015
 
 @_typing.final
 class ListSessionEventsRequest(_message.Message):
-    """ListSessionEventsRequest is the input of ListSessionEvents. Set exactly one
-    of the ids.
-    """
+    """ListSessionEventsRequest is the input of ListSessionEvents."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -558,18 +568,18 @@ class ListSessionEventsRequest(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
-    """AgentID selects the session of a live agent."""
+    """The live agent whose session to read."""
     session_id: _builtins.str
-    """SessionID selects a session directly."""
+    """The session to read, stored or live."""
     from_seq: _builtins.int
-    """FromSeq is the first sequence number returned."""
+    """Optional. The first sequence number returned; 0 means 1 (the start)."""
     page_size: _builtins.int
-    """PageSize is the maximum number of events returned; 0 means 500; at most
-    5000.
+    """Optional. The maximum number of events returned; 0 means 500; at most
+    5000. It may change from page to page.
     """
     page_token: _builtins.str
-    """PageToken is the next_page_token of a previous call; it overrides
-    `from_seq`.
+    """Optional. The opaque next_page_token of a previous call; empty for the
+    first page. The selector and `from_seq` must be those of the first call.
     """
     def __init__(
         self,
@@ -580,11 +590,13 @@ class ListSessionEventsRequest(_message.Message):
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "selector", b"selector", "session_id", b"session_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "from_seq", b"from_seq", "page_size", b"page_size", "page_token", b"page_token", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "from_seq", b"from_seq", "page_size", b"page_size", "page_token", b"page_token", "selector", b"selector", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType_selector: _TypeAlias = _typing.Literal["agent_id", "session_id"]  # noqa: Y015
+    _WhichOneofArgType_selector: _TypeAlias = _typing.Literal["selector", b"selector"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_selector) -> _WhichOneofReturnType_selector | None: ...
 
 Global___ListSessionEventsRequest: _TypeAlias = ListSessionEventsRequest  # noqa: Y015
 
@@ -597,8 +609,8 @@ class ListSessionEventsResponse(_message.Message):
     EVENTS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
-    """NextPageToken fetches the next page; empty when the log was exhausted at
-    the time of the call.
+    """Opaque; fetches the next page; empty when the log was exhausted at the
+    time of the call.
     """
     @_builtins.property
     def events(self) -> _containers.RepeatedCompositeFieldContainer[_session_event_pb2.SessionEvent]:
@@ -622,9 +634,7 @@ Global___ListSessionEventsResponse: _TypeAlias = ListSessionEventsResponse  # no
 
 @_typing.final
 class StreamSessionEventsRequest(_message.Message):
-    """StreamSessionEventsRequest is the input of StreamSessionEvents. Set exactly
-    one of the ids.
-    """
+    """StreamSessionEventsRequest is the input of StreamSessionEvents."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -633,13 +643,15 @@ class StreamSessionEventsRequest(_message.Message):
     FROM_SEQ_FIELD_NUMBER: _builtins.int
     REPLAY_ONLY_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
-    """AgentID selects the session of a live agent, and its live agent events."""
+    """The live agent whose session and live events to stream."""
     session_id: _builtins.str
-    """SessionID selects a session directly (no agent events)."""
+    """The session to stream, stored or live."""
     from_seq: _builtins.int
-    """FromSeq is the first sequence number delivered."""
+    """Optional. The first sequence number delivered; 0 means 1 (the start). At
+    most one past the last stored event, else OUT_OF_RANGE.
+    """
     replay_only: _builtins.bool
-    """ReplayOnly ends the stream once the existing log has been sent."""
+    """Optional. End the stream once the existing log has been sent."""
     def __init__(
         self,
         *,
@@ -648,11 +660,13 @@ class StreamSessionEventsRequest(_message.Message):
         from_seq: _builtins.int = ...,
         replay_only: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "selector", b"selector", "session_id", b"session_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "from_seq", b"from_seq", "replay_only", b"replay_only", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "from_seq", b"from_seq", "replay_only", b"replay_only", "selector", b"selector", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType_selector: _TypeAlias = _typing.Literal["agent_id", "session_id"]  # noqa: Y015
+    _WhichOneofArgType_selector: _TypeAlias = _typing.Literal["selector", b"selector"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_selector) -> _WhichOneofReturnType_selector | None: ...
 
 Global___StreamSessionEventsRequest: _TypeAlias = StreamSessionEventsRequest  # noqa: Y015
 
@@ -661,32 +675,47 @@ class StreamSessionEventsResponse(_message.Message):
     """StreamSessionEventsResponse is one batch of the stream: the session events
     appended since the previous batch (in order, continuing exactly where it
     ended) and the live agent events that happened meanwhile. A batch carries
-    at least one event of either kind.
+    at least one event of either kind, except the first, which confirms the
+    subscription.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     EVENTS_FIELD_NUMBER: _builtins.int
     AGENT_EVENTS_FIELD_NUMBER: _builtins.int
+    SUBSCRIBED_FIELD_NUMBER: _builtins.int
+    DROPPED_AGENT_EVENTS_FIELD_NUMBER: _builtins.int
+    subscribed: _builtins.bool
+    """Output only. True on the first response only, which carries no events:
+    the stream is subscribed, and every live agent event from now on is
+    delivered or counted in `dropped_agent_events`.
+    """
+    dropped_agent_events: _builtins.int
+    """Output only. How many live agent events were dropped since the previous
+    batch because this reader was slow (the oldest go first). Session events
+    are never dropped: they are read from the log.
+    """
     @_builtins.property
     def events(self) -> _containers.RepeatedCompositeFieldContainer[_session_event_pb2.SessionEvent]:
-        """Events are the next stored session events, in sequence order: at most 500
-        and at most 3 MiB (at least one event).
+        """Output only. The next stored session events, in sequence order: at most
+        500 and at most 3 MiB (at least one event).
         """
 
     @_builtins.property
     def agent_events(self) -> _containers.RepeatedCompositeFieldContainer[_agent_event_pb2.AgentEvent]:
-        """AgentEvents are the live agent notifications since the previous batch."""
+        """Output only. The live agent notifications since the previous batch."""
 
     def __init__(
         self,
         *,
         events: _abc.Iterable[_session_event_pb2.SessionEvent] | None = ...,
         agent_events: _abc.Iterable[_agent_event_pb2.AgentEvent] | None = ...,
+        subscribed: _builtins.bool = ...,
+        dropped_agent_events: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_events", b"agent_events", "events", b"events"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_events", b"agent_events", "dropped_agent_events", b"dropped_agent_events", "events", b"events", "subscribed", b"subscribed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -31,7 +31,12 @@ class AgentServiceStub:
     Messages are queued and answered by turns: `SendMessage` returns as soon as
     the message is accepted; the turn's work appears as session events. A
     client that wants to watch its turn passes the returned `next_seq` as
-    `from_seq` to `StreamSessionEvents` and reads until `turn_end`.
+    `from_seq` to `StreamSessionEvents` and reads until the `turn_end` of the
+    turn whose `user_message` (or `message_dropped`) echoes its `request_id`.
+
+    Sequence numbers start at 1 and have no gaps: a session with n events holds
+    seqs 1..n, and 0 never names an event (a `from_seq` of 0 means "from the
+    start"). `next_seq` fields are the seq the next event will get.
 
     Durability: the session store is the log of record. An event is committed
     to the store before any client, stream or plugin sees it, so a crash never
@@ -45,7 +50,11 @@ class AgentServiceStub:
 
     Errors: an empty id gives INVALID_ARGUMENT naming the field; an unknown
     agent or session gives NOT_FOUND; a disposed agent gives
-    FAILED_PRECONDITION. A rejected call changes nothing.
+    FAILED_PRECONDITION (reason AGENT_DISPOSED) until its id is reused or
+    forgotten (a server remembers its last 10,000 disposed ids, not across a
+    restart). A rejected call changes nothing. Every error carries a
+    `google.rpc.ErrorInfo` (domain "agentloop.v1", a reason from the list in
+    `proto/README.md`) and, for a bad field, a `google.rpc.BadRequest`.
     """
 
     def __init__(self, channel):
@@ -112,7 +121,12 @@ class AgentServiceServicer:
     Messages are queued and answered by turns: `SendMessage` returns as soon as
     the message is accepted; the turn's work appears as session events. A
     client that wants to watch its turn passes the returned `next_seq` as
-    `from_seq` to `StreamSessionEvents` and reads until `turn_end`.
+    `from_seq` to `StreamSessionEvents` and reads until the `turn_end` of the
+    turn whose `user_message` (or `message_dropped`) echoes its `request_id`.
+
+    Sequence numbers start at 1 and have no gaps: a session with n events holds
+    seqs 1..n, and 0 never names an event (a `from_seq` of 0 means "from the
+    start"). `next_seq` fields are the seq the next event will get.
 
     Durability: the session store is the log of record. An event is committed
     to the store before any client, stream or plugin sees it, so a crash never
@@ -126,7 +140,11 @@ class AgentServiceServicer:
 
     Errors: an empty id gives INVALID_ARGUMENT naming the field; an unknown
     agent or session gives NOT_FOUND; a disposed agent gives
-    FAILED_PRECONDITION. A rejected call changes nothing.
+    FAILED_PRECONDITION (reason AGENT_DISPOSED) until its id is reused or
+    forgotten (a server remembers its last 10,000 disposed ids, not across a
+    restart). A rejected call changes nothing. Every error carries a
+    `google.rpc.ErrorInfo` (domain "agentloop.v1", a reason from the list in
+    `proto/README.md`) and, for a bad field, a `google.rpc.BadRequest`.
     """
 
     def SendMessage(self, request, context):
@@ -175,7 +193,8 @@ class AgentServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetSession(self, request, context):
-        """GetSession describes a session, by agent or by session id.
+        """GetSession describes a session, by agent or by session id; it works for
+        stored sessions no agent drives.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -200,7 +219,9 @@ class AgentServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListSessionEvents(self, request, context):
-        """ListSessionEvents pages through a session log in sequence order.
+        """ListSessionEvents pages through a session log in sequence order. The page
+        token is opaque and bound to the selector and `from_seq` of the first
+        call: a later page with a different one is INVALID_ARGUMENT.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -209,9 +230,12 @@ class AgentServiceServicer:
     def StreamSessionEvents(self, request, context):
         """StreamSessionEvents replays the log from `from_seq`, then follows live
         appends, in batches: each response holds every event appended since the
-        previous one. With an agent id it also carries the agent's live events
-        (status, queued, error, created, disposed, session-start) as they happen;
-        those are not replayed. After a disconnect, reconnect with `from_seq` set
+        previous one. The first response confirms the subscription: it has
+        `subscribed` set and no events; from then on no live agent event is
+        missed (or, for a slow reader, it is counted in `dropped_agent_events`).
+        With an agent id it also carries the agent's live events (status, queued,
+        error, created, disposed, session-start) as they happen; those are not
+        replayed. After a disconnect, reconnect with `from_seq` set
         to one past the last sequence number seen: nothing is lost or repeated.
         The stream ends when the agent is disposed and its log is drained.
         A `from_seq` past the end of the log is OUT_OF_RANGE at once: no event
@@ -288,7 +312,12 @@ class AgentService:
     Messages are queued and answered by turns: `SendMessage` returns as soon as
     the message is accepted; the turn's work appears as session events. A
     client that wants to watch its turn passes the returned `next_seq` as
-    `from_seq` to `StreamSessionEvents` and reads until `turn_end`.
+    `from_seq` to `StreamSessionEvents` and reads until the `turn_end` of the
+    turn whose `user_message` (or `message_dropped`) echoes its `request_id`.
+
+    Sequence numbers start at 1 and have no gaps: a session with n events holds
+    seqs 1..n, and 0 never names an event (a `from_seq` of 0 means "from the
+    start"). `next_seq` fields are the seq the next event will get.
 
     Durability: the session store is the log of record. An event is committed
     to the store before any client, stream or plugin sees it, so a crash never
@@ -302,7 +331,11 @@ class AgentService:
 
     Errors: an empty id gives INVALID_ARGUMENT naming the field; an unknown
     agent or session gives NOT_FOUND; a disposed agent gives
-    FAILED_PRECONDITION. A rejected call changes nothing.
+    FAILED_PRECONDITION (reason AGENT_DISPOSED) until its id is reused or
+    forgotten (a server remembers its last 10,000 disposed ids, not across a
+    restart). A rejected call changes nothing. Every error carries a
+    `google.rpc.ErrorInfo` (domain "agentloop.v1", a reason from the list in
+    `proto/README.md`) and, for a bad field, a `google.rpc.BadRequest`.
     """
 
     @staticmethod

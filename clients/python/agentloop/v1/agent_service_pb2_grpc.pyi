@@ -32,7 +32,12 @@ class AgentServiceStub:
     Messages are queued and answered by turns: `SendMessage` returns as soon as
     the message is accepted; the turn's work appears as session events. A
     client that wants to watch its turn passes the returned `next_seq` as
-    `from_seq` to `StreamSessionEvents` and reads until `turn_end`.
+    `from_seq` to `StreamSessionEvents` and reads until the `turn_end` of the
+    turn whose `user_message` (or `message_dropped`) echoes its `request_id`.
+
+    Sequence numbers start at 1 and have no gaps: a session with n events holds
+    seqs 1..n, and 0 never names an event (a `from_seq` of 0 means "from the
+    start"). `next_seq` fields are the seq the next event will get.
 
     Durability: the session store is the log of record. An event is committed
     to the store before any client, stream or plugin sees it, so a crash never
@@ -46,7 +51,11 @@ class AgentServiceStub:
 
     Errors: an empty id gives INVALID_ARGUMENT naming the field; an unknown
     agent or session gives NOT_FOUND; a disposed agent gives
-    FAILED_PRECONDITION. A rejected call changes nothing.
+    FAILED_PRECONDITION (reason AGENT_DISPOSED) until its id is reused or
+    forgotten (a server remembers its last 10,000 disposed ids, not across a
+    restart). A rejected call changes nothing. Every error carries a
+    `google.rpc.ErrorInfo` (domain "agentloop.v1", a reason from the list in
+    `proto/README.md`) and, for a bad field, a `google.rpc.BadRequest`.
     """
 
     @_typing.overload
@@ -79,7 +88,9 @@ class AgentServiceStub:
     when the timeout passes.
     """
     GetSession: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.GetSessionRequest, _agent_service_pb2.GetSessionResponse]
-    """GetSession describes a session, by agent or by session id."""
+    """GetSession describes a session, by agent or by session id; it works for
+    stored sessions no agent drives.
+    """
     ListSessions: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.ListSessionsRequest, _agent_service_pb2.ListSessionsResponse]
     """ListSessions lists every session, stored or live, ordered by id, including
     sessions no agent has loaded since the server started.
@@ -91,13 +102,19 @@ class AgentServiceStub:
     INVALID_ARGUMENT if the boundary is not a `turn_end` or is out of range.
     """
     ListSessionEvents: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.ListSessionEventsRequest, _agent_service_pb2.ListSessionEventsResponse]
-    """ListSessionEvents pages through a session log in sequence order."""
+    """ListSessionEvents pages through a session log in sequence order. The page
+    token is opaque and bound to the selector and `from_seq` of the first
+    call: a later page with a different one is INVALID_ARGUMENT.
+    """
     StreamSessionEvents: _grpc.UnaryStreamMultiCallable[_agent_service_pb2.StreamSessionEventsRequest, _agent_service_pb2.StreamSessionEventsResponse]
     """StreamSessionEvents replays the log from `from_seq`, then follows live
     appends, in batches: each response holds every event appended since the
-    previous one. With an agent id it also carries the agent's live events
-    (status, queued, error, created, disposed, session-start) as they happen;
-    those are not replayed. After a disconnect, reconnect with `from_seq` set
+    previous one. The first response confirms the subscription: it has
+    `subscribed` set and no events; from then on no live agent event is
+    missed (or, for a slow reader, it is counted in `dropped_agent_events`).
+    With an agent id it also carries the agent's live events (status, queued,
+    error, created, disposed, session-start) as they happen; those are not
+    replayed. After a disconnect, reconnect with `from_seq` set
     to one past the last sequence number seen: nothing is lost or repeated.
     The stream ends when the agent is disposed and its log is drained.
     A `from_seq` past the end of the log is OUT_OF_RANGE at once: no event
@@ -111,7 +128,12 @@ class AgentServiceAsyncStub(AgentServiceStub):
     Messages are queued and answered by turns: `SendMessage` returns as soon as
     the message is accepted; the turn's work appears as session events. A
     client that wants to watch its turn passes the returned `next_seq` as
-    `from_seq` to `StreamSessionEvents` and reads until `turn_end`.
+    `from_seq` to `StreamSessionEvents` and reads until the `turn_end` of the
+    turn whose `user_message` (or `message_dropped`) echoes its `request_id`.
+
+    Sequence numbers start at 1 and have no gaps: a session with n events holds
+    seqs 1..n, and 0 never names an event (a `from_seq` of 0 means "from the
+    start"). `next_seq` fields are the seq the next event will get.
 
     Durability: the session store is the log of record. An event is committed
     to the store before any client, stream or plugin sees it, so a crash never
@@ -125,7 +147,11 @@ class AgentServiceAsyncStub(AgentServiceStub):
 
     Errors: an empty id gives INVALID_ARGUMENT naming the field; an unknown
     agent or session gives NOT_FOUND; a disposed agent gives
-    FAILED_PRECONDITION. A rejected call changes nothing.
+    FAILED_PRECONDITION (reason AGENT_DISPOSED) until its id is reused or
+    forgotten (a server remembers its last 10,000 disposed ids, not across a
+    restart). A rejected call changes nothing. Every error carries a
+    `google.rpc.ErrorInfo` (domain "agentloop.v1", a reason from the list in
+    `proto/README.md`) and, for a bad field, a `google.rpc.BadRequest`.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -155,7 +181,9 @@ class AgentServiceAsyncStub(AgentServiceStub):
     when the timeout passes.
     """
     GetSession: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.GetSessionRequest, _agent_service_pb2.GetSessionResponse]  # type: ignore[assignment]
-    """GetSession describes a session, by agent or by session id."""
+    """GetSession describes a session, by agent or by session id; it works for
+    stored sessions no agent drives.
+    """
     ListSessions: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.ListSessionsRequest, _agent_service_pb2.ListSessionsResponse]  # type: ignore[assignment]
     """ListSessions lists every session, stored or live, ordered by id, including
     sessions no agent has loaded since the server started.
@@ -167,13 +195,19 @@ class AgentServiceAsyncStub(AgentServiceStub):
     INVALID_ARGUMENT if the boundary is not a `turn_end` or is out of range.
     """
     ListSessionEvents: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.ListSessionEventsRequest, _agent_service_pb2.ListSessionEventsResponse]  # type: ignore[assignment]
-    """ListSessionEvents pages through a session log in sequence order."""
+    """ListSessionEvents pages through a session log in sequence order. The page
+    token is opaque and bound to the selector and `from_seq` of the first
+    call: a later page with a different one is INVALID_ARGUMENT.
+    """
     StreamSessionEvents: _aio.UnaryStreamMultiCallable[_agent_service_pb2.StreamSessionEventsRequest, _agent_service_pb2.StreamSessionEventsResponse]  # type: ignore[assignment]
     """StreamSessionEvents replays the log from `from_seq`, then follows live
     appends, in batches: each response holds every event appended since the
-    previous one. With an agent id it also carries the agent's live events
-    (status, queued, error, created, disposed, session-start) as they happen;
-    those are not replayed. After a disconnect, reconnect with `from_seq` set
+    previous one. The first response confirms the subscription: it has
+    `subscribed` set and no events; from then on no live agent event is
+    missed (or, for a slow reader, it is counted in `dropped_agent_events`).
+    With an agent id it also carries the agent's live events (status, queued,
+    error, created, disposed, session-start) as they happen; those are not
+    replayed. After a disconnect, reconnect with `from_seq` set
     to one past the last sequence number seen: nothing is lost or repeated.
     The stream ends when the agent is disposed and its log is drained.
     A `from_seq` past the end of the log is OUT_OF_RANGE at once: no event
@@ -186,7 +220,12 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     Messages are queued and answered by turns: `SendMessage` returns as soon as
     the message is accepted; the turn's work appears as session events. A
     client that wants to watch its turn passes the returned `next_seq` as
-    `from_seq` to `StreamSessionEvents` and reads until `turn_end`.
+    `from_seq` to `StreamSessionEvents` and reads until the `turn_end` of the
+    turn whose `user_message` (or `message_dropped`) echoes its `request_id`.
+
+    Sequence numbers start at 1 and have no gaps: a session with n events holds
+    seqs 1..n, and 0 never names an event (a `from_seq` of 0 means "from the
+    start"). `next_seq` fields are the seq the next event will get.
 
     Durability: the session store is the log of record. An event is committed
     to the store before any client, stream or plugin sees it, so a crash never
@@ -200,7 +239,11 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
 
     Errors: an empty id gives INVALID_ARGUMENT naming the field; an unknown
     agent or session gives NOT_FOUND; a disposed agent gives
-    FAILED_PRECONDITION. A rejected call changes nothing.
+    FAILED_PRECONDITION (reason AGENT_DISPOSED) until its id is reused or
+    forgotten (a server remembers its last 10,000 disposed ids, not across a
+    restart). A rejected call changes nothing. Every error carries a
+    `google.rpc.ErrorInfo` (domain "agentloop.v1", a reason from the list in
+    `proto/README.md`) and, for a bad field, a `google.rpc.BadRequest`.
     """
 
     @_abc_1.abstractmethod
@@ -264,7 +307,9 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_service_pb2.GetSessionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_agent_service_pb2.GetSessionResponse, _abc.Awaitable[_agent_service_pb2.GetSessionResponse]]:
-        """GetSession describes a session, by agent or by session id."""
+        """GetSession describes a session, by agent or by session id; it works for
+        stored sessions no agent drives.
+        """
 
     @_abc_1.abstractmethod
     def ListSessions(
@@ -294,7 +339,10 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_service_pb2.ListSessionEventsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_agent_service_pb2.ListSessionEventsResponse, _abc.Awaitable[_agent_service_pb2.ListSessionEventsResponse]]:
-        """ListSessionEvents pages through a session log in sequence order."""
+        """ListSessionEvents pages through a session log in sequence order. The page
+        token is opaque and bound to the selector and `from_seq` of the first
+        call: a later page with a different one is INVALID_ARGUMENT.
+        """
 
     @_abc_1.abstractmethod
     def StreamSessionEvents(
@@ -304,9 +352,12 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_agent_service_pb2.StreamSessionEventsResponse], _abc.AsyncIterator[_agent_service_pb2.StreamSessionEventsResponse]]:
         """StreamSessionEvents replays the log from `from_seq`, then follows live
         appends, in batches: each response holds every event appended since the
-        previous one. With an agent id it also carries the agent's live events
-        (status, queued, error, created, disposed, session-start) as they happen;
-        those are not replayed. After a disconnect, reconnect with `from_seq` set
+        previous one. The first response confirms the subscription: it has
+        `subscribed` set and no events; from then on no live agent event is
+        missed (or, for a slow reader, it is counted in `dropped_agent_events`).
+        With an agent id it also carries the agent's live events (status, queued,
+        error, created, disposed, session-start) as they happen; those are not
+        replayed. After a disconnect, reconnect with `from_seq` set
         to one past the last sequence number seen: nothing is lost or repeated.
         The stream ends when the agent is disposed and its log is drained.
         A `from_seq` past the end of the log is OUT_OF_RANGE at once: no event

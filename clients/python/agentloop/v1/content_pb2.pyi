@@ -34,7 +34,10 @@ class _RoleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Role.ValueType],
     """The model side: text, reasoning and tool calls."""
 
 class Role(_Role, metaclass=_RoleEnumTypeWrapper):
-    """Role is the speaker of a derived history message."""
+    """Role is the speaker of a derived history message.
+    This enum may grow: a client must accept values it does not know (treat
+    them as UNSPECIFIED, or show the number), never fail on them.
+    """
 
 ROLE_UNSPECIFIED: Role.ValueType  # 0
 """Not set; never valid in a message."""
@@ -269,7 +272,7 @@ class Message(_message.Message):
     CONTENT_FIELD_NUMBER: _builtins.int
     PROVENANCE_FIELD_NUMBER: _builtins.int
     role: Global___Role.ValueType
-    """Role is the speaker."""
+    """Who speaks: user (prompts, context, tool results) or assistant."""
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContentBlock]:
         """Content is the message content."""

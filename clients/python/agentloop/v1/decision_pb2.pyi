@@ -37,7 +37,7 @@ class HookContext(_message.Message):
     """Envelope is how it is projected; unset means CONTEXT."""
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[_content_pb2.ContentBlock]:
-        """Content is the context."""
+        """The text to add, as text blocks."""
 
     @_builtins.property
     def source(self) -> _content_pb2.Source:
@@ -257,7 +257,10 @@ class PreToolDecision(_message.Message):
 
     @_builtins.property
     def ask(self) -> Global___ToolAsk:
-        """Ask requests approval; with no approval channel it is a denial."""
+        """Reserved for human approval (a later issue adds the approval channel).
+        Today there is none, so the server treats `ask` exactly as `deny` with
+        the same reason; a plugin that wants a denial should say `deny`.
+        """
 
     def __init__(
         self,

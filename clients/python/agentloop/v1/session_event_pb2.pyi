@@ -34,17 +34,26 @@ class _SurfaceOpKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Surface
     SURFACE_OP_KIND_APPEND: _SurfaceOpKind.ValueType  # 1
     """Appends one history node."""
     SURFACE_OP_KIND_REPLACE: _SurfaceOpKind.ValueType  # 2
-    """Replaces an inclusive range of history nodes with this one (compaction)."""
+    """Replaces an inclusive range of history nodes with this one (compaction).
+    Reserved for compaction: the server does not produce it yet, but readers
+    must apply it (the Python server's history derivation already does).
+    """
 
 class SurfaceOpKind(_SurfaceOpKind, metaclass=_SurfaceOpKindEnumTypeWrapper):
-    """SurfaceOpKind is how a surface event changes the history."""
+    """SurfaceOpKind is how a surface event changes the history.
+    This enum may grow: a client must accept values it does not know (treat
+    them as UNSPECIFIED, or show the number), never fail on them.
+    """
 
 SURFACE_OP_KIND_UNSPECIFIED: SurfaceOpKind.ValueType  # 0
 """Not a surface event."""
 SURFACE_OP_KIND_APPEND: SurfaceOpKind.ValueType  # 1
 """Appends one history node."""
 SURFACE_OP_KIND_REPLACE: SurfaceOpKind.ValueType  # 2
-"""Replaces an inclusive range of history nodes with this one (compaction)."""
+"""Replaces an inclusive range of history nodes with this one (compaction).
+Reserved for compaction: the server does not produce it yet, but readers
+must apply it (the Python server's history derivation already does).
+"""
 Global___SurfaceOpKind: _TypeAlias = SurfaceOpKind  # noqa: Y015
 
 class _TriggerKind:
@@ -61,7 +70,10 @@ class _TriggerKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TriggerKi
     """An idle context injection opened a one-shot turn."""
 
 class TriggerKind(_TriggerKind, metaclass=_TriggerKindEnumTypeWrapper):
-    """TriggerKind is what opened a turn."""
+    """TriggerKind is what opened a turn.
+    This enum may grow: a client must accept values it does not know (treat
+    them as UNSPECIFIED, or show the number), never fail on them.
+    """
 
 TRIGGER_KIND_UNSPECIFIED: TriggerKind.ValueType  # 0
 """Not set."""
@@ -85,7 +97,10 @@ class _ContextEnvelopeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Conte
     """Projected verbatim."""
 
 class ContextEnvelope(_ContextEnvelope, metaclass=_ContextEnvelopeEnumTypeWrapper):
-    """ContextEnvelope is how injected context is projected into history."""
+    """ContextEnvelope is how injected context is projected into history.
+    This enum may grow: a client must accept values it does not know (treat
+    them as UNSPECIFIED, or show the number), never fail on them.
+    """
 
 CONTEXT_ENVELOPE_UNSPECIFIED: ContextEnvelope.ValueType  # 0
 """Unset means CONTEXT."""
@@ -111,7 +126,10 @@ class _HeaderReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_HeaderRe
     """The header differs from the last one logged."""
 
 class HeaderReason(_HeaderReason, metaclass=_HeaderReasonEnumTypeWrapper):
-    """HeaderReason is why a request header was logged."""
+    """HeaderReason is why a request header was logged.
+    This enum may grow: a client must accept values it does not know (treat
+    them as UNSPECIFIED, or show the number), never fail on them.
+    """
 
 HEADER_REASON_UNSPECIFIED: HeaderReason.ValueType  # 0
 """Not set."""
@@ -134,7 +152,7 @@ class SessionEvent(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SEQ_FIELD_NUMBER: _builtins.int
-    TIME_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
     SURFACE_OP_FIELD_NUMBER: _builtins.int
     SOURCE_EVENT_SEQS_FIELD_NUMBER: _builtins.int
     TURN_START_FIELD_NUMBER: _builtins.int
@@ -152,10 +170,12 @@ class SessionEvent(_message.Message):
     TURN_END_FIELD_NUMBER: _builtins.int
     MESSAGE_DROPPED_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
-    """Seq is the position in the log: 0, 1, 2, ... with no gaps."""
+    """Output only. The position in the log: 1, 2, 3, ... with no gaps (0 names
+    no event).
+    """
     @_builtins.property
-    def time(self) -> _timestamp_pb2.Timestamp:
-        """Time is when the event was appended."""
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """Output only. When the event was appended."""
 
     @_builtins.property
     def surface_op(self) -> Global___SurfaceOp:
@@ -230,7 +250,7 @@ class SessionEvent(_message.Message):
         self,
         *,
         seq: _builtins.int = ...,
-        time: _timestamp_pb2.Timestamp | None = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
         surface_op: Global___SurfaceOp | None = ...,
         source_event_seqs: _abc.Iterable[_builtins.int] | None = ...,
         turn_start: Global___TurnStart | None = ...,
@@ -248,9 +268,9 @@ class SessionEvent(_message.Message):
         turn_end: Global___TurnEnd | None = ...,
         message_dropped: Global___MessageDropped | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["assistant_chunk", b"assistant_chunk", "assistant_message", b"assistant_message", "context_message", b"context_message", "message_dropped", b"message_dropped", "payload", b"payload", "prompt_blocked", b"prompt_blocked", "request_header", b"request_header", "steering_message", b"steering_message", "step_end", b"step_end", "step_start", b"step_start", "surface_op", b"surface_op", "time", b"time", "tool_call", b"tool_call", "tool_result", b"tool_result", "turn_end", b"turn_end", "turn_start", b"turn_start", "user_message", b"user_message"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assistant_chunk", b"assistant_chunk", "assistant_message", b"assistant_message", "context_message", b"context_message", "create_time", b"create_time", "message_dropped", b"message_dropped", "payload", b"payload", "prompt_blocked", b"prompt_blocked", "request_header", b"request_header", "steering_message", b"steering_message", "step_end", b"step_end", "step_start", b"step_start", "surface_op", b"surface_op", "tool_call", b"tool_call", "tool_result", b"tool_result", "turn_end", b"turn_end", "turn_start", b"turn_start", "user_message", b"user_message"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_chunk", b"assistant_chunk", "assistant_message", b"assistant_message", "context_message", b"context_message", "message_dropped", b"message_dropped", "payload", b"payload", "prompt_blocked", b"prompt_blocked", "request_header", b"request_header", "seq", b"seq", "source_event_seqs", b"source_event_seqs", "steering_message", b"steering_message", "step_end", b"step_end", "step_start", b"step_start", "surface_op", b"surface_op", "time", b"time", "tool_call", b"tool_call", "tool_result", b"tool_result", "turn_end", b"turn_end", "turn_start", b"turn_start", "user_message", b"user_message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_chunk", b"assistant_chunk", "assistant_message", b"assistant_message", "context_message", b"context_message", "create_time", b"create_time", "message_dropped", b"message_dropped", "payload", b"payload", "prompt_blocked", b"prompt_blocked", "request_header", b"request_header", "seq", b"seq", "source_event_seqs", b"source_event_seqs", "steering_message", b"steering_message", "step_end", b"step_end", "step_start", b"step_start", "surface_op", b"surface_op", "tool_call", b"tool_call", "tool_result", b"tool_result", "turn_end", b"turn_end", "turn_start", b"turn_start", "user_message", b"user_message"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["turn_start", "user_message", "prompt_blocked", "context_message", "steering_message", "step_start", "request_header", "assistant_chunk", "assistant_message", "tool_call", "tool_result", "step_end", "turn_end", "message_dropped"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
@@ -415,7 +435,7 @@ class ContextMessage(_message.Message):
     """
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[_content_pb2.ContentBlock]:
-        """Content is the context."""
+        """The injected text, as text blocks; projected per `envelope`."""
 
     @_builtins.property
     def source(self) -> _content_pb2.Source:
@@ -912,9 +932,29 @@ class TurnError(_message.Message):
     step: _builtins.int
     """Step is the step counter when the failure surfaced; 0 before any step."""
     message: _builtins.str
-    """Message says what failed."""
+    """Message says what failed, for people; do not parse it."""
     code: _builtins.str
-    """Code is a machine-readable code, when known."""
+    """A machine-readable code. The server produces these; the list may grow,
+    so a client must accept a code it does not know:
+
+    | code | what failed |
+    |---|---|
+    | `NO_MODEL` | no provider or model for the call (options or `agent/request`) |
+    | `UNKNOWN_PROVIDER` | the provider is not registered |
+    | `MODEL_PROTOCOL` | a model stream broke the chunk grammar |
+    | `ABORTED` | the model stream or the turn was aborted |
+    | `CANCELLED` | a listener or tool was cancelled |
+    | `PROMPT_VARIABLE` | the system prompt uses a variable with no value |
+    | `INVALID_TOOL_ORDER` | the configured tool order is invalid |
+    | `TOOL_CALLS_PER_STEP`, `EVENTS_PER_TURN`, `CONTENT_BYTES` | a limit of the server |
+    | `PLUGIN_TIMEOUT`, `PLUGIN_ERROR`, `PLUGIN_MALFORMED`, `PLUGIN_DISCONNECTED` | a FAIL_CLOSED plugin call |
+    | `PLUGIN_NOT_READY` | a required plugin has not connected |
+    | `CONNECTION_FAILED`, `TIMEOUT`, `STREAM_INTERRUPTED`, `BAD_RESPONSE`, `BAD_CHUNK`, `STREAM_ERROR`, `HTTP_<status>` | an OpenAI-compatible provider |
+    | empty | an unexpected failure (the message says what) |
+
+    Any other value is a code a model provider (or a model plugin) reported
+    with its error, passed through unchanged.
+    """
     def __init__(
         self,
         *,

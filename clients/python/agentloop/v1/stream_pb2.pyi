@@ -34,7 +34,10 @@ class _BlockKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_BlockKind.V
     """A reasoning block."""
 
 class BlockKind(_BlockKind, metaclass=_BlockKindEnumTypeWrapper):
-    """BlockKind is the kind of a streamed content block."""
+    """BlockKind is the kind of a streamed content block.
+    This enum may grow: a client must accept values it does not know (treat
+    them as UNSPECIFIED, or show the number), never fail on them.
+    """
 
 BLOCK_KIND_UNSPECIFIED: BlockKind.ValueType  # 0
 """Not set."""
@@ -64,7 +67,10 @@ class _FinishKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FinishKind
     """The provider aborted the stream on its own; the step fails as an error."""
 
 class FinishKind(_FinishKind, metaclass=_FinishKindEnumTypeWrapper):
-    """FinishKind is how a model stream ended."""
+    """FinishKind is how a model stream ended.
+    This enum may grow: a client must accept values it does not know (treat
+    them as UNSPECIFIED, or show the number), never fail on them.
+    """
 
 FINISH_KIND_UNSPECIFIED: FinishKind.ValueType  # 0
 """Not set."""

@@ -60,7 +60,10 @@ class _SeamEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Seam.ValueType],
     """Observer of every final tool result (`tools/result`)."""
 
 class Seam(_Seam, metaclass=_SeamEnumTypeWrapper):
-    """Seam names a point of the loop a plugin can subscribe to."""
+    """Seam names a point of the loop a plugin can subscribe to.
+    This enum may grow: a client must accept values it does not know (treat
+    them as UNSPECIFIED, or show the number), never fail on them.
+    """
 
 SEAM_UNSPECIFIED: Seam.ValueType  # 0
 """Not set; invalid in a subscription."""
@@ -116,7 +119,10 @@ class _CallKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CallKind.Val
     """
 
 class CallKind(_CallKind, metaclass=_CallKindEnumTypeWrapper):
-    """CallKind says what a `HookCall` asks for, and so how it is answered."""
+    """CallKind says what a `HookCall` asks for, and so how it is answered.
+    This enum may grow: a client must accept values it does not know (treat
+    them as UNSPECIFIED, or show the number), never fail on them.
+    """
 
 CALL_KIND_UNSPECIFIED: CallKind.ValueType  # 0
 """Not set (never sent)."""
@@ -154,7 +160,10 @@ class _FailurePolicyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Failure
     """A failure skips the plugin for that call; the skip is counted."""
 
 class FailurePolicy(_FailurePolicy, metaclass=_FailurePolicyEnumTypeWrapper):
-    """FailurePolicy says what a failed call of a subscription does to the turn."""
+    """FailurePolicy says what a failed call of a subscription does to the turn.
+    This enum may grow: a client must accept values it does not know (treat
+    them as UNSPECIFIED, or show the number), never fail on them.
+    """
 
 FAILURE_POLICY_UNSPECIFIED: FailurePolicy.ValueType  # 0
 """Unset means FAIL_CLOSED."""
@@ -319,7 +328,7 @@ class Subscription(_message.Message):
     EVENT_KINDS_FIELD_NUMBER: _builtins.int
     BUFFER_SIZE_FIELD_NUMBER: _builtins.int
     seam: Global___Seam.ValueType
-    """Seam is the seam."""
+    """Required. The point of the loop to listen to."""
     order: _builtins.int
     """Order places the listener among all listeners of the seam (lower first;
     ties broken by plugin name).
@@ -702,7 +711,7 @@ class CancelCall(_message.Message):
     CALL_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
-    """CallID is the call."""
+    """The `HookCall.call_id` withdrawn; an answer to it is ignored from now on."""
     reason: _builtins.str
     """Reason is the cancel reason."""
     def __init__(
@@ -849,11 +858,11 @@ class PromptSubmitCall(_message.Message):
     SOURCE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def content(self) -> _containers.RepeatedCompositeFieldContainer[_content_pb2.ContentBlock]:
-        """Content is the prompt."""
+        """The prompt about to open the turn, as the previous listener left it."""
 
     @_builtins.property
     def source(self) -> _content_pb2.Source:
-        """Source is the sender."""
+        """Who sent the prompt (kind "user" unless the caller said otherwise)."""
 
     def __init__(
         self,
@@ -1242,7 +1251,7 @@ class ToolPostExecuteCall(_message.Message):
     OUTPUT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def invocation(self) -> Global___ToolInvocation:
-        """Invocation is the call."""
+        """Which tool call ran, with its arguments."""
 
     @_builtins.property
     def output(self) -> Global___ToolOutput:
@@ -1298,7 +1307,7 @@ class SessionEventNotice(_message.Message):
     """Dropped counts notifications dropped before this one (buffer overflow)."""
     @_builtins.property
     def event(self) -> _session_event_pb2.SessionEvent:
-        """Event is the event."""
+        """The session event, as committed to the store."""
 
     def __init__(
         self,
@@ -1326,7 +1335,7 @@ class AgentEventNotice(_message.Message):
     """Dropped counts notifications dropped before this one (buffer overflow)."""
     @_builtins.property
     def event(self) -> _agent_event_pb2.AgentEvent:
-        """Event is the event."""
+        """The live agent event, as streamed to clients."""
 
     def __init__(
         self,
@@ -1355,7 +1364,7 @@ class ToolResultNotice(_message.Message):
     """Dropped counts notifications dropped before this one (buffer overflow)."""
     @_builtins.property
     def invocation(self) -> Global___ToolInvocation:
-        """Invocation is the call."""
+        """Which tool call the result answers."""
 
     @_builtins.property
     def output(self) -> Global___ToolOutput:

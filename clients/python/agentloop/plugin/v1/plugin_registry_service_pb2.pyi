@@ -37,7 +37,10 @@ class _PluginStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PluginSta
     """The plugin cannot be reached; calls fail under their failure policy."""
 
 class PluginState(_PluginState, metaclass=_PluginStateEnumTypeWrapper):
-    """PluginState is the connection state of a plugin."""
+    """PluginState is the connection state of a plugin.
+    This enum may grow: a client must accept values it does not know (treat
+    them as UNSPECIFIED, or show the number), never fail on them.
+    """
 
 PLUGIN_STATE_UNSPECIFIED: PluginState.ValueType  # 0
 """Not set."""

@@ -1,0 +1,133 @@
+"""The Python SDK facade (`agentloop.Client`) against a real server.
+
+A connection that breaks mid-turn is a real one: the client talks through a TCP proxy
+on loopback, which the test severs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from agentloop import Client, connect
+from agentloop.v1 import agent_pb2, scripted_pb2
+from agentloop.v1 import agent_service_pb2 as api
+from agentloop.v1 import session_event_pb2 as ev
+from server.models.scripted_options import script_options
+from tests.e2e.conftest import E2E, READ_TIMEOUT
+
+
+def scripted(
+    *steps: scripted_pb2.ScriptedStep, tools: tuple[str, ...] = ()
+) -> agent_pb2.AgentOptions:
+    return agent_pb2.AgentOptions(
+        provider="scripted", model="m", tools=tools, provider_options=script_options(steps)
+    )
+
+
+class Proxy:
+    """A loopback TCP proxy whose open connections the test can cut."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self.writers: list[asyncio.StreamWriter] = []
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection(
+            "127.0.0.1", self.target_port
+        )
+        self.writers += [writer, upstream_writer]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
+
+    def sever(self) -> None:
+        """Cut every open connection (new ones still work)."""
+        for writer in self.writers:
+            writer.transport.abort()
+        self.writers.clear()
+
+    async def close(self) -> None:
+        self.sever()
+        if self.server is not None:
+            self.server.close()
+
+
+@contextlib.asynccontextmanager
+async def sdk(e2e: E2E) -> AsyncIterator[Client]:
+    client = connect(e2e.target)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def test_send_returns_the_turn_that_answers_the_message(e2e: E2E) -> None:
+    async with sdk(e2e) as client:
+        await client.create("s1", scripted(scripted_pb2.ScriptedStep(text="hello there")))
+        turn = await client.send("s1", "hi", request_id="r-1")
+        events = [event async for event in turn]
+        assert events[0].HasField("turn_start") and events[-1].HasField("turn_end")
+        assert [e.user_message.request_id for e in events if e.HasField("user_message")] == ["r-1"]
+        assert turn.end is events[-1] and turn.end.turn_end.reason.HasField("completed")
+        idle = await client.wait_idle("s1", 5)
+        assert idle.idle
+
+
+async def test_a_message_sent_during_a_turn_gets_the_next_turn(e2e: E2E) -> None:
+    nap = scripted_pb2.ScriptedToolCall(name="sleep", arguments='{"seconds": 60}')
+    options = scripted(
+        scripted_pb2.ScriptedStep(tool_calls=[nap]),
+        scripted_pb2.ScriptedStep(text="second answer"),
+        tools=("sleep",),
+    )
+    async with sdk(e2e) as client:
+        await client.create("s2", options)
+        first = await client.send("s2", "take a nap")
+        async for event in first:
+            if event.HasField("tool_call"):
+                break  # turn 1 now sleeps; the next message waits for a later turn
+        second = await client.send("s2", "and then?")
+        await client.cancel("s2")  # turn 1 ends aborted; the queued message is dropped
+        ending = await second.result()
+        # The cancel dropped the queued message: the facade says so rather than waiting.
+        assert ending.HasField("message_dropped") and second.dropped is ending
+        third = await client.send("s2", "now?")
+        assert (await third.result()).turn_end.turn == 2
+
+
+async def test_a_turn_survives_a_broken_connection(e2e: E2E) -> None:
+    proxy = Proxy(e2e.port)
+    await proxy.start()
+    nap = scripted_pb2.ScriptedToolCall(name="sleep", arguments='{"seconds": 60}')
+    options = scripted(scripted_pb2.ScriptedStep(tool_calls=[nap]), tools=("sleep",))
+    client = connect(f"127.0.0.1:{proxy.port}")
+    try:
+        await client.create("s3", options)
+        turn = await client.send("s3", "sleep, then be cut")
+        seen: list[ev.SessionEvent] = []
+        async with asyncio.timeout(READ_TIMEOUT):
+            async for event in turn:
+                seen.append(event)
+                if event.HasField("tool_call"):
+                    proxy.sever()  # the turn cannot end on its own: it sleeps 60 s
+                    await e2e.agents.CancelTurn(api.CancelTurnRequest(agent_id="s3"))
+    finally:
+        await client.close()
+        await proxy.close()
+    assert turn.reconnects >= 1
+    assert [e.seq for e in seen] == list(range(seen[0].seq, seen[0].seq + len(seen)))
+    assert seen[-1].turn_end.reason.HasField("aborted")
