@@ -1,0 +1,226 @@
+"""Many agents at once over gRPC: throughput, server CPU per turn, tail latency, stalls.
+
+    python -m bench.load_bench [--agents 1,10,100,1000] [--seconds S] [--profile DIR]
+
+For each N a fresh server process runs on its defaults (durable SQLite in a temporary
+directory). N clients (one process, one channel) each create an agent, follow its
+session with `StreamSessionEvents` and loop the benchmark workload: SendMessage, then
+wait for that turn's `turn_end` on the stream. After a warm-up, a window of S seconds
+is measured: turns completed, the server's CPU time from /proc (µs per turn),
+SendMessage → turn_end p50/p99/max, the longest event-loop stall measured inside the
+server (bench/server_probe.py), and the server's RSS. The in-process turn (memory store
+and SQLite, measured in this run before and after the load) is the reference of the
+ratios. Figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+from agentloop.v1 import agent_factory_service_pb2 as fac
+from agentloop.v1 import agent_factory_service_pb2_grpc as fac_rpc
+from agentloop.v1 import agent_service_pb2 as api
+from agentloop.v1 import agent_service_pb2_grpc as api_rpc
+from bench.loop_bench import OPTIONS, free_port, line, store_turns
+from bench.soak_bench import cpu_seconds, rss_mb
+
+ROOT = str(Path(__file__).resolve().parent.parent)
+PROBE = str(Path(__file__).with_name("server_probe.py"))
+
+
+class Driver:
+    """One agent, one event stream, the workload in a loop."""
+
+    def __init__(self, channel: grpc.aio.Channel, agent_id: str) -> None:
+        self.agents = api_rpc.AgentServiceStub(channel)
+        self.factory = fac_rpc.AgentFactoryServiceStub(channel)
+        self.agent_id = agent_id
+        self.done: list[tuple[float, float]] = []  # (sent, ended) in perf_counter time
+
+    async def create(self) -> None:
+        await self.factory.CreateAgent(
+            fac.CreateAgentRequest(agent_id=self.agent_id, options=OPTIONS)
+        )
+
+    async def run(self, until: float) -> None:
+        stream = self.agents.StreamSessionEvents(
+            api.StreamSessionEventsRequest(agent_id=self.agent_id)
+        )
+        request = api.SendMessageRequest(agent_id=self.agent_id, text="count these words")
+        try:
+            reader = stream.__aiter__()
+            while time.perf_counter() < until:
+                sent = time.perf_counter()
+                accepted = await self.agents.SendMessage(request)
+                while True:  # until a turn ends after the message was accepted
+                    batch = await reader.__anext__()
+                    if any(
+                        e.HasField("turn_end") and e.seq >= accepted.next_seq for e in batch.events
+                    ):
+                        break
+                self.done.append((sent, time.perf_counter()))
+        finally:
+            stream.cancel()
+
+
+async def start_server(
+    data_dir: str, profile: str, tree: str
+) -> tuple[asyncio.subprocess.Process, str, Path]:
+    address = f"127.0.0.1:{free_port()}"
+    lag_file = Path(data_dir) / "lag.txt"
+    config = Path(data_dir) / "config.yaml"
+    config.write_text("agents: []\n")  # the defaults without the sample agent (maxAgents)
+    extra = ["--profile", profile] if profile else []
+    tree = tree or ROOT  # or another checkout's server
+    env = dict(os.environ, PYTHONPATH=tree)
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, PROBE, "--lag-file", str(lag_file), *extra, "--",
+        "--config", str(config), "--listen", address, "--data-dir", data_dir,
+        "--log-level", "WARNING",
+        stdout=asyncio.subprocess.PIPE, env=env, cwd=tree,
+    )  # fmt: skip
+    assert server.stdout is not None
+    await server.stdout.readline()  # "agentloop listening on ..."
+    return server, address, lag_file
+
+
+def worst_stall(lag_file: Path, start: float, end: float) -> float:
+    worst = 0.0
+    for row in lag_file.read_text().splitlines():
+        at, lag = map(float, row.split())
+        if start <= at <= end + 0.3:
+            worst = max(worst, lag)
+    return worst
+
+
+async def load(
+    agents: int, seconds: float, warmup: float, profile: str = "", tree: str = ""
+) -> dict[str, float]:
+    data_dir = tempfile.mkdtemp(prefix="agentloop-load-")
+    server, address, lag_file = await start_server(data_dir, profile, tree)
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            drivers = [Driver(channel, f"load-{i}") for i in range(agents)]
+            for chunk in range(0, agents, 100):
+                await asyncio.gather(*(d.create() for d in drivers[chunk : chunk + 100]))
+            began = time.perf_counter()
+            until = began + warmup + seconds
+            tasks = [asyncio.ensure_future(d.run(until)) for d in drivers]
+            await asyncio.sleep(warmup)
+            window_start, mono_start = time.perf_counter(), time.monotonic()
+            cpu_before = cpu_seconds(server.pid)
+            await asyncio.sleep(seconds)
+            cpu = cpu_seconds(server.pid) - cpu_before
+            window_end, mono_end = time.perf_counter(), time.monotonic()
+            rss = rss_mb(server.pid)
+            await asyncio.gather(*tasks)
+    finally:
+        server.terminate()
+        await asyncio.wait_for(server.wait(), 60)
+    stall = worst_stall(lag_file, mono_start, mono_end)
+    shutil.rmtree(data_dir, ignore_errors=True)
+    ended = [(s, e) for d in drivers for s, e in d.done if window_start <= e <= window_end]
+    latencies = sorted(e - s for s, e in ended) or [0.0]  # turns that ended in the window
+    turns = max(1, len(ended))
+    elapsed = window_end - window_start
+    return {
+        "turns": len(ended),
+        "turns_per_s": len(ended) / elapsed,
+        "cpu_us": cpu / turns * 1e6,
+        "p50": statistics.median(latencies),
+        "p99": latencies[int(0.99 * (len(latencies) - 1))],
+        "max": latencies[-1],
+        "stall": stall,
+        "rss": rss,
+    }
+
+
+async def in_process(turns: int) -> tuple[float, float]:
+    """µs per independent in-process turn: (memory store, SQLite store)."""
+    with tempfile.TemporaryDirectory() as data_dir:
+        memory = await store_turns("memory", data_dir, turns)
+        sqlite = await store_turns("sqlite", data_dir, turns)
+    return memory, sqlite
+
+
+async def bench(counts: list[int], seconds: float, profile_dir: str) -> None:
+    print(f"load benchmark · Python {sys.version.split()[0]} · {os.cpu_count()} cores")
+    refs = [await in_process(300)]
+    results = {}
+    for n in counts:
+        window = seconds if n < 1000 else max(seconds / 2, 5.0)
+        profile = f"{profile_dir}/server-{n}.prof" if profile_dir else ""
+        results[n] = await load(n, window, warmup=2.0 if n < 1000 else 5.0, profile=profile)
+    refs.append(await in_process(300))
+    memory = statistics.median(r[0] for r in refs)
+    sqlite = statistics.median(r[1] for r in refs)
+    print("in process, median of before and after the load (independent turns)")
+    line("memory store", f"{memory:,.0f} µs/turn", "")
+    line("SQLite store (the server's default)", f"{sqlite:,.0f} µs/turn", "")
+    for n, r in results.items():
+        print(f"{n} agent(s) over gRPC, each with its own event stream (server on its defaults)")
+        line("turns completed in the window", f"{r['turns']:,.0f}", "")
+        line("turns per second", f"{r['turns_per_s']:,.0f}", "")
+        line("server CPU per turn", f"{r['cpu_us']:,.0f} µs", "")
+        line("  / in-process turn (memory store)", f"{r['cpu_us'] / memory:.2f}×",
+             "≤ 2× at 100 agents" if n == 100 else "")  # fmt: skip
+        line("SendMessage → turn_end p50", f"{r['p50'] * 1e3:,.2f} ms", "")
+        if n == 1:
+            line("  p50 / in-process turn (memory store)", f"{r['p50'] * 1e6 / memory:.2f}×",
+                 "≤ 3×")  # fmt: skip
+        line("SendMessage → turn_end p99", f"{r['p99'] * 1e3:,.2f} ms", "")
+        line("  p99 / p50", f"{r['p99'] / r['p50']:.2f}×" if r["p50"] else "-", "≤ 5×")
+        line("SendMessage → turn_end max", f"{r['max'] * 1e3:,.2f} ms", "")
+        line("longest event-loop stall in the server", f"{r['stall'] * 1e3:,.1f} ms", "≤ 50 ms")
+        line("server RSS", f"{r['rss']:,.0f} MB", "")
+
+
+async def compare(counts: list[int], seconds: float, baseline: str, repeat: int) -> None:
+    """This checkout's server against `baseline`'s, interleaved, medians of `repeat` rounds."""
+    print(f"load A/B · baseline {baseline} · {repeat} interleaved rounds · medians")
+    keys = ("turns_per_s", "cpu_us", "p50", "p99", "max", "stall", "rss")
+    for n in counts:
+        runs: dict[str, list[dict[str, float]]] = {"baseline": [], "this": []}
+        for _ in range(repeat):
+            runs["baseline"].append(await load(n, seconds, 2.0, tree=baseline))
+            runs["this"].append(await load(n, seconds, 2.0))
+        print(f"{n} agent(s)        " + "".join(f"{k:>12}" for k in keys))
+        med = {
+            who: {k: statistics.median(r[k] for r in rs) for k in keys} for who, rs in runs.items()
+        }
+        for who, m in med.items():
+            print(f"  {who:<16}" + "".join(f"{m[k]:>12.4g}" for k in keys))
+        ratios = [
+            statistics.median(b[k] and t[k] / b[k] for b, t in zip(*runs.values(), strict=True))
+            for k in keys
+        ]
+        print(f"  {'this / baseline':<16}" + "".join(f"{r:>12.2f}" for r in ratios))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--agents", default="1,10,100,1000", help="comma-separated counts")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measuring window per count")
+    parser.add_argument("--profile", default="", help="directory for a cProfile of each server")
+    parser.add_argument("--baseline", default="", help="another checkout: A/B against its server")
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds of the A/B")
+    args = parser.parse_args()
+    counts = [int(n) for n in args.agents.split(",")]
+    if args.baseline:
+        asyncio.run(compare(counts, args.seconds, args.baseline, args.repeat))
+    else:
+        asyncio.run(bench(counts, args.seconds, args.profile))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""Run `python -m server` with a bench-only event-loop stall probe (and optionally cProfile).
+
+    python -m bench.server_probe --lag-file PATH [--profile PATH] -- <server arguments>
+
+The probe is a task on the server's own loop: it sleeps 5 ms at a time and records how
+late each wake-up was; every 0.25 s it appends "<monotonic> <worst lateness>" to the lag
+file, so a benchmark can take the worst stall within its measuring window. The server
+itself is unchanged: this wraps `asyncio.run` before calling its entry point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import sys
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+TICK = 0.005
+REPORT = 0.25
+
+
+async def probe(path: str) -> None:
+    with open(path, "a", buffering=1) as out:  # noqa: ASYNC230 - one line per 0.25 s
+        worst = 0.0
+        reported = time.monotonic()
+        while True:
+            due = time.perf_counter() + TICK
+            await asyncio.sleep(TICK)
+            worst = max(worst, time.perf_counter() - due)
+            now = time.monotonic()
+            if now - reported >= REPORT:
+                out.write(f"{now:.3f} {worst:.5f}\n")
+                worst, reported = 0.0, now
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lag-file", required=True)
+    parser.add_argument("--profile", default="")
+    parser.add_argument("server_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    run = asyncio.run
+
+    def wrapped_run(main: Coroutine[Any, Any, int], **kwargs: Any) -> int:
+        async def with_probe() -> int:
+            task = asyncio.get_running_loop().create_task(probe(args.lag_file))
+            try:
+                return await main
+            finally:
+                task.cancel()
+
+        return run(with_probe(), **kwargs)
+
+    asyncio.run = wrapped_run  # type: ignore[assignment]
+    from server.__main__ import main as server_main
+
+    argv = [a for a in args.server_args if a != "--"]
+    if not args.profile:
+        return server_main(argv)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        return server_main(argv)
+    finally:
+        profiler.disable()
+        profiler.dump_stats(args.profile)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
