@@ -38,6 +38,13 @@ ROOT = str(Path(__file__).resolve().parent.parent)
 PROBE = str(Path(__file__).with_name("server_probe.py"))
 
 
+def main_thread_seconds(pid: int) -> float:
+    """CPU time of the server's main thread (its event loop), not gRPC's own threads."""
+    with open(f"/proc/{pid}/task/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Driver:
     """One agent, one event stream, the workload in a loop."""
 
@@ -46,6 +53,7 @@ class Driver:
         self.factory = fac_rpc.AgentFactoryServiceStub(channel)
         self.agent_id = agent_id
         self.done: list[tuple[float, float]] = []  # (sent, ended) in perf_counter time
+        self.responses = 0  # stream responses read
 
     async def create(self) -> None:
         await self.factory.CreateAgent(
@@ -64,6 +72,7 @@ class Driver:
                 accepted = await self.agents.SendMessage(request)
                 while True:  # until a turn ends after the message was accepted
                     batch = await reader.__anext__()
+                    self.responses += 1
                     if any(
                         e.HasField("turn_end") and e.seq >= accepted.next_seq for e in batch.events
                     ):
@@ -94,13 +103,17 @@ async def start_server(
     return server, address, lag_file
 
 
-def worst_stall(lag_file: Path, start: float, end: float) -> float:
-    worst = 0.0
+def worst_stall(lag_file: Path, start: float, end: float) -> tuple[float, float, float]:
+    """The longest loop stall, the longest GC pause and the full collections in the window."""
+    worst = pause = 0.0
+    full = []
     for row in lag_file.read_text().splitlines():
-        at, lag = map(float, row.split())
+        at, lag, *gcs = map(float, row.split())
         if start <= at <= end + 0.3:
             worst = max(worst, lag)
-    return worst
+            pause = max(pause, *gcs[1::2])
+            full.append(gcs[4])
+    return worst, pause, (full[-1] - full[0]) if full else 0.0
 
 
 async def load(
@@ -118,16 +131,19 @@ async def load(
             tasks = [asyncio.ensure_future(d.run(until)) for d in drivers]
             await asyncio.sleep(warmup)
             window_start, mono_start = time.perf_counter(), time.monotonic()
-            cpu_before = cpu_seconds(server.pid)
+            responses = sum(d.responses for d in drivers)
+            cpu_before, main_before = cpu_seconds(server.pid), main_thread_seconds(server.pid)
             await asyncio.sleep(seconds)
             cpu = cpu_seconds(server.pid) - cpu_before
+            main = main_thread_seconds(server.pid) - main_before
             window_end, mono_end = time.perf_counter(), time.monotonic()
             rss = rss_mb(server.pid)
+            responses = sum(d.responses for d in drivers) - responses
             await asyncio.gather(*tasks)
     finally:
         server.terminate()
         await asyncio.wait_for(server.wait(), 60)
-    stall = worst_stall(lag_file, mono_start, mono_end)
+    stall, gc_pause, full_gcs = worst_stall(lag_file, mono_start, mono_end)
     shutil.rmtree(data_dir, ignore_errors=True)
     ended = [(s, e) for d in drivers for s, e in d.done if window_start <= e <= window_end]
     latencies = sorted(e - s for s, e in ended) or [0.0]  # turns that ended in the window
@@ -137,10 +153,14 @@ async def load(
         "turns": len(ended),
         "turns_per_s": len(ended) / elapsed,
         "cpu_us": cpu / turns * 1e6,
+        "loop_share": main / cpu if cpu else 0.0,
+        "responses": responses / turns,
         "p50": statistics.median(latencies),
         "p99": latencies[int(0.99 * (len(latencies) - 1))],
         "max": latencies[-1],
         "stall": stall,
+        "gc_pause": gc_pause,
+        "full_gcs": full_gcs,
         "rss": rss,
     }
 
@@ -170,8 +190,10 @@ async def bench(counts: list[int], seconds: float, profile_dir: str) -> None:
     for n, r in results.items():
         print(f"{n} agent(s) over gRPC, each with its own event stream (server on its defaults)")
         line("turns completed in the window", f"{r['turns']:,.0f}", "")
+        line("stream responses per turn", f"{r['responses']:.1f}", "")
         line("turns per second", f"{r['turns_per_s']:,.0f}", "")
         line("server CPU per turn", f"{r['cpu_us']:,.0f} µs", "")
+        line("  share of the event-loop thread", f"{r['loop_share']:.0%}", "")
         line("  / in-process turn (memory store)", f"{r['cpu_us'] / memory:.2f}×",
              "≤ 2× at 100 agents" if n == 100 else "")  # fmt: skip
         line("SendMessage → turn_end p50", f"{r['p50'] * 1e3:,.2f} ms", "")
@@ -182,13 +204,15 @@ async def bench(counts: list[int], seconds: float, profile_dir: str) -> None:
         line("  p99 / p50", f"{r['p99'] / r['p50']:.2f}×" if r["p50"] else "-", "≤ 5×")
         line("SendMessage → turn_end max", f"{r['max'] * 1e3:,.2f} ms", "")
         line("longest event-loop stall in the server", f"{r['stall'] * 1e3:,.1f} ms", "≤ 50 ms")
+        line("  longest GC pause in it", f"{r['gc_pause'] * 1e3:,.1f} ms", "")
+        line("  full collections in the window", f"{r['full_gcs']:,.0f}", "")
         line("server RSS", f"{r['rss']:,.0f} MB", "")
 
 
 async def compare(counts: list[int], seconds: float, baseline: str, repeat: int) -> None:
     """This checkout's server against `baseline`'s, interleaved, medians of `repeat` rounds."""
     print(f"load A/B · baseline {baseline} · {repeat} interleaved rounds · medians")
-    keys = ("turns_per_s", "cpu_us", "p50", "p99", "max", "stall", "rss")
+    keys = ("turns_per_s", "cpu_us", "loop_share", "p50", "p99", "max", "stall", "gc_pause", "rss")
     for n in counts:
         runs: dict[str, list[dict[str, float]]] = {"baseline": [], "this": []}
         for _ in range(repeat):

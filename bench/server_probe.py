@@ -3,9 +3,11 @@
     python -m bench.server_probe --lag-file PATH [--profile PATH] -- <server arguments>
 
 The probe is a task on the server's own loop: it sleeps 5 ms at a time and records how
-late each wake-up was; every 0.25 s it appends "<monotonic> <worst lateness>" to the lag
-file, so a benchmark can take the worst stall within its measuring window. The server
-itself is unchanged: this wraps `asyncio.run` before calling its entry point.
+late each wake-up was. Every 0.25 s it appends a line to the lag file: the monotonic
+time, the worst lateness since the last line, then per GC generation the collections
+so far and the longest pause since the last line; a benchmark takes the worst within
+its measuring window. The server itself is unchanged: this wraps `asyncio.run` before
+calling its entry point.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import sys
 import time
 from collections.abc import Coroutine
@@ -22,7 +25,26 @@ TICK = 0.005
 REPORT = 0.25
 
 
+class GcPauses:
+    """The longest collection per generation (gc.callbacks), reported with the lag."""
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.worst = [0.0, 0.0, 0.0]
+        self.count = [0, 0, 0]
+        gc.callbacks.append(self.callback)
+
+    def callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+            return
+        generation = info["generation"]
+        self.count[generation] += 1
+        self.worst[generation] = max(self.worst[generation], time.perf_counter() - self.started)
+
+
 async def probe(path: str) -> None:
+    pauses = GcPauses()
     with open(path, "a", buffering=1) as out:  # noqa: ASYNC230 - one line per 0.25 s
         worst = 0.0
         reported = time.monotonic()
@@ -32,7 +54,11 @@ async def probe(path: str) -> None:
             worst = max(worst, time.perf_counter() - due)
             now = time.monotonic()
             if now - reported >= REPORT:
-                out.write(f"{now:.3f} {worst:.5f}\n")
+                gcs = " ".join(
+                    f"{n} {w:.5f}" for n, w in zip(pauses.count, pauses.worst, strict=True)
+                )
+                out.write(f"{now:.3f} {worst:.5f} {gcs}\n")
+                pauses.worst = [0.0, 0.0, 0.0]
                 worst, reported = 0.0, now
 
 

@@ -229,9 +229,7 @@ class AgentServicer(rpc.AgentServiceServicer):
         live: deque[ae.AgentEvent] = deque(maxlen=LIVE_EVENT_BUFFER)
 
         def on_live(event: ae.AgentEvent) -> None:
-            copy = ae.AgentEvent()
-            copy.CopyFrom(event)
-            live.append(copy)
+            live.append(event)  # never changed once emitted; the response copies it anyway
             session.wake_waiters()
 
         unsubscribe = agent.subscribe(on_live) if agent is not None else None
