@@ -83,13 +83,13 @@ class Driver:
 
 
 async def start_server(
-    data_dir: str, profile: str, tree: str
+    data_dir: str, profile: str, tree: str, uvloop: bool = False
 ) -> tuple[asyncio.subprocess.Process, str, Path]:
     address = f"127.0.0.1:{free_port()}"
     lag_file = Path(data_dir) / "lag.txt"
     config = Path(data_dir) / "config.yaml"
     config.write_text("agents: []\n")  # the defaults without the sample agent (maxAgents)
-    extra = ["--profile", profile] if profile else []
+    extra = (["--profile", profile] if profile else []) + (["--uvloop"] if uvloop else [])
     tree = tree or ROOT  # or another checkout's server
     env = dict(os.environ, PYTHONPATH=tree)
     server = await asyncio.create_subprocess_exec(
@@ -117,10 +117,15 @@ def worst_stall(lag_file: Path, start: float, end: float) -> tuple[float, float,
 
 
 async def load(
-    agents: int, seconds: float, warmup: float, profile: str = "", tree: str = ""
+    agents: int,
+    seconds: float,
+    warmup: float,
+    profile: str = "",
+    tree: str = "",
+    uvloop: bool = False,
 ) -> dict[str, float]:
     data_dir = tempfile.mkdtemp(prefix="agentloop-load-")
-    server, address, lag_file = await start_server(data_dir, profile, tree)
+    server, address, lag_file = await start_server(data_dir, profile, tree, uvloop)
     try:
         async with grpc.aio.insecure_channel(address) as channel:
             drivers = [Driver(channel, f"load-{i}") for i in range(agents)]
@@ -210,14 +215,19 @@ async def bench(counts: list[int], seconds: float, profile_dir: str) -> None:
 
 
 async def compare(counts: list[int], seconds: float, baseline: str, repeat: int) -> None:
-    """This checkout's server against `baseline`'s, interleaved, medians of `repeat` rounds."""
+    """This checkout's server against `baseline`'s, interleaved, medians of `repeat` rounds.
+
+    `baseline` "uvloop" compares this checkout on uvloop against it on asyncio's loop.
+    """
     print(f"load A/B · baseline {baseline} · {repeat} interleaved rounds · medians")
+    on_uvloop = baseline == "uvloop"
+    baseline = "" if on_uvloop else baseline
     keys = ("turns_per_s", "cpu_us", "loop_share", "p50", "p99", "max", "stall", "gc_pause", "rss")
     for n in counts:
         runs: dict[str, list[dict[str, float]]] = {"baseline": [], "this": []}
         for _ in range(repeat):
             runs["baseline"].append(await load(n, seconds, 2.0, tree=baseline))
-            runs["this"].append(await load(n, seconds, 2.0))
+            runs["this"].append(await load(n, seconds, 2.0, uvloop=on_uvloop))
         print(f"{n} agent(s)        " + "".join(f"{k:>12}" for k in keys))
         med = {
             who: {k: statistics.median(r[k] for r in rs) for k in keys} for who, rs in runs.items()
@@ -236,7 +246,11 @@ def main() -> None:
     parser.add_argument("--agents", default="1,10,100,1000", help="comma-separated counts")
     parser.add_argument("--seconds", type=float, default=10.0, help="measuring window per count")
     parser.add_argument("--profile", default="", help="directory for a cProfile of each server")
-    parser.add_argument("--baseline", default="", help="another checkout: A/B against its server")
+    parser.add_argument(
+        "--baseline",
+        default="",
+        help="another checkout: A/B against its server ('uvloop': this one on uvloop vs not)",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds of the A/B")
     args = parser.parse_args()
     counts = [int(n) for n in args.agents.split(",")]

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import cProfile
 import gc
+import importlib
 import sys
 import time
 from collections.abc import Coroutine
@@ -66,6 +67,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lag-file", required=True)
     parser.add_argument("--profile", default="")
+    parser.add_argument("--uvloop", action="store_true", help="run the server on uvloop")
     parser.add_argument("server_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     run = asyncio.run
@@ -78,6 +80,10 @@ def main() -> int:
             finally:
                 task.cancel()
 
+        if args.uvloop:
+            uvloop = importlib.import_module("uvloop")  # optional: not a dependency
+            result: int = uvloop.run(with_probe(), **kwargs)
+            return result
         return run(with_probe(), **kwargs)
 
     asyncio.run = wrapped_run  # type: ignore[assignment]

@@ -3,8 +3,7 @@
 Two habits of long-running CPython servers:
 - After start-up, `gc.freeze()` moves every object alive then (modules, descriptors,
   the gRPC machinery) out of the collector's generations, so a full collection no
-  longer walks them: fewer and shorter pauses under load. A larger young-generation
-  threshold then makes collections rarer.
+  longer walks them: fewer and shorter pauses under load.
 - When agents go away, the memory they used is free for Python but glibc keeps the
   pages; `malloc_trim(0)` returns them to the system, so the resident size follows
   the live agents down. It runs on a worker thread, at most once per `TRIM_INTERVAL`.
@@ -38,18 +37,10 @@ def _load_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
 _TRIM = _load_trim()
 
 
-GC_THRESHOLD = (10_000, 2, 10)
-"""Young collections every 10,000 net allocations, not 700: a turn allocates thousands of
-short-lived containers (events, tasks, futures), so the default ran several per turn.
-The middle generation is kept small (every 2nd young collection) so that no collection
-walks many objects: a pause stays a few milliseconds (measured by bench.load_bench)."""
-
-
 def freeze_startup_heap() -> None:
-    """Collect once, exempt everything alive now from later collections, collect less often."""
+    """Collect once, then exempt everything alive now from later collections."""
     gc.collect()
     gc.freeze()
-    gc.set_threshold(*GC_THRESHOLD)
 
 
 class Trimmer:
