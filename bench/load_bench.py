@@ -206,14 +206,16 @@ async def in_process(turns: int) -> dict[str, float]:
     }
 
 
-async def bench(counts: list[int], seconds: float, profile_dir: str) -> None:
-    print(f"load benchmark · Python {sys.version.split()[0]} · {os.cpu_count()} cores")
+async def bench(counts: list[int], seconds: float, profile_dir: str, tree: str = "") -> None:
+    print(f"load benchmark · Python {sys.version.split()[0]} · {os.cpu_count()} cores"
+          f" · server of {tree or ROOT}")  # fmt: skip
     refs = [await in_process(300)]
     results = {}
     for n in counts:
         window = seconds if n < 1000 else max(seconds / 2, 5.0)
         profile = f"{profile_dir}/server-{n}.prof" if profile_dir else ""
-        results[n] = await load(n, window, warmup=2.0 if n < 1000 else 5.0, profile=profile)
+        warmup = 2.0 if n < 1000 else 5.0
+        results[n] = await load(n, window, warmup, profile=profile, tree=tree)
         refs.append(await in_process(300))  # interleaved: the machine may be shared
     ref = {k: statistics.median(r[k] for r in refs) for k in refs[0]}
     print(f"in process, independent turns (median of {len(refs)}, one before and one after"
@@ -284,12 +286,13 @@ def main() -> None:
         help="another checkout: A/B against its server ('uvloop': this one on uvloop vs not)",
     )
     parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds of the A/B")
+    parser.add_argument("--tree", default="", help="run the server of another checkout")
     args = parser.parse_args()
     counts = [int(n) for n in args.agents.split(",")]
     if args.baseline:
         asyncio.run(compare(counts, args.seconds, args.baseline, args.repeat))
     else:
-        asyncio.run(bench(counts, args.seconds, args.profile))
+        asyncio.run(bench(counts, args.seconds, args.profile, args.tree))
 
 
 if __name__ == "__main__":
