@@ -84,6 +84,8 @@ bench: $(VENV)/.installed ## Run the performance benchmarks and print their figu
 	$(PY) -m bench.loop_bench
 	$(PY) -m bench.plugin_bench
 	$(PY) -m bench.telemetry_bench
+	$(PY) -m bench.load_bench --seconds 6
+	$(PY) -m bench.cluster_bench --kills 20
 
 clean: ## Remove the virtualenv and caches.
 	rm -rf $(VENV) node_modules $(NODE_CLIENT)/node_modules $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist .mypy_cache .ruff_cache .pytest_cache

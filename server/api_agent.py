@@ -243,11 +243,9 @@ class AgentServicer(rpc.AgentServiceServicer):
         dropped = [0]  # live events pushed out of the full buffer since the last batch
 
         def on_live(event: ae.AgentEvent) -> None:
-            copy = ae.AgentEvent()
-            copy.CopyFrom(event)
             if len(live) == live.maxlen:
                 dropped[0] += 1  # the append below pushes out the oldest
-            live.append(copy)
+            live.append(event)  # never changed once emitted; the response copies it anyway
             session.wake_waiters()
 
         unsubscribe = agent.subscribe(on_live) if agent is not None else None

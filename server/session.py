@@ -204,7 +204,9 @@ class SessionLog:
     async def settle(self) -> None:
         """Wait until everything so far is stored; raises the store's refusal, if any."""
         if self.journal is not None:
-            await asyncio.shield(self.journal.sync())
+            stored = self.journal.sync()
+            if not stored.done():  # nothing pending: no shield, no task switch
+                await asyncio.shield(stored)
         if self.failure is not None:
             raise self.failure
 

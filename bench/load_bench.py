@@ -1,0 +1,299 @@
+"""Many agents at once over gRPC: throughput, server CPU per turn, tail latency, stalls.
+
+    python -m bench.load_bench [--agents 1,10,100,1000] [--seconds S] [--profile DIR]
+
+For each N a fresh server process runs on its defaults (durable SQLite in a temporary
+directory). N clients (one process, one channel) each create an agent, follow its
+session with `StreamSessionEvents` and loop the benchmark workload: SendMessage, then
+wait for that turn's `turn_end` on the stream. After a warm-up, a window of S seconds
+is measured: turns completed, the server's CPU time from /proc (µs per turn),
+SendMessage → turn_end p50/p99/max, the longest event-loop stall measured inside the
+server (bench/server_probe.py), and the server's RSS. The in-process turn (memory store
+and SQLite; wall and CPU time; measured in this run before and after each load, median)
+is the reference of the ratios: server CPU against in-process CPU, latency against wall
+time. Figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+from agentloop.v1 import agent_factory_service_pb2 as fac
+from agentloop.v1 import agent_factory_service_pb2_grpc as fac_rpc
+from agentloop.v1 import agent_service_pb2 as api
+from agentloop.v1 import agent_service_pb2_grpc as api_rpc
+from bench.loop_bench import OPTIONS, free_port, line, one_turn
+from bench.soak_bench import cpu_seconds, rss_mb
+from server.app import build_runtime
+from server.config import Config
+from server.factory import AgentFactory
+
+ROOT = str(Path(__file__).resolve().parent.parent)
+PROBE = str(Path(__file__).with_name("server_probe.py"))
+
+
+def main_thread_seconds(pid: int) -> float:
+    """CPU time of the server's main thread (its event loop), not gRPC's own threads."""
+    with open(f"/proc/{pid}/task/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Driver:
+    """One agent, one event stream, the workload in a loop."""
+
+    def __init__(self, channel: grpc.aio.Channel, agent_id: str) -> None:
+        self.agents = api_rpc.AgentServiceStub(channel)
+        self.factory = fac_rpc.AgentFactoryServiceStub(channel)
+        self.agent_id = agent_id
+        self.done: list[tuple[float, float]] = []  # (sent, ended) in perf_counter time
+        self.responses = 0  # stream responses read
+
+    async def create(self) -> None:
+        await self.factory.CreateAgent(
+            fac.CreateAgentRequest(agent_id=self.agent_id, options=OPTIONS)
+        )
+
+    async def run(self, until: float) -> None:
+        stream = self.agents.StreamSessionEvents(
+            api.StreamSessionEventsRequest(agent_id=self.agent_id)
+        )
+        request = api.SendMessageRequest(agent_id=self.agent_id, text="count these words")
+        try:
+            reader = stream.__aiter__()
+            while time.perf_counter() < until:
+                sent = time.perf_counter()
+                accepted = await self.agents.SendMessage(request)
+                while True:  # until a turn ends after the message was accepted
+                    batch = await reader.__anext__()
+                    self.responses += 1
+                    if any(
+                        e.HasField("turn_end") and e.seq >= accepted.next_seq for e in batch.events
+                    ):
+                        break
+                self.done.append((sent, time.perf_counter()))
+        finally:
+            stream.cancel()
+
+
+async def start_server(
+    data_dir: str, profile: str, tree: str, uvloop: bool = False
+) -> tuple[asyncio.subprocess.Process, str, Path]:
+    address = f"127.0.0.1:{free_port()}"
+    lag_file = Path(data_dir) / "lag.txt"
+    config = Path(data_dir) / "config.yaml"
+    config.write_text("agents: []\n")  # the defaults without the sample agent (maxAgents)
+    extra = (["--profile", profile] if profile else []) + (["--uvloop"] if uvloop else [])
+    tree = tree or ROOT  # or another checkout's server
+    env = dict(os.environ, PYTHONPATH=tree)
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, PROBE, "--lag-file", str(lag_file), *extra, "--",
+        "--config", str(config), "--listen", address, "--data-dir", data_dir,
+        "--log-level", "WARNING",
+        stdout=asyncio.subprocess.PIPE, env=env, cwd=tree,
+    )  # fmt: skip
+    assert server.stdout is not None
+    await server.stdout.readline()  # "agentloop listening on ..."
+    return server, address, lag_file
+
+
+def worst_stall(lag_file: Path, start: float, end: float) -> tuple[float, float, float]:
+    """The longest loop stall, the longest GC pause and the full collections in the window."""
+    worst = pause = 0.0
+    full = []
+    for row in lag_file.read_text().splitlines():
+        at, lag, *gcs = map(float, row.split())
+        if start <= at <= end + 0.3:
+            worst = max(worst, lag)
+            pause = max(pause, *gcs[1::2])
+            full.append(gcs[4])
+    return worst, pause, (full[-1] - full[0]) if full else 0.0
+
+
+async def load(
+    agents: int,
+    seconds: float,
+    warmup: float,
+    profile: str = "",
+    tree: str = "",
+    uvloop: bool = False,
+) -> dict[str, float]:
+    data_dir = tempfile.mkdtemp(prefix="agentloop-load-")
+    server, address, lag_file = await start_server(data_dir, profile, tree, uvloop)
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            drivers = [Driver(channel, f"load-{i}") for i in range(agents)]
+            for chunk in range(0, agents, 100):
+                await asyncio.gather(*(d.create() for d in drivers[chunk : chunk + 100]))
+            began = time.perf_counter()
+            until = began + warmup + seconds
+            tasks = [asyncio.ensure_future(d.run(until)) for d in drivers]
+            await asyncio.sleep(warmup)
+            window_start, mono_start = time.perf_counter(), time.monotonic()
+            responses = sum(d.responses for d in drivers)
+            cpu_before, main_before = cpu_seconds(server.pid), main_thread_seconds(server.pid)
+            await asyncio.sleep(seconds)
+            cpu = cpu_seconds(server.pid) - cpu_before
+            main = main_thread_seconds(server.pid) - main_before
+            window_end, mono_end = time.perf_counter(), time.monotonic()
+            rss = rss_mb(server.pid)
+            responses = sum(d.responses for d in drivers) - responses
+            await asyncio.gather(*tasks)
+    finally:
+        server.terminate()
+        await asyncio.wait_for(server.wait(), 60)
+    stall, gc_pause, full_gcs = worst_stall(lag_file, mono_start, mono_end)
+    shutil.rmtree(data_dir, ignore_errors=True)
+    ended = [(s, e) for d in drivers for s, e in d.done if window_start <= e <= window_end]
+    latencies = sorted(e - s for s, e in ended) or [0.0]  # turns that ended in the window
+    turns = max(1, len(ended))
+    elapsed = window_end - window_start
+    return {
+        "turns": len(ended),
+        "turns_per_s": len(ended) / elapsed,
+        "cpu_us": cpu / turns * 1e6,
+        "loop_share": main / cpu if cpu else 0.0,
+        "responses": responses / turns,
+        "p50": statistics.median(latencies),
+        "p99": latencies[int(0.99 * (len(latencies) - 1))],
+        "max": latencies[-1],
+        "stall": stall,
+        "gc_pause": gc_pause,
+        "full_gcs": full_gcs,
+        "rss": rss,
+    }
+
+
+async def in_process_turn(store: str, turns: int) -> tuple[float, float]:
+    """(wall µs, CPU µs) per independent in-process turn on `store` (as loop_bench's)."""
+    with tempfile.TemporaryDirectory() as data_dir:
+        runtime = build_runtime(Config(store=store, data_dir=data_dir))
+        factory = AgentFactory(runtime)
+        warm = await factory.create("warm", OPTIONS)
+        for _ in range(20):
+            await one_turn(warm)
+        agents = [await factory.create(f"{store}-{i}", OPTIONS) for i in range(turns)]
+        gc.collect()
+        wall, cpu = time.perf_counter(), time.process_time()
+        for agent in agents:
+            await one_turn(agent)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        await factory.close()
+        await runtime.store.close()
+    return wall / turns * 1e6, cpu / turns * 1e6
+
+
+async def in_process(turns: int) -> dict[str, float]:
+    """The in-process references: memory and SQLite stores, wall time and CPU time."""
+    memory_wall, memory_cpu = await in_process_turn("memory", turns)
+    sqlite_wall, sqlite_cpu = await in_process_turn("sqlite", turns)
+    return {
+        "memory_wall": memory_wall,
+        "memory_cpu": memory_cpu,
+        "sqlite_wall": sqlite_wall,
+        "sqlite_cpu": sqlite_cpu,
+    }
+
+
+async def bench(counts: list[int], seconds: float, profile_dir: str, tree: str = "") -> None:
+    print(f"load benchmark · Python {sys.version.split()[0]} · {os.cpu_count()} cores"
+          f" · server of {tree or ROOT}")  # fmt: skip
+    refs = [await in_process(300)]
+    results = {}
+    for n in counts:
+        window = seconds if n < 1000 else max(seconds / 2, 5.0)
+        profile = f"{profile_dir}/server-{n}.prof" if profile_dir else ""
+        warmup = 2.0 if n < 1000 else 5.0
+        results[n] = await load(n, window, warmup, profile=profile, tree=tree)
+        refs.append(await in_process(300))  # interleaved: the machine may be shared
+    ref = {k: statistics.median(r[k] for r in refs) for k in refs[0]}
+    print(f"in process, independent turns (median of {len(refs)}, one before and one after"
+          " each load)")  # fmt: skip
+    line("memory store: wall / CPU", f"{ref['memory_wall']:,.0f} / {ref['memory_cpu']:,.0f} µs",
+         "")  # fmt: skip
+    line("SQLite store (the server's default): wall / CPU",
+         f"{ref['sqlite_wall']:,.0f} / {ref['sqlite_cpu']:,.0f} µs", "")  # fmt: skip
+    for n, r in results.items():
+        print(f"{n} agent(s) over gRPC, each with its own event stream (server on its defaults)")
+        line("turns completed in the window", f"{r['turns']:,.0f}", "")
+        line("stream responses per turn", f"{r['responses']:.1f}", "")
+        line("turns per second", f"{r['turns_per_s']:,.0f}", "")
+        line("server CPU per turn", f"{r['cpu_us']:,.0f} µs", "")
+        line("  share of the event-loop thread", f"{r['loop_share']:.0%}", "")
+        to_memory, to_sqlite = r["cpu_us"] / ref["memory_cpu"], r["cpu_us"] / ref["sqlite_cpu"]
+        line("  / in-process CPU per turn (memory store)", f"{to_memory:.2f}×",
+             "≤ 2× at 100 agents" if n == 100 else "")  # fmt: skip
+        line("  / in-process CPU per turn (SQLite store)", f"{to_sqlite:.2f}×", "")
+        line("SendMessage → turn_end p50", f"{r['p50'] * 1e3:,.2f} ms", "")
+        if n == 1:
+            line("  p50 / in-process turn (memory store, wall)",
+                 f"{r['p50'] * 1e6 / ref['memory_wall']:.2f}×", "≤ 3×")  # fmt: skip
+        line("SendMessage → turn_end p99", f"{r['p99'] * 1e3:,.2f} ms", "")
+        line("  p99 / p50", f"{r['p99'] / r['p50']:.2f}×" if r["p50"] else "-", "≤ 5×")
+        line("SendMessage → turn_end max", f"{r['max'] * 1e3:,.2f} ms", "")
+        line("longest event-loop stall in the server", f"{r['stall'] * 1e3:,.1f} ms", "≤ 50 ms")
+        line("  longest GC pause in it", f"{r['gc_pause'] * 1e3:,.1f} ms", "")
+        line("  full collections in the window", f"{r['full_gcs']:,.0f}", "")
+        line("server RSS", f"{r['rss']:,.0f} MB", "")
+
+
+async def compare(counts: list[int], seconds: float, baseline: str, repeat: int) -> None:
+    """This checkout's server against `baseline`'s, interleaved, medians of `repeat` rounds.
+
+    `baseline` "uvloop" compares this checkout on uvloop against it on asyncio's loop.
+    """
+    print(f"load A/B · baseline {baseline} · {repeat} interleaved rounds · medians")
+    on_uvloop = baseline == "uvloop"
+    baseline = "" if on_uvloop else baseline
+    keys = ("turns_per_s", "cpu_us", "loop_share", "p50", "p99", "max", "stall", "gc_pause", "rss")
+    for n in counts:
+        runs: dict[str, list[dict[str, float]]] = {"baseline": [], "this": []}
+        for _ in range(repeat):
+            runs["baseline"].append(await load(n, seconds, 2.0, tree=baseline))
+            runs["this"].append(await load(n, seconds, 2.0, uvloop=on_uvloop))
+        print(f"{n} agent(s)        " + "".join(f"{k:>12}" for k in keys))
+        med = {
+            who: {k: statistics.median(r[k] for r in rs) for k in keys} for who, rs in runs.items()
+        }
+        for who, m in med.items():
+            print(f"  {who:<16}" + "".join(f"{m[k]:>12.4g}" for k in keys))
+        ratios = [
+            statistics.median(b[k] and t[k] / b[k] for b, t in zip(*runs.values(), strict=True))
+            for k in keys
+        ]
+        print(f"  {'this / baseline':<16}" + "".join(f"{r:>12.2f}" for r in ratios))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--agents", default="1,10,100,1000", help="comma-separated counts")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measuring window per count")
+    parser.add_argument("--profile", default="", help="directory for a cProfile of each server")
+    parser.add_argument(
+        "--baseline",
+        default="",
+        help="another checkout: A/B against its server ('uvloop': this one on uvloop vs not)",
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds of the A/B")
+    parser.add_argument("--tree", default="", help="run the server of another checkout")
+    args = parser.parse_args()
+    counts = [int(n) for n in args.agents.split(",")]
+    if args.baseline:
+        asyncio.run(compare(counts, args.seconds, args.baseline, args.repeat))
+    else:
+        asyncio.run(bench(counts, args.seconds, args.profile, args.tree))
+
+
+if __name__ == "__main__":
+    main()

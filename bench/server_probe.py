@@ -1,0 +1,105 @@
+"""Run `python -m server` with a bench-only event-loop stall probe (and optionally cProfile).
+
+    python -m bench.server_probe --lag-file PATH [--profile PATH] -- <server arguments>
+
+The probe is a task on the server's own loop: it sleeps 5 ms at a time and records how
+late each wake-up was. Every 0.25 s it appends a line to the lag file: the monotonic
+time, the worst lateness since the last line, then per GC generation the collections
+so far and the longest pause since the last line; a benchmark takes the worst within
+its measuring window. The server itself is unchanged: this wraps `asyncio.run` before
+calling its entry point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import importlib
+import sys
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+TICK = 0.005
+REPORT = 0.25
+
+
+class GcPauses:
+    """The longest collection per generation (gc.callbacks), reported with the lag."""
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.worst = [0.0, 0.0, 0.0]
+        self.count = [0, 0, 0]
+        gc.callbacks.append(self.callback)
+
+    def callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+            return
+        generation = info["generation"]
+        self.count[generation] += 1
+        self.worst[generation] = max(self.worst[generation], time.perf_counter() - self.started)
+
+
+async def probe(path: str) -> None:
+    pauses = GcPauses()
+    with open(path, "a", buffering=1) as out:  # noqa: ASYNC230 - one line per 0.25 s
+        worst = 0.0
+        reported = time.monotonic()
+        while True:
+            due = time.perf_counter() + TICK
+            await asyncio.sleep(TICK)
+            worst = max(worst, time.perf_counter() - due)
+            now = time.monotonic()
+            if now - reported >= REPORT:
+                gcs = " ".join(
+                    f"{n} {w:.5f}" for n, w in zip(pauses.count, pauses.worst, strict=True)
+                )
+                out.write(f"{now:.3f} {worst:.5f} {gcs}\n")
+                pauses.worst = [0.0, 0.0, 0.0]
+                worst, reported = 0.0, now
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lag-file", required=True)
+    parser.add_argument("--profile", default="")
+    parser.add_argument("--uvloop", action="store_true", help="run the server on uvloop")
+    parser.add_argument("server_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    run = asyncio.run
+
+    def wrapped_run(main: Coroutine[Any, Any, int], **kwargs: Any) -> int:
+        async def with_probe() -> int:
+            task = asyncio.get_running_loop().create_task(probe(args.lag_file))
+            try:
+                return await main
+            finally:
+                task.cancel()
+
+        if args.uvloop:
+            uvloop = importlib.import_module("uvloop")  # optional: not a dependency
+            result: int = uvloop.run(with_probe(), **kwargs)
+            return result
+        return run(with_probe(), **kwargs)
+
+    asyncio.run = wrapped_run  # type: ignore[assignment]
+    from server.__main__ import main as server_main
+
+    argv = [a for a in args.server_args if a != "--"]
+    if not args.profile:
+        return server_main(argv)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        return server_main(argv)
+    finally:
+        profiler.disable()
+        profiler.dump_stats(args.profile)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
