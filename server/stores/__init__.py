@@ -23,7 +23,7 @@ from typing import Protocol
 
 from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
-from server.errors import AgentLoopError, InvalidArgument
+from server.errors import AgentLoopError, InvalidArgument, SessionDamaged
 
 FIRST_SEQ = 1
 """The sequence number of a session's first event (0 never names an event)."""
@@ -275,3 +275,31 @@ def fork_boundary(
             "boundary_seq", f"event {boundary_seq} is a {kind_at}, not a turn_end"
         )
     return boundary_seq
+
+
+def decode_entry(entry_id: int, kind: str, blob: bytes) -> InboxEntry:
+    """An inbox entry from its stored row."""
+    message: ev.UserMessage | ev.ContextMessage = (
+        ev.ContextMessage.FromString(blob)
+        if kind == INBOX_CONTEXT
+        else ev.UserMessage.FromString(blob)
+    )
+    return InboxEntry(entry_id, kind, message)
+
+
+def decode_events(
+    session_id: str, start: int, rows: Sequence[tuple[int, bytes]]
+) -> list[ev.SessionEvent]:
+    """Stored (seq, bytes) rows from `start`, as events.
+
+    Raises `SessionDamaged` for a gap, or for a row that is not the event its key says.
+    """
+    events = []
+    for index, (seq, blob) in enumerate(rows, start=start):
+        if seq != index:
+            raise SessionDamaged(session_id, f"event {index} is missing")
+        event = ev.SessionEvent.FromString(blob)
+        if event.seq != seq or event.WhichOneof("payload") is None:
+            raise SessionDamaged(session_id, f"event {seq} is not a session event")
+        events.append(event)
+    return events

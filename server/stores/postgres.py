@@ -18,7 +18,6 @@ from agentloop.v1 import session_event_pb2 as ev
 from server.errors import AlreadyExists, SessionDamaged, SessionNotFound
 from server.stores import (
     FIRST_SEQ,
-    INBOX_CONTEXT,
     Commit,
     InboxEntry,
     RequestRecord,
@@ -29,6 +28,8 @@ from server.stores import (
     StoreUnavailable,
     check_fence,
     check_follows,
+    decode_entry,
+    decode_events,
     fork_boundary,
     turn_of,
 )
@@ -197,7 +198,7 @@ class PostgresStore:
                     row["kind"],
                     row["message"],
                 )
-                moved.append(_entry(start + offset, row["kind"], row["message"]))
+                moved.append(decode_entry(start + offset, row["kind"], row["message"]))
         return moved
 
     async def claim(self, session_id: str) -> int:
@@ -265,8 +266,8 @@ class PostgresStore:
         options = row["options"]
         return StoredSession(
             session_pb2.SessionHeader.FromString(row["header"]),
-            _decode(session_id, FIRST_SEQ, rows),
-            [_entry(r["entry_id"], r["kind"], r["message"]) for r in inbox],
+            decode_events(session_id, FIRST_SEQ, [(r["seq"], r["event"]) for r in rows]),
+            [decode_entry(r["entry_id"], r["kind"], r["message"]) for r in inbox],
             agent_pb2.AgentOptions.FromString(options) if options is not None else None,
         )
 
@@ -281,7 +282,7 @@ class PostgresStore:
             start,
             end,
         )
-        return _decode(session_id, start, rows)
+        return decode_events(session_id, start, [(r["seq"], r["event"]) for r in rows])
 
     async def summary(self, session_id: str) -> SessionSummary:
         """The header and counts of a session."""
@@ -427,21 +428,3 @@ async def _write(conn: Conn, session_id: str, writes: SessionWrites) -> None:
             "INSERT INTO requests VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
             [(r.agent_id, r.request_id, r.method, r.response) for r in writes.requests],
         )
-
-
-def _decode(session_id: str, start: int, rows: list[asyncpg.Record]) -> list[ev.SessionEvent]:
-    events = []
-    for index, row in enumerate(rows, start=start):
-        if row["seq"] != index:
-            raise SessionDamaged(session_id, f"event {index} is missing")
-        events.append(ev.SessionEvent.FromString(row["event"]))
-    return events
-
-
-def _entry(entry_id: int, kind: str, blob: bytes) -> InboxEntry:
-    message: ev.UserMessage | ev.ContextMessage = (
-        ev.ContextMessage.FromString(blob)
-        if kind == INBOX_CONTEXT
-        else ev.UserMessage.FromString(blob)
-    )
-    return InboxEntry(entry_id, kind, message)

@@ -35,7 +35,6 @@ from agentloop.v1 import session_event_pb2 as ev
 from server.errors import SessionDamaged, SessionNotFound
 from server.stores import (
     FIRST_SEQ,
-    INBOX_CONTEXT,
     Commit,
     InboxEntry,
     RequestRecord,
@@ -43,6 +42,8 @@ from server.stores import (
     StoreConflict,
     StoredSession,
     StoreUnavailable,
+    decode_entry,
+    decode_events,
 )
 from server.stores.sqlite_schema import FORMAT_VERSION, migrate, statements
 from server.stores.sqlite_sql import (
@@ -284,7 +285,7 @@ class SqliteStore:
 
         rows = await self._write(session_id, move)
         try:
-            return [_decode_entry(entry_id, kind, blob) for entry_id, kind, blob in rows]
+            return [decode_entry(entry_id, kind, blob) for entry_id, kind, blob in rows]
         except DecodeError as error:
             raise SessionDamaged(session_id, f"cannot decode its inbox: {error}") from error
 
@@ -335,8 +336,8 @@ class SqliteStore:
                 if options_bytes is not None
                 else None
             )
-            events = _decode_events(session_id, FIRST_SEQ, rows)
-            inbox = [_decode_entry(entry_id, kind, blob) for entry_id, kind, blob in inbox_rows]
+            events = decode_events(session_id, FIRST_SEQ, rows)
+            inbox = [decode_entry(entry_id, kind, blob) for entry_id, kind, blob in inbox_rows]
         except DecodeError as error:
             raise SessionDamaged(session_id, f"cannot decode: {error}") from error
         return StoredSession(header, events, inbox, options)
@@ -354,7 +355,7 @@ class SqliteStore:
 
         rows = await self._read(session_id, query)
         try:
-            return _decode_events(session_id, start, rows)
+            return decode_events(session_id, start, rows)
         except DecodeError as error:
             raise SessionDamaged(session_id, f"cannot decode: {error}") from error
 
@@ -392,26 +393,3 @@ class SqliteStore:
 
         found = await self._read("", query)
         return None if found is None else RequestRecord(agent_id, request_id, *found)
-
-
-def _decode_events(
-    session_id: str, start: int, rows: list[tuple[int, bytes]]
-) -> list[ev.SessionEvent]:
-    events = []
-    for index, (seq, blob) in enumerate(rows, start=start):
-        if seq != index:
-            raise SessionDamaged(session_id, f"event {index} is missing")
-        event = ev.SessionEvent.FromString(blob)
-        if event.seq != seq or event.WhichOneof("payload") is None:
-            raise SessionDamaged(session_id, f"event {seq} is not a session event")
-        events.append(event)
-    return events
-
-
-def _decode_entry(entry_id: int, kind: str, blob: bytes) -> InboxEntry:
-    message: ev.UserMessage | ev.ContextMessage = (
-        ev.ContextMessage.FromString(blob)
-        if kind == INBOX_CONTEXT
-        else ev.UserMessage.FromString(blob)
-    )
-    return InboxEntry(entry_id, kind, message)
