@@ -243,16 +243,12 @@ class SqliteStore:
         """Copy the source's events up to a `turn_end` into a new session, atomically."""
         create_ns = header.create_time.ToNanoseconds()
 
-        def copy(db: sqlite3.Connection) -> int:
-            seed = fork_copy(
-                db, source_id, boundary_seq, new_id, header.SerializeToString(), create_ns
-            )
+        def header_of(seed: int) -> bytes:
             header.seed_length = seed
-            db.execute(  # the header records its seed length: rewrite it, same transaction
-                "UPDATE sessions SET header = ? WHERE session_id = ?",
-                (header.SerializeToString(), new_id),
-            )
-            return seed
+            return header.SerializeToString()
+
+        def copy(db: sqlite3.Connection) -> int:
+            return fork_copy(db, source_id, boundary_seq, new_id, header_of, create_ns)
 
         return await self._write(source_id, copy)
 

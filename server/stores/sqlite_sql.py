@@ -9,7 +9,7 @@ writes the events and nothing else: no counter row to rewrite on every append.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -168,10 +168,14 @@ def fork_copy(
     source_id: str,
     boundary_seq: int | None,
     new_id: str,
-    header: bytes,
+    header_of: Callable[[int], bytes],
     create_ns: int,
 ) -> int:
-    """Create `new_id` with the source's events up to a `turn_end`; the seed length."""
+    """Create `new_id` with the source's events up to a `turn_end`; the seed length.
+
+    One transaction: the header (`header_of(seed length)`), the events and the options
+    land together, so a crash leaves the fork absent or whole.
+    """
     with transaction(db):
         if (
             db.execute("SELECT 1 FROM sessions WHERE session_id = ?", (source_id,)).fetchone()
@@ -191,11 +195,12 @@ def fork_copy(
         ).fetchone()[0]
         count = event_count(db, source_id)
         boundary = fork_boundary(source_id, boundary_seq, count, kind_at, last)
+        seed = boundary - FIRST_SEQ + 1
         try:
             db.execute(
                 "INSERT INTO sessions (session_id, header, create_ns, options)"
                 " SELECT ?, ?, ?, options FROM sessions WHERE session_id = ?",
-                (new_id, header, create_ns, source_id),
+                (new_id, header_of(seed), create_ns, source_id),
             )
         except sqlite3.IntegrityError:
             raise AlreadyExists(f'session "{new_id}" already exists') from None
@@ -204,7 +209,7 @@ def fork_copy(
             " WHERE session_id = ? AND seq <= ?",
             (new_id, source_id, boundary),
         )
-    return boundary - FIRST_SEQ + 1
+    return seed
 
 
 def adopt_move(
