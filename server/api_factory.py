@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -11,10 +12,19 @@ from agentloop.v1 import agent_factory_service_pb2_grpc as rpc
 from agentloop.v1 import agent_pb2
 from server import page_tokens
 from server.agent import Agent
+from server.api_forward import FORWARDED
 from server.factory import AgentFactory
 from server.status import mapped
 
 Context = grpc.aio.ServicerContext[Any, Any]
+OtherAgents = Callable[[str | None, int], Awaitable[tuple[list[agent_pb2.Agent], bool]]]
+"""The agents other replicas run with ids after a key (at most so many of each), and
+whether any of them has more."""
+
+
+def agent_key(agent: agent_pb2.Agent) -> str:
+    """The sort and page key of an agent: its id."""
+    return agent.agent_id
 
 
 def agent_message(agent: Agent) -> agent_pb2.Agent:
@@ -33,6 +43,8 @@ class AgentFactoryServicer(rpc.AgentFactoryServiceServicer):
 
     def __init__(self, factory: AgentFactory) -> None:
         self.factory = factory
+        self.elsewhere: OtherAgents | None = None
+        """Replicas: the agents the other replicas run, to list every agent from any."""
 
     @mapped
     async def CreateAgent(
@@ -76,10 +88,17 @@ class AgentFactoryServicer(rpc.AgentFactoryServiceServicer):
         """List live agents by id, a page at a time."""
         size = page_tokens.check_page_size(request.page_size, 100, 1000)
         after = page_tokens.last_key(request.page_token, "ListAgents")
-        agents = [a for a in self.factory.list_agents() if after is None or a.agent_id > after]
+        agents = [
+            agent_message(a)
+            for a in self.factory.list_agents()
+            if after is None or a.agent_id > after
+        ]
+        forwarded = any(k == FORWARDED for k, _ in context.invocation_metadata() or ())
+        remote_more = False
+        if self.elsewhere is not None and not forwarded:  # merged by id, keyset over all
+            remote, remote_more = await self.elsewhere(after, size)
+            agents = sorted([*agents, *remote], key=agent_key)
         page = agents[:size]
-        more = len(agents) > size
+        more = len(agents) > size or remote_more
         next_token = page_tokens.issue("ListAgents", page[-1].agent_id) if more else ""
-        return pb.ListAgentsResponse(
-            agents=[agent_message(a) for a in page], next_page_token=next_token
-        )
+        return pb.ListAgentsResponse(agents=page, next_page_token=next_token)

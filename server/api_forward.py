@@ -35,6 +35,9 @@ shows after at most this long; a call to a dead owner also drops its entry)."""
 
 OwnerAddress = Callable[[str], Awaitable[str | None]]
 
+ASK_TIMEOUT = 5.0
+"""Seconds a replica waits for another one it asks (a list of agents)."""
+
 
 def _agent_methods() -> dict[str, type[Message]]:
     """Each forwardable method's path and its response type."""
@@ -61,9 +64,13 @@ AGENT_METHODS = _agent_methods()
 class Forwarder(grpc.aio.ServerInterceptor):
     """Sends agent calls to the replica that owns the agent."""
 
-    def __init__(self, is_local: Callable[[str], bool], owner_address: OwnerAddress) -> None:
+    def __init__(
+        self, is_local: Callable[[str], bool], owner_address: OwnerAddress, token: str = ""
+    ) -> None:
         self.is_local = is_local
         self.owner_address = owner_address
+        self.token = token
+        """The server's own token, for the calls it makes of its own accord."""
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._owners: dict[str, tuple[str | None, float]] = {}
 
@@ -104,6 +111,20 @@ class Forwarder(grpc.aio.ServerInterceptor):
                 yield response
 
         return grpc.unary_stream_rpc_method_handler(stream, **kwargs)
+
+    async def ask(
+        self, address: str, method: str, request: Message, response_type: type[Message]
+    ) -> Any:
+        """Call another replica of this server's own accord (answered there, not forwarded)."""
+        call = self._channel(address).unary_unary(
+            method,
+            request_serializer=type(request).SerializeToString,
+            response_deserializer=response_type.FromString,
+        )
+        metadata: list[tuple[str, str | bytes]] = [(FORWARDED, "1")]
+        if self.token:
+            metadata.append(("authorization", f"Bearer {self.token}"))
+        return await call(request, metadata=metadata, timeout=ASK_TIMEOUT)
 
     async def close(self) -> None:
         """Close the channels to other replicas."""

@@ -175,11 +175,13 @@ class App:
             interceptors.append(TokenAuth(token))
         interceptors.append(self.guard)
         self.plugin_servicer = PluginRegistryServicer(self.plugins)
+        self.factory_servicer = AgentFactoryServicer(self.factory)
         self.replica: Replica | None = None
         if isinstance(self.runtime.store, PostgresStore):  # replicas: calls go to owners
             self.replica = Replica(
-                config, self.runtime.store, self.factory, self.plugins, self.plugin_servicer
+                config, self.runtime.store, self.factory, self.plugins, self.plugin_servicer, token
             )
+            self.factory_servicer.elsewhere = self.replica.other_agents
             interceptors.append(self.replica.forwarder)
         self.server = grpc.aio.server(
             interceptors=interceptors,
@@ -189,7 +191,7 @@ class App:
             self.plugin_servicer, self.server
         )
         agent_factory_service_pb2_grpc.add_AgentFactoryServiceServicer_to_server(
-            AgentFactoryServicer(self.factory), self.server
+            self.factory_servicer, self.server
         )
         agent_service_pb2_grpc.add_AgentServiceServicer_to_server(
             AgentServicer(self.factory), self.server

@@ -14,6 +14,9 @@ import logging
 import os
 import socket
 
+from agentloop.v1 import agent_factory_service_pb2 as fac
+from agentloop.v1 import agent_pb2
+from server import page_tokens
 from server.api_forward import Forwarder
 from server.api_plugins import PluginRegistryServicer, overrides_of
 from server.cluster import Cluster
@@ -26,6 +29,8 @@ from server.stores.postgres_plugins import SharedPlugins
 
 log = logging.getLogger(__name__)
 
+LIST_AGENTS = "/agentloop.v1.AgentFactoryService/ListAgents"
+
 
 class Replica:
     """The cluster side of one server."""
@@ -37,6 +42,7 @@ class Replica:
         factory: AgentFactory,
         plugins: PluginRegistry,
         plugin_servicer: PluginRegistryServicer,
+        token: str = "",
     ) -> None:
         self.config = config
         self.store = store
@@ -44,7 +50,9 @@ class Replica:
         self.plugins = plugins
         self.plugin_servicer = plugin_servicer
         self.cluster: Cluster | None = None
-        self.forwarder = Forwarder(lambda agent_id: agent_id in factory.agents, self.owner_address)
+        self.forwarder = Forwarder(
+            lambda agent_id: agent_id in factory.agents, self.owner_address, token
+        )
         self.shared = SharedPlugins(store)
         self._plugin_sync: asyncio.Task[None] | None = None
 
@@ -96,6 +104,33 @@ class Replica:
         """Where the replica that owns `agent_id` listens, when it is another one."""
         holder = await self.cluster.owner_of(agent_id) if self.cluster is not None else None
         return holder.address if holder is not None and holder.address else None
+
+    async def other_agents(
+        self, after: str | None, size: int
+    ) -> tuple[list[agent_pb2.Agent], bool]:
+        """The agents other live replicas run, with ids after `after` (`size` each).
+
+        Also whether any of them has more than it returned.
+        """
+        if self.cluster is None:
+            return [], False
+        request = fac.ListAgentsRequest(
+            page_size=size, page_token=page_tokens.issue("ListAgents", after) if after else ""
+        )
+        answers = await asyncio.gather(
+            *(
+                self.forwarder.ask(address, LIST_AGENTS, request, fac.ListAgentsResponse)
+                for address in await self.cluster.leases.peers()
+            ),
+            return_exceptions=True,
+        )
+        agents: list[agent_pb2.Agent] = []
+        more = False
+        for answer in answers:  # a replica that does not answer now is left out
+            if isinstance(answer, fac.ListAgentsResponse):
+                agents.extend(answer.agents)
+                more = more or bool(answer.next_page_token)
+        return agents, more
 
     async def _sync_plugins(self) -> None:
         """Connect to the plugins other replicas registered; drop those they removed."""

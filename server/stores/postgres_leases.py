@@ -145,6 +145,17 @@ class Leases:
         owner = await pool.fetchval("SELECT owner FROM leases WHERE session_id = $1", session_id)
         return str(owner) if owner is not None else None
 
+    async def peers(self) -> list[str]:
+        """The addresses of the other replicas alive lately (a heartbeat within 3 leases)."""
+        pool = await self.store.pool()
+        rows = await pool.fetch(
+            "SELECT address FROM replicas WHERE replica_id <> $1"
+            " AND heartbeat > now() - make_interval(secs => $2) ORDER BY replica_id",
+            self.replica_id,
+            3 * self.ttl,
+        )
+        return [row["address"] for row in rows]
+
     async def owner_of(self, agent_id: str) -> Holder | None:
         """The live owner of an agent leased by another replica, if any."""
         holder = await self._holder("agent_id", agent_id)

@@ -264,3 +264,24 @@ async def until_listed(server: Server, name: str, *, present: bool) -> None:
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"plugin {name} {'never came' if present else 'never left'}")
+
+
+async def test_any_replica_lists_every_agent_a_page_at_a_time(
+    tmp_path: Path, postgres_server: str
+) -> None:
+    async with replicas(tmp_path, postgres_server) as (r0, r1, r2):
+        for server, agent_id in ((r0, "b"), (r1, "a"), (r0, "c")):
+            await server.factory.CreateAgent(fac.CreateAgentRequest(agent_id=agent_id), timeout=T)
+        listed = await r2.factory.ListAgents(fac.ListAgentsRequest(), timeout=T)
+        assert [a.agent_id for a in listed.agents] == ["a", "b", "c"]  # r2 runs none itself
+        seen: list[str] = []
+        token = ""
+        while True:
+            page = await r1.factory.ListAgents(
+                fac.ListAgentsRequest(page_size=1, page_token=token), timeout=T
+            )
+            seen.extend(a.agent_id for a in page.agents)
+            token = page.next_page_token
+            if not token:
+                break
+        assert seen == ["a", "b", "c"]
