@@ -39,22 +39,24 @@ ASK_TIMEOUT = 5.0
 """Seconds a replica waits for another one it asks (a list of agents)."""
 
 
+MAKERS = {"CreateAgent", "ResumeAgent"}
+"""Methods that name an agent id to make an agent: served where they are called."""
+
+
 def _agent_methods() -> dict[str, type[Message]]:
-    """Each forwardable method's path and its response type."""
+    """Each forwardable method's path and its response type.
+
+    Every method whose request names an `agent_id`, except those that make one: a new
+    agent RPC is forwarded without being listed here.
+    """
     methods: dict[str, type[Message]] = {}
-    for module, service, names in (
-        (
-            agent_service_pb2,
-            "AgentService",
-            ("SendMessage", "SteerMessage", "InjectContext", "CancelTurn", "WaitIdle",
-             "GetSession", "ListSessionEvents", "StreamSessionEvents"),
-        ),
-        (agent_factory_service_pb2, "AgentFactoryService", ("GetAgent", "DisposeAgent")),
-    ):  # fmt: skip
-        descriptor = module.DESCRIPTOR.services_by_name[service]
-        for name in names:
-            output = descriptor.methods_by_name[name].output_type
-            methods[f"/{descriptor.full_name}/{name}"] = message_factory.GetMessageClass(output)
+    for module in (agent_service_pb2, agent_factory_service_pb2):
+        for descriptor in module.DESCRIPTOR.services_by_name.values():
+            for method in descriptor.methods:
+                if method.name in MAKERS or "agent_id" not in method.input_type.fields_by_name:
+                    continue
+                output = message_factory.GetMessageClass(method.output_type)
+                methods[f"/{descriptor.full_name}/{method.name}"] = output
     return methods
 
 
@@ -65,12 +67,18 @@ class Forwarder(grpc.aio.ServerInterceptor):
     """Sends agent calls to the replica that owns the agent."""
 
     def __init__(
-        self, is_local: Callable[[str], bool], owner_address: OwnerAddress, token: str = ""
+        self,
+        is_local: Callable[[str], bool],
+        owner_address: OwnerAddress,
+        token: str = "",
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self.is_local = is_local
         self.owner_address = owner_address
         self.token = token
         """The server's own token, for the calls it makes of its own accord."""
+        self.credentials = credentials
+        """TLS to the other replicas (they serve TLS when this one does); None: plaintext."""
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._owners: dict[str, tuple[str | None, float]] = {}
 
@@ -152,7 +160,11 @@ class Forwarder(grpc.aio.ServerInterceptor):
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+            channel = self._channels[address] = (
+                grpc.aio.secure_channel(address, self.credentials)
+                if self.credentials is not None
+                else grpc.aio.insecure_channel(address)
+            )
         return channel
 
     def _metadata(self, context: Context) -> list[tuple[str, str | bytes]]:
@@ -179,7 +191,7 @@ class Forwarder(grpc.aio.ServerInterceptor):
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.UNAVAILABLE:
                 self._owners.pop(getattr(request, "agent_id", ""), None)  # ask again next time
-            await context.abort(error.code(), error.details() or "")
+            await _abort_as(error, context)
 
     async def _forward_stream(
         self,
@@ -199,6 +211,15 @@ class Forwarder(grpc.aio.ServerInterceptor):
             async for response in responses:
                 yield response
         except grpc.aio.AioRpcError as error:
-            await context.abort(error.code(), error.details() or "")
+            await _abort_as(error, context)
         finally:
             responses.cancel()
+
+
+async def _abort_as(error: grpc.aio.AioRpcError, context: Context) -> None:
+    """End the call with the owner's status and its rich details.
+
+    Field violations and error info travel in the trailing metadata.
+    """
+    trailing = tuple((key, value) for key, value in error.trailing_metadata() or ())
+    await context.abort(error.code(), error.details() or "", trailing_metadata=trailing)

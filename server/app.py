@@ -119,6 +119,25 @@ def server_credentials(config: Config) -> grpc.ServerCredentials | None:
     )
 
 
+def peer_credentials(config: Config) -> grpc.ChannelCredentials | None:
+    """TLS for calls to the other replicas, which serve like this one.
+
+    Their certificates are checked against `tlsClientCaFile` (the cluster's CA) or the
+    system's roots; with mutual TLS this server presents its own certificate, which
+    then needs the clientAuth usage too.
+    """
+    if not config.tls_cert_file:
+        return None
+    client_ca = read_pem(config.tls_client_ca_file)
+    if client_ca is None:
+        return grpc.ssl_channel_credentials()
+    return grpc.ssl_channel_credentials(
+        root_certificates=client_ca,
+        private_key=read_pem(config.tls_key_file),
+        certificate_chain=read_pem(config.tls_cert_file),
+    )
+
+
 def check_exposed(config: Config, tls: bool, token: bool) -> None:
     """A port other machines reach needs TLS, and a token or client certificates."""
     missing = []
@@ -179,7 +198,13 @@ class App:
         self.replica: Replica | None = None
         if isinstance(self.runtime.store, PostgresStore):  # replicas: calls go to owners
             self.replica = Replica(
-                config, self.runtime.store, self.factory, self.plugins, self.plugin_servicer, token
+                config,
+                self.runtime.store,
+                self.factory,
+                self.plugins,
+                self.plugin_servicer,
+                token,
+                peer_credentials(config),
             )
             self.factory_servicer.elsewhere = self.replica.other_agents
             interceptors.append(self.replica.forwarder)

@@ -14,6 +14,8 @@ import logging
 import os
 import socket
 
+import grpc
+
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2
 from server import page_tokens
@@ -43,6 +45,7 @@ class Replica:
         plugins: PluginRegistry,
         plugin_servicer: PluginRegistryServicer,
         token: str = "",
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -51,7 +54,7 @@ class Replica:
         self.plugin_servicer = plugin_servicer
         self.cluster: Cluster | None = None
         self.forwarder = Forwarder(
-            lambda agent_id: agent_id in factory.agents, self.owner_address, token
+            lambda agent_id: agent_id in factory.agents, self.owner_address, token, credentials
         )
         self.shared = SharedPlugins(store)
         self._plugin_sync: asyncio.Task[None] | None = None
