@@ -19,6 +19,7 @@ from server import page_tokens, validation
 from server.agent import Agent
 from server.errors import AgentLoopError, InvalidArgument, OutOfRange
 from server.factory import AgentFactory, check_id
+from server.limits import check_pending
 from server.session import SessionLog, session_message
 from server.status import abort, mapped
 from server.stores import FIRST_SEQ, RequestRecord
@@ -133,6 +134,7 @@ class AgentServicer(rpc.AgentServiceServicer):
         """
 
         async def run() -> bytes:
+            check_pending(self.runtime.limits, agent.agent_id, len(agent.session.inbox))
             answer = accept()
             raw = answer.SerializeToString()
             if request_id:

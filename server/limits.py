@@ -39,6 +39,8 @@ class Limits:
     """Concurrent StreamSessionEvents calls per server."""
     max_plugins: int = 64
     """Registered plugins per server."""
+    max_pending_messages: int = 1000
+    """Accepted messages one agent holds that no turn has taken up yet."""
 
     def name_of(self, attribute: str) -> str:
         """The config spelling of a limit: `max_content_bytes` -> `maxContentBytes`."""
@@ -78,6 +80,17 @@ def check_capacity(limits: Limits, attribute: str, current: int, what: str) -> N
     if current >= limit:
         raise ResourceExhausted(
             f"{what}: the server reached {limits.describe(attribute)}", limit=attribute
+        )
+
+
+def check_pending(limits: Limits, agent_id: str, pending: int) -> None:
+    """`ResourceExhausted` when the agent already holds as many waiting messages as allowed."""
+    if pending >= limits.max_pending_messages:
+        raise ResourceExhausted(
+            f'agent "{agent_id}" has {pending} messages waiting for a turn:'
+            f" {limits.describe('max_pending_messages')}; retry when it has taken some up",
+            limit="max_pending_messages",
+            agent_id=agent_id,
         )
 
 

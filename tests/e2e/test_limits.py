@@ -12,6 +12,7 @@ from typing import TypeVar
 
 import grpc
 import pytest
+from google.protobuf import duration_pb2
 
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2, scripted_pb2
@@ -56,6 +57,7 @@ async def small() -> AsyncIterator[E2E]:
         max_tool_calls_per_step=2,
         max_events_per_turn=300,
         max_streams=2,
+        max_pending_messages=2,
     )
     config = Config(listen="127.0.0.1:0", store="memory", agents=(), limits=limits)
     async with running_app(config) as running:
@@ -247,6 +249,40 @@ async def test_event_streams_past_the_limit_are_resource_exhausted(small: E2E) -
             return
         await asyncio.sleep(0.1)
     raise AssertionError("a stream slot was never freed")
+
+
+async def test_messages_past_the_pending_limit_are_refused_until_a_turn_takes_them(
+    small: E2E,
+) -> None:
+    slow = scripted_pb2.ScriptedStep(
+        text="x" * 20, chunk_size=1, chunk_delay=duration_pb2.Duration(nanos=100_000_000)
+    )
+    options = scripted(slow, slow, slow)
+    await small.factory.CreateAgent(fac.CreateAgentRequest(agent_id="q", options=options))
+    with EventStream(small.agents, agent_id="q") as stream:
+        await small.agents.SendMessage(api.SendMessageRequest(agent_id="q", text="0"), timeout=T)
+        first = await stream.until("user_message")  # the first turn took its message up
+        for i in (1, 2):
+            await small.agents.SendMessage(
+                api.SendMessageRequest(agent_id="q", text=str(i), request_id=f"m{i}"), timeout=T
+            )
+        for call in (
+            small.agents.SendMessage(api.SendMessageRequest(agent_id="q", text="3"), timeout=T),
+            small.agents.SteerMessage(api.SteerMessageRequest(agent_id="q", text="3"), timeout=T),
+        ):
+            details = await refused(call, grpc.StatusCode.RESOURCE_EXHAUSTED)
+            assert details == (
+                'agent "q" has 2 messages waiting for a turn: limits.maxPendingMessages (2);'
+                " retry when it has taken some up"
+            )
+        retry = api.SendMessageRequest(agent_id="q", text="1", request_id="m1")
+        await small.agents.SendMessage(retry, timeout=T)  # an accepted one still answers
+        texts = [first.user_message.content[0].text.text]
+        while len(texts) < 3:
+            event = await stream.until("user_message")
+            texts.append(event.user_message.content[0].text.text)
+    assert texts == ["0", "1", "2"]  # nothing refused was queued, nothing accepted lost
+    await small.agents.SendMessage(api.SendMessageRequest(agent_id="q", text="4"), timeout=T)
 
 
 async def _stream_opens(e2e: E2E) -> bool:
