@@ -47,7 +47,8 @@ def _agent_methods() -> dict[str, type[Message]]:
             agent_service_pb2,
             "AgentService",
             ("SendMessage", "SteerMessage", "InjectContext", "CancelTurn", "WaitIdle",
-             "GetSession", "ListSessionEvents", "StreamSessionEvents"),
+             "GetSession", "ListSessionEvents", "StreamSessionEvents", "ResolveApproval",
+             "ListApprovals"),
         ),
         (agent_factory_service_pb2, "AgentFactoryService", ("GetAgent", "DisposeAgent")),
     ):  # fmt: skip
