@@ -469,3 +469,60 @@ async def test_an_abstaining_plugin_leaves_the_answer_to_the_api(
     assert answer.resolution.resolved_by == "api"
     (result,) = of_kind(stream.events, "tool_result")
     assert text_of(result.tool_result.content) == "3 words"
+
+
+# -- a crash while waiting -----------------------------------------------------------------
+
+
+async def test_sigkill_while_waiting_then_resume(tmp_path: Path) -> None:
+    from tests.e2e.test_durability import (
+        create as create_stored,
+    )
+    from tests.e2e.test_durability import (
+        list_events,
+        resume,
+        run_next_turn,
+        running_server,
+        word_count_options,
+    )
+
+    async with running_server(tmp_path) as server:
+        session_id = await create_stored(server, "k1", approval_options(*WORD_COUNT_THEN_DONE))
+        sent = await server.agents.SendMessage(
+            api.SendMessageRequest(agent_id="k1", text="count"), timeout=T
+        )
+        with EventStream(server.agents, agent_id="k1", from_seq=sent.next_seq) as stream:
+            requested = (await stream.until("approval_requested")).approval_requested
+            seen = list(stream.events)
+        await server.crash()
+
+    async with running_server(tmp_path) as server:
+        await resume(server, "back", session_id, word_count_options())
+        reloaded = await list_events(server, session_id)
+        tail = reloaded[seen[-1].seq :]
+        # The turn is closed as interrupted; the approval was never answered.
+        assert kinds(tail) == ["tool_result", "step_end", "turn_end"]
+        assert tail[0].tool_result.call_id == requested.call_id
+        assert tail[0].tool_result.error.code == "interrupted"
+        assert tail[-1].turn_end.reason.WhichOneof("kind") == "interrupted"
+        assert not of_kind(reloaded, "approval_resolved")
+        check_log(reloaded)
+        listed = await server.agents.ListApprovals(
+            api.ListApprovalsRequest(agent_id="back"), timeout=T
+        )
+        assert not listed.approvals
+        code, info = await refused(
+            server.agents.ResolveApproval(
+                api.ResolveApprovalRequest(
+                    agent_id="back", approval_id=requested.approval_id, decision=ALLOW
+                ),
+                timeout=T,
+            )
+        )
+        assert (code, info.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "APPROVAL_STALE")
+        assert len(await list_events(server, session_id)) == len(reloaded)  # nothing changed
+        # The next turn works.
+        await run_next_turn(
+            server, "back", session_id, "again", turn=2, first_seq=len(reloaded) + 1
+        )
+        await server.terminate()
