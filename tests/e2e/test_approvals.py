@@ -526,3 +526,28 @@ async def test_sigkill_while_waiting_then_resume(tmp_path: Path) -> None:
             server, "back", session_id, "again", turn=2, first_seq=len(reloaded) + 1
         )
         await server.terminate()
+
+
+async def test_the_python_client_lists_and_resolves_approvals(e2e: E2E) -> None:
+    from agentloop.client import connect
+
+    client = connect(e2e.target)
+    try:
+        await client.create("sdk", approval_options(*WORD_COUNT_THEN_DONE))
+        turn = await client.send("sdk", "count")
+        events = turn.events()
+        async with asyncio.timeout(T):
+            async for event in events:
+                if event.HasField("approval_requested"):
+                    break
+        (pending,) = await client.approvals("sdk")
+        assert pending == event.approval_requested
+        resolution = await client.resolve_approval(
+            "sdk", pending.approval_id, allow=False, reason="no"
+        )
+        assert resolution.outcome == approval_pb2.APPROVAL_OUTCOME_REJECTED
+        async with asyncio.timeout(T):
+            rest = [e async for e in events]
+        assert rest[-1].HasField("turn_end") and not await client.approvals("sdk")
+    finally:
+        await client.close()
