@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -551,3 +552,56 @@ async def test_the_python_client_lists_and_resolves_approvals(e2e: E2E) -> None:
         assert rest[-1].HasField("turn_end") and not await client.approvals("sdk")
     finally:
         await client.close()
+
+
+# -- the README's round trips, run as written ----------------------------------------------
+
+
+def readme_block(first_line: str) -> str:
+    """The README's shell block that starts with `first_line`."""
+    readme = (REPO / "README.md").read_text()
+    for block in readme.split("```sh\n")[1:]:
+        body = block.split("```", 1)[0]
+        if body.startswith(first_line + "\n"):
+            return body
+    raise AssertionError(f"no README block starts with {first_line!r}")
+
+
+async def run_script(script: str, address: str) -> str:
+    env = {**os.environ, "AGENTLOOP_ADDRESS": address, "NO_COLOR": "1"}
+    env.pop("AGENTLOOP_TOKEN", None)
+    process = await asyncio.create_subprocess_exec(
+        "bash", "-c", "set -e\n" + script.replace("127.0.0.1:50051", address),
+        cwd=REPO, env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(T * 3):
+            stdout, stderr = await process.communicate()
+    finally:
+        if process.returncode is None:
+            process.kill()
+    assert process.returncode == 0, stderr.decode() + stdout.decode()
+    return stdout.decode()
+
+
+@pytest.mark.parametrize(
+    ("first_line", "agent_id"),
+    [
+        ("# Approval round trip with grpcurl", "careful"),
+        ("# Approval round trip with the CLI", "careful-cli"),
+    ],
+)
+async def test_the_readme_approval_round_trips_run_as_written(
+    e2e: E2E, first_line: str, agent_id: str
+) -> None:
+    output = await run_script(readme_block(first_line), e2e.target)
+    events = await all_events(e2e, agent_id)
+    check_log(events)
+    (resolved,) = of_kind(events, "approval_resolved")
+    assert resolved.approval_resolved.outcome == approval_pb2.APPROVAL_OUTCOME_ALLOWED_ONCE
+    assert resolved.approval_resolved.resolved_by == "api"
+    (result,) = of_kind(events, "tool_result")
+    assert text_of(result.tool_result.content) == "3 words"
+    assert events[-1].turn_end.reason.WhichOneof("kind") == "completed"
+    assert resolved.approval_resolved.approval_id in output
