@@ -40,7 +40,7 @@ from tests.e2e.conftest import (
 )
 from tests.fake_openai import FakeOpenAI, Reply, call, chunk, text
 from tests.invariants import check_log
-from tests.processes import REPO, PluginLauncher, node
+from tests.processes import REPO, PluginLauncher, configurable, node
 
 T = READ_TIMEOUT
 
@@ -605,3 +605,25 @@ async def test_the_readme_approval_round_trips_run_as_written(
     assert text_of(result.tool_result.content) == "3 words"
     assert events[-1].turn_end.reason.WhichOneof("kind") == "completed"
     assert resolved.approval_resolved.approval_id in output
+
+
+async def test_a_plugin_ask_names_the_plugin_and_waits(e2e: E2E, launcher: PluginLauncher) -> None:
+    plugin = await launcher.start(
+        configurable("python", "--name", "asker", "--ask-tool", "echo", "--ask-reason", "loud")
+    )
+    await register(e2e, plugin.address)
+    options = approval_options(
+        step_calling(("e1", "echo", {"text": "hi"})),
+        scripted_pb2.ScriptedStep(text="ok"),
+        tools=("echo",),
+        required=(),
+    )
+    await create(e2e, "pa", options)
+    start = await send(e2e, "pa")
+    with EventStream(e2e.agents, agent_id="pa", from_seq=start) as stream:
+        requested = (await stream.until("approval_requested")).approval_requested
+        assert (requested.reason, requested.requested_by) == ("loud", "plugin:asker")
+        await resolve(e2e, "pa", requested.approval_id, ALLOW)
+        await stream.until("turn_end")
+    (result,) = of_kind(stream.events, "tool_result")
+    assert text_of(result.tool_result.content) == "hi"
