@@ -41,7 +41,7 @@ async def test_the_example_approver_allows_rejects_or_abstains() -> None:
 async def test_an_approver_returning_another_decision_answers_an_error() -> None:
     plugin = sdk.Plugin("bad-approver")
 
-    @plugin.tools_approval()
+    @plugin.tools_approval()  # type: ignore[arg-type]  # the wrong type, on purpose
     async def wrong(call: hs.HookCall) -> object:
         return sdk.deny("not an approval answer")
 
