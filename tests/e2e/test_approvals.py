@@ -627,3 +627,18 @@ async def test_a_plugin_ask_names_the_plugin_and_waits(e2e: E2E, launcher: Plugi
         await stream.until("turn_end")
     (result,) = of_kind(stream.events, "tool_result")
     assert text_of(result.tool_result.content) == "hi"
+
+
+async def test_a_plugin_that_loses_is_withdrawn_with_the_winner_named(
+    e2e: E2E, launcher: PluginLauncher
+) -> None:
+    plugin = await launcher.start(configurable("node", "--name", "waiter", "--approver-wait"))
+    await register(e2e, plugin.address)
+    await create(e2e, "lose", approval_options(*WORD_COUNT_THEN_DONE))
+    start = await send(e2e, "lose")
+    with EventStream(e2e.agents, agent_id="lose", from_seq=start) as stream:
+        requested = (await stream.until("approval_requested")).approval_requested
+        await resolve(e2e, "lose", requested.approval_id, ALLOW)
+        await stream.until("turn_end")
+    line = await plugin.line()
+    assert line == f"withdrawn {requested.approval_id}: approval already resolved by api"
