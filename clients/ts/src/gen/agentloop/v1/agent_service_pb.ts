@@ -1047,7 +1047,8 @@ export const AgentService: GenService<{
    * `subscribed` set and no events; from then on no live agent event is
    * missed (or, for a slow reader, it is counted in `dropped_agent_events`).
    * With an agent id it also carries the agent's live events (status, queued,
-   * error, created, disposed, session-start) as they happen; those are not
+   * error, created, disposed, session-start, approval requested and resolved)
+   * as they happen; those are not
    * replayed. After a disconnect, reconnect with `from_seq` set
    * to one past the last sequence number seen: nothing is lost or repeated.
    * The stream ends when the agent is disposed and its log is drained.
