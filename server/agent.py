@@ -18,6 +18,7 @@ from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 from server import seams as S
 from server.abort import NEVER, AbortController, AbortSignal
+from server.approvals import Approvals
 from server.content import resolve_source
 from server.errors import AgentDisposed, CodedError, FailedPrecondition
 from server.inbox import Inbox, Pending
@@ -85,6 +86,17 @@ class Agent:
         self.pending_flushes: set[asyncio.Task[None]] = set()
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._live: list[LiveListener] = []
+        self.approvals = Approvals(
+            agent_id,
+            session,
+            runtime.seams,
+            runtime.journal,
+            lambda event: self.emit(None, (), event),
+            options.approval_timeout.ToNanoseconds() / 1e9
+            if options.HasField("approval_timeout")
+            else runtime.approval_timeout,
+        )
+        """Tool calls waiting for approval, and those resolved lately."""
         session.observers.append(self._observe_session)
         session.committed_observers.append(self._observe_committed)
 

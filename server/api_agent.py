@@ -17,6 +17,7 @@ from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from server import page_tokens, validation
 from server.agent import Agent
+from server.api_approvals import ApprovalMethods
 from server.errors import AgentLoopError, InvalidArgument, OutOfRange
 from server.factory import AgentFactory, check_id
 from server.limits import check_pending
@@ -51,7 +52,7 @@ def message_content(text: str, content: list[c.ContentBlock], field: str) -> lis
     return blocks
 
 
-class AgentServicer(rpc.AgentServiceServicer):
+class AgentServicer(ApprovalMethods, rpc.AgentServiceServicer):
     """Talks to live agents and reads their sessions."""
 
     def __init__(self, factory: AgentFactory) -> None:

@@ -35,6 +35,7 @@ def agent_message(agent: Agent) -> agent_pb2.Agent:
         status=agent.status,
         options=agent.options,
         create_time=agent.create_time,
+        pending_approvals=agent.approvals.list(),
     )
 
 

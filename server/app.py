@@ -79,6 +79,7 @@ def build_runtime(config: Config) -> Runtime:
         max_parallel_tool_calls=config.max_parallel_tool_calls,
         default_provider=config.default_provider,
         plugin_timeout=config.plugin_timeout_seconds,
+        approval_timeout=config.approval_timeout_seconds,
         tool_order=list(config.tool_order) if config.tool_order is not None else None,
         limits=config.limits,
     )

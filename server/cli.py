@@ -26,6 +26,7 @@ from agentloop.v1 import (
     agent_service_pb2_grpc,
 )
 from server import cli_render as render
+from server.cli_approvals import APPROVAL_KINDS, add_approval_verbs, on_send_event
 from server.cli_verbs import add_verbs, as_dict, completion_script, emit, out
 from server.version import version
 
@@ -43,6 +44,7 @@ def cmd_create(channel: grpc.Channel, args: argparse.Namespace) -> int:
     )
     if args.max_parallel_tool_calls is not None:
         options.max_parallel_tool_calls = args.max_parallel_tool_calls
+    options.approval_required_tools.extend(args.approval_required)
     request = agent_factory_service_pb2.CreateAgentRequest(
         agent_id=args.agent_id,
         session_id=args.session_id,
@@ -136,6 +138,9 @@ def cmd_send(channel: grpc.Channel, args: argparse.Namespace) -> int:
                 show, done = tracker.feed(event)
                 if show:
                     emit(args, event, "") if args.json else out(view.render(event))
+                    if event.WhichOneof("payload") in APPROVAL_KINDS:
+                        out(view.finish())
+                        on_send_event(stub, args, event)
                 if done:
                     stream.cancel()
                     return 0 if render.turn_succeeded(event.turn_end) else 1
@@ -235,6 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--cwd", default="", help="the agent's working directory")
     create.add_argument("--persona", default="", help="persona section of the system prompt")
     create.add_argument("--max-parallel-tool-calls", type=int, metavar="N")
+    create.add_argument(
+        "--approval-required", action="append", default=[], metavar="TOOL",
+        help="a tool whose every call waits for approval (repeatable)",
+    )  # fmt: skip
 
     send = command("send", cmd_send, "send a message and stream the turn that answers it")
     send.add_argument("agent_id", metavar="AGENT_ID")
@@ -257,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("--reason", default="", help="recorded on the aborted turn")
 
     add_verbs(command)
+    add_approval_verbs(command)
     completion = command("completion", cmd_completion, "print a shell completion script")
     completion.add_argument("shell", choices=("bash",))
     return parser

@@ -25,6 +25,7 @@ SERVER_FIELDS = {
     "dataDir", "agents", "plugins", "tokenFile", "pluginTokenFile", "providers",
     "pluginTimeoutSeconds", "pluginCaFile", "toolOrder", "durability", "pluginMaxMessageBytes",
     "postgresDsn", "replicaId", "advertiseAddress", "leaseSeconds",
+    "approvalTimeoutSeconds",
 }  # fmt: skip
 TLS_FIELDS = ("tlsCertFile", "tlsKeyFile", "tlsClientCaFile")
 GUARD_FIELDS = {"limits", "pluginAllowlist", "pluginTokenPlaintext", *TLS_FIELDS}
@@ -170,6 +171,9 @@ class Config:
     """PEM roots trusted for `tls://` plugin addresses; empty trusts the system's."""
     plugin_timeout_seconds: float = 5.0
     """The deadline of a plugin call whose subscription sets none."""
+    approval_timeout_seconds: float = 300.0
+    """How long a tool call waits for approval unless its agent sets its own; 0 turns
+    approvals off (an ask is then denied: no approval channel is available)."""
     plugin_allowlist: tuple[str, ...] = DEFAULT_ALLOWLIST
     """`host:port` patterns plugin addresses must match (host: name, IP, CIDR or *;
     port: number or *); the default is loopback only."""
@@ -296,6 +300,7 @@ def parse_config(raw: object) -> Config:
         ),
         shutdown_grace_seconds=float(grace),
         plugin_timeout_seconds=float(plugin_timeout),
+        approval_timeout_seconds=_approval_timeout(doc.get("approvalTimeoutSeconds", 300.0)),
         plugin_ca_file=_string(doc.get("pluginCaFile", ""), "pluginCaFile"),
         tool_order=_tool_order(doc.get("toolOrder")),
         limits=_limits(doc.get("limits", {})),
@@ -571,3 +576,10 @@ def metrics_address(value: str) -> str:
     if not port.isascii() or not port.isdigit() or int(port) > 65535:
         raise ConfigError(f"metricsListen: {value!r} must be host:port or a port")
     return f"{host or '127.0.0.1'}:{port}"
+
+
+def _approval_timeout(value: object) -> float:
+    """`approvalTimeoutSeconds`: 0 (approvals off) up to 24 hours."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 86400:
+        raise ConfigError("approvalTimeoutSeconds: must be a number from 0 to 86400")
+    return float(value)

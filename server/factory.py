@@ -24,6 +24,7 @@ from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
 from server import seams as S
 from server.agent import Agent
+from server.approvals import check_approval_options
 from server.disposed import DisposedIds
 from server.errors import (
     AgentDisposed,
@@ -587,6 +588,7 @@ class AgentFactory:
         unknown = sorted(set(options.tools) - self.runtime.tools.names())
         if unknown:
             raise InvalidArgument("options.tools", f"unknown tools: {', '.join(unknown)}")
+        check_approval_options(options)
         check_agent_options(self.runtime.limits, options)
 
     def _check_persona(self, options: agent_pb2.AgentOptions, cwd: str) -> None:

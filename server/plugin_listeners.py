@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import json
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from google.protobuf import json_format, unknown_fields
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import agent_event_pb2 as ae
+from agentloop.v1 import approval_pb2 as ap
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
@@ -34,7 +36,8 @@ from agentloop.v1 import stream_pb2 as st
 from server import logs, observe
 from server import seams as S
 from server.abort import NEVER, AbortSignal
-from server.errors import TurnFatal
+from server.approvals import ASKED_BY
+from server.errors import Aborted, TurnFatal
 from server.models import ModelRegistry, ModelRequest
 from server.seams import SeamRegistry
 from server.tools import Tool, ToolExecution, ToolOutcome, ToolRegistry, ToolReturn
@@ -59,12 +62,14 @@ SEAM_NAMES = {
     hk.SEAM_SESSION_EVENTS: S.SESSION_COMMITTED,
     hk.SEAM_AGENT_EVENTS: S.AGENT_EVENT,
     hk.SEAM_TOOLS_RESULT: S.TOOLS_RESULT_COMMITTED,
+    hk.SEAM_TOOLS_APPROVAL: S.TOOLS_APPROVAL,
 }
 """Each contract seam and the registry seam it listens on."""
 
 CHECKPOINTS = frozenset({hk.SEAM_PRE_STEP, hk.SEAM_TURN_STOP})
 OBSERVERS = frozenset({hk.SEAM_SESSION_EVENTS, hk.SEAM_AGENT_EVENTS, hk.SEAM_TOOLS_RESULT})
-WATERFALLS = frozenset(SEAM_NAMES) - CHECKPOINTS - OBSERVERS
+APPROVERS = frozenset({hk.SEAM_TOOLS_APPROVAL})
+WATERFALLS = frozenset(SEAM_NAMES) - CHECKPOINTS - OBSERVERS - APPROVERS
 
 
 class PluginCallFailed(Exception):
@@ -242,6 +247,12 @@ class RemoteListener:
                 return await fn(*args) if args[0].agent_id in agent_ids else None
 
             return checkpoint
+        if seam in APPROVERS:
+
+            async def approver(*args: Any) -> Any:
+                return await fn(*args) if args[0] in agent_ids else None
+
+            return approver
 
         def observer(*args: Any) -> None:
             if args[0].agent_id in agent_ids:
@@ -263,6 +274,7 @@ class RemoteListener:
             hk.SEAM_SESSION_EVENTS: self.on_session_event,
             hk.SEAM_AGENT_EVENTS: self.on_agent_event,
             hk.SEAM_TOOLS_RESULT: self.on_tool_result,
+            hk.SEAM_TOOLS_APPROVAL: self.tools_approval,
         }
         return by_seam[self.subscription.seam]
 
@@ -350,6 +362,8 @@ class RemoteListener:
         )  # fmt: skip
         if result is None or result.tool_pre_execute.WhichOneof("decision") in (None, "allow"):
             return await next_()  # type: ignore[no-any-return]
+        if result.tool_pre_execute.HasField("ask"):
+            ASKED_BY[exec] = f"plugin:{self.plugin}"
         return result.tool_pre_execute
 
     async def tools_post_execute(
@@ -380,6 +394,54 @@ class RemoteListener:
                                      *inner.accept.additional_contexts],
             )
         )  # fmt: skip
+
+    # -- approvers ---------------------------------------------------------------------
+
+    async def tools_approval(
+        self, agent_id: str, request: ap.ApprovalRequested, signal: AbortSignal
+    ) -> tuple[ap.ApprovalDecision.ValueType, str] | None:
+        """`tools/approval`: the plugin may allow once or reject; a failure abstains.
+
+        Without a timeout of its own the call waits as long as the approval does; it
+        is withdrawn (`CancelCall`) when the approval ends otherwise.
+        """
+        seconds = self.timeout
+        if not self.subscription.HasField("timeout"):
+            seconds = max(request.expire_time.ToNanoseconds() / 1e9 - time.time(), 0.001)
+        call = hk.HookCall(
+            call_id=f"c{next(_call_ids)}",
+            kind=hk.CALL_KIND_SEAM,
+            seam=hk.SEAM_TOOLS_APPROVAL,
+            agent_id=agent_id,
+            session_id=self.session_of(agent_id),
+            turn=request.turn,
+            step=request.step,
+            tool_approval=hk.ToolApprovalCall(approval=request),
+        )
+        call.timeout.FromNanoseconds(int(seconds * 1e9))
+        try:
+            with observe.plugin_call_scope(
+                self.plugin, self.seam_name, agent_id, request.turn, request.step
+            ):
+                result = await self.caller.call(call, seconds, signal)
+            kind = result.WhichOneof("outcome")
+            if kind == "error":
+                raise PluginCallFailed("error", error_text(result.error))
+            check_known(result)
+            if kind is not None and kind != "tool_approval":
+                raise PluginCallFailed("malformed", f"answered {kind} to a tool_approval call")
+        except PluginCallFailed as failure:
+            self.stats.errors += failure.kind != "timeout"
+            log.warning(
+                'plugin "%s" failed at %s (%s: %s); it abstains',
+                self.plugin, self.seam_name, failure.kind, failure,
+            )  # fmt: skip
+            return None
+        except Aborted:
+            return None  # the approval ended otherwise
+        if kind is None:
+            return None
+        return result.tool_approval.decision, result.tool_approval.reason
 
     # -- checkpoints -------------------------------------------------------------------
 

@@ -38,6 +38,8 @@ class Runtime:
     """Seconds a plugin call waits for its result when neither plugin nor operator set it."""
     event_window: int = WINDOW
     """Recent events each session keeps in memory; older ones are read from the store."""
+    approval_timeout: float = 300.0
+    """Seconds a tool call waits for approval unless its agent sets its own; 0: no approvals."""
     tool_order: list[str] | None = None
     """The canonical tool order, with one "<unlisted-tools>" marker; None is by name."""
     journal: Journal = field(init=False)

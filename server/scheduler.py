@@ -6,7 +6,9 @@ An exclusive call is a barrier: the pool drains, it runs alone, and it commits
 before the next call starts. Consecutive parallel calls share a rolling pool of at
 most `max_parallel` dispatches. Only dispatch overlaps: every prepare and every
 finalize runs on the scheduler's own task, one at a time, so pre-execute and
-post-execute listeners see the calls in model order.
+post-execute listeners see the calls in model order. A call held for approval waits
+in its own slot (a dispatch of the pool, or inline when exclusive): the others go on,
+and its result still commits in model order.
 
 A result marked `fatal` (a FAIL_CLOSED plugin failed) stops the batch: calls not yet
 started are neither logged nor run, those started are committed, then the failure
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 
 from agentloop.v1 import content_pb2, decision_pb2
 from server.abort import AbortSignal
+from server.approvals import Approvals, Pending
 from server.errors import Aborted, CodedError
 from server.seams import SeamRegistry
 from server.tool_pipeline import ToolPipeline, failure_outcome
@@ -50,6 +53,8 @@ async def run_tool_batch(
     on_result: OnResult,
     on_context: OnContext,
     before_dispatch: BeforeDispatch | None = None,
+    approvals: Approvals | None = None,
+    approval_required: Collection[str] = (),
 ) -> None:
     """Run one step's tool calls and commit their results in model order.
 
@@ -70,6 +75,8 @@ async def run_tool_batch(
         on_context: called with each committed result's contexts, in model order.
         before_dispatch: awaited before each dispatch (the tool's side effects):
             the loop waits there until the call's `tool/call` is stored.
+        approvals: the agent's approvals; None denies every ask.
+        approval_required: tools that always need approval.
 
     Raises:
         ValueError: `max_parallel` is not a positive integer.
@@ -80,7 +87,7 @@ async def run_tool_batch(
     if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
         raise ValueError("maxParallelToolCalls must be a positive integer")
     batch = _Batch(
-        ToolPipeline(registry, seams, agent_id, enabled),
+        ToolPipeline(registry, seams, agent_id, enabled, approvals, approval_required),
         signal,
         max_parallel,
         on_call,
@@ -177,16 +184,26 @@ class _Batch:
     ) -> None:
         slot = _Slot(call, exec, self._on_call(call))
         self._slots.append(slot)
-        slot.outcome = await self._pipeline.prepare(exec)
-        if slot.outcome is not None:
-            if slot.outcome.fatal is not None and self.fatal is None:
-                self.fatal = slot.outcome.fatal
+        prepared = await self._pipeline.prepare(exec)
+        if isinstance(prepared, ToolOutcome):
+            slot.outcome = prepared
+            if prepared.fatal is not None and self.fatal is None:
+                self.fatal = prepared.fatal
             return  # denied or failed: nothing to dispatch
         if inline:
-            slot.outcome = await self._dispatch(exec)
+            slot.outcome = await self._approve_then_dispatch(exec, prepared)
         else:
-            slot.task = asyncio.create_task(self._dispatch(exec))
+            slot.task = asyncio.create_task(self._approve_then_dispatch(exec, prepared))
             self._in_flight.add(slot.task)
+
+    async def _approve_then_dispatch(
+        self, exec: ToolExecution, pending: Pending | None
+    ) -> ToolOutcome:
+        if pending is not None:
+            denied = await self._pipeline.approve(exec, pending)
+            if denied is not None:
+                return denied
+        return await self._dispatch(exec)
 
     async def _dispatch(self, exec: ToolExecution) -> ToolOutcome:
         # Calls started in one tick wait for the same commit: one write for the pool.

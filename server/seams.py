@@ -58,6 +58,9 @@ SESSION_COMMITTED = "session/committed"
 """Every session event once it is stored, as `(agent, event)`: what plugins observe."""
 AGENT_EVENT = "agent/event"
 """Every live agent event, as `(agent, AgentEvent)`."""
+# Approvers (called concurrently by `server.approvals`, not dispatched as a chain).
+TOOLS_APPROVAL = "tools/approval"
+"""Approvers of pending approvals, as `fn(agent_id, request, signal)` -> answer or None."""
 
 Listener = Callable[..., Any]
 

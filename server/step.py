@@ -244,6 +244,8 @@ async def run_tools(agent: Agent, turn: Turn, calls: list[c.ToolCallBlock]) -> N
             on_result=on_result,
             on_context=on_context,
             before_dispatch=session.settle,
+            approvals=agent.approvals,
+            approval_required=agent.options.approval_required_tools,
         )
     finally:
         agent.tool_batch_active = False

@@ -2,8 +2,10 @@
 
 A started call goes through three stages, split the way the scheduler runs them:
 
-- `prepare` (ordered): the `tools/pre-execute` waterfall, approval on ask (there is
-  no approval channel, so ask is a denial), then the guards.
+- `prepare` (ordered): the `tools/pre-execute` waterfall, then the guards; an ask
+  (or a tool the agent's `approval_required_tools` names) instead records an
+  approval request and returns it (`server.approvals`).
+- `approve` (may overlap other calls): wait for the answer, then the guards.
 - `dispatch` (may overlap other calls): the `tools/execute` waterfall around the
   tool body. Every tool failure is normalised into an error result.
 - `finalize` (ordered, in model order): the `tools/post-execute` waterfall, the
@@ -24,6 +26,7 @@ import inspect
 from collections.abc import Awaitable, Collection
 
 from agentloop.v1 import content_pb2, decision_pb2, session_event_pb2
+from server.approvals import ASKED_BY, BY_LISTENER, BY_POLICY, Approvals, Pending, unavailable_text
 from server.content import text_content
 from server.errors import Aborted, CodedError, TurnFatal
 from server.jsonvalue import check_lossless
@@ -74,11 +77,15 @@ class ToolPipeline:
         seams: SeamRegistry,
         agent_id: str,
         enabled: Collection[str],
+        approvals: Approvals | None = None,
+        approval_required: Collection[str] = (),
     ) -> None:
         self._registry = registry
         self._seams = seams
         self._agent_id = agent_id
         self._enabled = enabled
+        self._approvals = approvals
+        self._approval_required = frozenset(approval_required)
 
     def execution_mode(self, exec: ToolExecution) -> ExecutionMode:
         """The call's mode, read afresh from the registry."""
@@ -87,28 +94,41 @@ class ToolPipeline:
         )
 
     async def run(self, exec: ToolExecution) -> ToolOutcome:
-        """All three stages, one after the other."""
-        outcome = await self.prepare(exec)
+        """All the stages, one after the other."""
+        prepared = await self.prepare(exec)
+        outcome = await self.approve(exec, prepared) if isinstance(prepared, Pending) else prepared
         if outcome is None:
             outcome = await self.dispatch(exec)
         return await self.finalize(exec, outcome)
 
-    async def prepare(self, exec: ToolExecution) -> ToolOutcome | None:
-        """Pre-execute, approval and guards.
+    async def prepare(self, exec: ToolExecution) -> ToolOutcome | Pending | None:
+        """Pre-execute and guards, or the approval request of an ask.
 
         Returns:
-            None when the call may be dispatched; otherwise its result without
-            dispatch: a denial, or a final error when a listener or guard threw.
+            None when the call may be dispatched; a `Pending` approval to `approve`
+            first; otherwise its result without dispatch: a denial, or a final
+            error when a listener or guard threw.
         """
         try:
             reason = await self._denial(exec)
         except Exception as exc:
             return failure_outcome(exc, final=True)
-        if reason is None:
-            return None
-        return ToolOutcome(text_content(f"Error: {reason}"), is_error=True)
+        if reason is None or isinstance(reason, Pending):
+            return reason
+        return _denied(reason)
 
-    async def _denial(self, exec: ToolExecution) -> str | None:
+    async def approve(self, exec: ToolExecution, pending: Pending) -> ToolOutcome | None:
+        """Wait for the approval, then the guards: None to dispatch, else the result."""
+        assert self._approvals is not None
+        try:
+            reason = await self._approvals.wait(pending, exec.signal)
+            if reason is None:
+                reason = self._guard_denial(exec)
+        except Exception as exc:
+            return failure_outcome(exc, final=True)
+        return None if reason is None else _denied(reason)
+
+    async def _denial(self, exec: ToolExecution) -> str | Pending | None:
         decision = await self._seams.waterfall(
             TOOLS_PRE_EXECUTE, self._agent_id, (exec,), decision_pb2.PreToolDecision()
         )
@@ -118,11 +138,18 @@ class ToolPipeline:
         if kind == "deny":
             return decision.deny.reason or f'tool "{exec.name}" was denied'
         if kind == "ask":
-            # No approval channel exists yet: asking is denying.
-            return (
-                decision.ask.reason
-                or f'tool "{exec.name}" requires approval (no approval channel is available)'
-            )
+            return self._ask(exec, decision.ask.reason, ASKED_BY.pop(exec, BY_LISTENER))
+        if exec.name in self._approval_required:
+            return self._ask(exec, "", BY_POLICY)
+        return self._guard_denial(exec)
+
+    def _ask(self, exec: ToolExecution, reason: str, requested_by: str) -> str | Pending:
+        """Hold the call for approval, or deny it when no approval can be asked for."""
+        if self._approvals is None or not self._approvals.available:
+            return reason or unavailable_text(exec.name)
+        return self._approvals.open(exec, reason, requested_by)
+
+    def _guard_denial(self, exec: ToolExecution) -> str | None:
         for guard in self._registry.guards(self._agent_id):
             reason = guard(exec)
             if isinstance(reason, str):
@@ -205,6 +232,10 @@ class ToolPipeline:
         except Exception as exc:
             return failure_outcome(exc, final=True)
         return _apply_post_decision(outcome, decision)
+
+
+def _denied(reason: str) -> ToolOutcome:
+    return ToolOutcome(text_content(f"Error: {reason}"), is_error=True)
 
 
 def _outcome_of(value: ToolValue) -> ToolOutcome:

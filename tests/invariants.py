@@ -5,6 +5,10 @@
   and never nest;
 - turn numbers strictly increase by one; steps run 1..M within each turn;
 - every `tool/result` answers a `tool/call` of the same step;
+- an `approval/requested` follows its `tool/call` in the same step; an
+  `approval/resolved` answers a pending request, at most once, before the call's
+  `tool/result`; a request never resolved is only left by a crash (its turn ends
+  `interrupted`);
 - an agent's status trace never repeats a status and nothing follows `disposed`.
 """
 
@@ -23,6 +27,8 @@ def check_log(events: Sequence[ev.SessionEvent]) -> None:
     last_turn = 0
     last_step = 0
     calls: set[str] = set()
+    approvals: dict[str, str] = {}
+    """Pending approval ids of the open step, with their call ids."""
     for index, event in enumerate(events, start=1):
         assert event.seq == index, f"seq {event.seq} at position {index}"
         kind = event.WhichOneof("payload")
@@ -35,6 +41,10 @@ def check_log(events: Sequence[ev.SessionEvent]) -> None:
         assert open_turn, f"{kind} at seq {index} is outside any turn"
         if kind == "turn_end":
             assert event.turn_end.turn == open_turn
+            assert not approvals or event.turn_end.reason.HasField("interrupted"), (
+                f"turn {open_turn} ended with approvals pending: {sorted(approvals)}"
+            )
+            approvals = {}
             assert not open_step, f"turn {open_turn} ended with step {open_step} open"
             open_turn = 0
         elif kind == "step_start":
@@ -43,13 +53,27 @@ def check_log(events: Sequence[ev.SessionEvent]) -> None:
             assert event.step_start.step == last_step + 1, "steps must be contiguous"
             open_step = last_step = event.step_start.step
             calls = set()
+            approvals = {}
         elif kind == "step_end":
             assert event.step_end.step == open_step, "step/end does not match step/start"
             open_step = 0
         elif kind == "tool_call":
             assert open_step, "tool/call outside a step"
             calls.add(event.tool_call.call_id)
+        elif kind == "approval_requested":
+            request = event.approval_requested
+            assert open_step and request.call_id in calls, "approval/requested without its call"
+            assert request.approval_id not in approvals, "approval requested twice"
+            approvals[request.approval_id] = request.call_id
+        elif kind == "approval_resolved":
+            resolved = event.approval_resolved
+            assert approvals.pop(resolved.approval_id, None) == resolved.call_id, (
+                f"approval/resolved {resolved.approval_id} answers no pending request"
+            )
         elif kind == "tool_result":
+            assert event.tool_result.call_id not in approvals.values() or (
+                event.tool_result.error.code == "interrupted"
+            ), "tool/result before its approval was resolved"
             assert open_step or event.tool_result.error.code == "interrupted"
             # Crash repair also answers calls the model asked for but no tool/call logged.
             repaired = event.tool_result.error.code == "interrupted" and not event.source_event_seqs

@@ -187,9 +187,26 @@ function deny(reason) {
   return tagged('toolPreExecute', { deny: { reason } });
 }
 
-/** Ask for approval (a denial where there is no approval channel). @param {string} reason */
+/**
+ * Ask for approval: the call waits for ResolveApproval or an approver plugin.
+ * @param {string} reason
+ */
 function ask(reason) {
   return tagged('toolPreExecute', { ask: { reason } });
+}
+
+/** Approver: allow the pending tool call once (`tools/approval`). */
+function approveOnce() {
+  return tagged('toolApproval', { decision: 'APPROVAL_DECISION_ALLOW_ONCE', reason: '' });
+}
+
+/**
+ * Approver: reject the pending tool call; the model sees
+ * `Error: the user rejected tool "X": <reason>` (without `: <reason>` when empty).
+ * @param {string} [reason]
+ */
+function rejectTool(reason = '') {
+  return tagged('toolApproval', { decision: 'APPROVAL_DECISION_REJECT', reason });
 }
 
 /**
@@ -295,6 +312,7 @@ module.exports = {
   addContexts,
   allowPrompt,
   allowTool,
+  approveOnce,
   ask,
   blockPrompt,
   blockResult,
@@ -305,6 +323,7 @@ module.exports = {
   fromStruct,
   replaceConfig,
   replaceMessage,
+  rejectTool,
   replacePrefix,
   stopTurn,
   terminalStop,

@@ -197,6 +197,18 @@ class Plugin {
     return this._subscribe('toolResult', options, handler);
   }
 
+  /**
+   * Approver of tool calls waiting for approval (`call.toolApproval.approval`: id,
+   * tool name, arguments, reason, who asked): return `approveOnce()`,
+   * `rejectTool(reason)`, or nothing to abstain. The first answer wins (this or
+   * ResolveApproval); a call whose approval ended otherwise is cancelled. Without a
+   * `timeout` it waits as long as the approval does.
+   * @param {SubscriptionOptions|Handler} options @param {Handler} [handler] @returns {this}
+   */
+  toolsApproval(options, handler) {
+    return this._subscribe('toolApproval', options, handler);
+  }
+
   /** Register the one handler of the seam whose payload field is `payload`. */
   _subscribe(payload, options, handler) {
     if (typeof options === 'function') [options, handler] = [{}, options];

@@ -58,6 +58,7 @@ const SEAMS = [
   ['onSessionEvent', 'SEAM_SESSION_EVENTS', 'sessionEvent', false],
   ['onAgentEvent', 'SEAM_AGENT_EVENTS', 'agentEvent', false],
   ['onToolResult', 'SEAM_TOOLS_RESULT', 'toolResult', false],
+  ['toolsApproval', 'SEAM_TOOLS_APPROVAL', 'toolApproval', true],
 ].map(([method, seam, payload, answered]) => ({ method, seam, payload, answered }));
 
 /** The seams by `HookCall` payload field. */

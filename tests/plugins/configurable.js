@@ -8,6 +8,8 @@
  * `agent/prompt-submit` (when any of --tag, --context, --block, --slow, --hang):
  * --block REASON blocks; --slow SECONDS sleeps first and, when the call is withdrawn,
  * prints `cancelled CALL_ID` (and appends it to --cancel-file); --hang never answers;
+ * --approver-wait: a `tools/approval` approver that never answers, and prints
+ * `withdrawn APPROVAL_ID: REASON` when its call is withdrawn (the approval ended);
  * --tag TAG rewrites the text to `TEXT-TAG`; --context TEXT adds a context.
  * --continue-once forces one more step per turn; --deny-tool NAME (--deny-reason)
  * denies that tool at `tools/pre-execute`; --tool NAME (--tool-sleep SECONDS) is a
@@ -40,6 +42,7 @@ const { values: args } = parseArgs({
     'deny-reason': { type: 'string', default: 'denied by the test plugin' },
     tool: { type: 'string', default: '' },
     'tool-sleep': { type: 'string', default: '0.3' },
+    'approver-wait': { type: 'boolean', default: false },
   },
 });
 
@@ -110,6 +113,19 @@ if (args.tool) {
       return `${args.tool} done`;
     },
   );
+}
+
+if (args['approver-wait']) {
+  plugin.toolsApproval(async (call, { signal }) => {
+    const { approvalId } = call.toolApproval.approval;
+    await new Promise((resolve) => {
+      signal.addEventListener('abort', () => {
+        process.stdout.write(`withdrawn ${approvalId}: ${signal.reason.message}\n`);
+        resolve();
+      });
+    });
+    return undefined;
+  });
 }
 
 plugin.run(args.listen).catch((error) => {

@@ -18,6 +18,7 @@ Other seams:
 - `--continue-once`: `agent/turn-continuation` forces one more step per turn (then
   leaves the decision unchanged);
 - `--deny-tool NAME` (with `--deny-reason`): `tools/pre-execute` denies that tool;
+- `--ask-tool NAME` (with `--ask-reason`): `tools/pre-execute` asks approval for it;
 - `--tool NAME` (with `--tool-sleep SECONDS`, `--tool-agents A,B`): a parallel-safe
   tool that sleeps, then returns `NAME done`, offered only to those agents if given.
 
@@ -46,6 +47,7 @@ from agentloop.plugin.sdk import (
     Options,
     Plugin,
     allow_prompt,
+    ask,
     block_prompt,
     context,
     continue_turn,
@@ -116,12 +118,14 @@ def build(args: argparse.Namespace) -> Plugin:
             continued.add(key)
             return continue_turn()
 
-    if args.deny_tool:
+    if args.deny_tool or args.ask_tool:
 
         @plugin.tools_pre_execute(**options)
         async def guard(call: hs.HookCall) -> decision_pb2.PreToolDecision | None:
             if call.tool_pre_execute.invocation.name == args.deny_tool:
                 return deny(args.deny_reason)
+            if call.tool_pre_execute.invocation.name == args.ask_tool:
+                return ask(args.ask_reason)
             return None
 
     if args.fault:
@@ -225,6 +229,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--continue-once", action="store_true")
     parser.add_argument("--deny-tool", default="")
     parser.add_argument("--deny-reason", default="denied by the test plugin")
+    parser.add_argument("--ask-tool", default="")
+    parser.add_argument("--ask-reason", default="")
     parser.add_argument("--tool", default="")
     parser.add_argument("--tool-sleep", type=float, default=0.3)
     parser.add_argument("--observe-file", default="")

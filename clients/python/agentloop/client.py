@@ -29,6 +29,7 @@ from agentloop.v1 import (
     agent_factory_service_pb2_grpc,
     agent_pb2,
     agent_service_pb2_grpc,
+    approval_pb2,
     session_pb2,
 )
 from agentloop.v1 import agent_service_pb2 as api
@@ -139,6 +140,37 @@ class Client:
     async def cancel(self, agent_id: str, reason: str = "") -> api.CancelTurnResponse:
         """Cancel the running turn and drop what is queued."""
         return await self.agents.CancelTurn(api.CancelTurnRequest(agent_id=agent_id, reason=reason))
+
+    async def approvals(self, agent_id: str) -> list[approval_pb2.ApprovalRequested]:
+        """The agent's tool calls waiting for approval, oldest first."""
+        listed = await self.agents.ListApprovals(api.ListApprovalsRequest(agent_id=agent_id))
+        return list(listed.approvals)
+
+    async def resolve_approval(
+        self,
+        agent_id: str,
+        approval_id: str,
+        *,
+        allow: bool,
+        reason: str = "",
+        request_id: str = "",
+    ) -> approval_pb2.ApprovalResolved:
+        """Allow a waiting tool call once, or reject it (`reason`: what the model sees).
+
+        The call carries a request id (a new one unless given), so a retry returns the
+        first answer. An approval answered first by someone else raises
+        FAILED_PRECONDITION (reason APPROVAL_RESOLVED), naming who.
+        """
+        request = api.ResolveApprovalRequest(
+            agent_id=agent_id,
+            approval_id=approval_id,
+            decision=approval_pb2.APPROVAL_DECISION_ALLOW_ONCE
+            if allow
+            else approval_pb2.APPROVAL_DECISION_REJECT,
+            reason=reason,
+            request_id=request_id or str(uuid.uuid4()),
+        )
+        return (await self.agents.ResolveApproval(request)).resolution
 
     async def wait_idle(self, agent_id: str, seconds: float = 30.0) -> api.WaitIdleResponse:
         """Wait until the agent has nothing running or queued (at most `seconds`, server-side)."""

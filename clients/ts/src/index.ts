@@ -19,12 +19,18 @@ import {
   type WaitIdleResponse,
 } from "./gen/agentloop/v1/agent_service_pb.js";
 import type { SessionEvent } from "./gen/agentloop/v1/session_event_pb.js";
+import {
+  ApprovalDecision,
+  type ApprovalRequested,
+  type ApprovalResolved,
+} from "./gen/agentloop/v1/approval_pb.js";
 
 export * from "./gen/agentloop/v1/agent_pb.js";
 export * from "./gen/agentloop/v1/agent_service_pb.js";
 export * from "./gen/agentloop/v1/agent_factory_service_pb.js";
 export * from "./gen/agentloop/v1/session_event_pb.js";
 export * from "./gen/agentloop/v1/scripted_pb.js";
+export * from "./gen/agentloop/v1/approval_pb.js";
 
 /** How to reach the server. */
 export interface ConnectOptions {
@@ -106,6 +112,26 @@ export class AgentloopClient {
   /** Cancel the running turn and drop what is queued. */
   async cancel(agentId: string, reason = ""): Promise<CancelTurnResponse> {
     return this.agents.cancelTurn({ agentId, reason });
+  }
+
+  /** The agent's tool calls waiting for approval, oldest first. */
+  async approvals(agentId: string): Promise<ApprovalRequested[]> {
+    return (await this.agents.listApprovals({ agentId })).approvals;
+  }
+
+  /**
+   * Allow a waiting tool call once, or reject it (`reason`: what the model sees). The
+   * call carries a request id, so a retry returns the first answer; an approval answered
+   * first by someone else is FAILED_PRECONDITION (reason APPROVAL_RESOLVED).
+   */
+  async resolveApproval(
+    agentId: string,
+    approvalId: string,
+    { allow, reason = "", requestId = crypto.randomUUID() }: { allow: boolean; reason?: string; requestId?: string },
+  ): Promise<ApprovalResolved> {
+    const decision = allow ? ApprovalDecision.ALLOW_ONCE : ApprovalDecision.REJECT;
+    const answer = await this.agents.resolveApproval({ agentId, approvalId, decision, reason, requestId });
+    return answer.resolution!;
   }
 
   /** Wait until the agent has nothing running or queued (at most `seconds`, server-side). */

@@ -53,3 +53,22 @@ test("cancel ends the running turn aborted", async () => {
   const idle = await client.waitIdle("ts-2", 5);
   assert.equal(idle.idle, true);
 });
+
+test("a tool call waiting for approval is listed and resolved", async () => {
+  const count = { id: "w1", name: "word_count", arguments: '{"text": "a b"}' };
+  const options = { ...scripted([{ toolCalls: [count] }, { text: "ok" }], ["word_count"]), approvalRequiredTools: ["word_count"] };
+  await client.create("ts-approve", options);
+  const turn = await client.send("ts-approve", "count");
+  const results = [];
+  for await (const event of turn) {
+    if (event.payload.case === "approvalRequested") {
+      const [pending] = await client.approvals("ts-approve");
+      assert.equal(pending.approvalId, event.payload.value.approvalId);
+      const resolution = await client.resolveApproval("ts-approve", pending.approvalId, { allow: true });
+      assert.equal(resolution.resolvedBy, "api");
+    }
+    if (event.payload.case === "toolResult") results.push(event.payload.value);
+  }
+  assert.equal(results[0].content[0].block.value.text, "2 words");
+  assert.deepEqual(await client.approvals("ts-approve"), []);
+});

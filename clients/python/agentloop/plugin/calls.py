@@ -89,6 +89,7 @@ SPECS = (
     SeamSpec(hs.SEAM_SESSION_EVENTS, "session_event", None),
     SeamSpec(hs.SEAM_AGENT_EVENTS, "agent_event", None),
     SeamSpec(hs.SEAM_TOOLS_RESULT, "tool_result", None),
+    SeamSpec(hs.SEAM_TOOLS_APPROVAL, "tool_approval", hs.ToolApprovalResult),
 )
 BY_SEAM = {spec.seam: spec for spec in SPECS}
 BY_PAYLOAD = {spec.payload: spec for spec in SPECS}

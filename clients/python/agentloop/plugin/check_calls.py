@@ -10,6 +10,7 @@ from google.protobuf import unknown_fields
 
 from agentloop.plugin.calls import BY_PAYLOAD
 from agentloop.plugin.v1 import hook_service_pb2 as hs
+from agentloop.v1 import approval_pb2 as ap
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
@@ -130,6 +131,17 @@ def sample_call(call_id: str, payload: str, *, tool: str = "", provider: str = "
         "model_stream": hs.ModelStreamCall(
             provider=provider,
             messages=[c.Message(role=c.ROLE_USER, content=text("hello"))],
+        ),
+        "tool_approval": hs.ToolApprovalCall(
+            approval=ap.ApprovalRequested(
+                turn=1,
+                step=1,
+                approval_id="ap-check",
+                call_id="tc1",
+                tool_name=tool or "echo",
+                arguments='{"text": "hi"}',
+                requested_by="options.approval_required_tools",
+            )
         ),
     }
     spec = BY_PAYLOAD.get(payload)

@@ -15,6 +15,7 @@ from typing import TypeAlias
 from google.protobuf import struct_pb2
 
 from agentloop.plugin.v1 import hook_service_pb2 as hs
+from agentloop.v1 import approval_pb2 as ap
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
@@ -183,8 +184,18 @@ def deny(reason: str) -> d.PreToolDecision:
 
 
 def ask(reason: str) -> d.PreToolDecision:
-    """Ask for approval of the tool call (a denial where there is no approval channel)."""
+    """Ask for approval of the tool call: it waits for ResolveApproval or an approver."""
     return d.PreToolDecision(ask=d.ToolAsk(reason=reason))
+
+
+def approve_once() -> hs.ToolApprovalResult:
+    """Approver: allow the pending tool call once."""
+    return hs.ToolApprovalResult(decision=ap.APPROVAL_DECISION_ALLOW_ONCE)
+
+
+def reject_tool(reason: str = "") -> hs.ToolApprovalResult:
+    """Approver: reject the pending tool call (the model sees the reason after the rejection)."""
+    return hs.ToolApprovalResult(decision=ap.APPROVAL_DECISION_REJECT, reason=reason)
 
 
 def accept(

@@ -64,12 +64,14 @@ from agentloop.plugin.decisions import (
     add_contexts,
     allow_prompt,
     allow_tool,
+    approve_once,
     ask,
     block_prompt,
     block_result,
     context,
     continue_turn,
     deny,
+    reject_tool,
     replace_config,
     replace_message,
     replace_prefix,
@@ -120,6 +122,7 @@ __all__ = [
     "add_contexts",
     "allow_prompt",
     "allow_tool",
+    "approve_once",
     "ask",
     "block_prompt",
     "block_result",
@@ -128,6 +131,7 @@ __all__ = [
     "deny",
     "finish_chunk",
     "last_user_text",
+    "reject_tool",
     "replace_config",
     "replace_message",
     "replace_prefix",
@@ -233,6 +237,16 @@ class Plugin:
     def on_tool_result(self, **options: Unpack[Options]) -> Decorator[object]:
         """Every final tool result (`call.tool_result.invocation`, `.output`)."""
         return self._subscribe(hs.SEAM_TOOLS_RESULT, options)
+
+    # Approvers: the handler answers a pending approval, or returns None to abstain.
+
+    def tools_approval(self, **options: Unpack[Options]) -> Decorator[hs.ToolApprovalResult]:
+        """`tools/approval`: `approve_once()` or `reject_tool(reason)` (`call.tool_approval`).
+
+        The first answer wins (this or ResolveApproval); a call whose approval ended
+        otherwise is cancelled. Without a `timeout` it waits as long as the approval.
+        """
+        return self._subscribe(hs.SEAM_TOOLS_APPROVAL, options)
 
     def _subscribe(self, seam: hs.Seam.ValueType, options: Options) -> Decorator[Any]:
         def register(handler: Handler[Any]) -> Handler[Any]:

@@ -3,6 +3,7 @@
 isort:skip_file
 """
 
+from agentloop.v1 import approval_pb2 as _approval_pb2
 from agentloop.v1 import content_pb2 as _content_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
@@ -95,6 +96,8 @@ class AgentEvent(_message.Message):
     CREATED_FIELD_NUMBER: _builtins.int
     DISPOSED_FIELD_NUMBER: _builtins.int
     SESSION_START_FIELD_NUMBER: _builtins.int
+    APPROVAL_REQUESTED_FIELD_NUMBER: _builtins.int
+    APPROVAL_RESOLVED_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """The agent it happened to."""
     @_builtins.property
@@ -125,6 +128,16 @@ class AgentEvent(_message.Message):
     def session_start(self) -> Global___AgentSessionStart:
         """SessionStart reports the session start, before the first turn."""
 
+    @_builtins.property
+    def approval_requested(self) -> _approval_pb2.ApprovalRequested:
+        """ApprovalRequested reports a tool call now waiting for approval (its
+        session event is stored first).
+        """
+
+    @_builtins.property
+    def approval_resolved(self) -> _approval_pb2.ApprovalResolved:
+        """ApprovalResolved reports how a pending approval ended."""
+
     def __init__(
         self,
         *,
@@ -136,12 +149,14 @@ class AgentEvent(_message.Message):
         created: Global___AgentCreated | None = ...,
         disposed: Global___AgentDisposed | None = ...,
         session_start: Global___AgentSessionStart | None = ...,
+        approval_requested: _approval_pb2.ApprovalRequested | None = ...,
+        approval_resolved: _approval_pb2.ApprovalResolved | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "created", b"created", "disposed", b"disposed", "error", b"error", "event", b"event", "queued", b"queued", "session_start", b"session_start", "status", b"status"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_requested", b"approval_requested", "approval_resolved", b"approval_resolved", "create_time", b"create_time", "created", b"created", "disposed", b"disposed", "error", b"error", "event", b"event", "queued", b"queued", "session_start", b"session_start", "status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_time", b"create_time", "created", b"created", "disposed", b"disposed", "error", b"error", "event", b"event", "queued", b"queued", "session_start", b"session_start", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "approval_requested", b"approval_requested", "approval_resolved", b"approval_resolved", "create_time", b"create_time", "created", b"created", "disposed", b"disposed", "error", b"error", "event", b"event", "queued", b"queued", "session_start", b"session_start", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["status", "queued", "error", "created", "disposed", "session_start"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["status", "queued", "error", "created", "disposed", "session_start", "approval_requested", "approval_resolved"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 

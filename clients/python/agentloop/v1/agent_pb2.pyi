@@ -4,9 +4,11 @@ isort:skip_file
 """
 
 from agentloop.v1 import agent_event_pb2 as _agent_event_pb2
+from agentloop.v1 import approval_pb2 as _approval_pb2
 from collections import abc as _abc
 from google.protobuf import any_pb2 as _any_pb2
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -33,6 +35,8 @@ class AgentOptions(_message.Message):
     TOOLS_FIELD_NUMBER: _builtins.int
     PERSONA_FIELD_NUMBER: _builtins.int
     PROVIDER_OPTIONS_FIELD_NUMBER: _builtins.int
+    APPROVAL_REQUIRED_TOOLS_FIELD_NUMBER: _builtins.int
+    APPROVAL_TIMEOUT_FIELD_NUMBER: _builtins.int
     provider: _builtins.str
     """Provider names the model provider, for example "scripted". Empty means the
     server default ("scripted"). A model call needs a provider and a model,
@@ -64,6 +68,21 @@ class AgentOptions(_message.Message):
         does not take is INVALID_ARGUMENT (field `options.provider_options`).
         """
 
+    @_builtins.property
+    def approval_required_tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Optional. Tools that always need approval before they run (the built-in
+        approval policy, no plugin needed): each call waits for ResolveApproval or
+        an approver plugin. Any tool name; a name the agent never calls does
+        nothing.
+        """
+
+    @_builtins.property
+    def approval_timeout(self) -> _duration_pb2.Duration:
+        """Optional. How long a tool call waits for approval before it is denied
+        (`Error: approval for tool "X" timed out after N seconds`); unset means
+        the server's `approvalTimeoutSeconds` (default 300); at most 24 hours.
+        """
+
     def __init__(
         self,
         *,
@@ -73,10 +92,12 @@ class AgentOptions(_message.Message):
         tools: _abc.Iterable[_builtins.str] | None = ...,
         persona: _builtins.str = ...,
         provider_options: _any_pb2.Any | None = ...,
+        approval_required_tools: _abc.Iterable[_builtins.str] | None = ...,
+        approval_timeout: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_parallel_tool_calls", b"_max_parallel_tool_calls", "max_parallel_tool_calls", b"max_parallel_tool_calls", "provider_options", b"provider_options"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_parallel_tool_calls", b"_max_parallel_tool_calls", "approval_timeout", b"approval_timeout", "max_parallel_tool_calls", b"max_parallel_tool_calls", "provider_options", b"provider_options"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_parallel_tool_calls", b"_max_parallel_tool_calls", "max_parallel_tool_calls", b"max_parallel_tool_calls", "model", b"model", "persona", b"persona", "provider", b"provider", "provider_options", b"provider_options", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_parallel_tool_calls", b"_max_parallel_tool_calls", "approval_required_tools", b"approval_required_tools", "approval_timeout", b"approval_timeout", "max_parallel_tool_calls", b"max_parallel_tool_calls", "model", b"model", "persona", b"persona", "provider", b"provider", "provider_options", b"provider_options", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_parallel_tool_calls: _TypeAlias = _typing.Literal["max_parallel_tool_calls"]  # noqa: Y015
     _WhichOneofArgType__max_parallel_tool_calls: _TypeAlias = _typing.Literal["_max_parallel_tool_calls", b"_max_parallel_tool_calls"]  # noqa: Y015
@@ -119,6 +140,7 @@ class Agent(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     OPTIONS_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
+    PENDING_APPROVALS_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """AgentID is the caller-chosen id."""
     session_id: _builtins.str
@@ -133,6 +155,12 @@ class Agent(_message.Message):
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """CreateTime is when the agent was published."""
 
+    @_builtins.property
+    def pending_approvals(self) -> _containers.RepeatedCompositeFieldContainer[_approval_pb2.ApprovalRequested]:
+        """Output only. The tool calls waiting for approval, oldest first. Not empty
+        means the agent is waiting for approval (its status stays RUNNING).
+        """
+
     def __init__(
         self,
         *,
@@ -141,10 +169,11 @@ class Agent(_message.Message):
         status: _agent_event_pb2.AgentStatus.ValueType = ...,
         options: Global___AgentOptions | None = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
+        pending_approvals: _abc.Iterable[_approval_pb2.ApprovalRequested] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "options", b"options"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_time", b"create_time", "options", b"options", "session_id", b"session_id", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_time", b"create_time", "options", b"options", "pending_approvals", b"pending_approvals", "session_id", b"session_id", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

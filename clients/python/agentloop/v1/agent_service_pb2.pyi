@@ -4,6 +4,7 @@ isort:skip_file
 """
 
 from agentloop.v1 import agent_event_pb2 as _agent_event_pb2
+from agentloop.v1 import approval_pb2 as _approval_pb2
 from agentloop.v1 import content_pb2 as _content_pb2
 from agentloop.v1 import session_event_pb2 as _session_event_pb2
 from agentloop.v1 import session_pb2 as _session_pb2
@@ -23,6 +24,123 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+@_typing.final
+class ResolveApprovalRequest(_message.Message):
+    """ResolveApprovalRequest is the input of ResolveApproval."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    APPROVAL_ID_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    """Required. The live agent whose tool call waits."""
+    approval_id: _builtins.str
+    """Required. The `approval_id` of the `approval_requested` event."""
+    decision: _approval_pb2.ApprovalDecision.ValueType
+    """Required. Allow once or reject."""
+    reason: _builtins.str
+    """Optional. Why it was rejected; the model sees it after the rejection
+    text. At most 4096 bytes; only with REJECT.
+    """
+    request_id: _builtins.str
+    """RequestID makes the call idempotent: a retry with the same id returns the
+    first call's answer. Ids are scoped to the agent id; at most 128
+    characters; empty means no deduplication.
+    """
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        approval_id: _builtins.str = ...,
+        decision: _approval_pb2.ApprovalDecision.ValueType = ...,
+        reason: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "approval_id", b"approval_id", "decision", b"decision", "reason", b"reason", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResolveApprovalRequest: _TypeAlias = ResolveApprovalRequest  # noqa: Y015
+
+@_typing.final
+class ResolveApprovalResponse(_message.Message):
+    """ResolveApprovalResponse is the output of ResolveApproval."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOLUTION_FIELD_NUMBER: _builtins.int
+    NEXT_SEQ_FIELD_NUMBER: _builtins.int
+    next_seq: _builtins.int
+    """The seq the next event got once the resolution was durable."""
+    @_builtins.property
+    def resolution(self) -> _approval_pb2.ApprovalResolved:
+        """Resolution is the recorded `approval_resolved` event payload."""
+
+    def __init__(
+        self,
+        *,
+        resolution: _approval_pb2.ApprovalResolved | None = ...,
+        next_seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["resolution", b"resolution"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_seq", b"next_seq", "resolution", b"resolution"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResolveApprovalResponse: _TypeAlias = ResolveApprovalResponse  # noqa: Y015
+
+@_typing.final
+class ListApprovalsRequest(_message.Message):
+    """ListApprovalsRequest is the input of ListApprovals."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    """Required. The live agent."""
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListApprovalsRequest: _TypeAlias = ListApprovalsRequest  # noqa: Y015
+
+@_typing.final
+class ListApprovalsResponse(_message.Message):
+    """ListApprovalsResponse is the output of ListApprovals."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPROVALS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def approvals(self) -> _containers.RepeatedCompositeFieldContainer[_approval_pb2.ApprovalRequested]:
+        """Approvals are the pending approvals, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        approvals: _abc.Iterable[_approval_pb2.ApprovalRequested] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approvals", b"approvals"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListApprovalsResponse: _TypeAlias = ListApprovalsResponse  # noqa: Y015
 
 @_typing.final
 class SendMessageRequest(_message.Message):

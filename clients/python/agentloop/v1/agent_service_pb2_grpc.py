@@ -113,6 +113,16 @@ class AgentServiceStub:
                 request_serializer=agentloop_dot_v1_dot_agent__service__pb2.StreamSessionEventsRequest.SerializeToString,
                 response_deserializer=agentloop_dot_v1_dot_agent__service__pb2.StreamSessionEventsResponse.FromString,
                 _registered_method=True)
+        self.ResolveApproval = channel.unary_unary(
+                '/agentloop.v1.AgentService/ResolveApproval',
+                request_serializer=agentloop_dot_v1_dot_agent__service__pb2.ResolveApprovalRequest.SerializeToString,
+                response_deserializer=agentloop_dot_v1_dot_agent__service__pb2.ResolveApprovalResponse.FromString,
+                _registered_method=True)
+        self.ListApprovals = channel.unary_unary(
+                '/agentloop.v1.AgentService/ListApprovals',
+                request_serializer=agentloop_dot_v1_dot_agent__service__pb2.ListApprovalsRequest.SerializeToString,
+                response_deserializer=agentloop_dot_v1_dot_agent__service__pb2.ListApprovalsResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -234,12 +244,35 @@ class AgentServiceServicer:
         `subscribed` set and no events; from then on no live agent event is
         missed (or, for a slow reader, it is counted in `dropped_agent_events`).
         With an agent id it also carries the agent's live events (status, queued,
-        error, created, disposed, session-start) as they happen; those are not
+        error, created, disposed, session-start, approval requested and resolved)
+        as they happen; those are not
         replayed. After a disconnect, reconnect with `from_seq` set
         to one past the last sequence number seen: nothing is lost or repeated.
         The stream ends when the agent is disposed and its log is drained.
         A `from_seq` past the end of the log is OUT_OF_RANGE at once: no event
         with that sequence number was ever seen by anyone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResolveApproval(self, request, context):
+        """ResolveApproval answers a tool call waiting for approval: allow it once,
+        or reject it (with an optional reason the model sees). The first answer
+        wins, from this RPC or an approver plugin; it is recorded as an
+        `approval_resolved` event, durable when this returns. An unknown approval
+        id is NOT_FOUND (reason APPROVAL_NOT_FOUND); one already answered,
+        cancelled or timed out is FAILED_PRECONDITION (APPROVAL_RESOLVED, the
+        metadata says who answered and how); one whose turn ended unanswered (a
+        crash) is FAILED_PRECONDITION (APPROVAL_STALE). A refused call changes
+        nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListApprovals(self, request, context):
+        """ListApprovals lists the agent's tool calls waiting for approval.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -297,6 +330,16 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.StreamSessionEvents,
                     request_deserializer=agentloop_dot_v1_dot_agent__service__pb2.StreamSessionEventsRequest.FromString,
                     response_serializer=agentloop_dot_v1_dot_agent__service__pb2.StreamSessionEventsResponse.SerializeToString,
+            ),
+            'ResolveApproval': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveApproval,
+                    request_deserializer=agentloop_dot_v1_dot_agent__service__pb2.ResolveApprovalRequest.FromString,
+                    response_serializer=agentloop_dot_v1_dot_agent__service__pb2.ResolveApprovalResponse.SerializeToString,
+            ),
+            'ListApprovals': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListApprovals,
+                    request_deserializer=agentloop_dot_v1_dot_agent__service__pb2.ListApprovalsRequest.FromString,
+                    response_serializer=agentloop_dot_v1_dot_agent__service__pb2.ListApprovalsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -598,6 +641,60 @@ class AgentService:
             '/agentloop.v1.AgentService/StreamSessionEvents',
             agentloop_dot_v1_dot_agent__service__pb2.StreamSessionEventsRequest.SerializeToString,
             agentloop_dot_v1_dot_agent__service__pb2.StreamSessionEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveApproval(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentloop.v1.AgentService/ResolveApproval',
+            agentloop_dot_v1_dot_agent__service__pb2.ResolveApprovalRequest.SerializeToString,
+            agentloop_dot_v1_dot_agent__service__pb2.ResolveApprovalResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListApprovals(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentloop.v1.AgentService/ListApprovals',
+            agentloop_dot_v1_dot_agent__service__pb2.ListApprovalsRequest.SerializeToString,
+            agentloop_dot_v1_dot_agent__service__pb2.ListApprovalsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -113,13 +113,27 @@ class AgentServiceStub:
     `subscribed` set and no events; from then on no live agent event is
     missed (or, for a slow reader, it is counted in `dropped_agent_events`).
     With an agent id it also carries the agent's live events (status, queued,
-    error, created, disposed, session-start) as they happen; those are not
+    error, created, disposed, session-start, approval requested and resolved)
+    as they happen; those are not
     replayed. After a disconnect, reconnect with `from_seq` set
     to one past the last sequence number seen: nothing is lost or repeated.
     The stream ends when the agent is disposed and its log is drained.
     A `from_seq` past the end of the log is OUT_OF_RANGE at once: no event
     with that sequence number was ever seen by anyone.
     """
+    ResolveApproval: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.ResolveApprovalRequest, _agent_service_pb2.ResolveApprovalResponse]
+    """ResolveApproval answers a tool call waiting for approval: allow it once,
+    or reject it (with an optional reason the model sees). The first answer
+    wins, from this RPC or an approver plugin; it is recorded as an
+    `approval_resolved` event, durable when this returns. An unknown approval
+    id is NOT_FOUND (reason APPROVAL_NOT_FOUND); one already answered,
+    cancelled or timed out is FAILED_PRECONDITION (APPROVAL_RESOLVED, the
+    metadata says who answered and how); one whose turn ended unanswered (a
+    crash) is FAILED_PRECONDITION (APPROVAL_STALE). A refused call changes
+    nothing.
+    """
+    ListApprovals: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.ListApprovalsRequest, _agent_service_pb2.ListApprovalsResponse]
+    """ListApprovals lists the agent's tool calls waiting for approval."""
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -206,13 +220,27 @@ class AgentServiceAsyncStub(AgentServiceStub):
     `subscribed` set and no events; from then on no live agent event is
     missed (or, for a slow reader, it is counted in `dropped_agent_events`).
     With an agent id it also carries the agent's live events (status, queued,
-    error, created, disposed, session-start) as they happen; those are not
+    error, created, disposed, session-start, approval requested and resolved)
+    as they happen; those are not
     replayed. After a disconnect, reconnect with `from_seq` set
     to one past the last sequence number seen: nothing is lost or repeated.
     The stream ends when the agent is disposed and its log is drained.
     A `from_seq` past the end of the log is OUT_OF_RANGE at once: no event
     with that sequence number was ever seen by anyone.
     """
+    ResolveApproval: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.ResolveApprovalRequest, _agent_service_pb2.ResolveApprovalResponse]  # type: ignore[assignment]
+    """ResolveApproval answers a tool call waiting for approval: allow it once,
+    or reject it (with an optional reason the model sees). The first answer
+    wins, from this RPC or an approver plugin; it is recorded as an
+    `approval_resolved` event, durable when this returns. An unknown approval
+    id is NOT_FOUND (reason APPROVAL_NOT_FOUND); one already answered,
+    cancelled or timed out is FAILED_PRECONDITION (APPROVAL_RESOLVED, the
+    metadata says who answered and how); one whose turn ended unanswered (a
+    crash) is FAILED_PRECONDITION (APPROVAL_STALE). A refused call changes
+    nothing.
+    """
+    ListApprovals: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.ListApprovalsRequest, _agent_service_pb2.ListApprovalsResponse]  # type: ignore[assignment]
+    """ListApprovals lists the agent's tool calls waiting for approval."""
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     """AgentService talks to one live agent and reads sessions.
@@ -356,12 +384,38 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         `subscribed` set and no events; from then on no live agent event is
         missed (or, for a slow reader, it is counted in `dropped_agent_events`).
         With an agent id it also carries the agent's live events (status, queued,
-        error, created, disposed, session-start) as they happen; those are not
+        error, created, disposed, session-start, approval requested and resolved)
+        as they happen; those are not
         replayed. After a disconnect, reconnect with `from_seq` set
         to one past the last sequence number seen: nothing is lost or repeated.
         The stream ends when the agent is disposed and its log is drained.
         A `from_seq` past the end of the log is OUT_OF_RANGE at once: no event
         with that sequence number was ever seen by anyone.
         """
+
+    @_abc_1.abstractmethod
+    def ResolveApproval(
+        self,
+        request: _agent_service_pb2.ResolveApprovalRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_service_pb2.ResolveApprovalResponse, _abc.Awaitable[_agent_service_pb2.ResolveApprovalResponse]]:
+        """ResolveApproval answers a tool call waiting for approval: allow it once,
+        or reject it (with an optional reason the model sees). The first answer
+        wins, from this RPC or an approver plugin; it is recorded as an
+        `approval_resolved` event, durable when this returns. An unknown approval
+        id is NOT_FOUND (reason APPROVAL_NOT_FOUND); one already answered,
+        cancelled or timed out is FAILED_PRECONDITION (APPROVAL_RESOLVED, the
+        metadata says who answered and how); one whose turn ended unanswered (a
+        crash) is FAILED_PRECONDITION (APPROVAL_STALE). A refused call changes
+        nothing.
+        """
+
+    @_abc_1.abstractmethod
+    def ListApprovals(
+        self,
+        request: _agent_service_pb2.ListApprovalsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_service_pb2.ListApprovalsResponse, _abc.Awaitable[_agent_service_pb2.ListApprovalsResponse]]:
+        """ListApprovals lists the agent's tool calls waiting for approval."""
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -3,6 +3,7 @@
 isort:skip_file
 """
 
+from agentloop.v1 import approval_pb2 as _approval_pb2
 from agentloop.v1 import content_pb2 as _content_pb2
 from agentloop.v1 import stream_pb2 as _stream_pb2
 from collections import abc as _abc
@@ -169,6 +170,8 @@ class SessionEvent(_message.Message):
     STEP_END_FIELD_NUMBER: _builtins.int
     TURN_END_FIELD_NUMBER: _builtins.int
     MESSAGE_DROPPED_FIELD_NUMBER: _builtins.int
+    APPROVAL_REQUESTED_FIELD_NUMBER: _builtins.int
+    APPROVAL_RESOLVED_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """Output only. The position in the log: 1, 2, 3, ... with no gaps (0 names
     no event).
@@ -246,6 +249,19 @@ class SessionEvent(_message.Message):
         history.
         """
 
+    @_builtins.property
+    def approval_requested(self) -> _approval_pb2.ApprovalRequested:
+        """ApprovalRequested: a tool call waits for approval (`approval/requested`).
+        It never enters history.
+        """
+
+    @_builtins.property
+    def approval_resolved(self) -> _approval_pb2.ApprovalResolved:
+        """ApprovalResolved: the approval was answered, cancelled or timed out
+        (`approval/resolved`). It never enters history; the call's `tool_result`
+        follows in model order.
+        """
+
     def __init__(
         self,
         *,
@@ -267,12 +283,14 @@ class SessionEvent(_message.Message):
         step_end: Global___StepEnd | None = ...,
         turn_end: Global___TurnEnd | None = ...,
         message_dropped: Global___MessageDropped | None = ...,
+        approval_requested: _approval_pb2.ApprovalRequested | None = ...,
+        approval_resolved: _approval_pb2.ApprovalResolved | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["assistant_chunk", b"assistant_chunk", "assistant_message", b"assistant_message", "context_message", b"context_message", "create_time", b"create_time", "message_dropped", b"message_dropped", "payload", b"payload", "prompt_blocked", b"prompt_blocked", "request_header", b"request_header", "steering_message", b"steering_message", "step_end", b"step_end", "step_start", b"step_start", "surface_op", b"surface_op", "tool_call", b"tool_call", "tool_result", b"tool_result", "turn_end", b"turn_end", "turn_start", b"turn_start", "user_message", b"user_message"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_requested", b"approval_requested", "approval_resolved", b"approval_resolved", "assistant_chunk", b"assistant_chunk", "assistant_message", b"assistant_message", "context_message", b"context_message", "create_time", b"create_time", "message_dropped", b"message_dropped", "payload", b"payload", "prompt_blocked", b"prompt_blocked", "request_header", b"request_header", "steering_message", b"steering_message", "step_end", b"step_end", "step_start", b"step_start", "surface_op", b"surface_op", "tool_call", b"tool_call", "tool_result", b"tool_result", "turn_end", b"turn_end", "turn_start", b"turn_start", "user_message", b"user_message"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assistant_chunk", b"assistant_chunk", "assistant_message", b"assistant_message", "context_message", b"context_message", "create_time", b"create_time", "message_dropped", b"message_dropped", "payload", b"payload", "prompt_blocked", b"prompt_blocked", "request_header", b"request_header", "seq", b"seq", "source_event_seqs", b"source_event_seqs", "steering_message", b"steering_message", "step_end", b"step_end", "step_start", b"step_start", "surface_op", b"surface_op", "tool_call", b"tool_call", "tool_result", b"tool_result", "turn_end", b"turn_end", "turn_start", b"turn_start", "user_message", b"user_message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_requested", b"approval_requested", "approval_resolved", b"approval_resolved", "assistant_chunk", b"assistant_chunk", "assistant_message", b"assistant_message", "context_message", b"context_message", "create_time", b"create_time", "message_dropped", b"message_dropped", "payload", b"payload", "prompt_blocked", b"prompt_blocked", "request_header", b"request_header", "seq", b"seq", "source_event_seqs", b"source_event_seqs", "steering_message", b"steering_message", "step_end", b"step_end", "step_start", b"step_start", "surface_op", b"surface_op", "tool_call", b"tool_call", "tool_result", b"tool_result", "turn_end", b"turn_end", "turn_start", b"turn_start", "user_message", b"user_message"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["turn_start", "user_message", "prompt_blocked", "context_message", "steering_message", "step_start", "request_header", "assistant_chunk", "assistant_message", "tool_call", "tool_result", "step_end", "turn_end", "message_dropped"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["turn_start", "user_message", "prompt_blocked", "context_message", "steering_message", "step_start", "request_header", "assistant_chunk", "assistant_message", "tool_call", "tool_result", "step_end", "turn_end", "message_dropped", "approval_requested", "approval_resolved"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 

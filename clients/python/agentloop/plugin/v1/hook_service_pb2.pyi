@@ -4,6 +4,7 @@ isort:skip_file
 """
 
 from agentloop.v1 import agent_event_pb2 as _agent_event_pb2
+from agentloop.v1 import approval_pb2 as _approval_pb2
 from agentloop.v1 import content_pb2 as _content_pb2
 from agentloop.v1 import decision_pb2 as _decision_pb2
 from agentloop.v1 import session_event_pb2 as _session_event_pb2
@@ -58,6 +59,16 @@ class _SeamEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Seam.ValueType],
     """Observer of the live agent events."""
     SEAM_TOOLS_RESULT: _Seam.ValueType  # 12
     """Observer of every final tool result (`tools/result`)."""
+    SEAM_TOOLS_APPROVAL: _Seam.ValueType  # 20
+    """Approver of tool calls waiting for approval (`tools/approval`): each
+    pending approval of a subscribed agent is sent as a `tool_approval` call;
+    the answer (allow once, reject, or unset: abstain) resolves it unless
+    another answer (ResolveApproval or another approver) came first. When the
+    approval ends otherwise, the call is withdrawn with a `CancelCall` whose
+    reason says who answered. Its timeout defaults to the approval's; a
+    failure or a timeout only abstains (the approval waits on), whatever the
+    failure policy.
+    """
 
 class Seam(_Seam, metaclass=_SeamEnumTypeWrapper):
     """Seam names a point of the loop a plugin can subscribe to.
@@ -91,6 +102,16 @@ SEAM_AGENT_EVENTS: Seam.ValueType  # 11
 """Observer of the live agent events."""
 SEAM_TOOLS_RESULT: Seam.ValueType  # 12
 """Observer of every final tool result (`tools/result`)."""
+SEAM_TOOLS_APPROVAL: Seam.ValueType  # 20
+"""Approver of tool calls waiting for approval (`tools/approval`): each
+pending approval of a subscribed agent is sent as a `tool_approval` call;
+the answer (allow once, reject, or unset: abstain) resolves it unless
+another answer (ResolveApproval or another approver) came first. When the
+approval ends otherwise, the call is withdrawn with a `CancelCall` whose
+reason says who answered. Its timeout defaults to the approval's; a
+failure or a timeout only abstains (the approval waits on), whatever the
+failure policy.
+"""
 Global___Seam: _TypeAlias = Seam  # noqa: Y015
 
 class _CallKind:
@@ -552,6 +573,7 @@ class HookCall(_message.Message):
     AGENT_EVENT_FIELD_NUMBER: _builtins.int
     TOOL_RESULT_FIELD_NUMBER: _builtins.int
     MODEL_STREAM_FIELD_NUMBER: _builtins.int
+    TOOL_APPROVAL_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     """CallID identifies the call on this stream; the result repeats it."""
     seam: Global___Seam.ValueType
@@ -632,6 +654,10 @@ class HookCall(_message.Message):
         answer is a sequence of `ModelChunk`s.
         """
 
+    @_builtins.property
+    def tool_approval(self) -> Global___ToolApprovalCall:
+        """ToolApproval asks an approver for its answer to a pending approval."""
+
     def __init__(
         self,
         *,
@@ -657,16 +683,71 @@ class HookCall(_message.Message):
         agent_event: Global___AgentEventNotice | None = ...,
         tool_result: Global___ToolResultNotice | None = ...,
         model_stream: Global___ModelStreamCall | None = ...,
+        tool_approval: Global___ToolApprovalCall | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "model_stream", b"model_stream", "payload", b"payload", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_event", b"session_event", "session_prefix", b"session_prefix", "step_result", b"step_result", "timeout", b"timeout", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "tool_result", b"tool_result", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "model_stream", b"model_stream", "payload", b"payload", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_event", b"session_event", "session_prefix", b"session_prefix", "step_result", b"step_result", "timeout", b"timeout", "tool_approval", b"tool_approval", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "tool_result", b"tool_result", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "agent_id", b"agent_id", "call_id", b"call_id", "kind", b"kind", "model_stream", b"model_stream", "payload", b"payload", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "seam", b"seam", "session_event", b"session_event", "session_id", b"session_id", "session_prefix", b"session_prefix", "step", b"step", "step_result", b"step_result", "timeout", b"timeout", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "tool_result", b"tool_result", "turn", b"turn", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "agent_id", b"agent_id", "call_id", b"call_id", "kind", b"kind", "model_stream", b"model_stream", "payload", b"payload", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "seam", b"seam", "session_event", b"session_event", "session_id", b"session_id", "session_prefix", b"session_prefix", "step", b"step", "step_result", b"step_result", "timeout", b"timeout", "tool_approval", b"tool_approval", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "tool_result", b"tool_result", "turn", b"turn", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["prompt_submit", "session_prefix", "pre_step", "request", "step_result", "turn_continuation", "turn_stop", "tool_pre_execute", "tool_post_execute", "tool_execute", "session_event", "agent_event", "tool_result", "model_stream"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["prompt_submit", "session_prefix", "pre_step", "request", "step_result", "turn_continuation", "turn_stop", "tool_pre_execute", "tool_post_execute", "tool_execute", "session_event", "agent_event", "tool_result", "model_stream", "tool_approval"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 
 Global___HookCall: _TypeAlias = HookCall  # noqa: Y015
+
+@_typing.final
+class ToolApprovalCall(_message.Message):
+    """ToolApprovalCall is a tool call waiting for approval."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPROVAL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def approval(self) -> _approval_pb2.ApprovalRequested:
+        """Approval is the pending approval (id, call, tool, arguments, reason,
+        who asked, expiry).
+        """
+
+    def __init__(
+        self,
+        *,
+        approval: _approval_pb2.ApprovalRequested | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval", b"approval"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolApprovalCall: _TypeAlias = ToolApprovalCall  # noqa: Y015
+
+@_typing.final
+class ToolApprovalResult(_message.Message):
+    """ToolApprovalResult is an approver's answer."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DECISION_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    decision: _approval_pb2.ApprovalDecision.ValueType
+    """Decision is allow once or reject; unset abstains (leaves the approval to
+    others).
+    """
+    reason: _builtins.str
+    """Reason is the rejection reason the model sees, if any."""
+    def __init__(
+        self,
+        *,
+        decision: _approval_pb2.ApprovalDecision.ValueType = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolApprovalResult: _TypeAlias = ToolApprovalResult  # noqa: Y015
 
 @_typing.final
 class ModelStreamCall(_message.Message):
@@ -745,6 +826,7 @@ class HookResult(_message.Message):
     TOOL_PRE_EXECUTE_FIELD_NUMBER: _builtins.int
     TOOL_POST_EXECUTE_FIELD_NUMBER: _builtins.int
     TOOL_EXECUTE_FIELD_NUMBER: _builtins.int
+    TOOL_APPROVAL_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     """CallID is the call answered."""
@@ -789,6 +871,10 @@ class HookResult(_message.Message):
         """ToolExecute is the output of a plugin tool."""
 
     @_builtins.property
+    def tool_approval(self) -> Global___ToolApprovalResult:
+        """ToolApproval answers a `tool_approval` call."""
+
+    @_builtins.property
     def error(self) -> Global___CallError:
         """Error reports that the plugin failed to handle the call; the failure
         policy applies. It is for operators: the model never sees it.
@@ -808,13 +894,14 @@ class HookResult(_message.Message):
         tool_pre_execute: _decision_pb2.PreToolDecision | None = ...,
         tool_post_execute: _decision_pb2.PostToolDecision | None = ...,
         tool_execute: Global___ToolOutput | None = ...,
+        tool_approval: Global___ToolApprovalResult | None = ...,
         error: Global___CallError | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_prefix", b"session_prefix", "step_result", b"step_result", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_prefix", b"session_prefix", "step_result", b"step_result", "tool_approval", b"tool_approval", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "error", b"error", "outcome", b"outcome", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_prefix", b"session_prefix", "step_result", b"step_result", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "error", b"error", "outcome", b"outcome", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_prefix", b"session_prefix", "step_result", b"step_result", "tool_approval", b"tool_approval", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["prompt_submit", "session_prefix", "pre_step", "request", "step_result", "turn_continuation", "turn_stop", "tool_pre_execute", "tool_post_execute", "tool_execute", "error"]  # noqa: Y015
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["prompt_submit", "session_prefix", "pre_step", "request", "step_result", "turn_continuation", "turn_stop", "tool_pre_execute", "tool_post_execute", "tool_execute", "tool_approval", "error"]  # noqa: Y015
     _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
 

@@ -4,6 +4,8 @@
 
 import type { GenEnum, GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2";
 import { enumDesc, fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
+import type { ApprovalRequested, ApprovalResolved } from "./approval_pb.js";
+import { file_agentloop_v1_approval } from "./approval_pb.js";
 import type { ContentBlock, Source } from "./content_pb.js";
 import { file_agentloop_v1_content } from "./content_pb.js";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
@@ -14,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agentloop/v1/agent_event.proto.
  */
 export const file_agentloop_v1_agent_event: GenFile = /*@__PURE__*/
-  fileDesc("Ch5hZ2VudGxvb3AvdjEvYWdlbnRfZXZlbnQucHJvdG8SDGFnZW50bG9vcC52MSL+AgoKQWdlbnRFdmVudBIQCghhZ2VudF9pZBgBIAEoCRIvCgtjcmVhdGVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoGc3RhdHVzGAogASgLMiAuYWdlbnRsb29wLnYxLkFnZW50U3RhdHVzQ2hhbmdlZEgAEisKBnF1ZXVlZBgLIAEoCzIZLmFnZW50bG9vcC52MS5BZ2VudFF1ZXVlZEgAEikKBWVycm9yGAwgASgLMhguYWdlbnRsb29wLnYxLkFnZW50RXJyb3JIABItCgdjcmVhdGVkGA0gASgLMhouYWdlbnRsb29wLnYxLkFnZW50Q3JlYXRlZEgAEi8KCGRpc3Bvc2VkGA4gASgLMhsuYWdlbnRsb29wLnYxLkFnZW50RGlzcG9zZWRIABI4Cg1zZXNzaW9uX3N0YXJ0GA8gASgLMh8uYWdlbnRsb29wLnYxLkFnZW50U2Vzc2lvblN0YXJ0SABCBwoFZXZlbnQiPwoSQWdlbnRTdGF0dXNDaGFuZ2VkEikKBnN0YXR1cxgBIAEoDjIZLmFnZW50bG9vcC52MS5BZ2VudFN0YXR1cyKGAQoLQWdlbnRRdWV1ZWQSKwoHY29udGVudBgBIAMoCzIaLmFnZW50bG9vcC52MS5Db250ZW50QmxvY2sSJAoGc291cmNlGAIgASgLMhQuYWdlbnRsb29wLnYxLlNvdXJjZRIQCghzdGVlcmluZxgDIAEoCBISCgpyZXF1ZXN0X2lkGAQgASgJIkcKCkFnZW50RXJyb3ISDAoEdHVybhgBIAEoDRIMCgRzdGVwGAIgASgNEg8KB21lc3NhZ2UYAyABKAkSDAoEY29kZRgEIAEoCSIiCgxBZ2VudENyZWF0ZWQSEgoKc2Vzc2lvbl9pZBgBIAEoCSIPCg1BZ2VudERpc3Bvc2VkIkUKEUFnZW50U2Vzc2lvblN0YXJ0EjAKBnNvdXJjZRgBIAEoDjIgLmFnZW50bG9vcC52MS5TZXNzaW9uU3RhcnRTb3VyY2UqdwoLQWdlbnRTdGF0dXMSHAoYQUdFTlRfU1RBVFVTX1VOU1BFQ0lGSUVEEAASFQoRQUdFTlRfU1RBVFVTX0lETEUQARIYChRBR0VOVF9TVEFUVVNfUlVOTklORxACEhkKFUFHRU5UX1NUQVRVU19ESVNQT1NFRBADKn0KElNlc3Npb25TdGFydFNvdXJjZRIkCiBTRVNTSU9OX1NUQVJUX1NPVVJDRV9VTlNQRUNJRklFRBAAEiAKHFNFU1NJT05fU1RBUlRfU09VUkNFX1NUQVJUVVAQARIfChtTRVNTSU9OX1NUQVJUX1NPVVJDRV9SRVNVTUUQAmIGcHJvdG8z", [file_agentloop_v1_content, file_google_protobuf_timestamp]);
+  fileDesc("Ch5hZ2VudGxvb3AvdjEvYWdlbnRfZXZlbnQucHJvdG8SDGFnZW50bG9vcC52MSL6AwoKQWdlbnRFdmVudBIQCghhZ2VudF9pZBgBIAEoCRIvCgtjcmVhdGVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoGc3RhdHVzGAogASgLMiAuYWdlbnRsb29wLnYxLkFnZW50U3RhdHVzQ2hhbmdlZEgAEisKBnF1ZXVlZBgLIAEoCzIZLmFnZW50bG9vcC52MS5BZ2VudFF1ZXVlZEgAEikKBWVycm9yGAwgASgLMhguYWdlbnRsb29wLnYxLkFnZW50RXJyb3JIABItCgdjcmVhdGVkGA0gASgLMhouYWdlbnRsb29wLnYxLkFnZW50Q3JlYXRlZEgAEi8KCGRpc3Bvc2VkGA4gASgLMhsuYWdlbnRsb29wLnYxLkFnZW50RGlzcG9zZWRIABI4Cg1zZXNzaW9uX3N0YXJ0GA8gASgLMh8uYWdlbnRsb29wLnYxLkFnZW50U2Vzc2lvblN0YXJ0SAASPQoSYXBwcm92YWxfcmVxdWVzdGVkGBAgASgLMh8uYWdlbnRsb29wLnYxLkFwcHJvdmFsUmVxdWVzdGVkSAASOwoRYXBwcm92YWxfcmVzb2x2ZWQYESABKAsyHi5hZ2VudGxvb3AudjEuQXBwcm92YWxSZXNvbHZlZEgAQgcKBWV2ZW50Ij8KEkFnZW50U3RhdHVzQ2hhbmdlZBIpCgZzdGF0dXMYASABKA4yGS5hZ2VudGxvb3AudjEuQWdlbnRTdGF0dXMihgEKC0FnZW50UXVldWVkEisKB2NvbnRlbnQYASADKAsyGi5hZ2VudGxvb3AudjEuQ29udGVudEJsb2NrEiQKBnNvdXJjZRgCIAEoCzIULmFnZW50bG9vcC52MS5Tb3VyY2USEAoIc3RlZXJpbmcYAyABKAgSEgoKcmVxdWVzdF9pZBgEIAEoCSJHCgpBZ2VudEVycm9yEgwKBHR1cm4YASABKA0SDAoEc3RlcBgCIAEoDRIPCgdtZXNzYWdlGAMgASgJEgwKBGNvZGUYBCABKAkiIgoMQWdlbnRDcmVhdGVkEhIKCnNlc3Npb25faWQYASABKAkiDwoNQWdlbnREaXNwb3NlZCJFChFBZ2VudFNlc3Npb25TdGFydBIwCgZzb3VyY2UYASABKA4yIC5hZ2VudGxvb3AudjEuU2Vzc2lvblN0YXJ0U291cmNlKncKC0FnZW50U3RhdHVzEhwKGEFHRU5UX1NUQVRVU19VTlNQRUNJRklFRBAAEhUKEUFHRU5UX1NUQVRVU19JRExFEAESGAoUQUdFTlRfU1RBVFVTX1JVTk5JTkcQAhIZChVBR0VOVF9TVEFUVVNfRElTUE9TRUQQAyp9ChJTZXNzaW9uU3RhcnRTb3VyY2USJAogU0VTU0lPTl9TVEFSVF9TT1VSQ0VfVU5TUEVDSUZJRUQQABIgChxTRVNTSU9OX1NUQVJUX1NPVVJDRV9TVEFSVFVQEAESHwobU0VTU0lPTl9TVEFSVF9TT1VSQ0VfUkVTVU1FEAJiBnByb3RvMw", [file_agentloop_v1_approval, file_agentloop_v1_content, file_google_protobuf_timestamp]);
 
 /**
  * AgentEvent is a live agent notification. Agent events are not part of the
@@ -90,6 +92,23 @@ export type AgentEvent = Message<"agentloop.v1.AgentEvent"> & {
      */
     value: AgentSessionStart;
     case: "sessionStart";
+  } | {
+    /**
+     * ApprovalRequested reports a tool call now waiting for approval (its
+     * session event is stored first).
+     *
+     * @generated from field: agentloop.v1.ApprovalRequested approval_requested = 16;
+     */
+    value: ApprovalRequested;
+    case: "approvalRequested";
+  } | {
+    /**
+     * ApprovalResolved reports how a pending approval ended.
+     *
+     * @generated from field: agentloop.v1.ApprovalResolved approval_resolved = 17;
+     */
+    value: ApprovalResolved;
+    case: "approvalResolved";
   } | { case: undefined; value?: undefined };
 };
 

@@ -6,15 +6,17 @@ import type { GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
 import type { AgentStatus } from "./agent_event_pb.js";
 import { file_agentloop_v1_agent_event } from "./agent_event_pb.js";
-import type { Any, Timestamp } from "@bufbuild/protobuf/wkt";
-import { file_google_protobuf_any, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
+import type { ApprovalRequested } from "./approval_pb.js";
+import { file_agentloop_v1_approval } from "./approval_pb.js";
+import type { Any, Duration, Timestamp } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_any, file_google_protobuf_duration, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file agentloop/v1/agent.proto.
  */
 export const file_agentloop_v1_agent: GenFile = /*@__PURE__*/
-  fileDesc("ChhhZ2VudGxvb3AvdjEvYWdlbnQucHJvdG8SDGFnZW50bG9vcC52MSLPAQoMQWdlbnRPcHRpb25zEhAKCHByb3ZpZGVyGAEgASgJEg0KBW1vZGVsGAIgASgJEiQKF21heF9wYXJhbGxlbF90b29sX2NhbGxzGAMgASgNSACIAQESDQoFdG9vbHMYBCADKAkSDwoHcGVyc29uYRgFIAEoCRIuChBwcm92aWRlcl9vcHRpb25zGAcgASgLMhQuZ29vZ2xlLnByb3RvYnVmLkFueUIaChhfbWF4X3BhcmFsbGVsX3Rvb2xfY2FsbHNKBAgGEAdSBnNjcmlwdCIeCg9TZXNzaW9uTWV0YWRhdGESCwoDY3dkGAEgASgJIrYBCgVBZ2VudBIQCghhZ2VudF9pZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEikKBnN0YXR1cxgDIAEoDjIZLmFnZW50bG9vcC52MS5BZ2VudFN0YXR1cxIrCgdvcHRpb25zGAQgASgLMhouYWdlbnRsb29wLnYxLkFnZW50T3B0aW9ucxIvCgtjcmVhdGVfdGltZRgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBiBnByb3RvMw", [file_agentloop_v1_agent_event, file_google_protobuf_any, file_google_protobuf_timestamp]);
+  fileDesc("ChhhZ2VudGxvb3AvdjEvYWdlbnQucHJvdG8SDGFnZW50bG9vcC52MSKlAgoMQWdlbnRPcHRpb25zEhAKCHByb3ZpZGVyGAEgASgJEg0KBW1vZGVsGAIgASgJEiQKF21heF9wYXJhbGxlbF90b29sX2NhbGxzGAMgASgNSACIAQESDQoFdG9vbHMYBCADKAkSDwoHcGVyc29uYRgFIAEoCRIuChBwcm92aWRlcl9vcHRpb25zGAcgASgLMhQuZ29vZ2xlLnByb3RvYnVmLkFueRIfChdhcHByb3ZhbF9yZXF1aXJlZF90b29scxgIIAMoCRIzChBhcHByb3ZhbF90aW1lb3V0GAkgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQhoKGF9tYXhfcGFyYWxsZWxfdG9vbF9jYWxsc0oECAYQB1IGc2NyaXB0Ih4KD1Nlc3Npb25NZXRhZGF0YRILCgNjd2QYASABKAki8gEKBUFnZW50EhAKCGFnZW50X2lkGAEgASgJEhIKCnNlc3Npb25faWQYAiABKAkSKQoGc3RhdHVzGAMgASgOMhkuYWdlbnRsb29wLnYxLkFnZW50U3RhdHVzEisKB29wdGlvbnMYBCABKAsyGi5hZ2VudGxvb3AudjEuQWdlbnRPcHRpb25zEi8KC2NyZWF0ZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI6ChFwZW5kaW5nX2FwcHJvdmFscxgGIAMoCzIfLmFnZW50bG9vcC52MS5BcHByb3ZhbFJlcXVlc3RlZGIGcHJvdG8z", [file_agentloop_v1_agent_event, file_agentloop_v1_approval, file_google_protobuf_any, file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * AgentOptions configure an agent at creation.
@@ -73,6 +75,25 @@ export type AgentOptions = Message<"agentloop.v1.AgentOptions"> & {
    * @generated from field: google.protobuf.Any provider_options = 7;
    */
   providerOptions?: Any | undefined;
+
+  /**
+   * Optional. Tools that always need approval before they run (the built-in
+   * approval policy, no plugin needed): each call waits for ResolveApproval or
+   * an approver plugin. Any tool name; a name the agent never calls does
+   * nothing.
+   *
+   * @generated from field: repeated string approval_required_tools = 8;
+   */
+  approvalRequiredTools: string[];
+
+  /**
+   * Optional. How long a tool call waits for approval before it is denied
+   * (`Error: approval for tool "X" timed out after N seconds`); unset means
+   * the server's `approvalTimeoutSeconds` (default 300); at most 24 hours.
+   *
+   * @generated from field: google.protobuf.Duration approval_timeout = 9;
+   */
+  approvalTimeout?: Duration | undefined;
 };
 
 /**
@@ -144,6 +165,14 @@ export type Agent = Message<"agentloop.v1.Agent"> & {
    * @generated from field: google.protobuf.Timestamp create_time = 5;
    */
   createTime?: Timestamp | undefined;
+
+  /**
+   * Output only. The tool calls waiting for approval, oldest first. Not empty
+   * means the agent is waiting for approval (its status stays RUNNING).
+   *
+   * @generated from field: repeated agentloop.v1.ApprovalRequested pending_approvals = 6;
+   */
+  pendingApprovals: ApprovalRequested[];
 };
 
 /**

@@ -6,6 +6,8 @@ import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegen
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { AgentEvent, AgentStatus } from "./agent_event_pb.js";
 import { file_agentloop_v1_agent_event } from "./agent_event_pb.js";
+import type { ApprovalDecision, ApprovalRequested, ApprovalResolved } from "./approval_pb.js";
+import { file_agentloop_v1_approval } from "./approval_pb.js";
 import type { ContentBlock, Source } from "./content_pb.js";
 import { file_agentloop_v1_content } from "./content_pb.js";
 import type { Session } from "./session_pb.js";
@@ -20,7 +22,129 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file agentloop/v1/agent_service.proto.
  */
 export const file_agentloop_v1_agent_service: GenFile = /*@__PURE__*/
-  fileDesc("CiBhZ2VudGxvb3AvdjEvYWdlbnRfc2VydmljZS5wcm90bxIMYWdlbnRsb29wLnYxIpsBChJTZW5kTWVzc2FnZVJlcXVlc3QSEAoIYWdlbnRfaWQYASABKAkSDAoEdGV4dBgCIAEoCRIrCgdjb250ZW50GAMgAygLMhouYWdlbnRsb29wLnYxLkNvbnRlbnRCbG9jaxIkCgZzb3VyY2UYBCABKAsyFC5hZ2VudGxvb3AudjEuU291cmNlEhIKCnJlcXVlc3RfaWQYBSABKAkiUgoTU2VuZE1lc3NhZ2VSZXNwb25zZRIQCghuZXh0X3NlcRgBIAEoBBIpCgZzdGF0dXMYAiABKA4yGS5hZ2VudGxvb3AudjEuQWdlbnRTdGF0dXMinAEKE1N0ZWVyTWVzc2FnZVJlcXVlc3QSEAoIYWdlbnRfaWQYASABKAkSDAoEdGV4dBgCIAEoCRIrCgdjb250ZW50GAMgAygLMhouYWdlbnRsb29wLnYxLkNvbnRlbnRCbG9jaxIkCgZzb3VyY2UYBCABKAsyFC5hZ2VudGxvb3AudjEuU291cmNlEhIKCnJlcXVlc3RfaWQYBSABKAkiOgoUU3RlZXJNZXNzYWdlUmVzcG9uc2USEAoIbmV4dF9zZXEYASABKAQSEAoIc3RlZXJpbmcYAiABKAgi9QEKFEluamVjdENvbnRleHRSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJEgwKBHRleHQYAiABKAkSKwoHY29udGVudBgDIAMoCzIaLmFnZW50bG9vcC52MS5Db250ZW50QmxvY2sSJAoGc291cmNlGAQgASgLMhQuYWdlbnRsb29wLnYxLlNvdXJjZRIvCghlbnZlbG9wZRgFIAEoDjIdLmFnZW50bG9vcC52MS5Db250ZXh0RW52ZWxvcGUSJQoEbWV0YRgGIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSEgoKcmVxdWVzdF9pZBgHIAEoCSIpChVJbmplY3RDb250ZXh0UmVzcG9uc2USEAoIbmV4dF9zZXEYASABKAQiNQoRQ2FuY2VsVHVyblJlcXVlc3QSEAoIYWdlbnRfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjgKEkNhbmNlbFR1cm5SZXNwb25zZRIRCgljYW5jZWxsZWQYASABKAgSDwoHZHJvcHBlZBgCIAEoDSJPCg9XYWl0SWRsZVJlcXVlc3QSEAoIYWdlbnRfaWQYASABKAkSKgoHdGltZW91dBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJdChBXYWl0SWRsZVJlc3BvbnNlEgwKBGlkbGUYASABKAgSKQoGc3RhdHVzGAIgASgOMhkuYWdlbnRsb29wLnYxLkFnZW50U3RhdHVzEhAKCG5leHRfc2VxGAMgASgEIkkKEUdldFNlc3Npb25SZXF1ZXN0EhIKCGFnZW50X2lkGAEgASgJSAASFAoKc2Vzc2lvbl9pZBgCIAEoCUgAQgoKCHNlbGVjdG9yIjwKEkdldFNlc3Npb25SZXNwb25zZRImCgdzZXNzaW9uGAEgASgLMhUuYWdlbnRsb29wLnYxLlNlc3Npb24iPAoTTGlzdFNlc3Npb25zUmVxdWVzdBIRCglwYWdlX3NpemUYASABKA0SEgoKcGFnZV90b2tlbhgCIAEoCSJYChRMaXN0U2Vzc2lvbnNSZXNwb25zZRInCghzZXNzaW9ucxgBIAMoCzIVLmFnZW50bG9vcC52MS5TZXNzaW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJsChJGb3JrU2Vzc2lvblJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIZCgxib3VuZGFyeV9zZXEYAiABKARIAIgBARIWCg5uZXdfc2Vzc2lvbl9pZBgDIAEoCUIPCg1fYm91bmRhcnlfc2VxIj0KE0ZvcmtTZXNzaW9uUmVzcG9uc2USJgoHc2Vzc2lvbhgBIAEoCzIVLmFnZW50bG9vcC52MS5TZXNzaW9uIokBChhMaXN0U2Vzc2lvbkV2ZW50c1JlcXVlc3QSEgoIYWdlbnRfaWQYASABKAlIABIUCgpzZXNzaW9uX2lkGAIgASgJSAASEAoIZnJvbV9zZXEYAyABKAQSEQoJcGFnZV9zaXplGAQgASgNEhIKCnBhZ2VfdG9rZW4YBSABKAlCCgoIc2VsZWN0b3IiYAoZTGlzdFNlc3Npb25FdmVudHNSZXNwb25zZRIqCgZldmVudHMYASADKAsyGi5hZ2VudGxvb3AudjEuU2Vzc2lvbkV2ZW50EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJ5ChpTdHJlYW1TZXNzaW9uRXZlbnRzUmVxdWVzdBISCghhZ2VudF9pZBgBIAEoCUgAEhQKCnNlc3Npb25faWQYAiABKAlIABIQCghmcm9tX3NlcRgDIAEoBBITCgtyZXBsYXlfb25seRgEIAEoCEIKCghzZWxlY3RvciKrAQobU3RyZWFtU2Vzc2lvbkV2ZW50c1Jlc3BvbnNlEioKBmV2ZW50cxgBIAMoCzIaLmFnZW50bG9vcC52MS5TZXNzaW9uRXZlbnQSLgoMYWdlbnRfZXZlbnRzGAIgAygLMhguYWdlbnRsb29wLnYxLkFnZW50RXZlbnQSEgoKc3Vic2NyaWJlZBgDIAEoCBIcChRkcm9wcGVkX2FnZW50X2V2ZW50cxgEIAEoDTL/BgoMQWdlbnRTZXJ2aWNlElIKC1NlbmRNZXNzYWdlEiAuYWdlbnRsb29wLnYxLlNlbmRNZXNzYWdlUmVxdWVzdBohLmFnZW50bG9vcC52MS5TZW5kTWVzc2FnZVJlc3BvbnNlElUKDFN0ZWVyTWVzc2FnZRIhLmFnZW50bG9vcC52MS5TdGVlck1lc3NhZ2VSZXF1ZXN0GiIuYWdlbnRsb29wLnYxLlN0ZWVyTWVzc2FnZVJlc3BvbnNlElgKDUluamVjdENvbnRleHQSIi5hZ2VudGxvb3AudjEuSW5qZWN0Q29udGV4dFJlcXVlc3QaIy5hZ2VudGxvb3AudjEuSW5qZWN0Q29udGV4dFJlc3BvbnNlEk8KCkNhbmNlbFR1cm4SHy5hZ2VudGxvb3AudjEuQ2FuY2VsVHVyblJlcXVlc3QaIC5hZ2VudGxvb3AudjEuQ2FuY2VsVHVyblJlc3BvbnNlEkkKCFdhaXRJZGxlEh0uYWdlbnRsb29wLnYxLldhaXRJZGxlUmVxdWVzdBoeLmFnZW50bG9vcC52MS5XYWl0SWRsZVJlc3BvbnNlEk8KCkdldFNlc3Npb24SHy5hZ2VudGxvb3AudjEuR2V0U2Vzc2lvblJlcXVlc3QaIC5hZ2VudGxvb3AudjEuR2V0U2Vzc2lvblJlc3BvbnNlElUKDExpc3RTZXNzaW9ucxIhLmFnZW50bG9vcC52MS5MaXN0U2Vzc2lvbnNSZXF1ZXN0GiIuYWdlbnRsb29wLnYxLkxpc3RTZXNzaW9uc1Jlc3BvbnNlElIKC0ZvcmtTZXNzaW9uEiAuYWdlbnRsb29wLnYxLkZvcmtTZXNzaW9uUmVxdWVzdBohLmFnZW50bG9vcC52MS5Gb3JrU2Vzc2lvblJlc3BvbnNlEmQKEUxpc3RTZXNzaW9uRXZlbnRzEiYuYWdlbnRsb29wLnYxLkxpc3RTZXNzaW9uRXZlbnRzUmVxdWVzdBonLmFnZW50bG9vcC52MS5MaXN0U2Vzc2lvbkV2ZW50c1Jlc3BvbnNlEmwKE1N0cmVhbVNlc3Npb25FdmVudHMSKC5hZ2VudGxvb3AudjEuU3RyZWFtU2Vzc2lvbkV2ZW50c1JlcXVlc3QaKS5hZ2VudGxvb3AudjEuU3RyZWFtU2Vzc2lvbkV2ZW50c1Jlc3BvbnNlMAFiBnByb3RvMw", [file_agentloop_v1_agent_event, file_agentloop_v1_content, file_agentloop_v1_session, file_agentloop_v1_session_event, file_google_protobuf_duration, file_google_protobuf_struct]);
+  fileDesc("CiBhZ2VudGxvb3AvdjEvYWdlbnRfc2VydmljZS5wcm90bxIMYWdlbnRsb29wLnYxIpUBChZSZXNvbHZlQXBwcm92YWxSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJEhMKC2FwcHJvdmFsX2lkGAIgASgJEjAKCGRlY2lzaW9uGAMgASgOMh4uYWdlbnRsb29wLnYxLkFwcHJvdmFsRGVjaXNpb24SDgoGcmVhc29uGAQgASgJEhIKCnJlcXVlc3RfaWQYBSABKAkiXwoXUmVzb2x2ZUFwcHJvdmFsUmVzcG9uc2USMgoKcmVzb2x1dGlvbhgBIAEoCzIeLmFnZW50bG9vcC52MS5BcHByb3ZhbFJlc29sdmVkEhAKCG5leHRfc2VxGAIgASgEIigKFExpc3RBcHByb3ZhbHNSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJIksKFUxpc3RBcHByb3ZhbHNSZXNwb25zZRIyCglhcHByb3ZhbHMYASADKAsyHy5hZ2VudGxvb3AudjEuQXBwcm92YWxSZXF1ZXN0ZWQimwEKElNlbmRNZXNzYWdlUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRIMCgR0ZXh0GAIgASgJEisKB2NvbnRlbnQYAyADKAsyGi5hZ2VudGxvb3AudjEuQ29udGVudEJsb2NrEiQKBnNvdXJjZRgEIAEoCzIULmFnZW50bG9vcC52MS5Tb3VyY2USEgoKcmVxdWVzdF9pZBgFIAEoCSJSChNTZW5kTWVzc2FnZVJlc3BvbnNlEhAKCG5leHRfc2VxGAEgASgEEikKBnN0YXR1cxgCIAEoDjIZLmFnZW50bG9vcC52MS5BZ2VudFN0YXR1cyKcAQoTU3RlZXJNZXNzYWdlUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRIMCgR0ZXh0GAIgASgJEisKB2NvbnRlbnQYAyADKAsyGi5hZ2VudGxvb3AudjEuQ29udGVudEJsb2NrEiQKBnNvdXJjZRgEIAEoCzIULmFnZW50bG9vcC52MS5Tb3VyY2USEgoKcmVxdWVzdF9pZBgFIAEoCSI6ChRTdGVlck1lc3NhZ2VSZXNwb25zZRIQCghuZXh0X3NlcRgBIAEoBBIQCghzdGVlcmluZxgCIAEoCCL1AQoUSW5qZWN0Q29udGV4dFJlcXVlc3QSEAoIYWdlbnRfaWQYASABKAkSDAoEdGV4dBgCIAEoCRIrCgdjb250ZW50GAMgAygLMhouYWdlbnRsb29wLnYxLkNvbnRlbnRCbG9jaxIkCgZzb3VyY2UYBCABKAsyFC5hZ2VudGxvb3AudjEuU291cmNlEi8KCGVudmVsb3BlGAUgASgOMh0uYWdlbnRsb29wLnYxLkNvbnRleHRFbnZlbG9wZRIlCgRtZXRhGAYgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBISCgpyZXF1ZXN0X2lkGAcgASgJIikKFUluamVjdENvbnRleHRSZXNwb25zZRIQCghuZXh0X3NlcRgBIAEoBCI1ChFDYW5jZWxUdXJuUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiOAoSQ2FuY2VsVHVyblJlc3BvbnNlEhEKCWNhbmNlbGxlZBgBIAEoCBIPCgdkcm9wcGVkGAIgASgNIk8KD1dhaXRJZGxlUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRIqCgd0aW1lb3V0GAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIl0KEFdhaXRJZGxlUmVzcG9uc2USDAoEaWRsZRgBIAEoCBIpCgZzdGF0dXMYAiABKA4yGS5hZ2VudGxvb3AudjEuQWdlbnRTdGF0dXMSEAoIbmV4dF9zZXEYAyABKAQiSQoRR2V0U2Vzc2lvblJlcXVlc3QSEgoIYWdlbnRfaWQYASABKAlIABIUCgpzZXNzaW9uX2lkGAIgASgJSABCCgoIc2VsZWN0b3IiPAoSR2V0U2Vzc2lvblJlc3BvbnNlEiYKB3Nlc3Npb24YASABKAsyFS5hZ2VudGxvb3AudjEuU2Vzc2lvbiI8ChNMaXN0U2Vzc2lvbnNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoDRISCgpwYWdlX3Rva2VuGAIgASgJIlgKFExpc3RTZXNzaW9uc1Jlc3BvbnNlEicKCHNlc3Npb25zGAEgAygLMhUuYWdlbnRsb29wLnYxLlNlc3Npb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJImwKEkZvcmtTZXNzaW9uUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEhkKDGJvdW5kYXJ5X3NlcRgCIAEoBEgAiAEBEhYKDm5ld19zZXNzaW9uX2lkGAMgASgJQg8KDV9ib3VuZGFyeV9zZXEiPQoTRm9ya1Nlc3Npb25SZXNwb25zZRImCgdzZXNzaW9uGAEgASgLMhUuYWdlbnRsb29wLnYxLlNlc3Npb24iiQEKGExpc3RTZXNzaW9uRXZlbnRzUmVxdWVzdBISCghhZ2VudF9pZBgBIAEoCUgAEhQKCnNlc3Npb25faWQYAiABKAlIABIQCghmcm9tX3NlcRgDIAEoBBIRCglwYWdlX3NpemUYBCABKA0SEgoKcGFnZV90b2tlbhgFIAEoCUIKCghzZWxlY3RvciJgChlMaXN0U2Vzc2lvbkV2ZW50c1Jlc3BvbnNlEioKBmV2ZW50cxgBIAMoCzIaLmFnZW50bG9vcC52MS5TZXNzaW9uRXZlbnQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJInkKGlN0cmVhbVNlc3Npb25FdmVudHNSZXF1ZXN0EhIKCGFnZW50X2lkGAEgASgJSAASFAoKc2Vzc2lvbl9pZBgCIAEoCUgAEhAKCGZyb21fc2VxGAMgASgEEhMKC3JlcGxheV9vbmx5GAQgASgIQgoKCHNlbGVjdG9yIqsBChtTdHJlYW1TZXNzaW9uRXZlbnRzUmVzcG9uc2USKgoGZXZlbnRzGAEgAygLMhouYWdlbnRsb29wLnYxLlNlc3Npb25FdmVudBIuCgxhZ2VudF9ldmVudHMYAiADKAsyGC5hZ2VudGxvb3AudjEuQWdlbnRFdmVudBISCgpzdWJzY3JpYmVkGAMgASgIEhwKFGRyb3BwZWRfYWdlbnRfZXZlbnRzGAQgASgNMrkICgxBZ2VudFNlcnZpY2USUgoLU2VuZE1lc3NhZ2USIC5hZ2VudGxvb3AudjEuU2VuZE1lc3NhZ2VSZXF1ZXN0GiEuYWdlbnRsb29wLnYxLlNlbmRNZXNzYWdlUmVzcG9uc2USVQoMU3RlZXJNZXNzYWdlEiEuYWdlbnRsb29wLnYxLlN0ZWVyTWVzc2FnZVJlcXVlc3QaIi5hZ2VudGxvb3AudjEuU3RlZXJNZXNzYWdlUmVzcG9uc2USWAoNSW5qZWN0Q29udGV4dBIiLmFnZW50bG9vcC52MS5JbmplY3RDb250ZXh0UmVxdWVzdBojLmFnZW50bG9vcC52MS5JbmplY3RDb250ZXh0UmVzcG9uc2USTwoKQ2FuY2VsVHVybhIfLmFnZW50bG9vcC52MS5DYW5jZWxUdXJuUmVxdWVzdBogLmFnZW50bG9vcC52MS5DYW5jZWxUdXJuUmVzcG9uc2USSQoIV2FpdElkbGUSHS5hZ2VudGxvb3AudjEuV2FpdElkbGVSZXF1ZXN0Gh4uYWdlbnRsb29wLnYxLldhaXRJZGxlUmVzcG9uc2USTwoKR2V0U2Vzc2lvbhIfLmFnZW50bG9vcC52MS5HZXRTZXNzaW9uUmVxdWVzdBogLmFnZW50bG9vcC52MS5HZXRTZXNzaW9uUmVzcG9uc2USVQoMTGlzdFNlc3Npb25zEiEuYWdlbnRsb29wLnYxLkxpc3RTZXNzaW9uc1JlcXVlc3QaIi5hZ2VudGxvb3AudjEuTGlzdFNlc3Npb25zUmVzcG9uc2USUgoLRm9ya1Nlc3Npb24SIC5hZ2VudGxvb3AudjEuRm9ya1Nlc3Npb25SZXF1ZXN0GiEuYWdlbnRsb29wLnYxLkZvcmtTZXNzaW9uUmVzcG9uc2USZAoRTGlzdFNlc3Npb25FdmVudHMSJi5hZ2VudGxvb3AudjEuTGlzdFNlc3Npb25FdmVudHNSZXF1ZXN0GicuYWdlbnRsb29wLnYxLkxpc3RTZXNzaW9uRXZlbnRzUmVzcG9uc2USbAoTU3RyZWFtU2Vzc2lvbkV2ZW50cxIoLmFnZW50bG9vcC52MS5TdHJlYW1TZXNzaW9uRXZlbnRzUmVxdWVzdBopLmFnZW50bG9vcC52MS5TdHJlYW1TZXNzaW9uRXZlbnRzUmVzcG9uc2UwARJeCg9SZXNvbHZlQXBwcm92YWwSJC5hZ2VudGxvb3AudjEuUmVzb2x2ZUFwcHJvdmFsUmVxdWVzdBolLmFnZW50bG9vcC52MS5SZXNvbHZlQXBwcm92YWxSZXNwb25zZRJYCg1MaXN0QXBwcm92YWxzEiIuYWdlbnRsb29wLnYxLkxpc3RBcHByb3ZhbHNSZXF1ZXN0GiMuYWdlbnRsb29wLnYxLkxpc3RBcHByb3ZhbHNSZXNwb25zZWIGcHJvdG8z", [file_agentloop_v1_agent_event, file_agentloop_v1_approval, file_agentloop_v1_content, file_agentloop_v1_session, file_agentloop_v1_session_event, file_google_protobuf_duration, file_google_protobuf_struct]);
+
+/**
+ * ResolveApprovalRequest is the input of ResolveApproval.
+ *
+ * @generated from message agentloop.v1.ResolveApprovalRequest
+ */
+export type ResolveApprovalRequest = Message<"agentloop.v1.ResolveApprovalRequest"> & {
+  /**
+   * Required. The live agent whose tool call waits.
+   *
+   * @generated from field: string agent_id = 1;
+   */
+  agentId: string;
+
+  /**
+   * Required. The `approval_id` of the `approval_requested` event.
+   *
+   * @generated from field: string approval_id = 2;
+   */
+  approvalId: string;
+
+  /**
+   * Required. Allow once or reject.
+   *
+   * @generated from field: agentloop.v1.ApprovalDecision decision = 3;
+   */
+  decision: ApprovalDecision;
+
+  /**
+   * Optional. Why it was rejected; the model sees it after the rejection
+   * text. At most 4096 bytes; only with REJECT.
+   *
+   * @generated from field: string reason = 4;
+   */
+  reason: string;
+
+  /**
+   * RequestID makes the call idempotent: a retry with the same id returns the
+   * first call's answer. Ids are scoped to the agent id; at most 128
+   * characters; empty means no deduplication.
+   *
+   * @generated from field: string request_id = 5;
+   */
+  requestId: string;
+};
+
+/**
+ * Describes the message agentloop.v1.ResolveApprovalRequest.
+ * Use `create(ResolveApprovalRequestSchema)` to create a new message.
+ */
+export const ResolveApprovalRequestSchema: GenMessage<ResolveApprovalRequest> = /*@__PURE__*/
+  messageDesc(file_agentloop_v1_agent_service, 0);
+
+/**
+ * ResolveApprovalResponse is the output of ResolveApproval.
+ *
+ * @generated from message agentloop.v1.ResolveApprovalResponse
+ */
+export type ResolveApprovalResponse = Message<"agentloop.v1.ResolveApprovalResponse"> & {
+  /**
+   * Resolution is the recorded `approval_resolved` event payload.
+   *
+   * @generated from field: agentloop.v1.ApprovalResolved resolution = 1;
+   */
+  resolution?: ApprovalResolved | undefined;
+
+  /**
+   * The seq the next event got once the resolution was durable.
+   *
+   * @generated from field: uint64 next_seq = 2;
+   */
+  nextSeq: bigint;
+};
+
+/**
+ * Describes the message agentloop.v1.ResolveApprovalResponse.
+ * Use `create(ResolveApprovalResponseSchema)` to create a new message.
+ */
+export const ResolveApprovalResponseSchema: GenMessage<ResolveApprovalResponse> = /*@__PURE__*/
+  messageDesc(file_agentloop_v1_agent_service, 1);
+
+/**
+ * ListApprovalsRequest is the input of ListApprovals.
+ *
+ * @generated from message agentloop.v1.ListApprovalsRequest
+ */
+export type ListApprovalsRequest = Message<"agentloop.v1.ListApprovalsRequest"> & {
+  /**
+   * Required. The live agent.
+   *
+   * @generated from field: string agent_id = 1;
+   */
+  agentId: string;
+};
+
+/**
+ * Describes the message agentloop.v1.ListApprovalsRequest.
+ * Use `create(ListApprovalsRequestSchema)` to create a new message.
+ */
+export const ListApprovalsRequestSchema: GenMessage<ListApprovalsRequest> = /*@__PURE__*/
+  messageDesc(file_agentloop_v1_agent_service, 2);
+
+/**
+ * ListApprovalsResponse is the output of ListApprovals.
+ *
+ * @generated from message agentloop.v1.ListApprovalsResponse
+ */
+export type ListApprovalsResponse = Message<"agentloop.v1.ListApprovalsResponse"> & {
+  /**
+   * Approvals are the pending approvals, oldest first.
+   *
+   * @generated from field: repeated agentloop.v1.ApprovalRequested approvals = 1;
+   */
+  approvals: ApprovalRequested[];
+};
+
+/**
+ * Describes the message agentloop.v1.ListApprovalsResponse.
+ * Use `create(ListApprovalsResponseSchema)` to create a new message.
+ */
+export const ListApprovalsResponseSchema: GenMessage<ListApprovalsResponse> = /*@__PURE__*/
+  messageDesc(file_agentloop_v1_agent_service, 3);
 
 /**
  * SendMessageRequest is the input of SendMessage.
@@ -77,7 +201,7 @@ export type SendMessageRequest = Message<"agentloop.v1.SendMessageRequest"> & {
  * Use `create(SendMessageRequestSchema)` to create a new message.
  */
 export const SendMessageRequestSchema: GenMessage<SendMessageRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 0);
+  messageDesc(file_agentloop_v1_agent_service, 4);
 
 /**
  * SendMessageResponse is the output of SendMessage.
@@ -109,7 +233,7 @@ export type SendMessageResponse = Message<"agentloop.v1.SendMessageResponse"> & 
  * Use `create(SendMessageResponseSchema)` to create a new message.
  */
 export const SendMessageResponseSchema: GenMessage<SendMessageResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 1);
+  messageDesc(file_agentloop_v1_agent_service, 5);
 
 /**
  * SteerMessageRequest is the input of SteerMessage.
@@ -163,7 +287,7 @@ export type SteerMessageRequest = Message<"agentloop.v1.SteerMessageRequest"> & 
  * Use `create(SteerMessageRequestSchema)` to create a new message.
  */
 export const SteerMessageRequestSchema: GenMessage<SteerMessageRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 2);
+  messageDesc(file_agentloop_v1_agent_service, 6);
 
 /**
  * SteerMessageResponse is the output of SteerMessage.
@@ -192,7 +316,7 @@ export type SteerMessageResponse = Message<"agentloop.v1.SteerMessageResponse"> 
  * Use `create(SteerMessageResponseSchema)` to create a new message.
  */
 export const SteerMessageResponseSchema: GenMessage<SteerMessageResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 3);
+  messageDesc(file_agentloop_v1_agent_service, 7);
 
 /**
  * InjectContextRequest is the input of InjectContext.
@@ -262,7 +386,7 @@ export type InjectContextRequest = Message<"agentloop.v1.InjectContextRequest"> 
  * Use `create(InjectContextRequestSchema)` to create a new message.
  */
 export const InjectContextRequestSchema: GenMessage<InjectContextRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 4);
+  messageDesc(file_agentloop_v1_agent_service, 8);
 
 /**
  * InjectContextResponse is the output of InjectContext.
@@ -283,7 +407,7 @@ export type InjectContextResponse = Message<"agentloop.v1.InjectContextResponse"
  * Use `create(InjectContextResponseSchema)` to create a new message.
  */
 export const InjectContextResponseSchema: GenMessage<InjectContextResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 5);
+  messageDesc(file_agentloop_v1_agent_service, 9);
 
 /**
  * CancelTurnRequest is the input of CancelTurn.
@@ -311,7 +435,7 @@ export type CancelTurnRequest = Message<"agentloop.v1.CancelTurnRequest"> & {
  * Use `create(CancelTurnRequestSchema)` to create a new message.
  */
 export const CancelTurnRequestSchema: GenMessage<CancelTurnRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 6);
+  messageDesc(file_agentloop_v1_agent_service, 10);
 
 /**
  * CancelTurnResponse is the output of CancelTurn.
@@ -340,7 +464,7 @@ export type CancelTurnResponse = Message<"agentloop.v1.CancelTurnResponse"> & {
  * Use `create(CancelTurnResponseSchema)` to create a new message.
  */
 export const CancelTurnResponseSchema: GenMessage<CancelTurnResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 7);
+  messageDesc(file_agentloop_v1_agent_service, 11);
 
 /**
  * WaitIdleRequest is the input of WaitIdle.
@@ -368,7 +492,7 @@ export type WaitIdleRequest = Message<"agentloop.v1.WaitIdleRequest"> & {
  * Use `create(WaitIdleRequestSchema)` to create a new message.
  */
 export const WaitIdleRequestSchema: GenMessage<WaitIdleRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 8);
+  messageDesc(file_agentloop_v1_agent_service, 12);
 
 /**
  * WaitIdleResponse is the output of WaitIdle.
@@ -403,7 +527,7 @@ export type WaitIdleResponse = Message<"agentloop.v1.WaitIdleResponse"> & {
  * Use `create(WaitIdleResponseSchema)` to create a new message.
  */
 export const WaitIdleResponseSchema: GenMessage<WaitIdleResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 9);
+  messageDesc(file_agentloop_v1_agent_service, 13);
 
 /**
  * GetSessionRequest is the input of GetSession.
@@ -440,7 +564,7 @@ export type GetSessionRequest = Message<"agentloop.v1.GetSessionRequest"> & {
  * Use `create(GetSessionRequestSchema)` to create a new message.
  */
 export const GetSessionRequestSchema: GenMessage<GetSessionRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 10);
+  messageDesc(file_agentloop_v1_agent_service, 14);
 
 /**
  * GetSessionResponse is the output of GetSession.
@@ -461,7 +585,7 @@ export type GetSessionResponse = Message<"agentloop.v1.GetSessionResponse"> & {
  * Use `create(GetSessionResponseSchema)` to create a new message.
  */
 export const GetSessionResponseSchema: GenMessage<GetSessionResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 11);
+  messageDesc(file_agentloop_v1_agent_service, 15);
 
 /**
  * ListSessionsRequest is the input of ListSessions.
@@ -492,7 +616,7 @@ export type ListSessionsRequest = Message<"agentloop.v1.ListSessionsRequest"> & 
  * Use `create(ListSessionsRequestSchema)` to create a new message.
  */
 export const ListSessionsRequestSchema: GenMessage<ListSessionsRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 12);
+  messageDesc(file_agentloop_v1_agent_service, 16);
 
 /**
  * ListSessionsResponse is the output of ListSessions.
@@ -521,7 +645,7 @@ export type ListSessionsResponse = Message<"agentloop.v1.ListSessionsResponse"> 
  * Use `create(ListSessionsResponseSchema)` to create a new message.
  */
 export const ListSessionsResponseSchema: GenMessage<ListSessionsResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 13);
+  messageDesc(file_agentloop_v1_agent_service, 17);
 
 /**
  * ForkSessionRequest is the input of ForkSession.
@@ -558,7 +682,7 @@ export type ForkSessionRequest = Message<"agentloop.v1.ForkSessionRequest"> & {
  * Use `create(ForkSessionRequestSchema)` to create a new message.
  */
 export const ForkSessionRequestSchema: GenMessage<ForkSessionRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 14);
+  messageDesc(file_agentloop_v1_agent_service, 18);
 
 /**
  * ForkSessionResponse is the output of ForkSession.
@@ -579,7 +703,7 @@ export type ForkSessionResponse = Message<"agentloop.v1.ForkSessionResponse"> & 
  * Use `create(ForkSessionResponseSchema)` to create a new message.
  */
 export const ForkSessionResponseSchema: GenMessage<ForkSessionResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 15);
+  messageDesc(file_agentloop_v1_agent_service, 19);
 
 /**
  * ListSessionEventsRequest is the input of ListSessionEvents.
@@ -639,7 +763,7 @@ export type ListSessionEventsRequest = Message<"agentloop.v1.ListSessionEventsRe
  * Use `create(ListSessionEventsRequestSchema)` to create a new message.
  */
 export const ListSessionEventsRequestSchema: GenMessage<ListSessionEventsRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 16);
+  messageDesc(file_agentloop_v1_agent_service, 20);
 
 /**
  * ListSessionEventsResponse is the output of ListSessionEvents.
@@ -669,7 +793,7 @@ export type ListSessionEventsResponse = Message<"agentloop.v1.ListSessionEventsR
  * Use `create(ListSessionEventsResponseSchema)` to create a new message.
  */
 export const ListSessionEventsResponseSchema: GenMessage<ListSessionEventsResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 17);
+  messageDesc(file_agentloop_v1_agent_service, 21);
 
 /**
  * StreamSessionEventsRequest is the input of StreamSessionEvents.
@@ -722,7 +846,7 @@ export type StreamSessionEventsRequest = Message<"agentloop.v1.StreamSessionEven
  * Use `create(StreamSessionEventsRequestSchema)` to create a new message.
  */
 export const StreamSessionEventsRequestSchema: GenMessage<StreamSessionEventsRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 18);
+  messageDesc(file_agentloop_v1_agent_service, 22);
 
 /**
  * StreamSessionEventsResponse is one batch of the stream: the session events
@@ -773,7 +897,7 @@ export type StreamSessionEventsResponse = Message<"agentloop.v1.StreamSessionEve
  * Use `create(StreamSessionEventsResponseSchema)` to create a new message.
  */
 export const StreamSessionEventsResponseSchema: GenMessage<StreamSessionEventsResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 19);
+  messageDesc(file_agentloop_v1_agent_service, 23);
 
 /**
  * AgentService talks to one live agent and reads sessions.
@@ -923,7 +1047,8 @@ export const AgentService: GenService<{
    * `subscribed` set and no events; from then on no live agent event is
    * missed (or, for a slow reader, it is counted in `dropped_agent_events`).
    * With an agent id it also carries the agent's live events (status, queued,
-   * error, created, disposed, session-start) as they happen; those are not
+   * error, created, disposed, session-start, approval requested and resolved)
+   * as they happen; those are not
    * replayed. After a disconnect, reconnect with `from_seq` set
    * to one past the last sequence number seen: nothing is lost or repeated.
    * The stream ends when the agent is disposed and its log is drained.
@@ -936,6 +1061,34 @@ export const AgentService: GenService<{
     methodKind: "server_streaming";
     input: typeof StreamSessionEventsRequestSchema;
     output: typeof StreamSessionEventsResponseSchema;
+  },
+  /**
+   * ResolveApproval answers a tool call waiting for approval: allow it once,
+   * or reject it (with an optional reason the model sees). The first answer
+   * wins, from this RPC or an approver plugin; it is recorded as an
+   * `approval_resolved` event, durable when this returns. An unknown approval
+   * id is NOT_FOUND (reason APPROVAL_NOT_FOUND); one already answered,
+   * cancelled or timed out is FAILED_PRECONDITION (APPROVAL_RESOLVED, the
+   * metadata says who answered and how); one whose turn ended unanswered (a
+   * crash) is FAILED_PRECONDITION (APPROVAL_STALE). A refused call changes
+   * nothing.
+   *
+   * @generated from rpc agentloop.v1.AgentService.ResolveApproval
+   */
+  resolveApproval: {
+    methodKind: "unary";
+    input: typeof ResolveApprovalRequestSchema;
+    output: typeof ResolveApprovalResponseSchema;
+  },
+  /**
+   * ListApprovals lists the agent's tool calls waiting for approval.
+   *
+   * @generated from rpc agentloop.v1.AgentService.ListApprovals
+   */
+  listApprovals: {
+    methodKind: "unary";
+    input: typeof ListApprovalsRequestSchema;
+    output: typeof ListApprovalsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_agentloop_v1_agent_service, 0);

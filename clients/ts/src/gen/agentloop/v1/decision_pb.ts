@@ -261,9 +261,9 @@ export type PreToolDecision = Message<"agentloop.v1.PreToolDecision"> & {
     case: "deny";
   } | {
     /**
-     * Reserved for human approval (a later issue adds the approval channel).
-     * Today there is none, so the server treats `ask` exactly as `deny` with
-     * the same reason; a plugin that wants a denial should say `deny`.
+     * Ask holds the call for approval: the server records an
+     * `approval_requested` event and waits for ResolveApproval or an approver
+     * plugin (allow once, reject, cancel or timeout; see `ApprovalOutcome`).
      *
      * @generated from field: agentloop.v1.ToolAsk ask = 3;
      */

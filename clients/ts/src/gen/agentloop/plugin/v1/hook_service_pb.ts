@@ -6,6 +6,8 @@ import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobu
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { AgentEvent } from "../../v1/agent_event_pb.js";
 import { file_agentloop_v1_agent_event } from "../../v1/agent_event_pb.js";
+import type { ApprovalDecision, ApprovalRequested } from "../../v1/approval_pb.js";
+import { file_agentloop_v1_approval } from "../../v1/approval_pb.js";
 import type { ContentBlock, Message as Message$1, ModelConfig, RequestHeader, Source } from "../../v1/content_pb.js";
 import { file_agentloop_v1_content } from "../../v1/content_pb.js";
 import type { ContinuationDecision, HookContext, PostToolDecision, PreToolDecision, PromptDecision } from "../../v1/decision_pb.js";
@@ -22,7 +24,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file agentloop/plugin/v1/hook_service.proto.
  */
 export const file_agentloop_plugin_v1_hook_service: GenFile = /*@__PURE__*/
-  fileDesc("CiZhZ2VudGxvb3AvcGx1Z2luL3YxL2hvb2tfc2VydmljZS5wcm90bxITYWdlbnRsb29wLnBsdWdpbi52MSJcCg9EZXNjcmliZVJlcXVlc3QSGAoQcHJvdG9jb2xfdmVyc2lvbhgBIAEoDRIZChFtYXhfbWVzc2FnZV9ieXRlcxgCIAEoBBIUCgxjYXBhYmlsaXRpZXMYAyADKAkijQIKEERlc2NyaWJlUmVzcG9uc2USDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgJEjgKDXN1YnNjcmlwdGlvbnMYAyADKAsyIS5hZ2VudGxvb3AucGx1Z2luLnYxLlN1YnNjcmlwdGlvbhIyCgV0b29scxgEIAMoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbERlZmluaXRpb24SPAoGbW9kZWxzGAUgAygLMiwuYWdlbnRsb29wLnBsdWdpbi52MS5Nb2RlbFByb3ZpZGVyRGVmaW5pdGlvbhIYChBwcm90b2NvbF92ZXJzaW9uGAYgASgNEhQKDGNhcGFiaWxpdGllcxgHIAMoCSJuChdNb2RlbFByb3ZpZGVyRGVmaW5pdGlvbhIQCghwcm92aWRlchgBIAEoCRIVCg1kZWZhdWx0X21vZGVsGAIgASgJEioKB3RpbWVvdXQYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24i6wEKDFN1YnNjcmlwdGlvbhInCgRzZWFtGAEgASgOMhkuYWdlbnRsb29wLnBsdWdpbi52MS5TZWFtEg0KBW9yZGVyGAIgASgFEioKB3RpbWVvdXQYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SOgoOZmFpbHVyZV9wb2xpY3kYBCABKA4yIi5hZ2VudGxvb3AucGx1Z2luLnYxLkZhaWx1cmVQb2xpY3kSEQoJYWdlbnRfaWRzGAUgAygJEhMKC2V2ZW50X2tpbmRzGAYgAygJEhMKC2J1ZmZlcl9zaXplGAcgASgNIrgBCg5Ub29sRGVmaW5pdGlvbhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEi0KDGlucHV0X3NjaGVtYRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFQoNcGFyYWxsZWxfc2FmZRgEIAEoCBIqCgd0aW1lb3V0GAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhEKCWFnZW50X2lkcxgGIAMoCSJ5Cg1IYW5kbGVSZXF1ZXN0Ei0KBGNhbGwYASABKAsyHS5hZ2VudGxvb3AucGx1Z2luLnYxLkhvb2tDYWxsSAASMQoGY2FuY2VsGAIgASgLMh8uYWdlbnRsb29wLnBsdWdpbi52MS5DYW5jZWxDYWxsSABCBgoEa2luZCJ9Cg5IYW5kbGVSZXNwb25zZRIxCgZyZXN1bHQYASABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLkhvb2tSZXN1bHRIABIwCgVjaHVuaxgCIAEoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuTW9kZWxDaHVua0gAQgYKBGtpbmQiRwoKTW9kZWxDaHVuaxIPCgdjYWxsX2lkGAEgASgJEigKBWNodW5rGAIgASgLMhkuYWdlbnRsb29wLnYxLlN0cmVhbUNodW5rItkICghIb29rQ2FsbBIPCgdjYWxsX2lkGAEgASgJEicKBHNlYW0YAiABKA4yGS5hZ2VudGxvb3AucGx1Z2luLnYxLlNlYW0SKwoEa2luZBgIIAEoDjIdLmFnZW50bG9vcC5wbHVnaW4udjEuQ2FsbEtpbmQSEAoIYWdlbnRfaWQYAyABKAkSEgoKc2Vzc2lvbl9pZBgEIAEoCRIMCgR0dXJuGAUgASgNEgwKBHN0ZXAYBiABKA0SKgoHdGltZW91dBgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhI+Cg1wcm9tcHRfc3VibWl0GAogASgLMiUuYWdlbnRsb29wLnBsdWdpbi52MS5Qcm9tcHRTdWJtaXRDYWxsSAASQAoOc2Vzc2lvbl9wcmVmaXgYCyABKAsyJi5hZ2VudGxvb3AucGx1Z2luLnYxLlNlc3Npb25QcmVmaXhDYWxsSAASNAoIcHJlX3N0ZXAYDCABKAsyIC5hZ2VudGxvb3AucGx1Z2luLnYxLlByZVN0ZXBDYWxsSAASMwoHcmVxdWVzdBgNIAEoCzIgLmFnZW50bG9vcC5wbHVnaW4udjEuUmVxdWVzdENhbGxIABI6CgtzdGVwX3Jlc3VsdBgOIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuU3RlcFJlc3VsdENhbGxIABJGChF0dXJuX2NvbnRpbnVhdGlvbhgPIAEoCzIpLmFnZW50bG9vcC5wbHVnaW4udjEuVHVybkNvbnRpbnVhdGlvbkNhbGxIABI2Cgl0dXJuX3N0b3AYECABKAsyIS5hZ2VudGxvb3AucGx1Z2luLnYxLlR1cm5TdG9wQ2FsbEgAEkMKEHRvb2xfcHJlX2V4ZWN1dGUYESABKAsyJy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xQcmVFeGVjdXRlQ2FsbEgAEkUKEXRvb2xfcG9zdF9leGVjdXRlGBIgASgLMiguYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sUG9zdEV4ZWN1dGVDYWxsSAASPAoMdG9vbF9leGVjdXRlGBMgASgLMiQuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sRXhlY3V0ZUNhbGxIABJACg1zZXNzaW9uX2V2ZW50GBQgASgLMicuYWdlbnRsb29wLnBsdWdpbi52MS5TZXNzaW9uRXZlbnROb3RpY2VIABI8CgthZ2VudF9ldmVudBgVIAEoCzIlLmFnZW50bG9vcC5wbHVnaW4udjEuQWdlbnRFdmVudE5vdGljZUgAEjwKC3Rvb2xfcmVzdWx0GBYgASgLMiUuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sUmVzdWx0Tm90aWNlSAASPAoMbW9kZWxfc3RyZWFtGBcgASgLMiQuYWdlbnRsb29wLnBsdWdpbi52MS5Nb2RlbFN0cmVhbUNhbGxIAEIJCgdwYXlsb2FkInkKD01vZGVsU3RyZWFtQ2FsbBIQCghwcm92aWRlchgBIAEoCRIrCgZoZWFkZXIYAiABKAsyGy5hZ2VudGxvb3AudjEuUmVxdWVzdEhlYWRlchInCghtZXNzYWdlcxgDIAMoCzIVLmFnZW50bG9vcC52MS5NZXNzYWdlIi0KCkNhbmNlbENhbGwSDwoHY2FsbF9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiswUKCkhvb2tSZXN1bHQSDwoHY2FsbF9pZBgBIAEoCRI1Cg1wcm9tcHRfc3VibWl0GAogASgLMhwuYWdlbnRsb29wLnYxLlByb21wdERlY2lzaW9uSAASQgoOc2Vzc2lvbl9wcmVmaXgYCyABKAsyKC5hZ2VudGxvb3AucGx1Z2luLnYxLlNlc3Npb25QcmVmaXhSZXN1bHRIABI2CghwcmVfc3RlcBgMIAEoCzIiLmFnZW50bG9vcC5wbHVnaW4udjEuUHJlU3RlcFJlc3VsdEgAEjUKB3JlcXVlc3QYDSABKAsyIi5hZ2VudGxvb3AucGx1Z2luLnYxLlJlcXVlc3RSZXN1bHRIABI8CgtzdGVwX3Jlc3VsdBgOIAEoCzIlLmFnZW50bG9vcC5wbHVnaW4udjEuU3RlcFJlc3VsdFJlc3VsdEgAEj8KEXR1cm5fY29udGludWF0aW9uGA8gASgLMiIuYWdlbnRsb29wLnYxLkNvbnRpbnVhdGlvbkRlY2lzaW9uSAASOAoJdHVybl9zdG9wGBAgASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5UdXJuU3RvcFJlc3VsdEgAEjkKEHRvb2xfcHJlX2V4ZWN1dGUYESABKAsyHS5hZ2VudGxvb3AudjEuUHJlVG9vbERlY2lzaW9uSAASOwoRdG9vbF9wb3N0X2V4ZWN1dGUYEiABKAsyHi5hZ2VudGxvb3AudjEuUG9zdFRvb2xEZWNpc2lvbkgAEjcKDHRvb2xfZXhlY3V0ZRgTIAEoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbE91dHB1dEgAEi8KBWVycm9yGB4gASgLMh4uYWdlbnRsb29wLnBsdWdpbi52MS5DYWxsRXJyb3JIAEIJCgdvdXRjb21lSgQIAhADIioKCUNhbGxFcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkiZQoQUHJvbXB0U3VibWl0Q2FsbBIrCgdjb250ZW50GAEgAygLMhouYWdlbnRsb29wLnYxLkNvbnRlbnRCbG9jaxIkCgZzb3VyY2UYAiABKAsyFC5hZ2VudGxvb3AudjEuU291cmNlIjoKEVNlc3Npb25QcmVmaXhDYWxsEiUKBnByZWZpeBgBIAMoCzIVLmFnZW50bG9vcC52MS5NZXNzYWdlIjwKE1Nlc3Npb25QcmVmaXhSZXN1bHQSJQoGcHJlZml4GAEgAygLMhUuYWdlbnRsb29wLnYxLk1lc3NhZ2UiRAoLUHJlU3RlcENhbGwSDgoGc3lzdGVtGAEgASgJEiUKBnByZWZpeBgCIAMoCzIVLmFnZW50bG9vcC52MS5NZXNzYWdlIjwKDVByZVN0ZXBSZXN1bHQSKwoIY29udGV4dHMYASADKAsyGS5hZ2VudGxvb3AudjEuSG9va0NvbnRleHQiOAoLUmVxdWVzdENhbGwSKQoGY29uZmlnGAEgASgLMhkuYWdlbnRsb29wLnYxLk1vZGVsQ29uZmlnIjoKDVJlcXVlc3RSZXN1bHQSKQoGY29uZmlnGAEgASgLMhkuYWdlbnRsb29wLnYxLk1vZGVsQ29uZmlnIjgKDlN0ZXBSZXN1bHRDYWxsEiYKB21lc3NhZ2UYASABKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSI6ChBTdGVwUmVzdWx0UmVzdWx0EiYKB21lc3NhZ2UYASABKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSJMChRUdXJuQ29udGludWF0aW9uQ2FsbBI0CghkZWNpc2lvbhgBIAEoCzIiLmFnZW50bG9vcC52MS5Db250aW51YXRpb25EZWNpc2lvbiIOCgxUdXJuU3RvcENhbGwiHgoOVHVyblN0b3BSZXN1bHQSDAoEc3RvcBgBIAEoCCJCCg5Ub29sSW52b2NhdGlvbhIPCgdjYWxsX2lkGAEgASgJEgwKBG5hbWUYAiABKAkSEQoJYXJndW1lbnRzGAMgASgJItIBCgpUb29sT3V0cHV0EisKB2NvbnRlbnQYASADKAsyGi5hZ2VudGxvb3AudjEuQ29udGVudEJsb2NrEhAKCGlzX2Vycm9yGAIgASgIEiYKBWVycm9yGAMgASgLMhcuYWdlbnRsb29wLnYxLlRvb2xFcnJvchIlCgRtZXRhGAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBI2ChNhZGRpdGlvbmFsX2NvbnRleHRzGAUgAygLMhkuYWdlbnRsb29wLnYxLkhvb2tDb250ZXh0Ik0KElRvb2xQcmVFeGVjdXRlQ2FsbBI3CgppbnZvY2F0aW9uGAEgASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sSW52b2NhdGlvbiJ/ChNUb29sUG9zdEV4ZWN1dGVDYWxsEjcKCmludm9jYXRpb24YASABKAsyIy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xJbnZvY2F0aW9uEi8KBm91dHB1dBgCIAEoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbE91dHB1dCJKCg9Ub29sRXhlY3V0ZUNhbGwSNwoKaW52b2NhdGlvbhgBIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbEludm9jYXRpb24iUAoSU2Vzc2lvbkV2ZW50Tm90aWNlEikKBWV2ZW50GAEgASgLMhouYWdlbnRsb29wLnYxLlNlc3Npb25FdmVudBIPCgdkcm9wcGVkGAIgASgEIkwKEEFnZW50RXZlbnROb3RpY2USJwoFZXZlbnQYASABKAsyGC5hZ2VudGxvb3AudjEuQWdlbnRFdmVudBIPCgdkcm9wcGVkGAIgASgEIo0BChBUb29sUmVzdWx0Tm90aWNlEjcKCmludm9jYXRpb24YASABKAsyIy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xJbnZvY2F0aW9uEi8KBm91dHB1dBgCIAEoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbE91dHB1dBIPCgdkcm9wcGVkGAMgASgEKuoCCgRTZWFtEhQKEFNFQU1fVU5TUEVDSUZJRUQQABIWChJTRUFNX1BST01QVF9TVUJNSVQQARIXChNTRUFNX1NFU1NJT05fUFJFRklYEAISEQoNU0VBTV9QUkVfU1RFUBADEhAKDFNFQU1fUkVRVUVTVBAEEhQKEFNFQU1fU1RFUF9SRVNVTFQQBRIaChZTRUFNX1RVUk5fQ09OVElOVUFUSU9OEAYSEgoOU0VBTV9UVVJOX1NUT1AQBxIaChZTRUFNX1RPT0xTX1BSRV9FWEVDVVRFEAgSGwoXU0VBTV9UT09MU19QT1NUX0VYRUNVVEUQCRIXChNTRUFNX1NFU1NJT05fRVZFTlRTEAoSFQoRU0VBTV9BR0VOVF9FVkVOVFMQCxIVChFTRUFNX1RPT0xTX1JFU1VMVBAMIgQIDRANIgQIDhAOKhFTRUFNX1RPT0xfRVhFQ1VURSoRU0VBTV9NT0RFTF9TVFJFQU0qjQEKCENhbGxLaW5kEhkKFUNBTExfS0lORF9VTlNQRUNJRklFRBAAEhIKDkNBTExfS0lORF9TRUFNEAESGgoWQ0FMTF9LSU5EX05PVElGSUNBVElPThACEhoKFkNBTExfS0lORF9UT09MX0VYRUNVVEUQAxIaChZDQUxMX0tJTkRfTU9ERUxfU1RSRUFNEAQqbQoNRmFpbHVyZVBvbGljeRIeChpGQUlMVVJFX1BPTElDWV9VTlNQRUNJRklFRBAAEh4KGkZBSUxVUkVfUE9MSUNZX0ZBSUxfQ0xPU0VEEAESHAoYRkFJTFVSRV9QT0xJQ1lfRkFJTF9PUEVOEAIyvQEKC0hvb2tTZXJ2aWNlElcKCERlc2NyaWJlEiQuYWdlbnRsb29wLnBsdWdpbi52MS5EZXNjcmliZVJlcXVlc3QaJS5hZ2VudGxvb3AucGx1Z2luLnYxLkRlc2NyaWJlUmVzcG9uc2USVQoGSGFuZGxlEiIuYWdlbnRsb29wLnBsdWdpbi52MS5IYW5kbGVSZXF1ZXN0GiMuYWdlbnRsb29wLnBsdWdpbi52MS5IYW5kbGVSZXNwb25zZSgBMAFiBnByb3RvMw", [file_agentloop_v1_agent_event, file_agentloop_v1_content, file_agentloop_v1_decision, file_agentloop_v1_session_event, file_agentloop_v1_stream, file_google_protobuf_duration, file_google_protobuf_struct]);
+  fileDesc("CiZhZ2VudGxvb3AvcGx1Z2luL3YxL2hvb2tfc2VydmljZS5wcm90bxITYWdlbnRsb29wLnBsdWdpbi52MSJcCg9EZXNjcmliZVJlcXVlc3QSGAoQcHJvdG9jb2xfdmVyc2lvbhgBIAEoDRIZChFtYXhfbWVzc2FnZV9ieXRlcxgCIAEoBBIUCgxjYXBhYmlsaXRpZXMYAyADKAkijQIKEERlc2NyaWJlUmVzcG9uc2USDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgJEjgKDXN1YnNjcmlwdGlvbnMYAyADKAsyIS5hZ2VudGxvb3AucGx1Z2luLnYxLlN1YnNjcmlwdGlvbhIyCgV0b29scxgEIAMoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbERlZmluaXRpb24SPAoGbW9kZWxzGAUgAygLMiwuYWdlbnRsb29wLnBsdWdpbi52MS5Nb2RlbFByb3ZpZGVyRGVmaW5pdGlvbhIYChBwcm90b2NvbF92ZXJzaW9uGAYgASgNEhQKDGNhcGFiaWxpdGllcxgHIAMoCSJuChdNb2RlbFByb3ZpZGVyRGVmaW5pdGlvbhIQCghwcm92aWRlchgBIAEoCRIVCg1kZWZhdWx0X21vZGVsGAIgASgJEioKB3RpbWVvdXQYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24i6wEKDFN1YnNjcmlwdGlvbhInCgRzZWFtGAEgASgOMhkuYWdlbnRsb29wLnBsdWdpbi52MS5TZWFtEg0KBW9yZGVyGAIgASgFEioKB3RpbWVvdXQYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SOgoOZmFpbHVyZV9wb2xpY3kYBCABKA4yIi5hZ2VudGxvb3AucGx1Z2luLnYxLkZhaWx1cmVQb2xpY3kSEQoJYWdlbnRfaWRzGAUgAygJEhMKC2V2ZW50X2tpbmRzGAYgAygJEhMKC2J1ZmZlcl9zaXplGAcgASgNIrgBCg5Ub29sRGVmaW5pdGlvbhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEi0KDGlucHV0X3NjaGVtYRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFQoNcGFyYWxsZWxfc2FmZRgEIAEoCBIqCgd0aW1lb3V0GAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhEKCWFnZW50X2lkcxgGIAMoCSJ5Cg1IYW5kbGVSZXF1ZXN0Ei0KBGNhbGwYASABKAsyHS5hZ2VudGxvb3AucGx1Z2luLnYxLkhvb2tDYWxsSAASMQoGY2FuY2VsGAIgASgLMh8uYWdlbnRsb29wLnBsdWdpbi52MS5DYW5jZWxDYWxsSABCBgoEa2luZCJ9Cg5IYW5kbGVSZXNwb25zZRIxCgZyZXN1bHQYASABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLkhvb2tSZXN1bHRIABIwCgVjaHVuaxgCIAEoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuTW9kZWxDaHVua0gAQgYKBGtpbmQiRwoKTW9kZWxDaHVuaxIPCgdjYWxsX2lkGAEgASgJEigKBWNodW5rGAIgASgLMhkuYWdlbnRsb29wLnYxLlN0cmVhbUNodW5rIpkJCghIb29rQ2FsbBIPCgdjYWxsX2lkGAEgASgJEicKBHNlYW0YAiABKA4yGS5hZ2VudGxvb3AucGx1Z2luLnYxLlNlYW0SKwoEa2luZBgIIAEoDjIdLmFnZW50bG9vcC5wbHVnaW4udjEuQ2FsbEtpbmQSEAoIYWdlbnRfaWQYAyABKAkSEgoKc2Vzc2lvbl9pZBgEIAEoCRIMCgR0dXJuGAUgASgNEgwKBHN0ZXAYBiABKA0SKgoHdGltZW91dBgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhI+Cg1wcm9tcHRfc3VibWl0GAogASgLMiUuYWdlbnRsb29wLnBsdWdpbi52MS5Qcm9tcHRTdWJtaXRDYWxsSAASQAoOc2Vzc2lvbl9wcmVmaXgYCyABKAsyJi5hZ2VudGxvb3AucGx1Z2luLnYxLlNlc3Npb25QcmVmaXhDYWxsSAASNAoIcHJlX3N0ZXAYDCABKAsyIC5hZ2VudGxvb3AucGx1Z2luLnYxLlByZVN0ZXBDYWxsSAASMwoHcmVxdWVzdBgNIAEoCzIgLmFnZW50bG9vcC5wbHVnaW4udjEuUmVxdWVzdENhbGxIABI6CgtzdGVwX3Jlc3VsdBgOIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuU3RlcFJlc3VsdENhbGxIABJGChF0dXJuX2NvbnRpbnVhdGlvbhgPIAEoCzIpLmFnZW50bG9vcC5wbHVnaW4udjEuVHVybkNvbnRpbnVhdGlvbkNhbGxIABI2Cgl0dXJuX3N0b3AYECABKAsyIS5hZ2VudGxvb3AucGx1Z2luLnYxLlR1cm5TdG9wQ2FsbEgAEkMKEHRvb2xfcHJlX2V4ZWN1dGUYESABKAsyJy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xQcmVFeGVjdXRlQ2FsbEgAEkUKEXRvb2xfcG9zdF9leGVjdXRlGBIgASgLMiguYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sUG9zdEV4ZWN1dGVDYWxsSAASPAoMdG9vbF9leGVjdXRlGBMgASgLMiQuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sRXhlY3V0ZUNhbGxIABJACg1zZXNzaW9uX2V2ZW50GBQgASgLMicuYWdlbnRsb29wLnBsdWdpbi52MS5TZXNzaW9uRXZlbnROb3RpY2VIABI8CgthZ2VudF9ldmVudBgVIAEoCzIlLmFnZW50bG9vcC5wbHVnaW4udjEuQWdlbnRFdmVudE5vdGljZUgAEjwKC3Rvb2xfcmVzdWx0GBYgASgLMiUuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sUmVzdWx0Tm90aWNlSAASPAoMbW9kZWxfc3RyZWFtGBcgASgLMiQuYWdlbnRsb29wLnBsdWdpbi52MS5Nb2RlbFN0cmVhbUNhbGxIABI+Cg10b29sX2FwcHJvdmFsGCggASgLMiUuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sQXBwcm92YWxDYWxsSABCCQoHcGF5bG9hZCJFChBUb29sQXBwcm92YWxDYWxsEjEKCGFwcHJvdmFsGAEgASgLMh8uYWdlbnRsb29wLnYxLkFwcHJvdmFsUmVxdWVzdGVkIlYKElRvb2xBcHByb3ZhbFJlc3VsdBIwCghkZWNpc2lvbhgBIAEoDjIeLmFnZW50bG9vcC52MS5BcHByb3ZhbERlY2lzaW9uEg4KBnJlYXNvbhgCIAEoCSJ5Cg9Nb2RlbFN0cmVhbUNhbGwSEAoIcHJvdmlkZXIYASABKAkSKwoGaGVhZGVyGAIgASgLMhsuYWdlbnRsb29wLnYxLlJlcXVlc3RIZWFkZXISJwoIbWVzc2FnZXMYAyADKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSItCgpDYW5jZWxDYWxsEg8KB2NhbGxfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIvUFCgpIb29rUmVzdWx0Eg8KB2NhbGxfaWQYASABKAkSNQoNcHJvbXB0X3N1Ym1pdBgKIAEoCzIcLmFnZW50bG9vcC52MS5Qcm9tcHREZWNpc2lvbkgAEkIKDnNlc3Npb25fcHJlZml4GAsgASgLMiguYWdlbnRsb29wLnBsdWdpbi52MS5TZXNzaW9uUHJlZml4UmVzdWx0SAASNgoIcHJlX3N0ZXAYDCABKAsyIi5hZ2VudGxvb3AucGx1Z2luLnYxLlByZVN0ZXBSZXN1bHRIABI1CgdyZXF1ZXN0GA0gASgLMiIuYWdlbnRsb29wLnBsdWdpbi52MS5SZXF1ZXN0UmVzdWx0SAASPAoLc3RlcF9yZXN1bHQYDiABKAsyJS5hZ2VudGxvb3AucGx1Z2luLnYxLlN0ZXBSZXN1bHRSZXN1bHRIABI/ChF0dXJuX2NvbnRpbnVhdGlvbhgPIAEoCzIiLmFnZW50bG9vcC52MS5Db250aW51YXRpb25EZWNpc2lvbkgAEjgKCXR1cm5fc3RvcBgQIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVHVyblN0b3BSZXN1bHRIABI5ChB0b29sX3ByZV9leGVjdXRlGBEgASgLMh0uYWdlbnRsb29wLnYxLlByZVRvb2xEZWNpc2lvbkgAEjsKEXRvb2xfcG9zdF9leGVjdXRlGBIgASgLMh4uYWdlbnRsb29wLnYxLlBvc3RUb29sRGVjaXNpb25IABI3Cgx0b29sX2V4ZWN1dGUYEyABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xPdXRwdXRIABJACg10b29sX2FwcHJvdmFsGCggASgLMicuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sQXBwcm92YWxSZXN1bHRIABIvCgVlcnJvchgeIAEoCzIeLmFnZW50bG9vcC5wbHVnaW4udjEuQ2FsbEVycm9ySABCCQoHb3V0Y29tZUoECAIQAyIqCglDYWxsRXJyb3ISDAoEY29kZRgBIAEoBRIPCgdtZXNzYWdlGAIgASgJImUKEFByb21wdFN1Ym1pdENhbGwSKwoHY29udGVudBgBIAMoCzIaLmFnZW50bG9vcC52MS5Db250ZW50QmxvY2sSJAoGc291cmNlGAIgASgLMhQuYWdlbnRsb29wLnYxLlNvdXJjZSI6ChFTZXNzaW9uUHJlZml4Q2FsbBIlCgZwcmVmaXgYASADKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSI8ChNTZXNzaW9uUHJlZml4UmVzdWx0EiUKBnByZWZpeBgBIAMoCzIVLmFnZW50bG9vcC52MS5NZXNzYWdlIkQKC1ByZVN0ZXBDYWxsEg4KBnN5c3RlbRgBIAEoCRIlCgZwcmVmaXgYAiADKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSI8Cg1QcmVTdGVwUmVzdWx0EisKCGNvbnRleHRzGAEgAygLMhkuYWdlbnRsb29wLnYxLkhvb2tDb250ZXh0IjgKC1JlcXVlc3RDYWxsEikKBmNvbmZpZxgBIAEoCzIZLmFnZW50bG9vcC52MS5Nb2RlbENvbmZpZyI6Cg1SZXF1ZXN0UmVzdWx0EikKBmNvbmZpZxgBIAEoCzIZLmFnZW50bG9vcC52MS5Nb2RlbENvbmZpZyI4Cg5TdGVwUmVzdWx0Q2FsbBImCgdtZXNzYWdlGAEgASgLMhUuYWdlbnRsb29wLnYxLk1lc3NhZ2UiOgoQU3RlcFJlc3VsdFJlc3VsdBImCgdtZXNzYWdlGAEgASgLMhUuYWdlbnRsb29wLnYxLk1lc3NhZ2UiTAoUVHVybkNvbnRpbnVhdGlvbkNhbGwSNAoIZGVjaXNpb24YASABKAsyIi5hZ2VudGxvb3AudjEuQ29udGludWF0aW9uRGVjaXNpb24iDgoMVHVyblN0b3BDYWxsIh4KDlR1cm5TdG9wUmVzdWx0EgwKBHN0b3AYASABKAgiQgoOVG9vbEludm9jYXRpb24SDwoHY2FsbF9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEhEKCWFyZ3VtZW50cxgDIAEoCSLSAQoKVG9vbE91dHB1dBIrCgdjb250ZW50GAEgAygLMhouYWdlbnRsb29wLnYxLkNvbnRlbnRCbG9jaxIQCghpc19lcnJvchgCIAEoCBImCgVlcnJvchgDIAEoCzIXLmFnZW50bG9vcC52MS5Ub29sRXJyb3ISJQoEbWV0YRgEIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSNgoTYWRkaXRpb25hbF9jb250ZXh0cxgFIAMoCzIZLmFnZW50bG9vcC52MS5Ib29rQ29udGV4dCJNChJUb29sUHJlRXhlY3V0ZUNhbGwSNwoKaW52b2NhdGlvbhgBIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbEludm9jYXRpb24ifwoTVG9vbFBvc3RFeGVjdXRlQ2FsbBI3CgppbnZvY2F0aW9uGAEgASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sSW52b2NhdGlvbhIvCgZvdXRwdXQYAiABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xPdXRwdXQiSgoPVG9vbEV4ZWN1dGVDYWxsEjcKCmludm9jYXRpb24YASABKAsyIy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xJbnZvY2F0aW9uIlAKElNlc3Npb25FdmVudE5vdGljZRIpCgVldmVudBgBIAEoCzIaLmFnZW50bG9vcC52MS5TZXNzaW9uRXZlbnQSDwoHZHJvcHBlZBgCIAEoBCJMChBBZ2VudEV2ZW50Tm90aWNlEicKBWV2ZW50GAEgASgLMhguYWdlbnRsb29wLnYxLkFnZW50RXZlbnQSDwoHZHJvcHBlZBgCIAEoBCKNAQoQVG9vbFJlc3VsdE5vdGljZRI3CgppbnZvY2F0aW9uGAEgASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sSW52b2NhdGlvbhIvCgZvdXRwdXQYAiABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xPdXRwdXQSDwoHZHJvcHBlZBgDIAEoBCqDAwoEU2VhbRIUChBTRUFNX1VOU1BFQ0lGSUVEEAASFgoSU0VBTV9QUk9NUFRfU1VCTUlUEAESFwoTU0VBTV9TRVNTSU9OX1BSRUZJWBACEhEKDVNFQU1fUFJFX1NURVAQAxIQCgxTRUFNX1JFUVVFU1QQBBIUChBTRUFNX1NURVBfUkVTVUxUEAUSGgoWU0VBTV9UVVJOX0NPTlRJTlVBVElPThAGEhIKDlNFQU1fVFVSTl9TVE9QEAcSGgoWU0VBTV9UT09MU19QUkVfRVhFQ1VURRAIEhsKF1NFQU1fVE9PTFNfUE9TVF9FWEVDVVRFEAkSFwoTU0VBTV9TRVNTSU9OX0VWRU5UUxAKEhUKEVNFQU1fQUdFTlRfRVZFTlRTEAsSFQoRU0VBTV9UT09MU19SRVNVTFQQDBIXChNTRUFNX1RPT0xTX0FQUFJPVkFMEBQiBAgNEA0iBAgOEA4qEVNFQU1fVE9PTF9FWEVDVVRFKhFTRUFNX01PREVMX1NUUkVBTSqNAQoIQ2FsbEtpbmQSGQoVQ0FMTF9LSU5EX1VOU1BFQ0lGSUVEEAASEgoOQ0FMTF9LSU5EX1NFQU0QARIaChZDQUxMX0tJTkRfTk9USUZJQ0FUSU9OEAISGgoWQ0FMTF9LSU5EX1RPT0xfRVhFQ1VURRADEhoKFkNBTExfS0lORF9NT0RFTF9TVFJFQU0QBCptCg1GYWlsdXJlUG9saWN5Eh4KGkZBSUxVUkVfUE9MSUNZX1VOU1BFQ0lGSUVEEAASHgoaRkFJTFVSRV9QT0xJQ1lfRkFJTF9DTE9TRUQQARIcChhGQUlMVVJFX1BPTElDWV9GQUlMX09QRU4QAjK9AQoLSG9va1NlcnZpY2USVwoIRGVzY3JpYmUSJC5hZ2VudGxvb3AucGx1Z2luLnYxLkRlc2NyaWJlUmVxdWVzdBolLmFnZW50bG9vcC5wbHVnaW4udjEuRGVzY3JpYmVSZXNwb25zZRJVCgZIYW5kbGUSIi5hZ2VudGxvb3AucGx1Z2luLnYxLkhhbmRsZVJlcXVlc3QaIy5hZ2VudGxvb3AucGx1Z2luLnYxLkhhbmRsZVJlc3BvbnNlKAEwAWIGcHJvdG8z", [file_agentloop_v1_agent_event, file_agentloop_v1_approval, file_agentloop_v1_content, file_agentloop_v1_decision, file_agentloop_v1_session_event, file_agentloop_v1_stream, file_google_protobuf_duration, file_google_protobuf_struct]);
 
 /**
  * DescribeRequest is the input of Describe: what the server speaks. It is
@@ -587,6 +589,14 @@ export type HookCall = Message<"agentloop.plugin.v1.HookCall"> & {
      */
     value: ModelStreamCall;
     case: "modelStream";
+  } | {
+    /**
+     * ToolApproval asks an approver for its answer to a pending approval.
+     *
+     * @generated from field: agentloop.plugin.v1.ToolApprovalCall tool_approval = 40;
+     */
+    value: ToolApprovalCall;
+    case: "toolApproval";
   } | { case: undefined; value?: undefined };
 };
 
@@ -596,6 +606,57 @@ export type HookCall = Message<"agentloop.plugin.v1.HookCall"> & {
  */
 export const HookCallSchema: GenMessage<HookCall> = /*@__PURE__*/
   messageDesc(file_agentloop_plugin_v1_hook_service, 8);
+
+/**
+ * ToolApprovalCall is a tool call waiting for approval.
+ *
+ * @generated from message agentloop.plugin.v1.ToolApprovalCall
+ */
+export type ToolApprovalCall = Message<"agentloop.plugin.v1.ToolApprovalCall"> & {
+  /**
+   * Approval is the pending approval (id, call, tool, arguments, reason,
+   * who asked, expiry).
+   *
+   * @generated from field: agentloop.v1.ApprovalRequested approval = 1;
+   */
+  approval?: ApprovalRequested | undefined;
+};
+
+/**
+ * Describes the message agentloop.plugin.v1.ToolApprovalCall.
+ * Use `create(ToolApprovalCallSchema)` to create a new message.
+ */
+export const ToolApprovalCallSchema: GenMessage<ToolApprovalCall> = /*@__PURE__*/
+  messageDesc(file_agentloop_plugin_v1_hook_service, 9);
+
+/**
+ * ToolApprovalResult is an approver's answer.
+ *
+ * @generated from message agentloop.plugin.v1.ToolApprovalResult
+ */
+export type ToolApprovalResult = Message<"agentloop.plugin.v1.ToolApprovalResult"> & {
+  /**
+   * Decision is allow once or reject; unset abstains (leaves the approval to
+   * others).
+   *
+   * @generated from field: agentloop.v1.ApprovalDecision decision = 1;
+   */
+  decision: ApprovalDecision;
+
+  /**
+   * Reason is the rejection reason the model sees, if any.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message agentloop.plugin.v1.ToolApprovalResult.
+ * Use `create(ToolApprovalResultSchema)` to create a new message.
+ */
+export const ToolApprovalResultSchema: GenMessage<ToolApprovalResult> = /*@__PURE__*/
+  messageDesc(file_agentloop_plugin_v1_hook_service, 10);
 
 /**
  * ModelStreamCall is one model request to a provider served by a plugin.
@@ -630,7 +691,7 @@ export type ModelStreamCall = Message<"agentloop.plugin.v1.ModelStreamCall"> & {
  * Use `create(ModelStreamCallSchema)` to create a new message.
  */
 export const ModelStreamCallSchema: GenMessage<ModelStreamCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 9);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 11);
 
 /**
  * CancelCall withdraws a call whose turn was cancelled.
@@ -658,7 +719,7 @@ export type CancelCall = Message<"agentloop.plugin.v1.CancelCall"> & {
  * Use `create(CancelCallSchema)` to create a new message.
  */
 export const CancelCallSchema: GenMessage<CancelCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 10);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 12);
 
 /**
  * HookResult answers a HookCall.
@@ -766,6 +827,14 @@ export type HookResult = Message<"agentloop.plugin.v1.HookResult"> & {
     case: "toolExecute";
   } | {
     /**
+     * ToolApproval answers a `tool_approval` call.
+     *
+     * @generated from field: agentloop.plugin.v1.ToolApprovalResult tool_approval = 40;
+     */
+    value: ToolApprovalResult;
+    case: "toolApproval";
+  } | {
+    /**
      * Error reports that the plugin failed to handle the call; the failure
      * policy applies. It is for operators: the model never sees it.
      *
@@ -781,7 +850,7 @@ export type HookResult = Message<"agentloop.plugin.v1.HookResult"> & {
  * Use `create(HookResultSchema)` to create a new message.
  */
 export const HookResultSchema: GenMessage<HookResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 11);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 13);
 
 /**
  * CallError is a plugin's failure to handle a call, shaped like
@@ -810,7 +879,7 @@ export type CallError = Message<"agentloop.plugin.v1.CallError"> & {
  * Use `create(CallErrorSchema)` to create a new message.
  */
 export const CallErrorSchema: GenMessage<CallError> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 12);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 14);
 
 /**
  * PromptSubmitCall is the input of SEAM_PROMPT_SUBMIT.
@@ -838,7 +907,7 @@ export type PromptSubmitCall = Message<"agentloop.plugin.v1.PromptSubmitCall"> &
  * Use `create(PromptSubmitCallSchema)` to create a new message.
  */
 export const PromptSubmitCallSchema: GenMessage<PromptSubmitCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 13);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 15);
 
 /**
  * SessionPrefixCall is the input of SEAM_SESSION_PREFIX.
@@ -859,7 +928,7 @@ export type SessionPrefixCall = Message<"agentloop.plugin.v1.SessionPrefixCall">
  * Use `create(SessionPrefixCallSchema)` to create a new message.
  */
 export const SessionPrefixCallSchema: GenMessage<SessionPrefixCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 14);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 16);
 
 /**
  * SessionPrefixResult replaces the session prefix.
@@ -881,7 +950,7 @@ export type SessionPrefixResult = Message<"agentloop.plugin.v1.SessionPrefixResu
  * Use `create(SessionPrefixResultSchema)` to create a new message.
  */
 export const SessionPrefixResultSchema: GenMessage<SessionPrefixResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 15);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 17);
 
 /**
  * PreStepCall is the input of SEAM_PRE_STEP.
@@ -909,7 +978,7 @@ export type PreStepCall = Message<"agentloop.plugin.v1.PreStepCall"> & {
  * Use `create(PreStepCallSchema)` to create a new message.
  */
 export const PreStepCallSchema: GenMessage<PreStepCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 16);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 18);
 
 /**
  * PreStepResult adds context before the step.
@@ -930,7 +999,7 @@ export type PreStepResult = Message<"agentloop.plugin.v1.PreStepResult"> & {
  * Use `create(PreStepResultSchema)` to create a new message.
  */
 export const PreStepResultSchema: GenMessage<PreStepResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 17);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 19);
 
 /**
  * RequestCall is the input of SEAM_REQUEST.
@@ -951,7 +1020,7 @@ export type RequestCall = Message<"agentloop.plugin.v1.RequestCall"> & {
  * Use `create(RequestCallSchema)` to create a new message.
  */
 export const RequestCallSchema: GenMessage<RequestCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 18);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 20);
 
 /**
  * RequestResult replaces the model configuration.
@@ -972,7 +1041,7 @@ export type RequestResult = Message<"agentloop.plugin.v1.RequestResult"> & {
  * Use `create(RequestResultSchema)` to create a new message.
  */
 export const RequestResultSchema: GenMessage<RequestResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 19);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 21);
 
 /**
  * StepResultCall is the input of SEAM_STEP_RESULT.
@@ -993,7 +1062,7 @@ export type StepResultCall = Message<"agentloop.plugin.v1.StepResultCall"> & {
  * Use `create(StepResultCallSchema)` to create a new message.
  */
 export const StepResultCallSchema: GenMessage<StepResultCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 20);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 22);
 
 /**
  * StepResultResult replaces the assistant message.
@@ -1014,7 +1083,7 @@ export type StepResultResult = Message<"agentloop.plugin.v1.StepResultResult"> &
  * Use `create(StepResultResultSchema)` to create a new message.
  */
 export const StepResultResultSchema: GenMessage<StepResultResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 21);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 23);
 
 /**
  * TurnContinuationCall is the input of SEAM_TURN_CONTINUATION.
@@ -1036,7 +1105,7 @@ export type TurnContinuationCall = Message<"agentloop.plugin.v1.TurnContinuation
  * Use `create(TurnContinuationCallSchema)` to create a new message.
  */
 export const TurnContinuationCallSchema: GenMessage<TurnContinuationCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 22);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 24);
 
 /**
  * TurnStopCall is the input of SEAM_TURN_STOP.
@@ -1051,7 +1120,7 @@ export type TurnStopCall = Message<"agentloop.plugin.v1.TurnStopCall"> & {
  * Use `create(TurnStopCallSchema)` to create a new message.
  */
 export const TurnStopCallSchema: GenMessage<TurnStopCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 23);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 25);
 
 /**
  * TurnStopResult answers SEAM_TURN_STOP.
@@ -1072,7 +1141,7 @@ export type TurnStopResult = Message<"agentloop.plugin.v1.TurnStopResult"> & {
  * Use `create(TurnStopResultSchema)` to create a new message.
  */
 export const TurnStopResultSchema: GenMessage<TurnStopResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 24);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 26);
 
 /**
  * ToolInvocation describes a tool call.
@@ -1107,7 +1176,7 @@ export type ToolInvocation = Message<"agentloop.plugin.v1.ToolInvocation"> & {
  * Use `create(ToolInvocationSchema)` to create a new message.
  */
 export const ToolInvocationSchema: GenMessage<ToolInvocation> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 25);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 27);
 
 /**
  * ToolOutput is the result of a tool call.
@@ -1156,7 +1225,7 @@ export type ToolOutput = Message<"agentloop.plugin.v1.ToolOutput"> & {
  * Use `create(ToolOutputSchema)` to create a new message.
  */
 export const ToolOutputSchema: GenMessage<ToolOutput> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 26);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 28);
 
 /**
  * ToolPreExecuteCall is the input of SEAM_TOOLS_PRE_EXECUTE.
@@ -1177,7 +1246,7 @@ export type ToolPreExecuteCall = Message<"agentloop.plugin.v1.ToolPreExecuteCall
  * Use `create(ToolPreExecuteCallSchema)` to create a new message.
  */
 export const ToolPreExecuteCallSchema: GenMessage<ToolPreExecuteCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 27);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 29);
 
 /**
  * ToolPostExecuteCall is the input of SEAM_TOOLS_POST_EXECUTE.
@@ -1205,7 +1274,7 @@ export type ToolPostExecuteCall = Message<"agentloop.plugin.v1.ToolPostExecuteCa
  * Use `create(ToolPostExecuteCallSchema)` to create a new message.
  */
 export const ToolPostExecuteCallSchema: GenMessage<ToolPostExecuteCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 28);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 30);
 
 /**
  * ToolExecuteCall runs a tool the plugin provides.
@@ -1226,7 +1295,7 @@ export type ToolExecuteCall = Message<"agentloop.plugin.v1.ToolExecuteCall"> & {
  * Use `create(ToolExecuteCallSchema)` to create a new message.
  */
 export const ToolExecuteCallSchema: GenMessage<ToolExecuteCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 29);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 31);
 
 /**
  * SessionEventNotice notifies a session event.
@@ -1254,7 +1323,7 @@ export type SessionEventNotice = Message<"agentloop.plugin.v1.SessionEventNotice
  * Use `create(SessionEventNoticeSchema)` to create a new message.
  */
 export const SessionEventNoticeSchema: GenMessage<SessionEventNotice> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 30);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 32);
 
 /**
  * AgentEventNotice notifies a live agent event.
@@ -1282,7 +1351,7 @@ export type AgentEventNotice = Message<"agentloop.plugin.v1.AgentEventNotice"> &
  * Use `create(AgentEventNoticeSchema)` to create a new message.
  */
 export const AgentEventNoticeSchema: GenMessage<AgentEventNotice> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 31);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 33);
 
 /**
  * ToolResultNotice notifies a final tool result.
@@ -1317,7 +1386,7 @@ export type ToolResultNotice = Message<"agentloop.plugin.v1.ToolResultNotice"> &
  * Use `create(ToolResultNoticeSchema)` to create a new message.
  */
 export const ToolResultNoticeSchema: GenMessage<ToolResultNotice> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 32);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 34);
 
 /**
  * Seam names a point of the loop a plugin can subscribe to.
@@ -1417,6 +1486,20 @@ export enum Seam {
    * @generated from enum value: SEAM_TOOLS_RESULT = 12;
    */
   TOOLS_RESULT = 12,
+
+  /**
+   * Approver of tool calls waiting for approval (`tools/approval`): each
+   * pending approval of a subscribed agent is sent as a `tool_approval` call;
+   * the answer (allow once, reject, or unset: abstain) resolves it unless
+   * another answer (ResolveApproval or another approver) came first. When the
+   * approval ends otherwise, the call is withdrawn with a `CancelCall` whose
+   * reason says who answered. Its timeout defaults to the approval's; a
+   * failure or a timeout only abstains (the approval waits on), whatever the
+   * failure policy.
+   *
+   * @generated from enum value: SEAM_TOOLS_APPROVAL = 20;
+   */
+  TOOLS_APPROVAL = 20,
 }
 
 /**
