@@ -105,6 +105,11 @@ async def test_the_console_in_a_browser(tmp_path: Path, monkeypatch: pytest.Monk
         assert end.turn_end.reason.aborted.reason == "cancelled from the console"
         assert results["partial"] >= 3  # the answer was streaming when it was cancelled
     assert "wrong token" in results["wrongToken"]
+    keep_artifact(screenshot)
+
+
+def keep_artifact(screenshot: Path) -> None:
+    """Check the screenshot and copy it to $AGENTLOOP_ARTIFACTS, when set."""
     assert screenshot.stat().st_size > 10_000
     artifacts = os.environ.get("AGENTLOOP_ARTIFACTS")
     if artifacts:
