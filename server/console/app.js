@@ -90,8 +90,8 @@ async function refreshAgents() {
     );
     if (!list.length) body.append(h("tr", {}, h("td", { colspan: 4 }, "No agents yet.")));
     $("#agents-updated").textContent = `(${list.length}, live)`;
-    if (session && session.agentId && known.has(session.agentId)) {
-      session.showStatus(known.get(session.agentId).status);
+    if (session && session.agentId && known.has(session.agentId) && !session.live) {
+      session.showStatus(known.get(session.agentId).status); // until its stream says
     }
   } catch (error) {
     fail(error, "Listing the agents");
@@ -120,12 +120,22 @@ $("#create-form").addEventListener("submit", async (event) => {
   try {
     await factory("CreateAgent", { agentId, options });
     clearNotice();
+    event.target.reset();
+    $("#create").open = false;
     location.hash = `#/agent/${encodeURIComponent(agentId)}`;
     refreshAgents();
   } catch (error) {
     fail(error, `Creating agent ${agentId}`);
   }
 });
+
+/** A live status change, shown in the agents table before the next poll. */
+function showAgentStatus(agentId, status) {
+  const cell = document.querySelector(`#agents tr[data-agent="${CSS.escape(agentId)}"] td.status`);
+  if (!cell) return;
+  cell.textContent = statusWord(status);
+  cell.className = `status ${statusWord(status).replaceAll(" ", "-")}`;
+}
 
 // ---- the session ---------------------------------------------------------------------
 
@@ -139,6 +149,7 @@ class Session {
     this.events = [];
     this.controller = new AbortController();
     this.view = null;
+    this.live = false; // whether its stream has told the agent's status yet
   }
 
   close() {
@@ -164,7 +175,7 @@ class Session {
     this.sessionId = found.sessionId;
     this.agentId = this.agentId || found.agentId || "";
     $("#session-title").textContent = this.agentId ? `Agent ${this.agentId}` : `Session ${this.sessionId}`;
-    $("#session-id").textContent = `session ${this.sessionId}, ${found.eventCount || 0} events, ${found.turnCount || 0} turns`;
+    $("#session-id").textContent = `session ${this.sessionId}`;
     $("#session-link").href = `#/session/${encodeURIComponent(this.sessionId)}`;
     $("#act-form").hidden = !this.agentId;
     if (this.agentId && known.has(this.agentId)) this.showStatus(known.get(this.agentId).status);
@@ -221,14 +232,19 @@ class Session {
   /** Follow the session live from one past the last event, reconnecting on a break. */
   async follow() {
     const signal = this.controller.signal;
+    let byAgent = Boolean(this.agentId); // by agent: its live status events come too
     while (!signal.aborted) {
-      const request = this.agentId && known.has(this.agentId)
+      const request = byAgent
         ? { agentId: this.agentId, fromSeq: this.last + 1 }
         : { sessionId: this.sessionId, fromSeq: this.last + 1 };
       try {
         await stream(request, (response) => this.receive(response), signal);
       } catch (error) {
         if (signal.aborted) return;
+        if (byAgent && error instanceof ApiError && error.status === "NOT_FOUND") {
+          byAgent = false; // the agent is gone: follow the session itself
+          continue;
+        }
         if (error instanceof ApiError) {
           fail(error, "Following the session");
           if (["UNAUTHENTICATED", "NOT_FOUND", "INVALID_ARGUMENT"].includes(error.status)) return;
@@ -246,7 +262,11 @@ class Session {
       this.view.apply(event);
     }
     for (const event of response.agentEvents || []) {
-      if (event.status) this.showStatus(event.status.status);
+      if (event.status) {
+        this.live = true;
+        this.showStatus(event.status.status);
+        showAgentStatus(this.agentId, event.status.status);
+      }
       if (event.disposed) this.showStatus("AGENT_STATUS_DISPOSED");
       if (event.error) notify(`Agent ${this.agentId}: ${event.error.message}`, "agent");
     }

@@ -212,9 +212,8 @@ export class SessionView {
 
   on_steeringMessage(event, p) {
     this.ensure(p.turn, 0);
-    // Steering lands between steps: in the turn, after the step it followed.
-    this.step = null;
-    this.turn.body.append(this.row(event, "steering", "steering", h("span", { class: "content" }, textOf(p.content))));
+    // Shown where it landed: its seq's place in the open step, or between steps.
+    this.container().append(this.row(event, "steering", "steering", h("span", { class: "content" }, textOf(p.content))));
   }
 
   on_messageDropped(event, p) {
@@ -345,7 +344,7 @@ export class SessionView {
       const end = Number.isNaN(tool.end) ? last : tool.end;
       tool.bar.style.marginLeft = `${((tool.start - origin) / span) * 100}%`;
       tool.bar.style.width = `${Math.max(1, ((end - tool.start) / span) * 100)}%`;
-      const took = Number.isNaN(tool.end) ? "running" : `took ${seconds(tool.end - tool.start)}`;
+      const took = Number.isNaN(tool.end) ? "running" : `result recorded after ${seconds(tool.end - tool.start)}`;
       tool.timing.textContent = `started +${seconds(tool.start - origin)}, ${took}`;
     }
   }

@@ -24,8 +24,9 @@ let failed = 0;
 
 async function step(name, body) {
   try {
+    const started = Date.now();
     await body();
-    console.log(`ok - ${name}`);
+    console.log(`ok - ${name} (${((Date.now() - started) / 1000).toFixed(1)} s)`);
   } catch (error) {
     failed += 1;
     console.log(`not ok - ${name}\n  ${String(error.stack || error).split("\n").slice(0, 6).join("\n  ")}`);
@@ -114,8 +115,50 @@ try {
     await fresh.close();
   });
 
+  await step("parallel tool calls in model order, steering and context where they landed", async () => {
+    const script = {
+      "@type": "type.googleapis.com/agentloop.v1.ScriptedOptions",
+      steps: [
+        {
+          toolCalls: [
+            { name: "sleep", arguments: '{"seconds": 1.5}' },
+            { name: "sleep", arguments: '{"seconds": 1}' },
+            { name: "word_count", arguments: '{"text": "three little words"}' },
+            { name: "sleep", arguments: '{"seconds": "long"}' },
+          ],
+        },
+        { text: "Both naps are over, and the text has three words.", chunkDelay: "0.02s", chunkSize: 4 },
+      ],
+    };
+    await page.goto(`${url}#/`);
+    if (!(await page.locator("#create").evaluate((n) => n.open))) await page.click("#create summary");
+    await page.fill("#create-id", "browser-parallel");
+    await page.fill("#create-tools", "sleep, word_count");
+    await page.fill("#create-options", JSON.stringify(script));
+    await page.click("#create-form button[type=submit]");
+    await page.waitForURL(/#\/agent\/browser-parallel$/);
+    await page.locator("#session-title", { hasText: "Agent browser-parallel" }).waitFor();
+    await page.fill("#act-text", "nap twice, then count");
+    await page.click("#act-form button[value=send]");
+    await page.locator("#turns .ev.tool.running").first().waitFor();
+    await page.fill("#act-text", "and keep it short");
+    await page.click("#act-form button[value=steer]");
+    await page.fill("#act-text", "the user reads this in a browser");
+    await page.click("#act-form button[value=inject]");
+    const turn = page.locator("#turns details.turn[data-end='completed']");
+    await turn.waitFor();
+    const names = await turn.locator(".ev.tool .tool-name").allTextContents();
+    expect(names.join(",") === "sleep,sleep,word_count,sleep", `tools in model order: ${names}`);
+    await turn.locator(".ev.tool.failed .tool-state", { hasText: "failed" }).waitFor();
+    await turn.locator(".ev.steering", { hasText: "and keep it short" }).waitFor();
+    await turn.locator(".ev.context", { hasText: "the user reads this in a browser" }).waitFor();
+    const bars = await turn.locator(".ev.tool .bar").count();
+    expect(bars === 4, `timeline bars: ${bars}`);
+  });
+
   await step("a screenshot of the session view", async () => {
     await page.locator("#turns details.turn[data-end='completed']").waitFor();
+    await page.locator("#session-status", { hasText: "idle" }).waitFor();
     await page.screenshot({ path: screenshot, fullPage: true });
   });
 

@@ -77,6 +77,7 @@ async def test_the_console_in_a_browser(tmp_path: Path, monkeypatch: pytest.Monk
                 process.kill()
                 await process.wait()
         text = output.decode(errors="replace")
+        print(text)  # the steps and their times, shown with -s or on failure
         assert process.returncode == 0, text
         results = json.loads(text.split("RESULTS ", 1)[1].splitlines()[0])
 
