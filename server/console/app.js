@@ -142,8 +142,9 @@ function showAgentStatus(agentId, status) {
 let session = null;
 
 class Session {
-  constructor({ agentId, sessionId, seq }) {
+  constructor({ agentId, sessionId, seq, page }) {
     this.agentId = agentId || "";
+    this.page = page > 0 ? Math.min(page, 5000) : PAGE;
     this.sessionId = sessionId || "";
     this.target = seq || 0;
     this.events = [];
@@ -182,7 +183,7 @@ class Session {
     else $("#session-status").textContent = this.agentId ? "" : "Status: no live agent";
     this.view = new SessionView($("#turns"), this.sessionId);
     const count = Number(found.eventCount || 0);
-    let from = Math.max(1, count - PAGE + 1);
+    let from = Math.max(1, count - this.page + 1);
     if (this.target) from = Math.min(from, Math.max(1, this.target - 20));
     this.events = await this.list(from, 0);
     this.render();
@@ -220,7 +221,7 @@ class Session {
 
   async older() {
     const before = this.first;
-    const from = Math.max(1, before - PAGE);
+    const from = Math.max(1, before - this.page);
     const older = await this.list(from, before);
     this.events = [...older, ...this.events];
     this.target = 0;
@@ -379,6 +380,7 @@ function route() {
       agentId: parts[0] === "agent" ? parts[1] : "",
       sessionId: parts[0] === "session" ? parts[1] : "",
       seq: Number(params.get("seq") || 0),
+      page: Number(params.get("page") || 0), // events per page (default PAGE)
     });
     const opening = session;
     opening.open().catch((error) => {

@@ -207,7 +207,8 @@ export class SessionView {
   }
 
   on_contextMessage(event, p) {
-    this.container().append(this.row(event, "context", "context", h("span", { class: "content" }, textOf(p.content))));
+    const from = p.source && p.source.kind && p.source.kind !== "user" ? ` from ${[p.source.kind, p.source.name].filter(Boolean).join(" ")}` : "";
+    this.container().append(this.row(event, "context", `context${from}`, h("span", { class: "content" }, textOf(p.content))));
   }
 
   on_steeringMessage(event, p) {

@@ -194,6 +194,38 @@ try {
     results.aborted = summary;
   });
 
+  await step("older events are paged in from the server", async () => {
+    await page.goto(`${url}#/agent/browser-demo?page=8`);
+    const older = page.locator("#load-older");
+    await older.waitFor();
+    await page.locator("#turns .partial").first().waitFor();
+    const first = () => page.locator("#turns [data-seq]").first().getAttribute("data-seq");
+    expect(Number(await first()) > 1, "the first page starts at seq 1");
+    for (let i = 0; i < 20 && (await older.isVisible()); i += 1) {
+      const before = Number(await first());
+      await older.focus();
+      await page.keyboard.press("Enter");
+      await page.waitForFunction(
+        (seq) => Number(document.querySelector("#turns [data-seq]").getAttribute("data-seq")) < seq,
+        before,
+      );
+    }
+    expect(Number(await first()) === 1, `after paging, the first seq is ${await first()}`);
+    await page.locator("#turns details.turn[data-end='completed']").first().waitFor({ state: "attached" });
+  });
+
+  await step("the plugins view shows state, subscriptions, counters and latencies", async () => {
+    await page.goto(`${url}#/plugins`);
+    const plugin = page.locator(`#plugins .plugin[data-plugin='${process.env.CONSOLE_PLUGIN}']`);
+    await plugin.waitFor();
+    const text = await plugin.textContent();
+    for (const word of ["ready", "Subscriptions", "fail-opens 0", "dropped 0", "p50", "p99"]) {
+      expect(text.includes(word), `the plugin view lacks "${word}": ${text}`);
+    }
+    expect(/calls [1-9]/.test(text), `no calls counted: ${text}`);
+    results.plugin = text;
+  });
+
   await step("the page raised no script error", async () => {
     expect(consoleErrors.length === 0, consoleErrors.join("\n"));
   });

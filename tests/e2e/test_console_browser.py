@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import agent_service_pb2 as api
 from server.config import Config
-from tests.e2e.conftest import of_kind, running_app
+from tests.e2e.conftest import E2E, of_kind, running_app
+from tests.processes import PluginLauncher, guard_example
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "console" / "browser.mjs"
@@ -43,7 +45,9 @@ def _runnable() -> str:
     return ""
 
 
-async def test_the_console_in_a_browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_console_in_a_browser(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: PluginLauncher
+) -> None:
     why = _runnable()
     if why:
         if os.environ.get("CI"):
@@ -52,8 +56,15 @@ async def test_the_console_in_a_browser(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("AGENTLOOP_TOKEN", TOKEN)
     config = Config(listen="127.0.0.1:0", http_listen="127.0.0.1:0", store="memory", agents=())
     screenshot = tmp_path / "console.png"
+    metadata = (("authorization", f"Bearer {TOKEN}"),)
     async with running_app(config) as e2e:
         assert e2e.app.http is not None
+        # A plugin in another process, for the plugins view (and a context on each prompt).
+        plugin = await launcher.start(guard_example("python"))
+        await e2e.registry.RegisterPlugin(
+            reg.RegisterPluginRequest(address=plugin.address), metadata=metadata, timeout=10
+        )
+        await wait_ready(e2e, plugin.name, metadata)
         env = {
             **os.environ,
             "CONSOLE_URL": f"http://127.0.0.1:{e2e.app.http.port}/",
@@ -61,6 +72,7 @@ async def test_the_console_in_a_browser(tmp_path: Path, monkeypatch: pytest.Monk
             "SCREENSHOT": str(screenshot),
             "PROFILE_DIR": str(tmp_path / "profile"),
             "CHROMIUM": CHROMIUM,
+            "CONSOLE_PLUGIN": plugin.name,
         }
         process = await asyncio.create_subprocess_exec(
             "node",
@@ -82,7 +94,6 @@ async def test_the_console_in_a_browser(tmp_path: Path, monkeypatch: pytest.Monk
         results = json.loads(text.split("RESULTS ", 1)[1].splitlines()[0])
 
         # What the page showed is what the server recorded.
-        metadata = (("authorization", f"Bearer {TOKEN}"),)
         demo = await e2e.agents.ListSessionEvents(
             api.ListSessionEventsRequest(agent_id="browser-demo", page_size=1000),
             metadata=metadata,
@@ -107,6 +118,18 @@ async def test_the_console_in_a_browser(tmp_path: Path, monkeypatch: pytest.Monk
         assert results["partial"] >= 3  # the answer was streaming when it was cancelled
     assert "wrong token" in results["wrongToken"]
     keep_artifact(screenshot)
+
+
+async def wait_ready(e2e: E2E, name: str, metadata: tuple[tuple[str, str], ...]) -> None:
+    """Wait (at most 10 s) until ListPlugins shows the plugin READY."""
+    for _ in range(500):
+        listed = await e2e.registry.ListPlugins(
+            reg.ListPluginsRequest(), metadata=metadata, timeout=10
+        )
+        if any(p.name == name and p.state == reg.PLUGIN_STATE_READY for p in listed.plugins):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"plugin {name} did not become READY")
 
 
 def keep_artifact(screenshot: Path) -> None:
