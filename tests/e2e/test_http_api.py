@@ -328,3 +328,33 @@ def test_http_listen_beyond_loopback_needs_tls_and_a_token() -> None:
     config = Config(listen="127.0.0.1:0", http_listen="0.0.0.0:8080", store="memory")
     with pytest.raises(ConfigError, match=r"^httpListen: 0\.0\.0\.0:8080 is reachable"):
         App(config)
+
+
+async def test_an_open_event_stream_ends_when_the_server_stops() -> None:
+    config = Config(listen="127.0.0.1:0", http_listen="127.0.0.1:0", store="memory", agents=())
+    app = App(config)
+    await app.start()
+    stopped = False
+    try:
+        assert app.http is not None
+        await app.factory.create("a", agent_pb2.AgentOptions())
+        base = f"http://127.0.0.1:{app.http.port}"
+        async with (
+            httpx.AsyncClient(base_url=base, timeout=T) as client,
+            client.stream(
+                "POST", f"{AGENTS}/StreamSessionEvents", headers=JSON, json={"agentId": "a"}
+            ) as stream,
+        ):
+            assert stream.status_code == 200
+            lines = stream.aiter_lines()
+            assert await anext(lines) == "event: message"
+            stopping = asyncio.ensure_future(app.stop(grace=0))
+            rest = [line async for line in lines]  # ends: the server closed the stream
+            await asyncio.wait_for(stopping, T)
+            stopped = True
+            # The disposal of the agent came first, then the stream's end.
+            assert any('"disposed":{}' in line for line in rest), rest
+            assert rest[-3:] == ["event: end", "data: {}", ""], rest
+    finally:
+        if not stopped:
+            await app.stop(grace=0)
