@@ -20,7 +20,7 @@ import os
 import shutil
 import ssl
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from agentloop.v1 import (
     agent_service_pb2,
     scripted_pb2,  # noqa: F401  (registers ScriptedOptions for `provider_options` as JSON)
 )
+from server.addresses import is_loopback
 from server.status import rich_status
 
 log = logging.getLogger(__name__)
@@ -161,8 +162,11 @@ class HttpSide:
         listen: str,
         ssl_context: ssl.SSLContext | None,
         max_request_bytes: int,
+        local_hosts_only: bool = False,
     ) -> None:
         self.listen = listen
+        self.local_hosts_only = local_hosts_only
+        """Refuse requests naming another host than this machine (DNS rebinding)."""
         self.ssl_context = ssl_context
         self.methods = methods()
         self._dir = tempfile.mkdtemp(prefix="agentloop-http-")  # 0700: this user only
@@ -183,7 +187,7 @@ class HttpSide:
     async def start(self) -> int:
         """Connect to the gRPC server's socket and serve HTTP; returns the bound port."""
         self._channel = grpc.aio.insecure_channel(self.grpc_address)
-        app = web.Application(client_max_size=self._max_body)
+        app = web.Application(client_max_size=self._max_body, middlewares=[self._host_check])
         app.router.add_get("/", self._index)
         app.router.add_static("/console/", STATIC_DIR, append_version=False)
         app.router.add_route("*", "/api/{service}/{method}", self._api)
@@ -192,9 +196,7 @@ class HttpSide:
         host, _, port = self.listen.rpartition(":")
         site = web.TCPSite(self._runner, host.strip("[]"), int(port), ssl_context=self.ssl_context)
         await site.start()
-        server = site._server  # aiohttp exposes the bound port only here
-        sockets = getattr(server, "sockets", None) or ()
-        self.port = int(sockets[0].getsockname()[1]) if sockets else int(port)
+        self.port = int(self._runner.addresses[0][1])
         return self.port
 
     async def stop(self) -> None:
@@ -206,6 +208,26 @@ class HttpSide:
             await self._runner.cleanup()
             self._runner = None
         shutil.rmtree(self._dir, ignore_errors=True)
+
+    @web.middleware
+    async def _host_check(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Refuse a foreign Host on a loopback port without a token.
+
+        A site that rebinds its own name to 127.0.0.1 is refused (DNS rebinding).
+        """
+        host = request.host
+        if self.local_hosts_only and not (is_loopback(host) or is_loopback(f"{host}:80")):
+            return status_response(
+                rich_status(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"the Host {host!r} is not this machine: open the console as"
+                    " http://127.0.0.1:<port>/ or http://localhost:<port>/",
+                    "FOREIGN_HOST",
+                )
+            )
+        return await handler(request)
 
     async def _index(self, request: web.Request) -> web.StreamResponse:
         return web.FileResponse(STATIC_DIR / "index.html", headers=SECURITY_HEADERS)

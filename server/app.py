@@ -208,6 +208,7 @@ class App:
                 config.http_listen,
                 tls_context(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file),
                 limits.max_request_bytes,
+                local_hosts_only=not token and is_loopback(config.http_listen),
             )
             self.server.add_insecure_port(self.http.grpc_address)
         self.port = 0

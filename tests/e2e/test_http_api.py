@@ -358,3 +358,30 @@ async def test_an_open_event_stream_ends_when_the_server_stops() -> None:
     finally:
         if not stopped:
             await app.stop(grace=0)
+
+
+async def test_without_a_token_only_this_machine_names_may_call(
+    side: tuple[E2E, httpx.AsyncClient],
+) -> None:
+    _, client = side
+    port = client.base_url.port
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost"):
+        answer = await client.post(
+            f"{FACTORY}/ListAgents", headers={**JSON, "Host": host}, content="{}"
+        )
+        assert answer.status_code == 200, host
+    rebound = await client.post(
+        f"{FACTORY}/ListAgents", headers={**JSON, "Host": f"evil.example:{port}"}, content="{}"
+    )
+    assert (rebound.status_code, rebound.json()["status"]) == (403, "PERMISSION_DENIED")
+    assert rebound.json()["details"][0]["reason"] == "FOREIGN_HOST"
+    page = await client.get("/", headers={"Host": "evil.example"})
+    assert page.status_code == 403
+
+
+async def test_with_a_token_any_host_name_may_call(secured: tuple[E2E, httpx.AsyncClient]) -> None:
+    _, client = secured
+    answer = await client.post(
+        f"{FACTORY}/ListAgents", headers={**RIGHT, "Host": "console.example"}, content="{}"
+    )
+    assert answer.status_code == 200
