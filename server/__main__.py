@@ -75,6 +75,10 @@ async def serve(config: Config) -> int:
     requested = app.stop_on_signals()  # before announcing: a SIGTERM right after is graceful
     host = config.listen.rpartition(":")[0]
     print(f"agentloop listening on {host}:{port}", flush=True)
+    if app.http is not None:
+        scheme = "https" if app.credentials is not None else "http"
+        http_host = config.http_listen.rpartition(":")[0]
+        print(f"agentloop console on {scheme}://{http_host}:{app.http.port}/", flush=True)
     await app.run_until(requested)
     return 0
 

@@ -169,9 +169,7 @@ class HttpSide:
         """Refuse requests naming another host than this machine (DNS rebinding)."""
         self.ssl_context = ssl_context
         self.methods = methods()
-        self._dir = tempfile.mkdtemp(prefix="agentloop-http-")  # 0700: this user only
-        self.socket = os.path.join(self._dir, "grpc.sock")
-        """The private Unix socket the gRPC server listens on for this side."""
+        self._dir = ""
         self.port = 0
         self._channel: grpc.aio.Channel | None = None
         self._runner: web.AppRunner | None = None
@@ -179,14 +177,15 @@ class HttpSide:
         # is the gRPC server's own, on the forwarded message; this only bounds memory.
         self._max_body = 4 * max_request_bytes + 64 * 1024
 
-    @property
     def grpc_address(self) -> str:
-        """The address the gRPC server adds an insecure port on (the private socket)."""
-        return f"unix:{self.socket}"
+        """The private Unix socket (in a new 0700 directory) for the gRPC server to add."""
+        if not self._dir:
+            self._dir = tempfile.mkdtemp(prefix="agentloop-http-")  # this user only
+        return f"unix:{os.path.join(self._dir, 'grpc.sock')}"
 
     async def start(self) -> int:
         """Connect to the gRPC server's socket and serve HTTP; returns the bound port."""
-        self._channel = grpc.aio.insecure_channel(self.grpc_address)
+        self._channel = grpc.aio.insecure_channel(self.grpc_address())
         app = web.Application(client_max_size=self._max_body, middlewares=[self._host_check])
         app.router.add_get("/", self._index)
         app.router.add_static("/console/", STATIC_DIR, append_version=False)
@@ -207,7 +206,8 @@ class HttpSide:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if self._dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     @web.middleware
     async def _host_check(

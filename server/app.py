@@ -210,7 +210,6 @@ class App:
                 limits.max_request_bytes,
                 local_hosts_only=not token and is_loopback(config.http_listen),
             )
-            self.server.add_insecure_port(self.http.grpc_address)
         self.port = 0
         self._stopped = asyncio.Event()
         self._health_updates: set[asyncio.Task[None]] = set()
@@ -228,13 +227,14 @@ class App:
             self.port = self.server.add_insecure_port(self.config.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
-        await self._readiness(self.plugins.ready())
-        self.plugins.on_readiness = self._on_readiness
-        await self.server.start()
-        if self.http is not None:
+        if self.http is not None:  # before serving: a taken HTTP port stops the start
+            self.server.add_insecure_port(self.http.grpc_address())
             http_port = await self.http.start()
             host = self.config.http_listen.rpartition(":")[0]
             log.info("console on http%s://%s:%d/", "s" * bool(self.credentials), host, http_port)
+        await self._readiness(self.plugins.ready())
+        self.plugins.on_readiness = self._on_readiness
+        await self.server.start()
         if self.replica is not None:
             await self.replica.join(self.port)
         for plugin in self.config.plugins:

@@ -84,6 +84,8 @@ try {
     await turn.waitFor();
     const summary = await turn.locator(":scope > summary").textContent();
     expect(summary.includes("completed"), `turn summary: ${summary}`);
+    const header = await turn.locator(".ev.header").first().textContent();
+    expect(header.includes("request header (initial)") && header.includes("scripted/echo"), header);
     const answer = await turn.locator(".ev.assistant .text").last().textContent();
     expect(answer.trim().length > 0, "no streamed answer");
     results.answer = answer;
@@ -121,7 +123,7 @@ try {
       steps: [
         {
           toolCalls: [
-            { name: "sleep", arguments: '{"seconds": 1.5}' },
+            { name: "sleep", arguments: '{"seconds": 4}' },
             { name: "sleep", arguments: '{"seconds": 1}' },
             { name: "word_count", arguments: '{"text": "three little words"}' },
             { name: "sleep", arguments: '{"seconds": "long"}' },
@@ -140,7 +142,7 @@ try {
     await page.locator("#session-title", { hasText: "Agent browser-parallel" }).waitFor();
     await page.fill("#act-text", "nap twice, then count");
     await page.click("#act-form button[value=send]");
-    await page.locator("#turns .ev.tool.running").first().waitFor();
+    await page.locator("#turns .ev.tool").first().waitFor();
     await page.fill("#act-text", "and keep it short");
     await page.click("#act-form button[value=steer]");
     await page.fill("#act-text", "the user reads this in a browser");
@@ -150,8 +152,11 @@ try {
     const names = await turn.locator(".ev.tool .tool-name").allTextContents();
     expect(names.join(",") === "sleep,sleep,word_count,sleep", `tools in model order: ${names}`);
     await turn.locator(".ev.tool.failed .tool-state", { hasText: "failed" }).waitFor();
-    await turn.locator(".ev.steering", { hasText: "and keep it short" }).waitFor();
-    await turn.locator(".ev.context", { hasText: "the user reads this in a browser" }).waitFor();
+    // Both were sent while the 4 s sleep ran, so they land between the two steps; on a
+    // machine too slow for that they land later (steering then as a message): either
+    // way the page shows them where they landed.
+    await page.locator("#turns .ev.steering, #turns .ev.user", { hasText: "and keep it short" }).waitFor();
+    await page.locator("#turns .ev.context", { hasText: "the user reads this in a browser" }).waitFor();
     const bars = await turn.locator(".ev.tool .bar").count();
     expect(bars === 4, `timeline bars: ${bars}`);
   });
@@ -165,7 +170,7 @@ try {
   await step("cancel a slow turn: the turn ends aborted", async () => {
     const slow = {
       "@type": "type.googleapis.com/agentloop.v1.ScriptedOptions",
-      steps: [{ text: "a slow answer, one character at a time, ".repeat(5), chunkDelay: "0.1s", chunkSize: 1 }],
+      steps: [{ text: "a slow answer, one character at a time, ".repeat(10), chunkDelay: "0.1s", chunkSize: 1 }],
     };
     await page.goto(`${url}#/`);
     if (!(await page.locator("#create").evaluate((n) => n.open))) await page.click("#create summary");

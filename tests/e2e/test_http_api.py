@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -385,3 +386,20 @@ async def test_with_a_token_any_host_name_may_call(secured: tuple[E2E, httpx.Asy
         f"{FACTORY}/ListAgents", headers={**RIGHT, "Host": "console.example"}, content="{}"
     )
     assert answer.status_code == 200
+
+
+async def test_a_taken_http_port_stops_the_start() -> None:
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    try:
+        port = holder.getsockname()[1]
+        config = Config(
+            listen="127.0.0.1:0", http_listen=f"127.0.0.1:{port}", store="memory", agents=()
+        )
+        app = App(config)
+        with pytest.raises(OSError):
+            await app.start()
+        await app.stop(grace=0)
+    finally:
+        holder.close()
