@@ -403,3 +403,26 @@ async def test_a_taken_http_port_stops_the_start() -> None:
         await app.stop(grace=0)
     finally:
         holder.close()
+
+
+async def test_the_http_side_asks_for_client_certificates_as_the_listener_does(
+    pki: Pki, tmp_path: Path
+) -> None:
+    config = replace(tls_config(pki, tmp_path, mutual=True), http_listen="127.0.0.1:0")
+    app = App(config)
+    await app.start()
+    try:
+        assert app.http is not None
+        url = f"https://127.0.0.1:{app.http.port}{FACTORY}/ListAgents"
+        headers = {**JSON, "Authorization": f"Bearer {TLS_TOKEN}"}
+        anonymous = ssl.create_default_context(cafile=str(pki.ca))
+        async with httpx.AsyncClient(verify=anonymous, timeout=T) as client:
+            with pytest.raises(httpx.HTTPError):  # no client certificate: no handshake
+                await client.post(url, headers=headers, content="{}")
+        known = ssl.create_default_context(cafile=str(pki.ca))
+        known.load_cert_chain(str(pki.client_cert), str(pki.client_key))
+        async with httpx.AsyncClient(verify=known, timeout=T) as client:
+            answer = await client.post(url, headers=headers, content="{}")
+            assert (answer.status_code, answer.json()) == (200, {})
+    finally:
+        await app.stop(grace=0)
