@@ -64,8 +64,16 @@ async function listAgents() {
   return found;
 }
 
+let agentsBusy = false; // one poll at a time: a call during one asks for another after
+let agentsAgain = false;
+
 async function refreshAgents() {
   clearTimeout(agentsTimer);
+  if (agentsBusy) {
+    agentsAgain = true;
+    return;
+  }
+  agentsBusy = true;
   try {
     const list = await listAgents();
     clearNotice("auth");
@@ -95,8 +103,11 @@ async function refreshAgents() {
     }
   } catch (error) {
     fail(error, "Listing the agents");
+  } finally {
+    agentsBusy = false;
   }
-  agentsTimer = setTimeout(refreshAgents, AGENTS_EVERY);
+  agentsTimer = setTimeout(refreshAgents, agentsAgain ? 0 : AGENTS_EVERY);
+  agentsAgain = false;
 }
 
 $("#create-form").addEventListener("submit", async (event) => {
@@ -348,15 +359,20 @@ function pluginRow(plugin) {
   );
 }
 
+let pluginsBusy = false;
+
 async function refreshPlugins() {
   clearTimeout(pluginsTimer);
-  if ($("#plugins-view").hidden) return;
+  if ($("#plugins-view").hidden || pluginsBusy) return;
+  pluginsBusy = true;
   try {
     const answer = await registry("ListPlugins", {});
     const plugins = answer.plugins || [];
     $("#plugins").replaceChildren(...(plugins.length ? plugins.map(pluginRow) : [h("p", {}, "No plugins registered.")]));
   } catch (error) {
     fail(error, "Listing the plugins");
+  } finally {
+    pluginsBusy = false;
   }
   pluginsTimer = setTimeout(refreshPlugins, PLUGINS_EVERY);
 }
