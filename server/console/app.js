@@ -267,6 +267,11 @@ class Session {
     }
   }
 
+  // Approvals (human approval of tool calls) plug in here and in session.js: the
+  // session events of a request and its resolution get `on_<payloadKind>` handlers in
+  // SessionView (unknown kinds render as a plain row until then), the pending ones
+  // render into #approvals with Approve / Reject buttons calling the resolve RPC through
+  // agents(...), and STATUS_WORDS already names the waiting-for-approval status.
   receive(response) {
     for (const event of response.events || []) {
       if (Number(event.seq) <= this.last) continue; // already shown (a reconnect's replay)
