@@ -8,7 +8,7 @@ import sys
 from dataclasses import replace
 
 from server.app import App
-from server.config import Config, ConfigError, load_config, metrics_address
+from server.config import Config, ConfigError, http_address, load_config, metrics_address
 from server.logs import LOG_FORMATS, setup_logging
 from server.memory import freeze_startup_heap
 from server.version import version
@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
         "--log-format", choices=LOG_FORMATS, help="text or json lines (default: the config's)"
     )
     parser.add_argument("--metrics-listen", help="host:port of the Prometheus endpoint")
+    parser.add_argument(
+        "--http-listen", help="host:port (or a port, on loopback) of the web console and JSON API"
+    )
     parser.add_argument("--version", action="version", version=f"agentloop {version()}")
     args = parser.parse_args(argv)
     try:
@@ -42,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.metrics_listen:
             config = replace(config, metrics_listen=metrics_address(args.metrics_listen))
+        if args.http_listen:
+            config = replace(config, http_listen=http_address(args.http_listen))
     except ConfigError as error:
         print(f"agentloop: {error}", file=sys.stderr)
         return 2
@@ -70,6 +75,10 @@ async def serve(config: Config) -> int:
     requested = app.stop_on_signals()  # before announcing: a SIGTERM right after is graceful
     host = config.listen.rpartition(":")[0]
     print(f"agentloop listening on {host}:{port}", flush=True)
+    if app.http is not None:
+        scheme = "https" if app.credentials is not None else "http"
+        http_host = config.http_listen.rpartition(":")[0]
+        print(f"agentloop console on {scheme}://{http_host}:{app.http.port}/", flush=True)
     await app.run_until(requested)
     return 0
 

@@ -25,6 +25,7 @@ from server.api_access import AccessLog
 from server.api_agent import AgentServicer
 from server.api_factory import AgentFactoryServicer
 from server.api_guard import RequestGuard
+from server.api_http import HttpSide, tls_context
 from server.api_plugins import PluginRegistryServicer
 from server.api_reflection import Reflection
 from server.app_replica import Replica
@@ -139,7 +140,7 @@ def peer_credentials(config: Config) -> grpc.ChannelCredentials | None:
     )
 
 
-def check_exposed(config: Config, tls: bool, token: bool) -> None:
+def check_exposed(config: Config, tls: bool, token: bool, field: str = "listen") -> None:
     """A port other machines reach needs TLS, and a token or client certificates."""
     missing = []
     if not tls:
@@ -148,7 +149,8 @@ def check_exposed(config: Config, tls: bool, token: bool) -> None:
         missing.append("a token (tokenFile or $AGENTLOOP_TOKEN) or tlsClientCaFile")
     if missing:
         raise ConfigError(
-            f"listen: {config.listen} is reachable from other machines; set"
+            f"{field}: {config.http_listen if field == 'httpListen' else config.listen} is"
+            f" reachable from other machines; set"
             f" {' and '.join(missing)}, or start with --insecure"
         )
 
@@ -165,6 +167,8 @@ class App:
         self.credentials = server_credentials(config)
         if not config.insecure and not is_loopback(config.listen):
             check_exposed(config, self.credentials is not None, bool(token))
+        if config.http_listen and not config.insecure and not is_loopback(config.http_listen):
+            check_exposed(config, self.credentials is not None, bool(token), "httpListen")
         self.runtime = runtime or build_runtime(config)
         self.factory = AgentFactory(self.runtime)
         self.plugins = PluginRegistry(
@@ -224,6 +228,14 @@ class App:
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         Reflection((*SERVICE_NAMES, health.SERVICE_NAME)).add_to(self.server)
+        self.http: HttpSide | None = None
+        if config.http_listen:  # the console: JSON over HTTP, forwarded to this server
+            self.http = HttpSide(
+                config.http_listen,
+                tls_context(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file),
+                limits.max_request_bytes,
+                local_hosts_only=not token and is_loopback(config.http_listen),
+            )
         self.port = 0
         self._stopped = asyncio.Event()
         self._health_updates: set[asyncio.Task[None]] = set()
@@ -241,6 +253,11 @@ class App:
             self.port = self.server.add_insecure_port(self.config.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
+        if self.http is not None:  # before serving: a taken HTTP port stops the start
+            self.server.add_insecure_port(self.http.grpc_address())
+            http_port = await self.http.start()
+            host = self.config.http_listen.rpartition(":")[0]
+            log.info("console on http%s://%s:%d/", "s" * bool(self.credentials), host, http_port)
         await self._readiness(self.plugins.ready())
         self.plugins.on_readiness = self._on_readiness
         await self.server.start()
@@ -325,6 +342,8 @@ class App:
         if self.replica is not None:
             await self.replica.hand_over()
         await self.server.stop(grace)
+        if self.http is not None:
+            await self.http.stop()
         if self.replica is not None:
             await self.replica.close()
         await self.plugins.close()

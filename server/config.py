@@ -32,6 +32,8 @@ GUARD_FIELDS = {"limits", "pluginAllowlist", "pluginTokenPlaintext", *TLS_FIELDS
 """The fields of limits and transport security."""
 OBSERVE_FIELDS = {"logFormat", "metricsListen", "traceExporter", "otlpEndpoint"}
 """The fields of logs, metrics and traces."""
+CONSOLE_FIELDS = {"httpListen"}
+"""The fields of the HTTP side (the web console and the API as JSON)."""
 TRACE_EXPORTERS = ("", "none", "otlp", "console")
 PROVIDER_FIELDS = {
     "name", "type", "baseUrl", "apiKeyEnv", "defaultModel", "headers", "connectTimeoutSeconds",
@@ -199,6 +201,9 @@ class Config:
     """The largest message sent to or accepted from a plugin; a larger call fails alone."""
     insecure: bool = False
     """Allow a non-loopback listen address without TLS and a token (`--insecure`)."""
+    http_listen: str = ""
+    """host:port of the HTTP side: the web console and the API as JSON (a bare port:
+    loopback); empty: off. Same TLS and token as `listen`."""
 
 
 DEFAULT_AGENT = AgentConfig(
@@ -223,7 +228,7 @@ def load_config(path: str | Path | None) -> Config:
 def parse_config(raw: object) -> Config:
     """Validate a parsed YAML document."""
     doc = _mapping(raw, "config")
-    _no_unknown(doc, "", SERVER_FIELDS | GUARD_FIELDS | OBSERVE_FIELDS)
+    _no_unknown(doc, "", SERVER_FIELDS | GUARD_FIELDS | OBSERVE_FIELDS | CONSOLE_FIELDS)
     listen = _string(doc.get("listen", DEFAULT_LISTEN), "listen")
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isascii() or not port.isdigit() or int(port) > 65535:
@@ -315,6 +320,7 @@ def parse_config(raw: object) -> Config:
         ),
         default_provider=default_provider,
         agents=agents,
+        http_listen=http_address(doc.get("httpListen", "")),
     )
 
 
@@ -583,3 +589,16 @@ def _approval_timeout(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 86400:
         raise ConfigError("approvalTimeoutSeconds: must be a number from 0 to 86400")
     return float(value)
+
+
+def http_address(value: object) -> str:
+    """`host:port` of the HTTP side (`httpListen`); a bare port (or `:port`) is loopback."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    text = _string(value, "httpListen")
+    if not text:
+        return ""
+    host, _, port = text.rpartition(":")
+    if not port.isascii() or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"httpListen: {text!r} must be host:port or a port")
+    return f"{host or '127.0.0.1'}:{port}"

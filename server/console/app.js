@@ -1,0 +1,430 @@
+// The console: routing (#/, #/agent/<id>, #/session/<id>?seq=N, #/plugins), the live
+// agents list, the session view with its stream, the act form and the plugins table.
+import { ApiError, agents, factory, getToken, registry, setToken, stream } from "./api.js";
+import { SessionView, h, millis } from "./session.js";
+
+const PAGE = 500; // events loaded at once (the tail of a session, then older pages)
+const AGENTS_EVERY = 2000;
+const PLUGINS_EVERY = 3000;
+const RETRY_AFTER = 1000;
+
+const $ = (selector) => document.querySelector(selector);
+
+const STATUS_WORDS = {
+  AGENT_STATUS_IDLE: "idle",
+  AGENT_STATUS_RUNNING: "running",
+  AGENT_STATUS_DISPOSED: "disposed",
+  AGENT_STATUS_WAITING_FOR_APPROVAL: "waiting for approval",
+};
+
+export function statusWord(status) {
+  return STATUS_WORDS[status] || String(status || "unknown").replace("AGENT_STATUS_", "").toLowerCase().replaceAll("_", " ");
+}
+
+// ---- notices -------------------------------------------------------------------------
+
+function notify(message, kind = "error") {
+  const box = $("#notice");
+  box.textContent = message;
+  box.className = kind;
+  box.hidden = false;
+}
+
+function clearNotice(kind) {
+  const box = $("#notice");
+  if (!kind || box.className === kind) box.hidden = true;
+}
+
+function explain(error, what) {
+  if (!(error instanceof ApiError)) return `${what} failed: ${error.message || error}`;
+  if (error.status === "UNAUTHENTICATED") {
+    return `The server refused the token (${error.status}: ${error.message}). ` +
+      "Enter the server's token in the Token field above.";
+  }
+  return `${what} failed: ${error.status}${error.reason ? ` (${error.reason})` : ""}: ${error.message}`;
+}
+
+function fail(error, what) {
+  notify(explain(error, what), error.status === "UNAUTHENTICATED" ? "auth" : "error");
+}
+
+// ---- agents --------------------------------------------------------------------------
+
+let agentsTimer = 0;
+const known = new Map(); // agent id -> Agent JSON
+
+async function listAgents() {
+  const found = [];
+  let pageToken = "";
+  do {
+    const page = await factory("ListAgents", { pageSize: 100, pageToken });
+    found.push(...(page.agents || []));
+    pageToken = page.nextPageToken || "";
+  } while (pageToken);
+  return found;
+}
+
+let agentsBusy = false; // one poll at a time: a call during one asks for another after
+let agentsAgain = false;
+
+async function refreshAgents() {
+  clearTimeout(agentsTimer);
+  if (agentsBusy) {
+    agentsAgain = true;
+    return;
+  }
+  agentsBusy = true;
+  try {
+    const list = await listAgents();
+    clearNotice("auth");
+    known.clear();
+    const body = $("#agents tbody");
+    const current = session && session.agentId;
+    body.replaceChildren(
+      ...list.map((agent) => {
+        known.set(agent.agentId, agent);
+        const options = agent.options || {};
+        const created = agent.createTime ? new Date(millis(agent.createTime)).toLocaleString() : "";
+        const link = h("a", { href: `#/agent/${encodeURIComponent(agent.agentId)}` }, agent.agentId);
+        if (agent.agentId === current) link.setAttribute("aria-current", "page");
+        return h(
+          "tr", { "data-agent": agent.agentId },
+          h("th", { scope: "row" }, link),
+          h("td", { class: `status ${statusWord(agent.status).replaceAll(" ", "-")}` }, statusWord(agent.status)),
+          h("td", {}, `${options.provider || "default"} / ${options.model || "default"}`),
+          h("td", {}, h("time", { datetime: agent.createTime || "" }, created)),
+        );
+      }),
+    );
+    if (!list.length) body.append(h("tr", {}, h("td", { colspan: 4 }, "No agents yet.")));
+    $("#agents-updated").textContent = `(${list.length}, live)`;
+    if (session && session.agentId && known.has(session.agentId) && !session.live) {
+      session.showStatus(known.get(session.agentId).status); // until its stream says
+    }
+  } catch (error) {
+    fail(error, "Listing the agents");
+  } finally {
+    agentsBusy = false;
+  }
+  agentsTimer = setTimeout(refreshAgents, agentsAgain ? 0 : AGENTS_EVERY);
+  agentsAgain = false;
+}
+
+$("#create-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const form = new FormData(event.target);
+  const agentId = form.get("id").trim();
+  const options = {
+    tools: form.get("tools").split(",").map((t) => t.trim()).filter(Boolean),
+  };
+  if (form.get("provider").trim()) options.provider = form.get("provider").trim();
+  if (form.get("model").trim()) options.model = form.get("model").trim();
+  const extra = form.get("options").trim();
+  if (extra) {
+    try {
+      options.providerOptions = JSON.parse(extra);
+    } catch (error) {
+      notify(`Provider options are not valid JSON: ${error.message}`);
+      return;
+    }
+  }
+  try {
+    await factory("CreateAgent", { agentId, options });
+    clearNotice();
+    event.target.reset();
+    $("#create").open = false;
+    location.hash = `#/agent/${encodeURIComponent(agentId)}`;
+    refreshAgents();
+  } catch (error) {
+    fail(error, `Creating agent ${agentId}`);
+  }
+});
+
+/** A live status change, shown in the agents table before the next poll. */
+function showAgentStatus(agentId, status) {
+  const cell = document.querySelector(`#agents tr[data-agent="${CSS.escape(agentId)}"] td.status`);
+  if (!cell) return;
+  cell.textContent = statusWord(status);
+  cell.className = `status ${statusWord(status).replaceAll(" ", "-")}`;
+}
+
+// ---- the session ---------------------------------------------------------------------
+
+let session = null;
+
+class Session {
+  constructor({ agentId, sessionId, seq, page }) {
+    this.agentId = agentId || "";
+    this.page = page > 0 ? Math.min(page, 5000) : PAGE;
+    this.sessionId = sessionId || "";
+    this.target = seq || 0;
+    this.events = [];
+    this.controller = new AbortController();
+    this.view = null;
+    this.live = false; // whether its stream has told the agent's status yet
+  }
+
+  close() {
+    this.controller.abort();
+  }
+
+  get first() {
+    return this.events.length ? Number(this.events[0].seq) : 0;
+  }
+
+  get last() {
+    return this.events.length ? Number(this.events[this.events.length - 1].seq) : 0;
+  }
+
+  showStatus(status) {
+    $("#session-status").textContent = `Status: ${statusWord(status)}`;
+    $("#session-status").dataset.status = statusWord(status);
+  }
+
+  async open() {
+    const selector = this.agentId ? { agentId: this.agentId } : { sessionId: this.sessionId };
+    const found = (await agents("GetSession", selector)).session;
+    this.sessionId = found.sessionId;
+    this.agentId = this.agentId || found.agentId || "";
+    $("#session-title").textContent = this.agentId ? `Agent ${this.agentId}` : `Session ${this.sessionId}`;
+    $("#session-id").textContent = `session ${this.sessionId}`;
+    $("#session-link").href = `#/session/${encodeURIComponent(this.sessionId)}`;
+    $("#act-form").hidden = !this.agentId;
+    if (this.agentId && known.has(this.agentId)) this.showStatus(known.get(this.agentId).status);
+    else $("#session-status").textContent = this.agentId ? "" : "Status: no live agent";
+    this.view = new SessionView($("#turns"), this.sessionId);
+    const count = Number(found.eventCount || 0);
+    let from = Math.max(1, count - this.page + 1);
+    if (this.target) from = Math.min(from, Math.max(1, this.target - 20));
+    this.events = await this.list(from, 0);
+    this.render();
+    this.follow();
+  }
+
+  async list(from, until) {
+    const events = [];
+    let pageToken = "";
+    do {
+      const size = until ? Math.min(5000, until - from - events.length) : 1000;
+      if (size <= 0) break;
+      const page = await agents("ListSessionEvents", { sessionId: this.sessionId, fromSeq: from, pageSize: size, pageToken });
+      events.push(...(page.events || []));
+      pageToken = page.nextPageToken || "";
+    } while (pageToken && !this.controller.signal.aborted);
+    return until ? events.filter((e) => Number(e.seq) < until) : events;
+  }
+
+  render() {
+    this.view.reset();
+    for (const event of this.events) this.view.apply(event);
+    this.view.fold(3, this.target);
+    $("#load-older").hidden = this.first <= 1;
+    if (this.target) {
+      const node = document.querySelector(`#turns [data-seq="${this.target}"]`);
+      if (node) {
+        node.classList.add("target");
+        node.setAttribute("tabindex", "-1");
+        node.scrollIntoView({ block: "center" });
+        node.focus({ preventScroll: true });
+      }
+    }
+  }
+
+  async older() {
+    const before = this.first;
+    const from = Math.max(1, before - this.page);
+    const older = await this.list(from, before);
+    this.events = [...older, ...this.events];
+    this.target = 0;
+    this.render();
+    const node = document.querySelector(`#turns [data-seq="${before}"]`);
+    if (node) node.scrollIntoView({ block: "start" });
+  }
+
+  /** Follow the session live from one past the last event, reconnecting on a break. */
+  async follow() {
+    const signal = this.controller.signal;
+    let byAgent = Boolean(this.agentId); // by agent: its live status events come too
+    while (!signal.aborted) {
+      const request = byAgent
+        ? { agentId: this.agentId, fromSeq: this.last + 1 }
+        : { sessionId: this.sessionId, fromSeq: this.last + 1 };
+      try {
+        await stream(request, (response) => this.receive(response), signal);
+      } catch (error) {
+        if (signal.aborted) return;
+        if (byAgent && error instanceof ApiError && error.status === "NOT_FOUND") {
+          byAgent = false; // the agent is gone: follow the session itself
+          continue;
+        }
+        if (error instanceof ApiError) {
+          fail(error, "Following the session");
+          if (["UNAUTHENTICATED", "NOT_FOUND", "INVALID_ARGUMENT"].includes(error.status)) return;
+        }
+      }
+      if (signal.aborted) return;
+      await new Promise((resolve) => setTimeout(resolve, RETRY_AFTER));
+    }
+  }
+
+  // Approvals (human approval of tool calls) plug in here and in session.js: the
+  // session events of a request and its resolution get `on_<payloadKind>` handlers in
+  // SessionView (unknown kinds render as a plain row until then), the pending ones
+  // render into #approvals with Approve / Reject buttons calling the resolve RPC through
+  // agents(...), and STATUS_WORDS already names the waiting-for-approval status.
+  receive(response) {
+    for (const event of response.events || []) {
+      if (Number(event.seq) <= this.last) continue; // already shown (a reconnect's replay)
+      this.events.push(event);
+      this.view.apply(event);
+    }
+    for (const event of response.agentEvents || []) {
+      if (event.status) {
+        this.live = true;
+        this.showStatus(event.status.status);
+        showAgentStatus(this.agentId, event.status.status);
+      }
+      if (event.disposed) this.showStatus("AGENT_STATUS_DISPOSED");
+      if (event.error) notify(`Agent ${this.agentId}: ${event.error.message}`, "agent");
+    }
+  }
+}
+
+$("#load-older").addEventListener("click", () => session && session.older().catch((e) => fail(e, "Loading older events")));
+
+$("#act-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  if (!session || !session.agentId) return;
+  const action = event.submitter ? event.submitter.value : "send";
+  const text = $("#act-text").value;
+  const agentId = session.agentId;
+  const calls = {
+    send: () => agents("SendMessage", { agentId, text }),
+    steer: () => agents("SteerMessage", { agentId, text }),
+    inject: () => agents("InjectContext", { agentId, text }),
+  };
+  try {
+    const answer = await calls[action]();
+    clearNotice();
+    $("#act-text").value = "";
+    if (action === "steer" && answer.steering === false) {
+      notify("No turn was running: the steering message was queued as a message.", "info");
+    }
+  } catch (error) {
+    fail(error, `${action[0].toUpperCase()}${action.slice(1)}`);
+  }
+});
+
+$("#cancel-turn").addEventListener("click", async () => {
+  if (!session || !session.agentId) return;
+  try {
+    const answer = await agents("CancelTurn", { agentId: session.agentId, reason: "cancelled from the console" });
+    notify(answer.cancelled ? "Turn cancelled." : "No turn was running.", "info");
+  } catch (error) {
+    fail(error, "Cancel");
+  }
+});
+
+// ---- plugins -------------------------------------------------------------------------
+
+let pluginsTimer = 0;
+
+function duration(value) {
+  return value ? `${(parseFloat(value) * 1000).toFixed(1)} ms` : "-";
+}
+
+function pluginRow(plugin) {
+  const stats = plugin.stats || {};
+  const counters = [
+    ["calls", stats.calls], ["errors", stats.errors], ["timeouts", stats.timeouts],
+    ["fail-opens", stats.failOpens], ["dropped", stats.droppedNotifications],
+    ["reconnects", stats.reconnects], ["oversized", stats.oversizedCalls],
+    ["protocol errors", stats.protocolErrors], ["unexpected", stats.unexpectedResults],
+  ];
+  const subscriptions = (plugin.subscriptions || []).map((s) => {
+    const seam = String(s.seam || "").replace("SEAM_", "").toLowerCase();
+    return `${seam} (order ${s.order || 0}${s.failurePolicy ? `, ${String(s.failurePolicy).replace("FAILURE_POLICY_", "").toLowerCase()}` : ""})`;
+  });
+  const latencies = (plugin.latencies || []).map(
+    (l) => `${String(l.seam || "").replace("SEAM_", "").toLowerCase()}: ${l.calls || 0} calls, p50 ${duration(l.p50)}, p99 ${duration(l.p99)}`,
+  );
+  return h(
+    "section", { class: "plugin", "data-plugin": plugin.name },
+    h("h3", {}, `${plugin.name}${plugin.version ? ` ${plugin.version}` : ""}`),
+    h("dl", {},
+      h("dt", {}, "State"), h("dd", { class: "plugin-state" }, String(plugin.state || "").replace("PLUGIN_STATE_", "").toLowerCase()),
+      h("dt", {}, "Address"), h("dd", {}, plugin.address || ""),
+      h("dt", {}, "Required"), h("dd", {}, plugin.required ? "yes" : "no"),
+      h("dt", {}, "Subscriptions"), h("dd", {}, subscriptions.join("; ") || "none"),
+      h("dt", {}, "Tools"), h("dd", {}, (plugin.tools || []).map((t) => t.name).join(", ") || "none"),
+      h("dt", {}, "Counters"), h("dd", {}, counters.map(([k, v]) => `${k} ${v || 0}`).join(", ")),
+      h("dt", {}, "Latencies"), h("dd", {}, latencies.join("; ") || "none yet"),
+      h("dt", {}, "Last error"), h("dd", {}, plugin.lastError || "none"),
+    ),
+  );
+}
+
+let pluginsBusy = false;
+
+async function refreshPlugins() {
+  clearTimeout(pluginsTimer);
+  if ($("#plugins-view").hidden || pluginsBusy) return;
+  pluginsBusy = true;
+  try {
+    const answer = await registry("ListPlugins", {});
+    const plugins = answer.plugins || [];
+    $("#plugins").replaceChildren(...(plugins.length ? plugins.map(pluginRow) : [h("p", {}, "No plugins registered.")]));
+  } catch (error) {
+    fail(error, "Listing the plugins");
+  } finally {
+    pluginsBusy = false;
+  }
+  pluginsTimer = setTimeout(refreshPlugins, PLUGINS_EVERY);
+}
+
+// ---- routing -------------------------------------------------------------------------
+
+function route() {
+  const hash = location.hash || "#/";
+  const [path, query] = hash.slice(1).split("?");
+  const params = new URLSearchParams(query || "");
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  if (session) session.close();
+  session = null;
+  $("#home-view").hidden = true;
+  $("#session-view").hidden = true;
+  $("#plugins-view").hidden = true;
+  if (parts[0] === "agent" || parts[0] === "session") {
+    $("#session-view").hidden = false;
+    $("#turns").replaceChildren();
+    session = new Session({
+      agentId: parts[0] === "agent" ? parts[1] : "",
+      sessionId: parts[0] === "session" ? parts[1] : "",
+      seq: Number(params.get("seq") || 0),
+      page: Number(params.get("page") || 0), // events per page (default PAGE)
+    });
+    const opening = session;
+    opening.open().catch((error) => {
+      if (!opening.controller.signal.aborted) fail(error, "Opening the session");
+    });
+  } else if (parts[0] === "plugins") {
+    $("#plugins-view").hidden = false;
+    refreshPlugins();
+  } else {
+    $("#home-view").hidden = false;
+  }
+  document.querySelectorAll("#agents a[aria-current]").forEach((a) => a.removeAttribute("aria-current"));
+}
+
+$("#token-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  setToken($("#token").value);
+  clearNotice();
+  refreshAgents();
+  route();
+});
+
+$("#token").value = getToken();
+window.addEventListener("hashchange", route);
+refreshAgents();
+route();

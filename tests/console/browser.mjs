@@ -1,0 +1,243 @@
+// Drives the web console in a real headless Chromium (Debian's /usr/bin/chromium) with
+// playwright-core, against a server tests/e2e/test_console_browser.py started.
+// Environment: CONSOLE_URL, CONSOLE_TOKEN, SCREENSHOT (a .png path), PROFILE_DIR.
+// Exits non-zero, naming the failed step, when the console does not behave.
+import { chromium } from "playwright-core";
+
+const url = process.env.CONSOLE_URL;
+const token = process.env.CONSOLE_TOKEN;
+const screenshot = process.env.SCREENSHOT;
+const TIMEOUT = 15000;
+
+// A fresh profile (--user-data-dir) per run: playwright passes PROFILE_DIR as it.
+const context = await chromium.launchPersistentContext(process.env.PROFILE_DIR, {
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  headless: true,
+  viewport: { width: 1280, height: 900 },
+  args: [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+  ],
+});
+const results = {};
+let failed = 0;
+
+async function step(name, body) {
+  try {
+    const started = Date.now();
+    await body();
+    console.log(`ok - ${name} (${((Date.now() - started) / 1000).toFixed(1)} s)`);
+  } catch (error) {
+    failed += 1;
+    console.log(`not ok - ${name}\n  ${String(error.stack || error).split("\n").slice(0, 6).join("\n  ")}`);
+    throw error;
+  }
+}
+
+function expect(condition, message) {
+  if (!condition) throw new Error(message);
+}
+
+try {
+  const page = context.pages()[0] || (await context.newPage());
+  page.setDefaultTimeout(TIMEOUT);
+  const consoleErrors = [];
+  page.on("pageerror", (error) => consoleErrors.push(String(error)));
+  const notice = page.locator("#notice");
+
+  await step("a wrong token shows a clear message", async () => {
+    await page.goto(url);
+    await page.fill("#token", "not-the-token");
+    await page.click("#token-form button");
+    await notice.filter({ hasText: "refused the token" }).waitFor();
+    const text = await notice.textContent();
+    expect(text.includes("UNAUTHENTICATED") && text.includes("wrong token"), `notice: ${text}`);
+    results.wrongToken = text;
+  });
+
+  await step("the right token lists the agents", async () => {
+    await page.fill("#token", token);
+    await page.press("#token", "Enter"); // keyboard: the form submits
+    await notice.waitFor({ state: "hidden" });
+    await page.locator("#agents-updated", { hasText: "live" }).waitFor();
+  });
+
+  await step("create an agent from the page", async () => {
+    if (!(await page.locator("#create").evaluate((n) => n.open))) await page.click("#create summary");
+    await page.fill("#create-id", "browser-demo");
+    await page.fill("#create-tools", "word_count");
+    await page.click("#create-form button[type=submit]");
+    await page.waitForURL(/#\/agent\/browser-demo$/);
+    await page.locator("#agents tr[data-agent='browser-demo']").waitFor();
+    await page.locator("#session-title", { hasText: "Agent browser-demo" }).waitFor();
+  });
+
+  await step("send a message: the tool call, the streamed answer, the turn completed", async () => {
+    await page.fill("#act-text", "count the words of this sentence please");
+    await page.click("#act-form button[value=send]");
+    const tool = page.locator("#turns .ev.tool", { hasText: "word_count" });
+    await tool.waitFor();
+    await tool.locator(".tool-state", { hasText: "done" }).waitFor();
+    const result = await tool.locator(".result pre").textContent();
+    expect(result.trim().length > 0, "the tool result is empty");
+    const turn = page.locator("#turns details.turn[data-end='completed']");
+    await turn.waitFor();
+    const summary = await turn.locator(":scope > summary").textContent();
+    expect(summary.includes("completed"), `turn summary: ${summary}`);
+    const header = await turn.locator(".ev.header").first().textContent();
+    expect(header.includes("request header (initial)") && header.includes("scripted/echo"), header);
+    const answer = await turn.locator(".ev.assistant .text").last().textContent();
+    expect(answer.trim().length > 0, "no streamed answer");
+    results.answer = answer;
+    results.result = result;
+    const seqs = await page.locator("#turns [data-seq]").evaluateAll((nodes) =>
+      nodes.map((n) => Number(n.getAttribute("data-seq"))));
+    expect(seqs.length > 5 && seqs.every((s) => s > 0), `seqs: ${seqs}`);
+  });
+
+  await step("each event shows its seq on hover", async () => {
+    const row = page.locator("#turns .ev.user").first();
+    const title = await row.getAttribute("title");
+    expect(/^seq \d+/.test(title), `title: ${title}`);
+    results.userSeq = Number(await row.getAttribute("data-seq"));
+  });
+
+  await step("a link opens the page at a session and seq", async () => {
+    const href = await page.locator("#turns .ev.user > a.seq").first().getAttribute("href");
+    expect(href.startsWith("#/session/browser-demo-session-") && href.endsWith(`?seq=${results.userSeq}`), href);
+    const fresh = await context.newPage(); // a new tab: no token yet (sessionStorage)
+    fresh.setDefaultTimeout(TIMEOUT);
+    await fresh.goto(`${url}${href}`);
+    await fresh.locator("#notice", { hasText: "missing token" }).waitFor();
+    await fresh.fill("#token", token);
+    await fresh.press("#token", "Enter");
+    const target = fresh.locator(`#turns .ev.target[data-seq='${results.userSeq}']`);
+    await target.waitFor();
+    expect(await target.evaluate((n) => n === document.activeElement), "the target has no focus");
+    await fresh.close();
+  });
+
+  await step("parallel tool calls in model order, steering and context where they landed", async () => {
+    const script = {
+      "@type": "type.googleapis.com/agentloop.v1.ScriptedOptions",
+      steps: [
+        {
+          toolCalls: [
+            { name: "sleep", arguments: '{"seconds": 4}' },
+            { name: "sleep", arguments: '{"seconds": 1}' },
+            { name: "word_count", arguments: '{"text": "three little words"}' },
+            { name: "sleep", arguments: '{"seconds": "long"}' },
+          ],
+        },
+        { text: "Both naps are over, and the text has three words.", chunkDelay: "0.02s", chunkSize: 4 },
+      ],
+    };
+    await page.goto(`${url}#/`);
+    if (!(await page.locator("#create").evaluate((n) => n.open))) await page.click("#create summary");
+    await page.fill("#create-id", "browser-parallel");
+    await page.fill("#create-tools", "sleep, word_count");
+    await page.fill("#create-options", JSON.stringify(script));
+    await page.click("#create-form button[type=submit]");
+    await page.waitForURL(/#\/agent\/browser-parallel$/);
+    await page.locator("#session-title", { hasText: "Agent browser-parallel" }).waitFor();
+    await page.fill("#act-text", "nap twice, then count");
+    await page.click("#act-form button[value=send]");
+    await page.locator("#turns .ev.tool").first().waitFor();
+    await page.fill("#act-text", "and keep it short");
+    await page.click("#act-form button[value=steer]");
+    await page.fill("#act-text", "the user reads this in a browser");
+    await page.click("#act-form button[value=inject]");
+    const turn = page.locator("#turns details.turn[data-end='completed']");
+    await turn.waitFor();
+    const names = await turn.locator(".ev.tool .tool-name").allTextContents();
+    expect(names.join(",") === "sleep,sleep,word_count,sleep", `tools in model order: ${names}`);
+    await turn.locator(".ev.tool.failed .tool-state", { hasText: "failed" }).waitFor();
+    // Both were sent while the 4 s sleep ran, so they land between the two steps; on a
+    // machine too slow for that they land later (steering then as a message): either
+    // way the page shows them where they landed.
+    await page.locator("#turns .ev.steering, #turns .ev.user", { hasText: "and keep it short" }).waitFor();
+    await page.locator("#turns .ev.context", { hasText: "the user reads this in a browser" }).waitFor();
+    const bars = await turn.locator(".ev.tool .bar").count();
+    expect(bars === 4, `timeline bars: ${bars}`);
+  });
+
+  await step("a screenshot of the session view", async () => {
+    await page.locator("#turns details.turn[data-end='completed']").waitFor();
+    await page.locator("#session-status", { hasText: "idle" }).waitFor();
+    await page.screenshot({ path: screenshot, fullPage: true });
+  });
+
+  await step("cancel a slow turn: the turn ends aborted", async () => {
+    const slow = {
+      "@type": "type.googleapis.com/agentloop.v1.ScriptedOptions",
+      steps: [{ text: "a slow answer, one character at a time, ".repeat(10), chunkDelay: "0.1s", chunkSize: 1 }],
+    };
+    await page.goto(`${url}#/`);
+    if (!(await page.locator("#create").evaluate((n) => n.open))) await page.click("#create summary");
+    await page.fill("#create-id", "browser-slow");
+    await page.fill("#create-tools", "");
+    await page.fill("#create-options", JSON.stringify(slow));
+    await page.click("#create-form button[type=submit]");
+    await page.waitForURL(/#\/agent\/browser-slow$/);
+    await page.locator("#session-title", { hasText: "Agent browser-slow" }).waitFor();
+    await page.fill("#act-text", "take your time");
+    await page.click("#act-form button[value=send]");
+    const text = page.locator("#turns .ev.assistant .text").last();
+    await page.waitForFunction(() => {
+      const node = [...document.querySelectorAll("#turns .ev.assistant .text")].pop();
+      return node && node.textContent.length >= 3;
+    });
+    const partial = (await text.textContent()).length;
+    await page.locator("#session-status", { hasText: "running" }).waitFor();
+    await page.focus("#cancel-turn");
+    await page.keyboard.press("Enter"); // keyboard: cancel
+    const turn = page.locator("#turns details.turn[data-end='aborted']");
+    await turn.waitFor();
+    const summary = await turn.locator(":scope > summary").textContent();
+    expect(summary.includes("aborted") && summary.includes("cancelled from the console"), summary);
+    results.partial = partial;
+    results.aborted = summary;
+  });
+
+  await step("older events are paged in from the server", async () => {
+    await page.goto(`${url}#/agent/browser-demo?page=8`);
+    const older = page.locator("#load-older");
+    await older.waitFor();
+    await page.locator("#turns .partial").first().waitFor();
+    const first = () => page.locator("#turns [data-seq]").first().getAttribute("data-seq");
+    expect(Number(await first()) > 1, "the first page starts at seq 1");
+    for (let i = 0; i < 20 && (await older.isVisible()); i += 1) {
+      const before = Number(await first());
+      await older.focus();
+      await page.keyboard.press("Enter");
+      await page.waitForFunction(
+        (seq) => Number(document.querySelector("#turns [data-seq]").getAttribute("data-seq")) < seq,
+        before,
+      );
+    }
+    expect(Number(await first()) === 1, `after paging, the first seq is ${await first()}`);
+    await page.locator("#turns details.turn[data-end='completed']").first().waitFor({ state: "attached" });
+  });
+
+  await step("the plugins view shows state, subscriptions, counters and latencies", async () => {
+    await page.goto(`${url}#/plugins`);
+    const plugin = page.locator(`#plugins .plugin[data-plugin='${process.env.CONSOLE_PLUGIN}']`);
+    await plugin.waitFor();
+    const text = await plugin.textContent();
+    for (const word of ["ready", "Subscriptions", "fail-opens 0", "dropped 0", "p50", "p99"]) {
+      expect(text.includes(word), `the plugin view lacks "${word}": ${text}`);
+    }
+    expect(/calls [1-9]/.test(text), `no calls counted: ${text}`);
+    results.plugin = text;
+  });
+
+  await step("the page raised no script error", async () => {
+    expect(consoleErrors.length === 0, consoleErrors.join("\n"));
+  });
+  console.log(`RESULTS ${JSON.stringify(results)}`);
+} catch {
+  failed = failed || 1;
+} finally {
+  await context.close();
+}
+process.exit(failed ? 1 : 0);

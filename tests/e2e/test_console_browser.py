@@ -1,0 +1,141 @@
+"""The web console in a real browser: headless Chromium (Debian's package) driven by
+playwright-core (tests/console/browser.mjs) against a real server with `httpListen` on.
+
+The script creates agents from the page, sends a message and sees the tool call, the
+streamed answer and the `completed` turn end; cancels a slow turn and sees `aborted`;
+shows a clear message for a wrong token; opens a link to a seq; and saves a screenshot
+of the session view. The server's own log is then read over gRPC to confirm each act.
+Set AGENTLOOP_ARTIFACTS to a directory to keep the screenshot (`console.png`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
+from agentloop.v1 import agent_service_pb2 as api
+from server.config import Config
+from tests.e2e.conftest import E2E, of_kind, running_app
+from tests.processes import PluginLauncher, guard_example
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tests" / "console" / "browser.mjs"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+TOKEN = "console-token-1"
+BROWSER_TIMEOUT = 180.0
+"""A bound on the whole browser run (each wait inside it is bounded at 15 s)."""
+
+pytestmark = [pytest.mark.usefixtures("without_tokens"), pytest.mark.timeout(240)]
+
+
+def _runnable() -> str:
+    """Why the browser test cannot run here ("" when it can)."""
+    if not Path(CHROMIUM).exists():
+        return f"{CHROMIUM} is missing (apt-get install chromium; .ci/run installs it)"
+    if shutil.which("node") is None:
+        return "node is missing"
+    if not (ROOT / "node_modules" / "playwright-core").exists():
+        return "node_modules/playwright-core is missing (make setup)"
+    return ""
+
+
+async def test_the_console_in_a_browser(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: PluginLauncher
+) -> None:
+    why = _runnable()
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(why)  # CI installs all of it: a missing piece is a failure there
+        pytest.skip(why)
+    monkeypatch.setenv("AGENTLOOP_TOKEN", TOKEN)
+    config = Config(listen="127.0.0.1:0", http_listen="127.0.0.1:0", store="memory", agents=())
+    screenshot = tmp_path / "console.png"
+    metadata = (("authorization", f"Bearer {TOKEN}"),)
+    async with running_app(config) as e2e:
+        assert e2e.app.http is not None
+        # A plugin in another process, for the plugins view (and a context on each prompt).
+        plugin = await launcher.start(guard_example("python"))
+        await e2e.registry.RegisterPlugin(
+            reg.RegisterPluginRequest(address=plugin.address), metadata=metadata, timeout=10
+        )
+        await wait_ready(e2e, plugin.name, metadata)
+        env = {
+            **os.environ,
+            "CONSOLE_URL": f"http://127.0.0.1:{e2e.app.http.port}/",
+            "CONSOLE_TOKEN": TOKEN,
+            "SCREENSHOT": str(screenshot),
+            "PROFILE_DIR": str(tmp_path / "profile"),
+            "CHROMIUM": CHROMIUM,
+            "CONSOLE_PLUGIN": plugin.name,
+        }
+        process = await asyncio.create_subprocess_exec(
+            "node",
+            str(SCRIPT),
+            cwd=ROOT,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            output, _ = await asyncio.wait_for(process.communicate(), BROWSER_TIMEOUT)
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        text = output.decode(errors="replace")
+        print(text)  # the steps and their times, shown with -s or on failure
+        assert process.returncode == 0, text
+        results = json.loads(text.split("RESULTS ", 1)[1].splitlines()[0])
+
+        # What the page showed is what the server recorded.
+        demo = await e2e.agents.ListSessionEvents(
+            api.ListSessionEventsRequest(agent_id="browser-demo", page_size=1000),
+            metadata=metadata,
+        )
+        ends = of_kind(demo.events, "turn_end")
+        assert [end.turn_end.reason.WhichOneof("kind") for end in ends] == ["completed"]
+        calls = of_kind(demo.events, "tool_call")
+        assert [call.tool_call.name for call in calls] == ["word_count"]
+        answer = "".join(
+            b.text.text
+            for m in of_kind(demo.events, "assistant_message")
+            for b in m.assistant_message.content
+            if b.WhichOneof("block") == "text"
+        )
+        assert answer.strip() == results["answer"].strip()
+        slow = await e2e.agents.ListSessionEvents(
+            api.ListSessionEventsRequest(agent_id="browser-slow", page_size=1000),
+            metadata=metadata,
+        )
+        (end,) = of_kind(slow.events, "turn_end")
+        assert end.turn_end.reason.aborted.reason == "cancelled from the console"
+        assert results["partial"] >= 3  # the answer was streaming when it was cancelled
+    assert "wrong token" in results["wrongToken"]
+    keep_artifact(screenshot)
+
+
+async def wait_ready(e2e: E2E, name: str, metadata: tuple[tuple[str, str], ...]) -> None:
+    """Wait (at most 10 s) until ListPlugins shows the plugin READY."""
+    for _ in range(500):
+        listed = await e2e.registry.ListPlugins(
+            reg.ListPluginsRequest(), metadata=metadata, timeout=10
+        )
+        if any(p.name == name and p.state == reg.PLUGIN_STATE_READY for p in listed.plugins):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"plugin {name} did not become READY")
+
+
+def keep_artifact(screenshot: Path) -> None:
+    """Check the screenshot and copy it to $AGENTLOOP_ARTIFACTS, when set."""
+    assert screenshot.stat().st_size > 10_000
+    artifacts = os.environ.get("AGENTLOOP_ARTIFACTS")
+    if artifacts:
+        Path(artifacts).mkdir(parents=True, exist_ok=True)
+        shutil.copy(screenshot, Path(artifacts) / "console.png")
