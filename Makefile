@@ -17,9 +17,11 @@ CONFIG ?=
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip uninstall --quiet --yes agentloop  # the one distribution of before the split
+	$(PY) -m pip install --quiet -e clients/python  # the SDK first: the server depends on it
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 

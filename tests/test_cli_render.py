@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentloop.cli import render
 from agentloop.v1 import (
     agent_event_pb2,
     agent_pb2,
@@ -11,7 +12,6 @@ from agentloop.v1 import (
     session_event_pb2,
     stream_pb2,
 )
-from server import cli_render as render
 
 E = session_event_pb2
 

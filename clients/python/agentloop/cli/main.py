@@ -1,8 +1,8 @@
 """agentloop: a command-line client of the agentloop gRPC service.
 
-Subcommands create, list, talk to, watch, cancel and dispose agents; `server.cli_verbs`
+Subcommands create, list, talk to, watch, cancel and dispose agents; `agentloop.cli.verbs`
 adds sessions, resume, fork, inject, steer, wait, plugins and the `--json` output.
-Rendering lives in `server.cli_render`; this module only parses arguments and makes
+Rendering lives in `agentloop.cli.render`; this module only parses arguments and makes
 the calls.
 """
 
@@ -18,6 +18,9 @@ from typing import Any
 
 import grpc
 
+from agentloop.cli import render
+from agentloop.cli.verbs import add_verbs, as_dict, completion_script, emit, out
+from agentloop.cli.version import version
 from agentloop.v1 import (
     agent_factory_service_pb2,
     agent_factory_service_pb2_grpc,
@@ -25,9 +28,6 @@ from agentloop.v1 import (
     agent_service_pb2,
     agent_service_pb2_grpc,
 )
-from server import cli_render as render
-from server.cli_verbs import add_verbs, as_dict, completion_script, emit, out
-from server.version import version
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 EXIT_RPC_ERROR = 2

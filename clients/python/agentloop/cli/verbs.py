@@ -18,6 +18,7 @@ import grpc
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from agentloop.cli import render
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.plugin.v1 import plugin_registry_service_pb2_grpc as reg_grpc
 from agentloop.v1 import (
@@ -27,7 +28,6 @@ from agentloop.v1 import (
     agent_service_pb2,
     agent_service_pb2_grpc,
 )
-from server import cli_render as render
 
 Command = Callable[[grpc.Channel, argparse.Namespace], int]
 
