@@ -64,6 +64,10 @@ class SessionStream:
         """Live agent events the server dropped for this reader (its counts, summed)."""
         self.ended = False
         """True once the server ended the stream (replay done, or the agent disposed)."""
+        self.batches_read = 0
+        """Responses read so far, over every call."""
+        self.calls = 0
+        """`StreamSessionEvents` calls opened (the first, then one per reconnect)."""
         self.busy = False
         """True while a `Turn` reads it (a second turn then opens its own stream)."""
         self.started = False
@@ -78,6 +82,7 @@ class SessionStream:
 
     def _open(self) -> Any:
         self.started = True
+        self.calls += 1
         request = api.StreamSessionEventsRequest(from_seq=self.cursor, replay_only=self.replay_only)
         if self.agent_id:  # `selector` is a oneof: set only the one given
             request.agent_id = self.agent_id
@@ -109,6 +114,7 @@ class SessionStream:
                 self.ended = True
                 return None
             assert isinstance(batch, api.StreamSessionEventsResponse)
+            self.batches_read += 1
             if batch.events:
                 self.cursor = batch.events[-1].seq + 1
             self.dropped_agent_events += batch.dropped_agent_events
