@@ -105,7 +105,12 @@ async def cmd_send(client: Client, args: argparse.Namespace) -> int:
             return EXIT_INTERRUPTED
         finally:
             for call in cancelling:
-                await call  # its error, if it failed, is the command's
+                if reader.cancelled():  # quitting: do not wait for the cancel
+                    call.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, grpc.RpcError):
+                        await call
+                else:
+                    await call  # its error, if it failed, is the command's
     return code
 
 
