@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,23 +50,23 @@ MAX_RECEIVE_BYTES = 4 * 1024 * 1024
 
 @dataclass
 class Client:
-    """A channel to a server and its service stubs."""
+    """A channel to a server and its service stubs (made once: a stub is not free)."""
 
     channel: grpc.aio.Channel
     timeout: float | None = field(default=None, kw_only=True)
     """The deadline of each unary call the verbs make, in seconds (None: no deadline)."""
 
-    @property
+    @cached_property
     def factory(self) -> AgentFactoryServiceAsyncStub:
         """Create, resume, list and dispose agents."""
         return agent_factory_service_pb2_grpc.AgentFactoryServiceStub(self.channel)
 
-    @property
+    @cached_property
     def agents(self) -> AgentServiceAsyncStub:
         """Talk to agents and read their sessions."""
         return agent_service_pb2_grpc.AgentServiceStub(self.channel)
 
-    @property
+    @cached_property
     def registry(self) -> PluginRegistryServiceAsyncStub:
         """Register and list plugins."""
         return plugin_registry_service_pb2_grpc.PluginRegistryServiceStub(self.channel)

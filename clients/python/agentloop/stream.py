@@ -135,6 +135,24 @@ class SessionStream:
             self._held.extend(batch.events)
         return self._held.popleft()
 
+    async def take(self) -> list[ev.SessionEvent]:
+        """Every event read and not yet taken, reading a batch when there is none.
+
+        An empty list once the server ended the stream; `unread` gives back a tail.
+        """
+        while not self._held:
+            batch = await self.next_batch()
+            if batch is None:
+                return []
+            self._held.extend(batch.events)
+        events = list(self._held)
+        self._held.clear()
+        return events
+
+    def unread(self, events: list[ev.SessionEvent]) -> None:
+        """Give back the unconsumed tail of what `take` returned (the next reads see it)."""
+        self._held.extendleft(reversed(events))
+
     def __aiter__(self) -> AsyncIterator[ev.SessionEvent]:
         return self._events()
 

@@ -97,31 +97,38 @@ class Turn:
     async def _ours(self, stream: SessionStream) -> AsyncIterator[ev.SessionEvent]:
         pending: list[ev.SessionEvent] = []  # the open turn, until we know it is ours
         ours = False
-        while (event := await stream.next_event()) is not None:
-            if event.seq < self.next_seq:
-                continue  # a shared stream: an earlier turn's, unread
-            kind = event.WhichOneof("payload")
-            if kind == "turn_start":
-                pending, ours = [event], False
-                continue
-            if not ours:
-                pending.append(event)
-                if self._names_us(event, kind):
-                    if kind == "message_dropped":
-                        self.dropped = event
-                        yield event
+        while events := await stream.take():
+            rest = len(events)
+            try:
+                for event in events:
+                    rest -= 1
+                    if event.seq < self.next_seq:
+                        continue  # a shared stream: an earlier turn's, unread
+                    kind = event.WhichOneof("payload")
+                    if kind == "turn_start":
+                        pending, ours = [event], False
+                        continue
+                    if not ours:
+                        pending.append(event)
+                        if kind in NAMING and getattr(event, kind).request_id == self.request_id:
+                            if kind == "message_dropped":
+                                self.dropped = event
+                                yield event
+                                return
+                            ours = True
+                            for held in pending:
+                                yield held
+                            pending = []
+                        elif kind == "turn_end":
+                            pending = []
+                        continue
+                    yield event
+                    if kind == "turn_end":
+                        self.end = event
                         return
-                    ours = True
-                    for held in pending:
-                        yield held
-                    pending = []
-                elif kind == "turn_end":
-                    pending = []
-                continue
-            yield event
-            if kind == "turn_end":
-                self.end = event
-                return
+            finally:  # what this turn did not consume stays for the next reader
+                if rest:
+                    stream.unread(events[-rest:])
 
     async def result(self) -> ev.SessionEvent:
         """Read the turn to its end; its `turn_end` (or the `message_dropped` event)."""
@@ -130,9 +137,3 @@ class Turn:
         found = self.end or self.dropped
         assert found is not None, "the stream ended before the turn did"
         return found
-
-    def _names_us(self, event: ev.SessionEvent, kind: str | None) -> bool:
-        if kind not in NAMING:
-            return False
-        recorded = getattr(event, kind)
-        return bool(recorded.request_id == self.request_id)
