@@ -86,6 +86,7 @@ bench: $(VENV)/.installed ## Run the performance benchmarks and print their figu
 	$(PY) -m bench.loop_bench
 	$(PY) -m bench.plugin_bench
 	$(PY) -m bench.telemetry_bench
+	$(PY) -m bench.sdk_bench
 	$(PY) -m bench.load_bench --seconds 6
 	$(PY) -m bench.cluster_bench --kills 20
 
