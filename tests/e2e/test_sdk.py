@@ -13,11 +13,15 @@ from collections.abc import AsyncIterator
 from google.protobuf import duration_pb2
 
 from agentloop import Client, connect
-from agentloop.v1 import agent_pb2, scripted_pb2
+from agentloop.plugin.sdk import Plugin, block_prompt
+from agentloop.plugin.v1 import hook_service_pb2 as hs
+from agentloop.v1 import agent_pb2, decision_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
 from server.models.scripted_options import script_options
 from tests.e2e.conftest import E2E, READ_TIMEOUT
+from tests.e2e.registry import wait_state
+from tests.plugin_client import serving
 
 
 def scripted(
@@ -206,3 +210,25 @@ async def test_a_stored_session_replays_through_the_sdk_stream(e2e: E2E) -> None
         assert stream.ended and seqs == list(range(1, ending.seq + 1))
         assert [a.agent_id for a in await client.list_agents()] == ["c4"]
         assert agent.session_id in [s.session_id for s in await client.list_sessions()]
+
+
+async def test_a_blocked_message_is_answered_by_the_turn_that_refused_it(e2e: E2E) -> None:
+    guard = Plugin("sdk-guard")
+
+    @guard.prompt_submit()
+    async def refuse(call: hs.HookCall) -> decision_pb2.PromptDecision:
+        return block_prompt("not today")
+
+    async with serving(guard) as address, sdk(e2e) as client:
+        await client.register_plugin(address)
+        await wait_state(e2e.channel, "sdk-guard")
+        await client.create("c5", scripted(scripted_pb2.ScriptedStep(text="never")))
+        turn = await client.send("c5", "please", request_id="c5-1")
+        async with asyncio.timeout(READ_TIMEOUT):
+            events = [event async for event in turn]
+        blocked = [e for e in events if e.HasField("prompt_blocked")]
+        assert [e.prompt_blocked.request_id for e in blocked] == ["c5-1"]
+        assert turn.end is events[-1] and turn.end.turn_end.reason.HasField("rejected")
+        assert [p.name for p in await client.plugins()] == ["sdk-guard"]
+        await client.unregister_plugin("sdk-guard")
+        assert await client.plugins() == []
