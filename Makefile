@@ -17,9 +17,11 @@ CONFIG ?=
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip uninstall --quiet --yes agentloop  # the one distribution of before the split
+	$(PY) -m pip install --quiet -e clients/python  # the SDK first: the server depends on it
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
@@ -84,6 +86,7 @@ bench: $(VENV)/.installed ## Run the performance benchmarks and print their figu
 	$(PY) -m bench.loop_bench
 	$(PY) -m bench.plugin_bench
 	$(PY) -m bench.telemetry_bench
+	$(PY) -m bench.sdk_bench
 	$(PY) -m bench.load_bench --seconds 6
 	$(PY) -m bench.cluster_bench --kills 20
 

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import grpc
 
+from agentloop.client import Client
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_factory_service_pb2_grpc as fac_rpc
 from agentloop.v1 import agent_pb2
-from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import agent_service_pb2_grpc as api_rpc
 from bench.loop_bench import line
 
@@ -129,23 +129,14 @@ async def bench_failover(dsn: str, directory: Path, kills: int) -> None:
 
 
 async def client_loop(replica: Replica, agent_id: str, until: float) -> int:
-    await replica.factory.CreateAgent(fac.CreateAgentRequest(agent_id=agent_id, options=OPTIONS))
+    client = Client(replica.channel)  # the SDK's facade on the replica's channel
+    await client.create(agent_id, OPTIONS)
     turns = 0
-    stream = replica.agents.StreamSessionEvents(api.StreamSessionEventsRequest(agent_id=agent_id))
-    reader = stream.__aiter__()
-    try:
+    async with client.conversation(agent_id) as chat:
         while time.monotonic() < until:
-            sent = await replica.agents.SendMessage(
-                api.SendMessageRequest(agent_id=agent_id, text="count these words")
-            )
-            while True:
-                batch = await reader.__anext__()
-                if any(e.HasField("turn_end") and e.seq >= sent.next_seq for e in batch.events):
-                    break
+            await (await chat.send("count these words")).result()
             turns += 1
-    finally:
-        stream.cancel()
-    await replica.factory.DisposeAgent(fac.DisposeAgentRequest(agent_id=agent_id))
+    await client.dispose(agent_id)
     return turns
 
 

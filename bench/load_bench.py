@@ -4,14 +4,14 @@
 
 For each N a fresh server process runs on its defaults (durable SQLite in a temporary
 directory). N clients (one process, one channel) each create an agent, follow its
-session with `StreamSessionEvents` and loop the benchmark workload: SendMessage, then
-wait for that turn's `turn_end` on the stream. After a warm-up, a window of S seconds
-is measured: turns completed, the server's CPU time from /proc (µs per turn),
-SendMessage → turn_end p50/p99/max, the longest event-loop stall measured inside the
-server (bench/server_probe.py), and the server's RSS. The in-process turn (memory store
-and SQLite; wall and CPU time; measured in this run before and after each load, median)
-is the reference of the ratios: server CPU against in-process CPU, latency against wall
-time. Figures are printed, never asserted.
+session on one stream (the SDK's `Client.conversation`) and loop the benchmark
+workload: send a message, then read the turn that answers it to its `turn_end`. After
+a warm-up, a window of S seconds is measured: turns completed, the server's CPU time
+from /proc (µs per turn), SendMessage → turn_end p50/p99/max, the longest event-loop
+stall measured inside the server (bench/server_probe.py), and the server's RSS. The
+in-process turn (memory store and SQLite; wall and CPU time; measured in this run
+before and after each load, median) is the reference of the ratios: server CPU against
+in-process CPU, latency against wall time. Figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -27,12 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import grpc
-
-from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import agent_factory_service_pb2_grpc as fac_rpc
-from agentloop.v1 import agent_service_pb2 as api
-from agentloop.v1 import agent_service_pb2_grpc as api_rpc
+from agentloop.client import Client, connect
 from bench.loop_bench import OPTIONS, free_port, line, one_turn
 from bench.soak_bench import cpu_seconds, rss_mb
 from server.app import build_runtime
@@ -53,38 +48,23 @@ def main_thread_seconds(pid: int) -> float:
 class Driver:
     """One agent, one event stream, the workload in a loop."""
 
-    def __init__(self, channel: grpc.aio.Channel, agent_id: str) -> None:
-        self.agents = api_rpc.AgentServiceStub(channel)
-        self.factory = fac_rpc.AgentFactoryServiceStub(channel)
+    def __init__(self, client: Client, agent_id: str) -> None:
+        self.client = client
         self.agent_id = agent_id
         self.done: list[tuple[float, float]] = []  # (sent, ended) in perf_counter time
         self.responses = 0  # stream responses read
 
     async def create(self) -> None:
-        await self.factory.CreateAgent(
-            fac.CreateAgentRequest(agent_id=self.agent_id, options=OPTIONS)
-        )
+        await self.client.create(self.agent_id, OPTIONS)
 
     async def run(self, until: float) -> None:
-        stream = self.agents.StreamSessionEvents(
-            api.StreamSessionEventsRequest(agent_id=self.agent_id)
-        )
-        request = api.SendMessageRequest(agent_id=self.agent_id, text="count these words")
-        try:
-            reader = stream.__aiter__()
+        async with self.client.conversation(self.agent_id) as chat:
             while time.perf_counter() < until:
                 sent = time.perf_counter()
-                accepted = await self.agents.SendMessage(request)
-                while True:  # until a turn ends after the message was accepted
-                    batch = await reader.__anext__()
-                    self.responses += 1
-                    if any(
-                        e.HasField("turn_end") and e.seq >= accepted.next_seq for e in batch.events
-                    ):
-                        break
+                batches = chat.stream.batches_read
+                await (await chat.send("count these words")).result()
+                self.responses += chat.stream.batches_read - batches
                 self.done.append((sent, time.perf_counter()))
-        finally:
-            stream.cancel()
 
 
 async def start_server(
@@ -132,8 +112,9 @@ async def load(
     data_dir = tempfile.mkdtemp(prefix="agentloop-load-")
     server, address, lag_file = await start_server(data_dir, profile, tree, uvloop)
     try:
-        async with grpc.aio.insecure_channel(address) as channel:
-            drivers = [Driver(channel, f"load-{i}") for i in range(agents)]
+        client = connect(address)
+        try:
+            drivers = [Driver(client, f"load-{i}") for i in range(agents)]
             for chunk in range(0, agents, 100):
                 await asyncio.gather(*(d.create() for d in drivers[chunk : chunk + 100]))
             began = time.perf_counter()
@@ -150,6 +131,8 @@ async def load(
             rss = rss_mb(server.pid)
             responses = sum(d.responses for d in drivers) - responses
             await asyncio.gather(*tasks)
+        finally:
+            await client.close()
     finally:
         server.terminate()
         await asyncio.wait_for(server.wait(), 60)

@@ -26,13 +26,8 @@ import time
 import warnings
 from pathlib import Path
 
-import grpc
-
-from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import agent_factory_service_pb2_grpc as fac_rpc
+from agentloop.client import connect
 from agentloop.v1 import agent_pb2
-from agentloop.v1 import agent_service_pb2 as api
-from agentloop.v1 import agent_service_pb2_grpc as api_rpc
 from agentloop.v1 import content_pb2 as c
 from server.agent import Agent
 from server.app import build_runtime
@@ -215,17 +210,13 @@ async def bench_grpc(turns: int) -> None:
     try:
         assert server.stdout is not None
         await server.stdout.readline()  # "agentloop listening on ..."
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            factory = fac_rpc.AgentFactoryServiceStub(channel)
-            agents = api_rpc.AgentServiceStub(channel)
-            await factory.CreateAgent(fac.CreateAgentRequest(agent_id="e2e", options=OPTIONS))
-            stream = agents.StreamSessionEvents(api.StreamSessionEventsRequest(agent_id="e2e"))
+        client = connect(f"127.0.0.1:{port}")
+        await client.create("e2e", OPTIONS)
+        # The SDK's conversation: one stream, each send's answering turn read to its end.
+        async with client.conversation("e2e") as chat:
 
             async def turn() -> None:
-                await agents.SendMessage(api.SendMessageRequest(agent_id="e2e", text="count me"))
-                async for batch in stream:
-                    if any(event.HasField("turn_end") for event in batch.events):
-                        return
+                await (await chat.send("count me")).result()
 
             for _ in range(20):
                 await turn()
@@ -233,9 +224,9 @@ async def bench_grpc(turns: int) -> None:
             for _ in range(turns):
                 await turn()
             per_turn = (time.perf_counter() - start) / turns * 1e6
-            stream.cancel()
+        await client.close()
         print("end to end over gRPC (server in a subprocess, SQLite in a temporary directory;"
-              " client sees turn_end on its stream)")  # fmt: skip
+              " the SDK's client reads each answering turn to its turn_end)")  # fmt: skip
         line(f"turns ({turns}, one agent)", f"{per_turn:,.0f} µs/turn", "≤ 2500")
     finally:
         server.terminate()

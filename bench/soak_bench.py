@@ -2,9 +2,10 @@
 
     python -m bench.soak_bench [--clients N] [--seconds S] [--store sqlite|memory]
 
-Each client creates an agent, follows its session with `StreamSessionEvents` and
-sends messages one after another (each waits for its turn's `turn_end` on the
-stream), now and then steering or cancelling. A separate prober process calls the
+Each client creates an agent, follows its session on one stream (the SDK's
+`Client.conversation`) and sends messages one after another (each waits for the turn
+that answers it, or for the message to show as dropped), now and then steering or
+cancelling. A separate prober process calls the
 health check every 20 ms: its slowest answer bounds the server's longest event-loop
 stall. The server's RSS and CPU time are sampled from /proc once a second; at the
 end every agent is disposed and the RSS is sampled again. Figures are printed next
@@ -24,14 +25,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import agent_factory_service_pb2_grpc as fac_rpc
+from agentloop import client as sdk
 from agentloop.v1 import agent_pb2
-from agentloop.v1 import agent_service_pb2 as api
-from agentloop.v1 import agent_service_pb2_grpc as api_rpc
 from bench.loop_bench import free_port, line
 
 OPTIONS = agent_pb2.AgentOptions(provider="scripted", model="soak", tools=["word_count"])
@@ -68,46 +65,28 @@ def cpu_seconds(pid: int) -> float:
 class Client:
     """One agent, one stream, messages in a loop."""
 
-    def __init__(self, channel: grpc.aio.Channel, agent_id: str, rng: random.Random) -> None:
-        self.agents = api_rpc.AgentServiceStub(channel)
-        self.factory = fac_rpc.AgentFactoryServiceStub(channel)
+    def __init__(self, client: sdk.Client, agent_id: str, rng: random.Random) -> None:
+        self.client = client
         self.agent_id = agent_id
         self.rng = rng
         self.latencies: list[float] = []
 
     async def run(self, until: float) -> None:
-        await self.factory.CreateAgent(
-            fac.CreateAgentRequest(agent_id=self.agent_id, options=OPTIONS)
-        )
-        stream = self.agents.StreamSessionEvents(
-            api.StreamSessionEventsRequest(agent_id=self.agent_id)
-        )
-        try:
-            reader = stream.__aiter__()
+        await self.client.create(self.agent_id, OPTIONS)
+        async with self.client.conversation(self.agent_id) as chat:
             while time.monotonic() < until:
                 sent = time.perf_counter()
-                accepted = await self.agents.SendMessage(
-                    api.SendMessageRequest(agent_id=self.agent_id, text="count these words")
-                )
+                turn = await chat.send("count these words")
                 roll = self.rng.random()
                 if roll < 0.1:
-                    await self.agents.SteerMessage(
-                        api.SteerMessageRequest(agent_id=self.agent_id, text="and these")
-                    )
+                    await self.client.steer(self.agent_id, "and these")
                 elif roll < 0.15:
-                    await self.agents.CancelTurn(api.CancelTurnRequest(agent_id=self.agent_id))
-                while True:  # until a turn ends after the message was accepted
-                    batch = await reader.__anext__()
-                    if any(
-                        e.HasField("turn_end") and e.seq >= accepted.next_seq for e in batch.events
-                    ):
-                        break
+                    await self.client.cancel(self.agent_id)
+                await turn.result()  # its turn_end, or its message_dropped after a cancel
                 self.latencies.append(time.perf_counter() - sent)
-        finally:
-            stream.cancel()
 
     async def dispose(self) -> None:
-        await self.factory.DisposeAgent(fac.DisposeAgentRequest(agent_id=self.agent_id))
+        await self.client.dispose(self.agent_id)
 
 
 async def soak(clients: int, seconds: float, store: str) -> None:
@@ -129,12 +108,13 @@ async def soak(clients: int, seconds: float, store: str) -> None:
     try:
         start_rss = rss_mb(server.pid)
         samples: list[tuple[float, float]] = []
-        async with grpc.aio.insecure_channel(address) as channel:
+        client = sdk.connect(address)
+        async with client.channel as channel:
             health: Any = health_pb2_grpc.HealthStub(channel)  # the typeshed stub has no methods
             await health.Check(health_pb2.HealthCheckRequest())
             rng = random.Random(7)
             crowd = [
-                Client(channel, f"soak-{i}", random.Random(rng.random())) for i in range(clients)
+                Client(client, f"soak-{i}", random.Random(rng.random())) for i in range(clients)
             ]
             began = time.monotonic()
             cpu_before = cpu_seconds(server.pid)

@@ -27,14 +27,10 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-import grpc
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import agent_factory_service_pb2_grpc as fac_rpc
-from agentloop.v1 import agent_service_pb2 as api
-from agentloop.v1 import agent_service_pb2_grpc as api_rpc
+from agentloop.client import connect
 from bench.loop_bench import OPTIONS, free_port, line, one_turn
 from server.app import build_runtime
 from server.config import Config
@@ -117,26 +113,22 @@ async def grpc_per_turn(turns: int, mode: str) -> float:
     try:
         assert server.stdout is not None
         await server.stdout.readline()  # "agentloop listening on ..."
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            agents = api_rpc.AgentServiceStub(channel)
-            await fac_rpc.AgentFactoryServiceStub(channel).CreateAgent(
-                fac.CreateAgentRequest(agent_id="b", options=OPTIONS)
-            )
-            stream = agents.StreamSessionEvents(api.StreamSessionEventsRequest(agent_id="b"))
+        client = connect(f"127.0.0.1:{port}")
+        await client.create("b", OPTIONS)
+        # The SDK's conversation: one stream, each send's answering turn read to its end.
+        async with client.conversation("b") as chat:
 
             async def turn() -> None:
-                await agents.SendMessage(api.SendMessageRequest(agent_id="b", text="count me"))
-                async for batch in stream:
-                    if any(event.HasField("turn_end") for event in batch.events):
-                        return
+                await (await chat.send("count me")).result()
 
             for _ in range(20):
                 await turn()
             start = time.perf_counter()
             for _ in range(turns):
                 await turn()
-            stream.cancel()
-            return (time.perf_counter() - start) / turns * 1e6
+            per_turn = (time.perf_counter() - start) / turns * 1e6
+        await client.close()
+        return per_turn
     finally:
         server.terminate()
         await asyncio.wait_for(server.wait(), 10)

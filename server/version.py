@@ -9,6 +9,6 @@ from importlib.metadata import version as _installed
 def version() -> str:
     """The installed package's version; `0+unknown` in a tree never installed."""
     try:
-        return _installed("agentloop")
+        return _installed("agentloop-server")
     except PackageNotFoundError:
         return "0+unknown"

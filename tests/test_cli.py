@@ -57,17 +57,17 @@ async def server() -> AsyncIterator[str]:
     await app.stop(grace=0)
 
 
-# Runs the CLI like `-m server.cli`, but with Ctrl-C restored: a child of a shell's
+# Runs the CLI like `-m agentloop.cli`, but with Ctrl-C restored: a child of a shell's
 # background job inherits SIGINT ignored, and Python then never raises KeyboardInterrupt.
 WITH_SIGINT = (
     "-c",
     "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
-    "runpy.run_module('server.cli', run_name='__main__', alter_sys=True)",
+    "runpy.run_module('agentloop.cli', run_name='__main__', alter_sys=True)",
 )
 
 
 async def start_cli(
-    address: str, *args: str, launch: tuple[str, ...] = ("-m", "server.cli")
+    address: str, *args: str, launch: tuple[str, ...] = ("-m", "agentloop.cli")
 ) -> asyncio.subprocess.Process:
     # Async on purpose: the server serves on this event loop, so blocking would deadlock.
     env = {**os.environ, "NO_COLOR": "1"}

@@ -106,7 +106,7 @@ async def test_send_on_a_terminal_asks_y_or_n(server: str) -> None:
         env = {**os.environ, "NO_COLOR": "1"}
         env.pop("AGENTLOOP_ADDRESS", None)
         send = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "server.cli", "--address", server, "send", "ap3", "x"),
+            *(sys.executable, "-m", "agentloop.cli", "--address", server, "send", "ap3", "x"),
             stdin=follower,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,

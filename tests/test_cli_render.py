@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentloop.cli import render
 from agentloop.v1 import (
     agent_event_pb2,
     agent_pb2,
@@ -11,7 +12,6 @@ from agentloop.v1 import (
     session_event_pb2,
     stream_pb2,
 )
-from server import cli_render as render
 
 E = session_event_pb2
 
@@ -147,24 +147,9 @@ def test_turn_view_shows_deltas_of_blocks_started_before_the_stream() -> None:
     assert view.render(chunk(5, delta(0, "tail end"))) == "tail end"
 
 
-def test_tracker_waits_for_the_answering_turn() -> None:
-    tracker = render.TurnTracker()
-    # The end of a turn that was running when the message was sent is not ours.
-    assert tracker.feed(chunk(10, delta(0, "x"), turn=2)) == (False, False)
-    assert tracker.feed(turn_end(2, completed=E.TurnCompleted())) == (False, False)
-    assert tracker.feed(turn_start(3)) == (True, False)
-    assert tracker.feed(chunk(13, delta(0, "y"), turn=3)) == (True, False)
-    assert tracker.feed(turn_end(3, completed=E.TurnCompleted())) == (True, True)
-
-
-def test_tracker_for_steering_or_cancel_takes_the_first_turn_end() -> None:
-    steering = render.TurnTracker(steering=True)
-    assert steering.feed(chunk(10, delta(0, "x"), turn=2)) == (True, False)
-    assert steering.feed(turn_end(2, completed=E.TurnCompleted())) == (True, True)
-    cancelled = render.TurnTracker()
-    assert cancelled.feed(chunk(10, delta(0, "x"), turn=2)) == (False, False)
-    cancelled.cancel()
-    assert cancelled.feed(turn_end(2, aborted=E.TurnAborted())) == (True, True)
+def test_turn_view_says_when_the_message_was_dropped() -> None:
+    dropped = E.SessionEvent(seq=7, message_dropped=E.MessageDropped(reason="cancelled"))
+    assert render.TurnView().render(dropped) == "⚑ dropped: cancelled\n"
 
 
 def test_event_line_is_seq_kind_summary() -> None:

@@ -130,11 +130,11 @@ async def test_version_and_completion() -> None:
         return done.stdout
 
     cli, server_version = await asyncio.gather(
-        asyncio.to_thread(run, "-m", "server.cli", "--version"),
+        asyncio.to_thread(run, "-m", "agentloop.cli", "--version"),
         asyncio.to_thread(run, "-m", "server", "--version"),
     )
     assert cli.startswith("agentloop ") and cli == server_version
-    script = await asyncio.to_thread(run, "-m", "server.cli", "completion", "bash")
+    script = await asyncio.to_thread(run, "-m", "agentloop.cli", "completion", "bash")
     probe = (
         f"{script}\nCOMP_WORDS=(agentloop --address x:1 plugins --o); COMP_CWORD=4; "
         '_agentloop; echo "${COMPREPLY[@]}"'

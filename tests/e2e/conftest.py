@@ -1,5 +1,5 @@
-"""The e2e fixtures: a real `App` on a real port, its client stubs, plugin processes, and
-the helpers that read what the server streams."""
+"""The e2e fixtures: a real `App` on a real port, a client of it (the SDK's facade,
+`agentloop.Client`), plugin processes, and the helpers that read what the server streams."""
 
 from __future__ import annotations
 
@@ -15,13 +15,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from agentloop.plugin.v1 import plugin_registry_service_pb2_grpc
-from agentloop.v1 import (
-    agent_event_pb2,
-    agent_factory_service_pb2_grpc,
-    agent_service_pb2_grpc,
-    session_event_pb2,
-)
+from agentloop import client as facade
+from agentloop.stream import SessionStream
+from agentloop.v1 import agent_event_pb2, session_event_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from server.app import App
 from server.config import Config
@@ -29,10 +25,6 @@ from server.telemetry import Telemetry
 from tests.processes import PluginLauncher, plugin_launcher
 
 if TYPE_CHECKING:
-    from agentloop.plugin.v1.plugin_registry_service_pb2_grpc import (
-        PluginRegistryServiceAsyncStub,
-    )
-    from agentloop.v1.agent_factory_service_pb2_grpc import AgentFactoryServiceAsyncStub
     from agentloop.v1.agent_service_pb2_grpc import AgentServiceAsyncStub
 
 READ_TIMEOUT = 10.0
@@ -40,25 +32,9 @@ READ_TIMEOUT = 10.0
 
 
 @dataclass
-class Client:
-    """A channel to a server, and the service stubs on it."""
-
-    channel: grpc.aio.Channel
-
-    @property
-    def factory(self) -> AgentFactoryServiceAsyncStub:
-        """The AgentFactoryService stub."""
-        return agent_factory_service_pb2_grpc.AgentFactoryServiceStub(self.channel)
-
-    @property
-    def agents(self) -> AgentServiceAsyncStub:
-        """The AgentService stub."""
-        return agent_service_pb2_grpc.AgentServiceStub(self.channel)
-
-    @property
-    def registry(self) -> PluginRegistryServiceAsyncStub:
-        """The PluginRegistryService stub."""
-        return plugin_registry_service_pb2_grpc.PluginRegistryServiceStub(self.channel)
+class Client(facade.Client):
+    """The SDK's client (its verbs, and the stubs `factory`, `agents`, `registry`) on a
+    channel, with the health check."""
 
     async def health(self, service: str = "") -> int:
         """The health status of `service` ("" for the server as a whole)."""
@@ -89,7 +65,7 @@ async def running_app(config: Config, telemetry: Telemetry | None = None) -> Asy
     app = App(config, telemetry=telemetry)
     port = await app.start()
     assert port > 0
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    channel = facade.connect(f"127.0.0.1:{port}").channel
     try:
         yield E2E(app=app, port=port, channel=channel)
     finally:
@@ -126,23 +102,23 @@ async def read_turn(
 ) -> list[session_event_pb2.SessionEvent]:
     """Stream the session events of `agent_id` from `from_seq` up to the first `turn_end`.
 
-    Live agent events on the stream are skipped. Fails (TimeoutError) after 10 seconds
-    instead of hanging, and when the stream ends before a `turn_end`. `metadata` goes
-    with the call (a bearer token, say).
+    Read with the SDK's `SessionStream`, which reconnects a broken stream. Live agent
+    events on the stream are skipped. Fails (TimeoutError) after 10 seconds instead of
+    hanging, and when the stream ends before a `turn_end`. `metadata` goes with the
+    call (a bearer token, say).
     """
     events: list[session_event_pb2.SessionEvent] = []
-    call = agent_stub.StreamSessionEvents(
-        api.StreamSessionEventsRequest(agent_id=agent_id, from_seq=from_seq), metadata=metadata
+    stream = SessionStream(
+        lambda: agent_stub, agent_id=agent_id, from_seq=from_seq, metadata=metadata
     )
     try:
         async with asyncio.timeout(READ_TIMEOUT):
-            async for batch in call:
-                for event in batch.events:
-                    events.append(event)
-                    if event.WhichOneof("payload") == "turn_end":
-                        return events
+            async for event in stream:
+                events.append(event)
+                if event.WhichOneof("payload") == "turn_end":
+                    return events
     finally:
-        call.cancel()
+        stream.close()
     kinds_seen = [e.WhichOneof("payload") for e in events]
     raise AssertionError(f"the stream ended before a turn_end; it carried {kinds_seen}")
 

@@ -1,4 +1,5 @@
-"""Plugins through `PluginRegistryService`: register, list, and wait for a state."""
+"""Plugins through `PluginRegistryService` (the SDK's facade verbs): register, list, and
+wait for a state."""
 
 from __future__ import annotations
 
@@ -8,24 +9,23 @@ from collections.abc import Awaitable, Callable, Collection
 
 import grpc
 
+from agentloop.client import Client
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
-from agentloop.plugin.v1 import plugin_registry_service_pb2_grpc as reg_rpc
 from tests.e2e.conftest import READ_TIMEOUT
 
 T = READ_TIMEOUT
 """The deadline of every call and of every wait."""
 
 
-def _registry(channel: grpc.aio.Channel) -> reg_rpc.PluginRegistryServiceAsyncStub:
-    """The PluginRegistryService stub on `channel`."""
-    return reg_rpc.PluginRegistryServiceStub(channel)
+def _client(channel: grpc.aio.Channel) -> Client:
+    """The SDK's client on `channel` (closing it is the caller's), every call bounded."""
+    return Client(channel, timeout=T)
 
 
 async def list_plugins(channel: grpc.aio.Channel) -> dict[str, reg.Plugin]:
     """ListPlugins, by name."""
-    response = await _registry(channel).ListPlugins(reg.ListPluginsRequest(), timeout=T)
-    return {plugin.name: plugin for plugin in response.plugins}
+    return {plugin.name: plugin for plugin in await _client(channel).plugins()}
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], what: str, seconds: float = T) -> None:
@@ -69,16 +69,13 @@ async def register(
     failure_policy: hk.FailurePolicy.ValueType = hk.FAILURE_POLICY_UNSPECIFIED,
 ) -> reg.Plugin:
     """RegisterPlugin, then wait until the plugin is READY; returns it."""
-    request = reg.RegisterPluginRequest(address=address, failure_policy=failure_policy)
-    if order is not None:
-        request.order = order
-    if deadline is not None:
-        request.timeout.FromNanoseconds(int(deadline * 1e9))
-    response = await _registry(channel).RegisterPlugin(request, timeout=T)
-    assert response.plugin.address == address
-    return await wait_state(channel, response.plugin.name)
+    plugin = await _client(channel).register_plugin(
+        address, order=order, deadline=deadline, failure_policy=failure_policy
+    )
+    assert plugin.address == address
+    return await wait_state(channel, plugin.name)
 
 
 async def unregister(channel: grpc.aio.Channel, name: str) -> None:
     """UnregisterPlugin."""
-    await _registry(channel).UnregisterPlugin(reg.UnregisterPluginRequest(name=name), timeout=T)
+    await _client(channel).unregister_plugin(name)

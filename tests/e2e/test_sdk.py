@@ -10,12 +10,18 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+from google.protobuf import duration_pb2
+
 from agentloop import Client, connect
-from agentloop.v1 import agent_pb2, scripted_pb2
+from agentloop.plugin.sdk import Plugin, block_prompt
+from agentloop.plugin.v1 import hook_service_pb2 as hs
+from agentloop.v1 import agent_pb2, decision_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
 from server.models.scripted_options import script_options
 from tests.e2e.conftest import E2E, READ_TIMEOUT
+from tests.e2e.registry import wait_state
+from tests.plugin_client import serving
 
 
 def scripted(
@@ -131,3 +137,98 @@ async def test_a_turn_survives_a_broken_connection(e2e: E2E) -> None:
     assert turn.reconnects >= 1
     assert [e.seq for e in seen] == list(range(seen[0].seq, seen[0].seq + len(seen)))
     assert seen[-1].turn_end.reason.HasField("aborted")
+
+
+async def test_a_conversation_reads_every_turn_from_one_stream(e2e: E2E) -> None:
+    steps = [scripted_pb2.ScriptedStep(text=f"answer {n}") for n in range(1, 5)]
+    async with sdk(e2e) as client:
+        await client.create("c1", scripted(*steps))
+        async with client.conversation("c1") as chat:
+            ends = []
+            for n in range(1, 4):
+                turn = await chat.send(f"message {n}", request_id=f"c1-{n}")
+                events = [event async for event in turn]
+                asked = [e.user_message.request_id for e in events if e.HasField("user_message")]
+                assert asked == [f"c1-{n}"]
+                ends.append(events[-1].turn_end.turn)
+            # A turn nobody reads: the next one skips its events on the shared stream.
+            await chat.send("message 4", request_id="c1-4")
+            await client.wait_idle("c1", 5)
+            fifth = await chat.send("message 5", request_id="c1-5")
+            events = [event async for event in fifth]
+            asked = [e.user_message.request_id for e in events if e.HasField("user_message")]
+            assert asked == ["c1-5"] and fifth.end is events[-1]
+            assert ends == [1, 2, 3] and fifth.end.turn_end.turn == 5
+            assert chat.stream.calls == 1  # one stream for five turns
+
+
+async def test_a_turn_read_while_another_is_being_read_opens_its_own_stream(e2e: E2E) -> None:
+    steps = [scripted_pb2.ScriptedStep(text=f"answer {n}") for n in range(1, 3)]
+    async with sdk(e2e) as client:
+        await client.create("c2", scripted(*steps))
+        async with client.conversation("c2") as chat:
+            first = await chat.send("one", request_id="c2-1")
+            second = await chat.send("two", request_id="c2-2")
+            async with asyncio.timeout(READ_TIMEOUT):
+                a, b = await asyncio.gather(first.result(), second.result())
+            assert (a.turn_end.turn, b.turn_end.turn) == (1, 2)
+            # One of them read the shared stream; the other opened its own.
+            assert chat.stream.calls == 1
+
+
+async def test_a_steer_is_answered_by_the_turn_it_joins(e2e: E2E) -> None:
+    slow = scripted_pb2.ScriptedStep(
+        text="slowly " * 40, chunk_size=7, chunk_delay=duration_pb2.Duration(nanos=50_000_000)
+    )
+    options = scripted(slow, scripted_pb2.ScriptedStep(text="steered"))
+    async with sdk(e2e) as client:
+        await client.create("c3", options)
+        first = await client.send("c3", "talk slowly", request_id="c3-send")
+        async with asyncio.timeout(READ_TIMEOUT):
+            async for event in first:
+                if event.HasField("assistant_chunk"):
+                    break  # turn 1 streams its slow text
+            steer = await client.send("c3", "shorter", request_id="c3-steer", steer=True)
+            events = [event async for event in steer]
+        if steer.steering:  # accepted while turn 1 ran: turn 1 takes it and answers it
+            joined = [e for e in events if e.HasField("steering_message")]
+            assert [e.steering_message.request_id for e in joined] == ["c3-steer"]
+            assert steer.end is not None and steer.end.turn_end.turn == 1
+        else:  # turn 1 ended first (a loaded machine): the steer was an ordinary message
+            asked = [e.user_message.request_id for e in events if e.HasField("user_message")]
+            assert asked == ["c3-steer"]
+            assert steer.end is not None and steer.end.turn_end.turn == 2
+
+
+async def test_a_stored_session_replays_through_the_sdk_stream(e2e: E2E) -> None:
+    async with sdk(e2e) as client:
+        agent = await client.create("c4", scripted(scripted_pb2.ScriptedStep(text="hi")))
+        ending = await (await client.send("c4", "hello")).result()
+        stream = client.stream(session_id=agent.session_id, replay_only=True)
+        async with asyncio.timeout(READ_TIMEOUT):
+            seqs = [event.seq async for event in stream]
+        assert stream.ended and seqs == list(range(1, ending.seq + 1))
+        assert [a.agent_id for a in await client.list_agents()] == ["c4"]
+        assert agent.session_id in [s.session_id for s in await client.list_sessions()]
+
+
+async def test_a_blocked_message_is_answered_by_the_turn_that_refused_it(e2e: E2E) -> None:
+    guard = Plugin("sdk-guard")
+
+    @guard.prompt_submit()
+    async def refuse(call: hs.HookCall) -> decision_pb2.PromptDecision:
+        return block_prompt("not today")
+
+    async with serving(guard) as address, sdk(e2e) as client:
+        await client.register_plugin(address)
+        await wait_state(e2e.channel, "sdk-guard")
+        await client.create("c5", scripted(scripted_pb2.ScriptedStep(text="never")))
+        turn = await client.send("c5", "please", request_id="c5-1")
+        async with asyncio.timeout(READ_TIMEOUT):
+            events = [event async for event in turn]
+        blocked = [e for e in events if e.HasField("prompt_blocked")]
+        assert [e.prompt_blocked.request_id for e in blocked] == ["c5-1"]
+        assert turn.end is events[-1] and turn.end.turn_end.reason.HasField("rejected")
+        assert [p.name for p in await client.plugins()] == ["sdk-guard"]
+        await client.unregister_plugin("sdk-guard")
+        assert await client.plugins() == []

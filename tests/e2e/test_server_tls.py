@@ -91,9 +91,9 @@ def tls_config(pki: Pki, tmp_path: Path, mutual: bool) -> Config:
 
 
 async def cli(port: int, *args: str) -> tuple[int, str]:
-    """`python -m server.cli --address 127.0.0.1:PORT ARGS` with the token; (code, output)."""
+    """`python -m agentloop.cli --address 127.0.0.1:PORT ARGS` with the token; (code, output)."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "server.cli", "--address", f"127.0.0.1:{port}", *args,
+        sys.executable, "-m", "agentloop.cli", "--address", f"127.0.0.1:{port}", *args,
         cwd=REPO, env=token_free_env(AGENTLOOP_TOKEN=TOKEN),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )  # fmt: skip

@@ -2,11 +2,11 @@
 
 from typing import Any
 
-__all__ = ["Client", "Turn", "connect"]
+__all__ = ["Client", "Conversation", "SessionStream", "Turn", "connect"]
 
 
 def __getattr__(name: str) -> Any:
-    """`agentloop.Client`, `connect` and `Turn`, imported on first use.
+    """The facade's names (`Client`, `connect`, `Turn`, ...), imported on first use.
 
     Lazily: the generated messages (`agentloop.v1`) must not drag in grpc, so that the
     server's core imports them without a transport.
@@ -19,4 +19,12 @@ def __getattr__(name: str) -> Any:
         from agentloop.turns import Turn
 
         return Turn
+    if name == "Conversation":
+        from agentloop.conversation import Conversation
+
+        return Conversation
+    if name == "SessionStream":
+        from agentloop.stream import SessionStream
+
+        return SessionStream
     raise AttributeError(f"module 'agentloop' has no attribute {name!r}")

@@ -11,25 +11,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import grpc
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
+from agentloop.cli import render
+from agentloop.client import Client
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
-from agentloop.plugin.v1 import plugin_registry_service_pb2_grpc as reg_grpc
-from agentloop.v1 import (
-    agent_factory_service_pb2,
-    agent_factory_service_pb2_grpc,
-    agent_pb2,
-    agent_service_pb2,
-    agent_service_pb2_grpc,
-)
-from server import cli_render as render
+from agentloop.v1 import agent_pb2
 
-Command = Callable[[grpc.Channel, argparse.Namespace], int]
+Command = Callable[[Client, argparse.Namespace], Awaitable[int]]
 
 
 def out(text: str) -> None:
@@ -54,22 +47,9 @@ def emit(args: argparse.Namespace, message: Message | dict[str, Any], text: str)
         out(text)
 
 
-def _agents(channel: grpc.Channel) -> agent_service_pb2_grpc.AgentServiceStub:
-    return agent_service_pb2_grpc.AgentServiceStub(channel)
-
-
-def cmd_sessions(channel: grpc.Channel, args: argparse.Namespace) -> int:
+async def cmd_sessions(client: Client, args: argparse.Namespace) -> int:
     """`sessions`: every stored session, following pagination."""
-    sessions: list[Any] = []
-    token = ""
-    while True:
-        page = _agents(channel).ListSessions(
-            agent_service_pb2.ListSessionsRequest(page_token=token), timeout=args.timeout
-        )
-        sessions.extend(page.sessions)
-        token = page.next_page_token
-        if not token:
-            break
+    sessions = await client.list_sessions()
     width = max([len("SESSION"), *(len(s.session_id) for s in sessions)])
     rows = [f"{'SESSION':<{width}}  EVENTS"]
     rows += [f"{s.session_id:<{width}}  {s.event_count}" for s in sessions]
@@ -77,95 +57,65 @@ def cmd_sessions(channel: grpc.Channel, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_resume(channel: grpc.Channel, args: argparse.Namespace) -> int:
+async def cmd_resume(client: Client, args: argparse.Namespace) -> int:
     """`resume`: a new agent driving a stored session."""
     options = agent_pb2.AgentOptions(provider=args.provider, model=args.model, tools=args.tool)
-    agent = (
-        agent_factory_service_pb2_grpc.AgentFactoryServiceStub(channel)
-        .ResumeAgent(
-            agent_factory_service_pb2.ResumeAgentRequest(
-                agent_id=args.agent_id, session_id=args.session_id, options=options
-            ),
-            timeout=args.timeout,
-        )
-        .agent
-    )
+    agent = await client.resume(args.agent_id, args.session_id, options)
     text = f"agent    {agent.agent_id}\nsession  {agent.session_id}\n"
     emit(args, agent, text + f"status   {render.status_word(agent.status)}\n")
     return 0
 
 
-def cmd_fork(channel: grpc.Channel, args: argparse.Namespace) -> int:
+async def cmd_fork(client: Client, args: argparse.Namespace) -> int:
     """`fork`: copy a session (up to a sequence number) into a new one."""
-    request = agent_service_pb2.ForkSessionRequest(
-        session_id=args.session_id, new_session_id=args.new_session_id
-    )
-    if args.at is not None:
-        request.boundary_seq = args.at
-    session = _agents(channel).ForkSession(request, timeout=args.timeout).session
+    session = await client.fork(args.session_id, args.at, args.new_session_id)
     emit(args, session, f"forked into {session.session_id}\n")
     return 0
 
 
-def cmd_inject(channel: grpc.Channel, args: argparse.Namespace) -> int:
+async def cmd_inject(client: Client, args: argparse.Namespace) -> int:
     """`inject`: add context to an agent's session (it reaches the next model request)."""
-    response = _agents(channel).InjectContext(
-        agent_service_pb2.InjectContextRequest(agent_id=args.agent_id, text=args.text),
-        timeout=args.timeout,
-    )
+    response = await client.inject(args.agent_id, args.text)
     emit(args, response, f"injected (next seq {response.next_seq})\n")
     return 0
 
 
-def cmd_steer(channel: grpc.Channel, args: argparse.Namespace) -> int:
+async def cmd_steer(client: Client, args: argparse.Namespace) -> int:
     """`steer`: steer the running turn, or queue a message when the agent is idle."""
-    response = _agents(channel).SteerMessage(
-        agent_service_pb2.SteerMessageRequest(agent_id=args.agent_id, text=args.text),
-        timeout=args.timeout,
-    )
+    response = await client.steer(args.agent_id, args.text)
     what = "steering the running turn" if response.steering else "queued as a new message"
     emit(args, response, f"{what} (next seq {response.next_seq})\n")
     return 0
 
 
-def cmd_wait(channel: grpc.Channel, args: argparse.Namespace) -> int:
+async def cmd_wait(client: Client, args: argparse.Namespace) -> int:
     """`wait`: block until the agent is idle (exit 1 when the wait timed out)."""
-    request = agent_service_pb2.WaitIdleRequest(agent_id=args.agent_id)
-    if args.wait_timeout is not None:
-        request.timeout.FromNanoseconds(int(args.wait_timeout * 1e9))
-    deadline = (args.wait_timeout or 0) + args.timeout
-    response = _agents(channel).WaitIdle(request, timeout=deadline)
+    response = await client.wait_idle(args.agent_id, args.wait_timeout)
     word = render.status_word(response.status)
     emit(args, response, ("idle" if response.idle else f"not idle ({word})") + "\n")
     return 0 if response.idle else 1
 
 
-def cmd_plugins(channel: grpc.Channel, args: argparse.Namespace) -> int:
+async def cmd_plugins(client: Client, args: argparse.Namespace) -> int:
     """`plugins [list|register ADDRESS|unregister NAME]`."""
-    stub = reg_grpc.PluginRegistryServiceStub(channel)
     if args.action == "register":
-        request = reg.RegisterPluginRequest(address=args.target)
-        if args.order is not None:
-            request.order = args.order
-        plugin = stub.RegisterPlugin(request, timeout=args.timeout).plugin
+        plugin = await client.register_plugin(args.target, order=args.order)
         emit(args, plugin, f"registered {plugin.name} {plugin.version} at {plugin.address}\n")
         return 0
     if args.action == "unregister":
-        response = stub.UnregisterPlugin(
-            reg.UnregisterPluginRequest(name=args.target), timeout=args.timeout
-        )
+        response = await client.unregister_plugin(args.target)
         emit(args, response, f"unregistered {args.target}\n")
         return 0
-    listed = stub.ListPlugins(reg.ListPluginsRequest(), timeout=args.timeout)
+    plugins = await client.plugins()
     rows = [f"{'PLUGIN':<24} {'STATE':<12} {'CALLS':>7} ADDRESS"]
-    for plugin in listed.plugins:
+    for plugin in plugins:
         state = render.word_of(reg.PluginState.Name, plugin.state, "PLUGIN_STATE_")
         rows.append(f"{plugin.name:<24} {state:<12} {plugin.stats.calls:>7} {plugin.address}")
-    emit(args, listed, "\n".join(rows) + "\n")
+    emit(args, reg.ListPluginsResponse(plugins=plugins), "\n".join(rows) + "\n")
     return 0
 
 
-def add_verbs(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:
+def add_verbs(command: Callable[[str, Any, str], argparse.ArgumentParser]) -> None:
     """Add the verbs of this module through the CLI's `command(name, handler, help)`."""
     command("sessions", cmd_sessions, "list the stored sessions")
 

@@ -11,14 +11,17 @@ is reported, not an error, in `send`; `approve` and `reject` exit 2 with the sta
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 
-from agentloop.v1 import agent_service_pb2, agent_service_pb2_grpc, approval_pb2
+from agentloop.cli.verbs import emit, out
+from agentloop.client import Client
+from agentloop.v1 import agent_service_pb2, approval_pb2
 from agentloop.v1 import session_event_pb2 as ev
-from server.cli_verbs import Command, emit, out
 
 APPROVAL_KINDS = frozenset({"approval_requested", "approval_resolved"})
 
@@ -46,24 +49,24 @@ def resolved_text(resolved: approval_pb2.ApprovalResolved) -> str:
     return f"✓ approval {resolved.approval_id} {outcome} by {resolved.resolved_by}{why}"
 
 
-def resolve(
-    stub: agent_service_pb2_grpc.AgentServiceStub,
+async def resolve(
+    client: Client,
     args: argparse.Namespace,
     approval_id: str,
     decision: approval_pb2.ApprovalDecision.ValueType,
     reason: str = "",
 ) -> agent_service_pb2.ResolveApprovalResponse:
     """Call ResolveApproval."""
-    return stub.ResolveApproval(
+    return await client.agents.ResolveApproval(
         agent_service_pb2.ResolveApprovalRequest(
             agent_id=args.agent_id, approval_id=approval_id, decision=decision, reason=reason
         ),
-        timeout=args.timeout,
+        timeout=client.timeout,
     )
 
 
-def on_send_event(
-    stub: agent_service_pb2_grpc.AgentServiceStub,
+async def on_send_event(
+    client: Client,
     args: argparse.Namespace,
     event: ev.SessionEvent,
     ask: Callable[[str], str] = input,
@@ -80,8 +83,8 @@ def on_send_event(
     if not sys.stdin.isatty():
         out(f"  answer with: agentloop approve|reject {args.agent_id} {request.approval_id}\n")
         return
-    try:
-        answer = ask("  allow once? [y/N] ").strip().lower()
+    try:  # in a thread: the stream and Ctrl-C stay served while the person thinks
+        answer = (await asyncio.to_thread(ask, "  allow once? [y/N] ")).strip().lower()
     except EOFError:
         answer = ""
     decision = (
@@ -90,43 +93,40 @@ def on_send_event(
         else approval_pb2.APPROVAL_DECISION_REJECT
     )
     try:
-        resolve(stub, args, request.approval_id, decision)
-    except grpc.RpcError as error:
-        if not isinstance(error, grpc.Call) or error.code() != grpc.StatusCode.FAILED_PRECONDITION:
+        await resolve(client, args, request.approval_id, decision)
+    except grpc.aio.AioRpcError as error:
+        if error.code() != grpc.StatusCode.FAILED_PRECONDITION:
             raise
         out(f"  already answered: {error.details()}\n")
 
 
-def cmd_approve(channel: grpc.Channel, args: argparse.Namespace) -> int:
+async def cmd_approve(client: Client, args: argparse.Namespace) -> int:
     """`approve AGENT APPROVAL_ID`: allow the waiting tool call once."""
-    stub = agent_service_pb2_grpc.AgentServiceStub(channel)
-    answer = resolve(stub, args, args.approval_id, approval_pb2.APPROVAL_DECISION_ALLOW_ONCE)
+    decision = approval_pb2.APPROVAL_DECISION_ALLOW_ONCE
+    answer = await resolve(client, args, args.approval_id, decision)
     emit(args, answer, resolved_text(answer.resolution) + "\n")
     return 0
 
 
-def cmd_reject(channel: grpc.Channel, args: argparse.Namespace) -> int:
+async def cmd_reject(client: Client, args: argparse.Namespace) -> int:
     """`reject AGENT APPROVAL_ID [--reason TEXT]`: reject the waiting tool call."""
-    stub = agent_service_pb2_grpc.AgentServiceStub(channel)
-    answer = resolve(
-        stub, args, args.approval_id, approval_pb2.APPROVAL_DECISION_REJECT, args.reason
-    )
+    decision = approval_pb2.APPROVAL_DECISION_REJECT
+    answer = await resolve(client, args, args.approval_id, decision, args.reason)
     emit(args, answer, resolved_text(answer.resolution) + "\n")
     return 0
 
 
-def cmd_approvals(channel: grpc.Channel, args: argparse.Namespace) -> int:
+async def cmd_approvals(client: Client, args: argparse.Namespace) -> int:
     """`approvals AGENT`: list the tool calls waiting for approval."""
-    stub = agent_service_pb2_grpc.AgentServiceStub(channel)
-    listed = stub.ListApprovals(
-        agent_service_pb2.ListApprovalsRequest(agent_id=args.agent_id), timeout=args.timeout
+    listed = await client.agents.ListApprovals(
+        agent_service_pb2.ListApprovalsRequest(agent_id=args.agent_id), timeout=client.timeout
     )
     text = "".join(request_text(r) + "\n" for r in listed.approvals) or "no pending approvals\n"
     emit(args, listed, text)
     return 0
 
 
-def add_approval_verbs(command: Callable[[str, Command, str], argparse.ArgumentParser]) -> None:
+def add_approval_verbs(command: Callable[[str, Any, str], argparse.ArgumentParser]) -> None:
     """Add `approve`, `reject` and `approvals` through the CLI's `command(...)`."""
     approve = command("approve", cmd_approve, "allow a tool call waiting for approval, once")
     reject = command("reject", cmd_reject, "reject a tool call waiting for approval")

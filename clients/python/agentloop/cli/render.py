@@ -251,6 +251,8 @@ class TurnView:
             return self._line("← " + tool_result_text(name, res))
         if kind == "prompt_blocked":
             return self._line(f"⚑ blocked: {event.prompt_blocked.reason}")
+        if kind == "message_dropped":
+            return self._line(f"⚑ dropped: {event.message_dropped.reason}")
         if kind == "steering_message":
             return self._line(f"↪ steering: {content_text(event.steering_message.content)}")
         if kind == "context_message":
@@ -291,33 +293,3 @@ class TurnView:
     def finish(self) -> str:
         """A final newline if inline text is still pending."""
         return self._break()
-
-
-class TurnTracker:
-    """Decides which streamed events belong to the turn that answers a `send`.
-
-    The stream starts at the message's `next_seq`, which may be inside a turn that was
-    already running; the answering turn is the first one to start after it. A steer
-    that joined the running turn is answered by that turn, so it takes the first
-    turn end; so does a cancelled send, whose message may have been dropped unanswered.
-    """
-
-    def __init__(self, steering: bool = False) -> None:
-        self.first_turn: int | None = None
-        self.any_turn_end = steering
-
-    def cancel(self) -> None:
-        """After CancelTurn: whichever turn ends next is the last one shown."""
-        self.any_turn_end = True
-
-    def feed(self, event: session_event_pb2.SessionEvent) -> tuple[bool, bool]:
-        """Returns (show, done): whether to render `event`, and whether it ends the watch."""
-        kind = event.WhichOneof("payload")
-        if kind == "turn_start" and self.first_turn is None:
-            self.first_turn = event.turn_start.turn
-        show = self.any_turn_end or self.first_turn is not None
-        done = kind == "turn_end" and (
-            self.any_turn_end
-            or (self.first_turn is not None and event.turn_end.turn >= self.first_turn)
-        )
-        return show, done

@@ -1,43 +1,47 @@
 """agentloop: a command-line client of the agentloop gRPC service.
 
-Subcommands create, list, talk to, watch, cancel and dispose agents; `server.cli_verbs`
+Subcommands create, list, talk to, watch, cancel and dispose agents; `agentloop.cli.verbs`
 adds sessions, resume, fork, inject, steer, wait, plugins and the `--json` output.
-Rendering lives in `server.cli_render`; this module only parses arguments and makes
-the calls.
+Rendering lives in `agentloop.cli.render`; this module only parses arguments and makes
+the calls, through the SDK's facade (`agentloop.Client`).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
+import contextlib
+import inspect
 import os
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from agentloop.v1 import (
-    agent_factory_service_pb2,
-    agent_factory_service_pb2_grpc,
-    agent_pb2,
-    agent_service_pb2,
-    agent_service_pb2_grpc,
-)
-from server import cli_render as render
-from server.cli_approvals import APPROVAL_KINDS, add_approval_verbs, on_send_event
-from server.cli_verbs import add_verbs, as_dict, completion_script, emit, out
-from server.version import version
+from agentloop.cli import render
+from agentloop.cli.approvals import APPROVAL_KINDS, add_approval_verbs, on_send_event
+from agentloop.cli.verbs import add_verbs, as_dict, completion_script, emit, out
+from agentloop.cli.version import version
+from agentloop.client import Client, connect
+from agentloop.turns import Turn
+from agentloop.v1 import agent_pb2
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 EXIT_RPC_ERROR = 2
 EXIT_INTERRUPTED = 130
 
-Command = Callable[[grpc.Channel, argparse.Namespace], int]
+Command = Callable[[Client, argparse.Namespace], Awaitable[int]]
+"""A verb: an async function of the facade and the parsed arguments; its exit code."""
+
+BlockingCommand = Callable[[grpc.Channel, argparse.Namespace], int]
+"""A verb on a blocking channel (still accepted: `main` opens one for it)."""
 
 
-def cmd_create(channel: grpc.Channel, args: argparse.Namespace) -> int:
+async def cmd_create(client: Client, args: argparse.Namespace) -> int:
     """`create`: create an agent on a new session and print what was created."""
     options = agent_pb2.AgentOptions(
         provider=args.provider, model=args.model, tools=args.tool, persona=args.persona
@@ -45,144 +49,136 @@ def cmd_create(channel: grpc.Channel, args: argparse.Namespace) -> int:
     if args.max_parallel_tool_calls is not None:
         options.max_parallel_tool_calls = args.max_parallel_tool_calls
     options.approval_required_tools.extend(args.approval_required)
-    request = agent_factory_service_pb2.CreateAgentRequest(
-        agent_id=args.agent_id,
-        session_id=args.session_id,
-        options=options,
-        # The server wants an absolute cwd; resolving here lets users pass ".".
-        metadata=agent_pb2.SessionMetadata(cwd=os.path.abspath(args.cwd) if args.cwd else ""),
-    )
-    agent = (
-        agent_factory_service_pb2_grpc.AgentFactoryServiceStub(channel)
-        .CreateAgent(request, timeout=args.timeout)
-        .agent
-    )
+    agent = await client.create(args.agent_id, options, session_id=args.session_id, cwd=args.cwd)
     text = f"agent    {agent.agent_id}\nsession  {agent.session_id}\n"
     emit(args, agent, text + f"status   {render.status_word(agent.status)}\n")
     return 0
 
 
-def cmd_agents(channel: grpc.Channel, args: argparse.Namespace) -> int:
+async def cmd_agents(client: Client, args: argparse.Namespace) -> int:
     """`agents`: a table of every live agent, following pagination."""
-    stub = agent_factory_service_pb2_grpc.AgentFactoryServiceStub(channel)
-    agents: list[agent_pb2.Agent] = []
-    token = ""
-    while True:
-        page = stub.ListAgents(
-            agent_factory_service_pb2.ListAgentsRequest(page_token=token), timeout=args.timeout
-        )
-        agents.extend(page.agents)
-        token = page.next_page_token
-        if not token:
-            break
+    agents = await client.list_agents()
     emit(args, {"agents": [as_dict(a) for a in agents]}, render.agents_table(agents) + "\n")
     return 0
 
 
-def cmd_dispose(channel: grpc.Channel, args: argparse.Namespace) -> int:
+async def cmd_dispose(client: Client, args: argparse.Namespace) -> int:
     """`dispose`: stop an agent; its session stays readable."""
-    agent = (
-        agent_factory_service_pb2_grpc.AgentFactoryServiceStub(channel)
-        .DisposeAgent(
-            agent_factory_service_pb2.DisposeAgentRequest(agent_id=args.agent_id),
-            timeout=args.timeout,
-        )
-        .agent
-    )
+    agent = await client.dispose(args.agent_id)
     emit(args, agent, f"disposed {agent.agent_id} (session {agent.session_id})\n")
     return 0
 
 
-def cmd_cancel(channel: grpc.Channel, args: argparse.Namespace) -> int:
+async def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
     """`cancel`: abort the running turn and drop queued messages."""
-    response = agent_service_pb2_grpc.AgentServiceStub(channel).CancelTurn(
-        agent_service_pb2.CancelTurnRequest(agent_id=args.agent_id, reason=args.reason),
-        timeout=args.timeout,
-    )
+    response = await client.cancel(args.agent_id, args.reason)
     text = "cancelled\n" if response.cancelled else "nothing to cancel: the agent is idle\n"
     emit(args, response, text)
     return 0
 
 
-def cmd_send(channel: grpc.Channel, args: argparse.Namespace) -> int:
-    """`send`: send (or steer) a message and render its turn as it streams.
+async def cmd_send(client: Client, args: argparse.Namespace) -> int:
+    """`send`: send (or steer) a message and render the turn that answers it.
 
-    Ctrl-C cancels the turn and keeps reading until it ends; a second Ctrl-C quits.
-    The stream is reopened after an interrupt (from one past the last seq seen, which
-    the contract guarantees loses and repeats nothing) because a gRPC iterator
-    interrupted mid-read cannot be resumed safely.
+    The facade finds the answering turn (by the message's request id) and reconnects
+    a broken stream. Ctrl-C cancels the turn and keeps reading until it ends (or
+    until the message shows as dropped); a second Ctrl-C quits.
     """
-    stub = agent_service_pb2_grpc.AgentServiceStub(channel)
-    if args.steer:
-        steer = stub.SteerMessage(
-            agent_service_pb2.SteerMessageRequest(agent_id=args.agent_id, text=args.text),
-            timeout=args.timeout,
-        )
-        from_seq, tracker = steer.next_seq, render.TurnTracker(steering=steer.steering)
-    else:
-        sent = stub.SendMessage(
-            agent_service_pb2.SendMessageRequest(agent_id=args.agent_id, text=args.text),
-            timeout=args.timeout,
-        )
-        from_seq, tracker = sent.next_seq, render.TurnTracker()
+    turn = await client.send(args.agent_id, args.text, steer=args.steer)
     view = render.TurnView(color=sys.stdout.isatty() and "NO_COLOR" not in os.environ)
-    interrupted = False
-    while True:
-        request = agent_service_pb2.StreamSessionEventsRequest(
-            agent_id=args.agent_id, from_seq=from_seq
-        )
-        stream = stub.StreamSessionEvents(request)
+    reader = asyncio.ensure_future(show_turn(client, turn, view, args))
+    cancelling: list[asyncio.Future[Any]] = []
+
+    def interrupt() -> None:
+        if cancelling:  # the second Ctrl-C
+            reader.cancel()
+            return
+        out(view.finish())
+        print("^C cancelling the turn (Ctrl-C again to quit)", file=sys.stderr)
+        cancelling.append(asyncio.ensure_future(client.cancel(args.agent_id, "user interrupt")))
+
+    with on_interrupt(interrupt):
         try:
-            for event in (event for batch in stream for event in batch.events):
-                from_seq = event.seq + 1
-                show, done = tracker.feed(event)
-                if show:
-                    emit(args, event, "") if args.json else out(view.render(event))
-                    if event.WhichOneof("payload") in APPROVAL_KINDS:
-                        out(view.finish())
-                        on_send_event(stub, args, event)
-                if done:
-                    stream.cancel()
-                    return 0 if render.turn_succeeded(event.turn_end) else 1
+            code = await reader
+        except asyncio.CancelledError:
+            if not reader.cancelled():
+                raise
             out(view.finish())
-            print("agentloop: the stream ended before the turn did", file=sys.stderr)
-            return 1
-        except KeyboardInterrupt:
-            stream.cancel()
-            if interrupted:
-                out(view.finish())
-                return EXIT_INTERRUPTED
-            interrupted = True
-            out(view.finish())
-            print("^C cancelling the turn (Ctrl-C again to quit)", file=sys.stderr)
-            tracker.cancel()
-            stub.CancelTurn(
-                agent_service_pb2.CancelTurnRequest(
-                    agent_id=args.agent_id, reason="user interrupt"
-                ),
-                timeout=args.timeout,
-            )
+            return EXIT_INTERRUPTED
+        finally:
+            for call in cancelling:
+                if reader.cancelled():  # quitting: do not wait for the cancel
+                    call.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, grpc.RpcError):
+                        await call
+                else:
+                    await call  # its error, if it failed, is the command's
+    return code
 
 
-def cmd_tail(channel: grpc.Channel, args: argparse.Namespace) -> int:
-    """`tail`: print every session event (and live agent event) one line each."""
-    request = agent_service_pb2.StreamSessionEventsRequest(
-        from_seq=args.from_seq, replay_only=args.no_follow
-    )
-    if args.agent_id:  # `selector` is a oneof: set only the one given
-        request.agent_id = args.agent_id
-    else:
-        request.session_id = args.session_id
-    stream = agent_service_pb2_grpc.AgentServiceStub(channel).StreamSessionEvents(request)
+async def show_turn(
+    client: Client, turn: Turn, view: render.TurnView, args: argparse.Namespace
+) -> int:
+    """Render a turn's events as they come (answering approvals); 0 when it succeeded."""
+    async for event in turn:
+        emit(args, event, "") if args.json else out(view.render(event))
+        if event.WhichOneof("payload") in APPROVAL_KINDS and not args.json:
+            out(view.finish())
+            await on_send_event(client, args, event)
+    if turn.end is not None:
+        return 0 if render.turn_succeeded(turn.end.turn_end) else 1
+    if turn.dropped is None:
+        out(view.finish())
+        print("agentloop: the stream ended before the turn did", file=sys.stderr)
+    return 1
+
+
+@contextlib.contextmanager
+def on_interrupt(handler: Callable[[], object]) -> Iterator[None]:
+    """Call `handler` on SIGINT (where the loop supports it) instead of raising."""
+    loop = asyncio.get_running_loop()
     try:
-        for batch in stream:
+        loop.add_signal_handler(signal.SIGINT, handler)
+    except (NotImplementedError, RuntimeError):  # no signal handlers here: Ctrl-C quits
+        yield
+        return
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
+async def cmd_tail(client: Client, args: argparse.Namespace) -> int:
+    """`tail`: print every session event (and live agent event) one line each."""
+    stream = client.stream(
+        agent_id=args.agent_id,
+        session_id=args.session_id,
+        from_seq=args.from_seq,
+        replay_only=args.no_follow,
+    )
+
+    async def follow() -> None:
+        async for batch in stream.batches():
             for event in batch.events:
                 emit(args, event, render.event_line(event) + "\n")
             for agent_event in batch.agent_events:
                 emit(args, agent_event, render.agent_event_line(agent_event) + "\n")
-    except KeyboardInterrupt:
-        stream.cancel()  # Ctrl-C is the normal way to stop following
+
+    reader = asyncio.ensure_future(follow())
+    with on_interrupt(reader.cancel):
+        try:
+            await reader
+        except asyncio.CancelledError:
+            if not reader.cancelled():
+                raise  # Ctrl-C is the normal way to stop following
+        finally:
+            stream.close()
     return 0
+
+
+def absolute(path: str) -> str:
+    """The server wants an absolute cwd; resolving it here lets users pass "."."""
+    return os.path.abspath(path) if path else ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -224,7 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"agentloop {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, handler: Command, help_text: str) -> argparse.ArgumentParser:
+    def command(
+        name: str, handler: Command | BlockingCommand, help_text: str
+    ) -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=help_text, description=help_text)
         cmd.set_defaults(handler=handler)
         return cmd
@@ -237,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument(
         "--tool", action="append", default=[], metavar="NAME", help="built-in tool (repeatable)"
     )
-    create.add_argument("--cwd", default="", help="the agent's working directory")
+    create.add_argument("--cwd", default="", type=absolute, help="the agent's working directory")
     create.add_argument("--persona", default="", help="persona section of the system prompt")
     create.add_argument("--max-parallel-tool-calls", type=int, metavar="N")
     create.add_argument(
@@ -279,14 +277,15 @@ def cmd_completion(_channel: grpc.Channel, _args: argparse.Namespace) -> int:
 
 def report_rpc_error(error: grpc.RpcError, address: str) -> int:
     """Print a failed call on stderr; returns the exit code."""
-    code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
+    is_call = isinstance(error, grpc.Call | grpc.aio.AioRpcError)
+    code = error.code() if is_call else grpc.StatusCode.UNKNOWN
     if code == grpc.StatusCode.UNAVAILABLE:
         print(
             f"agentloop: cannot reach agentloop at {address}: is the server running? (make run)",
             file=sys.stderr,
         )
     else:
-        details = error.details() if isinstance(error, grpc.Call) else str(error)
+        details = error.details() if is_call else str(error)
         print(f"agentloop: {code.name}: {details}", file=sys.stderr)
     return EXIT_RPC_ERROR
 
@@ -327,7 +326,10 @@ class BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterc
 
 
 def open_channel(args: argparse.Namespace) -> grpc.Channel:
-    """Plaintext, or TLS when a CA file or a client certificate is given."""
+    """A blocking channel for a `BlockingCommand`.
+
+    Plaintext, or TLS when a CA file or a client certificate is given.
+    """
     if not (args.ca_file or args.cert_file):
         return grpc.insecure_channel(args.address)
 
@@ -353,17 +355,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "tail" and bool(args.agent_id) == bool(args.session_id):
         parser.error("tail needs exactly one of AGENT_ID or --session-id")
-    handler: Command = args.handler
+    handler: Command | BlockingCommand = args.handler
     if args.command == "completion":  # needs no server
         out(completion_script(parser))
         return 0
     try:
+        verb: Any = handler
+        if inspect.iscoroutinefunction(verb):
+            return asyncio.run(run(verb, args))
+        blocking: Any = handler
         with open_channel(args) as channel:
             token = args.token.strip()
             if token:  # the server's bearer token, sent on every call
                 authorized = grpc.intercept_channel(channel, BearerToken(token))
-                return handler(authorized, args)
-            return handler(channel, args)
+                return int(blocking(authorized, args))
+            return int(blocking(channel, args))
     except grpc.RpcError as error:
         return report_rpc_error(error, args.address)
     except KeyboardInterrupt:
@@ -375,6 +381,22 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:  # an unreadable --ca-file, --cert-file or --key-file
         print(f"agentloop: cannot read {error.filename}: {error.strerror}", file=sys.stderr)
         return EXIT_RPC_ERROR
+
+
+async def run(handler: Command, args: argparse.Namespace) -> int:
+    """Connect with the global options and run one verb."""
+    client = connect(
+        args.address,
+        token=args.token.strip(),  # the server's bearer token, sent on every call
+        ca_file=args.ca_file,
+        cert_file=args.cert_file,
+        key_file=args.key_file,
+        timeout=args.timeout,
+    )
+    try:
+        return await handler(client, args)
+    finally:
+        await client.close()
 
 
 if __name__ == "__main__":
