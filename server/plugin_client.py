@@ -8,7 +8,10 @@ the plugin is unavailable fail at once, so a FAIL_OPEN plugin that is down costs
 nothing. Notifications wait in a bounded buffer, a share per subscription; one that
 finds no room (or the plugin not READY) is dropped before it is even built, and the
 next one queued carries the count. Those still buffered when the stream ends are
-dropped and counted the same way.
+dropped and counted the same way. A plugin that lists the `notification_batch`
+capability gets every notification queued when the writer runs (those of one pass of
+the event loop, typically) in one `NotificationBatch` message; others one by one.
+Everything is written as bytes (`server.plugin_wire`): each call is encoded once.
 
 A failure stays with its call: a call over the message size limit fails alone before
 it is sent, and a message from the plugin that does not decode (or has no kind)
@@ -35,6 +38,15 @@ from server.abort import AbortSignal
 from server.errors import Aborted
 from server.plugin_description import describe_request
 from server.plugin_listeners import NoticeSlot, PluginCallFailed, PluginStats, error_text
+from server.plugin_wire import (
+    BATCH_CAPABILITY,
+    BATCH_OVERHEAD,
+    HANDLE_METHOD,
+    batch_entry,
+    batch_request,
+    call_request,
+    cancel_request,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +99,15 @@ class PluginConnection:
         self.max_message_bytes = max_message_bytes
         self.channel = open_channel(address, root_certificates, max_message_bytes)
         self.stub = hk_rpc.HookServiceStub(self.channel)
+        self._handle: grpc.aio.StreamStreamMultiCallable[bytes, hk.HandleResponse]
+        self._handle = self.channel.stream_stream(
+            HANDLE_METHOD,
+            request_serializer=None,
+            response_deserializer=hk.HandleResponse.FromString,
+        )
+        """`Handle`, written as bytes (see `server.plugin_wire`)."""
+        self.batches = False
+        """Whether the plugin takes `NotificationBatch`es (it said so in `Describe`)."""
         self.metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
         )
@@ -100,11 +121,11 @@ class PluginConnection:
         """How the calls in flight fail when the stream ends: disconnected or malformed."""
         self._pending: dict[str, asyncio.Future[hk.HookResult]] = {}
         self._streams: dict[str, asyncio.Queue[st.StreamChunk | BaseException]] = {}
-        self._outbox: asyncio.Queue[hk.HandleRequest] = asyncio.Queue()
+        self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
         self._notes: deque[tuple[hk.HookCall, NoticeSlot]] = deque()
         self._dropped = 0
         self._wake_writer = asyncio.Event()
-        self._stream: grpc.aio.StreamStreamCall[hk.HandleRequest, hk.HandleResponse] | None = None
+        self._stream: grpc.aio.StreamStreamCall[bytes, hk.HandleResponse] | None = None
         self._write_lock = asyncio.Lock()
         """Writes never overlap: calls write directly, the writer task sends the rest."""
         self._ready = asyncio.Event()
@@ -114,11 +135,13 @@ class PluginConnection:
     async def describe(self, seconds: float) -> hk.DescribeResponse:
         """Call `Describe`; raises `PluginUnreachable` with the status on failure."""
         try:
-            return await self.stub.Describe(
+            description = await self.stub.Describe(
                 describe_request(self.max_message_bytes), timeout=seconds, metadata=self.metadata
             )
         except grpc.aio.AioRpcError as error:
             raise PluginUnreachable(f"{error.code().name}: {error.details()}") from None
+        self.batches = BATCH_CAPABILITY in description.capabilities
+        return description
 
     def start(self) -> None:
         """Open the `Handle` stream in the background (and keep it open)."""
@@ -232,10 +255,10 @@ class PluginConnection:
         self.state = state
         self.on_state()
 
-    def _sized(self, call: hk.HookCall) -> hk.HandleRequest:
-        """The request of `call`; a call over the size limit fails here, alone."""
-        request = hk.HandleRequest(call=call)
-        size = request.ByteSize()
+    def _sized(self, call: hk.HookCall) -> bytes:
+        """The request of `call`, encoded; a call over the size limit fails here, alone."""
+        request = call_request(call.SerializeToString())
+        size = len(request)
         if size > self.max_message_bytes:
             self.stats.calls += 1
             self.stats.oversized += 1
@@ -253,9 +276,7 @@ class PluginConnection:
 
     def _cancel(self, call_id: str, reason: str) -> None:
         if self.state == reg.PLUGIN_STATE_READY:
-            self._outbox.put_nowait(
-                hk.HandleRequest(cancel=hk.CancelCall(call_id=call_id, reason=reason))
-            )
+            self._outbox.put_nowait(cancel_request(call_id, reason))
             self._wake_writer.set()
 
     async def _run(self) -> None:
@@ -273,7 +294,7 @@ class PluginConnection:
                     backoff = min(backoff * 2, BACKOFF_MAX)
                     self._set_state(reg.PLUGIN_STATE_CONNECTING)
                     continue
-            stream = self.stub.Handle(metadata=self.metadata)
+            stream = self._handle(metadata=self.metadata)
             writer: asyncio.Task[None] | None = None
             try:
                 await stream.wait_for_connection()
@@ -322,7 +343,7 @@ class PluginConnection:
             backoff = min(backoff * 2, BACKOFF_MAX)
             self._set_state(reg.PLUGIN_STATE_CONNECTING)
 
-    async def _send_now(self, request: hk.HandleRequest) -> None:
+    async def _send_now(self, request: bytes) -> None:
         """Write a call at once (no hop through the writer task)."""
         stream = self._stream
         if stream is None:
@@ -333,30 +354,58 @@ class PluginConnection:
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as error:
             raise PluginCallFailed("disconnected", f"the stream broke: {error}") from None
 
-    async def _write(
-        self, stream: grpc.aio.StreamStreamCall[hk.HandleRequest, hk.HandleResponse]
-    ) -> None:
+    async def _write(self, stream: grpc.aio.StreamStreamCall[bytes, hk.HandleResponse]) -> None:
         """Send what is not time-critical: cancels first, then notifications."""
         while True:
             while not self._outbox.empty():
                 async with self._write_lock:
                     await stream.write(self._outbox.get_nowait())
             if self._notes:
-                note, slot = self._notes.popleft()
-                slot.queued -= 1
-                request = hk.HandleRequest(call=note)
-                if request.ByteSize() > self.max_message_bytes:
-                    payload = getattr(note, note.WhichOneof("payload") or "session_event")
-                    self._dropped += payload.dropped + 1  # too big to send: dropped, counted
-                    self.stats.dropped += 1
-                    self.stats.oversized += 1
-                    continue
-                async with self._write_lock:
-                    await stream.write(request)
+                request = self._next_notes()
+                if request is not None:
+                    async with self._write_lock:
+                        await stream.write(request)
                 continue
             self._wake_writer.clear()
             if self._outbox.empty() and not self._notes:
                 await self._wake_writer.wait()
+
+    def _next_notes(self) -> bytes | None:
+        """The next message of notifications: one, or a batch of all that fit.
+
+        A notification too big to send alone is dropped and counted; None when every
+        one looked at was.
+        """
+        entries: list[bytes] = []
+        first = b""
+        size = BATCH_OVERHEAD
+        limit = self.max_message_bytes
+        notes = self._notes
+        while notes and (self.batches or not entries):
+            note, slot = notes[0]
+            encoded = note.SerializeToString()
+            if len(call_request(encoded)) > limit:
+                notes.popleft()
+                slot.queued -= 1
+                payload = getattr(note, note.WhichOneof("payload") or "session_event")
+                self._dropped += payload.dropped + 1  # too big to send: dropped, counted
+                self.stats.dropped += 1
+                self.stats.oversized += 1
+                continue
+            entry = batch_entry(encoded)
+            if entries and size + len(entry) > limit:
+                break  # the rest goes in the next message
+            notes.popleft()
+            slot.queued -= 1
+            if not entries:
+                first = encoded
+            entries.append(entry)
+            size += len(entry)
+        if not entries:
+            return None
+        if len(entries) == 1:  # alone: the single form, which every plugin reads
+            return call_request(first)
+        return batch_request(entries)
 
     def _deliver(self, chunk: hk.ModelChunk) -> None:
         queue = self._streams.get(chunk.call_id)

@@ -199,7 +199,9 @@ class DescribeRequest(_message.Message):
     def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Capabilities are the optional features the server offers (see
         `DescribeResponse.capabilities`). Version 1 offers "model_stream",
-        "tool_execute", "event_kinds" and "buffer_size".
+        "tool_execute", "event_kinds" and "buffer_size"; also
+        "notification_batch": a plugin that lists it gets its notifications in
+        `HandleRequest.notifications` batches.
         """
 
     def __init__(
@@ -436,6 +438,7 @@ class HandleRequest(_message.Message):
 
     CALL_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
+    NOTIFICATIONS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def call(self) -> Global___HookCall:
         """Call asks the plugin to handle one seam call."""
@@ -444,21 +447,57 @@ class HandleRequest(_message.Message):
     def cancel(self) -> Global___CancelCall:
         """Cancel withdraws a call in flight."""
 
+    @_builtins.property
+    def notifications(self) -> Global___NotificationBatch:
+        """Notifications carries several notifications in one message, in the
+        order they were made. Sent only to a plugin that lists the capability
+        "notification_batch" in its `DescribeResponse` (after the server
+        offered it); others get each notification as its own `call`.
+        """
+
     def __init__(
         self,
         *,
         call: Global___HookCall | None = ...,
         cancel: Global___CancelCall | None = ...,
+        notifications: Global___NotificationBatch | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "cancel", b"cancel", "kind", b"kind"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "cancel", b"cancel", "kind", b"kind", "notifications", b"notifications"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "cancel", b"cancel", "kind", b"kind"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "cancel", b"cancel", "kind", b"kind", "notifications", b"notifications"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["call", "cancel"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["call", "cancel", "notifications"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___HandleRequest: _TypeAlias = HandleRequest  # noqa: Y015
+
+@_typing.final
+class NotificationBatch(_message.Message):
+    """NotificationBatch is a run of observer notifications written as one
+    message: what the server queued for the plugin in one pass of its event
+    loop. Each is handled exactly as if it had come alone, in this order.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___HookCall]:
+        """Calls are the notifications (`kind` CALL_KIND_NOTIFICATION), oldest first."""
+
+    def __init__(
+        self,
+        *,
+        calls: _abc.Iterable[Global___HookCall] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NotificationBatch: _TypeAlias = NotificationBatch  # noqa: Y015
 
 @_typing.final
 class HandleResponse(_message.Message):

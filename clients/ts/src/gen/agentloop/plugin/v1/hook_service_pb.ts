@@ -22,7 +22,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file agentloop/plugin/v1/hook_service.proto.
  */
 export const file_agentloop_plugin_v1_hook_service: GenFile = /*@__PURE__*/
-  fileDesc("CiZhZ2VudGxvb3AvcGx1Z2luL3YxL2hvb2tfc2VydmljZS5wcm90bxITYWdlbnRsb29wLnBsdWdpbi52MSJcCg9EZXNjcmliZVJlcXVlc3QSGAoQcHJvdG9jb2xfdmVyc2lvbhgBIAEoDRIZChFtYXhfbWVzc2FnZV9ieXRlcxgCIAEoBBIUCgxjYXBhYmlsaXRpZXMYAyADKAkijQIKEERlc2NyaWJlUmVzcG9uc2USDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgJEjgKDXN1YnNjcmlwdGlvbnMYAyADKAsyIS5hZ2VudGxvb3AucGx1Z2luLnYxLlN1YnNjcmlwdGlvbhIyCgV0b29scxgEIAMoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbERlZmluaXRpb24SPAoGbW9kZWxzGAUgAygLMiwuYWdlbnRsb29wLnBsdWdpbi52MS5Nb2RlbFByb3ZpZGVyRGVmaW5pdGlvbhIYChBwcm90b2NvbF92ZXJzaW9uGAYgASgNEhQKDGNhcGFiaWxpdGllcxgHIAMoCSJuChdNb2RlbFByb3ZpZGVyRGVmaW5pdGlvbhIQCghwcm92aWRlchgBIAEoCRIVCg1kZWZhdWx0X21vZGVsGAIgASgJEioKB3RpbWVvdXQYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24i6wEKDFN1YnNjcmlwdGlvbhInCgRzZWFtGAEgASgOMhkuYWdlbnRsb29wLnBsdWdpbi52MS5TZWFtEg0KBW9yZGVyGAIgASgFEioKB3RpbWVvdXQYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SOgoOZmFpbHVyZV9wb2xpY3kYBCABKA4yIi5hZ2VudGxvb3AucGx1Z2luLnYxLkZhaWx1cmVQb2xpY3kSEQoJYWdlbnRfaWRzGAUgAygJEhMKC2V2ZW50X2tpbmRzGAYgAygJEhMKC2J1ZmZlcl9zaXplGAcgASgNIrgBCg5Ub29sRGVmaW5pdGlvbhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEi0KDGlucHV0X3NjaGVtYRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFQoNcGFyYWxsZWxfc2FmZRgEIAEoCBIqCgd0aW1lb3V0GAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhEKCWFnZW50X2lkcxgGIAMoCSJ5Cg1IYW5kbGVSZXF1ZXN0Ei0KBGNhbGwYASABKAsyHS5hZ2VudGxvb3AucGx1Z2luLnYxLkhvb2tDYWxsSAASMQoGY2FuY2VsGAIgASgLMh8uYWdlbnRsb29wLnBsdWdpbi52MS5DYW5jZWxDYWxsSABCBgoEa2luZCJ9Cg5IYW5kbGVSZXNwb25zZRIxCgZyZXN1bHQYASABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLkhvb2tSZXN1bHRIABIwCgVjaHVuaxgCIAEoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuTW9kZWxDaHVua0gAQgYKBGtpbmQiRwoKTW9kZWxDaHVuaxIPCgdjYWxsX2lkGAEgASgJEigKBWNodW5rGAIgASgLMhkuYWdlbnRsb29wLnYxLlN0cmVhbUNodW5rItkICghIb29rQ2FsbBIPCgdjYWxsX2lkGAEgASgJEicKBHNlYW0YAiABKA4yGS5hZ2VudGxvb3AucGx1Z2luLnYxLlNlYW0SKwoEa2luZBgIIAEoDjIdLmFnZW50bG9vcC5wbHVnaW4udjEuQ2FsbEtpbmQSEAoIYWdlbnRfaWQYAyABKAkSEgoKc2Vzc2lvbl9pZBgEIAEoCRIMCgR0dXJuGAUgASgNEgwKBHN0ZXAYBiABKA0SKgoHdGltZW91dBgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhI+Cg1wcm9tcHRfc3VibWl0GAogASgLMiUuYWdlbnRsb29wLnBsdWdpbi52MS5Qcm9tcHRTdWJtaXRDYWxsSAASQAoOc2Vzc2lvbl9wcmVmaXgYCyABKAsyJi5hZ2VudGxvb3AucGx1Z2luLnYxLlNlc3Npb25QcmVmaXhDYWxsSAASNAoIcHJlX3N0ZXAYDCABKAsyIC5hZ2VudGxvb3AucGx1Z2luLnYxLlByZVN0ZXBDYWxsSAASMwoHcmVxdWVzdBgNIAEoCzIgLmFnZW50bG9vcC5wbHVnaW4udjEuUmVxdWVzdENhbGxIABI6CgtzdGVwX3Jlc3VsdBgOIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuU3RlcFJlc3VsdENhbGxIABJGChF0dXJuX2NvbnRpbnVhdGlvbhgPIAEoCzIpLmFnZW50bG9vcC5wbHVnaW4udjEuVHVybkNvbnRpbnVhdGlvbkNhbGxIABI2Cgl0dXJuX3N0b3AYECABKAsyIS5hZ2VudGxvb3AucGx1Z2luLnYxLlR1cm5TdG9wQ2FsbEgAEkMKEHRvb2xfcHJlX2V4ZWN1dGUYESABKAsyJy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xQcmVFeGVjdXRlQ2FsbEgAEkUKEXRvb2xfcG9zdF9leGVjdXRlGBIgASgLMiguYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sUG9zdEV4ZWN1dGVDYWxsSAASPAoMdG9vbF9leGVjdXRlGBMgASgLMiQuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sRXhlY3V0ZUNhbGxIABJACg1zZXNzaW9uX2V2ZW50GBQgASgLMicuYWdlbnRsb29wLnBsdWdpbi52MS5TZXNzaW9uRXZlbnROb3RpY2VIABI8CgthZ2VudF9ldmVudBgVIAEoCzIlLmFnZW50bG9vcC5wbHVnaW4udjEuQWdlbnRFdmVudE5vdGljZUgAEjwKC3Rvb2xfcmVzdWx0GBYgASgLMiUuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sUmVzdWx0Tm90aWNlSAASPAoMbW9kZWxfc3RyZWFtGBcgASgLMiQuYWdlbnRsb29wLnBsdWdpbi52MS5Nb2RlbFN0cmVhbUNhbGxIAEIJCgdwYXlsb2FkInkKD01vZGVsU3RyZWFtQ2FsbBIQCghwcm92aWRlchgBIAEoCRIrCgZoZWFkZXIYAiABKAsyGy5hZ2VudGxvb3AudjEuUmVxdWVzdEhlYWRlchInCghtZXNzYWdlcxgDIAMoCzIVLmFnZW50bG9vcC52MS5NZXNzYWdlIi0KCkNhbmNlbENhbGwSDwoHY2FsbF9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiswUKCkhvb2tSZXN1bHQSDwoHY2FsbF9pZBgBIAEoCRI1Cg1wcm9tcHRfc3VibWl0GAogASgLMhwuYWdlbnRsb29wLnYxLlByb21wdERlY2lzaW9uSAASQgoOc2Vzc2lvbl9wcmVmaXgYCyABKAsyKC5hZ2VudGxvb3AucGx1Z2luLnYxLlNlc3Npb25QcmVmaXhSZXN1bHRIABI2CghwcmVfc3RlcBgMIAEoCzIiLmFnZW50bG9vcC5wbHVnaW4udjEuUHJlU3RlcFJlc3VsdEgAEjUKB3JlcXVlc3QYDSABKAsyIi5hZ2VudGxvb3AucGx1Z2luLnYxLlJlcXVlc3RSZXN1bHRIABI8CgtzdGVwX3Jlc3VsdBgOIAEoCzIlLmFnZW50bG9vcC5wbHVnaW4udjEuU3RlcFJlc3VsdFJlc3VsdEgAEj8KEXR1cm5fY29udGludWF0aW9uGA8gASgLMiIuYWdlbnRsb29wLnYxLkNvbnRpbnVhdGlvbkRlY2lzaW9uSAASOAoJdHVybl9zdG9wGBAgASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5UdXJuU3RvcFJlc3VsdEgAEjkKEHRvb2xfcHJlX2V4ZWN1dGUYESABKAsyHS5hZ2VudGxvb3AudjEuUHJlVG9vbERlY2lzaW9uSAASOwoRdG9vbF9wb3N0X2V4ZWN1dGUYEiABKAsyHi5hZ2VudGxvb3AudjEuUG9zdFRvb2xEZWNpc2lvbkgAEjcKDHRvb2xfZXhlY3V0ZRgTIAEoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbE91dHB1dEgAEi8KBWVycm9yGB4gASgLMh4uYWdlbnRsb29wLnBsdWdpbi52MS5DYWxsRXJyb3JIAEIJCgdvdXRjb21lSgQIAhADIioKCUNhbGxFcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkiZQoQUHJvbXB0U3VibWl0Q2FsbBIrCgdjb250ZW50GAEgAygLMhouYWdlbnRsb29wLnYxLkNvbnRlbnRCbG9jaxIkCgZzb3VyY2UYAiABKAsyFC5hZ2VudGxvb3AudjEuU291cmNlIjoKEVNlc3Npb25QcmVmaXhDYWxsEiUKBnByZWZpeBgBIAMoCzIVLmFnZW50bG9vcC52MS5NZXNzYWdlIjwKE1Nlc3Npb25QcmVmaXhSZXN1bHQSJQoGcHJlZml4GAEgAygLMhUuYWdlbnRsb29wLnYxLk1lc3NhZ2UiRAoLUHJlU3RlcENhbGwSDgoGc3lzdGVtGAEgASgJEiUKBnByZWZpeBgCIAMoCzIVLmFnZW50bG9vcC52MS5NZXNzYWdlIjwKDVByZVN0ZXBSZXN1bHQSKwoIY29udGV4dHMYASADKAsyGS5hZ2VudGxvb3AudjEuSG9va0NvbnRleHQiOAoLUmVxdWVzdENhbGwSKQoGY29uZmlnGAEgASgLMhkuYWdlbnRsb29wLnYxLk1vZGVsQ29uZmlnIjoKDVJlcXVlc3RSZXN1bHQSKQoGY29uZmlnGAEgASgLMhkuYWdlbnRsb29wLnYxLk1vZGVsQ29uZmlnIjgKDlN0ZXBSZXN1bHRDYWxsEiYKB21lc3NhZ2UYASABKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSI6ChBTdGVwUmVzdWx0UmVzdWx0EiYKB21lc3NhZ2UYASABKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSJMChRUdXJuQ29udGludWF0aW9uQ2FsbBI0CghkZWNpc2lvbhgBIAEoCzIiLmFnZW50bG9vcC52MS5Db250aW51YXRpb25EZWNpc2lvbiIOCgxUdXJuU3RvcENhbGwiHgoOVHVyblN0b3BSZXN1bHQSDAoEc3RvcBgBIAEoCCJCCg5Ub29sSW52b2NhdGlvbhIPCgdjYWxsX2lkGAEgASgJEgwKBG5hbWUYAiABKAkSEQoJYXJndW1lbnRzGAMgASgJItIBCgpUb29sT3V0cHV0EisKB2NvbnRlbnQYASADKAsyGi5hZ2VudGxvb3AudjEuQ29udGVudEJsb2NrEhAKCGlzX2Vycm9yGAIgASgIEiYKBWVycm9yGAMgASgLMhcuYWdlbnRsb29wLnYxLlRvb2xFcnJvchIlCgRtZXRhGAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBI2ChNhZGRpdGlvbmFsX2NvbnRleHRzGAUgAygLMhkuYWdlbnRsb29wLnYxLkhvb2tDb250ZXh0Ik0KElRvb2xQcmVFeGVjdXRlQ2FsbBI3CgppbnZvY2F0aW9uGAEgASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sSW52b2NhdGlvbiJ/ChNUb29sUG9zdEV4ZWN1dGVDYWxsEjcKCmludm9jYXRpb24YASABKAsyIy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xJbnZvY2F0aW9uEi8KBm91dHB1dBgCIAEoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbE91dHB1dCJKCg9Ub29sRXhlY3V0ZUNhbGwSNwoKaW52b2NhdGlvbhgBIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbEludm9jYXRpb24iUAoSU2Vzc2lvbkV2ZW50Tm90aWNlEikKBWV2ZW50GAEgASgLMhouYWdlbnRsb29wLnYxLlNlc3Npb25FdmVudBIPCgdkcm9wcGVkGAIgASgEIkwKEEFnZW50RXZlbnROb3RpY2USJwoFZXZlbnQYASABKAsyGC5hZ2VudGxvb3AudjEuQWdlbnRFdmVudBIPCgdkcm9wcGVkGAIgASgEIo0BChBUb29sUmVzdWx0Tm90aWNlEjcKCmludm9jYXRpb24YASABKAsyIy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xJbnZvY2F0aW9uEi8KBm91dHB1dBgCIAEoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbE91dHB1dBIPCgdkcm9wcGVkGAMgASgEKuoCCgRTZWFtEhQKEFNFQU1fVU5TUEVDSUZJRUQQABIWChJTRUFNX1BST01QVF9TVUJNSVQQARIXChNTRUFNX1NFU1NJT05fUFJFRklYEAISEQoNU0VBTV9QUkVfU1RFUBADEhAKDFNFQU1fUkVRVUVTVBAEEhQKEFNFQU1fU1RFUF9SRVNVTFQQBRIaChZTRUFNX1RVUk5fQ09OVElOVUFUSU9OEAYSEgoOU0VBTV9UVVJOX1NUT1AQBxIaChZTRUFNX1RPT0xTX1BSRV9FWEVDVVRFEAgSGwoXU0VBTV9UT09MU19QT1NUX0VYRUNVVEUQCRIXChNTRUFNX1NFU1NJT05fRVZFTlRTEAoSFQoRU0VBTV9BR0VOVF9FVkVOVFMQCxIVChFTRUFNX1RPT0xTX1JFU1VMVBAMIgQIDRANIgQIDhAOKhFTRUFNX1RPT0xfRVhFQ1VURSoRU0VBTV9NT0RFTF9TVFJFQU0qjQEKCENhbGxLaW5kEhkKFUNBTExfS0lORF9VTlNQRUNJRklFRBAAEhIKDkNBTExfS0lORF9TRUFNEAESGgoWQ0FMTF9LSU5EX05PVElGSUNBVElPThACEhoKFkNBTExfS0lORF9UT09MX0VYRUNVVEUQAxIaChZDQUxMX0tJTkRfTU9ERUxfU1RSRUFNEAQqbQoNRmFpbHVyZVBvbGljeRIeChpGQUlMVVJFX1BPTElDWV9VTlNQRUNJRklFRBAAEh4KGkZBSUxVUkVfUE9MSUNZX0ZBSUxfQ0xPU0VEEAESHAoYRkFJTFVSRV9QT0xJQ1lfRkFJTF9PUEVOEAIyvQEKC0hvb2tTZXJ2aWNlElcKCERlc2NyaWJlEiQuYWdlbnRsb29wLnBsdWdpbi52MS5EZXNjcmliZVJlcXVlc3QaJS5hZ2VudGxvb3AucGx1Z2luLnYxLkRlc2NyaWJlUmVzcG9uc2USVQoGSGFuZGxlEiIuYWdlbnRsb29wLnBsdWdpbi52MS5IYW5kbGVSZXF1ZXN0GiMuYWdlbnRsb29wLnBsdWdpbi52MS5IYW5kbGVSZXNwb25zZSgBMAFiBnByb3RvMw", [file_agentloop_v1_agent_event, file_agentloop_v1_content, file_agentloop_v1_decision, file_agentloop_v1_session_event, file_agentloop_v1_stream, file_google_protobuf_duration, file_google_protobuf_struct]);
+  fileDesc("CiZhZ2VudGxvb3AvcGx1Z2luL3YxL2hvb2tfc2VydmljZS5wcm90bxITYWdlbnRsb29wLnBsdWdpbi52MSJcCg9EZXNjcmliZVJlcXVlc3QSGAoQcHJvdG9jb2xfdmVyc2lvbhgBIAEoDRIZChFtYXhfbWVzc2FnZV9ieXRlcxgCIAEoBBIUCgxjYXBhYmlsaXRpZXMYAyADKAkijQIKEERlc2NyaWJlUmVzcG9uc2USDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgJEjgKDXN1YnNjcmlwdGlvbnMYAyADKAsyIS5hZ2VudGxvb3AucGx1Z2luLnYxLlN1YnNjcmlwdGlvbhIyCgV0b29scxgEIAMoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbERlZmluaXRpb24SPAoGbW9kZWxzGAUgAygLMiwuYWdlbnRsb29wLnBsdWdpbi52MS5Nb2RlbFByb3ZpZGVyRGVmaW5pdGlvbhIYChBwcm90b2NvbF92ZXJzaW9uGAYgASgNEhQKDGNhcGFiaWxpdGllcxgHIAMoCSJuChdNb2RlbFByb3ZpZGVyRGVmaW5pdGlvbhIQCghwcm92aWRlchgBIAEoCRIVCg1kZWZhdWx0X21vZGVsGAIgASgJEioKB3RpbWVvdXQYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24i6wEKDFN1YnNjcmlwdGlvbhInCgRzZWFtGAEgASgOMhkuYWdlbnRsb29wLnBsdWdpbi52MS5TZWFtEg0KBW9yZGVyGAIgASgFEioKB3RpbWVvdXQYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SOgoOZmFpbHVyZV9wb2xpY3kYBCABKA4yIi5hZ2VudGxvb3AucGx1Z2luLnYxLkZhaWx1cmVQb2xpY3kSEQoJYWdlbnRfaWRzGAUgAygJEhMKC2V2ZW50X2tpbmRzGAYgAygJEhMKC2J1ZmZlcl9zaXplGAcgASgNIrgBCg5Ub29sRGVmaW5pdGlvbhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEi0KDGlucHV0X3NjaGVtYRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFQoNcGFyYWxsZWxfc2FmZRgEIAEoCBIqCgd0aW1lb3V0GAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhEKCWFnZW50X2lkcxgGIAMoCSK6AQoNSGFuZGxlUmVxdWVzdBItCgRjYWxsGAEgASgLMh0uYWdlbnRsb29wLnBsdWdpbi52MS5Ib29rQ2FsbEgAEjEKBmNhbmNlbBgCIAEoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuQ2FuY2VsQ2FsbEgAEj8KDW5vdGlmaWNhdGlvbnMYCCABKAsyJi5hZ2VudGxvb3AucGx1Z2luLnYxLk5vdGlmaWNhdGlvbkJhdGNoSABCBgoEa2luZCJBChFOb3RpZmljYXRpb25CYXRjaBIsCgVjYWxscxgBIAMoCzIdLmFnZW50bG9vcC5wbHVnaW4udjEuSG9va0NhbGwifQoOSGFuZGxlUmVzcG9uc2USMQoGcmVzdWx0GAEgASgLMh8uYWdlbnRsb29wLnBsdWdpbi52MS5Ib29rUmVzdWx0SAASMAoFY2h1bmsYAiABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLk1vZGVsQ2h1bmtIAEIGCgRraW5kIkcKCk1vZGVsQ2h1bmsSDwoHY2FsbF9pZBgBIAEoCRIoCgVjaHVuaxgCIAEoCzIZLmFnZW50bG9vcC52MS5TdHJlYW1DaHVuayLZCAoISG9va0NhbGwSDwoHY2FsbF9pZBgBIAEoCRInCgRzZWFtGAIgASgOMhkuYWdlbnRsb29wLnBsdWdpbi52MS5TZWFtEisKBGtpbmQYCCABKA4yHS5hZ2VudGxvb3AucGx1Z2luLnYxLkNhbGxLaW5kEhAKCGFnZW50X2lkGAMgASgJEhIKCnNlc3Npb25faWQYBCABKAkSDAoEdHVybhgFIAEoDRIMCgRzdGVwGAYgASgNEioKB3RpbWVvdXQYByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SPgoNcHJvbXB0X3N1Ym1pdBgKIAEoCzIlLmFnZW50bG9vcC5wbHVnaW4udjEuUHJvbXB0U3VibWl0Q2FsbEgAEkAKDnNlc3Npb25fcHJlZml4GAsgASgLMiYuYWdlbnRsb29wLnBsdWdpbi52MS5TZXNzaW9uUHJlZml4Q2FsbEgAEjQKCHByZV9zdGVwGAwgASgLMiAuYWdlbnRsb29wLnBsdWdpbi52MS5QcmVTdGVwQ2FsbEgAEjMKB3JlcXVlc3QYDSABKAsyIC5hZ2VudGxvb3AucGx1Z2luLnYxLlJlcXVlc3RDYWxsSAASOgoLc3RlcF9yZXN1bHQYDiABKAsyIy5hZ2VudGxvb3AucGx1Z2luLnYxLlN0ZXBSZXN1bHRDYWxsSAASRgoRdHVybl9jb250aW51YXRpb24YDyABKAsyKS5hZ2VudGxvb3AucGx1Z2luLnYxLlR1cm5Db250aW51YXRpb25DYWxsSAASNgoJdHVybl9zdG9wGBAgASgLMiEuYWdlbnRsb29wLnBsdWdpbi52MS5UdXJuU3RvcENhbGxIABJDChB0b29sX3ByZV9leGVjdXRlGBEgASgLMicuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sUHJlRXhlY3V0ZUNhbGxIABJFChF0b29sX3Bvc3RfZXhlY3V0ZRgSIAEoCzIoLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbFBvc3RFeGVjdXRlQ2FsbEgAEjwKDHRvb2xfZXhlY3V0ZRgTIAEoCzIkLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbEV4ZWN1dGVDYWxsSAASQAoNc2Vzc2lvbl9ldmVudBgUIAEoCzInLmFnZW50bG9vcC5wbHVnaW4udjEuU2Vzc2lvbkV2ZW50Tm90aWNlSAASPAoLYWdlbnRfZXZlbnQYFSABKAsyJS5hZ2VudGxvb3AucGx1Z2luLnYxLkFnZW50RXZlbnROb3RpY2VIABI8Cgt0b29sX3Jlc3VsdBgWIAEoCzIlLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbFJlc3VsdE5vdGljZUgAEjwKDG1vZGVsX3N0cmVhbRgXIAEoCzIkLmFnZW50bG9vcC5wbHVnaW4udjEuTW9kZWxTdHJlYW1DYWxsSABCCQoHcGF5bG9hZCJ5Cg9Nb2RlbFN0cmVhbUNhbGwSEAoIcHJvdmlkZXIYASABKAkSKwoGaGVhZGVyGAIgASgLMhsuYWdlbnRsb29wLnYxLlJlcXVlc3RIZWFkZXISJwoIbWVzc2FnZXMYAyADKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSItCgpDYW5jZWxDYWxsEg8KB2NhbGxfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIrMFCgpIb29rUmVzdWx0Eg8KB2NhbGxfaWQYASABKAkSNQoNcHJvbXB0X3N1Ym1pdBgKIAEoCzIcLmFnZW50bG9vcC52MS5Qcm9tcHREZWNpc2lvbkgAEkIKDnNlc3Npb25fcHJlZml4GAsgASgLMiguYWdlbnRsb29wLnBsdWdpbi52MS5TZXNzaW9uUHJlZml4UmVzdWx0SAASNgoIcHJlX3N0ZXAYDCABKAsyIi5hZ2VudGxvb3AucGx1Z2luLnYxLlByZVN0ZXBSZXN1bHRIABI1CgdyZXF1ZXN0GA0gASgLMiIuYWdlbnRsb29wLnBsdWdpbi52MS5SZXF1ZXN0UmVzdWx0SAASPAoLc3RlcF9yZXN1bHQYDiABKAsyJS5hZ2VudGxvb3AucGx1Z2luLnYxLlN0ZXBSZXN1bHRSZXN1bHRIABI/ChF0dXJuX2NvbnRpbnVhdGlvbhgPIAEoCzIiLmFnZW50bG9vcC52MS5Db250aW51YXRpb25EZWNpc2lvbkgAEjgKCXR1cm5fc3RvcBgQIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVHVyblN0b3BSZXN1bHRIABI5ChB0b29sX3ByZV9leGVjdXRlGBEgASgLMh0uYWdlbnRsb29wLnYxLlByZVRvb2xEZWNpc2lvbkgAEjsKEXRvb2xfcG9zdF9leGVjdXRlGBIgASgLMh4uYWdlbnRsb29wLnYxLlBvc3RUb29sRGVjaXNpb25IABI3Cgx0b29sX2V4ZWN1dGUYEyABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xPdXRwdXRIABIvCgVlcnJvchgeIAEoCzIeLmFnZW50bG9vcC5wbHVnaW4udjEuQ2FsbEVycm9ySABCCQoHb3V0Y29tZUoECAIQAyIqCglDYWxsRXJyb3ISDAoEY29kZRgBIAEoBRIPCgdtZXNzYWdlGAIgASgJImUKEFByb21wdFN1Ym1pdENhbGwSKwoHY29udGVudBgBIAMoCzIaLmFnZW50bG9vcC52MS5Db250ZW50QmxvY2sSJAoGc291cmNlGAIgASgLMhQuYWdlbnRsb29wLnYxLlNvdXJjZSI6ChFTZXNzaW9uUHJlZml4Q2FsbBIlCgZwcmVmaXgYASADKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSI8ChNTZXNzaW9uUHJlZml4UmVzdWx0EiUKBnByZWZpeBgBIAMoCzIVLmFnZW50bG9vcC52MS5NZXNzYWdlIkQKC1ByZVN0ZXBDYWxsEg4KBnN5c3RlbRgBIAEoCRIlCgZwcmVmaXgYAiADKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSI8Cg1QcmVTdGVwUmVzdWx0EisKCGNvbnRleHRzGAEgAygLMhkuYWdlbnRsb29wLnYxLkhvb2tDb250ZXh0IjgKC1JlcXVlc3RDYWxsEikKBmNvbmZpZxgBIAEoCzIZLmFnZW50bG9vcC52MS5Nb2RlbENvbmZpZyI6Cg1SZXF1ZXN0UmVzdWx0EikKBmNvbmZpZxgBIAEoCzIZLmFnZW50bG9vcC52MS5Nb2RlbENvbmZpZyI4Cg5TdGVwUmVzdWx0Q2FsbBImCgdtZXNzYWdlGAEgASgLMhUuYWdlbnRsb29wLnYxLk1lc3NhZ2UiOgoQU3RlcFJlc3VsdFJlc3VsdBImCgdtZXNzYWdlGAEgASgLMhUuYWdlbnRsb29wLnYxLk1lc3NhZ2UiTAoUVHVybkNvbnRpbnVhdGlvbkNhbGwSNAoIZGVjaXNpb24YASABKAsyIi5hZ2VudGxvb3AudjEuQ29udGludWF0aW9uRGVjaXNpb24iDgoMVHVyblN0b3BDYWxsIh4KDlR1cm5TdG9wUmVzdWx0EgwKBHN0b3AYASABKAgiQgoOVG9vbEludm9jYXRpb24SDwoHY2FsbF9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEhEKCWFyZ3VtZW50cxgDIAEoCSLSAQoKVG9vbE91dHB1dBIrCgdjb250ZW50GAEgAygLMhouYWdlbnRsb29wLnYxLkNvbnRlbnRCbG9jaxIQCghpc19lcnJvchgCIAEoCBImCgVlcnJvchgDIAEoCzIXLmFnZW50bG9vcC52MS5Ub29sRXJyb3ISJQoEbWV0YRgEIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSNgoTYWRkaXRpb25hbF9jb250ZXh0cxgFIAMoCzIZLmFnZW50bG9vcC52MS5Ib29rQ29udGV4dCJNChJUb29sUHJlRXhlY3V0ZUNhbGwSNwoKaW52b2NhdGlvbhgBIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbEludm9jYXRpb24ifwoTVG9vbFBvc3RFeGVjdXRlQ2FsbBI3CgppbnZvY2F0aW9uGAEgASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sSW52b2NhdGlvbhIvCgZvdXRwdXQYAiABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xPdXRwdXQiSgoPVG9vbEV4ZWN1dGVDYWxsEjcKCmludm9jYXRpb24YASABKAsyIy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xJbnZvY2F0aW9uIlAKElNlc3Npb25FdmVudE5vdGljZRIpCgVldmVudBgBIAEoCzIaLmFnZW50bG9vcC52MS5TZXNzaW9uRXZlbnQSDwoHZHJvcHBlZBgCIAEoBCJMChBBZ2VudEV2ZW50Tm90aWNlEicKBWV2ZW50GAEgASgLMhguYWdlbnRsb29wLnYxLkFnZW50RXZlbnQSDwoHZHJvcHBlZBgCIAEoBCKNAQoQVG9vbFJlc3VsdE5vdGljZRI3CgppbnZvY2F0aW9uGAEgASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sSW52b2NhdGlvbhIvCgZvdXRwdXQYAiABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xPdXRwdXQSDwoHZHJvcHBlZBgDIAEoBCrqAgoEU2VhbRIUChBTRUFNX1VOU1BFQ0lGSUVEEAASFgoSU0VBTV9QUk9NUFRfU1VCTUlUEAESFwoTU0VBTV9TRVNTSU9OX1BSRUZJWBACEhEKDVNFQU1fUFJFX1NURVAQAxIQCgxTRUFNX1JFUVVFU1QQBBIUChBTRUFNX1NURVBfUkVTVUxUEAUSGgoWU0VBTV9UVVJOX0NPTlRJTlVBVElPThAGEhIKDlNFQU1fVFVSTl9TVE9QEAcSGgoWU0VBTV9UT09MU19QUkVfRVhFQ1VURRAIEhsKF1NFQU1fVE9PTFNfUE9TVF9FWEVDVVRFEAkSFwoTU0VBTV9TRVNTSU9OX0VWRU5UUxAKEhUKEVNFQU1fQUdFTlRfRVZFTlRTEAsSFQoRU0VBTV9UT09MU19SRVNVTFQQDCIECA0QDSIECA4QDioRU0VBTV9UT09MX0VYRUNVVEUqEVNFQU1fTU9ERUxfU1RSRUFNKo0BCghDYWxsS2luZBIZChVDQUxMX0tJTkRfVU5TUEVDSUZJRUQQABISCg5DQUxMX0tJTkRfU0VBTRABEhoKFkNBTExfS0lORF9OT1RJRklDQVRJT04QAhIaChZDQUxMX0tJTkRfVE9PTF9FWEVDVVRFEAMSGgoWQ0FMTF9LSU5EX01PREVMX1NUUkVBTRAEKm0KDUZhaWx1cmVQb2xpY3kSHgoaRkFJTFVSRV9QT0xJQ1lfVU5TUEVDSUZJRUQQABIeChpGQUlMVVJFX1BPTElDWV9GQUlMX0NMT1NFRBABEhwKGEZBSUxVUkVfUE9MSUNZX0ZBSUxfT1BFThACMr0BCgtIb29rU2VydmljZRJXCghEZXNjcmliZRIkLmFnZW50bG9vcC5wbHVnaW4udjEuRGVzY3JpYmVSZXF1ZXN0GiUuYWdlbnRsb29wLnBsdWdpbi52MS5EZXNjcmliZVJlc3BvbnNlElUKBkhhbmRsZRIiLmFnZW50bG9vcC5wbHVnaW4udjEuSGFuZGxlUmVxdWVzdBojLmFnZW50bG9vcC5wbHVnaW4udjEuSGFuZGxlUmVzcG9uc2UoATABYgZwcm90bzM", [file_agentloop_v1_agent_event, file_agentloop_v1_content, file_agentloop_v1_decision, file_agentloop_v1_session_event, file_agentloop_v1_stream, file_google_protobuf_duration, file_google_protobuf_struct]);
 
 /**
  * DescribeRequest is the input of Describe: what the server speaks. It is
@@ -52,7 +52,9 @@ export type DescribeRequest = Message<"agentloop.plugin.v1.DescribeRequest"> & {
   /**
    * Capabilities are the optional features the server offers (see
    * `DescribeResponse.capabilities`). Version 1 offers "model_stream",
-   * "tool_execute", "event_kinds" and "buffer_size".
+   * "tool_execute", "event_kinds" and "buffer_size"; also
+   * "notification_batch": a plugin that lists it gets its notifications in
+   * `HandleRequest.notifications` batches.
    *
    * @generated from field: repeated string capabilities = 3;
    */
@@ -325,6 +327,17 @@ export type HandleRequest = Message<"agentloop.plugin.v1.HandleRequest"> & {
      */
     value: CancelCall;
     case: "cancel";
+  } | {
+    /**
+     * Notifications carries several notifications in one message, in the
+     * order they were made. Sent only to a plugin that lists the capability
+     * "notification_batch" in its `DescribeResponse` (after the server
+     * offered it); others get each notification as its own `call`.
+     *
+     * @generated from field: agentloop.plugin.v1.NotificationBatch notifications = 8;
+     */
+    value: NotificationBatch;
+    case: "notifications";
   } | { case: undefined; value?: undefined };
 };
 
@@ -334,6 +347,29 @@ export type HandleRequest = Message<"agentloop.plugin.v1.HandleRequest"> & {
  */
 export const HandleRequestSchema: GenMessage<HandleRequest> = /*@__PURE__*/
   messageDesc(file_agentloop_plugin_v1_hook_service, 5);
+
+/**
+ * NotificationBatch is a run of observer notifications written as one
+ * message: what the server queued for the plugin in one pass of its event
+ * loop. Each is handled exactly as if it had come alone, in this order.
+ *
+ * @generated from message agentloop.plugin.v1.NotificationBatch
+ */
+export type NotificationBatch = Message<"agentloop.plugin.v1.NotificationBatch"> & {
+  /**
+   * Calls are the notifications (`kind` CALL_KIND_NOTIFICATION), oldest first.
+   *
+   * @generated from field: repeated agentloop.plugin.v1.HookCall calls = 1;
+   */
+  calls: HookCall[];
+};
+
+/**
+ * Describes the message agentloop.plugin.v1.NotificationBatch.
+ * Use `create(NotificationBatchSchema)` to create a new message.
+ */
+export const NotificationBatchSchema: GenMessage<NotificationBatch> = /*@__PURE__*/
+  messageDesc(file_agentloop_plugin_v1_hook_service, 6);
 
 /**
  * HandleResponse is one message from the plugin to the server.
@@ -373,7 +409,7 @@ export type HandleResponse = Message<"agentloop.plugin.v1.HandleResponse"> & {
  * Use `create(HandleResponseSchema)` to create a new message.
  */
 export const HandleResponseSchema: GenMessage<HandleResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 6);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 7);
 
 /**
  * ModelChunk is one streamed chunk of a model call served by a plugin.
@@ -401,7 +437,7 @@ export type ModelChunk = Message<"agentloop.plugin.v1.ModelChunk"> & {
  * Use `create(ModelChunkSchema)` to create a new message.
  */
 export const ModelChunkSchema: GenMessage<ModelChunk> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 7);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 8);
 
 /**
  * HookCall is one seam call.
@@ -595,7 +631,7 @@ export type HookCall = Message<"agentloop.plugin.v1.HookCall"> & {
  * Use `create(HookCallSchema)` to create a new message.
  */
 export const HookCallSchema: GenMessage<HookCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 8);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 9);
 
 /**
  * ModelStreamCall is one model request to a provider served by a plugin.
@@ -630,7 +666,7 @@ export type ModelStreamCall = Message<"agentloop.plugin.v1.ModelStreamCall"> & {
  * Use `create(ModelStreamCallSchema)` to create a new message.
  */
 export const ModelStreamCallSchema: GenMessage<ModelStreamCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 9);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 10);
 
 /**
  * CancelCall withdraws a call whose turn was cancelled.
@@ -658,7 +694,7 @@ export type CancelCall = Message<"agentloop.plugin.v1.CancelCall"> & {
  * Use `create(CancelCallSchema)` to create a new message.
  */
 export const CancelCallSchema: GenMessage<CancelCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 10);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 11);
 
 /**
  * HookResult answers a HookCall.
@@ -781,7 +817,7 @@ export type HookResult = Message<"agentloop.plugin.v1.HookResult"> & {
  * Use `create(HookResultSchema)` to create a new message.
  */
 export const HookResultSchema: GenMessage<HookResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 11);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 12);
 
 /**
  * CallError is a plugin's failure to handle a call, shaped like
@@ -810,7 +846,7 @@ export type CallError = Message<"agentloop.plugin.v1.CallError"> & {
  * Use `create(CallErrorSchema)` to create a new message.
  */
 export const CallErrorSchema: GenMessage<CallError> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 12);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 13);
 
 /**
  * PromptSubmitCall is the input of SEAM_PROMPT_SUBMIT.
@@ -838,7 +874,7 @@ export type PromptSubmitCall = Message<"agentloop.plugin.v1.PromptSubmitCall"> &
  * Use `create(PromptSubmitCallSchema)` to create a new message.
  */
 export const PromptSubmitCallSchema: GenMessage<PromptSubmitCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 13);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 14);
 
 /**
  * SessionPrefixCall is the input of SEAM_SESSION_PREFIX.
@@ -859,7 +895,7 @@ export type SessionPrefixCall = Message<"agentloop.plugin.v1.SessionPrefixCall">
  * Use `create(SessionPrefixCallSchema)` to create a new message.
  */
 export const SessionPrefixCallSchema: GenMessage<SessionPrefixCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 14);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 15);
 
 /**
  * SessionPrefixResult replaces the session prefix.
@@ -881,7 +917,7 @@ export type SessionPrefixResult = Message<"agentloop.plugin.v1.SessionPrefixResu
  * Use `create(SessionPrefixResultSchema)` to create a new message.
  */
 export const SessionPrefixResultSchema: GenMessage<SessionPrefixResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 15);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 16);
 
 /**
  * PreStepCall is the input of SEAM_PRE_STEP.
@@ -909,7 +945,7 @@ export type PreStepCall = Message<"agentloop.plugin.v1.PreStepCall"> & {
  * Use `create(PreStepCallSchema)` to create a new message.
  */
 export const PreStepCallSchema: GenMessage<PreStepCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 16);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 17);
 
 /**
  * PreStepResult adds context before the step.
@@ -930,7 +966,7 @@ export type PreStepResult = Message<"agentloop.plugin.v1.PreStepResult"> & {
  * Use `create(PreStepResultSchema)` to create a new message.
  */
 export const PreStepResultSchema: GenMessage<PreStepResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 17);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 18);
 
 /**
  * RequestCall is the input of SEAM_REQUEST.
@@ -951,7 +987,7 @@ export type RequestCall = Message<"agentloop.plugin.v1.RequestCall"> & {
  * Use `create(RequestCallSchema)` to create a new message.
  */
 export const RequestCallSchema: GenMessage<RequestCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 18);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 19);
 
 /**
  * RequestResult replaces the model configuration.
@@ -972,7 +1008,7 @@ export type RequestResult = Message<"agentloop.plugin.v1.RequestResult"> & {
  * Use `create(RequestResultSchema)` to create a new message.
  */
 export const RequestResultSchema: GenMessage<RequestResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 19);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 20);
 
 /**
  * StepResultCall is the input of SEAM_STEP_RESULT.
@@ -993,7 +1029,7 @@ export type StepResultCall = Message<"agentloop.plugin.v1.StepResultCall"> & {
  * Use `create(StepResultCallSchema)` to create a new message.
  */
 export const StepResultCallSchema: GenMessage<StepResultCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 20);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 21);
 
 /**
  * StepResultResult replaces the assistant message.
@@ -1014,7 +1050,7 @@ export type StepResultResult = Message<"agentloop.plugin.v1.StepResultResult"> &
  * Use `create(StepResultResultSchema)` to create a new message.
  */
 export const StepResultResultSchema: GenMessage<StepResultResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 21);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 22);
 
 /**
  * TurnContinuationCall is the input of SEAM_TURN_CONTINUATION.
@@ -1036,7 +1072,7 @@ export type TurnContinuationCall = Message<"agentloop.plugin.v1.TurnContinuation
  * Use `create(TurnContinuationCallSchema)` to create a new message.
  */
 export const TurnContinuationCallSchema: GenMessage<TurnContinuationCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 22);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 23);
 
 /**
  * TurnStopCall is the input of SEAM_TURN_STOP.
@@ -1051,7 +1087,7 @@ export type TurnStopCall = Message<"agentloop.plugin.v1.TurnStopCall"> & {
  * Use `create(TurnStopCallSchema)` to create a new message.
  */
 export const TurnStopCallSchema: GenMessage<TurnStopCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 23);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 24);
 
 /**
  * TurnStopResult answers SEAM_TURN_STOP.
@@ -1072,7 +1108,7 @@ export type TurnStopResult = Message<"agentloop.plugin.v1.TurnStopResult"> & {
  * Use `create(TurnStopResultSchema)` to create a new message.
  */
 export const TurnStopResultSchema: GenMessage<TurnStopResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 24);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 25);
 
 /**
  * ToolInvocation describes a tool call.
@@ -1107,7 +1143,7 @@ export type ToolInvocation = Message<"agentloop.plugin.v1.ToolInvocation"> & {
  * Use `create(ToolInvocationSchema)` to create a new message.
  */
 export const ToolInvocationSchema: GenMessage<ToolInvocation> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 25);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 26);
 
 /**
  * ToolOutput is the result of a tool call.
@@ -1156,7 +1192,7 @@ export type ToolOutput = Message<"agentloop.plugin.v1.ToolOutput"> & {
  * Use `create(ToolOutputSchema)` to create a new message.
  */
 export const ToolOutputSchema: GenMessage<ToolOutput> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 26);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 27);
 
 /**
  * ToolPreExecuteCall is the input of SEAM_TOOLS_PRE_EXECUTE.
@@ -1177,7 +1213,7 @@ export type ToolPreExecuteCall = Message<"agentloop.plugin.v1.ToolPreExecuteCall
  * Use `create(ToolPreExecuteCallSchema)` to create a new message.
  */
 export const ToolPreExecuteCallSchema: GenMessage<ToolPreExecuteCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 27);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 28);
 
 /**
  * ToolPostExecuteCall is the input of SEAM_TOOLS_POST_EXECUTE.
@@ -1205,7 +1241,7 @@ export type ToolPostExecuteCall = Message<"agentloop.plugin.v1.ToolPostExecuteCa
  * Use `create(ToolPostExecuteCallSchema)` to create a new message.
  */
 export const ToolPostExecuteCallSchema: GenMessage<ToolPostExecuteCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 28);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 29);
 
 /**
  * ToolExecuteCall runs a tool the plugin provides.
@@ -1226,7 +1262,7 @@ export type ToolExecuteCall = Message<"agentloop.plugin.v1.ToolExecuteCall"> & {
  * Use `create(ToolExecuteCallSchema)` to create a new message.
  */
 export const ToolExecuteCallSchema: GenMessage<ToolExecuteCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 29);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 30);
 
 /**
  * SessionEventNotice notifies a session event.
@@ -1254,7 +1290,7 @@ export type SessionEventNotice = Message<"agentloop.plugin.v1.SessionEventNotice
  * Use `create(SessionEventNoticeSchema)` to create a new message.
  */
 export const SessionEventNoticeSchema: GenMessage<SessionEventNotice> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 30);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 31);
 
 /**
  * AgentEventNotice notifies a live agent event.
@@ -1282,7 +1318,7 @@ export type AgentEventNotice = Message<"agentloop.plugin.v1.AgentEventNotice"> &
  * Use `create(AgentEventNoticeSchema)` to create a new message.
  */
 export const AgentEventNoticeSchema: GenMessage<AgentEventNotice> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 31);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 32);
 
 /**
  * ToolResultNotice notifies a final tool result.
@@ -1317,7 +1353,7 @@ export type ToolResultNotice = Message<"agentloop.plugin.v1.ToolResultNotice"> &
  * Use `create(ToolResultNoticeSchema)` to create a new message.
  */
 export const ToolResultNoticeSchema: GenMessage<ToolResultNotice> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 32);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 33);
 
 /**
  * Seam names a point of the loop a plugin can subscribe to.

@@ -1,0 +1,219 @@
+"""Notification batches: a plugin that asks for them gets the notifications of one pass
+in one `NotificationBatch` message, every one of them, in order; one that does not gets
+them one by one as before; the Python helper takes batches apart.
+
+The plugin here is a raw grpc.aio `HookService` on a real port, recording each message
+as it arrived; the server is a real `App` with the scripted model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+
+from agentloop.plugin import sdk
+from agentloop.plugin.v1 import hook_service_pb2 as hk
+from agentloop.plugin.v1 import hook_service_pb2_grpc as hk_rpc
+from agentloop.v1 import agent_pb2, scripted_pb2
+from agentloop.v1 import content_pb2 as c
+from server.app import App
+from server.config import Config
+from server.models.scripted_options import script_options
+from server.plugin_registry import Overrides
+from server.plugin_wire import BATCH_CAPABILITY
+from tests.plugin_client import HandleStream, hook_client
+
+T = 5.0
+"""A hang guard, never a measured time."""
+
+PROMPT = [c.ContentBlock(text=c.TextBlock(text="hello"))]
+
+
+class Recorder(hk_rpc.HookServiceServicer):
+    """Observes every session event; records each `HandleRequest` as it arrived."""
+
+    def __init__(self, wants_batches: bool) -> None:
+        self.wants_batches = wants_batches
+        self.offered: list[str] = []
+        self.requests: list[hk.HandleRequest] = []
+        self.arrived = asyncio.Event()
+
+    async def Describe(self, request: hk.DescribeRequest, context: Any) -> hk.DescribeResponse:
+        self.offered = list(request.capabilities)
+        wanted = [BATCH_CAPABILITY] if self.wants_batches else []
+        return hk.DescribeResponse(
+            name="recorder",
+            subscriptions=[hk.Subscription(seam=hk.SEAM_SESSION_EVENTS)],
+            capabilities=[name for name in wanted if name in request.capabilities],
+        )
+
+    async def Handle(
+        self, requests: AsyncIterator[hk.HandleRequest], context: Any
+    ) -> AsyncIterator[hk.HandleResponse]:
+        async for request in requests:
+            self.requests.append(request)
+            self.arrived.set()
+        if False:  # an async generator that never answers: notifications get no answer
+            yield hk.HandleResponse()
+
+    def notifications(self) -> list[hk.HookCall]:
+        """Every notification received, batches taken apart, in arrival order."""
+        calls: list[hk.HookCall] = []
+        for request in self.requests:
+            kind = request.WhichOneof("kind")
+            if kind == "call":
+                calls.append(request.call)
+            elif kind == "notifications":
+                calls.extend(request.notifications.calls)
+        return calls
+
+    def batches(self) -> list[int]:
+        """The size of each batch received."""
+        return [
+            len(r.notifications.calls)
+            for r in self.requests
+            if r.WhichOneof("kind") == "notifications"
+        ]
+
+
+async def serve(servicer: hk_rpc.HookServiceServicer) -> tuple[grpc.aio.Server, str]:
+    server = grpc.aio.server()
+    hk_rpc.add_HookServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+async def one_turn(recorder: Recorder) -> tuple[int, list[int]]:
+    """Register the recorder, run one turn of many chunks: (dropped, the event seqs)."""
+    server, address = await serve(recorder)
+    app = App(Config(listen="127.0.0.1:0", store="memory"))
+    await app.start()
+    try:
+        await app.plugins.register(address, Overrides())
+        step = scripted_pb2.ScriptedStep(text="many small chunks", chunk_size=1)
+        options = agent_pb2.AgentOptions(
+            provider="scripted", model="m", provider_options=script_options([step])
+        )
+        agent = await app.factory.create("a", options)
+        agent.send(PROMPT)
+        await agent.when_idle()
+        seqs = [event.seq for event in agent.session.events]
+        async with asyncio.timeout(T):
+            while len(recorder.notifications()) < len(seqs):
+                recorder.arrived.clear()
+                await recorder.arrived.wait()
+        return app.plugins.plugins["recorder"].stats.dropped, seqs
+    finally:
+        await app.stop(grace=1)
+        await server.stop(None)
+
+
+async def test_a_plugin_that_asks_gets_every_notification_in_order_in_batches() -> None:
+    recorder = Recorder(wants_batches=True)
+    dropped, seqs = await one_turn(recorder)
+    assert BATCH_CAPABILITY in recorder.offered
+    notes = recorder.notifications()
+    assert [n.session_event.event.seq for n in notes] == seqs  # all, in order, once
+    assert {n.kind for n in notes} == {hk.CALL_KIND_NOTIFICATION}
+    assert all(n.session_event.dropped == 0 for n in notes)
+    # The chunks of one model call are published together: they travel together.
+    assert max(recorder.batches()) > 1
+    assert len(recorder.requests) < len(notes)
+    assert dropped == 0
+
+
+async def test_a_plugin_that_does_not_ask_gets_each_notification_alone() -> None:
+    recorder = Recorder(wants_batches=False)
+    _, seqs = await one_turn(recorder)
+    assert recorder.batches() == []
+    assert [n.session_event.event.seq for n in recorder.notifications()] == seqs
+
+
+async def test_a_notification_too_big_to_send_is_dropped_alone_and_counted() -> None:
+    recorder = Recorder(wants_batches=True)
+    # The prompt's user_message event is over the limit; every other event fits.
+    big = [c.ContentBlock(text=c.TextBlock(text="x" * 3000))]
+    server, address = await serve(recorder)
+    app = App(Config(listen="127.0.0.1:0", store="memory", plugin_max_message_bytes=2000))
+    await app.start()
+    try:
+        await app.plugins.register(address, Overrides())
+        step = scripted_pb2.ScriptedStep(text="small", chunk_size=1)
+        options = agent_pb2.AgentOptions(
+            provider="scripted", model="m", provider_options=script_options([step])
+        )
+        agent = await app.factory.create("a", options)
+        agent.send(big)
+        await agent.when_idle()
+        events = list(agent.session.events)
+        stats = app.plugins.plugins["recorder"].stats
+        async with asyncio.timeout(T):
+            while len(recorder.notifications()) < len(events) - 1:
+                recorder.arrived.clear()
+                await recorder.arrived.wait()
+    finally:
+        await app.stop(grace=1)
+        await server.stop(None)
+    notes = recorder.notifications()
+    user = next(e.seq for e in events if e.WhichOneof("payload") == "user_message")
+    assert [n.session_event.event.seq for n in notes] == [e.seq for e in events if e.seq != user]
+    assert (stats.dropped, stats.oversized) == (1, 1)
+    # A later notification queued carries the count, once (none may be queued yet).
+    assert sum(n.session_event.dropped for n in notes) <= 1
+
+
+class Observer:
+    """An SDK plugin observing session events; records what its handler got."""
+
+    def __init__(self) -> None:
+        self.plugin = sdk.Plugin("observer")
+        self.seen: list[int] = []
+        self.all_seen = asyncio.Event()
+
+        @self.plugin.on_session_event()
+        async def observe(call: hk.HookCall) -> None:
+            self.seen.append(call.session_event.event.seq)
+            if len(self.seen) == 5:
+                self.all_seen.set()
+
+
+@pytest.mark.parametrize("offered", [True, False])
+async def test_the_python_helper_asks_for_batches_only_when_offered(offered: bool) -> None:
+    observer = Observer()
+    request = hk.DescribeRequest(capabilities=[BATCH_CAPABILITY] if offered else [])
+    async with hook_client(observer.plugin) as stub:
+        description = await stub.Describe(request, timeout=T)
+    assert (BATCH_CAPABILITY in description.capabilities) is offered
+
+
+async def test_the_python_helper_handles_each_call_of_a_batch_in_order() -> None:
+    observer = Observer()
+
+    def note(seq: int) -> hk.HookCall:
+        notice = hk.SessionEventNotice()
+        notice.event.seq = seq
+        return hk.HookCall(
+            call_id=f"n{seq}",
+            kind=hk.CALL_KIND_NOTIFICATION,
+            seam=hk.SEAM_SESSION_EVENTS,
+            session_event=notice,
+        )
+
+    async with hook_client(observer.plugin) as stub:
+        stream = HandleStream(stub)
+        await stream.call.write(
+            hk.HandleRequest(notifications=hk.NotificationBatch(calls=[note(1), note(2), note(3)]))
+        )
+        await stream.call.write(hk.HandleRequest(call=note(4)))  # the single form still works
+        await stream.call.write(
+            hk.HandleRequest(notifications=hk.NotificationBatch(calls=[note(5)]))
+        )
+        async with asyncio.timeout(T):
+            await observer.all_seen.wait()
+        assert await stream.finish() == []  # notifications get no answer
+    assert observer.seen == [1, 2, 3, 4, 5]
