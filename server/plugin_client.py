@@ -8,9 +8,9 @@ the plugin is unavailable fail at once, so a FAIL_OPEN plugin that is down costs
 nothing. Notifications wait in a bounded buffer, a share per subscription; one that
 finds no room (or the plugin not READY) is dropped before it is even built, and the
 next one queued carries the count. Those still buffered when the stream ends are
-dropped and counted the same way. A plugin that lists the `notification_batch`
-capability gets every notification queued when the writer runs (those of one pass of
-the event loop, typically) in one `NotificationBatch` message; others one by one.
+dropped and counted the same way. A plugin that lists the `call_batch` capability
+gets the notifications made within `GATHER_SECONDS` of each other in one `CallBatch`
+message, or with the next call if it comes first; others get them one by one.
 Everything is written as bytes (`server.plugin_wire`): each call is encoded once.
 
 A failure stays with its call: a call over the message size limit fails alone before
@@ -54,6 +54,8 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """The largest message sent to or accepted from a plugin (`pluginMaxMessageBytes`)."""
 BACKOFF_START = 0.1
 BACKOFF_MAX = 5.0
+GATHER_SECONDS = 0.002
+"""How long the first of a run of notifications waits for the others (batching plugins)."""
 
 
 async def _nothing() -> None:
@@ -256,9 +258,9 @@ class PluginConnection:
         self.on_state()
 
     def _sized(self, call: hk.HookCall) -> bytes:
-        """The request of `call`, encoded; a call over the size limit fails here, alone."""
-        request = call_request(call.SerializeToString())
-        size = len(request)
+        """`call`, encoded; a call over the size limit fails here, alone."""
+        encoded = call.SerializeToString()
+        size = len(call_request(encoded))
         if size > self.max_message_bytes:
             self.stats.calls += 1
             self.stats.oversized += 1
@@ -266,7 +268,7 @@ class PluginConnection:
                 "oversized",
                 f"the call is {size} bytes, over the {self.max_message_bytes}-byte message limit",
             )
-        return request
+        return encoded
 
     def _violation(self, problem: str) -> None:
         """The plugin broke the protocol: its stream is reset, its calls fail as malformed."""
@@ -343,48 +345,79 @@ class PluginConnection:
             backoff = min(backoff * 2, BACKOFF_MAX)
             self._set_state(reg.PLUGIN_STATE_CONNECTING)
 
-    async def _send_now(self, request: bytes) -> None:
-        """Write a call at once (no hop through the writer task)."""
+    async def _send_now(self, encoded: bytes) -> None:
+        """Write a call at once (no hop through the writer task).
+
+        Notifications waiting to be sent go with it, before it, in one batch (to a
+        plugin that takes batches): one message instead of two.
+        """
         stream = self._stream
         if stream is None:
             raise PluginCallFailed("disconnected", f"the plugin is unavailable ({self.last_error})")
         try:
             async with self._write_lock:
+                request = call_request(encoded)
+                if self.batches and self._notes:
+                    entry = batch_entry(encoded)
+                    notes, _ = self._take_notes(self.max_message_bytes - len(entry))
+                    if notes:
+                        request = batch_request([*notes, entry])
                 await stream.write(request)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as error:
             raise PluginCallFailed("disconnected", f"the stream broke: {error}") from None
 
     async def _write(self, stream: grpc.aio.StreamStreamCall[bytes, hk.HandleResponse]) -> None:
-        """Send what is not time-critical: cancels first, then notifications."""
+        """Send what is not time-critical: cancels first, then notifications.
+
+        To a plugin that takes batches, notifications wait `GATHER_SECONDS` after the
+        first, so that those made meanwhile go with it (or with a call made meanwhile).
+        """
+        gathered = False
         while True:
-            while not self._outbox.empty():
+            if not self._outbox.empty():
                 async with self._write_lock:
                     await stream.write(self._outbox.get_nowait())
+                continue
             if self._notes:
+                if self.batches and not gathered:
+                    gathered = True
+                    await asyncio.sleep(GATHER_SECONDS)
+                    continue
+                gathered = False
                 request = self._next_notes()
                 if request is not None:
                     async with self._write_lock:
                         await stream.write(request)
                 continue
+            gathered = False
             self._wake_writer.clear()
             if self._outbox.empty() and not self._notes:
                 await self._wake_writer.wait()
 
     def _next_notes(self) -> bytes | None:
-        """The next message of notifications: one, or a batch of all that fit.
+        """The next message of notifications: one, or a batch of all that fit; None if none."""
+        if not self.batches:
+            entries, first = self._take_notes(self.max_message_bytes, 1)
+            return call_request(first) if entries else None
+        entries, first = self._take_notes(self.max_message_bytes)
+        if len(entries) > 1:
+            return batch_request(entries)
+        return call_request(first) if entries else None  # alone: the single form
 
-        A notification too big to send alone is dropped and counted; None when every
-        one looked at was.
+    def _take_notes(self, room: int, most: int = 1 << 30) -> tuple[list[bytes], bytes]:
+        """Batch entries of the oldest queued notifications that fit in `room` bytes.
+
+        Also returns the first one's encoding. A notification too big to send alone
+        is dropped and counted.
         """
         entries: list[bytes] = []
         first = b""
         size = BATCH_OVERHEAD
-        limit = self.max_message_bytes
         notes = self._notes
-        while notes and (self.batches or not entries):
+        while notes and len(entries) < most:
             note, slot = notes[0]
             encoded = note.SerializeToString()
-            if len(call_request(encoded)) > limit:
+            if len(call_request(encoded)) > self.max_message_bytes:
                 notes.popleft()
                 slot.queued -= 1
                 payload = getattr(note, note.WhichOneof("payload") or "session_event")
@@ -393,7 +426,7 @@ class PluginConnection:
                 self.stats.oversized += 1
                 continue
             entry = batch_entry(encoded)
-            if entries and size + len(entry) > limit:
+            if entries and size + len(entry) > room:
                 break  # the rest goes in the next message
             notes.popleft()
             slot.queued -= 1
@@ -401,11 +434,7 @@ class PluginConnection:
                 first = encoded
             entries.append(entry)
             size += len(entry)
-        if not entries:
-            return None
-        if len(entries) == 1:  # alone: the single form, which every plugin reads
-            return call_request(first)
-        return batch_request(entries)
+        return entries, first
 
     def _deliver(self, chunk: hk.ModelChunk) -> None:
         queue = self._streams.get(chunk.call_id)

@@ -2,7 +2,7 @@
 
 The server writes the plugin stream as bytes (its serializer is the identity), so a
 call is encoded once and its size known without a second pass (`ByteSize` encodes
-too), and a batch of notifications is the concatenation of their encodings with a
+too), and a batch of calls is the concatenation of their encodings with a
 field header each: no copy of a message into another.
 """
 
@@ -13,8 +13,8 @@ from agentloop.plugin.v1 import hook_service_pb2 as hk
 HANDLE_METHOD = "/agentloop.plugin.v1.HookService/Handle"
 """The full name of the `Handle` method."""
 
-BATCH_CAPABILITY = "notification_batch"
-"""The capability a plugin lists to get its notifications in `NotificationBatch`es."""
+BATCH_CAPABILITY = "call_batch"
+"""The capability a plugin lists to take several calls in one message (`CallBatch`)."""
 
 _LENGTH_DELIMITED = 2
 
@@ -36,8 +36,8 @@ def varint(value: int) -> bytes:
 
 
 _CALL = _key(hk.HandleRequest.CALL_FIELD_NUMBER)
-_NOTIFICATIONS = _key(hk.HandleRequest.NOTIFICATIONS_FIELD_NUMBER)
-_BATCH_CALL = _key(hk.NotificationBatch.CALLS_FIELD_NUMBER)
+_BATCH = _key(hk.HandleRequest.BATCH_FIELD_NUMBER)
+_BATCH_CALL = _key(hk.CallBatch.CALLS_FIELD_NUMBER)
 
 
 def framed(key: bytes, payload: bytes) -> bytes:
@@ -51,13 +51,13 @@ def call_request(call: bytes) -> bytes:
 
 
 def batch_entry(call: bytes) -> bytes:
-    """One `NotificationBatch.calls` entry from the serialized `HookCall`."""
+    """One `CallBatch.calls` entry from the serialized `HookCall`."""
     return framed(_BATCH_CALL, call)
 
 
 def batch_request(entries: list[bytes]) -> bytes:
-    """`HandleRequest(notifications=NotificationBatch(calls=...))` from `batch_entry`s."""
-    return framed(_NOTIFICATIONS, b"".join(entries))
+    """`HandleRequest(batch=CallBatch(calls=...))` from `batch_entry`s."""
+    return framed(_BATCH, b"".join(entries))
 
 
 BATCH_OVERHEAD = 1 + 10

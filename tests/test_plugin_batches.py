@@ -1,6 +1,7 @@
-"""Notification batches: a plugin that asks for them gets the notifications of one pass
-in one `NotificationBatch` message, every one of them, in order; one that does not gets
-them one by one as before; the Python helper takes batches apart.
+"""Call batches: a plugin that asks for them gets notifications made close together in
+one `CallBatch` message (with the next call, if one comes first), every one of them, in
+order; one that does not gets them one by one as before; the Python helper takes
+batches apart.
 
 The plugin here is a raw grpc.aio `HookService` on a real port, recording each message
 as it arrived; the server is a real `App` with the scripted model.
@@ -20,6 +21,7 @@ from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import hook_service_pb2_grpc as hk_rpc
 from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import content_pb2 as c
+from server import plugin_client
 from server.app import App
 from server.config import Config
 from server.models.scripted_options import script_options
@@ -36,8 +38,10 @@ PROMPT = [c.ContentBlock(text=c.TextBlock(text="hello"))]
 class Recorder(hk_rpc.HookServiceServicer):
     """Observes every session event; records each `HandleRequest` as it arrived."""
 
-    def __init__(self, wants_batches: bool) -> None:
+    def __init__(self, wants_batches: bool, seams: tuple[hk.Seam.ValueType, ...] = ()) -> None:
         self.wants_batches = wants_batches
+        self.seams = seams
+        """Seams subscribed to besides the session events, answered "continue"."""
         self.offered: list[str] = []
         self.requests: list[hk.HandleRequest] = []
         self.arrived = asyncio.Event()
@@ -47,7 +51,9 @@ class Recorder(hk_rpc.HookServiceServicer):
         wanted = [BATCH_CAPABILITY] if self.wants_batches else []
         return hk.DescribeResponse(
             name="recorder",
-            subscriptions=[hk.Subscription(seam=hk.SEAM_SESSION_EVENTS)],
+            subscriptions=[
+                hk.Subscription(seam=seam) for seam in (*self.seams, hk.SEAM_SESSION_EVENTS)
+            ],
             capabilities=[name for name in wanted if name in request.capabilities],
         )
 
@@ -57,8 +63,11 @@ class Recorder(hk_rpc.HookServiceServicer):
         async for request in requests:
             self.requests.append(request)
             self.arrived.set()
-        if False:  # an async generator that never answers: notifications get no answer
-            yield hk.HandleResponse()
+            kind = request.WhichOneof("kind")
+            calls = [request.call] if kind == "call" else list(request.batch.calls)
+            for call in calls:
+                if call.kind != hk.CALL_KIND_NOTIFICATION:  # "continue unchanged"
+                    yield hk.HandleResponse(result=hk.HookResult(call_id=call.call_id))
 
     def notifications(self) -> list[hk.HookCall]:
         """Every notification received, batches taken apart, in arrival order."""
@@ -67,17 +76,13 @@ class Recorder(hk_rpc.HookServiceServicer):
             kind = request.WhichOneof("kind")
             if kind == "call":
                 calls.append(request.call)
-            elif kind == "notifications":
-                calls.extend(request.notifications.calls)
-        return calls
+            elif kind == "batch":
+                calls.extend(request.batch.calls)
+        return [call for call in calls if call.kind == hk.CALL_KIND_NOTIFICATION]
 
     def batches(self) -> list[int]:
         """The size of each batch received."""
-        return [
-            len(r.notifications.calls)
-            for r in self.requests
-            if r.WhichOneof("kind") == "notifications"
-        ]
+        return [len(r.batch.calls) for r in self.requests if r.WhichOneof("kind") == "batch"]
 
 
 async def serve(servicer: hk_rpc.HookServiceServicer) -> tuple[grpc.aio.Server, str]:
@@ -88,8 +93,10 @@ async def serve(servicer: hk_rpc.HookServiceServicer) -> tuple[grpc.aio.Server, 
     return server, f"127.0.0.1:{port}"
 
 
-async def one_turn(recorder: Recorder) -> tuple[int, list[int]]:
-    """Register the recorder, run one turn of many chunks: (dropped, the event seqs)."""
+async def one_turn(
+    recorder: Recorder, wait_for_all: bool = True, turns: int = 1
+) -> tuple[int, list[int]]:
+    """Register the recorder, run turns of many chunks: (dropped, the event seqs)."""
     server, address = await serve(recorder)
     app = App(Config(listen="127.0.0.1:0", store="memory"))
     await app.start()
@@ -97,14 +104,15 @@ async def one_turn(recorder: Recorder) -> tuple[int, list[int]]:
         await app.plugins.register(address, Overrides())
         step = scripted_pb2.ScriptedStep(text="many small chunks", chunk_size=1)
         options = agent_pb2.AgentOptions(
-            provider="scripted", model="m", provider_options=script_options([step])
+            provider="scripted", model="m", provider_options=script_options([step] * turns)
         )
         agent = await app.factory.create("a", options)
-        agent.send(PROMPT)
-        await agent.when_idle()
+        for _ in range(turns):
+            agent.send(PROMPT)
+            await agent.when_idle()
         seqs = [event.seq for event in agent.session.events]
         async with asyncio.timeout(T):
-            while len(recorder.notifications()) < len(seqs):
+            while wait_for_all and len(recorder.notifications()) < len(seqs):
                 recorder.arrived.clear()
                 await recorder.arrived.wait()
         return app.plugins.plugins["recorder"].stats.dropped, seqs
@@ -132,6 +140,26 @@ async def test_a_plugin_that_does_not_ask_gets_each_notification_alone() -> None
     _, seqs = await one_turn(recorder)
     assert recorder.batches() == []
     assert [n.session_event.event.seq for n in recorder.notifications()] == seqs
+
+
+async def test_a_call_carries_the_notifications_waiting_before_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The writer would hold notifications for a minute: the next call takes them, the
+    # second turn's prompt-submit (the events of a turn are stored by its end).
+    monkeypatch.setattr(plugin_client, "GATHER_SECONDS", 60.0)
+    recorder = Recorder(wants_batches=True, seams=(hk.SEAM_PROMPT_SUBMIT,))
+    _, seqs = await one_turn(recorder, wait_for_all=False, turns=2)
+    carrier = next(
+        r
+        for r in recorder.requests
+        if r.batch.calls[-1:] and r.batch.calls[-1].kind == hk.CALL_KIND_SEAM
+    )
+    *notes, call = carrier.batch.calls
+    assert call.kind == hk.CALL_KIND_SEAM and call.call_id
+    assert notes and {n.kind for n in notes} == {hk.CALL_KIND_NOTIFICATION}
+    received = [n.session_event.event.seq for n in recorder.notifications()]
+    assert received == seqs[: len(received)]  # in order, none skipped
 
 
 async def test_a_notification_too_big_to_send_is_dropped_alone_and_counted() -> None:
@@ -181,6 +209,10 @@ class Observer:
             if len(self.seen) == 5:
                 self.all_seen.set()
 
+        @self.plugin.turn_stop()
+        async def stop(call: hk.HookCall) -> hk.TurnStopResult:
+            return sdk.terminal_stop()
+
 
 @pytest.mark.parametrize("offered", [True, False])
 async def test_the_python_helper_asks_for_batches_only_when_offered(offered: bool) -> None:
@@ -207,12 +239,14 @@ async def test_the_python_helper_handles_each_call_of_a_batch_in_order() -> None
     async with hook_client(observer.plugin) as stub:
         stream = HandleStream(stub)
         await stream.call.write(
-            hk.HandleRequest(notifications=hk.NotificationBatch(calls=[note(1), note(2), note(3)]))
+            hk.HandleRequest(batch=hk.CallBatch(calls=[note(1), note(2), note(3)]))
         )
         await stream.call.write(hk.HandleRequest(call=note(4)))  # the single form still works
-        await stream.call.write(
-            hk.HandleRequest(notifications=hk.NotificationBatch(calls=[note(5)]))
-        )
+        stop = hk.HookCall(call_id="s", kind=hk.CALL_KIND_SEAM, seam=hk.SEAM_TURN_STOP)
+        stop.turn_stop.SetInParent()
+        await stream.call.write(hk.HandleRequest(batch=hk.CallBatch(calls=[note(5), stop])))
+        result = await stream.result()  # a call in a batch is answered like any other
+        assert result.call_id == "s" and result.turn_stop.stop
         async with asyncio.timeout(T):
             await observer.all_seen.wait()
         assert await stream.finish() == []  # notifications get no answer

@@ -5,9 +5,9 @@ flight at once; each task writes its result itself as soon as it has it, under t
 stream's write lock (grpc.aio writes must never overlap), which saves a hop through a
 queue on every call. A `model_stream` call's chunks are written the same way, each as
 soon as the model produces it. A `CancelCall` cancels the call's task (a model's
-generator is closed) and nothing more is sent for it. Notifications get no result;
-a `NotificationBatch` is taken apart and each of its calls handled as if it had come
-alone (the plugin asks for batches in `Describe` when the server offers them).
+generator is closed) and nothing more is sent for it. Notifications get no result. A
+`CallBatch` is taken apart and each of its calls handled as if it had come alone (the
+plugin asks for batches in `Describe` when the server offers them).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ log = logging.getLogger("agentloop.plugin")
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
-BATCH_CAPABILITY = "notification_batch"
-"""Listed in `Describe` when the server offers it: notifications may come in batches."""
+BATCH_CAPABILITY = "call_batch"
+"""Listed in `Describe` when the server offers it: calls may come several in a message."""
 
 
 class CallStream:
@@ -76,8 +76,8 @@ class CallStream:
                 kind = request.WhichOneof("kind")
                 if kind == "call":
                     self._start(request.call)
-                elif kind == "notifications":  # each handled as if it had come alone
-                    for call in request.notifications.calls:
+                elif kind == "batch":  # each handled as if it had come alone
+                    for call in request.batch.calls:
                         self._start(call)
                 elif kind == "cancel":
                     task = self._calls.pop(request.cancel.call_id, None)

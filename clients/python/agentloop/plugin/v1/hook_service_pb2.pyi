@@ -199,9 +199,9 @@ class DescribeRequest(_message.Message):
     def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Capabilities are the optional features the server offers (see
         `DescribeResponse.capabilities`). Version 1 offers "model_stream",
-        "tool_execute", "event_kinds" and "buffer_size"; also
-        "notification_batch": a plugin that lists it gets its notifications in
-        `HandleRequest.notifications` batches.
+        "tool_execute", "event_kinds" and "buffer_size"; also "call_batch": a
+        plugin that lists it may get several calls in one message
+        (`HandleRequest.batch`), so notifications travel together.
         """
 
     def __init__(
@@ -438,7 +438,7 @@ class HandleRequest(_message.Message):
 
     CALL_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
-    NOTIFICATIONS_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def call(self) -> Global___HookCall:
         """Call asks the plugin to handle one seam call."""
@@ -448,11 +448,10 @@ class HandleRequest(_message.Message):
         """Cancel withdraws a call in flight."""
 
     @_builtins.property
-    def notifications(self) -> Global___NotificationBatch:
-        """Notifications carries several notifications in one message, in the
-        order they were made. Sent only to a plugin that lists the capability
-        "notification_batch" in its `DescribeResponse` (after the server
-        offered it); others get each notification as its own `call`.
+    def batch(self) -> Global___CallBatch:
+        """Batch carries several calls in one message. Sent only to a plugin that
+        lists the capability "call_batch" in its `DescribeResponse` (after the
+        server offered it); others get each call as its own `call`.
         """
 
     def __init__(
@@ -460,23 +459,23 @@ class HandleRequest(_message.Message):
         *,
         call: Global___HookCall | None = ...,
         cancel: Global___CancelCall | None = ...,
-        notifications: Global___NotificationBatch | None = ...,
+        batch: Global___CallBatch | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "cancel", b"cancel", "kind", b"kind", "notifications", b"notifications"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "call", b"call", "cancel", b"cancel", "kind", b"kind"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "cancel", b"cancel", "kind", b"kind", "notifications", b"notifications"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "call", b"call", "cancel", b"cancel", "kind", b"kind"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["call", "cancel", "notifications"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["call", "cancel", "batch"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___HandleRequest: _TypeAlias = HandleRequest  # noqa: Y015
 
 @_typing.final
-class NotificationBatch(_message.Message):
-    """NotificationBatch is a run of observer notifications written as one
-    message: what the server queued for the plugin in one pass of its event
-    loop. Each is handled exactly as if it had come alone, in this order.
+class CallBatch(_message.Message):
+    """CallBatch is several calls written as one message: the notifications the
+    server queued for the plugin, and possibly the call it is making now,
+    last. Each is handled exactly as if it had come alone, in this order.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -484,7 +483,7 @@ class NotificationBatch(_message.Message):
     CALLS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___HookCall]:
-        """Calls are the notifications (`kind` CALL_KIND_NOTIFICATION), oldest first."""
+        """Calls are the calls, oldest first."""
 
     def __init__(
         self,
@@ -497,7 +496,7 @@ class NotificationBatch(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___NotificationBatch: _TypeAlias = NotificationBatch  # noqa: Y015
+Global___CallBatch: _TypeAlias = CallBatch  # noqa: Y015
 
 @_typing.final
 class HandleResponse(_message.Message):
