@@ -258,9 +258,9 @@ class PluginConnection:
         self.on_state()
 
     def _sized(self, call: hk.HookCall) -> bytes:
-        """`call`, encoded; a call over the size limit fails here, alone."""
-        encoded = call.SerializeToString()
-        size = len(call_request(encoded))
+        """The request of `call`, encoded; a call over the size limit fails here, alone."""
+        request = call_request(call.SerializeToString())
+        size = len(request)
         if size > self.max_message_bytes:
             self.stats.calls += 1
             self.stats.oversized += 1
@@ -268,7 +268,7 @@ class PluginConnection:
                 "oversized",
                 f"the call is {size} bytes, over the {self.max_message_bytes}-byte message limit",
             )
-        return encoded
+        return request
 
     def _violation(self, problem: str) -> None:
         """The plugin broke the protocol: its stream is reset, its calls fail as malformed."""
@@ -345,7 +345,7 @@ class PluginConnection:
             backoff = min(backoff * 2, BACKOFF_MAX)
             self._set_state(reg.PLUGIN_STATE_CONNECTING)
 
-    async def _send_now(self, encoded: bytes) -> None:
+    async def _send_now(self, request: bytes) -> None:
         """Write a call at once (no hop through the writer task).
 
         Notifications waiting to be sent go with it, before it, in one batch (to a
@@ -356,12 +356,10 @@ class PluginConnection:
             raise PluginCallFailed("disconnected", f"the plugin is unavailable ({self.last_error})")
         try:
             async with self._write_lock:
-                request = call_request(encoded)
-                if self.batches and self._notes:
-                    entry = batch_entry(encoded)
-                    notes, _ = self._take_notes(self.max_message_bytes - len(entry))
+                if self.batches and self._notes:  # the request is also a batch entry
+                    notes = self._take_notes(self.max_message_bytes - len(request))
                     if notes:
-                        request = batch_request([*notes, entry])
+                        request = batch_request([*notes, request])
                 await stream.write(request)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as error:
             raise PluginCallFailed("disconnected", f"the stream broke: {error}") from None
@@ -396,28 +394,23 @@ class PluginConnection:
 
     def _next_notes(self) -> bytes | None:
         """The next message of notifications: one, or a batch of all that fit; None if none."""
-        if not self.batches:
-            entries, first = self._take_notes(self.max_message_bytes, 1)
-            return call_request(first) if entries else None
-        entries, first = self._take_notes(self.max_message_bytes)
+        entries = self._take_notes(self.max_message_bytes, 1 << 30 if self.batches else 1)
         if len(entries) > 1:
             return batch_request(entries)
-        return call_request(first) if entries else None  # alone: the single form
+        return entries[0] if entries else None  # alone: the single form, the same bytes
 
-    def _take_notes(self, room: int, most: int = 1 << 30) -> tuple[list[bytes], bytes]:
+    def _take_notes(self, room: int, most: int = 1 << 30) -> list[bytes]:
         """Batch entries of the oldest queued notifications that fit in `room` bytes.
 
-        Also returns the first one's encoding. A notification too big to send alone
-        is dropped and counted.
+        A notification too big to send alone is dropped and counted.
         """
         entries: list[bytes] = []
-        first = b""
         size = BATCH_OVERHEAD
         notes = self._notes
         while notes and len(entries) < most:
             note, slot = notes[0]
-            encoded = note.SerializeToString()
-            if len(call_request(encoded)) > self.max_message_bytes:
+            entry = batch_entry(note.SerializeToString())
+            if len(entry) > self.max_message_bytes:
                 notes.popleft()
                 slot.queued -= 1
                 payload = getattr(note, note.WhichOneof("payload") or "session_event")
@@ -425,16 +418,13 @@ class PluginConnection:
                 self.stats.dropped += 1
                 self.stats.oversized += 1
                 continue
-            entry = batch_entry(encoded)
             if entries and size + len(entry) > room:
                 break  # the rest goes in the next message
             notes.popleft()
             slot.queued -= 1
-            if not entries:
-                first = encoded
             entries.append(entry)
             size += len(entry)
-        return entries, first
+        return entries
 
     def _deliver(self, chunk: hk.ModelChunk) -> None:
         queue = self._streams.get(chunk.call_id)

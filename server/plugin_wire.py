@@ -51,8 +51,14 @@ def call_request(call: bytes) -> bytes:
 
 
 def batch_entry(call: bytes) -> bytes:
-    """One `CallBatch.calls` entry from the serialized `HookCall`."""
+    """One `CallBatch.calls` entry from the serialized `HookCall`.
+
+    Both fields are number 1: an entry is also the `HandleRequest` of the call alone.
+    """
     return framed(_BATCH_CALL, call)
+
+
+assert _BATCH_CALL == _CALL, "CallBatch.calls and HandleRequest.call share their framing"
 
 
 def batch_request(entries: list[bytes]) -> bytes:
