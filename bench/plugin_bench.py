@@ -102,8 +102,21 @@ async def seam_calls(address: str, calls: int) -> list[float]:
     return samples
 
 
-async def turns(address: str | None, count: int) -> float:
-    """µs per turn of the standard workload, with or without the plugin registered."""
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system) process `pid` used so far; 0 without /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def turns(address: str | None, count: int, pid: int = 0) -> tuple[float, float, float]:
+    """Per turn of the standard workload, with or without the plugin registered: µs, and
+    the CPU µs of this process (the server) and of the plugin process `pid`.
+
+    Unlike latency, CPU does not grow with the machine's load: the figure to compare on
+    a shared machine."""
     app = App(Config(listen="127.0.0.1:0", store="memory"))
     await app.start()
     try:
@@ -113,11 +126,13 @@ async def turns(address: str | None, count: int) -> float:
         for _ in range(20):
             agent.send(PROMPT)
             await agent.when_idle()
-        started = time.perf_counter()
+        started, cpu, plugin_cpu = time.perf_counter(), time.process_time(), cpu_seconds(pid)
         for _ in range(count):
             agent.send(PROMPT)
             await agent.when_idle()
-        return (time.perf_counter() - started) / count * 1e6
+        wall = (time.perf_counter() - started) / count * 1e6
+        cpu = (time.process_time() - cpu) / count * 1e6
+        return wall, cpu, (cpu_seconds(pid) - plugin_cpu) / count * 1e6 if pid else 0.0
     finally:
         await app.stop(grace=5)
 
@@ -204,11 +219,14 @@ async def main(calls: int, turn_count: int, chunk_turns: int) -> None:
         ratio = statistics.median(ratios)
         line(f"  ratio to the bare ping-pong (median of {ROUNDS} rounds)",
              f"{ratio:.2f}×", "target ≤ 1.15×", "seam_call_ratio", ratio)  # fmt: skip
-        runs: dict[str | None, list[float]] = {None: [], sdk_address: [], quiet_address: []}
+        pids = {None: 0, sdk_address: sdk.pid, quiet_address: quiet.pid}
+        runs: dict[str | None, list[tuple[float, float, float]]] = {a: [] for a in pids}
         for _ in range(2):  # alternated, best of two each
-            for address in runs:
-                runs[address].append(await turns(address, turn_count))
-        without, with_plugin, filtered = (min(runs[a]) for a in runs)
+            for address, pid in pids.items():
+                runs[address].append(await turns(address, turn_count, pid))
+        without, with_plugin, filtered = (min(r[0] for r in runs[a]) for a in runs)
+        cpu_without, cpu_with = (min(r[1] for r in runs[a]) for a in (None, sdk_address))
+        plugin_cpu = min(r[2] for r in runs[sdk_address])
         steps = 2  # the workload: a tool step, then a text step
         line(f"turn without plugins ({turn_count} turns, 2 steps)", f"{without:,.0f} µs", "",
              "turn_us", without)  # fmt: skip
@@ -216,6 +234,11 @@ async def main(calls: int, turn_count: int, chunk_turns: int) -> None:
         added = (with_plugin - without) / steps
         line("  added latency per step", f"{added:,.0f} µs", "target ≤ 1,000 µs",
              "added_per_step_us", added)  # fmt: skip
+        added = (cpu_with - cpu_without) / steps
+        line("  server CPU added per step", f"{added:,.0f} µs", "", "server_cpu_per_step_us", added)
+        added = plugin_cpu / steps
+        line("  plugin process CPU per step", f"{added:,.0f} µs", "", "plugin_cpu_per_step_us",
+             added)  # fmt: skip
         line("same, its session-event observer asking for turn_end only", f"{filtered:,.0f} µs")
         added = (filtered - without) / steps
         line("  added latency per step", f"{added:,.0f} µs", "", "added_filtered_us", added)
