@@ -127,6 +127,8 @@ class PluginConnection:
         self._notes: deque[tuple[hk.HookCall, NoticeSlot]] = deque()
         self._dropped = 0
         self._wake_writer = asyncio.Event()
+        self._urgent = asyncio.Event()
+        """Set by a cancel: the writer stops gathering notifications and sends it."""
         self._stream: grpc.aio.StreamStreamCall[bytes, hk.HandleResponse] | None = None
         self._write_lock = asyncio.Lock()
         """Writes never overlap: calls write directly, the writer task sends the rest."""
@@ -280,6 +282,7 @@ class PluginConnection:
         if self.state == reg.PLUGIN_STATE_READY:
             self._outbox.put_nowait(cancel_request(call_id, reason))
             self._wake_writer.set()
+            self._urgent.set()
 
     async def _run(self) -> None:
         backoff = BACKOFF_START
@@ -379,7 +382,10 @@ class PluginConnection:
             if self._notes:
                 if self.batches and not gathered:
                     gathered = True
-                    await asyncio.sleep(GATHER_SECONDS)
+                    self._urgent.clear()  # a cancel cuts the wait short
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(GATHER_SECONDS):
+                            await self._urgent.wait()
                     continue
                 gathered = False
                 request = self._next_notes()

@@ -38,9 +38,17 @@ PROMPT = [c.ContentBlock(text=c.TextBlock(text="hello"))]
 class Recorder(hk_rpc.HookServiceServicer):
     """Observes every session event; records each `HandleRequest` as it arrived."""
 
-    def __init__(self, wants_batches: bool, seams: tuple[hk.Seam.ValueType, ...] = ()) -> None:
+    def __init__(
+        self,
+        wants_batches: bool,
+        seams: tuple[hk.Seam.ValueType, ...] = (),
+        answers: bool = True,
+        timeout: float = 0.0,
+    ) -> None:
         self.wants_batches = wants_batches
         self.seams = seams
+        self.answers = answers
+        self.timeout = timeout
         """Seams subscribed to besides the session events, answered "continue"."""
         self.offered: list[str] = []
         self.requests: list[hk.HandleRequest] = []
@@ -52,10 +60,16 @@ class Recorder(hk_rpc.HookServiceServicer):
         return hk.DescribeResponse(
             name="recorder",
             subscriptions=[
-                hk.Subscription(seam=seam) for seam in (*self.seams, hk.SEAM_SESSION_EVENTS)
+                self.subscription(seam) for seam in (*self.seams, hk.SEAM_SESSION_EVENTS)
             ],
             capabilities=[name for name in wanted if name in request.capabilities],
         )
+
+    def subscription(self, seam: hk.Seam.ValueType) -> hk.Subscription:
+        subscription = hk.Subscription(seam=seam, failure_policy=hk.FAILURE_POLICY_FAIL_OPEN)
+        if self.timeout:
+            subscription.timeout.FromNanoseconds(int(self.timeout * 1e9))
+        return subscription
 
     async def Handle(
         self, requests: AsyncIterator[hk.HandleRequest], context: Any
@@ -66,7 +80,7 @@ class Recorder(hk_rpc.HookServiceServicer):
             kind = request.WhichOneof("kind")
             calls = [request.call] if kind == "call" else list(request.batch.calls)
             for call in calls:
-                if call.kind != hk.CALL_KIND_NOTIFICATION:  # "continue unchanged"
+                if self.answers and call.kind != hk.CALL_KIND_NOTIFICATION:  # "continue"
                     yield hk.HandleResponse(result=hk.HookResult(call_id=call.call_id))
 
     def notifications(self) -> list[hk.HookCall]:
@@ -160,6 +174,24 @@ async def test_a_call_carries_the_notifications_waiting_before_it(
     assert notes and {n.kind for n in notes} == {hk.CALL_KIND_NOTIFICATION}
     received = [n.session_event.event.seq for n in recorder.notifications()]
     assert received == seqs[: len(received)]  # in order, none skipped
+
+
+async def test_a_cancel_is_not_held_back_while_notifications_gather(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Notifications would gather for a minute; the call that times out (after 0.1 s, a
+    # fail-open skip) must still see its CancelCall sent at once, not a minute later.
+    monkeypatch.setattr(plugin_client, "GATHER_SECONDS", 60.0)
+    recorder = Recorder(
+        wants_batches=True, seams=(hk.SEAM_PROMPT_SUBMIT,), answers=False, timeout=0.1
+    )
+    await one_turn(recorder, wait_for_all=False, turns=2)
+    async with asyncio.timeout(T):
+        while not any(r.WhichOneof("kind") == "cancel" for r in recorder.requests):
+            recorder.arrived.clear()
+            await recorder.arrived.wait()
+    cancels = [r.cancel for r in recorder.requests if r.WhichOneof("kind") == "cancel"]
+    assert cancels[0].reason == "deadline exceeded"
 
 
 async def test_a_notification_too_big_to_send_is_dropped_alone_and_counted() -> None:
