@@ -1,6 +1,7 @@
 """Measure remote seams: one call on an open plugin stream, and a step with a plugin on every seam.
 
     python -m bench.plugin_bench [--calls N] [--turns N] [--chunk-turns N]
+    python -m bench.plugin_bench --baseline DIR [--repeat N]   # A/B against a checkout
 
 Both plugins run as separate processes, as they would in production:
 - a bare `Handle` echo server (raw grpc.aio, no SDK): the floor, a bidi ping-pong;
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import statistics
 import sys
 import time
@@ -52,8 +55,16 @@ async def stop(process: asyncio.subprocess.Process) -> None:
     await asyncio.wait_for(process.wait(), 10)
 
 
-def line(label: str, value: str, target: str = "") -> None:
-    print(f"  {label:<56} {value:>12}   {target}")
+FIGURES: dict[str, float] = {}
+"""The figures of this run, by key (`--json` prints them; `--baseline` compares them)."""
+QUIET = False
+
+
+def line(label: str, value: str, target: str = "", key: str = "", figure: float = 0.0) -> None:
+    if key:
+        FIGURES[key] = figure
+    if not QUIET:
+        print(f"  {label:<56} {value:>12}   {target}")
 
 
 async def ping_pong(address: str, calls: int) -> list[float]:
@@ -91,8 +102,21 @@ async def seam_calls(address: str, calls: int) -> list[float]:
     return samples
 
 
-async def turns(address: str | None, count: int) -> float:
-    """µs per turn of the standard workload, with or without the plugin registered."""
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system) process `pid` used so far; 0 without /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def turns(address: str | None, count: int, pid: int = 0) -> tuple[float, float, float]:
+    """Per turn of the standard workload, with or without the plugin registered: µs, and
+    the CPU µs of this process (the server) and of the plugin process `pid`.
+
+    Unlike latency, CPU does not grow with the machine's load: the figure to compare on
+    a shared machine."""
     app = App(Config(listen="127.0.0.1:0", store="memory"))
     await app.start()
     try:
@@ -102,11 +126,13 @@ async def turns(address: str | None, count: int) -> float:
         for _ in range(20):
             agent.send(PROMPT)
             await agent.when_idle()
-        started = time.perf_counter()
+        started, cpu, plugin_cpu = time.perf_counter(), time.process_time(), cpu_seconds(pid)
         for _ in range(count):
             agent.send(PROMPT)
             await agent.when_idle()
-        return (time.perf_counter() - started) / count * 1e6
+        wall = (time.perf_counter() - started) / count * 1e6
+        cpu = (time.process_time() - cpu) / count * 1e6
+        return wall, cpu, (cpu_seconds(pid) - plugin_cpu) / count * 1e6 if pid else 0.0
     finally:
         await app.stop(grace=5)
 
@@ -115,8 +141,9 @@ CHUNKS = 10_000
 """The chunks of the observer workload's one model call."""
 
 
-async def chunk_turns_cpu(address: str | None, count: int) -> float:
-    """CPU seconds of this process per 10,000-chunk turn, with or without an observer."""
+async def chunk_turns_cpu(address: str | None, count: int) -> tuple[float, float]:
+    """CPU seconds of this process per 10,000-chunk turn, with or without an observer,
+    and the notifications dropped per turn (the observer's buffer overflowed)."""
     app = App(Config(listen="127.0.0.1:0", store="memory"))
     await app.start()
     try:
@@ -131,11 +158,14 @@ async def chunk_turns_cpu(address: str | None, count: int) -> float:
         agent = await app.factory.create("chunky", options)
         agent.send(PROMPT)  # warm-up
         await agent.when_idle()
+        stats = [plugin.stats for plugin in app.plugins.plugins.values()]
+        dropped_before = sum(s.dropped for s in stats)
         started = time.process_time()
         for _ in range(count):
             agent.send(PROMPT)
             await agent.when_idle()
-        return (time.process_time() - started) / count
+        cpu = (time.process_time() - started) / count
+        return cpu, (sum(s.dropped for s in stats) - dropped_before) / count
     finally:
         await app.stop(grace=5)
 
@@ -146,41 +176,72 @@ async def observer_cost(chunk_turns: int) -> None:
     try:
         # Alternated, best of three each: the first server of a process runs colder, and
         # the machine may be shared.
-        runs: dict[str | None, list[float]] = {None: [], observer_address: []}
+        runs: dict[str | None, list[tuple[float, float]]] = {None: [], observer_address: []}
         for _ in range(3):
             for address in runs:
                 runs[address].append(await chunk_turns_cpu(address, chunk_turns))
-        without, with_observer = min(runs[None]), min(runs[observer_address])
+        without, (with_observer, dropped) = min(runs[None])[0], min(runs[observer_address])
     finally:
         await stop(observer)
     line(f"{CHUNKS:,}-chunk turn, CPU without plugins", f"{without * 1e3:,.0f} ms")
     line("same, one session-event observer of every event", f"{with_observer * 1e3:,.0f} ms")
-    line("  CPU ratio", f"{with_observer / without:.2f}×", "target ≤ 1.2×")
+    ratio = with_observer / without
+    line("  CPU ratio", f"{ratio:.2f}×", "target ≤ 1.2×", "observer_cpu_ratio", ratio)
+    # A full buffer drops notifications before they are built: fewer sent costs less CPU.
+    line(
+        "  notifications dropped per turn (buffer full)", f"{dropped:,.0f}", "", "dropped", dropped
+    )
+
+
+ROUNDS = 3
+"""Each comparison alternates its sides this many times (the machine may be shared)."""
 
 
 async def main(calls: int, turn_count: int, chunk_turns: int) -> None:
-    print("remote seams (plugins in their own processes, loopback)")
+    if not QUIET:
+        print("remote seams (plugins in their own processes, loopback)")
     bare, bare_address = await start("echo_plugin.py")
     sdk, sdk_address = await start("every_seam_plugin.py")
     quiet, quiet_address = await start("every_seam_plugin.py", "--turn-end-only")
     try:
-        floor = statistics.median(await ping_pong(bare_address, calls))
-        raw_sdk = statistics.median(await ping_pong(sdk_address, calls))
-        via_client = statistics.median(await seam_calls(sdk_address, calls))
-        line("bare bidi ping-pong (raw client, raw echo server)", f"{floor:,.0f} µs")
+        floors, raws, vias, ratios = [], [], [], []
+        for _ in range(ROUNDS):  # alternated; each round's ratio, then their median
+            floors.append(statistics.median(await ping_pong(bare_address, calls)))
+            raws.append(statistics.median(await ping_pong(sdk_address, calls)))
+            vias.append(statistics.median(await seam_calls(sdk_address, calls)))
+            ratios.append(vias[-1] / floors[-1])
+        floor, raw_sdk, via_client = (statistics.median(x) for x in (floors, raws, vias))
+        line("bare bidi ping-pong (raw client, raw echo server)", f"{floor:,.0f} µs", "",
+             "bare_us", floor)  # fmt: skip
         line("raw client -> SDK plugin", f"{raw_sdk:,.0f} µs")
         line("remote seam call (server's plugin client -> SDK plugin)", f"{via_client:,.0f} µs",
-             f"target ≤ 1.3 × bare = {1.3 * floor:,.0f} µs")  # fmt: skip
-        line("  ratio to the bare ping-pong", f"{via_client / floor:.2f}×")
-        without = await turns(None, turn_count)
-        with_plugin = await turns(sdk_address, turn_count)
+             "", "seam_call_us", via_client)  # fmt: skip
+        ratio = statistics.median(ratios)
+        line(f"  ratio to the bare ping-pong (median of {ROUNDS} rounds)",
+             f"{ratio:.2f}×", "target ≤ 1.15×", "seam_call_ratio", ratio)  # fmt: skip
+        pids = {None: 0, sdk_address: sdk.pid, quiet_address: quiet.pid}
+        runs: dict[str | None, list[tuple[float, float, float]]] = {a: [] for a in pids}
+        for _ in range(2):  # alternated, best of two each
+            for address, pid in pids.items():
+                runs[address].append(await turns(address, turn_count, pid))
+        without, with_plugin, filtered = (min(r[0] for r in runs[a]) for a in runs)
+        cpu_without, cpu_with = (min(r[1] for r in runs[a]) for a in (None, sdk_address))
+        plugin_cpu = min(r[2] for r in runs[sdk_address])
         steps = 2  # the workload: a tool step, then a text step
-        line(f"turn without plugins ({turn_count} turns, 2 steps)", f"{without:,.0f} µs")
+        line(f"turn without plugins ({turn_count} turns, 2 steps)", f"{without:,.0f} µs", "",
+             "turn_us", without)  # fmt: skip
         line("turn with one plugin on every seam", f"{with_plugin:,.0f} µs")
-        line("  added latency per step", f"{(with_plugin - without) / steps:,.0f} µs")
-        filtered = await turns(quiet_address, turn_count)
+        added = (with_plugin - without) / steps
+        line("  added latency per step", f"{added:,.0f} µs", "target ≤ 1,000 µs",
+             "added_per_step_us", added)  # fmt: skip
+        added = (cpu_with - cpu_without) / steps
+        line("  server CPU added per step", f"{added:,.0f} µs", "", "server_cpu_per_step_us", added)
+        added = plugin_cpu / steps
+        line("  plugin process CPU per step", f"{added:,.0f} µs", "", "plugin_cpu_per_step_us",
+             added)  # fmt: skip
         line("same, its session-event observer asking for turn_end only", f"{filtered:,.0f} µs")
-        line("  added latency per step", f"{(filtered - without) / steps:,.0f} µs")
+        added = (filtered - without) / steps
+        line("  added latency per step", f"{added:,.0f} µs", "", "added_filtered_us", added)
         await observer_cost(chunk_turns)
     finally:
         await stop(bare)
@@ -188,10 +249,46 @@ async def main(calls: int, turn_count: int, chunk_turns: int) -> None:
         await stop(quiet)
 
 
+async def compare(baseline: str, repeat: int, options: list[str]) -> None:
+    """This checkout against `baseline`'s (server, SDK and plugins), interleaved runs.
+
+    Each run is this script in its own process, importing one tree's code; the
+    figures are the medians over `repeat` rounds, and their ratio this / baseline.
+    """
+    trees = {"baseline": baseline, "this": str(HERE.parent)}
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    for _ in range(repeat):
+        for name, tree in trees.items():
+            env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{tree}/clients/python"}
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, __file__, "--json", *options, cwd=tree, env=env,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
+            out, _ = await process.communicate()
+            runs[name].append(json.loads(out.decode().strip().splitlines()[-1]))
+    print(f"plugin A/B · baseline {baseline} · {repeat} interleaved rounds · medians")
+    print(f"  {'figure':<22}{'baseline':>12}{'this':>12}{'this/base':>12}")
+    for key in runs["this"][0]:
+        base = statistics.median(run[key] for run in runs["baseline"])
+        this = statistics.median(run[key] for run in runs["this"])
+        print(f"  {key:<22}{base:>12,.2f}{this:>12,.2f}{this / base if base else 0:>12.2f}")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--chunk-turns", type=int, default=4)
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON line")
+    parser.add_argument("--baseline", help="another checkout to compare with, interleaved")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of a --baseline comparison")
     args = parser.parse_args()
-    asyncio.run(main(args.calls, args.turns, args.chunk_turns))
+    if args.baseline:
+        passed = ["--calls", str(args.calls), "--turns", str(args.turns)]
+        passed += ["--chunk-turns", str(args.chunk_turns)]
+        asyncio.run(compare(str(Path(args.baseline).resolve()), args.repeat, passed))
+    else:
+        QUIET = args.json
+        asyncio.run(main(args.calls, args.turns, args.chunk_turns))
+        if args.json:
+            print(json.dumps(FIGURES))

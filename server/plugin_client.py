@@ -8,7 +8,10 @@ the plugin is unavailable fail at once, so a FAIL_OPEN plugin that is down costs
 nothing. Notifications wait in a bounded buffer, a share per subscription; one that
 finds no room (or the plugin not READY) is dropped before it is even built, and the
 next one queued carries the count. Those still buffered when the stream ends are
-dropped and counted the same way.
+dropped and counted the same way. A plugin that lists the `call_batch` capability
+gets the notifications made within `GATHER_SECONDS` of each other in one `CallBatch`
+message, or with the next call if it comes first; others get them one by one.
+Everything is written as bytes (`server.plugin_wire`): each call is encoded once.
 
 A failure stays with its call: a call over the message size limit fails alone before
 it is sent, and a message from the plugin that does not decode (or has no kind)
@@ -35,6 +38,15 @@ from server.abort import AbortSignal
 from server.errors import Aborted
 from server.plugin_description import describe_request
 from server.plugin_listeners import NoticeSlot, PluginCallFailed, PluginStats, error_text
+from server.plugin_wire import (
+    BATCH_CAPABILITY,
+    BATCH_OVERHEAD,
+    HANDLE_METHOD,
+    batch_entry,
+    batch_request,
+    call_request,
+    cancel_request,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +54,8 @@ DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """The largest message sent to or accepted from a plugin (`pluginMaxMessageBytes`)."""
 BACKOFF_START = 0.1
 BACKOFF_MAX = 5.0
+GATHER_SECONDS = 0.002
+"""How long the first of a run of notifications waits for the others (batching plugins)."""
 
 
 async def _nothing() -> None:
@@ -87,6 +101,15 @@ class PluginConnection:
         self.max_message_bytes = max_message_bytes
         self.channel = open_channel(address, root_certificates, max_message_bytes)
         self.stub = hk_rpc.HookServiceStub(self.channel)
+        self._handle: grpc.aio.StreamStreamMultiCallable[bytes, hk.HandleResponse]
+        self._handle = self.channel.stream_stream(
+            HANDLE_METHOD,
+            request_serializer=None,
+            response_deserializer=hk.HandleResponse.FromString,
+        )
+        """`Handle`, written as bytes (see `server.plugin_wire`)."""
+        self.batches = False
+        """Whether the plugin takes `NotificationBatch`es (it said so in `Describe`)."""
         self.metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
         )
@@ -100,11 +123,13 @@ class PluginConnection:
         """How the calls in flight fail when the stream ends: disconnected or malformed."""
         self._pending: dict[str, asyncio.Future[hk.HookResult]] = {}
         self._streams: dict[str, asyncio.Queue[st.StreamChunk | BaseException]] = {}
-        self._outbox: asyncio.Queue[hk.HandleRequest] = asyncio.Queue()
+        self._outbox: asyncio.Queue[bytes] = asyncio.Queue()
         self._notes: deque[tuple[hk.HookCall, NoticeSlot]] = deque()
         self._dropped = 0
         self._wake_writer = asyncio.Event()
-        self._stream: grpc.aio.StreamStreamCall[hk.HandleRequest, hk.HandleResponse] | None = None
+        self._urgent = asyncio.Event()
+        """Set by a cancel: the writer stops gathering notifications and sends it."""
+        self._stream: grpc.aio.StreamStreamCall[bytes, hk.HandleResponse] | None = None
         self._write_lock = asyncio.Lock()
         """Writes never overlap: calls write directly, the writer task sends the rest."""
         self._ready = asyncio.Event()
@@ -114,11 +139,13 @@ class PluginConnection:
     async def describe(self, seconds: float) -> hk.DescribeResponse:
         """Call `Describe`; raises `PluginUnreachable` with the status on failure."""
         try:
-            return await self.stub.Describe(
+            description = await self.stub.Describe(
                 describe_request(self.max_message_bytes), timeout=seconds, metadata=self.metadata
             )
         except grpc.aio.AioRpcError as error:
             raise PluginUnreachable(f"{error.code().name}: {error.details()}") from None
+        self.batches = BATCH_CAPABILITY in description.capabilities
+        return description
 
     def start(self) -> None:
         """Open the `Handle` stream in the background (and keep it open)."""
@@ -232,10 +259,10 @@ class PluginConnection:
         self.state = state
         self.on_state()
 
-    def _sized(self, call: hk.HookCall) -> hk.HandleRequest:
-        """The request of `call`; a call over the size limit fails here, alone."""
-        request = hk.HandleRequest(call=call)
-        size = request.ByteSize()
+    def _sized(self, call: hk.HookCall) -> bytes:
+        """The request of `call`, encoded; a call over the size limit fails here, alone."""
+        request = call_request(call.SerializeToString())
+        size = len(request)
         if size > self.max_message_bytes:
             self.stats.calls += 1
             self.stats.oversized += 1
@@ -253,10 +280,9 @@ class PluginConnection:
 
     def _cancel(self, call_id: str, reason: str) -> None:
         if self.state == reg.PLUGIN_STATE_READY:
-            self._outbox.put_nowait(
-                hk.HandleRequest(cancel=hk.CancelCall(call_id=call_id, reason=reason))
-            )
+            self._outbox.put_nowait(cancel_request(call_id, reason))
             self._wake_writer.set()
+            self._urgent.set()
 
     async def _run(self) -> None:
         backoff = BACKOFF_START
@@ -273,7 +299,7 @@ class PluginConnection:
                     backoff = min(backoff * 2, BACKOFF_MAX)
                     self._set_state(reg.PLUGIN_STATE_CONNECTING)
                     continue
-            stream = self.stub.Handle(metadata=self.metadata)
+            stream = self._handle(metadata=self.metadata)
             writer: asyncio.Task[None] | None = None
             try:
                 await stream.wait_for_connection()
@@ -322,41 +348,89 @@ class PluginConnection:
             backoff = min(backoff * 2, BACKOFF_MAX)
             self._set_state(reg.PLUGIN_STATE_CONNECTING)
 
-    async def _send_now(self, request: hk.HandleRequest) -> None:
-        """Write a call at once (no hop through the writer task)."""
+    async def _send_now(self, request: bytes) -> None:
+        """Write a call at once (no hop through the writer task).
+
+        Notifications waiting to be sent go with it, before it, in one batch (to a
+        plugin that takes batches): one message instead of two.
+        """
         stream = self._stream
         if stream is None:
             raise PluginCallFailed("disconnected", f"the plugin is unavailable ({self.last_error})")
         try:
             async with self._write_lock:
+                if self.batches and self._notes:  # the request is also a batch entry
+                    notes = self._take_notes(self.max_message_bytes - len(request))
+                    if notes:
+                        request = batch_request([*notes, request])
                 await stream.write(request)
         except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as error:
             raise PluginCallFailed("disconnected", f"the stream broke: {error}") from None
 
-    async def _write(
-        self, stream: grpc.aio.StreamStreamCall[hk.HandleRequest, hk.HandleResponse]
-    ) -> None:
-        """Send what is not time-critical: cancels first, then notifications."""
+    async def _write(self, stream: grpc.aio.StreamStreamCall[bytes, hk.HandleResponse]) -> None:
+        """Send what is not time-critical: cancels first, then notifications.
+
+        To a plugin that takes batches, notifications wait `GATHER_SECONDS` after the
+        first, so that those made meanwhile go with it (or with a call made meanwhile).
+        """
+        gathered = False
         while True:
-            while not self._outbox.empty():
+            if not self._outbox.empty():
                 async with self._write_lock:
                     await stream.write(self._outbox.get_nowait())
-            if self._notes:
-                note, slot = self._notes.popleft()
-                slot.queued -= 1
-                request = hk.HandleRequest(call=note)
-                if request.ByteSize() > self.max_message_bytes:
-                    payload = getattr(note, note.WhichOneof("payload") or "session_event")
-                    self._dropped += payload.dropped + 1  # too big to send: dropped, counted
-                    self.stats.dropped += 1
-                    self.stats.oversized += 1
-                    continue
-                async with self._write_lock:
-                    await stream.write(request)
                 continue
+            if self._notes:
+                if self.batches and not gathered:
+                    gathered = True
+                    self._urgent.clear()  # a cancel cuts the wait short
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(GATHER_SECONDS):
+                            await self._urgent.wait()
+                    continue
+                gathered = False
+                request = self._next_notes()
+                if request is not None:
+                    async with self._write_lock:
+                        await stream.write(request)
+                continue
+            gathered = False
             self._wake_writer.clear()
             if self._outbox.empty() and not self._notes:
                 await self._wake_writer.wait()
+
+    def _next_notes(self) -> bytes | None:
+        """The next message of notifications: one, or a batch of all that fit; None if none."""
+        entries = self._take_notes(self.max_message_bytes, 1 << 30 if self.batches else 1)
+        if len(entries) > 1:
+            return batch_request(entries)
+        return entries[0] if entries else None  # alone: the single form, the same bytes
+
+    def _take_notes(self, room: int, most: int = 1 << 30) -> list[bytes]:
+        """Batch entries of the oldest queued notifications that fit in `room` bytes.
+
+        A notification too big to send alone is dropped and counted.
+        """
+        entries: list[bytes] = []
+        size = BATCH_OVERHEAD
+        notes = self._notes
+        while notes and len(entries) < most:
+            note, slot = notes[0]
+            entry = batch_entry(note.SerializeToString())
+            if len(entry) > self.max_message_bytes:
+                notes.popleft()
+                slot.queued -= 1
+                payload = getattr(note, note.WhichOneof("payload") or "session_event")
+                self._dropped += payload.dropped + 1  # too big to send: dropped, counted
+                self.stats.dropped += 1
+                self.stats.oversized += 1
+                continue
+            if entries and size + len(entry) > room:
+                break  # the rest goes in the next message
+            notes.popleft()
+            slot.queued -= 1
+            entries.append(entry)
+            size += len(entry)
+        return entries
 
     def _deliver(self, chunk: hk.ModelChunk) -> None:
         queue = self._streams.get(chunk.call_id)

@@ -24,7 +24,7 @@ class Overrides:
 
 PROTOCOL_VERSION = 1
 """The plugin protocol version this server speaks."""
-CAPABILITIES = ("model_stream", "tool_execute", "event_kinds", "buffer_size")
+CAPABILITIES = ("model_stream", "tool_execute", "event_kinds", "buffer_size", "call_batch")
 """The optional features this server offers plugins."""
 
 

@@ -216,7 +216,11 @@ class RemoteListener:
 
     def notify(self, agent_id: str, **payload: Any) -> None:
         """Send an observer notification (admitted already)."""
-        call = hk.HookCall(
+        self.caller.notify(self.notice(agent_id, **payload), self.slot)
+
+    def notice(self, agent_id: str, **payload: Any) -> hk.HookCall:
+        """A notification of this subscription; the caller may fill its payload in place."""
+        return hk.HookCall(
             call_id=f"n{next(_call_ids)}",
             kind=hk.CALL_KIND_NOTIFICATION,
             seam=self.subscription.seam,
@@ -224,7 +228,6 @@ class RemoteListener:
             session_id=self.session_of(agent_id),
             **payload,
         )
-        self.caller.notify(call, self.slot)
 
     def listener(self) -> Callable[..., Any]:
         """The function registered on the seam, filtered by the subscription's agents."""
@@ -476,12 +479,16 @@ class RemoteListener:
         if kinds and event.WhichOneof("payload") not in kinds:
             return
         if self.caller.admit(self.slot):
-            self.notify(agent.agent_id, session_event=hk.SessionEventNotice(event=event))
+            call = self.notice(agent.agent_id)
+            call.session_event.event.CopyFrom(event)  # one copy, not one per nesting level
+            self.caller.notify(call, self.slot)
 
     def on_agent_event(self, agent: Any, event: ae.AgentEvent) -> None:
         """Forward a live agent event."""
         if self.caller.admit(self.slot):
-            self.notify(agent.agent_id, agent_event=hk.AgentEventNotice(event=event))
+            call = self.notice(agent.agent_id)
+            call.agent_event.event.CopyFrom(event)
+            self.caller.notify(call, self.slot)
 
     def on_tool_result(self, exec: ToolExecution, outcome: ToolOutcome) -> None:
         """Forward a final tool result."""

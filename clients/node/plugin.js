@@ -38,7 +38,9 @@ const { runCall } = require('./calls');
 
 /** The server's default `pluginMaxMessageBytes`: what a plugin must accept and may send. */
 const MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
-const { authorized, refuse, serveStream } = require('./stream');
+const {
+  authorized, describeFor, refuse, serveStream,
+} = require('./stream');
 
 const NAME_PATTERN = /^[A-Za-z0-9._:-]{1,128}$/;
 const FAILURE_POLICIES = ['FAIL_CLOSED', 'FAIL_OPEN'];
@@ -344,7 +346,7 @@ class Plugin {
     server.addService(proto.HookService.service, {
       Describe: (call, callback) => {
         if (!authorized(this, call)) return callback(refuse(this));
-        return callback(null, this.describe());
+        return callback(null, describeFor(this.describe(), call.request));
       },
       Handle: (stream) => serveStream(this, stream),
     });

@@ -6,7 +6,8 @@
  * each result is written when its call finishes. A `modelStream` call's chunks are
  * written as they are produced, and its deadline is the silence between two chunks.
  * A `CancelCall` aborts the call's `AbortSignal` and nothing more is sent for it;
- * neither is anything after the call's deadline. Notifications get no result. When the
+ * neither is anything after the call's deadline. Notifications get no result. The calls of a
+ * `CallBatch` are handled one by one as if each had come alone. When the
  * server closes its side, the calls in flight are answered, then the stream ends.
  */
 
@@ -32,6 +33,20 @@ function refuse(plugin) {
     code: grpc.status.UNAUTHENTICATED,
     details: `plugin ${plugin.name} requires 'authorization: Bearer <token>'`,
   };
+}
+
+/** Listed in `Describe` when the server offers it: calls may come several in a message. */
+const BATCH_CAPABILITY = 'call_batch';
+
+/**
+ * The `Describe` answer to `request`: `description`, asking for call batches when the
+ * server offers them (this helper reads them).
+ * @param {object} description @param {{capabilities?: string[]}} request
+ */
+function describeFor(description, request) {
+  const offered = (request && request.capabilities) || [];
+  if (!offered.includes(BATCH_CAPABILITY)) return description;
+  return { ...description, capabilities: [...(description.capabilities || []), BATCH_CAPABILITY] };
 }
 
 /** The `CancelCall` or deadline that withdrew a call. */
@@ -114,6 +129,8 @@ function serveStream(plugin, stream) {
   stream.on('data', (request) => {
     if (request.kind === 'call') {
       start(request.call);
+    } else if (request.kind === 'batch') { // each as if it had come alone
+      for (const call of request.batch.calls) start(call);
     } else if (request.kind === 'cancel') {
       const controller = calls.get(request.cancel.callId);
       calls.delete(request.cancel.callId);
@@ -126,4 +143,6 @@ function serveStream(plugin, stream) {
   stream.on('finish', () => plugin.streams.delete(handle));
 }
 
-module.exports = { CallWithdrawn, authorized, refuse, serveStream };
+module.exports = {
+  BATCH_CAPABILITY, CallWithdrawn, authorized, describeFor, refuse, serveStream,
+};

@@ -204,6 +204,36 @@ test('notifications get no result', async () => {
   assert.deepEqual(served.probe.agentEvents, ['a1']);
 });
 
+test('a CallBatch is handled call by call, in order', async () => {
+  const stream = new HandleStream(served.client);
+  stream.call.write({
+    batch: {
+      calls: [
+        { callId: 'n1', sessionEvent: { event: { seq: 1 } } },
+        { callId: 'n2', agentEvent: { event: { agentId: 'a1' } } },
+        { callId: 'n3', sessionEvent: { event: { seq: 2 } } },
+      ],
+    },
+  });
+  stream.call.write({
+    batch: { calls: [{ callId: 'n4', sessionEvent: { event: { seq: 3 } } }, prompt('p', 'hello')] },
+  });
+  assert.equal((await stream.result()).callId, 'p');
+  assert.deepEqual(await stream.finish(), []);
+  assert.deepEqual(served.probe.events, [1, 2, 3]);
+  assert.deepEqual(served.probe.agentEvents, ['a1']);
+});
+
+test('Describe asks for call batches only when the server offers them', async () => {
+  const ask = (capabilities) => within(new Promise((resolve, reject) => {
+    served.client.Describe({ capabilities }, (error, response) =>
+      (error ? reject(error) : resolve(response)));
+  }), 'Describe');
+  assert.deepEqual((await ask(['model_stream', 'call_batch'])).capabilities,
+    ['call_batch']);
+  assert.deepEqual((await ask(['model_stream'])).capabilities, []);
+});
+
 test('stop answers the calls in flight, then ends the stream', async () => {
   const started = deferred();
   const release = deferred();

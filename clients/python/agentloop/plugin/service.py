@@ -5,7 +5,9 @@ flight at once; each task writes its result itself as soon as it has it, under t
 stream's write lock (grpc.aio writes must never overlap), which saves a hop through a
 queue on every call. A `model_stream` call's chunks are written the same way, each as
 soon as the model produces it. A `CancelCall` cancels the call's task (a model's
-generator is closed) and nothing more is sent for it. Notifications get no result.
+generator is closed) and nothing more is sent for it. Notifications get no result. A
+`CallBatch` is taken apart and each of its calls handled as if it had come alone (the
+plugin asks for batches in `Describe` when the server offers them).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("agentloop.plugin")
 
 Context = grpc.aio.ServicerContext[Any, Any]
+
+BATCH_CAPABILITY = "call_batch"
+"""Listed in `Describe` when the server offers it: calls may come several in a message."""
 
 
 class CallStream:
@@ -71,6 +76,9 @@ class CallStream:
                 kind = request.WhichOneof("kind")
                 if kind == "call":
                     self._start(request.call)
+                elif kind == "batch":  # each handled as if it had come alone
+                    for call in request.batch.calls:
+                        self._start(call)
                 elif kind == "cancel":
                     task = self._calls.pop(request.cancel.call_id, None)
                     if task is not None:
@@ -169,7 +177,10 @@ class HookServicer(rpc.HookServiceServicer):
     async def Describe(self, request: hs.DescribeRequest, context: Context) -> hs.DescribeResponse:
         """The plugin's name, version, subscriptions and tools."""
         await self._authorize(context)
-        return self._plugin.describe()
+        description = self._plugin.describe()
+        if BATCH_CAPABILITY in request.capabilities:  # offered: this helper reads batches
+            description.capabilities.append(BATCH_CAPABILITY)
+        return description
 
     async def Handle(  # type: ignore[override]  # writes with context.write, not by yielding
         self, request_iterator: AsyncIterator[hs.HandleRequest], context: Context

@@ -220,7 +220,9 @@ class DescribeRequest(_message.Message):
     def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Capabilities are the optional features the server offers (see
         `DescribeResponse.capabilities`). Version 1 offers "model_stream",
-        "tool_execute", "event_kinds" and "buffer_size".
+        "tool_execute", "event_kinds" and "buffer_size"; also "call_batch": a
+        plugin that lists it may get several calls in one message
+        (`HandleRequest.batch`), so notifications travel together.
         """
 
     def __init__(
@@ -457,6 +459,7 @@ class HandleRequest(_message.Message):
 
     CALL_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
+    BATCH_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def call(self) -> Global___HookCall:
         """Call asks the plugin to handle one seam call."""
@@ -465,21 +468,56 @@ class HandleRequest(_message.Message):
     def cancel(self) -> Global___CancelCall:
         """Cancel withdraws a call in flight."""
 
+    @_builtins.property
+    def batch(self) -> Global___CallBatch:
+        """Batch carries several calls in one message. Sent only to a plugin that
+        lists the capability "call_batch" in its `DescribeResponse` (after the
+        server offered it); others get each call as its own `call`.
+        """
+
     def __init__(
         self,
         *,
         call: Global___HookCall | None = ...,
         cancel: Global___CancelCall | None = ...,
+        batch: Global___CallBatch | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "cancel", b"cancel", "kind", b"kind"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "call", b"call", "cancel", b"cancel", "kind", b"kind"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "cancel", b"cancel", "kind", b"kind"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "call", b"call", "cancel", b"cancel", "kind", b"kind"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["call", "cancel"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["call", "cancel", "batch"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___HandleRequest: _TypeAlias = HandleRequest  # noqa: Y015
+
+@_typing.final
+class CallBatch(_message.Message):
+    """CallBatch is several calls written as one message: the notifications the
+    server queued for the plugin, and possibly the call it is making now,
+    last. Each is handled exactly as if it had come alone, in this order.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CALLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___HookCall]:
+        """Calls are the calls, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        calls: _abc.Iterable[Global___HookCall] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CallBatch: _TypeAlias = CallBatch  # noqa: Y015
 
 @_typing.final
 class HandleResponse(_message.Message):

@@ -60,6 +60,9 @@ class HookServiceStub:
     they are made; notifications (session events, agent events, tool results)
     and `CancelCall`s are written by a background writer, cancels first, so a
     notification may arrive after a later call. Notifications get no answer.
+    To a plugin that takes `CallBatch`es, the writer sends the notifications
+    queued meanwhile together, shortly after the first; a call made while some
+    wait carries them, before it, in one batch.
 
     Answers. `HookResult.outcome` is unset ("continue unchanged": the next
     listener sees the value as it was), the decision of the call's own kind
@@ -180,6 +183,9 @@ class HookServiceServicer:
     they are made; notifications (session events, agent events, tool results)
     and `CancelCall`s are written by a background writer, cancels first, so a
     notification may arrive after a later call. Notifications get no answer.
+    To a plugin that takes `CallBatch`es, the writer sends the notifications
+    queued meanwhile together, shortly after the first; a call made while some
+    wait carries them, before it, in one batch.
 
     Answers. `HookResult.outcome` is unset ("continue unchanged": the next
     listener sees the value as it was), the decision of the call's own kind
@@ -318,6 +324,9 @@ class HookService:
     they are made; notifications (session events, agent events, tool results)
     and `CancelCall`s are written by a background writer, cancels first, so a
     notification may arrive after a later call. Notifications get no answer.
+    To a plugin that takes `CallBatch`es, the writer sends the notifications
+    queued meanwhile together, shortly after the first; a call made while some
+    wait carries them, before it, in one batch.
 
     Answers. `HookResult.outcome` is unset ("continue unchanged": the next
     listener sees the value as it was), the decision of the call's own kind

@@ -61,6 +61,9 @@ class HookServiceStub:
     they are made; notifications (session events, agent events, tool results)
     and `CancelCall`s are written by a background writer, cancels first, so a
     notification may arrive after a later call. Notifications get no answer.
+    To a plugin that takes `CallBatch`es, the writer sends the notifications
+    queued meanwhile together, shortly after the first; a call made while some
+    wait carries them, before it, in one batch.
 
     Answers. `HookResult.outcome` is unset ("continue unchanged": the next
     listener sees the value as it was), the decision of the call's own kind
@@ -175,6 +178,9 @@ class HookServiceAsyncStub(HookServiceStub):
     they are made; notifications (session events, agent events, tool results)
     and `CancelCall`s are written by a background writer, cancels first, so a
     notification may arrive after a later call. Notifications get no answer.
+    To a plugin that takes `CallBatch`es, the writer sends the notifications
+    queued meanwhile together, shortly after the first; a call made while some
+    wait carries them, before it, in one batch.
 
     Answers. `HookResult.outcome` is unset ("continue unchanged": the next
     listener sees the value as it was), the decision of the call's own kind
@@ -285,6 +291,9 @@ class HookServiceServicer(metaclass=_abc_1.ABCMeta):
     they are made; notifications (session events, agent events, tool results)
     and `CancelCall`s are written by a background writer, cancels first, so a
     notification may arrive after a later call. Notifications get no answer.
+    To a plugin that takes `CallBatch`es, the writer sends the notifications
+    queued meanwhile together, shortly after the first; a call made while some
+    wait carries them, before it, in one batch.
 
     Answers. `HookResult.outcome` is unset ("continue unchanged": the next
     listener sees the value as it was), the decision of the call's own kind

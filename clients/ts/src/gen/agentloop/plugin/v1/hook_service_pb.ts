@@ -24,7 +24,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file agentloop/plugin/v1/hook_service.proto.
  */
 export const file_agentloop_plugin_v1_hook_service: GenFile = /*@__PURE__*/
-  fileDesc("CiZhZ2VudGxvb3AvcGx1Z2luL3YxL2hvb2tfc2VydmljZS5wcm90bxITYWdlbnRsb29wLnBsdWdpbi52MSJcCg9EZXNjcmliZVJlcXVlc3QSGAoQcHJvdG9jb2xfdmVyc2lvbhgBIAEoDRIZChFtYXhfbWVzc2FnZV9ieXRlcxgCIAEoBBIUCgxjYXBhYmlsaXRpZXMYAyADKAkijQIKEERlc2NyaWJlUmVzcG9uc2USDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgJEjgKDXN1YnNjcmlwdGlvbnMYAyADKAsyIS5hZ2VudGxvb3AucGx1Z2luLnYxLlN1YnNjcmlwdGlvbhIyCgV0b29scxgEIAMoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbERlZmluaXRpb24SPAoGbW9kZWxzGAUgAygLMiwuYWdlbnRsb29wLnBsdWdpbi52MS5Nb2RlbFByb3ZpZGVyRGVmaW5pdGlvbhIYChBwcm90b2NvbF92ZXJzaW9uGAYgASgNEhQKDGNhcGFiaWxpdGllcxgHIAMoCSJuChdNb2RlbFByb3ZpZGVyRGVmaW5pdGlvbhIQCghwcm92aWRlchgBIAEoCRIVCg1kZWZhdWx0X21vZGVsGAIgASgJEioKB3RpbWVvdXQYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24i6wEKDFN1YnNjcmlwdGlvbhInCgRzZWFtGAEgASgOMhkuYWdlbnRsb29wLnBsdWdpbi52MS5TZWFtEg0KBW9yZGVyGAIgASgFEioKB3RpbWVvdXQYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SOgoOZmFpbHVyZV9wb2xpY3kYBCABKA4yIi5hZ2VudGxvb3AucGx1Z2luLnYxLkZhaWx1cmVQb2xpY3kSEQoJYWdlbnRfaWRzGAUgAygJEhMKC2V2ZW50X2tpbmRzGAYgAygJEhMKC2J1ZmZlcl9zaXplGAcgASgNIrgBCg5Ub29sRGVmaW5pdGlvbhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEi0KDGlucHV0X3NjaGVtYRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFQoNcGFyYWxsZWxfc2FmZRgEIAEoCBIqCgd0aW1lb3V0GAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhEKCWFnZW50X2lkcxgGIAMoCSJ5Cg1IYW5kbGVSZXF1ZXN0Ei0KBGNhbGwYASABKAsyHS5hZ2VudGxvb3AucGx1Z2luLnYxLkhvb2tDYWxsSAASMQoGY2FuY2VsGAIgASgLMh8uYWdlbnRsb29wLnBsdWdpbi52MS5DYW5jZWxDYWxsSABCBgoEa2luZCJ9Cg5IYW5kbGVSZXNwb25zZRIxCgZyZXN1bHQYASABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLkhvb2tSZXN1bHRIABIwCgVjaHVuaxgCIAEoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuTW9kZWxDaHVua0gAQgYKBGtpbmQiRwoKTW9kZWxDaHVuaxIPCgdjYWxsX2lkGAEgASgJEigKBWNodW5rGAIgASgLMhkuYWdlbnRsb29wLnYxLlN0cmVhbUNodW5rIpkJCghIb29rQ2FsbBIPCgdjYWxsX2lkGAEgASgJEicKBHNlYW0YAiABKA4yGS5hZ2VudGxvb3AucGx1Z2luLnYxLlNlYW0SKwoEa2luZBgIIAEoDjIdLmFnZW50bG9vcC5wbHVnaW4udjEuQ2FsbEtpbmQSEAoIYWdlbnRfaWQYAyABKAkSEgoKc2Vzc2lvbl9pZBgEIAEoCRIMCgR0dXJuGAUgASgNEgwKBHN0ZXAYBiABKA0SKgoHdGltZW91dBgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhI+Cg1wcm9tcHRfc3VibWl0GAogASgLMiUuYWdlbnRsb29wLnBsdWdpbi52MS5Qcm9tcHRTdWJtaXRDYWxsSAASQAoOc2Vzc2lvbl9wcmVmaXgYCyABKAsyJi5hZ2VudGxvb3AucGx1Z2luLnYxLlNlc3Npb25QcmVmaXhDYWxsSAASNAoIcHJlX3N0ZXAYDCABKAsyIC5hZ2VudGxvb3AucGx1Z2luLnYxLlByZVN0ZXBDYWxsSAASMwoHcmVxdWVzdBgNIAEoCzIgLmFnZW50bG9vcC5wbHVnaW4udjEuUmVxdWVzdENhbGxIABI6CgtzdGVwX3Jlc3VsdBgOIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuU3RlcFJlc3VsdENhbGxIABJGChF0dXJuX2NvbnRpbnVhdGlvbhgPIAEoCzIpLmFnZW50bG9vcC5wbHVnaW4udjEuVHVybkNvbnRpbnVhdGlvbkNhbGxIABI2Cgl0dXJuX3N0b3AYECABKAsyIS5hZ2VudGxvb3AucGx1Z2luLnYxLlR1cm5TdG9wQ2FsbEgAEkMKEHRvb2xfcHJlX2V4ZWN1dGUYESABKAsyJy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xQcmVFeGVjdXRlQ2FsbEgAEkUKEXRvb2xfcG9zdF9leGVjdXRlGBIgASgLMiguYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sUG9zdEV4ZWN1dGVDYWxsSAASPAoMdG9vbF9leGVjdXRlGBMgASgLMiQuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sRXhlY3V0ZUNhbGxIABJACg1zZXNzaW9uX2V2ZW50GBQgASgLMicuYWdlbnRsb29wLnBsdWdpbi52MS5TZXNzaW9uRXZlbnROb3RpY2VIABI8CgthZ2VudF9ldmVudBgVIAEoCzIlLmFnZW50bG9vcC5wbHVnaW4udjEuQWdlbnRFdmVudE5vdGljZUgAEjwKC3Rvb2xfcmVzdWx0GBYgASgLMiUuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sUmVzdWx0Tm90aWNlSAASPAoMbW9kZWxfc3RyZWFtGBcgASgLMiQuYWdlbnRsb29wLnBsdWdpbi52MS5Nb2RlbFN0cmVhbUNhbGxIABI+Cg10b29sX2FwcHJvdmFsGCggASgLMiUuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sQXBwcm92YWxDYWxsSABCCQoHcGF5bG9hZCJFChBUb29sQXBwcm92YWxDYWxsEjEKCGFwcHJvdmFsGAEgASgLMh8uYWdlbnRsb29wLnYxLkFwcHJvdmFsUmVxdWVzdGVkIlYKElRvb2xBcHByb3ZhbFJlc3VsdBIwCghkZWNpc2lvbhgBIAEoDjIeLmFnZW50bG9vcC52MS5BcHByb3ZhbERlY2lzaW9uEg4KBnJlYXNvbhgCIAEoCSJ5Cg9Nb2RlbFN0cmVhbUNhbGwSEAoIcHJvdmlkZXIYASABKAkSKwoGaGVhZGVyGAIgASgLMhsuYWdlbnRsb29wLnYxLlJlcXVlc3RIZWFkZXISJwoIbWVzc2FnZXMYAyADKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSItCgpDYW5jZWxDYWxsEg8KB2NhbGxfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIvUFCgpIb29rUmVzdWx0Eg8KB2NhbGxfaWQYASABKAkSNQoNcHJvbXB0X3N1Ym1pdBgKIAEoCzIcLmFnZW50bG9vcC52MS5Qcm9tcHREZWNpc2lvbkgAEkIKDnNlc3Npb25fcHJlZml4GAsgASgLMiguYWdlbnRsb29wLnBsdWdpbi52MS5TZXNzaW9uUHJlZml4UmVzdWx0SAASNgoIcHJlX3N0ZXAYDCABKAsyIi5hZ2VudGxvb3AucGx1Z2luLnYxLlByZVN0ZXBSZXN1bHRIABI1CgdyZXF1ZXN0GA0gASgLMiIuYWdlbnRsb29wLnBsdWdpbi52MS5SZXF1ZXN0UmVzdWx0SAASPAoLc3RlcF9yZXN1bHQYDiABKAsyJS5hZ2VudGxvb3AucGx1Z2luLnYxLlN0ZXBSZXN1bHRSZXN1bHRIABI/ChF0dXJuX2NvbnRpbnVhdGlvbhgPIAEoCzIiLmFnZW50bG9vcC52MS5Db250aW51YXRpb25EZWNpc2lvbkgAEjgKCXR1cm5fc3RvcBgQIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVHVyblN0b3BSZXN1bHRIABI5ChB0b29sX3ByZV9leGVjdXRlGBEgASgLMh0uYWdlbnRsb29wLnYxLlByZVRvb2xEZWNpc2lvbkgAEjsKEXRvb2xfcG9zdF9leGVjdXRlGBIgASgLMh4uYWdlbnRsb29wLnYxLlBvc3RUb29sRGVjaXNpb25IABI3Cgx0b29sX2V4ZWN1dGUYEyABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xPdXRwdXRIABJACg10b29sX2FwcHJvdmFsGCggASgLMicuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sQXBwcm92YWxSZXN1bHRIABIvCgVlcnJvchgeIAEoCzIeLmFnZW50bG9vcC5wbHVnaW4udjEuQ2FsbEVycm9ySABCCQoHb3V0Y29tZUoECAIQAyIqCglDYWxsRXJyb3ISDAoEY29kZRgBIAEoBRIPCgdtZXNzYWdlGAIgASgJImUKEFByb21wdFN1Ym1pdENhbGwSKwoHY29udGVudBgBIAMoCzIaLmFnZW50bG9vcC52MS5Db250ZW50QmxvY2sSJAoGc291cmNlGAIgASgLMhQuYWdlbnRsb29wLnYxLlNvdXJjZSI6ChFTZXNzaW9uUHJlZml4Q2FsbBIlCgZwcmVmaXgYASADKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSI8ChNTZXNzaW9uUHJlZml4UmVzdWx0EiUKBnByZWZpeBgBIAMoCzIVLmFnZW50bG9vcC52MS5NZXNzYWdlIkQKC1ByZVN0ZXBDYWxsEg4KBnN5c3RlbRgBIAEoCRIlCgZwcmVmaXgYAiADKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSI8Cg1QcmVTdGVwUmVzdWx0EisKCGNvbnRleHRzGAEgAygLMhkuYWdlbnRsb29wLnYxLkhvb2tDb250ZXh0IjgKC1JlcXVlc3RDYWxsEikKBmNvbmZpZxgBIAEoCzIZLmFnZW50bG9vcC52MS5Nb2RlbENvbmZpZyI6Cg1SZXF1ZXN0UmVzdWx0EikKBmNvbmZpZxgBIAEoCzIZLmFnZW50bG9vcC52MS5Nb2RlbENvbmZpZyI4Cg5TdGVwUmVzdWx0Q2FsbBImCgdtZXNzYWdlGAEgASgLMhUuYWdlbnRsb29wLnYxLk1lc3NhZ2UiOgoQU3RlcFJlc3VsdFJlc3VsdBImCgdtZXNzYWdlGAEgASgLMhUuYWdlbnRsb29wLnYxLk1lc3NhZ2UiTAoUVHVybkNvbnRpbnVhdGlvbkNhbGwSNAoIZGVjaXNpb24YASABKAsyIi5hZ2VudGxvb3AudjEuQ29udGludWF0aW9uRGVjaXNpb24iDgoMVHVyblN0b3BDYWxsIh4KDlR1cm5TdG9wUmVzdWx0EgwKBHN0b3AYASABKAgiQgoOVG9vbEludm9jYXRpb24SDwoHY2FsbF9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEhEKCWFyZ3VtZW50cxgDIAEoCSLSAQoKVG9vbE91dHB1dBIrCgdjb250ZW50GAEgAygLMhouYWdlbnRsb29wLnYxLkNvbnRlbnRCbG9jaxIQCghpc19lcnJvchgCIAEoCBImCgVlcnJvchgDIAEoCzIXLmFnZW50bG9vcC52MS5Ub29sRXJyb3ISJQoEbWV0YRgEIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSNgoTYWRkaXRpb25hbF9jb250ZXh0cxgFIAMoCzIZLmFnZW50bG9vcC52MS5Ib29rQ29udGV4dCJNChJUb29sUHJlRXhlY3V0ZUNhbGwSNwoKaW52b2NhdGlvbhgBIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbEludm9jYXRpb24ifwoTVG9vbFBvc3RFeGVjdXRlQ2FsbBI3CgppbnZvY2F0aW9uGAEgASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sSW52b2NhdGlvbhIvCgZvdXRwdXQYAiABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xPdXRwdXQiSgoPVG9vbEV4ZWN1dGVDYWxsEjcKCmludm9jYXRpb24YASABKAsyIy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xJbnZvY2F0aW9uIlAKElNlc3Npb25FdmVudE5vdGljZRIpCgVldmVudBgBIAEoCzIaLmFnZW50bG9vcC52MS5TZXNzaW9uRXZlbnQSDwoHZHJvcHBlZBgCIAEoBCJMChBBZ2VudEV2ZW50Tm90aWNlEicKBWV2ZW50GAEgASgLMhguYWdlbnRsb29wLnYxLkFnZW50RXZlbnQSDwoHZHJvcHBlZBgCIAEoBCKNAQoQVG9vbFJlc3VsdE5vdGljZRI3CgppbnZvY2F0aW9uGAEgASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sSW52b2NhdGlvbhIvCgZvdXRwdXQYAiABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xPdXRwdXQSDwoHZHJvcHBlZBgDIAEoBCqDAwoEU2VhbRIUChBTRUFNX1VOU1BFQ0lGSUVEEAASFgoSU0VBTV9QUk9NUFRfU1VCTUlUEAESFwoTU0VBTV9TRVNTSU9OX1BSRUZJWBACEhEKDVNFQU1fUFJFX1NURVAQAxIQCgxTRUFNX1JFUVVFU1QQBBIUChBTRUFNX1NURVBfUkVTVUxUEAUSGgoWU0VBTV9UVVJOX0NPTlRJTlVBVElPThAGEhIKDlNFQU1fVFVSTl9TVE9QEAcSGgoWU0VBTV9UT09MU19QUkVfRVhFQ1VURRAIEhsKF1NFQU1fVE9PTFNfUE9TVF9FWEVDVVRFEAkSFwoTU0VBTV9TRVNTSU9OX0VWRU5UUxAKEhUKEVNFQU1fQUdFTlRfRVZFTlRTEAsSFQoRU0VBTV9UT09MU19SRVNVTFQQDBIXChNTRUFNX1RPT0xTX0FQUFJPVkFMEBQiBAgNEA0iBAgOEA4qEVNFQU1fVE9PTF9FWEVDVVRFKhFTRUFNX01PREVMX1NUUkVBTSqNAQoIQ2FsbEtpbmQSGQoVQ0FMTF9LSU5EX1VOU1BFQ0lGSUVEEAASEgoOQ0FMTF9LSU5EX1NFQU0QARIaChZDQUxMX0tJTkRfTk9USUZJQ0FUSU9OEAISGgoWQ0FMTF9LSU5EX1RPT0xfRVhFQ1VURRADEhoKFkNBTExfS0lORF9NT0RFTF9TVFJFQU0QBCptCg1GYWlsdXJlUG9saWN5Eh4KGkZBSUxVUkVfUE9MSUNZX1VOU1BFQ0lGSUVEEAASHgoaRkFJTFVSRV9QT0xJQ1lfRkFJTF9DTE9TRUQQARIcChhGQUlMVVJFX1BPTElDWV9GQUlMX09QRU4QAjK9AQoLSG9va1NlcnZpY2USVwoIRGVzY3JpYmUSJC5hZ2VudGxvb3AucGx1Z2luLnYxLkRlc2NyaWJlUmVxdWVzdBolLmFnZW50bG9vcC5wbHVnaW4udjEuRGVzY3JpYmVSZXNwb25zZRJVCgZIYW5kbGUSIi5hZ2VudGxvb3AucGx1Z2luLnYxLkhhbmRsZVJlcXVlc3QaIy5hZ2VudGxvb3AucGx1Z2luLnYxLkhhbmRsZVJlc3BvbnNlKAEwAWIGcHJvdG8z", [file_agentloop_v1_agent_event, file_agentloop_v1_approval, file_agentloop_v1_content, file_agentloop_v1_decision, file_agentloop_v1_session_event, file_agentloop_v1_stream, file_google_protobuf_duration, file_google_protobuf_struct]);
+  fileDesc("CiZhZ2VudGxvb3AvcGx1Z2luL3YxL2hvb2tfc2VydmljZS5wcm90bxITYWdlbnRsb29wLnBsdWdpbi52MSJcCg9EZXNjcmliZVJlcXVlc3QSGAoQcHJvdG9jb2xfdmVyc2lvbhgBIAEoDRIZChFtYXhfbWVzc2FnZV9ieXRlcxgCIAEoBBIUCgxjYXBhYmlsaXRpZXMYAyADKAkijQIKEERlc2NyaWJlUmVzcG9uc2USDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgJEjgKDXN1YnNjcmlwdGlvbnMYAyADKAsyIS5hZ2VudGxvb3AucGx1Z2luLnYxLlN1YnNjcmlwdGlvbhIyCgV0b29scxgEIAMoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbERlZmluaXRpb24SPAoGbW9kZWxzGAUgAygLMiwuYWdlbnRsb29wLnBsdWdpbi52MS5Nb2RlbFByb3ZpZGVyRGVmaW5pdGlvbhIYChBwcm90b2NvbF92ZXJzaW9uGAYgASgNEhQKDGNhcGFiaWxpdGllcxgHIAMoCSJuChdNb2RlbFByb3ZpZGVyRGVmaW5pdGlvbhIQCghwcm92aWRlchgBIAEoCRIVCg1kZWZhdWx0X21vZGVsGAIgASgJEioKB3RpbWVvdXQYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24i6wEKDFN1YnNjcmlwdGlvbhInCgRzZWFtGAEgASgOMhkuYWdlbnRsb29wLnBsdWdpbi52MS5TZWFtEg0KBW9yZGVyGAIgASgFEioKB3RpbWVvdXQYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SOgoOZmFpbHVyZV9wb2xpY3kYBCABKA4yIi5hZ2VudGxvb3AucGx1Z2luLnYxLkZhaWx1cmVQb2xpY3kSEQoJYWdlbnRfaWRzGAUgAygJEhMKC2V2ZW50X2tpbmRzGAYgAygJEhMKC2J1ZmZlcl9zaXplGAcgASgNIrgBCg5Ub29sRGVmaW5pdGlvbhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEi0KDGlucHV0X3NjaGVtYRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFQoNcGFyYWxsZWxfc2FmZRgEIAEoCBIqCgd0aW1lb3V0GAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhEKCWFnZW50X2lkcxgGIAMoCSKqAQoNSGFuZGxlUmVxdWVzdBItCgRjYWxsGAEgASgLMh0uYWdlbnRsb29wLnBsdWdpbi52MS5Ib29rQ2FsbEgAEjEKBmNhbmNlbBgCIAEoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuQ2FuY2VsQ2FsbEgAEi8KBWJhdGNoGAggASgLMh4uYWdlbnRsb29wLnBsdWdpbi52MS5DYWxsQmF0Y2hIAEIGCgRraW5kIjkKCUNhbGxCYXRjaBIsCgVjYWxscxgBIAMoCzIdLmFnZW50bG9vcC5wbHVnaW4udjEuSG9va0NhbGwifQoOSGFuZGxlUmVzcG9uc2USMQoGcmVzdWx0GAEgASgLMh8uYWdlbnRsb29wLnBsdWdpbi52MS5Ib29rUmVzdWx0SAASMAoFY2h1bmsYAiABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLk1vZGVsQ2h1bmtIAEIGCgRraW5kIkcKCk1vZGVsQ2h1bmsSDwoHY2FsbF9pZBgBIAEoCRIoCgVjaHVuaxgCIAEoCzIZLmFnZW50bG9vcC52MS5TdHJlYW1DaHVuayKZCQoISG9va0NhbGwSDwoHY2FsbF9pZBgBIAEoCRInCgRzZWFtGAIgASgOMhkuYWdlbnRsb29wLnBsdWdpbi52MS5TZWFtEisKBGtpbmQYCCABKA4yHS5hZ2VudGxvb3AucGx1Z2luLnYxLkNhbGxLaW5kEhAKCGFnZW50X2lkGAMgASgJEhIKCnNlc3Npb25faWQYBCABKAkSDAoEdHVybhgFIAEoDRIMCgRzdGVwGAYgASgNEioKB3RpbWVvdXQYByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SPgoNcHJvbXB0X3N1Ym1pdBgKIAEoCzIlLmFnZW50bG9vcC5wbHVnaW4udjEuUHJvbXB0U3VibWl0Q2FsbEgAEkAKDnNlc3Npb25fcHJlZml4GAsgASgLMiYuYWdlbnRsb29wLnBsdWdpbi52MS5TZXNzaW9uUHJlZml4Q2FsbEgAEjQKCHByZV9zdGVwGAwgASgLMiAuYWdlbnRsb29wLnBsdWdpbi52MS5QcmVTdGVwQ2FsbEgAEjMKB3JlcXVlc3QYDSABKAsyIC5hZ2VudGxvb3AucGx1Z2luLnYxLlJlcXVlc3RDYWxsSAASOgoLc3RlcF9yZXN1bHQYDiABKAsyIy5hZ2VudGxvb3AucGx1Z2luLnYxLlN0ZXBSZXN1bHRDYWxsSAASRgoRdHVybl9jb250aW51YXRpb24YDyABKAsyKS5hZ2VudGxvb3AucGx1Z2luLnYxLlR1cm5Db250aW51YXRpb25DYWxsSAASNgoJdHVybl9zdG9wGBAgASgLMiEuYWdlbnRsb29wLnBsdWdpbi52MS5UdXJuU3RvcENhbGxIABJDChB0b29sX3ByZV9leGVjdXRlGBEgASgLMicuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sUHJlRXhlY3V0ZUNhbGxIABJFChF0b29sX3Bvc3RfZXhlY3V0ZRgSIAEoCzIoLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbFBvc3RFeGVjdXRlQ2FsbEgAEjwKDHRvb2xfZXhlY3V0ZRgTIAEoCzIkLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbEV4ZWN1dGVDYWxsSAASQAoNc2Vzc2lvbl9ldmVudBgUIAEoCzInLmFnZW50bG9vcC5wbHVnaW4udjEuU2Vzc2lvbkV2ZW50Tm90aWNlSAASPAoLYWdlbnRfZXZlbnQYFSABKAsyJS5hZ2VudGxvb3AucGx1Z2luLnYxLkFnZW50RXZlbnROb3RpY2VIABI8Cgt0b29sX3Jlc3VsdBgWIAEoCzIlLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbFJlc3VsdE5vdGljZUgAEjwKDG1vZGVsX3N0cmVhbRgXIAEoCzIkLmFnZW50bG9vcC5wbHVnaW4udjEuTW9kZWxTdHJlYW1DYWxsSAASPgoNdG9vbF9hcHByb3ZhbBgoIAEoCzIlLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbEFwcHJvdmFsQ2FsbEgAQgkKB3BheWxvYWQiRQoQVG9vbEFwcHJvdmFsQ2FsbBIxCghhcHByb3ZhbBgBIAEoCzIfLmFnZW50bG9vcC52MS5BcHByb3ZhbFJlcXVlc3RlZCJWChJUb29sQXBwcm92YWxSZXN1bHQSMAoIZGVjaXNpb24YASABKA4yHi5hZ2VudGxvb3AudjEuQXBwcm92YWxEZWNpc2lvbhIOCgZyZWFzb24YAiABKAkieQoPTW9kZWxTdHJlYW1DYWxsEhAKCHByb3ZpZGVyGAEgASgJEisKBmhlYWRlchgCIAEoCzIbLmFnZW50bG9vcC52MS5SZXF1ZXN0SGVhZGVyEicKCG1lc3NhZ2VzGAMgAygLMhUuYWdlbnRsb29wLnYxLk1lc3NhZ2UiLQoKQ2FuY2VsQ2FsbBIPCgdjYWxsX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCSL1BQoKSG9va1Jlc3VsdBIPCgdjYWxsX2lkGAEgASgJEjUKDXByb21wdF9zdWJtaXQYCiABKAsyHC5hZ2VudGxvb3AudjEuUHJvbXB0RGVjaXNpb25IABJCCg5zZXNzaW9uX3ByZWZpeBgLIAEoCzIoLmFnZW50bG9vcC5wbHVnaW4udjEuU2Vzc2lvblByZWZpeFJlc3VsdEgAEjYKCHByZV9zdGVwGAwgASgLMiIuYWdlbnRsb29wLnBsdWdpbi52MS5QcmVTdGVwUmVzdWx0SAASNQoHcmVxdWVzdBgNIAEoCzIiLmFnZW50bG9vcC5wbHVnaW4udjEuUmVxdWVzdFJlc3VsdEgAEjwKC3N0ZXBfcmVzdWx0GA4gASgLMiUuYWdlbnRsb29wLnBsdWdpbi52MS5TdGVwUmVzdWx0UmVzdWx0SAASPwoRdHVybl9jb250aW51YXRpb24YDyABKAsyIi5hZ2VudGxvb3AudjEuQ29udGludWF0aW9uRGVjaXNpb25IABI4Cgl0dXJuX3N0b3AYECABKAsyIy5hZ2VudGxvb3AucGx1Z2luLnYxLlR1cm5TdG9wUmVzdWx0SAASOQoQdG9vbF9wcmVfZXhlY3V0ZRgRIAEoCzIdLmFnZW50bG9vcC52MS5QcmVUb29sRGVjaXNpb25IABI7ChF0b29sX3Bvc3RfZXhlY3V0ZRgSIAEoCzIeLmFnZW50bG9vcC52MS5Qb3N0VG9vbERlY2lzaW9uSAASNwoMdG9vbF9leGVjdXRlGBMgASgLMh8uYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sT3V0cHV0SAASQAoNdG9vbF9hcHByb3ZhbBgoIAEoCzInLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbEFwcHJvdmFsUmVzdWx0SAASLwoFZXJyb3IYHiABKAsyHi5hZ2VudGxvb3AucGx1Z2luLnYxLkNhbGxFcnJvckgAQgkKB291dGNvbWVKBAgCEAMiKgoJQ2FsbEVycm9yEgwKBGNvZGUYASABKAUSDwoHbWVzc2FnZRgCIAEoCSJlChBQcm9tcHRTdWJtaXRDYWxsEisKB2NvbnRlbnQYASADKAsyGi5hZ2VudGxvb3AudjEuQ29udGVudEJsb2NrEiQKBnNvdXJjZRgCIAEoCzIULmFnZW50bG9vcC52MS5Tb3VyY2UiOgoRU2Vzc2lvblByZWZpeENhbGwSJQoGcHJlZml4GAEgAygLMhUuYWdlbnRsb29wLnYxLk1lc3NhZ2UiPAoTU2Vzc2lvblByZWZpeFJlc3VsdBIlCgZwcmVmaXgYASADKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSJECgtQcmVTdGVwQ2FsbBIOCgZzeXN0ZW0YASABKAkSJQoGcHJlZml4GAIgAygLMhUuYWdlbnRsb29wLnYxLk1lc3NhZ2UiPAoNUHJlU3RlcFJlc3VsdBIrCghjb250ZXh0cxgBIAMoCzIZLmFnZW50bG9vcC52MS5Ib29rQ29udGV4dCI4CgtSZXF1ZXN0Q2FsbBIpCgZjb25maWcYASABKAsyGS5hZ2VudGxvb3AudjEuTW9kZWxDb25maWciOgoNUmVxdWVzdFJlc3VsdBIpCgZjb25maWcYASABKAsyGS5hZ2VudGxvb3AudjEuTW9kZWxDb25maWciOAoOU3RlcFJlc3VsdENhbGwSJgoHbWVzc2FnZRgBIAEoCzIVLmFnZW50bG9vcC52MS5NZXNzYWdlIjoKEFN0ZXBSZXN1bHRSZXN1bHQSJgoHbWVzc2FnZRgBIAEoCzIVLmFnZW50bG9vcC52MS5NZXNzYWdlIkwKFFR1cm5Db250aW51YXRpb25DYWxsEjQKCGRlY2lzaW9uGAEgASgLMiIuYWdlbnRsb29wLnYxLkNvbnRpbnVhdGlvbkRlY2lzaW9uIg4KDFR1cm5TdG9wQ2FsbCIeCg5UdXJuU3RvcFJlc3VsdBIMCgRzdG9wGAEgASgIIkIKDlRvb2xJbnZvY2F0aW9uEg8KB2NhbGxfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIRCglhcmd1bWVudHMYAyABKAki0gEKClRvb2xPdXRwdXQSKwoHY29udGVudBgBIAMoCzIaLmFnZW50bG9vcC52MS5Db250ZW50QmxvY2sSEAoIaXNfZXJyb3IYAiABKAgSJgoFZXJyb3IYAyABKAsyFy5hZ2VudGxvb3AudjEuVG9vbEVycm9yEiUKBG1ldGEYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EjYKE2FkZGl0aW9uYWxfY29udGV4dHMYBSADKAsyGS5hZ2VudGxvb3AudjEuSG9va0NvbnRleHQiTQoSVG9vbFByZUV4ZWN1dGVDYWxsEjcKCmludm9jYXRpb24YASABKAsyIy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xJbnZvY2F0aW9uIn8KE1Rvb2xQb3N0RXhlY3V0ZUNhbGwSNwoKaW52b2NhdGlvbhgBIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbEludm9jYXRpb24SLwoGb3V0cHV0GAIgASgLMh8uYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sT3V0cHV0IkoKD1Rvb2xFeGVjdXRlQ2FsbBI3CgppbnZvY2F0aW9uGAEgASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sSW52b2NhdGlvbiJQChJTZXNzaW9uRXZlbnROb3RpY2USKQoFZXZlbnQYASABKAsyGi5hZ2VudGxvb3AudjEuU2Vzc2lvbkV2ZW50Eg8KB2Ryb3BwZWQYAiABKAQiTAoQQWdlbnRFdmVudE5vdGljZRInCgVldmVudBgBIAEoCzIYLmFnZW50bG9vcC52MS5BZ2VudEV2ZW50Eg8KB2Ryb3BwZWQYAiABKAQijQEKEFRvb2xSZXN1bHROb3RpY2USNwoKaW52b2NhdGlvbhgBIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbEludm9jYXRpb24SLwoGb3V0cHV0GAIgASgLMh8uYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sT3V0cHV0Eg8KB2Ryb3BwZWQYAyABKAQqgwMKBFNlYW0SFAoQU0VBTV9VTlNQRUNJRklFRBAAEhYKElNFQU1fUFJPTVBUX1NVQk1JVBABEhcKE1NFQU1fU0VTU0lPTl9QUkVGSVgQAhIRCg1TRUFNX1BSRV9TVEVQEAMSEAoMU0VBTV9SRVFVRVNUEAQSFAoQU0VBTV9TVEVQX1JFU1VMVBAFEhoKFlNFQU1fVFVSTl9DT05USU5VQVRJT04QBhISCg5TRUFNX1RVUk5fU1RPUBAHEhoKFlNFQU1fVE9PTFNfUFJFX0VYRUNVVEUQCBIbChdTRUFNX1RPT0xTX1BPU1RfRVhFQ1VURRAJEhcKE1NFQU1fU0VTU0lPTl9FVkVOVFMQChIVChFTRUFNX0FHRU5UX0VWRU5UUxALEhUKEVNFQU1fVE9PTFNfUkVTVUxUEAwSFwoTU0VBTV9UT09MU19BUFBST1ZBTBAUIgQIDRANIgQIDhAOKhFTRUFNX1RPT0xfRVhFQ1VURSoRU0VBTV9NT0RFTF9TVFJFQU0qjQEKCENhbGxLaW5kEhkKFUNBTExfS0lORF9VTlNQRUNJRklFRBAAEhIKDkNBTExfS0lORF9TRUFNEAESGgoWQ0FMTF9LSU5EX05PVElGSUNBVElPThACEhoKFkNBTExfS0lORF9UT09MX0VYRUNVVEUQAxIaChZDQUxMX0tJTkRfTU9ERUxfU1RSRUFNEAQqbQoNRmFpbHVyZVBvbGljeRIeChpGQUlMVVJFX1BPTElDWV9VTlNQRUNJRklFRBAAEh4KGkZBSUxVUkVfUE9MSUNZX0ZBSUxfQ0xPU0VEEAESHAoYRkFJTFVSRV9QT0xJQ1lfRkFJTF9PUEVOEAIyvQEKC0hvb2tTZXJ2aWNlElcKCERlc2NyaWJlEiQuYWdlbnRsb29wLnBsdWdpbi52MS5EZXNjcmliZVJlcXVlc3QaJS5hZ2VudGxvb3AucGx1Z2luLnYxLkRlc2NyaWJlUmVzcG9uc2USVQoGSGFuZGxlEiIuYWdlbnRsb29wLnBsdWdpbi52MS5IYW5kbGVSZXF1ZXN0GiMuYWdlbnRsb29wLnBsdWdpbi52MS5IYW5kbGVSZXNwb25zZSgBMAFiBnByb3RvMw", [file_agentloop_v1_agent_event, file_agentloop_v1_approval, file_agentloop_v1_content, file_agentloop_v1_decision, file_agentloop_v1_session_event, file_agentloop_v1_stream, file_google_protobuf_duration, file_google_protobuf_struct]);
 
 /**
  * DescribeRequest is the input of Describe: what the server speaks. It is
@@ -54,7 +54,9 @@ export type DescribeRequest = Message<"agentloop.plugin.v1.DescribeRequest"> & {
   /**
    * Capabilities are the optional features the server offers (see
    * `DescribeResponse.capabilities`). Version 1 offers "model_stream",
-   * "tool_execute", "event_kinds" and "buffer_size".
+   * "tool_execute", "event_kinds" and "buffer_size"; also "call_batch": a
+   * plugin that lists it may get several calls in one message
+   * (`HandleRequest.batch`), so notifications travel together.
    *
    * @generated from field: repeated string capabilities = 3;
    */
@@ -327,6 +329,16 @@ export type HandleRequest = Message<"agentloop.plugin.v1.HandleRequest"> & {
      */
     value: CancelCall;
     case: "cancel";
+  } | {
+    /**
+     * Batch carries several calls in one message. Sent only to a plugin that
+     * lists the capability "call_batch" in its `DescribeResponse` (after the
+     * server offered it); others get each call as its own `call`.
+     *
+     * @generated from field: agentloop.plugin.v1.CallBatch batch = 8;
+     */
+    value: CallBatch;
+    case: "batch";
   } | { case: undefined; value?: undefined };
 };
 
@@ -336,6 +348,29 @@ export type HandleRequest = Message<"agentloop.plugin.v1.HandleRequest"> & {
  */
 export const HandleRequestSchema: GenMessage<HandleRequest> = /*@__PURE__*/
   messageDesc(file_agentloop_plugin_v1_hook_service, 5);
+
+/**
+ * CallBatch is several calls written as one message: the notifications the
+ * server queued for the plugin, and possibly the call it is making now,
+ * last. Each is handled exactly as if it had come alone, in this order.
+ *
+ * @generated from message agentloop.plugin.v1.CallBatch
+ */
+export type CallBatch = Message<"agentloop.plugin.v1.CallBatch"> & {
+  /**
+   * Calls are the calls, oldest first.
+   *
+   * @generated from field: repeated agentloop.plugin.v1.HookCall calls = 1;
+   */
+  calls: HookCall[];
+};
+
+/**
+ * Describes the message agentloop.plugin.v1.CallBatch.
+ * Use `create(CallBatchSchema)` to create a new message.
+ */
+export const CallBatchSchema: GenMessage<CallBatch> = /*@__PURE__*/
+  messageDesc(file_agentloop_plugin_v1_hook_service, 6);
 
 /**
  * HandleResponse is one message from the plugin to the server.
@@ -375,7 +410,7 @@ export type HandleResponse = Message<"agentloop.plugin.v1.HandleResponse"> & {
  * Use `create(HandleResponseSchema)` to create a new message.
  */
 export const HandleResponseSchema: GenMessage<HandleResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 6);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 7);
 
 /**
  * ModelChunk is one streamed chunk of a model call served by a plugin.
@@ -403,7 +438,7 @@ export type ModelChunk = Message<"agentloop.plugin.v1.ModelChunk"> & {
  * Use `create(ModelChunkSchema)` to create a new message.
  */
 export const ModelChunkSchema: GenMessage<ModelChunk> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 7);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 8);
 
 /**
  * HookCall is one seam call.
@@ -605,7 +640,7 @@ export type HookCall = Message<"agentloop.plugin.v1.HookCall"> & {
  * Use `create(HookCallSchema)` to create a new message.
  */
 export const HookCallSchema: GenMessage<HookCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 8);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 9);
 
 /**
  * ToolApprovalCall is a tool call waiting for approval.
@@ -627,7 +662,7 @@ export type ToolApprovalCall = Message<"agentloop.plugin.v1.ToolApprovalCall"> &
  * Use `create(ToolApprovalCallSchema)` to create a new message.
  */
 export const ToolApprovalCallSchema: GenMessage<ToolApprovalCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 9);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 10);
 
 /**
  * ToolApprovalResult is an approver's answer.
@@ -656,7 +691,7 @@ export type ToolApprovalResult = Message<"agentloop.plugin.v1.ToolApprovalResult
  * Use `create(ToolApprovalResultSchema)` to create a new message.
  */
 export const ToolApprovalResultSchema: GenMessage<ToolApprovalResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 10);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 11);
 
 /**
  * ModelStreamCall is one model request to a provider served by a plugin.
@@ -691,7 +726,7 @@ export type ModelStreamCall = Message<"agentloop.plugin.v1.ModelStreamCall"> & {
  * Use `create(ModelStreamCallSchema)` to create a new message.
  */
 export const ModelStreamCallSchema: GenMessage<ModelStreamCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 11);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 12);
 
 /**
  * CancelCall withdraws a call whose turn was cancelled.
@@ -719,7 +754,7 @@ export type CancelCall = Message<"agentloop.plugin.v1.CancelCall"> & {
  * Use `create(CancelCallSchema)` to create a new message.
  */
 export const CancelCallSchema: GenMessage<CancelCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 12);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 13);
 
 /**
  * HookResult answers a HookCall.
@@ -850,7 +885,7 @@ export type HookResult = Message<"agentloop.plugin.v1.HookResult"> & {
  * Use `create(HookResultSchema)` to create a new message.
  */
 export const HookResultSchema: GenMessage<HookResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 13);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 14);
 
 /**
  * CallError is a plugin's failure to handle a call, shaped like
@@ -879,7 +914,7 @@ export type CallError = Message<"agentloop.plugin.v1.CallError"> & {
  * Use `create(CallErrorSchema)` to create a new message.
  */
 export const CallErrorSchema: GenMessage<CallError> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 14);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 15);
 
 /**
  * PromptSubmitCall is the input of SEAM_PROMPT_SUBMIT.
@@ -907,7 +942,7 @@ export type PromptSubmitCall = Message<"agentloop.plugin.v1.PromptSubmitCall"> &
  * Use `create(PromptSubmitCallSchema)` to create a new message.
  */
 export const PromptSubmitCallSchema: GenMessage<PromptSubmitCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 15);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 16);
 
 /**
  * SessionPrefixCall is the input of SEAM_SESSION_PREFIX.
@@ -928,7 +963,7 @@ export type SessionPrefixCall = Message<"agentloop.plugin.v1.SessionPrefixCall">
  * Use `create(SessionPrefixCallSchema)` to create a new message.
  */
 export const SessionPrefixCallSchema: GenMessage<SessionPrefixCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 16);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 17);
 
 /**
  * SessionPrefixResult replaces the session prefix.
@@ -950,7 +985,7 @@ export type SessionPrefixResult = Message<"agentloop.plugin.v1.SessionPrefixResu
  * Use `create(SessionPrefixResultSchema)` to create a new message.
  */
 export const SessionPrefixResultSchema: GenMessage<SessionPrefixResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 17);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 18);
 
 /**
  * PreStepCall is the input of SEAM_PRE_STEP.
@@ -978,7 +1013,7 @@ export type PreStepCall = Message<"agentloop.plugin.v1.PreStepCall"> & {
  * Use `create(PreStepCallSchema)` to create a new message.
  */
 export const PreStepCallSchema: GenMessage<PreStepCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 18);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 19);
 
 /**
  * PreStepResult adds context before the step.
@@ -999,7 +1034,7 @@ export type PreStepResult = Message<"agentloop.plugin.v1.PreStepResult"> & {
  * Use `create(PreStepResultSchema)` to create a new message.
  */
 export const PreStepResultSchema: GenMessage<PreStepResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 19);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 20);
 
 /**
  * RequestCall is the input of SEAM_REQUEST.
@@ -1020,7 +1055,7 @@ export type RequestCall = Message<"agentloop.plugin.v1.RequestCall"> & {
  * Use `create(RequestCallSchema)` to create a new message.
  */
 export const RequestCallSchema: GenMessage<RequestCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 20);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 21);
 
 /**
  * RequestResult replaces the model configuration.
@@ -1041,7 +1076,7 @@ export type RequestResult = Message<"agentloop.plugin.v1.RequestResult"> & {
  * Use `create(RequestResultSchema)` to create a new message.
  */
 export const RequestResultSchema: GenMessage<RequestResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 21);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 22);
 
 /**
  * StepResultCall is the input of SEAM_STEP_RESULT.
@@ -1062,7 +1097,7 @@ export type StepResultCall = Message<"agentloop.plugin.v1.StepResultCall"> & {
  * Use `create(StepResultCallSchema)` to create a new message.
  */
 export const StepResultCallSchema: GenMessage<StepResultCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 22);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 23);
 
 /**
  * StepResultResult replaces the assistant message.
@@ -1083,7 +1118,7 @@ export type StepResultResult = Message<"agentloop.plugin.v1.StepResultResult"> &
  * Use `create(StepResultResultSchema)` to create a new message.
  */
 export const StepResultResultSchema: GenMessage<StepResultResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 23);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 24);
 
 /**
  * TurnContinuationCall is the input of SEAM_TURN_CONTINUATION.
@@ -1105,7 +1140,7 @@ export type TurnContinuationCall = Message<"agentloop.plugin.v1.TurnContinuation
  * Use `create(TurnContinuationCallSchema)` to create a new message.
  */
 export const TurnContinuationCallSchema: GenMessage<TurnContinuationCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 24);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 25);
 
 /**
  * TurnStopCall is the input of SEAM_TURN_STOP.
@@ -1120,7 +1155,7 @@ export type TurnStopCall = Message<"agentloop.plugin.v1.TurnStopCall"> & {
  * Use `create(TurnStopCallSchema)` to create a new message.
  */
 export const TurnStopCallSchema: GenMessage<TurnStopCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 25);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 26);
 
 /**
  * TurnStopResult answers SEAM_TURN_STOP.
@@ -1141,7 +1176,7 @@ export type TurnStopResult = Message<"agentloop.plugin.v1.TurnStopResult"> & {
  * Use `create(TurnStopResultSchema)` to create a new message.
  */
 export const TurnStopResultSchema: GenMessage<TurnStopResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 26);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 27);
 
 /**
  * ToolInvocation describes a tool call.
@@ -1176,7 +1211,7 @@ export type ToolInvocation = Message<"agentloop.plugin.v1.ToolInvocation"> & {
  * Use `create(ToolInvocationSchema)` to create a new message.
  */
 export const ToolInvocationSchema: GenMessage<ToolInvocation> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 27);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 28);
 
 /**
  * ToolOutput is the result of a tool call.
@@ -1225,7 +1260,7 @@ export type ToolOutput = Message<"agentloop.plugin.v1.ToolOutput"> & {
  * Use `create(ToolOutputSchema)` to create a new message.
  */
 export const ToolOutputSchema: GenMessage<ToolOutput> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 28);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 29);
 
 /**
  * ToolPreExecuteCall is the input of SEAM_TOOLS_PRE_EXECUTE.
@@ -1246,7 +1281,7 @@ export type ToolPreExecuteCall = Message<"agentloop.plugin.v1.ToolPreExecuteCall
  * Use `create(ToolPreExecuteCallSchema)` to create a new message.
  */
 export const ToolPreExecuteCallSchema: GenMessage<ToolPreExecuteCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 29);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 30);
 
 /**
  * ToolPostExecuteCall is the input of SEAM_TOOLS_POST_EXECUTE.
@@ -1274,7 +1309,7 @@ export type ToolPostExecuteCall = Message<"agentloop.plugin.v1.ToolPostExecuteCa
  * Use `create(ToolPostExecuteCallSchema)` to create a new message.
  */
 export const ToolPostExecuteCallSchema: GenMessage<ToolPostExecuteCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 30);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 31);
 
 /**
  * ToolExecuteCall runs a tool the plugin provides.
@@ -1295,7 +1330,7 @@ export type ToolExecuteCall = Message<"agentloop.plugin.v1.ToolExecuteCall"> & {
  * Use `create(ToolExecuteCallSchema)` to create a new message.
  */
 export const ToolExecuteCallSchema: GenMessage<ToolExecuteCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 31);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 32);
 
 /**
  * SessionEventNotice notifies a session event.
@@ -1323,7 +1358,7 @@ export type SessionEventNotice = Message<"agentloop.plugin.v1.SessionEventNotice
  * Use `create(SessionEventNoticeSchema)` to create a new message.
  */
 export const SessionEventNoticeSchema: GenMessage<SessionEventNotice> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 32);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 33);
 
 /**
  * AgentEventNotice notifies a live agent event.
@@ -1351,7 +1386,7 @@ export type AgentEventNotice = Message<"agentloop.plugin.v1.AgentEventNotice"> &
  * Use `create(AgentEventNoticeSchema)` to create a new message.
  */
 export const AgentEventNoticeSchema: GenMessage<AgentEventNotice> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 33);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 34);
 
 /**
  * ToolResultNotice notifies a final tool result.
@@ -1386,7 +1421,7 @@ export type ToolResultNotice = Message<"agentloop.plugin.v1.ToolResultNotice"> &
  * Use `create(ToolResultNoticeSchema)` to create a new message.
  */
 export const ToolResultNoticeSchema: GenMessage<ToolResultNotice> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 34);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 35);
 
 /**
  * Seam names a point of the loop a plugin can subscribe to.
@@ -1634,6 +1669,9 @@ export const FailurePolicySchema: GenEnum<FailurePolicy> = /*@__PURE__*/
  * they are made; notifications (session events, agent events, tool results)
  * and `CancelCall`s are written by a background writer, cancels first, so a
  * notification may arrive after a later call. Notifications get no answer.
+ * To a plugin that takes `CallBatch`es, the writer sends the notifications
+ * queued meanwhile together, shortly after the first; a call made while some
+ * wait carries them, before it, in one batch.
  *
  * Answers. `HookResult.outcome` is unset ("continue unchanged": the next
  * listener sees the value as it was), the decision of the call's own kind
