@@ -176,6 +176,7 @@ class Session {
     this.status = "";
     this.pending = new Map(); // approval id -> ApprovalRequested, oldest first
     this.refused = new Map(); // approval id -> the server's message for a refused answer
+    this.ended = new Set(); // approval ids seen resolved (a late copy of the request stays out)
   }
 
   close() {
@@ -233,14 +234,17 @@ class Session {
     this.showApprovals();
   }
 
-  approvalRequested(approval) {
-    if (!approval || !approval.approvalId || this.pending.has(approval.approvalId)) return;
-    this.pending.set(approval.approvalId, approval);
-    this.showApprovals();
+  approvalRequested(approval, logged = false) {
+    if (!approval || !approval.approvalId || this.ended.has(approval.approvalId)) return;
+    if (this.pending.has(approval.approvalId) && !logged) return;
+    if (!this.pending.has(approval.approvalId)) this.pending.set(approval.approvalId, approval);
+    this.showApprovals(); // a logged one again: its entry links to its seq now
   }
 
   approvalResolved(resolution) {
-    if (!resolution || !this.pending.delete(resolution.approvalId)) return;
+    if (!resolution || !resolution.approvalId) return;
+    this.ended.add(resolution.approvalId);
+    if (!this.pending.delete(resolution.approvalId)) return;
     this.refused.delete(resolution.approvalId);
     this.showApprovals();
   }
@@ -369,7 +373,7 @@ class Session {
       if (Number(event.seq) <= this.last) continue; // already shown (a reconnect's replay)
       this.events.push(event);
       this.view.apply(event);
-      if (this.agentId && event.approvalRequested) this.approvalRequested(event.approvalRequested);
+      if (this.agentId && event.approvalRequested) this.approvalRequested(event.approvalRequested, true);
       if (event.approvalResolved) this.approvalResolved(event.approvalResolved);
     }
     for (const event of response.agentEvents || []) {

@@ -233,6 +233,16 @@ try {
     results.pendingApproval = shown;
     await page.screenshot({ path: screenshot.replace(/\.png$/, "-approval.png"), fullPage: true });
 
+    // A second tab shows the same approval, its live stream cut (so it cannot learn of
+    // the answer): its own answer, after this tab's, is refused and says so.
+    const stale = await context.newPage();
+    stale.setDefaultTimeout(TIMEOUT);
+    await stale.route("**/agentloop.v1.AgentService/StreamSessionEvents", (route) => route.abort());
+    await stale.goto(`${url}#/agent/browser-approval`);
+    await stale.fill("#token", token);
+    await stale.press("#token", "Enter");
+    await stale.locator("#approvals .approval", { hasText: "approve these four words" }).waitFor();
+
     // Approve from the keyboard: the tool runs.
     await entry.locator("button.approve").focus();
     await page.keyboard.press("Enter");
@@ -241,6 +251,12 @@ try {
     await first.locator(".tool-state", { hasText: "done" }).waitFor();
     results.approvedResult = await first.locator(".result pre").textContent();
     expect(results.approvedResult.includes("4 words"), `approved result: ${results.approvedResult}`);
+    await stale.locator("#approvals .approval", { hasText: "approve these four words" }).locator("button.approve").click();
+    const refusal = stale.locator("#notice", { hasText: "FAILED_PRECONDITION" });
+    await refusal.waitFor();
+    results.staleRefusal = await refusal.textContent();
+    expect(results.staleRefusal.includes("APPROVAL_RESOLVED"), results.staleRefusal);
+    await stale.close();
 
     // The second call waits; reject it with a reason: the denial text is the tool result.
     const second = page.locator("#approvals .approval", { hasText: "reject this one" });

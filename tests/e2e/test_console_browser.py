@@ -132,6 +132,7 @@ async def test_the_console_in_a_browser(
         assert end.turn_end.reason.WhichOneof("kind") == "completed"
         assert "4 words" in results["approvedResult"]
         assert 'the user rejected tool "word_count": not this one' in results["rejectedResult"]
+        assert "Answering the approval failed: FAILED_PRECONDITION" in results["staleRefusal"]
     assert "wrong token" in results["wrongToken"]
     keep_artifact(screenshot)
 
