@@ -1,7 +1,7 @@
 // The console: routing (#/, #/agent/<id>, #/session/<id>?seq=N, #/plugins), the live
 // agents list, the session view with its stream, the act form and the plugins table.
 import { ApiError, agents, factory, getToken, registry, setToken, stream } from "./api.js";
-import { SessionView, h, millis } from "./session.js";
+import { SessionView, approvalOutcome, h, millis } from "./session.js";
 
 const PAGE = 500; // events loaded at once (the tail of a session, then older pages)
 const AGENTS_EVERY = 2000;
@@ -14,10 +14,14 @@ const STATUS_WORDS = {
   AGENT_STATUS_IDLE: "idle",
   AGENT_STATUS_RUNNING: "running",
   AGENT_STATUS_DISPOSED: "disposed",
-  AGENT_STATUS_WAITING_FOR_APPROVAL: "waiting for approval",
 };
 
-export function statusWord(status) {
+/**
+ * The agent's status as words. There is no "waiting for approval" status: the agent
+ * stays RUNNING and lists what waits (Agent.pending_approvals), so it is derived here.
+ */
+export function statusWord(status, pending = 0) {
+  if (pending > 0 && status !== "AGENT_STATUS_DISPOSED") return "waiting for approval";
   return STATUS_WORDS[status] || String(status || "unknown").replace("AGENT_STATUS_", "").toLowerCase().replaceAll("_", " ");
 }
 
@@ -87,10 +91,11 @@ async function refreshAgents() {
         const created = agent.createTime ? new Date(millis(agent.createTime)).toLocaleString() : "";
         const link = h("a", { href: `#/agent/${encodeURIComponent(agent.agentId)}` }, agent.agentId);
         if (agent.agentId === current) link.setAttribute("aria-current", "page");
+        const word = statusWord(agent.status, (agent.pendingApprovals || []).length);
         return h(
           "tr", { "data-agent": agent.agentId },
           h("th", { scope: "row" }, link),
-          h("td", { class: `status ${statusWord(agent.status).replaceAll(" ", "-")}` }, statusWord(agent.status)),
+          h("td", { class: `status ${word.replaceAll(" ", "-")}` }, word),
           h("td", {}, `${options.provider || "default"} / ${options.model || "default"}`),
           h("td", {}, h("time", { datetime: agent.createTime || "" }, created)),
         );
@@ -100,6 +105,9 @@ async function refreshAgents() {
     $("#agents-updated").textContent = `(${list.length}, live)`;
     if (session && session.agentId && known.has(session.agentId) && !session.live) {
       session.showStatus(known.get(session.agentId).status); // until its stream says
+    }
+    if (session && session.agentId && known.has(session.agentId)) {
+      showAgentStatus(session.agentId, session.status, session.pending.size); // the live word
     }
   } catch (error) {
     fail(error, "Listing the agents");
@@ -117,6 +125,8 @@ $("#create-form").addEventListener("submit", async (event) => {
   const options = {
     tools: form.get("tools").split(",").map((t) => t.trim()).filter(Boolean),
   };
+  const approval = form.get("approval").split(",").map((t) => t.trim()).filter(Boolean);
+  if (approval.length) options.approvalRequiredTools = approval;
   if (form.get("provider").trim()) options.provider = form.get("provider").trim();
   if (form.get("model").trim()) options.model = form.get("model").trim();
   const extra = form.get("options").trim();
@@ -141,11 +151,12 @@ $("#create-form").addEventListener("submit", async (event) => {
 });
 
 /** A live status change, shown in the agents table before the next poll. */
-function showAgentStatus(agentId, status) {
+function showAgentStatus(agentId, status, pending = 0) {
   const cell = document.querySelector(`#agents tr[data-agent="${CSS.escape(agentId)}"] td.status`);
-  if (!cell) return;
-  cell.textContent = statusWord(status);
-  cell.className = `status ${statusWord(status).replaceAll(" ", "-")}`;
+  if (!cell || !status) return;
+  const word = statusWord(status, pending);
+  cell.textContent = word;
+  cell.className = `status ${word.replaceAll(" ", "-")}`;
 }
 
 // ---- the session ---------------------------------------------------------------------
@@ -162,6 +173,10 @@ class Session {
     this.controller = new AbortController();
     this.view = null;
     this.live = false; // whether its stream has told the agent's status yet
+    this.status = "";
+    this.pending = new Map(); // approval id -> ApprovalRequested, oldest first
+    this.refused = new Map(); // approval id -> the server's message for a refused answer
+    this.ended = new Set(); // approval ids seen resolved (a late copy of the request stays out)
   }
 
   close() {
@@ -177,8 +192,11 @@ class Session {
   }
 
   showStatus(status) {
-    $("#session-status").textContent = `Status: ${statusWord(status)}`;
-    $("#session-status").dataset.status = statusWord(status);
+    this.status = status || this.status;
+    const word = statusWord(this.status, this.pending.size);
+    $("#session-status").textContent = `Status: ${word}`;
+    $("#session-status").dataset.status = word;
+    if (this.agentId) showAgentStatus(this.agentId, this.status, this.pending.size);
   }
 
   async open() {
@@ -198,7 +216,87 @@ class Session {
     if (this.target) from = Math.min(from, Math.max(1, this.target - 20));
     this.events = await this.list(from, 0);
     this.render();
+    if (this.agentId) await this.loadApprovals();
     this.follow();
+  }
+
+  /** The pending approvals as the server lists them (on open, and after a refusal). */
+  async loadApprovals() {
+    let listed;
+    try {
+      listed = await agents("ListApprovals", { agentId: this.agentId });
+    } catch (error) {
+      if (error instanceof ApiError && error.status === "NOT_FOUND") listed = {}; // no live agent
+      else throw error;
+    }
+    if (this.controller.signal.aborted) return;
+    this.pending = new Map((listed.approvals || []).map((a) => [a.approvalId, a]));
+    this.showApprovals();
+  }
+
+  approvalRequested(approval, logged = false) {
+    if (!approval || !approval.approvalId || this.ended.has(approval.approvalId)) return;
+    if (this.pending.has(approval.approvalId) && !logged) return;
+    if (!this.pending.has(approval.approvalId)) this.pending.set(approval.approvalId, approval);
+    this.showApprovals(); // a logged one again: its entry links to its seq now
+  }
+
+  approvalResolved(resolution) {
+    if (!resolution || !resolution.approvalId) return;
+    this.ended.add(resolution.approvalId);
+    if (!this.pending.delete(resolution.approvalId)) return;
+    this.refused.delete(resolution.approvalId);
+    this.showApprovals();
+  }
+
+  /** Render #approvals: one entry per pending approval, with Approve and Reject. */
+  showApprovals() {
+    const box = $("#approvals");
+    const inside = document.activeElement && box.contains(document.activeElement);
+    const focused = inside ? document.activeElement.id : "";
+    const typed = new Map([...box.querySelectorAll("input.reject-reason")].map((i) => [i.id, i.value]));
+    const entries = [...this.pending.values()].map((a) => approvalEntry(this, a));
+    box.replaceChildren(
+      h("h3", { id: "approvals-title" }, `Waiting for approval (${this.pending.size})`),
+      ...entries,
+    );
+    box.hidden = this.pending.size === 0;
+    for (const [id, value] of typed) {
+      const input = document.getElementById(id);
+      if (input) input.value = value;
+    }
+    if (inside) {
+      // Keep the keyboard where it was; when its entry is gone, the next one or the message box.
+      const target = document.getElementById(focused) || box.querySelector("button.approve") || $("#act-text");
+      target.focus();
+    }
+    if (this.status || this.pending.size) this.showStatus(this.status);
+  }
+
+  /** Answer an approval: allow once, or reject with an optional reason. */
+  async resolve(approvalId, decision, reason) {
+    const body = { agentId: this.agentId, approvalId, decision };
+    if (reason) body.reason = reason;
+    try {
+      const answer = await agents("ResolveApproval", body);
+      this.refused.delete(approvalId);
+      const r = answer.resolution || {};
+      notify(`Approval of ${r.toolName || "the tool call"}: ${approvalOutcome(r.outcome)} by ${r.resolvedBy || "api"}.`, "info");
+      this.approvalResolved({ approvalId });
+    } catch (error) {
+      const message = error instanceof ApiError
+        ? `The server refused the answer: ${error.status}${error.reason ? ` (${error.reason})` : ""}: ${error.message}`
+        : `The answer failed: ${error.message || error}`;
+      this.refused.set(approvalId, message);
+      fail(error, "Answering the approval");
+      if (error instanceof ApiError && ["NOT_FOUND", "FAILED_PRECONDITION"].includes(error.status)) {
+        // Answered, cancelled or timed out meanwhile: show it, then refresh the list.
+        this.showApprovals();
+        await this.loadApprovals().catch((e) => fail(e, "Listing the approvals"));
+      } else {
+        this.showApprovals();
+      }
+    }
   }
 
   async list(from, until) {
@@ -267,26 +365,90 @@ class Session {
     }
   }
 
-  // Approvals (human approval of tool calls) plug in here and in session.js: the
-  // session events of a request and its resolution get `on_<payloadKind>` handlers in
-  // SessionView (unknown kinds render as a plain row until then), the pending ones
-  // render into #approvals with Approve / Reject buttons calling the resolve RPC through
-  // agents(...), and STATUS_WORDS already names the waiting-for-approval status.
+  // Approvals: the session events render in SessionView (on_approvalRequested,
+  // on_approvalResolved) where they landed; the pending ones (ListApprovals on open, then
+  // these events and the live agent events) render into #approvals.
   receive(response) {
     for (const event of response.events || []) {
       if (Number(event.seq) <= this.last) continue; // already shown (a reconnect's replay)
       this.events.push(event);
       this.view.apply(event);
+      if (this.agentId && event.approvalRequested) this.approvalRequested(event.approvalRequested, true);
+      if (event.approvalResolved) this.approvalResolved(event.approvalResolved);
     }
     for (const event of response.agentEvents || []) {
+      if (event.approvalRequested) this.approvalRequested(event.approvalRequested);
+      if (event.approvalResolved) this.approvalResolved(event.approvalResolved);
       if (event.status) {
         this.live = true;
         this.showStatus(event.status.status);
         showAgentStatus(this.agentId, event.status.status);
       }
-      if (event.disposed) this.showStatus("AGENT_STATUS_DISPOSED");
+      if (event.disposed) {
+        this.pending.clear();
+        this.showApprovals();
+        this.showStatus("AGENT_STATUS_DISPOSED");
+      }
       if (event.error) notify(`Agent ${this.agentId}: ${event.error.message}`, "agent");
     }
+  }
+}
+
+/** One pending approval: what waits, who asked, until when; Approve and Reject. */
+function approvalEntry(owner, a) {
+  const id = a.approvalId;
+  const key = id.replace(/[^A-Za-z0-9_-]/g, "_");
+  const expires = a.expireTime ? new Date(millis(a.expireTime)) : null;
+  const reason = h("input", { id: `reject-reason-${key}`, class: "reject-reason", type: "text", maxlength: 4096, autocomplete: "off" });
+  const approve = h("button", { type: "button", class: "approve", id: `approve-${key}` }, "Approve (allow once)");
+  const reject = h("button", { type: "button", class: "reject", id: `reject-${key}` }, "Reject");
+  const busy = (on) => { approve.disabled = on; reject.disabled = on; };
+  approve.addEventListener("click", async () => {
+    busy(true);
+    await owner.resolve(id, "APPROVAL_DECISION_ALLOW_ONCE", "");
+    busy(false);
+  });
+  reject.addEventListener("click", async () => {
+    busy(true);
+    await owner.resolve(id, "APPROVAL_DECISION_REJECT", reason.value.trim());
+    busy(false);
+  });
+  reason.addEventListener("keydown", (event) => {
+    if (event.key === "Enter") {
+      event.preventDefault();
+      reject.click();
+    }
+  });
+  const where = h("a", { href: `#/session/${encodeURIComponent(owner.sessionId)}` }, `turn ${a.turn || "?"}, step ${a.step || "?"}`);
+  const requested = owner.events.find((e) => e.approvalRequested && e.approvalRequested.approvalId === id);
+  if (requested) where.href = `#/session/${encodeURIComponent(owner.sessionId)}?seq=${requested.seq}`;
+  const refusal = owner.refused.get(id);
+  return h(
+    "article", { class: "approval", "data-approval": id, "aria-labelledby": `approval-title-${key}` },
+    h("h4", { id: `approval-title-${key}` }, "Tool ", h("code", { class: "approval-tool" }, a.toolName || "?"), " waits for approval"),
+    h("dl", {},
+      h("dt", {}, "Arguments"), h("dd", {}, h("pre", { class: "approval-args" }, prettyJson(a.arguments))),
+      h("dt", {}, "Reason"), h("dd", { class: "approval-reason" }, a.reason || "none given"),
+      h("dt", {}, "Asked by"), h("dd", { class: "approval-by" }, a.requestedBy || "unknown"),
+      h("dt", {}, "Expires"), h("dd", {}, expires ? h("time", { datetime: a.expireTime }, expires.toLocaleString()) : "never"),
+      h("dt", {}, "Where"), h("dd", {}, where, ` · call ${a.callId || "?"}`),
+    ),
+    refusal ? h("p", { class: "refusal", role: "alert" }, refusal) : null,
+    h("div", { class: "buttons" },
+      approve,
+      h("label", { for: `reject-reason-${key}` }, "Rejection reason (optional)"),
+      reason,
+      reject,
+    ),
+  );
+}
+
+function prettyJson(text) {
+  if (!text) return "";
+  try {
+    return JSON.stringify(JSON.parse(text), null, 2);
+  } catch {
+    return text;
   }
 }
 
@@ -397,6 +559,8 @@ function route() {
   if (parts[0] === "agent" || parts[0] === "session") {
     $("#session-view").hidden = false;
     $("#turns").replaceChildren();
+    $("#approvals").replaceChildren();
+    $("#approvals").hidden = true;
     session = new Session({
       agentId: parts[0] === "agent" ? parts[1] : "",
       sessionId: parts[0] === "session" ? parts[1] : "",

@@ -56,6 +56,11 @@ function enumName(value) {
   return name.toLowerCase().replaceAll("_", " ");
 }
 
+/** An ApprovalOutcome as words: "allowed once", "rejected", "cancelled", "timed out". */
+export function approvalOutcome(value) {
+  return String(value || "APPROVAL_OUTCOME_UNSPECIFIED").replace("APPROVAL_OUTCOME_", "").toLowerCase().replaceAll("_", " ");
+}
+
 /** The end reason of a turn as words: "completed", "aborted: why", "error: ...". */
 export function endReason(reason = {}) {
   const [kind, detail] = Object.entries(reason)[0] || ["unknown", {}];
@@ -332,6 +337,44 @@ export class SessionView {
       this.row(event, failed ? "tool-error" : "tool-result", failed ? `error${error}` : "result", h("pre", {}, textOf(p.content))),
     );
     this.timeline(tool.step);
+  }
+
+  /** A tool call waiting for approval: shown in the call's box, where it landed. */
+  on_approvalRequested(event, p) {
+    this.ensure(p.turn, p.step);
+    const expires = p.expireTime ? new Date(millis(p.expireTime)).toLocaleTimeString() : "";
+    const row = this.row(
+      event, "approval-requested", "approval requested",
+      `${p.toolName || "?"}${p.reason ? `: ${p.reason}` : ""} (asked by ${p.requestedBy || "?"}`,
+      expires ? `, expires ${expires})` : ")",
+    );
+    row.dataset.approval = p.approvalId || "";
+    const tool = this.tools.get(p.callId);
+    if (tool) {
+      tool.state.textContent = "waiting for approval";
+      tool.result.before(row);
+    } else {
+      this.container().append(row);
+    }
+  }
+
+  /** How an approval ended and who answered: `api`, `plugin:NAME` or `server`. */
+  on_approvalResolved(event, p) {
+    this.ensure(p.turn, p.step);
+    const how = approvalOutcome(p.outcome);
+    const row = this.row(
+      event, `approval-resolved ${how.replaceAll(" ", "-")}`, "approval",
+      h("strong", { class: "outcome" }, how), ` by ${p.resolvedBy || "?"}`,
+      p.reason ? `: ${p.reason}` : "",
+    );
+    row.dataset.approval = p.approvalId || "";
+    const tool = this.tools.get(p.callId);
+    if (tool) {
+      if (tool.state.textContent === "waiting for approval") tool.state.textContent = how === "allowed once" ? "running" : how;
+      tool.result.before(row);
+    } else {
+      this.container().append(row);
+    }
   }
 
   /** Bars of a step's tool calls on one time axis: parallel calls overlap. */

@@ -199,6 +199,83 @@ try {
     results.aborted = summary;
   });
 
+  await step("approve a pending tool call from the page, reject another with a reason", async () => {
+    const script = {
+      "@type": "type.googleapis.com/agentloop.v1.ScriptedOptions",
+      steps: [
+        { toolCalls: [{ name: "word_count", arguments: '{"text": "approve these four words"}' }] },
+        { toolCalls: [{ name: "word_count", arguments: '{"text": "reject this one"}' }] },
+        { text: "One count ran and one was refused." },
+      ],
+    };
+    await page.goto(`${url}#/`);
+    if (!(await page.locator("#create").evaluate((n) => n.open))) await page.click("#create summary");
+    await page.fill("#create-id", "browser-approval");
+    await page.fill("#create-tools", "word_count");
+    await page.fill("#create-approval", "word_count");
+    await page.fill("#create-options", JSON.stringify(script));
+    await page.click("#create-form button[type=submit]");
+    await page.waitForURL(/#\/agent\/browser-approval$/);
+    await page.locator("#session-title", { hasText: "Agent browser-approval" }).waitFor();
+    await page.fill("#act-text", "count, with my approval");
+    await page.click("#act-form button[value=send]");
+
+    // The first call waits: the entry, the event where it landed, the derived status.
+    const entry = page.locator("#approvals .approval").first();
+    await entry.waitFor();
+    const shown = await entry.textContent();
+    for (const word of ["word_count", "approve these four words", "options.approval_required_tools", "Expires", "turn 1, step 1"]) {
+      expect(shown.includes(word), `the pending approval lacks "${word}": ${shown}`);
+    }
+    await page.locator("#turns .ev.tool .ev.approval-requested", { hasText: "word_count" }).waitFor();
+    await page.locator("#session-status", { hasText: "waiting for approval" }).waitFor();
+    await page.locator("#agents tr[data-agent='browser-approval'] td.status", { hasText: "waiting for approval" }).waitFor();
+    results.pendingApproval = shown;
+    await page.screenshot({ path: screenshot.replace(/\.png$/, "-approval.png"), fullPage: true });
+
+    // A second tab shows the same approval, its live stream cut (so it cannot learn of
+    // the answer): its own answer, after this tab's, is refused and says so.
+    const stale = await context.newPage();
+    stale.setDefaultTimeout(TIMEOUT);
+    await stale.route("**/agentloop.v1.AgentService/StreamSessionEvents", (route) => route.abort());
+    await stale.goto(`${url}#/agent/browser-approval`);
+    await stale.fill("#token", token);
+    await stale.press("#token", "Enter");
+    await stale.locator("#approvals .approval", { hasText: "approve these four words" }).waitFor();
+
+    // Approve from the keyboard: the tool runs.
+    await entry.locator("button.approve").focus();
+    await page.keyboard.press("Enter");
+    const first = page.locator("#turns .ev.tool").first();
+    await first.locator(".ev.approval-resolved", { hasText: "allowed once by api" }).waitFor();
+    await first.locator(".tool-state", { hasText: "done" }).waitFor();
+    results.approvedResult = await first.locator(".result pre").textContent();
+    expect(results.approvedResult.includes("4 words"), `approved result: ${results.approvedResult}`);
+    await stale.locator("#approvals .approval", { hasText: "approve these four words" }).locator("button.approve").click();
+    const refusal = stale.locator("#notice", { hasText: "FAILED_PRECONDITION" });
+    await refusal.waitFor();
+    results.staleRefusal = await refusal.textContent();
+    expect(results.staleRefusal.includes("APPROVAL_RESOLVED"), results.staleRefusal);
+    await stale.close();
+
+    // The second call waits; reject it with a reason: the denial text is the tool result.
+    const second = page.locator("#approvals .approval", { hasText: "reject this one" });
+    await second.waitFor();
+    await second.locator("input.reject-reason").fill("not this one");
+    await second.locator("button.reject").click();
+    const denied = page.locator("#turns .ev.tool").nth(1);
+    await denied.locator(".ev.approval-resolved", { hasText: "rejected by api: not this one" }).waitFor();
+    await denied.locator(".tool-state", { hasText: "failed" }).waitFor();
+    results.rejectedResult = await denied.locator(".result pre").textContent();
+    expect(results.rejectedResult.includes('the user rejected tool "word_count": not this one'), results.rejectedResult);
+
+    const turn = page.locator("#turns details.turn[data-end='completed']");
+    await turn.waitFor();
+    await page.locator("#approvals").waitFor({ state: "hidden" });
+    await page.locator("#session-status", { hasText: "idle" }).waitFor();
+    await page.locator("#agents tr[data-agent='browser-approval'] td.status", { hasText: "idle" }).waitFor();
+  });
+
   await step("older events are paged in from the server", async () => {
     await page.goto(`${url}#/agent/browser-demo?page=8`);
     const older = page.locator("#load-older");

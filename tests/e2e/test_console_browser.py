@@ -3,6 +3,7 @@ playwright-core (tests/console/browser.mjs) against a real server with `httpList
 
 The script creates agents from the page, sends a message and sees the tool call, the
 streamed answer and the `completed` turn end; cancels a slow turn and sees `aborted`;
+approves a pending tool call from the keyboard and rejects another with a reason;
 shows a clear message for a wrong token; opens a link to a seq; and saves a screenshot
 of the session view. The server's own log is then read over gRPC to confirm each act.
 Set AGENTLOOP_ARTIFACTS to a directory to keep the screenshot (`console.png`).
@@ -20,6 +21,7 @@ import pytest
 
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import agent_service_pb2 as api
+from agentloop.v1 import approval_pb2
 from server.config import Config
 from tests.e2e.conftest import E2E, of_kind, running_app
 from tests.processes import PluginLauncher, guard_example
@@ -116,6 +118,21 @@ async def test_the_console_in_a_browser(
         (end,) = of_kind(slow.events, "turn_end")
         assert end.turn_end.reason.aborted.reason == "cancelled from the console"
         assert results["partial"] >= 3  # the answer was streaming when it was cancelled
+        # The approvals answered from the page: both by `api`, in the session's log.
+        asked = await e2e.agents.ListSessionEvents(
+            api.ListSessionEventsRequest(agent_id="browser-approval", page_size=1000),
+            metadata=metadata,
+        )
+        resolved = [e.approval_resolved for e in of_kind(asked.events, "approval_resolved")]
+        assert [(r.outcome, r.resolved_by, r.reason) for r in resolved] == [
+            (approval_pb2.APPROVAL_OUTCOME_ALLOWED_ONCE, "api", ""),
+            (approval_pb2.APPROVAL_OUTCOME_REJECTED, "api", "not this one"),
+        ]
+        (end,) = of_kind(asked.events, "turn_end")
+        assert end.turn_end.reason.WhichOneof("kind") == "completed"
+        assert "4 words" in results["approvedResult"]
+        assert 'the user rejected tool "word_count": not this one' in results["rejectedResult"]
+        assert "Answering the approval failed: FAILED_PRECONDITION" in results["staleRefusal"]
     assert "wrong token" in results["wrongToken"]
     keep_artifact(screenshot)
 

@@ -22,7 +22,7 @@ from google.protobuf import json_format
 from google.rpc import status_pb2  # type: ignore[import-untyped]
 
 from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_pb2, approval_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from server.api_http import HTTP_CODES
 from server.app import App
@@ -426,3 +426,68 @@ async def test_the_http_side_asks_for_client_certificates_as_the_listener_does(
             assert (answer.status_code, answer.json()) == (200, {})
     finally:
         await app.stop(grace=0)
+
+
+async def test_resolve_approval_over_json_answers_as_over_grpc(
+    side: tuple[E2E, httpx.AsyncClient],
+) -> None:
+    """ResolveApproval over JSON: the answer, and the refusals (a wrong id, a second answer)
+    with the gRPC status under the mapped HTTP code, as the console shows them."""
+    e2e, client = side
+    options = {"tools": ["word_count"], "approvalRequiredTools": ["word_count"]}
+    created = await client.post(
+        f"{FACTORY}/CreateAgent", headers=JSON, json={"agentId": "ask", "options": options}
+    )
+    assert created.status_code == 200, created.text
+    sent = await client.post(
+        f"{AGENTS}/SendMessage", headers=JSON, json={"agentId": "ask", "text": "three words here"}
+    )
+    assert sent.status_code == 200, sent.text
+    requested: dict[str, Any] = {}
+    async with client.stream(
+        "POST", f"{AGENTS}/StreamSessionEvents", headers=JSON,
+        json={"agentId": "ask", "fromSeq": int(sent.json()["nextSeq"])},
+    ) as stream:  # fmt: skip
+        async for line in stream.aiter_lines():
+            if line.startswith("data: "):
+                events = json.loads(line[6:]).get("events", [])
+                found = [e["approvalRequested"] for e in events if "approvalRequested" in e]
+                if found:
+                    requested = found[0]
+                    break
+    assert requested["toolName"] == "word_count"
+    listed = await client.post(f"{AGENTS}/ListApprovals", headers=JSON, json={"agentId": "ask"})
+    assert listed.json() == {"approvals": [requested]}
+
+    async def both(request: api.ResolveApprovalRequest, code: str) -> None:
+        expected = await over_grpc(
+            e2e, "/agentloop.v1.AgentService/ResolveApproval", request, api.ResolveApprovalResponse
+        )
+        assert expected["status"] == code
+        answer = await client.post(
+            f"{AGENTS}/ResolveApproval", headers=JSON, content=json_format.MessageToJson(request)
+        )
+        assert answer.status_code == HTTP_CODES[getattr(grpc.StatusCode, code)]
+        assert answer.json() == expected
+
+    allow = approval_pb2.APPROVAL_DECISION_ALLOW_ONCE
+    wrong = api.ResolveApprovalRequest(agent_id="ask", approval_id="no-such-id", decision=allow)
+    await both(wrong, "NOT_FOUND")
+    answer = await client.post(
+        f"{AGENTS}/ResolveApproval", headers=JSON,
+        json={"agentId": "ask", "approvalId": requested["approvalId"],
+              "decision": "APPROVAL_DECISION_ALLOW_ONCE"},
+    )  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    resolution = answer.json()["resolution"]
+    assert (resolution["outcome"], resolution["resolvedBy"]) == (
+        "APPROVAL_OUTCOME_ALLOWED_ONCE",
+        "api",
+    )
+    twice = api.ResolveApprovalRequest(
+        agent_id="ask", approval_id=requested["approvalId"], decision=allow
+    )
+    await both(twice, "FAILED_PRECONDITION")
+    assert HTTP_CODES[grpc.StatusCode.FAILED_PRECONDITION] in (400, 409)
+    listed = await client.post(f"{AGENTS}/ListApprovals", headers=JSON, json={"agentId": "ask"})
+    assert listed.json() == {}
