@@ -17,8 +17,9 @@ from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from server import page_tokens, validation
 from server.agent import Agent
+from server.agent_rules import check_id
 from server.errors import AgentLoopError, InvalidArgument, OutOfRange
-from server.factory import AgentFactory, check_id
+from server.factory import AgentFactory
 from server.session import SessionLog, session_message
 from server.status import abort, mapped
 from server.stores import FIRST_SEQ, RequestRecord

@@ -89,20 +89,8 @@ def build_runtime(config: Config) -> Runtime:
         if provider.api_key_env and not os.environ.get(provider.api_key_env):
             log.warning("provider %s: $%s is not set; no API key will be sent",
                         provider.name, provider.api_key_env)  # fmt: skip
-        model = OpenAIModel(
-            name=provider.name,
-            base_url=provider.base_url,
-            api_key=os.environ.get(provider.api_key_env, "") if provider.api_key_env else "",
-            headers=dict(provider.headers),
-            default_model=provider.default_model,
-            connect_timeout=provider.connect_timeout_seconds,
-            read_timeout=provider.read_timeout_seconds,
-            max_attempts=provider.max_attempts,
-            initial_backoff=provider.initial_backoff_seconds,
-            max_backoff=provider.max_backoff_seconds,
-            max_retry_after=provider.max_retry_after_seconds,
-            max_tokens_field=provider.max_tokens_field,
-        )
+        api_key = os.environ.get(provider.api_key_env, "") if provider.api_key_env else ""
+        model = OpenAIModel.configured(provider, api_key)
         runtime.models.register(provider.name, model, default_model=provider.default_model)
     return runtime
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,12 +23,12 @@ from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
 from server import seams as S
 from server.agent import Agent
+from server.agent_rules import AgentCatalogue, check_id, check_persona, cwd_problem
 from server.disposed import DisposedIds
 from server.errors import (
     AgentDisposed,
     AgentNotFound,
     AlreadyExists,
-    CodedError,
     FailedPrecondition,
     InvalidArgument,
     SessionDamaged,
@@ -38,14 +37,12 @@ from server.limits import check_capacity
 from server.logs import fields
 from server.loop import run_loop
 from server.memory import Trimmer
-from server.models.scripted_options import options_type
 from server.ownership import Ownership, Solo
 from server.repair import crash_closers
 from server.runtime import Runtime
 from server.session import SessionLog, now_timestamp, session_message
 from server.stores import Commit, InboxEntry, SessionWrites, StoreConflict
-from server.system_prompt import PERSONA_VARIABLES, interpolate, persona_section
-from server.validation import check_agent_options
+from server.system_prompt import persona_section
 
 log = logging.getLogger(__name__)
 
@@ -61,19 +58,7 @@ EARLIER_SESSIONS = 3
 READ_CACHE = 8
 """How many stored sessions stay loaded for reading."""
 
-ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-
 Setup = Callable[[Agent], Awaitable[None]]
-
-
-def check_id(field: str, value: str) -> None:
-    """Raise `InvalidArgument` naming `field` unless `value` is a well-formed id."""
-    if not value:
-        raise InvalidArgument(field, "must not be empty")
-    if not ID_PATTERN.fullmatch(value):
-        raise InvalidArgument(
-            field, f"{value[:40]!r} must be 1-128 characters of letters, digits, '.', '_', ':', '-'"
-        )
 
 
 class AgentFactory:
@@ -126,8 +111,8 @@ class AgentFactory:
         check_id("agent_id", agent_id)
         session_id = session_id or f"{agent_id}-session-{uuid.uuid4()}"
         check_id("session_id", session_id)
-        if cwd and not cwd.startswith("/"):
-            raise InvalidArgument("metadata.cwd", f"{cwd!r} must be an absolute path")
+        if cwd_problem(cwd):
+            raise InvalidArgument("metadata.cwd", cwd_problem(cwd))
         self._check_options(options)
         self._check_persona(options, cwd)
         if session_id in self._session_ids:
@@ -566,42 +551,17 @@ class AgentFactory:
         self.runtime.tools.remove_agent(agent.agent_id)
 
     def _check_options(self, options: agent_pb2.AgentOptions) -> None:
-        if options.HasField("max_parallel_tool_calls") and options.max_parallel_tool_calls < 1:
-            raise InvalidArgument(
-                "options.max_parallel_tool_calls", "maxParallelToolCalls must be a positive integer"
-            )
-        provider = options.provider or self.runtime.default_provider
-        if provider not in self.runtime.models.names():
-            known = ", ".join(self.runtime.models.names())
-            raise InvalidArgument(
-                "options.provider", f'unknown provider "{provider}" (known: {known})'
-            )
-        given = options_type(options)
-        if given:
-            taken = getattr(self.runtime.models.get(provider), "options_type", "")
-            if given != taken:
-                takes = f"takes {taken}" if taken else "takes no provider options"
-                raise InvalidArgument(
-                    "options.provider_options", f'provider "{provider}" {takes}, not {given}'
-                )
-        unknown = sorted(set(options.tools) - self.runtime.tools.names())
-        if unknown:
-            raise InvalidArgument("options.tools", f"unknown tools: {', '.join(unknown)}")
-        check_agent_options(self.runtime.limits, options)
+        """The one check of agent options (`server/agent_rules.py`), against the registry."""
+        models = self.runtime.models
+        catalogue = AgentCatalogue(
+            models.names(), self.runtime.tools.names(), self.runtime.default_provider,
+            self.runtime.limits,
+        )  # fmt: skip
+        provider = catalogue.provider_of(options)
+        known = provider in catalogue.providers  # else `check` refuses it
+        catalogue.check(options, getattr(models.get(provider), "options_type", "") if known else "")
 
     def _check_persona(self, options: agent_pb2.AgentOptions, cwd: str) -> None:
-        """Refuse a persona using a variable this agent will have no value for.
-
-        Checked against the agent's own values: a `{{cwd}}` persona for an agent without
-        a working directory would otherwise fail every turn.
-        """
-        if not options.persona:
-            return
         provider = options.provider or self.runtime.default_provider
         model = options.model or self.runtime.models.default_model(provider)
-        values = {"provider": provider, "model": model, "cwd": cwd}
-        assert set(values) == set(PERSONA_VARIABLES)
-        try:
-            interpolate(options.persona, {name: value or None for name, value in values.items()})
-        except CodedError as error:
-            raise InvalidArgument("options.persona", str(error)) from None
+        check_persona(options, provider, model, cwd)

@@ -34,6 +34,7 @@ from agentloop.v1 import stream_pb2 as st
 from server import logs, observe
 from server import seams as S
 from server.abort import NEVER, AbortSignal
+from server.defaults import PLUGIN_TIMEOUT_SECONDS
 from server.errors import TurnFatal
 from server.models import ModelRegistry, ModelRequest
 from server.seams import SeamRegistry
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 _fail_open_log = logs.RateLimited(log)
 """A plugin that is down fails every call: one line per plugin and seam per interval."""
 
-DEFAULT_TIMEOUT = 5.0
+DEFAULT_TIMEOUT = PLUGIN_TIMEOUT_SECONDS
 """Seconds a call waits for its result when neither the plugin nor the operator set it."""
 
 SEAM_NAMES = {
