@@ -187,7 +187,7 @@ class App:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         Reflection((*SERVICE_NAMES, health.SERVICE_NAME)).add_to(self.server)
         self.port = 0
-        self._stopped = asyncio.Event()
+        self._stopping: asyncio.Task[None] | None = None
         self._health_updates: set[asyncio.Task[None]] = set()
 
     async def start(self) -> int:
@@ -260,9 +260,16 @@ class App:
         drivers still running then are cancelled. Then the RPCs get `grace` seconds,
         the plugins are closed, the pending listener tasks are cancelled and the store
         is closed.
+
+        Idempotent: the first call stops the server (with its `grace`); a later or
+        concurrent one waits for that stop, and a caller that is cancelled stops waiting
+        without cutting the shutdown short.
         """
-        if self._stopped.is_set():
-            return
+        if self._stopping is None:  # the first caller stops; every other one waits for it
+            self._stopping = asyncio.ensure_future(self._stop(grace))
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self, grace: float | None) -> None:
         grace = self.config.shutdown_grace_seconds if grace is None else grace
         await self.health.enter_graceful_shutdown()
         if self.replica is not None:
@@ -295,7 +302,6 @@ class App:
         await self.runtime.models.aclose()
         await self.telemetry.stop()
         await self.runtime.store.close()
-        self._stopped.set()
 
     def _session_of(self, agent_id: str) -> str:
         agent = self.factory.agents.get(agent_id)
