@@ -82,6 +82,8 @@ def host_port_problem(value: str) -> str:
 
 
 HostPort = Annotated[str, Strict(), rule(host_port_problem)]
+OptionalHostPort = Annotated[str, Strict(), rule(lambda v: v and host_port_problem(v))]
+"""`host:port`, or empty for none (an endpoint that is off unless given an address)."""
 
 
 def number_as_text(value: object) -> object:

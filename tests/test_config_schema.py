@@ -6,12 +6,13 @@ import dataclasses
 import logging
 
 import pytest
+from pydantic import TypeAdapter, ValidationError
 
 from agentloop.v1 import agent_pb2
 from server import agent_rules
 from server.app import App, build_runtime
 from server.config import AgentConfig, Config, ConfigError, PluginConfig, override, parse_config
-from server.config_fields import keys_of
+from server.config_fields import OptionalHostPort, keys_of
 from server.errors import InvalidArgument
 from server.factory import AgentFactory
 from server.limits import Limits
@@ -137,3 +138,11 @@ async def test_a_config_agent_naming_an_unregistered_tool_meets_the_create_agent
 def test_a_config_built_in_code_is_checked_like_a_file() -> None:
     with pytest.raises(ValueError, match="'nope' is not a built-in tool"):
         Config(agents=(AgentConfig(id="a", tools=("nope",)),))
+
+
+def test_an_optional_address_is_empty_or_host_port() -> None:
+    adapter = TypeAdapter(OptionalHostPort)
+    assert adapter.validate_python("") == ""
+    assert adapter.validate_python("127.0.0.1:8080") == "127.0.0.1:8080"
+    with pytest.raises(ValidationError, match="'8080' must be host:port"):
+        adapter.validate_python("8080")
