@@ -5,10 +5,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from dataclasses import replace
 
 from server.app import App
-from server.config import Config, ConfigError, http_address, load_config, metrics_address
+from server.config import (
+    Config,
+    ConfigError,
+    http_address,
+    load_config,
+    metrics_address,
+    override,
+)
 from server.logs import LOG_FORMATS, setup_logging
 from server.memory import freeze_startup_heap
 from server.version import version
@@ -44,18 +50,18 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level, args.log_format or config.log_format)
     try:
         if args.metrics_listen:
-            config = replace(config, metrics_listen=metrics_address(args.metrics_listen))
+            config = override(config, metrics_listen=metrics_address(args.metrics_listen))
+        if args.listen:
+            config = override(config, listen=args.listen)
+        if args.data_dir:
+            config = override(config, data_dir=args.data_dir)
+        if args.insecure:
+            config = override(config, insecure=True)
         if args.http_listen:
-            config = replace(config, http_listen=http_address(args.http_listen))
+            config = override(config, http_listen=http_address(args.http_listen))
     except ConfigError as error:
         print(f"agentloop: {error}", file=sys.stderr)
         return 2
-    if args.listen:
-        config = replace(config, listen=args.listen)
-    if args.data_dir:
-        config = replace(config, data_dir=args.data_dir)
-    if args.insecure:
-        config = replace(config, insecure=True)
     return asyncio.run(serve(config))
 
 

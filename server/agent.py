@@ -140,7 +140,7 @@ class Agent:
             entry = self.session.accept(INBOX_CONTEXT, message)
             self.deferred.append((message, (entry.entry_id,)))
         elif self.session.open_turn:
-            self.session.append("context_message", message)
+            self.session.add(message)
         else:
             self._injection_turn(message, ())
 
@@ -181,13 +181,11 @@ class Agent:
         opened = 0
         if not self.session.open_turn:
             opened = self.session.max_turn + 1
-            self.session.append(
-                "turn_start",
+            self.session.add(
                 ev.TurnStart(turn=opened, trigger=ev.TRIGGER_KIND_MESSAGE, source=items[0].source),
             )
         for item in items:
-            self.session.append(
-                "message_dropped",
+            self.session.add(
                 ev.MessageDropped(
                     content=item.content,
                     source=item.source,
@@ -198,8 +196,7 @@ class Agent:
                 consumes=item.consumes,
             )
         if opened:
-            self.session.append(
-                "turn_end",
+            self.session.add(
                 ev.TurnEnd(
                     turn=opened,
                     reason=ev.TurnEndReason(
@@ -420,15 +417,13 @@ class Agent:
     def _injection_turn(self, message: ev.ContextMessage, consumes: tuple[int, ...]) -> None:
         """The one-shot turn of an idle injection: turn/start, context, turn/end."""
         turn = self.session.max_turn + 1
-        self.session.append(
-            "turn_start",
+        self.session.add(
             ev.TurnStart(turn=turn, trigger=ev.TRIGGER_KIND_INJECTION, source=message.source),
         )
         try:
-            self.session.append("context_message", message, consumes=consumes)
+            self.session.add(message, consumes=consumes)
         finally:
-            self.session.append(
-                "turn_end",
+            self.session.add(
                 ev.TurnEnd(turn=turn, reason=ev.TurnEndReason(completed=ev.TurnCompleted())),
             )
             self.track_flush(turn)

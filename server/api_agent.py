@@ -17,9 +17,10 @@ from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from server import page_tokens, validation
 from server.agent import Agent
+from server.agent_rules import check_id
 from server.api_approvals import ApprovalMethods
 from server.errors import AgentLoopError, InvalidArgument, OutOfRange
-from server.factory import AgentFactory, check_id
+from server.factory import AgentFactory
 from server.limits import check_pending
 from server.session import SessionLog, session_message
 from server.status import abort, mapped
@@ -189,8 +190,8 @@ class AgentServicer(ApprovalMethods, rpc.AgentServiceServicer):
         """List every session, a page at a time."""
         size = page_tokens.check_page_size(request.page_size, 100, 1000)
         after = page_tokens.last_key(request.page_token, "ListSessions")
-        ids = [i for i in await self.factory.session_ids() if after is None or i > after]
-        page = [await self.factory.describe(i) for i in ids[:size]]
+        ids = [i for i in await self.factory.catalogue.session_ids() if after is None or i > after]
+        page = [await self.factory.catalogue.describe(i) for i in ids[:size]]
         more = len(ids) > size
         next_token = page_tokens.issue("ListSessions", ids[size - 1]) if more else ""
         return pb.ListSessionsResponse(sessions=page, next_page_token=next_token)
@@ -202,7 +203,9 @@ class AgentServicer(ApprovalMethods, rpc.AgentServiceServicer):
         """Fork a session at a turn boundary."""
         check_id("session_id", request.session_id)
         boundary = request.boundary_seq if request.HasField("boundary_seq") else None
-        session = await self.factory.fork(request.session_id, boundary, request.new_session_id)
+        session = await self.factory.catalogue.fork(
+            request.session_id, boundary, request.new_session_id
+        )
         return pb.ForkSessionResponse(session=session)
 
     @mapped
@@ -274,7 +277,7 @@ class AgentServicer(ApprovalMethods, rpc.AgentServiceServicer):
                     if not request.session_id:
                         return
                     # Not driven here: maybe by another replica; follow it in the store.
-                    stored = self.factory.follow_stored(
+                    stored = self.factory.catalogue.follow_stored(
                         session.session_id, cursor, MAX_RESPONSE_BYTES
                     )
                     async for batch in stored:
@@ -301,4 +304,4 @@ class AgentServicer(ApprovalMethods, rpc.AgentServiceServicer):
             return self.factory.get(request.agent_id).session
         if selector is None:
             raise InvalidArgument("selector", "set agent_id or session_id")
-        return await self.factory.session(request.session_id)
+        return await self.factory.catalogue.session(request.session_id)

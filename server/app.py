@@ -91,20 +91,8 @@ def build_runtime(config: Config) -> Runtime:
         if provider.api_key_env and not os.environ.get(provider.api_key_env):
             log.warning("provider %s: $%s is not set; no API key will be sent",
                         provider.name, provider.api_key_env)  # fmt: skip
-        model = OpenAIModel(
-            name=provider.name,
-            base_url=provider.base_url,
-            api_key=os.environ.get(provider.api_key_env, "") if provider.api_key_env else "",
-            headers=dict(provider.headers),
-            default_model=provider.default_model,
-            connect_timeout=provider.connect_timeout_seconds,
-            read_timeout=provider.read_timeout_seconds,
-            max_attempts=provider.max_attempts,
-            initial_backoff=provider.initial_backoff_seconds,
-            max_backoff=provider.max_backoff_seconds,
-            max_retry_after=provider.max_retry_after_seconds,
-            max_tokens_field=provider.max_tokens_field,
-        )
+        api_key = os.environ.get(provider.api_key_env, "") if provider.api_key_env else ""
+        model = OpenAIModel.configured(provider, api_key)
         runtime.models.register(provider.name, model, default_model=provider.default_model)
     return runtime
 
@@ -237,7 +225,7 @@ class App:
                 local_hosts_only=not token and is_loopback(config.http_listen),
             )
         self.port = 0
-        self._stopped = asyncio.Event()
+        self._stopping: asyncio.Task[None] | None = None
         self._health_updates: set[asyncio.Task[None]] = set()
 
     async def start(self) -> int:
@@ -315,9 +303,16 @@ class App:
         drivers still running then are cancelled. Then the RPCs get `grace` seconds,
         the plugins are closed, the pending listener tasks are cancelled and the store
         is closed.
+
+        Idempotent: the first call stops the server (with its `grace`); a later or
+        concurrent one waits for that stop, and a caller that is cancelled stops waiting
+        without cutting the shutdown short.
         """
-        if self._stopped.is_set():
-            return
+        if self._stopping is None:  # the first caller stops; every other one waits for it
+            self._stopping = asyncio.ensure_future(self._stop(grace))
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self, grace: float | None) -> None:
         grace = self.config.shutdown_grace_seconds if grace is None else grace
         await self.health.enter_graceful_shutdown()
         if self.replica is not None:
@@ -352,7 +347,6 @@ class App:
         await self.runtime.models.aclose()
         await self.telemetry.stop()
         await self.runtime.store.close()
-        self._stopped.set()
 
     def _session_of(self, agent_id: str) -> str:
         agent = self.factory.agents.get(agent_id)

@@ -66,7 +66,7 @@ class Replica:
         replica_id = self.config.replica_id or f"{socket.gethostname()}-{os.getpid()}"
         self.cluster = Cluster(Leases(self.store, replica_id, address, self.config.lease_seconds))
         self.factory.ownership = self.cluster
-        self.factory.repair_on_read = False  # another replica's running turn looks open
+        self.factory.catalogue.repair_on_read = False  # another replica's running turn looks open
         await self.cluster.register()
         self.plugin_servicer.shared = self.shared
         log.info("replica %s serving at %s", replica_id, address)

@@ -210,7 +210,7 @@ class Approvals:
             requested_by=requested_by,
         )
         request.expire_time.FromNanoseconds(expire)
-        self.session.append("approval_requested", request)
+        self.session.add(request)
         pending = Pending(request, self.timeout, asyncio.get_running_loop().create_future())
         self.pending[request.approval_id] = pending
         self.notify(ae.AgentEvent(approval_requested=request))
@@ -327,7 +327,7 @@ class Approvals:
             self._resolved.popitem(last=False)
         pending.future.set_result(resolved)
         if self.session.failure is None:
-            self.session.append("approval_resolved", resolved)
+            self.session.add(resolved)
         self.notify(ae.AgentEvent(approval_resolved=resolved))
         pending.approvers.abort(f"approval already resolved by {resolved_by}")
         return resolved

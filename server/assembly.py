@@ -45,29 +45,30 @@ class MessageAssembler:
         """
         if self._finish is not None:
             raise CodedError("model stream sent a chunk after its finish", MODEL_PROTOCOL)
-        kind = chunk.WhichOneof("chunk")
-        if kind == "block_start":
-            start = chunk.block_start
-            if start.index in self._blocks:
-                raise CodedError(f"model stream reopened block {start.index}", MODEL_PROTOCOL)
-            if start.kind == stream_pb2.BLOCK_KIND_UNSPECIFIED:
-                raise CodedError(
-                    f"model stream opened block {start.index} without a kind", MODEL_PROTOCOL
-                )
-            self._blocks[start.index] = _Block(start.kind, start.tool_call_id, start.tool_name)
-        elif kind == "block_delta":
-            self._open_block(chunk.block_delta.index, "delta").parts.append(chunk.block_delta.text)
-        elif kind == "block_end":
-            self._open_block(chunk.block_end.index, "end").ended = True
-        elif kind == "usage":
-            # Copies, so that a consumer editing the result cannot alter the logged chunk.
-            self._usage = content_pb2.Usage()
-            self._usage.CopyFrom(chunk.usage)
-        elif kind == "finish":
-            self._finish = stream_pb2.Finish()
-            self._finish.CopyFrom(chunk.finish)
-        else:
-            raise CodedError("model stream sent an empty chunk", MODEL_PROTOCOL)
+        match chunk.WhichOneof("chunk"):
+            case "block_start":
+                start = chunk.block_start
+                if start.index in self._blocks:
+                    raise CodedError(f"model stream reopened block {start.index}", MODEL_PROTOCOL)
+                if start.kind == stream_pb2.BLOCK_KIND_UNSPECIFIED:
+                    raise CodedError(
+                        f"model stream opened block {start.index} without a kind", MODEL_PROTOCOL
+                    )
+                self._blocks[start.index] = _Block(start.kind, start.tool_call_id, start.tool_name)
+            case "block_delta":
+                delta = chunk.block_delta
+                self._open_block(delta.index, "delta").parts.append(delta.text)
+            case "block_end":
+                self._open_block(chunk.block_end.index, "end").ended = True
+            case "usage":
+                # Copies, so that a consumer editing the result cannot alter the logged chunk.
+                self._usage = content_pb2.Usage()
+                self._usage.CopyFrom(chunk.usage)
+            case "finish":
+                self._finish = stream_pb2.Finish()
+                self._finish.CopyFrom(chunk.finish)
+            case _:
+                raise CodedError("model stream sent an empty chunk", MODEL_PROTOCOL)
 
     @property
     def content(self) -> list[content_pb2.ContentBlock]:

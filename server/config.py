@@ -1,126 +1,198 @@
-"""Server configuration: a YAML file, validated at start with errors that name the field."""
+"""Server configuration: a YAML file, validated at start with errors that name the field.
+
+One schema: the dataclasses below declare every key once, with its type, its default and
+its doc. A YAML key is the camelCase spelling of its field (`max_attempts` is
+`maxAttempts`); a key nobody declared is an error naming its path. Adding a key is adding
+a field. What makes an agent valid is `server/agent_rules.py`'s, shared with `CreateAgent`.
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import field, replace
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Annotated, Any, Self
 
 import yaml
+from pydantic import AfterValidator, Field, TypeAdapter, ValidationError, model_validator
+from pydantic.dataclasses import dataclass
 
+from server import agent_rules as rules
 from server.addresses import DEFAULT_ALLOWLIST, parse_pattern
 from server.builtin_tools import builtin_tools
-from server.errors import CodedError
-from server.factory import ID_PATTERN
-from server.limits import LIMIT_FIELDS, Limits
+from server.config_fields import (
+    SCHEMA,
+    ConfigError,
+    Flag,
+    HostPort,
+    Integer,
+    NonNegativeSeconds,
+    Pairs,
+    PortText,
+    PositiveInt,
+    PositiveSeconds,
+    Seconds,
+    Text,
+    config_error,
+    fail,
+    one_of,
+    rule,
+)
+from server.defaults import DEFAULT_PROVIDER, MAX_PARALLEL_TOOL_CALLS, PLUGIN_TIMEOUT_SECONDS
+from server.limits import Limits
 from server.models.openai_wire import MAX_TOKENS_FIELDS
-from server.system_prompt import PERSONA_VARIABLES, interpolate
+from server.system_prompt import PERSONA_VARIABLES
 from server.tools import UNLISTED_TOOLS
 
+__all__ = [
+    "AgentConfig", "Config", "ConfigError", "PluginConfig", "ProviderConfig", "load_config",
+    "http_address", "metrics_address", "override", "parse_config", "read_pem", "read_token",
+]  # fmt: skip
+
 DEFAULT_LISTEN = "127.0.0.1:50051"
-
-SERVER_FIELDS = {
-    "listen", "maxParallelToolCalls", "shutdownGraceSeconds", "defaultProvider", "store",
-    "dataDir", "agents", "plugins", "tokenFile", "pluginTokenFile", "providers",
-    "pluginTimeoutSeconds", "pluginCaFile", "toolOrder", "durability", "pluginMaxMessageBytes",
-    "postgresDsn", "replicaId", "advertiseAddress", "leaseSeconds",
-    "approvalTimeoutSeconds",
-}  # fmt: skip
-TLS_FIELDS = ("tlsCertFile", "tlsKeyFile", "tlsClientCaFile")
-GUARD_FIELDS = {"limits", "pluginAllowlist", "pluginTokenPlaintext", *TLS_FIELDS}
-"""The fields of limits and transport security."""
-OBSERVE_FIELDS = {"logFormat", "metricsListen", "traceExporter", "otlpEndpoint"}
-"""The fields of logs, metrics and traces."""
-CONSOLE_FIELDS = {"httpListen"}
-"""The fields of the HTTP side (the web console and the API as JSON)."""
-TRACE_EXPORTERS = ("", "none", "otlp", "console")
-PROVIDER_FIELDS = {
-    "name", "type", "baseUrl", "apiKeyEnv", "defaultModel", "headers", "connectTimeoutSeconds",
-    "readTimeoutSeconds", "maxAttempts", "initialBackoffSeconds", "maxBackoffSeconds",
-    "maxRetryAfterSeconds", "maxTokensField",
-}  # fmt: skip
-PLUGIN_FIELDS = {"address", "order", "timeoutSeconds", "failurePolicy", "required", "name"}
+BUILTIN_PROVIDER = DEFAULT_PROVIDER
 FAILURE_POLICIES = ("fail_closed", "fail_open")
-BUILTIN_PROVIDER = "scripted"
-AGENT_FIELDS = {
-    "id", "provider", "model", "cwd", "tools", "persona", "maxParallelToolCalls",
-    "resumeSessionId",
-}  # fmt: skip
+TRACE_EXPORTERS = ("", "none", "otlp", "console")
+CLI_ONLY = ("insecure",)
+"""Fields that only command-line flags set, never the file."""
 
 
-class ConfigError(ValueError):
-    """The configuration is invalid; the message names the field."""
+def _tool_order_problem(names: tuple[str, ...] | None) -> str:
+    if names is None:
+        return ""
+    if not all(names):
+        return "must be a list of tool names"
+    if names.count(UNLISTED_TOOLS) != 1:
+        return f'must contain "{UNLISTED_TOOLS}" exactly once'
+    return "names a tool twice" if len(set(names)) != len(names) else ""
 
 
-@dataclass(frozen=True)
+def _pattern_problem(entry: str) -> str:
+    try:
+        parse_pattern(entry)
+    except ValueError as error:
+        return str(error)
+    return ""
+
+
+def _metrics(value: str) -> str:
+    try:
+        return metrics_address(value)
+    except ConfigError as error:
+        fail(str(error).removeprefix("metricsListen: "))
+
+
+def _http(value: str) -> str:
+    try:
+        return http_address(value)
+    except ConfigError as error:
+        fail(str(error).removeprefix("httpListen: "))
+
+
+def _base_url_problem(url: str) -> str:
+    if url.startswith(("http://", "https://")):
+        return ""
+    return f"{url!r} must start with http:// or https://"
+
+
+AgentId = Annotated[Text, rule(rules.id_problem)]
+AbsolutePath = Annotated[Text, rule(rules.cwd_problem)]
+LeaseSeconds = Annotated[
+    Seconds, rule(lambda s: "" if 1 <= s <= 300 else "must be a number of seconds from 1 to 300")
+]
+ToolOrder = Annotated[tuple[Text, ...] | None, rule(_tool_order_problem)]
+AllowPattern = Annotated[Text, rule(_pattern_problem)]
+MetricsListen = Annotated[PortText, AfterValidator(_metrics)]
+HttpListen = Annotated[PortText, AfterValidator(_http)]
+ApprovalTimeout = Annotated[
+    NonNegativeSeconds, rule(lambda s: "" if s <= 86400 else "must be a number from 0 to 86400")
+]
+
+
+@dataclass(frozen=True, config=SCHEMA)
 class AgentConfig:
     """An agent created at start, on a fresh session `<id>-session-<uuid>`."""
 
-    id: str
+    id: AgentId
     """The agent id."""
-    provider: str = ""
+    provider: Text = ""
     """The model provider; empty means the server default."""
-    model: str = ""
+    model: Text = ""
     """The model name."""
-    cwd: str = ""
+    cwd: AbsolutePath = ""
     """The absolute working directory written into the session header."""
-    tools: tuple[str, ...] = ()
-    """The built-in tools the agent may use."""
-    persona: str = ""
+    tools: tuple[Text, ...] = ()
+    """The tools the agent may use: registered ones (built-in, or a plugin's)."""
+    persona: Text = ""
     """The persona section of the system prompt."""
-    max_parallel_tool_calls: int | None = None
+    max_parallel_tool_calls: PositiveInt | None = None
     """The agent's parallel tool-call cap; None means the server's."""
-    resume_session_id: str = ""
+    resume_session_id: Text = ""
     """Resume this stored session instead of creating one (cwd is then ignored)."""
 
+    @model_validator(mode="after")
+    def _persona(self) -> Self:
+        # A resumed agent's cwd comes from its stored session: checked when it starts.
+        values: dict[str, str | None] = dict.fromkeys(PERSONA_VARIABLES, "x")
+        if not self.cwd and not self.resume_session_id:
+            values["cwd"] = None
+        problem = rules.persona_problem(self.persona, values)
+        if problem:
+            fail(problem, "persona")
+        return self
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, config=SCHEMA)
 class ProviderConfig:
     """An OpenAI-compatible model provider (the API key comes from the environment)."""
 
-    name: str
+    name: Text
     """The name agents select with `provider`."""
-    base_url: str
+    base_url: Annotated[Text, rule(_base_url_problem)]
     """The API root; requests go to `<base_url>/chat/completions`."""
-    api_key_env: str = ""
+    kind: Annotated[
+        Text,
+        rule(lambda k: "" if k == "openai" else f"{k!r} is not a provider type (known: openai)"),
+    ] = Field(default="openai", alias="type")
+    """The wire protocol (YAML `type`): "openai", the only one."""
+    api_key_env: Text = ""
     """The environment variable holding the API key; empty: no key is sent."""
-    default_model: str = ""
+    default_model: Text = ""
     """The model of agents that name none."""
-    headers: tuple[tuple[str, str], ...] = ()
+    headers: Pairs = ()
     """Extra request headers."""
-    connect_timeout_seconds: float = 10.0
+    connect_timeout_seconds: PositiveSeconds = 10.0
     """TCP connect and TLS handshake."""
-    read_timeout_seconds: float = 300.0
+    read_timeout_seconds: PositiveSeconds = 300.0
     """The longest silence tolerated mid-request."""
-    max_attempts: int = 3
+    max_attempts: PositiveInt = 3
     """Attempts per request before the first chunk (1: never retry)."""
-    initial_backoff_seconds: float = 0.5
+    initial_backoff_seconds: PositiveSeconds = 0.5
     """The first retry delay, doubled per retry."""
-    max_backoff_seconds: float = 8.0
+    max_backoff_seconds: PositiveSeconds = 8.0
     """The longest retry delay."""
-    max_retry_after_seconds: float = 60.0
+    max_retry_after_seconds: PositiveSeconds = 60.0
     """The cap on a server's Retry-After."""
-    max_tokens_field: str = "auto"
+    max_tokens_field: Annotated[Text, one_of(*MAX_TOKENS_FIELDS)] = "auto"
     """How the output cap is sent: "max_tokens", "max_completion_tokens" (OpenAI's
     reasoning models need it), or "auto" (by model name)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SCHEMA)
 class PluginConfig:
     """A plugin registered at start (and retried until it answers)."""
 
-    address: str
+    address: Text
     """host:port, or tls://host:port."""
-    order: int | None = None
+    order: Integer | None = None
     """Overrides the order of every subscription."""
-    timeout_seconds: float | None = None
+    timeout_seconds: PositiveSeconds | None = None
     """Overrides the timeout of every subscription and tool."""
-    failure_policy: str = ""
+    failure_policy: Annotated[Text, one_of("", *FAILURE_POLICIES)] = ""
     """Overrides the failure policy: "fail_closed" or "fail_open"."""
-    required: bool | None = None
+    required: Flag | None = None
     """Whether turns wait for it (fail closed until READY); unset: unless fail_open."""
-    name: str = ""
+    name: Text = ""
     """How ListPlugins shows it before it first describes itself; empty: its address."""
 
     def is_required(self) -> bool:
@@ -128,88 +200,121 @@ class PluginConfig:
         return self.required if self.required is not None else self.failure_policy != "fail_open"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SCHEMA)
 class Config:
     """The whole server configuration; the only place defaults live."""
 
-    listen: str = DEFAULT_LISTEN
+    listen: HostPort = DEFAULT_LISTEN
     """host:port to listen on."""
-    max_parallel_tool_calls: int = 10
+    max_parallel_tool_calls: PositiveInt = MAX_PARALLEL_TOOL_CALLS
     """The default parallel tool-call cap of every agent."""
-    shutdown_grace_seconds: float = 5.0
+    shutdown_grace_seconds: NonNegativeSeconds = 5.0
     """How long running RPCs get to finish on SIGTERM."""
-    default_provider: str = "scripted"
+    default_provider: Text = DEFAULT_PROVIDER
     """The provider of agents that name none."""
-    store: str = "sqlite"
+    store: Annotated[Text, one_of("sqlite", "memory", "postgres")] = "sqlite"
     """Where sessions live: "sqlite" (durable, a file under `data_dir`), "postgres" (durable,
     shared by replicas) or "memory"."""
-    postgres_dsn: str = ""
-    """The PostgreSQL DSN of `store: postgres` (also: $AGENTLOOP_POSTGRES_DSN)."""
-    replica_id: str = ""
+    postgres_dsn: Text = field(default_factory=lambda: os.environ.get("AGENTLOOP_POSTGRES_DSN", ""))
+    """The PostgreSQL DSN of `store: postgres` (default: $AGENTLOOP_POSTGRES_DSN)."""
+    replica_id: Text = ""
     """With `store: postgres`: this replica's name among the others; empty: host-pid."""
-    advertise_address: str = ""
+    advertise_address: Text = ""
     """With `store: postgres`: host:port other replicas forward calls to; empty: listen."""
-    lease_seconds: float = 5.0
+    lease_seconds: LeaseSeconds = 5.0
     """With `store: postgres`: how long a replica owns its agents without renewing: the
     time a failover waits at most, against renewals (a third of it) it must keep up."""
-    data_dir: str = "data"
+    data_dir: Text = "data"
     """The directory of the SQLite file (`agentloop.db`); relative to the working directory."""
-    durability: str = "process"
+    durability: Annotated[Text, one_of("process", "power")] = "process"
     """What a commit survives: "process" (a crash of the server) or "power" (an OS crash
     or power loss too, at the cost of an fsync per group commit)."""
-    agents: tuple[AgentConfig, ...] = field(default_factory=tuple)
+    agents: tuple[AgentConfig, ...] = ()
     """Agents created at start."""
-    plugins: tuple[PluginConfig, ...] = field(default_factory=tuple)
+    plugins: tuple[PluginConfig, ...] = ()
     """Plugins registered at start."""
-    providers: tuple[ProviderConfig, ...] = field(default_factory=tuple)
+    providers: tuple[ProviderConfig, ...] = ()
     """OpenAI-compatible model providers, besides the built-in "scripted"."""
-    token_file: str = ""
+    token_file: Text = ""
     """A file holding the token every client must send (also: $AGENTLOOP_TOKEN)."""
-    plugin_token_file: str = ""
+    plugin_token_file: Text = ""
     """A file holding the token sent to plugins (also: $AGENTLOOP_PLUGIN_TOKEN)."""
-    tool_order: tuple[str, ...] | None = None
+    tool_order: ToolOrder = None
     """The order tools are offered in: names and one "<unlisted-tools>" marker."""
-    plugin_ca_file: str = ""
+    plugin_ca_file: Text = ""
     """PEM roots trusted for `tls://` plugin addresses; empty trusts the system's."""
-    plugin_timeout_seconds: float = 5.0
+    plugin_timeout_seconds: PositiveSeconds = PLUGIN_TIMEOUT_SECONDS
     """The deadline of a plugin call whose subscription sets none."""
-    approval_timeout_seconds: float = 300.0
+    approval_timeout_seconds: ApprovalTimeout = 300.0
     """How long a tool call waits for approval unless its agent sets its own; 0 turns
     approvals off (an ask is then denied: no approval channel is available)."""
-    plugin_allowlist: tuple[str, ...] = DEFAULT_ALLOWLIST
+    plugin_allowlist: tuple[AllowPattern, ...] = DEFAULT_ALLOWLIST
     """`host:port` patterns plugin addresses must match (host: name, IP, CIDR or *;
     port: number or *); the default is loopback only."""
-    plugin_token_plaintext: bool = False
+    plugin_token_plaintext: Flag = False
     """Send the plugin token to non-loopback plugins without TLS (not recommended)."""
-    tls_cert_file: str = ""
+    tls_cert_file: Text = ""
     """PEM certificate chain of the server's own port; with `tls_key_file`, serves TLS."""
-    tls_key_file: str = ""
+    tls_key_file: Text = ""
     """PEM private key of `tls_cert_file`."""
-    tls_client_ca_file: str = ""
+    tls_client_ca_file: Text = ""
     """PEM roots client certificates must chain to (mutual TLS); empty: none asked."""
-    log_format: str = "text"
+    log_format: Annotated[Text, one_of("text", "json")] = "text"
     """Log lines as "text" (for humans) or "json" (one object per line)."""
-    metrics_listen: str = ""
+    metrics_listen: MetricsListen = ""
     """host:port of the Prometheus endpoint (a bare port: loopback); empty: no metrics."""
-    trace_exporter: str = ""
+    trace_exporter: Annotated[Text, one_of(*TRACE_EXPORTERS)] = ""
     """"otlp", "console" or "none"; empty: $OTEL_TRACES_EXPORTER decides (default none)."""
-    otlp_endpoint: str = ""
+    otlp_endpoint: Text = ""
     """The OTLP/gRPC collector; empty: $OTEL_EXPORTER_OTLP_ENDPOINT or localhost:4317."""
     limits: Limits = field(default_factory=Limits)
     """Size and count limits; see `server/limits.py` for each one and its default."""
-    plugin_max_message_bytes: int = 16 * 1024 * 1024
+    plugin_max_message_bytes: PositiveInt = 16 * 1024 * 1024
     """The largest message sent to or accepted from a plugin; a larger call fails alone."""
-    insecure: bool = False
+    insecure: Flag = False
     """Allow a non-loopback listen address without TLS and a token (`--insecure`)."""
-    http_listen: str = ""
+    http_listen: HttpListen = ""
     """host:port of the HTTP side: the web console and the API as JSON (a bare port:
     loopback); empty: off. Same TLS and token as `listen`."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        """The checks that span fields: pairs of files, and the names agents use."""
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            fail("set both or neither", "tlsCertFile, tlsKeyFile")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            fail("needs tlsCertFile and tlsKeyFile (mutual TLS)", "tlsClientCaFile")
+        if self.store == "postgres" and not self.postgres_dsn:
+            fail("required with store: postgres (or set $AGENTLOOP_POSTGRES_DSN)", "postgresDsn")
+        names = [BUILTIN_PROVIDER]
+        for i, provider in enumerate(self.providers):
+            if provider.name in names:
+                fail(f"{provider.name!r} is already a provider", f"providers[{i}].name")
+            names.append(provider.name)
+        if self.plugins:  # a plugin may serve providers and tools: known at start only
+            return self
+        problem = rules.provider_problem(self.default_provider, names)
+        if problem:
+            fail(problem, "defaultProvider")
+        tools = [tool.name for tool in builtin_tools()]
+        seen: set[str] = set()
+        for i, agent in enumerate(self.agents):
+            if agent.id in seen:
+                fail(f"duplicate agent id {agent.id!r}", f"agents[{i}].id")
+            seen.add(agent.id)
+            if agent.provider and (problem := rules.provider_problem(agent.provider, names)):
+                fail(problem, f"agents[{i}].provider")
+            if problem := rules.tools_problem(agent.tools, tools, "built-in tool"):
+                fail(problem, f"agents[{i}].tools")
+        return self
 
 
 DEFAULT_AGENT = AgentConfig(
     id="assistant", provider="scripted", model="echo", tools=("current_time", "word_count")
 )
 """The agent a server without a config file starts with: a scripted tool round trip."""
+
+_SCHEMA = TypeAdapter(Config)
 
 
 def load_config(path: str | Path | None) -> Config:
@@ -226,273 +331,23 @@ def load_config(path: str | Path | None) -> Config:
 
 
 def parse_config(raw: object) -> Config:
-    """Validate a parsed YAML document."""
-    doc = _mapping(raw, "config")
-    _no_unknown(doc, "", SERVER_FIELDS | GUARD_FIELDS | OBSERVE_FIELDS | CONSOLE_FIELDS)
-    listen = _string(doc.get("listen", DEFAULT_LISTEN), "listen")
-    host, sep, port = listen.rpartition(":")
-    if not sep or not host or not port.isascii() or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"listen: {listen!r} must be host:port")
-    plugins_raw = doc.get("plugins", [])
-    if not isinstance(plugins_raw, list):
-        raise ConfigError("plugins: must be a list")
-    plugins = tuple(_plugin(item, f"plugins[{i}]") for i, item in enumerate(plugins_raw))
-    providers_raw = doc.get("providers", [])
-    if not isinstance(providers_raw, list):
-        raise ConfigError("providers: must be a list")
-    providers = tuple(_provider(item, f"providers[{i}]") for i, item in enumerate(providers_raw))
-    names = [BUILTIN_PROVIDER]
-    for i, provider in enumerate(providers):
-        if provider.name in names:
-            raise ConfigError(f"providers[{i}].name: {provider.name!r} is already a provider")
-        names.append(provider.name)
-    default_provider = _string(doc.get("defaultProvider", BUILTIN_PROVIDER), "defaultProvider")
-    # With plugins listed, a provider may be one that a plugin serves: known only at start.
-    checked = None if plugins else names
-    if checked is not None and default_provider not in checked:
-        raise ConfigError(
-            f"defaultProvider: {default_provider!r} is not a provider (known: {', '.join(names)})"
-        )
-    agents_raw = doc.get("agents", [])
-    if not isinstance(agents_raw, list):
-        raise ConfigError("agents: must be a list")
-    agents = tuple(_agent(item, f"agents[{i}]", checked) for i, item in enumerate(agents_raw))
-    ids = [a.id for a in agents]
-    for i, agent_id in enumerate(ids):
-        if agent_id in ids[:i]:
-            raise ConfigError(f"agents[{i}].id: duplicate agent id {agent_id!r}")
-    grace = doc.get("shutdownGraceSeconds", 5.0)
-    if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
-        raise ConfigError("shutdownGraceSeconds: must be a non-negative number")
-    plugin_timeout = doc.get("pluginTimeoutSeconds", 5.0)
-    if (
-        isinstance(plugin_timeout, bool)
-        or not isinstance(plugin_timeout, int | float)
-        or plugin_timeout <= 0
-    ):
-        raise ConfigError("pluginTimeoutSeconds: must be a positive number")
-    store = _string(doc.get("store", "sqlite"), "store")
-    if store not in ("sqlite", "memory", "postgres"):
-        raise ConfigError(f"store: {store!r} must be sqlite, memory or postgres")
-    postgres_dsn = _string(
-        doc.get("postgresDsn", os.environ.get("AGENTLOOP_POSTGRES_DSN", "")), "postgresDsn"
-    )
-    if store == "postgres" and not postgres_dsn:
-        raise ConfigError(
-            "postgresDsn: required with store: postgres (or set $AGENTLOOP_POSTGRES_DSN)"
-        )
-    durability = _string(doc.get("durability", "process"), "durability")
-    if durability not in ("process", "power"):
-        raise ConfigError(f"durability: {durability!r} must be process or power")
-    lease = doc.get("leaseSeconds", 5.0)
-    if isinstance(lease, bool) or not isinstance(lease, int | float) or not 1 <= lease <= 300:
-        raise ConfigError("leaseSeconds: must be a number of seconds from 1 to 300")
-    return Config(
-        listen=listen,
-        store=store,
-        postgres_dsn=postgres_dsn,
-        replica_id=_string(doc.get("replicaId", ""), "replicaId"),
-        advertise_address=_string(doc.get("advertiseAddress", ""), "advertiseAddress"),
-        lease_seconds=float(lease),
-        durability=durability,
-        data_dir=_string(doc.get("dataDir", "data"), "dataDir"),
-        plugins=plugins,
-        providers=providers,
-        token_file=_string(doc.get("tokenFile", ""), "tokenFile"),
-        plugin_token_file=_string(doc.get("pluginTokenFile", ""), "pluginTokenFile"),
-        max_parallel_tool_calls=_positive(
-            doc.get("maxParallelToolCalls", 10), "maxParallelToolCalls"
-        ),
-        shutdown_grace_seconds=float(grace),
-        plugin_timeout_seconds=float(plugin_timeout),
-        approval_timeout_seconds=_approval_timeout(doc.get("approvalTimeoutSeconds", 300.0)),
-        plugin_ca_file=_string(doc.get("pluginCaFile", ""), "pluginCaFile"),
-        tool_order=_tool_order(doc.get("toolOrder")),
-        limits=_limits(doc.get("limits", {})),
-        **_tls(doc),
-        **_observability(doc),
-        plugin_allowlist=_allowlist(doc.get("pluginAllowlist", list(DEFAULT_ALLOWLIST))),
-        plugin_token_plaintext=_boolean(
-            doc.get("pluginTokenPlaintext", False), "pluginTokenPlaintext"
-        ),
-        plugin_max_message_bytes=_positive(
-            doc.get("pluginMaxMessageBytes", 16 * 1024 * 1024), "pluginMaxMessageBytes"
-        ),
-        default_provider=default_provider,
-        agents=agents,
-        http_listen=http_address(doc.get("httpListen", "")),
-    )
-
-
-def _agent(raw: object, where: str, providers: list[str] | None) -> AgentConfig:
-    item = _mapping(raw, where)
-    _no_unknown(item, where, AGENT_FIELDS)
-    if "id" not in item:
-        raise ConfigError(f"{where}.id: is required")
-    agent_id = _string(item["id"], f"{where}.id")
-    if not ID_PATTERN.fullmatch(agent_id):
-        raise ConfigError(
-            f"{where}.id: {agent_id!r} must be 1-128 letters, digits, '.', '_', ':' or '-'"
-        )
-    provider = _string(item.get("provider", ""), f"{where}.provider")
-    if provider and providers is not None and provider not in providers:
-        raise ConfigError(
-            f"{where}.provider: {provider!r} is not a provider (known: {', '.join(providers)})"
-        )
-    cwd = _string(item.get("cwd", ""), f"{where}.cwd")
-    if cwd and not cwd.startswith("/"):
-        raise ConfigError(f"{where}.cwd: {cwd!r} must be an absolute path")
-    tools = item.get("tools", [])
-    if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
-        raise ConfigError(f"{where}.tools: must be a list of tool names")
-    known_tools = sorted(tool.name for tool in builtin_tools())
-    for tool in tools:
-        if tool not in known_tools:
-            raise ConfigError(
-                f"{where}.tools: {tool!r} is not a built-in tool (known: {', '.join(known_tools)})"
-            )
-    persona = _string(item.get("persona", ""), f"{where}.persona")
+    """Validate a parsed YAML document (camelCase keys only)."""
+    if isinstance(raw, dict):
+        for key in CLI_ONLY:
+            if key in raw:
+                raise ConfigError(f"{key}: unknown field (a command-line flag only)")
     try:
-        # A resumed agent's cwd comes from its stored session: checked when it starts.
-        values: dict[str, str | None] = dict.fromkeys(PERSONA_VARIABLES, "x")
-        if not cwd and "resumeSessionId" not in item:
-            values["cwd"] = None
-        interpolate(persona, values)
-    except CodedError as error:
-        raise ConfigError(
-            f"{where}.persona: {error} (known: {', '.join(PERSONA_VARIABLES)})"
-        ) from None
-    cap = item.get("maxParallelToolCalls")
-    return AgentConfig(
-        id=agent_id,
-        provider=provider,
-        model=_string(item.get("model", ""), f"{where}.model"),
-        cwd=cwd,
-        tools=tuple(tools),
-        persona=persona,
-        max_parallel_tool_calls=None
-        if cap is None
-        else _positive(cap, f"{where}.maxParallelToolCalls"),
-        resume_session_id=_string(item.get("resumeSessionId", ""), f"{where}.resumeSessionId"),
-    )
+        return _SCHEMA.validate_python(raw, by_alias=True, by_name=False)
+    except ValidationError as error:
+        raise config_error(error, Config, CLI_ONLY) from None
 
 
-class _TlsFiles(TypedDict):
-    tls_cert_file: str
-    tls_key_file: str
-    tls_client_ca_file: str
-
-
-def _tls(doc: dict[str, Any]) -> _TlsFiles:
-    """The TLS files, checked to come in pairs, as `Config` keyword arguments."""
-    tls = {key: _string(doc.get(key, ""), key) for key in TLS_FIELDS}
-    if bool(tls["tlsCertFile"]) != bool(tls["tlsKeyFile"]):
-        raise ConfigError("tlsCertFile, tlsKeyFile: set both or neither")
-    if tls["tlsClientCaFile"] and not tls["tlsCertFile"]:
-        raise ConfigError("tlsClientCaFile: needs tlsCertFile and tlsKeyFile (mutual TLS)")
-    return _TlsFiles(
-        tls_cert_file=tls["tlsCertFile"],
-        tls_key_file=tls["tlsKeyFile"],
-        tls_client_ca_file=tls["tlsClientCaFile"],
-    )
-
-
-def _allowlist(raw: object) -> tuple[str, ...]:
-    if not isinstance(raw, list) or not all(isinstance(entry, str) for entry in raw):
-        raise ConfigError("pluginAllowlist: must be a list of host:port patterns")
-    for i, entry in enumerate(raw):
-        try:
-            parse_pattern(entry)
-        except ValueError as error:
-            raise ConfigError(f"pluginAllowlist[{i}]: {error}") from None
-    return tuple(raw)
-
-
-def _boolean(value: object, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{where}: must be true or false")
-    return value
-
-
-def _limits(raw: object) -> Limits:
-    item = _mapping(raw, "limits")
-    _no_unknown(item, "limits", set(LIMIT_FIELDS))
-    values = {LIMIT_FIELDS[key]: _positive(value, f"limits.{key}") for key, value in item.items()}
-    return Limits(**values)
-
-
-def _provider(raw: object, where: str) -> ProviderConfig:
-    item = _mapping(raw, where)
-    _no_unknown(item, where, PROVIDER_FIELDS)
-    for key in ("name", "baseUrl"):
-        if key not in item:
-            raise ConfigError(f"{where}.{key}: is required")
-    kind = _string(item.get("type", "openai"), f"{where}.type")
-    if kind != "openai":
-        raise ConfigError(f"{where}.type: {kind!r} is not a provider type (known: openai)")
-    base_url = _string(item["baseUrl"], f"{where}.baseUrl")
-    if not base_url.startswith(("http://", "https://")):
-        raise ConfigError(f"{where}.baseUrl: {base_url!r} must start with http:// or https://")
-    headers = _mapping(item.get("headers", {}), f"{where}.headers")
-    for key, value in headers.items():
-        _string(value, f"{where}.headers.{key}")
-
-    def seconds(key: str, default: float) -> float:
-        value = item.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise ConfigError(f"{where}.{key}: must be a positive number")
-        return float(value)
-
-    return ProviderConfig(
-        name=_string(item["name"], f"{where}.name"),
-        base_url=base_url,
-        api_key_env=_string(item.get("apiKeyEnv", ""), f"{where}.apiKeyEnv"),
-        default_model=_string(item.get("defaultModel", ""), f"{where}.defaultModel"),
-        headers=tuple(sorted(headers.items())),
-        connect_timeout_seconds=seconds("connectTimeoutSeconds", 10.0),
-        read_timeout_seconds=seconds("readTimeoutSeconds", 300.0),
-        max_attempts=_positive(item.get("maxAttempts", 3), f"{where}.maxAttempts"),
-        initial_backoff_seconds=seconds("initialBackoffSeconds", 0.5),
-        max_backoff_seconds=seconds("maxBackoffSeconds", 8.0),
-        max_retry_after_seconds=seconds("maxRetryAfterSeconds", 60.0),
-        max_tokens_field=_max_tokens_field(item.get("maxTokensField", "auto"), where),
-    )
-
-
-def _max_tokens_field(raw: object, where: str) -> str:
-    value = _string(raw, f"{where}.maxTokensField")
-    if value not in MAX_TOKENS_FIELDS:
-        raise ConfigError(f"{where}.maxTokensField: must be one of {', '.join(MAX_TOKENS_FIELDS)}")
-    return value
-
-
-def _plugin(raw: object, where: str) -> PluginConfig:
-    item = _mapping(raw, where)
-    _no_unknown(item, where, PLUGIN_FIELDS)
-    if "address" not in item:
-        raise ConfigError(f"{where}.address: is required")
-    order = item.get("order")
-    if order is not None and (isinstance(order, bool) or not isinstance(order, int)):
-        raise ConfigError(f"{where}.order: must be an integer")
-    timeout = item.get("timeoutSeconds")
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
-    ):
-        raise ConfigError(f"{where}.timeoutSeconds: must be a positive number")
-    policy = _string(item.get("failurePolicy", ""), f"{where}.failurePolicy")
-    if policy and policy not in FAILURE_POLICIES:
-        raise ConfigError(f"{where}.failurePolicy: {policy!r} must be fail_closed or fail_open")
-    required = item.get("required")
-    if required is not None and not isinstance(required, bool):
-        raise ConfigError(f"{where}.required: must be true or false")
-    return PluginConfig(
-        address=_string(item["address"], f"{where}.address"),
-        order=order,
-        timeout_seconds=None if timeout is None else float(timeout),
-        failure_policy=policy,
-        required=required,
-        name=_string(item.get("name", ""), f"{where}.name"),
-    )
+def override(config: Config, **changes: Any) -> Config:
+    """`config` with some fields changed (command-line flags), validated like the file."""
+    try:
+        return replace(config, **changes)
+    except ValidationError as error:
+        raise config_error(error, Config, CLI_ONLY) from None
 
 
 def read_token(path: str, variable: str) -> str:
@@ -508,18 +363,6 @@ def read_token(path: str, variable: str) -> str:
     return os.environ.get(variable, "").strip()
 
 
-def _tool_order(raw: object) -> tuple[str, ...] | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, list) or not all(isinstance(n, str) and n for n in raw):
-        raise ConfigError("toolOrder: must be a list of tool names")
-    if raw.count(UNLISTED_TOOLS) != 1:
-        raise ConfigError(f'toolOrder: must contain "{UNLISTED_TOOLS}" exactly once')
-    if len(set(raw)) != len(raw):
-        raise ConfigError("toolOrder: names a tool twice")
-    return tuple(raw)
-
-
 def read_pem(path: str) -> bytes | None:
     """The bytes of a PEM file; None for an empty path."""
     if not path:
@@ -528,50 +371,6 @@ def read_pem(path: str) -> bytes | None:
         return Path(path).read_bytes()
     except OSError as error:
         raise ConfigError(f"cannot read {path}: {error.strerror}") from error
-
-
-def _mapping(raw: object, where: str) -> dict[str, Any]:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: must be a mapping")
-    return raw
-
-
-def _no_unknown(doc: dict[str, Any], where: str, known: set[str]) -> None:
-    for key in doc:
-        if key not in known:
-            prefix = f"{where}." if where else ""
-            raise ConfigError(f"{prefix}{key}: unknown field (known: {', '.join(sorted(known))})")
-
-
-def _string(value: object, where: str) -> str:
-    if not isinstance(value, str):
-        raise ConfigError(f"{where}: must be a string")
-    return value
-
-
-def _positive(value: object, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{where}: must be a positive integer, not {value!r}")
-    return value
-
-
-def _observability(doc: dict[str, Any]) -> dict[str, Any]:
-    log_format = _string(doc.get("logFormat", "text"), "logFormat")
-    if log_format not in ("text", "json"):
-        raise ConfigError(f"logFormat: {log_format!r} must be text or json")
-    metrics = doc.get("metricsListen", "")
-    if isinstance(metrics, int) and not isinstance(metrics, bool):
-        metrics = str(metrics)
-    metrics = metrics_address(_string(metrics, "metricsListen"))
-    exporter = _string(doc.get("traceExporter", ""), "traceExporter")
-    if exporter not in TRACE_EXPORTERS:
-        raise ConfigError(f"traceExporter: {exporter!r} must be otlp, console or none")
-    return {
-        "log_format": log_format,
-        "metrics_listen": metrics,
-        "trace_exporter": exporter,
-        "otlp_endpoint": _string(doc.get("otlpEndpoint", ""), "otlpEndpoint"),
-    }
 
 
 def metrics_address(value: str) -> str:
@@ -584,18 +383,13 @@ def metrics_address(value: str) -> str:
     return f"{host or '127.0.0.1'}:{port}"
 
 
-def _approval_timeout(value: object) -> float:
-    """`approvalTimeoutSeconds`: 0 (approvals off) up to 24 hours."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 86400:
-        raise ConfigError("approvalTimeoutSeconds: must be a number from 0 to 86400")
-    return float(value)
-
-
 def http_address(value: object) -> str:
     """`host:port` of the HTTP side (`httpListen`); a bare port (or `:port`) is loopback."""
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
-    text = _string(value, "httpListen")
+    if not isinstance(value, str):
+        raise ConfigError("httpListen: must be a string or a port number")
+    text = value
     if not text:
         return ""
     host, _, port = text.rpartition(":")

@@ -1,4 +1,7 @@
-"""The agent factory: creation and resume as one rollback-covered transaction, and teardown.
+"""The agent lifecycle: creation and resume as one rollback-covered transaction, teardown.
+
+Reading sessions (listing, describing, following, forking stored ones) is the session
+catalogue's (`server/session_catalogue.py`), which this factory owns as `catalogue`.
 
 Creation prepares the session and the agent privately, runs an optional setup step
 while nothing is published, then publishes: the session and the agent enter their
@@ -14,71 +17,41 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import uuid
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_pb2, session_pb2
-from agentloop.v1 import session_event_pb2 as ev
 from server import seams as S
 from server.agent import Agent
+from server.agent_rules import AgentCatalogue, check_id, check_persona, cwd_problem
 from server.approvals import check_approval_options
 from server.disposed import DisposedIds
 from server.errors import (
     AgentDisposed,
     AgentNotFound,
     AlreadyExists,
-    CodedError,
     FailedPrecondition,
     InvalidArgument,
-    SessionDamaged,
 )
 from server.limits import check_capacity
 from server.logs import fields
 from server.loop import run_loop
 from server.memory import Trimmer
-from server.models.scripted_options import options_type
 from server.ownership import Ownership, Solo
-from server.repair import crash_closers
 from server.runtime import Runtime
-from server.session import SessionLog, now_timestamp, session_message
+from server.session import SessionLog, now_timestamp
+from server.session_catalogue import SessionCatalogue
 from server.stores import Commit, InboxEntry, SessionWrites, StoreConflict
-from server.system_prompt import PERSONA_VARIABLES, interpolate, persona_section
-from server.validation import check_agent_options
+from server.system_prompt import persona_section
 
 log = logging.getLogger(__name__)
-
-FOLLOW_POLL = 0.5
-"""Seconds a follower of a session another server drives waits for a notification
-before it reads the store again anyway."""
-
-FOLLOW_BATCH = 500
-
-EARLIER_SESSIONS = 3
-"""How many of a config agent's earlier sessions its start checks for an open turn."""
-
-READ_CACHE = 8
-"""How many stored sessions stay loaded for reading."""
-
-ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 Setup = Callable[[Agent], Awaitable[None]]
 
 
-def check_id(field: str, value: str) -> None:
-    """Raise `InvalidArgument` naming `field` unless `value` is a well-formed id."""
-    if not value:
-        raise InvalidArgument(field, "must not be empty")
-    if not ID_PATTERN.fullmatch(value):
-        raise InvalidArgument(
-            field, f"{value[:40]!r} must be 1-128 characters of letters, digits, '.', '_', ':', '-'"
-        )
-
-
 class AgentFactory:
-    """The live agents and sessions of one server."""
+    """The live agents of one server: created, resumed, disposed, torn down."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
@@ -86,25 +59,27 @@ class AgentFactory:
         self.sessions: dict[str, SessionLog] = {}
         """Sessions with a live agent, by id."""
         self._closing = False
-        self._loading: dict[str, asyncio.Lock] = {}
         self._agent_ids: set[str] = set()
         """Agent ids in use: live, being created, or being torn down (scope not yet gone)."""
         self._session_ids: set[str] = set()
         """Session ids driven by an agent that is live, being created or being torn down."""
-        self._verified: dict[str, int] = {}
-        """Stored sessions read whole without damage, with their event count then."""
-        self._readonly: OrderedDict[str, SessionLog] = OrderedDict()
-        """The latest stored sessions loaded for reading (paging through a log reuses them)."""
         self.trimmer = Trimmer()
         self.ownership: Ownership = Solo()
         """Who owns live agents: this server alone, or one replica among many."""
         self._stopping: set[asyncio.Task[None]] = set()
         self._abandoned: set[str] = set()
         """Agents stopped because another replica owns them now: never released here."""
-        self.repair_on_read = True
-        """Repair a crashed session's open turn when it is read (a single server)."""
         self.disposed = DisposedIds()
         """Recently disposed agent ids: calls to them are FAILED_PRECONDITION."""
+        self.catalogue = SessionCatalogue(
+            runtime.store,
+            runtime.journal,
+            runtime.event_window,
+            live=self.sessions,
+            reserved=self._session_ids,
+            still_driven=lambda session_id: self.ownership.still_driven(session_id),
+        )
+        """The sessions of this server, live and stored, for reading."""
 
     # -- create and resume -------------------------------------------------------------
 
@@ -127,8 +102,8 @@ class AgentFactory:
         check_id("agent_id", agent_id)
         session_id = session_id or f"{agent_id}-session-{uuid.uuid4()}"
         check_id("session_id", session_id)
-        if cwd and not cwd.startswith("/"):
-            raise InvalidArgument("metadata.cwd", f"{cwd!r} must be an absolute path")
+        if cwd_problem(cwd):
+            raise InvalidArgument("metadata.cwd", cwd_problem(cwd))
         self._check_options(options)
         self._check_persona(options, cwd)
         if session_id in self._session_ids:
@@ -205,7 +180,7 @@ class AgentFactory:
                 acquired = True
             # Claim before reading: the repair of a crash tail is written under the claim.
             fence = await self.runtime.store.claim(session_id)
-            session = await self.load(session_id, fence=fence)
+            session = await self.catalogue.load(session_id, fence=fence)
             if options is None:
                 options = session.options or agent_pb2.AgentOptions()
                 self._check_options(options)
@@ -272,7 +247,7 @@ class AgentFactory:
             if adopt_pending:
                 adopted = await runtime.store.adopt_pending(agent_id, session.session_id)
                 session.adopt(adopted)
-                await self._close_earlier(agent_id, session.session_id)
+                await self.catalogue.close_earlier(agent_id, session.session_id)
         except BaseException:
             self._detach(agent)
             session.agent_id = ""
@@ -315,156 +290,6 @@ class AgentFactory:
     def list_agents(self) -> list[Agent]:
         """Every live (published) agent, by id."""
         return [self.agents[key] for key in sorted(self.agents) if self.agents[key].published]
-
-    async def session(self, session_id: str) -> SessionLog:
-        """A live session, or a stored one loaded read-only (kept while it is unchanged)."""
-        check_id("session_id", session_id)
-        live = self.sessions.get(session_id)
-        if live is not None:
-            return live
-        cached = self._readonly.get(session_id)
-        if cached is not None:
-            summary = await self.runtime.store.summary(session_id)
-            if summary.event_count == len(cached):
-                self._readonly.move_to_end(session_id)
-                return cached
-        loaded = await self.load(session_id)
-        self._readonly[session_id] = loaded
-        if len(self._readonly) > READ_CACHE:
-            self._readonly.popitem(last=False)
-        return loaded
-
-    async def load(self, session_id: str, *, fence: int = 0) -> SessionLog:
-        """Load a stored session, closing (durably) a turn that a crash left open.
-
-        Only a server that may drive the session repairs it: one that claimed it
-        (`fence`, resuming it), or a single server reading a session nobody drives
-        (`repair_on_read`). A replica merely reading a session shows its stored log as
-        it is: the open turn may be another replica's running turn.
-
-        Loads of one session are serialised, so that concurrent readers of a crashed
-        session store its repair once and all see the repaired log.
-        """
-        store = self.runtime.store
-        lock = self._loading.setdefault(session_id, asyncio.Lock())
-        try:
-            async with lock:
-                stored = await store.load(session_id)
-                repair = bool(fence) or self.repair_on_read
-                closers = crash_closers(stored.events) if repair else []
-                if closers:
-                    log.warning(
-                        "session %s: closing turn %d interrupted by a crash",
-                        session_id,
-                        closers[-1].turn_end.turn,
-                        extra=fields(session=session_id, turn=closers[-1].turn_end.turn),
-                    )
-                    writes = SessionWrites(events=closers, fence=fence)
-                    await store.commit(Commit({session_id: writes}))
-        finally:
-            if not lock.locked() and self._loading.get(session_id) is lock:
-                del self._loading[session_id]
-        self._verified[session_id] = len(stored.events) + len(closers)
-        return SessionLog(
-            session_id,
-            stored.header,
-            self.runtime.journal,
-            seed=[*stored.events, *closers],
-            inbox=stored.inbox,
-            window=self.runtime.event_window,
-            options=stored.options,
-        )
-
-    async def _close_earlier(self, agent_id: str, session_id: str) -> None:
-        """Repair the agent's recent earlier sessions a crash left open (a config agent).
-
-        They are the agent's: nobody else drives them (it holds the agent), so the
-        repair is written under a claim. Balanced ones (their last event is a
-        `turn_end`) are not read.
-        """
-        store = self.runtime.store
-        for earlier in (await store.driven_by(agent_id))[:EARLIER_SESSIONS]:
-            if earlier == session_id or earlier in self.sessions:
-                continue
-            count = (await store.summary(earlier)).event_count
-            last = await store.read(earlier, count - 1, count) if count else []
-            if last and not last[0].HasField("turn_end"):
-                await self.load(earlier, fence=await store.claim(earlier))
-
-    async def follow_stored(
-        self, session_id: str, cursor: int, max_bytes: int
-    ) -> AsyncIterator[list[ev.SessionEvent]]:
-        """Batches of a session another server drives, read from the store as they land.
-
-        The store is the truth: polled, so nothing is missed or repeated whichever
-        server writes; it ends once nobody drives the session and all was read.
-        """
-        store = self.runtime.store
-        while True:
-            events = await store.read(session_id, cursor, cursor + FOLLOW_BATCH)
-            batch: list[ev.SessionEvent] = []
-            size = 0
-            for event in events:
-                size += event.ByteSize()
-                if batch and size > max_bytes:
-                    break
-                batch.append(event)
-            if batch:
-                cursor += len(batch)
-                yield batch
-                continue
-            driven = session_id in self.sessions  # taken over here meanwhile: still coming
-            if not driven and not await self.ownership.still_driven(session_id):
-                return
-            await store.wait_for_events(session_id, FOLLOW_POLL)
-
-    async def session_ids(self) -> list[str]:
-        """Every session id, stored or live, sorted."""
-        return sorted(set(await self.runtime.store.list_ids()) | set(self.sessions))
-
-    async def describe(self, session_id: str) -> session_pb2.Session:
-        """The `Session` resource of a live or stored session.
-
-        A stored session is read whole once (and again when it grew since), so that a
-        damaged one is reported with its `load_error`, and a crash tail is repaired,
-        before anyone resumes it; after that its stored counts are enough.
-        """
-        live = self.sessions.get(session_id)
-        if live is not None:
-            return session_message(live)
-        try:
-            summary = await self.runtime.store.summary(session_id)
-            if self._verified.get(session_id) != summary.event_count:
-                return session_message(await self.load(session_id))
-        except SessionDamaged as error:
-            return session_pb2.Session(session_id=session_id, load_error=str(error))
-        return session_pb2.Session(
-            session_id=session_id,
-            header=summary.header,
-            event_count=summary.event_count,
-            turn_count=summary.turn_count,
-            pending_messages=summary.pending,
-        )
-
-    async def fork(
-        self, session_id: str, boundary_seq: int | None, new_session_id: str = ""
-    ) -> session_pb2.Session:
-        """Store a new session seeded with `session_id`'s events up to a `turn_end`.
-
-        The copy is one transaction of the store: after a crash the fork is absent
-        or complete. Only stored events can be forked.
-        """
-        live = self.sessions.get(session_id)
-        source = live if live is not None else await self.session(session_id)  # repairs
-        new_session_id = new_session_id or f"{session_id}-fork-{uuid.uuid4()}"
-        check_id("new_session_id", new_session_id)
-        if new_session_id in self.sessions or new_session_id in self._session_ids:
-            raise AlreadyExists(f'session "{new_session_id}" already exists')
-        header = session_pb2.SessionHeader(
-            cwd=source.header.cwd, parent_session_id=session_id, create_time=now_timestamp()
-        )
-        await self.runtime.store.fork(session_id, boundary_seq, new_session_id, header)
-        return await self.describe(new_session_id)
 
     # -- teardown ----------------------------------------------------------------------
 
@@ -567,43 +392,18 @@ class AgentFactory:
         self.runtime.tools.remove_agent(agent.agent_id)
 
     def _check_options(self, options: agent_pb2.AgentOptions) -> None:
-        if options.HasField("max_parallel_tool_calls") and options.max_parallel_tool_calls < 1:
-            raise InvalidArgument(
-                "options.max_parallel_tool_calls", "maxParallelToolCalls must be a positive integer"
-            )
-        provider = options.provider or self.runtime.default_provider
-        if provider not in self.runtime.models.names():
-            known = ", ".join(self.runtime.models.names())
-            raise InvalidArgument(
-                "options.provider", f'unknown provider "{provider}" (known: {known})'
-            )
-        given = options_type(options)
-        if given:
-            taken = getattr(self.runtime.models.get(provider), "options_type", "")
-            if given != taken:
-                takes = f"takes {taken}" if taken else "takes no provider options"
-                raise InvalidArgument(
-                    "options.provider_options", f'provider "{provider}" {takes}, not {given}'
-                )
-        unknown = sorted(set(options.tools) - self.runtime.tools.names())
-        if unknown:
-            raise InvalidArgument("options.tools", f"unknown tools: {', '.join(unknown)}")
+        """The one check of agent options (`server/agent_rules.py`), against the registry."""
+        models = self.runtime.models
+        catalogue = AgentCatalogue(
+            models.names(), self.runtime.tools.names(), self.runtime.default_provider,
+            self.runtime.limits,
+        )  # fmt: skip
+        provider = catalogue.provider_of(options)
+        known = provider in catalogue.providers  # else `check` refuses it
+        catalogue.check(options, getattr(models.get(provider), "options_type", "") if known else "")
         check_approval_options(options)
-        check_agent_options(self.runtime.limits, options)
 
     def _check_persona(self, options: agent_pb2.AgentOptions, cwd: str) -> None:
-        """Refuse a persona using a variable this agent will have no value for.
-
-        Checked against the agent's own values: a `{{cwd}}` persona for an agent without
-        a working directory would otherwise fail every turn.
-        """
-        if not options.persona:
-            return
         provider = options.provider or self.runtime.default_provider
         model = options.model or self.runtime.models.default_model(provider)
-        values = {"provider": provider, "model": model, "cwd": cwd}
-        assert set(values) == set(PERSONA_VARIABLES)
-        try:
-            interpolate(options.persona, {name: value or None for name, value in values.items()})
-        except CodedError as error:
-            raise InvalidArgument("options.persona", str(error)) from None
+        check_persona(options, provider, model, cwd)

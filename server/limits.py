@@ -7,37 +7,40 @@ limit as it is spelled in the config's `limits:` section, and its value.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
+from pydantic.dataclasses import dataclass
+
+from server.config_fields import SCHEMA, PositiveInt
 from server.errors import CodedError, InvalidArgument, ResourceExhausted
 
 MIB = 1024 * 1024
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=SCHEMA)
 class Limits:
     """The limits of one server; the config's `limits:` section overrides the defaults."""
 
-    max_request_bytes: int = 4 * MIB
+    max_request_bytes: PositiveInt = 4 * MIB
     """The largest request message the server decodes (gRPC's own default)."""
-    max_content_bytes: int = 1 * MIB
+    max_content_bytes: PositiveInt = 1 * MIB
     """Content of one SendMessage/SteerMessage/InjectContext, and one scripted step.
     Well under the 4 MiB a default gRPC client receives, so any event carrying it fits."""
-    max_persona_bytes: int = 64 * 1024
+    max_persona_bytes: PositiveInt = 64 * 1024
     """An agent's persona (a system-prompt section rendered on every model request)."""
-    max_script_steps: int = 1000
+    max_script_steps: PositiveInt = 1000
     """Steps of a scripted agent's script (`ScriptedOptions.steps`)."""
-    max_script_tool_calls: int = 1000
+    max_script_tool_calls: PositiveInt = 1000
     """Tool calls in all of a scripted agent's script."""
-    max_agents: int = 1000
+    max_agents: PositiveInt = 1000
     """Live agents per server."""
-    max_tool_calls_per_step: int = 128
+    max_tool_calls_per_step: PositiveInt = 128
     """Tool calls the model may ask for in one step; more ends the turn with `error`."""
-    max_events_per_turn: int = 200_000
+    max_events_per_turn: PositiveInt = 200_000
     """Session events one turn may append; more ends the turn with `error`."""
-    max_streams: int = 1000
+    max_streams: PositiveInt = 1000
     """Concurrent StreamSessionEvents calls per server."""
-    max_plugins: int = 64
+    max_plugins: PositiveInt = 64
     """Registered plugins per server."""
     max_pending_messages: int = 1000
     """Accepted messages one agent holds that no turn has taken up yet."""

@@ -74,8 +74,7 @@ async def run_turn(agent: Agent) -> bool:
     if not batch:
         return False
     try:
-        session.append(
-            "turn_start",
+        session.add(
             ev.TurnStart(turn=turn.number, trigger=ev.TRIGGER_KIND_MESSAGE, source=batch[0].source),
         )
     except Exception as error:  # a pre-turn failure: nothing was opened
@@ -125,8 +124,7 @@ async def submit_prompts(agent: Agent, turn: Turn, batch: list[Pending]) -> bool
         turn.unsubmitted.remove(item)
         if decision.WhichOneof("decision") == "block":
             last_block = decision.block.reason
-            agent.session.append(
-                "prompt_blocked",
+            agent.session.add(
                 ev.PromptBlocked(
                     content=item.content,
                     source=item.source,
@@ -138,8 +136,7 @@ async def submit_prompts(agent: Agent, turn: Turn, batch: list[Pending]) -> bool
             continue
         allowed = True
         content = decision.allow.content or item.content
-        agent.session.append(
-            "user_message",
+        agent.session.add(
             ev.UserMessage(content=content, source=item.source, request_id=item.request_id),
             consumes=item.consumes,
         )

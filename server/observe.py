@@ -151,24 +151,27 @@ class EventClock:
             turn.step.model = Model(now)
             self._each("step_start", turn, turn.step)
             self._each("model_start", turn, turn.step, turn.step.model)
-        elif step is None:
+            return
+        if step is None:
             if kind == "turn_end":
                 self._end_turn(agent_id, turn, event.turn_end, now)
-        elif kind == "assistant_message" and step.model is not None:
-            model, step.model = step.model, None
-            self._each("model_end", turn, step, model, event.assistant_message, now)
-        elif kind == "tool_call":
-            call = event.tool_call
-            step.tools[call.call_id] = (call.name, now)
-            self._each("tool_start", turn, step, call, now)
-        elif kind == "tool_result":
-            name, started = step.tools.pop(event.tool_result.call_id, ("", now))
-            self._each("tool_end", turn, step, event.tool_result, name, started, now)
-        elif kind == "step_end":
-            self._end_step(turn, step, now)
-        elif kind == "turn_end":
-            self._end_step(turn, step, now)
-            self._end_turn(agent_id, turn, event.turn_end, now)
+            return
+        match kind:
+            case "assistant_message" if step.model is not None:
+                model, step.model = step.model, None
+                self._each("model_end", turn, step, model, event.assistant_message, now)
+            case "tool_call":
+                call = event.tool_call
+                step.tools[call.call_id] = (call.name, now)
+                self._each("tool_start", turn, step, call, now)
+            case "tool_result":
+                name, started = step.tools.pop(event.tool_result.call_id, ("", now))
+                self._each("tool_end", turn, step, event.tool_result, name, started, now)
+            case "step_end":
+                self._end_step(turn, step, now)
+            case "turn_end":
+                self._end_step(turn, step, now)
+                self._end_turn(agent_id, turn, event.turn_end, now)
 
     def _chunk(self, turn: Turn, step: Step, chunk: st.StreamChunk, now: int) -> None:
         model = step.model

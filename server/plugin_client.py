@@ -337,6 +337,7 @@ class PluginConnection:
             finally:
                 if writer is not None:
                     writer.cancel()
+                    await asyncio.wait([writer])  # it ends before the stream is dropped
             stream.cancel()
             self._stream = None
             self._set_state(reg.PLUGIN_STATE_UNAVAILABLE)

@@ -37,6 +37,7 @@ from server import logs, observe
 from server import seams as S
 from server.abort import NEVER, AbortSignal
 from server.approvals import ASKED_BY
+from server.defaults import PLUGIN_TIMEOUT_SECONDS
 from server.errors import Aborted, TurnFatal
 from server.models import ModelRegistry, ModelRequest
 from server.seams import SeamRegistry
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 _fail_open_log = logs.RateLimited(log)
 """A plugin that is down fails every call: one line per plugin and seam per interval."""
 
-DEFAULT_TIMEOUT = 5.0
+DEFAULT_TIMEOUT = PLUGIN_TIMEOUT_SECONDS
 """Seconds a call waits for its result when neither the plugin nor the operator set it."""
 
 SEAM_NAMES = {

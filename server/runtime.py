@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from server.defaults import DEFAULT_PROVIDER, MAX_PARALLEL_TOOL_CALLS, PLUGIN_TIMEOUT_SECONDS
 from server.journal import Journal
 from server.limits import Limits
 from server.models import ModelRegistry
@@ -16,7 +17,7 @@ from server.stores.memory import MemoryStore
 from server.system_prompt import SystemPrompt, default_system_prompt
 from server.tools import ToolRegistry
 
-DEFAULT_MAX_PARALLEL_TOOL_CALLS = 10
+DEFAULT_MAX_PARALLEL_TOOL_CALLS = MAX_PARALLEL_TOOL_CALLS
 
 
 @dataclass
@@ -32,9 +33,9 @@ class Runtime:
     """The server's size and count limits."""
     max_parallel_tool_calls: int = DEFAULT_MAX_PARALLEL_TOOL_CALLS
     """The server-wide cap on parallel tool calls per step; agents may set their own."""
-    default_provider: str = "scripted"
+    default_provider: str = DEFAULT_PROVIDER
     """The provider of agents that name none."""
-    plugin_timeout: float = 5.0
+    plugin_timeout: float = PLUGIN_TIMEOUT_SECONDS
     """Seconds a plugin call waits for its result when neither plugin nor operator set it."""
     event_window: int = WINDOW
     """Recent events each session keeps in memory; older ones are read from the store."""

@@ -33,6 +33,7 @@ from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
 from server.errors import AgentLoopError
+from server.events import Payload, kind_of
 from server.stores import FIRST_SEQ, InboxEntry, RequestRecord
 
 if TYPE_CHECKING:
@@ -143,6 +144,18 @@ class SessionLog:
         """The sequence number of the oldest event held in memory."""
         return self.count - len(self._window)
 
+    def add(
+        self,
+        payload: Payload,
+        *,
+        source_event_seqs: Sequence[int] = (),
+        consumes: tuple[int, ...] = (),
+    ) -> ev.SessionEvent:
+        """Append one event carrying `payload` (its type says its kind); returns the event."""
+        return self.append(
+            kind_of(payload), payload, source_event_seqs=source_event_seqs, consumes=consumes
+        )
+
     def append(
         self,
         kind: str,
@@ -152,6 +165,8 @@ class SessionLog:
         consumes: tuple[int, ...] = (),
     ) -> ev.SessionEvent:
         """Append one event whose payload field is `kind`; returns the event.
+
+        `add` is the typed form; this one serves code that holds the kind as a name.
 
         `consumes` names the inbox entries this event records: they leave the durable
         inbox in the same commit as the event, so a message is pending or recorded,
@@ -288,16 +303,16 @@ class SessionLog:
                 log.warning("a session failure callback failed", exc_info=True)
 
     def _apply(self, event: ev.SessionEvent) -> None:
-        kind = event.WhichOneof("payload")
-        if kind == "turn_start":
-            self.max_turn = max(self.max_turn, event.turn_start.turn)
-            self.open_turn = event.turn_start.turn
-        elif kind == "turn_end":
-            self.open_turn = 0
-        elif kind == "request_header":
-            self.request_header = event.request_header.header
-        elif kind in SURFACE_KINDS:
-            self._project(event, kind)
+        match event.WhichOneof("payload"):
+            case "turn_start":
+                self.max_turn = max(self.max_turn, event.turn_start.turn)
+                self.open_turn = event.turn_start.turn
+            case "turn_end":
+                self.open_turn = 0
+            case "request_header":
+                self.request_header = event.request_header.header
+            case str(kind) if kind in SURFACE_KINDS:
+                self._project(event, kind)
 
     def _project(self, event: ev.SessionEvent, kind: str) -> None:
         message = project(event, kind)

@@ -77,7 +77,7 @@ async def prepare_step(
         raise
     history = session.derive_messages()
     check_turn_events(runtime.limits, len(session) - turn.start_seq)
-    session.append("step_start", ev.StepStart(turn=turn.number, step=turn.step))
+    session.add(ev.StepStart(turn=turn.number, step=turn.step))
     turn.step_open = True
     check_interrupted(agent)
     return system, history
@@ -128,9 +128,7 @@ async def run_step(agent: Agent, turn: Turn, system: str, history: list[c.Messag
     try:
         async for chunk in chunks:
             signal.raise_if_aborted()
-            event = session.append(
-                "assistant_chunk", ev.AssistantChunk(turn=turn.number, step=turn.step, chunk=chunk)
-            )
+            event = session.add(ev.AssistantChunk(turn=turn.number, step=turn.step, chunk=chunk))
             chunk_seqs.append(event.seq)
             check_turn_events(runtime.limits, event.seq - turn.start_seq)
             if chunk.HasField("block_delta"):
@@ -190,8 +188,7 @@ async def run_tools(agent: Agent, turn: Turn, calls: list[c.ToolCallBlock]) -> N
     session = agent.session
 
     def on_call(call: c.ToolCallBlock) -> int:
-        return session.append(
-            "tool_call",
+        return session.add(
             ev.ToolCall(
                 turn=turn.number,
                 step=turn.step,
@@ -218,7 +215,7 @@ async def run_tools(agent: Agent, turn: Turn, calls: list[c.ToolCallBlock]) -> N
             result.error.CopyFrom(ev.ToolError(name="ResultTooLarge", code=CONTENT_BYTES))
         if outcome.meta is not None:
             result.meta.CopyFrom(to_struct(outcome.meta))
-        session.append("tool_result", result, source_event_seqs=[call_seq])
+        session.add(result, source_event_seqs=[call_seq])
         seams = agent.runtime.seams
         if seams.has(S.TOOLS_RESULT_COMMITTED, agent.agent_id):  # plugins see stored results
             agent.runtime.journal.after_commit(
@@ -251,7 +248,7 @@ async def run_tools(agent: Agent, turn: Turn, calls: list[c.ToolCallBlock]) -> N
         agent.tool_batch_active = False
         deferred, agent.deferred = agent.deferred, []
         for message, consumes in deferred:
-            session.append("context_message", message, consumes=consumes)
+            session.add(message, consumes=consumes)
 
 
 def log_header(agent: Agent, header: c.RequestHeader, first_request: bool) -> None:
@@ -263,7 +260,7 @@ def log_header(agent: Agent, header: c.RequestHeader, first_request: bool) -> No
         reason = ev.HEADER_REASON_CHANGE
     else:
         return
-    agent.session.append("request_header", ev.RequestHeaderLogged(header=header, reason=reason))
+    agent.session.add(ev.RequestHeaderLogged(header=header, reason=reason))
 
 
 def append_assistant(
@@ -278,7 +275,7 @@ def append_assistant(
     message = ev.AssistantMessage(
         turn=turn.number, step=turn.step, content=content, provenance=provenance, usage=usage
     )
-    agent.session.append("assistant_message", message, source_event_seqs=chunk_seqs)
+    agent.session.add(message, source_event_seqs=chunk_seqs)
 
 
 def copy_message(message: c.Message) -> c.Message:

@@ -41,8 +41,7 @@ def drain_steering(agent: Agent, turn: Turn) -> bool:
     """Record every pending steering item; True if there was any."""
     items = agent.inbox.drain_steering()
     for item in items:
-        agent.session.append(
-            "steering_message",
+        agent.session.add(
             ev.SteeringMessage(
                 turn=turn.number,
                 content=item.content,
@@ -93,10 +92,10 @@ def close_step(agent: Agent, turn: Turn) -> None:
         return
     end = ev.StepEnd(turn=turn.number, step=turn.step)
     try:
-        agent.session.append("step_end", end)
+        agent.session.add(end)
     except Exception as error:
         fail(agent, turn, error)
-        agent.session.append("step_end", end)
+        agent.session.add(end)
     turn.step_open = False
 
 
@@ -105,7 +104,7 @@ def close_turn(agent: Agent, turn: Turn) -> None:
     if turn.reason.WhichOneof("kind") == "completed" and turn.max_tokens:
         turn.reason = ev.TurnEndReason(max_tokens=ev.TurnMaxTokens())
     try:
-        agent.session.append("turn_end", ev.TurnEnd(turn=turn.number, reason=turn.reason))
+        agent.session.add(ev.TurnEnd(turn=turn.number, reason=turn.reason))
     except Exception as error:
         fail(agent, turn, error)
-        agent.session.append("turn_end", ev.TurnEnd(turn=turn.number, reason=turn.reason))
+        agent.session.add(ev.TurnEnd(turn=turn.number, reason=turn.reason))

@@ -125,3 +125,42 @@ async def test_seam_registry_close_cancels_and_awaits_its_tasks() -> None:
     assert finished == ["quick"]
     assert seams.contained_failures == 0  # a cancellation at shutdown is not a failure
     await seams.close()  # nothing left: a second close returns at once
+
+
+async def test_two_callers_stop_the_server_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    app = App(Config(listen="127.0.0.1:0", store="memory", agents=()))
+    await app.start()
+    closes: list[str] = []
+    close = app.runtime.store.close
+
+    async def counted_close() -> None:
+        closes.append("store")
+        await close()
+
+    monkeypatch.setattr(app.runtime.store, "close", counted_close)
+    async with asyncio.timeout(T):
+        await asyncio.gather(app.stop(grace=0), app.stop(grace=0))
+        await app.stop(grace=0)  # after the stop: returns at once
+    assert closes == ["store"]
+
+
+async def test_a_cancelled_caller_does_not_cut_the_stop_short(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app = App(Config(listen="127.0.0.1:0", store="memory", agents=()))
+    await app.start()
+    closes: list[str] = []
+    close = app.runtime.store.close
+
+    async def counted_close() -> None:
+        closes.append("store")
+        await close()
+
+    monkeypatch.setattr(app.runtime.store, "close", counted_close)
+    impatient = asyncio.ensure_future(app.stop(grace=0))
+    await asyncio.sleep(0)  # the stop has begun
+    impatient.cancel()
+    async with asyncio.timeout(T):
+        await app.stop(grace=0)
+    assert impatient.cancelled()
+    assert closes == ["store"]

@@ -116,7 +116,7 @@ async def test_fork_at_a_turn_end_continues_numbering(harness: Harness) -> None:
     await harness.turn(agent, "one")
     await harness.turn(agent, "two")
     first_end = next(e.seq for e in agent.session.events if e.HasField("turn_end"))
-    fork = await harness.factory.fork("src", first_end, "child")
+    fork = await harness.factory.catalogue.fork("src", first_end, "child")
     assert fork.header.parent_session_id == "src"
     assert fork.header.seed_length == first_end
     assert fork.event_count == first_end
@@ -133,16 +133,16 @@ async def test_fork_boundaries_are_checked(harness: Harness) -> None:
     with pytest.raises(
         InvalidArgument, match="^boundary_seq: event 2 is a user_message, not a turn_end"
     ):
-        await harness.factory.fork("src", 2)
+        await harness.factory.catalogue.fork("src", 2)
     with pytest.raises(InvalidArgument, match="out of range"):
-        await harness.factory.fork("src", 10_000)
-    default = await harness.factory.fork("src", None)
+        await harness.factory.catalogue.fork("src", 10_000)
+    default = await harness.factory.catalogue.fork("src", None)
     assert default.event_count == len(agent.session)
     with pytest.raises(NotFound):
-        await harness.factory.fork("nope", None)
+        await harness.factory.catalogue.fork("nope", None)
     empty = await harness.create("idle", session_id="empty")
     with pytest.raises(InvalidArgument, match="has no turn_end"):
-        await harness.factory.fork("empty", None)
+        await harness.factory.catalogue.fork("empty", None)
     assert empty.session.session_id == "empty"
 
 
@@ -153,7 +153,9 @@ async def test_list_sessions_includes_stored_and_damaged(db: Path) -> None:
     await h.turn(agent, "go")
     await h.factory.dispose("a1")
     await h.create("b1", session_id="b")
-    sessions = {i: await h.factory.describe(i) for i in await h.factory.session_ids()}
+    sessions = {
+        i: await h.factory.catalogue.describe(i) for i in await h.factory.catalogue.session_ids()
+    }
     assert set(sessions) == {"a", "b"}
     assert sessions["a"].event_count == len(agent.session) and sessions["a"].agent_id == ""
     assert sessions["b"].agent_id == "b1"

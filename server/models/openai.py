@@ -42,6 +42,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import httpx
@@ -101,8 +102,53 @@ class RetryPolicy:
         return ceiling * (0.5 + random.random() / 2)
 
 
+class ProviderSettings(Protocol):
+    """A configured provider (the config's `providers:` entry), as this model reads it."""
+
+    @property
+    def name(self) -> str: ...  # noqa: D102
+    @property
+    def base_url(self) -> str: ...  # noqa: D102
+    @property
+    def headers(self) -> tuple[tuple[str, str], ...]: ...  # noqa: D102
+    @property
+    def default_model(self) -> str: ...  # noqa: D102
+    @property
+    def connect_timeout_seconds(self) -> float: ...  # noqa: D102
+    @property
+    def read_timeout_seconds(self) -> float: ...  # noqa: D102
+    @property
+    def max_attempts(self) -> int: ...  # noqa: D102
+    @property
+    def initial_backoff_seconds(self) -> float: ...  # noqa: D102
+    @property
+    def max_backoff_seconds(self) -> float: ...  # noqa: D102
+    @property
+    def max_retry_after_seconds(self) -> float: ...  # noqa: D102
+    @property
+    def max_tokens_field(self) -> str: ...  # noqa: D102
+
+
 class OpenAIModel:
     """A `Model` for OpenAI-compatible `/chat/completions` streaming endpoints."""
+
+    @classmethod
+    def configured(cls, settings: ProviderSettings, api_key: str) -> OpenAIModel:
+        """The model of a configured provider: the one place its settings become arguments."""
+        return cls(
+            name=settings.name,
+            base_url=settings.base_url,
+            api_key=api_key,
+            headers=dict(settings.headers),
+            default_model=settings.default_model,
+            connect_timeout=settings.connect_timeout_seconds,
+            read_timeout=settings.read_timeout_seconds,
+            max_attempts=settings.max_attempts,
+            initial_backoff=settings.initial_backoff_seconds,
+            max_backoff=settings.max_backoff_seconds,
+            max_retry_after=settings.max_retry_after_seconds,
+            max_tokens_field=settings.max_tokens_field,
+        )
 
     def __init__(
         self,

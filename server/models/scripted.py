@@ -265,13 +265,13 @@ def _text_chars(content: Iterable[content_pb2.ContentBlock]) -> int:
     """Characters of every text-like part of `content`, tool results included."""
     total = 0
     for block in content:
-        kind = block.WhichOneof("block")
-        if kind == "text":
-            total += len(block.text.text)
-        elif kind == "reasoning":
-            total += len(block.reasoning.text)
-        elif kind == "tool_call":
-            total += len(block.tool_call.arguments)
-        elif kind == "tool_result":
-            total += _text_chars(block.tool_result.content)
+        match block.WhichOneof("block"):
+            case "text":
+                total += len(block.text.text)
+            case "reasoning":
+                total += len(block.reasoning.text)
+            case "tool_call":
+                total += len(block.tool_call.arguments)
+            case "tool_result":
+                total += _text_chars(block.tool_result.content)
     return total
