@@ -6,7 +6,8 @@ Spans follow the GenAI semantic conventions where they apply: a model call is
 call is `execute_tool <name>` with `gen_ai.tool.name` and `gen_ai.tool.call.id`.
 A turn's spans form one trace (turn > step > model call, tool calls, plugin calls);
 the RPC that queued the message is a separate trace, since the turn runs after it
-answered. Trace context is not yet sent to plugins (the plugin call has no field for it).
+answered. Each call to a plugin (seam, tool and model calls; not notifications) carries
+its span's context in `HookCall.traceparent`, so a plugin's spans join the turn's trace.
 
 Off unless `traceExporter` (or `$OTEL_TRACES_EXPORTER`) names an exporter: then the
 SDK's batch processor exports over OTLP/gRPC (`otlpEndpoint` or the `OTEL_EXPORTER_OTLP_*`
@@ -24,11 +25,11 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode
 
 from agentloop.v1 import session_event_pb2 as ev
 from server import observe
-from server.observe import Model, Step, Turn
+from server.observe import Model, Step, TraceCarrier, Turn
 from server.version import version
 
 TRACER_NAME = "agentloop"
@@ -39,6 +40,12 @@ def exporter_name(configured: str) -> str:
     if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return "none"
     return configured or os.environ.get("OTEL_TRACES_EXPORTER", "none").split(",")[0].strip()
+
+
+def traceparent(context: SpanContext) -> tuple[str, str]:
+    """The W3C `traceparent` and `tracestate` of a span context."""
+    state = context.trace_state.to_header() if context.trace_state else ""
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}", state
 
 
 def build_exporter(name: str, endpoint: str) -> SpanExporter | None:
@@ -107,19 +114,32 @@ class Tracing:
 
     @contextlib.contextmanager
     def plugin_call(
-        self, plugin: str, seam: str, agent: str, turn: int, step: int
+        self, plugin: str, seam: str, agent: str, turn: int, step: int,
+        carrier: TraceCarrier | None = None,
     ) -> Iterator[None]:
-        """The span of one plugin call, under the agent's step (or turn) when one is open."""
+        """The span of one plugin call, under the agent's step (or turn) when one is open.
+
+        Its context goes to the plugin in `carrier` (the `HookCall`): `traceparent` and
+        `tracestate`. Nothing runs under it in this process, so it is never made current.
+        """
         parent = self._steps.get(agent) or self._turns.get(agent)
-        context = trace.set_span_in_context(parent) if parent is not None else None
-        with self.tracer.start_as_current_span(
+        span = self.tracer.start_span(
             f"plugin {plugin} {seam}",
-            context=context,
+            context=trace.set_span_in_context(parent) if parent is not None else None,
             kind=SpanKind.CLIENT,
             attributes={"agentloop.plugin": plugin, "agentloop.seam": seam,
                         "agentloop.agent": agent, "agentloop.turn": turn, "agentloop.step": step},
-        ):  # fmt: skip
+        )  # fmt: skip
+        if carrier is not None:
+            carrier.traceparent, carrier.tracestate = traceparent(span.get_span_context())
+        try:
             yield
+        except Exception as error:  # the call failed (a cancel or a close is no failure)
+            span.record_exception(error)
+            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            raise
+        finally:
+            span.end()
 
     # -- the Sink of observe.EventClock ----------------------------------------------------
 
