@@ -215,7 +215,12 @@ class PluginCallObserver(Protocol):
     """Wraps one call to a plugin."""
 
     def __call__(
-        self, plugin: str, seam: str, agent: str, turn: int, step: int,
+        self,
+        plugin: str,
+        seam: str,
+        agent: str,
+        turn: int,
+        step: int,
         carrier: TraceCarrier | None = None,
     ) -> contextlib.AbstractContextManager[None]:
         """A context around the call; an exception leaving it is the call's failure.

@@ -181,9 +181,7 @@ class RemoteListener:
         call.timeout.FromNanoseconds(int(self.timeout * 1e9))
         expected = next(iter(payload))
         try:
-            with observe.plugin_call_scope(
-                self.plugin, self.seam_name, agent_id, turn, step, call
-            ):
+            with observe.plugin_call_scope(self.plugin, self.seam_name, agent_id, turn, step, call):
                 result = await self.caller.call(call, self.timeout, signal)
             kind = result.WhichOneof("outcome")
             if kind == "error":
