@@ -6,8 +6,9 @@ the server's span of the call, and the handler's own spans join the trace too. T
 one prints its spans to stdout (the console exporter); use an OTLP exporter to send
 them to the same collector as the server's.
 
-    OTEL_TRACES_EXPORTER=console .venv/bin/python -m server &
+    OTEL_TRACES_EXPORTER=console .venv/bin/python -m server > server-spans.txt &
     .venv/bin/python clients/python/examples/traced_plugin.py --listen 127.0.0.1:50101 &
+    until .venv/bin/agentloop agents > /dev/null 2>&1; do sleep 0.2; done
     .venv/bin/agentloop plugins register 127.0.0.1:50101
     .venv/bin/agentloop send assistant "hello"
 """
