@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -55,6 +56,13 @@ def test_the_turn_root_decides_for_its_spans(
             f"00-{plugin.context.trace_id:032x}-{plugin.context.span_id:016x}-"
             f"{plugin.context.trace_flags:02x}"
         )
+        # The OTLP exporter encodes them: resource, scope, ids, parent, attributes, events.
+        request = encode_spans(finished)
+        [scope_spans] = request.resource_spans[0].scope_spans
+        assert scope_spans.scope.name == "agentloop"
+        encoded = {span.name: span for span in scope_spans.spans}
+        assert encoded["agent step"].parent_span_id == root.context.span_id.to_bytes(8, "big")
+        assert encoded["execute_tool word_count"].attributes[0].key == "gen_ai.operation.name"
         assert [e.name for s in finished if s.name.startswith("chat") for e in s.events] == [
             "gen_ai.first_chunk"
         ]
