@@ -574,8 +574,8 @@ class HookCall(_message.Message):
     """Traceparent is the W3C trace context (`traceparent` header format,
     `00-<trace id>-<span id>-<flags>`) of the server's span of this call, set
     only while the server traces (`traceExporter`): a plugin continues the
-    trace by making its spans children of it. Empty otherwise, and on
-    notifications.
+    trace by making its spans children of it. Empty otherwise (tracing off,
+    or a trace the sampler dropped), and on notifications.
     """
     tracestate: _builtins.str
     """Tracestate is the W3C `tracestate` that goes with `traceparent`, when the

@@ -471,8 +471,8 @@ export type HookCall = Message<"agentloop.plugin.v1.HookCall"> & {
    * Traceparent is the W3C trace context (`traceparent` header format,
    * `00-<trace id>-<span id>-<flags>`) of the server's span of this call, set
    * only while the server traces (`traceExporter`): a plugin continues the
-   * trace by making its spans children of it. Empty otherwise, and on
-   * notifications.
+   * trace by making its spans children of it. Empty otherwise (tracing off,
+   * or a trace the sampler dropped), and on notifications.
    *
    * @generated from field: string traceparent = 30;
    */
