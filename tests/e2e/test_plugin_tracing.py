@@ -122,8 +122,7 @@ async def test_a_python_plugins_spans_are_children_of_the_server_plugin_call_spa
         return {"handle prompt_submit", "handle tool_execute", "tag prompt"} <= names
 
     found = await wait_for_records(spans_file, complete)
-    await e2e.app.stop(grace=0)  # flushes the server's spans
-    server = list(exporter.get_finished_spans())
+    server = list(exporter.get_finished_spans())  # the turn's spans have ended
     root = only(server, "agent turn")
     prompt_call = only(server, "plugin traced agent/prompt-submit")
     tool_call = only(server, "plugin traced tools/execute")
@@ -145,11 +144,37 @@ async def test_a_python_plugins_spans_are_children_of_the_server_plugin_call_spa
     inner = spans["tag prompt"]
     assert (inner["trace_id"], inner["parent_span_id"]) == (trace_id, handle_prompt["span_id"])
 
+    # A model served by the plugin: its call carries the span of the model stream.
+    await e2e.factory.CreateAgent(
+        fac.CreateAgentRequest(
+            agent_id="modelled", options=agent_pb2.AgentOptions(provider="traced-model")
+        ),
+        timeout=T,
+    )
+    sent = await e2e.agents.SendMessage(
+        api.SendMessageRequest(agent_id="modelled", text="hi"), timeout=T
+    )
+    modelled = await read_turn(e2e.agents, "modelled", sent.next_seq)
+    assert modelled[-1].turn_end.reason.WhichOneof("kind") == "completed"
+    later = await wait_for_records(
+        spans_file, lambda r: any(x.get("name") == "handle model_stream" for x in r)
+    )
+    await e2e.app.stop(grace=0)  # flushes the server's spans
+    server = list(exporter.get_finished_spans())
+    model_call = only(server, "plugin traced model/stream")
+    [model_turn] = [s for s in server if s.name == "agent turn" and s.context.trace_id == (
+        model_call.context.trace_id)]  # fmt: skip
+    [handle_model] = [r for r in later if r.get("name") == "handle model_stream"]
+    assert handle_model["trace_id"] == f"{model_turn.context.trace_id:032x}"
+    assert handle_model["parent_span_id"] == f"{model_call.context.span_id:016x}"
+
     # The handlers saw the traceparent of the server's span of their call.
     seen = {r["call"]: r for r in found if "call" in r}
     assert seen["prompt_submit"]["traceparent"] == traceparent_of(prompt_call)
     assert seen["prompt_submit"]["otel"] is True
     assert seen["tool_execute"]["traceparent"] == traceparent_of(tool_call)
+    [model_seen] = [r for r in later if r.get("call") == "model_stream"]
+    assert model_seen["traceparent"] == traceparent_of(model_call)
 
 
 async def test_a_plugin_without_opentelemetry_serves_and_sees_the_traceparent(

@@ -6,7 +6,8 @@ Configures the OpenTelemetry SDK in this process (a span processor writing one J
 line per finished span to PATH: name, trace id, span id, parent span id), then serves a
 plugin "traced" whose `agent/prompt-submit` handler makes a span of its own ("tag
 prompt") and tags the prompt (`TEXT-traced`), and whose tool `traced_echo` echoes its
-`text`. Each call's `traceparent`, as the handler saw it, is appended to PATH too
+`text`, and whose model provider `traced-model` answers "modelled". Each call's
+`traceparent`, as the handler saw it, is appended to PATH too
 (`{"call": PAYLOAD, "traceparent": ...}`).
 
 `--no-otel` makes OpenTelemetry unimportable (before the helper is imported): the
@@ -91,6 +92,11 @@ def main() -> None:
     async def echo(arguments: Any, call: hs.HookCall) -> str:
         append(path, {"call": "tool_execute", "traceparent": call.traceparent})
         return str(arguments.get("text", ""))
+
+    @plugin.model("traced-model", default_model="v1")
+    async def model(call: hs.HookCall) -> str:
+        append(path, {"call": "model_stream", "traceparent": call.traceparent})
+        return "modelled"
 
     plugin.run(args.listen)
 
