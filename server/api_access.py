@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from opentelemetry.trace import Status, StatusCode
 
 from server.metrics import Metrics
 from server.tracing import Tracing
@@ -97,38 +96,34 @@ class AccessLog(grpc.aio.ServerInterceptor):
     def _observed(self, method: str, context: Context) -> Any:
         started = time.perf_counter()
         peer = context.peer() or ""
-        span_scope = (
-            self.tracing.rpc(method, peer) if self.tracing is not None else contextlib.nullcontext()
-        )
+        # The span is never made current: nothing under it needs it as parent.
+        span = self.tracing.rpc(method, peer) if self.tracing is not None else None
         code = "OK"
-        with span_scope as span:
-            try:
-                yield
-            except grpc.aio.AbortError:
-                code = _code(context, "UNKNOWN")
-                raise
-            except BaseException as error:
-                code = "CANCELLED" if isinstance(error, asyncio.CancelledError) else "UNKNOWN"
-                raise
-            else:
-                code = _code(context, "OK")
-            finally:
-                seconds = time.perf_counter() - started
-                if span is not None:
-                    span.set_attribute("rpc.grpc.status_code", _number(code))
-                    if code not in ("OK", "CANCELLED"):
-                        span.set_status(Status(StatusCode.ERROR, code))
-                if self.metrics is not None:
-                    self.metrics.rpc(method, code, seconds)
-                log.info(
-                    "rpc",  # everything is in the fields
-                    extra={
-                        "method": method,
-                        "code": code,
-                        "duration_ms": round(seconds * 1000, 3),
-                        "peer": peer,
-                    },
-                )
+        try:
+            yield
+        except grpc.aio.AbortError:
+            code = _code(context, "UNKNOWN")
+            raise
+        except BaseException as error:
+            code = "CANCELLED" if isinstance(error, asyncio.CancelledError) else "UNKNOWN"
+            raise
+        else:
+            code = _code(context, "OK")
+        finally:
+            seconds = time.perf_counter() - started
+            if span is not None and self.tracing is not None:
+                self.tracing.end_rpc(span, code, _number(code))
+            if self.metrics is not None:
+                self.metrics.rpc(method, code, seconds)
+            log.info(
+                "rpc",  # everything is in the fields
+                extra={
+                    "method": method,
+                    "code": code,
+                    "duration_ms": round(seconds * 1000, 3),
+                    "peer": peer,
+                },
+            )
 
 
 def _code(context: Context, default: str) -> str:

@@ -4,6 +4,8 @@ Turns, steps, model calls and tools are measured off the session log (`observe`)
 RPCs by the access interceptor; store commits through the journal's hook; plugins are
 read at scrape time from the counters `ListPlugins` reports; active agents and open
 streams are read at scrape time too. An event-loop lag probe runs while it is on.
+The counters and histograms updated per turn, step, tool call and RPC are the cheap
+ones of `server.instruments`, read at scrape time.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from prometheus_client import Histogram as PromHistogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
 from agentloop.v1 import session_event_pb2 as ev
 from server import observe
+from server.instruments import Instruments
 from server.observe import Model, Step, Turn
 
 LATENCY = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -39,59 +43,51 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.turns = Counter(
-            "agentloop_turns", "Turns ended, by end reason.", ["reason"], registry=r
+        # Updated on every turn, step, tool call and RPC: the cheap instruments.
+        fast = Instruments()
+        self.turns = fast.counter("agentloop_turns", "Turns ended, by end reason.", ["reason"])
+        self.turn_seconds = fast.histogram(
+            "agentloop_turn_duration_seconds", "Turn latency.", LATENCY
         )
-        self.turn_seconds = Histogram(
-            "agentloop_turn_duration_seconds", "Turn latency.", buckets=LATENCY, registry=r
+        self.step_seconds = fast.histogram(
+            "agentloop_step_duration_seconds", "Step latency.", LATENCY
         )
-        self.step_seconds = Histogram(
-            "agentloop_step_duration_seconds", "Step latency.", buckets=LATENCY, registry=r
-        )
-        self.first_chunk_seconds = Histogram(
+        self.first_chunk_seconds = fast.histogram(
             "agentloop_model_first_chunk_seconds",
             "From a step's start to the model's first chunk.",
-            buckets=LATENCY,
-            registry=r,
+            LATENCY,
         )
-        self.model_calls = Counter(
-            "agentloop_model_calls", "Model calls, by finish reason.", ["finish"], registry=r
+        self.model_calls = fast.counter(
+            "agentloop_model_calls", "Model calls, by finish reason.", ["finish"]
         )
-        self.tokens = Counter(
-            "agentloop_model_tokens", "Tokens the models reported.", ["kind"], registry=r
+        self.tokens = fast.counter(
+            "agentloop_model_tokens", "Tokens the models reported.", ["kind"]
         )
-        self.tool_calls = Counter(
-            "agentloop_tool_calls", "Tool calls, by tool and outcome.", ["tool", "outcome"],
-            registry=r,
-        )  # fmt: skip
-        self.tool_seconds = Histogram(
+        self.tool_calls = fast.counter(
+            "agentloop_tool_calls", "Tool calls, by tool and outcome.", ["tool", "outcome"]
+        )
+        self.tool_seconds = fast.histogram(
             "agentloop_tool_duration_seconds",
             "From a tool call's start to its recorded result.",
+            LATENCY,
             ["tool"],
-            buckets=LATENCY,
-            registry=r,
         )
-        self.rpcs = Counter(
-            "agentloop_rpcs", "RPCs handled, by method and status.", ["method", "code"], registry=r
+        self.rpcs = fast.counter(
+            "agentloop_rpcs", "RPCs handled, by method and status.", ["method", "code"]
         )
-        self.rpc_seconds = Histogram(
-            "agentloop_rpc_duration_seconds", "RPC latency.", ["method"], buckets=LATENCY,
-            registry=r,
-        )  # fmt: skip
-        self.store_commit = Histogram(
-            "agentloop_store_commit_seconds",
-            "Group commit latency of the session store.",
-            buckets=LATENCY,
-            registry=r,
+        self.rpc_seconds = fast.histogram(
+            "agentloop_rpc_duration_seconds", "RPC latency.", LATENCY, ["method"]
         )
-        self.loop_lag = Histogram(
+        self.store_commit = fast.histogram(
+            "agentloop_store_commit_seconds", "Group commit latency of the session store.", LATENCY
+        )
+        self.registry.register(fast)
+        self.loop_lag = PromHistogram(
             "agentloop_event_loop_lag_seconds",
             "How late the event loop ran a timer (probed every 0.25 s).",
             buckets=LAG,
-            registry=r,
+            registry=self.registry,
         )
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._lag_task: asyncio.Task[None] | None = None
         self._http: WSGIServer | None = None
 
@@ -105,16 +101,8 @@ class Metrics:
 
     def rpc(self, method: str, code: str, seconds: float) -> None:
         """One RPC ended."""
-        self._child(self.rpcs, method, code).inc()
-        self._child(self.rpc_seconds, method).observe(seconds)
-
-    def _child(self, metric: Any, *labels: str) -> Any:
-        """`metric.labels(*labels)`, looked up once per label set."""
-        key = (id(metric), labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
+        self.rpcs.inc((method, code))
+        self.rpc_seconds.observe(seconds, (method,))
 
     async def start(self, listen: str) -> int:
         """Serve `/metrics` on `listen` (host:port); returns the bound port."""
@@ -151,7 +139,7 @@ class Metrics:
 
     def turn_end(self, turn: Turn, reason: str, end_ns: int) -> None:
         """Count the turn and its latency."""
-        self._child(self.turns, reason).inc()
+        self.turns.inc((reason,))
         self.turn_seconds.observe(_seconds(turn.start_ns, end_ns))
 
     def step_start(self, turn: Turn, step: Step) -> None:
@@ -172,11 +160,11 @@ class Metrics:
         self, turn: Turn, step: Step, model: Model, message: ev.AssistantMessage | None, end_ns: int
     ) -> None:
         """Count the call by finish reason, and its tokens."""
-        self._child(self.model_calls, model.finish or "none").inc()
+        self.model_calls.inc((model.finish or "none",))
         usage = observe.usage_of(message)
         if usage is not None:
-            self._child(self.tokens, "input").inc(usage.input_tokens)
-            self._child(self.tokens, "output").inc(usage.output_tokens)
+            self.tokens.inc(("input",), usage.input_tokens)
+            self.tokens.inc(("output",), usage.output_tokens)
 
     def tool_start(self, turn: Turn, step: Step, call: ev.ToolCall, start_ns: int) -> None:
         """Nothing to count yet."""
@@ -185,8 +173,8 @@ class Metrics:
         self, turn: Turn, step: Step, result: ev.ToolResult, name: str, start_ns: int, end_ns: int
     ) -> None:
         """Count the call and its duration."""
-        self._child(self.tool_calls, name, "error" if result.is_error else "ok").inc()
-        self._child(self.tool_seconds, name).observe(_seconds(start_ns, end_ns))
+        self.tool_calls.inc((name, "error" if result.is_error else "ok"))
+        self.tool_seconds.observe(_seconds(start_ns, end_ns), (name,))
 
 
 class PluginCollector(Collector):

@@ -207,13 +207,29 @@ def usage_of(message: ev.AssistantMessage | None) -> c.Usage | None:
 # -- hooks for what the log does not hold ------------------------------------------------
 
 
+class TraceCarrier(Protocol):
+    """Where a plugin call carries its W3C trace context (a `HookCall`)."""
+
+    traceparent: str
+    tracestate: str
+
+
 class PluginCallObserver(Protocol):
     """Wraps one call to a plugin."""
 
     def __call__(
-        self, plugin: str, seam: str, agent: str, turn: int, step: int
+        self,
+        plugin: str,
+        seam: str,
+        agent: str,
+        turn: int,
+        step: int,
+        carrier: TraceCarrier | None = None,
     ) -> contextlib.AbstractContextManager[None]:
-        """A context around the call; an exception leaving it is the call's failure."""
+        """A context around the call; an exception leaving it is the call's failure.
+
+        `carrier` (the call, before it is sent) receives the trace context of the call.
+        """
         ...
 
 
@@ -226,11 +242,14 @@ _NOTHING = contextlib.nullcontext()
 
 
 def plugin_call_scope(
-    plugin: str, seam: str, agent: str, turn: int, step: int
+    plugin: str, seam: str, agent: str, turn: int, step: int, carrier: TraceCarrier | None = None
 ) -> contextlib.AbstractContextManager[None]:
-    """What a plugin call runs in: nothing when observability is off."""
+    """What a plugin call runs in: nothing when observability is off.
+
+    With tracing on, `carrier` (the `HookCall`) gets the `traceparent` of the call's span.
+    """
     observer = plugin_call
-    return _NOTHING if observer is None else observer(plugin, seam, agent, turn, step)
+    return _NOTHING if observer is None else observer(plugin, seam, agent, turn, step, carrier)
 
 
 @contextlib.contextmanager

@@ -187,7 +187,7 @@ class RemoteListener:
         call.timeout.FromNanoseconds(int(self.timeout * 1e9))
         expected = next(iter(payload))
         try:
-            with observe.plugin_call_scope(self.plugin, self.seam_name, agent_id, turn, step):
+            with observe.plugin_call_scope(self.plugin, self.seam_name, agent_id, turn, step, call):
                 result = await self.caller.call(call, self.timeout, signal)
             kind = result.WhichOneof("outcome")
             if kind == "error":
@@ -584,7 +584,10 @@ def remote_tool(
         )
         call.timeout.FromNanoseconds(int(timeout * 1e9))
         try:
-            result = await caller.call(call, timeout, exec.signal or NEVER)
+            with observe.plugin_call_scope(
+                plugin, "tools/execute", exec.agent_id, exec.turn, exec.step, call
+            ):
+                result = await caller.call(call, timeout, exec.signal or NEVER)
             kind = result.WhichOneof("outcome")
             if kind == "error":
                 raise PluginCallFailed("error", error_text(result.error))
@@ -661,11 +664,14 @@ class PluginModel:
         call.timeout.FromNanoseconds(int(self.timeout * 1e9))
         try:
             # Closed with this generator, so an early stop withdraws the call at once.
-            async with contextlib.aclosing(
-                self.caller.stream(call, self.timeout, signal)
-            ) as chunks:
-                async for chunk in chunks:
-                    yield chunk
+            with observe.plugin_call_scope(
+                self.plugin, "model/stream", request.agent_id, request.turn, request.step, call
+            ):
+                async with contextlib.aclosing(
+                    self.caller.stream(call, self.timeout, signal)
+                ) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
         except PluginCallFailed as failure:
             self.stats.errors += failure.kind != "timeout"
             raise TurnFatal(

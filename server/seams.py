@@ -198,7 +198,7 @@ class SeamRegistry:
             except Exception:
                 self._contain(seam, reg)
                 continue
-            if inspect.iscoroutine(result):
+            if result is not None and inspect.iscoroutine(result):
                 task = asyncio.ensure_future(result)
                 self._tasks.add(task)
                 task.add_done_callback(functools.partial(self._settled, seam, reg))

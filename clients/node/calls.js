@@ -13,6 +13,7 @@ const decisions = require('./decisions');
 
 const { failure } = decisions;
 const { BY_PAYLOAD, HookService } = require('./proto');
+const { callContext } = require('./trace');
 
 const CONTENT_KINDS = ['text', 'toolCall', 'toolResult', 'reasoning'];
 
@@ -53,7 +54,7 @@ async function runTool(plugin, call, signal) {
   } catch (error) { // the model's mistake: a result it sees
     return decisions.toolError(`invalid JSON arguments: ${error.message}`, 'INVALID_ARGUMENTS');
   }
-  return toolOutputOf(await tool.handler(args, call, { signal }));
+  return toolOutputOf(await tool.handler(args, call, callContext(call, signal)));
 }
 
 /**
@@ -70,7 +71,7 @@ async function answer(plugin, call, signal) {
   if (spec && !spec.answered) {
     if (subscription) {
       try {
-        await subscription.handler(call, { signal });
+        await subscription.handler(call, callContext(call, signal));
       } catch (error) {
         plugin.logger.error(`plugin ${plugin.name}: the ${payload} observer failed:`, error);
       }
@@ -84,7 +85,7 @@ async function answer(plugin, call, signal) {
     if (!subscription) {
       throw new Error(`plugin ${plugin.name} has no handler for ${payload || 'the call'}`);
     }
-    const decision = await subscription.handler(call, { signal });
+    const decision = await subscription.handler(call, callContext(call, signal));
     if (decision === null || decision === undefined) return { callId: call.callId };
     const seamOf = decision[decisions.SEAM_OF];
     if (typeof decision !== 'object' || (seamOf !== undefined && seamOf !== payload)) {

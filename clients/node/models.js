@@ -20,12 +20,14 @@
 
 const { HookService } = require('./proto');
 const { failure, textOf } = require('./decisions');
+const { callContext } = require('./trace');
 
 /**
  * @callback ModelHandler
  * @param {object} call the `HookCall`: `call.modelStream.provider`, `.header` (`config`
  *   with the `model`, `system`, `tools`, `messagePrefix`) and `.messages`
- * @param {{signal: AbortSignal}} context aborted on `CancelCall` or past the silence
+ * @param {{signal: AbortSignal, traceparent: string, tracestate: string}} context aborted
+ *   on `CancelCall` or past the silence; the server's trace context (see `trace.js`)
  *   deadline; nothing more is sent then
  * @returns {AsyncIterable<object>|Promise<string|object[]|null|undefined>} an async
  *   generator of `StreamChunk`s, or text, chunks, or nothing
@@ -158,7 +160,7 @@ async function runModel(plugin, call, signal, emit) {
   let iterator = null;
   let exhausted = false;
   try {
-    const starting = iteratorOf(provider.handler(call, { signal }));
+    const starting = iteratorOf(provider.handler(call, callContext(call, signal)));
     starting.catch(() => {}); // a handler failing after its call was withdrawn
     iterator = await Promise.race([starting, stopped]);
     if (iterator === WITHDRAWN) return null;

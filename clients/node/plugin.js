@@ -17,8 +17,10 @@
  * ```
  *
  * A seam handler receives the `HookCall` (camelCase fields, see `proto.js`) and a
- * context `{signal}`: the `AbortSignal` is aborted by the server's `CancelCall` and at
- * the call's deadline, after which no result is sent. It returns `null`/`undefined`
+ * context `{signal, traceparent, tracestate}`: the `AbortSignal` is aborted by the
+ * server's `CancelCall` and at the call's deadline, after which no result is sent; the
+ * trace context is the server's span of the call (with `@opentelemetry/api` installed,
+ * the handler runs in it: see `trace.js`). It returns `null`/`undefined`
  * ("continue unchanged") or the seam's decision, built with the constructors of
  * `decisions.js` (re-exported here). A handler that throws answers `HookResult.error`
  * with the error's message. Observers (`onSessionEvent`, `onAgentEvent`,
@@ -27,7 +29,7 @@
  *
  * Modules: `proto.js` (the contract), `decisions.js` (decisions and content helpers),
  * `models.js` (chunk helpers, running one model call), `calls.js` (running one call),
- * `stream.js` (the `Handle` stream and the token check).
+ * `stream.js` (the `Handle` stream and the token check), `trace.js` (trace context).
  */
 
 const grpc = require('@grpc/grpc-js');
@@ -62,7 +64,9 @@ const FAILURE_POLICIES = ['FAIL_CLOSED', 'FAIL_OPEN'];
  * @callback Handler
  * @param {object} call the `HookCall`: `callId`, `seam`, `agentId`, `sessionId`, `turn`,
  *   `step`, and the seam's payload (`call.promptSubmit`, `call.toolPreExecute`, ...)
- * @param {{signal: AbortSignal}} context aborted on `CancelCall` or at the deadline
+ * @param {{signal: AbortSignal, traceparent: string, tracestate: string}} context aborted on
+ *   `CancelCall` or at the deadline; `traceparent` and `tracestate` are the server's trace
+ *   context of the call (empty when it does not trace; see `trace.js`)
  * @returns {Promise<object|null|undefined>|object|null|undefined} the decision, or nothing
  */
 
@@ -70,7 +74,9 @@ const FAILURE_POLICIES = ['FAIL_CLOSED', 'FAIL_OPEN'];
  * @callback ToolHandler
  * @param {any} args the parsed JSON arguments
  * @param {object} call the `HookCall` (`call.toolExecute.invocation`)
- * @param {{signal: AbortSignal}} context aborted on `CancelCall` or at the deadline
+ * @param {{signal: AbortSignal, traceparent: string, tracestate: string}} context aborted on
+ *   `CancelCall` or at the deadline; `traceparent` and `tracestate` are the server's trace
+ *   context of the call (empty when it does not trace; see `trace.js`)
  * @returns {Promise<any>|any} a string, content blocks, `toolOutput(...)` or
  *   `toolError(...)`, or any other JSON value (sent as JSON text)
  */

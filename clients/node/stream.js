@@ -14,6 +14,7 @@
 const crypto = require('node:crypto');
 const grpc = require('@grpc/grpc-js');
 const { seconds: secondsOf } = require('./proto');
+const { withTraceContext } = require('./trace');
 
 /**
  * Whether the call carries the plugin's token (always true when it has none).
@@ -108,7 +109,8 @@ function serveStream(plugin, stream) {
       arm();
     };
     arm();
-    plugin.handle(call, controller.signal, emit).then((result) => {
+    // In the server's trace context, when OpenTelemetry is there (trace.js).
+    withTraceContext(call, () => plugin.handle(call, controller.signal, emit)).then((result) => {
       clearTimeout(timer);
       running.delete(controller);
       if (calls.get(call.callId) === controller) calls.delete(call.callId);

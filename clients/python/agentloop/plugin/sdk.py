@@ -34,6 +34,9 @@ exception text. Observers (`on_session_event`, `on_agent_event`, `on_tool_result
 no answer. A tool handler receives the parsed JSON arguments and the call, and returns
 text, content blocks, a `ToolOutput`, or any other JSON value (sent as JSON text). A
 model handler streams the answer of a model call (see `agentloop.plugin.models`).
+While the server traces, `call.traceparent` holds its span of the call, and with
+OpenTelemetry installed here each handler runs in a child span of it
+(`agentloop.plugin.tracing`).
 
 Registrations and the running of one call live in `agentloop.plugin.calls`; the
 serving side (the `Handle` stream: concurrent calls, `CancelCall`, the token check) in

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc  # the plugin's transport edge, like the server's api_*.py
 
+from agentloop.plugin import tracing
 from agentloop.plugin.calls import error_text, failure
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.plugin.v1 import hook_service_pb2_grpc as rpc
@@ -96,7 +97,10 @@ class CallStream:
             refused = failure(call.call_id, "the plugin is stopping")
             self._track(asyncio.create_task(self._send(hs.HandleResponse(result=refused))))
             return
-        task = asyncio.create_task(self._run(call), name=f"agentloop-plugin call {call.call_id}")
+        work = self._run(call)
+        if call.traceparent:  # the server traces: continue its trace (agentloop.plugin.tracing)
+            work = tracing.traced(self._plugin.name, call, work)
+        task = asyncio.create_task(work, name=f"agentloop-plugin call {call.call_id}")
         if call.call_id:
             self._calls[call.call_id] = task
         self._track(task)

@@ -597,6 +597,8 @@ class HookCall(_message.Message):
     TURN_FIELD_NUMBER: _builtins.int
     STEP_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
+    TRACESTATE_FIELD_NUMBER: _builtins.int
     PROMPT_SUBMIT_FIELD_NUMBER: _builtins.int
     SESSION_PREFIX_FIELD_NUMBER: _builtins.int
     PRE_STEP_FIELD_NUMBER: _builtins.int
@@ -628,6 +630,17 @@ class HookCall(_message.Message):
     """Turn is the turn number (0 outside a turn)."""
     step: _builtins.int
     """Step is the step number (0 outside a step)."""
+    traceparent: _builtins.str
+    """Traceparent is the W3C trace context (`traceparent` header format,
+    `00-<trace id>-<span id>-<flags>`) of the server's span of this call, set
+    only while the server traces (`traceExporter`): a plugin continues the
+    trace by making its spans children of it. Empty otherwise (tracing off,
+    or a trace the sampler dropped), and on notifications.
+    """
+    tracestate: _builtins.str
+    """Tracestate is the W3C `tracestate` that goes with `traceparent`, when the
+    trace has one.
+    """
     @_builtins.property
     def timeout(self) -> _duration_pb2.Duration:
         """Timeout is how long the server waits for the result; for `model_stream`,
@@ -707,6 +720,8 @@ class HookCall(_message.Message):
         turn: _builtins.int = ...,
         step: _builtins.int = ...,
         timeout: _duration_pb2.Duration | None = ...,
+        traceparent: _builtins.str = ...,
+        tracestate: _builtins.str = ...,
         prompt_submit: Global___PromptSubmitCall | None = ...,
         session_prefix: Global___SessionPrefixCall | None = ...,
         pre_step: Global___PreStepCall | None = ...,
@@ -725,7 +740,7 @@ class HookCall(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "model_stream", b"model_stream", "payload", b"payload", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_event", b"session_event", "session_prefix", b"session_prefix", "step_result", b"step_result", "timeout", b"timeout", "tool_approval", b"tool_approval", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "tool_result", b"tool_result", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "agent_id", b"agent_id", "call_id", b"call_id", "kind", b"kind", "model_stream", b"model_stream", "payload", b"payload", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "seam", b"seam", "session_event", b"session_event", "session_id", b"session_id", "session_prefix", b"session_prefix", "step", b"step", "step_result", b"step_result", "timeout", b"timeout", "tool_approval", b"tool_approval", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "tool_result", b"tool_result", "turn", b"turn", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "agent_id", b"agent_id", "call_id", b"call_id", "kind", b"kind", "model_stream", b"model_stream", "payload", b"payload", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "seam", b"seam", "session_event", b"session_event", "session_id", b"session_id", "session_prefix", b"session_prefix", "step", b"step", "step_result", b"step_result", "timeout", b"timeout", "tool_approval", b"tool_approval", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "tool_result", b"tool_result", "traceparent", b"traceparent", "tracestate", b"tracestate", "turn", b"turn", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["prompt_submit", "session_prefix", "pre_step", "request", "step_result", "turn_continuation", "turn_stop", "tool_pre_execute", "tool_post_execute", "tool_execute", "session_event", "agent_event", "tool_result", "model_stream", "tool_approval"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
