@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 from google.protobuf import duration_pb2
 
-from agentloop import Client, connect
+from agentloop import Client, connect, connect_sync
 from agentloop.plugin.sdk import Plugin, block_prompt
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.v1 import agent_pb2, decision_pb2, scripted_pb2
@@ -232,3 +232,34 @@ async def test_a_blocked_message_is_answered_by_the_turn_that_refused_it(e2e: E2
         assert [p.name for p in await client.plugins()] == ["sdk-guard"]
         await client.unregister_plugin("sdk-guard")
         assert await client.plugins() == []
+
+
+def sync_program(address: str) -> tuple[list[str], str, int, bool]:
+    """A synchronous program: create, a turn with a tool call, a second turn, dispose."""
+    with connect_sync(address, timeout=READ_TIMEOUT) as client:
+        client.create(
+            "sync",
+            scripted(
+                scripted_pb2.ScriptedStep(
+                    tool_calls=[scripted_pb2.ScriptedToolCall(name="word_count", arguments="{}")]
+                ),
+                scripted_pb2.ScriptedStep(text="counted"),
+                scripted_pb2.ScriptedStep(text="again"),
+                tools=("word_count",),
+            ),
+        )
+        kinds = [str(event.WhichOneof("payload")) for event in client.send("sync", "count")]
+        second = client.send("sync", "once more").result()
+        listed = len(client.list_agents())
+        idle = client.wait_idle("sync", 5).idle
+        client.dispose("sync")
+    return kinds, second.turn_end.reason.WhichOneof("kind") or "", listed, idle
+
+
+async def test_the_sync_client_runs_a_program_without_async(e2e: E2E) -> None:
+    # In a thread of its own: the program blocks, the server runs on this test's loop.
+    kinds, second_end, listed, idle = await asyncio.to_thread(sync_program, e2e.target)
+    assert kinds[0] == "turn_start" and kinds[-1] == "turn_end"
+    assert "tool_call" in kinds and "tool_result" in kinds
+    assert second_end == "completed"
+    assert listed == 1 and idle

@@ -2,7 +2,9 @@
 
 from typing import Any
 
-__all__ = ["Client", "Conversation", "SessionStream", "Turn", "connect"]
+__all__ = [
+    "Client", "Conversation", "SessionStream", "SyncClient", "Turn", "connect", "connect_sync",
+]  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
@@ -23,6 +25,10 @@ def __getattr__(name: str) -> Any:
         from agentloop.conversation import Conversation
 
         return Conversation
+    if name in ("SyncClient", "connect_sync"):
+        from agentloop import sync
+
+        return getattr(sync, name)
     if name == "SessionStream":
         from agentloop.stream import SessionStream
 
