@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -32,6 +33,9 @@ from agentloop.plugin.check_calls import (
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.plugin.v1 import hook_service_pb2_grpc as rpc
 
+if TYPE_CHECKING:
+    from agentloop.plugin.v1.hook_service_pb2_grpc import HookServiceAsyncStub
+
 CAPABILITIES = ("model_stream", "tool_execute", "event_kinds", "buffer_size")
 QUIET = 0.5
 """Seconds a notification, a cancelled call or a late call is given to (wrongly) answer."""
@@ -40,7 +44,7 @@ QUIET = 0.5
 class Session:
     """One `Handle` stream: sends calls, routes each answer to its call id."""
 
-    def __init__(self, stub: rpc.HookServiceStub, metadata: tuple[tuple[str, str], ...]) -> None:
+    def __init__(self, stub: HookServiceAsyncStub, metadata: tuple[tuple[str, str], ...]) -> None:
         self.stream = stub.Handle(metadata=metadata)
         self.answers: dict[str, asyncio.Queue[hs.HandleResponse]] = {}
         self.strays: list[str] = []
@@ -140,7 +144,7 @@ async def check(address: str, token: str, seconds: float) -> Report:
     metadata = (("authorization", f"Bearer {token}"),) if token else ()
     options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
     async with grpc.aio.insecure_channel(address, options=options) as channel:
-        stub = rpc.HookServiceStub(channel)
+        stub: HookServiceAsyncStub = rpc.HookServiceStub(channel)
         request = hs.DescribeRequest(
             protocol_version=1, max_message_bytes=MAX_MESSAGE_BYTES, capabilities=CAPABILITIES
         )
@@ -187,8 +191,8 @@ async def conversation(
         await withdrawn(session, report, sample("tool_execute", tool=description.tools[0].name),
                         seconds)  # fmt: skip
     elif description.models:
-        model = sample("model_stream", provider=description.models[0].provider)
-        await withdrawn(session, report, model, seconds)
+        stream = sample("model_stream", provider=description.models[0].provider)
+        await withdrawn(session, report, stream, seconds)
     twice = [call_id for call_id, queue in session.answers.items() if not queue.empty()]
     if twice:
         report.fail("call ids", f"answered more than once: {sorted(twice)}")
