@@ -468,7 +468,8 @@ $("#act-form").addEventListener("submit", async (event) => {
   try {
     const answer = await calls[action]();
     clearNotice();
-    $("#act-text").value = "";
+    // Clear only what was sent: the person may have typed the next message meanwhile.
+    if ($("#act-text").value === text) $("#act-text").value = "";
     if (action === "steer" && answer.steering === false) {
       notify("No turn was running: the steering message was queued as a message.", "info");
     }

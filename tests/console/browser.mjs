@@ -145,6 +145,8 @@ try {
     await page.locator("#turns .ev.tool").first().waitFor();
     await page.fill("#act-text", "and keep it short");
     await page.click("#act-form button[value=steer]");
+    // Typing on while the steer is answered keeps what was typed (the page clears only
+    // the text it sent); the inject below is sent after the steer either way.
     await page.fill("#act-text", "the user reads this in a browser");
     await page.click("#act-form button[value=inject]");
     const turn = page.locator("#turns details.turn[data-end='completed']");
