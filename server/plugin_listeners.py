@@ -22,10 +22,11 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from google.protobuf import json_format, unknown_fields
 
+from agentloop.plugin.seam_table import BY_SEAM, SPECS
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import approval_pb2 as ap
@@ -34,7 +35,6 @@ from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
 from server import logs, observe
-from server import seams as S
 from server.abort import NEVER, AbortSignal
 from server.approvals import ASKED_BY
 from server.defaults import PLUGIN_TIMEOUT_SECONDS
@@ -50,27 +50,18 @@ _fail_open_log = logs.RateLimited(log)
 DEFAULT_TIMEOUT = PLUGIN_TIMEOUT_SECONDS
 """Seconds a call waits for its result when neither the plugin nor the operator set it."""
 
-SEAM_NAMES = {
-    hk.SEAM_PROMPT_SUBMIT: S.PROMPT_SUBMIT,
-    hk.SEAM_SESSION_PREFIX: S.SESSION_PREFIX,
-    hk.SEAM_PRE_STEP: S.PRE_STEP,
-    hk.SEAM_REQUEST: S.REQUEST,
-    hk.SEAM_STEP_RESULT: S.STEP_RESULT,
-    hk.SEAM_TURN_CONTINUATION: S.TURN_CONTINUATION,
-    hk.SEAM_TURN_STOP: S.TURN_STOP,
-    hk.SEAM_TOOLS_PRE_EXECUTE: S.TOOLS_PRE_EXECUTE,
-    hk.SEAM_TOOLS_POST_EXECUTE: S.TOOLS_POST_EXECUTE,
-    hk.SEAM_SESSION_EVENTS: S.SESSION_COMMITTED,
-    hk.SEAM_AGENT_EVENTS: S.AGENT_EVENT,
-    hk.SEAM_TOOLS_RESULT: S.TOOLS_RESULT_COMMITTED,
-    hk.SEAM_TOOLS_APPROVAL: S.TOOLS_APPROVAL,
-}
-"""Each contract seam and the registry seam it listens on."""
+SEAM_NAMES = {spec.seam: spec.path for spec in SPECS}
+"""Each contract seam and the registry seam it listens on (from the proto's seam table)."""
 
-CHECKPOINTS = frozenset({hk.SEAM_PRE_STEP, hk.SEAM_TURN_STOP})
-OBSERVERS = frozenset({hk.SEAM_SESSION_EVENTS, hk.SEAM_AGENT_EVENTS, hk.SEAM_TOOLS_RESULT})
-APPROVERS = frozenset({hk.SEAM_TOOLS_APPROVAL})
-WATERFALLS = frozenset(SEAM_NAMES) - CHECKPOINTS - OBSERVERS - APPROVERS
+
+def _mode(mode: hk.SeamMode.ValueType) -> frozenset[int]:
+    return frozenset(spec.seam for spec in SPECS if spec.mode == mode)
+
+
+CHECKPOINTS = _mode(hk.SEAM_MODE_SERIAL)
+OBSERVERS = _mode(hk.SEAM_MODE_OBSERVER)
+APPROVERS = _mode(hk.SEAM_MODE_APPROVER)
+WATERFALLS = _mode(hk.SEAM_MODE_WATERFALL)
 
 
 class PluginCallFailed(Exception):
@@ -265,22 +256,9 @@ class RemoteListener:
         return observer
 
     def _listener(self) -> Callable[..., Any]:
-        by_seam: dict[int, Callable[..., Any]] = {
-            hk.SEAM_PROMPT_SUBMIT: self.prompt_submit,
-            hk.SEAM_SESSION_PREFIX: self.session_prefix,
-            hk.SEAM_PRE_STEP: self.pre_step,
-            hk.SEAM_REQUEST: self.request,
-            hk.SEAM_STEP_RESULT: self.step_result,
-            hk.SEAM_TURN_CONTINUATION: self.turn_continuation,
-            hk.SEAM_TURN_STOP: self.turn_stop,
-            hk.SEAM_TOOLS_PRE_EXECUTE: self.tools_pre_execute,
-            hk.SEAM_TOOLS_POST_EXECUTE: self.tools_post_execute,
-            hk.SEAM_SESSION_EVENTS: self.on_session_event,
-            hk.SEAM_AGENT_EVENTS: self.on_agent_event,
-            hk.SEAM_TOOLS_RESULT: self.on_tool_result,
-            hk.SEAM_TOOLS_APPROVAL: self.tools_approval,
-        }
-        return by_seam[self.subscription.seam]
+        """The method named by the seam table's `method` (`prompt_submit`, ...)."""
+        fn: Callable[..., Any] = getattr(self, BY_SEAM[self.subscription.seam].method)
+        return fn
 
     # -- transforming seams ------------------------------------------------------------
 
@@ -294,20 +272,12 @@ class RemoteListener:
         )  # fmt: skip
         if result is None or not result.HasField("prompt_submit"):
             return await next_()  # type: ignore[no-any-return]
-        mine = result.prompt_submit
-        if mine.HasField("block"):
-            return mine
-        rewritten = list(mine.allow.content) or content
-        inner: d.PromptDecision = await next_(agent, rewritten, source)
-        if inner.HasField("block"):
+
+        async def rest(rewritten: list[c.ContentBlock]) -> d.PromptDecision:
+            inner: d.PromptDecision = await next_(agent, rewritten, source)
             return inner
-        return d.PromptDecision(
-            allow=d.PromptAllow(
-                content=list(inner.allow.content) or rewritten,
-                additional_contexts=[*mine.allow.additional_contexts,
-                                     *inner.allow.additional_contexts],
-            )
-        )  # fmt: skip
+
+        return await compose(result.prompt_submit, "allow", content, rest)
 
     async def session_prefix(
         self, agent: Any, seed: Any, signal: AbortSignal, next_: Next
@@ -382,22 +352,14 @@ class RemoteListener:
         )  # fmt: skip
         if result is None or not result.tool_post_execute.WhichOneof("decision"):
             return await next_()  # type: ignore[no-any-return]
-        mine = result.tool_post_execute
-        if mine.HasField("block"):
-            return mine
-        content = list(mine.accept.content) or outcome.content
-        rewritten = ToolOutcome(content, outcome.is_error, outcome.error, outcome.meta,
-                                list(outcome.contexts), outcome.final)  # fmt: skip
-        inner: d.PostToolDecision = await next_(exec, rewritten)
-        if inner.HasField("block"):
+
+        async def rest(content: list[c.ContentBlock]) -> d.PostToolDecision:
+            rewritten = ToolOutcome(content, outcome.is_error, outcome.error, outcome.meta,
+                                    list(outcome.contexts), outcome.final)  # fmt: skip
+            inner: d.PostToolDecision = await next_(exec, rewritten)
             return inner
-        return d.PostToolDecision(
-            accept=d.ToolAccept(
-                content=list(inner.accept.content) or content,
-                additional_contexts=[*mine.accept.additional_contexts,
-                                     *inner.accept.additional_contexts],
-            )
-        )  # fmt: skip
+
+        return await compose(result.tool_post_execute, "accept", outcome.content, rest)
 
     # -- approvers ---------------------------------------------------------------------
 
@@ -499,6 +461,37 @@ class RemoteListener:
 
 
 Next = Callable[..., Awaitable[Any]]
+
+Rewrite = TypeVar("Rewrite", d.PromptDecision, d.PostToolDecision)
+
+
+async def compose(
+    mine: Rewrite,
+    allow: str,
+    content: list[c.ContentBlock],
+    rest: Callable[[list[c.ContentBlock]], Awaitable[Rewrite]],
+) -> Rewrite:
+    """A plugin's rewriting decision composed with the rest of the chain.
+
+    Its block stands; otherwise the rest of the chain sees its rewrite of `content`
+    (or `content` unchanged), a block there stands, and else the outcome is the
+    innermost rewrite with the contexts of both, the plugin's first. `allow` names
+    the decision's allow member (`allow` of a prompt, `accept` of a tool result).
+    """
+    if mine.HasField("block"):
+        return mine
+    rewritten = list(getattr(mine, allow).content) or content
+    inner: Rewrite = await rest(rewritten)
+    if inner.HasField("block"):
+        return inner
+    composed = type(mine)()
+    merged = getattr(composed, allow)
+    merged.SetInParent()
+    merged.content.extend(list(getattr(inner, allow).content) or rewritten)
+    merged.additional_contexts.extend(
+        [*getattr(mine, allow).additional_contexts, *getattr(inner, allow).additional_contexts]
+    )
+    return composed
 
 
 def error_text(error: hk.CallError) -> str:
