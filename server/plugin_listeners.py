@@ -14,17 +14,11 @@ and is skipped and counted under FAIL_OPEN.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import json
 import logging
 import time
-from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
-
-from google.protobuf import json_format, unknown_fields
+from typing import Any, TypeVar
 
 from agentloop.plugin.seam_table import BY_SEAM, SPECS
 from agentloop.plugin.v1 import hook_service_pb2 as hk
@@ -33,22 +27,26 @@ from agentloop.v1 import approval_pb2 as ap
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
-from agentloop.v1 import stream_pb2 as st
 from server import logs, observe
-from server.abort import NEVER, AbortSignal
+from server.abort import AbortSignal
 from server.approvals import ASKED_BY
-from server.defaults import PLUGIN_TIMEOUT_SECONDS
 from server.errors import Aborted, TurnFatal
-from server.models import ModelRegistry, ModelRequest
-from server.seams import SeamRegistry
-from server.tools import Tool, ToolExecution, ToolOutcome, ToolRegistry, ToolReturn
+from server.plugin_calls import (
+    NoticeSlot,
+    PluginCaller,
+    PluginCallFailed,
+    PluginStats,
+    call_ids,
+    check_known,
+    error_text,
+    invocation,
+    tool_output,
+)
+from server.tools import ToolExecution, ToolOutcome
 
 log = logging.getLogger(__name__)
 _fail_open_log = logs.RateLimited(log)
 """A plugin that is down fails every call: one line per plugin and seam per interval."""
-
-DEFAULT_TIMEOUT = PLUGIN_TIMEOUT_SECONDS
-"""Seconds a call waits for its result when neither the plugin nor the operator set it."""
 
 SEAM_NAMES = {spec.seam: spec.path for spec in SPECS}
 """Each contract seam and the registry seam it listens on (from the proto's seam table)."""
@@ -62,76 +60,6 @@ CHECKPOINTS = _mode(hk.SEAM_MODE_SERIAL)
 OBSERVERS = _mode(hk.SEAM_MODE_OBSERVER)
 APPROVERS = _mode(hk.SEAM_MODE_APPROVER)
 WATERFALLS = _mode(hk.SEAM_MODE_WATERFALL)
-
-
-class PluginCallFailed(Exception):
-    """A call to a plugin failed: timeout, error, malformed, oversized or disconnected."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-class PluginCaller(Protocol):
-    """The transport to one plugin."""
-
-    async def call(self, call: hk.HookCall, seconds: float, signal: AbortSignal) -> hk.HookResult:
-        """Send a call, await its result for `seconds`; raises `PluginCallFailed` or `Aborted`."""
-        ...
-
-    def stream(
-        self, call: hk.HookCall, seconds: float, signal: AbortSignal
-    ) -> AsyncGenerator[st.StreamChunk, None]:
-        """Send a `model_stream` call; yield its chunks (`seconds` bounds each wait)."""
-        ...
-
-    def admit(self, slot: NoticeSlot) -> bool:
-        """Whether a notification of `slot` would be queued now; if not, count it dropped.
-
-        Asked before the notification is built, so that a dropped one costs nothing.
-        """
-        ...
-
-    def notify(self, call: hk.HookCall, slot: NoticeSlot) -> None:
-        """Queue an admitted notification (no result); never blocks."""
-        ...
-
-
-NOTIFICATION_BUFFER = 1024
-"""Notifications a subscription may have waiting to be sent, unless it sets its own."""
-
-
-@dataclass
-class NoticeSlot:
-    """One observer subscription's share of the plugin's notification buffer."""
-
-    limit: int = NOTIFICATION_BUFFER
-    queued: int = 0
-
-
-@dataclass
-class PluginStats:
-    """Counters and latency samples of one plugin."""
-
-    calls: int = 0
-    errors: int = 0
-    timeouts: int = 0
-    fail_opens: int = 0
-    dropped: int = 0
-    reconnects: int = 0
-    oversized: int = 0
-    protocol_errors: int = 0
-    unexpected_results: int = 0
-    latencies: dict[tuple[int, int], deque[float]] = field(default_factory=dict)
-    """Per (call kind, contract seam), the latest call latencies in seconds."""
-
-    def record(self, call: hk.HookCall, seconds: float) -> None:
-        """Keep one latency sample of `call` (the latest 1000 per kind and seam)."""
-        key = (call.kind, call.seam)
-        self.latencies.setdefault(key, deque(maxlen=1000)).append(seconds)
-
-
-_call_ids = itertools.count(1)
 
 
 @dataclass
@@ -166,7 +94,7 @@ class RemoteListener:
         """Call the plugin; None when a FAIL_OPEN failure skipped it."""
         seam = self.subscription.seam
         call = hk.HookCall(
-            call_id=f"c{next(_call_ids)}",
+            call_id=f"c{next(call_ids)}",
             kind=hk.CALL_KIND_SEAM,
             seam=seam,
             agent_id=agent_id,
@@ -213,7 +141,7 @@ class RemoteListener:
     def notice(self, agent_id: str, **payload: Any) -> hk.HookCall:
         """A notification of this subscription; the caller may fill its payload in place."""
         return hk.HookCall(
-            call_id=f"n{next(_call_ids)}",
+            call_id=f"n{next(call_ids)}",
             kind=hk.CALL_KIND_NOTIFICATION,
             seam=self.subscription.seam,
             agent_id=agent_id,
@@ -375,7 +303,7 @@ class RemoteListener:
         if not self.subscription.HasField("timeout"):
             seconds = max(request.expire_time.ToNanoseconds() / 1e9 - time.time(), 0.001)
         call = hk.HookCall(
-            call_id=f"c{next(_call_ids)}",
+            call_id=f"c{next(call_ids)}",
             kind=hk.CALL_KIND_SEAM,
             seam=hk.SEAM_TOOLS_APPROVAL,
             agent_id=agent_id,
@@ -492,235 +420,3 @@ async def compose(
         [*getattr(mine, allow).additional_contexts, *getattr(inner, allow).additional_contexts]
     )
     return composed
-
-
-def error_text(error: hk.CallError) -> str:
-    """A plugin's error as the turn's error message shows it."""
-    code = error.code or 2
-    try:
-        name = grpc_code_names[code]
-    except KeyError:
-        name = f"code {code}"
-    return f"{name}: {error.message}" if error.message else name
-
-
-grpc_code_names = {
-    1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED",
-    5: "NOT_FOUND", 6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED",
-    9: "FAILED_PRECONDITION", 10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED",
-    13: "INTERNAL", 14: "UNAVAILABLE", 15: "DATA_LOSS", 16: "UNAUTHENTICATED",
-}  # fmt: skip
-"""`google.rpc.Code` names by number (the core imports no grpc)."""
-
-
-def check_known(result: hk.HookResult) -> None:
-    """Refuse a result carrying fields this server does not know.
-
-    A decision of a kind from a newer protocol would otherwise read as "continue
-    unchanged": on a policy seam, a silent fail-open.
-    """
-    unknown = unknown_fields.UnknownFieldSet(result)
-    if len(unknown):
-        numbers = sorted({unknown[i].field_number for i in range(len(unknown))})
-        raise PluginCallFailed(
-            "malformed", f"the result holds fields this server does not know: {numbers}"
-        )
-
-
-def invocation(exec: ToolExecution) -> hk.ToolInvocation:
-    """The contract's view of a tool call."""
-    return hk.ToolInvocation(call_id=exec.call_id, name=exec.name, arguments=exec.raw_arguments)
-
-
-def tool_output(outcome: ToolOutcome) -> hk.ToolOutput:
-    """The contract's view of a tool result."""
-    output = hk.ToolOutput(
-        content=outcome.content,
-        is_error=outcome.is_error,
-        error=outcome.error,
-        additional_contexts=outcome.contexts,
-    )
-    if outcome.meta is not None:
-        output.meta.update(outcome.meta)  # type: ignore[arg-type]
-    return output
-
-
-def tool_schema(definition: hk.ToolDefinition) -> dict[str, Any]:
-    """A plugin tool's input schema as JSON data.
-
-    Raises:
-        ValueError: the schema holds a number JSON cannot carry (NaN, an infinity).
-    """
-    schema: dict[str, Any] = json.loads(json_format.MessageToJson(definition.input_schema))
-    return schema
-
-
-def remote_tool(
-    plugin: str,
-    definition: hk.ToolDefinition,
-    caller: PluginCaller,
-    stats: PluginStats,
-    session_of: Callable[[str], str],
-    timeout: float,
-) -> Tool:
-    """A tool whose body runs in the plugin; failures become error results."""
-
-    async def execute(exec: ToolExecution) -> ToolReturn:
-        call = hk.HookCall(
-            call_id=f"t{next(_call_ids)}",
-            kind=hk.CALL_KIND_TOOL_EXECUTE,
-            agent_id=exec.agent_id,
-            session_id=session_of(exec.agent_id),
-            turn=exec.turn,
-            step=exec.step,
-            tool_execute=hk.ToolExecuteCall(invocation=invocation(exec)),
-        )
-        call.timeout.FromNanoseconds(int(timeout * 1e9))
-        try:
-            with observe.plugin_call_scope(
-                plugin, "tools/execute", exec.agent_id, exec.turn, exec.step, call
-            ):
-                result = await caller.call(call, timeout, exec.signal or NEVER)
-            kind = result.WhichOneof("outcome")
-            if kind == "error":
-                raise PluginCallFailed("error", error_text(result.error))
-            check_known(result)
-            if kind not in (None, "tool_execute"):
-                raise PluginCallFailed("malformed", f"answered {kind} to a tool_execute call")
-        except PluginCallFailed as failure:
-            stats.errors += failure.kind != "timeout"
-            raise TurnFatal(
-                f'plugin "{plugin}" failed at tools/execute ({definition.name}): '
-                f"{failure.kind}: {failure}",
-                f"PLUGIN_{failure.kind.upper()}",
-            ) from None
-        output = result.tool_execute
-        meta = json_format.MessageToDict(output.meta) if output.HasField("meta") else None
-        return ToolReturn(
-            content=list(output.content),
-            is_error=output.is_error,
-            meta=meta,
-            contexts=list(output.additional_contexts),
-        )
-
-    return Tool(
-        name=definition.name,
-        description=definition.description,
-        input_schema=tool_schema(definition),
-        execute=execute,
-        parallel_safe=definition.parallel_safe,
-        # Offered only to agents that enable it by name and that its filter allows.
-        opt_in=True,
-        agents=frozenset(definition.agent_ids),
-    )
-
-
-MODEL_TIMEOUT = 60.0
-"""Seconds a plugin model may stay silent between two chunks, by default."""
-
-
-class PluginModel:
-    """A model provider served by a plugin: each call streams through `Handle`."""
-
-    def __init__(
-        self,
-        plugin: str,
-        definition: hk.ModelProviderDefinition,
-        caller: PluginCaller,
-        stats: PluginStats,
-    ) -> None:
-        self.plugin = plugin
-        self.provider = definition.provider
-        self.caller = caller
-        self.stats = stats
-        self.timeout = (
-            definition.timeout.ToNanoseconds() / 1e9
-            if definition.HasField("timeout")
-            else MODEL_TIMEOUT
-        )
-
-    async def stream(
-        self, request: ModelRequest, signal: AbortSignal
-    ) -> AsyncIterator[st.StreamChunk]:
-        """Stream one model call from the plugin; a failure is a coded turn error."""
-        call = hk.HookCall(
-            call_id=f"m{next(_call_ids)}",
-            kind=hk.CALL_KIND_MODEL_STREAM,
-            agent_id=request.agent_id,
-            session_id=request.session_id,
-            turn=request.turn,
-            step=request.step,
-            model_stream=hk.ModelStreamCall(
-                provider=self.provider, header=request.header, messages=request.messages
-            ),
-        )
-        call.timeout.FromNanoseconds(int(self.timeout * 1e9))
-        try:
-            # Closed with this generator, so an early stop withdraws the call at once.
-            with observe.plugin_call_scope(
-                self.plugin, "model/stream", request.agent_id, request.turn, request.step, call
-            ):
-                async with contextlib.aclosing(
-                    self.caller.stream(call, self.timeout, signal)
-                ) as chunks:
-                    async for chunk in chunks:
-                        yield chunk
-        except PluginCallFailed as failure:
-            self.stats.errors += failure.kind != "timeout"
-            raise TurnFatal(
-                f'plugin "{self.plugin}" model {self.provider}: {failure.kind}: {failure}',
-                f"PLUGIN_{failure.kind.upper()}",
-            ) from None
-
-
-def install(
-    plugin: str,
-    subscriptions: list[hk.Subscription],
-    tools: list[hk.ToolDefinition],
-    caller: PluginCaller,
-    stats: PluginStats,
-    seams: SeamRegistry,
-    registry: ToolRegistry,
-    session_of: Callable[[str], str],
-    models: Sequence[hk.ModelProviderDefinition] = (),
-    model_registry: ModelRegistry | None = None,
-    default_timeout: float = DEFAULT_TIMEOUT,
-) -> list[Callable[[], None]]:
-    """Register a plugin's listeners, tools and models; returns their disposers.
-
-    All or nothing: when one registration fails, those already made are undone and the
-    error propagates.
-    """
-    disposers: list[Callable[[], None]] = []
-    try:
-        for subscription in subscriptions:
-            timeout = (
-                subscription.timeout.ToNanoseconds() / 1e9
-                if subscription.HasField("timeout")
-                else default_timeout
-            )
-            remote = RemoteListener(plugin, subscription, caller, stats, session_of, timeout)
-            disposers.append(
-                seams.on(remote.seam_name, remote.listener(), order=subscription.order, name=plugin)
-            )
-        for definition in tools:
-            timeout = (
-                definition.timeout.ToNanoseconds() / 1e9
-                if definition.HasField("timeout")
-                else default_timeout
-            )
-            tool = remote_tool(plugin, definition, caller, stats, session_of, timeout)
-            disposers.append(registry.register(tool))
-        if model_registry is not None:
-            for model in models:
-                served = PluginModel(plugin, model, caller, stats)
-                disposers.append(
-                    model_registry.register(
-                        model.provider, served, default_model=model.default_model
-                    )
-                )
-    except BaseException:
-        for dispose in reversed(disposers):
-            dispose()
-        raise
-    return disposers
