@@ -114,6 +114,22 @@ grpc_code_names = {
 """`google.rpc.Code` names by number (the core imports no grpc)."""
 
 
+def checked(result: hk.HookResult, expected: str) -> str | None:
+    """The outcome kind of a call's result: None ("continue unchanged") or `expected`.
+
+    Raises:
+        PluginCallFailed: an `error` outcome ("error"), or a decision of another kind or
+            fields this server does not know ("malformed").
+    """
+    kind = result.WhichOneof("outcome")
+    if kind == "error":
+        raise PluginCallFailed("error", error_text(result.error))
+    check_known(result)
+    if kind is not None and kind != expected:
+        raise PluginCallFailed("malformed", f"answered {kind} to a {expected} call")
+    return kind
+
+
 def check_known(result: hk.HookResult) -> None:
     """Refuse a result carrying fields this server does not know.
 

@@ -37,8 +37,7 @@ from server.plugin_calls import (
     PluginCallFailed,
     PluginStats,
     call_ids,
-    check_known,
-    error_text,
+    checked,
     invocation,
     tool_output,
 )
@@ -104,16 +103,11 @@ class RemoteListener:
             **payload,
         )
         call.timeout.FromNanoseconds(int(self.timeout * 1e9))
-        expected = next(iter(payload))
+        expected = BY_SEAM[seam].payload
         try:
             with observe.plugin_call_scope(self.plugin, self.seam_name, agent_id, turn, step, call):
                 result = await self.caller.call(call, self.timeout, signal)
-            kind = result.WhichOneof("outcome")
-            if kind == "error":
-                raise PluginCallFailed("error", error_text(result.error))
-            check_known(result)
-            if kind is not None and kind != expected:
-                raise PluginCallFailed("malformed", f"answered {kind} to a {expected} call")
+            checked(result, expected)
         except PluginCallFailed as failure:
             self.stats.errors += failure.kind != "timeout"
             if self.subscription.failure_policy == hk.FAILURE_POLICY_FAIL_OPEN:
@@ -318,12 +312,7 @@ class RemoteListener:
                 self.plugin, self.seam_name, agent_id, request.turn, request.step
             ):
                 result = await self.caller.call(call, seconds, signal)
-            kind = result.WhichOneof("outcome")
-            if kind == "error":
-                raise PluginCallFailed("error", error_text(result.error))
-            check_known(result)
-            if kind is not None and kind != "tool_approval":
-                raise PluginCallFailed("malformed", f"answered {kind} to a tool_approval call")
+            kind = checked(result, "tool_approval")
         except PluginCallFailed as failure:
             self.stats.errors += failure.kind != "timeout"
             log.warning(

@@ -17,8 +17,7 @@ from server.plugin_calls import (
     PluginCallFailed,
     PluginStats,
     call_ids,
-    check_known,
-    error_text,
+    checked,
     invocation,
 )
 from server.tools import Tool, ToolExecution, ToolReturn
@@ -60,12 +59,7 @@ def remote_tool(
                 plugin, "tools/execute", exec.agent_id, exec.turn, exec.step, call
             ):
                 result = await caller.call(call, timeout, exec.signal or NEVER)
-            kind = result.WhichOneof("outcome")
-            if kind == "error":
-                raise PluginCallFailed("error", error_text(result.error))
-            check_known(result)
-            if kind not in (None, "tool_execute"):
-                raise PluginCallFailed("malformed", f"answered {kind} to a tool_execute call")
+            checked(result, "tool_execute")
         except PluginCallFailed as failure:
             stats.errors += failure.kind != "timeout"
             raise TurnFatal(
