@@ -88,3 +88,16 @@ def test_node_helper_reads_the_same_table() -> None:
         }
         for spec in SPECS
     ]
+
+
+def test_node_helper_has_each_registration_method() -> None:
+    script = (
+        "const { Plugin } = require('./plugin.js');"
+        "const { SEAMS } = require('./proto.js');"
+        "console.log(JSON.stringify(SEAMS.filter("
+        "(s) => typeof Plugin.prototype[s.method] !== 'function').map((s) => s.method)))"
+    )
+    out = subprocess.run(
+        ["node", "-e", script], cwd=ROOT / "clients" / "node", capture_output=True, check=True
+    )
+    assert json.loads(out.stdout) == []
