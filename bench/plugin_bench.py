@@ -31,8 +31,8 @@ from server.abort import NEVER
 from server.app import App
 from server.config import Config
 from server.models.scripted_options import script_options
+from server.plugin_calls import PluginStats
 from server.plugin_client import PluginConnection
-from server.plugin_listeners import PluginStats
 from server.plugin_registry import Overrides
 
 HERE = Path(__file__).resolve().parent

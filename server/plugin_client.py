@@ -36,8 +36,8 @@ from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import stream_pb2 as st
 from server.abort import AbortSignal
 from server.errors import Aborted
+from server.plugin_calls import NoticeSlot, PluginCallFailed, PluginStats, error_text
 from server.plugin_description import describe_request
-from server.plugin_listeners import NoticeSlot, PluginCallFailed, PluginStats, error_text
 from server.plugin_wire import (
     BATCH_CAPABILITY,
     BATCH_OVERHEAD,

@@ -10,7 +10,8 @@ from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import session_event_pb2 as ev
 from server.agent_rules import ID_PATTERN
 from server.jsonvalue import check_lossless
-from server.plugin_listeners import SEAM_NAMES, tool_schema
+from server.plugin_listeners import SEAM_NAMES
+from server.plugin_tools import tool_schema
 
 
 @dataclass(frozen=True)

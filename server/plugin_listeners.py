@@ -14,133 +14,51 @@ and is skipped and counted under FAIL_OPEN.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import json
 import logging
 import time
-from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, TypeVar
 
-from google.protobuf import json_format, unknown_fields
-
+from agentloop.plugin.seam_table import BY_SEAM, SPECS
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import approval_pb2 as ap
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
-from agentloop.v1 import stream_pb2 as st
 from server import logs, observe
-from server import seams as S
-from server.abort import NEVER, AbortSignal
+from server.abort import AbortSignal
 from server.approvals import ASKED_BY
-from server.defaults import PLUGIN_TIMEOUT_SECONDS
 from server.errors import Aborted, TurnFatal
-from server.models import ModelRegistry, ModelRequest
-from server.seams import SeamRegistry
-from server.tools import Tool, ToolExecution, ToolOutcome, ToolRegistry, ToolReturn
+from server.plugin_calls import (
+    NoticeSlot,
+    PluginCaller,
+    PluginCallFailed,
+    PluginStats,
+    call_ids,
+    checked,
+    invocation,
+    tool_output,
+)
+from server.tools import ToolExecution, ToolOutcome
 
 log = logging.getLogger(__name__)
 _fail_open_log = logs.RateLimited(log)
 """A plugin that is down fails every call: one line per plugin and seam per interval."""
 
-DEFAULT_TIMEOUT = PLUGIN_TIMEOUT_SECONDS
-"""Seconds a call waits for its result when neither the plugin nor the operator set it."""
-
-SEAM_NAMES = {
-    hk.SEAM_PROMPT_SUBMIT: S.PROMPT_SUBMIT,
-    hk.SEAM_SESSION_PREFIX: S.SESSION_PREFIX,
-    hk.SEAM_PRE_STEP: S.PRE_STEP,
-    hk.SEAM_REQUEST: S.REQUEST,
-    hk.SEAM_STEP_RESULT: S.STEP_RESULT,
-    hk.SEAM_TURN_CONTINUATION: S.TURN_CONTINUATION,
-    hk.SEAM_TURN_STOP: S.TURN_STOP,
-    hk.SEAM_TOOLS_PRE_EXECUTE: S.TOOLS_PRE_EXECUTE,
-    hk.SEAM_TOOLS_POST_EXECUTE: S.TOOLS_POST_EXECUTE,
-    hk.SEAM_SESSION_EVENTS: S.SESSION_COMMITTED,
-    hk.SEAM_AGENT_EVENTS: S.AGENT_EVENT,
-    hk.SEAM_TOOLS_RESULT: S.TOOLS_RESULT_COMMITTED,
-    hk.SEAM_TOOLS_APPROVAL: S.TOOLS_APPROVAL,
-}
-"""Each contract seam and the registry seam it listens on."""
-
-CHECKPOINTS = frozenset({hk.SEAM_PRE_STEP, hk.SEAM_TURN_STOP})
-OBSERVERS = frozenset({hk.SEAM_SESSION_EVENTS, hk.SEAM_AGENT_EVENTS, hk.SEAM_TOOLS_RESULT})
-APPROVERS = frozenset({hk.SEAM_TOOLS_APPROVAL})
-WATERFALLS = frozenset(SEAM_NAMES) - CHECKPOINTS - OBSERVERS - APPROVERS
+SEAM_NAMES = {spec.seam: spec.path for spec in SPECS}
+"""Each contract seam and the registry seam it listens on (from the proto's seam table)."""
 
 
-class PluginCallFailed(Exception):
-    """A call to a plugin failed: timeout, error, malformed, oversized or disconnected."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
+def _mode(mode: hk.SeamMode.ValueType) -> frozenset[int]:
+    return frozenset(spec.seam for spec in SPECS if spec.mode == mode)
 
 
-class PluginCaller(Protocol):
-    """The transport to one plugin."""
-
-    async def call(self, call: hk.HookCall, seconds: float, signal: AbortSignal) -> hk.HookResult:
-        """Send a call, await its result for `seconds`; raises `PluginCallFailed` or `Aborted`."""
-        ...
-
-    def stream(
-        self, call: hk.HookCall, seconds: float, signal: AbortSignal
-    ) -> AsyncGenerator[st.StreamChunk, None]:
-        """Send a `model_stream` call; yield its chunks (`seconds` bounds each wait)."""
-        ...
-
-    def admit(self, slot: NoticeSlot) -> bool:
-        """Whether a notification of `slot` would be queued now; if not, count it dropped.
-
-        Asked before the notification is built, so that a dropped one costs nothing.
-        """
-        ...
-
-    def notify(self, call: hk.HookCall, slot: NoticeSlot) -> None:
-        """Queue an admitted notification (no result); never blocks."""
-        ...
-
-
-NOTIFICATION_BUFFER = 1024
-"""Notifications a subscription may have waiting to be sent, unless it sets its own."""
-
-
-@dataclass
-class NoticeSlot:
-    """One observer subscription's share of the plugin's notification buffer."""
-
-    limit: int = NOTIFICATION_BUFFER
-    queued: int = 0
-
-
-@dataclass
-class PluginStats:
-    """Counters and latency samples of one plugin."""
-
-    calls: int = 0
-    errors: int = 0
-    timeouts: int = 0
-    fail_opens: int = 0
-    dropped: int = 0
-    reconnects: int = 0
-    oversized: int = 0
-    protocol_errors: int = 0
-    unexpected_results: int = 0
-    latencies: dict[tuple[int, int], deque[float]] = field(default_factory=dict)
-    """Per (call kind, contract seam), the latest call latencies in seconds."""
-
-    def record(self, call: hk.HookCall, seconds: float) -> None:
-        """Keep one latency sample of `call` (the latest 1000 per kind and seam)."""
-        key = (call.kind, call.seam)
-        self.latencies.setdefault(key, deque(maxlen=1000)).append(seconds)
-
-
-_call_ids = itertools.count(1)
+CHECKPOINTS = _mode(hk.SEAM_MODE_SERIAL)
+OBSERVERS = _mode(hk.SEAM_MODE_OBSERVER)
+APPROVERS = _mode(hk.SEAM_MODE_APPROVER)
+WATERFALLS = _mode(hk.SEAM_MODE_WATERFALL)
 
 
 @dataclass
@@ -175,7 +93,7 @@ class RemoteListener:
         """Call the plugin; None when a FAIL_OPEN failure skipped it."""
         seam = self.subscription.seam
         call = hk.HookCall(
-            call_id=f"c{next(_call_ids)}",
+            call_id=f"c{next(call_ids)}",
             kind=hk.CALL_KIND_SEAM,
             seam=seam,
             agent_id=agent_id,
@@ -185,16 +103,11 @@ class RemoteListener:
             **payload,
         )
         call.timeout.FromNanoseconds(int(self.timeout * 1e9))
-        expected = next(iter(payload))
+        expected = BY_SEAM[seam].payload
         try:
             with observe.plugin_call_scope(self.plugin, self.seam_name, agent_id, turn, step, call):
                 result = await self.caller.call(call, self.timeout, signal)
-            kind = result.WhichOneof("outcome")
-            if kind == "error":
-                raise PluginCallFailed("error", error_text(result.error))
-            check_known(result)
-            if kind is not None and kind != expected:
-                raise PluginCallFailed("malformed", f"answered {kind} to a {expected} call")
+            checked(result, expected)
         except PluginCallFailed as failure:
             self.stats.errors += failure.kind != "timeout"
             if self.subscription.failure_policy == hk.FAILURE_POLICY_FAIL_OPEN:
@@ -222,7 +135,7 @@ class RemoteListener:
     def notice(self, agent_id: str, **payload: Any) -> hk.HookCall:
         """A notification of this subscription; the caller may fill its payload in place."""
         return hk.HookCall(
-            call_id=f"n{next(_call_ids)}",
+            call_id=f"n{next(call_ids)}",
             kind=hk.CALL_KIND_NOTIFICATION,
             seam=self.subscription.seam,
             agent_id=agent_id,
@@ -265,22 +178,9 @@ class RemoteListener:
         return observer
 
     def _listener(self) -> Callable[..., Any]:
-        by_seam: dict[int, Callable[..., Any]] = {
-            hk.SEAM_PROMPT_SUBMIT: self.prompt_submit,
-            hk.SEAM_SESSION_PREFIX: self.session_prefix,
-            hk.SEAM_PRE_STEP: self.pre_step,
-            hk.SEAM_REQUEST: self.request,
-            hk.SEAM_STEP_RESULT: self.step_result,
-            hk.SEAM_TURN_CONTINUATION: self.turn_continuation,
-            hk.SEAM_TURN_STOP: self.turn_stop,
-            hk.SEAM_TOOLS_PRE_EXECUTE: self.tools_pre_execute,
-            hk.SEAM_TOOLS_POST_EXECUTE: self.tools_post_execute,
-            hk.SEAM_SESSION_EVENTS: self.on_session_event,
-            hk.SEAM_AGENT_EVENTS: self.on_agent_event,
-            hk.SEAM_TOOLS_RESULT: self.on_tool_result,
-            hk.SEAM_TOOLS_APPROVAL: self.tools_approval,
-        }
-        return by_seam[self.subscription.seam]
+        """The method named by the seam table's `method` (`prompt_submit`, ...)."""
+        fn: Callable[..., Any] = getattr(self, BY_SEAM[self.subscription.seam].method)
+        return fn
 
     # -- transforming seams ------------------------------------------------------------
 
@@ -294,20 +194,12 @@ class RemoteListener:
         )  # fmt: skip
         if result is None or not result.HasField("prompt_submit"):
             return await next_()  # type: ignore[no-any-return]
-        mine = result.prompt_submit
-        if mine.HasField("block"):
-            return mine
-        rewritten = list(mine.allow.content) or content
-        inner: d.PromptDecision = await next_(agent, rewritten, source)
-        if inner.HasField("block"):
+
+        async def rest(rewritten: list[c.ContentBlock]) -> d.PromptDecision:
+            inner: d.PromptDecision = await next_(agent, rewritten, source)
             return inner
-        return d.PromptDecision(
-            allow=d.PromptAllow(
-                content=list(inner.allow.content) or rewritten,
-                additional_contexts=[*mine.allow.additional_contexts,
-                                     *inner.allow.additional_contexts],
-            )
-        )  # fmt: skip
+
+        return await compose(result.prompt_submit, "allow", content, rest)
 
     async def session_prefix(
         self, agent: Any, seed: Any, signal: AbortSignal, next_: Next
@@ -382,22 +274,14 @@ class RemoteListener:
         )  # fmt: skip
         if result is None or not result.tool_post_execute.WhichOneof("decision"):
             return await next_()  # type: ignore[no-any-return]
-        mine = result.tool_post_execute
-        if mine.HasField("block"):
-            return mine
-        content = list(mine.accept.content) or outcome.content
-        rewritten = ToolOutcome(content, outcome.is_error, outcome.error, outcome.meta,
-                                list(outcome.contexts), outcome.final)  # fmt: skip
-        inner: d.PostToolDecision = await next_(exec, rewritten)
-        if inner.HasField("block"):
+
+        async def rest(content: list[c.ContentBlock]) -> d.PostToolDecision:
+            rewritten = ToolOutcome(content, outcome.is_error, outcome.error, outcome.meta,
+                                    list(outcome.contexts), outcome.final)  # fmt: skip
+            inner: d.PostToolDecision = await next_(exec, rewritten)
             return inner
-        return d.PostToolDecision(
-            accept=d.ToolAccept(
-                content=list(inner.accept.content) or content,
-                additional_contexts=[*mine.accept.additional_contexts,
-                                     *inner.accept.additional_contexts],
-            )
-        )  # fmt: skip
+
+        return await compose(result.tool_post_execute, "accept", outcome.content, rest)
 
     # -- approvers ---------------------------------------------------------------------
 
@@ -413,7 +297,7 @@ class RemoteListener:
         if not self.subscription.HasField("timeout"):
             seconds = max(request.expire_time.ToNanoseconds() / 1e9 - time.time(), 0.001)
         call = hk.HookCall(
-            call_id=f"c{next(_call_ids)}",
+            call_id=f"c{next(call_ids)}",
             kind=hk.CALL_KIND_SEAM,
             seam=hk.SEAM_TOOLS_APPROVAL,
             agent_id=agent_id,
@@ -428,12 +312,7 @@ class RemoteListener:
                 self.plugin, self.seam_name, agent_id, request.turn, request.step
             ):
                 result = await self.caller.call(call, seconds, signal)
-            kind = result.WhichOneof("outcome")
-            if kind == "error":
-                raise PluginCallFailed("error", error_text(result.error))
-            check_known(result)
-            if kind is not None and kind != "tool_approval":
-                raise PluginCallFailed("malformed", f"answered {kind} to a tool_approval call")
+            kind = checked(result, "tool_approval")
         except PluginCallFailed as failure:
             self.stats.errors += failure.kind != "timeout"
             log.warning(
@@ -500,234 +379,33 @@ class RemoteListener:
 
 Next = Callable[..., Awaitable[Any]]
 
-
-def error_text(error: hk.CallError) -> str:
-    """A plugin's error as the turn's error message shows it."""
-    code = error.code or 2
-    try:
-        name = grpc_code_names[code]
-    except KeyError:
-        name = f"code {code}"
-    return f"{name}: {error.message}" if error.message else name
+Rewrite = TypeVar("Rewrite", d.PromptDecision, d.PostToolDecision)
 
 
-grpc_code_names = {
-    1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED",
-    5: "NOT_FOUND", 6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED",
-    9: "FAILED_PRECONDITION", 10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED",
-    13: "INTERNAL", 14: "UNAVAILABLE", 15: "DATA_LOSS", 16: "UNAUTHENTICATED",
-}  # fmt: skip
-"""`google.rpc.Code` names by number (the core imports no grpc)."""
+async def compose(
+    mine: Rewrite,
+    allow: str,
+    content: list[c.ContentBlock],
+    rest: Callable[[list[c.ContentBlock]], Awaitable[Rewrite]],
+) -> Rewrite:
+    """A plugin's rewriting decision composed with the rest of the chain.
 
-
-def check_known(result: hk.HookResult) -> None:
-    """Refuse a result carrying fields this server does not know.
-
-    A decision of a kind from a newer protocol would otherwise read as "continue
-    unchanged": on a policy seam, a silent fail-open.
+    Its block stands; otherwise the rest of the chain sees its rewrite of `content`
+    (or `content` unchanged), a block there stands, and else the outcome is the
+    innermost rewrite with the contexts of both, the plugin's first. `allow` names
+    the decision's allow member (`allow` of a prompt, `accept` of a tool result).
     """
-    unknown = unknown_fields.UnknownFieldSet(result)
-    if len(unknown):
-        numbers = sorted({unknown[i].field_number for i in range(len(unknown))})
-        raise PluginCallFailed(
-            "malformed", f"the result holds fields this server does not know: {numbers}"
-        )
-
-
-def invocation(exec: ToolExecution) -> hk.ToolInvocation:
-    """The contract's view of a tool call."""
-    return hk.ToolInvocation(call_id=exec.call_id, name=exec.name, arguments=exec.raw_arguments)
-
-
-def tool_output(outcome: ToolOutcome) -> hk.ToolOutput:
-    """The contract's view of a tool result."""
-    output = hk.ToolOutput(
-        content=outcome.content,
-        is_error=outcome.is_error,
-        error=outcome.error,
-        additional_contexts=outcome.contexts,
+    if mine.HasField("block"):
+        return mine
+    rewritten = list(getattr(mine, allow).content) or content
+    inner: Rewrite = await rest(rewritten)
+    if inner.HasField("block"):
+        return inner
+    composed = type(mine)()
+    merged = getattr(composed, allow)
+    merged.SetInParent()
+    merged.content.extend(list(getattr(inner, allow).content) or rewritten)
+    merged.additional_contexts.extend(
+        [*getattr(mine, allow).additional_contexts, *getattr(inner, allow).additional_contexts]
     )
-    if outcome.meta is not None:
-        output.meta.update(outcome.meta)  # type: ignore[arg-type]
-    return output
-
-
-def tool_schema(definition: hk.ToolDefinition) -> dict[str, Any]:
-    """A plugin tool's input schema as JSON data.
-
-    Raises:
-        ValueError: the schema holds a number JSON cannot carry (NaN, an infinity).
-    """
-    schema: dict[str, Any] = json.loads(json_format.MessageToJson(definition.input_schema))
-    return schema
-
-
-def remote_tool(
-    plugin: str,
-    definition: hk.ToolDefinition,
-    caller: PluginCaller,
-    stats: PluginStats,
-    session_of: Callable[[str], str],
-    timeout: float,
-) -> Tool:
-    """A tool whose body runs in the plugin; failures become error results."""
-
-    async def execute(exec: ToolExecution) -> ToolReturn:
-        call = hk.HookCall(
-            call_id=f"t{next(_call_ids)}",
-            kind=hk.CALL_KIND_TOOL_EXECUTE,
-            agent_id=exec.agent_id,
-            session_id=session_of(exec.agent_id),
-            turn=exec.turn,
-            step=exec.step,
-            tool_execute=hk.ToolExecuteCall(invocation=invocation(exec)),
-        )
-        call.timeout.FromNanoseconds(int(timeout * 1e9))
-        try:
-            with observe.plugin_call_scope(
-                plugin, "tools/execute", exec.agent_id, exec.turn, exec.step, call
-            ):
-                result = await caller.call(call, timeout, exec.signal or NEVER)
-            kind = result.WhichOneof("outcome")
-            if kind == "error":
-                raise PluginCallFailed("error", error_text(result.error))
-            check_known(result)
-            if kind not in (None, "tool_execute"):
-                raise PluginCallFailed("malformed", f"answered {kind} to a tool_execute call")
-        except PluginCallFailed as failure:
-            stats.errors += failure.kind != "timeout"
-            raise TurnFatal(
-                f'plugin "{plugin}" failed at tools/execute ({definition.name}): '
-                f"{failure.kind}: {failure}",
-                f"PLUGIN_{failure.kind.upper()}",
-            ) from None
-        output = result.tool_execute
-        meta = json_format.MessageToDict(output.meta) if output.HasField("meta") else None
-        return ToolReturn(
-            content=list(output.content),
-            is_error=output.is_error,
-            meta=meta,
-            contexts=list(output.additional_contexts),
-        )
-
-    return Tool(
-        name=definition.name,
-        description=definition.description,
-        input_schema=tool_schema(definition),
-        execute=execute,
-        parallel_safe=definition.parallel_safe,
-        # Offered only to agents that enable it by name and that its filter allows.
-        opt_in=True,
-        agents=frozenset(definition.agent_ids),
-    )
-
-
-MODEL_TIMEOUT = 60.0
-"""Seconds a plugin model may stay silent between two chunks, by default."""
-
-
-class PluginModel:
-    """A model provider served by a plugin: each call streams through `Handle`."""
-
-    def __init__(
-        self,
-        plugin: str,
-        definition: hk.ModelProviderDefinition,
-        caller: PluginCaller,
-        stats: PluginStats,
-    ) -> None:
-        self.plugin = plugin
-        self.provider = definition.provider
-        self.caller = caller
-        self.stats = stats
-        self.timeout = (
-            definition.timeout.ToNanoseconds() / 1e9
-            if definition.HasField("timeout")
-            else MODEL_TIMEOUT
-        )
-
-    async def stream(
-        self, request: ModelRequest, signal: AbortSignal
-    ) -> AsyncIterator[st.StreamChunk]:
-        """Stream one model call from the plugin; a failure is a coded turn error."""
-        call = hk.HookCall(
-            call_id=f"m{next(_call_ids)}",
-            kind=hk.CALL_KIND_MODEL_STREAM,
-            agent_id=request.agent_id,
-            session_id=request.session_id,
-            turn=request.turn,
-            step=request.step,
-            model_stream=hk.ModelStreamCall(
-                provider=self.provider, header=request.header, messages=request.messages
-            ),
-        )
-        call.timeout.FromNanoseconds(int(self.timeout * 1e9))
-        try:
-            # Closed with this generator, so an early stop withdraws the call at once.
-            with observe.plugin_call_scope(
-                self.plugin, "model/stream", request.agent_id, request.turn, request.step, call
-            ):
-                async with contextlib.aclosing(
-                    self.caller.stream(call, self.timeout, signal)
-                ) as chunks:
-                    async for chunk in chunks:
-                        yield chunk
-        except PluginCallFailed as failure:
-            self.stats.errors += failure.kind != "timeout"
-            raise TurnFatal(
-                f'plugin "{self.plugin}" model {self.provider}: {failure.kind}: {failure}',
-                f"PLUGIN_{failure.kind.upper()}",
-            ) from None
-
-
-def install(
-    plugin: str,
-    subscriptions: list[hk.Subscription],
-    tools: list[hk.ToolDefinition],
-    caller: PluginCaller,
-    stats: PluginStats,
-    seams: SeamRegistry,
-    registry: ToolRegistry,
-    session_of: Callable[[str], str],
-    models: Sequence[hk.ModelProviderDefinition] = (),
-    model_registry: ModelRegistry | None = None,
-    default_timeout: float = DEFAULT_TIMEOUT,
-) -> list[Callable[[], None]]:
-    """Register a plugin's listeners, tools and models; returns their disposers.
-
-    All or nothing: when one registration fails, those already made are undone and the
-    error propagates.
-    """
-    disposers: list[Callable[[], None]] = []
-    try:
-        for subscription in subscriptions:
-            timeout = (
-                subscription.timeout.ToNanoseconds() / 1e9
-                if subscription.HasField("timeout")
-                else default_timeout
-            )
-            remote = RemoteListener(plugin, subscription, caller, stats, session_of, timeout)
-            disposers.append(
-                seams.on(remote.seam_name, remote.listener(), order=subscription.order, name=plugin)
-            )
-        for definition in tools:
-            timeout = (
-                definition.timeout.ToNanoseconds() / 1e9
-                if definition.HasField("timeout")
-                else default_timeout
-            )
-            tool = remote_tool(plugin, definition, caller, stats, session_of, timeout)
-            disposers.append(registry.register(tool))
-        if model_registry is not None:
-            for model in models:
-                served = PluginModel(plugin, model, caller, stats)
-                disposers.append(
-                    model_registry.register(
-                        model.provider, served, default_model=model.default_model
-                    )
-                )
-    except BaseException:
-        for dispose in reversed(disposers):
-            dispose()
-        raise
-    return disposers
+    return composed

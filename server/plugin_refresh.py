@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from server.plugin_client import PluginUnreachable
 from server.plugin_description import effective, effective_tool, invalid_description
-from server.plugin_listeners import install
+from server.plugin_install import install
 from server.runtime import Runtime
 
 if TYPE_CHECKING:

@@ -14,6 +14,7 @@ from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from server.addresses import Allowlist, parse_address
 from server.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from server.limits import check_capacity
+from server.plugin_calls import PluginStats
 from server.plugin_client import DEFAULT_MAX_MESSAGE_BYTES, PluginConnection, PluginUnreachable
 from server.plugin_description import (
     Overrides,
@@ -22,7 +23,7 @@ from server.plugin_description import (
     invalid_description,
     seconds_to_duration,
 )
-from server.plugin_listeners import PluginStats, install
+from server.plugin_install import install
 from server.plugin_refresh import refresh
 from server.plugin_required import Expected, all_ready, guard, release
 from server.runtime import Runtime

@@ -15,8 +15,9 @@ from agentloop.plugin.v1 import hook_service_pb2 as hk
 from server import seams as S
 from server.errors import FailedPrecondition
 from server.models.scripted import ScriptedModel
+from server.plugin_calls import PluginStats
 from server.plugin_client import PluginConnection
-from server.plugin_listeners import PluginStats, install
+from server.plugin_install import install
 from server.plugin_registry import Overrides, PluginRegistry
 from server.runtime import Runtime
 from server.tools import Tool, ToolExecution

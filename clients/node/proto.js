@@ -39,27 +39,39 @@ const definition = protoLoader.loadSync('agentloop/plugin/v1/hook_service.proto'
 /** The `agentloop.plugin.v1.HookService` client constructor; `.service` is its definition. */
 const HookService = grpc.loadPackageDefinition(definition).agentloop.plugin.v1.HookService;
 
+/** `snake_case` as `camelCase`. */
+const camel = (name) => name.replace(/_([a-z])/g, (_, letter) => letter.toUpperCase());
+
 /**
- * The seams: the `Plugin` method, the `Seam` enum value, the `HookCall` payload field
- * (a decision goes in the `HookResult` field of the same name) and whether it is
- * answered (observers' notifications are not).
+ * The `Seam` enum's `(agentloop.plugin.v1.seam)` options, read from the protos: the one
+ * seam table (proto-loader drops enum value options, so protobufjs reads them).
+ * @returns {Record<string, Record<string, string>>} the options by `Seam` value name
+ */
+function seamOptions() {
+  const protobuf = require('protobufjs');
+  const root = new protobuf.Root();
+  const wellKnown = path.dirname(require.resolve('protobufjs/package.json'));
+  root.resolvePath = (_origin, target) =>
+    path.join(target.startsWith('google/protobuf/') ? wellKnown : PROTO_DIR, target);
+  root.loadSync('agentloop/plugin/v1/hook_service.proto', { keepCase: true });
+  return root.lookupEnum('agentloop.plugin.v1.Seam').valuesOptions || {};
+}
+
+/**
+ * The seams, from the `seam` option of each `Seam` value in the proto: the `Plugin`
+ * method, the `Seam` enum value, the `HookCall` payload field (a decision goes in the
+ * `HookResult` field of the same name) and whether it is answered (observers'
+ * notifications are not).
  * @type {{method: string, seam: string, payload: string, answered: boolean}[]}
  */
-const SEAMS = [
-  ['promptSubmit', 'SEAM_PROMPT_SUBMIT', 'promptSubmit', true],
-  ['sessionPrefix', 'SEAM_SESSION_PREFIX', 'sessionPrefix', true],
-  ['preStep', 'SEAM_PRE_STEP', 'preStep', true],
-  ['request', 'SEAM_REQUEST', 'request', true],
-  ['stepResult', 'SEAM_STEP_RESULT', 'stepResult', true],
-  ['turnContinuation', 'SEAM_TURN_CONTINUATION', 'turnContinuation', true],
-  ['turnStop', 'SEAM_TURN_STOP', 'turnStop', true],
-  ['toolsPreExecute', 'SEAM_TOOLS_PRE_EXECUTE', 'toolPreExecute', true],
-  ['toolsPostExecute', 'SEAM_TOOLS_POST_EXECUTE', 'toolPostExecute', true],
-  ['onSessionEvent', 'SEAM_SESSION_EVENTS', 'sessionEvent', false],
-  ['onAgentEvent', 'SEAM_AGENT_EVENTS', 'agentEvent', false],
-  ['onToolResult', 'SEAM_TOOLS_RESULT', 'toolResult', false],
-  ['toolsApproval', 'SEAM_TOOLS_APPROVAL', 'toolApproval', true],
-].map(([method, seam, payload, answered]) => ({ method, seam, payload, answered }));
+const SEAMS = Object.entries(seamOptions())
+  .filter(([, options]) => options['(seam).payload'])
+  .map(([seam, options]) => ({
+    method: camel(options['(seam).method']),
+    seam,
+    payload: camel(options['(seam).payload']),
+    answered: options['(seam).mode'] !== 'SEAM_MODE_OBSERVER',
+  }));
 
 /** The seams by `HookCall` payload field. */
 const BY_PAYLOAD = new Map(SEAMS.map((spec) => [spec.payload, spec]));

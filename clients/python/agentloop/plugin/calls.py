@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, TypeVar
 
 from google.protobuf import duration_pb2
-from google.protobuf.message import Message as ProtoMessage
 
 from agentloop.plugin.decisions import blocks, struct, tool_error
+from agentloop.plugin.seam_table import BY_PAYLOAD, BY_SEAM, SPECS, SeamSpec
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.v1 import content_pb2 as c
-from agentloop.v1 import decision_pb2 as d
 
 if TYPE_CHECKING:
     from agentloop.plugin.models import ModelProvider
@@ -63,36 +62,6 @@ class Options(TypedDict, total=False):
     """`on_session_event` only: only these kinds, such as "turn_end" (default: all)."""
     buffer_size: int
     """Observers only: notifications that may wait to be sent (default: the server's 1024)."""
-
-
-@dataclass(frozen=True)
-class SeamSpec:
-    """How one seam travels."""
-
-    seam: hs.Seam.ValueType
-    payload: str
-    """The field of `HookCall.payload`, and of `HookResult.outcome` when answered."""
-    decision: type[ProtoMessage] | None
-    """The decision type; None for an observer."""
-
-
-SPECS = (
-    SeamSpec(hs.SEAM_PROMPT_SUBMIT, "prompt_submit", d.PromptDecision),
-    SeamSpec(hs.SEAM_SESSION_PREFIX, "session_prefix", hs.SessionPrefixResult),
-    SeamSpec(hs.SEAM_PRE_STEP, "pre_step", hs.PreStepResult),
-    SeamSpec(hs.SEAM_REQUEST, "request", hs.RequestResult),
-    SeamSpec(hs.SEAM_STEP_RESULT, "step_result", hs.StepResultResult),
-    SeamSpec(hs.SEAM_TURN_CONTINUATION, "turn_continuation", d.ContinuationDecision),
-    SeamSpec(hs.SEAM_TURN_STOP, "turn_stop", hs.TurnStopResult),
-    SeamSpec(hs.SEAM_TOOLS_PRE_EXECUTE, "tool_pre_execute", d.PreToolDecision),
-    SeamSpec(hs.SEAM_TOOLS_POST_EXECUTE, "tool_post_execute", d.PostToolDecision),
-    SeamSpec(hs.SEAM_SESSION_EVENTS, "session_event", None),
-    SeamSpec(hs.SEAM_AGENT_EVENTS, "agent_event", None),
-    SeamSpec(hs.SEAM_TOOLS_RESULT, "tool_result", None),
-    SeamSpec(hs.SEAM_TOOLS_APPROVAL, "tool_approval", hs.ToolApprovalResult),
-)
-BY_SEAM = {spec.seam: spec for spec in SPECS}
-BY_PAYLOAD = {spec.payload: spec for spec in SPECS}
 
 
 def duration(seconds: float) -> duration_pb2.Duration:

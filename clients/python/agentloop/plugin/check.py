@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from agentloop.plugin.calls import BY_SEAM
 from agentloop.plugin.check_calls import (
     MAX_MESSAGE_BYTES,
     Report,
@@ -30,6 +29,7 @@ from agentloop.plugin.check_calls import (
     check_result,
     sample_call,
 )
+from agentloop.plugin.seam_table import BY_SEAM
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.plugin.v1 import hook_service_pb2_grpc as rpc
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from google.protobuf import unknown_fields
 
-from agentloop.plugin.calls import BY_PAYLOAD
+from agentloop.plugin.seam_table import BY_PAYLOAD
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.v1 import approval_pb2 as ap
 from agentloop.v1 import content_pb2 as c

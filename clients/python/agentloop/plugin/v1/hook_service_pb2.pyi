@@ -11,11 +11,13 @@ from agentloop.v1 import session_event_pb2 as _session_event_pb2
 from agentloop.v1 import stream_pb2 as _stream_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import descriptor_pb2 as _descriptor_pb2
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf.internal import extension_dict as _extension_dict
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -114,6 +116,42 @@ failure policy.
 """
 Global___Seam: _TypeAlias = Seam  # noqa: Y015
 
+class _SeamMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SeamModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SeamMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SEAM_MODE_UNSPECIFIED: _SeamMode.ValueType  # 0
+    """Not set (never on a seam)."""
+    SEAM_MODE_WATERFALL: _SeamMode.ValueType  # 1
+    """A chain: each listener may transform the value and pass it on."""
+    SEAM_MODE_SERIAL: _SeamMode.ValueType  # 2
+    """A checkpoint: listeners run one at a time; the first that decides stops
+    the chain.
+    """
+    SEAM_MODE_OBSERVER: _SeamMode.ValueType  # 3
+    """Notifications: no answer, never blocking the loop."""
+    SEAM_MODE_APPROVER: _SeamMode.ValueType  # 4
+    """Approvers of pending approvals, called concurrently; a failure abstains."""
+
+class SeamMode(_SeamMode, metaclass=_SeamModeEnumTypeWrapper):
+    """SeamMode says how a seam's listeners are called."""
+
+SEAM_MODE_UNSPECIFIED: SeamMode.ValueType  # 0
+"""Not set (never on a seam)."""
+SEAM_MODE_WATERFALL: SeamMode.ValueType  # 1
+"""A chain: each listener may transform the value and pass it on."""
+SEAM_MODE_SERIAL: SeamMode.ValueType  # 2
+"""A checkpoint: listeners run one at a time; the first that decides stops
+the chain.
+"""
+SEAM_MODE_OBSERVER: SeamMode.ValueType  # 3
+"""Notifications: no answer, never blocking the loop."""
+SEAM_MODE_APPROVER: SeamMode.ValueType  # 4
+"""Approvers of pending approvals, called concurrently; a failure abstains."""
+Global___SeamMode: _TypeAlias = SeamMode  # noqa: Y015
+
 class _CallKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -195,6 +233,50 @@ seam the call gets a neutral error result first).
 FAILURE_POLICY_FAIL_OPEN: FailurePolicy.ValueType  # 2
 """A failure skips the plugin for that call; the skip is counted."""
 Global___FailurePolicy: _TypeAlias = FailurePolicy  # noqa: Y015
+
+@_typing.final
+class SeamSpec(_message.Message):
+    """SeamSpec is how one seam travels, declared once on its `Seam` value with
+    the `seam` option: the server's remote listener, the Python plugin SDK and
+    the Node helper read this table from the descriptors, so a new seam is its
+    `Seam` value with this option, its payload messages and its call site.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATH_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    path: _builtins.str
+    """Path is the server's name of the seam the subscription listens on (such
+    as `agent/prompt-submit`).
+    """
+    mode: Global___SeamMode.ValueType
+    """Mode is how the listeners of the seam are called."""
+    method: _builtins.str
+    """Method is the plugin helpers' registration method (snake case; the Node
+    helper uses its camelCase form).
+    """
+    payload: _builtins.str
+    """Payload is the `HookCall.payload` field of the call and, unless the seam
+    is an observer, the `HookResult.outcome` field of its decision.
+    """
+    def __init__(
+        self,
+        *,
+        path: _builtins.str = ...,
+        mode: Global___SeamMode.ValueType = ...,
+        method: _builtins.str = ...,
+        payload: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["method", b"method", "mode", b"mode", "path", b"path", "payload", b"payload"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SeamSpec: _TypeAlias = SeamSpec  # noqa: Y015
 
 @_typing.final
 class DescribeRequest(_message.Message):
@@ -1524,3 +1606,7 @@ class ToolResultNotice(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ToolResultNotice: _TypeAlias = ToolResultNotice  # noqa: Y015
+
+SEAM_FIELD_NUMBER: _builtins.int
+seam: _extension_dict._ExtensionFieldDescriptor[_descriptor_pb2.EnumValueOptions, Global___SeamSpec]
+"""Seam is the spec of a `Seam` value."""

@@ -2,8 +2,8 @@
 // @generated from file agentloop/plugin/v1/hook_service.proto (package agentloop.plugin.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenExtension, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, extDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { AgentEvent } from "../../v1/agent_event_pb.js";
 import { file_agentloop_v1_agent_event } from "../../v1/agent_event_pb.js";
 import type { ApprovalDecision, ApprovalRequested } from "../../v1/approval_pb.js";
@@ -16,15 +16,63 @@ import type { SessionEvent, ToolError } from "../../v1/session_event_pb.js";
 import { file_agentloop_v1_session_event } from "../../v1/session_event_pb.js";
 import type { StreamChunk } from "../../v1/stream_pb.js";
 import { file_agentloop_v1_stream } from "../../v1/stream_pb.js";
-import type { Duration } from "@bufbuild/protobuf/wkt";
-import { file_google_protobuf_duration, file_google_protobuf_struct } from "@bufbuild/protobuf/wkt";
+import type { Duration, EnumValueOptions } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_descriptor, file_google_protobuf_duration, file_google_protobuf_struct } from "@bufbuild/protobuf/wkt";
 import type { JsonObject, Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file agentloop/plugin/v1/hook_service.proto.
  */
 export const file_agentloop_plugin_v1_hook_service: GenFile = /*@__PURE__*/
-  fileDesc("CiZhZ2VudGxvb3AvcGx1Z2luL3YxL2hvb2tfc2VydmljZS5wcm90bxITYWdlbnRsb29wLnBsdWdpbi52MSJcCg9EZXNjcmliZVJlcXVlc3QSGAoQcHJvdG9jb2xfdmVyc2lvbhgBIAEoDRIZChFtYXhfbWVzc2FnZV9ieXRlcxgCIAEoBBIUCgxjYXBhYmlsaXRpZXMYAyADKAkijQIKEERlc2NyaWJlUmVzcG9uc2USDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgJEjgKDXN1YnNjcmlwdGlvbnMYAyADKAsyIS5hZ2VudGxvb3AucGx1Z2luLnYxLlN1YnNjcmlwdGlvbhIyCgV0b29scxgEIAMoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbERlZmluaXRpb24SPAoGbW9kZWxzGAUgAygLMiwuYWdlbnRsb29wLnBsdWdpbi52MS5Nb2RlbFByb3ZpZGVyRGVmaW5pdGlvbhIYChBwcm90b2NvbF92ZXJzaW9uGAYgASgNEhQKDGNhcGFiaWxpdGllcxgHIAMoCSJuChdNb2RlbFByb3ZpZGVyRGVmaW5pdGlvbhIQCghwcm92aWRlchgBIAEoCRIVCg1kZWZhdWx0X21vZGVsGAIgASgJEioKB3RpbWVvdXQYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24i6wEKDFN1YnNjcmlwdGlvbhInCgRzZWFtGAEgASgOMhkuYWdlbnRsb29wLnBsdWdpbi52MS5TZWFtEg0KBW9yZGVyGAIgASgFEioKB3RpbWVvdXQYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SOgoOZmFpbHVyZV9wb2xpY3kYBCABKA4yIi5hZ2VudGxvb3AucGx1Z2luLnYxLkZhaWx1cmVQb2xpY3kSEQoJYWdlbnRfaWRzGAUgAygJEhMKC2V2ZW50X2tpbmRzGAYgAygJEhMKC2J1ZmZlcl9zaXplGAcgASgNIrgBCg5Ub29sRGVmaW5pdGlvbhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEi0KDGlucHV0X3NjaGVtYRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFQoNcGFyYWxsZWxfc2FmZRgEIAEoCBIqCgd0aW1lb3V0GAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhEKCWFnZW50X2lkcxgGIAMoCSKqAQoNSGFuZGxlUmVxdWVzdBItCgRjYWxsGAEgASgLMh0uYWdlbnRsb29wLnBsdWdpbi52MS5Ib29rQ2FsbEgAEjEKBmNhbmNlbBgCIAEoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuQ2FuY2VsQ2FsbEgAEi8KBWJhdGNoGAggASgLMh4uYWdlbnRsb29wLnBsdWdpbi52MS5DYWxsQmF0Y2hIAEIGCgRraW5kIjkKCUNhbGxCYXRjaBIsCgVjYWxscxgBIAMoCzIdLmFnZW50bG9vcC5wbHVnaW4udjEuSG9va0NhbGwifQoOSGFuZGxlUmVzcG9uc2USMQoGcmVzdWx0GAEgASgLMh8uYWdlbnRsb29wLnBsdWdpbi52MS5Ib29rUmVzdWx0SAASMAoFY2h1bmsYAiABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLk1vZGVsQ2h1bmtIAEIGCgRraW5kIkcKCk1vZGVsQ2h1bmsSDwoHY2FsbF9pZBgBIAEoCRIoCgVjaHVuaxgCIAEoCzIZLmFnZW50bG9vcC52MS5TdHJlYW1DaHVuayLCCQoISG9va0NhbGwSDwoHY2FsbF9pZBgBIAEoCRInCgRzZWFtGAIgASgOMhkuYWdlbnRsb29wLnBsdWdpbi52MS5TZWFtEisKBGtpbmQYCCABKA4yHS5hZ2VudGxvb3AucGx1Z2luLnYxLkNhbGxLaW5kEhAKCGFnZW50X2lkGAMgASgJEhIKCnNlc3Npb25faWQYBCABKAkSDAoEdHVybhgFIAEoDRIMCgRzdGVwGAYgASgNEioKB3RpbWVvdXQYByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEwoLdHJhY2VwYXJlbnQYHiABKAkSEgoKdHJhY2VzdGF0ZRgfIAEoCRI+Cg1wcm9tcHRfc3VibWl0GAogASgLMiUuYWdlbnRsb29wLnBsdWdpbi52MS5Qcm9tcHRTdWJtaXRDYWxsSAASQAoOc2Vzc2lvbl9wcmVmaXgYCyABKAsyJi5hZ2VudGxvb3AucGx1Z2luLnYxLlNlc3Npb25QcmVmaXhDYWxsSAASNAoIcHJlX3N0ZXAYDCABKAsyIC5hZ2VudGxvb3AucGx1Z2luLnYxLlByZVN0ZXBDYWxsSAASMwoHcmVxdWVzdBgNIAEoCzIgLmFnZW50bG9vcC5wbHVnaW4udjEuUmVxdWVzdENhbGxIABI6CgtzdGVwX3Jlc3VsdBgOIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuU3RlcFJlc3VsdENhbGxIABJGChF0dXJuX2NvbnRpbnVhdGlvbhgPIAEoCzIpLmFnZW50bG9vcC5wbHVnaW4udjEuVHVybkNvbnRpbnVhdGlvbkNhbGxIABI2Cgl0dXJuX3N0b3AYECABKAsyIS5hZ2VudGxvb3AucGx1Z2luLnYxLlR1cm5TdG9wQ2FsbEgAEkMKEHRvb2xfcHJlX2V4ZWN1dGUYESABKAsyJy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xQcmVFeGVjdXRlQ2FsbEgAEkUKEXRvb2xfcG9zdF9leGVjdXRlGBIgASgLMiguYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sUG9zdEV4ZWN1dGVDYWxsSAASPAoMdG9vbF9leGVjdXRlGBMgASgLMiQuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sRXhlY3V0ZUNhbGxIABJACg1zZXNzaW9uX2V2ZW50GBQgASgLMicuYWdlbnRsb29wLnBsdWdpbi52MS5TZXNzaW9uRXZlbnROb3RpY2VIABI8CgthZ2VudF9ldmVudBgVIAEoCzIlLmFnZW50bG9vcC5wbHVnaW4udjEuQWdlbnRFdmVudE5vdGljZUgAEjwKC3Rvb2xfcmVzdWx0GBYgASgLMiUuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sUmVzdWx0Tm90aWNlSAASPAoMbW9kZWxfc3RyZWFtGBcgASgLMiQuYWdlbnRsb29wLnBsdWdpbi52MS5Nb2RlbFN0cmVhbUNhbGxIABI+Cg10b29sX2FwcHJvdmFsGCggASgLMiUuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sQXBwcm92YWxDYWxsSABCCQoHcGF5bG9hZCJFChBUb29sQXBwcm92YWxDYWxsEjEKCGFwcHJvdmFsGAEgASgLMh8uYWdlbnRsb29wLnYxLkFwcHJvdmFsUmVxdWVzdGVkIlYKElRvb2xBcHByb3ZhbFJlc3VsdBIwCghkZWNpc2lvbhgBIAEoDjIeLmFnZW50bG9vcC52MS5BcHByb3ZhbERlY2lzaW9uEg4KBnJlYXNvbhgCIAEoCSJ5Cg9Nb2RlbFN0cmVhbUNhbGwSEAoIcHJvdmlkZXIYASABKAkSKwoGaGVhZGVyGAIgASgLMhsuYWdlbnRsb29wLnYxLlJlcXVlc3RIZWFkZXISJwoIbWVzc2FnZXMYAyADKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSItCgpDYW5jZWxDYWxsEg8KB2NhbGxfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIvUFCgpIb29rUmVzdWx0Eg8KB2NhbGxfaWQYASABKAkSNQoNcHJvbXB0X3N1Ym1pdBgKIAEoCzIcLmFnZW50bG9vcC52MS5Qcm9tcHREZWNpc2lvbkgAEkIKDnNlc3Npb25fcHJlZml4GAsgASgLMiguYWdlbnRsb29wLnBsdWdpbi52MS5TZXNzaW9uUHJlZml4UmVzdWx0SAASNgoIcHJlX3N0ZXAYDCABKAsyIi5hZ2VudGxvb3AucGx1Z2luLnYxLlByZVN0ZXBSZXN1bHRIABI1CgdyZXF1ZXN0GA0gASgLMiIuYWdlbnRsb29wLnBsdWdpbi52MS5SZXF1ZXN0UmVzdWx0SAASPAoLc3RlcF9yZXN1bHQYDiABKAsyJS5hZ2VudGxvb3AucGx1Z2luLnYxLlN0ZXBSZXN1bHRSZXN1bHRIABI/ChF0dXJuX2NvbnRpbnVhdGlvbhgPIAEoCzIiLmFnZW50bG9vcC52MS5Db250aW51YXRpb25EZWNpc2lvbkgAEjgKCXR1cm5fc3RvcBgQIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVHVyblN0b3BSZXN1bHRIABI5ChB0b29sX3ByZV9leGVjdXRlGBEgASgLMh0uYWdlbnRsb29wLnYxLlByZVRvb2xEZWNpc2lvbkgAEjsKEXRvb2xfcG9zdF9leGVjdXRlGBIgASgLMh4uYWdlbnRsb29wLnYxLlBvc3RUb29sRGVjaXNpb25IABI3Cgx0b29sX2V4ZWN1dGUYEyABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xPdXRwdXRIABJACg10b29sX2FwcHJvdmFsGCggASgLMicuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sQXBwcm92YWxSZXN1bHRIABIvCgVlcnJvchgeIAEoCzIeLmFnZW50bG9vcC5wbHVnaW4udjEuQ2FsbEVycm9ySABCCQoHb3V0Y29tZUoECAIQAyIqCglDYWxsRXJyb3ISDAoEY29kZRgBIAEoBRIPCgdtZXNzYWdlGAIgASgJImUKEFByb21wdFN1Ym1pdENhbGwSKwoHY29udGVudBgBIAMoCzIaLmFnZW50bG9vcC52MS5Db250ZW50QmxvY2sSJAoGc291cmNlGAIgASgLMhQuYWdlbnRsb29wLnYxLlNvdXJjZSI6ChFTZXNzaW9uUHJlZml4Q2FsbBIlCgZwcmVmaXgYASADKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSI8ChNTZXNzaW9uUHJlZml4UmVzdWx0EiUKBnByZWZpeBgBIAMoCzIVLmFnZW50bG9vcC52MS5NZXNzYWdlIkQKC1ByZVN0ZXBDYWxsEg4KBnN5c3RlbRgBIAEoCRIlCgZwcmVmaXgYAiADKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSI8Cg1QcmVTdGVwUmVzdWx0EisKCGNvbnRleHRzGAEgAygLMhkuYWdlbnRsb29wLnYxLkhvb2tDb250ZXh0IjgKC1JlcXVlc3RDYWxsEikKBmNvbmZpZxgBIAEoCzIZLmFnZW50bG9vcC52MS5Nb2RlbENvbmZpZyI6Cg1SZXF1ZXN0UmVzdWx0EikKBmNvbmZpZxgBIAEoCzIZLmFnZW50bG9vcC52MS5Nb2RlbENvbmZpZyI4Cg5TdGVwUmVzdWx0Q2FsbBImCgdtZXNzYWdlGAEgASgLMhUuYWdlbnRsb29wLnYxLk1lc3NhZ2UiOgoQU3RlcFJlc3VsdFJlc3VsdBImCgdtZXNzYWdlGAEgASgLMhUuYWdlbnRsb29wLnYxLk1lc3NhZ2UiTAoUVHVybkNvbnRpbnVhdGlvbkNhbGwSNAoIZGVjaXNpb24YASABKAsyIi5hZ2VudGxvb3AudjEuQ29udGludWF0aW9uRGVjaXNpb24iDgoMVHVyblN0b3BDYWxsIh4KDlR1cm5TdG9wUmVzdWx0EgwKBHN0b3AYASABKAgiQgoOVG9vbEludm9jYXRpb24SDwoHY2FsbF9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEhEKCWFyZ3VtZW50cxgDIAEoCSLSAQoKVG9vbE91dHB1dBIrCgdjb250ZW50GAEgAygLMhouYWdlbnRsb29wLnYxLkNvbnRlbnRCbG9jaxIQCghpc19lcnJvchgCIAEoCBImCgVlcnJvchgDIAEoCzIXLmFnZW50bG9vcC52MS5Ub29sRXJyb3ISJQoEbWV0YRgEIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSNgoTYWRkaXRpb25hbF9jb250ZXh0cxgFIAMoCzIZLmFnZW50bG9vcC52MS5Ib29rQ29udGV4dCJNChJUb29sUHJlRXhlY3V0ZUNhbGwSNwoKaW52b2NhdGlvbhgBIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbEludm9jYXRpb24ifwoTVG9vbFBvc3RFeGVjdXRlQ2FsbBI3CgppbnZvY2F0aW9uGAEgASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sSW52b2NhdGlvbhIvCgZvdXRwdXQYAiABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xPdXRwdXQiSgoPVG9vbEV4ZWN1dGVDYWxsEjcKCmludm9jYXRpb24YASABKAsyIy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xJbnZvY2F0aW9uIlAKElNlc3Npb25FdmVudE5vdGljZRIpCgVldmVudBgBIAEoCzIaLmFnZW50bG9vcC52MS5TZXNzaW9uRXZlbnQSDwoHZHJvcHBlZBgCIAEoBCJMChBBZ2VudEV2ZW50Tm90aWNlEicKBWV2ZW50GAEgASgLMhguYWdlbnRsb29wLnYxLkFnZW50RXZlbnQSDwoHZHJvcHBlZBgCIAEoBCKNAQoQVG9vbFJlc3VsdE5vdGljZRI3CgppbnZvY2F0aW9uGAEgASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sSW52b2NhdGlvbhIvCgZvdXRwdXQYAiABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xPdXRwdXQSDwoHZHJvcHBlZBgDIAEoBCqDAwoEU2VhbRIUChBTRUFNX1VOU1BFQ0lGSUVEEAASFgoSU0VBTV9QUk9NUFRfU1VCTUlUEAESFwoTU0VBTV9TRVNTSU9OX1BSRUZJWBACEhEKDVNFQU1fUFJFX1NURVAQAxIQCgxTRUFNX1JFUVVFU1QQBBIUChBTRUFNX1NURVBfUkVTVUxUEAUSGgoWU0VBTV9UVVJOX0NPTlRJTlVBVElPThAGEhIKDlNFQU1fVFVSTl9TVE9QEAcSGgoWU0VBTV9UT09MU19QUkVfRVhFQ1VURRAIEhsKF1NFQU1fVE9PTFNfUE9TVF9FWEVDVVRFEAkSFwoTU0VBTV9TRVNTSU9OX0VWRU5UUxAKEhUKEVNFQU1fQUdFTlRfRVZFTlRTEAsSFQoRU0VBTV9UT09MU19SRVNVTFQQDBIXChNTRUFNX1RPT0xTX0FQUFJPVkFMEBQiBAgNEA0iBAgOEA4qEVNFQU1fVE9PTF9FWEVDVVRFKhFTRUFNX01PREVMX1NUUkVBTSqNAQoIQ2FsbEtpbmQSGQoVQ0FMTF9LSU5EX1VOU1BFQ0lGSUVEEAASEgoOQ0FMTF9LSU5EX1NFQU0QARIaChZDQUxMX0tJTkRfTk9USUZJQ0FUSU9OEAISGgoWQ0FMTF9LSU5EX1RPT0xfRVhFQ1VURRADEhoKFkNBTExfS0lORF9NT0RFTF9TVFJFQU0QBCptCg1GYWlsdXJlUG9saWN5Eh4KGkZBSUxVUkVfUE9MSUNZX1VOU1BFQ0lGSUVEEAASHgoaRkFJTFVSRV9QT0xJQ1lfRkFJTF9DTE9TRUQQARIcChhGQUlMVVJFX1BPTElDWV9GQUlMX09QRU4QAjK9AQoLSG9va1NlcnZpY2USVwoIRGVzY3JpYmUSJC5hZ2VudGxvb3AucGx1Z2luLnYxLkRlc2NyaWJlUmVxdWVzdBolLmFnZW50bG9vcC5wbHVnaW4udjEuRGVzY3JpYmVSZXNwb25zZRJVCgZIYW5kbGUSIi5hZ2VudGxvb3AucGx1Z2luLnYxLkhhbmRsZVJlcXVlc3QaIy5hZ2VudGxvb3AucGx1Z2luLnYxLkhhbmRsZVJlc3BvbnNlKAEwAWIGcHJvdG8z", [file_agentloop_v1_agent_event, file_agentloop_v1_approval, file_agentloop_v1_content, file_agentloop_v1_decision, file_agentloop_v1_session_event, file_agentloop_v1_stream, file_google_protobuf_duration, file_google_protobuf_struct]);
+  fileDesc("CiZhZ2VudGxvb3AvcGx1Z2luL3YxL2hvb2tfc2VydmljZS5wcm90bxITYWdlbnRsb29wLnBsdWdpbi52MSJmCghTZWFtU3BlYxIMCgRwYXRoGAEgASgJEisKBG1vZGUYAiABKA4yHS5hZ2VudGxvb3AucGx1Z2luLnYxLlNlYW1Nb2RlEg4KBm1ldGhvZBgDIAEoCRIPCgdwYXlsb2FkGAQgASgJIlwKD0Rlc2NyaWJlUmVxdWVzdBIYChBwcm90b2NvbF92ZXJzaW9uGAEgASgNEhkKEW1heF9tZXNzYWdlX2J5dGVzGAIgASgEEhQKDGNhcGFiaWxpdGllcxgDIAMoCSKNAgoQRGVzY3JpYmVSZXNwb25zZRIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAkSOAoNc3Vic2NyaXB0aW9ucxgDIAMoCzIhLmFnZW50bG9vcC5wbHVnaW4udjEuU3Vic2NyaXB0aW9uEjIKBXRvb2xzGAQgAygLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sRGVmaW5pdGlvbhI8CgZtb2RlbHMYBSADKAsyLC5hZ2VudGxvb3AucGx1Z2luLnYxLk1vZGVsUHJvdmlkZXJEZWZpbml0aW9uEhgKEHByb3RvY29sX3ZlcnNpb24YBiABKA0SFAoMY2FwYWJpbGl0aWVzGAcgAygJIm4KF01vZGVsUHJvdmlkZXJEZWZpbml0aW9uEhAKCHByb3ZpZGVyGAEgASgJEhUKDWRlZmF1bHRfbW9kZWwYAiABKAkSKgoHdGltZW91dBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiLrAQoMU3Vic2NyaXB0aW9uEicKBHNlYW0YASABKA4yGS5hZ2VudGxvb3AucGx1Z2luLnYxLlNlYW0SDQoFb3JkZXIYAiABKAUSKgoHdGltZW91dBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhI6Cg5mYWlsdXJlX3BvbGljeRgEIAEoDjIiLmFnZW50bG9vcC5wbHVnaW4udjEuRmFpbHVyZVBvbGljeRIRCglhZ2VudF9pZHMYBSADKAkSEwoLZXZlbnRfa2luZHMYBiADKAkSEwoLYnVmZmVyX3NpemUYByABKA0iuAEKDlRvb2xEZWZpbml0aW9uEgwKBG5hbWUYASABKAkSEwoLZGVzY3JpcHRpb24YAiABKAkSLQoMaW5wdXRfc2NoZW1hGAMgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBIVCg1wYXJhbGxlbF9zYWZlGAQgASgIEioKB3RpbWVvdXQYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEQoJYWdlbnRfaWRzGAYgAygJIqoBCg1IYW5kbGVSZXF1ZXN0Ei0KBGNhbGwYASABKAsyHS5hZ2VudGxvb3AucGx1Z2luLnYxLkhvb2tDYWxsSAASMQoGY2FuY2VsGAIgASgLMh8uYWdlbnRsb29wLnBsdWdpbi52MS5DYW5jZWxDYWxsSAASLwoFYmF0Y2gYCCABKAsyHi5hZ2VudGxvb3AucGx1Z2luLnYxLkNhbGxCYXRjaEgAQgYKBGtpbmQiOQoJQ2FsbEJhdGNoEiwKBWNhbGxzGAEgAygLMh0uYWdlbnRsb29wLnBsdWdpbi52MS5Ib29rQ2FsbCJ9Cg5IYW5kbGVSZXNwb25zZRIxCgZyZXN1bHQYASABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLkhvb2tSZXN1bHRIABIwCgVjaHVuaxgCIAEoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuTW9kZWxDaHVua0gAQgYKBGtpbmQiRwoKTW9kZWxDaHVuaxIPCgdjYWxsX2lkGAEgASgJEigKBWNodW5rGAIgASgLMhkuYWdlbnRsb29wLnYxLlN0cmVhbUNodW5rIsIJCghIb29rQ2FsbBIPCgdjYWxsX2lkGAEgASgJEicKBHNlYW0YAiABKA4yGS5hZ2VudGxvb3AucGx1Z2luLnYxLlNlYW0SKwoEa2luZBgIIAEoDjIdLmFnZW50bG9vcC5wbHVnaW4udjEuQ2FsbEtpbmQSEAoIYWdlbnRfaWQYAyABKAkSEgoKc2Vzc2lvbl9pZBgEIAEoCRIMCgR0dXJuGAUgASgNEgwKBHN0ZXAYBiABKA0SKgoHdGltZW91dBgHIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhITCgt0cmFjZXBhcmVudBgeIAEoCRISCgp0cmFjZXN0YXRlGB8gASgJEj4KDXByb21wdF9zdWJtaXQYCiABKAsyJS5hZ2VudGxvb3AucGx1Z2luLnYxLlByb21wdFN1Ym1pdENhbGxIABJACg5zZXNzaW9uX3ByZWZpeBgLIAEoCzImLmFnZW50bG9vcC5wbHVnaW4udjEuU2Vzc2lvblByZWZpeENhbGxIABI0CghwcmVfc3RlcBgMIAEoCzIgLmFnZW50bG9vcC5wbHVnaW4udjEuUHJlU3RlcENhbGxIABIzCgdyZXF1ZXN0GA0gASgLMiAuYWdlbnRsb29wLnBsdWdpbi52MS5SZXF1ZXN0Q2FsbEgAEjoKC3N0ZXBfcmVzdWx0GA4gASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5TdGVwUmVzdWx0Q2FsbEgAEkYKEXR1cm5fY29udGludWF0aW9uGA8gASgLMikuYWdlbnRsb29wLnBsdWdpbi52MS5UdXJuQ29udGludWF0aW9uQ2FsbEgAEjYKCXR1cm5fc3RvcBgQIAEoCzIhLmFnZW50bG9vcC5wbHVnaW4udjEuVHVyblN0b3BDYWxsSAASQwoQdG9vbF9wcmVfZXhlY3V0ZRgRIAEoCzInLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbFByZUV4ZWN1dGVDYWxsSAASRQoRdG9vbF9wb3N0X2V4ZWN1dGUYEiABKAsyKC5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xQb3N0RXhlY3V0ZUNhbGxIABI8Cgx0b29sX2V4ZWN1dGUYEyABKAsyJC5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xFeGVjdXRlQ2FsbEgAEkAKDXNlc3Npb25fZXZlbnQYFCABKAsyJy5hZ2VudGxvb3AucGx1Z2luLnYxLlNlc3Npb25FdmVudE5vdGljZUgAEjwKC2FnZW50X2V2ZW50GBUgASgLMiUuYWdlbnRsb29wLnBsdWdpbi52MS5BZ2VudEV2ZW50Tm90aWNlSAASPAoLdG9vbF9yZXN1bHQYFiABKAsyJS5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xSZXN1bHROb3RpY2VIABI8Cgxtb2RlbF9zdHJlYW0YFyABKAsyJC5hZ2VudGxvb3AucGx1Z2luLnYxLk1vZGVsU3RyZWFtQ2FsbEgAEj4KDXRvb2xfYXBwcm92YWwYKCABKAsyJS5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xBcHByb3ZhbENhbGxIAEIJCgdwYXlsb2FkIkUKEFRvb2xBcHByb3ZhbENhbGwSMQoIYXBwcm92YWwYASABKAsyHy5hZ2VudGxvb3AudjEuQXBwcm92YWxSZXF1ZXN0ZWQiVgoSVG9vbEFwcHJvdmFsUmVzdWx0EjAKCGRlY2lzaW9uGAEgASgOMh4uYWdlbnRsb29wLnYxLkFwcHJvdmFsRGVjaXNpb24SDgoGcmVhc29uGAIgASgJInkKD01vZGVsU3RyZWFtQ2FsbBIQCghwcm92aWRlchgBIAEoCRIrCgZoZWFkZXIYAiABKAsyGy5hZ2VudGxvb3AudjEuUmVxdWVzdEhlYWRlchInCghtZXNzYWdlcxgDIAMoCzIVLmFnZW50bG9vcC52MS5NZXNzYWdlIi0KCkNhbmNlbENhbGwSDwoHY2FsbF9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAki9QUKCkhvb2tSZXN1bHQSDwoHY2FsbF9pZBgBIAEoCRI1Cg1wcm9tcHRfc3VibWl0GAogASgLMhwuYWdlbnRsb29wLnYxLlByb21wdERlY2lzaW9uSAASQgoOc2Vzc2lvbl9wcmVmaXgYCyABKAsyKC5hZ2VudGxvb3AucGx1Z2luLnYxLlNlc3Npb25QcmVmaXhSZXN1bHRIABI2CghwcmVfc3RlcBgMIAEoCzIiLmFnZW50bG9vcC5wbHVnaW4udjEuUHJlU3RlcFJlc3VsdEgAEjUKB3JlcXVlc3QYDSABKAsyIi5hZ2VudGxvb3AucGx1Z2luLnYxLlJlcXVlc3RSZXN1bHRIABI8CgtzdGVwX3Jlc3VsdBgOIAEoCzIlLmFnZW50bG9vcC5wbHVnaW4udjEuU3RlcFJlc3VsdFJlc3VsdEgAEj8KEXR1cm5fY29udGludWF0aW9uGA8gASgLMiIuYWdlbnRsb29wLnYxLkNvbnRpbnVhdGlvbkRlY2lzaW9uSAASOAoJdHVybl9zdG9wGBAgASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5UdXJuU3RvcFJlc3VsdEgAEjkKEHRvb2xfcHJlX2V4ZWN1dGUYESABKAsyHS5hZ2VudGxvb3AudjEuUHJlVG9vbERlY2lzaW9uSAASOwoRdG9vbF9wb3N0X2V4ZWN1dGUYEiABKAsyHi5hZ2VudGxvb3AudjEuUG9zdFRvb2xEZWNpc2lvbkgAEjcKDHRvb2xfZXhlY3V0ZRgTIAEoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbE91dHB1dEgAEkAKDXRvb2xfYXBwcm92YWwYKCABKAsyJy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xBcHByb3ZhbFJlc3VsdEgAEi8KBWVycm9yGB4gASgLMh4uYWdlbnRsb29wLnBsdWdpbi52MS5DYWxsRXJyb3JIAEIJCgdvdXRjb21lSgQIAhADIioKCUNhbGxFcnJvchIMCgRjb2RlGAEgASgFEg8KB21lc3NhZ2UYAiABKAkiZQoQUHJvbXB0U3VibWl0Q2FsbBIrCgdjb250ZW50GAEgAygLMhouYWdlbnRsb29wLnYxLkNvbnRlbnRCbG9jaxIkCgZzb3VyY2UYAiABKAsyFC5hZ2VudGxvb3AudjEuU291cmNlIjoKEVNlc3Npb25QcmVmaXhDYWxsEiUKBnByZWZpeBgBIAMoCzIVLmFnZW50bG9vcC52MS5NZXNzYWdlIjwKE1Nlc3Npb25QcmVmaXhSZXN1bHQSJQoGcHJlZml4GAEgAygLMhUuYWdlbnRsb29wLnYxLk1lc3NhZ2UiRAoLUHJlU3RlcENhbGwSDgoGc3lzdGVtGAEgASgJEiUKBnByZWZpeBgCIAMoCzIVLmFnZW50bG9vcC52MS5NZXNzYWdlIjwKDVByZVN0ZXBSZXN1bHQSKwoIY29udGV4dHMYASADKAsyGS5hZ2VudGxvb3AudjEuSG9va0NvbnRleHQiOAoLUmVxdWVzdENhbGwSKQoGY29uZmlnGAEgASgLMhkuYWdlbnRsb29wLnYxLk1vZGVsQ29uZmlnIjoKDVJlcXVlc3RSZXN1bHQSKQoGY29uZmlnGAEgASgLMhkuYWdlbnRsb29wLnYxLk1vZGVsQ29uZmlnIjgKDlN0ZXBSZXN1bHRDYWxsEiYKB21lc3NhZ2UYASABKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSI6ChBTdGVwUmVzdWx0UmVzdWx0EiYKB21lc3NhZ2UYASABKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSJMChRUdXJuQ29udGludWF0aW9uQ2FsbBI0CghkZWNpc2lvbhgBIAEoCzIiLmFnZW50bG9vcC52MS5Db250aW51YXRpb25EZWNpc2lvbiIOCgxUdXJuU3RvcENhbGwiHgoOVHVyblN0b3BSZXN1bHQSDAoEc3RvcBgBIAEoCCJCCg5Ub29sSW52b2NhdGlvbhIPCgdjYWxsX2lkGAEgASgJEgwKBG5hbWUYAiABKAkSEQoJYXJndW1lbnRzGAMgASgJItIBCgpUb29sT3V0cHV0EisKB2NvbnRlbnQYASADKAsyGi5hZ2VudGxvb3AudjEuQ29udGVudEJsb2NrEhAKCGlzX2Vycm9yGAIgASgIEiYKBWVycm9yGAMgASgLMhcuYWdlbnRsb29wLnYxLlRvb2xFcnJvchIlCgRtZXRhGAQgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBI2ChNhZGRpdGlvbmFsX2NvbnRleHRzGAUgAygLMhkuYWdlbnRsb29wLnYxLkhvb2tDb250ZXh0Ik0KElRvb2xQcmVFeGVjdXRlQ2FsbBI3CgppbnZvY2F0aW9uGAEgASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sSW52b2NhdGlvbiJ/ChNUb29sUG9zdEV4ZWN1dGVDYWxsEjcKCmludm9jYXRpb24YASABKAsyIy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xJbnZvY2F0aW9uEi8KBm91dHB1dBgCIAEoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbE91dHB1dCJKCg9Ub29sRXhlY3V0ZUNhbGwSNwoKaW52b2NhdGlvbhgBIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbEludm9jYXRpb24iUAoSU2Vzc2lvbkV2ZW50Tm90aWNlEikKBWV2ZW50GAEgASgLMhouYWdlbnRsb29wLnYxLlNlc3Npb25FdmVudBIPCgdkcm9wcGVkGAIgASgEIkwKEEFnZW50RXZlbnROb3RpY2USJwoFZXZlbnQYASABKAsyGC5hZ2VudGxvb3AudjEuQWdlbnRFdmVudBIPCgdkcm9wcGVkGAIgASgEIo0BChBUb29sUmVzdWx0Tm90aWNlEjcKCmludm9jYXRpb24YASABKAsyIy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xJbnZvY2F0aW9uEi8KBm91dHB1dBgCIAEoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbE91dHB1dBIPCgdkcm9wcGVkGAMgASgEKuEICgRTZWFtEhQKEFNFQU1fVU5TUEVDSUZJRUQQABJRChJTRUFNX1BST01QVF9TVUJNSVQQARo5goAZNQoTYWdlbnQvcHJvbXB0LXN1Ym1pdBABGg1wcm9tcHRfc3VibWl0Ig1wcm9tcHRfc3VibWl0ElUKE1NFQU1fU0VTU0lPTl9QUkVGSVgQAho8goAZOAoUYWdlbnQvc2Vzc2lvbi1wcmVmaXgQARoOc2Vzc2lvbl9wcmVmaXgiDnNlc3Npb25fcHJlZml4Ej0KDVNFQU1fUFJFX1NURVAQAxoqgoAZJgoOYWdlbnQvcHJlLXN0ZXAQAhoIcHJlX3N0ZXAiCHByZV9zdGVwEjkKDFNFQU1fUkVRVUVTVBAEGieCgBkjCg1hZ2VudC9yZXF1ZXN0EAEaB3JlcXVlc3QiB3JlcXVlc3QSSQoQU0VBTV9TVEVQX1JFU1VMVBAFGjOCgBkvChFhZ2VudC9zdGVwLXJlc3VsdBABGgtzdGVwX3Jlc3VsdCILc3RlcF9yZXN1bHQSYQoWU0VBTV9UVVJOX0NPTlRJTlVBVElPThAGGkWCgBlBChdhZ2VudC90dXJuLWNvbnRpbnVhdGlvbhABGhF0dXJuX2NvbnRpbnVhdGlvbiIRdHVybl9jb250aW51YXRpb24SQQoOU0VBTV9UVVJOX1NUT1AQBxotgoAZKQoPYWdlbnQvdHVybi1zdG9wEAIaCXR1cm5fc3RvcCIJdHVybl9zdG9wEloKFlNFQU1fVE9PTFNfUFJFX0VYRUNVVEUQCBo+goAZOgoRdG9vbHMvcHJlLWV4ZWN1dGUQARoRdG9vbHNfcHJlX2V4ZWN1dGUiEHRvb2xfcHJlX2V4ZWN1dGUSXgoXU0VBTV9UT09MU19QT1NUX0VYRUNVVEUQCRpBgoAZPQoSdG9vbHMvcG9zdC1leGVjdXRlEAEaEnRvb2xzX3Bvc3RfZXhlY3V0ZSIRdG9vbF9wb3N0X2V4ZWN1dGUSUwoTU0VBTV9TRVNTSU9OX0VWRU5UUxAKGjqCgBk2ChFzZXNzaW9uL2NvbW1pdHRlZBADGhBvbl9zZXNzaW9uX2V2ZW50Ig1zZXNzaW9uX2V2ZW50EkcKEVNFQU1fQUdFTlRfRVZFTlRTEAsaMIKAGSwKC2FnZW50L2V2ZW50EAMaDm9uX2FnZW50X2V2ZW50IgthZ2VudF9ldmVudBJSChFTRUFNX1RPT0xTX1JFU1VMVBAMGjuCgBk3ChZ0b29scy9yZXN1bHQtY29tbWl0dGVkEAMaDm9uX3Rvb2xfcmVzdWx0Igt0b29sX3Jlc3VsdBJOChNTRUFNX1RPT0xTX0FQUFJPVkFMEBQaNYKAGTEKDnRvb2xzL2FwcHJvdmFsEAQaDnRvb2xzX2FwcHJvdmFsIg10b29sX2FwcHJvdmFsIgQIDRANIgQIDhAOKhFTRUFNX1RPT0xfRVhFQ1VURSoRU0VBTV9NT0RFTF9TVFJFQU0qhAEKCFNlYW1Nb2RlEhkKFVNFQU1fTU9ERV9VTlNQRUNJRklFRBAAEhcKE1NFQU1fTU9ERV9XQVRFUkZBTEwQARIUChBTRUFNX01PREVfU0VSSUFMEAISFgoSU0VBTV9NT0RFX09CU0VSVkVSEAMSFgoSU0VBTV9NT0RFX0FQUFJPVkVSEAQqjQEKCENhbGxLaW5kEhkKFUNBTExfS0lORF9VTlNQRUNJRklFRBAAEhIKDkNBTExfS0lORF9TRUFNEAESGgoWQ0FMTF9LSU5EX05PVElGSUNBVElPThACEhoKFkNBTExfS0lORF9UT09MX0VYRUNVVEUQAxIaChZDQUxMX0tJTkRfTU9ERUxfU1RSRUFNEAQqbQoNRmFpbHVyZVBvbGljeRIeChpGQUlMVVJFX1BPTElDWV9VTlNQRUNJRklFRBAAEh4KGkZBSUxVUkVfUE9MSUNZX0ZBSUxfQ0xPU0VEEAESHAoYRkFJTFVSRV9QT0xJQ1lfRkFJTF9PUEVOEAIyvQEKC0hvb2tTZXJ2aWNlElcKCERlc2NyaWJlEiQuYWdlbnRsb29wLnBsdWdpbi52MS5EZXNjcmliZVJlcXVlc3QaJS5hZ2VudGxvb3AucGx1Z2luLnYxLkRlc2NyaWJlUmVzcG9uc2USVQoGSGFuZGxlEiIuYWdlbnRsb29wLnBsdWdpbi52MS5IYW5kbGVSZXF1ZXN0GiMuYWdlbnRsb29wLnBsdWdpbi52MS5IYW5kbGVSZXNwb25zZSgBMAE6VgoEc2VhbRIhLmdvb2dsZS5wcm90b2J1Zi5FbnVtVmFsdWVPcHRpb25zGICQAyABKAsyHS5hZ2VudGxvb3AucGx1Z2luLnYxLlNlYW1TcGVjUgRzZWFtYgZwcm90bzM", [file_agentloop_v1_agent_event, file_agentloop_v1_approval, file_agentloop_v1_content, file_agentloop_v1_decision, file_agentloop_v1_session_event, file_agentloop_v1_stream, file_google_protobuf_descriptor, file_google_protobuf_duration, file_google_protobuf_struct]);
+
+/**
+ * SeamSpec is how one seam travels, declared once on its `Seam` value with
+ * the `seam` option: the server's remote listener, the Python plugin SDK and
+ * the Node helper read this table from the descriptors, so a new seam is its
+ * `Seam` value with this option, its payload messages and its call site.
+ *
+ * @generated from message agentloop.plugin.v1.SeamSpec
+ */
+export type SeamSpec = Message<"agentloop.plugin.v1.SeamSpec"> & {
+  /**
+   * Path is the server's name of the seam the subscription listens on (such
+   * as `agent/prompt-submit`).
+   *
+   * @generated from field: string path = 1;
+   */
+  path: string;
+
+  /**
+   * Mode is how the listeners of the seam are called.
+   *
+   * @generated from field: agentloop.plugin.v1.SeamMode mode = 2;
+   */
+  mode: SeamMode;
+
+  /**
+   * Method is the plugin helpers' registration method (snake case; the Node
+   * helper uses its camelCase form).
+   *
+   * @generated from field: string method = 3;
+   */
+  method: string;
+
+  /**
+   * Payload is the `HookCall.payload` field of the call and, unless the seam
+   * is an observer, the `HookResult.outcome` field of its decision.
+   *
+   * @generated from field: string payload = 4;
+   */
+  payload: string;
+};
+
+/**
+ * Describes the message agentloop.plugin.v1.SeamSpec.
+ * Use `create(SeamSpecSchema)` to create a new message.
+ */
+export const SeamSpecSchema: GenMessage<SeamSpec> = /*@__PURE__*/
+  messageDesc(file_agentloop_plugin_v1_hook_service, 0);
 
 /**
  * DescribeRequest is the input of Describe: what the server speaks. It is
@@ -68,7 +116,7 @@ export type DescribeRequest = Message<"agentloop.plugin.v1.DescribeRequest"> & {
  * Use `create(DescribeRequestSchema)` to create a new message.
  */
 export const DescribeRequestSchema: GenMessage<DescribeRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 0);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 1);
 
 /**
  * DescribeResponse is the output of Describe.
@@ -136,7 +184,7 @@ export type DescribeResponse = Message<"agentloop.plugin.v1.DescribeResponse"> &
  * Use `create(DescribeResponseSchema)` to create a new message.
  */
 export const DescribeResponseSchema: GenMessage<DescribeResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 1);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 2);
 
 /**
  * ModelProviderDefinition is a model provider served by a plugin.
@@ -172,7 +220,7 @@ export type ModelProviderDefinition = Message<"agentloop.plugin.v1.ModelProvider
  * Use `create(ModelProviderDefinitionSchema)` to create a new message.
  */
 export const ModelProviderDefinitionSchema: GenMessage<ModelProviderDefinition> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 2);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 3);
 
 /**
  * Subscription is one seam a plugin listens to.
@@ -240,7 +288,7 @@ export type Subscription = Message<"agentloop.plugin.v1.Subscription"> & {
  * Use `create(SubscriptionSchema)` to create a new message.
  */
 export const SubscriptionSchema: GenMessage<Subscription> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 3);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 4);
 
 /**
  * ToolDefinition is a tool provided by a plugin. It is offered to an agent
@@ -300,7 +348,7 @@ export type ToolDefinition = Message<"agentloop.plugin.v1.ToolDefinition"> & {
  * Use `create(ToolDefinitionSchema)` to create a new message.
  */
 export const ToolDefinitionSchema: GenMessage<ToolDefinition> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 4);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 5);
 
 /**
  * HandleRequest is one message from the server to the plugin.
@@ -347,7 +395,7 @@ export type HandleRequest = Message<"agentloop.plugin.v1.HandleRequest"> & {
  * Use `create(HandleRequestSchema)` to create a new message.
  */
 export const HandleRequestSchema: GenMessage<HandleRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 5);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 6);
 
 /**
  * CallBatch is several calls written as one message: the notifications the
@@ -370,7 +418,7 @@ export type CallBatch = Message<"agentloop.plugin.v1.CallBatch"> & {
  * Use `create(CallBatchSchema)` to create a new message.
  */
 export const CallBatchSchema: GenMessage<CallBatch> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 6);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 7);
 
 /**
  * HandleResponse is one message from the plugin to the server.
@@ -410,7 +458,7 @@ export type HandleResponse = Message<"agentloop.plugin.v1.HandleResponse"> & {
  * Use `create(HandleResponseSchema)` to create a new message.
  */
 export const HandleResponseSchema: GenMessage<HandleResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 7);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 8);
 
 /**
  * ModelChunk is one streamed chunk of a model call served by a plugin.
@@ -438,7 +486,7 @@ export type ModelChunk = Message<"agentloop.plugin.v1.ModelChunk"> & {
  * Use `create(ModelChunkSchema)` to create a new message.
  */
 export const ModelChunkSchema: GenMessage<ModelChunk> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 8);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 9);
 
 /**
  * HookCall is one seam call.
@@ -659,7 +707,7 @@ export type HookCall = Message<"agentloop.plugin.v1.HookCall"> & {
  * Use `create(HookCallSchema)` to create a new message.
  */
 export const HookCallSchema: GenMessage<HookCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 9);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 10);
 
 /**
  * ToolApprovalCall is a tool call waiting for approval.
@@ -681,7 +729,7 @@ export type ToolApprovalCall = Message<"agentloop.plugin.v1.ToolApprovalCall"> &
  * Use `create(ToolApprovalCallSchema)` to create a new message.
  */
 export const ToolApprovalCallSchema: GenMessage<ToolApprovalCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 10);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 11);
 
 /**
  * ToolApprovalResult is an approver's answer.
@@ -710,7 +758,7 @@ export type ToolApprovalResult = Message<"agentloop.plugin.v1.ToolApprovalResult
  * Use `create(ToolApprovalResultSchema)` to create a new message.
  */
 export const ToolApprovalResultSchema: GenMessage<ToolApprovalResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 11);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 12);
 
 /**
  * ModelStreamCall is one model request to a provider served by a plugin.
@@ -745,7 +793,7 @@ export type ModelStreamCall = Message<"agentloop.plugin.v1.ModelStreamCall"> & {
  * Use `create(ModelStreamCallSchema)` to create a new message.
  */
 export const ModelStreamCallSchema: GenMessage<ModelStreamCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 12);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 13);
 
 /**
  * CancelCall withdraws a call whose turn was cancelled.
@@ -773,7 +821,7 @@ export type CancelCall = Message<"agentloop.plugin.v1.CancelCall"> & {
  * Use `create(CancelCallSchema)` to create a new message.
  */
 export const CancelCallSchema: GenMessage<CancelCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 13);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 14);
 
 /**
  * HookResult answers a HookCall.
@@ -904,7 +952,7 @@ export type HookResult = Message<"agentloop.plugin.v1.HookResult"> & {
  * Use `create(HookResultSchema)` to create a new message.
  */
 export const HookResultSchema: GenMessage<HookResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 14);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 15);
 
 /**
  * CallError is a plugin's failure to handle a call, shaped like
@@ -933,7 +981,7 @@ export type CallError = Message<"agentloop.plugin.v1.CallError"> & {
  * Use `create(CallErrorSchema)` to create a new message.
  */
 export const CallErrorSchema: GenMessage<CallError> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 15);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 16);
 
 /**
  * PromptSubmitCall is the input of SEAM_PROMPT_SUBMIT.
@@ -961,7 +1009,7 @@ export type PromptSubmitCall = Message<"agentloop.plugin.v1.PromptSubmitCall"> &
  * Use `create(PromptSubmitCallSchema)` to create a new message.
  */
 export const PromptSubmitCallSchema: GenMessage<PromptSubmitCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 16);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 17);
 
 /**
  * SessionPrefixCall is the input of SEAM_SESSION_PREFIX.
@@ -982,7 +1030,7 @@ export type SessionPrefixCall = Message<"agentloop.plugin.v1.SessionPrefixCall">
  * Use `create(SessionPrefixCallSchema)` to create a new message.
  */
 export const SessionPrefixCallSchema: GenMessage<SessionPrefixCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 17);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 18);
 
 /**
  * SessionPrefixResult replaces the session prefix.
@@ -1004,7 +1052,7 @@ export type SessionPrefixResult = Message<"agentloop.plugin.v1.SessionPrefixResu
  * Use `create(SessionPrefixResultSchema)` to create a new message.
  */
 export const SessionPrefixResultSchema: GenMessage<SessionPrefixResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 18);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 19);
 
 /**
  * PreStepCall is the input of SEAM_PRE_STEP.
@@ -1032,7 +1080,7 @@ export type PreStepCall = Message<"agentloop.plugin.v1.PreStepCall"> & {
  * Use `create(PreStepCallSchema)` to create a new message.
  */
 export const PreStepCallSchema: GenMessage<PreStepCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 19);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 20);
 
 /**
  * PreStepResult adds context before the step.
@@ -1053,7 +1101,7 @@ export type PreStepResult = Message<"agentloop.plugin.v1.PreStepResult"> & {
  * Use `create(PreStepResultSchema)` to create a new message.
  */
 export const PreStepResultSchema: GenMessage<PreStepResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 20);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 21);
 
 /**
  * RequestCall is the input of SEAM_REQUEST.
@@ -1074,7 +1122,7 @@ export type RequestCall = Message<"agentloop.plugin.v1.RequestCall"> & {
  * Use `create(RequestCallSchema)` to create a new message.
  */
 export const RequestCallSchema: GenMessage<RequestCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 21);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 22);
 
 /**
  * RequestResult replaces the model configuration.
@@ -1095,7 +1143,7 @@ export type RequestResult = Message<"agentloop.plugin.v1.RequestResult"> & {
  * Use `create(RequestResultSchema)` to create a new message.
  */
 export const RequestResultSchema: GenMessage<RequestResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 22);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 23);
 
 /**
  * StepResultCall is the input of SEAM_STEP_RESULT.
@@ -1116,7 +1164,7 @@ export type StepResultCall = Message<"agentloop.plugin.v1.StepResultCall"> & {
  * Use `create(StepResultCallSchema)` to create a new message.
  */
 export const StepResultCallSchema: GenMessage<StepResultCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 23);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 24);
 
 /**
  * StepResultResult replaces the assistant message.
@@ -1137,7 +1185,7 @@ export type StepResultResult = Message<"agentloop.plugin.v1.StepResultResult"> &
  * Use `create(StepResultResultSchema)` to create a new message.
  */
 export const StepResultResultSchema: GenMessage<StepResultResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 24);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 25);
 
 /**
  * TurnContinuationCall is the input of SEAM_TURN_CONTINUATION.
@@ -1159,7 +1207,7 @@ export type TurnContinuationCall = Message<"agentloop.plugin.v1.TurnContinuation
  * Use `create(TurnContinuationCallSchema)` to create a new message.
  */
 export const TurnContinuationCallSchema: GenMessage<TurnContinuationCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 25);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 26);
 
 /**
  * TurnStopCall is the input of SEAM_TURN_STOP.
@@ -1174,7 +1222,7 @@ export type TurnStopCall = Message<"agentloop.plugin.v1.TurnStopCall"> & {
  * Use `create(TurnStopCallSchema)` to create a new message.
  */
 export const TurnStopCallSchema: GenMessage<TurnStopCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 26);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 27);
 
 /**
  * TurnStopResult answers SEAM_TURN_STOP.
@@ -1195,7 +1243,7 @@ export type TurnStopResult = Message<"agentloop.plugin.v1.TurnStopResult"> & {
  * Use `create(TurnStopResultSchema)` to create a new message.
  */
 export const TurnStopResultSchema: GenMessage<TurnStopResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 27);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 28);
 
 /**
  * ToolInvocation describes a tool call.
@@ -1230,7 +1278,7 @@ export type ToolInvocation = Message<"agentloop.plugin.v1.ToolInvocation"> & {
  * Use `create(ToolInvocationSchema)` to create a new message.
  */
 export const ToolInvocationSchema: GenMessage<ToolInvocation> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 28);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 29);
 
 /**
  * ToolOutput is the result of a tool call.
@@ -1279,7 +1327,7 @@ export type ToolOutput = Message<"agentloop.plugin.v1.ToolOutput"> & {
  * Use `create(ToolOutputSchema)` to create a new message.
  */
 export const ToolOutputSchema: GenMessage<ToolOutput> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 29);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 30);
 
 /**
  * ToolPreExecuteCall is the input of SEAM_TOOLS_PRE_EXECUTE.
@@ -1300,7 +1348,7 @@ export type ToolPreExecuteCall = Message<"agentloop.plugin.v1.ToolPreExecuteCall
  * Use `create(ToolPreExecuteCallSchema)` to create a new message.
  */
 export const ToolPreExecuteCallSchema: GenMessage<ToolPreExecuteCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 30);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 31);
 
 /**
  * ToolPostExecuteCall is the input of SEAM_TOOLS_POST_EXECUTE.
@@ -1328,7 +1376,7 @@ export type ToolPostExecuteCall = Message<"agentloop.plugin.v1.ToolPostExecuteCa
  * Use `create(ToolPostExecuteCallSchema)` to create a new message.
  */
 export const ToolPostExecuteCallSchema: GenMessage<ToolPostExecuteCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 31);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 32);
 
 /**
  * ToolExecuteCall runs a tool the plugin provides.
@@ -1349,7 +1397,7 @@ export type ToolExecuteCall = Message<"agentloop.plugin.v1.ToolExecuteCall"> & {
  * Use `create(ToolExecuteCallSchema)` to create a new message.
  */
 export const ToolExecuteCallSchema: GenMessage<ToolExecuteCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 32);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 33);
 
 /**
  * SessionEventNotice notifies a session event.
@@ -1377,7 +1425,7 @@ export type SessionEventNotice = Message<"agentloop.plugin.v1.SessionEventNotice
  * Use `create(SessionEventNoticeSchema)` to create a new message.
  */
 export const SessionEventNoticeSchema: GenMessage<SessionEventNotice> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 33);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 34);
 
 /**
  * AgentEventNotice notifies a live agent event.
@@ -1405,7 +1453,7 @@ export type AgentEventNotice = Message<"agentloop.plugin.v1.AgentEventNotice"> &
  * Use `create(AgentEventNoticeSchema)` to create a new message.
  */
 export const AgentEventNoticeSchema: GenMessage<AgentEventNotice> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 34);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 35);
 
 /**
  * ToolResultNotice notifies a final tool result.
@@ -1440,7 +1488,7 @@ export type ToolResultNotice = Message<"agentloop.plugin.v1.ToolResultNotice"> &
  * Use `create(ToolResultNoticeSchema)` to create a new message.
  */
 export const ToolResultNoticeSchema: GenMessage<ToolResultNotice> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 35);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 36);
 
 /**
  * Seam names a point of the loop a plugin can subscribe to.
@@ -1563,6 +1611,55 @@ export const SeamSchema: GenEnum<Seam> = /*@__PURE__*/
   enumDesc(file_agentloop_plugin_v1_hook_service, 0);
 
 /**
+ * SeamMode says how a seam's listeners are called.
+ *
+ * @generated from enum agentloop.plugin.v1.SeamMode
+ */
+export enum SeamMode {
+  /**
+   * Not set (never on a seam).
+   *
+   * @generated from enum value: SEAM_MODE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * A chain: each listener may transform the value and pass it on.
+   *
+   * @generated from enum value: SEAM_MODE_WATERFALL = 1;
+   */
+  WATERFALL = 1,
+
+  /**
+   * A checkpoint: listeners run one at a time; the first that decides stops
+   * the chain.
+   *
+   * @generated from enum value: SEAM_MODE_SERIAL = 2;
+   */
+  SERIAL = 2,
+
+  /**
+   * Notifications: no answer, never blocking the loop.
+   *
+   * @generated from enum value: SEAM_MODE_OBSERVER = 3;
+   */
+  OBSERVER = 3,
+
+  /**
+   * Approvers of pending approvals, called concurrently; a failure abstains.
+   *
+   * @generated from enum value: SEAM_MODE_APPROVER = 4;
+   */
+  APPROVER = 4,
+}
+
+/**
+ * Describes the enum agentloop.plugin.v1.SeamMode.
+ */
+export const SeamModeSchema: GenEnum<SeamMode> = /*@__PURE__*/
+  enumDesc(file_agentloop_plugin_v1_hook_service, 1);
+
+/**
  * CallKind says what a `HookCall` asks for, and so how it is answered.
  * This enum may grow: a client must accept values it does not know (treat
  * them as UNSPECIFIED, or show the number), never fail on them.
@@ -1614,7 +1711,7 @@ export enum CallKind {
  * Describes the enum agentloop.plugin.v1.CallKind.
  */
 export const CallKindSchema: GenEnum<CallKind> = /*@__PURE__*/
-  enumDesc(file_agentloop_plugin_v1_hook_service, 1);
+  enumDesc(file_agentloop_plugin_v1_hook_service, 2);
 
 /**
  * FailurePolicy says what a failed call of a subscription does to the turn.
@@ -1651,7 +1748,7 @@ export enum FailurePolicy {
  * Describes the enum agentloop.plugin.v1.FailurePolicy.
  */
 export const FailurePolicySchema: GenEnum<FailurePolicy> = /*@__PURE__*/
-  enumDesc(file_agentloop_plugin_v1_hook_service, 2);
+  enumDesc(file_agentloop_plugin_v1_hook_service, 3);
 
 /**
  * HookService is implemented by plugins: out-of-process listeners of the
@@ -1783,4 +1880,12 @@ export const HookService: GenService<{
   },
 }> = /*@__PURE__*/
   serviceDesc(file_agentloop_plugin_v1_hook_service, 0);
+
+/**
+ * Seam is the spec of a `Seam` value.
+ *
+ * @generated from extension: agentloop.plugin.v1.SeamSpec seam = 51200;
+ */
+export const seam: GenExtension<EnumValueOptions, SeamSpec> = /*@__PURE__*/
+  extDesc(file_agentloop_plugin_v1_hook_service, 0);
 

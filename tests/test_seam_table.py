@@ -1,0 +1,103 @@
+"""The seam table in the plugin proto: one entry per `Seam` value, and everything agrees.
+
+The `(agentloop.plugin.v1.seam)` option on each `Seam` value is the one declaration;
+the server's remote listeners, the Python SDK and the Node helper read it. These
+tests check it against the server's seam names, the payload oneofs and the SDK.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from agentloop.plugin import sdk
+from agentloop.plugin.seam_table import BY_PAYLOAD, BY_SEAM, SPECS
+from agentloop.plugin.v1 import hook_service_pb2 as hk
+from server import plugin_listeners as pl
+from server import seams as S
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SEAM_PATHS = {value for name, value in vars(S).items() if name.isupper() and isinstance(value, str)}
+"""The path constants of `server/seams.py`."""
+
+
+def test_every_seam_value_has_exactly_one_entry() -> None:
+    numbers = [v.number for v in hk.Seam.DESCRIPTOR.values if v.number != hk.SEAM_UNSPECIFIED]
+    assert sorted(spec.seam for spec in SPECS) == sorted(numbers)
+    assert len(BY_SEAM) == len(SPECS) == len(BY_PAYLOAD)
+    assert len({spec.path for spec in SPECS}) == len(SPECS)
+    assert len({spec.method for spec in SPECS}) == len(SPECS)
+    unspecified = hk.Seam.DESCRIPTOR.values_by_number[hk.SEAM_UNSPECIFIED].GetOptions()
+    assert not unspecified.HasExtension(hk.seam)
+
+
+def test_each_entry_names_a_server_seam_and_the_payload_oneofs() -> None:
+    call_payloads = {f.name for f in hk.HookCall.DESCRIPTOR.oneofs_by_name["payload"].fields}
+    outcomes = {f.name for f in hk.HookResult.DESCRIPTOR.oneofs_by_name["outcome"].fields}
+    for spec in SPECS:
+        assert spec.path in SEAM_PATHS, spec
+        assert spec.mode != hk.SEAM_MODE_UNSPECIFIED, spec
+        assert spec.payload in call_payloads, spec
+        if spec.mode == hk.SEAM_MODE_OBSERVER:
+            assert spec.decision is None and spec.payload not in outcomes, spec
+        else:
+            assert spec.payload in outcomes, spec
+            field = hk.HookResult.DESCRIPTOR.fields_by_name[spec.payload]
+            assert spec.decision is not None and field.message_type is not None
+            assert spec.decision.DESCRIPTOR.full_name == field.message_type.full_name
+
+
+def test_server_dispatch_follows_the_table() -> None:
+    assert {spec.seam: spec.path for spec in SPECS} == pl.SEAM_NAMES
+    modes = [pl.WATERFALLS, pl.CHECKPOINTS, pl.OBSERVERS, pl.APPROVERS]
+    assert sorted(s for mode in modes for s in mode) == sorted(BY_SEAM)
+    assert set(pl.WATERFALLS).isdisjoint(pl.CHECKPOINTS | pl.OBSERVERS | pl.APPROVERS)
+    for spec in SPECS:
+        assert callable(getattr(pl.RemoteListener, spec.method)), spec
+
+
+def test_python_sdk_has_each_registration_method() -> None:
+    for spec in SPECS:
+        plugin = sdk.Plugin("t")
+
+        async def handler(call: hk.HookCall) -> None:
+            return None
+
+        getattr(plugin, spec.method)()(handler)
+        (subscription,) = plugin.describe().subscriptions
+        assert subscription.seam == spec.seam, spec
+
+
+def test_node_helper_reads_the_same_table() -> None:
+    script = "console.log(JSON.stringify(require('./proto.js').SEAMS))"
+    out = subprocess.run(
+        ["node", "-e", script], cwd=ROOT / "clients" / "node", capture_output=True, check=True
+    )
+    seams = json.loads(out.stdout)
+    camel = lambda name: "".join(  # noqa: E731
+        part if i == 0 else part.capitalize() for i, part in enumerate(name.split("_"))
+    )
+    assert seams == [
+        {
+            "method": camel(spec.method),
+            "seam": hk.Seam.Name(spec.seam),
+            "payload": camel(spec.payload),
+            "answered": spec.mode != hk.SEAM_MODE_OBSERVER,
+        }
+        for spec in SPECS
+    ]
+
+
+def test_node_helper_has_each_registration_method() -> None:
+    script = (
+        "const { Plugin } = require('./plugin.js');"
+        "const { SEAMS } = require('./proto.js');"
+        "console.log(JSON.stringify(SEAMS.filter("
+        "(s) => typeof Plugin.prototype[s.method] !== 'function').map((s) => s.method)))"
+    )
+    out = subprocess.run(
+        ["node", "-e", script], cwd=ROOT / "clients" / "node", capture_output=True, check=True
+    )
+    assert json.loads(out.stdout) == []
