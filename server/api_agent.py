@@ -19,6 +19,7 @@ from server import page_tokens, validation
 from server.agent import Agent
 from server.agent_rules import check_id
 from server.api_approvals import ApprovalMethods
+from server.api_stream_wire import response_bytes
 from server.errors import AgentLoopError, InvalidArgument, OutOfRange
 from server.factory import AgentFactory
 from server.limits import check_pending
@@ -36,6 +37,13 @@ STREAM_BATCH = 500
 MAX_RESPONSE_BYTES = 3 * 1024 * 1024
 """The most event bytes one page or stream response carries (beyond its first event):
 under the 4 MiB a client with gRPC's default limits accepts."""
+
+COALESCE_PASSES = 2
+"""Loop passes a woken stream lets run before it reads. A commit wakes the stream and
+the writers that waited for it together; a driver settling its turn reports its new
+status two passes later (the settle's shield, then its task). Letting them run first
+puts a turn's end and its status in one response, not two: a response costs far more
+server CPU (gRPC's write path) than two task switches."""
 
 LIVE_EVENT_BUFFER = 1024
 """Live agent events held for a slow stream reader; older ones are dropped first."""
@@ -230,9 +238,9 @@ class AgentServicer(ApprovalMethods, rpc.AgentServiceServicer):
             next_token = page_tokens.issue("ListSessionEvents", str(end - 1), params)
         return pb.ListSessionEventsResponse(events=events, next_page_token=next_token)
 
-    async def StreamSessionEvents(
+    async def StreamSessionEvents(  # type: ignore[override]  # bytes: see api_stream_wire
         self, request: pb.StreamSessionEventsRequest, context: Context
-    ) -> AsyncIterator[pb.StreamSessionEventsResponse]:
+    ) -> AsyncIterator[pb.StreamSessionEventsResponse | bytes]:
         """Replay the stored log from `from_seq`, then follow it, with the agent's events."""
         try:
             session = await self._session(request)
@@ -267,9 +275,7 @@ class AgentServicer(ApprovalMethods, rpc.AgentServiceServicer):
                     agent_events = list(live)
                     live.clear()
                     lost, dropped[0] = dropped[0], 0
-                    yield pb.StreamSessionEventsResponse(
-                        events=events, agent_events=agent_events, dropped_agent_events=lost
-                    )
+                    yield response_bytes(events, agent_events, lost)  # no copy of the events
                     continue
                 if request.replay_only:
                     return
@@ -287,6 +293,8 @@ class AgentServicer(ApprovalMethods, rpc.AgentServiceServicer):
                     await abort(context, session.failure)
                     return
                 await session.wait_beyond(cursor)
+                for _ in range(COALESCE_PASSES):  # what this wake-up set going joins the batch
+                    await asyncio.sleep(0)
         finally:
             if unsubscribe is not None:
                 unsubscribe()

@@ -18,7 +18,6 @@ from agentloop.v1 import (
     agent_factory_service_pb2_grpc,
     agent_pb2,
     agent_service_pb2,
-    agent_service_pb2_grpc,
 )
 from server.addresses import Allowlist, is_loopback
 from server.api_access import AccessLog
@@ -28,6 +27,7 @@ from server.api_guard import RequestGuard
 from server.api_http import HttpSide, tls_context
 from server.api_plugins import PluginRegistryServicer
 from server.api_reflection import Reflection
+from server.api_stream_wire import add_agent_service
 from server.app_replica import Replica
 from server.auth import TokenAuth
 from server.builtin_tools import builtin_tools
@@ -211,9 +211,7 @@ class App:
         agent_factory_service_pb2_grpc.add_AgentFactoryServiceServicer_to_server(
             self.factory_servicer, self.server
         )
-        agent_service_pb2_grpc.add_AgentServiceServicer_to_server(
-            AgentServicer(self.factory), self.server
-        )
+        add_agent_service(AgentServicer(self.factory), self.server)  # the stream writes bytes
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         Reflection((*SERVICE_NAMES, health.SERVICE_NAME)).add_to(self.server)
         self.http: HttpSide | None = None

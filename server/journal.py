@@ -106,8 +106,21 @@ class Journal:
         """Record that `agent_id` now drives the session."""
         self._writes(session).driver = agent_id
 
-    def after_commit(self, callback: Callable[[], None]) -> None:
-        """Run `callback` once everything written so far is durable (now if it is)."""
+    def after_commit(self, callback: Callable[[], None], session: SessionLog | None = None) -> None:
+        """Run `callback` once everything written so far is durable (now if it is).
+
+        With a `session`, once everything that session wrote so far is: a notification
+        about one session waits for its own writes, not for the other sessions' (so it
+        is not a commit late under load). Callbacks of one session keep their order.
+        """
+        if session is not None:
+            for group in (self._pending, self._inflight):
+                if group is not None and session.session_id in group.sessions:
+                    group.callbacks.append(callback)
+                    self._schedule()
+                    return
+            callback()
+            return
         if self._pending.idle() and self._inflight is None:
             callback()
             return

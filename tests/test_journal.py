@@ -152,3 +152,21 @@ async def test_a_writer_fenced_off_by_a_takeover_stops_writing(tmp_path: Path) -
     await second.factory.close()
     await first.runtime.store.close()
     await second.runtime.store.close()
+
+
+async def test_a_session_callback_waits_for_its_own_writes_only_and_keeps_its_order() -> None:
+    journal = Journal(MemoryStore())
+    a, b = await new_session(journal, "a"), await new_session(journal, "b")
+    order: list[str] = []
+    b.append("turn_start", TURN_START)  # another session's write is pending
+    journal.after_commit(lambda: order.append(f"a clean, {a.stored} stored"), a)
+    assert order == ["a clean, 0 stored"]  # nothing of a's to wait for: at once
+    a.append("turn_start", TURN_START)
+    journal.after_commit(lambda: order.append(f"a first, {a.stored} stored"), a)
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # the commit of a and b is in flight now
+    a.append("step_end", ev.StepEnd(turn=1, step=0))
+    journal.after_commit(lambda: order.append(f"a second, {a.stored} stored"), a)
+    assert order == ["a clean, 0 stored"]
+    await a.settle()
+    assert order == ["a clean, 0 stored", "a first, 1 stored", "a second, 2 stored"]

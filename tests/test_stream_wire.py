@@ -1,0 +1,46 @@
+"""StreamSessionEvents responses as bytes: the same message as the one built from fields."""
+
+from __future__ import annotations
+
+from agentloop.v1 import agent_event_pb2 as ae
+from agentloop.v1 import agent_service_pb2 as pb
+from agentloop.v1 import content_pb2 as c
+from agentloop.v1 import session_event_pb2 as ev
+from server.api_stream_wire import response_bytes, serialize, varint
+
+
+def test_varint_is_protobufs() -> None:
+    for value in (0, 1, 127, 128, 300, 16_383, 16_384, 2**21, 3 * 1024 * 1024, 2**32 - 1):
+        encoded = pb.StreamSessionEventsResponse(dropped_agent_events=value).SerializeToString()
+        assert varint(value) == (encoded[1:] if value else b"\x00")  # after field 4's tag
+
+
+def test_response_bytes_parse_to_the_response_of_the_same_fields() -> None:
+    big = c.ContentBlock(text=c.TextBlock(text="x" * 20_000))  # a multi-byte length
+    events = [
+        ev.SessionEvent(seq=1, turn_start=ev.TurnStart(turn=1)),
+        ev.SessionEvent(seq=2, user_message=ev.UserMessage(content=[big])),
+        ev.SessionEvent(seq=3),
+    ]
+    live = [
+        ae.AgentEvent(agent_id="a", status=ae.AgentStatusChanged(status=ae.AGENT_STATUS_RUNNING))
+    ]
+    for kept, agent_events, dropped in [
+        (events, live, 4),
+        (events, [], 0),
+        (events[:1], live, 0),
+        ([], live, 0),
+        ([], [], 7),
+    ]:
+        want = pb.StreamSessionEventsResponse(
+            events=kept, agent_events=agent_events, dropped_agent_events=dropped
+        )
+        raw = response_bytes(kept, agent_events, dropped)
+        assert pb.StreamSessionEventsResponse.FromString(raw) == want
+        assert len(raw) == want.ByteSize()
+
+
+def test_the_serializer_passes_bytes_through_and_serializes_messages() -> None:
+    message = pb.StreamSessionEventsResponse(subscribed=True)
+    assert serialize(b"\x18\x01") == b"\x18\x01"
+    assert serialize(message) == message.SerializeToString()
