@@ -251,5 +251,11 @@ class Journal:
 
     def _forget(self, session_id: str) -> None:
         """Drop the pending writes of a failed session: they can never follow."""
-        self._pending.commit.sessions.pop(session_id, None)
-        self._pending.sessions.pop(session_id, None)
+        pending = self._pending
+        pending.commit.sessions.pop(session_id, None)
+        pending.sessions.pop(session_id, None)
+        if pending.idle() and pending.done is not None:
+            # Its waiters waited for those writes only: nothing is left to store, and an
+            # idle group is never started, so they are answered here (they find the failure).
+            pending.done.set_result(None)
+            self._pending = _Group()

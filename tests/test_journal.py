@@ -127,23 +127,56 @@ async def test_a_refused_commit_is_reported_to_the_waiters() -> None:
     assert session.failure is not None
 
 
+class WatchedStore(SqliteStore):
+    """A SQLite store that records each commit it is asked for: per session, the sequence
+    numbers of its events, and whether the commit was written or refused."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.commits: list[tuple[dict[str, list[int]], str]] = []
+
+    async def commit(self, commit: Commit) -> None:
+        seqs = {sid: [e.seq for e in w.events] for sid, w in commit.sessions.items()}
+        try:
+            await super().commit(commit)
+        except StoreConflict:
+            self.commits.append((seqs, "refused"))
+            raise
+        self.commits.append((seqs, "written"))
+
+    def of(self, session_id: str, since: int = 0) -> list[tuple[list[int], str]]:
+        """The commits from the `since`-th on that carried writes of `session_id`."""
+        return [(seqs[session_id], how) for seqs, how in self.commits[since:] if session_id in seqs]
+
+
 async def test_a_writer_fenced_off_by_a_takeover_stops_writing(tmp_path: Path) -> None:
     """Two servers on one file: the second resumes the session, the first can no longer write."""
-    first = Harness(store=SqliteStore(tmp_path / "agentloop.db"))
+    store = WatchedStore(tmp_path / "agentloop.db")
+    first = Harness(store=store)
     agent = await first.create(session_id="s")
-    await first.turn(agent, "one two three")
+    agent.send([text_block("one two three")])
+    await agent.when_idle()
     stored = len(agent.session)
     second = Harness(store=SqliteStore(tmp_path / "agentloop.db"))
     taken = await second.factory.resume("b", "s", agent_pb2.AgentOptions(tools=["word_count"]))
     second.created.append(taken)
     # The first server still thinks it drives "s"; its next turn is refused by the store.
+    takeover = len(store.commits)
     agent.send([text_block("late words")])
-    await asyncio.wait_for(agent.when_idle(), 5)
+    await agent.when_idle()
     assert isinstance(agent.session.failure, StoreConflict)
     errors = [e.error for e in first.agent_events["a1"] if e.HasField("error")]
     assert errors and "taken over" in errors[-1].message
+    # What it tried to write for "s" after the takeover was refused, every time.
+    attempts = store.of("s", takeover)
+    assert attempts and {how for _, how in attempts} == {"refused"}, attempts
+    assert attempts[0][0][0] == stored + 1  # the late turn's first event
     # The session holds what the first server wrote before the takeover, then the second's.
-    await second.turn(taken, "from the new owner")
+    taken.send([text_block("from the new owner")])
+    await taken.when_idle()
+    # Nothing more came from the first server, its journal drained: it stopped writing.
+    await first.runtime.journal.drain()
+    assert store.of("s", takeover) == attempts
     events = (await second.runtime.store.load("s")).events
     check_log(events)
     late = [e for e in events if e.HasField("user_message") and "late" in str(e)]
@@ -152,6 +185,54 @@ async def test_a_writer_fenced_off_by_a_takeover_stops_writing(tmp_path: Path) -
     await second.factory.close()
     await first.runtime.store.close()
     await second.runtime.store.close()
+
+
+class GatedStore(MemoryStore):
+    """A memory store whose commits, once `hold()` was called, wait for `release()`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate: asyncio.Event | None = None
+        self.entered = asyncio.Event()
+        """Set when a held commit arrived."""
+
+    def hold(self) -> None:
+        self.gate = asyncio.Event()
+
+    def release(self) -> None:
+        assert self.gate is not None
+        self.gate.set()
+
+    async def commit(self, commit: Commit) -> None:
+        if self.gate is not None:
+            self.entered.set()
+            await self.gate.wait()
+        await super().commit(commit)
+
+
+async def test_a_wait_for_writes_dropped_with_a_refused_session_is_answered() -> None:
+    """Writes queued behind a commit that the store refuses are dropped with the session;
+    a wait for them ends with the refusal (it was left pending for ever)."""
+    store = GatedStore()
+    journal = Journal(store)
+    session = await new_session(journal, "s")
+    await append_events(store, "s", [ev.SessionEvent(seq=1, turn_start=TURN_START)])
+    store.hold()
+    session.append("turn_start", TURN_START)  # seq 1 again: refused once it reaches the store
+    await store.entered.wait()  # that commit is in flight
+    session.append("step_end", ev.StepEnd(turn=1, step=0))  # pending behind it
+    settled = asyncio.ensure_future(session.settle())
+    refused = asyncio.Event()
+    session.on_failure.append(lambda _: refused.set())
+    store.release()
+    await refused.wait()
+    for _ in range(10):  # the answer takes a few passes of the loop (three), not a time
+        if settled.done():
+            break
+        await asyncio.sleep(0)
+    assert settled.done()
+    with pytest.raises(StoreConflict):
+        await settled
 
 
 async def test_a_session_callback_waits_for_its_own_writes_only_and_keeps_its_order() -> None:
