@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -56,6 +57,8 @@ class Reply:
     """Chunked transfer encoding, or a body delimited by closing the connection."""
     drop: bool = False
     """Hang up without answering at all."""
+    headers_at_send: Callable[[], dict[str, str]] | None = None
+    """More headers, made as the reply is sent (a `Retry-After` date relative to then)."""
 
 
 @dataclass
@@ -69,6 +72,8 @@ class Seen:
     body: Any
     time: float
     """`time.monotonic()` when the request was read."""
+    wall_time: float = 0.0
+    """`time.time()` when the request was read (to compare with an HTTP date)."""
     hung_up: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the client closed the connection before the reply was fully sent."""
     completed: bool = False
@@ -167,7 +172,7 @@ class FakeOpenAI:
             headers[name.strip().lower()] = value.strip()
         raw = await reader.readexactly(int(headers.get("content-length", "0")))
         body = json.loads(raw) if raw else None
-        return Seen(method, path, headers, body, time.monotonic())
+        return Seen(method, path, headers, body, time.monotonic(), time.time())
 
 
 async def _watch(reader: asyncio.StreamReader, seen: Seen) -> bytes:
@@ -191,6 +196,8 @@ async def _respond(writer: asyncio.StreamWriter, reply: Reply, seen: Seen) -> No
     if reply.drop:
         return
     head = [f"HTTP/1.1 {reply.status} {REASONS.get(reply.status, 'Status')}"]
+    if reply.headers_at_send is not None:
+        reply = dataclasses.replace(reply, headers={**reply.headers, **reply.headers_at_send()})
     if reply.body is not None:
         payload = json.dumps(reply.body).encode()
         head += ["Content-Type: application/json", f"Content-Length: {len(payload)}"]

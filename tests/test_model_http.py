@@ -160,16 +160,25 @@ async def test_no_proxy_bypasses_it(fake: FakeOpenAI, no_proxy_env: Any) -> None
 
 
 async def test_retry_after_as_an_http_date(fake: FakeOpenAI, no_proxy_env: Any) -> None:
-    # Two seconds ahead, at one-second resolution: a wait of more than one second, where
-    # the backoff alone would be at most 0.05 s.
-    date = email.utils.formatdate(time.time() + 2, usegmt=True)
+    declared: list[float] = []
+
+    def two_seconds_on() -> dict[str, str]:
+        # Made as the 429 is sent: two seconds on at one-second resolution, an instant 1
+        # to 2 s away (the backoff alone would retry within 0.05 s).
+        date = email.utils.formatdate(time.time() + 2, usegmt=True)
+        declared.append(email.utils.parsedate_to_datetime(date).timestamp())
+        return {"Retry-After": date}
+
     fake.script(
-        Reply(status=429, body={"error": {"message": "slow down"}}, headers={"Retry-After": date}),
+        Reply(status=429, body={"error": {"message": "slow down"}}, headers_at_send=two_seconds_on),
         Reply(events=text("ok")),
     )
     assert plain_text(assemble(await collect(model(fake.base_url))).content) == "ok"
     first, second = fake.requests
-    assert second.time - first.time >= 0.9
+    # The retry came at the declared instant or after it, however late the answer was
+    # read: the client waited for the date, not for its backoff. (The client waits by the
+    # monotonic clock, the fake stamps by the wall clock: a millisecond covers the two.)
+    assert second.wall_time >= declared[0] - 0.001, (second.wall_time, declared[0])
 
 
 async def test_retry_after_ms_is_preferred(fake: FakeOpenAI, no_proxy_env: Any) -> None:
