@@ -14,9 +14,11 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 
+from agentloop.stream import SessionStream
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
+from agentloop.v1 import session_event_pb2 as ev
 from server.config import Config
 from server.limits import Limits
 from server.models.scripted_options import script_options
@@ -117,17 +119,59 @@ async def test_health_answers_while_a_1_mb_hostile_persona_is_checked_and_render
     assert max(slow_create, slow_turn) < 0.5, (slow_create, slow_turn)
 
 
+async def stored_count(client: Client, agent_id: str) -> int:
+    """How many events of the agent's session the server has stored."""
+    request = api.GetSessionRequest(agent_id=agent_id)
+    return (await client.agents.GetSession(request, timeout=T)).session.event_count
+
+
+async def health_between_counts(
+    client: Client, agent_id: str, work: Awaitable[T_]
+) -> tuple[T_, list[tuple[int, int]]]:
+    """Run `work` while probing back to back: the stored event count, a health check, the
+    count again. Returns its result and, per health check, the counts the server gave
+    just before the check was sent and just after it was answered."""
+    task = asyncio.ensure_future(work)
+    probes: list[tuple[int, int]] = []
+    while not task.done():
+        before = await stored_count(client, agent_id)
+        assert await client.health() == 1  # SERVING
+        probes.append((before, await stored_count(client, agent_id)))
+    return await task, probes
+
+
+async def whole_turn(client: Client, agent_id: str) -> list[ev.SessionEvent]:
+    """The agent's session events up to the first `turn_end`, however long they take."""
+    stream = SessionStream(lambda: client.agents, agent_id=agent_id)
+    events: list[ev.SessionEvent] = []
+    try:
+        async for event in stream:
+            events.append(event)
+            if event.HasField("turn_end"):
+                return events
+    finally:
+        stream.close()
+    raise AssertionError(f"the stream ended after {len(events)} events, before the turn did")
+
+
 async def test_health_answers_while_an_echo_agent_streams_a_megabyte(tmp_path: Path) -> None:
     text = "word " * 200_000  # 1 MB, under limits.maxContentBytes: 125,000 chunk events
     async with server_in_a_process(tmp_path) as client:
         await client.factory.CreateAgent(fac.CreateAgentRequest(agent_id="e"), timeout=T)
         await client.agents.SendMessage(api.SendMessageRequest(agent_id="e", text=text))
-        events, slowest = await slowest_health_while(client, read_turn(client.agents, "e", 0))
+        events, probes = await health_between_counts(client, "e", whole_turn(client, "e"))
     assert events[-1].turn_end.reason.WhichOneof("kind") == "completed"
     assert text_of(of_kind(events, "assistant_message")[0].assistant_message.content) == (
         f"You said: {text}"
     )
-    assert slowest < 0.5, f"a health check took {slowest:.3f} s"
+    chunks = [e.seq for e in events if e.HasField("assistant_chunk")]
+    # A health check was answered mid-stream: sent once the stream's first chunk was
+    # stored, answered before its last one was. A server that streamed the megabyte
+    # without letting other work in would answer none in between.
+    during = [
+        (before, after) for before, after in probes if chunks[0] <= before <= after < chunks[-1]
+    ]
+    assert during, (chunks[0], chunks[-1], probes)
 
 
 async def test_a_hostile_persona_with_a_late_close_is_refused_naming_it(small: E2E) -> None:
