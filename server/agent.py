@@ -336,9 +336,8 @@ class Agent:
 
     def _observe_session(self, event: ev.SessionEvent) -> None:
         """Pass each appended event to the in-process `session/event` observers."""
-        seams = self.runtime.seams
-        if seams.has(S.SESSION_EVENT, self.agent_id):
-            seams.emit(S.SESSION_EVENT, self.agent_id, (self, event))
+        # One look-up of the listeners (emit's), not two: this runs for every event.
+        self.runtime.seams.emit(S.SESSION_EVENT, self.agent_id, (self, event))
 
     def _observe_committed(self, event: ev.SessionEvent) -> None:
         """Pass each stored event to the `session/committed` observers (plugins)."""

@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 from agentloop.v1 import session_event_pb2 as ev
 from server import observe
 from server.instruments import Instruments
-from server.observe import Model, Step, Turn
+from server.observe import Model, Sink, Step, Turn
 
 LATENCY = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 """Histogram buckets in seconds, from a fast tool to a long turn."""
@@ -34,11 +34,7 @@ LAG_INTERVAL = 0.25
 """Seconds between two probes of the event loop."""
 
 
-def _seconds(start_ns: int, end_ns: int) -> float:
-    return max(0, end_ns - start_ns) / 1e9
-
-
-class Metrics:
+class Metrics(Sink):
     """Every metric of one server, in its own registry."""
 
     def __init__(self) -> None:
@@ -132,49 +128,38 @@ class Metrics:
             await asyncio.sleep(LAG_INTERVAL)
             self.loop_lag.observe(max(0.0, time.perf_counter() - due))
 
-    # -- the Sink of observe.EventClock ----------------------------------------------------
-
-    def turn_start(self, turn: Turn) -> None:
-        """Nothing to count yet."""
+    # -- the Sink of observe.EventClock (nothing to count when a turn, step, model or tool
+    # call starts) ---------------------------------------------------------------------
 
     def turn_end(self, turn: Turn, reason: str, end_ns: int) -> None:
         """Count the turn and its latency."""
         self.turns.inc((reason,))
-        self.turn_seconds.observe(_seconds(turn.start_ns, end_ns))
-
-    def step_start(self, turn: Turn, step: Step) -> None:
-        """Nothing to count yet."""
+        self.turn_seconds.observe(max(0, end_ns - turn.start_ns) / 1e9)
 
     def step_end(self, turn: Turn, step: Step, end_ns: int) -> None:
         """The step's latency."""
-        self.step_seconds.observe(_seconds(step.start_ns, end_ns))
-
-    def model_start(self, turn: Turn, step: Step, model: Model) -> None:
-        """Nothing to count yet."""
+        self.step_seconds.observe(max(0, end_ns - step.start_ns) / 1e9)
 
     def first_chunk(self, turn: Turn, step: Step, model: Model) -> None:
         """Time to the first chunk."""
-        self.first_chunk_seconds.observe(_seconds(model.start_ns, model.first_chunk_ns))
+        self.first_chunk_seconds.observe(max(0, model.first_chunk_ns - model.start_ns) / 1e9)
 
     def model_end(
         self, turn: Turn, step: Step, model: Model, message: ev.AssistantMessage | None, end_ns: int
     ) -> None:
         """Count the call by finish reason, and its tokens."""
         self.model_calls.inc((model.finish or "none",))
-        usage = observe.usage_of(message)
-        if usage is not None:
+        if message is not None and message.HasField("usage"):
+            usage = message.usage
             self.tokens.inc(("input",), usage.input_tokens)
             self.tokens.inc(("output",), usage.output_tokens)
-
-    def tool_start(self, turn: Turn, step: Step, call: ev.ToolCall, start_ns: int) -> None:
-        """Nothing to count yet."""
 
     def tool_end(
         self, turn: Turn, step: Step, result: ev.ToolResult, name: str, start_ns: int, end_ns: int
     ) -> None:
         """Count the call and its duration."""
         self.tool_calls.inc((name, "error" if result.is_error else "ok"))
-        self.tool_seconds.observe(_seconds(start_ns, end_ns), (name,))
+        self.tool_seconds.observe(max(0, end_ns - start_ns) / 1e9, (name,))
 
 
 class PluginCollector(Collector):

@@ -5,6 +5,12 @@ as it happens; `EventClock` listens to `session/event` (in-process, at the appen
 turns those events into starts and ends with durations, which it hands to each `Sink`.
 Nothing is registered unless metrics or traces are on, so they cost nothing when off.
 
+This runs for every appended event, chunks included, so it is kept lean: a table by
+payload kind picks the one handler of an event (the kinds nobody measures cost a
+lookup), the clock is read once per event (and for a chunk only when it is the
+model's first), and a sink's method is called only when the sink implements it (a
+`Sink` overrides only what it measures).
+
 Two things the log does not hold come through hooks: plugin calls (`plugin_call`) and
 store commits (`store_commit`). Each hook is a module global that is None when off.
 """
@@ -23,11 +29,6 @@ from agentloop.v1 import stream_pb2 as st
 from server import seams as S
 from server.seams import SeamRegistry
 
-_SINK_METHODS = (
-    "turn_start", "turn_end", "step_start", "step_end", "model_start", "first_chunk",
-    "model_end", "tool_start", "tool_end",
-)  # fmt: skip
-
 FINISH_REASONS = {
     st.FINISH_KIND_STOP: "stop",
     st.FINISH_KIND_MAX_TOKENS: "length",
@@ -37,16 +38,28 @@ FINISH_REASONS = {
 """Finish kinds as the GenAI conventions name finish reasons."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Model:
     """One model call: from the step's start (or its request header) to its message."""
 
     start_ns: int
     first_chunk_ns: int = 0
     finish: str = ""
+    """The finish reason (see `FINISH_REASONS`), once the call ended with one."""
+    last_chunk: ev.SessionEvent | None = None
+    """The call's latest chunk: a finish, once the stream is whole (nothing follows it)."""
+
+    def ended(self) -> Model:
+        """The call, its finish read off its last chunk (none when the stream was cut)."""
+        if self.last_chunk is not None:
+            chunk = self.last_chunk.assistant_chunk.chunk
+            if chunk.HasField("finish"):
+                self.finish = FINISH_REASONS.get(chunk.finish.kind, "unknown")
+            self.last_chunk = None
+        return self
 
 
-@dataclass
+@dataclass(slots=True)
 class Step:
     """One open step."""
 
@@ -58,7 +71,7 @@ class Step:
     """Open tool calls: call id -> (tool name, start)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Turn:
     """One open turn of one agent."""
 
@@ -69,8 +82,12 @@ class Turn:
     step: Step | None = None
 
 
-class Sink(Protocol):
-    """Receives what `EventClock` measured; every method is called on the event loop."""
+class Sink:
+    """Receives what `EventClock` measured; every method is called on the event loop.
+
+    Each method does nothing here: a sink overrides those it needs, and the clock
+    calls only the overridden ones.
+    """
 
     def turn_start(self, turn: Turn) -> None:
         """A turn opened."""
@@ -104,6 +121,12 @@ class Sink(Protocol):
         """A tool call's result was recorded."""
 
 
+def _overridden(sinks: list[Sink], method: str) -> list[Callable[..., None]]:
+    """The bound `method` of each sink that overrides it."""
+    plain = getattr(Sink, method)
+    return [getattr(sink, method) for sink in sinks if getattr(type(sink), method) is not plain]
+
+
 class EventClock:
     """Session events in, timings out to the sinks."""
 
@@ -111,10 +134,26 @@ class EventClock:
         self.sinks = sinks
         self.turns: dict[str, Turn] = {}
         """The open turn of each agent."""
-        # Bound once: this runs for every appended event, chunks included.
-        self._calls: dict[str, list[Callable[..., None]]] = {
-            name: [getattr(sink, name) for sink in sinks] for name in _SINK_METHODS
+        # The sinks' methods to call, bound once: for each, those that do something.
+        self._turn_start = _overridden(sinks, "turn_start")
+        self._turn_end = _overridden(sinks, "turn_end")
+        self._step_start = _overridden(sinks, "step_start")
+        self._step_end = _overridden(sinks, "step_end")
+        self._model_start = _overridden(sinks, "model_start")
+        self._first_chunk = _overridden(sinks, "first_chunk")
+        self._model_end = _overridden(sinks, "model_end")
+        self._tool_start = _overridden(sinks, "tool_start")
+        self._tool_end = _overridden(sinks, "tool_end")
+        self._handlers: dict[str | None, Callable[[Any, ev.SessionEvent], None]] = {
+            "turn_start": self._on_turn_start,
+            "step_start": self._on_step_start,
+            "assistant_message": self._on_message,
+            "tool_call": self._on_tool_call,
+            "tool_result": self._on_tool_result,
+            "step_end": self._on_step_end,
+            "turn_end": self._on_turn_end,
         }
+        """The handler of each payload kind measured (chunks aside); the others are ignored."""
 
     def install(self, seams: SeamRegistry) -> Callable[[], None]:
         """Listen to every agent's appended events; returns the disposer."""
@@ -123,80 +162,100 @@ class EventClock:
     def observe(self, agent: Any, event: ev.SessionEvent) -> None:
         """One appended event of `agent`."""
         kind = event.WhichOneof("payload")
-        agent_id: str = agent.agent_id
-        if kind == "assistant_chunk":  # the most frequent event: only two cases matter
-            open_turn = self.turns.get(agent_id)
-            step_now = open_turn.step if open_turn is not None else None
-            if step_now is None or step_now.model is None:
-                return
-            chunk = event.assistant_chunk.chunk
-            if step_now.model.first_chunk_ns and not chunk.HasField("finish"):
-                return
-            assert open_turn is not None
-            self._chunk(open_turn, step_now, chunk, time.time_ns())
+        if kind != "assistant_chunk":
+            handler = self._handlers.get(kind)
+            if handler is not None:
+                handler(agent, event)
             return
-        now = time.time_ns()
-        if kind == "turn_start":
-            turn = Turn(agent_id, agent.session.session_id, event.turn_start.turn, now)
-            self.turns[agent_id] = turn
-            self._each("turn_start", turn)
-            return
-        turn_or_none = self.turns.get(agent_id)
-        if turn_or_none is None:
-            return
-        turn = turn_or_none
-        step = turn.step
-        if kind == "step_start":
-            turn.step = Step(turn.turn, event.step_start.step, now)
-            turn.step.model = Model(now)
-            self._each("step_start", turn, turn.step)
-            self._each("model_start", turn, turn.step, turn.step.model)
-            return
-        if step is None:
-            if kind == "turn_end":
-                self._end_turn(agent_id, turn, event.turn_end, now)
-            return
-        match kind:
-            case "assistant_message" if step.model is not None:
-                model, step.model = step.model, None
-                self._each("model_end", turn, step, model, event.assistant_message, now)
-            case "tool_call":
-                call = event.tool_call
-                step.tools[call.call_id] = (call.name, now)
-                self._each("tool_start", turn, step, call, now)
-            case "tool_result":
-                name, started = step.tools.pop(event.tool_result.call_id, ("", now))
-                self._each("tool_end", turn, step, event.tool_result, name, started, now)
-            case "step_end":
-                self._end_step(turn, step, now)
-            case "turn_end":
-                self._end_step(turn, step, now)
-                self._end_turn(agent_id, turn, event.turn_end, now)
-
-    def _chunk(self, turn: Turn, step: Step, chunk: st.StreamChunk, now: int) -> None:
-        model = step.model
+        # A chunk, the most frequent event, handled here: the first of a model call is
+        # timed, the latest is kept for its finish (the last chunk of a whole stream).
+        turn = self.turns.get(agent.agent_id)
+        step = turn.step if turn is not None else None
+        model = step.model if step is not None else None
         if model is None:
             return
+        model.last_chunk = event
         if not model.first_chunk_ns:
-            model.first_chunk_ns = now
-            self._each("first_chunk", turn, step, model)
-        if chunk.HasField("finish"):
-            model.finish = FINISH_REASONS.get(chunk.finish.kind, "unknown")
+            model.first_chunk_ns = time.time_ns()
+            for call in self._first_chunk:
+                call(turn, step, model)
+
+    def _on_turn_start(self, agent: Any, event: ev.SessionEvent) -> None:
+        agent_id: str = agent.agent_id
+        turn = Turn(agent_id, agent.session.session_id, event.turn_start.turn, time.time_ns())
+        self.turns[agent_id] = turn
+        for call in self._turn_start:
+            call(turn)
+
+    def _on_step_start(self, agent: Any, event: ev.SessionEvent) -> None:
+        turn = self.turns.get(agent.agent_id)
+        if turn is None:
+            return
+        now = time.time_ns()
+        step = turn.step = Step(turn.turn, event.step_start.step, now, Model(now))
+        for call in self._step_start:
+            call(turn, step)
+        for call in self._model_start:
+            call(turn, step, step.model)
+
+    def _on_message(self, agent: Any, event: ev.SessionEvent) -> None:
+        turn = self.turns.get(agent.agent_id)
+        step = turn.step if turn is not None else None
+        if step is None or step.model is None:
+            return
+        model, step.model = step.model.ended(), None
+        now = time.time_ns()
+        message = event.assistant_message
+        for call in self._model_end:
+            call(turn, step, model, message, now)
+
+    def _on_tool_call(self, agent: Any, event: ev.SessionEvent) -> None:
+        turn = self.turns.get(agent.agent_id)
+        step = turn.step if turn is not None else None
+        if step is None:
+            return
+        now = time.time_ns()
+        call_event = event.tool_call
+        step.tools[call_event.call_id] = (call_event.name, now)
+        for call in self._tool_start:
+            call(turn, step, call_event, now)
+
+    def _on_tool_result(self, agent: Any, event: ev.SessionEvent) -> None:
+        turn = self.turns.get(agent.agent_id)
+        step = turn.step if turn is not None else None
+        if step is None:
+            return
+        now = time.time_ns()
+        result = event.tool_result
+        name, started = step.tools.pop(result.call_id, ("", now))
+        for call in self._tool_end:
+            call(turn, step, result, name, started, now)
+
+    def _on_step_end(self, agent: Any, event: ev.SessionEvent) -> None:
+        turn = self.turns.get(agent.agent_id)
+        if turn is not None and turn.step is not None:
+            self._end_step(turn, turn.step, time.time_ns())
+
+    def _on_turn_end(self, agent: Any, event: ev.SessionEvent) -> None:
+        agent_id: str = agent.agent_id
+        turn = self.turns.pop(agent_id, None)
+        if turn is None:
+            return
+        now = time.time_ns()
+        if turn.step is not None:
+            self._end_step(turn, turn.step, now)
+        reason = event.turn_end.reason.WhichOneof("kind") or "unknown"
+        for call in self._turn_end:
+            call(turn, reason, now)
 
     def _end_step(self, turn: Turn, step: Step, now: int) -> None:
         if step.model is not None:  # the call failed or was cut: no message came
-            model, step.model = step.model, None
-            self._each("model_end", turn, step, model, None, now)
+            model, step.model = step.model.ended(), None
+            for model_end in self._model_end:
+                model_end(turn, step, model, None, now)
         turn.step = None
-        self._each("step_end", turn, step, now)
-
-    def _end_turn(self, agent_id: str, turn: Turn, end: ev.TurnEnd, now: int) -> None:
-        del self.turns[agent_id]
-        self._each("turn_end", turn, end.reason.WhichOneof("kind") or "unknown", now)
-
-    def _each(self, method: str, *args: Any) -> None:
-        for call in self._calls[method]:
-            call(*args)
+        for call in self._step_end:
+            call(turn, step, now)
 
 
 def usage_of(message: ev.AssistantMessage | None) -> c.Usage | None:

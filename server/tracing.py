@@ -10,12 +10,13 @@ answered. Each call to a plugin (seam, tool and model calls; not notifications) 
 its span's context in `HookCall.traceparent`, so a plugin's spans join the turn's trace.
 
 Spans are cheap (the target: tracing and metrics on cost at most 1.2× a turn with
-telemetry off, `python -m bench.telemetry_bench`). Each span is kept as a small open
-record while it runs and handed to the span processor as a finished `ReadableSpan`
-when it ends, with its attributes given once: nothing is made current (no context is
-attached: every parent is explicit), and the sampler decides once per trace root (a
-turn, an RPC, a plugin call outside a turn): the spans under a root follow its
-decision, as the SDK's default `parentbased_*` samplers do. Processors see `on_end`
+telemetry off, `python -m bench.telemetry_bench`). Each span is one object, a
+`ReadableSpan` made with its attributes when it starts and handed as it is to the span
+processor when it ends: nothing is made current (no context is attached: every parent
+is explicit), and the sampler decides once per trace root (a turn, an RPC, a plugin
+call outside a turn): the spans under a root follow its decision, as the SDK's default
+`parentbased_*` samplers do (the default sampler is not even asked: it samples every
+root). Processors see `on_end`
 only (the batch and simple processors do nothing `on_start`); SDK span limits are not
 applied (the attributes are few, and bounded).
 
@@ -30,19 +31,18 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
-from opentelemetry.sdk.trace.sampling import Decision
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, DEFAULT_ON, Decision, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
 from agentloop.v1 import session_event_pb2 as ev
 from server import observe
-from server.observe import Model, Step, TraceCarrier, Turn
+from server.observe import Model, Sink, Step, TraceCarrier, Turn
 from server.version import version
 
 TRACER_NAME = "agentloop"
@@ -75,26 +75,73 @@ def build_exporter(name: str, endpoint: str) -> SpanExporter | None:
     raise ValueError(f"unknown trace exporter {name!r} (known: otlp, console, none)")
 
 
-@dataclass(slots=True)
-class OpenSpan:
-    """A span that has started and not yet ended."""
+class OpenSpan(ReadableSpan):
+    """A span: made with its attributes, handed as it is to the processor when it ends."""
 
-    name: str
-    context: SpanContext
-    parent: SpanContext | None
-    kind: SpanKind
-    start_ns: int
-    attributes: dict[str, AttributeValue]
-    sampled: bool = True
+    sampled = True
+    """False for `DROPPED` only."""
+    # What ReadableSpan's properties read that is the same for every span of ours.
+    _instrumentation_info = None
+    _links: Sequence[Link] = ()
+    _events: Sequence[Event] = ()
+    _status = Status(StatusCode.UNSET)
+    _end_time: int | None = None
+    _attributes: dict[str, AttributeValue]
 
+    def __init__(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        kind: SpanKind,
+        start_ns: int,
+        attributes: dict[str, AttributeValue],
+        resource: Resource,
+        scope: InstrumentationScope | None,
+    ) -> None:
+        # Not ReadableSpan.__init__: its keyword arguments and defaults cost more than this.
+        self._name = name
+        self._context = context
+        self._parent = parent
+        self._kind = kind
+        self._start_time = start_ns
+        self._attributes = attributes
+        self._resource = resource
+        self._instrumentation_scope = scope
 
-DROPPED = OpenSpan("", SpanContext(0, 0, False), None, SpanKind.INTERNAL, 0, {}, sampled=False)
-"""The span of a root the sampler dropped, and of everything under it."""
+    def set(self, key: str, value: AttributeValue) -> None:
+        """Set an attribute (before the span ends)."""
+        self._attributes[key] = value
+
+    def finish(self, end_ns: int, status: Status, events: Sequence[Event], name: str) -> OpenSpan:
+        """The span, ended (`status`, `events` and `name`, when given, replace its own)."""
+        self._end_time = end_ns
+        self._status = status
+        self._events = events
+        if name:
+            self._name = name
+        return self
+
 
 _UNSET = Status(StatusCode.UNSET)
 
+DROPPED = OpenSpan(
+    "", SpanContext(0, 0, False), None, SpanKind.INTERNAL, 0, {}, Resource.get_empty(), None
+)
+"""The span of a root the sampler dropped, and of everything under it."""
+DROPPED.sampled = False
 
-class Tracing:
+
+def _always_samples_roots(sampler: Sampler) -> bool:
+    """Whether `sampler` records and samples every root span, with nothing added to it.
+
+    Such a sampler (the SDK's default, `parentbased_always_on`, or `always_on`) need not be
+    asked: nothing here is ever made the current span, so a root has no parent to follow.
+    """
+    return sampler is ALWAYS_ON or sampler is DEFAULT_ON
+
+
+class Tracing(Sink):
     """The tracer of one server and the spans of the turns running now."""
 
     def __init__(self, processor: SpanProcessor) -> None:
@@ -107,6 +154,7 @@ class Tracing:
         self.processor = processor
         # Read once: the provider's sampler (OTEL_TRACES_SAMPLER), ids and resource.
         self._sampler = self.provider.sampler
+        self._sample_every_root = _always_samples_roots(self._sampler)
         self._ids = self.provider.id_generator
         self._resource = self.provider.resource
         self._scope = InstrumentationScope(TRACER_NAME, version())
@@ -114,7 +162,6 @@ class Tracing:
         self._flags = TraceFlags(TraceFlags.SAMPLED | (0x02 if random_ids else 0))
         self._turns: dict[str, OpenSpan] = {}
         self._steps: dict[str, OpenSpan] = {}
-        self._models: dict[str, OpenSpan] = {}
         self._tools: dict[tuple[str, str], OpenSpan] = {}
 
     @classmethod
@@ -148,24 +195,24 @@ class Tracing:
             if not parent.sampled:
                 return DROPPED
             context = parent.context
+            trace_id, _, _, flags, state, _ = context  # its fields, without their properties
+            own = SpanContext(trace_id, self._ids.generate_span_id(), False, flags, state)
             return OpenSpan(
-                name,
-                SpanContext(
-                    context.trace_id, self._ids.generate_span_id(), False,
-                    context.trace_flags, context.trace_state,
-                ),
-                context, kind, start_ns, attributes,
-            )  # fmt: skip
+                name, own, context, kind, start_ns, attributes, self._resource, self._scope
+            )
         trace_id = self._ids.generate_trace_id()
-        sampling = self._sampler.should_sample(None, trace_id, name, kind, attributes)
-        if sampling.decision is not Decision.RECORD_AND_SAMPLE:  # dropped, or record-only
-            return DROPPED
-        if sampling.attributes:
-            attributes = {**attributes, **sampling.attributes}
-        context = SpanContext(
-            trace_id, self._ids.generate_span_id(), False, self._flags, sampling.trace_state
+        state = None
+        if not self._sample_every_root:
+            decided = self._sampler.should_sample(None, trace_id, name, kind, attributes)
+            if decided.decision is not Decision.RECORD_AND_SAMPLE:  # dropped, or record-only
+                return DROPPED
+            if decided.attributes:
+                attributes = {**attributes, **decided.attributes}
+            state = decided.trace_state
+        context = SpanContext(trace_id, self._ids.generate_span_id(), False, self._flags, state)
+        return OpenSpan(
+            name, context, None, kind, start_ns, attributes, self._resource, self._scope
         )
-        return OpenSpan(name, context, None, kind, start_ns, attributes)
 
     def end(
         self,
@@ -176,23 +223,8 @@ class Tracing:
         name: str = "",
     ) -> None:
         """Hand the finished span to the processor (nothing for a dropped one)."""
-        if not span.sampled:
-            return
-        self.processor.on_end(
-            ReadableSpan(
-                name=name or span.name,
-                context=span.context,
-                parent=span.parent,
-                resource=self._resource,
-                attributes=span.attributes,
-                events=events,
-                kind=span.kind,
-                status=status,
-                start_time=span.start_ns,
-                end_time=end_ns,
-                instrumentation_scope=self._scope,
-            )
-        )
+        if span.sampled:
+            self.processor.on_end(span.finish(end_ns, status, events, name))
 
     def _under_step(self, agent: str) -> OpenSpan | None:
         return self._steps.get(agent) or self._turns.get(agent)
@@ -213,7 +245,7 @@ class Tracing:
         """End an RPC's span with its gRPC status (an error status but for OK and CANCELLED)."""
         if not span.sampled:
             return
-        span.attributes["rpc.grpc.status_code"] = number
+        span.set("rpc.grpc.status_code", number)
         failed = code not in ("OK", "CANCELLED")
         self.end(span, time.time_ns(), Status(StatusCode.ERROR, code) if failed else _UNSET)
 
@@ -253,6 +285,8 @@ class Tracing:
         self.end(span, time.time_ns())
 
     # -- the Sink of observe.EventClock ----------------------------------------------------
+    # (Not `model_start` nor `first_chunk`: a model call's span is made when it ends, with
+    # all it learnt, its first chunk an event of it.)
 
     def turn_start(self, turn: Turn) -> None:
         """Open the turn's span: the root of its trace."""
@@ -267,7 +301,7 @@ class Tracing:
         span = self._turns.pop(turn.agent, None)
         if span is None or not span.sampled:
             return
-        span.attributes["agentloop.turn.end_reason"] = reason
+        span.set("agentloop.turn.end_reason", reason)
         failed = reason == "error"
         status = Status(StatusCode.ERROR, "the turn ended in error") if failed else _UNSET
         self.end(span, end_ns, status)
@@ -284,12 +318,6 @@ class Tracing:
         span = self._steps.pop(turn.agent, None)
         if span is not None:
             self.end(span, end_ns)
-
-    def model_start(self, turn: Turn, step: Step, model: Model) -> None:
-        """Nothing yet: the model call's span is made when it ends, with all it learnt."""
-
-    def first_chunk(self, turn: Turn, step: Step, model: Model) -> None:
-        """Nothing yet: the first chunk is an event of the span made at the end."""
 
     def model_end(
         self, turn: Turn, step: Step, model: Model, message: ev.AssistantMessage | None, end_ns: int
@@ -341,5 +369,5 @@ class Tracing:
         if result.is_error:
             status = Status(StatusCode.ERROR, result.error.code or "the tool failed")
             if result.error.name:
-                span.attributes["error.type"] = result.error.name
+                span.set("error.type", result.error.name)
         self.end(span, end_ns, status)
