@@ -18,7 +18,7 @@ from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import agent_service_pb2 as api
-from server.config import Config
+from server.settings.config import Config
 from tests.e2e.conftest import E2E, READ_TIMEOUT, Client, kinds, read_turn, running_app
 from tests.e2e.registry import list_plugins, wait_state
 from tests.processes import (
