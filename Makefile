@@ -44,7 +44,7 @@ run: $(VENV)/.installed ## Start the server on its defaults (127.0.0.1:50051, sc
 
 REPLICAS ?= 3
 cluster: $(VENV)/.installed ## An embedded PostgreSQL and REPLICAS replicas on 127.0.0.1:50061+ (Ctrl-C stops).
-	$(PY) -m server.devcluster --replicas $(REPLICAS)
+	$(PY) -m server.cluster.devcluster --replicas $(REPLICAS)
 
 test: setup ## Run lint, type checks and the whole test suite (what CI runs).
 	$(MAKE) --no-print-directory check-gen lint typecheck breaking

@@ -27,9 +27,9 @@ from agentloop.v1 import agent_factory_service_pb2_grpc as fac_rpc
 from agentloop.v1 import agent_pb2, approval_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import agent_service_pb2_grpc as api_rpc
-from server.app import App
-from server.config import Config
+from server.edge.app import App
 from server.models.scripted_options import script_options
+from server.settings.config import Config
 
 if TYPE_CHECKING:
     from agentloop.v1.agent_service_pb2_grpc import AgentServiceAsyncStub

@@ -27,8 +27,8 @@ from agentloop.v1 import agent_factory_service_pb2_grpc as fac_rpc
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import agent_service_pb2_grpc as api_rpc
-from server.app import App
-from server.config import Config
+from server.edge.app import App
+from server.settings.config import Config
 
 JSON = {"Content-Type": "application/json"}
 AGENTS = "/api/agentloop.v1.AgentService"

@@ -30,9 +30,9 @@ from pathlib import Path
 from agentloop.client import Client, connect
 from bench.loop_bench import OPTIONS, free_port, line, one_turn
 from bench.soak_bench import cpu_seconds, rss_mb
-from server.app import build_runtime
-from server.config import Config
-from server.factory import AgentFactory
+from server.edge.app import build_runtime
+from server.lifecycle.factory import AgentFactory
+from server.settings.config import Config
 
 ROOT = str(Path(__file__).resolve().parent.parent)
 PROBE = str(Path(__file__).with_name("server_probe.py"))

@@ -29,10 +29,10 @@ from pathlib import Path
 from agentloop.client import connect
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
-from server.agent import Agent
-from server.app import build_runtime
-from server.config import Config
-from server.factory import AgentFactory
+from server.core.agent import Agent
+from server.edge.app import build_runtime
+from server.lifecycle.factory import AgentFactory
+from server.settings.config import Config
 from server.stores.kinds import KIND_NUMBERS
 
 OPTIONS = agent_pb2.AgentOptions(provider="scripted", model="bench", tools=["word_count"])

@@ -27,13 +27,13 @@ from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import hook_service_pb2_grpc as hk_rpc
 from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import content_pb2 as c
-from server.abort import NEVER
-from server.app import App
-from server.config import Config
+from server.core.abort import NEVER
+from server.edge.app import App
 from server.models.scripted_options import script_options
-from server.plugin_calls import PluginStats
-from server.plugin_client import PluginConnection
-from server.plugin_registry import Overrides
+from server.plugins.calls import PluginStats
+from server.plugins.client import PluginConnection
+from server.plugins.registry import Overrides
+from server.settings.config import Config
 
 HERE = Path(__file__).resolve().parent
 OPTIONS = agent_pb2.AgentOptions(provider="scripted", model="bench", tools=["word_count"])

@@ -39,11 +39,11 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from agentloop.client import connect
 from bench.load_bench import main_thread_seconds
 from bench.loop_bench import OPTIONS, free_port, line, one_turn
-from server.app import build_runtime
-from server.config import Config
-from server.factory import AgentFactory
-from server.telemetry import Telemetry
-from server.tracing import Tracing
+from server.edge.app import build_runtime
+from server.lifecycle.factory import AgentFactory
+from server.observability.telemetry import Telemetry
+from server.observability.tracing import Tracing
+from server.settings.config import Config
 
 
 class DropSpans(SpanExporter):
@@ -108,7 +108,7 @@ async def bench(turns: int, rounds: int) -> None:
 
 # The server process's prelude: "drop" names an exporter that drops every span.
 PRELUDE = (
-    "import server.tracing as t; from bench.telemetry_bench import DropSpans; "
+    "import server.observability.tracing as t; from bench.telemetry_bench import DropSpans; "
     "built = t.build_exporter; "
     "t.build_exporter = lambda n, e: DropSpans() if n == 'drop' else built(n, e)"
 )

@@ -6,8 +6,10 @@ import argparse
 import asyncio
 import sys
 
-from server.app import App
-from server.config import (
+from server.edge.app import App
+from server.memory import freeze_startup_heap
+from server.observability.logs import LOG_FORMATS, setup_logging
+from server.settings.config import (
     Config,
     ConfigError,
     http_address,
@@ -15,8 +17,6 @@ from server.config import (
     metrics_address,
     override,
 )
-from server.logs import LOG_FORMATS, setup_logging
-from server.memory import freeze_startup_heap
 from server.version import version
 
 

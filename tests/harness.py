@@ -11,13 +11,13 @@ from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
-from server.agent import Agent
-from server.builtin_tools import builtin_tools
-from server.factory import AgentFactory
+from server.core.agent import Agent
+from server.core.builtin_tools import builtin_tools
+from server.core.runtime import Runtime
+from server.lifecycle.factory import AgentFactory
 from server.models import ModelRequest
 from server.models.scripted import ScriptedModel
 from server.models.scripted_options import script_options
-from server.runtime import Runtime
 from server.stores.memory import MemoryStore
 
 

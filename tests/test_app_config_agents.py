@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from server.app import App
-from server.config import AgentConfig, Config
+from server.edge.app import App
+from server.settings.config import AgentConfig, Config
 
 
 async def test_config_agents_start_on_fresh_sessions_with_their_cwd() -> None:

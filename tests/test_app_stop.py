@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from agentloop.v1 import agent_pb2
-from server import seams as S
-from server.app import App
-from server.config import Config
-from server.seams import SeamRegistry
+from server.core import seams as S
+from server.core.seams import SeamRegistry
+from server.edge.app import App
+from server.settings.config import Config
 from tests.harness import text_block
 
 T = 10.0

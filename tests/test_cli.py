@@ -21,9 +21,9 @@ from agentloop.v1 import (
     agent_pb2,
     scripted_pb2,
 )
-from server.app import App
-from server.config import AgentConfig, Config
+from server.edge.app import App
 from server.models.scripted_options import script_options
+from server.settings.config import AgentConfig, Config
 
 ROOT = Path(__file__).resolve().parent.parent
 

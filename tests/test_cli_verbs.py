@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from server.app import App
-from server.config import AgentConfig, Config
+from server.edge.app import App
+from server.settings.config import AgentConfig, Config
 from tests.processes import configurable, plugin_launcher
 from tests.test_cli import ROOT, Result, run_cli, server
 

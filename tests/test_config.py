@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from server.config import DEFAULT_AGENT, ConfigError, load_config, parse_config
-from server.limits import LIMIT_FIELDS, Limits
+from server.core.limits import LIMIT_FIELDS, Limits
+from server.settings.config import DEFAULT_AGENT, ConfigError, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,14 +9,21 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from agentloop.v1 import agent_pb2
-from server import agent_rules
-from server.app import App, build_runtime
-from server.config import AgentConfig, Config, ConfigError, PluginConfig, override, parse_config
-from server.config_fields import OptionalHostPort, keys_of
-from server.errors import InvalidArgument
-from server.factory import AgentFactory
-from server.limits import Limits
-from server.runtime import Runtime
+from server.core.errors import InvalidArgument
+from server.core.limits import Limits
+from server.core.runtime import Runtime
+from server.edge.app import App, build_runtime
+from server.lifecycle.factory import AgentFactory
+from server.settings import agent_rules
+from server.settings.config import (
+    AgentConfig,
+    Config,
+    ConfigError,
+    PluginConfig,
+    override,
+    parse_config,
+)
+from server.settings.fields import OptionalHostPort, keys_of
 
 
 def test_every_field_is_read_from_its_camel_case_key() -> None:
@@ -126,7 +133,7 @@ async def test_a_config_agent_naming_an_unregistered_tool_meets_the_create_agent
         agents=(AgentConfig(id="bad", tools=("nope",)), AgentConfig(id="good")),
     )
     app = App(config)
-    with caplog.at_level(logging.ERROR, logger="server.app"):
+    with caplog.at_level(logging.ERROR, logger="server.edge.app"):
         await app.start()
     try:
         assert sorted(app.factory.agents) == ["good"]

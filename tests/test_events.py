@@ -6,8 +6,8 @@ from typing import get_args
 
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
-from server.events import PAYLOAD_KINDS, Payload, event_of, kind_of
-from server.session import SessionLog
+from server.core.events import PAYLOAD_KINDS, Payload, event_of, kind_of
+from server.sessions.session import SessionLog
 
 
 def test_every_payload_of_the_oneof_has_its_type_in_the_union() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.config import ConfigError, parse_config
+from server.settings.config import ConfigError, parse_config
 
 
 def test_http_listen_is_off_by_default() -> None:

@@ -7,7 +7,7 @@ from prometheus_client import Counter as PromCounter
 from prometheus_client import Histogram as PromHistogram
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.instruments import Instruments
+from server.observability.instruments import Instruments
 
 BUCKETS = (0.001, 0.01, 0.1, 1, 10)
 VALUES = (0.0, 0.0005, 0.001, 0.002, 0.01, 0.5, 1, 3.5, 10, 11, 1e9)

@@ -10,9 +10,9 @@ import pytest
 
 from agentloop.v1 import agent_pb2, scripted_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
-from server.errors import AgentLoopError
-from server.journal import Journal
-from server.session import WINDOW, SessionLog
+from server.core.errors import AgentLoopError
+from server.sessions.journal import Journal
+from server.sessions.session import WINDOW, SessionLog
 from server.stores import Commit, StoreConflict
 from server.stores.memory import MemoryStore
 from server.stores.sqlite import SqliteStore

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from server.config import ConfigError, parse_config
-from server.logs import JsonFormatter, RateLimited, TextFormatter, fields
+from server.observability.logs import JsonFormatter, RateLimited, TextFormatter, fields
+from server.settings.config import ConfigError, parse_config
 
 
 @pytest.fixture

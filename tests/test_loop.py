@@ -12,9 +12,9 @@ from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import scripted_pb2
 from agentloop.v1 import session_event_pb2 as ev
-from server import seams as S
-from server.content import plain_text
-from server.system_prompt import Section
+from server.core import seams as S
+from server.core.content import plain_text
+from server.core.system_prompt import Section
 from tests.harness import (
     ERROR,
     MAX_TOKENS,
@@ -682,7 +682,7 @@ async def test_every_request_rebuilds_from_the_log(harness: Harness) -> None:
     events = agent.session.events
     step_starts = [e.seq for e in events if e.HasField("step_start")]
     assert len(step_starts) == len(harness.model.requests) == 3
-    from server.session import SessionLog
+    from server.sessions.session import SessionLog
 
     for request, seq in zip(harness.model.requests, step_starts, strict=True):
         replay = SessionLog("replay", agent.session.header, seed=events[: seq - 1])

@@ -15,15 +15,15 @@ from google.protobuf import struct_pb2
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import stream_pb2 as st
-from server.abort import NEVER, AbortController, AbortSignal
-from server.assembly import MessageAssembler
-from server.builtin_tools import builtin_tools
-from server.content import plain_text, text_content
-from server.errors import Aborted, CodedError
-from server.factory import AgentFactory
+from server.core.abort import NEVER, AbortController, AbortSignal
+from server.core.assembly import MessageAssembler
+from server.core.builtin_tools import builtin_tools
+from server.core.content import plain_text, text_content
+from server.core.errors import Aborted, CodedError
+from server.core.runtime import Runtime
+from server.lifecycle.factory import AgentFactory
 from server.models import ModelRequest
 from server.models.openai import OpenAIModel
-from server.runtime import Runtime
 from tests.fake_openai import Event, FakeOpenAI, Raw, Reply, call, chunk, text, usage
 from tests.invariants import check_log
 

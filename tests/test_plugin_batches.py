@@ -21,12 +21,12 @@ from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import hook_service_pb2_grpc as hk_rpc
 from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import content_pb2 as c
-from server import plugin_client
-from server.app import App
-from server.config import Config
+from server.edge.app import App
 from server.models.scripted_options import script_options
-from server.plugin_registry import Overrides
-from server.plugin_wire import BATCH_CAPABILITY
+from server.plugins import client as plugin_client
+from server.plugins.registry import Overrides
+from server.plugins.wire import BATCH_CAPABILITY
+from server.settings.config import Config
 from tests.plugin_client import HandleStream, hook_client
 
 T = 5.0

@@ -7,9 +7,9 @@ from collections.abc import AsyncGenerator
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import stream_pb2 as st
-from server.abort import AbortSignal
-from server.plugin_calls import NoticeSlot, PluginCallFailed, PluginStats
-from server.plugin_install import install
+from server.core.abort import AbortSignal
+from server.plugins.calls import NoticeSlot, PluginCallFailed, PluginStats
+from server.plugins.install import install
 from tests.harness import Harness, reason_kinds, text_step
 
 

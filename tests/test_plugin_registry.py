@@ -12,15 +12,15 @@ import pytest
 from google.protobuf import struct_pb2
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
-from server import seams as S
-from server.errors import FailedPrecondition
+from server.core import seams as S
+from server.core.errors import FailedPrecondition
+from server.core.runtime import Runtime
+from server.core.tools import Tool, ToolExecution
 from server.models.scripted import ScriptedModel
-from server.plugin_calls import PluginStats
-from server.plugin_client import PluginConnection
-from server.plugin_install import install
-from server.plugin_registry import Overrides, PluginRegistry
-from server.runtime import Runtime
-from server.tools import Tool, ToolExecution
+from server.plugins.calls import PluginStats
+from server.plugins.client import PluginConnection
+from server.plugins.install import install
+from server.plugins.registry import Overrides, PluginRegistry
 
 T = 5.0
 """A hang guard, never a measured time."""
@@ -189,7 +189,7 @@ async def test_a_failing_install_leaves_nothing_and_closes_the_connection(
         seen_during_install.append(list(registry.plugins))
         raise RuntimeError("install broke")
 
-    monkeypatch.setattr("server.plugin_registry.install", failing_install)
+    monkeypatch.setattr("server.plugins.registry.install", failing_install)
 
     with pytest.raises(RuntimeError, match="install broke"):
         await registry.register(ADDRESS, Overrides())

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from agentloop.v1 import agent_pb2
-from server import seams as S
-from server.errors import AlreadyExists, InvalidArgument
+from server.core import seams as S
+from server.core.errors import AlreadyExists, InvalidArgument
+from server.core.tools import Tool, ToolExecution
 from server.stores.sqlite import SqliteStore
-from server.tools import Tool, ToolExecution
 from tests.harness import Harness, kinds, reason_kinds, text_block, text_step, tool_step
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
-from server.repair import INTERRUPTED_TEXT, crash_closers
-from server.session import SessionLog
+from server.sessions.repair import INTERRUPTED_TEXT, crash_closers
+from server.sessions.session import SessionLog
 from tests.invariants import check_log
 
 

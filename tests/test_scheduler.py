@@ -9,12 +9,12 @@ import pytest
 
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
-from server.abort import AbortController
-from server.content import plain_text
-from server.errors import Aborted
-from server.scheduler import DEFAULT_MAX_PARALLEL, run_tool_batch
-from server.seams import TOOLS_POST_EXECUTE, TOOLS_PRE_EXECUTE, TOOLS_RESULT, SeamRegistry
-from server.tools import (
+from server.core.abort import AbortController
+from server.core.content import plain_text
+from server.core.errors import Aborted
+from server.core.scheduler import DEFAULT_MAX_PARALLEL, run_tool_batch
+from server.core.seams import TOOLS_POST_EXECUTE, TOOLS_PRE_EXECUTE, TOOLS_RESULT, SeamRegistry
+from server.core.tools import (
     ParallelSafe,
     ToolExecution,
     ToolOutcome,

@@ -14,13 +14,13 @@ from pathlib import Path
 from agentloop.plugin import sdk
 from agentloop.plugin.seam_table import BY_PAYLOAD, BY_SEAM, SPECS
 from agentloop.plugin.v1 import hook_service_pb2 as hk
-from server import plugin_listeners as pl
-from server import seams as S
+from server.core import seams as S
+from server.plugins import listeners as pl
 
 ROOT = Path(__file__).resolve().parent.parent
 
 SEAM_PATHS = {value for name, value in vars(S).items() if name.isupper() and isinstance(value, str)}
-"""The path constants of `server/seams.py`."""
+"""The path constants of `server/core/seams.py`."""
 
 
 def test_every_seam_value_has_exactly_one_entry() -> None:

@@ -17,10 +17,10 @@ import pytest
 from agentloop.v1 import agent_service_pb2 as pb
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
-from server.api_agent import AgentServicer
-from server.errors import FailedPrecondition, NotFound
-from server.journal import Journal
-from server.session import SessionLog
+from server.core.errors import FailedPrecondition, NotFound
+from server.edge.api_agent import AgentServicer
+from server.sessions.journal import Journal
+from server.sessions.session import SessionLog
 from server.stores import FIRST_SEQ, Commit, SessionWrites, StoreConflict, sqlite_sql
 from server.stores import sqlite as sqlite_store
 from server.stores.memory import MemoryStore

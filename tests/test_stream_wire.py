@@ -6,7 +6,7 @@ from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_service_pb2 as pb
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
-from server.api_stream_wire import response_bytes, serialize, varint
+from server.edge.api_stream_wire import response_bytes, serialize, varint
 
 
 def test_varint_is_protobufs() -> None:

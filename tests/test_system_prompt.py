@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from server.errors import CodedError
-from server.seams import SYSTEM_PROMPT_ASSEMBLE, SeamRegistry
-from server.system_prompt import (
+from server.core.errors import CodedError
+from server.core.seams import SYSTEM_PROMPT_ASSEMBLE, SeamRegistry
+from server.core.system_prompt import (
     IDENTITY_TEXT,
     Assembly,
     PromptScope,

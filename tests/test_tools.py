@@ -13,19 +13,19 @@ from google.protobuf import json_format
 
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
-from server.abort import NEVER, AbortController, AbortSignal
-from server.builtin_tools import builtin_tools
-from server.content import plain_text, text_content
-from server.errors import CodedError
-from server.seams import (
+from server.core.abort import NEVER, AbortController, AbortSignal
+from server.core.builtin_tools import builtin_tools
+from server.core.content import plain_text, text_content
+from server.core.errors import CodedError
+from server.core.seams import (
     TOOLS_EXECUTE,
     TOOLS_POST_EXECUTE,
     TOOLS_PRE_EXECUTE,
     TOOLS_RESULT,
     SeamRegistry,
 )
-from server.tool_pipeline import ToolPipeline
-from server.tools import (
+from server.core.tool_pipeline import ToolPipeline
+from server.core.tools import (
     NOT_LOSSLESS,
     ParallelSafe,
     ToolExecution,

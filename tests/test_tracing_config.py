@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-from server.tracing import Tracing, build_exporter, exporter_name
+from server.observability.tracing import Tracing, build_exporter, exporter_name
 
 
 def test_the_config_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,8 +12,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.v1 import session_event_pb2 as ev
-from server.observe import Model, Step, Turn
-from server.tracing import Tracing
+from server.observability.observe import Model, Step, Turn
+from server.observability.tracing import Tracing
 
 
 def one_turn(tracing: Tracing, call: hs.HookCall) -> None:

@@ -11,11 +11,11 @@ from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
-from server import seams as S
-from server.content import plain_text
-from server.persistence import SESSION_FLUSH
-from server.system_prompt import Assembly
-from server.tools import Tool, ToolExecution, ToolReturn
+from server.core import seams as S
+from server.core.content import plain_text
+from server.core.system_prompt import Assembly
+from server.core.tools import Tool, ToolExecution, ToolReturn
+from server.sessions.persistence import SESSION_FLUSH
 from tests.harness import Harness, kinds, reason_kinds, text_block, text_step, tool_step, turn_ends
 
 

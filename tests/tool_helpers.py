@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from agentloop.v1 import decision_pb2 as d
-from server.content import text_content
-from server.tools import ParallelSafe, Tool, ToolExecution, ToolValue
+from server.core.content import text_content
+from server.core.tools import ParallelSafe, Tool, ToolExecution, ToolValue
 
 Execute = Callable[[ToolExecution], Awaitable[ToolValue]]
 """What a tool runs for a call."""

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agentloop.v1 import agent_pb2, content_pb2, stream_pb2
-from server.abort import AbortSignal
-from server.errors import CodedError
+from server.core.abort import AbortSignal
+from server.core.errors import CodedError
 
 
 @dataclass(frozen=True)

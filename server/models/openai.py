@@ -48,9 +48,8 @@ from urllib.parse import urlsplit
 import httpx
 
 from agentloop.v1 import stream_pb2
-from server.abort import AbortSignal
-from server.errors import CodedError
-from server.logs import fields
+from server.core.abort import AbortSignal
+from server.core.errors import CodedError
 from server.models import ModelRequest
 from server.models.http import (
     BAD_RESPONSE,
@@ -67,6 +66,7 @@ from server.models.openai_wire import (
     request_body,
 )
 from server.models.sse import EventStreamDecoder
+from server.observability.logs import fields
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from agentloop.v1 import session_event_pb2 as ev
-from server.errors import AlreadyExists, SessionNotFound
+from server.core.errors import AlreadyExists, SessionNotFound
 from server.stores import (
     FIRST_SEQ,
     SessionWrites,

@@ -19,9 +19,9 @@ from agentloop import client as facade
 from agentloop.stream import SessionStream
 from agentloop.v1 import agent_event_pb2, session_event_pb2
 from agentloop.v1 import agent_service_pb2 as api
-from server.app import App
-from server.config import Config
-from server.telemetry import Telemetry
+from server.edge.app import App
+from server.observability.telemetry import Telemetry
+from server.settings.config import Config
 from tests.processes import PluginLauncher, plugin_launcher
 
 if TYPE_CHECKING:

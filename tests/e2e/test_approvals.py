@@ -24,10 +24,10 @@ from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2, approval_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
-from server import seams as S
-from server.config import Config, load_config
+from server.core import seams as S
+from server.core.tools import ToolExecution, ToolOutcome
 from server.models.scripted_options import script_options
-from server.tools import ToolExecution, ToolOutcome
+from server.settings.config import Config, load_config
 from tests.e2e.conftest import (
     E2E,
     READ_TIMEOUT,

@@ -18,7 +18,7 @@ from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import agent_service_pb2 as api
-from server.config import Config
+from server.settings.config import Config
 from tests.e2e.conftest import E2E, READ_TIMEOUT, Client, kinds, read_turn, running_app
 from tests.e2e.registry import list_plugins, wait_state
 from tests.processes import (
@@ -288,7 +288,7 @@ async def test_sigterm_right_after_the_listening_line_shuts_down_gracefully(
     """
     prelude = (
         "import time\n"
-        "from server import app\n"
+        "from server.edge import app\n"
         "_run = app.App.run_until\n"
         "async def _late(self, requested):\n"
         "    time.sleep(0.5)\n"

@@ -22,7 +22,7 @@ import pytest
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import approval_pb2
-from server.config import Config
+from server.settings.config import Config
 from tests.e2e.conftest import E2E, of_kind, running_app
 from tests.processes import PluginLauncher, guard_example
 

@@ -18,9 +18,9 @@ from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
-from server import api_agent
-from server.config import Config
+from server.edge import api_agent
 from server.models.scripted_options import script_options
+from server.settings.config import Config
 from tests.e2e.conftest import E2E, READ_TIMEOUT, EventStream, running_app
 
 T = READ_TIMEOUT

@@ -19,7 +19,7 @@ from tests.processes import REPO, read_line, wait_exit
 
 async def test_the_dev_cluster_starts_serves_from_any_replica_and_stops(tmp_path: Path) -> None:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "server.devcluster", "--replicas", "2", "--port", "0",
+        sys.executable, "-m", "server.cluster.devcluster", "--replicas", "2", "--port", "0",
         "--data-dir", str(tmp_path / "cluster"), "--lease-seconds", "2",
         cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip

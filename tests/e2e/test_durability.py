@@ -27,8 +27,8 @@ from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
 from server.models.scripted_options import script_options
-from server.repair import INTERRUPTED_TEXT
-from server.session import SessionLog, now_timestamp
+from server.sessions.repair import INTERRUPTED_TEXT
+from server.sessions.session import SessionLog, now_timestamp
 from server.stores.sqlite import SqliteStore
 from tests.e2e.conftest import READ_TIMEOUT, Client, EventStream, kinds, read_turn
 from tests.invariants import check_log
@@ -547,7 +547,7 @@ async def test_concurrent_reads_of_a_crashed_session_repair_it_once(tmp_path: Pa
         # and the closers must be stored once. (Today each load computes the closers
         # from what it read and appends them: the first append wins, the others fail
         # the store's "does not follow" check and answer DATA_LOSS for a healthy,
-        # already repaired session; see AgentFactory.load in server/factory.py.)
+        # already repaired session; see AgentFactory.load in server/lifecycle/factory.py.)
         results = await asyncio.gather(
             get_session(server, session_id),
             get_session(server, session_id),

@@ -19,10 +19,10 @@ from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
-from server.config import Config
-from server.limits import Limits
+from server.core.limits import Limits
+from server.core.tools import ToolExecution, ToolValue
 from server.models.scripted_options import script_options
-from server.tools import ToolExecution, ToolValue
+from server.settings.config import Config
 from tests.e2e.conftest import (
     E2E,
     READ_TIMEOUT,

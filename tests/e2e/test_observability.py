@@ -22,10 +22,10 @@ from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import stream_pb2 as st
-from server.config import Config
 from server.models.scripted_options import script_options
-from server.telemetry import Telemetry
-from server.tracing import Tracing
+from server.observability.telemetry import Telemetry
+from server.observability.tracing import Tracing
+from server.settings.config import Config
 from tests.e2e.conftest import E2E, READ_TIMEOUT, Client, read_turn, running_app
 from tests.e2e.registry import register
 from tests.processes import PluginLauncher, configurable, free_port, server_process

@@ -15,7 +15,7 @@ from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import hook_service_pb2_grpc as hk_rpc
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import agent_service_pb2 as api
-from server.config import Config
+from server.settings.config import Config
 from tests.e2e.conftest import E2E, kinds, read_turn, running_app
 from tests.e2e.registry import (
     eventually,

@@ -6,8 +6,8 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
-from server.config import Config, PluginConfig
-from server.plugin_required import READINESS_SERVICE
+from server.plugins.required import READINESS_SERVICE
+from server.settings.config import Config, PluginConfig
 from tests.e2e.conftest import E2E, kinds, running_app
 from tests.e2e.registry import eventually, plugin_state, wait_state
 from tests.e2e.test_plugins import create_agent, end_reason, plugin_error, run_turn, user_text

@@ -11,10 +11,10 @@ from agentloop.plugin.sdk import Plugin, block_prompt
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.v1 import agent_pb2, decision_pb2
 from agentloop.v1 import content_pb2 as c
-from server.app import App
-from server.config import Config
-from server.errors import FailedPrecondition
-from server.plugin_registry import Overrides
+from server.core.errors import FailedPrecondition
+from server.edge.app import App
+from server.plugins.registry import Overrides
+from server.settings.config import Config
 
 
 async def make_certificate(directory: Path) -> tuple[Path, Path]:

@@ -25,10 +25,10 @@ from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
-from server.config import Config
 from server.models.scripted_options import script_options
-from server.telemetry import Telemetry
-from server.tracing import Tracing
+from server.observability.telemetry import Telemetry
+from server.observability.tracing import Tracing
+from server.settings.config import Config
 from tests.e2e.conftest import E2E, READ_TIMEOUT, read_turn, running_app
 from tests.e2e.registry import register
 from tests.processes import TEST_PLUGINS, PluginLauncher

@@ -20,7 +20,7 @@ from agentloop.client import Client, connect
 from agentloop.v1 import agent_event_pb2, agent_pb2
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_service_pb2 as api
-from server.app import App
+from server.edge.app import App
 from tests.e2e.test_contract import details
 from tests.e2e.test_server_tls import TOKEN, Pki, pki, tls_config
 from tests.postgres import fresh_database

@@ -13,8 +13,8 @@ import pytest
 
 from agentloop.client import connect
 from agentloop.v1 import agent_factory_service_pb2 as fac
-from server.app import App
-from server.config import Config, ConfigError
+from server.edge.app import App
+from server.settings.config import Config, ConfigError
 from tests.e2e.conftest import READ_TIMEOUT, running_app
 from tests.processes import REPO, token_free_env
 

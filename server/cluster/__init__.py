@@ -1,0 +1,1 @@
+"""Replicas over one shared store: leases, ownership, a local dev cluster."""

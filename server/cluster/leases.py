@@ -1,0 +1,121 @@
+"""Replicas over one PostgreSQL store: leases, renewal, and takeover of orphaned agents.
+
+Each replica registers itself and owns the agents it created or resumed through
+leases (`server.stores.postgres_leases`). Two background loops run while it serves:
+- renewal, every third of the lease time: the leases it still holds are extended; an
+  agent whose lease was lost (this replica stalled past its expiry and another took
+  it) is stopped here at once, and the store's fence already refuses its writes;
+- the sweep, every half of the lease time: expired leases (a replica died) are taken
+  over; each agent is resumed here on its session, which repairs a turn the crash
+  left open and runs the pending inbox once.
+A graceful stop hands every lease over (expires it), so others take its agents now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from agentloop.v1 import agent_pb2
+from server.core.errors import AlreadyExists, FailedPrecondition
+from server.stores.postgres_leases import Holder, Lease, Leases
+
+log = logging.getLogger(__name__)
+
+Resume = Callable[[Lease], Awaitable[None]]
+Abandon = Callable[[str], Awaitable[None]]
+Owned = Callable[[], set[str]]
+
+
+class Cluster:
+    """One replica's share of the agents."""
+
+    def __init__(self, leases: Leases) -> None:
+        self.leases = leases
+        self.replica_id = leases.replica_id
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- Ownership ---------------------------------------------------------------------
+
+    async def acquire(
+        self, agent_id: str, session_id: str, options: agent_pb2.AgentOptions
+    ) -> None:
+        """Take the lease of a new live agent, or say who has it."""
+        holder = await self.leases.acquire(agent_id, session_id, options.SerializeToString())
+        if holder is None:
+            return
+        where = f' on replica "{holder.owner}"' if holder.owner else ""
+        if await self.leases.owner_of(agent_id) is not None:
+            raise AlreadyExists(f'agent "{agent_id}" is live{where}')
+        raise FailedPrecondition(f'session "{session_id}" is driven by another agent{where}')
+
+    async def release(self, agent_id: str) -> None:
+        """The agent was disposed: delete its lease."""
+        await self.leases.release(agent_id)
+
+    async def still_driven(self, session_id: str) -> bool:
+        """Whether the session's agent lives on, elsewhere or between owners."""
+        return await self.leases.session_owner(session_id) is not None
+
+    async def owner_of(self, agent_id: str) -> Holder | None:
+        """The replica that owns `agent_id`, when it is another one."""
+        return await self.leases.owner_of(agent_id)
+
+    # -- the loops ---------------------------------------------------------------------
+
+    async def register(self) -> None:
+        """Record this replica and its address (before it creates any agent)."""
+        await self.leases.register()
+
+    def start(self, owned: Owned, resume: Resume, abandon: Abandon) -> None:
+        """Renew and sweep in the background.
+
+        Called once the config agents exist: a sweep racing their creation would take
+        one over as it is being created.
+        """
+        ttl = self.leases.ttl
+        self._tasks = [
+            asyncio.create_task(self._every(ttl / 3, lambda: self._renew(owned, abandon))),
+            asyncio.create_task(self._every(ttl / 2, lambda: self._sweep(resume))),
+        ]
+
+    async def stop(self) -> None:
+        """Stop the loops (before the agents are disposed)."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    async def hand_over(self) -> None:
+        """Expire this replica's leases (a graceful stop, after its turns closed)."""
+        await self.leases.hand_over()
+
+    async def _every(self, seconds: float, work: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            try:
+                await work()
+            except Exception:  # the database may be away for a moment: try again
+                log.warning("cluster: %s failed; retrying", work, exc_info=True)
+            await asyncio.sleep(seconds)
+
+    async def _renew(self, owned: Owned, abandon: Abandon) -> None:
+        running = owned()
+        kept = await self.leases.renew(running)
+        for agent_id in sorted(running - kept):
+            log.warning("cluster: the lease of agent %s was lost; stopping it here", agent_id)
+            await abandon(agent_id)
+
+    async def _sweep(self, resume: Resume) -> None:
+        for lease in await self.leases.take_over():
+            log.info(
+                "cluster: taking over agent %s (session %s) from %s",
+                lease.agent_id,
+                lease.session_id,
+                lease.owner,
+            )
+            try:
+                await resume(lease)
+            except Exception:
+                log.error("cluster: taking over agent %s failed", lease.agent_id, exc_info=True)
+                await self.leases.release(lease.agent_id)

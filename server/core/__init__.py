@@ -1,0 +1,1 @@
+"""The loop core: turns, steps, seams, tools and an agent's verbs; no transport."""

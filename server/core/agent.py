@@ -1,0 +1,440 @@
+"""An agent: its session, its inbox, its status, and the verbs callers use on it.
+
+The verbs (send, steer, inject, cancel, when_idle) are synchronous or cheap; the work
+happens in the driver (`server.core.loop`), one task per agent for its whole life.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agentloop.v1 import agent_event_pb2 as ae
+from agentloop.v1 import agent_pb2
+from agentloop.v1 import content_pb2 as c
+from agentloop.v1 import decision_pb2 as d
+from agentloop.v1 import session_event_pb2 as ev
+from server.core import seams as S
+from server.core.abort import NEVER, AbortController, AbortSignal
+from server.core.approvals import Approvals
+from server.core.content import resolve_source
+from server.core.errors import AgentDisposed, CodedError, FailedPrecondition
+from server.core.inbox import Inbox, Pending
+from server.core.runtime import Runtime
+from server.observability.logs import fields
+from server.sessions.session import SessionLog, now_timestamp
+from server.stores import INBOX_CONTEXT, INBOX_MESSAGE, INBOX_STEERING, InboxEntry
+
+log = logging.getLogger(__name__)
+
+LiveListener = Callable[[ae.AgentEvent], None]
+
+STATUS_NAMES = {
+    ae.AGENT_STATUS_IDLE: "idle",
+    ae.AGENT_STATUS_RUNNING: "running",
+    ae.AGENT_STATUS_DISPOSED: "disposed",
+}
+
+
+class Agent:
+    """One live agent driving one session."""
+
+    def __init__(
+        self,
+        agent_id: str,
+        session: SessionLog,
+        options: agent_pb2.AgentOptions,
+        runtime: Runtime,
+    ) -> None:
+        self.agent_id = agent_id
+        self.session = session
+        self.options = options
+        self.runtime = runtime
+        self.max_parallel_tool_calls = (
+            options.max_parallel_tool_calls
+            if options.HasField("max_parallel_tool_calls")
+            else runtime.max_parallel_tool_calls
+        )
+        self.enabled_tools = frozenset(options.tools)
+        self.resolved_provider = options.provider or runtime.default_provider
+        """The provider of the first request: the option, else the server default."""
+        self.resolved_model = options.model or runtime.models.default_model(self.resolved_provider)
+        """The model of the first request: the option, else the provider's default."""
+        self.status: ae.AgentStatus.ValueType = ae.AGENT_STATUS_IDLE
+        self.inbox = Inbox()
+        self.create_time = now_timestamp()
+        self.published = False
+        self.disposed = False
+        self.cancel_reason: str | None = None
+        """The turn-scoped cancel marker: set by `cancel()` when there is work."""
+        self.turn_controller: AbortController | None = None
+        """The abort scope of the running turn: every seam call of the turn watches it."""
+        self.step_controller: AbortController | None = None
+        self.session_prefix: list[c.Message] | None = None
+        """The session prefix of this loop instance, composed on its first step."""
+        self.requests_made = 0
+        """Model requests made by this loop instance (0: the next one logs a header)."""
+        self.tool_batch_active = False
+        self.deferred: list[tuple[ev.ContextMessage, tuple[int, ...]]] = []
+        """Contexts held back while a tool batch runs (with the inbox entries they
+        record), appended after its results."""
+        self.driver: asyncio.Task[None] | None = None
+        self.teardown: asyncio.Future[None] | None = None
+        """The one teardown of this agent, once disposal began."""
+        self.pending_flushes: set[asyncio.Task[None]] = set()
+        self._idle_waiters: list[asyncio.Future[None]] = []
+        self._live: list[LiveListener] = []
+        self.approvals = Approvals(
+            agent_id,
+            session,
+            runtime.seams,
+            runtime.journal,
+            lambda event: self.emit(None, (), event),
+            options.approval_timeout.ToNanoseconds() / 1e9
+            if options.HasField("approval_timeout")
+            else runtime.approval_timeout,
+        )
+        """Tool calls waiting for approval, and those resolved lately."""
+        session.observers.append(self._observe_session)
+        session.committed_observers.append(self._observe_committed)
+
+    # -- verbs -------------------------------------------------------------------------
+
+    def send(
+        self,
+        content: Sequence[c.ContentBlock],
+        source: c.Source | None = None,
+        request_id: str = "",
+    ) -> Pending:
+        """Queue a message for the next turn (durable with the next commit)."""
+        self._check_live()
+        item = self._accept(content, source, request_id, steering=False)
+        self.inbox.enqueue(item)
+        self._emit_queued(item)
+        return item
+
+    def steer(
+        self,
+        content: Sequence[c.ContentBlock],
+        source: c.Source | None = None,
+        request_id: str = "",
+    ) -> bool:
+        """Steer the running turn; when not running, exactly `send`. True if it steered."""
+        self._check_live()
+        if self.status != ae.AGENT_STATUS_RUNNING:
+            self.send(content, source, request_id)
+            return False
+        item = self._accept(content, source, request_id, steering=True)
+        self.inbox.steer(item)
+        self._emit_queued(item)
+        return True
+
+    def inject(self, context: d.HookContext, request_id: str = "") -> None:
+        """Add context: to the open turn (deferred during a tool batch), or as an idle turn."""
+        self._check_live()
+        message = context_message(context)
+        message.request_id = request_id
+        if self.session.open_turn and self.tool_batch_active:
+            entry = self.session.accept(INBOX_CONTEXT, message)
+            self.deferred.append((message, (entry.entry_id,)))
+        elif self.session.open_turn:
+            self.session.add(message)
+        else:
+            self._injection_turn(message, ())
+
+    def cancel(self, reason: str = "") -> tuple[bool, int]:
+        """Cancel the running turn and drop queued work.
+
+        Returns whether there was work to cancel and how many messages were dropped
+        (each recorded as `message/dropped`).
+        """
+        reason = reason or "cancelled"
+        has_work = (
+            self.status == ae.AGENT_STATUS_RUNNING
+            or self.step_controller is not None
+            or bool(self.inbox.queued)
+            or bool(self.inbox.steering)
+        )
+        if has_work:
+            self.cancel_reason = reason
+        dropped = [*self.inbox.drain_queued(), *self.inbox.drain_steering()]
+        self.record_dropped(dropped, f"cancelled: {reason}", abort_reason=reason)
+        if self.turn_controller is not None:
+            self.turn_controller.abort(reason)
+        if self.step_controller is not None:
+            self.step_controller.abort(reason)
+        return has_work, len(dropped)
+
+    def record_dropped(
+        self, items: Sequence[Pending], reason: str, *, abort_reason: str = ""
+    ) -> None:
+        """Record accepted messages that no turn will answer, inside a turn.
+
+        In the open turn if there is one; else in a zero-step turn that ends
+        `aborted` with `abort_reason`, so that the drop is part of the turn log.
+        """
+        items = [item for item in items if item.entry_id]  # continuation reasons: not accepted
+        if not items:
+            return
+        opened = 0
+        if not self.session.open_turn:
+            opened = self.session.max_turn + 1
+            self.session.add(
+                ev.TurnStart(turn=opened, trigger=ev.TRIGGER_KIND_MESSAGE, source=items[0].source),
+            )
+        for item in items:
+            self.session.add(
+                ev.MessageDropped(
+                    content=item.content,
+                    source=item.source,
+                    reason=reason,
+                    request_id=item.request_id,
+                    steering=item.steering,
+                ),
+                consumes=item.consumes,
+            )
+        if opened:
+            self.session.add(
+                ev.TurnEnd(
+                    turn=opened,
+                    reason=ev.TurnEndReason(
+                        aborted=ev.TurnAborted(reason=abort_reason or "cancelled")
+                    ),
+                ),
+            )
+
+    def restore(self, entries: Sequence[InboxEntry]) -> None:
+        """Take up what the durable inbox held when the session was loaded, in order.
+
+        Messages and steering queue for the next turn (steering that missed its turn
+        becomes a prompt); a context becomes a one-shot injection turn.
+        """
+        for entry in entries:
+            message = entry.message
+            if entry.kind == INBOX_CONTEXT:
+                assert isinstance(message, ev.ContextMessage)
+                self._injection_turn(message, (entry.entry_id,))
+                continue
+            item = Pending(
+                list(message.content),
+                message.source,
+                entry.entry_id,
+                message.request_id,
+                steering=entry.kind == INBOX_STEERING,
+            )
+            self.inbox.enqueue(item)
+            self._emit_queued(item)
+
+    def is_idle(self) -> bool:
+        """Whether nothing runs and nothing is queued (a disposed agent counts as idle)."""
+        if self.disposed:
+            return self.driver is None or self.driver.done()
+        return self.status != ae.AGENT_STATUS_RUNNING and not self.inbox.queued
+
+    async def when_idle(self) -> None:
+        """Return when nothing runs and nothing is queued (or the agent is disposed)."""
+        if self.disposed:
+            if self.driver is not None:
+                await asyncio.shield(self.driver)
+            return
+        if self.status != ae.AGENT_STATUS_RUNNING and not self.inbox.queued:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._idle_waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter in self._idle_waiters:  # timed out or cancelled: do not keep it
+                self._idle_waiters.remove(waiter)
+        if self.disposed and self.driver is not None:
+            await asyncio.shield(self.driver)  # disposal settles at once; the turn closes later
+
+    def subscribe(self, listener: LiveListener) -> Callable[[], None]:
+        """Receive the live agent events; returns a remover."""
+        self._live.append(listener)
+        return lambda: self._live.remove(listener) if listener in self._live else None
+
+    # -- driver-facing -----------------------------------------------------------------
+
+    def new_step_signal(self) -> AbortSignal:
+        """Open the abort scope of a new step; `cancel()` and disposal fire it."""
+        self.step_controller = AbortController()
+        return self.step_controller.signal
+
+    def turn_signal(self) -> AbortSignal:
+        """The running turn's signal (a never-firing one outside a turn)."""
+        return self.turn_controller.signal if self.turn_controller is not None else NEVER
+
+    def step_signal(self) -> AbortSignal:
+        """The current step's signal (a never-firing one outside a step)."""
+        return self.step_controller.signal if self.step_controller is not None else NEVER
+
+    def set_status(self, status: ae.AgentStatus.ValueType) -> None:
+        """Move to `status`, emitting `agent/status` on a real transition only."""
+        if status == self.status or self.status == ae.AGENT_STATUS_DISPOSED:
+            return
+        self.status = status
+        if status == ae.AGENT_STATUS_IDLE:
+            self.settle_idle()
+        if status == ae.AGENT_STATUS_DISPOSED and not self.published:
+            return
+        self.emit(
+            S.STATUS,
+            (self, STATUS_NAMES[status]),
+            ae.AgentEvent(status=ae.AgentStatusChanged(status=status)),
+        )
+
+    def settle_idle(self) -> None:
+        """Release the `when_idle` waiters."""
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def report_error(self, turn: int, step: int, error: BaseException) -> None:
+        """Emit `agent/error` for a failure of turn `turn` at step `step`."""
+        code = error.code if isinstance(error, CodedError) else ""
+        log.warning(
+            "agent %s turn %d step %d failed: %s", self.agent_id, turn, step, error,
+            extra=fields(
+                agent=self.agent_id, session=self.session.session_id, turn=turn, step=step
+            ),
+        )  # fmt: skip
+        self.emit(
+            S.ERROR,
+            (self, turn, step, error),
+            ae.AgentEvent(error=ae.AgentError(turn=turn, step=step, message=str(error), code=code)),
+        )
+
+    def emit(self, seam: str | None, args: tuple[Any, ...], event: ae.AgentEvent) -> None:
+        """Notify the seam's listeners (if any seam) and the live subscribers; contained.
+
+        The seam's in-process listeners run now; the live subscribers and the
+        `agent/event` observers only once everything written before is stored, so
+        that no notification overtakes the log it refers to.
+        """
+        seams = self.runtime.seams
+        if seam is not None:
+            seams.emit(seam, self.agent_id, args)
+        if not self._live and not seams.has(S.AGENT_EVENT, self.agent_id):
+            return
+        event.agent_id = self.agent_id
+        event.create_time.CopyFrom(now_timestamp())
+        self.runtime.journal.after_commit(lambda: self._notify(event), self.session)
+
+    def _notify(self, event: ae.AgentEvent) -> None:
+        for listener in list(self._live):
+            try:
+                listener(event)
+            except Exception:
+                log.warning("live agent event listener failed", exc_info=True)
+        seams = self.runtime.seams
+        if seams.has(S.AGENT_EVENT, self.agent_id):
+            seams.emit(S.AGENT_EVENT, self.agent_id, (self, event))
+
+    def _observe_session(self, event: ev.SessionEvent) -> None:
+        """Pass each appended event to the in-process `session/event` observers."""
+        # One look-up of the listeners (emit's), not two: this runs for every event.
+        self.runtime.seams.emit(S.SESSION_EVENT, self.agent_id, (self, event))
+
+    def _observe_committed(self, event: ev.SessionEvent) -> None:
+        """Pass each stored event to the `session/committed` observers (plugins)."""
+        seams = self.runtime.seams
+        if seams.has(S.SESSION_COMMITTED, self.agent_id):
+            seams.emit(S.SESSION_COMMITTED, self.agent_id, (self, event))
+
+    def stop(self) -> None:
+        """First step of disposal: mark disposed, unpark the driver, abort the step."""
+        if self.disposed:
+            return
+        self.disposed = True
+        self.inbox.wake()
+        self.settle_idle()
+        if self.turn_controller is not None:
+            self.turn_controller.abort("disposed")
+        if self.step_controller is not None:
+            self.step_controller.abort("disposed")
+        self.set_status(ae.AGENT_STATUS_DISPOSED)
+
+    def track_flush(self, turn: int) -> None:
+        """Flush in the background (an idle injection); tracked so disposal drains it."""
+
+        async def flush() -> None:
+            try:
+                await self.runtime.persistence.flush(self.session)
+            except Exception as error:  # reported, never raised: nobody awaits this
+                self.report_error(turn, 0, error)
+
+        task = asyncio.ensure_future(flush())
+        self.pending_flushes.add(task)
+        task.add_done_callback(self.pending_flushes.discard)
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _check_live(self) -> None:
+        if self.disposed:
+            raise AgentDisposed(self.agent_id)
+        if not self.published:  # creation still awaits the store: nothing may queue yet
+            raise FailedPrecondition(f'agent "{self.agent_id}" is still being created')
+        if self.session.failure is not None:  # its writes are refused: it is stopping
+            raise FailedPrecondition(f'agent "{self.agent_id}" stopped: {self.session.failure}')
+
+    def _accept(
+        self,
+        content: Sequence[c.ContentBlock],
+        source: c.Source | None,
+        request_id: str,
+        *,
+        steering: bool,
+    ) -> Pending:
+        """Record a message in the durable inbox; the item that mirrors it in memory."""
+        message = ev.UserMessage(
+            content=content, source=resolve_source(source), request_id=request_id
+        )
+        kind = INBOX_STEERING if steering else INBOX_MESSAGE
+        entry = self.session.accept(kind, message)
+        return Pending(
+            list(message.content), message.source, entry.entry_id, request_id, steering=steering
+        )
+
+    def _emit_queued(self, item: Pending) -> None:
+        self.emit(
+            S.QUEUED,
+            (self, item.content, item.source, item.steering),
+            ae.AgentEvent(
+                queued=ae.AgentQueued(
+                    content=item.content,
+                    source=item.source,
+                    steering=item.steering,
+                    request_id=item.request_id,
+                )
+            ),
+        )
+
+    def _injection_turn(self, message: ev.ContextMessage, consumes: tuple[int, ...]) -> None:
+        """The one-shot turn of an idle injection: turn/start, context, turn/end."""
+        turn = self.session.max_turn + 1
+        self.session.add(
+            ev.TurnStart(turn=turn, trigger=ev.TRIGGER_KIND_INJECTION, source=message.source),
+        )
+        try:
+            self.session.add(message, consumes=consumes)
+        finally:
+            self.session.add(
+                ev.TurnEnd(turn=turn, reason=ev.TurnEndReason(completed=ev.TurnCompleted())),
+            )
+            self.track_flush(turn)
+
+
+def context_message(context: d.HookContext) -> ev.ContextMessage:
+    """The `context/message` payload of a hook context, with defaults applied."""
+    message = ev.ContextMessage(
+        content=context.content,
+        source=context.source if context.source.kind else c.Source(kind="user"),
+        envelope=context.envelope or ev.CONTEXT_ENVELOPE_CONTEXT,
+    )
+    if context.HasField("meta"):
+        message.meta.CopyFrom(context.meta)
+    return message

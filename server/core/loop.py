@@ -1,0 +1,210 @@
+"""The driver: one task per agent that turns queued messages into turns and steps.
+
+A turn drains every queued message, runs `agent/prompt-submit` on each, then runs
+steps until the model stops asking for tools (or a seam says otherwise). A step is:
+assemble the system prompt, compose the session prefix (once per loop instance), run
+`agent/pre-step`, snapshot the history, `step/start`, stream one model request, run
+the tool calls it asked for, drain steering, `step/end`, decide whether to continue.
+Every turn that opened is closed with exactly one `turn/end` and then flushed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from agentloop.v1 import agent_event_pb2 as ae
+from agentloop.v1 import content_pb2 as c
+from agentloop.v1 import decision_pb2 as d
+from agentloop.v1 import session_event_pb2 as ev
+from server.core import seams as S
+from server.core.abort import AbortController
+from server.core.agent import Agent
+from server.core.errors import Aborted, CodedError
+from server.core.inbox import Pending
+from server.core.step import prepare_step, run_step
+from server.core.turn import (
+    StepInterrupted,
+    Turn,
+    close_step,
+    close_turn,
+    drain_steering,
+    fail,
+    interrupt,
+)
+
+LOOP_SOURCE = c.Source(kind="loop")
+
+
+async def run_loop(agent: Agent) -> None:
+    """Drive `agent` until it is disposed."""
+    while not agent.disposed:
+        await agent.inbox.wait()
+        if agent.disposed:
+            break
+        if agent.cancel_reason is not None:  # cancelled before the turn could start
+            agent.cancel_reason = None
+            if not agent.inbox.queued:
+                agent.settle_idle()
+                continue
+        agent.set_status(ae.AGENT_STATUS_RUNNING)
+        if agent.cancel_reason is not None:  # a `running` listener cancelled
+            agent.cancel_reason = None
+            if not agent.inbox.queued:
+                agent.set_status(ae.AGENT_STATUS_IDLE)
+                continue
+        terminal = await run_turn(agent)
+        agent.cancel_reason = None
+        late = agent.inbox.drain_steering()
+        if terminal:
+            agent.record_dropped(
+                late, "steering after a terminal agent/turn-stop", abort_reason="turn-stop"
+            )
+        else:
+            for item in late:  # steering that missed its turn becomes the next prompt
+                agent.inbox.enqueue(item)
+        if not agent.inbox.queued and not agent.disposed:
+            agent.set_status(ae.AGENT_STATUS_IDLE)
+
+
+async def run_turn(agent: Agent) -> bool:
+    """Run one turn over every queued message; returns whether it stopped terminally."""
+    session = agent.session
+    turn = Turn(session.max_turn + 1, start_seq=len(session))
+    batch = agent.inbox.drain_queued()
+    if not batch:
+        return False
+    try:
+        session.add(
+            ev.TurnStart(turn=turn.number, trigger=ev.TRIGGER_KIND_MESSAGE, source=batch[0].source),
+        )
+    except Exception as error:  # a pre-turn failure: nothing was opened
+        agent.report_error(turn.number, 0, error)
+        return False
+    agent.turn_controller = AbortController()
+    turn.unsubmitted = list(batch)
+    try:
+        if await submit_prompts(agent, turn, batch):
+            await run_steps(agent, turn)
+    except Exception as error:
+        close_step(agent, turn)
+        if not agent.disposed:  # disposed: they stay pending and run when resumed
+            reason = f"the turn ended before it was submitted: {error}"
+            agent.record_dropped(turn.unsubmitted, reason)
+        if agent.disposed and not turn.error_reported:
+            turn.reason = ev.TurnEndReason(disposed=ev.TurnDisposed())
+        elif isinstance(error, Aborted) and agent.cancel_reason is not None:
+            interrupt(agent, turn)  # a seam call gave up because the turn was cancelled
+        else:
+            fail(agent, turn, error)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # the driver itself is being cancelled (a shutdown past its grace)
+        # A stray cancellation from inside a seam or tool: a failure of this turn only.
+        close_step(agent, turn)
+        fail(agent, turn, CodedError("a listener or tool was cancelled", "CANCELLED"))
+    finally:
+        agent.turn_controller = None
+    close_turn(agent, turn)
+    try:
+        await agent.runtime.persistence.flush(session)
+    except Exception as error:
+        agent.report_error(turn.number, turn.step, error)
+    return turn.terminal
+
+
+async def submit_prompts(agent: Agent, turn: Turn, batch: list[Pending]) -> bool:
+    """Run `agent/prompt-submit` on each message; False when every one was blocked."""
+    allowed = False
+    last_block = ""
+    for item in batch:
+        decision = await agent.runtime.seams.waterfall(
+            S.PROMPT_SUBMIT, agent.agent_id, (agent, item.content, item.source), d.PromptDecision()
+        )
+        turn.unsubmitted.remove(item)
+        if decision.WhichOneof("decision") == "block":
+            last_block = decision.block.reason
+            agent.session.add(
+                ev.PromptBlocked(
+                    content=item.content,
+                    source=item.source,
+                    reason=last_block,
+                    request_id=item.request_id,
+                ),
+                consumes=item.consumes,
+            )
+            continue
+        allowed = True
+        content = decision.allow.content or item.content
+        agent.session.add(
+            ev.UserMessage(content=content, source=item.source, request_id=item.request_id),
+            consumes=item.consumes,
+        )
+        for context in decision.allow.additional_contexts:
+            agent.inject(context)
+    if not allowed:
+        turn.reason = ev.TurnEndReason(rejected=ev.TurnRejected(reason=last_block))
+    return allowed
+
+
+async def run_steps(agent: Agent, turn: Turn) -> None:
+    """Run steps until the turn stops; sets `turn.reason` on every non-throwing exit."""
+    while True:
+        turn.step += 1
+        drain_steering(agent, turn)
+        signal = agent.new_step_signal()
+        try:
+            try:
+                system, history = await prepare_step(agent, turn, signal)
+            except StepInterrupted:
+                close_step(agent, turn)
+                interrupt(agent, turn)
+                return
+            try:
+                outcome = await run_step(agent, turn, system, history)
+            except Exception as error:
+                close_step(agent, turn)
+                if agent.disposed:
+                    turn.reason = ev.TurnEndReason(disposed=ev.TurnDisposed())
+                elif signal.aborted:
+                    turn.reason = ev.TurnEndReason(aborted=ev.TurnAborted(reason=signal.reason))
+                else:
+                    fail(agent, turn, error)
+                return
+        finally:
+            agent.step_controller = None
+        turn.max_tokens = turn.max_tokens or outcome.max_tokens
+        steered = drain_steering(agent, turn)
+        close_step(agent, turn)
+        if not await should_continue(agent, turn, outcome.had_tool_calls or steered):
+            return
+
+
+async def should_continue(agent: Agent, turn: Turn, default_continue: bool) -> bool:
+    """The continuation window: continuation waterfall, turn-stop checkpoint, cancel."""
+    seams = agent.runtime.seams
+    default = (
+        d.ContinuationDecision(continue_turn=d.ContinuationContinue())
+        if default_continue
+        else d.ContinuationDecision(stop=d.ContinuationStop())
+    )
+    decision = await seams.waterfall(
+        S.TURN_CONTINUATION, agent.agent_id, (agent, turn.number, default), default, value_at=2
+    )
+    kind = decision.WhichOneof("decision") or default.WhichOneof("decision")
+    if kind == "continue_turn" and decision.continue_turn.reason:
+        source = decision.continue_turn.source
+        agent.inbox.steer(
+            Pending(list(decision.continue_turn.reason), source if source.kind else LOOP_SOURCE)
+        )
+    proceed = kind == "continue_turn" or bool(agent.inbox.steering)
+    if await seams.serial(S.TURN_STOP, agent.agent_id, (agent, turn.number)) is not None:
+        turn.terminal = True
+        agent.record_dropped(
+            agent.inbox.drain_steering(), "discarded by a terminal agent/turn-stop"
+        )
+        proceed = False
+    if agent.cancel_reason is not None or agent.disposed:
+        interrupt(agent, turn)
+        return False
+    return proceed

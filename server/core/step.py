@@ -1,0 +1,285 @@
+"""One step: prepare (prompt, prefix, pre-step, `step/start`), stream the model, run tools."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agentloop.v1 import content_pb2 as c
+from agentloop.v1 import decision_pb2 as d
+from agentloop.v1 import session_event_pb2 as ev
+from agentloop.v1 import stream_pb2 as st
+from server.core import seams as S
+from server.core.abort import AbortSignal
+from server.core.agent import Agent, context_message
+from server.core.assembly import MessageAssembler
+from server.core.content import text_block, tool_calls_of, without_tool_calls
+from server.core.errors import Aborted, CodedError
+from server.core.fairness import yield_if_due
+from server.core.jsonvalue import to_struct
+from server.core.limits import (
+    CONTENT_BYTES,
+    check_model_output,
+    check_tool_calls,
+    check_turn_events,
+    oversized_result,
+)
+from server.core.scheduler import run_tool_batch
+from server.core.system_prompt import PromptScope
+from server.core.tools import ToolExecution, ToolOutcome
+from server.core.turn import StepInterrupted, Turn, check_interrupted
+from server.models import ModelRequest
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What a successful step did."""
+
+    had_tool_calls: bool
+    max_tokens: bool
+
+
+async def prepare_step(
+    agent: Agent, turn: Turn, signal: AbortSignal
+) -> tuple[str, list[c.Message]]:
+    """Everything before the model call: prompt, prefix, pre-step, history, `step/start`.
+
+    Raises `StepInterrupted` at each checkpoint that finds the turn cancelled or the
+    agent disposed (also when a seam gave up because the step's signal fired).
+    """
+    runtime = agent.runtime
+    session = agent.session
+    await yield_if_due()  # a turn of many steps that never wait must not starve the others
+    try:
+        scope = PromptScope(
+            agent_id=agent.agent_id,
+            provider=agent.resolved_provider,
+            model=agent.resolved_model,
+            cwd=session.header.cwd,
+        )
+        assembly = await runtime.prompts.assemble(scope, runtime.seams)
+        system = runtime.prompts.render(assembly)
+        check_interrupted(agent)
+        if agent.session_prefix is None:
+            prefix: list[c.Message] = await runtime.seams.waterfall(
+                S.SESSION_PREFIX, agent.agent_id, (agent, (), signal), []
+            )
+            check_interrupted(agent)  # an interrupted composition is not cached
+            agent.session_prefix = [copy_message(m) for m in prefix]
+        await runtime.seams.serial(
+            S.PRE_STEP,
+            agent.agent_id,
+            (agent, turn.number, turn.step, system, agent.session_prefix, signal),
+        )
+        check_interrupted(agent)
+    except Aborted:
+        if signal.aborted:
+            raise StepInterrupted from None
+        raise
+    history = session.derive_messages()
+    check_turn_events(runtime.limits, len(session) - turn.start_seq)
+    session.add(ev.StepStart(turn=turn.number, step=turn.step))
+    turn.step_open = True
+    check_interrupted(agent)
+    return system, history
+
+
+async def run_step(agent: Agent, turn: Turn, system: str, history: list[c.Message]) -> StepOutcome:
+    """Stream one model request and run the tool calls it asked for."""
+    runtime = agent.runtime
+    session = agent.session
+    signal = agent.step_signal()
+    first_request = agent.requests_made == 0
+    seed = (
+        c.ModelConfig(provider=agent.resolved_provider, model=agent.resolved_model)
+        if first_request or session.request_header is None
+        else session.request_header.config
+    )
+    config = await runtime.seams.waterfall(
+        S.REQUEST, agent.agent_id, (agent, turn.number, turn.step, seed), seed, value_at=3
+    )
+    if not config.provider or not config.model:
+        raise CodedError(
+            f'agent "{agent.agent_id}" has no provider/model: provider="{config.provider}", '
+            f'model="{config.model}"; set them in the agent options or from agent/request',
+            "NO_MODEL",
+        )
+    header = c.RequestHeader(
+        config=config,
+        system=system,
+        tools=runtime.tools.schemas(agent.agent_id, agent.enabled_tools, runtime.tool_order),
+        message_prefix=agent.session_prefix or (),
+    )
+    model = runtime.models.get(config.provider)  # before the header: no header for no request
+    log_header(agent, header, first_request)
+    agent.requests_made += 1
+    request = ModelRequest(
+        agent_id=agent.agent_id,
+        session_id=session.session_id,
+        turn=turn.number,
+        step=turn.step,
+        header=header,
+        messages=[*header.message_prefix, *history],
+        options=agent.options,
+    )
+    assembler = MessageAssembler()
+    chunk_seqs: list[int] = []
+    output_bytes = 0
+    chunks = model.stream(request, signal)
+    try:
+        async for chunk in chunks:
+            signal.raise_if_aborted()
+            event = session.add(ev.AssistantChunk(turn=turn.number, step=turn.step, chunk=chunk))
+            chunk_seqs.append(event.seq)
+            check_turn_events(runtime.limits, event.seq - turn.start_seq)
+            if chunk.HasField("block_delta"):
+                output_bytes += len(chunk.block_delta.text.encode())
+                check_model_output(runtime.limits, output_bytes)
+            assembler.add(chunk)
+            await yield_if_due()
+    finally:
+        close = getattr(chunks, "aclose", None)
+        if close is not None:
+            await close()  # stop the provider's stream at once on abort
+    signal.raise_if_aborted()
+    finish = assembler.finish
+    if finish is None:
+        raise CodedError("model stream ended without a finish chunk", "MODEL_PROTOCOL")
+    if finish.kind == st.FINISH_KIND_ERROR:
+        raise CodedError(finish.message or "model error", finish.code)
+    if finish.kind == st.FINISH_KIND_ABORTED:
+        raise CodedError("model stream aborted", "ABORTED")
+    max_tokens = finish.kind == st.FINISH_KIND_MAX_TOKENS
+    provenance = c.Provenance(provider=config.provider, model=config.model)
+    assembled = assembler.content
+    if max_tokens:
+        assembled = without_tool_calls(assembled)
+    message = c.Message(role=c.ROLE_ASSISTANT, content=assembled, provenance=provenance)
+    try:
+        result = await runtime.seams.waterfall(
+            S.STEP_RESULT,
+            agent.agent_id,
+            (agent, turn.number, turn.step, message),
+            message,
+            value_at=3,
+        )
+    except Exception:
+        append_assistant(agent, turn, [], provenance, assembler.usage, chunk_seqs)
+        raise
+    content = list(result.content)
+    if max_tokens:
+        content = without_tool_calls(content)
+    if result is not message and list(result.content) != list(message.content):
+        provenance.replay_state = ""  # replay state only fits the content it came with
+    calls = [] if max_tokens else tool_calls_of(content)
+    if len(calls) > runtime.limits.max_tool_calls_per_step:
+        # The calls are left out of the log: no call stays there without its result.
+        content = without_tool_calls(content)
+        append_assistant(agent, turn, content, provenance, assembler.usage, chunk_seqs)
+        check_tool_calls(runtime.limits, len(calls))
+    append_assistant(agent, turn, content, provenance, assembler.usage, chunk_seqs)
+    if not calls:
+        return StepOutcome(had_tool_calls=False, max_tokens=max_tokens)
+    await run_tools(agent, turn, calls)
+    return StepOutcome(had_tool_calls=True, max_tokens=False)
+
+
+async def run_tools(agent: Agent, turn: Turn, calls: list[c.ToolCallBlock]) -> None:
+    """Run one tool batch; deferred contexts are appended after its results, even on abort."""
+    session = agent.session
+
+    def on_call(call: c.ToolCallBlock) -> int:
+        return session.add(
+            ev.ToolCall(
+                turn=turn.number,
+                step=turn.step,
+                call_id=call.id,
+                name=call.name,
+                arguments=call.arguments,
+            ),
+        ).seq
+
+    def on_result(exec: ToolExecution, outcome: ToolOutcome, call_seq: int) -> None:
+        result = ev.ToolResult(
+            turn=turn.number,
+            step=turn.step,
+            call_id=exec.call_id,  # the model's id, whatever a listener did to the content
+            content=outcome.content,
+            is_error=outcome.is_error,
+            error=outcome.error,
+        )
+        oversized = oversized_result(agent.runtime.limits, result.ByteSize())
+        if oversized:  # one event must fit any client, and the model's context
+            del result.content[:]
+            result.content.append(text_block(oversized))
+            result.is_error = True
+            result.error.CopyFrom(ev.ToolError(name="ResultTooLarge", code=CONTENT_BYTES))
+        if outcome.meta is not None:
+            result.meta.CopyFrom(to_struct(outcome.meta))
+        session.add(result, source_event_seqs=[call_seq])
+        seams = agent.runtime.seams
+        if seams.has(S.TOOLS_RESULT_COMMITTED, agent.agent_id):  # plugins see stored results
+            agent.runtime.journal.after_commit(
+                lambda: seams.emit(S.TOOLS_RESULT_COMMITTED, agent.agent_id, (exec, outcome))
+            )
+
+    def on_context(context: d.HookContext) -> None:
+        agent.deferred.append((context_message(context), ()))
+
+    agent.tool_batch_active = True
+    try:
+        await run_tool_batch(
+            calls,
+            registry=agent.runtime.tools,
+            seams=agent.runtime.seams,
+            agent_id=agent.agent_id,
+            enabled=agent.enabled_tools,
+            turn=turn.number,
+            step=turn.step,
+            signal=agent.step_signal(),
+            max_parallel=agent.max_parallel_tool_calls,
+            on_call=on_call,
+            on_result=on_result,
+            on_context=on_context,
+            before_dispatch=session.settle,
+            approvals=agent.approvals,
+            approval_required=agent.options.approval_required_tools,
+        )
+    finally:
+        agent.tool_batch_active = False
+        deferred, agent.deferred = agent.deferred, []
+        for message, consumes in deferred:
+            session.add(message, consumes=consumes)
+
+
+def log_header(agent: Agent, header: c.RequestHeader, first_request: bool) -> None:
+    """Append `request/header` when this request owes one (first of instance, or changed)."""
+    logged = agent.session.request_header
+    if first_request:
+        reason = ev.HEADER_REASON_INITIAL if logged is None else ev.HEADER_REASON_RESUME
+    elif logged is None or logged != header:
+        reason = ev.HEADER_REASON_CHANGE
+    else:
+        return
+    agent.session.add(ev.RequestHeaderLogged(header=header, reason=reason))
+
+
+def append_assistant(
+    agent: Agent,
+    turn: Turn,
+    content: list[c.ContentBlock],
+    provenance: c.Provenance,
+    usage: c.Usage | None,
+    chunk_seqs: list[int],
+) -> None:
+    """Append the step's `assistant/message` (empty content is a completion anchor)."""
+    message = ev.AssistantMessage(
+        turn=turn.number, step=turn.step, content=content, provenance=provenance, usage=usage
+    )
+    agent.session.add(message, source_event_seqs=chunk_seqs)
+
+
+def copy_message(message: c.Message) -> c.Message:
+    """A detached copy, so that a listener's later mutation cannot reach the cache."""
+    copy = c.Message()
+    copy.CopyFrom(message)
+    return copy

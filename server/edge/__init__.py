@@ -1,0 +1,1 @@
+"""The gRPC and HTTP edges: services, interceptors, status mapping, auth."""

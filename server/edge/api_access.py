@@ -1,0 +1,141 @@
+"""The outermost interceptor: an access log line per RPC, its metrics and its span.
+
+The line is at INFO, on the `agentloop.access` logger, with `method`, `code`,
+`duration_ms` and `peer` as fields. Metrics and the span only when they are on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from server.observability.metrics import Metrics
+from server.observability.tracing import Tracing
+
+if TYPE_CHECKING:
+    Continuation = Callable[
+        [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+    ]
+    Context = grpc.aio.ServicerContext[Any, Any]
+
+log = logging.getLogger("agentloop.access")
+
+
+class AccessLog(grpc.aio.ServerInterceptor):
+    """Wraps every handler to time it and learn its status."""
+
+    def __init__(self, metrics: Metrics | None = None, tracing: Tracing | None = None) -> None:
+        self.metrics = metrics
+        self.tracing = tracing
+        self._wrapped: dict[str, tuple[object, grpc.RpcMethodHandler[Any, Any]]] = {}
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        """The handler, wrapped once per method (and again only if it changes)."""
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method or ""
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(handler, method)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, handler: Any, method: str) -> grpc.RpcMethodHandler[Any, Any]:
+        kwargs = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(handler.unary_unary, method), **kwargs
+            )
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                self._unary(handler.stream_unary, method), **kwargs
+            )
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                self._streaming(handler.unary_stream, method), **kwargs
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            self._streaming(handler.stream_stream, method), **kwargs
+        )
+
+    def _unary(self, behaviour: Callable[..., Any], method: str) -> Callable[..., Awaitable[Any]]:
+        async def unary(request: Any, context: Context) -> Any:
+            with self._observed(method, context):
+                return await behaviour(request, context)
+
+        return unary
+
+    def _streaming(
+        self, behaviour: Callable[..., Any], method: str
+    ) -> Callable[..., AsyncIterator[Any]]:
+        async def streaming(request: Any, context: Context) -> AsyncIterator[Any]:
+            with self._observed(method, context):
+                result = behaviour(request, context)
+                if hasattr(result, "__aiter__"):
+                    async for response in result:
+                        yield response
+                else:  # a handler that writes with `context.write` (health's Watch)
+                    await result
+
+        return streaming
+
+    @contextlib.contextmanager
+    def _observed(self, method: str, context: Context) -> Any:
+        started = time.perf_counter()
+        peer = context.peer() or ""
+        # The span is never made current: nothing under it needs it as parent.
+        span = self.tracing.rpc(method, peer) if self.tracing is not None else None
+        code = "OK"
+        try:
+            yield
+        except grpc.aio.AbortError:
+            code = _code(context, "UNKNOWN")
+            raise
+        except BaseException as error:
+            code = "CANCELLED" if isinstance(error, asyncio.CancelledError) else "UNKNOWN"
+            raise
+        else:
+            code = _code(context, "OK")
+        finally:
+            seconds = time.perf_counter() - started
+            if span is not None and self.tracing is not None:
+                self.tracing.end_rpc(span, code, _number(code))
+            if self.metrics is not None:
+                self.metrics.rpc(method, code, seconds)
+            log.info(
+                "rpc",  # everything is in the fields
+                extra={
+                    "method": method,
+                    "code": code,
+                    "duration_ms": round(seconds * 1000, 3),
+                    "peer": peer,
+                },
+            )
+
+
+def _code(context: Context, default: str) -> str:
+    code = context.code()
+    if isinstance(code, grpc.StatusCode):
+        return str(code.name)
+    if isinstance(code, int) and code:
+        for status in grpc.StatusCode:
+            if status.value[0] == code:
+                return str(status.name)
+    return default
+
+
+def _number(code: str) -> int:
+    return int(grpc.StatusCode[code].value[0]) if code in grpc.StatusCode.__members__ else 2

@@ -1,0 +1,73 @@
+"""The approval RPCs of `AgentService`: ResolveApproval and ListApprovals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from agentloop.v1 import agent_service_pb2 as pb
+from agentloop.v1 import approval_pb2 as ap
+from server.core.approvals import BY_API, MAX_REASON_BYTES, ApprovalNotFound
+from server.core.errors import InvalidArgument
+from server.edge.status import mapped
+from server.lifecycle.factory import AgentFactory
+from server.stores import RequestRecord
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class ApprovalMethods:
+    """Answer and list an agent's pending approvals (mixed into the AgentService servicer)."""
+
+    factory: AgentFactory
+
+    @mapped
+    async def ResolveApproval(
+        self, request: pb.ResolveApprovalRequest, context: Context
+    ) -> pb.ResolveApprovalResponse:
+        """Allow once or reject a pending approval; answer once the resolution is durable."""
+        agent = self.factory.get(request.agent_id)
+        if not request.approval_id:
+            raise InvalidArgument("approval_id", "must not be empty")
+        if request.decision not in (ap.APPROVAL_DECISION_ALLOW_ONCE, ap.APPROVAL_DECISION_REJECT):
+            raise InvalidArgument("decision", "must be APPROVAL_DECISION_ALLOW_ONCE or _REJECT")
+        if request.reason and request.decision != ap.APPROVAL_DECISION_REJECT:
+            raise InvalidArgument("reason", "is only taken with APPROVAL_DECISION_REJECT")
+        if len(request.reason.encode()) > MAX_REASON_BYTES:
+            raise InvalidArgument("reason", f"must be at most {MAX_REASON_BYTES} bytes")
+        approvals = agent.approvals
+
+        async def run() -> bytes:
+            try:
+                resolved = approvals.resolve(
+                    request.approval_id,
+                    request.decision,
+                    request.reason,
+                    BY_API,
+                    request.request_id,
+                )
+            except ApprovalNotFound:
+                raise await approvals.refusal(request.approval_id) from None
+            answer = pb.ResolveApprovalResponse(resolution=resolved)
+            answer.next_seq = agent.session.count
+            raw = answer.SerializeToString()
+            if request.request_id:
+                agent.session.record(
+                    RequestRecord(agent.agent_id, request.request_id, "ResolveApproval", raw)
+                )
+            await agent.session.settle()
+            return raw
+
+        raw = await self.factory.runtime.requests.once(
+            agent.agent_id, request.request_id, "ResolveApproval", run
+        )
+        return pb.ResolveApprovalResponse.FromString(raw)
+
+    @mapped
+    async def ListApprovals(
+        self, request: pb.ListApprovalsRequest, context: Context
+    ) -> pb.ListApprovalsResponse:
+        """The agent's pending approvals, oldest first."""
+        agent = self.factory.get(request.agent_id)
+        return pb.ListApprovalsResponse(approvals=agent.approvals.list())

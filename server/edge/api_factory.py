@@ -1,0 +1,105 @@
+"""The `AgentFactoryService` servicer: a thin adapter over `AgentFactory`."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from agentloop.v1 import agent_factory_service_pb2 as pb
+from agentloop.v1 import agent_factory_service_pb2_grpc as rpc
+from agentloop.v1 import agent_pb2
+from server.core.agent import Agent
+from server.edge import page_tokens
+from server.edge.api_forward import FORWARDED
+from server.edge.status import mapped
+from server.lifecycle.factory import AgentFactory
+
+Context = grpc.aio.ServicerContext[Any, Any]
+OtherAgents = Callable[[str | None, int], Awaitable[tuple[list[agent_pb2.Agent], bool]]]
+"""The agents other replicas run with ids after a key (at most so many of each), and
+whether any of them has more."""
+
+
+def agent_key(agent: agent_pb2.Agent) -> str:
+    """The sort and page key of an agent: its id."""
+    return agent.agent_id
+
+
+def agent_message(agent: Agent) -> agent_pb2.Agent:
+    """The `Agent` resource of a live agent."""
+    return agent_pb2.Agent(
+        agent_id=agent.agent_id,
+        session_id=agent.session.session_id,
+        status=agent.status,
+        options=agent.options,
+        create_time=agent.create_time,
+        pending_approvals=agent.approvals.list(),
+    )
+
+
+class AgentFactoryServicer(rpc.AgentFactoryServiceServicer):
+    """Creates, resumes, inspects and disposes agents."""
+
+    def __init__(self, factory: AgentFactory) -> None:
+        self.factory = factory
+        self.elsewhere: OtherAgents | None = None
+        """Replicas: the agents the other replicas run, to list every agent from any."""
+
+    @mapped
+    async def CreateAgent(
+        self, request: pb.CreateAgentRequest, context: Context
+    ) -> pb.CreateAgentResponse:
+        """Create an agent on a new session."""
+        agent = await self.factory.create(
+            request.agent_id,
+            request.options,
+            session_id=request.session_id,
+            cwd=request.metadata.cwd,
+        )
+        return pb.CreateAgentResponse(agent=agent_message(agent))
+
+    @mapped
+    async def ResumeAgent(
+        self, request: pb.ResumeAgentRequest, context: Context
+    ) -> pb.ResumeAgentResponse:
+        """Create an agent over an existing session."""
+        options = request.options if request.HasField("options") else None
+        agent = await self.factory.resume(request.agent_id, request.session_id, options)
+        return pb.ResumeAgentResponse(agent=agent_message(agent))
+
+    @mapped
+    async def DisposeAgent(
+        self, request: pb.DisposeAgentRequest, context: Context
+    ) -> pb.DisposeAgentResponse:
+        """Dispose an agent."""
+        agent = await self.factory.dispose(request.agent_id)
+        return pb.DisposeAgentResponse(agent=agent_message(agent))
+
+    @mapped
+    async def GetAgent(self, request: pb.GetAgentRequest, context: Context) -> pb.GetAgentResponse:
+        """Describe one live agent."""
+        return pb.GetAgentResponse(agent=agent_message(self.factory.get(request.agent_id)))
+
+    @mapped
+    async def ListAgents(
+        self, request: pb.ListAgentsRequest, context: Context
+    ) -> pb.ListAgentsResponse:
+        """List live agents by id, a page at a time."""
+        size = page_tokens.check_page_size(request.page_size, 100, 1000)
+        after = page_tokens.last_key(request.page_token, "ListAgents")
+        agents = [
+            agent_message(a)
+            for a in self.factory.list_agents()
+            if after is None or a.agent_id > after
+        ]
+        forwarded = any(k == FORWARDED for k, _ in context.invocation_metadata() or ())
+        remote_more = False
+        if self.elsewhere is not None and not forwarded:  # merged by id, keyset over all
+            remote, remote_more = await self.elsewhere(after, size)
+            agents = sorted([*agents, *remote], key=agent_key)
+        page = agents[:size]
+        more = len(agents) > size or remote_more
+        next_token = page_tokens.issue("ListAgents", page[-1].agent_id) if more else ""
+        return pb.ListAgentsResponse(agents=page, next_page_token=next_token)

@@ -1,0 +1,159 @@
+"""An interceptor that keeps client mistakes client-side.
+
+Undecodable bodies and too many concurrent streams are refused with a status, never an
+UNKNOWN with a logged traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from server.core.limits import Limits
+from server.edge.status import abort_with, rich_status
+
+if TYPE_CHECKING:  # the grpc stubs are generic only to the type checker
+    Continuation = Callable[
+        [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+    ]
+    Context = grpc.aio.ServicerContext[Any, Any]
+
+log = logging.getLogger(__name__)
+
+LOG_INTERVAL = 1.0
+"""Seconds between two log lines about refused bodies: a flood of them writes one a second."""
+
+STREAM_METHOD = "/agentloop.v1.AgentService/StreamSessionEvents"
+"""The long-lived call whose concurrency `limits.maxStreams` bounds."""
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """What the guarded deserializer returns for bytes that do not parse."""
+
+    problem: str
+
+
+class RequestGuard(grpc.aio.ServerInterceptor):
+    """Decodes requests without raising and counts the open event streams."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.streams = 0
+        """StreamSessionEvents calls open now."""
+        self._wrapped: dict[str, tuple[object, grpc.RpcMethodHandler[Any, Any]]] = {}
+        """Per method, the handler last wrapped and its wrapper: built once, not per call."""
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        """Wrap unary-request handlers; leave the rest (and unknown methods) as they are."""
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_streaming:
+            return handler
+        method = handler_call_details.method or ""
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(handler, method)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, handler: Any, method: str) -> grpc.RpcMethodHandler[Any, Any]:
+        decode = guarded(handler.request_deserializer)
+        kwargs = {
+            "request_deserializer": decode,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(self._unary(handler.unary_unary), **kwargs)
+        behaviour = self._streaming(handler.unary_stream, method == STREAM_METHOD)
+        return grpc.unary_stream_rpc_method_handler(behaviour, **kwargs)
+
+    def _unary(self, behaviour: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+        async def unary(request: Any, context: Context) -> Any:
+            if isinstance(request, Undecodable):
+                await refuse(context, request)
+            return await behaviour(request, context)
+
+        return unary
+
+    def _streaming(
+        self, behaviour: Callable[..., Any], counted: bool
+    ) -> Callable[..., AsyncIterator[Any]]:
+        async def streaming(request: Any, context: Context) -> AsyncIterator[Any]:
+            if isinstance(request, Undecodable):
+                await refuse(context, request)
+            if counted and self.streams >= self.limits.max_streams:
+                await abort_with(
+                    context,
+                    rich_status(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"too many open event streams: {self.limits.describe('max_streams')}",
+                        "LIMIT_EXCEEDED",
+                        {"limit": "max_streams"},
+                    ),
+                )
+            self.streams += counted
+            try:
+                result = behaviour(request, context)
+                if hasattr(result, "__aiter__"):
+                    async for response in result:
+                        yield response
+                else:  # a handler that writes with `context.write` (health's Watch)
+                    await result
+            finally:
+                self.streams -= counted
+
+        return streaming
+
+
+def guarded(decode: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """`decode`, returning `Undecodable` instead of raising."""
+    if decode is None:
+        return None
+
+    def safe(data: bytes) -> Any:
+        try:
+            return decode(data)
+        except Exception as error:  # any parse failure is the client's
+            return Undecodable(f"{type(error).__name__}: {error}"[:200])
+
+    return safe
+
+
+class _RateLimitedLog:
+    """INFO lines at most once per `LOG_INTERVAL`, with the count of those left out."""
+
+    def __init__(self) -> None:
+        self.last = 0.0
+        self.skipped = 0
+
+    def info(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self.last < LOG_INTERVAL:
+            self.skipped += 1
+            return
+        self.last, skipped, self.skipped = now, self.skipped, 0
+        log.info(message + " (%d more since the last such line)", *args, skipped)
+
+
+_refusals = _RateLimitedLog()
+
+
+async def refuse(context: Context, request: Undecodable) -> None:
+    """Abort INVALID_ARGUMENT; logged at INFO, rate-limited: the fault is the client's."""
+    _refusals.info("refused an undecodable request body: %s", request.problem)
+    await abort_with(
+        context,
+        rich_status(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"the request body is not a valid message ({request.problem})",
+            "MALFORMED_REQUEST",
+        ),
+    )

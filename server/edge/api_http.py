@@ -1,0 +1,388 @@
+"""The HTTP side of the server (`httpListen`): the web console and the API as JSON.
+
+`POST /api/<package.Service>/<Method>` with a JSON body (the protobuf JSON mapping of
+the request) answers the response as JSON; `StreamSessionEvents` answers server-sent
+events, one `data:` line per stream response. Nothing here implements a rule of the API:
+each call is forwarded to the server's own gRPC services over a private Unix socket,
+with the caller's `Authorization` header as metadata, so the interceptors (access log,
+token, request guard, replica forwarding) and the servicers answer it exactly as they
+answer a gRPC client. A refusal is the gRPC status as JSON (`google.rpc.Status`: code,
+message, details, plus `status`, the code's name) under the matching HTTP code.
+
+The token is read from the `Authorization` header only, never from the URL.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import ssl
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from aiohttp import web
+from google.protobuf import json_format, message_factory
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import Message
+
+# googleapis-common-protos ships .pyi files but no py.typed marker.
+from google.rpc import status_pb2  # type: ignore[import-untyped]
+
+from agentloop.plugin.v1 import plugin_registry_service_pb2
+from agentloop.v1 import (
+    agent_factory_service_pb2,
+    agent_service_pb2,
+    scripted_pb2,  # noqa: F401  (registers ScriptedOptions for `provider_options` as JSON)
+)
+from server.edge.status import rich_status
+from server.settings.addresses import is_loopback
+
+log = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).parent / "console"
+"""The console's files: plain HTML, CSS and ES modules, no build step."""
+
+SERVICES: tuple[ServiceDescriptor, ...] = (
+    agent_factory_service_pb2.DESCRIPTOR.services_by_name["AgentFactoryService"],
+    agent_service_pb2.DESCRIPTOR.services_by_name["AgentService"],
+    plugin_registry_service_pb2.DESCRIPTOR.services_by_name["PluginRegistryService"],
+)
+"""The services the HTTP side forwards: every method of each, as the contract grows."""
+
+HTTP_CODES = {
+    grpc.StatusCode.OK: 200,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNKNOWN: 500,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DATA_LOSS: 500,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+}
+"""gRPC status -> HTTP status, as gRPC-gateway maps them."""
+
+FORWARDED_HEADERS = ("authorization", "traceparent", "tracestate")
+"""Request headers passed on to the gRPC call as metadata."""
+
+UNDECODABLE = b"\xff"
+"""Bytes no message decodes: sent for a body that is not valid JSON, so the server
+answers (token first, then the malformed body) as it answers a bad gRPC body."""
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+@dataclass(frozen=True)
+class Method:
+    """One RPC the HTTP side forwards."""
+
+    path: str
+    """`/package.Service/Method`, as gRPC names it."""
+    request: type[Message]
+    response: type[Message]
+    streaming: bool
+
+
+def methods() -> dict[str, Method]:
+    """Every forwarded method by its gRPC path."""
+    found = {}
+    for service in SERVICES:
+        for method in service.methods:
+            path = f"/{service.full_name}/{method.name}"
+            found[path] = Method(
+                path=path,
+                request=message_factory.GetMessageClass(method.input_type),
+                response=message_factory.GetMessageClass(method.output_type),
+                streaming=method.server_streaming,
+            )
+    return found
+
+
+def code_of(number: int) -> grpc.StatusCode:
+    """The `grpc.StatusCode` of a numeric code (UNKNOWN for one gRPC does not define)."""
+    for code in grpc.StatusCode:
+        if code.value[0] == number:
+            return code
+    return grpc.StatusCode.UNKNOWN
+
+
+def status_of_error(error: grpc.aio.AioRpcError) -> status_pb2.Status:
+    """The `google.rpc.Status` of a failed call: the rich one from its trailer if any."""
+    for key, value in error.trailing_metadata() or ():
+        if key == "grpc-status-details-bin" and isinstance(value, bytes):
+            return status_pb2.Status.FromString(value)
+    return status_pb2.Status(code=error.code().value[0], message=error.details() or "")
+
+
+def status_json(status: status_pb2.Status) -> dict[str, Any]:
+    """A status as the HTTP side writes it: the JSON mapping plus the code's name."""
+    body: dict[str, Any] = {"status": code_of(status.code).name}
+    body.update(json_format.MessageToDict(status, always_print_fields_with_no_presence=True))
+    return body
+
+
+def status_response(status: status_pb2.Status) -> web.Response:
+    """The HTTP answer of a refusal."""
+    return web.json_response(
+        status_json(status),
+        status=HTTP_CODES.get(code_of(status.code), 500),
+        headers=SECURITY_HEADERS,
+    )
+
+
+def sse(kind: str, payload: dict[str, Any], event_id: str = "") -> bytes:
+    """One server-sent event (the JSON on a single `data:` line)."""
+    head = f"event: {kind}\n" + (f"id: {event_id}\n" if event_id else "")
+    return f"{head}data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+class HttpSide:
+    """The aiohttp server of the console and the JSON API, and its channel to gRPC."""
+
+    def __init__(
+        self,
+        listen: str,
+        ssl_context: ssl.SSLContext | None,
+        max_request_bytes: int,
+        local_hosts_only: bool = False,
+    ) -> None:
+        self.listen = listen
+        self.local_hosts_only = local_hosts_only
+        """Refuse requests naming another host than this machine (DNS rebinding)."""
+        self.ssl_context = ssl_context
+        self.methods = methods()
+        self._dir = ""
+        self.port = 0
+        self._channel: grpc.aio.Channel | None = None
+        self._runner: web.AppRunner | None = None
+        # JSON is larger than the protobuf it encodes (base64, escapes): the exact limit
+        # is the gRPC server's own, on the forwarded message; this only bounds memory.
+        self._max_body = 4 * max_request_bytes + 64 * 1024
+
+    def grpc_address(self) -> str:
+        """The private Unix socket (in a new 0700 directory) for the gRPC server to add."""
+        if not self._dir:
+            self._dir = tempfile.mkdtemp(prefix="agentloop-http-")  # this user only
+        return f"unix:{os.path.join(self._dir, 'grpc.sock')}"
+
+    async def start(self) -> int:
+        """Connect to the gRPC server's socket and serve HTTP; returns the bound port."""
+        self._channel = grpc.aio.insecure_channel(self.grpc_address())
+        app = web.Application(client_max_size=self._max_body, middlewares=[self._host_check])
+        app.router.add_get("/", self._index)
+        app.router.add_static("/console/", STATIC_DIR, append_version=False)
+        app.router.add_route("*", "/api/{service}/{method}", self._api)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        host, _, port = self.listen.rpartition(":")
+        site = web.TCPSite(self._runner, host.strip("[]"), int(port), ssl_context=self.ssl_context)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+        return self.port
+
+    async def stop(self) -> None:
+        """Close the open streams and the server, then the channel and the socket."""
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    @web.middleware
+    async def _host_check(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Refuse a foreign Host on a loopback port without a token.
+
+        A site that rebinds its own name to 127.0.0.1 is refused (DNS rebinding).
+        """
+        host = request.host
+        if self.local_hosts_only and not (is_loopback(host) or is_loopback(f"{host}:80")):
+            return status_response(
+                rich_status(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"the Host {host!r} is not this machine: open the console as"
+                    " http://127.0.0.1:<port>/ or http://localhost:<port>/",
+                    "FOREIGN_HOST",
+                )
+            )
+        return await handler(request)
+
+    async def _index(self, request: web.Request) -> web.StreamResponse:
+        return web.FileResponse(STATIC_DIR / "index.html", headers=SECURITY_HEADERS)
+
+    async def _api(self, request: web.Request) -> web.StreamResponse:
+        path = f"/{request.match_info['service']}/{request.match_info['method']}"
+        method = self.methods.get(path)
+        if method is None:
+            return status_response(
+                rich_status(grpc.StatusCode.UNIMPLEMENTED, f"no method {path}", "UNKNOWN_METHOD")
+            )
+        if request.method != "POST":
+            return web.json_response(
+                {"status": "METHOD_NOT_ALLOWED", "message": f"{path}: use POST"},
+                status=405,
+                headers={"Allow": "POST", **SECURITY_HEADERS},
+            )
+        # A JSON content type keeps other sites' plain forms out (they cannot send one
+        # without a CORS preflight, which this side never grants).
+        if request.content_type != "application/json":
+            return status_response(
+                rich_status(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "the body must be JSON: send 'Content-Type: application/json'",
+                    "MALFORMED_REQUEST",
+                )
+            )
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return status_response(
+                rich_status(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the request body is over {self._max_body} bytes",
+                    "LIMIT_EXCEEDED",
+                    {"limit": "max_request_bytes"},
+                )
+            )
+        metadata = tuple(
+            (name, request.headers[name]) for name in FORWARDED_HEADERS if name in request.headers
+        )
+        problem = ""
+        payload: Message | bytes
+        try:
+            payload = json_format.Parse(body or b"{}", method.request())
+        except (json_format.ParseError, UnicodeDecodeError, ValueError) as error:
+            problem = str(error)[:300]
+            payload = UNDECODABLE
+        if method.streaming:
+            return await self._stream(request, method, payload, metadata, problem)
+        return await self._unary(method, payload, metadata, problem)
+
+    def _serializer(self, payload: Message | bytes) -> Callable[[Any], bytes] | None:
+        return None if isinstance(payload, bytes) else type(payload).SerializeToString
+
+    async def _unary(
+        self,
+        method: Method,
+        payload: Message | bytes,
+        metadata: tuple[tuple[str, str], ...],
+        problem: str,
+    ) -> web.Response:
+        assert self._channel is not None
+        call = self._channel.unary_unary(
+            method.path,
+            request_serializer=self._serializer(payload),
+            response_deserializer=method.response.FromString,
+        )
+        try:
+            response = await call(payload, metadata=metadata)
+        except grpc.aio.AioRpcError as error:
+            return status_response(self._refusal(error, method, problem))
+        return web.json_response(
+            json_format.MessageToDict(response), headers=SECURITY_HEADERS, dumps=_dumps
+        )
+
+    async def _stream(
+        self,
+        request: web.Request,
+        method: Method,
+        payload: Message | bytes,
+        metadata: tuple[tuple[str, str], ...],
+        problem: str,
+    ) -> web.StreamResponse:
+        assert self._channel is not None
+        call = self._channel.unary_stream(
+            method.path,
+            request_serializer=self._serializer(payload),
+            response_deserializer=method.response.FromString,
+        )(payload, metadata=metadata)
+        try:
+            # Until the first response the call can still be refused as a whole: that
+            # refusal is an HTTP status, not an event.
+            try:
+                first = await call.read()
+            except grpc.aio.AioRpcError as error:
+                return status_response(self._refusal(error, method, problem))
+            response = web.StreamResponse(
+                headers={
+                    "Content-Type": "text/event-stream",
+                    "Cache-Control": "no-store",
+                    "X-Accel-Buffering": "no",
+                    **SECURITY_HEADERS,
+                }
+            )
+            await response.prepare(request)
+            item = first
+            while item is not grpc.aio.EOF:
+                assert isinstance(item, Message)
+                await response.write(sse("message", json_format.MessageToDict(item), _last(item)))
+                try:
+                    item = await call.read()
+                except grpc.aio.AioRpcError as error:
+                    await response.write(sse("error", status_json(status_of_error(error))))
+                    break
+            else:
+                await response.write(sse("end", {}))
+            await response.write_eof()
+            return response
+        finally:
+            call.cancel()
+
+    def _refusal(
+        self, error: grpc.aio.AioRpcError, method: Method, problem: str
+    ) -> status_pb2.Status:
+        status = status_of_error(error)
+        if problem and error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+            # The server refused the undecodable stand-in (the caller passed the token
+            # check): say what was wrong with the JSON itself.
+            return rich_status(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the request body is not a valid {method.request.DESCRIPTOR.full_name}"
+                f" in JSON ({problem})",
+                "MALFORMED_REQUEST",
+            )
+        return status
+
+
+def _last(item: Message) -> str:
+    """The SSE id of a stream response: the seq of its last session event, if any."""
+    events = getattr(item, "events", None)
+    return str(events[-1].seq) if events else ""
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def tls_context(cert_file: str, key_file: str, client_ca_file: str) -> ssl.SSLContext | None:
+    """The HTTP side's TLS: the gRPC listener's certificate, and its client CA (mutual)."""
+    if not cert_file:
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    if client_ca_file:
+        context.load_verify_locations(client_ca_file)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context

@@ -1,0 +1,365 @@
+"""The gRPC server: services, health, reflection, config agents, graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from agentloop.plugin.v1 import hook_service_pb2 as hk
+from agentloop.plugin.v1 import plugin_registry_service_pb2, plugin_registry_service_pb2_grpc
+from agentloop.v1 import (
+    agent_factory_service_pb2,
+    agent_factory_service_pb2_grpc,
+    agent_pb2,
+    agent_service_pb2,
+)
+from server.core.builtin_tools import builtin_tools
+from server.core.errors import SessionDamaged
+from server.core.runtime import Runtime
+from server.edge.api_access import AccessLog
+from server.edge.api_agent import AgentServicer
+from server.edge.api_factory import AgentFactoryServicer
+from server.edge.api_guard import RequestGuard
+from server.edge.api_http import HttpSide, tls_context
+from server.edge.api_plugins import PluginRegistryServicer
+from server.edge.api_reflection import Reflection
+from server.edge.api_stream_wire import add_agent_service
+from server.edge.app_replica import Replica
+from server.edge.auth import TokenAuth
+from server.lifecycle.factory import AgentFactory
+from server.models.openai import OpenAIModel
+from server.models.scripted import ScriptedModel
+from server.observability.logs import fields
+from server.observability.telemetry import Telemetry
+from server.plugins.registry import Overrides, PluginRegistry
+from server.plugins.required import READINESS_SERVICE
+from server.settings.addresses import Allowlist, is_loopback
+from server.settings.config import Config, ConfigError, read_pem, read_token
+from server.stores import SessionStore
+from server.stores.memory import MemoryStore
+from server.stores.postgres import PostgresStore
+from server.stores.sqlite import SqliteStore
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    agent_factory_service_pb2.DESCRIPTOR.services_by_name["AgentFactoryService"].full_name,
+    agent_service_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
+    plugin_registry_service_pb2.DESCRIPTOR.services_by_name["PluginRegistryService"].full_name,
+)
+
+CANCEL_SETTLE_SECONDS = 1.0
+"""How long the teardown of agents cancelled past the grace period may still take."""
+
+FAILURE_POLICIES = {
+    "": hk.FAILURE_POLICY_UNSPECIFIED,
+    "fail_closed": hk.FAILURE_POLICY_FAIL_CLOSED,
+    "fail_open": hk.FAILURE_POLICY_FAIL_OPEN,
+}
+
+
+def build_store(config: Config) -> SessionStore:
+    """The session store the config asks for."""
+    if config.store == "memory":
+        return MemoryStore()
+    if config.store == "postgres":
+        return PostgresStore(config.postgres_dsn)
+    return SqliteStore(Path(config.data_dir) / "agentloop.db", config.durability)
+
+
+def build_runtime(config: Config) -> Runtime:
+    """The runtime of a server: its store, the built-in tools and the scripted model."""
+    runtime = Runtime(
+        store=build_store(config),
+        max_parallel_tool_calls=config.max_parallel_tool_calls,
+        default_provider=config.default_provider,
+        plugin_timeout=config.plugin_timeout_seconds,
+        approval_timeout=config.approval_timeout_seconds,
+        tool_order=list(config.tool_order) if config.tool_order is not None else None,
+        limits=config.limits,
+    )
+    for tool in builtin_tools():
+        runtime.tools.register(tool)
+    runtime.models.register("scripted", ScriptedModel(), default_model="echo")
+    for provider in config.providers:
+        if provider.api_key_env and not os.environ.get(provider.api_key_env):
+            log.warning("provider %s: $%s is not set; no API key will be sent",
+                        provider.name, provider.api_key_env)  # fmt: skip
+        api_key = os.environ.get(provider.api_key_env, "") if provider.api_key_env else ""
+        model = OpenAIModel.configured(provider, api_key)
+        runtime.models.register(provider.name, model, default_model=provider.default_model)
+    return runtime
+
+
+def server_credentials(config: Config) -> grpc.ServerCredentials | None:
+    """TLS credentials of the server's port (mutual with a client CA); None for plaintext."""
+    if not config.tls_cert_file:
+        return None
+    key, chain = read_pem(config.tls_key_file), read_pem(config.tls_cert_file)
+    assert key is not None and chain is not None  # both set: the config checked it
+    client_ca = read_pem(config.tls_client_ca_file)
+    return grpc.ssl_server_credentials(
+        [(key, chain)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
+def peer_credentials(config: Config) -> grpc.ChannelCredentials | None:
+    """TLS for calls to the other replicas, which serve like this one.
+
+    Their certificates are checked against `tlsClientCaFile` (the cluster's CA) or the
+    system's roots; with mutual TLS this server presents its own certificate, which
+    then needs the clientAuth usage too.
+    """
+    if not config.tls_cert_file:
+        return None
+    client_ca = read_pem(config.tls_client_ca_file)
+    if client_ca is None:
+        return grpc.ssl_channel_credentials()
+    return grpc.ssl_channel_credentials(
+        root_certificates=client_ca,
+        private_key=read_pem(config.tls_key_file),
+        certificate_chain=read_pem(config.tls_cert_file),
+    )
+
+
+def check_exposed(config: Config, tls: bool, token: bool, field: str = "listen") -> None:
+    """A port other machines reach needs TLS, and a token or client certificates."""
+    missing = []
+    if not tls:
+        missing.append("TLS (tlsCertFile and tlsKeyFile)")
+    if not token and not config.tls_client_ca_file:
+        missing.append("a token (tokenFile or $AGENTLOOP_TOKEN) or tlsClientCaFile")
+    if missing:
+        raise ConfigError(
+            f"{field}: {config.http_listen if field == 'httpListen' else config.listen} is"
+            f" reachable from other machines; set"
+            f" {' and '.join(missing)}, or start with --insecure"
+        )
+
+
+class App:
+    """One running server."""
+
+    def __init__(
+        self, config: Config, runtime: Runtime | None = None, telemetry: Telemetry | None = None
+    ) -> None:
+        """Build the server; raises `ConfigError` for an unreadable token or an unsafe listen."""
+        self.config = config
+        token = read_token(config.token_file, "AGENTLOOP_TOKEN")
+        self.credentials = server_credentials(config)
+        if not config.insecure and not is_loopback(config.listen):
+            check_exposed(config, self.credentials is not None, bool(token))
+        if config.http_listen and not config.insecure and not is_loopback(config.http_listen):
+            check_exposed(config, self.credentials is not None, bool(token), "httpListen")
+        self.runtime = runtime or build_runtime(config)
+        self.factory = AgentFactory(self.runtime)
+        self.plugins = PluginRegistry(
+            self.runtime,
+            self._session_of,
+            read_token(config.plugin_token_file, "AGENTLOOP_PLUGIN_TOKEN"),
+            read_pem(config.plugin_ca_file),
+            allowlist=Allowlist.of(config.plugin_allowlist),
+            token_plaintext=config.plugin_token_plaintext,
+            max_message_bytes=config.plugin_max_message_bytes,
+        )
+        self.health = health.aio.HealthServicer()
+        limits = self.runtime.limits
+        self.guard = RequestGuard(limits)
+        self.telemetry = telemetry or Telemetry(config)
+        self.telemetry.install(
+            self.runtime.seams,
+            agents=lambda: len(self.factory.agents),
+            streams=lambda: self.guard.streams,
+            plugins=lambda: {name: p.stats for name, p in self.plugins.plugins.items()},
+        )
+        # The access log sees every call; then auth, so that an unauthenticated caller
+        # learns nothing, not even that a body is bad.
+        interceptors: list[grpc.aio.ServerInterceptor] = [
+            AccessLog(self.telemetry.metrics, self.telemetry.tracing)
+        ]
+        if token:
+            interceptors.append(TokenAuth(token))
+        interceptors.append(self.guard)
+        self.plugin_servicer = PluginRegistryServicer(self.plugins)
+        self.factory_servicer = AgentFactoryServicer(self.factory)
+        self.replica: Replica | None = None
+        if isinstance(self.runtime.store, PostgresStore):  # replicas: calls go to owners
+            self.replica = Replica(
+                config,
+                self.runtime.store,
+                self.factory,
+                self.plugins,
+                self.plugin_servicer,
+                token,
+                peer_credentials(config),
+            )
+            self.factory_servicer.elsewhere = self.replica.other_agents
+            interceptors.append(self.replica.forwarder)
+        self.server = grpc.aio.server(
+            interceptors=interceptors,
+            options=[("grpc.max_receive_message_length", limits.max_request_bytes)],
+        )
+        plugin_registry_service_pb2_grpc.add_PluginRegistryServiceServicer_to_server(
+            self.plugin_servicer, self.server
+        )
+        agent_factory_service_pb2_grpc.add_AgentFactoryServiceServicer_to_server(
+            self.factory_servicer, self.server
+        )
+        add_agent_service(AgentServicer(self.factory), self.server)  # the stream writes bytes
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        Reflection((*SERVICE_NAMES, health.SERVICE_NAME)).add_to(self.server)
+        self.http: HttpSide | None = None
+        if config.http_listen:  # the console: JSON over HTTP, forwarded to this server
+            self.http = HttpSide(
+                config.http_listen,
+                tls_context(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file),
+                limits.max_request_bytes,
+                local_hosts_only=not token and is_loopback(config.http_listen),
+            )
+        self.port = 0
+        self._stopping: asyncio.Task[None] | None = None
+        self._health_updates: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> int:
+        """Bind, start serving, create the config agents; returns the bound port."""
+        try:
+            await self.runtime.store.open()
+        except SessionDamaged as error:  # reported per session later; the server serves
+            log.error("%s", error)
+        await self.telemetry.start()  # before gRPC: a taken metrics port stops the start
+        if self.credentials is not None:
+            self.port = self.server.add_secure_port(self.config.listen, self.credentials)
+        else:
+            self.port = self.server.add_insecure_port(self.config.listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {self.config.listen}")
+        if self.http is not None:  # before serving: a taken HTTP port stops the start
+            self.server.add_insecure_port(self.http.grpc_address())
+            http_port = await self.http.start()
+            host = self.config.http_listen.rpartition(":")[0]
+            log.info("console on http%s://%s:%d/", "s" * bool(self.credentials), host, http_port)
+        await self._readiness(self.plugins.ready())
+        self.plugins.on_readiness = self._on_readiness
+        await self.server.start()
+        if self.replica is not None:
+            await self.replica.join(self.port)
+        for plugin in self.config.plugins:
+            overrides = Overrides(
+                order=plugin.order,
+                timeout=plugin.timeout_seconds,
+                failure_policy=FAILURE_POLICIES[plugin.failure_policy],
+            )
+            await self.plugins.add_config_plugin(
+                plugin.address, overrides, required=plugin.is_required(), name=plugin.name
+            )
+        for agent in self.config.agents:
+            options = agent_pb2.AgentOptions(
+                provider=agent.provider, model=agent.model, tools=agent.tools, persona=agent.persona
+            )
+            if agent.max_parallel_tool_calls is not None:
+                options.max_parallel_tool_calls = agent.max_parallel_tool_calls
+            try:
+                if agent.resume_session_id:
+                    created = await self.factory.resume(agent.id, agent.resume_session_id, options)
+                else:
+                    created = await self.factory.create(
+                        agent.id, options, cwd=agent.cwd, adopt_pending=True
+                    )
+                log.info(
+                    "agent %s started on session %s", agent.id, created.session.session_id,
+                    extra=fields(agent=agent.id, session=created.session.session_id),
+                )  # fmt: skip
+            except Exception as error:  # reported, not fatal: the server still serves
+                log.error("config agent %s was not started: %s", agent.id, error)
+        if self.replica is not None:
+            self.replica.run()
+        for name in ("", *SERVICE_NAMES):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        return self.port
+
+    async def _readiness(self, ready: bool) -> None:
+        serving = health_pb2.HealthCheckResponse.SERVING
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        await self.health.set(READINESS_SERVICE, serving if ready else not_serving)
+
+    def _on_readiness(self, ready: bool) -> None:
+        """Readiness may have changed (a required plugin came or went): tell health."""
+        task = asyncio.get_running_loop().create_task(self._readiness(ready))
+        self._health_updates.add(task)
+        task.add_done_callback(self._health_updates.discard)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Graceful shutdown: NOT_SERVING, dispose agents (turns end `disposed`), stop.
+
+        The agents get `grace` seconds (default: the config's) to end their turns; the
+        drivers still running then are cancelled. Then the RPCs get `grace` seconds,
+        the plugins are closed, the pending listener tasks are cancelled and the store
+        is closed.
+
+        Idempotent: the first call stops the server (with its `grace`); a later or
+        concurrent one waits for that stop, and a caller that is cancelled stops waiting
+        without cutting the shutdown short.
+        """
+        if self._stopping is None:  # the first caller stops; every other one waits for it
+            self._stopping = asyncio.ensure_future(self._stop(grace))
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self, grace: float | None) -> None:
+        grace = self.config.shutdown_grace_seconds if grace is None else grace
+        await self.health.enter_graceful_shutdown()
+        if self.replica is not None:
+            await self.replica.stop_loops()
+        closing = asyncio.ensure_future(self.factory.close())
+        done, _ = await asyncio.wait({closing}, timeout=grace)
+        if not done:
+            running = list(self.factory.agents.values())
+            log.warning(
+                "%d agent(s) did not stop within the %g s grace period; cancelling them",
+                len(running), grace,
+            )  # fmt: skip
+            for agent in running:
+                if agent.driver is not None:
+                    agent.driver.cancel()
+            done, _ = await asyncio.wait({closing}, timeout=CANCEL_SETTLE_SECONDS)
+            if not done:
+                log.error("agents still not torn down after cancelling them; going on")
+                closing.cancel()
+        if closing.done() and not closing.cancelled() and closing.exception() is not None:
+            log.error("disposing the agents failed", exc_info=closing.exception())
+        if self.replica is not None:
+            await self.replica.hand_over()
+        await self.server.stop(grace)
+        if self.http is not None:
+            await self.http.stop()
+        if self.replica is not None:
+            await self.replica.close()
+        await self.plugins.close()
+        await self.runtime.seams.close()
+        self.runtime.journal.close()  # a store still down now: stop retrying, say so
+        await self.runtime.models.aclose()
+        await self.telemetry.stop()
+        await self.runtime.store.close()
+
+    def _session_of(self, agent_id: str) -> str:
+        agent = self.factory.agents.get(agent_id)
+        return agent.session.session_id if agent is not None else ""
+
+    def stop_on_signals(self) -> asyncio.Event:
+        """Install SIGTERM and SIGINT handlers now; the event is set when one arrives."""
+        loop = asyncio.get_running_loop()
+        requested = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, requested.set)
+        return requested
+
+    async def run_until(self, requested: asyncio.Event) -> None:
+        """Serve until `requested` is set, then stop gracefully."""
+        await requested.wait()
+        log.info("shutting down")
+        await self.stop()

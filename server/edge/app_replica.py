@@ -1,0 +1,157 @@
+"""A server as one replica among many over PostgreSQL: its part of the start and stop.
+
+`store: postgres` makes every server a replica. Before it serves it registers itself,
+becomes the factory's ownership (agents by lease) and shares plugin registrations;
+once its config agents exist it renews its leases, takes orphaned agents over and
+connects to the plugins other replicas registered; on a graceful stop it stops those
+loops before its agents close, then hands its leases over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+
+import grpc
+
+from agentloop.v1 import agent_factory_service_pb2 as fac
+from agentloop.v1 import agent_pb2
+from server.cluster.leases import Cluster
+from server.edge import page_tokens
+from server.edge.api_forward import Forwarder
+from server.edge.api_plugins import PluginRegistryServicer, overrides_of
+from server.lifecycle.factory import AgentFactory
+from server.plugins.registry import PluginRegistry
+from server.settings.config import Config
+from server.stores.postgres import PostgresStore
+from server.stores.postgres_leases import Lease, Leases
+from server.stores.postgres_plugins import SharedPlugins
+
+log = logging.getLogger(__name__)
+
+LIST_AGENTS = "/agentloop.v1.AgentFactoryService/ListAgents"
+
+
+class Replica:
+    """The cluster side of one server."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: PostgresStore,
+        factory: AgentFactory,
+        plugins: PluginRegistry,
+        plugin_servicer: PluginRegistryServicer,
+        token: str = "",
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.factory = factory
+        self.plugins = plugins
+        self.plugin_servicer = plugin_servicer
+        self.cluster: Cluster | None = None
+        self.forwarder = Forwarder(
+            lambda agent_id: agent_id in factory.agents, self.owner_address, token, credentials
+        )
+        self.shared = SharedPlugins(store)
+        self._plugin_sync: asyncio.Task[None] | None = None
+
+    async def join(self, port: int) -> None:
+        """Register (before serving agents): ownership by lease, shared plugins."""
+        host = self.config.listen.rpartition(":")[0]
+        address = self.config.advertise_address or f"{host}:{port}"
+        replica_id = self.config.replica_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.cluster = Cluster(Leases(self.store, replica_id, address, self.config.lease_seconds))
+        self.factory.ownership = self.cluster
+        self.factory.catalogue.repair_on_read = False  # another replica's running turn looks open
+        await self.cluster.register()
+        self.plugin_servicer.shared = self.shared
+        log.info("replica %s serving at %s", replica_id, address)
+
+    def run(self) -> None:
+        """Renew leases, take orphaned agents over, follow shared plugins (background)."""
+        assert self.cluster is not None
+
+        async def take_over(lease: Lease) -> None:
+            # The agent's options are stored with its session: restore them.
+            await self.factory.resume(lease.agent_id, lease.session_id, None, owned=True)
+
+        self.cluster.start(lambda: set(self.factory.agents), take_over, self.factory.abandon)
+        self._plugin_sync = asyncio.create_task(self._sync_plugins())
+
+    async def stop_loops(self) -> None:
+        """No renewal, no takeover, no plugin sync: the agents are about to close."""
+        if self._plugin_sync is not None:
+            self._plugin_sync.cancel()
+            await asyncio.gather(self._plugin_sync, return_exceptions=True)
+        if self.cluster is not None:
+            await self.cluster.stop()
+
+    async def hand_over(self) -> None:
+        """Expire this replica's leases: the others take its agents at once."""
+        if self.cluster is None:
+            return
+        try:
+            await self.cluster.hand_over()
+        except Exception:
+            log.warning("handing the agents over failed; they move at lease expiry")
+
+    async def close(self) -> None:
+        """Close the channels to the other replicas."""
+        await self.forwarder.close()
+
+    async def owner_address(self, agent_id: str) -> str | None:
+        """Where the replica that owns `agent_id` listens, when it is another one."""
+        holder = await self.cluster.owner_of(agent_id) if self.cluster is not None else None
+        return holder.address if holder is not None and holder.address else None
+
+    async def other_agents(
+        self, after: str | None, size: int
+    ) -> tuple[list[agent_pb2.Agent], bool]:
+        """The agents other live replicas run, with ids after `after` (`size` each).
+
+        Also whether any of them has more than it returned.
+        """
+        if self.cluster is None:
+            return [], False
+        request = fac.ListAgentsRequest(
+            page_size=size, page_token=page_tokens.issue("ListAgents", after) if after else ""
+        )
+        answers = await asyncio.gather(
+            *(
+                self.forwarder.ask(address, LIST_AGENTS, request, fac.ListAgentsResponse)
+                for address in await self.cluster.leases.peers()
+            ),
+            return_exceptions=True,
+        )
+        agents: list[agent_pb2.Agent] = []
+        more = False
+        for answer in answers:  # a replica that does not answer now is left out
+            if isinstance(answer, fac.ListAgentsResponse):
+                agents.extend(answer.agents)
+                more = more or bool(answer.next_page_token)
+        return agents, more
+
+    async def _sync_plugins(self) -> None:
+        """Connect to the plugins other replicas registered; drop those they removed."""
+        shared = self.shared
+        while True:
+            try:
+                wanted = await shared.all()
+                for name, request in sorted(wanted.items()):
+                    if name not in self.plugins.plugins:
+                        try:
+                            await self.plugins.register(request.address, overrides_of(request))
+                            shared.here.add(name)
+                        except Exception as error:  # it may come up later: the next pass
+                            log.warning("shared plugin %s not registered: %s", name, error)
+                for name in sorted(shared.here - set(wanted)):
+                    shared.here.discard(name)
+                    if name in self.plugins.plugins:
+                        await self.plugins.unregister(name)
+            except Exception:  # the database may be away for a moment
+                log.warning("syncing the shared plugins failed; retrying", exc_info=True)
+            await asyncio.sleep(self.config.lease_seconds)

@@ -1,0 +1,1 @@
+"""The agent lifecycle: creation, resume and disposal as transactions."""

@@ -1,0 +1,209 @@
+"""Prometheus metrics on their own HTTP port (`metricsListen`; off by default).
+
+Turns, steps, model calls and tools are measured off the session log (`observe`);
+RPCs by the access interceptor; store commits through the journal's hook; plugins are
+read at scrape time from the counters `ListPlugins` reports; active agents and open
+streams are read at scrape time too. An event-loop lag probe runs while it is on.
+The counters and histograms updated per turn, step, tool call and RPC are the cheap
+ones of `server.observability.instruments`, read at scrape time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from prometheus_client import Histogram as PromHistogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+from prometheus_client.registry import Collector
+
+from agentloop.v1 import session_event_pb2 as ev
+from server.observability import observe
+from server.observability.instruments import Instruments
+from server.observability.observe import Model, Sink, Step, Turn
+
+LATENCY = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+"""Histogram buckets in seconds, from a fast tool to a long turn."""
+LAG = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
+LAG_INTERVAL = 0.25
+"""Seconds between two probes of the event loop."""
+
+
+class Metrics(Sink):
+    """Every metric of one server, in its own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        # Updated on every turn, step, tool call and RPC: the cheap instruments.
+        fast = Instruments()
+        self.turns = fast.counter("agentloop_turns", "Turns ended, by end reason.", ["reason"])
+        self.turn_seconds = fast.histogram(
+            "agentloop_turn_duration_seconds", "Turn latency.", LATENCY
+        )
+        self.step_seconds = fast.histogram(
+            "agentloop_step_duration_seconds", "Step latency.", LATENCY
+        )
+        self.first_chunk_seconds = fast.histogram(
+            "agentloop_model_first_chunk_seconds",
+            "From a step's start to the model's first chunk.",
+            LATENCY,
+        )
+        self.model_calls = fast.counter(
+            "agentloop_model_calls", "Model calls, by finish reason.", ["finish"]
+        )
+        self.tokens = fast.counter(
+            "agentloop_model_tokens", "Tokens the models reported.", ["kind"]
+        )
+        self.tool_calls = fast.counter(
+            "agentloop_tool_calls", "Tool calls, by tool and outcome.", ["tool", "outcome"]
+        )
+        self.tool_seconds = fast.histogram(
+            "agentloop_tool_duration_seconds",
+            "From a tool call's start to its recorded result.",
+            LATENCY,
+            ["tool"],
+        )
+        self.rpcs = fast.counter(
+            "agentloop_rpcs", "RPCs handled, by method and status.", ["method", "code"]
+        )
+        self.rpc_seconds = fast.histogram(
+            "agentloop_rpc_duration_seconds", "RPC latency.", LATENCY, ["method"]
+        )
+        self.store_commit = fast.histogram(
+            "agentloop_store_commit_seconds", "Group commit latency of the session store.", LATENCY
+        )
+        self.registry.register(fast)
+        self.loop_lag = PromHistogram(
+            "agentloop_event_loop_lag_seconds",
+            "How late the event loop ran a timer (probed every 0.25 s).",
+            buckets=LAG,
+            registry=self.registry,
+        )
+        self._lag_task: asyncio.Task[None] | None = None
+        self._http: WSGIServer | None = None
+
+    def watch(self, name: str, help_text: str, read: Callable[[], float]) -> None:
+        """A gauge read at scrape time."""
+        Gauge(name, help_text, registry=self.registry).set_function(read)
+
+    def collect_plugins(self, read: Callable[[], Mapping[str, Any]]) -> None:
+        """Plugin counters and latencies read at scrape time from `read()`: name -> stats."""
+        self.registry.register(PluginCollector(read))
+
+    def rpc(self, method: str, code: str, seconds: float) -> None:
+        """One RPC ended."""
+        self.rpcs.inc((method, code))
+        self.rpc_seconds.observe(seconds, (method,))
+
+    async def start(self, listen: str) -> int:
+        """Serve `/metrics` on `listen` (host:port); returns the bound port."""
+        host, _, port = listen.rpartition(":")
+        server, _thread = start_http_server(int(port), host.strip("[]"), registry=self.registry)
+        self._http = server
+        observe.store_commit = self.store_commit.observe
+        self._lag_task = asyncio.get_running_loop().create_task(self._probe_lag())
+        return int(server.server_port)
+
+    async def stop(self) -> None:
+        """Stop the endpoint and the probe."""
+        if observe.store_commit == self.store_commit.observe:
+            observe.store_commit = None
+        if self._lag_task is not None:
+            self._lag_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lag_task
+        if self._http is not None:
+            server, self._http = self._http, None
+            await asyncio.to_thread(server.shutdown)
+            server.server_close()
+
+    async def _probe_lag(self) -> None:
+        while True:
+            due = time.perf_counter() + LAG_INTERVAL
+            await asyncio.sleep(LAG_INTERVAL)
+            self.loop_lag.observe(max(0.0, time.perf_counter() - due))
+
+    # -- the Sink of observe.EventClock (nothing to count when a turn, step, model or tool
+    # call starts) ---------------------------------------------------------------------
+
+    def turn_end(self, turn: Turn, reason: str, end_ns: int) -> None:
+        """Count the turn and its latency."""
+        self.turns.inc((reason,))
+        self.turn_seconds.observe(max(0, end_ns - turn.start_ns) / 1e9)
+
+    def step_end(self, turn: Turn, step: Step, end_ns: int) -> None:
+        """The step's latency."""
+        self.step_seconds.observe(max(0, end_ns - step.start_ns) / 1e9)
+
+    def first_chunk(self, turn: Turn, step: Step, model: Model) -> None:
+        """Time to the first chunk."""
+        self.first_chunk_seconds.observe(max(0, model.first_chunk_ns - model.start_ns) / 1e9)
+
+    def model_end(
+        self, turn: Turn, step: Step, model: Model, message: ev.AssistantMessage | None, end_ns: int
+    ) -> None:
+        """Count the call by finish reason, and its tokens."""
+        self.model_calls.inc((model.finish or "none",))
+        if message is not None and message.HasField("usage"):
+            usage = message.usage
+            self.tokens.inc(("input",), usage.input_tokens)
+            self.tokens.inc(("output",), usage.output_tokens)
+
+    def tool_end(
+        self, turn: Turn, step: Step, result: ev.ToolResult, name: str, start_ns: int, end_ns: int
+    ) -> None:
+        """Count the call and its duration."""
+        self.tool_calls.inc((name, "error" if result.is_error else "ok"))
+        self.tool_seconds.observe(max(0, end_ns - start_ns) / 1e9, (name,))
+
+
+class PluginCollector(Collector):
+    """Per plugin, the counters of its connection; per plugin and seam, its latency."""
+
+    COUNTERS = (
+        ("calls", "Calls sent to the plugin."),
+        ("errors", "Calls that failed other than by a timeout."),
+        ("timeouts", "Calls that timed out."),
+        ("fail_opens", "Failed calls skipped under the fail-open policy."),
+        ("dropped", "Observer notifications dropped."),
+        ("reconnects", "Reconnections of the plugin's stream."),
+        ("oversized", "Messages refused for their size."),
+        ("protocol_errors", "Answers that broke the plugin protocol."),
+        ("unexpected_results", "Results of calls that were not pending."),
+    )
+    """Read with a default of 0: a counter the plugin client does not keep stays 0."""
+
+    def __init__(self, read: Callable[[], Mapping[str, Any]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterable[Any]:
+        """The families, read now."""
+        from server.plugins.listeners import SEAM_NAMES  # imported late: a cycle otherwise
+
+        plugins = self.read()
+        for attr, help_text in self.COUNTERS:
+            family = CounterMetricFamily(f"agentloop_plugin_{attr}", help_text, labels=["plugin"])
+            for name, stats in plugins.items():
+                family.add_metric([name], getattr(stats, attr, 0))
+            yield family
+        latency = SummaryMetricFamily(
+            "agentloop_plugin_call_seconds",
+            "Latency of the latest calls (up to 1000 per seam).",
+            labels=["plugin", "seam"],
+        )
+        for name, stats in plugins.items():
+            by_seam: dict[str, list[float]] = {}
+            for key, samples in stats.latencies.items():
+                seam = key[-1] if isinstance(key, tuple) else key  # keyed by (kind, seam) too
+                by_seam.setdefault(SEAM_NAMES.get(seam, str(seam)), []).extend(samples)
+            for seam_name, values in by_seam.items():
+                latency.add_metric([name, seam_name], len(values), sum(values))
+        yield latency
+        up = GaugeMetricFamily("agentloop_plugins", "Registered plugins.")
+        up.add_metric([], len(plugins))
+        yield up

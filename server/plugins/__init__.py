@@ -1,0 +1,1 @@
+"""Out-of-process plugins: their connections, registry, and seam listeners."""

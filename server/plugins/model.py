@@ -1,0 +1,71 @@
+"""Plugin models: a model provider served by a plugin, each call streamed through `Handle`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from agentloop.plugin.v1 import hook_service_pb2 as hk
+from agentloop.v1 import stream_pb2 as st
+from server.core.abort import AbortSignal
+from server.core.errors import TurnFatal
+from server.models import ModelRequest
+from server.observability import observe
+from server.plugins.calls import PluginCaller, PluginCallFailed, PluginStats, call_ids
+
+MODEL_TIMEOUT = 60.0
+"""Seconds a plugin model may stay silent between two chunks, by default."""
+
+
+class PluginModel:
+    """A model provider served by a plugin: each call streams through `Handle`."""
+
+    def __init__(
+        self,
+        plugin: str,
+        definition: hk.ModelProviderDefinition,
+        caller: PluginCaller,
+        stats: PluginStats,
+    ) -> None:
+        self.plugin = plugin
+        self.provider = definition.provider
+        self.caller = caller
+        self.stats = stats
+        self.timeout = (
+            definition.timeout.ToNanoseconds() / 1e9
+            if definition.HasField("timeout")
+            else MODEL_TIMEOUT
+        )
+
+    async def stream(
+        self, request: ModelRequest, signal: AbortSignal
+    ) -> AsyncIterator[st.StreamChunk]:
+        """Stream one model call from the plugin; a failure is a coded turn error."""
+        call = hk.HookCall(
+            call_id=f"m{next(call_ids)}",
+            kind=hk.CALL_KIND_MODEL_STREAM,
+            agent_id=request.agent_id,
+            session_id=request.session_id,
+            turn=request.turn,
+            step=request.step,
+            model_stream=hk.ModelStreamCall(
+                provider=self.provider, header=request.header, messages=request.messages
+            ),
+        )
+        call.timeout.FromNanoseconds(int(self.timeout * 1e9))
+        try:
+            # Closed with this generator, so an early stop withdraws the call at once.
+            with observe.plugin_call_scope(
+                self.plugin, "model/stream", request.agent_id, request.turn, request.step, call
+            ):
+                async with contextlib.aclosing(
+                    self.caller.stream(call, self.timeout, signal)
+                ) as chunks:
+                    async for chunk in chunks:
+                        yield chunk
+        except PluginCallFailed as failure:
+            self.stats.errors += failure.kind != "timeout"
+            raise TurnFatal(
+                f'plugin "{self.plugin}" model {self.provider}: {failure.kind}: {failure}',
+                f"PLUGIN_{failure.kind.upper()}",
+            ) from None

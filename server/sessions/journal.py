@@ -1,0 +1,261 @@
+"""Group commit: every write made within one loop tick reaches the store in one transaction.
+
+Session appends, inbox entries and request records are collected in the pending
+`Commit`. At the end of the tick (or as soon as the commit in flight lands) the
+pending commit goes to the store whole; while it is written, new writes collect in
+the next one, so the batch grows with the load and a burst of chunks costs one
+transaction, not one each. Only once a commit is durable are its events published:
+the sessions advance their durable mark (which wakes streams and the post-commit
+observers) and the callbacks waiting for that point run, in order. Nothing reaches
+a client, a plugin or an RPC reply before it is stored.
+
+A store that fails (a full disk, an I/O error, a lost connection) is retried with
+backoff: writers wait, nothing is dropped. A refusal that is about one session (its
+events do not follow the stored ones, or its claim was superseded: another writer)
+fails that session alone, and its agent stops; the others commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from agentloop.v1 import session_event_pb2 as ev
+from server.core.errors import AlreadyExists, NotFound
+from server.observability import observe
+from server.observability.logs import fields
+from server.stores import (
+    Commit,
+    InboxEntry,
+    RequestRecord,
+    SessionStore,
+    SessionWrites,
+    StoreConflict,
+    StoreUnavailable,
+)
+
+REFUSALS = (StoreConflict, AlreadyExists, NotFound)
+"""What a store says about one session's writes that no retry can change."""
+
+if TYPE_CHECKING:
+    from server.sessions.session import SessionLog
+
+log = logging.getLogger(__name__)
+
+RETRY_INITIAL = 0.05
+RETRY_MAX = 5.0
+
+
+class _Group:
+    """One commit with the sessions it publishes and the callbacks that follow it."""
+
+    def __init__(self) -> None:
+        self.commit = Commit()
+        self.sessions: dict[str, SessionLog] = {}
+        self.callbacks: list[Callable[[], None]] = []
+        self.done: asyncio.Future[None] | None = None
+
+    def future(self) -> asyncio.Future[None]:
+        if self.done is None:
+            self.done = asyncio.get_running_loop().create_future()
+        return self.done
+
+    def idle(self) -> bool:
+        return not self.sessions and not self.callbacks and self.commit.empty()
+
+
+class Journal:
+    """The write-ahead path from the loop to the store."""
+
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+        self._pending = _Group()
+        self._inflight: _Group | None = None
+        self._scheduled = False
+        self._closed = False
+        self.commits = 0
+        """Transactions written (a figure for benchmarks and tests)."""
+
+    # -- writes ------------------------------------------------------------------------
+
+    def append(
+        self, session: SessionLog, event: ev.SessionEvent, consumes: tuple[int, ...]
+    ) -> None:
+        """Write `event` (and remove the inbox entries it records) in the next commit."""
+        writes = self._writes(session)
+        writes.events.append(event)
+        if consumes:
+            self._take(writes, consumes)
+
+    def put(self, session: SessionLog, entry: InboxEntry) -> None:
+        """Add an accepted message to the session's durable inbox."""
+        self._writes(session).inbox_put.append(entry)
+
+    def take(self, session: SessionLog, entry_ids: tuple[int, ...]) -> None:
+        """Remove inbox entries that an event of this commit records."""
+        self._take(self._writes(session), entry_ids)
+
+    def record(self, session: SessionLog, record: RequestRecord) -> None:
+        """Keep the first answer of a call made with a request id."""
+        self._writes(session).requests.append(record)
+
+    def drive(self, session: SessionLog, agent_id: str) -> None:
+        """Record that `agent_id` now drives the session."""
+        self._writes(session).driver = agent_id
+
+    def after_commit(self, callback: Callable[[], None], session: SessionLog | None = None) -> None:
+        """Run `callback` once everything written so far is durable (now if it is).
+
+        With a `session`, once everything that session wrote so far is: a notification
+        about one session waits for its own writes, not for the other sessions' (so it
+        is not a commit late under load). Callbacks of one session keep their order.
+        """
+        if session is not None:
+            for group in (self._pending, self._inflight):
+                if group is not None and session.session_id in group.sessions:
+                    group.callbacks.append(callback)
+                    self._schedule()
+                    return
+            callback()
+            return
+        if self._pending.idle() and self._inflight is None:
+            callback()
+            return
+        group = self._pending if not self._pending.idle() else self._inflight
+        assert group is not None
+        group.callbacks.append(callback)
+        self._schedule()
+
+    def sync(self) -> asyncio.Future[None]:
+        """A future that resolves once everything written so far is durable."""
+        if not self._pending.idle():
+            return self._pending.future()
+        if self._inflight is not None:
+            return self._inflight.future()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+    async def drain(self) -> None:
+        """Wait until nothing is pending or in flight (shutdown)."""
+        while not self._pending.idle() or self._inflight is not None:
+            await asyncio.shield(self.sync())
+
+    # -- the commit loop ---------------------------------------------------------------
+
+    def _writes(self, session: SessionLog) -> SessionWrites:
+        if session.failure is not None:  # it can never commit again: write nowhere
+            return SessionWrites()
+        self._pending.sessions[session.session_id] = session
+        self._schedule()
+        writes = self._pending.commit.of(session.session_id)
+        writes.fence = session.fence
+        return writes
+
+    @staticmethod
+    def _take(writes: SessionWrites, entry_ids: tuple[int, ...]) -> None:
+        for entry_id in entry_ids:
+            put = next((e for e in writes.inbox_put if e.entry_id == entry_id), None)
+            if put is not None:  # accepted and recorded within one commit: never stored
+                writes.inbox_put.remove(put)
+            else:
+                writes.inbox_take.append(entry_id)
+
+    def _schedule(self) -> None:
+        if self._inflight is None and not self._scheduled:
+            self._scheduled = True
+            # Start after one more pass of the loop: the tasks this tick woke (a driver
+            # woken by a message, a stream reader) add their writes to the same commit.
+            loop = asyncio.get_running_loop()
+            loop.call_soon(loop.call_soon, self._start)
+
+    def _start(self) -> None:
+        self._scheduled = False
+        if self._inflight is not None or self._pending.idle():
+            return
+        group, self._pending = self._pending, _Group()
+        self._inflight = group
+        asyncio.get_running_loop().create_task(self._run(group), name="journal-commit")
+
+    async def _run(self, group: _Group) -> None:
+        try:
+            await self._write(group)
+        except BaseException as error:  # closed, or cancelled at exit: nothing was stored
+            for session in group.sessions.values():
+                session.fail(StoreUnavailable(f"the session store is unavailable: {error}"))
+            if not isinstance(error, Exception):
+                raise
+        else:
+            for session_id, session in group.sessions.items():
+                writes = group.commit.sessions.get(session_id)
+                if writes is not None and session.failure is None:
+                    session.published(writes.events)
+            for callback in group.callbacks:
+                try:
+                    callback()
+                except Exception:
+                    log.warning("a post-commit callback failed", exc_info=True)
+        finally:
+            if group.done is not None and not group.done.done():
+                group.done.set_result(None)  # waiters check their session's failure
+            self._inflight = None
+            if not self._pending.idle():
+                self._start()
+
+    async def _write(self, group: _Group) -> None:
+        """Commit the group, retrying outages; a refused session fails alone."""
+        if group.commit.empty():
+            return
+        try:
+            await self._commit(group.commit)
+            return
+        except REFUSALS:
+            pass  # a refusal, not an outage: find whose
+        for session_id, writes in group.commit.sessions.items():
+            try:
+                await self._commit(Commit(sessions={session_id: writes}))
+            except REFUSALS as error:
+                log.error(
+                    "session %s: commit refused: %s", session_id, error,
+                    extra=fields(session=session_id),
+                )  # fmt: skip
+                group.sessions[session_id].fail(error)
+                self._forget(session_id)
+
+    async def _commit(self, commit: Commit) -> None:
+        """One commit, retried with backoff while the store is unavailable."""
+        delay = RETRY_INITIAL
+        while True:
+            if self._closed:
+                raise StoreUnavailable("the journal was closed with writes not stored")
+            try:
+                started = time.perf_counter()
+                await self.store.commit(commit)
+                self.commits += 1
+                if observe.store_commit is not None:  # the metric of commit latency, when on
+                    observe.store_commit(time.perf_counter() - started)
+                return
+            except REFUSALS:
+                raise
+            except Exception as error:  # an outage: a full disk, a lost connection
+                log.error("session store commit failed: %s; retrying in %.2f s", error, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+
+    def close(self) -> None:
+        """Stop retrying (shutdown): writes still unstored fail their sessions."""
+        self._closed = True
+
+    def _forget(self, session_id: str) -> None:
+        """Drop the pending writes of a failed session: they can never follow."""
+        pending = self._pending
+        pending.commit.sessions.pop(session_id, None)
+        pending.sessions.pop(session_id, None)
+        if pending.idle() and pending.done is not None:
+            # Its waiters waited for those writes only: nothing is left to store, and an
+            # idle group is never started, so they are answered here (they find the failure).
+            pending.done.set_result(None)
+            self._pending = _Group()

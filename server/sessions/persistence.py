@@ -1,0 +1,43 @@
+"""The turn-end flush: `session/flush` after the turn's events are stored.
+
+Every event reaches the store through the journal's group commits as it is
+appended; at every turn end (and on disposal) the loop awaits `flush`, which waits
+for the session's writes to be durable and then runs the `session/flush` listeners
+in parallel. The first failure is raised to the loop, which reports it as
+`agent/error` and carries on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from server.core.seams import SeamRegistry
+from server.sessions.session import SessionLog
+
+SESSION_FLUSH = "session/flush"
+
+
+class Persistence:
+    """Waits for a session's durability and runs the flush listeners."""
+
+    def __init__(self, seams: SeamRegistry) -> None:
+        self.seams = seams
+
+    async def flush(self, session: SessionLog) -> None:
+        """Wait until the session's writes are stored; run the `session/flush` listeners."""
+        await session.settle()
+        listeners = self.seams.listeners(SESSION_FLUSH, session.agent_id or None)
+        if listeners:
+            results: list[Any] = await asyncio.gather(
+                *(_call(reg.fn, session) for reg in listeners), return_exceptions=True
+            )
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+
+
+async def _call(fn: Any, session: SessionLog) -> None:
+    result = fn(session)
+    if asyncio.iscoroutine(result):
+        await result

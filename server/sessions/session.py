@@ -1,0 +1,393 @@
+"""The session log: an append-only list of `SessionEvent`s and the history derived from it.
+
+Appends are synchronous. Each one gets the next sequence number and the time, passes
+the pre-commit checks (surface rules, a `pre_commit` veto), is applied to the derived
+state, handed to the journal for the next group commit, and passed to the in-process
+observers, whose failures are contained. An append from inside an observer is
+refused: observers must defer, or use other channels.
+
+Nothing leaves the process before it is stored: readers (`read`, `wait_beyond`) and
+the post-commit observers see an event only once the journal has committed it (the
+durable mark). Memory holds what the next model request needs (the derived history,
+the folded request header, turn numbering) and a bounded window of recent events;
+older events are read back from the store.
+
+History is a projection of the surface events, kept incrementally so that deriving it
+costs one list copy per step, not a pass over the whole log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from google.protobuf import timestamp_pb2
+
+from agentloop.v1 import agent_pb2, session_pb2
+from agentloop.v1 import content_pb2 as c
+from agentloop.v1 import session_event_pb2 as ev
+from server.core.errors import AgentLoopError
+from server.core.events import Payload, kind_of
+from server.stores import FIRST_SEQ, InboxEntry, RequestRecord
+
+if TYPE_CHECKING:
+    from server.sessions.journal import Journal
+
+log = logging.getLogger(__name__)
+
+SURFACE_KINDS = frozenset(
+    {"user_message", "assistant_message", "tool_result", "context_message", "steering_message"}
+)
+"""The payload kinds that produce history."""
+
+APPEND = ev.SurfaceOp(kind=ev.SURFACE_OP_KIND_APPEND)
+
+WINDOW = 64
+"""Recent events a session keeps in memory; readers of older ones go to the store."""
+
+Observer = Callable[[ev.SessionEvent], Any]
+
+
+class ReentrantAppend(RuntimeError):
+    """An observer tried to append while an append was being published."""
+
+
+def now_timestamp() -> timestamp_pb2.Timestamp:
+    """The current time as a protobuf Timestamp."""
+    ns = time.time_ns()
+    return timestamp_pb2.Timestamp(seconds=ns // 1_000_000_000, nanos=ns % 1_000_000_000)
+
+
+class SessionLog:
+    """One session: its header, its recent events, its derived history and folded header."""
+
+    def __init__(
+        self,
+        session_id: str,
+        header: session_pb2.SessionHeader,
+        journal: Journal | None = None,
+        seed: Iterable[ev.SessionEvent] = (),
+        inbox: Sequence[InboxEntry] = (),
+        window: int = WINDOW,
+        options: agent_pb2.AgentOptions | None = None,
+    ) -> None:
+        """A session whose writes go through `journal`.
+
+        Without a journal it is a detached log (a replay, a test fixture) that keeps
+        every event and treats each append as stored at once.
+        """
+        self.session_id = session_id
+        self.header = header
+        self.journal = journal
+        self.count = FIRST_SEQ
+        """The next sequence number (events appended so far, stored or not, plus 1)."""
+        self.durable = FIRST_SEQ
+        """Events with seq below `durable` are stored and published: the next to store."""
+        self._window: deque[ev.SessionEvent] = deque(maxlen=window if journal else None)
+        self.observers: list[Observer] = []
+        """Called in-process at each append; failures are logged and contained."""
+        self.committed_observers: list[Observer] = []
+        """Called once each event is stored, in order; failures are logged and contained."""
+        self.pre_commit: list[Observer] = []
+        """Called before each append; a throw vetoes the append."""
+        self.agent_id = ""
+        """The live agent driving this session, if any."""
+        self.options = options
+        """The options of the session's last agent, as stored (a resume may restore them)."""
+        self.max_turn = 0
+        self.open_turn = 0
+        """The turn whose `turn/start` is the last boundary; 0 when none is open."""
+        self.request_header: c.RequestHeader | None = None
+        """The latest logged request header (the fold: the latest snapshot wins)."""
+        self.fence = 0
+        """The driver's claim token: every commit carries it (0: a reader's log, unfenced)."""
+        self.failure: AgentLoopError | None = None
+        """Why the store refused this session's writes, once it has (nothing commits then)."""
+        self.on_failure: list[Callable[[AgentLoopError], None]] = []
+        """Told once, when the store refuses the session (its driver must stop)."""
+        self.inbox: dict[int, InboxEntry] = {entry.entry_id: entry for entry in inbox}
+        """The durable inbox: accepted messages no event records yet, by entry id."""
+        self._next_entry = max(self.inbox, default=0) + 1
+        self._history: list[c.Message] = []
+        self._surface: list[c.Message | None] = []
+        self._publishing = False
+        self._waiters: list[asyncio.Future[None]] = []
+        self.observer_failures = 0
+        for event in seed:
+            self._apply(event)
+            self._window.append(event)
+            self.count += 1
+        self.durable = self.count
+
+    def __len__(self) -> int:
+        """The number of events appended, stored or not."""
+        return self.count - FIRST_SEQ
+
+    @property
+    def stored(self) -> int:
+        """The number of events stored and published."""
+        return self.durable - FIRST_SEQ
+
+    @property
+    def events(self) -> list[ev.SessionEvent]:
+        """The events held in memory: the whole log while it fits the window, else its tail."""
+        return list(self._window)
+
+    @property
+    def window_start(self) -> int:
+        """The sequence number of the oldest event held in memory."""
+        return self.count - len(self._window)
+
+    def add(
+        self,
+        payload: Payload,
+        *,
+        source_event_seqs: Sequence[int] = (),
+        consumes: tuple[int, ...] = (),
+    ) -> ev.SessionEvent:
+        """Append one event carrying `payload` (its type says its kind); returns the event."""
+        return self.append(
+            kind_of(payload), payload, source_event_seqs=source_event_seqs, consumes=consumes
+        )
+
+    def append(
+        self,
+        kind: str,
+        payload: Any,
+        *,
+        source_event_seqs: Sequence[int] = (),
+        consumes: tuple[int, ...] = (),
+    ) -> ev.SessionEvent:
+        """Append one event whose payload field is `kind`; returns the event.
+
+        `add` is the typed form; this one serves code that holds the kind as a name.
+
+        `consumes` names the inbox entries this event records: they leave the durable
+        inbox in the same commit as the event, so a message is pending or recorded,
+        never both and never neither.
+        """
+        if self._publishing:
+            raise ReentrantAppend(
+                "session append cannot reenter while another append is being published"
+            )
+        event = ev.SessionEvent(seq=self.count, create_time=now_timestamp(), **{kind: payload})
+        if kind in SURFACE_KINDS:
+            event.surface_op.CopyFrom(APPEND)
+            event.source_event_seqs.extend(source_event_seqs)
+        elif source_event_seqs:
+            raise ValueError(f"{kind} is not a surface event and takes no source_event_seqs")
+        for check in self.pre_commit:
+            check(event)
+        self._apply(event)
+        self.count += 1
+        self._window.append(event)
+        for entry_id in consumes:
+            self.inbox.pop(entry_id, None)
+        if self.journal is not None:
+            self.journal.append(self, event, consumes)
+        self._publish(event)
+        if self.journal is None:
+            self.published([event])
+        return event
+
+    def accept(self, kind: str, message: ev.UserMessage | ev.ContextMessage) -> InboxEntry:
+        """Put an accepted message in the durable inbox (stored with the next commit)."""
+        entry = InboxEntry(self._next_entry, kind, message)
+        self._next_entry += 1
+        self.inbox[entry.entry_id] = entry
+        if self.journal is not None:
+            self.journal.put(self, entry)
+        return entry
+
+    def adopt(self, entries: Sequence[InboxEntry]) -> None:
+        """Take up inbox entries the store already moved to this session."""
+        for entry in entries:
+            self.inbox[entry.entry_id] = entry
+        self._next_entry = max(self.inbox, default=0) + 1
+
+    def record(self, record: RequestRecord) -> None:
+        """Keep the first answer of a call with a request id, in the next commit."""
+        if self.journal is not None:
+            self.journal.record(self, record)
+
+    async def settle(self) -> None:
+        """Wait until everything so far is stored; raises the store's refusal, if any."""
+        if self.journal is not None:
+            stored = self.journal.sync()
+            if not stored.done():  # nothing pending: no shield, no task switch
+                await asyncio.shield(stored)
+        if self.failure is not None:
+            raise self.failure
+
+    def derive_messages(self) -> list[c.Message]:
+        """The history: one message per projecting surface node, in order."""
+        return list(self._history)
+
+    async def read(
+        self, start: int, limit: int, max_bytes: int | None = None
+    ) -> list[ev.SessionEvent]:
+        """Up to `limit` stored events from `start` (at least one, then within `max_bytes`)."""
+        start = max(start, FIRST_SEQ)
+        out: list[ev.SessionEvent] = []
+        size = 0
+        while len(out) < limit:
+            pos = start + len(out)
+            end = min(self.durable, start + limit)
+            if pos >= end:
+                break
+            first = self.window_start
+            if pos >= first:
+                chunk = list(itertools.islice(self._window, pos - first, end - first))
+            else:
+                assert self.journal is not None  # a detached log keeps every event
+                chunk = await self.journal.store.read(self.session_id, pos, min(end, first))
+                if not chunk:
+                    break
+            for event in chunk:
+                if max_bytes is not None:
+                    size += event.ByteSize()
+                    if out and size > max_bytes:
+                        return out
+                out.append(event)
+        return out
+
+    async def wait_beyond(self, seq: int) -> None:
+        """Wait until the stored log holds an event with sequence number `seq` (or more)."""
+        if self.durable > seq:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+    def wake_waiters(self) -> None:
+        """Release every `wait_beyond` waiter (they re-check their condition)."""
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def published(self, events: Sequence[ev.SessionEvent]) -> None:
+        """The journal stored `events`: advance the durable mark and tell the readers."""
+        if events:
+            self.durable = events[-1].seq + 1
+            for observer in self.committed_observers:
+                for event in events:
+                    try:
+                        observer(event)
+                    except Exception:
+                        self.observer_failures += 1
+                        log.warning("post-commit session observer failed", exc_info=True)
+        if self._waiters:
+            self.wake_waiters()
+
+    def fail(self, error: AgentLoopError) -> None:
+        """The store refused this session's writes: nothing of it commits from now on."""
+        if self.failure is not None:
+            return
+        self.failure = error
+        self.wake_waiters()
+        for callback in self.on_failure:
+            try:
+                callback(error)
+            except Exception:
+                log.warning("a session failure callback failed", exc_info=True)
+
+    def _apply(self, event: ev.SessionEvent) -> None:
+        match event.WhichOneof("payload"):
+            case "turn_start":
+                self.max_turn = max(self.max_turn, event.turn_start.turn)
+                self.open_turn = event.turn_start.turn
+            case "turn_end":
+                self.open_turn = 0
+            case "request_header":
+                self.request_header = event.request_header.header
+            case str(kind) if kind in SURFACE_KINDS:
+                self._project(event, kind)
+
+    def _project(self, event: ev.SessionEvent, kind: str) -> None:
+        message = project(event, kind)
+        op = event.surface_op
+        if op.kind == ev.SURFACE_OP_KIND_REPLACE:
+            self._surface[op.start : op.end + 1] = [message]
+            self._history = [m for m in self._surface if m is not None]
+            return
+        self._surface.append(message)
+        if message is not None:
+            self._history.append(message)
+
+    def _publish(self, event: ev.SessionEvent) -> None:
+        self._publishing = True
+        try:
+            for observer in self.observers:
+                try:
+                    observer(event)
+                except Exception:
+                    self.observer_failures += 1
+                    log.warning("session/event observer failed", exc_info=True)
+        finally:
+            self._publishing = False
+
+
+def _wrap(tag: str, source: c.Source, content: Sequence[c.ContentBlock]) -> list[c.ContentBlock]:
+    """Wrap content in `<tag source="kind">` ... `</tag>`.
+
+    The kind comes from the client: it is escaped, so that it can neither close the
+    attribute nor the tag (and so forge another provenance).
+    """
+    kind = html.escape(source.kind or "user", quote=True)
+    if all(block.WhichOneof("block") == "text" for block in content):
+        inner = "".join(block.text.text for block in content)
+        return [
+            c.ContentBlock(text=c.TextBlock(text=f'<{tag} source="{kind}">\n{inner}\n</{tag}>'))
+        ]
+    return [
+        c.ContentBlock(text=c.TextBlock(text=f'<{tag} source="{kind}">')),
+        *content,
+        c.ContentBlock(text=c.TextBlock(text=f"</{tag}>")),
+    ]
+
+
+def project(event: ev.SessionEvent, kind: str) -> c.Message | None:
+    """The history message of one surface event; None for an empty assistant message."""
+    if kind == "user_message":
+        return c.Message(role=c.ROLE_USER, content=event.user_message.content)
+    if kind == "assistant_message":
+        msg = event.assistant_message
+        if not msg.content:
+            return None  # a completion anchor: logged, never projected
+        return c.Message(role=c.ROLE_ASSISTANT, content=msg.content, provenance=msg.provenance)
+    if kind == "tool_result":
+        result = event.tool_result
+        block = c.ToolResultBlock(
+            tool_call_id=result.call_id, content=result.content, is_error=result.is_error
+        )
+        return c.Message(role=c.ROLE_USER, content=[c.ContentBlock(tool_result=block)])
+    if kind == "context_message":
+        ctx = event.context_message
+        if ctx.envelope == ev.CONTEXT_ENVELOPE_RAW:
+            return c.Message(role=c.ROLE_USER, content=ctx.content)
+        return c.Message(role=c.ROLE_USER, content=_wrap("context", ctx.source, ctx.content))
+    steering = event.steering_message
+    return c.Message(role=c.ROLE_USER, content=_wrap("steering", steering.source, steering.content))
+
+
+def session_message(session: SessionLog) -> session_pb2.Session:
+    """The `Session` resource of a session log."""
+    return session_pb2.Session(
+        session_id=session.session_id,
+        agent_id=session.agent_id,
+        header=session.header,
+        event_count=session.stored,
+        turn_count=session.max_turn,
+        pending_messages=len(session.inbox),
+    )

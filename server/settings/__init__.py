@@ -1,0 +1,1 @@
+"""The server configuration: its schema, its defaults, and what makes an agent valid."""
