@@ -149,10 +149,9 @@ class Metrics(Sink):
     ) -> None:
         """Count the call by finish reason, and its tokens."""
         self.model_calls.inc((model.finish or "none",))
-        if message is not None and message.HasField("usage"):
-            usage = message.usage
-            self.tokens.inc(("input",), usage.input_tokens)
-            self.tokens.inc(("output",), usage.output_tokens)
+        if model.usage is not None:
+            self.tokens.inc(("input",), model.usage[0])
+            self.tokens.inc(("output",), model.usage[1])
 
     def tool_end(
         self, turn: Turn, step: Step, result: ev.ToolResult, name: str, start_ns: int, end_ns: int

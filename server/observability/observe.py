@@ -5,11 +5,13 @@ as it happens; `EventClock` listens to `session/event` (in-process, at the appen
 turns those events into starts and ends with durations, which it hands to each `Sink`.
 Nothing is registered unless metrics or traces are on, so they cost nothing when off.
 
-This runs for every appended event, chunks included, so it is kept lean: a table by
-payload kind picks the one handler of an event (the kinds nobody measures cost a
-lookup), the clock is read once per event (and for a chunk only when it is the
-model's first), and a sink's method is called only when the sink implements it (a
-`Sink` overrides only what it measures).
+This runs for every appended event, chunks included, so it is kept lean: the kind of
+an event comes from its session (`SessionLog.publishing`: no protobuf call), a table by
+kind picks the one handler of an event (the kinds nobody measures cost a look-up), a
+chunk is handled inline (the first of a model call is timed, the last kept for its
+finish), the clock is read once per event at most, what a model call's message says
+is read once for every sink, and a sink's method is called only when the sink
+implements it (a `Sink` overrides only what it measures).
 
 Two things the log does not hold come through hooks: plugin calls (`plugin_call`) and
 store commits (`store_commit`). Each hook is a module global that is None when off.
@@ -23,7 +25,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
 from server.core import seams as S
@@ -48,14 +49,22 @@ class Model:
     """The finish reason (see `FINISH_REASONS`), once the call ended with one."""
     last_chunk: ev.SessionEvent | None = None
     """The call's latest chunk: a finish, once the stream is whole (nothing follows it)."""
+    usage: tuple[int, int] | None = None
+    """The input and output tokens, when the model reported them."""
 
-    def ended(self) -> Model:
-        """The call, its finish read off its last chunk (none when the stream was cut)."""
+    def ended(self, message: ev.AssistantMessage | None) -> Model:
+        """The call, ended with `message` (None: failed), read once for every sink.
+
+        Its finish comes off its last chunk (none when the stream was cut).
+        """
         if self.last_chunk is not None:
-            chunk = self.last_chunk.assistant_chunk.chunk
-            if chunk.HasField("finish"):
-                self.finish = FINISH_REASONS.get(chunk.finish.kind, "unknown")
+            kind = self.last_chunk.assistant_chunk.chunk.finish.kind  # 0: not a finish
+            if kind:
+                self.finish = FINISH_REASONS.get(kind, "unknown")
             self.last_chunk = None
+        if message is not None and message.HasField("usage"):
+            usage = message.usage
+            self.usage = (usage.input_tokens, usage.output_tokens)
         return self
 
 
@@ -160,8 +169,9 @@ class EventClock:
         return seams.on(S.SESSION_EVENT, self.observe, name="observability", prepend=True)
 
     def observe(self, agent: Any, event: ev.SessionEvent) -> None:
-        """One appended event of `agent`."""
-        kind = event.WhichOneof("payload")
+        """One appended event of `agent`, as its session publishes it."""
+        # The session says the kind: cheaper than asking the event (a string made anew).
+        kind = agent.session.publishing or event.WhichOneof("payload")
         if kind != "assistant_chunk":
             handler = self._handlers.get(kind)
             if handler is not None:
@@ -203,9 +213,9 @@ class EventClock:
         step = turn.step if turn is not None else None
         if step is None or step.model is None:
             return
-        model, step.model = step.model.ended(), None
         now = time.time_ns()
         message = event.assistant_message
+        model, step.model = step.model.ended(message), None
         for call in self._model_end:
             call(turn, step, model, message, now)
 
@@ -250,17 +260,12 @@ class EventClock:
 
     def _end_step(self, turn: Turn, step: Step, now: int) -> None:
         if step.model is not None:  # the call failed or was cut: no message came
-            model, step.model = step.model.ended(), None
+            model, step.model = step.model.ended(None), None
             for model_end in self._model_end:
                 model_end(turn, step, model, None, now)
         turn.step = None
         for call in self._step_end:
             call(turn, step, now)
-
-
-def usage_of(message: ev.AssistantMessage | None) -> c.Usage | None:
-    """The token usage of a model message, when the model reported it."""
-    return message.usage if message is not None and message.HasField("usage") else None
 
 
 # -- hooks for what the log does not hold ------------------------------------------------

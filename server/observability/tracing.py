@@ -330,16 +330,16 @@ class Tracing(Sink):
         attributes: dict[str, AttributeValue] = {"gen_ai.operation.name": "chat"}
         if message is not None:
             provenance = message.provenance
-            name = f"chat {provenance.model}"
+            model_name = provenance.model
+            name = f"chat {model_name}"
             attributes["gen_ai.provider.name"] = provenance.provider
-            attributes["gen_ai.request.model"] = provenance.model
-            attributes["gen_ai.response.model"] = provenance.model
+            attributes["gen_ai.request.model"] = model_name
+            attributes["gen_ai.response.model"] = model_name
         if model.finish:
             attributes["gen_ai.response.finish_reasons"] = (model.finish,)
-        usage = observe.usage_of(message)
-        if usage is not None:
-            attributes["gen_ai.usage.input_tokens"] = usage.input_tokens
-            attributes["gen_ai.usage.output_tokens"] = usage.output_tokens
+        if model.usage is not None:
+            attributes["gen_ai.usage.input_tokens"] = model.usage[0]
+            attributes["gen_ai.usage.output_tokens"] = model.usage[1]
         span = self.start(name, parent, SpanKind.CLIENT, model.start_ns, attributes)
         failed = message is None or model.finish == "error"
         first = model.first_chunk_ns

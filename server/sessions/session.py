@@ -116,7 +116,9 @@ class SessionLog:
         self._next_entry = max(self.inbox, default=0) + 1
         self._history: list[c.Message] = []
         self._surface: list[c.Message | None] = []
-        self._publishing = False
+        self.publishing = ""
+        """The payload kind of the event being published to the observers ("" between
+        appends): an observer can read it here instead of asking the event."""
         self._waiters: list[asyncio.Future[None]] = []
         self.observer_failures = 0
         for event in seed:
@@ -172,7 +174,7 @@ class SessionLog:
         inbox in the same commit as the event, so a message is pending or recorded,
         never both and never neither.
         """
-        if self._publishing:
+        if self.publishing:
             raise ReentrantAppend(
                 "session append cannot reenter while another append is being published"
             )
@@ -191,7 +193,7 @@ class SessionLog:
             self.inbox.pop(entry_id, None)
         if self.journal is not None:
             self.journal.append(self, event, consumes)
-        self._publish(event)
+        self._publish(event, kind)
         if self.journal is None:
             self.published([event])
         return event
@@ -325,8 +327,8 @@ class SessionLog:
         if message is not None:
             self._history.append(message)
 
-    def _publish(self, event: ev.SessionEvent) -> None:
-        self._publishing = True
+    def _publish(self, event: ev.SessionEvent, kind: str) -> None:
+        self.publishing = kind
         try:
             for observer in self.observers:
                 try:
@@ -335,7 +337,7 @@ class SessionLog:
                     self.observer_failures += 1
                     log.warning("session/event observer failed", exc_info=True)
         finally:
-            self._publishing = False
+            self.publishing = ""
 
 
 def _wrap(tag: str, source: c.Source, content: Sequence[c.ContentBlock]) -> list[c.ContentBlock]:
