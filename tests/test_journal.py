@@ -171,12 +171,13 @@ async def test_a_writer_fenced_off_by_a_takeover_stops_writing(tmp_path: Path) -
     attempts = store.of("s", takeover)
     assert attempts and {how for _, how in attempts} == {"refused"}, attempts
     assert attempts[0][0][0] == stored + 1  # the late turn's first event
+    # Whatever it appends from now on goes nowhere: not one more commit for "s".
+    agent.session.append("turn_start", ev.TurnStart(turn=99, trigger=ev.TRIGGER_KIND_MESSAGE))
+    await first.runtime.journal.drain()
+    assert store.of("s", takeover) == attempts
     # The session holds what the first server wrote before the takeover, then the second's.
     taken.send([text_block("from the new owner")])
     await taken.when_idle()
-    # Nothing more came from the first server, its journal drained: it stopped writing.
-    await first.runtime.journal.drain()
-    assert store.of("s", takeover) == attempts
     events = (await second.runtime.store.load("s")).events
     check_log(events)
     late = [e for e in events if e.HasField("user_message") and "late" in str(e)]
