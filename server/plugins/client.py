@@ -58,6 +58,21 @@ GATHER_SECONDS = 0.002
 """How long the first of a run of notifications waits for the others (batching plugins)."""
 
 
+_COUNTING = frozenset(
+    field.name
+    for field in hk.HookCall.DESCRIPTOR.oneofs_by_name["payload"].fields
+    if field.message_type is not None and "dropped" in field.message_type.fields_by_name
+)
+"""The notification payloads that carry a `dropped` count (observers'; not the payload
+of a seam subscribed `observe_only`)."""
+
+
+def carried(note: hk.HookCall) -> int:
+    """The drops a queued notification carries (0 if its payload has no count)."""
+    payload = note.WhichOneof("payload") or ""
+    return int(getattr(note, payload).dropped) if payload in _COUNTING else 0
+
+
 async def _nothing() -> None:
     return None
 
@@ -247,8 +262,9 @@ class PluginConnection:
 
     def notify(self, call: hk.HookCall, slot: NoticeSlot) -> None:
         """Queue an admitted notification; it carries the drops since the last one."""
-        payload = getattr(call, call.WhichOneof("payload") or "session_event")
-        payload.dropped, self._dropped = self._dropped, 0
+        payload = call.WhichOneof("payload") or ""
+        if payload in _COUNTING:  # else the next observer notification carries the count
+            getattr(call, payload).dropped, self._dropped = self._dropped, 0
         slot.queued += 1
         self._notes.append((call, slot))
         self._wake_writer.set()
@@ -420,8 +436,7 @@ class PluginConnection:
             if len(entry) > self.max_message_bytes:
                 notes.popleft()
                 slot.queued -= 1
-                payload = getattr(note, note.WhichOneof("payload") or "session_event")
-                self._dropped += payload.dropped + 1  # too big to send: dropped, counted
+                self._dropped += carried(note) + 1  # too big to send: dropped, counted
                 self.stats.dropped += 1
                 self.stats.oversized += 1
                 continue
@@ -477,7 +492,6 @@ class PluginConnection:
         # Buffered notifications die with the stream: counted, and carried by the next one.
         for note, slot in self._notes:
             slot.queued -= 1
-            payload = getattr(note, note.WhichOneof("payload") or "session_event")
-            self._dropped += payload.dropped + 1
+            self._dropped += carried(note) + 1
             self.stats.dropped += 1
         self._notes.clear()
