@@ -37,6 +37,7 @@ from agentloop.v1 import stream_pb2 as st
 from server.core.abort import AbortSignal
 from server.core.errors import Aborted
 from server.plugins.calls import NoticeSlot, PluginCallFailed, PluginStats, error_text
+from server.plugins.deadlines import DeadlineExpired, Deadlines
 from server.plugins.description import describe_request
 from server.plugins.wire import (
     BATCH_CAPABILITY,
@@ -145,6 +146,8 @@ class PluginConnection:
         self._urgent = asyncio.Event()
         """Set by a cancel: the writer stops gathering notifications and sends it."""
         self._stream: grpc.aio.StreamStreamCall[bytes, hk.HandleResponse] | None = None
+        self._deadlines = Deadlines()
+        """The deadlines of the calls in flight (`server.plugins.deadlines`)."""
         self._write_lock = asyncio.Lock()
         """Writes never overlap: calls write directly, the writer task sends the rest."""
         self._ready = asyncio.Event()
@@ -184,6 +187,7 @@ class PluginConnection:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         self._fail_pending("the plugin was unregistered")
+        self._deadlines.close()
         await self.channel.close()
 
     # -- PluginCaller --------------------------------------------------------------------
@@ -193,24 +197,47 @@ class PluginConnection:
         if self.state != reg.PLUGIN_STATE_READY:
             raise PluginCallFailed("disconnected", f"the plugin is unavailable ({self.last_error})")
         request = self._sized(call)
+        call_id = call.call_id
         future: asyncio.Future[hk.HookResult] = asyncio.get_running_loop().create_future()
-        self._pending[call.call_id] = future
+        self._pending[call_id] = future
         self.stats.calls += 1
         started = time.perf_counter()
+        # No timer and no task per call: the deadline is an entry of the connection's
+        # heap, and an abort fails the future directly.
+        deadline = self._deadlines.add(seconds, future)
+
+        def aborted(reason: str) -> None:
+            if not future.done():
+                future.set_exception(Aborted(reason))
+
+        unsubscribe = signal.on_abort(aborted)
         try:
-            async with asyncio.timeout(seconds):
+            deadline.task = asyncio.current_task()  # cancelled if the deadline passes meanwhile
+            try:
                 await self._send_now(request)
-                return await signal.race(future)
-        except TimeoutError:
-            self.stats.timeouts += 1
-            self._cancel(call.call_id, "deadline exceeded")
-            raise PluginCallFailed("timeout", f"no answer within {seconds:g} s") from None
-        except Aborted as aborted:
-            self._cancel(call.call_id, aborted.reason)
+            finally:
+                deadline.task = None
+            return await future
+        except DeadlineExpired:
+            raise self._timed_out(call_id, seconds) from None
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if deadline.expired and task is not None and task.uncancel() == 0:
+                raise self._timed_out(call_id, seconds) from None  # during the write
+            raise
+        except Aborted as abort:
+            self._cancel(call_id, abort.reason)
             raise
         finally:
-            self._pending.pop(call.call_id, None)
+            deadline.ended = True
+            unsubscribe()
+            self._pending.pop(call_id, None)
             self.stats.record(call, time.perf_counter() - started)
+
+    def _timed_out(self, call_id: str, seconds: float) -> PluginCallFailed:
+        self.stats.timeouts += 1
+        self._cancel(call_id, "deadline exceeded")
+        return PluginCallFailed("timeout", f"no answer within {seconds:g} s")
 
     async def stream(
         self, call: hk.HookCall, seconds: float, signal: AbortSignal
