@@ -1,9 +1,11 @@
-"""Call deadlines on a plugin connection: one heap and one timer for every call in flight.
+"""Call deadlines, one heap and one timer for every call in flight, on both ends.
 
-Each call still ends at its own deadline (in deadline order, whatever the order the
-calls were made in), withdrawn with a `CancelCall`; a call answered in time is not
-touched by the others' deadlines; an abort fails only its call. The plugin is a raw
-grpc.aio `HookService` on a real port that answers only the calls it is told to.
+The server's connection: each call still ends at its own deadline (in deadline order,
+whatever the order the calls were made in), withdrawn with a `CancelCall`; a call
+answered in time is not touched by the others' deadlines; an abort fails only its
+call. The plugin there is a raw grpc.aio `HookService` on a real port that answers
+only the calls it is told to. The Python helper: each call's handler is cancelled at
+its own deadline and not answered; the others are answered.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ from typing import Any
 import grpc
 import pytest
 
+from agentloop.plugin import sdk
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import hook_service_pb2_grpc as hk_rpc
+from agentloop.v1 import content_pb2 as c
 from server.core.abort import NEVER, AbortController
 from server.core.errors import Aborted
 from server.plugins.calls import PluginCallFailed, PluginStats
 from server.plugins.client import PluginConnection
+from tests.plugin_client import HandleStream, hook_client
 
 T = 5.0
 """A hang guard, never a measured time."""
@@ -122,3 +127,40 @@ async def test_an_abort_fails_only_its_call(plugin: tuple[Selective, PluginConne
             await waiting
         await servicer.cancel_seen.wait()
     assert servicer.cancelled == ["aborted"] and connection.stats.timeouts == 0
+
+
+async def test_the_python_helper_cancels_each_call_at_its_own_deadline() -> None:
+    plugin = sdk.Plugin("deadlines")
+    cancelled: list[str] = []
+    two_cancelled = asyncio.Event()
+
+    @plugin.prompt_submit()
+    async def prompt(call: hk.HookCall) -> None:
+        if sdk.text_of(call.prompt_submit.content) == "hang":
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.append(call.call_id)
+                if len(cancelled) == 2:
+                    two_cancelled.set()
+                raise
+        return None
+
+    def prompt_call(call_id: str, text: str, seconds: float) -> hk.HookCall:
+        call = hk.HookCall(call_id=call_id, kind=hk.CALL_KIND_SEAM, seam=hk.SEAM_PROMPT_SUBMIT)
+        call.prompt_submit.content.append(c.ContentBlock(text=c.TextBlock(text=text)))
+        call.timeout.FromNanoseconds(int(seconds * 1e9))
+        return call
+
+    async with hook_client(plugin) as stub:
+        stream = HandleStream(stub)
+        await stream.send(
+            prompt_call("late", "hang", 0.3),  # first made, last to expire
+            prompt_call("early", "hang", 0.05),
+            prompt_call("answered", "hello", T),
+        )
+        assert await stream.result() == hk.HookResult(call_id="answered")
+        async with asyncio.timeout(T):
+            await two_cancelled.wait()
+        assert await stream.finish() == []  # calls past their deadline are not answered
+    assert cancelled == ["early", "late"]

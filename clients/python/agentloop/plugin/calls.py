@@ -190,14 +190,20 @@ class Registry:
         (`call.timeout`) passed: the server has stopped waiting for it.
         """
         limit = call.timeout.ToNanoseconds() / 1e9 if call.HasField("timeout") else 0.0
+        if limit <= 0:  # a notification, or no deadline: no timer
+            return await self.answer(call)
         try:
-            async with asyncio.timeout(limit if limit > 0 else None):
-                return await self._dispatch(call)
-        except TimeoutError:  # only the deadline's: _dispatch answers every error
+            async with asyncio.timeout(limit):
+                return await self.answer(call)
+        except TimeoutError:  # only the deadline's: answer() answers every error
             log.warning("plugin %s: call %s passed its deadline", self.name, call.call_id)
             return None
 
-    async def _dispatch(self, call: hs.HookCall) -> hs.HookResult | None:
+    async def answer(self, call: hs.HookCall) -> hs.HookResult | None:
+        """`run` without the deadline, which the caller keeps.
+
+        The handler's result, its error as a result, or None for a notification.
+        """
         payload = call.WhichOneof("payload") or ""
         spec = BY_PAYLOAD.get(payload)
         sub = self.subscriptions.get(payload)
