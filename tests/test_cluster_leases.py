@@ -66,6 +66,33 @@ async def database_now(store: PostgresStore) -> float:
     return float(await pool.fetchval("SELECT extract(epoch FROM clock_timestamp())"))
 
 
+async def a_renewal_ran_after(store: PostgresStore, moment: float) -> None:
+    """Wait (bounded) until a renewal that began after `moment` has run to its end.
+
+    The heartbeat moves past `moment`, then once more: renewals run one after the
+    other, so the first one (and whatever it stopped) is done by then.
+    """
+    first = None
+    for _ in range(600):
+        beat = await heartbeat(store, "me")
+        if first is None and beat > moment:
+            first = beat
+        elif first is not None and beat > first:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("no renewal")
+
+
+async def lapse(store: PostgresStore) -> None:
+    """Wait until a lease taken now has expired (the database's clock)."""
+    late = await database_now(store) + TTL
+    for _ in range(600):
+        if await database_now(store) > late:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the clock did not move")
+
+
 async def dead_replica_with_agents(store: PostgresStore) -> None:
     """A replica that held `AGENTS` and died: its leases are all expired."""
     dead = Leases(store, "dead", "127.0.0.1:1", TTL)
@@ -101,13 +128,7 @@ async def test_a_sweep_that_takes_many_agents_keeps_them_all_while_it_resumes_th
     me.start(lambda: set(held), resume, abandon)
     try:
         await asyncio.wait_for(resumed.wait(), 30)
-        after = await database_now(store)
-        for _ in range(300):  # until a renewal ran after the last resume (bounded)
-            if abandoned or await heartbeat(store, "me") > after:
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise AssertionError("no renewal after the resumes")
+        await a_renewal_ran_after(store, await database_now(store))
         leases = await leases_of(store)
     finally:
         await me.stop()
@@ -121,9 +142,7 @@ async def test_a_replica_late_to_renew_keeps_the_agents_nobody_took(
     await dead_replica_with_agents(store)
     taken = await Leases(store, "me", "127.0.0.1:2", TTL).take_over()
     assert sorted(lease.agent_id for lease in taken) == AGENTS
-    late = await database_now(store) + TTL
-    while await database_now(store) <= late:  # every lease lapsed: this replica stalled
-        await asyncio.sleep(0.1)
+    await lapse(store)  # every lease lapsed: this replica stalled
     resumed: list[str] = []
     abandoned: list[str] = []
 
@@ -138,15 +157,50 @@ async def test_a_replica_late_to_renew_keeps_the_agents_nobody_took(
     after = await database_now(store)
     me.start(lambda: set(AGENTS), resume, abandon)  # it runs them all
     try:
-        for _ in range(300):  # until a renewal ran after the stall (bounded)
-            if abandoned or await heartbeat(store, "me") > after:
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise AssertionError("no renewal after the stall")
+        await a_renewal_ran_after(store, after)
         leases = await leases_of(store)
     finally:
         await me.stop()
     assert abandoned == []  # nobody took them: they are still this replica's
     assert resumed == []  # and its own sweep does not take the agents it runs
     assert leases == {agent_id: ("me", True) for agent_id in AGENTS}
+
+
+async def test_a_replica_stops_the_agents_another_took_and_only_those(
+    store: PostgresStore,
+) -> None:
+    mine = Leases(store, "me", "127.0.0.1:2", TTL)
+    other = Leases(store, "other", "127.0.0.1:3", TTL)
+    for replica in (mine, other):
+        await replica.register()
+    for agent_id in AGENTS[:2]:
+        assert await mine.acquire(agent_id, f"{agent_id}-session", b"") is None
+    await mine.hand_over()  # this replica stalled: its leases lapsed...
+    pool = await store.pool()
+    await pool.execute(  # ...and the other replica took a0 over (a1 nobody took)
+        "UPDATE leases SET owner = 'other', expires_at = now() + interval '1 hour'"
+        " WHERE agent_id = $1",
+        AGENTS[0],
+    )
+    abandoned: list[str] = []
+
+    async def resume(lease: Lease) -> None:
+        raise AssertionError(f"nothing to take over, yet {lease.agent_id} was")
+
+    held = set(AGENTS[:3])  # a0 and a1 run here; a2 is being created, not leased yet
+
+    async def abandon(agent_id: str) -> None:
+        abandoned.append(agent_id)
+        held.discard(agent_id)
+
+    me = Cluster(mine)
+    after = await database_now(store)
+    me.start(lambda: set(held), resume, abandon)
+    try:
+        await a_renewal_ran_after(store, after)
+    finally:
+        await me.stop()
+    assert abandoned == [AGENTS[0]]
+    leases = await leases_of(store)
+    assert leases[AGENTS[1]] == ("me", True)
+    assert AGENTS[2] not in leases

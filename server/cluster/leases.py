@@ -112,7 +112,8 @@ class Cluster:
     async def _renew(self, abandon: Abandon) -> None:
         running = self._owned() | self._taking
         kept = await self.leases.renew(running)
-        for agent_id in sorted(running - kept):
+        missing = running - kept
+        for agent_id in sorted(await self.leases.taken(missing) if missing else ()):
             if agent_id in self._taking:  # taken over elsewhere before it was resumed here
                 self._taking.discard(agent_id)
                 log.warning("cluster: the lease of agent %s was lost before its resume", agent_id)

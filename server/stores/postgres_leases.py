@@ -108,6 +108,20 @@ class Leases:
             )
         return {row["agent_id"] for row in rows}
 
+    async def taken(self, agent_ids: set[str]) -> set[str]:
+        """Those of `agent_ids` whose lease another replica holds now (it took them over).
+
+        An agent with no lease at all is not taken: this replica is still acquiring
+        it (a creation or a resume in progress) or has just released it (a disposal).
+        """
+        pool = await self.store.pool()
+        rows = await pool.fetch(
+            "SELECT agent_id FROM leases WHERE agent_id = ANY($2::text[]) AND owner <> $1",
+            self.replica_id,
+            sorted(agent_ids),
+        )
+        return {row["agent_id"] for row in rows}
+
     async def release(self, agent_id: str) -> None:
         """Give up an agent for good (it was disposed), if this replica still holds it."""
         pool = await self.store.pool()
