@@ -28,8 +28,7 @@ async def test_a_replica_paused_past_its_lease_keeps_its_agent_and_runs_what_it_
 ) -> None:
     dsn = await fresh_database(postgres_server)
     config = (
-        f"agents: []\nstore: postgres\npostgresDsn: '{dsn}'\n"
-        f"replicaId: r0\nleaseSeconds: {LEASE}\n"
+        f"agents: []\nstore: postgres\npostgresDsn: '{dsn}'\nreplicaId: r0\nleaseSeconds: {LEASE}\n"
     )
     async with running_server(tmp_path, config) as r0:
         created = await r0.factory.CreateAgent(
