@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TypeVar
 
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_pb2
@@ -28,6 +28,8 @@ from server.sessions.session import SessionLog, now_timestamp
 from server.stores import INBOX_CONTEXT, INBOX_MESSAGE, INBOX_STEERING, InboxEntry
 
 log = logging.getLogger(__name__)
+
+In = TypeVar("In")
 
 LiveListener = Callable[[ae.AgentEvent], None]
 
@@ -91,7 +93,7 @@ class Agent:
             session,
             runtime.seams,
             runtime.journal,
-            lambda event: self.emit(None, (), event),
+            lambda event: self.emit(None, None, event),
             options.approval_timeout.ToNanoseconds() / 1e9
             if options.HasField("approval_timeout")
             else runtime.approval_timeout,
@@ -282,7 +284,7 @@ class Agent:
             return
         self.emit(
             S.STATUS,
-            (self, STATUS_NAMES[status]),
+            S.StatusChanged(self, STATUS_NAMES[status]),
             ae.AgentEvent(status=ae.AgentStatusChanged(status=status)),
         )
 
@@ -304,11 +306,11 @@ class Agent:
         )  # fmt: skip
         self.emit(
             S.ERROR,
-            (self, turn, step, error),
+            S.Failed(self, turn, step, error),
             ae.AgentEvent(error=ae.AgentError(turn=turn, step=step, message=str(error), code=code)),
         )
 
-    def emit(self, seam: str | None, args: tuple[Any, ...], event: ae.AgentEvent) -> None:
+    def emit(self, seam: S.Emit[In] | None, input: In, event: ae.AgentEvent) -> None:
         """Notify the seam's listeners (if any seam) and the live subscribers; contained.
 
         The seam's in-process listeners run now; the live subscribers and the
@@ -317,7 +319,7 @@ class Agent:
         """
         seams = self.runtime.seams
         if seam is not None:
-            seams.emit(seam, self.agent_id, args)
+            seams.emit(seam, self.agent_id, input)
         if not self._live and not seams.has(S.AGENT_EVENT, self.agent_id):
             return
         event.agent_id = self.agent_id
@@ -332,19 +334,19 @@ class Agent:
                 log.warning("live agent event listener failed", exc_info=True)
         seams = self.runtime.seams
         if seams.has(S.AGENT_EVENT, self.agent_id):
-            seams.emit(S.AGENT_EVENT, self.agent_id, (self, event))
+            seams.emit(S.AGENT_EVENT, self.agent_id, S.AgentEventSeen(self, event))
 
     def _observe_session(self, event: ev.SessionEvent) -> None:
         """Pass each appended event to the in-process `session/event` observers."""
         seams = self.runtime.seams
         if seams.has(S.SESSION_EVENT, self.agent_id):
-            seams.emit(S.SESSION_EVENT, self.agent_id, (self, event))
+            seams.emit(S.SESSION_EVENT, self.agent_id, S.SessionEventSeen(self, event))
 
     def _observe_committed(self, event: ev.SessionEvent) -> None:
         """Pass each stored event to the `session/committed` observers (plugins)."""
         seams = self.runtime.seams
         if seams.has(S.SESSION_COMMITTED, self.agent_id):
-            seams.emit(S.SESSION_COMMITTED, self.agent_id, (self, event))
+            seams.emit(S.SESSION_COMMITTED, self.agent_id, S.SessionEventSeen(self, event))
 
     def stop(self) -> None:
         """First step of disposal: mark disposed, unpark the driver, abort the step."""
@@ -403,7 +405,7 @@ class Agent:
     def _emit_queued(self, item: Pending) -> None:
         self.emit(
             S.QUEUED,
-            (self, item.content, item.source, item.steering),
+            S.Queued(self, item.content, item.source, item.steering),
             ae.AgentEvent(
                 queued=ae.AgentQueued(
                     content=item.content,

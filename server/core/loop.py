@@ -119,7 +119,12 @@ async def submit_prompts(agent: Agent, turn: Turn, batch: list[Pending]) -> bool
     last_block = ""
     for item in batch:
         decision = await agent.runtime.seams.waterfall(
-            S.PROMPT_SUBMIT, agent.agent_id, (agent, item.content, item.source), d.PromptDecision()
+            S.PROMPT_SUBMIT,
+            agent.agent_id,
+            S.PromptSubmit(
+                agent, agent.session.open_turn, 0, agent.turn_signal(), item.content, item.source
+            ),
+            d.PromptDecision(),
         )
         turn.unsubmitted.remove(item)
         if decision.WhichOneof("decision") == "block":
@@ -189,7 +194,10 @@ async def should_continue(agent: Agent, turn: Turn, default_continue: bool) -> b
         else d.ContinuationDecision(stop=d.ContinuationStop())
     )
     decision = await seams.waterfall(
-        S.TURN_CONTINUATION, agent.agent_id, (agent, turn.number, default), default, value_at=2
+        S.TURN_CONTINUATION,
+        agent.agent_id,
+        S.TurnContinuation(agent, turn.number, 0, agent.turn_signal(), default),
+        default,
     )
     kind = decision.WhichOneof("decision") or default.WhichOneof("decision")
     if kind == "continue_turn" and decision.continue_turn.reason:
@@ -198,7 +206,8 @@ async def should_continue(agent: Agent, turn: Turn, default_continue: bool) -> b
             Pending(list(decision.continue_turn.reason), source if source.kind else LOOP_SOURCE)
         )
     proceed = kind == "continue_turn" or bool(agent.inbox.steering)
-    if await seams.serial(S.TURN_STOP, agent.agent_id, (agent, turn.number)) is not None:
+    stop = S.TurnStop(agent, turn.number, 0, agent.turn_signal())
+    if await seams.serial(S.TURN_STOP, agent.agent_id, stop) is not None:
         turn.terminal = True
         agent.record_dropped(
             agent.inbox.drain_steering(), "discarded by a terminal agent/turn-stop"

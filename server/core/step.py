@@ -60,15 +60,18 @@ async def prepare_step(
         system = runtime.prompts.render(assembly)
         check_interrupted(agent)
         if agent.session_prefix is None:
-            prefix: list[c.Message] = await runtime.seams.waterfall(
-                S.SESSION_PREFIX, agent.agent_id, (agent, (), signal), []
+            prefix = await runtime.seams.waterfall(
+                S.SESSION_PREFIX,
+                agent.agent_id,
+                S.SessionPrefix(agent, session.open_turn, 0, signal),
+                [],
             )
             check_interrupted(agent)  # an interrupted composition is not cached
             agent.session_prefix = [copy_message(m) for m in prefix]
         await runtime.seams.serial(
             S.PRE_STEP,
             agent.agent_id,
-            (agent, turn.number, turn.step, system, agent.session_prefix, signal),
+            S.PreStep(agent, turn.number, turn.step, signal, system, agent.session_prefix or ()),
         )
         check_interrupted(agent)
     except Aborted:
@@ -95,7 +98,10 @@ async def run_step(agent: Agent, turn: Turn, system: str, history: list[c.Messag
         else session.request_header.config
     )
     config = await runtime.seams.waterfall(
-        S.REQUEST, agent.agent_id, (agent, turn.number, turn.step, seed), seed, value_at=3
+        S.REQUEST,
+        agent.agent_id,
+        S.Request(agent, turn.number, turn.step, agent.turn_signal(), seed),
+        seed,
     )
     if not config.provider or not config.model:
         raise CodedError(
@@ -158,9 +164,8 @@ async def run_step(agent: Agent, turn: Turn, system: str, history: list[c.Messag
         result = await runtime.seams.waterfall(
             S.STEP_RESULT,
             agent.agent_id,
-            (agent, turn.number, turn.step, message),
+            S.StepResult(agent, turn.number, turn.step, agent.turn_signal(), message),
             message,
-            value_at=3,
         )
     except Exception:
         append_assistant(agent, turn, [], provenance, assembler.usage, chunk_seqs)
@@ -219,7 +224,9 @@ async def run_tools(agent: Agent, turn: Turn, calls: list[c.ToolCallBlock]) -> N
         seams = agent.runtime.seams
         if seams.has(S.TOOLS_RESULT_COMMITTED, agent.agent_id):  # plugins see stored results
             agent.runtime.journal.after_commit(
-                lambda: seams.emit(S.TOOLS_RESULT_COMMITTED, agent.agent_id, (exec, outcome))
+                lambda: seams.emit(
+                    S.TOOLS_RESULT_COMMITTED, agent.agent_id, S.ToolCallResult(exec, outcome)
+                )
             )
 
     def on_context(context: d.HookContext) -> None:
