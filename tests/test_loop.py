@@ -702,3 +702,22 @@ async def test_every_request_rebuilds_from_the_log(harness: Harness) -> None:
         assert list(request.messages) == rebuilt
         header_log = SessionLog("replay", agent.session.header, seed=events[: seq + 1])
         assert header_log.request_header == request.header
+
+
+async def test_a_running_turn_and_step_are_owned_by_the_loop_state(harness: Harness) -> None:
+    agent = await harness.create(
+        script=[tool_step(("word_count", '{"text": "a"}')), text_step("ok")], tools=["word_count"]
+    )
+    seen: list[tuple[int, int, bool]] = []
+
+    def pre_step(call: S.PreStep) -> None:
+        turn = call.agent.loop.turn
+        assert turn is not None and turn.current is not None
+        seen.append((turn.number, turn.current.number, turn.current.signal is call.signal))
+
+    harness.runtime.seams.on(S.PRE_STEP, pre_step)
+    await harness.turn(agent, "go")
+    assert seen == [(1, 1, True), (1, 2, True)]
+    # Between turns nothing runs; what the loop instance keeps (its requests) stays.
+    assert agent.loop.turn is None and agent.loop.cancel_reason is None
+    assert agent.loop.requests_made == 2
