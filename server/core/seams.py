@@ -323,6 +323,11 @@ AGENT_EVENT: Emit[AgentEventSeen] = Emit("agent/event")
 TOOLS_APPROVAL: Gather[ApprovalAsk, ApprovalAnswer] = Gather("tools/approval")
 """Approvers of pending approvals; each answers or abstains (None)."""
 
+KEYS: dict[str, SeamKey] = {
+    key.path: key for key in list(globals().values()) if isinstance(key, SeamKey)
+}
+"""Every seam above, by path."""
+
 
 # -- the registry ----------------------------------------------------------------------
 

@@ -22,9 +22,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
 
 from google.protobuf.message import Message as ProtoMessage
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 from agentloop.plugin.seam_table import BY_SEAM, SPECS, SeamSpec
 from agentloop.plugin.v1 import hook_service_pb2 as hk
@@ -265,18 +268,20 @@ class Transform(Generic[L, Out, R]):
     """A waterfall: the input goes out, the decision `R` comes back and is applied."""
 
     key: S.Waterfall[L, Out]
-    fill: Fill[L]
     decision: type[R]
     apply: Callable[[RemoteListener, L, R, Next[L, Out]], Awaitable[Out]]
     """What a decision does: usually `next(input with the decision's value)`."""
+    fill: Fill[L] | None = None
+    """How the input fills the payload; None: field by field, by name."""
 
     def register(self, remote: RemoteListener, seams: SeamRegistry) -> Callable[[], None]:
         """The listener asks the plugin, then applies its decision (none: `next()`)."""
+        fill = self.fill or fill_by_name(remote.spec.payload)
 
         async def listener(input: L, next_: Next[L, Out]) -> Out:
             if not remote.sees(input.agent_id):
                 return await next_()
-            decision = await remote.ask(input, self.fill, input, self.decision)
+            decision = await remote.ask(input, fill, input, self.decision)
             if decision is None:
                 return await next_()
             return await self.apply(remote, input, decision, next_)
@@ -311,17 +316,19 @@ class Check(Generic[L, Out, R]):
     """A checkpoint: the plugin's decision may bail out of the chain."""
 
     key: S.Serial[L, Out]
-    fill: Fill[L]
     decision: type[R]
     decide: Callable[[L, R], Out | None]
+    fill: Fill[L] | None = None
+    """How the input fills the payload; None: field by field, by name."""
 
     def register(self, remote: RemoteListener, seams: SeamRegistry) -> Callable[[], None]:
         """The listener asks the plugin; its decision says whether to bail."""
+        fill = self.fill or fill_by_name(remote.spec.payload)
 
         async def listener(input: L) -> Out | None:
             if not remote.sees(input.agent_id):
                 return None
-            decision = await remote.ask(input, self.fill, input, self.decision)
+            decision = await remote.ask(input, fill, input, self.decision)
             return None if decision is None else self.decide(input, decision)
 
         return seams.on(self.key, listener, order=remote.order, name=remote.plugin)
@@ -332,7 +339,8 @@ class Watch(Generic[A]):
     """An observer: filtered, then admitted, and only then built (never blocking)."""
 
     key: S.Emit[A]
-    fill: Fill[A]
+    fill: Fill[A] | None = None
+    """How the input fills the payload; None: field by field, by name."""
     wanted: Callable[[RemoteListener, A], bool] | None = None
     """A filter of the subscription's own (None: every input)."""
 
@@ -340,7 +348,7 @@ class Watch(Generic[A]):
         """The listener sends a notification when there is room."""
         # Bound once: observers run for every event, chunks included.
         caller, slot, agent_ids = remote.caller, remote.slot, remote.agent_ids
-        fill, wanted = self.fill, self.wanted
+        fill, wanted = self.fill or fill_by_name(remote.spec.payload), self.wanted
 
         def listener(input: A) -> None:
             if agent_ids and input.agent_id not in agent_ids:
@@ -377,20 +385,6 @@ async def _prompt_submit(
         return await next_(dataclasses.replace(input, content=content))
 
     return await compose(mine, "allow", input.content, rest)
-
-
-async def _request(
-    remote: RemoteListener, input: S.Request, mine: hk.RequestResult,
-    next_: Next[S.Request, c.ModelConfig],
-) -> c.ModelConfig:  # fmt: skip
-    return await next_(dataclasses.replace(input, config=mine.config))
-
-
-async def _step_result(
-    remote: RemoteListener, input: S.StepResult, mine: hk.StepResultResult,
-    next_: Next[S.StepResult, c.Message],
-) -> c.Message:  # fmt: skip
-    return await next_(dataclasses.replace(input, message=mine.message))
 
 
 async def _turn_continuation(
@@ -430,34 +424,8 @@ async def _tools_post_execute(
     return await compose(mine, "accept", outcome.content, rest)
 
 
-def _fill_prompt_submit(input: S.PromptSubmit, call: hk.HookCall) -> None:
-    call.prompt_submit.content.extend(input.content)
-    call.prompt_submit.source.CopyFrom(input.source)
-
-
 def _fill_session_prefix(prefix: list[c.Message], call: hk.HookCall) -> None:
     call.session_prefix.prefix.extend(prefix)
-
-
-def _fill_pre_step(input: S.PreStep, call: hk.HookCall) -> None:
-    call.pre_step.system = input.system
-    call.pre_step.prefix.extend(input.prefix)
-
-
-def _fill_request(input: S.Request, call: hk.HookCall) -> None:
-    call.request.config.CopyFrom(input.config)
-
-
-def _fill_step_result(input: S.StepResult, call: hk.HookCall) -> None:
-    call.step_result.message.CopyFrom(input.message)
-
-
-def _fill_turn_continuation(input: S.TurnContinuation, call: hk.HookCall) -> None:
-    call.turn_continuation.decision.CopyFrom(input.decision)
-
-
-def _fill_turn_stop(input: S.TurnStop, call: hk.HookCall) -> None:
-    call.turn_stop.SetInParent()
 
 
 def _fill_tool_pre_execute(exec: ToolExecution, call: hk.HookCall) -> None:
@@ -497,19 +465,16 @@ def _fill_tool_result(input: S.ToolCallResult, call: hk.HookCall) -> None:
 
 
 _CODECS: tuple[Codec, ...] = (
-    Transform(S.PROMPT_SUBMIT, _fill_prompt_submit, d.PromptDecision, _prompt_submit),
+    Transform(S.PROMPT_SUBMIT, d.PromptDecision, _prompt_submit),
     Wrap(S.SESSION_PREFIX, _fill_session_prefix, hk.SessionPrefixResult,
          lambda mine: list(mine.prefix)),
-    Check(S.PRE_STEP, _fill_pre_step, hk.PreStepResult, _pre_step),
-    Transform(S.REQUEST, _fill_request, hk.RequestResult, _request),
-    Transform(S.STEP_RESULT, _fill_step_result, hk.StepResultResult, _step_result),
-    Transform(S.TURN_CONTINUATION, _fill_turn_continuation, d.ContinuationDecision,
-              _turn_continuation),
-    Check(S.TURN_STOP, _fill_turn_stop, hk.TurnStopResult, _turn_stop),
-    Transform(S.TOOLS_PRE_EXECUTE, _fill_tool_pre_execute, d.PreToolDecision,
-              _tools_pre_execute),
-    Transform(S.TOOLS_POST_EXECUTE, _fill_tool_post_execute, d.PostToolDecision,
-              _tools_post_execute),
+    Check(S.PRE_STEP, hk.PreStepResult, _pre_step),
+    Transform(S.TURN_CONTINUATION, d.ContinuationDecision, _turn_continuation),
+    Check(S.TURN_STOP, hk.TurnStopResult, _turn_stop),
+    Transform(S.TOOLS_PRE_EXECUTE, d.PreToolDecision, _tools_pre_execute,
+              _fill_tool_pre_execute),
+    Transform(S.TOOLS_POST_EXECUTE, d.PostToolDecision, _tools_post_execute,
+              _fill_tool_post_execute),
     Watch(S.SESSION_COMMITTED, _fill_session_event, _wanted_session_event),
     Watch(S.AGENT_EVENT, _fill_agent_event),
     Watch(S.TOOLS_RESULT_COMMITTED, _fill_tool_result),
@@ -517,8 +482,57 @@ _CODECS: tuple[Codec, ...] = (
 )  # fmt: skip
 
 
+# -- the default codec: fields copied by name ----------------------------------------------
+
+
+def fill_by_name(payload: str) -> Fill[object]:
+    """Fill the call's `payload` message field by field from the input's same-named attributes."""
+
+    def fill(input: object, call: hk.HookCall) -> None:
+        message = getattr(call, payload)
+        message.SetInParent()
+        for member in message.DESCRIPTOR.fields:
+            value = getattr(input, member.name)
+            if member.is_repeated:
+                getattr(message, member.name).extend(value)
+            elif member.message_type is not None:
+                getattr(message, member.name).CopyFrom(value)
+            else:
+                setattr(message, member.name, value)
+
+    return fill
+
+
+async def replace_by_name(remote: RemoteListener, input: L, mine: R, next_: Next[L, Out]) -> Out:
+    """Pass on the input with each field of the decision replacing its same-named attribute."""
+    changes: dict[str, object] = {}
+    for member in mine.DESCRIPTOR.fields:
+        value = getattr(mine, member.name)
+        changes[member.name] = list(value) if member.is_repeated else value
+    replaced = dataclasses.replace(cast("DataclassInstance", input), **changes)
+    return await next_(cast(L, replaced))
+
+
+def bail_if_set(input: object, mine: R) -> R | None:
+    """A checkpoint's decision bails when it sets anything."""
+    return mine if mine.ListFields() else None
+
+
+def _default_codec(spec: SeamSpec) -> Codec:
+    """A seam without a codec of its own: its input and decision map to the payloads by name."""
+    key = S.KEYS.get(spec.path)
+    decision = spec.decision
+    if isinstance(key, S.Waterfall) and spec.mode == hk.SEAM_MODE_WATERFALL and decision:
+        return Transform(key, decision, replace_by_name)
+    if isinstance(key, S.Serial) and spec.mode == hk.SEAM_MODE_SERIAL and decision:
+        return Check(key, decision, bail_if_set)
+    if isinstance(key, S.Emit) and spec.mode == hk.SEAM_MODE_OBSERVER:
+        return Watch(key)
+    raise RuntimeError(f"seam {spec.path}: no key of its mode in server.core.seams")
+
+
 def _codecs() -> dict[str, Codec]:
-    """The codecs by seam path, checked against the seam table: one per seam, of its mode."""
+    """A codec per seam of the table, of its mode: its own, or the default one."""
     by_path = {codec.key.path: codec for codec in _CODECS}
     modes: dict[int, tuple[type, ...]] = {
         hk.SEAM_MODE_WATERFALL: (Transform, Wrap),
@@ -526,11 +540,13 @@ def _codecs() -> dict[str, Codec]:
         hk.SEAM_MODE_OBSERVER: (Watch,),
         hk.SEAM_MODE_APPROVER: (Approve,),
     }
+    codecs: dict[str, Codec] = {}
     for spec in SPECS:
-        codec = by_path.get(spec.path)
-        if codec is None or not isinstance(codec, modes[spec.mode]):
-            raise RuntimeError(f"seam {spec.path}: no codec for its mode in {__name__}")
-    return by_path
+        codec = by_path.get(spec.path) or _default_codec(spec)
+        if not isinstance(codec, modes[spec.mode]):
+            raise RuntimeError(f"seam {spec.path}: its codec is not of its mode")
+        codecs[spec.path] = codec
+    return codecs
 
 
 CODECS = _codecs()
