@@ -110,7 +110,7 @@ GatherListener = Callable[[In], Awaitable[Out] | Out]
 # -- seam inputs -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class AgentCall:
     """What every agent seam's input carries: the agent, where the loop is, the signal."""
 
@@ -126,7 +126,7 @@ class AgentCall:
         return self.agent.agent_id
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class PromptSubmit(AgentCall):
     """`agent/prompt-submit`: a queued prompt about to open the turn."""
 
@@ -134,12 +134,12 @@ class PromptSubmit(AgentCall):
     source: c.Source
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SessionPrefix(AgentCall):
     """`agent/session-prefix`: compose the prefix (outward: listeners wrap `next()`)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class PreStep(AgentCall):
     """`agent/pre-step`: the step about to run."""
 
@@ -147,33 +147,33 @@ class PreStep(AgentCall):
     prefix: Sequence[c.Message]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Request(AgentCall):
     """`agent/request`: the model configuration of the step's request."""
 
     config: c.ModelConfig
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class StepResult(AgentCall):
     """`agent/step-result`: the step's assistant message."""
 
     message: c.Message
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class TurnContinuation(AgentCall):
     """`agent/turn-continuation`: the loop's decision so far."""
 
     decision: d.ContinuationDecision
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class TurnStop(AgentCall):
     """`agent/turn-stop`: whether the turn's stop is terminal."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ToolCallResult:
     """A tool call's result: `tools/post-execute`, `tools/result`, `tools/result-committed`."""
 
@@ -201,7 +201,7 @@ class ToolCallResult:
         return self.exec.signal
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ApprovalAsk:
     """`tools/approval`: a stored pending approval, and the signal withdrawing it."""
 
@@ -214,7 +214,7 @@ ApprovalAnswer = tuple[ap.ApprovalDecision.ValueType, str] | None
 """An approver's decision and reason; None abstains."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class AgentNotice:
     """An agent, for the emits that say something about it."""
 
@@ -226,21 +226,21 @@ class AgentNotice:
         return self.agent.agent_id
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SessionStarted(AgentNotice):
     """`agent/session-start`: the agent was published; the source of its creation."""
 
     source: ae.SessionStartSource.ValueType
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class StatusChanged(AgentNotice):
     """`agent/status`: the status's name (`idle`, `running`, `disposed`)."""
 
     status: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Queued(AgentNotice):
     """`agent/queued`: a message was queued (or steered)."""
 
@@ -249,7 +249,7 @@ class Queued(AgentNotice):
     steering: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Failed(AgentNotice):
     """`agent/error`: turn `turn` failed at step `step`."""
 
@@ -258,14 +258,14 @@ class Failed(AgentNotice):
     error: BaseException
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class SessionEventSeen(AgentNotice):
     """A session event of the agent (`session/event`, `session/committed`)."""
 
     event: ev.SessionEvent
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class AgentEventSeen(AgentNotice):
     """`agent/event`: a live agent event."""
 
