@@ -28,7 +28,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar, cast, overload
 
 from agentloop.v1 import approval_pb2 as ap
 from agentloop.v1 import content_pb2 as c
@@ -258,18 +258,32 @@ class Failed(AgentNotice):
     error: BaseException
 
 
-@dataclass(frozen=True)
-class SessionEventSeen(AgentNotice):
+# The two notices below are sent for every event (chunks included): named tuples,
+# immutable like the dataclasses above and a third of their construction cost.
+
+
+class SessionEventSeen(NamedTuple):
     """A session event of the agent (`session/event`, `session/committed`)."""
 
+    agent: Agent
     event: ev.SessionEvent
 
+    @property
+    def agent_id(self) -> str:
+        """The agent's id."""
+        return self.agent.agent_id
 
-@dataclass(frozen=True)
-class AgentEventSeen(AgentNotice):
+
+class AgentEventSeen(NamedTuple):
     """`agent/event`: a live agent event."""
 
+    agent: Agent
     event: ae.AgentEvent
+
+    @property
+    def agent_id(self) -> str:
+        """The agent's id."""
+        return self.agent.agent_id
 
 
 def _config(i: Request) -> c.ModelConfig:

@@ -341,19 +341,20 @@ class Watch(Generic[A]):
     key: S.Emit[A]
     fill: Fill[A] | None = None
     """How the input fills the payload; None: field by field, by name."""
-    wanted: Callable[[RemoteListener, A], bool] | None = None
-    """A filter of the subscription's own (None: every input)."""
+    wanted: Callable[[RemoteListener], Callable[[A], bool] | None] | None = None
+    """The subscription's own filter, if it has one (None: every input)."""
 
     def register(self, remote: RemoteListener, seams: SeamRegistry) -> Callable[[], None]:
         """The listener sends a notification when there is room."""
         # Bound once: observers run for every event, chunks included.
         caller, slot, agent_ids = remote.caller, remote.slot, remote.agent_ids
-        fill, wanted = self.fill or fill_by_name(remote.spec.payload), self.wanted
+        fill = self.fill or fill_by_name(remote.spec.payload)
+        wanted = self.wanted(remote) if self.wanted is not None else None
 
         def listener(input: A) -> None:
             if agent_ids and input.agent_id not in agent_ids:
                 return
-            if wanted is not None and not wanted(remote, input):
+            if wanted is not None and not wanted(input):
                 return
             if caller.admit(slot):
                 call = remote.notice(input.agent_id)
@@ -450,9 +451,17 @@ def _fill_session_event(input: S.SessionEventSeen, call: hk.HookCall) -> None:
     call.session_event.event.CopyFrom(input.event)  # one copy, not one per nesting level
 
 
-def _wanted_session_event(remote: RemoteListener, input: S.SessionEventSeen) -> bool:
+def _wanted_session_event(
+    remote: RemoteListener,
+) -> Callable[[S.SessionEventSeen], bool] | None:
     kinds = remote.event_kinds
-    return not kinds or input.event.WhichOneof("payload") in kinds
+    if not kinds:
+        return None  # every event: no filter to run per event
+
+    def wanted(input: S.SessionEventSeen) -> bool:
+        return input.event.WhichOneof("payload") in kinds
+
+    return wanted
 
 
 def _fill_agent_event(input: S.AgentEventSeen, call: hk.HookCall) -> None:
