@@ -153,7 +153,7 @@ class AgentServicer(ApprovalMethods, rpc.AgentServiceServicer):
             await agent.session.settle()
             return raw
 
-        raw = await self.runtime.requests.once(agent.agent_id, request_id, method, run)
+        raw = await self.runtime.requests.once(agent.agent_id, request_id, method, run, agent)
         return kind.FromString(raw)
 
     @mapped

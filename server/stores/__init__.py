@@ -212,6 +212,10 @@ class SessionStore(Protocol):
         """The recorded answer of an earlier call with this request id, if any."""
         ...
 
+    async def request_ids(self, agent_id: str, limit: int) -> list[str] | None:
+        """Every request id recorded for the agent; None when there are more than `limit`."""
+        ...
+
     async def wait_for_events(self, session_id: str, seconds: float) -> None:
         """Return when another process stored events of the session, or after `seconds`."""
         ...
