@@ -399,7 +399,7 @@ async def _write(conn: Conn, session_id: str, writes: SessionWrites) -> None:
             "events",
             records=[
                 (session_id, e.seq, KIND_NUMBERS[e.WhichOneof("payload") or "turn_end"],
-                 e.SerializeToString())
+                 writes.encode(e))
                 for e in events
             ],
         )  # fmt: skip
