@@ -288,7 +288,7 @@ async def test_sigterm_right_after_the_listening_line_shuts_down_gracefully(
     """
     prelude = (
         "import time\n"
-        "from server import app\n"
+        "from server.edge import app\n"
         "_run = app.App.run_until\n"
         "async def _late(self, requested):\n"
         "    time.sleep(0.5)\n"
