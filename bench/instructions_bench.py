@@ -93,8 +93,9 @@ async def in_process_turns(rounds: int) -> None:
 
 
 def in_process_run(tree: str, rounds: int, out: str) -> int:
-    command = [*CACHEGRIND, f"--cachegrind-out-file={out}", sys.executable, "-m"]
-    command += ["bench.instructions_bench", "--in-process-rounds", str(rounds)]
+    # This file runs the turns, on `tree`'s server (a baseline may predate this file).
+    command = [*CACHEGRIND, f"--cachegrind-out-file={out}", sys.executable, __file__]
+    command += ["--in-process-rounds", str(rounds)]
     env = dict(os.environ, PYTHONPATH=tree)
     subprocess.run(command, env=env, cwd=tree, check=True, stderr=subprocess.DEVNULL)
     return instructions(out)
