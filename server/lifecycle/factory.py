@@ -287,6 +287,13 @@ class AgentFactory:
             raise AgentNotFound(agent_id)
         return agent
 
+    def held(self) -> set[str]:
+        """The agents this server holds: live, being created, resumed or disposed.
+
+        Not those it abandoned to another owner.
+        """
+        return self._agent_ids - self._abandoned
+
     def list_agents(self) -> list[Agent]:
         """Every live (published) agent, by id."""
         return [self.agents[key] for key in sorted(self.agents) if self.agents[key].published]

@@ -76,11 +76,14 @@ class RemoteListener:
 
     event_kinds: frozenset[str] = frozenset()
     """The session event kinds asked for (empty: all), read once: checked per event."""
+    observe_only: bool = False
+    """The plugin only watches this seam: its calls go as notifications, unanswered."""
 
     def __post_init__(self) -> None:
         if self.subscription.buffer_size:
             self.slot.limit = self.subscription.buffer_size
         self.event_kinds = frozenset(self.subscription.event_kinds)
+        self.observe_only = self.subscription.observe_only
 
     @property
     def seam_name(self) -> str:
@@ -90,8 +93,17 @@ class RemoteListener:
     async def invoke(
         self, agent_id: str, turn: int, step: int, signal: AbortSignal, **payload: Any
     ) -> hk.HookResult | None:
-        """Call the plugin; None when a FAIL_OPEN failure skipped it."""
+        """Call the plugin; None when a FAIL_OPEN failure skipped it, or when it watches.
+
+        A plugin that only watches the seam (`observe_only`) gets the call as a
+        notification, and the loop goes on at once ("continue unchanged").
+        """
         seam = self.subscription.seam
+        if self.observe_only:
+            if self.caller.admit(self.slot):
+                call = self.notice(agent_id, turn=turn, step=step, **payload)
+                self.caller.notify(call, self.slot)
+            return None
         call = hk.HookCall(
             call_id=f"c{next(call_ids)}",
             kind=hk.CALL_KIND_SEAM,
