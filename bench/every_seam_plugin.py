@@ -1,7 +1,8 @@
 """A plugin for the benchmark: the SDK, subscribed to every seam, always "continue".
 
 With `--turn-end-only` its session-event observer asks for `turn_end` events only;
-with `--observer-only` it is nothing but a session-event observer of every event.
+with `--observer-only` it is nothing but a session-event observer of every event; with
+`--watch-only` it only watches every seam (`observe_only`: notifications, no answers).
 Prints "plugin every-seam listening on HOST:PORT" when ready.
 """
 
@@ -32,7 +33,7 @@ else:
         plugin.step_result, plugin.turn_continuation, plugin.turn_stop,
         plugin.tools_pre_execute, plugin.tools_post_execute,
     ):  # fmt: skip
-        decorator()(proceed)
+        decorator(observe_only="--watch-only" in sys.argv)(proceed)
     kinds = ["turn_end"] if "--turn-end-only" in sys.argv else []
     plugin.on_session_event(event_kinds=kinds)(observe)
     for observer in (plugin.on_agent_event, plugin.on_tool_result):

@@ -203,6 +203,7 @@ async def main(calls: int, turn_count: int, chunk_turns: int) -> None:
     bare, bare_address = await start("echo_plugin.py")
     sdk, sdk_address = await start("every_seam_plugin.py")
     quiet, quiet_address = await start("every_seam_plugin.py", "--turn-end-only")
+    watching, watching_address = await start("every_seam_plugin.py", "--watch-only")
     try:
         floors, raws, vias, ratios = [], [], [], []
         for _ in range(ROUNDS):  # alternated; each round's ratio, then their median
@@ -219,12 +220,12 @@ async def main(calls: int, turn_count: int, chunk_turns: int) -> None:
         ratio = statistics.median(ratios)
         line(f"  ratio to the bare ping-pong (median of {ROUNDS} rounds)",
              f"{ratio:.2f}×", "target ≤ 1.15×", "seam_call_ratio", ratio)  # fmt: skip
-        pids = {None: 0, sdk_address: sdk.pid, quiet_address: quiet.pid}
+        pids = {None: 0, sdk_address: sdk.pid, quiet_address: quiet.pid, watching_address: 0}
         runs: dict[str | None, list[tuple[float, float, float]]] = {a: [] for a in pids}
         for _ in range(2):  # alternated, best of two each
             for address, pid in pids.items():
                 runs[address].append(await turns(address, turn_count, pid))
-        without, with_plugin, filtered = (min(r[0] for r in runs[a]) for a in runs)
+        without, with_plugin, filtered, watched = (min(r[0] for r in runs[a]) for a in runs)
         cpu_without, cpu_with = (min(r[1] for r in runs[a]) for a in (None, sdk_address))
         plugin_cpu = min(r[2] for r in runs[sdk_address])
         steps = 2  # the workload: a tool step, then a text step
@@ -242,11 +243,15 @@ async def main(calls: int, turn_count: int, chunk_turns: int) -> None:
         line("same, its session-event observer asking for turn_end only", f"{filtered:,.0f} µs")
         added = (filtered - without) / steps
         line("  added latency per step", f"{added:,.0f} µs", "", "added_filtered_us", added)
+        line("same plugin only watching every seam (observe_only)", f"{watched:,.0f} µs")
+        added = (watched - without) / steps
+        line("  added latency per step", f"{added:,.0f} µs", "", "added_watching_us", added)
         await observer_cost(chunk_turns)
     finally:
         await stop(bare)
         await stop(sdk)
         await stop(quiet)
+        await stop(watching)
 
 
 async def compare(baseline: str, repeat: int, options: list[str]) -> None:
@@ -269,6 +274,10 @@ async def compare(baseline: str, repeat: int, options: list[str]) -> None:
     print(f"plugin A/B · baseline {baseline} · {repeat} interleaved rounds · medians")
     print(f"  {'figure':<22}{'baseline':>12}{'this':>12}{'this/base':>12}")
     for key in runs["this"][0]:
+        if key not in runs["baseline"][0]:  # a figure the baseline does not measure
+            this = statistics.median(run[key] for run in runs["this"])
+            print(f"  {key:<22}{'-':>12}{this:>12,.2f}{'-':>12}")
+            continue
         base = statistics.median(run[key] for run in runs["baseline"])
         this = statistics.median(run[key] for run in runs["this"])
         print(f"  {key:<22}{base:>12,.2f}{this:>12,.2f}{this / base if base else 0:>12.2f}")

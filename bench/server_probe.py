@@ -3,11 +3,14 @@
     python -m bench.server_probe --lag-file PATH [--profile PATH] -- <server arguments>
 
 The probe is a task on the server's own loop: it sleeps 5 ms at a time and records how
-late each wake-up was. Every 0.25 s it appends a line to the lag file: the monotonic
-time, the worst lateness since the last line, then per GC generation the collections
-so far and the longest pause since the last line; a benchmark takes the worst within
-its measuring window. The server itself is unchanged: this wraps `asyncio.run` before
-calling its entry point.
+late each wake-up was, and how much CPU time the loop's thread spent meanwhile (a late
+wake-up with little CPU spent is the machine's doing: another process had the core).
+Every 0.25 s it appends a line to the lag file: the monotonic time, the worst lateness
+since the last line, then per GC generation the collections so far and the longest
+pause since the last line, then per generation the seconds spent collecting so far,
+then the most thread CPU time between two wake-ups since the last line; a benchmark
+takes the worst within its measuring window. The server itself is unchanged: this
+wraps `asyncio.run` before calling its entry point.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class GcPauses:
         self.started = 0.0
         self.worst = [0.0, 0.0, 0.0]
         self.count = [0, 0, 0]
+        self.total = [0.0, 0.0, 0.0]
+        """Seconds spent in collections of each generation so far."""
         gc.callbacks.append(self.callback)
 
     def callback(self, phase: str, info: dict[str, int]) -> None:
@@ -40,27 +45,31 @@ class GcPauses:
             self.started = time.perf_counter()
             return
         generation = info["generation"]
+        took = time.perf_counter() - self.started
         self.count[generation] += 1
-        self.worst[generation] = max(self.worst[generation], time.perf_counter() - self.started)
+        self.total[generation] += took
+        self.worst[generation] = max(self.worst[generation], took)
 
 
 async def probe(path: str) -> None:
     pauses = GcPauses()
     with open(path, "a", buffering=1) as out:  # noqa: ASYNC230 - one line per 0.25 s
-        worst = 0.0
+        worst = busy = 0.0
         reported = time.monotonic()
         while True:
-            due = time.perf_counter() + TICK
+            due, cpu = time.perf_counter() + TICK, time.thread_time()
             await asyncio.sleep(TICK)
             worst = max(worst, time.perf_counter() - due)
+            busy = max(busy, time.thread_time() - cpu)
             now = time.monotonic()
             if now - reported >= REPORT:
                 gcs = " ".join(
                     f"{n} {w:.5f}" for n, w in zip(pauses.count, pauses.worst, strict=True)
                 )
-                out.write(f"{now:.3f} {worst:.5f} {gcs}\n")
+                spent = " ".join(f"{t:.5f}" for t in pauses.total)
+                out.write(f"{now:.3f} {worst:.5f} {gcs} {spent} {busy:.5f}\n")
                 pauses.worst = [0.0, 0.0, 0.0]
-                worst, reported = 0.0, now
+                worst, busy, reported = 0.0, 0.0, now
 
 
 def main() -> int:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
 from agentloop.v1 import agent_pb2
+from agentloop.v1 import decision_pb2 as d
 from server.core import seams as S
 from server.core.seams import SeamRegistry
 from server.edge.app import App
@@ -16,6 +16,9 @@ from server.settings.config import Config
 from tests.harness import text_block
 
 T = 10.0
+
+NOTICE: S.Emit[None] = S.Emit("test/notice")
+"""A seam of these tests only: notifications that carry nothing."""
 """A hang guard, never a measured time."""
 
 
@@ -49,8 +52,10 @@ class Stubborn:
 async def test_a_turn_that_ignores_disposal_is_cancelled_after_the_grace_period(app: App) -> None:
     stubborn = Stubborn()
 
-    async def prompt_submit(agent: Any, content: Any, source: Any, next_: Any) -> Any:
-        await stubborn.wait_forever(agent.agent_id)
+    async def prompt_submit(
+        call: S.PromptSubmit, next_: S.Next[S.PromptSubmit, d.PromptDecision]
+    ) -> d.PromptDecision:
+        await stubborn.wait_forever(call.agent_id)
         return await next_()
 
     app.runtime.seams.on(S.PROMPT_SUBMIT, prompt_submit)
@@ -72,9 +77,11 @@ async def test_a_turn_that_ignores_disposal_is_cancelled_after_the_grace_period(
 async def test_a_stop_within_the_grace_period_ends_turns_disposed(app: App) -> None:
     started = asyncio.Event()
 
-    async def prompt_submit(agent: Any, content: Any, source: Any, next_: Any) -> Any:
+    async def prompt_submit(
+        call: S.PromptSubmit, next_: S.Next[S.PromptSubmit, d.PromptDecision]
+    ) -> d.PromptDecision:
         started.set()
-        await agent.turn_signal().race(asyncio.Event().wait())  # honours the abort
+        await call.signal.race(asyncio.Event().wait())  # honours the abort
         return await next_()
 
     app.runtime.seams.on(S.PROMPT_SUBMIT, prompt_submit)
@@ -91,11 +98,11 @@ async def test_a_stop_within_the_grace_period_ends_turns_disposed(app: App) -> N
 async def test_stop_cancels_the_emit_listeners_still_running(app: App) -> None:
     stubborn = Stubborn()
 
-    async def observer() -> None:
+    async def observer(notice: None) -> None:
         await stubborn.wait_forever("observer")
 
-    app.runtime.seams.on("test/notice", observer)
-    app.runtime.seams.emit("test/notice", None, ())
+    app.runtime.seams.on(NOTICE, observer)
+    app.runtime.seams.emit(NOTICE, None, None)
     async with asyncio.timeout(T):
         await stubborn.entered.wait()
         await app.stop(grace=0)
@@ -108,15 +115,15 @@ async def test_seam_registry_close_cancels_and_awaits_its_tasks() -> None:
     stubborn = Stubborn()
     finished: list[str] = []
 
-    async def slow() -> None:
+    async def slow(notice: None) -> None:
         await stubborn.wait_forever("slow")
 
-    async def quick() -> None:
+    async def quick(notice: None) -> None:
         finished.append("quick")
 
-    seams.on("n", slow)
-    seams.on("n", quick)
-    seams.emit("n", None, ())
+    seams.on(NOTICE, slow)
+    seams.on(NOTICE, quick)
+    seams.emit(NOTICE, None, None)
     async with asyncio.timeout(T):
         await stubborn.entered.wait()
         await seams.close()

@@ -10,6 +10,7 @@ from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 from server.core import seams as S
 from server.core.content import plain_text
+from server.core.tools import ToolExecution
 from server.sessions.persistence import SESSION_FLUSH
 from tests.harness import Harness, kinds, reason_kinds, text_block, text_step, tool_step, turn_ends
 
@@ -21,7 +22,9 @@ def block(reason: str) -> d.PromptDecision:
 async def test_prompt_submit_allow_passes_through_unchanged(harness: Harness) -> None:
     agent = await harness.create(script=[text_step("ok")])
 
-    async def allow(agent_: Any, content: Any, source: Any, next_: Any) -> Any:
+    async def allow(
+        call: S.PromptSubmit, next_: S.Next[S.PromptSubmit, d.PromptDecision]
+    ) -> d.PromptDecision:
         return d.PromptDecision(allow=d.PromptAllow())
 
     harness.runtime.seams.on(S.PROMPT_SUBMIT, allow)
@@ -36,13 +39,15 @@ async def test_prompt_submit_rewrites_and_adds_contexts_visible_to_pre_step(
     agent = await harness.create(script=[text_step("ok")])
     seen_at_pre_step: list[list[str]] = []
 
-    async def rewrite(agent_: Any, content: Any, source: Any, next_: Any) -> Any:
+    async def rewrite(
+        call: S.PromptSubmit, next_: S.Next[S.PromptSubmit, d.PromptDecision]
+    ) -> d.PromptDecision:
         extra = d.HookContext(content=[text_block("extra")], source=c.Source(kind="plugin"))
         return d.PromptDecision(
             allow=d.PromptAllow(content=[text_block("rewritten")], additional_contexts=[extra])
         )
 
-    def pre_step(agent_: Any, *args: Any) -> None:
+    def pre_step(call: S.PreStep) -> None:
         seen_at_pre_step.append([plain_text(m.content) for m in agent.session.derive_messages()])
 
     harness.runtime.seams.on(S.PROMPT_SUBMIT, rewrite)
@@ -56,7 +61,9 @@ async def test_prompt_submit_rewrites_and_adds_contexts_visible_to_pre_step(
 async def test_blocking_the_only_prompt_is_a_zero_step_rejected_turn(harness: Harness) -> None:
     agent = await harness.create(script=[text_step("ok")])
 
-    async def veto(agent_: Any, content: Any, source: Any, next_: Any) -> Any:
+    async def veto(
+        call: S.PromptSubmit, next_: S.Next[S.PromptSubmit, d.PromptDecision]
+    ) -> d.PromptDecision:
         return block("not allowed")
 
     harness.runtime.seams.on(S.PROMPT_SUBMIT, veto)
@@ -72,8 +79,10 @@ async def test_blocking_the_only_prompt_is_a_zero_step_rejected_turn(harness: Ha
 async def test_mixed_batch_blocks_one_and_answers_the_other(harness: Harness) -> None:
     agent = await harness.create(script=[text_step("ok")])
 
-    async def veto_a(agent_: Any, content: Any, source: Any, next_: Any) -> Any:
-        return block("A is bad") if plain_text(content) == "A" else await next_()
+    async def veto_a(
+        call: S.PromptSubmit, next_: S.Next[S.PromptSubmit, d.PromptDecision]
+    ) -> d.PromptDecision:
+        return block("A is bad") if plain_text(call.content) == "A" else await next_()
 
     harness.runtime.seams.on(S.PROMPT_SUBMIT, veto_a)
     agent.send([text_block("A")])
@@ -89,7 +98,9 @@ async def test_throwing_prompt_submit_fails_at_step_zero_and_the_loop_survives(
     agent = await harness.create(script=[text_step("ok")])
     fired: list[int] = []
 
-    async def boom(agent_: Any, content: Any, source: Any, next_: Any) -> Any:
+    async def boom(
+        call: S.PromptSubmit, next_: S.Next[S.PromptSubmit, d.PromptDecision]
+    ) -> d.PromptDecision:
         if not fired:
             fired.append(1)
             raise RuntimeError("policy crashed")
@@ -110,9 +121,11 @@ async def test_waterfall_listeners_compose_in_order(harness: Harness) -> None:
     agent = await harness.create(script=[text_step("ok")])
 
     def suffix(tag: str) -> Any:
-        async def listener(agent_: Any, content: Any, source: Any, next_: Any) -> Any:
+        async def listener(
+            call: S.PromptSubmit, next_: S.Next[S.PromptSubmit, d.PromptDecision]
+        ) -> d.PromptDecision:
             decision = await next_()
-            current = list(decision.allow.content) or list(content)
+            current = list(decision.allow.content) or list(call.content)
             return d.PromptDecision(
                 allow=d.PromptAllow(content=[text_block(plain_text(current) + tag)])
             )
@@ -133,7 +146,7 @@ async def test_turn_stop_is_terminal_and_discards_steering(harness: Harness) -> 
         if event.HasField("step_end"):
             agent.steer([text_block("discard me")])
 
-    def stop(agent_: Any, turn: int) -> Any:
+    def stop(call: S.TurnStop) -> d.ContinuationStop:
         return d.ContinuationStop()
 
     agent.session.observers.append(steer_on_step_end)
@@ -149,7 +162,7 @@ async def test_turn_stop_keeps_an_ordinary_send_made_during_the_flush(harness: H
     agent = await harness.create(script=[text_step("one"), text_step("two")])
     sent: list[int] = []
 
-    def stop(agent_: Any, turn: int) -> Any:
+    def stop(call: S.TurnStop) -> d.ContinuationStop:
         return d.ContinuationStop()
 
     async def on_flush(session: Any) -> None:
@@ -170,11 +183,13 @@ async def test_turn_stop_keeps_an_ordinary_send_made_during_the_flush(harness: H
 async def test_scoped_turn_stop_affects_only_its_agent(harness: Harness) -> None:
     first = await harness.create("first", script=[text_step("1"), text_step("2")])
     second = await harness.create("second", script=[text_step("1"), text_step("2")])
-    harness.runtime.seams.on(S.TURN_STOP, lambda agent, turn: d.ContinuationStop(),
+    harness.runtime.seams.on(S.TURN_STOP, lambda call: d.ContinuationStop(),
                              agent_id="first")  # fmt: skip
 
-    async def always_continue_once(agent: Any, turn: int, default: Any, next_: Any) -> Any:
-        if len(agent.session.events) < 14:
+    async def always_continue_once(
+        call: S.TurnContinuation, next_: S.Next[S.TurnContinuation, d.ContinuationDecision]
+    ) -> d.ContinuationDecision:
+        if len(call.agent.session.events) < 14:
             return d.ContinuationDecision(continue_turn=d.ContinuationContinue())
         return await next_()
 
@@ -189,7 +204,7 @@ async def test_throwing_turn_stop_fails_the_turn_and_the_driver_survives(harness
     agent = await harness.create(script=[text_step("one"), text_step("two")])
     fired: list[int] = []
 
-    def policy(agent_: Any, turn: int) -> Any:
+    def policy(call: S.TurnStop) -> None:
         if not fired:
             fired.append(1)
             raise RuntimeError("policy failed")
@@ -204,7 +219,7 @@ async def test_throwing_turn_stop_fails_the_turn_and_the_driver_survives(harness
 async def test_throwing_turn_continuation_is_an_error(harness: Harness) -> None:
     agent = await harness.create(script=[text_step("one")])
 
-    def boom(*args: Any) -> Any:
+    def boom(call: S.TurnContinuation, next_: object) -> d.ContinuationDecision:
         raise RuntimeError("continuation failed")
 
     harness.runtime.seams.on(S.TURN_CONTINUATION, boom)
@@ -233,7 +248,7 @@ async def test_a_rejecting_flush_is_reported_and_the_agent_survives(harness: Har
 async def test_a_throwing_error_listener_still_balances_the_turn(harness: Harness) -> None:
     agent = await harness.create(script=[text_step("x", finish=3)])
 
-    def boom(*args: Any) -> None:
+    def boom(failed: S.Failed) -> None:
         raise RuntimeError("error listener broke")
 
     harness.runtime.seams.on(S.ERROR, boom)
@@ -244,7 +259,7 @@ async def test_a_throwing_error_listener_still_balances_the_turn(harness: Harnes
 async def test_pre_step_that_disposes_then_throws_ends_disposed(harness: Harness) -> None:
     agent = await harness.create(script=[text_step("x")])
 
-    def dispose_then_throw(*args: Any) -> None:
+    def dispose_then_throw(call: S.PreStep) -> None:
         agent.stop()
         raise RuntimeError("after dispose")
 
@@ -292,7 +307,7 @@ async def test_tool_result_keeps_the_model_call_id_when_post_execute_rewrites(
         script=[tool_step(("word_count", '{"text":"a"}')), text_step("ok")], tools=["word_count"]
     )
 
-    async def post(exec_: Any, outcome: Any, next_: Any) -> Any:
+    async def post(call: S.ToolCallResult, next_: object) -> d.PostToolDecision:
         return d.PostToolDecision(accept=d.ToolAccept(content=[text_block("replaced")]))
 
     harness.runtime.seams.on(S.TOOLS_POST_EXECUTE, post)
@@ -306,7 +321,7 @@ async def test_pre_execute_deny_is_an_error_result_the_model_sees(harness: Harne
         script=[tool_step(("word_count", '{"text":"a"}')), text_step("ok")], tools=["word_count"]
     )
 
-    async def deny(exec_: Any, next_: Any) -> Any:
+    async def deny(exec_: ToolExecution, next_: object) -> d.PreToolDecision:
         return d.PreToolDecision(deny=d.ToolDeny(reason="not today"))
 
     harness.runtime.seams.on(S.TOOLS_PRE_EXECUTE, deny)

@@ -68,10 +68,12 @@ async def test_concurrent_same_id_creation_has_one_winner(harness: Harness) -> N
 
 async def test_setup_rejection_publishes_nothing(harness: Harness) -> None:
     created: list[Any] = []
-    harness.runtime.seams.on(S.SESSION_START, lambda agent, source: created.append(agent))
+    harness.runtime.seams.on(S.SESSION_START, lambda started: created.append(started.agent))
 
     async def failing_setup(agent: Any) -> None:
-        harness.runtime.seams.on(S.PROMPT_SUBMIT, lambda *a: None, agent_id=agent.agent_id)
+        harness.runtime.seams.on(
+            S.PROMPT_SUBMIT, lambda call, next_: next_(), agent_id=agent.agent_id
+        )
         raise RuntimeError("setup failed")
 
     with pytest.raises(RuntimeError, match="setup failed"):
@@ -96,7 +98,7 @@ async def test_a_throwing_created_listener_vetoes_publication(harness: Harness) 
 async def test_lifecycle_events_in_order(harness: Harness) -> None:
     order: list[str] = []
     harness.runtime.seams.on(S.CREATED, lambda agent: order.append("created"))
-    harness.runtime.seams.on(S.SESSION_START, lambda agent, source: order.append("session-start"))
+    harness.runtime.seams.on(S.SESSION_START, lambda started: order.append("session-start"))
     harness.runtime.seams.on(S.DISPOSED, lambda agent: order.append("disposed"))
 
     async def setup(agent: Any) -> None:
@@ -126,7 +128,7 @@ async def test_scoped_listeners_die_with_their_agent(harness: Harness) -> None:
 
     async def setup(agent: Any) -> None:
         harness.runtime.seams.on(
-            S.PRE_STEP, lambda a, *rest: seen.append(a.agent_id), agent_id=agent.agent_id
+            S.PRE_STEP, lambda call: seen.append(call.agent_id), agent_id=agent.agent_id
         )
 
     one = await harness.create("one", script=[text_step("x")], setup=setup)
@@ -173,7 +175,7 @@ async def test_resume_continues_history_turns_and_seqs(harness: Harness) -> None
     script = script_options([text_step("unused"), text_step("two")])
     options = agent_pb2.AgentOptions(provider="scripted", model="m", provider_options=script)
     sources: list[int] = []
-    harness.runtime.seams.on(S.SESSION_START, lambda a, source: sources.append(source))
+    harness.runtime.seams.on(S.SESSION_START, lambda started: sources.append(started.source))
     resumed = await harness.factory.resume("a2", "keep", options)
     harness.created.append(resumed)
     assert [e.SerializeToString() for e in resumed.session.events] == before

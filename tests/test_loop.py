@@ -15,6 +15,7 @@ from agentloop.v1 import session_event_pb2 as ev
 from server.core import seams as S
 from server.core.content import plain_text
 from server.core.system_prompt import Section
+from server.core.tools import ToolExecution
 from tests.harness import (
     ERROR,
     MAX_TOKENS,
@@ -167,10 +168,12 @@ async def test_inject_during_tool_batch_is_deferred_after_results(harness: Harne
         script=[tool_step(("word_count", '{"text": "a"}')), text_step("ok")], tools=["word_count"]
     )
 
-    async def pre_execute(exec_: object, next_: object) -> d.PreToolDecision:
+    async def pre_execute(
+        exec_: object, next_: S.Next[ToolExecution, d.PreToolDecision]
+    ) -> d.PreToolDecision:
         agent.inject(ctx("during tool 1"))
         agent.inject(ctx("during tool 2"))
-        return await next_()  # type: ignore[operator, no-any-return]
+        return await next_()
 
     harness.runtime.seams.on(S.TOOLS_PRE_EXECUTE, pre_execute)
     await harness.turn(agent, "go")
@@ -186,7 +189,9 @@ async def test_turn_continuation_can_force_continue_and_force_stop(harness: Harn
     agent = await harness.create(script=[text_step("1"), text_step("2"), text_step("3")])
     votes = iter(["continue", "continue", "stop"])
 
-    async def continuation(agent_: object, turn: int, default: object, next_: object) -> object:
+    async def continuation(
+        call: S.TurnContinuation, next_: S.Next[S.TurnContinuation, d.ContinuationDecision]
+    ) -> d.ContinuationDecision:
         vote = next(votes)
         if vote == "continue":
             return d.ContinuationDecision(continue_turn=d.ContinuationContinue())
@@ -202,7 +207,9 @@ async def test_turn_continuation_vetoes_continuation_after_tool_calls(harness: H
         script=[tool_step(("word_count", '{"text": "a"}'))], tools=["word_count"]
     )
 
-    async def stop(agent_: object, turn: int, default: object, next_: object) -> object:
+    async def stop(
+        call: S.TurnContinuation, next_: S.Next[S.TurnContinuation, d.ContinuationDecision]
+    ) -> d.ContinuationDecision:
         return d.ContinuationDecision(stop=d.ContinuationStop())
 
     harness.runtime.seams.on(S.TURN_CONTINUATION, stop)
@@ -215,13 +222,15 @@ async def test_continue_with_reason_becomes_steering(harness: Harness) -> None:
     agent = await harness.create(script=[text_step("1"), text_step("2")])
     calls = []
 
-    async def continuation(agent_: object, turn: int, default: object, next_: object) -> object:
-        calls.append(turn)
+    async def continuation(
+        call: S.TurnContinuation, next_: S.Next[S.TurnContinuation, d.ContinuationDecision]
+    ) -> d.ContinuationDecision:
+        calls.append(call.turn)
         if len(calls) == 1:
             return d.ContinuationDecision(
                 continue_turn=d.ContinuationContinue(reason=[text_block("keep going")])
             )
-        return await next_()  # type: ignore[operator]
+        return await next_()
 
     harness.runtime.seams.on(S.TURN_CONTINUATION, continuation)
     await harness.turn(agent, "go")
@@ -236,9 +245,9 @@ async def test_request_replacement_switches_model_and_logs_change(harness: Harne
     agent = await harness.create(script=[tool_step(("word_count", '{"text":"a"}')),
                                          text_step("ok")], tools=["word_count"])  # fmt: skip
 
-    async def request(agent_: object, turn: int, step: int, config: c.ModelConfig, next_: object):
-        result: c.ModelConfig = await next_()  # type: ignore[operator]
-        if step == 2:
+    async def request(call: S.Request, next_: S.Next[S.Request, c.ModelConfig]) -> c.ModelConfig:
+        result = await next_()
+        if call.step == 2:
             return c.ModelConfig(provider=result.provider, model="bigger")
         return result
 
@@ -256,10 +265,9 @@ async def test_pre_step_fires_per_step_and_its_appends_join_the_request(harness:
     )
     seen: list[tuple[int, int]] = []
 
-    async def pre_step(agent_: object, turn: int, step: int, system: str, prefix: object,
-                       signal: object) -> None:  # fmt: skip
-        seen.append((turn, step))
-        if step == 1:
+    async def pre_step(call: S.PreStep) -> None:
+        seen.append((call.turn, call.step))
+        if call.step == 1:
             agent.inject(ctx("pre-step context"))
 
     harness.runtime.seams.on(S.PRE_STEP, pre_step)
@@ -347,8 +355,8 @@ async def test_cancel_from_step_start_observer_closes_the_step(harness: Harness)
 async def test_cancel_from_running_listener_opens_no_turn(harness: Harness) -> None:
     agent = await harness.create(script=[text_step("ok")])
 
-    def on_status(agent_: object, status: str) -> None:
-        if status == "running":
+    def on_status(changed: S.StatusChanged) -> None:
+        if changed.status == "running":
             agent.cancel()
 
     harness.runtime.seams.on(S.STATUS, on_status, agent_id="a1")
@@ -386,11 +394,13 @@ async def test_max_tokens_drops_tool_calls_and_is_sticky_within_the_turn(harness
     )
     forced: list[int] = []
 
-    async def force_one_more(agent_: object, turn: int, default: object, next_: object) -> object:
-        if turn == 1 and not forced:  # once: the first turn gets a second step
-            forced.append(turn)
+    async def force_one_more(
+        call: S.TurnContinuation, next_: S.Next[S.TurnContinuation, d.ContinuationDecision]
+    ) -> d.ContinuationDecision:
+        if call.turn == 1 and not forced:  # once: the first turn gets a second step
+            forced.append(call.turn)
             return d.ContinuationDecision(continue_turn=d.ContinuationContinue())
-        return await next_()  # type: ignore[operator]
+        return await next_()
 
     harness.runtime.seams.on(S.TURN_CONTINUATION, force_one_more)
     await harness.turn(agent, "go")
@@ -483,7 +493,7 @@ async def test_model_less_agent_fails_clearly_and_request_can_supply_it(harness:
     error = turn_ends(agent)[0].error
     assert error.code == "NO_MODEL" and 'agent "a1" has no provider/model' in error.message
 
-    async def supply(agent_: object, turn: int, step: int, config: c.ModelConfig, next_: object):
+    async def supply(call: S.Request, next_: object) -> c.ModelConfig:
         return c.ModelConfig(provider="bare", model="supplied")
 
     harness.runtime.seams.on(S.REQUEST, supply)
@@ -497,10 +507,10 @@ async def test_step_result_rewrite_is_what_log_history_and_tools_see(harness: Ha
     rewritten = [text_block("rewritten"), c.ContentBlock(tool_call=c.ToolCallBlock(
         id="r1", name="word_count", arguments='{"text": "x y"}'))]  # fmt: skip
 
-    async def step_result(agent_: object, turn: int, step: int, message: c.Message, next_: object):
-        if step == 1:
+    async def step_result(call: S.StepResult, next_: S.Next[S.StepResult, c.Message]) -> c.Message:
+        if call.step == 1:
             return c.Message(role=c.ROLE_ASSISTANT, content=rewritten)
-        return await next_()  # type: ignore[operator]
+        return await next_()
 
     harness.runtime.seams.on(S.STEP_RESULT, step_result)
     await harness.turn(agent, "go")
@@ -515,7 +525,7 @@ async def test_step_result_rewrite_is_what_log_history_and_tools_see(harness: Ha
 async def test_throwing_step_result_records_one_empty_anchor(harness: Harness) -> None:
     agent = await harness.create(script=[text_step("abc", usage=USAGE)])
 
-    def boom(*args: object) -> None:
+    def boom(*args: object) -> c.Message:
         raise RuntimeError("step-result broke")
 
     harness.runtime.seams.on(S.STEP_RESULT, boom)
@@ -617,9 +627,9 @@ async def test_steer_from_step_end_observer_runs_another_step(harness: Harness) 
 async def test_session_start_fires_once_and_can_seed_context(harness: Harness) -> None:
     seen: list[object] = []
 
-    def on_start(agent: object, source: int) -> None:
-        seen.append(source)
-        agent.inject(ctx("seeded"))  # type: ignore[attr-defined]
+    def on_start(started: S.SessionStarted) -> None:
+        seen.append(started.source)
+        started.agent.inject(ctx("seeded"))
 
     harness.runtime.seams.on(S.SESSION_START, on_start)
     agent = await harness.create(script=[text_step("ok")])
@@ -633,9 +643,11 @@ async def test_session_prefix_is_composed_once_and_fronts_every_request(harness:
     composed: list[int] = []
     prefix_message = c.Message(role=c.ROLE_USER, content=[text_block("PREFIX")])
 
-    async def prefix(agent_: object, seed: object, signal: object, next_: object) -> object:
+    async def prefix(
+        call: S.SessionPrefix, next_: S.Next[S.SessionPrefix, list[c.Message]]
+    ) -> list[c.Message]:
         composed.append(1)
-        return [prefix_message, *(await next_())]  # type: ignore[operator]
+        return [prefix_message, *(await next_())]
 
     harness.runtime.seams.on(S.SESSION_PREFIX, prefix)
     await harness.turn(agent, "first")
@@ -690,3 +702,22 @@ async def test_every_request_rebuilds_from_the_log(harness: Harness) -> None:
         assert list(request.messages) == rebuilt
         header_log = SessionLog("replay", agent.session.header, seed=events[: seq + 1])
         assert header_log.request_header == request.header
+
+
+async def test_a_running_turn_and_step_are_owned_by_the_loop_state(harness: Harness) -> None:
+    agent = await harness.create(
+        script=[tool_step(("word_count", '{"text": "a"}')), text_step("ok")], tools=["word_count"]
+    )
+    seen: list[tuple[int, int, bool]] = []
+
+    def pre_step(call: S.PreStep) -> None:
+        turn = call.agent.loop.turn
+        assert turn is not None and turn.current is not None
+        seen.append((turn.number, turn.current.number, turn.current.signal is call.signal))
+
+    harness.runtime.seams.on(S.PRE_STEP, pre_step)
+    await harness.turn(agent, "go")
+    assert seen == [(1, 1, True), (1, 2, True)]
+    # Between turns nothing runs; what the loop instance keeps (its requests) stays.
+    assert agent.loop.turn is None and agent.loop.cancel_reason is None
+    assert agent.loop.requests_made == 2

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
+from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import stream_pb2 as st
 from server.core.abort import AbortSignal
+from server.core.content import plain_text
 from server.plugins.calls import NoticeSlot, PluginCallFailed, PluginStats
 from server.plugins.install import install
-from tests.harness import Harness, reason_kinds, text_step
+from tests.harness import Harness, kinds, reason_kinds, text_block, text_step, tool_step
 
 
 class FakeCaller:
@@ -114,3 +116,124 @@ async def test_event_kinds_limit_the_session_events_a_plugin_is_sent(harness: Ha
     await harness.turn(agent, "hi")
     sent = [c.session_event.event.WhichOneof("payload") for c in caller.calls]
     assert sent == ["turn_end"]
+
+
+# -- every seam's decision, applied by the generic adapter ------------------------------
+
+
+class SeamAnswers(FakeCaller):
+    """Answers each seam's call with its own result (unset: "continue unchanged")."""
+
+    def __init__(self, answers: dict[hk.Seam.ValueType, hk.HookResult]) -> None:
+        super().__init__()
+        self.answers = answers
+
+    async def call(self, call: hk.HookCall, seconds: float, signal: AbortSignal) -> hk.HookResult:
+        self.calls.append(call)
+        answer = hk.HookResult()
+        answer.CopyFrom(self.answers.get(call.seam, hk.HookResult()))
+        answer.call_id = call.call_id
+        return answer
+
+
+def serve(harness: Harness, answers: dict[hk.Seam.ValueType, hk.HookResult]) -> SeamAnswers:
+    caller = SeamAnswers(answers)
+    install(
+        "fake",
+        [hk.Subscription(seam=seam) for seam in answers],
+        [],
+        caller,
+        PluginStats(),
+        harness.runtime.seams,
+        harness.runtime.tools,
+        lambda agent_id: "",
+    )
+    return caller
+
+
+def payloads(caller: FakeCaller) -> list[tuple[int, int, int, str | None]]:
+    return [(c.seam, c.turn, c.step, c.WhichOneof("payload")) for c in caller.calls]
+
+
+async def test_request_and_step_result_decisions_replace_what_the_loop_uses(
+    harness: Harness,
+) -> None:
+    replaced = c.Message(role=c.ROLE_ASSISTANT, content=[text_block("from the plugin")])
+    caller = serve(harness, {
+        hk.SEAM_REQUEST: hk.HookResult(request=hk.RequestResult(
+            config=c.ModelConfig(provider="scripted", model="chosen"))),
+        hk.SEAM_STEP_RESULT: hk.HookResult(step_result=hk.StepResultResult(message=replaced)),
+    })  # fmt: skip
+    agent = await harness.create(script=[text_step("original")])
+    await harness.turn(agent, "hi")
+    assert harness.model.requests[0].header.config.model == "chosen"
+    message = next(e for e in agent.session.events if e.HasField("assistant_message"))
+    assert plain_text(message.assistant_message.content) == "from the plugin"
+    assert payloads(caller) == [
+        (hk.SEAM_REQUEST, 1, 1, "request"), (hk.SEAM_STEP_RESULT, 1, 1, "step_result"),
+    ]  # fmt: skip
+    assert caller.calls[1].step_result.message.content[0].text.text == "original"
+
+
+async def test_session_prefix_and_pre_step_decisions_reach_the_request(harness: Harness) -> None:
+    prefix = c.Message(role=c.ROLE_USER, content=[text_block("PREFIX")])
+    note = d.HookContext(content=[text_block("pre-step note")])
+    caller = serve(harness, {
+        hk.SEAM_SESSION_PREFIX: hk.HookResult(
+            session_prefix=hk.SessionPrefixResult(prefix=[prefix])),
+        hk.SEAM_PRE_STEP: hk.HookResult(pre_step=hk.PreStepResult(contexts=[note])),
+    })  # fmt: skip
+    agent = await harness.create(script=[text_step("ok")])
+    await harness.turn(agent, "hi")
+    messages = harness.model.requests[0].messages
+    assert plain_text(messages[0].content) == "PREFIX"
+    assert "pre-step note" in plain_text(messages[-1].content)
+    # The pre-step call carries the prefix the plugin composed, and the system prompt.
+    pre_step = next(c.pre_step for c in caller.calls if c.seam == hk.SEAM_PRE_STEP)
+    assert [plain_text(m.content) for m in pre_step.prefix] == ["PREFIX"]
+    assert pre_step.system == harness.model.requests[0].header.system
+
+
+async def test_turn_continuation_and_turn_stop_decisions(harness: Harness) -> None:
+    caller = serve(harness, {
+        hk.SEAM_TURN_CONTINUATION: hk.HookResult(turn_continuation=d.ContinuationDecision(
+            continue_turn=d.ContinuationContinue())),
+        hk.SEAM_TURN_STOP: hk.HookResult(turn_stop=hk.TurnStopResult(stop=True)),
+    })  # fmt: skip
+    agent = await harness.create(script=[text_step("one"), text_step("two")])
+    await harness.turn(agent, "hi")
+    # Continue was asked for, but the terminal stop wins: one step.
+    assert kinds(agent).count("step_start") == 1
+    assert [p[0] for p in payloads(caller)] == [hk.SEAM_TURN_CONTINUATION, hk.SEAM_TURN_STOP]
+    continuation = caller.calls[0].turn_continuation.decision
+    assert continuation.WhichOneof("decision") == "stop"  # the loop's default, no tool call
+
+
+async def test_tool_decisions_deny_and_rewrite(harness: Harness) -> None:
+    caller = serve(harness, {
+        hk.SEAM_TOOLS_PRE_EXECUTE: hk.HookResult(tool_pre_execute=d.PreToolDecision(
+            deny=d.ToolDeny(reason="not this one"))),
+    })  # fmt: skip
+    agent = await harness.create(
+        script=[tool_step(("word_count", '{"text": "a b"}')), text_step("ok")],
+        tools=["word_count"],
+    )
+    await harness.turn(agent, "count")
+    result = next(e.tool_result for e in agent.session.events if e.HasField("tool_result"))
+    assert plain_text(result.content) == "Error: not this one" and result.is_error
+    assert caller.calls[0].tool_pre_execute.invocation.name == "word_count"
+
+
+async def test_a_post_execute_rewrite_is_the_result(harness: Harness) -> None:
+    caller = serve(harness, {
+        hk.SEAM_TOOLS_POST_EXECUTE: hk.HookResult(tool_post_execute=d.PostToolDecision(
+            accept=d.ToolAccept(content=[text_block("rewritten")]))),
+    })  # fmt: skip
+    agent = await harness.create(
+        script=[tool_step(("word_count", '{"text": "a b"}')), text_step("ok")],
+        tools=["word_count"],
+    )
+    await harness.turn(agent, "count")
+    result = next(e.tool_result for e in agent.session.events if e.HasField("tool_result"))
+    assert plain_text(result.content) == "rewritten"
+    assert plain_text(list(caller.calls[0].tool_post_execute.output.content)) == "2 words"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from agentloop.v1 import agent_pb2
 from server.core import seams as S
+from server.core.agent import Agent
 from server.core.errors import AlreadyExists, InvalidArgument
 from server.core.tools import Tool, ToolExecution
 from server.stores.sqlite import SqliteStore
@@ -33,7 +33,7 @@ async def test_same_id_creations_on_a_yielding_store_have_one_winner(tmp_path: P
 
 
 async def test_a_vetoed_creation_stores_no_session(harness: Harness) -> None:
-    def veto(agent: Any) -> None:
+    def veto(agent: Agent) -> None:
         raise RuntimeError("no")
 
     dispose = harness.runtime.seams.on(S.CREATED, veto)

@@ -13,7 +13,13 @@ from server.core.abort import AbortController
 from server.core.content import plain_text
 from server.core.errors import Aborted
 from server.core.scheduler import DEFAULT_MAX_PARALLEL, run_tool_batch
-from server.core.seams import TOOLS_POST_EXECUTE, TOOLS_PRE_EXECUTE, TOOLS_RESULT, SeamRegistry
+from server.core.seams import (
+    TOOLS_POST_EXECUTE,
+    TOOLS_PRE_EXECUTE,
+    TOOLS_RESULT,
+    SeamRegistry,
+    ToolCallResult,
+)
 from server.core.tools import (
     ParallelSafe,
     ToolExecution,
@@ -22,7 +28,7 @@ from server.core.tools import (
     ToolReturn,
     ToolValue,
 )
-from tests.tool_helpers import Execute, Next, context, make_tool
+from tests.tool_helpers import Execute, PostNext, PreNext, context, make_tool
 
 
 class Batch:
@@ -175,7 +181,8 @@ async def test_making_the_next_call_exclusive_stops_replenishment(flipper: str |
             await release_b.wait()
         return "ok"
 
-    def on_result(exec: ToolExecution, outcome: ToolOutcome) -> None:
+    def on_result(call: ToolCallResult) -> None:
+        exec = call.exec
         nonlocal exclusive
         if exec.call_id == "a":
             exclusive = exclusive or flipper == "observer"
@@ -270,11 +277,12 @@ async def test_cap_one_is_serial() -> None:
 def recording_seams(b: Batch, *, contexts: bool = False) -> None:
     """Pre- and post-execute listeners that record what they see."""
 
-    async def pre(exec: ToolExecution, next: Next) -> object:
+    async def pre(exec: ToolExecution, next: PreNext) -> d.PreToolDecision:
         b.record("pre", exec.call_id)
         return await next()
 
-    async def post(exec: ToolExecution, outcome: ToolOutcome, next: Next) -> object:
+    async def post(call: ToolCallResult, next: PostNext) -> d.PostToolDecision:
+        exec = call.exec
         b.record("post", exec.call_id)
         await next()
         extra = [context(f"{exec.call_id}-post")] if contexts else []
@@ -328,7 +336,7 @@ async def test_denials_and_pre_execute_errors_are_ordered_and_not_dispatched() -
     b = Batch()
     b.tool("p")
 
-    async def pre(exec: ToolExecution, next: Next) -> object:
+    async def pre(exec: ToolExecution, next: PreNext) -> d.PreToolDecision:
         b.record("pre", exec.call_id)
         if exec.call_id == "a":
             return d.PreToolDecision(deny=d.ToolDeny(reason="denied a"))
@@ -336,7 +344,8 @@ async def test_denials_and_pre_execute_errors_are_ordered_and_not_dispatched() -
             raise RuntimeError("boom")
         return await next()
 
-    async def post(exec: ToolExecution, outcome: ToolOutcome, next: Next):
+    async def post(call: ToolCallResult, next: PostNext) -> d.PostToolDecision:
+        exec = call.exec
         b.record("post", exec.call_id)
         return await next()
 
@@ -396,7 +405,7 @@ async def test_abort_inside_an_exclusive_call_prevents_the_rest() -> None:
 async def test_abort_during_ordered_pre_execute_starts_no_further_call() -> None:
     b = Batch()
 
-    async def pre(exec: ToolExecution, next: Next) -> object:
+    async def pre(exec: ToolExecution, next: PreNext) -> d.PreToolDecision:
         b.controller.abort("stop")
         return await next()
 

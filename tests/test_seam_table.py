@@ -19,8 +19,13 @@ from server.plugins import listeners as pl
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SEAM_PATHS = {value for name, value in vars(S).items() if name.isupper() and isinstance(value, str)}
-"""The path constants of `server/core/seams.py`."""
+SEAM_KEYS = {
+    value.path: value
+    for name, value in vars(S).items()
+    if name.isupper() and isinstance(value, S.SeamKey)
+}
+"""The seam keys of `server/core/seams.py`, by path."""
+SEAM_PATHS = set(SEAM_KEYS)
 
 
 def test_every_seam_value_has_exactly_one_entry() -> None:
@@ -51,11 +56,24 @@ def test_each_entry_names_a_server_seam_and_the_payload_oneofs() -> None:
 
 def test_server_dispatch_follows_the_table() -> None:
     assert {spec.seam: spec.path for spec in SPECS} == pl.SEAM_NAMES
-    modes = [pl.WATERFALLS, pl.CHECKPOINTS, pl.OBSERVERS, pl.APPROVERS]
-    assert sorted(s for mode in modes for s in mode) == sorted(BY_SEAM)
-    assert set(pl.WATERFALLS).isdisjoint(pl.CHECKPOINTS | pl.OBSERVERS | pl.APPROVERS)
+    assert sorted(pl.CODECS) == sorted(spec.path for spec in SPECS)
+    adapters: dict[int, tuple[type, ...]] = {
+        hk.SEAM_MODE_WATERFALL: (pl.Transform, pl.Wrap),
+        hk.SEAM_MODE_SERIAL: (pl.Check,),
+        hk.SEAM_MODE_OBSERVER: (pl.Watch,),
+        hk.SEAM_MODE_APPROVER: (pl.Approve,),
+    }
+    keys: dict[int, type[S.SeamKey]] = {
+        hk.SEAM_MODE_WATERFALL: S.Waterfall,
+        hk.SEAM_MODE_SERIAL: S.Serial,
+        hk.SEAM_MODE_OBSERVER: S.Emit,
+        hk.SEAM_MODE_APPROVER: S.Gather,
+    }
     for spec in SPECS:
-        assert callable(getattr(pl.RemoteListener, spec.method)), spec
+        codec = pl.CODECS[spec.path]
+        assert isinstance(codec, adapters[spec.mode]), spec
+        assert codec.key is SEAM_KEYS[spec.path], spec
+        assert isinstance(codec.key, keys[spec.mode]), spec
 
 
 def test_python_sdk_has_each_registration_method() -> None:

@@ -143,6 +143,16 @@ async def test_request_records_keep_the_first_answer(store: SessionStore) -> Non
     assert await store.find_request("a2", "r1") is None  # ids are scoped to the agent
 
 
+async def test_request_ids_lists_an_agents_ids_up_to_a_limit(store: SessionStore) -> None:
+    await create_session(store, "s1", header())
+    records = [RequestRecord("a1", f"r{i}", "SendMessage", b"") for i in range(3)]
+    records.append(RequestRecord("a2", "other", "SendMessage", b""))
+    await store.commit(Commit({"s1": SessionWrites(requests=records)}))
+    assert sorted(await store.request_ids("a1", 3) or []) == ["r0", "r1", "r2"]
+    assert await store.request_ids("a1", 2) is None  # more than the limit
+    assert await store.request_ids("a3", 10) == []
+
+
 async def test_fork_copies_up_to_a_turn_end_or_refuses(store: SessionStore) -> None:
     await create_session(store, "src", header())
     events = turns(3)

@@ -35,7 +35,7 @@ def test_response_bytes_parse_to_the_response_of_the_same_fields() -> None:
         want = pb.StreamSessionEventsResponse(
             events=kept, agent_events=agent_events, dropped_agent_events=dropped
         )
-        raw = response_bytes(kept, agent_events, dropped)
+        raw = response_bytes([e.SerializeToString() for e in kept], agent_events, dropped)
         assert pb.StreamSessionEventsResponse.FromString(raw) == want
         assert len(raw) == want.ByteSize()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
 from server.core.errors import CodedError
@@ -284,7 +286,8 @@ async def test_waterfall_is_dispatched_for_the_scope_agent():
 
 async def test_waterfall_returning_a_non_assembly_is_an_error():
     seams = SeamRegistry()
-    seams.on(SYSTEM_PROMPT_ASSEMBLE, lambda assembly, next_: None)
+    # Ill-typed on purpose: the assembly checks what a listener really returned.
+    seams.on(SYSTEM_PROMPT_ASSEMBLE, lambda assembly, next_: cast(Assembly, None))
     with pytest.raises(CodedError, match="not an Assembly"):
         await default_system_prompt().assemble(PromptScope("a1"), seams)
 

@@ -23,6 +23,7 @@ from server.core.seams import (
     TOOLS_PRE_EXECUTE,
     TOOLS_RESULT,
     SeamRegistry,
+    ToolCallResult,
 )
 from server.core.tool_pipeline import ToolPipeline
 from server.core.tools import (
@@ -36,7 +37,7 @@ from server.core.tools import (
     canonical_order,
     parse_arguments,
 )
-from tests.tool_helpers import Execute, Next, context, make_tool, ok
+from tests.tool_helpers import ExecNext, Execute, PostNext, PreNext, context, make_tool, ok
 
 
 def make_exec(
@@ -59,7 +60,8 @@ class Pipeline:
         self.registry.register(make_tool(name, execute))
 
     def record_post(self) -> None:
-        async def post(exec: ToolExecution, outcome: ToolOutcome, next: Next) -> object:
+        async def post(call: ToolCallResult, next: PostNext) -> d.PostToolDecision:
+            outcome = call.outcome
             self.log.append(f"post {plain_text(outcome.content)}")
             return await next()
 
@@ -397,7 +399,7 @@ async def test_a_denied_call_is_not_dispatched_but_passes_post_execute() -> None
         ran.append(exec.call_id)
         return "ran"
 
-    async def deny(exec: ToolExecution, next: Next) -> object:
+    async def deny(exec: ToolExecution, next: PreNext) -> d.PreToolDecision:
         return d.PreToolDecision(deny=d.ToolDeny(reason="not today"))
 
     p.add("t", body)
@@ -424,7 +426,7 @@ async def test_ask_is_a_denial_without_an_approval_channel(reason: str, text: st
     p = Pipeline()
     p.add()
 
-    async def ask(exec: ToolExecution, next: Next) -> object:
+    async def ask(exec: ToolExecution, next: PreNext) -> d.PreToolDecision:
         return d.PreToolDecision(ask=d.ToolAsk(reason=reason))
 
     p.seams.on(TOOLS_PRE_EXECUTE, ask)
@@ -437,11 +439,11 @@ async def test_pre_execute_listeners_chain_and_allow() -> None:
     p.add()
     seen: list[str] = []
 
-    async def outer(exec: ToolExecution, next: Next) -> object:
+    async def outer(exec: ToolExecution, next: PreNext) -> d.PreToolDecision:
         seen.append("outer")
         return await next()
 
-    async def allow(exec: ToolExecution, next: Next) -> object:
+    async def allow(exec: ToolExecution, next: PreNext) -> d.PreToolDecision:
         seen.append("inner")
         return d.PreToolDecision(allow=d.ToolAllow())
 
@@ -468,10 +470,10 @@ async def test_a_failing_pre_execute_listener_gives_a_final_error(
         ran.append("body")
         return "ran"
 
-    async def pre(exec: ToolExecution, next: Next) -> object:
+    async def pre(exec: ToolExecution, next: PreNext) -> d.PreToolDecision:
         if isinstance(listener_result, Exception):
             raise listener_result
-        return listener_result
+        return listener_result  # type: ignore[return-value]  # not always a decision
 
     p.add("t", body)
     p.seams.on(TOOLS_PRE_EXECUTE, pre)
@@ -515,7 +517,7 @@ async def test_guards_are_skipped_when_pre_execute_denies() -> None:
         seen.append("guard")
         return None
 
-    async def deny(exec: ToolExecution, next: Next) -> object:
+    async def deny(exec: ToolExecution, next: PreNext) -> d.PreToolDecision:
         return d.PreToolDecision(deny=d.ToolDeny(reason="no"))
 
     p.registry.guard(guard)
@@ -549,7 +551,7 @@ async def test_an_execute_wrapper_may_replace_only_the_signal() -> None:
         seen.append((exec.name, exec.signal))
         return "ran"
 
-    async def wrapper(exec: ToolExecution, next: Next) -> object:
+    async def wrapper(exec: ToolExecution, next: ExecNext) -> ToolOutcome:
         renamed = dataclasses.replace(exec, name="other", signal=replacement.signal)
         return await next(renamed)
 
@@ -569,7 +571,7 @@ async def test_execute_wrappers_see_normalised_results_and_may_retry() -> None:
             raise RuntimeError("flaky")
         return "second time"
 
-    async def retry(exec: ToolExecution, next: Next) -> object:
+    async def retry(exec: ToolExecution, next: ExecNext) -> ToolOutcome:
         first = await next()
         assert isinstance(first, ToolOutcome)
         assert plain_text(first.content) == "Error: flaky"  # already normalised
@@ -589,7 +591,7 @@ async def test_an_execute_wrapper_may_short_circuit() -> None:
         ran.append("body")
         return "ran"
 
-    async def cached(exec: ToolExecution, next: Next) -> object:
+    async def cached(exec: ToolExecution, next: ExecNext) -> ToolOutcome:
         return ToolOutcome(text_content("from cache"))
 
     p.add("t", body)
@@ -603,7 +605,7 @@ async def test_a_throwing_execute_wrapper_gives_a_final_error() -> None:
     p.add()
     p.record_post()
 
-    async def broken(exec: ToolExecution, next: Next) -> object:
+    async def broken(exec: ToolExecution, next: ExecNext) -> ToolOutcome:
         await next()
         raise RuntimeError("wrapper broke")
 
@@ -617,7 +619,7 @@ async def test_execute_wrappers_of_other_agents_do_not_apply() -> None:
     p = Pipeline()
     p.add()
 
-    async def hijack(exec: ToolExecution, next: Next) -> object:
+    async def hijack(exec: ToolExecution, next: ExecNext) -> ToolOutcome:
         return ToolOutcome(text_content("hijacked"))
 
     p.seams.on(TOOLS_EXECUTE, hijack, agent_id="a2")
@@ -635,7 +637,8 @@ async def run_with_post(decision: d.PostToolDecision) -> ToolOutcome:
     p = Pipeline()
     p.add("t", with_contexts)
 
-    async def post(exec: ToolExecution, outcome: ToolOutcome, next: Next) -> object:
+    async def post(call: ToolCallResult, next: PostNext) -> d.PostToolDecision:
+        outcome = call.outcome
         outcome.content.clear()  # listeners get a copy
         return decision
 
@@ -664,7 +667,7 @@ async def test_a_throwing_post_execute_listener_gives_an_error_result() -> None:
     p = Pipeline()
     p.add("t", with_contexts)
 
-    async def post(exec: ToolExecution, outcome: ToolOutcome, next: Next) -> object:
+    async def post(call: ToolCallResult, next: PostNext) -> d.PostToolDecision:
         raise RuntimeError("post broke")
 
     p.seams.on(TOOLS_POST_EXECUTE, post)
@@ -698,14 +701,15 @@ async def test_tools_result_observers_see_the_final_result_but_cannot_change_it(
     p.add()
     seen: list[tuple[str, str, bool]] = []
 
-    def observe(exec: ToolExecution, outcome: ToolOutcome) -> None:
+    def observe(call: ToolCallResult) -> None:
+        exec, outcome = call.exec, call.outcome
         seen.append((exec.call_id, plain_text(outcome.content), outcome.is_error))
         outcome.content.clear()
 
-    def broken(exec: ToolExecution, outcome: ToolOutcome) -> None:
+    def broken(call: ToolCallResult) -> None:
         raise RuntimeError("observer broke")
 
-    async def deny(exec: ToolExecution, next: Next) -> object:
+    async def deny(exec: ToolExecution, next: PreNext) -> d.PreToolDecision:
         return d.PreToolDecision(deny=d.ToolDeny(reason="no")) if exec.name == "x" else await next()
 
     p.seams.on(TOOLS_RESULT, observe)
@@ -799,7 +803,7 @@ async def test_sleep_honours_the_abort_signal() -> None:
     seams = SeamRegistry()
     sleeping = asyncio.Event()
 
-    async def mark(exec: ToolExecution, next: Next) -> object:
+    async def mark(exec: ToolExecution, next: ExecNext) -> ToolOutcome:
         sleeping.set()  # the waiter resumes once the tool is inside its sleep
         return await next()
 

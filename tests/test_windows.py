@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
@@ -16,6 +15,7 @@ from server.core.content import plain_text
 from server.core.system_prompt import Assembly
 from server.core.tools import Tool, ToolExecution, ToolReturn
 from server.sessions.persistence import SESSION_FLUSH
+from server.sessions.session import SessionLog
 from tests.harness import Harness, kinds, reason_kinds, text_block, text_step, tool_step, turn_ends
 
 
@@ -25,7 +25,9 @@ async def test_cancel_during_session_prefix_aborts_and_the_prefix_is_recomposed(
     agent = await harness.create(script=[text_step("one"), text_step("two")])
     composed: list[int] = []
 
-    async def prefix(agent_: Any, seed: Any, signal: Any, next_: Any) -> Any:
+    async def prefix(
+        call: S.SessionPrefix, next_: S.Next[S.SessionPrefix, list[c.Message]]
+    ) -> list[c.Message]:
         composed.append(1)
         if len(composed) == 1:
             agent.cancel("stop composing")
@@ -43,7 +45,9 @@ async def test_cancel_during_session_prefix_aborts_and_the_prefix_is_recomposed(
 async def test_dispose_during_session_prefix_ends_disposed(harness: Harness) -> None:
     agent = await harness.create(script=[text_step("one")])
 
-    async def prefix(agent_: Any, seed: Any, signal: Any, next_: Any) -> Any:
+    async def prefix(
+        call: S.SessionPrefix, next_: S.Next[S.SessionPrefix, list[c.Message]]
+    ) -> list[c.Message]:
         agent.stop()
         return await next_()
 
@@ -71,7 +75,9 @@ async def test_cancel_in_the_continuation_window_stops_after_one_step(harness: H
         script=[tool_step(("word_count", '{"text":"a"}')), text_step("never")], tools=["word_count"]
     )
 
-    async def continuation(agent_: Any, turn: int, default: Any, next_: Any) -> Any:
+    async def continuation(
+        call: S.TurnContinuation, next_: S.Next[S.TurnContinuation, d.ContinuationDecision]
+    ) -> d.ContinuationDecision:
         decision = await next_()
         agent.cancel("window")
         return decision
@@ -88,8 +94,8 @@ async def test_a_running_listener_that_cancels_and_queues_replacement_work(
     agent = await harness.create(script=[text_step("B answered")])
     state = {"cancelled": False}
 
-    def on_status(agent_: Any, status: str) -> None:
-        if status == "running" and not state["cancelled"]:
+    def on_status(changed: S.StatusChanged) -> None:
+        if changed.status == "running" and not state["cancelled"]:
             state["cancelled"] = True
             agent.cancel()
             agent.send([text_block("B")])
@@ -110,7 +116,7 @@ async def test_the_flush_is_awaited_before_idle(harness: Harness) -> None:
     agent = await harness.create(script=[text_step("one")])
     seen: list[int] = []
 
-    async def slow_flush(session: Any) -> None:
+    async def slow_flush(session: SessionLog) -> None:
         await asyncio.sleep(0.01)
         seen.append(agent.status)
 
@@ -123,7 +129,7 @@ async def test_the_flush_is_awaited_before_idle(harness: Harness) -> None:
 async def test_a_failed_idle_inject_flush_is_an_error_at_step_zero(harness: Harness) -> None:
     agent = await harness.create(script=[text_step("one")])
 
-    async def broken(session: Any) -> None:
+    async def broken(session: SessionLog) -> None:
         raise OSError("disk gone")
 
     harness.runtime.seams.on(SESSION_FLUSH, broken)
@@ -151,7 +157,7 @@ async def test_tool_meta_is_threaded_onto_the_result(harness: Harness) -> None:
 async def test_an_emptied_assembly_omits_the_system_prompt(harness: Harness) -> None:
     agent = await harness.create(script=[text_step("one")])
 
-    async def empty(assembly: Assembly, next_: Any) -> Assembly:
+    async def empty(assembly: Assembly, next_: object) -> Assembly:
         return Assembly(sections=[], variables={})
 
     harness.runtime.seams.on(S.SYSTEM_PROMPT_ASSEMBLE, empty)
@@ -186,8 +192,10 @@ async def test_context_accepted_before_a_tool_abort_is_recorded(harness: Harness
         max_parallel_tool_calls=1,
     )
 
-    async def post(exec_: ToolExecution, outcome: Any, next_: Any) -> Any:
-        if exec_.name == "word_count":
+    async def post(
+        call: S.ToolCallResult, next_: S.Next[S.ToolCallResult, d.PostToolDecision]
+    ) -> d.PostToolDecision:
+        if call.exec.name == "word_count":
             note = d.HookContext(content=[text_block("after word_count")])
             asyncio.get_running_loop().call_later(0.05, agent.cancel, "user interrupt")
             return d.PostToolDecision(accept=d.ToolAccept(additional_contexts=[note]))
@@ -225,8 +233,8 @@ async def test_inject_during_agent_request_joins_the_next_request(harness: Harne
         script=[tool_step(("word_count", '{"text":"a"}')), text_step("ok")], tools=["word_count"]
     )
 
-    async def request(agent_: Any, turn: int, step: int, config: Any, next_: Any) -> Any:
-        if step == 1:
+    async def request(call: S.Request, next_: S.Next[S.Request, c.ModelConfig]) -> c.ModelConfig:
+        if call.step == 1:
             agent.inject(d.HookContext(content=[text_block("late for step 1")]))
         return await next_()
 

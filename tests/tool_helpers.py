@@ -7,13 +7,18 @@ from collections.abc import Awaitable, Callable
 
 from agentloop.v1 import decision_pb2 as d
 from server.core.content import text_content
-from server.core.tools import ParallelSafe, Tool, ToolExecution, ToolValue
+from server.core.seams import Next, ToolCallResult
+from server.core.tools import ParallelSafe, Tool, ToolExecution, ToolOutcome, ToolValue
 
 Execute = Callable[[ToolExecution], Awaitable[ToolValue]]
 """What a tool runs for a call."""
 
-Next = Callable[..., Awaitable[object]]
-"""The `next` a seam listener calls to go on down the chain."""
+PreNext = Next[ToolExecution, d.PreToolDecision]
+"""The `next` of a `tools/pre-execute` listener."""
+ExecNext = Next[ToolExecution, ToolOutcome]
+"""The `next` of a `tools/execute` wrapper."""
+PostNext = Next[ToolCallResult, d.PostToolDecision]
+"""The `next` of a `tools/post-execute` listener."""
 
 
 async def ok(exec: ToolExecution) -> ToolValue:

@@ -68,7 +68,8 @@ async function answer(plugin, call, signal) {
   const payload = call.payload || '';
   const spec = BY_PAYLOAD.get(payload);
   const subscription = plugin.subscriptions.get(payload);
-  if (spec && !spec.answered) {
+  const watching = Boolean(subscription && subscription.options.observeOnly);
+  if (spec && (!spec.answered || call.kind === 'CALL_KIND_NOTIFICATION' || watching)) {
     if (subscription) {
       try {
         await subscription.handler(call, callContext(call, signal));
@@ -76,7 +77,8 @@ async function answer(plugin, call, signal) {
         plugin.logger.error(`plugin ${plugin.name}: the ${payload} observer failed:`, error);
       }
     }
-    return null;
+    // A watched seam sent as a call (a server without observe_only): "continue unchanged".
+    return spec.answered && call.kind !== 'CALL_KIND_NOTIFICATION' ? { callId: call.callId } : null;
   }
   try {
     if (payload === 'toolExecute') {

@@ -58,6 +58,9 @@ const FAILURE_POLICIES = ['FAIL_CLOSED', 'FAIL_OPEN'];
  *   sent (default: the server's 1024)
  * @property {string[]} [eventKinds] onSessionEvent only: only these payload kinds, such as
  *   'turn_end' (default: all); the server filters, so other events cost nothing
+ * @property {boolean} [observeOnly] transforming seams and checkpoints: the plugin only
+ *   watches; the server sends each call as a notification and never waits for it (no
+ *   round trip); the handler's return value is ignored (default: false)
  */
 
 /**
@@ -305,6 +308,7 @@ class Plugin {
           agentIds: [...(options.agentIds || [])],
           eventKinds: [...(options.eventKinds || [])],
           bufferSize: options.bufferSize || 0,
+          observeOnly: Boolean(options.observeOnly),
         };
       });
     const tools = [...this.tools.values()].map((tool) => tool.definition);

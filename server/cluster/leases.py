@@ -2,12 +2,17 @@
 
 Each replica registers itself and owns the agents it created or resumed through
 leases (`server.stores.postgres_leases`). Two background loops run while it serves:
-- renewal, every third of the lease time: the leases it still holds are extended; an
-  agent whose lease was lost (this replica stalled past its expiry and another took
-  it) is stopped here at once, and the store's fence already refuses its writes;
+- renewal, every third of the lease time: the leases of the agents it holds (live,
+  being created or resumed, or taken over and waiting for their resume) are
+  extended, also one that lapsed while nobody took it; an agent whose lease was
+  lost (this replica stalled past its expiry and another took it) is stopped here at
+  once, and the store's fence already refuses its writes;
 - the sweep, every half of the lease time: expired leases (a replica died) are taken
-  over; each agent is resumed here on its session, which repairs a turn the crash
-  left open and runs the pending inbox once.
+  over, never those of agents this replica holds; each agent is resumed here on its
+  session, which repairs a turn the crash left open and runs the pending inbox once.
+  A lease taken over is renewed from the moment it is taken, so that a sweep that
+  takes many (a replica with many agents died) keeps them all while it resumes them
+  one by one.
 A graceful stop hands every lease over (expires it), so others take its agents now.
 """
 
@@ -35,6 +40,9 @@ class Cluster:
         self.leases = leases
         self.replica_id = leases.replica_id
         self._tasks: list[asyncio.Task[None]] = []
+        self._owned: Owned = set
+        self._taking: set[str] = set()
+        """Agents whose leases the sweep took and has not resumed yet (renewed meanwhile)."""
 
     # -- Ownership ---------------------------------------------------------------------
 
@@ -72,11 +80,13 @@ class Cluster:
         """Renew and sweep in the background.
 
         Called once the config agents exist: a sweep racing their creation would take
-        one over as it is being created.
+        one over as it is being created. `owned` names the agents this replica holds:
+        live, being created or resumed, or being disposed.
         """
         ttl = self.leases.ttl
+        self._owned = owned
         self._tasks = [
-            asyncio.create_task(self._every(ttl / 3, lambda: self._renew(owned, abandon))),
+            asyncio.create_task(self._every(ttl / 3, lambda: self._renew(abandon))),
             asyncio.create_task(self._every(ttl / 2, lambda: self._sweep(resume))),
         ]
 
@@ -99,15 +109,24 @@ class Cluster:
                 log.warning("cluster: %s failed; retrying", work, exc_info=True)
             await asyncio.sleep(seconds)
 
-    async def _renew(self, owned: Owned, abandon: Abandon) -> None:
-        running = owned()
+    async def _renew(self, abandon: Abandon) -> None:
+        running = self._owned() | self._taking
         kept = await self.leases.renew(running)
-        for agent_id in sorted(running - kept):
+        missing = running - kept
+        for agent_id in sorted(await self.leases.taken(missing) if missing else ()):
+            if agent_id in self._taking:  # taken over elsewhere before it was resumed here
+                self._taking.discard(agent_id)
+                log.warning("cluster: the lease of agent %s was lost before its resume", agent_id)
+                continue
             log.warning("cluster: the lease of agent %s was lost; stopping it here", agent_id)
             await abandon(agent_id)
 
     async def _sweep(self, resume: Resume) -> None:
-        for lease in await self.leases.take_over():
+        leases = await self.leases.take_over(self._owned())
+        self._taking.update(lease.agent_id for lease in leases)
+        for lease in leases:
+            if lease.agent_id not in self._taking:
+                continue  # its lease was lost meanwhile: another replica runs it
             log.info(
                 "cluster: taking over agent %s (session %s) from %s",
                 lease.agent_id,
@@ -116,6 +135,12 @@ class Cluster:
             )
             try:
                 await resume(lease)
+            except (AlreadyExists, FailedPrecondition) as error:
+                # Busy here (being disposed, or resumed by a call): the lease lapses,
+                # and a later sweep takes the agent again if nobody runs it by then.
+                log.warning("cluster: taking over agent %s deferred: %s", lease.agent_id, error)
             except Exception:
                 log.error("cluster: taking over agent %s failed", lease.agent_id, exc_info=True)
                 await self.leases.release(lease.agent_id)
+            finally:
+                self._taking.discard(lease.agent_id)

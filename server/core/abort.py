@@ -99,5 +99,30 @@ class AbortController:
         self.signal._fire(reason)
 
 
-NEVER = AbortSignal()
-"""A signal that never fires, for work with no owner to cancel it."""
+class _Never(AbortSignal):
+    """A signal that never fires: it keeps no callbacks and races nothing.
+
+    Shared by every caller, so it holds no state: `on_abort` stores nothing (the
+    callback could never run) and `race` awaits the work in the caller's own task.
+    """
+
+    def on_abort(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Nothing to register: it never fires."""
+        return _nothing
+
+    async def wait(self) -> str:
+        """Wait forever (until the caller is cancelled)."""
+        await asyncio.get_running_loop().create_future()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def race(self, work: Awaitable[T]) -> T:
+        """Await `work`: nothing can abort it."""
+        return await work
+
+
+def _nothing() -> None:
+    pass
+
+
+NEVER: AbortSignal = _Never()
+"""A signal that never fires, for work with no owner to cancel it (stateless)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TypeVar
 
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_pb2
@@ -17,17 +17,20 @@ from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 from server.core import seams as S
-from server.core.abort import NEVER, AbortController, AbortSignal
+from server.core.abort import NEVER, AbortSignal
 from server.core.approvals import Approvals
 from server.core.content import resolve_source
 from server.core.errors import AgentDisposed, CodedError, FailedPrecondition
 from server.core.inbox import Inbox, Pending
+from server.core.running import LoopState, Step
 from server.core.runtime import Runtime
 from server.observability.logs import fields
 from server.sessions.session import SessionLog, now_timestamp
 from server.stores import INBOX_CONTEXT, INBOX_MESSAGE, INBOX_STEERING, InboxEntry
 
 log = logging.getLogger(__name__)
+
+In = TypeVar("In")
 
 LiveListener = Callable[[ae.AgentEvent], None]
 
@@ -67,19 +70,8 @@ class Agent:
         self.create_time = now_timestamp()
         self.published = False
         self.disposed = False
-        self.cancel_reason: str | None = None
-        """The turn-scoped cancel marker: set by `cancel()` when there is work."""
-        self.turn_controller: AbortController | None = None
-        """The abort scope of the running turn: every seam call of the turn watches it."""
-        self.step_controller: AbortController | None = None
-        self.session_prefix: list[c.Message] | None = None
-        """The session prefix of this loop instance, composed on its first step."""
-        self.requests_made = 0
-        """Model requests made by this loop instance (0: the next one logs a header)."""
-        self.tool_batch_active = False
-        self.deferred: list[tuple[ev.ContextMessage, tuple[int, ...]]] = []
-        """Contexts held back while a tool batch runs (with the inbox entries they
-        record), appended after its results."""
+        self.loop = LoopState()
+        """What the driver keeps across turns, and the running turn and step."""
         self.driver: asyncio.Task[None] | None = None
         self.teardown: asyncio.Future[None] | None = None
         """The one teardown of this agent, once disposal began."""
@@ -91,7 +83,7 @@ class Agent:
             session,
             runtime.seams,
             runtime.journal,
-            lambda event: self.emit(None, (), event),
+            lambda event: self.emit(None, None, event),
             options.approval_timeout.ToNanoseconds() / 1e9
             if options.HasField("approval_timeout")
             else runtime.approval_timeout,
@@ -136,9 +128,10 @@ class Agent:
         self._check_live()
         message = context_message(context)
         message.request_id = request_id
-        if self.session.open_turn and self.tool_batch_active:
+        step = self._step()
+        if self.session.open_turn and step is not None and step.tool_batch_active:
             entry = self.session.accept(INBOX_CONTEXT, message)
-            self.deferred.append((message, (entry.entry_id,)))
+            step.deferred.append((message, (entry.entry_id,)))
         elif self.session.open_turn:
             self.session.add(message)
         else:
@@ -153,18 +146,16 @@ class Agent:
         reason = reason or "cancelled"
         has_work = (
             self.status == ae.AGENT_STATUS_RUNNING
-            or self.step_controller is not None
+            or self._step() is not None
             or bool(self.inbox.queued)
             or bool(self.inbox.steering)
         )
         if has_work:
-            self.cancel_reason = reason
+            self.loop.cancel_reason = reason
         dropped = [*self.inbox.drain_queued(), *self.inbox.drain_steering()]
         self.record_dropped(dropped, f"cancelled: {reason}", abort_reason=reason)
-        if self.turn_controller is not None:
-            self.turn_controller.abort(reason)
-        if self.step_controller is not None:
-            self.step_controller.abort(reason)
+        if self.loop.turn is not None:
+            self.loop.turn.abort(reason)
         return has_work, len(dropped)
 
     def record_dropped(
@@ -258,18 +249,15 @@ class Agent:
 
     # -- driver-facing -----------------------------------------------------------------
 
-    def new_step_signal(self) -> AbortSignal:
-        """Open the abort scope of a new step; `cancel()` and disposal fire it."""
-        self.step_controller = AbortController()
-        return self.step_controller.signal
-
     def turn_signal(self) -> AbortSignal:
         """The running turn's signal (a never-firing one outside a turn)."""
-        return self.turn_controller.signal if self.turn_controller is not None else NEVER
+        turn = self.loop.turn
+        return turn.signal if turn is not None else NEVER
 
     def step_signal(self) -> AbortSignal:
         """The current step's signal (a never-firing one outside a step)."""
-        return self.step_controller.signal if self.step_controller is not None else NEVER
+        step = self._step()
+        return step.signal if step is not None else NEVER
 
     def set_status(self, status: ae.AgentStatus.ValueType) -> None:
         """Move to `status`, emitting `agent/status` on a real transition only."""
@@ -282,7 +270,7 @@ class Agent:
             return
         self.emit(
             S.STATUS,
-            (self, STATUS_NAMES[status]),
+            S.StatusChanged(self, STATUS_NAMES[status]),
             ae.AgentEvent(status=ae.AgentStatusChanged(status=status)),
         )
 
@@ -304,11 +292,11 @@ class Agent:
         )  # fmt: skip
         self.emit(
             S.ERROR,
-            (self, turn, step, error),
+            S.Failed(self, turn, step, error),
             ae.AgentEvent(error=ae.AgentError(turn=turn, step=step, message=str(error), code=code)),
         )
 
-    def emit(self, seam: str | None, args: tuple[Any, ...], event: ae.AgentEvent) -> None:
+    def emit(self, seam: S.Emit[In] | None, input: In, event: ae.AgentEvent) -> None:
         """Notify the seam's listeners (if any seam) and the live subscribers; contained.
 
         The seam's in-process listeners run now; the live subscribers and the
@@ -317,7 +305,7 @@ class Agent:
         """
         seams = self.runtime.seams
         if seam is not None:
-            seams.emit(seam, self.agent_id, args)
+            seams.emit(seam, self.agent_id, input)
         if not self._live and not seams.has(S.AGENT_EVENT, self.agent_id):
             return
         event.agent_id = self.agent_id
@@ -332,18 +320,19 @@ class Agent:
                 log.warning("live agent event listener failed", exc_info=True)
         seams = self.runtime.seams
         if seams.has(S.AGENT_EVENT, self.agent_id):
-            seams.emit(S.AGENT_EVENT, self.agent_id, (self, event))
+            seams.emit(S.AGENT_EVENT, self.agent_id, S.AgentEventSeen(self, event))
 
     def _observe_session(self, event: ev.SessionEvent) -> None:
         """Pass each appended event to the in-process `session/event` observers."""
-        # One look-up of the listeners (emit's), not two: this runs for every event.
-        self.runtime.seams.emit(S.SESSION_EVENT, self.agent_id, (self, event))
+        seams = self.runtime.seams
+        if seams.has(S.SESSION_EVENT, self.agent_id):
+            seams.emit(S.SESSION_EVENT, self.agent_id, S.SessionEventSeen(self, event))
 
     def _observe_committed(self, event: ev.SessionEvent) -> None:
         """Pass each stored event to the `session/committed` observers (plugins)."""
         seams = self.runtime.seams
         if seams.has(S.SESSION_COMMITTED, self.agent_id):
-            seams.emit(S.SESSION_COMMITTED, self.agent_id, (self, event))
+            seams.emit(S.SESSION_COMMITTED, self.agent_id, S.SessionEventSeen(self, event))
 
     def stop(self) -> None:
         """First step of disposal: mark disposed, unpark the driver, abort the step."""
@@ -352,10 +341,8 @@ class Agent:
         self.disposed = True
         self.inbox.wake()
         self.settle_idle()
-        if self.turn_controller is not None:
-            self.turn_controller.abort("disposed")
-        if self.step_controller is not None:
-            self.step_controller.abort("disposed")
+        if self.loop.turn is not None:
+            self.loop.turn.abort("disposed")
         self.set_status(ae.AGENT_STATUS_DISPOSED)
 
     def track_flush(self, turn: int) -> None:
@@ -372,6 +359,10 @@ class Agent:
         task.add_done_callback(self.pending_flushes.discard)
 
     # -- internals ---------------------------------------------------------------------
+
+    def _step(self) -> Step | None:
+        turn = self.loop.turn
+        return turn.current if turn is not None else None
 
     def _check_live(self) -> None:
         if self.disposed:
@@ -402,7 +393,7 @@ class Agent:
     def _emit_queued(self, item: Pending) -> None:
         self.emit(
             S.QUEUED,
-            (self, item.content, item.source, item.steering),
+            S.Queued(self, item.content, item.source, item.steering),
             ae.AgentEvent(
                 queued=ae.AgentQueued(
                     content=item.content,

@@ -21,12 +21,13 @@ answered, and the reload closes its turn as `interrupted`.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agentloop.v1 import agent_event_pb2 as ae
@@ -67,11 +68,8 @@ REMEMBERED = 1000
 ASKED_BY: weakref.WeakKeyDictionary[ToolExecution, str] = weakref.WeakKeyDictionary()
 """Who answered `ask` for a call, when a listener says so (a plugin: `plugin:NAME`)."""
 
-Approver = Callable[
-    [str, ap.ApprovalRequested, AbortSignal],
-    Awaitable[tuple[ap.ApprovalDecision.ValueType, str] | None],
-]
-"""A `tools/approval` listener: `fn(agent_id, request, signal)` -> (decision, reason) or None."""
+Approver = S.GatherListener[S.ApprovalAsk, S.ApprovalAnswer]
+"""A `tools/approval` listener: `fn(ask)` -> (decision, reason) or None (abstains)."""
 
 
 def rejected_text(name: str, reason: str = "") -> str:
@@ -343,7 +341,11 @@ class Approvals:
 
     async def _ask(self, pending: Pending, approver: Approver, name: str) -> None:
         try:
-            answer = await approver(self.agent_id, pending.request, pending.approvers.signal)
+            answer = approver(
+                S.ApprovalAsk(self.agent_id, pending.request, pending.approvers.signal)
+            )
+            if inspect.isawaitable(answer):
+                answer = await answer
         except Exception as error:  # an approver that fails abstains
             log.warning(
                 "approver %s failed on approval %s: %s",

@@ -17,19 +17,19 @@ from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 from server.core import seams as S
-from server.core.abort import AbortController
 from server.core.agent import Agent
 from server.core.errors import Aborted, CodedError
 from server.core.inbox import Pending
+from server.core.running import Failed, Interrupted, RunAgain, Stop, Turn, Verdict
 from server.core.step import prepare_step, run_step
 from server.core.turn import (
     StepInterrupted,
-    Turn,
     close_step,
     close_turn,
     drain_steering,
     fail,
     interrupt,
+    interruption,
 )
 
 LOOP_SOURCE = c.Source(kind="loop")
@@ -37,23 +37,24 @@ LOOP_SOURCE = c.Source(kind="loop")
 
 async def run_loop(agent: Agent) -> None:
     """Drive `agent` until it is disposed."""
+    loop = agent.loop
     while not agent.disposed:
         await agent.inbox.wait()
         if agent.disposed:
             break
-        if agent.cancel_reason is not None:  # cancelled before the turn could start
-            agent.cancel_reason = None
+        if loop.cancel_reason is not None:  # cancelled before the turn could start
+            loop.cancel_reason = None
             if not agent.inbox.queued:
                 agent.settle_idle()
                 continue
         agent.set_status(ae.AGENT_STATUS_RUNNING)
-        if agent.cancel_reason is not None:  # a `running` listener cancelled
-            agent.cancel_reason = None
+        if loop.cancel_reason is not None:  # a `running` listener cancelled
+            loop.cancel_reason = None
             if not agent.inbox.queued:
                 agent.set_status(ae.AGENT_STATUS_IDLE)
                 continue
         terminal = await run_turn(agent)
-        agent.cancel_reason = None
+        loop.cancel_reason = None
         late = agent.inbox.drain_steering()
         if terminal:
             agent.record_dropped(
@@ -80,7 +81,7 @@ async def run_turn(agent: Agent) -> bool:
     except Exception as error:  # a pre-turn failure: nothing was opened
         agent.report_error(turn.number, 0, error)
         return False
-    agent.turn_controller = AbortController()
+    agent.loop.turn = turn  # from here on, `cancel()` and disposal abort it
     turn.unsubmitted = list(batch)
     try:
         if await submit_prompts(agent, turn, batch):
@@ -92,7 +93,7 @@ async def run_turn(agent: Agent) -> bool:
             agent.record_dropped(turn.unsubmitted, reason)
         if agent.disposed and not turn.error_reported:
             turn.reason = ev.TurnEndReason(disposed=ev.TurnDisposed())
-        elif isinstance(error, Aborted) and agent.cancel_reason is not None:
+        elif isinstance(error, Aborted) and agent.loop.cancel_reason is not None:
             interrupt(agent, turn)  # a seam call gave up because the turn was cancelled
         else:
             fail(agent, turn, error)
@@ -104,7 +105,7 @@ async def run_turn(agent: Agent) -> bool:
         close_step(agent, turn)
         fail(agent, turn, CodedError("a listener or tool was cancelled", "CANCELLED"))
     finally:
-        agent.turn_controller = None
+        agent.loop.turn = None
     close_turn(agent, turn)
     try:
         await agent.runtime.persistence.flush(session)
@@ -119,7 +120,12 @@ async def submit_prompts(agent: Agent, turn: Turn, batch: list[Pending]) -> bool
     last_block = ""
     for item in batch:
         decision = await agent.runtime.seams.waterfall(
-            S.PROMPT_SUBMIT, agent.agent_id, (agent, item.content, item.source), d.PromptDecision()
+            S.PROMPT_SUBMIT,
+            agent.agent_id,
+            S.PromptSubmit(
+                agent, agent.session.open_turn, 0, turn.signal, item.content, item.source
+            ),
+            d.PromptDecision(),
         )
         turn.unsubmitted.remove(item)
         if decision.WhichOneof("decision") == "block":
@@ -148,39 +154,50 @@ async def submit_prompts(agent: Agent, turn: Turn, batch: list[Pending]) -> bool
 
 
 async def run_steps(agent: Agent, turn: Turn) -> None:
-    """Run steps until the turn stops; sets `turn.reason` on every non-throwing exit."""
+    """Run steps until one's verdict ends the turn; sets `turn.reason` unless one throws."""
     while True:
-        turn.step += 1
-        drain_steering(agent, turn)
-        signal = agent.new_step_signal()
+        match await run_one_step(agent, turn):
+            case RunAgain():
+                continue
+            case Stop():
+                return
+            case Interrupted(reason=reason):
+                turn.reason = reason
+                return
+            case Failed(error=error):
+                fail(agent, turn, error)
+                return
+
+
+async def run_one_step(agent: Agent, turn: Turn) -> Verdict:
+    """One step, closed; then what comes next."""
+    drain_steering(agent, turn)
+    step = turn.begin_step()
+    try:
         try:
-            try:
-                system, history = await prepare_step(agent, turn, signal)
-            except StepInterrupted:
-                close_step(agent, turn)
-                interrupt(agent, turn)
-                return
-            try:
-                outcome = await run_step(agent, turn, system, history)
-            except Exception as error:
-                close_step(agent, turn)
-                if agent.disposed:
-                    turn.reason = ev.TurnEndReason(disposed=ev.TurnDisposed())
-                elif signal.aborted:
-                    turn.reason = ev.TurnEndReason(aborted=ev.TurnAborted(reason=signal.reason))
-                else:
-                    fail(agent, turn, error)
-                return
-        finally:
-            agent.step_controller = None
-        turn.max_tokens = turn.max_tokens or outcome.max_tokens
-        steered = drain_steering(agent, turn)
-        close_step(agent, turn)
-        if not await should_continue(agent, turn, outcome.had_tool_calls or steered):
-            return
+            system, history = await prepare_step(agent, turn, step)
+        except StepInterrupted:
+            close_step(agent, turn)
+            return Interrupted(interruption(agent))
+        try:
+            outcome = await run_step(agent, turn, step, system, history)
+        except Exception as error:
+            close_step(agent, turn)
+            if agent.disposed:
+                return Interrupted(ev.TurnEndReason(disposed=ev.TurnDisposed()))
+            if step.signal.aborted:
+                aborted = ev.TurnAborted(reason=step.signal.reason)
+                return Interrupted(ev.TurnEndReason(aborted=aborted))
+            return Failed(error)
+    finally:
+        turn.current = None
+    turn.max_tokens = turn.max_tokens or outcome.max_tokens
+    steered = drain_steering(agent, turn)
+    close_step(agent, turn)
+    return await decide(agent, turn, outcome.had_tool_calls or steered)
 
 
-async def should_continue(agent: Agent, turn: Turn, default_continue: bool) -> bool:
+async def decide(agent: Agent, turn: Turn, default_continue: bool) -> Verdict:
     """The continuation window: continuation waterfall, turn-stop checkpoint, cancel."""
     seams = agent.runtime.seams
     default = (
@@ -189,7 +206,10 @@ async def should_continue(agent: Agent, turn: Turn, default_continue: bool) -> b
         else d.ContinuationDecision(stop=d.ContinuationStop())
     )
     decision = await seams.waterfall(
-        S.TURN_CONTINUATION, agent.agent_id, (agent, turn.number, default), default, value_at=2
+        S.TURN_CONTINUATION,
+        agent.agent_id,
+        S.TurnContinuation(agent, turn.number, 0, turn.signal, default),
+        default,
     )
     kind = decision.WhichOneof("decision") or default.WhichOneof("decision")
     if kind == "continue_turn" and decision.continue_turn.reason:
@@ -198,13 +218,13 @@ async def should_continue(agent: Agent, turn: Turn, default_continue: bool) -> b
             Pending(list(decision.continue_turn.reason), source if source.kind else LOOP_SOURCE)
         )
     proceed = kind == "continue_turn" or bool(agent.inbox.steering)
-    if await seams.serial(S.TURN_STOP, agent.agent_id, (agent, turn.number)) is not None:
+    stop = S.TurnStop(agent, turn.number, 0, turn.signal)
+    if await seams.serial(S.TURN_STOP, agent.agent_id, stop) is not None:
         turn.terminal = True
         agent.record_dropped(
             agent.inbox.drain_steering(), "discarded by a terminal agent/turn-stop"
         )
         proceed = False
-    if agent.cancel_reason is not None or agent.disposed:
-        interrupt(agent, turn)
-        return False
-    return proceed
+    if agent.loop.cancel_reason is not None or agent.disposed:
+        return Interrupted(interruption(agent))
+    return RunAgain() if proceed else Stop()

@@ -1,18 +1,23 @@
-"""The seam registry: one ordered list of listeners per seam, three ways to dispatch.
+"""The seam registry: one ordered list of listeners per seam, typed dispatch per kind.
 
-Every extension point of the loop is a named seam. Listeners are kept in one order,
-by order number and then by name (registration order breaks the remaining ties), so
-that in-process and remote listeners interleave predictably. A listener is global or
-scoped to one agent; a scoped listener only sees dispatches for its agent.
+Every extension point of the loop is a named seam, declared here once as a typed key:
+`Waterfall[In, Out]`, `Serial[In, Out]`, `Emit[In]` or `Gather[In, Out]`, where `In` is the one
+frozen input object a listener receives and `Out` what it answers. Listeners are kept in
+one order, by order number and then by name (registration order breaks the remaining
+ties), so that in-process and remote listeners interleave predictably. A listener is
+global or scoped to one agent; a scoped listener only sees dispatches for its agent.
 
-- `waterfall`: around-middleware. Each listener is called as `fn(*args, next)` and may
+- `waterfall`: around-middleware. Each listener is called as `fn(input, next)` and may
   await `next()` (the rest of the chain, ending in the loop's default), transform the
-  result, call `next(*new_args)` so the rest of the chain sees transformed arguments,
-  or return its own value without calling `next()`. A throw propagates.
+  result, call `next(new_input)` so the rest of the chain sees a transformed input, or
+  return its own value without calling `next()`. A throw propagates. When the seam
+  carries its value in the input (`Waterfall.carried`), the innermost `next()`
+  returns the value as it arrived; otherwise it returns the default.
 - `serial`: listeners are awaited one at a time; the first "bail" value (anything but
   None or False) stops the chain and is returned. A throw propagates.
 - `emit`: notifications. Every listener runs; a throw (or a failed coroutine) is
   logged, counted and contained.
+- `Gather` seams are called by their owner (approvals, the flush), concurrently.
 """
 
 from __future__ import annotations
@@ -21,56 +26,334 @@ import asyncio
 import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar, cast, overload
+
+from agentloop.v1 import approval_pb2 as ap
+from agentloop.v1 import content_pb2 as c
+from agentloop.v1 import decision_pb2 as d
+from agentloop.v1 import session_event_pb2 as ev
+from server.core.abort import AbortSignal
+from server.core.tools import ToolExecution, ToolOutcome
+
+if TYPE_CHECKING:
+    from agentloop.v1 import agent_event_pb2 as ae
+    from server.core.agent import Agent
+    from server.core.system_prompt import Assembly
 
 log = logging.getLogger(__name__)
 
+In = TypeVar("In")
+Out = TypeVar("Out")
 T = TypeVar("T")
 
+
+# -- seam keys -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class SeamKey:
+    """A seam's identity: its path name (`agent/request`, ...)."""
+
+    path: str
+
+    def __str__(self) -> str:
+        return self.path
+
+
+@dataclass(frozen=True, eq=False)
+class Waterfall(SeamKey, Generic[In, Out]):
+    """An around-middleware seam: input `In`, result `Out`."""
+
+    carried: Callable[[In], Out] | None = None
+    """The value under transformation, read from the input: what the innermost `next()`
+    returns. None: the innermost `next()` returns the dispatch's default."""
+
+
+@dataclass(frozen=True, eq=False)
+class Serial(SeamKey, Generic[In, Out]):
+    """A checkpoint: input `In`; the first listener answering an `Out` stops the chain."""
+
+
+@dataclass(frozen=True, eq=False)
+class Emit(SeamKey, Generic[In]):
+    """A notification of an `In`; failures are contained."""
+
+
+@dataclass(frozen=True, eq=False)
+class Gather(SeamKey, Generic[In, Out]):
+    """Listeners called concurrently by the seam's owner, each with an `In`, answering `Out`."""
+
+
+class Next(Generic[In, Out]):
+    """The rest of a waterfall chain: `next()` passes the input on, `next(new)` a new one."""
+
+    __slots__ = ("_run", "_index", "_current")
+
+    def __init__(self, run: Callable[[int, In], Awaitable[Out]], index: int, current: In) -> None:
+        self._run = run
+        self._index = index
+        self._current = current
+
+    def __call__(self, replacement: In | None = None) -> Awaitable[Out]:
+        """Run the rest of the chain with `replacement`, or with the input unchanged."""
+        return self._run(self._index, self._current if replacement is None else replacement)
+
+
+WaterfallListener = Callable[[In, Next[In, Out]], Awaitable[Out] | Out]
+SerialListener = Callable[[In], Awaitable[Out | None] | Out | None]
+EmitListener = Callable[[In], object]
+GatherListener = Callable[[In], Awaitable[Out] | Out]
+
+
+# -- seam inputs -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AgentCall:
+    """What every agent seam's input carries: the agent, where the loop is, the signal."""
+
+    agent: Agent
+    turn: int
+    step: int
+    signal: AbortSignal
+    """Fires when the turn (or the step, at step seams) is cancelled."""
+
+    @property
+    def agent_id(self) -> str:
+        """The agent's id."""
+        return self.agent.agent_id
+
+
+@dataclass(frozen=True)
+class PromptSubmit(AgentCall):
+    """`agent/prompt-submit`: a queued prompt about to open the turn."""
+
+    content: list[c.ContentBlock]
+    source: c.Source
+
+
+@dataclass(frozen=True)
+class SessionPrefix(AgentCall):
+    """`agent/session-prefix`: compose the prefix (outward: listeners wrap `next()`)."""
+
+
+@dataclass(frozen=True)
+class PreStep(AgentCall):
+    """`agent/pre-step`: the step about to run."""
+
+    system: str
+    prefix: Sequence[c.Message]
+
+
+@dataclass(frozen=True)
+class Request(AgentCall):
+    """`agent/request`: the model configuration of the step's request."""
+
+    config: c.ModelConfig
+
+
+@dataclass(frozen=True)
+class StepResult(AgentCall):
+    """`agent/step-result`: the step's assistant message."""
+
+    message: c.Message
+
+
+@dataclass(frozen=True)
+class TurnContinuation(AgentCall):
+    """`agent/turn-continuation`: the loop's decision so far."""
+
+    decision: d.ContinuationDecision
+
+
+@dataclass(frozen=True)
+class TurnStop(AgentCall):
+    """`agent/turn-stop`: whether the turn's stop is terminal."""
+
+
+@dataclass(frozen=True)
+class ToolCallResult:
+    """A tool call's result: `tools/post-execute`, `tools/result`, `tools/result-committed`."""
+
+    exec: ToolExecution
+    outcome: ToolOutcome
+
+    @property
+    def agent_id(self) -> str:
+        """The calling agent."""
+        return self.exec.agent_id
+
+    @property
+    def turn(self) -> int:
+        """The turn of the call."""
+        return self.exec.turn
+
+    @property
+    def step(self) -> int:
+        """The step of the call."""
+        return self.exec.step
+
+    @property
+    def signal(self) -> AbortSignal:
+        """The step's signal."""
+        return self.exec.signal
+
+
+@dataclass(frozen=True)
+class ApprovalAsk:
+    """`tools/approval`: a stored pending approval, and the signal withdrawing it."""
+
+    agent_id: str
+    request: ap.ApprovalRequested
+    signal: AbortSignal
+
+
+ApprovalAnswer = tuple[ap.ApprovalDecision.ValueType, str] | None
+"""An approver's decision and reason; None abstains."""
+
+
+@dataclass(frozen=True)
+class AgentNotice:
+    """An agent, for the emits that say something about it."""
+
+    agent: Agent
+
+    @property
+    def agent_id(self) -> str:
+        """The agent's id."""
+        return self.agent.agent_id
+
+
+@dataclass(frozen=True)
+class SessionStarted(AgentNotice):
+    """`agent/session-start`: the agent was published; the source of its creation."""
+
+    source: ae.SessionStartSource.ValueType
+
+
+@dataclass(frozen=True)
+class StatusChanged(AgentNotice):
+    """`agent/status`: the status's name (`idle`, `running`, `disposed`)."""
+
+    status: str
+
+
+@dataclass(frozen=True)
+class Queued(AgentNotice):
+    """`agent/queued`: a message was queued (or steered)."""
+
+    content: list[c.ContentBlock]
+    source: c.Source
+    steering: bool
+
+
+@dataclass(frozen=True)
+class Failed(AgentNotice):
+    """`agent/error`: turn `turn` failed at step `step`."""
+
+    turn: int
+    step: int
+    error: BaseException
+
+
+# The two notices below are sent for every event (chunks included): named tuples,
+# immutable like the dataclasses above and a third of their construction cost.
+
+
+class SessionEventSeen(NamedTuple):
+    """A session event of the agent (`session/event`, `session/committed`)."""
+
+    agent: Agent
+    event: ev.SessionEvent
+
+    @property
+    def agent_id(self) -> str:
+        """The agent's id."""
+        return self.agent.agent_id
+
+
+class AgentEventSeen(NamedTuple):
+    """`agent/event`: a live agent event."""
+
+    agent: Agent
+    event: ae.AgentEvent
+
+    @property
+    def agent_id(self) -> str:
+        """The agent's id."""
+        return self.agent.agent_id
+
+
+def _config(i: Request) -> c.ModelConfig:
+    return i.config
+
+
+def _message(i: StepResult) -> c.Message:
+    return i.message
+
+
+def _decision(i: TurnContinuation) -> d.ContinuationDecision:
+    return i.decision
+
+
+# -- the seams -------------------------------------------------------------------------
+
 # Waterfalls.
-PROMPT_SUBMIT = "agent/prompt-submit"
-SESSION_PREFIX = "agent/session-prefix"
-REQUEST = "agent/request"
-STEP_RESULT = "agent/step-result"
-TURN_CONTINUATION = "agent/turn-continuation"
-SYSTEM_PROMPT_ASSEMBLE = "system-prompt/assemble"
-TOOLS_PRE_EXECUTE = "tools/pre-execute"
-TOOLS_EXECUTE = "tools/execute"
-TOOLS_POST_EXECUTE = "tools/post-execute"
+PROMPT_SUBMIT: Waterfall[PromptSubmit, d.PromptDecision] = Waterfall("agent/prompt-submit")
+SESSION_PREFIX: Waterfall[SessionPrefix, list[c.Message]] = Waterfall("agent/session-prefix")
+REQUEST: Waterfall[Request, c.ModelConfig] = Waterfall("agent/request", _config)
+STEP_RESULT: Waterfall[StepResult, c.Message] = Waterfall("agent/step-result", _message)
+TURN_CONTINUATION: Waterfall[TurnContinuation, d.ContinuationDecision] = Waterfall(
+    "agent/turn-continuation", _decision
+)
+SYSTEM_PROMPT_ASSEMBLE: Waterfall[Assembly, Assembly] = Waterfall("system-prompt/assemble")
+TOOLS_PRE_EXECUTE: Waterfall[ToolExecution, d.PreToolDecision] = Waterfall("tools/pre-execute")
+TOOLS_EXECUTE: Waterfall[ToolExecution, ToolOutcome] = Waterfall("tools/execute")
+"""Dispatched by the tool pipeline: `next(exec2)` passes on `exec2.signal` only."""
+TOOLS_POST_EXECUTE: Waterfall[ToolCallResult, d.PostToolDecision] = Waterfall("tools/post-execute")
 # Serial checkpoints.
-PRE_STEP = "agent/pre-step"
-TURN_STOP = "agent/turn-stop"
+PRE_STEP: Serial[PreStep, object] = Serial("agent/pre-step")
+TURN_STOP: Serial[TurnStop, d.ContinuationStop] = Serial("agent/turn-stop")
 # Emits.
-SESSION_START = "agent/session-start"
-STATUS = "agent/status"
-QUEUED = "agent/queued"
-ERROR = "agent/error"
-CREATED = "agent/created"
-DISPOSED = "agent/disposed"
-TOOLS_RESULT = "tools/result"
-TOOLS_RESULT_COMMITTED = "tools/result-committed"
+SESSION_START: Emit[SessionStarted] = Emit("agent/session-start")
+STATUS: Emit[StatusChanged] = Emit("agent/status")
+QUEUED: Emit[Queued] = Emit("agent/queued")
+ERROR: Emit[Failed] = Emit("agent/error")
+CREATED: Emit[Agent] = Emit("agent/created")
+"""Called (not emitted) at creation: a throw vetoes publication."""
+DISPOSED: Emit[Agent] = Emit("agent/disposed")
+TOOLS_RESULT: Emit[ToolCallResult] = Emit("tools/result")
+TOOLS_RESULT_COMMITTED: Emit[ToolCallResult] = Emit("tools/result-committed")
 """Each final tool result once its `tool/result` event is stored: what plugins observe."""
-SESSION_EVENT = "session/event"
-"""Every appended session event, as `(agent, event)`, in-process, at the append."""
-SESSION_COMMITTED = "session/committed"
-"""Every session event once it is stored, as `(agent, event)`: what plugins observe."""
-AGENT_EVENT = "agent/event"
-"""Every live agent event, as `(agent, AgentEvent)`."""
+SESSION_EVENT: Emit[SessionEventSeen] = Emit("session/event")
+"""Every appended session event, in-process, at the append."""
+SESSION_COMMITTED: Emit[SessionEventSeen] = Emit("session/committed")
+"""Every session event once it is stored: what plugins observe."""
+AGENT_EVENT: Emit[AgentEventSeen] = Emit("agent/event")
+"""Every live agent event."""
 # Approvers (called concurrently by `server.core.approvals`, not dispatched as a chain).
-TOOLS_APPROVAL = "tools/approval"
-"""Approvers of pending approvals, as `fn(agent_id, request, signal)` -> answer or None."""
+TOOLS_APPROVAL: Gather[ApprovalAsk, ApprovalAnswer] = Gather("tools/approval")
+"""Approvers of pending approvals; each answers or abstains (None)."""
 
-Listener = Callable[..., Any]
+KEYS: dict[str, SeamKey] = {
+    key.path: key for key in list(globals().values()) if isinstance(key, SeamKey)
+}
+"""Every seam above, by path."""
 
 
-@dataclass(eq=False)
-class Registration:
+# -- the registry ----------------------------------------------------------------------
+
+F = TypeVar("F", covariant=True)
+
+
+@dataclass(frozen=True, eq=False)
+class Registration(Generic[F]):
     """One listener on one seam."""
 
-    seam: str
-    fn: Listener
+    seam: SeamKey
+    fn: F
     order: int
     name: str
     agent_id: str | None
@@ -85,24 +368,62 @@ class SeamRegistry:
     """Listeners of every seam, in dispatch order."""
 
     def __init__(self) -> None:
-        self._by_seam: dict[str, list[Registration]] = {}
-        self._scoped: set[str] = set()
+        self._by_seam: dict[SeamKey, list[Registration[object]]] = {}
+        self._scoped: set[SeamKey] = set()
         """Seams with an agent-scoped listener; the others need no filtering per dispatch."""
         self._counter = 0
         self.contained_failures = 0
         """How many emit listeners failed (each is logged too)."""
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Future[object]] = set()
 
+    @overload
     def on(
         self,
-        seam: str,
-        fn: Listener,
+        seam: Waterfall[In, Out],
+        fn: WaterfallListener[In, Out],
         *,
         order: int = 0,
         name: str = "",
         agent_id: str | None = None,
         prepend: bool = False,
-    ) -> Callable[[], None]:
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self,
+        seam: Serial[In, Out],
+        fn: SerialListener[In, Out],
+        *,
+        order: int = 0,
+        name: str = "",
+        agent_id: str | None = None,
+        prepend: bool = False,
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self,
+        seam: Emit[In],
+        fn: EmitListener[In],
+        *,
+        order: int = 0,
+        name: str = "",
+        agent_id: str | None = None,
+        prepend: bool = False,
+    ) -> Callable[[], None]: ...
+    @overload
+    def on(
+        self,
+        seam: Gather[In, Out],
+        fn: GatherListener[In, Out],
+        *,
+        order: int = 0,
+        name: str = "",
+        agent_id: str | None = None,
+        prepend: bool = False,
+    ) -> Callable[[], None]: ...
+    def on(
+        self, seam: SeamKey, fn: object, *, order: int = 0,
+        name: str = "", agent_id: str | None = None, prepend: bool = False,
+    ) -> Callable[[], None]:  # fmt: skip
         """Register `fn` on `seam`; returns a disposer that removes it.
 
         `prepend` places the listener ahead of every ordinary one (order -10**9).
@@ -125,7 +446,7 @@ class SeamRegistry:
         for seam, listeners in list(self._by_seam.items()):
             self._set(seam, [r for r in listeners if r.agent_id != agent_id])
 
-    def _set(self, seam: str, listeners: list[Registration]) -> None:
+    def _set(self, seam: SeamKey, listeners: list[Registration[object]]) -> None:
         # Lists are replaced, never changed in place: a dispatch may hold the old one.
         self._by_seam[seam] = listeners
         if any(r.agent_id is not None for r in listeners):
@@ -133,8 +454,28 @@ class SeamRegistry:
         else:
             self._scoped.discard(seam)
 
-    def listeners(self, seam: str, agent_id: str | None) -> list[Registration]:
-        """The listeners that see a dispatch of `seam` for `agent_id`, in order (read-only)."""
+    @overload
+    def listeners(
+        self, seam: Waterfall[In, Out], agent_id: str | None
+    ) -> Sequence[Registration[WaterfallListener[In, Out]]]: ...
+    @overload
+    def listeners(
+        self, seam: Serial[In, Out], agent_id: str | None
+    ) -> Sequence[Registration[SerialListener[In, Out]]]: ...
+    @overload
+    def listeners(
+        self, seam: Emit[In], agent_id: str | None
+    ) -> Sequence[Registration[EmitListener[In]]]: ...
+    @overload
+    def listeners(
+        self, seam: Gather[In, Out], agent_id: str | None
+    ) -> Sequence[Registration[GatherListener[In, Out]]]: ...
+    def listeners(self, seam: SeamKey, agent_id: str | None) -> Sequence[Registration[object]]:
+        """The listeners that see a dispatch of `seam` for `agent_id`, in order (read-only).
+
+        Each was registered through the overload of `on` that matches the seam's kind,
+        so its function has the type the seam's key says.
+        """
         regs = self._by_seam.get(seam)
         if not regs:
             return []
@@ -142,64 +483,58 @@ class SeamRegistry:
             return regs  # every listener is global; the list is never changed in place
         return [r for r in regs if r.agent_id is None or r.agent_id == agent_id]
 
-    def has(self, seam: str, agent_id: str | None) -> bool:
+    def has(self, seam: SeamKey, agent_id: str | None) -> bool:
         """Whether any listener would see a dispatch of `seam` for `agent_id`."""
-        return bool(self.listeners(seam, agent_id))
+        regs = self._by_seam.get(seam)
+        if not regs:
+            return False
+        if seam not in self._scoped:
+            return True
+        return any(r.agent_id is None or r.agent_id == agent_id for r in regs)
 
     async def waterfall(
-        self,
-        seam: str,
-        agent_id: str | None,
-        args: tuple[Any, ...],
-        default: T,
-        value_at: int | None = None,
-    ) -> T:
-        """Run the around-middleware chain; the innermost `next()` returns the default.
+        self, seam: Waterfall[In, Out], agent_id: str | None, input: In, default: Out
+    ) -> Out:
+        """Run the around-middleware chain over `input`.
 
-        A listener may call `next(*new_args)` to pass transformed arguments to the rest
-        of the chain. When `value_at` is given, the value under transformation is
-        `args[value_at]` and the innermost `next()` returns it as it arrived (so a
-        transformed value is the result when nobody else changes it); otherwise the
-        innermost `next()` returns `default`.
+        The innermost `next()` returns the value the (possibly replaced) input carries
+        when the seam says so (`Waterfall.carried`), else `default`.
         """
         chain = self.listeners(seam, agent_id)
         if not chain:
             return default
+        carried = seam.carried
 
-        async def call(index: int, current: tuple[Any, ...]) -> T:
+        async def call(index: int, current: In) -> Out:
             if index == len(chain):
-                return default if value_at is None else current[value_at]
-
-            def next_(*replacement: Any) -> Awaitable[T]:
-                return call(index + 1, replacement or current)
-
-            result = chain[index].fn(*current, next_)
+                return default if carried is None else carried(current)
+            result = chain[index].fn(current, Next(call, index + 1, current))
             if inspect.isawaitable(result):
-                result = await result
-            return result  # type: ignore[no-any-return]
+                return cast(Out, await result)
+            return result
 
-        return await call(0, args)
+        return await call(0, input)
 
-    async def serial(self, seam: str, agent_id: str | None, args: tuple[Any, ...]) -> Any:
+    async def serial(self, seam: Serial[In, Out], agent_id: str | None, input: In) -> Out | None:
         """Await each listener in order; return the first bail value, else None."""
         for reg in self.listeners(seam, agent_id):
-            result = reg.fn(*args)
+            result = reg.fn(input)
             if inspect.isawaitable(result):
                 result = await result
             if result is not None and result is not False:
-                return result
+                return cast(Out, result)
         return None
 
-    def emit(self, seam: str, agent_id: str | None, args: tuple[Any, ...]) -> None:
+    def emit(self, seam: Emit[In], agent_id: str | None, input: In) -> None:
         """Notify every listener; failures are logged and contained."""
         for reg in self.listeners(seam, agent_id):
             try:
-                result = reg.fn(*args)
+                result = reg.fn(input)
             except Exception:
                 self._contain(seam, reg)
                 continue
             if result is not None and inspect.iscoroutine(result):
-                task = asyncio.ensure_future(result)
+                task: asyncio.Future[object] = asyncio.ensure_future(result)
                 self._tasks.add(task)
                 task.add_done_callback(functools.partial(self._settled, seam, reg))
 
@@ -211,7 +546,7 @@ class SeamRegistry:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _settled(self, seam: str, reg: Registration, task: asyncio.Task[Any]) -> None:
+    def _settled(self, seam: SeamKey, reg: Registration[F], task: asyncio.Future[object]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             self.contained_failures += 1
@@ -219,6 +554,6 @@ class SeamRegistry:
                 "listener %r on %s failed", reg.name or reg.fn, seam, exc_info=task.exception()
             )
 
-    def _contain(self, seam: str, reg: Registration) -> None:
+    def _contain(self, seam: SeamKey, reg: Registration[F]) -> None:
         self.contained_failures += 1
         log.warning("listener %r on %s failed", reg.name or reg.fn, seam, exc_info=True)

@@ -9,7 +9,6 @@ from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
 from server.core import seams as S
-from server.core.abort import AbortSignal
 from server.core.agent import Agent, context_message
 from server.core.assembly import MessageAssembler
 from server.core.content import text_block, tool_calls_of, without_tool_calls
@@ -23,10 +22,11 @@ from server.core.limits import (
     check_turn_events,
     oversized_result,
 )
+from server.core.running import Step, Turn
 from server.core.scheduler import run_tool_batch
 from server.core.system_prompt import PromptScope
 from server.core.tools import ToolExecution, ToolOutcome
-from server.core.turn import StepInterrupted, Turn, check_interrupted
+from server.core.turn import StepInterrupted, check_interrupted
 from server.models import ModelRequest
 
 
@@ -38,9 +38,7 @@ class StepOutcome:
     max_tokens: bool
 
 
-async def prepare_step(
-    agent: Agent, turn: Turn, signal: AbortSignal
-) -> tuple[str, list[c.Message]]:
+async def prepare_step(agent: Agent, turn: Turn, step: Step) -> tuple[str, list[c.Message]]:
     """Everything before the model call: prompt, prefix, pre-step, history, `step/start`.
 
     Raises `StepInterrupted` at each checkpoint that finds the turn cancelled or the
@@ -48,6 +46,8 @@ async def prepare_step(
     """
     runtime = agent.runtime
     session = agent.session
+    loop = agent.loop
+    signal = step.signal
     await yield_if_due()  # a turn of many steps that never wait must not starve the others
     try:
         scope = PromptScope(
@@ -59,16 +59,19 @@ async def prepare_step(
         assembly = await runtime.prompts.assemble(scope, runtime.seams)
         system = runtime.prompts.render(assembly)
         check_interrupted(agent)
-        if agent.session_prefix is None:
-            prefix: list[c.Message] = await runtime.seams.waterfall(
-                S.SESSION_PREFIX, agent.agent_id, (agent, (), signal), []
+        if loop.session_prefix is None:
+            prefix = await runtime.seams.waterfall(
+                S.SESSION_PREFIX,
+                agent.agent_id,
+                S.SessionPrefix(agent, session.open_turn, 0, signal),
+                [],
             )
             check_interrupted(agent)  # an interrupted composition is not cached
-            agent.session_prefix = [copy_message(m) for m in prefix]
+            loop.session_prefix = [copy_message(m) for m in prefix]
         await runtime.seams.serial(
             S.PRE_STEP,
             agent.agent_id,
-            (agent, turn.number, turn.step, system, agent.session_prefix, signal),
+            S.PreStep(agent, turn.number, turn.step, signal, system, loop.session_prefix or ()),
         )
         check_interrupted(agent)
     except Aborted:
@@ -83,19 +86,25 @@ async def prepare_step(
     return system, history
 
 
-async def run_step(agent: Agent, turn: Turn, system: str, history: list[c.Message]) -> StepOutcome:
+async def run_step(
+    agent: Agent, turn: Turn, step: Step, system: str, history: list[c.Message]
+) -> StepOutcome:
     """Stream one model request and run the tool calls it asked for."""
     runtime = agent.runtime
     session = agent.session
-    signal = agent.step_signal()
-    first_request = agent.requests_made == 0
+    loop = agent.loop
+    signal = step.signal
+    first_request = loop.requests_made == 0
     seed = (
         c.ModelConfig(provider=agent.resolved_provider, model=agent.resolved_model)
         if first_request or session.request_header is None
         else session.request_header.config
     )
     config = await runtime.seams.waterfall(
-        S.REQUEST, agent.agent_id, (agent, turn.number, turn.step, seed), seed, value_at=3
+        S.REQUEST,
+        agent.agent_id,
+        S.Request(agent, turn.number, turn.step, turn.signal, seed),
+        seed,
     )
     if not config.provider or not config.model:
         raise CodedError(
@@ -107,11 +116,11 @@ async def run_step(agent: Agent, turn: Turn, system: str, history: list[c.Messag
         config=config,
         system=system,
         tools=runtime.tools.schemas(agent.agent_id, agent.enabled_tools, runtime.tool_order),
-        message_prefix=agent.session_prefix or (),
+        message_prefix=loop.session_prefix or (),
     )
     model = runtime.models.get(config.provider)  # before the header: no header for no request
     log_header(agent, header, first_request)
-    agent.requests_made += 1
+    loop.requests_made += 1
     request = ModelRequest(
         agent_id=agent.agent_id,
         session_id=session.session_id,
@@ -158,9 +167,8 @@ async def run_step(agent: Agent, turn: Turn, system: str, history: list[c.Messag
         result = await runtime.seams.waterfall(
             S.STEP_RESULT,
             agent.agent_id,
-            (agent, turn.number, turn.step, message),
+            S.StepResult(agent, turn.number, turn.step, turn.signal, message),
             message,
-            value_at=3,
         )
     except Exception:
         append_assistant(agent, turn, [], provenance, assembler.usage, chunk_seqs)
@@ -179,11 +187,11 @@ async def run_step(agent: Agent, turn: Turn, system: str, history: list[c.Messag
     append_assistant(agent, turn, content, provenance, assembler.usage, chunk_seqs)
     if not calls:
         return StepOutcome(had_tool_calls=False, max_tokens=max_tokens)
-    await run_tools(agent, turn, calls)
+    await run_tools(agent, turn, step, calls)
     return StepOutcome(had_tool_calls=True, max_tokens=False)
 
 
-async def run_tools(agent: Agent, turn: Turn, calls: list[c.ToolCallBlock]) -> None:
+async def run_tools(agent: Agent, turn: Turn, step: Step, calls: list[c.ToolCallBlock]) -> None:
     """Run one tool batch; deferred contexts are appended after its results, even on abort."""
     session = agent.session
 
@@ -219,13 +227,15 @@ async def run_tools(agent: Agent, turn: Turn, calls: list[c.ToolCallBlock]) -> N
         seams = agent.runtime.seams
         if seams.has(S.TOOLS_RESULT_COMMITTED, agent.agent_id):  # plugins see stored results
             agent.runtime.journal.after_commit(
-                lambda: seams.emit(S.TOOLS_RESULT_COMMITTED, agent.agent_id, (exec, outcome))
+                lambda: seams.emit(
+                    S.TOOLS_RESULT_COMMITTED, agent.agent_id, S.ToolCallResult(exec, outcome)
+                )
             )
 
     def on_context(context: d.HookContext) -> None:
-        agent.deferred.append((context_message(context), ()))
+        step.deferred.append((context_message(context), ()))
 
-    agent.tool_batch_active = True
+    step.tool_batch_active = True
     try:
         await run_tool_batch(
             calls,
@@ -235,7 +245,7 @@ async def run_tools(agent: Agent, turn: Turn, calls: list[c.ToolCallBlock]) -> N
             enabled=agent.enabled_tools,
             turn=turn.number,
             step=turn.step,
-            signal=agent.step_signal(),
+            signal=step.signal,
             max_parallel=agent.max_parallel_tool_calls,
             on_call=on_call,
             on_result=on_result,
@@ -245,8 +255,8 @@ async def run_tools(agent: Agent, turn: Turn, calls: list[c.ToolCallBlock]) -> N
             approval_required=agent.options.approval_required_tools,
         )
     finally:
-        agent.tool_batch_active = False
-        deferred, agent.deferred = agent.deferred, []
+        step.tool_batch_active = False
+        deferred, step.deferred = step.deferred, []
         for message, consumes in deferred:
             session.add(message, consumes=consumes)
 

@@ -42,7 +42,9 @@ from server.core.seams import (
     TOOLS_POST_EXECUTE,
     TOOLS_PRE_EXECUTE,
     TOOLS_RESULT,
+    Next,
     SeamRegistry,
+    ToolCallResult,
 )
 from server.core.tools import (
     NOT_LOSSLESS,
@@ -137,7 +139,7 @@ class ToolPipeline:
 
     async def _denial(self, exec: ToolExecution) -> str | Pending | None:
         decision = await self._seams.waterfall(
-            TOOLS_PRE_EXECUTE, self._agent_id, (exec,), decision_pb2.PreToolDecision()
+            TOOLS_PRE_EXECUTE, self._agent_id, exec, decision_pb2.PreToolDecision()
         )
         if not isinstance(decision, decision_pb2.PreToolDecision):
             raise TypeError("a tools/pre-execute listener must return a PreToolDecision")
@@ -175,13 +177,7 @@ class ToolPipeline:
         async def call(index: int, current: ToolExecution) -> ToolOutcome:
             if index == len(chain):
                 return await self._run_body(current)
-
-            def next_(replacement: ToolExecution | None = None) -> Awaitable[ToolOutcome]:
-                if replacement is None:
-                    return call(index + 1, current)
-                return call(index + 1, dataclasses.replace(current, signal=replacement.signal))
-
-            result = chain[index].fn(current, next_)
+            result: object = chain[index].fn(current, _ExecNext(call, index + 1, current))
             if inspect.isawaitable(result):
                 result = await result
             if not isinstance(result, ToolOutcome):
@@ -221,7 +217,7 @@ class ToolPipeline:
             outcome = await self._post_execute(exec, outcome)
         outcome = _checked_meta(outcome)
         if self._seams.has(TOOLS_RESULT, self._agent_id):
-            self._seams.emit(TOOLS_RESULT, self._agent_id, (exec, _snapshot(outcome)))
+            self._seams.emit(TOOLS_RESULT, self._agent_id, ToolCallResult(exec, _snapshot(outcome)))
         return outcome
 
     async def _post_execute(self, exec: ToolExecution, outcome: ToolOutcome) -> ToolOutcome:
@@ -231,7 +227,7 @@ class ToolPipeline:
             decision = await self._seams.waterfall(
                 TOOLS_POST_EXECUTE,
                 self._agent_id,
-                (exec, _snapshot(outcome)),
+                ToolCallResult(exec, _snapshot(outcome)),
                 decision_pb2.PostToolDecision(),
             )
             if not isinstance(decision, decision_pb2.PostToolDecision):
@@ -239,6 +235,17 @@ class ToolPipeline:
         except Exception as exc:
             return failure_outcome(exc, final=True)
         return _apply_post_decision(outcome, decision)
+
+
+class _ExecNext(Next[ToolExecution, ToolOutcome]):
+    """`next(exec2)` of `tools/execute` passes on `exec2.signal`, and nothing else."""
+
+    __slots__ = ()
+
+    def __call__(self, replacement: ToolExecution | None = None) -> Awaitable[ToolOutcome]:
+        if replacement is None:
+            return self._run(self._index, self._current)
+        return self._run(self._index, dataclasses.replace(self._current, signal=replacement.signal))
 
 
 def _denied(reason: str) -> ToolOutcome:

@@ -1,14 +1,16 @@
-"""The state of a running turn, and how a turn records its failures and closes."""
+"""How a turn records steering, interruptions and failures, and how it closes.
+
+Its state is `server.core.running.Turn`.
+"""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 from agentloop.v1 import session_event_pb2 as ev
 from server.core.agent import Agent
 from server.core.errors import Aborted, CodedError
-from server.core.inbox import Pending
+from server.core.running import Turn
 from server.observability.logs import fields
 
 log = logging.getLogger(__name__)
@@ -16,25 +18,6 @@ log = logging.getLogger(__name__)
 
 class StepInterrupted(Exception):
     """A checkpoint found the turn cancelled or the agent disposed."""
-
-
-@dataclass
-class Turn:
-    """The state of one running turn."""
-
-    number: int
-    step: int = 0
-    start_seq: int = 0
-    """The session length when the turn began: what it appended is counted from here."""
-    reason: ev.TurnEndReason = field(
-        default_factory=lambda: ev.TurnEndReason(completed=ev.TurnCompleted())
-    )
-    error_reported: bool = False
-    max_tokens: bool = False
-    step_open: bool = False
-    terminal: bool = False
-    unsubmitted: list[Pending] = field(default_factory=list)
-    """Drained messages that prompt-submit has not recorded yet."""
 
 
 def drain_steering(agent: Agent, turn: Turn) -> bool:
@@ -55,17 +38,21 @@ def drain_steering(agent: Agent, turn: Turn) -> bool:
 
 def check_interrupted(agent: Agent) -> None:
     """Raise `StepInterrupted` when the turn was cancelled or the agent disposed."""
-    if agent.disposed or agent.cancel_reason is not None:
+    if agent.disposed or agent.loop.cancel_reason is not None:
         raise StepInterrupted
 
 
-def interrupt(agent: Agent, turn: Turn) -> None:
-    """Set the reason of an interrupted turn: disposal wins over cancel."""
+def interruption(agent: Agent) -> ev.TurnEndReason:
+    """The end reason of an interrupted turn: disposal wins over cancel."""
     if agent.disposed:
-        turn.reason = ev.TurnEndReason(disposed=ev.TurnDisposed())
-    else:
-        reason = agent.cancel_reason or "cancelled"
-        turn.reason = ev.TurnEndReason(aborted=ev.TurnAborted(reason=reason))
+        return ev.TurnEndReason(disposed=ev.TurnDisposed())
+    reason = agent.loop.cancel_reason or "cancelled"
+    return ev.TurnEndReason(aborted=ev.TurnAborted(reason=reason))
+
+
+def interrupt(agent: Agent, turn: Turn) -> None:
+    """Set the reason of an interrupted turn."""
+    turn.reason = interruption(agent)
 
 
 def fail(agent: Agent, turn: Turn, error: BaseException) -> None:

@@ -46,11 +46,12 @@ class AccessLog(grpc.aio.ServerInterceptor):
         cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
-        wrapped = self._wrap(handler, method)
+        wrapped = self.wrap(handler, method)
         self._wrapped[method] = (handler, wrapped)
         return wrapped
 
-    def _wrap(self, handler: Any, method: str) -> grpc.RpcMethodHandler[Any, Any]:
+    def wrap(self, handler: Any, method: str) -> grpc.RpcMethodHandler[Any, Any]:
+        """`handler`, timed and logged."""
         kwargs = {
             "request_deserializer": handler.request_deserializer,
             "response_serializer": handler.response_serializer,
@@ -73,7 +74,7 @@ class AccessLog(grpc.aio.ServerInterceptor):
 
     def _unary(self, behaviour: Callable[..., Any], method: str) -> Callable[..., Awaitable[Any]]:
         async def unary(request: Any, context: Context) -> Any:
-            with self._observed(method, context):
+            with self.observed(method, context):
                 return await behaviour(request, context)
 
         return unary
@@ -82,7 +83,7 @@ class AccessLog(grpc.aio.ServerInterceptor):
         self, behaviour: Callable[..., Any], method: str
     ) -> Callable[..., AsyncIterator[Any]]:
         async def streaming(request: Any, context: Context) -> AsyncIterator[Any]:
-            with self._observed(method, context):
+            with self.observed(method, context):
                 result = behaviour(request, context)
                 if hasattr(result, "__aiter__"):
                     async for response in result:
@@ -93,7 +94,8 @@ class AccessLog(grpc.aio.ServerInterceptor):
         return streaming
 
     @contextlib.contextmanager
-    def _observed(self, method: str, context: Context) -> Any:
+    def observed(self, method: str, context: Context) -> Any:
+        """Around one call: its span, its metrics and its access log line."""
         started = time.perf_counter()
         peer = context.peer() or ""
         # The span is never made current: nothing under it needs it as parent.

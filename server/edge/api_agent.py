@@ -153,7 +153,7 @@ class AgentServicer(ApprovalMethods, rpc.AgentServiceServicer):
             await agent.session.settle()
             return raw
 
-        raw = await self.runtime.requests.once(agent.agent_id, request_id, method, run)
+        raw = await self.runtime.requests.once(agent.agent_id, request_id, method, run, agent)
         return kind.FromString(raw)
 
     @mapped
@@ -271,7 +271,7 @@ class AgentServicer(ApprovalMethods, rpc.AgentServiceServicer):
                 if cursor < session.durable or live or dropped[0]:
                     # Everything stored since the last batch goes in one response:
                     # a turn's burst of chunks costs one message, not one each.
-                    events = await session.read(cursor, STREAM_BATCH, MAX_RESPONSE_BYTES)
+                    events = await session.read_encoded(cursor, STREAM_BATCH, MAX_RESPONSE_BYTES)
                     cursor += len(events)
                     agent_events = list(live)
                     live.clear()

@@ -60,7 +60,7 @@ class ApprovalMethods:
             return raw
 
         raw = await self.factory.runtime.requests.once(
-            agent.agent_id, request.request_id, "ResolveApproval", run
+            agent.agent_id, request.request_id, "ResolveApproval", run, agent
         )
         return pb.ResolveApprovalResponse.FromString(raw)
 

@@ -60,11 +60,12 @@ class RequestGuard(grpc.aio.ServerInterceptor):
         cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
-        wrapped = self._wrap(handler, method)
+        wrapped = self.wrap(handler, method)
         self._wrapped[method] = (handler, wrapped)
         return wrapped
 
-    def _wrap(self, handler: Any, method: str) -> grpc.RpcMethodHandler[Any, Any]:
+    def wrap(self, handler: Any, method: str) -> grpc.RpcMethodHandler[Any, Any]:
+        """`handler` (with a unary request) decoding without raising, its streams counted."""
         decode = guarded(handler.request_deserializer)
         kwargs = {
             "request_deserializer": decode,
@@ -83,23 +84,30 @@ class RequestGuard(grpc.aio.ServerInterceptor):
 
         return unary
 
+    async def admit(self, request: Any, context: Context, counted: bool) -> None:
+        """Refuse an undecodable body, or a counted stream past the limit; count it open.
+
+        The caller decrements `streams` by `counted` when the stream ends.
+        """
+        if isinstance(request, Undecodable):
+            await refuse(context, request)
+        if counted and self.streams >= self.limits.max_streams:
+            await abort_with(
+                context,
+                rich_status(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"too many open event streams: {self.limits.describe('max_streams')}",
+                    "LIMIT_EXCEEDED",
+                    {"limit": "max_streams"},
+                ),
+            )
+        self.streams += counted
+
     def _streaming(
         self, behaviour: Callable[..., Any], counted: bool
     ) -> Callable[..., AsyncIterator[Any]]:
         async def streaming(request: Any, context: Context) -> AsyncIterator[Any]:
-            if isinstance(request, Undecodable):
-                await refuse(context, request)
-            if counted and self.streams >= self.limits.max_streams:
-                await abort_with(
-                    context,
-                    rich_status(
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"too many open event streams: {self.limits.describe('max_streams')}",
-                        "LIMIT_EXCEEDED",
-                        {"limit": "max_streams"},
-                    ),
-                )
-            self.streams += counted
+            await self.admit(request, context, counted)
             try:
                 result = behaviour(request, context)
                 if hasattr(result, "__aiter__"):

@@ -4,8 +4,8 @@ A response is a `StreamSessionEventsResponse`; its `events` field (1) is a repea
 message, so its wire form is each event's bytes behind a tag and a length, and a
 message's fields may come in any order. The servicer hands gRPC those bytes, and the
 method's serializer passes bytes through (a message, such as a forwarded replica's
-response, is serialized as before): the events are serialized once, straight from the
-log, instead of being deep-copied into a response and serialized from there.
+response, is serialized as before): the events are not deep-copied into a response,
+and their bytes are those the session serialized once for the store and every stream.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import grpc
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_service_pb2 as pb
 from agentloop.v1 import agent_service_pb2_grpc as rpc
-from agentloop.v1 import session_event_pb2 as ev
 
 SERVICE = "agentloop.v1.AgentService"
 EVENTS_TAG = b"\x0a"  # field 1, length-delimited
@@ -35,12 +34,14 @@ def varint(value: int) -> bytes:
 
 
 def response_bytes(
-    events: Sequence[ev.SessionEvent], agent_events: Sequence[ae.AgentEvent], dropped: int
+    events: Sequence[bytes], agent_events: Sequence[ae.AgentEvent], dropped: int
 ) -> bytes:
-    """The wire form of `StreamSessionEventsResponse(events, agent_events, dropped)`."""
+    """The wire form of `StreamSessionEventsResponse(events, agent_events, dropped)`.
+
+    `events` are the events' wire bytes (`SessionLog.read_encoded`).
+    """
     parts: list[bytes] = []
-    for event in events:
-        raw = event.SerializeToString()
+    for raw in events:
         parts += (EVENTS_TAG, varint(len(raw)), raw)
     if agent_events or dropped:
         rest = pb.StreamSessionEventsResponse(

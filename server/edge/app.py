@@ -24,6 +24,7 @@ from server.core.errors import SessionDamaged
 from server.core.runtime import Runtime
 from server.edge.api_access import AccessLog
 from server.edge.api_agent import AgentServicer
+from server.edge.api_edge import Edge
 from server.edge.api_factory import AgentFactoryServicer
 from server.edge.api_guard import RequestGuard
 from server.edge.api_http import HttpSide, tls_context
@@ -180,12 +181,9 @@ class App:
         )
         # The access log sees every call; then auth, so that an unauthenticated caller
         # learns nothing, not even that a body is bad.
-        interceptors: list[grpc.aio.ServerInterceptor] = [
-            AccessLog(self.telemetry.metrics, self.telemetry.tracing)
-        ]
-        if token:
-            interceptors.append(TokenAuth(token))
-        interceptors.append(self.guard)
+        access = AccessLog(self.telemetry.metrics, self.telemetry.tracing)
+        auth = TokenAuth(token) if token else None
+        interceptors: list[grpc.aio.ServerInterceptor] = [Edge(access, self.guard, auth)]
         self.plugin_servicer = PluginRegistryServicer(self.plugins)
         self.factory_servicer = AgentFactoryServicer(self.factory)
         self.replica: Replica | None = None

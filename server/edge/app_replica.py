@@ -79,7 +79,7 @@ class Replica:
             # The agent's options are stored with its session: restore them.
             await self.factory.resume(lease.agent_id, lease.session_id, None, owned=True)
 
-        self.cluster.start(lambda: set(self.factory.agents), take_over, self.factory.abandon)
+        self.cluster.start(self.factory.held, take_over, self.factory.abandon)
         self._plugin_sync = asyncio.create_task(self._sync_plugins())
 
     async def stop_loops(self) -> None:

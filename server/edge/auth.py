@@ -31,15 +31,21 @@ class TokenAuth(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         """Pass authenticated and open calls on; answer the rest UNAUTHENTICATED."""
         handler = await continuation(handler_call_details)
-        method = handler_call_details.method or ""
-        if handler is None or method.startswith(OPEN_PREFIXES):
+        if handler is None:
             return handler
+        why = self.refused(handler_call_details)
+        return refusal(handler, why) if why else handler
+
+    def refused(self, handler_call_details: grpc.HandlerCallDetails) -> str:
+        """Why the call is refused ("missing token", "wrong token"); "" when it may pass."""
+        if (handler_call_details.method or "").startswith(OPEN_PREFIXES):
+            return ""
         presented = dict(handler_call_details.invocation_metadata or ()).get("authorization", "")
         if isinstance(presented, str):
             presented = presented.encode()
         if hmac.compare_digest(presented, self._expected):
-            return handler
-        return refusal(handler, "missing token" if not presented else "wrong token")
+            return ""
+        return "missing token" if not presented else "wrong token"
 
 
 def refusal(handler: grpc.RpcMethodHandler[Any, Any], why: str) -> grpc.RpcMethodHandler[Any, Any]:

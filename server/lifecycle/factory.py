@@ -254,10 +254,11 @@ class AgentFactory:
             self._unwind(agent)
             raise
         agent.published = True
-        agent.emit(None, (), ae.AgentEvent(created=ae.AgentCreated(session_id=session.session_id)))
+        created = ae.AgentEvent(created=ae.AgentCreated(session_id=session.session_id))
+        agent.emit(None, None, created)
         agent.emit(
             S.SESSION_START,
-            (agent, source),
+            S.SessionStarted(agent, source),
             ae.AgentEvent(session_start=ae.AgentSessionStart(source=source)),
         )
         agent.driver = asyncio.create_task(run_loop(agent), name=f"agent:{agent_id}")
@@ -286,6 +287,13 @@ class AgentFactory:
                 raise AgentDisposed(agent_id)
             raise AgentNotFound(agent_id)
         return agent
+
+    def held(self) -> set[str]:
+        """The agents this server holds: live, being created, resumed or disposed.
+
+        Not those it abandoned to another owner.
+        """
+        return self._agent_ids - self._abandoned
 
     def list_agents(self) -> list[Agent]:
         """Every live (published) agent, by id."""
@@ -318,7 +326,7 @@ class AgentFactory:
         if self.agents.get(agent.agent_id) is agent:
             del self.agents[agent.agent_id]
             self.disposed.add(agent.agent_id)
-            agent.emit(S.DISPOSED, (agent,), ae.AgentEvent(disposed=ae.AgentDisposed()))
+            agent.emit(S.DISPOSED, agent, ae.AgentEvent(disposed=ae.AgentDisposed()))
         try:
             await self.runtime.persistence.flush(agent.session)
         except Exception as error:

@@ -166,7 +166,12 @@ class EventClock:
 
     def install(self, seams: SeamRegistry) -> Callable[[], None]:
         """Listen to every agent's appended events; returns the disposer."""
-        return seams.on(S.SESSION_EVENT, self.observe, name="observability", prepend=True)
+        return seams.on(
+            S.SESSION_EVENT,
+            lambda seen: self.observe(seen.agent, seen.event),
+            name="observability",
+            prepend=True,
+        )
 
     def observe(self, agent: Any, event: ev.SessionEvent) -> None:
         """One appended event of `agent`, as its session publishes it."""

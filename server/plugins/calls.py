@@ -88,7 +88,10 @@ class PluginStats:
     def record(self, call: hk.HookCall, seconds: float) -> None:
         """Keep one latency sample of `call` (the latest 1000 per kind and seam)."""
         key = (call.kind, call.seam)
-        self.latencies.setdefault(key, deque(maxlen=1000)).append(seconds)
+        samples = self.latencies.get(key)
+        if samples is None:
+            samples = self.latencies[key] = deque(maxlen=1000)
+        samples.append(seconds)
 
 
 call_ids = itertools.count(1)

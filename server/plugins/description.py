@@ -25,7 +25,9 @@ class Overrides:
 
 PROTOCOL_VERSION = 1
 """The plugin protocol version this server speaks."""
-CAPABILITIES = ("model_stream", "tool_execute", "event_kinds", "buffer_size", "call_batch")
+CAPABILITIES = (
+    "model_stream", "tool_execute", "event_kinds", "buffer_size", "call_batch", "observe_only"
+)  # fmt: skip
 """The optional features this server offers plugins."""
 
 
@@ -61,6 +63,8 @@ def invalid_description(
             return f"the subscription to {seam} has an unknown failure policy"
         if subscription.HasField("timeout") and subscription.timeout.ToNanoseconds() <= 0:
             return f"the subscription to {seam} has a timeout of zero or less"
+        if subscription.observe_only and subscription.seam == hk.SEAM_TOOLS_APPROVAL:
+            return f"the subscription to {seam} cannot be observe_only: an approver answers"
     names = [tool.name for tool in description.tools]
     for name in names:
         if not name or names.count(name) > 1:

@@ -41,9 +41,7 @@ def install(
                 else default_timeout
             )
             remote = RemoteListener(plugin, subscription, caller, stats, session_of, timeout)
-            disposers.append(
-                seams.on(remote.seam_name, remote.listener(), order=subscription.order, name=plugin)
-            )
+            disposers.append(remote.register(seams))
         for definition in tools:
             timeout = (
                 definition.timeout.ToNanoseconds() / 1e9

@@ -1,10 +1,13 @@
-"""Remote listeners: a plugin's subscriptions turned into seam listeners and tools.
+"""Remote listeners: a plugin's subscriptions turned into seam listeners.
 
 Each subscription becomes one listener in the seam registry, at the plugin's order and
-under its name, so remote and in-process listeners share one order. On a transforming
-seam the plugin gets the current value and returns a decision; an empty decision
-means "continue unchanged", and the next listener sees the result. Observers are
-notifications and never block the loop.
+under its name, so remote and in-process listeners share one order. The seam table
+(the `seam` option of the plugin proto's `Seam` values) gives each seam's path, mode
+and payload field; `CODECS` says, per seam, how its typed input becomes the call's
+payload and how the plugin's decision becomes the seam's result. One adapter per mode
+does the rest: on a transforming seam the plugin gets the current value and returns a
+decision; an empty decision means "continue unchanged", and the next listener sees the
+result. Observers are notifications and never block the loop.
 
 This module has no transport: it talks to a `PluginCaller`, which the gRPC edge
 implements over the plugin's `Handle` stream. A failed call (timeout, error, malformed
@@ -14,22 +17,27 @@ and is skipped and counted under FAIL_OPEN.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
 
-from agentloop.plugin.seam_table import BY_SEAM, SPECS
+from google.protobuf.message import Message as ProtoMessage
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+from agentloop.plugin.seam_table import BY_SEAM, SPECS, SeamSpec
 from agentloop.plugin.v1 import hook_service_pb2 as hk
-from agentloop.v1 import agent_event_pb2 as ae
-from agentloop.v1 import approval_pb2 as ap
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
-from agentloop.v1 import session_event_pb2 as ev
+from server.core import seams as S
 from server.core.abort import AbortSignal
 from server.core.approvals import ASKED_BY
 from server.core.errors import Aborted, TurnFatal
+from server.core.seams import Next, SeamRegistry
 from server.core.tools import ToolExecution, ToolOutcome
 from server.observability import logs, observe
 from server.plugins.calls import (
@@ -51,19 +59,52 @@ SEAM_NAMES = {spec.seam: spec.path for spec in SPECS}
 """Each contract seam and the registry seam it listens on (from the proto's seam table)."""
 
 
-def _mode(mode: hk.SeamMode.ValueType) -> frozenset[int]:
-    return frozenset(spec.seam for spec in SPECS if spec.mode == mode)
+class Located(Protocol):
+    """Where a seam call happens: every input of a seam a plugin answers has this."""
+
+    @property
+    def agent_id(self) -> str:
+        """The calling agent."""
+        ...
+
+    @property
+    def turn(self) -> int:
+        """The turn (0 outside a turn)."""
+        ...
+
+    @property
+    def step(self) -> int:
+        """The step (0 outside a step)."""
+        ...
+
+    @property
+    def signal(self) -> AbortSignal:
+        """What withdraws the call."""
+        ...
 
 
-CHECKPOINTS = _mode(hk.SEAM_MODE_SERIAL)
-OBSERVERS = _mode(hk.SEAM_MODE_OBSERVER)
-APPROVERS = _mode(hk.SEAM_MODE_APPROVER)
-WATERFALLS = _mode(hk.SEAM_MODE_WATERFALL)
+class Addressed(Protocol):
+    """The agent an observed input is about."""
+
+    @property
+    def agent_id(self) -> str:
+        """The agent."""
+        ...
+
+
+In = TypeVar("In")
+A = TypeVar("A", bound=Addressed)
+L = TypeVar("L", bound=Located)
+Out = TypeVar("Out")
+R = TypeVar("R", bound=ProtoMessage)
+
+Fill = Callable[[In, hk.HookCall], None]
+"""Writes a seam's input into the call's payload field (in place: one copy)."""
 
 
 @dataclass
 class RemoteListener:
-    """One subscription of one plugin, callable as the seam expects."""
+    """One subscription of one plugin: the plugin call, its failure policy, its stats."""
 
     plugin: str
     subscription: hk.Subscription
@@ -76,223 +117,114 @@ class RemoteListener:
 
     event_kinds: frozenset[str] = frozenset()
     """The session event kinds asked for (empty: all), read once: checked per event."""
+    observe_only: bool = False
+    """The plugin only watches this seam: its calls go as notifications, unanswered."""
+
+    agent_ids: frozenset[str] = frozenset()
+    """The agents the subscription is limited to (empty: all)."""
 
     def __post_init__(self) -> None:
         if self.subscription.buffer_size:
             self.slot.limit = self.subscription.buffer_size
         self.event_kinds = frozenset(self.subscription.event_kinds)
+        self.observe_only = self.subscription.observe_only
+        self.agent_ids = frozenset(self.subscription.agent_ids)
+
+    @property
+    def spec(self) -> SeamSpec:
+        """The seam's row of the seam table."""
+        return BY_SEAM[self.subscription.seam]
 
     @property
     def seam_name(self) -> str:
         """The registry name of the seam."""
         return SEAM_NAMES[self.subscription.seam]
 
-    async def invoke(
-        self, agent_id: str, turn: int, step: int, signal: AbortSignal, **payload: Any
-    ) -> hk.HookResult | None:
-        """Call the plugin; None when a FAIL_OPEN failure skipped it."""
-        seam = self.subscription.seam
+    @property
+    def order(self) -> int:
+        """The subscription's place among the seam's listeners."""
+        return self.subscription.order
+
+    def sees(self, agent_id: str) -> bool:
+        """Whether the subscription covers `agent_id`."""
+        return not self.agent_ids or agent_id in self.agent_ids
+
+    def register(self, seams: SeamRegistry) -> Callable[[], None]:
+        """Register on the seam, as its codec says; returns the disposer."""
+        return CODECS[self.spec.path].register(self, seams)
+
+    async def ask(self, at: Located, fill: Fill[In], input: In, kind: type[R]) -> R | None:
+        """Call the plugin with `input`; its decision, or None ("continue unchanged").
+
+        None too when a FAIL_OPEN failure skipped it (a FAIL_CLOSED one raises
+        `TurnFatal`), and when the plugin only watches the seam (`observe_only`): then
+        the call goes as a notification and the loop goes on at once.
+        """
+        spec = self.spec
+        agent_id, turn, step = at.agent_id, at.turn, at.step
+        if self.observe_only:
+            if self.caller.admit(self.slot):
+                notice = self.notice(agent_id)
+                notice.turn, notice.step = turn, step
+                fill(input, notice)
+                self.caller.notify(notice, self.slot)
+            return None
         call = hk.HookCall(
             call_id=f"c{next(call_ids)}",
             kind=hk.CALL_KIND_SEAM,
-            seam=seam,
+            seam=spec.seam,
             agent_id=agent_id,
             session_id=self.session_of(agent_id),
             turn=turn,
             step=step,
-            **payload,
         )
+        fill(input, call)
         call.timeout.FromNanoseconds(int(self.timeout * 1e9))
-        expected = BY_SEAM[seam].payload
         try:
-            with observe.plugin_call_scope(self.plugin, self.seam_name, agent_id, turn, step, call):
-                result = await self.caller.call(call, self.timeout, signal)
-            checked(result, expected)
+            with observe.plugin_call_scope(self.plugin, spec.path, agent_id, turn, step, call):
+                result = await self.caller.call(call, self.timeout, at.signal)
+            if checked(result, spec.payload) is None:
+                return None
         except PluginCallFailed as failure:
             self.stats.errors += failure.kind != "timeout"
             if self.subscription.failure_policy == hk.FAILURE_POLICY_FAIL_OPEN:
                 self.stats.fail_opens += 1
                 _fail_open_log.log(
-                    logging.WARNING, (self.plugin, self.seam_name),
+                    logging.WARNING, (self.plugin, spec.path),
                     'plugin "%s" failed at %s (%s: %s); skipped (fail-open)',
-                    self.plugin, self.seam_name, failure.kind, failure,
+                    self.plugin, spec.path, failure.kind, failure,
                     extra=logs.fields(
-                        plugin=self.plugin, seam=self.seam_name, agent=agent_id, turn=turn,
-                        step=step,
+                        plugin=self.plugin, seam=spec.path, agent=agent_id, turn=turn, step=step
                     ),
                 )  # fmt: skip
                 return None
             raise TurnFatal(
-                f'plugin "{self.plugin}" failed at {self.seam_name}: {failure.kind}: {failure}',
+                f'plugin "{self.plugin}" failed at {spec.path}: {failure.kind}: {failure}',
                 f"PLUGIN_{failure.kind.upper()}",
             ) from None
-        return result
+        decision = getattr(result, spec.payload)
+        assert isinstance(decision, kind)  # `checked` made sure of the outcome's kind
+        return decision
 
-    def notify(self, agent_id: str, **payload: Any) -> None:
-        """Send an observer notification (admitted already)."""
-        self.caller.notify(self.notice(agent_id, **payload), self.slot)
-
-    def notice(self, agent_id: str, **payload: Any) -> hk.HookCall:
-        """A notification of this subscription; the caller may fill its payload in place."""
+    def notice(self, agent_id: str) -> hk.HookCall:
+        """A notification of this subscription; the caller fills its payload in place."""
         return hk.HookCall(
             call_id=f"n{next(call_ids)}",
             kind=hk.CALL_KIND_NOTIFICATION,
             seam=self.subscription.seam,
             agent_id=agent_id,
             session_id=self.session_of(agent_id),
-            **payload,
         )
 
-    def listener(self) -> Callable[..., Any]:
-        """The function registered on the seam, filtered by the subscription's agents."""
-        fn = self._listener()
-        agent_ids = frozenset(self.subscription.agent_ids)
-        if not agent_ids:
-            return fn
-        seam = self.subscription.seam
-        if seam in WATERFALLS:
-
-            async def waterfall(*args: Any) -> Any:
-                if args[0].agent_id not in agent_ids:
-                    return await args[-1]()
-                return await fn(*args)
-
-            return waterfall
-        if seam in CHECKPOINTS:
-
-            async def checkpoint(*args: Any) -> Any:
-                return await fn(*args) if args[0].agent_id in agent_ids else None
-
-            return checkpoint
-        if seam in APPROVERS:
-
-            async def approver(*args: Any) -> Any:
-                return await fn(*args) if args[0] in agent_ids else None
-
-            return approver
-
-        def observer(*args: Any) -> None:
-            if args[0].agent_id in agent_ids:
-                fn(*args)
-
-        return observer
-
-    def _listener(self) -> Callable[..., Any]:
-        """The method named by the seam table's `method` (`prompt_submit`, ...)."""
-        fn: Callable[..., Any] = getattr(self, BY_SEAM[self.subscription.seam].method)
-        return fn
-
-    # -- transforming seams ------------------------------------------------------------
-
-    async def prompt_submit(
-        self, agent: Any, content: list[c.ContentBlock], source: c.Source, next_: Next
-    ) -> d.PromptDecision:
-        """`agent/prompt-submit`: the plugin decides; a rewrite is what later listeners see."""
-        result = await self.invoke(
-            agent.agent_id, agent.session.open_turn, 0, agent.turn_signal(),
-            prompt_submit=hk.PromptSubmitCall(content=content, source=source),
-        )  # fmt: skip
-        if result is None or not result.HasField("prompt_submit"):
-            return await next_()  # type: ignore[no-any-return]
-
-        async def rest(rewritten: list[c.ContentBlock]) -> d.PromptDecision:
-            inner: d.PromptDecision = await next_(agent, rewritten, source)
-            return inner
-
-        return await compose(result.prompt_submit, "allow", content, rest)
-
-    async def session_prefix(
-        self, agent: Any, seed: Any, signal: AbortSignal, next_: Next
-    ) -> list[c.Message]:
-        """`agent/session-prefix`: the plugin may replace the prefix composed inside it."""
-        # The prefix flows outward (contributors prepend to what `next()` composed).
-        prefix: list[c.Message] = list(await next_())
-        result = await self.invoke(
-            agent.agent_id, agent.session.open_turn, 0, signal,
-            session_prefix=hk.SessionPrefixCall(prefix=prefix),
-        )  # fmt: skip
-        if result is None or not result.HasField("session_prefix"):
-            return prefix
-        return list(result.session_prefix.prefix)
-
-    async def request(
-        self, agent: Any, turn: int, step: int, config: c.ModelConfig, next_: Next
-    ) -> c.ModelConfig:
-        """`agent/request`: the plugin may replace the model configuration."""
-        result = await self.invoke(
-            agent.agent_id, turn, step, agent.turn_signal(), request=hk.RequestCall(config=config)
-        )
-        if result is None or not result.HasField("request"):
-            return await next_()  # type: ignore[no-any-return]
-        return await next_(agent, turn, step, result.request.config)  # type: ignore[no-any-return]
-
-    async def step_result(
-        self, agent: Any, turn: int, step: int, message: c.Message, next_: Next
-    ) -> c.Message:
-        """`agent/step-result`: the plugin may replace the assistant message."""
-        result = await self.invoke(
-            agent.agent_id, turn, step, agent.turn_signal(),
-            step_result=hk.StepResultCall(message=message),
-        )  # fmt: skip
-        if result is None or not result.HasField("step_result"):
-            return await next_()  # type: ignore[no-any-return]
-        return await next_(agent, turn, step, result.step_result.message)  # type: ignore[no-any-return]
-
-    async def turn_continuation(
-        self, agent: Any, turn: int, decision: d.ContinuationDecision, next_: Next
-    ) -> d.ContinuationDecision:
-        """`agent/turn-continuation`: the plugin may decide stop or continue."""
-        result = await self.invoke(
-            agent.agent_id, turn, 0, agent.turn_signal(),
-            turn_continuation=hk.TurnContinuationCall(decision=decision),
-        )  # fmt: skip
-        if result is None or not result.turn_continuation.WhichOneof("decision"):
-            return await next_()  # type: ignore[no-any-return]
-        return await next_(agent, turn, result.turn_continuation)  # type: ignore[no-any-return]
-
-    async def tools_pre_execute(self, exec: ToolExecution, next_: Next) -> d.PreToolDecision:
-        """`tools/pre-execute`: the plugin may deny or ask; allow passes on."""
-        result = await self.invoke(
-            exec.agent_id, exec.turn, exec.step, exec.signal,
-            tool_pre_execute=hk.ToolPreExecuteCall(invocation=invocation(exec)),
-        )  # fmt: skip
-        if result is None or result.tool_pre_execute.WhichOneof("decision") in (None, "allow"):
-            return await next_()  # type: ignore[no-any-return]
-        if result.tool_pre_execute.HasField("ask"):
-            ASKED_BY[exec] = f"plugin:{self.plugin}"
-        return result.tool_pre_execute
-
-    async def tools_post_execute(
-        self, exec: ToolExecution, outcome: ToolOutcome, next_: Next
-    ) -> d.PostToolDecision:
-        """`tools/post-execute`: the plugin may rewrite or block the result."""
-        result = await self.invoke(
-            exec.agent_id, exec.turn, exec.step, exec.signal,
-            tool_post_execute=hk.ToolPostExecuteCall(
-                invocation=invocation(exec), output=tool_output(outcome)
-            ),
-        )  # fmt: skip
-        if result is None or not result.tool_post_execute.WhichOneof("decision"):
-            return await next_()  # type: ignore[no-any-return]
-
-        async def rest(content: list[c.ContentBlock]) -> d.PostToolDecision:
-            rewritten = ToolOutcome(content, outcome.is_error, outcome.error, outcome.meta,
-                                    list(outcome.contexts), outcome.final)  # fmt: skip
-            inner: d.PostToolDecision = await next_(exec, rewritten)
-            return inner
-
-        return await compose(result.tool_post_execute, "accept", outcome.content, rest)
-
-    # -- approvers ---------------------------------------------------------------------
-
-    async def tools_approval(
-        self, agent_id: str, request: ap.ApprovalRequested, signal: AbortSignal
-    ) -> tuple[ap.ApprovalDecision.ValueType, str] | None:
+    async def tools_approval(self, ask: S.ApprovalAsk) -> S.ApprovalAnswer:
         """`tools/approval`: the plugin may allow once or reject; a failure abstains.
 
         Without a timeout of its own the call waits as long as the approval does; it
         is withdrawn (`CancelCall`) when the approval ends otherwise.
         """
+        agent_id, request = ask.agent_id, ask.request
+        if not self.sees(agent_id):
+            return None
         seconds = self.timeout
         if not self.subscription.HasField("timeout"):
             seconds = max(request.expire_time.ToNanoseconds() / 1e9 - time.time(), 0.001)
@@ -311,7 +243,7 @@ class RemoteListener:
             with observe.plugin_call_scope(
                 self.plugin, self.seam_name, agent_id, request.turn, request.step
             ):
-                result = await self.caller.call(call, seconds, signal)
+                result = await self.caller.call(call, seconds, ask.signal)
             kind = checked(result, "tool_approval")
         except PluginCallFailed as failure:
             self.stats.errors += failure.kind != "timeout"
@@ -326,58 +258,321 @@ class RemoteListener:
             return None
         return result.tool_approval.decision, result.tool_approval.reason
 
-    # -- checkpoints -------------------------------------------------------------------
 
-    async def pre_step(
-        self, agent: Any, turn: int, step: int, system: str, prefix: Any, signal: AbortSignal
-    ) -> None:
-        """`agent/pre-step`: the plugin may add context before the step."""
-        result = await self.invoke(
-            agent.agent_id, turn, step, signal,
-            pre_step=hk.PreStepCall(system=system, prefix=prefix or ()),
-        )  # fmt: skip
-        if result is not None:
-            for context in result.pre_step.contexts:
-                agent.inject(context)
-
-    async def turn_stop(self, agent: Any, turn: int) -> d.ContinuationStop | None:
-        """`agent/turn-stop`: the plugin may make the stop terminal."""
-        result = await self.invoke(
-            agent.agent_id, turn, 0, agent.turn_signal(), turn_stop=hk.TurnStopCall()
-        )
-        if result is not None and result.turn_stop.stop:
-            return d.ContinuationStop()
-        return None
-
-    # -- observers ---------------------------------------------------------------------
-
-    # Each filters, then asks for room, and only then builds the message.
-
-    def on_session_event(self, agent: Any, event: ev.SessionEvent) -> None:
-        """Forward a session event, when its kind is one the plugin asked for."""
-        kinds = self.event_kinds
-        if kinds and event.WhichOneof("payload") not in kinds:
-            return
-        if self.caller.admit(self.slot):
-            call = self.notice(agent.agent_id)
-            call.session_event.event.CopyFrom(event)  # one copy, not one per nesting level
-            self.caller.notify(call, self.slot)
-
-    def on_agent_event(self, agent: Any, event: ae.AgentEvent) -> None:
-        """Forward a live agent event."""
-        if self.caller.admit(self.slot):
-            call = self.notice(agent.agent_id)
-            call.agent_event.event.CopyFrom(event)
-            self.caller.notify(call, self.slot)
-
-    def on_tool_result(self, exec: ToolExecution, outcome: ToolOutcome) -> None:
-        """Forward a final tool result."""
-        if self.caller.admit(self.slot):
-            notice = hk.ToolResultNotice(invocation=invocation(exec), output=tool_output(outcome))
-            self.notify(exec.agent_id, tool_result=notice)
+# -- one adapter per mode --------------------------------------------------------------
 
 
-Next = Callable[..., Awaitable[Any]]
+class Codec(Protocol):
+    """How one seam's listener is made from a subscription."""
+
+    @property
+    def key(self) -> S.SeamKey:
+        """The seam."""
+        ...
+
+    def register(self, remote: RemoteListener, seams: SeamRegistry) -> Callable[[], None]:
+        """Register the subscription's listener; returns the disposer."""
+        ...
+
+
+@dataclass(frozen=True)
+class Transform(Generic[L, Out, R]):
+    """A waterfall: the input goes out, the decision `R` comes back and is applied."""
+
+    key: S.Waterfall[L, Out]
+    decision: type[R]
+    apply: Callable[[RemoteListener, L, R, Next[L, Out]], Awaitable[Out]]
+    """What a decision does: usually `next(input with the decision's value)`."""
+    fill: Fill[L] | None = None
+    """How the input fills the payload; None: field by field, by name."""
+
+    def register(self, remote: RemoteListener, seams: SeamRegistry) -> Callable[[], None]:
+        """The listener asks the plugin, then applies its decision (none: `next()`)."""
+        fill = self.fill or fill_by_name(remote.spec.payload)
+
+        async def listener(input: L, next_: Next[L, Out]) -> Out:
+            if not remote.sees(input.agent_id):
+                return await next_()
+            decision = await remote.ask(input, fill, input, self.decision)
+            if decision is None:
+                return await next_()
+            return await self.apply(remote, input, decision, next_)
+
+        return seams.on(self.key, listener, order=remote.order, name=remote.plugin)
+
+
+@dataclass(frozen=True)
+class Wrap(Generic[L, Out, R]):
+    """A waterfall that flows outward: the plugin sees what the rest composed."""
+
+    key: S.Waterfall[L, Out]
+    fill: Fill[Out]
+    decision: type[R]
+    apply: Callable[[R], Out]
+
+    def register(self, remote: RemoteListener, seams: SeamRegistry) -> Callable[[], None]:
+        """The listener awaits `next()`, then the plugin may replace its result."""
+
+        async def listener(input: L, next_: Next[L, Out]) -> Out:
+            inner = await next_()
+            if not remote.sees(input.agent_id):
+                return inner
+            decision = await remote.ask(input, self.fill, inner, self.decision)
+            return inner if decision is None else self.apply(decision)
+
+        return seams.on(self.key, listener, order=remote.order, name=remote.plugin)
+
+
+@dataclass(frozen=True)
+class Check(Generic[L, Out, R]):
+    """A checkpoint: the plugin's decision may bail out of the chain."""
+
+    key: S.Serial[L, Out]
+    decision: type[R]
+    decide: Callable[[L, R], Out | None]
+    fill: Fill[L] | None = None
+    """How the input fills the payload; None: field by field, by name."""
+
+    def register(self, remote: RemoteListener, seams: SeamRegistry) -> Callable[[], None]:
+        """The listener asks the plugin; its decision says whether to bail."""
+        fill = self.fill or fill_by_name(remote.spec.payload)
+
+        async def listener(input: L) -> Out | None:
+            if not remote.sees(input.agent_id):
+                return None
+            decision = await remote.ask(input, fill, input, self.decision)
+            return None if decision is None else self.decide(input, decision)
+
+        return seams.on(self.key, listener, order=remote.order, name=remote.plugin)
+
+
+@dataclass(frozen=True)
+class Watch(Generic[A]):
+    """An observer: filtered, then admitted, and only then built (never blocking)."""
+
+    key: S.Emit[A]
+    fill: Fill[A] | None = None
+    """How the input fills the payload; None: field by field, by name."""
+    wanted: Callable[[RemoteListener], Callable[[A], bool] | None] | None = None
+    """The subscription's own filter, if it has one (None: every input)."""
+
+    def register(self, remote: RemoteListener, seams: SeamRegistry) -> Callable[[], None]:
+        """The listener sends a notification when there is room."""
+        # Bound once: observers run for every event, chunks included.
+        caller, slot, agent_ids = remote.caller, remote.slot, remote.agent_ids
+        fill = self.fill or fill_by_name(remote.spec.payload)
+        wanted = self.wanted(remote) if self.wanted is not None else None
+
+        def listener(input: A) -> None:
+            if agent_ids and input.agent_id not in agent_ids:
+                return
+            if wanted is not None and not wanted(input):
+                return
+            if caller.admit(slot):
+                call = remote.notice(input.agent_id)
+                fill(input, call)
+                caller.notify(call, slot)
+
+        return seams.on(self.key, listener, order=remote.order, name=remote.plugin)
+
+
+@dataclass(frozen=True)
+class Approve:
+    """An approver: called concurrently by the approvals; a failure abstains."""
+
+    key: S.Gather[S.ApprovalAsk, S.ApprovalAnswer]
+
+    def register(self, remote: RemoteListener, seams: SeamRegistry) -> Callable[[], None]:
+        """The listener is `RemoteListener.tools_approval`."""
+        return seams.on(self.key, remote.tools_approval, order=remote.order, name=remote.plugin)
+
+
+# -- the codecs: per seam, its input as a payload, and its decision applied -------------
+
+
+async def _prompt_submit(
+    remote: RemoteListener, input: S.PromptSubmit, mine: d.PromptDecision,
+    next_: Next[S.PromptSubmit, d.PromptDecision],
+) -> d.PromptDecision:  # fmt: skip
+    async def rest(content: list[c.ContentBlock]) -> d.PromptDecision:
+        return await next_(dataclasses.replace(input, content=content))
+
+    return await compose(mine, "allow", input.content, rest)
+
+
+async def _turn_continuation(
+    remote: RemoteListener, input: S.TurnContinuation, mine: d.ContinuationDecision,
+    next_: Next[S.TurnContinuation, d.ContinuationDecision],
+) -> d.ContinuationDecision:  # fmt: skip
+    if not mine.WhichOneof("decision"):
+        return await next_()
+    return await next_(dataclasses.replace(input, decision=mine))
+
+
+async def _tools_pre_execute(
+    remote: RemoteListener, exec: ToolExecution, mine: d.PreToolDecision,
+    next_: Next[ToolExecution, d.PreToolDecision],
+) -> d.PreToolDecision:  # fmt: skip
+    kind = mine.WhichOneof("decision")
+    if kind is None or kind == "allow":  # allow passes on
+        return await next_()
+    if kind == "ask":
+        ASKED_BY[exec] = f"plugin:{remote.plugin}"
+    return mine
+
+
+async def _tools_post_execute(
+    remote: RemoteListener, input: S.ToolCallResult, mine: d.PostToolDecision,
+    next_: Next[S.ToolCallResult, d.PostToolDecision],
+) -> d.PostToolDecision:  # fmt: skip
+    if not mine.WhichOneof("decision"):
+        return await next_()
+    outcome = input.outcome
+
+    async def rest(content: list[c.ContentBlock]) -> d.PostToolDecision:
+        rewritten = ToolOutcome(content, outcome.is_error, outcome.error, outcome.meta,
+                                list(outcome.contexts), outcome.final)  # fmt: skip
+        return await next_(S.ToolCallResult(input.exec, rewritten))
+
+    return await compose(mine, "accept", outcome.content, rest)
+
+
+def _fill_session_prefix(prefix: list[c.Message], call: hk.HookCall) -> None:
+    call.session_prefix.prefix.extend(prefix)
+
+
+def _fill_tool_pre_execute(exec: ToolExecution, call: hk.HookCall) -> None:
+    call.tool_pre_execute.invocation.CopyFrom(invocation(exec))
+
+
+def _fill_tool_post_execute(input: S.ToolCallResult, call: hk.HookCall) -> None:
+    call.tool_post_execute.invocation.CopyFrom(invocation(input.exec))
+    call.tool_post_execute.output.CopyFrom(tool_output(input.outcome))
+
+
+def _pre_step(input: S.PreStep, mine: hk.PreStepResult) -> None:
+    for context in mine.contexts:  # the plugin adds context before the step
+        input.agent.inject(context)
+
+
+def _turn_stop(input: S.TurnStop, mine: hk.TurnStopResult) -> d.ContinuationStop | None:
+    return d.ContinuationStop() if mine.stop else None
+
+
+def _fill_session_event(input: S.SessionEventSeen, call: hk.HookCall) -> None:
+    call.session_event.event.CopyFrom(input.event)  # one copy, not one per nesting level
+
+
+def _wanted_session_event(
+    remote: RemoteListener,
+) -> Callable[[S.SessionEventSeen], bool] | None:
+    kinds = remote.event_kinds
+    if not kinds:
+        return None  # every event: no filter to run per event
+
+    def wanted(input: S.SessionEventSeen) -> bool:
+        return input.event.WhichOneof("payload") in kinds
+
+    return wanted
+
+
+def _fill_agent_event(input: S.AgentEventSeen, call: hk.HookCall) -> None:
+    call.agent_event.event.CopyFrom(input.event)
+
+
+def _fill_tool_result(input: S.ToolCallResult, call: hk.HookCall) -> None:
+    call.tool_result.invocation.CopyFrom(invocation(input.exec))
+    call.tool_result.output.CopyFrom(tool_output(input.outcome))
+
+
+_CODECS: tuple[Codec, ...] = (
+    Transform(S.PROMPT_SUBMIT, d.PromptDecision, _prompt_submit),
+    Wrap(S.SESSION_PREFIX, _fill_session_prefix, hk.SessionPrefixResult,
+         lambda mine: list(mine.prefix)),
+    Check(S.PRE_STEP, hk.PreStepResult, _pre_step),
+    Transform(S.TURN_CONTINUATION, d.ContinuationDecision, _turn_continuation),
+    Check(S.TURN_STOP, hk.TurnStopResult, _turn_stop),
+    Transform(S.TOOLS_PRE_EXECUTE, d.PreToolDecision, _tools_pre_execute,
+              _fill_tool_pre_execute),
+    Transform(S.TOOLS_POST_EXECUTE, d.PostToolDecision, _tools_post_execute,
+              _fill_tool_post_execute),
+    Watch(S.SESSION_COMMITTED, _fill_session_event, _wanted_session_event),
+    Watch(S.AGENT_EVENT, _fill_agent_event),
+    Watch(S.TOOLS_RESULT_COMMITTED, _fill_tool_result),
+    Approve(S.TOOLS_APPROVAL),
+)  # fmt: skip
+
+
+# -- the default codec: fields copied by name ----------------------------------------------
+
+
+def fill_by_name(payload: str) -> Fill[object]:
+    """Fill the call's `payload` message field by field from the input's same-named attributes."""
+
+    def fill(input: object, call: hk.HookCall) -> None:
+        message = getattr(call, payload)
+        message.SetInParent()
+        for member in message.DESCRIPTOR.fields:
+            value = getattr(input, member.name)
+            if member.is_repeated:
+                getattr(message, member.name).extend(value)
+            elif member.message_type is not None:
+                getattr(message, member.name).CopyFrom(value)
+            else:
+                setattr(message, member.name, value)
+
+    return fill
+
+
+async def replace_by_name(remote: RemoteListener, input: L, mine: R, next_: Next[L, Out]) -> Out:
+    """Pass on the input with each field of the decision replacing its same-named attribute."""
+    changes: dict[str, object] = {}
+    for member in mine.DESCRIPTOR.fields:
+        value = getattr(mine, member.name)
+        changes[member.name] = list(value) if member.is_repeated else value
+    replaced = dataclasses.replace(cast("DataclassInstance", input), **changes)
+    return await next_(cast(L, replaced))
+
+
+def bail_if_set(input: object, mine: R) -> R | None:
+    """A checkpoint's decision bails when it sets anything."""
+    return mine if mine.ListFields() else None
+
+
+def _default_codec(spec: SeamSpec) -> Codec:
+    """A seam without a codec of its own: its input and decision map to the payloads by name."""
+    key = S.KEYS.get(spec.path)
+    decision = spec.decision
+    if isinstance(key, S.Waterfall) and spec.mode == hk.SEAM_MODE_WATERFALL and decision:
+        return Transform(key, decision, replace_by_name)
+    if isinstance(key, S.Serial) and spec.mode == hk.SEAM_MODE_SERIAL and decision:
+        return Check(key, decision, bail_if_set)
+    if isinstance(key, S.Emit) and spec.mode == hk.SEAM_MODE_OBSERVER:
+        return Watch(key)
+    raise RuntimeError(f"seam {spec.path}: no key of its mode in server.core.seams")
+
+
+def _codecs() -> dict[str, Codec]:
+    """A codec per seam of the table, of its mode: its own, or the default one."""
+    by_path = {codec.key.path: codec for codec in _CODECS}
+    modes: dict[int, tuple[type, ...]] = {
+        hk.SEAM_MODE_WATERFALL: (Transform, Wrap),
+        hk.SEAM_MODE_SERIAL: (Check,),
+        hk.SEAM_MODE_OBSERVER: (Watch,),
+        hk.SEAM_MODE_APPROVER: (Approve,),
+    }
+    codecs: dict[str, Codec] = {}
+    for spec in SPECS:
+        codec = by_path.get(spec.path) or _default_codec(spec)
+        if not isinstance(codec, modes[spec.mode]):
+            raise RuntimeError(f"seam {spec.path}: its codec is not of its mode")
+        codecs[spec.path] = codec
+    return codecs
+
+
+CODECS = _codecs()
+"""How each seam of the table is served by a plugin, by seam path."""
+
 
 Rewrite = TypeVar("Rewrite", d.PromptDecision, d.PostToolDecision)
 

@@ -13,14 +13,14 @@ required plugin is registered and READY.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NoReturn
 
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from server.core import seams as S
 from server.core.errors import TurnFatal
-from server.core.seams import SeamRegistry
+from server.core.seams import SeamKey, SeamRegistry
 
 READINESS_SERVICE = "agentloop.readiness"
 """The health service name that reports whether every required plugin is READY."""
@@ -68,8 +68,10 @@ def release(expected: Expected) -> None:
     expected.disposers.clear()
 
 
-def _refusal(expected: Expected, seam: str) -> Callable[..., Any]:
-    async def refuse(*args: Any) -> Any:
+def _refusal(expected: Expected, seam: SeamKey) -> Callable[..., Awaitable[NoReturn]]:
+    """A listener that only ever raises: it fits every seam."""
+
+    async def refuse(*args: object) -> NoReturn:
         why = f": {expected.last_error}" if expected.last_error else ""
         raise TurnFatal(
             f'plugin "{expected.name}" failed at {seam}: not ready: a required plugin has'

@@ -153,6 +153,7 @@ class Journal:
         self._schedule()
         writes = self._pending.commit.of(session.session_id)
         writes.fence = session.fence
+        writes.encode = session.encoded  # the store's bytes are those the streams send
         return writes
 
     @staticmethod

@@ -10,12 +10,13 @@ in parallel. The first failure is raised to the loop, which reports it as
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import inspect
 
-from server.core.seams import SeamRegistry
+from server.core.seams import Gather, GatherListener, SeamRegistry
 from server.sessions.session import SessionLog
 
-SESSION_FLUSH = "session/flush"
+SESSION_FLUSH: Gather[SessionLog, None] = Gather("session/flush")
+"""Called with the session once its turn's events are stored; a throw is reported."""
 
 
 class Persistence:
@@ -29,7 +30,7 @@ class Persistence:
         await session.settle()
         listeners = self.seams.listeners(SESSION_FLUSH, session.agent_id or None)
         if listeners:
-            results: list[Any] = await asyncio.gather(
+            results = await asyncio.gather(
                 *(_call(reg.fn, session) for reg in listeners), return_exceptions=True
             )
             for result in results:
@@ -37,7 +38,7 @@ class Persistence:
                     raise result
 
 
-async def _call(fn: Any, session: SessionLog) -> None:
+async def _call(fn: GatherListener[SessionLog, None], session: SessionLog) -> None:
     result = fn(session)
-    if asyncio.iscoroutine(result):
+    if inspect.isawaitable(result):
         await result

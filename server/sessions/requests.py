@@ -6,11 +6,18 @@ The first call's answer is stored in the same commit as the message it accepted
 one durable fact: a retry after a timeout, a disconnect or a restart finds the answer
 and queues nothing. Concurrent duplicates in this process wait for the first one
 instead of racing it.
+
+A new id costs no store read: for each live agent (the object that drives it here) the
+ids that may be stored for it are kept in memory, read from the store once when it
+first gets a call with an id; an id outside a complete set was never used. An id in
+the set, or any id of an agent whose ids did not fit in memory, is looked up in the
+store as before, so a retry after a restart (a new live agent) is still found.
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
@@ -32,6 +39,30 @@ def check_request_id(request_id: str) -> None:
 RECENT = 10_000
 """Answers kept in memory after their commit, for duplicates whose store lookup raced it."""
 
+KNOWN_IDS = 100_000
+"""Request ids kept in memory over all live agents, to tell a new id without the store.
+An agent whose ids do not fit any more falls back to a store read per call."""
+
+
+class _Known:
+    """The ids that may be stored for one live agent."""
+
+    __slots__ = ("complete", "dropped", "ids")
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+        self.complete = False
+        """Whether `ids` holds every id stored for the agent (read from the store)."""
+        self.dropped = False
+        """Whether the ids did not fit: the store is asked for every id of the agent."""
+
+    def drop(self) -> int:
+        """Forget the ids (they did not fit); returns how many there were."""
+        count = len(self.ids)
+        self.ids.clear()
+        self.complete, self.dropped = False, True
+        return count
+
 
 class Requests:
     """Deduplicates calls by (agent id, request id).
@@ -46,11 +77,24 @@ class Requests:
         self.store = store
         self._in_flight: dict[tuple[str, str], asyncio.Future[bytes]] = {}
         self._recent: OrderedDict[tuple[str, str], tuple[str, bytes]] = OrderedDict()
+        self._known: weakref.WeakKeyDictionary[object, _Known] = weakref.WeakKeyDictionary()
+        """Per live agent (the `owner` of its calls), the ids that may be stored for it."""
+        self._known_count = 0
+        """An upper bound of the ids in `_known` (entries of disposed agents go unseen)."""
 
     async def once(
-        self, agent_id: str, request_id: str, method: str, run: Callable[[], Awaitable[bytes]]
+        self,
+        agent_id: str,
+        request_id: str,
+        method: str,
+        run: Callable[[], Awaitable[bytes]],
+        owner: object | None = None,
     ) -> bytes:
-        """The answer of the first call with this id: `run()` if there was none yet."""
+        """The answer of the first call with this id: `run()` if there was none yet.
+
+        `owner` is the live object the calls of `agent_id` go to here (the agent): while
+        it lives, ids are told new from memory. None: every new id is looked up.
+        """
         if not request_id:
             return await run()
         check_request_id(request_id)
@@ -58,7 +102,7 @@ class Requests:
         first = self._in_flight.get(key)
         if first is None:
             stored = self._recent.get(key)
-            if stored is None:
+            if stored is None and not await self._unused(owner, agent_id, request_id):
                 record = await self.store.find_request(agent_id, request_id)
                 # The lookup may have read before a first call committed: look again.
                 stored = (record.method, record.response) if record else self._recent.get(key)
@@ -72,12 +116,53 @@ class Requests:
         if first is None:
             first = asyncio.ensure_future(run())
             self._in_flight[key] = first
-            first.add_done_callback(lambda done: self._settled(key, method, done))
+            known = self._known.get(owner) if owner is not None else None
+            first.add_done_callback(lambda done: self._settled(key, method, done, known))
         return await asyncio.shield(first)
 
-    def _settled(self, key: tuple[str, str], method: str, done: asyncio.Future[bytes]) -> None:
+    async def _unused(self, owner: object | None, agent_id: str, request_id: str) -> bool:
+        """Whether `request_id` was certainly never recorded for the agent (no store read).
+
+        The first call for a live agent reads its stored ids once; calls meanwhile, and
+        those of an agent whose ids did not fit, say "not certain" (the store decides).
+        """
+        if owner is None:
+            return False
+        known = self._known.get(owner)
+        if known is not None:
+            return known.complete and request_id not in known.ids
+        known = self._known[owner] = _Known()  # before the read: ids settled meanwhile join
+        room = KNOWN_IDS - self._known_count
+        if room <= 0:
+            self._known_count = sum(len(k.ids) for k in self._known.values())
+            room = KNOWN_IDS - self._known_count
+        stored = await self.store.request_ids(agent_id, room) if room > 0 else None
+        if stored is None:
+            self._known_count -= known.drop()
+        elif not known.dropped:
+            known.ids.update(stored)
+            known.complete = True
+            self._known_count += len(stored)
+        return False  # this call looks the id up as before: the set was not whole until now
+
+    def _settled(
+        self,
+        key: tuple[str, str],
+        method: str,
+        done: asyncio.Future[bytes],
+        known: _Known | None,
+    ) -> None:
         if self._in_flight.get(key) is done:
             del self._in_flight[key]
+        if known is not None and not known.dropped:
+            # Stored, or maybe stored (a failure after the record), maybe after the read of
+            # the stored ids: either way, a later call with this id asks the store.
+            known.ids.add(key[1])
+            self._known_count += 1
+            if self._known_count > KNOWN_IDS:
+                self._known_count = sum(len(k.ids) for k in self._known.values())
+                if self._known_count > KNOWN_IDS:  # no room: this agent asks the store
+                    self._known_count -= known.drop()
         if done.cancelled() or done.exception() is not None:
             return  # not accepted: a retry runs again
         self._recent[key] = (method, done.result())

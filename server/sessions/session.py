@@ -51,6 +51,13 @@ APPEND = ev.SurfaceOp(kind=ev.SURFACE_OP_KIND_APPEND)
 WINDOW = 64
 """Recent events a session keeps in memory; readers of older ones go to the store."""
 
+ENCODED_KEPT = 64
+"""Recent events whose wire bytes a session keeps: serialized once, for the store and
+for every stream that sends them."""
+
+ENCODED_MAX = 4096
+"""Larger events are serialized again where needed rather than kept twice."""
+
 Observer = Callable[[ev.SessionEvent], Any]
 
 
@@ -120,6 +127,8 @@ class SessionLog:
         """The payload kind of the event being published to the observers ("" between
         appends): an observer can read it here instead of asking the event."""
         self._waiters: list[asyncio.Future[None]] = []
+        self._encoded: dict[int, bytes] = {}
+        """Wire bytes of recent events by seq (see `encoded`)."""
         self.observer_failures = 0
         for event in seed:
             self._apply(event)
@@ -257,6 +266,50 @@ class SessionLog:
                     if out and size > max_bytes:
                         return out
                 out.append(event)
+        return out
+
+    def encoded(self, event: ev.SessionEvent) -> bytes:
+        """The wire bytes of one of this log's events, serialized once for all who send it.
+
+        The journal's store writes them, and every stream that follows the session sends
+        the same bytes: an event is not serialized again per reader.
+        """
+        raw = self._encoded.get(event.seq)
+        if raw is not None:
+            return raw
+        raw = event.SerializeToString()
+        if len(raw) <= ENCODED_MAX:
+            self._encoded[event.seq] = raw
+            if len(self._encoded) > 2 * ENCODED_KEPT:
+                floor = self.count - ENCODED_KEPT
+                self._encoded = {s: b for s, b in self._encoded.items() if s >= floor}
+        return raw
+
+    async def read_encoded(self, start: int, limit: int, max_bytes: int) -> list[bytes]:
+        """`read`, as the events' wire bytes (those of recent events are serialized once)."""
+        start = max(start, FIRST_SEQ)
+        out: list[bytes] = []
+        size = 0
+        while len(out) < limit:
+            pos = start + len(out)
+            end = min(self.durable, start + limit)
+            if pos >= end:
+                break
+            first = self.window_start
+            if pos >= first:
+                recent = itertools.islice(self._window, pos - first, end - first)
+                chunk = [self.encoded(event) for event in recent]
+            else:
+                assert self.journal is not None  # a detached log keeps every event
+                stored = await self.journal.store.read(self.session_id, pos, min(end, first))
+                if not stored:
+                    break
+                chunk = [event.SerializeToString() for event in stored]
+            for raw in chunk:
+                size += len(raw)
+                if out and size > max_bytes:
+                    return out
+                out.append(raw)
         return out
 
     async def wait_beyond(self, seq: int) -> None:

@@ -17,7 +17,7 @@ over) is refused with `StoreConflict`, even where its sequence numbers would fit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -85,6 +85,10 @@ class SessionWrites:
     """First answers of calls with a request id that wrote to this session."""
     fence: int = 0
     """The writer's claim token (see `SessionStore.claim`); 0 writes unfenced."""
+    encode: Callable[[ev.SessionEvent], bytes] = field(
+        default=lambda event: event.SerializeToString(), repr=False, compare=False
+    )
+    """An event's wire bytes: the session's own, serialized once for its streams too."""
 
     def empty(self) -> bool:
         """Whether there is nothing to write."""
@@ -210,6 +214,10 @@ class SessionStore(Protocol):
 
     async def find_request(self, agent_id: str, request_id: str) -> RequestRecord | None:
         """The recorded answer of an earlier call with this request id, if any."""
+        ...
+
+    async def request_ids(self, agent_id: str, limit: int) -> list[str] | None:
+        """Every request id recorded for the agent; None when there are more than `limit`."""
         ...
 
     async def wait_for_events(self, session_id: str, seconds: float) -> None:

@@ -148,6 +148,11 @@ class MemoryStore:
         """The recorded answer of an earlier call, if any."""
         return self._requests.get((agent_id, request_id))
 
+    async def request_ids(self, agent_id: str, limit: int) -> list[str] | None:
+        """Every request id recorded for the agent; None when there are more than `limit`."""
+        ids = [request_id for agent, request_id in self._requests if agent == agent_id]
+        return ids if len(ids) <= limit else None
+
     async def wait_for_events(self, session_id: str, seconds: float) -> None:
         """One process: no other writer to hear from; wait the time out."""
         await asyncio.sleep(seconds)

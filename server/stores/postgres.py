@@ -318,6 +318,14 @@ class PostgresStore:
         )
         return None if row is None else RequestRecord(agent_id, request_id, row[0], row[1])
 
+    async def request_ids(self, agent_id: str, limit: int) -> list[str] | None:
+        """Every request id recorded for the agent; None when there are more than `limit`."""
+        pool = await self.pool()
+        rows = await pool.fetch(
+            "SELECT request_id FROM requests WHERE agent_id = $1 LIMIT $2", agent_id, limit + 1
+        )
+        return [r["request_id"] for r in rows] if len(rows) <= limit else None
+
 
 async def migrate(conn: Conn) -> None:
     """Apply the missing migrations, once, however many replicas start together."""
@@ -391,7 +399,7 @@ async def _write(conn: Conn, session_id: str, writes: SessionWrites) -> None:
             "events",
             records=[
                 (session_id, e.seq, KIND_NUMBERS[e.WhichOneof("payload") or "turn_end"],
-                 e.SerializeToString())
+                 writes.encode(e))
                 for e in events
             ],
         )  # fmt: skip

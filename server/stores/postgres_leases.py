@@ -11,6 +11,7 @@ so the new owner recreates the same agent.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import asyncpg
@@ -87,6 +88,10 @@ class Leases:
 
         Only running agents: a lease this replica id held in an earlier life (before a
         restart) is left to expire, so that someone takes the agent over and runs it.
+        A lease that lapsed (this replica was late to renew: a stall, a loaded machine)
+        but that nobody took over is still this replica's, and is extended: another
+        replica takes a lease only by becoming its owner, and the session's fence
+        refuses the writes of an owner it replaced.
         """
         pool = await self.store.pool()
         async with pool.acquire() as conn, conn.transaction():
@@ -95,12 +100,26 @@ class Leases:
             )
             rows = await conn.fetch(
                 "UPDATE leases SET expires_at = now() + make_interval(secs => $2)"
-                " WHERE owner = $1 AND expires_at > now() AND agent_id = ANY($3::text[])"
+                " WHERE owner = $1 AND agent_id = ANY($3::text[])"
                 " RETURNING agent_id",
                 self.replica_id,
                 self.ttl,
                 sorted(running),
             )
+        return {row["agent_id"] for row in rows}
+
+    async def taken(self, agent_ids: set[str]) -> set[str]:
+        """Those of `agent_ids` whose lease another replica holds now (it took them over).
+
+        An agent with no lease at all is not taken: this replica is still acquiring
+        it (a creation or a resume in progress) or has just released it (a disposal).
+        """
+        pool = await self.store.pool()
+        rows = await pool.fetch(
+            "SELECT agent_id FROM leases WHERE agent_id = ANY($2::text[]) AND owner <> $1",
+            self.replica_id,
+            sorted(agent_ids),
+        )
         return {row["agent_id"] for row in rows}
 
     async def release(self, agent_id: str) -> None:
@@ -117,21 +136,24 @@ class Leases:
         pool = await self.store.pool()
         await pool.execute("UPDATE leases SET expires_at = now() WHERE owner = $1", self.replica_id)
 
-    async def take_over(self) -> list[Lease]:
+    async def take_over(self, held: Collection[str] = ()) -> list[Lease]:
         """Take every expired lease (another replica died or stalled); what was taken.
 
+        Not those of the agents in `held`: this replica runs them (or is creating,
+        resuming or disposing them), and its renewal extends their leases.
         `SKIP LOCKED`: replicas sweeping at the same moment split the work, and no
         lease is taken twice.
         """
         pool = await self.store.pool()
         rows = await pool.fetch(
             "WITH expired AS (SELECT agent_id, owner FROM leases WHERE expires_at < now()"
-            " FOR UPDATE SKIP LOCKED)"
+            " AND NOT agent_id = ANY($3::text[]) FOR UPDATE SKIP LOCKED)"
             " UPDATE leases SET owner = $1, expires_at = now() + make_interval(secs => $2)"
             " FROM expired WHERE leases.agent_id = expired.agent_id"
             " RETURNING leases.agent_id, leases.session_id, expired.owner, leases.options",
             self.replica_id,
             self.ttl,
+            sorted(held),
         )
         return [Lease(r["agent_id"], r["session_id"], r["owner"], r["options"]) for r in rows]
 

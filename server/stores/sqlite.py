@@ -389,3 +389,15 @@ class SqliteStore:
 
         found = await self._read("", query)
         return None if found is None else RequestRecord(agent_id, request_id, *found)
+
+    async def request_ids(self, agent_id: str, limit: int) -> list[str] | None:
+        """Every request id recorded for the agent; None when there are more than `limit`."""
+
+        def query(db: sqlite3.Connection) -> list[str]:
+            rows = db.execute(
+                "SELECT request_id FROM requests WHERE agent_id = ? LIMIT ?", (agent_id, limit + 1)
+            ).fetchall()
+            return [row[0] for row in rows]
+
+        ids = await self._read("", query)
+        return ids if len(ids) <= limit else None

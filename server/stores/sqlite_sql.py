@@ -63,9 +63,9 @@ class SessionRows:
         first = events[0].seq if events else 0
         if events and events[-1].seq != first + len(events) - 1:
             check_follows(session_id, first - FIRST_SEQ, events)  # a gap: raise, naming it
-        numbers = KIND_NUMBERS
+        numbers, encode = KIND_NUMBERS, writes.encode
         rows = [
-            (session_id, e.seq, numbers[e.WhichOneof("payload")], e.SerializeToString())  # type: ignore[index]
+            (session_id, e.seq, numbers[e.WhichOneof("payload")], encode(e))  # type: ignore[index]
             for e in events
         ]
         puts = [

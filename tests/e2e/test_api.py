@@ -16,7 +16,7 @@ from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2, decision_pb2, scripted_pb2, session_event_pb2, stream_pb2
 from agentloop.v1 import agent_service_pb2 as api
-from agentloop.v1 import content_pb2 as c
+from server.core import seams as S
 from server.models.scripted_options import script_options
 from tests.e2e.conftest import E2E, READ_TIMEOUT, EventStream, kinds, of_kind, read_turn, text_of
 
@@ -229,13 +229,11 @@ async def test_cancel_mid_stream_aborts_the_turn(e2e: E2E) -> None:
 async def test_blocked_prompt_rejects_the_turn(e2e: E2E) -> None:
     seen: list[tuple[str, str, str]] = []
 
-    async def listener(
-        agent: Any, content: list[c.ContentBlock], source: c.Source, next: Any
-    ) -> decision_pb2.PromptDecision:
-        seen.append((agent.agent_id, text_of(content), source.kind))
+    async def listener(call: S.PromptSubmit, next: object) -> decision_pb2.PromptDecision:
+        seen.append((call.agent_id, text_of(call.content), call.source.kind))
         return decision_pb2.PromptDecision(block=decision_pb2.PromptBlock(reason="nope"))
 
-    remove = e2e.app.runtime.seams.on("agent/prompt-submit", listener)
+    remove = e2e.app.runtime.seams.on(S.PROMPT_SUBMIT, listener)
     try:
         await create(e2e, "b1")
         next_seq = await send(e2e, "b1", "forbidden words")

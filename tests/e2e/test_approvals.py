@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
 
 import grpc
@@ -266,12 +267,14 @@ async def test_disposal_cancels_a_pending_approval(e2e: E2E) -> None:
 
 
 async def test_a_listener_ask_waits_and_names_who_asked(e2e: E2E) -> None:
-    def ask_for_echo(exec: ToolExecution, next_: object) -> object:
-        from agentloop.v1 import decision_pb2
+    from agentloop.v1 import decision_pb2
 
+    def ask_for_echo(
+        exec: ToolExecution, next_: S.Next[ToolExecution, decision_pb2.PreToolDecision]
+    ) -> decision_pb2.PreToolDecision | Awaitable[decision_pb2.PreToolDecision]:
         if exec.name == "echo":
             return decision_pb2.PreToolDecision(ask=decision_pb2.ToolAsk(reason="echo is loud"))
-        return next_()  # type: ignore[operator]
+        return next_()
 
     e2e.app.runtime.seams.on(S.TOOLS_PRE_EXECUTE, ask_for_echo, name="asker")
     options = approval_options(
@@ -356,8 +359,8 @@ async def test_a_waiting_call_holds_only_its_slot_and_results_commit_in_model_or
     finished: list[str] = []
     other_done = asyncio.Event()
 
-    async def record(exec: ToolExecution, next_: object) -> ToolOutcome:
-        outcome: ToolOutcome = await next_()  # type: ignore[operator]
+    async def record(exec: ToolExecution, next_: S.Next[ToolExecution, ToolOutcome]) -> ToolOutcome:
+        outcome = await next_()
         finished.append(exec.call_id)
         if exec.call_id == "p2":
             other_done.set()

@@ -40,6 +40,7 @@ from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
 from server.models.scripted_options import script_options
+from tests.e2e.crash_diagnostics import CallHistory, explain_missing
 from tests.e2e.test_durability import Server, T, running_server
 from tests.invariants import check_log
 from tests.postgres import fresh_database
@@ -104,6 +105,11 @@ class World:
     forks: set[str] = field(default_factory=set)
     """Acknowledged forks."""
     kills: int = 0
+    histories: dict[str, CallHistory] = field(default_factory=dict)
+    """Per request id: every call made with it (for the report of a failed check)."""
+    tmp_path: Path | None = None
+    dsn: str | None = None
+    """The PostgreSQL store, if that is the store (else SQLite under `tmp_path`)."""
 
     def options_for(self, agent_id: str) -> agent_pb2.AgentOptions:
         if agent_id not in self.options:
@@ -125,16 +131,16 @@ async def test_sigkill_at_random_points_loses_nothing_seen_or_accepted(tmp_path:
 async def test_the_same_on_postgres(tmp_path: Path, postgres_server: str) -> None:
     dsn = await fresh_database(postgres_server)
     config = f"store: postgres\npostgresDsn: '{dsn}'\nleaseSeconds: 1\n"
-    await crash_cycles(tmp_path, config, CRASH_POINTS_POSTGRES)
+    await crash_cycles(tmp_path, config, CRASH_POINTS_POSTGRES, dsn=dsn)
 
 
 CONFIG_AGENT = "cfg"
 """A config agent: it starts on a fresh session at each start, with its pending messages."""
 
 
-async def crash_cycles(tmp_path: Path, config: str, points: int) -> None:
+async def crash_cycles(tmp_path: Path, config: str, points: int, dsn: str | None = None) -> None:
     """Start, check, load, kill: `points` times, then a last start and check."""
-    world = World(random.Random(SEED))
+    world = World(random.Random(SEED), tmp_path=tmp_path, dsn=dsn)
     config += f"agents:\n  - id: {CONFIG_AGENT}\n    tools: [word_count]\n"
     for cycle in range(points + 1):
         async with running_server(tmp_path, config) as server:
@@ -211,7 +217,7 @@ async def load_until_killed(server: Server, world: World, cycle: int) -> None:
     live = {**world.agents, CONFIG_AGENT: config_session.session.session_id}
     workers = [
         *(stream_worker(server, world, a, s) for a, s in live.items()),
-        *(message_worker(server, world, a, stop) for a in live),
+        *(message_worker(server, world, a, stop, cycle) for a in live),
         fork_worker(server, world, stop),
         create_worker(server, world, cycle, stop),
     ]
@@ -264,7 +270,9 @@ def message_call(server: Server, agent_id: str, method: str, request_id: str) ->
     )
 
 
-async def message_worker(server: Server, world: World, agent_id: str, stop: asyncio.Event) -> None:
+async def message_worker(
+    server: Server, world: World, agent_id: str, stop: asyncio.Event, cycle: int
+) -> None:
     """Retry what failed before, then send, steer, inject and cancel at random.
 
     A call that fails (the server died around it) is sent again, with its request id,
@@ -275,6 +283,7 @@ async def message_worker(server: Server, world: World, agent_id: str, stop: asyn
     retries = world.retries.setdefault(agent_id, [])
     rng = random.Random(world.rng.random())
     while not stop.is_set():
+        retry = bool(retries)
         if retries:
             method, request_id = retries.pop(0)
         else:
@@ -288,12 +297,24 @@ async def message_worker(server: Server, world: World, agent_id: str, stop: asyn
                     api.CancelTurnRequest(agent_id=agent_id, reason="crash test"), timeout=T
                 )
             )
-        elif await tolerant(message_call(server, agent_id, method, request_id)) is not None:
-            accepted.add(request_id)
         else:
-            retries.append((method, request_id))
-            return  # the server is gone (or going)
+            history = world.histories.setdefault(request_id, CallHistory(agent_id))
+            outcome = await outcome_of(message_call(server, agent_id, method, request_id))
+            history.calls.append((cycle, method, f"{'retry' if retry else 'call'} {outcome}"))
+            if outcome != "OK":
+                retries.append((method, request_id))
+                return  # the server is gone (or going)
+            accepted.add(request_id)
         await asyncio.sleep(rng.uniform(0, 0.03))
+
+
+async def outcome_of(call: Awaitable[object]) -> str:
+    """OK, or the status code of the failed call."""
+    try:
+        await call
+    except grpc.aio.AioRpcError as error:
+        return error.code().name
+    return "OK"
 
 
 async def create_worker(server: Server, world: World, cycle: int, stop: asyncio.Event) -> None:
@@ -367,7 +388,17 @@ async def verify(server: Server, world: World, cycle: int) -> None:
         duplicates = {r for r, n in ids.items() if n > 1}
         assert not duplicates, f"{agent_id}: recorded twice: {duplicates} {where}"
         missing = accepted - set(ids)
-        assert not missing, f"{agent_id}: accepted but never recorded: {missing} {where}"
+        if missing:
+            assert world.tmp_path is not None
+            report = await explain_missing(
+                world.tmp_path,
+                None if world.dsn else world.tmp_path / "data" / "agentloop.db",
+                world.dsn,
+                agent_id,
+                missing,
+                world.histories,
+            )
+            raise AssertionError(f"{agent_id}: accepted but never recorded {where}:{report}")
     by_id = {s.session_id: s for s in listed.sessions}
     assert world.forks <= set(by_id), f"acknowledged forks missing {where}"
     for session in listed.sessions:

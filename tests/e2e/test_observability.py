@@ -22,6 +22,7 @@ from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import stream_pb2 as st
+from server.core import seams as S
 from server.models.scripted_options import script_options
 from server.observability.telemetry import Telemetry
 from server.observability.tracing import Tracing
@@ -133,7 +134,7 @@ async def test_tracing_off_registers_nothing() -> None:
     config = Config(listen="127.0.0.1:0", store="memory", agents=())
     async with running_app(config) as e2e:
         assert e2e.app.telemetry.tracing is None and e2e.app.telemetry.metrics is None
-        assert not e2e.app.runtime.seams.has("session/event", None)
+        assert not e2e.app.runtime.seams.has(S.SESSION_EVENT, None)
 
 
 # -- a server process: metrics over HTTP and JSON logs ---------------------------------

@@ -149,7 +149,7 @@ def build(args: argparse.Namespace) -> Plugin:
             return f"{args.tool} done"
 
     if args.malformed:
-        run = plugin.registry.run
+        run = plugin.registry.answer
 
         async def malformed(call: hs.HookCall) -> hs.HookResult | None:
             if call.WhichOneof("payload") != "prompt_submit":
@@ -159,7 +159,7 @@ def build(args: argparse.Namespace) -> Plugin:
                 tool_pre_execute=decision_pb2.PreToolDecision(allow=decision_pb2.ToolAllow()),
             )
 
-        plugin.registry.run = malformed  # type: ignore[method-assign]
+        plugin.registry.answer = malformed  # type: ignore[method-assign]
 
     return plugin
 
@@ -196,7 +196,7 @@ def fault_at(plugin: Plugin, args: argparse.Namespace, options: Options) -> None
             return "unreachable"
 
     if args.fault == "malformed":
-        run = plugin.registry.run
+        run = plugin.registry.answer
 
         async def malformed(call: hs.HookCall) -> hs.HookResult | None:
             if call.WhichOneof("payload") not in ("tool_pre_execute", "tool_post_execute",
@@ -207,7 +207,7 @@ def fault_at(plugin: Plugin, args: argparse.Namespace, options: Options) -> None
                 prompt_submit=decision_pb2.PromptDecision(allow=decision_pb2.PromptAllow()),
             )
 
-        plugin.registry.run = malformed  # type: ignore[method-assign]
+        plugin.registry.answer = malformed  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> None:

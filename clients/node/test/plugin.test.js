@@ -224,6 +224,43 @@ test('a CallBatch is handled call by call, in order', async () => {
   assert.deepEqual(served.probe.agentEvents, ['a1']);
 });
 
+test('a watched seam (observeOnly) is never answered but as "continue unchanged"', async () => {
+  const plugin = new sdk.Plugin({ name: 'watcher' });
+  plugin.logger = { error() {} }; // the preStep watcher fails on purpose
+  const seen = [];
+  plugin.turnStop({ observeOnly: true }, (call) => {
+    seen.push(call.kind);
+    return sdk.terminalStop(); // ignored: the plugin only watches
+  });
+  plugin.preStep({ observeOnly: true }, (call) => {
+    seen.push(call.kind);
+    throw new Error("a watcher's failure is contained");
+  });
+  const client = await serve(plugin);
+  try {
+    const description = await describe(client);
+    assert.deepEqual(description.subscriptions.map((s) => s.observeOnly), [true, true]);
+    const stream = new HandleStream(client);
+    stream.send(
+      { callId: 'n', kind: 'CALL_KIND_NOTIFICATION', seam: 'SEAM_TURN_STOP', turnStop: {} },
+      // A server without observe_only sends calls: answered "continue unchanged".
+      { callId: 's', kind: 'CALL_KIND_SEAM', seam: 'SEAM_TURN_STOP', turnStop: {} },
+    );
+    const answer = await stream.result();
+    assert.equal(answer.callId, 's');
+    assert.equal(answer.outcome, undefined);
+    stream.send({ callId: 'p', kind: 'CALL_KIND_SEAM', seam: 'SEAM_PRE_STEP', preStep: {} });
+    const failed = await stream.result();
+    assert.equal(failed.callId, 'p');
+    assert.equal(failed.outcome, undefined);
+    assert.deepEqual(await stream.finish(), []);
+    assert.deepEqual(seen, ['CALL_KIND_NOTIFICATION', 'CALL_KIND_SEAM', 'CALL_KIND_SEAM']);
+  } finally {
+    client.close();
+    await plugin.stop({ grace: 0 });
+  }
+});
+
 test('Describe asks for call batches only when the server offers them', async () => {
   const ask = (capabilities) => within(new Promise((resolve, reject) => {
     served.client.Describe({ capabilities }, (error, response) =>

@@ -62,6 +62,10 @@ class Options(TypedDict, total=False):
     """`on_session_event` only: only these kinds, such as "turn_end" (default: all)."""
     buffer_size: int
     """Observers only: notifications that may wait to be sent (default: the server's 1024)."""
+    observe_only: bool
+    """Transforming seams and checkpoints: the plugin only watches; the server sends each
+    call as a notification and never waits for it (no round trip). The handler's return
+    value is ignored (default: False, the server waits for the decision)."""
 
 
 def duration(seconds: float) -> duration_pb2.Duration:
@@ -111,6 +115,7 @@ class Subscription:
             agent_ids=list(self.options.get("agent_ids", ())),
             event_kinds=list(self.options.get("event_kinds", ())),
             buffer_size=self.options.get("buffer_size", 0),
+            observe_only=self.options.get("observe_only", False),
         )
         timeout = self.options.get("timeout")
         if timeout is not None:
@@ -185,23 +190,27 @@ class Registry:
         (`call.timeout`) passed: the server has stopped waiting for it.
         """
         limit = call.timeout.ToNanoseconds() / 1e9 if call.HasField("timeout") else 0.0
+        if limit <= 0:  # a notification, or no deadline: no timer
+            return await self.answer(call)
         try:
-            async with asyncio.timeout(limit if limit > 0 else None):
-                return await self._dispatch(call)
-        except TimeoutError:  # only the deadline's: _dispatch answers every error
+            async with asyncio.timeout(limit):
+                return await self.answer(call)
+        except TimeoutError:  # only the deadline's: answer() answers every error
             log.warning("plugin %s: call %s passed its deadline", self.name, call.call_id)
             return None
 
-    async def _dispatch(self, call: hs.HookCall) -> hs.HookResult | None:
+    async def answer(self, call: hs.HookCall) -> hs.HookResult | None:
+        """`run` without the deadline, which the caller keeps.
+
+        The handler's result, its error as a result, or None for a notification.
+        """
         payload = call.WhichOneof("payload") or ""
         spec = BY_PAYLOAD.get(payload)
         sub = self.subscriptions.get(payload)
-        if spec is not None and spec.decision is None:  # a notification
+        notification = call.kind == hs.CALL_KIND_NOTIFICATION
+        if spec is not None and (spec.decision is None or notification):  # a notification
             if sub is not None:
-                try:
-                    await sub.handler(call)
-                except Exception:
-                    log.exception("plugin %s: the %s observer failed", self.name, payload)
+                await self._watch(sub, call)
             return None
         result = hs.HookResult(call_id=call.call_id)
         try:
@@ -214,6 +223,8 @@ class Registry:
                 raise LookupError(f"plugin {self.name} serves no model provider {provider!r}")
             elif spec is None or spec.decision is None or sub is None:
                 raise LookupError(f"plugin {self.name} has no handler for {payload or 'the call'}")
+            elif sub.options.get("observe_only"):  # a server that sent it as a call anyway
+                await self._watch(sub, call)  # answered "continue unchanged"
             elif (decision := await sub.handler(call)) is not None:
                 if not isinstance(decision, spec.decision):
                     raise TypeError(
@@ -225,6 +236,13 @@ class Registry:
             log.warning("plugin %s: call %s failed: %s", self.name, call.call_id, exc)
             result = failure(call.call_id, error_text(exc))
         return result
+
+    async def _watch(self, sub: Subscription, call: hs.HookCall) -> None:
+        """Run a watching handler: its value is ignored, its failure logged and contained."""
+        try:
+            await sub.handler(call)
+        except Exception:
+            log.exception("plugin %s: the %s observer failed", self.name, sub.spec.payload)
 
     async def _run_tool(self, call: hs.HookCall) -> hs.ToolOutput:
         invocation = call.tool_execute.invocation

@@ -31,7 +31,9 @@ payload, e.g. `call.prompt_submit`) and returns `None` ("continue unchanged") or
 seam's decision, built with the constructors re-exported here from
 `agentloop.plugin.decisions`. A handler that raises answers `HookResult.error` with the
 exception text. Observers (`on_session_event`, `on_agent_event`, `on_tool_result`) get
-no answer. A tool handler receives the parsed JSON arguments and the call, and returns
+no answer; so does a seam subscribed with `observe_only=True`, which the plugin only
+watches: the server sends its calls as notifications and never waits for them. A tool
+handler receives the parsed JSON arguments and the call, and returns
 text, content blocks, a `ToolOutput`, or any other JSON value (sent as JSON text). A
 model handler streams the answer of a model call (see `agentloop.plugin.models`).
 While the server traces, `call.traceparent` holds its span of the call, and with

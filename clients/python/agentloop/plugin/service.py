@@ -3,7 +3,11 @@
 Each `HookCall` on a `Handle` stream runs as its own asyncio task, so many calls are in
 flight at once; each task writes its result itself as soon as it has it, under the
 stream's write lock (grpc.aio writes must never overlap), which saves a hop through a
-queue on every call. A `model_stream` call's chunks are written the same way, each as
+queue on every call. A call's deadline (`HookCall.timeout`) is an entry in the stream's
+deadline heap, not a timer of its own: one timer waits for the earliest, and a call
+still running at its deadline is cancelled and not answered. Results are written as
+bytes (the `Handle` response serializer is the identity): no `HandleResponse` copy of
+each result. A `model_stream` call's chunks are written the same way, each as
 soon as the model produces it. A `CancelCall` cancels the call's task (a model's
 generator is closed) and nothing more is sent for it. Notifications get no result. A
 `CallBatch` is taken apart and each of its calls handled as if it had come alone (the
@@ -13,7 +17,9 @@ plugin asks for batches in `Describe` when the server offers them).
 from __future__ import annotations
 
 import asyncio
+import heapq
 import hmac
+import itertools
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -48,6 +54,14 @@ class CallStream:
         self._running: set[asyncio.Task[None]] = set()
         """Every task still running, cancelled or not (awaited when the stream ends)."""
         self._write_lock = asyncio.Lock()
+        self._deadlines: list[tuple[float, int, asyncio.Task[None]]] = []
+        """(deadline, order, task) of the calls with a deadline: a heap."""
+        self._timed: set[asyncio.Task[None]] = set()
+        """The calls still running under their deadline (not yet answering)."""
+        self._expired: set[asyncio.Task[None]] = set()
+        """The calls cancelled by their deadline."""
+        self._order = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
         self._done = asyncio.Event()
         """Set when the stream should end: the server closed its side, or a drain ended."""
         self._draining = False
@@ -64,6 +78,8 @@ class CallStream:
             for task in self._running:
                 task.cancel()
             await asyncio.gather(reader, *self._running, return_exceptions=True)
+            if self._timer is not None:
+                self._timer.cancel()
 
     def drain(self) -> None:
         """Refuse new calls, and end the stream once the calls in flight are answered."""
@@ -95,24 +111,55 @@ class CallStream:
             return
         if self._draining:
             refused = failure(call.call_id, "the plugin is stopping")
-            self._track(asyncio.create_task(self._send(hs.HandleResponse(result=refused))))
+            self._track(asyncio.create_task(self._send_result(refused)))
             return
-        work = self._run(call)
+        streams = call.WhichOneof("payload") == "model_stream"
+        work = self._run(call) if streams else self._answer(call)
         if call.traceparent:  # the server traces: continue its trace (agentloop.plugin.tracing)
             work = tracing.traced(self._plugin.name, call, work)
         task = asyncio.create_task(work, name=f"agentloop-plugin call {call.call_id}")
         if call.call_id:
             self._calls[call.call_id] = task
         self._track(task)
+        if not streams and call.HasField("timeout"):
+            seconds = call.timeout.ToNanoseconds() / 1e9
+            if seconds > 0:
+                self._time(task, seconds)
+
+    def _time(self, task: asyncio.Task[None], seconds: float) -> None:
+        """Cancel `task` if it still runs `seconds` from now (the one timer, rescheduled)."""
+        loop = task.get_loop()
+        when = loop.time() + seconds
+        heap = self._deadlines
+        while heap and heap[0][2] not in self._timed:  # ended: dropped at the head
+            heapq.heappop(heap)
+        heapq.heappush(heap, (when, next(self._order), task))
+        self._timed.add(task)
+        timer = self._timer
+        if timer is None or when < timer.when():
+            if timer is not None:
+                timer.cancel()
+            self._timer = loop.call_at(when, self._expire, loop, when)
+
+    def _expire(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        self._timer = None
+        heap = self._deadlines
+        now = max(loop.time(), when)  # the loop may run a timer a clock tick early
+        while heap and (heap[0][2] not in self._timed or heap[0][0] <= now):
+            task = heapq.heappop(heap)[2]
+            if task in self._timed:
+                self._timed.discard(task)
+                self._expired.add(task)
+                task.cancel()
+        if heap:
+            self._timer = loop.call_at(heap[0][0], self._expire, loop, heap[0][0])
 
     def _track(self, task: asyncio.Task[None]) -> None:
         self._running.add(task)
         task.add_done_callback(self._finished)
 
     async def _run(self, call: hs.HookCall) -> None:
-        if call.WhichOneof("payload") != "model_stream":
-            await self._answer(call)
-            return
+        """A `model_stream` call: its chunks (or its failure) as they come."""
         me = asyncio.current_task()
         ended = False  # a result, or a model call's finish, was sent
         try:
@@ -125,8 +172,7 @@ class CallStream:
         except Exception as exc:  # responses() answers handler errors itself: a bug guard
             log.exception("plugin %s: call %s", self._plugin.name, call.call_id)
             if not ended and (not call.call_id or self._calls.get(call.call_id) is me):
-                failed = failure(call.call_id, error_text(exc))
-                await self._send(hs.HandleResponse(result=failed))
+                await self._send_result(failure(call.call_id, error_text(exc)))
         finally:
             if call.call_id and self._calls.get(call.call_id) is me:
                 del self._calls[call.call_id]
@@ -134,26 +180,54 @@ class CallStream:
     async def _answer(self, call: hs.HookCall) -> None:
         """A call with one result (or none): the short path, with no generator per call."""
         me = asyncio.current_task()
+        assert me is not None
         try:
-            result = await self._plugin.registry.run(call)
-        except Exception as exc:  # run() answers handler errors itself: a bug guard
+            result = await self._plugin.registry.answer(call)
+        except asyncio.CancelledError:
+            if me not in self._expired or me.uncancel():
+                raise  # withdrawn (CancelCall), or the stream ends
+            log.warning("plugin %s: call %s passed its deadline", self._plugin.name, call.call_id)
+            result = None
+        except Exception as exc:  # answer() answers handler errors itself: a bug guard
             log.exception("plugin %s: call %s", self._plugin.name, call.call_id)
             result = failure(call.call_id, error_text(exc))
         finally:
+            self._timed.discard(me)  # answering: the deadline no longer applies
+            self._expired.discard(me)
             withdrawn = bool(call.call_id) and self._calls.get(call.call_id) is not me
             if call.call_id and not withdrawn:
                 del self._calls[call.call_id]
         if result is not None and not withdrawn:
-            await self._send(hs.HandleResponse(result=result))
+            await self._send_result(result)
 
     async def _send(self, response: hs.HandleResponse) -> None:
         async with self._write_lock:
-            await self._context.write(response)
+            await self._context.write(response.SerializeToString())
+
+    async def _send_result(self, result: hs.HookResult) -> None:
+        """Write `HandleResponse(result=result)`, framed from the result's own bytes."""
+        encoded = result.SerializeToString()
+        async with self._write_lock:
+            await self._context.write(b"".join((_RESULT, _varint(len(encoded)), encoded)))
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
         if self._draining and not self._running:
             self._done.set()
+
+
+_RESULT = bytes(((hs.HandleResponse.RESULT_FIELD_NUMBER << 3) | 2,))
+"""The field key of `HandleResponse.result` (length-delimited)."""
+
+
+def _varint(value: int) -> bytes:
+    """`value` (≥ 0) as a protobuf base-128 varint."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 class HookServicer(rpc.HookServiceServicer):
@@ -200,6 +274,25 @@ class HookServicer(rpc.HookServiceServicer):
             self.streams.discard(stream)
 
 
+def handlers(servicer: HookServicer) -> grpc.GenericRpcHandler:
+    """`HookService`'s methods, `Handle` written as bytes (its serializer is the identity)."""
+    return grpc.method_handlers_generic_handler(
+        "agentloop.plugin.v1.HookService",
+        {
+            "Describe": grpc.unary_unary_rpc_method_handler(
+                servicer.Describe,
+                request_deserializer=hs.DescribeRequest.FromString,
+                response_serializer=hs.DescribeResponse.SerializeToString,
+            ),
+            "Handle": grpc.stream_stream_rpc_method_handler(
+                servicer.Handle,
+                request_deserializer=hs.HandleRequest.FromString,
+                response_serializer=None,
+            ),
+        },
+    )
+
+
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """The server's default `pluginMaxMessageBytes`: what a plugin must accept and may send."""
 
@@ -216,7 +309,7 @@ class PluginServer:
                 ("grpc.max_send_message_length", max_message_bytes),
             ]
         )
-        rpc.add_HookServiceServicer_to_server(self._servicer, self._server)
+        self._server.add_generic_rpc_handlers((handlers(self._servicer),))
 
     async def start(self, address: str, tls: tuple[bytes, bytes] | None = None) -> int:
         """Bind `address` (with TLS when `tls` is (key, cert) PEM) and start; returns the port."""

@@ -165,8 +165,8 @@ class _CallKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CallKind.Val
     names it), answered by one `HookResult`.
     """
     CALL_KIND_NOTIFICATION: _CallKind.ValueType  # 2
-    """An observer notification (`HookCall.seam` names the observer seam); it
-    gets no answer.
+    """An observer notification (`HookCall.seam` names the observer seam, or a
+    seam subscribed with `Subscription.observe_only`); it gets no answer.
     """
     CALL_KIND_TOOL_EXECUTE: _CallKind.ValueType  # 3
     """A call of one of the plugin's tools (`tool_execute` payload), answered by
@@ -190,8 +190,8 @@ CALL_KIND_SEAM: CallKind.ValueType  # 1
 names it), answered by one `HookResult`.
 """
 CALL_KIND_NOTIFICATION: CallKind.ValueType  # 2
-"""An observer notification (`HookCall.seam` names the observer seam); it
-gets no answer.
+"""An observer notification (`HookCall.seam` names the observer seam, or a
+seam subscribed with `Subscription.observe_only`); it gets no answer.
 """
 CALL_KIND_TOOL_EXECUTE: CallKind.ValueType  # 3
 """A call of one of the plugin's tools (`tool_execute` payload), answered by
@@ -432,6 +432,7 @@ class Subscription(_message.Message):
     AGENT_IDS_FIELD_NUMBER: _builtins.int
     EVENT_KINDS_FIELD_NUMBER: _builtins.int
     BUFFER_SIZE_FIELD_NUMBER: _builtins.int
+    OBSERVE_ONLY_FIELD_NUMBER: _builtins.int
     seam: Global___Seam.ValueType
     """Required. The point of the loop to listen to."""
     order: _builtins.int
@@ -444,6 +445,16 @@ class Subscription(_message.Message):
     """BufferSize is, for an observer, how many of its notifications may wait
     to be sent; 0 means 1024. A notification that finds the buffer full is
     dropped before it is built, and counted.
+    """
+    observe_only: _builtins.bool
+    """ObserveOnly says the plugin only watches this transforming seam or
+    checkpoint and never changes its outcome: each call is sent as a
+    notification (`CALL_KIND_NOTIFICATION`, the seam's payload, no answer),
+    queued like an observer's (`buffer_size`), and the loop goes on at once as
+    if the plugin had answered "continue unchanged": no round trip. `timeout`
+    and `failure_policy` do not apply. Not allowed on SEAM_TOOLS_APPROVAL (an
+    approver answers); on an observer seam it changes nothing. Offered as the
+    capability "observe_only".
     """
     @_builtins.property
     def timeout(self) -> _duration_pb2.Duration:
@@ -470,10 +481,11 @@ class Subscription(_message.Message):
         agent_ids: _abc.Iterable[_builtins.str] | None = ...,
         event_kinds: _abc.Iterable[_builtins.str] | None = ...,
         buffer_size: _builtins.int = ...,
+        observe_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_ids", b"agent_ids", "buffer_size", b"buffer_size", "event_kinds", b"event_kinds", "failure_policy", b"failure_policy", "order", b"order", "seam", b"seam", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_ids", b"agent_ids", "buffer_size", b"buffer_size", "event_kinds", b"event_kinds", "failure_policy", b"failure_policy", "observe_only", b"observe_only", "order", b"order", "seam", b"seam", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,127 @@
+"""What a running agent owns, scoped by how long it lives: the loop, a turn, a step.
+
+- `LoopState`: one per loop instance (an agent's driver, from its start or resume to
+  its disposal): the session prefix composed on its first step, the model requests it
+  made (the first of an instance logs a header), the cancel marker, the running turn.
+- `Turn`: one per turn: its number, its abort scope, how it will end, its open step.
+- `Step`: one per step: its abort scope, and the contexts held back while its tool
+  batch runs.
+
+After each step the loop decides what comes next (`Verdict`): run another step, stop,
+stop interrupted (cancelled or disposed), or stop failed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agentloop.v1 import content_pb2 as c
+from agentloop.v1 import session_event_pb2 as ev
+from server.core.abort import AbortController, AbortSignal
+from server.core.inbox import Pending
+
+
+@dataclass(eq=False)
+class Step:
+    """The state of one running step."""
+
+    number: int
+    controller: AbortController = field(default_factory=AbortController)
+    """The step's abort scope: `cancel()` and disposal fire it."""
+    tool_batch_active: bool = False
+    """While set, an injected context waits for the batch's results (`deferred`)."""
+    deferred: list[tuple[ev.ContextMessage, tuple[int, ...]]] = field(default_factory=list)
+    """Contexts held back while the tool batch runs (with the inbox entries they record),
+    appended after its results."""
+
+    @property
+    def signal(self) -> AbortSignal:
+        """Fires when the step is cancelled or the agent disposed."""
+        return self.controller.signal
+
+
+@dataclass(eq=False)
+class Turn:
+    """The state of one running turn."""
+
+    number: int
+    step: int = 0
+    """The number of the current (or last) step; 0 before the first."""
+    start_seq: int = 0
+    """The session length when the turn began: what it appended is counted from here."""
+    controller: AbortController = field(default_factory=AbortController)
+    """The turn's abort scope: every seam call of the turn watches it."""
+    current: Step | None = None
+    """The step running now (None between steps)."""
+    reason: ev.TurnEndReason = field(
+        default_factory=lambda: ev.TurnEndReason(completed=ev.TurnCompleted())
+    )
+    error_reported: bool = False
+    max_tokens: bool = False
+    step_open: bool = False
+    terminal: bool = False
+    unsubmitted: list[Pending] = field(default_factory=list)
+    """Drained messages that prompt-submit has not recorded yet."""
+
+    @property
+    def signal(self) -> AbortSignal:
+        """Fires when the turn is cancelled or the agent disposed."""
+        return self.controller.signal
+
+    def begin_step(self) -> Step:
+        """Number and open the scope of the next step."""
+        self.step += 1
+        self.current = Step(self.step)
+        return self.current
+
+    def abort(self, reason: str) -> None:
+        """Fire the turn's and the running step's signals."""
+        self.controller.abort(reason)
+        if self.current is not None:
+            self.current.controller.abort(reason)
+
+
+@dataclass(eq=False)
+class LoopState:
+    """The state of one loop instance (one driver of one agent)."""
+
+    session_prefix: list[c.Message] | None = None
+    """The session prefix of this loop instance, composed on its first step."""
+    requests_made: int = 0
+    """Model requests made by this loop instance (0: the next one logs a header)."""
+    cancel_reason: str | None = None
+    """The turn-scoped cancel marker: set by `cancel()` when there is work, cleared
+    when the loop has acted on it (the turn it interrupted ended, or none started)."""
+    turn: Turn | None = None
+    """The running turn."""
+
+
+# -- what comes after a step -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunAgain:
+    """Run another step."""
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The turn ends with the reason it has (completed unless something said otherwise)."""
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """The turn was cancelled or the agent disposed: it ends with `reason`."""
+
+    reason: ev.TurnEndReason
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A step failed: the turn ends with its error."""
+
+    error: BaseException
+
+
+Verdict = RunAgain | Stop | Interrupted | Failed
+"""What the loop does after a step."""

@@ -1,0 +1,105 @@
+"""The edge interceptors folded into one: one interception and one wrapper per call.
+
+The server's own interceptors are, outermost first: the access log (`AccessLog`),
+token authentication (`TokenAuth`, when a token is set) and the request guard
+(`RequestGuard`). Chained, each is a coroutine per call and each wraps the handler,
+so every response of a stream passed through one generator per layer. `Edge` does
+what the chain does in one interception and, for an authenticated call, one wrapper
+that logs, guards and runs the handler; a refused call takes the chain's own
+wrappers (rare, and identical by construction). The behaviour is the chain's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from server.edge.api_access import AccessLog
+from server.edge.api_guard import STREAM_METHOD, RequestGuard, Undecodable, guarded, refuse
+from server.edge.auth import TokenAuth, refusal
+
+if TYPE_CHECKING:
+    Continuation = Callable[
+        [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+    ]
+    Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class Edge(grpc.aio.ServerInterceptor):
+    """`AccessLog`, then `TokenAuth` (if any), then `RequestGuard`, as one interceptor."""
+
+    def __init__(self, access: AccessLog, guard: RequestGuard, auth: TokenAuth | None) -> None:
+        self.access = access
+        self.guard = guard
+        self.auth = auth
+        self._wrapped: dict[str, tuple[object, grpc.RpcMethodHandler[Any, Any]]] = {}
+        """Per method, the handler last wrapped and its wrapper: built once, not per call."""
+
+    async def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        """The handler wrapped as the chain would wrap it."""
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method or ""
+        why = self.auth.refused(handler_call_details) if self.auth is not None else ""
+        if why:  # as the chain: the guard's handler, refused, inside the access log
+            inner = handler
+            if not handler.request_streaming:
+                inner = self.guard.wrap(handler, method)
+            return self.access.wrap(refusal(inner, why), method)
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(handler, method)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, handler: Any, method: str) -> grpc.RpcMethodHandler[Any, Any]:
+        if handler.request_streaming:  # the guard leaves these as they are
+            return self.access.wrap(handler, method)
+        kwargs = {
+            "request_deserializer": guarded(handler.request_deserializer),
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(handler.unary_unary, method), **kwargs
+            )
+        return grpc.unary_stream_rpc_method_handler(
+            self._streaming(handler.unary_stream, method, method == STREAM_METHOD), **kwargs
+        )
+
+    def _unary(self, behaviour: Callable[..., Any], method: str) -> Callable[..., Awaitable[Any]]:
+        observed = self.access.observed
+
+        async def unary(request: Any, context: Context) -> Any:
+            with observed(method, context):
+                if isinstance(request, Undecodable):
+                    await refuse(context, request)
+                return await behaviour(request, context)
+
+        return unary
+
+    def _streaming(
+        self, behaviour: Callable[..., Any], method: str, counted: bool
+    ) -> Callable[..., AsyncIterator[Any]]:
+        observed, guard = self.access.observed, self.guard
+
+        async def streaming(request: Any, context: Context) -> AsyncIterator[Any]:
+            with observed(method, context):
+                await guard.admit(request, context, counted)
+                try:
+                    result = behaviour(request, context)
+                    if hasattr(result, "__aiter__"):
+                        async for response in result:
+                            yield response
+                    else:  # a handler that writes with `context.write` (health's Watch)
+                        await result
+                finally:
+                    guard.streams -= counted
+
+        return streaming

@@ -1,0 +1,206 @@
+"""Leases in one replica, in-process over a real PostgreSQL: a replica keeps what it holds.
+
+A replica loses an agent only when another replica took its lease. Not when it was
+late to renew and nobody took it, not to its own sweep, and not while its sweep
+resumes one by one the many agents of a replica that died (the leases taken first
+must not lapse while the later agents are resumed): an agent stopped there would leave
+the messages it had accepted pending with nobody to run them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from server.cluster.leases import Cluster
+from server.stores.postgres import PostgresStore
+from server.stores.postgres_leases import Lease, Leases
+from tests.postgres import drop_database, fresh_database
+
+TTL = 1.0
+"""The lease time, in seconds."""
+
+AGENTS = ["a0", "a1", "a2", "a3"]
+
+
+@pytest.fixture
+async def store(postgres_server: str) -> AsyncIterator[PostgresStore]:
+    dsn = await fresh_database(postgres_server)
+    s = PostgresStore(dsn)
+    await s.open()
+    try:
+        yield s
+    finally:
+        await s.close()
+        await drop_database(postgres_server, dsn)
+
+
+async def leases_of(store: PostgresStore) -> dict[str, tuple[str, bool]]:
+    """Per agent: its owner, and whether its lease ends one lease time after the last renewal.
+
+    A renewal extends the leases and beats the heartbeat in one transaction, so an
+    extended lease ends exactly `TTL` after the owner's heartbeat.
+    """
+    pool = await store.pool()
+    rows = await pool.fetch(
+        "SELECT agent_id, owner,"
+        " expires_at = heartbeat + make_interval(secs => $1) AS renewed"
+        " FROM leases JOIN replicas ON replicas.replica_id = leases.owner",
+        TTL,
+    )
+    return {r["agent_id"]: (r["owner"], r["renewed"]) for r in rows}
+
+
+async def heartbeat(store: PostgresStore, replica_id: str) -> float:
+    pool = await store.pool()
+    value = await pool.fetchval(
+        "SELECT extract(epoch FROM heartbeat) FROM replicas WHERE replica_id = $1", replica_id
+    )
+    return float(value)
+
+
+async def database_now(store: PostgresStore) -> float:
+    pool = await store.pool()
+    return float(await pool.fetchval("SELECT extract(epoch FROM clock_timestamp())"))
+
+
+async def a_renewal_ran_after(store: PostgresStore, moment: float) -> None:
+    """Wait (bounded) until a renewal that began after `moment` has run to its end.
+
+    The heartbeat moves past `moment`, then once more: renewals run one after the
+    other, so the first one (and whatever it stopped) is done by then.
+    """
+    first = None
+    for _ in range(600):
+        beat = await heartbeat(store, "me")
+        if first is None and beat > moment:
+            first = beat
+        elif first is not None and beat > first:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("no renewal")
+
+
+async def lapse(store: PostgresStore) -> None:
+    """Wait until a lease taken now has expired (the database's clock)."""
+    late = await database_now(store) + TTL
+    for _ in range(600):
+        if await database_now(store) > late:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the clock did not move")
+
+
+async def dead_replica_with_agents(store: PostgresStore) -> None:
+    """A replica that held `AGENTS` and died: its leases are all expired."""
+    dead = Leases(store, "dead", "127.0.0.1:1", TTL)
+    await dead.register()
+    for agent_id in AGENTS:
+        assert await dead.acquire(agent_id, f"{agent_id}-session", b"") is None
+    await dead.hand_over()
+
+
+async def test_a_sweep_that_takes_many_agents_keeps_them_all_while_it_resumes_them(
+    store: PostgresStore,
+) -> None:
+    await dead_replica_with_agents(store)
+    held: set[str] = set()
+    abandoned: list[str] = []
+    resumed = asyncio.Event()
+
+    async def resume(lease: Lease) -> None:
+        if lease.agent_id == AGENTS[0]:
+            # A slow resume (a long log, a loaded machine): longer than a lease, so the
+            # leases taken with this one lapse unless they are renewed meanwhile.
+            await asyncio.sleep(1.5 * TTL)
+        held.add(lease.agent_id)
+        if held == set(AGENTS):
+            resumed.set()
+
+    async def abandon(agent_id: str) -> None:
+        abandoned.append(agent_id)
+        held.discard(agent_id)
+
+    me = Cluster(Leases(store, "me", "127.0.0.1:2", TTL))
+    await me.register()
+    me.start(lambda: set(held), resume, abandon)
+    try:
+        await asyncio.wait_for(resumed.wait(), 30)
+        await a_renewal_ran_after(store, await database_now(store))
+        leases = await leases_of(store)
+    finally:
+        await me.stop()
+    assert abandoned == []
+    assert leases == {agent_id: ("me", True) for agent_id in AGENTS}
+
+
+async def test_a_replica_late_to_renew_keeps_the_agents_nobody_took(
+    store: PostgresStore,
+) -> None:
+    await dead_replica_with_agents(store)
+    taken = await Leases(store, "me", "127.0.0.1:2", TTL).take_over()
+    assert sorted(lease.agent_id for lease in taken) == AGENTS
+    await lapse(store)  # every lease lapsed: this replica stalled
+    resumed: list[str] = []
+    abandoned: list[str] = []
+
+    async def resume(lease: Lease) -> None:
+        resumed.append(lease.agent_id)
+
+    async def abandon(agent_id: str) -> None:
+        abandoned.append(agent_id)
+
+    me = Cluster(Leases(store, "me", "127.0.0.1:2", TTL))
+    await me.register()
+    after = await database_now(store)
+    me.start(lambda: set(AGENTS), resume, abandon)  # it runs them all
+    try:
+        await a_renewal_ran_after(store, after)
+        leases = await leases_of(store)
+    finally:
+        await me.stop()
+    assert abandoned == []  # nobody took them: they are still this replica's
+    assert resumed == []  # and its own sweep does not take the agents it runs
+    assert leases == {agent_id: ("me", True) for agent_id in AGENTS}
+
+
+async def test_a_replica_stops_the_agents_another_took_and_only_those(
+    store: PostgresStore,
+) -> None:
+    mine = Leases(store, "me", "127.0.0.1:2", TTL)
+    other = Leases(store, "other", "127.0.0.1:3", TTL)
+    for replica in (mine, other):
+        await replica.register()
+    for agent_id in AGENTS[:2]:
+        assert await mine.acquire(agent_id, f"{agent_id}-session", b"") is None
+    await mine.hand_over()  # this replica stalled: its leases lapsed...
+    pool = await store.pool()
+    await pool.execute(  # ...and the other replica took a0 over (a1 nobody took)
+        "UPDATE leases SET owner = 'other', expires_at = now() + interval '1 hour'"
+        " WHERE agent_id = $1",
+        AGENTS[0],
+    )
+    abandoned: list[str] = []
+
+    async def resume(lease: Lease) -> None:
+        raise AssertionError(f"nothing to take over, yet {lease.agent_id} was")
+
+    held = set(AGENTS[:3])  # a0 and a1 run here; a2 is being created, not leased yet
+
+    async def abandon(agent_id: str) -> None:
+        abandoned.append(agent_id)
+        held.discard(agent_id)
+
+    me = Cluster(mine)
+    after = await database_now(store)
+    me.start(lambda: set(held), resume, abandon)
+    try:
+        await a_renewal_ran_after(store, after)
+    finally:
+        await me.stop()
+    assert abandoned == [AGENTS[0]]
+    leases = await leases_of(store)
+    assert leases[AGENTS[1]] == ("me", True)
+    assert AGENTS[2] not in leases
