@@ -11,6 +11,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from agentloop.plugin import sdk
 from agentloop.plugin.seam_table import BY_PAYLOAD, BY_SEAM, SPECS
 from agentloop.plugin.v1 import hook_service_pb2 as hk
@@ -88,6 +90,45 @@ def test_python_sdk_has_each_registration_method() -> None:
         assert subscription.seam == spec.seam, spec
 
 
+def test_the_python_sdk_subscribes_to_any_seam_of_the_table_by_path_or_value() -> None:
+    async def handler(call: hk.HookCall) -> None:
+        return None
+
+    for spec in SPECS:
+        for seam in (spec.path, spec.seam):
+            plugin = sdk.Plugin("t")
+            plugin.on(seam)(handler)
+            (subscription,) = plugin.describe().subscriptions
+            assert subscription.seam == spec.seam, (seam, spec)
+    with pytest.raises(ValueError, match="no seam 'agent/nowhere'"):
+        sdk.Plugin("t").on("agent/nowhere")
+
+
+def test_the_node_helper_subscribes_to_any_seam_of_the_table_by_path_or_name() -> None:
+    script = (
+        "const { Plugin } = require('./plugin.js');"
+        "const { SEAMS } = require('./proto.js');"
+        "const out = [];"
+        "for (const s of SEAMS) for (const key of [s.path, s.seam]) {"
+        "  const p = new Plugin({ name: 't' }); p.on(key, () => undefined);"
+        "  out.push([key, [...p.subscriptions.keys()]]); }"
+        "let refused = '';"
+        "try { new Plugin({ name: 't' }).on('agent/nowhere', () => undefined); }"
+        "catch (e) { refused = e.message; }"
+        "console.log(JSON.stringify({ out, refused }));"
+    )
+    out = subprocess.run(
+        ["node", "-e", script], cwd=ROOT / "clients" / "node", capture_output=True, check=True
+    )
+    found = json.loads(out.stdout)
+    camel = lambda name: "".join(  # noqa: E731
+        part if i == 0 else part.capitalize() for i, part in enumerate(name.split("_"))
+    )
+    keys = [(spec, key) for spec in SPECS for key in (spec.path, hk.Seam.Name(spec.seam))]
+    assert found["out"] == [[key, [camel(spec.payload)]] for spec, key in keys]
+    assert "no seam agent/nowhere" in found["refused"]
+
+
 def test_node_helper_reads_the_same_table() -> None:
     script = "console.log(JSON.stringify(require('./proto.js').SEAMS))"
     out = subprocess.run(
@@ -101,6 +142,7 @@ def test_node_helper_reads_the_same_table() -> None:
         {
             "method": camel(spec.method),
             "seam": hk.Seam.Name(spec.seam),
+            "path": spec.path,
             "payload": camel(spec.payload),
             "answered": spec.mode != hk.SEAM_MODE_OBSERVER,
         }

@@ -221,6 +221,19 @@ class Plugin {
   }
 
   /** Register the one handler of the seam whose payload field is `payload`. */
+  /**
+   * Subscribe to any seam of the table, by its path (`'agent/request'`) or its `Seam`
+   * name (`'SEAM_REQUEST'`), as its method would: a seam newer than this helper's
+   * methods needs no code here.
+   * @param {string} seam @param {SubscriptionOptions|Handler} options
+   * @param {Handler} [handler] @returns {this}
+   */
+  on(seam, options, handler) {
+    const spec = proto.SEAMS.find((s) => s.path === seam || s.seam === seam);
+    if (!spec) throw new Error(`plugin ${this.name}: no seam ${seam} in the seam table`);
+    return this._subscribe(spec.payload, options, handler);
+  }
+
   _subscribe(payload, options, handler) {
     if (typeof options === 'function') [options, handler] = [{}, options];
     if (typeof handler !== 'function') throw new TypeError(`the ${payload} handler: not a function`);

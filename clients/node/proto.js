@@ -69,6 +69,7 @@ const SEAMS = Object.entries(seamOptions())
   .map(([seam, options]) => ({
     method: camel(options['(seam).method']),
     seam,
+    path: options['(seam).path'],
     payload: camel(options['(seam).payload']),
     answered: options['(seam).mode'] !== 'SEAM_MODE_OBSERVER',
   }));

@@ -103,6 +103,7 @@ from agentloop.plugin.models import (
     tool_call_chunks,
     usage_chunk,
 )
+from agentloop.plugin.seam_table import BY_PATH, BY_SEAM
 from agentloop.plugin.service import MAX_MESSAGE_BYTES, PluginServer
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.v1 import decision_pb2 as d
@@ -252,6 +253,16 @@ class Plugin:
         otherwise is cancelled. Without a `timeout` it waits as long as the approval.
         """
         return self._subscribe(hs.SEAM_TOOLS_APPROVAL, options)
+
+    # Any seam of the table, by its path or `Seam` value: a seam newer than this helper's
+    # methods needs no code here.
+
+    def on(self, seam: str | hs.Seam.ValueType, **options: Unpack[Options]) -> Decorator[Any]:
+        """Subscribe to `seam` ("agent/request" or `SEAM_REQUEST`), as its method would."""
+        spec = BY_PATH.get(seam) if isinstance(seam, str) else BY_SEAM.get(seam)
+        if spec is None:
+            raise ValueError(f"plugin {self.registry.name}: no seam {seam!r} in the seam table")
+        return self._subscribe(spec.seam, options)
 
     def _subscribe(self, seam: hs.Seam.ValueType, options: Options) -> Decorator[Any]:
         def register(handler: Handler[Any]) -> Handler[Any]:

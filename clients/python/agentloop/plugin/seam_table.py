@@ -54,3 +54,4 @@ SPECS = _read()
 """Every seam a plugin can subscribe to, in `Seam` number order."""
 BY_SEAM = {spec.seam: spec for spec in SPECS}
 BY_PAYLOAD = {spec.payload: spec for spec in SPECS}
+BY_PATH = {spec.path: spec for spec in SPECS}
