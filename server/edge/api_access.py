@@ -7,7 +7,6 @@ The line is at INFO, on the `agentloop.access` logger, with `method`, `code`,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -93,37 +92,53 @@ class AccessLog(grpc.aio.ServerInterceptor):
 
         return streaming
 
-    @contextlib.contextmanager
-    def observed(self, method: str, context: Context) -> Any:
+    def observed(self, method: str, context: Context) -> Observation:
         """Around one call: its span, its metrics and its access log line."""
-        started = time.perf_counter()
-        peer = context.peer() or ""
+        return Observation(self, method, context)
+
+
+class Observation:
+    """One call observed (`AccessLog.observed`): a plain context manager, no generator.
+
+    The peer is asked for only when something records it (the span, the log line).
+    """
+
+    __slots__ = ("access", "context", "method", "span", "started")
+
+    def __init__(self, access: AccessLog, method: str, context: Context) -> None:
+        self.access = access
+        self.method = method
+        self.context = context
+        self.started = time.perf_counter()
         # The span is never made current: nothing under it needs it as parent.
-        span = self.tracing.rpc(method, peer) if self.tracing is not None else None
-        code = "OK"
-        try:
-            yield
-        except grpc.aio.AbortError:
-            code = _code(context, "UNKNOWN")
-            raise
-        except BaseException as error:
-            code = "CANCELLED" if isinstance(error, asyncio.CancelledError) else "UNKNOWN"
-            raise
-        else:
+        tracing = access.tracing
+        self.span = tracing.rpc(method, context.peer() or "") if tracing is not None else None
+
+    def __enter__(self) -> Observation:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: object, trace: object) -> None:
+        context = self.context
+        if kind is None:
             code = _code(context, "OK")
-        finally:
-            seconds = time.perf_counter() - started
-            if span is not None and self.tracing is not None:
-                self.tracing.end_rpc(span, code, _number(code))
-            if self.metrics is not None:
-                self.metrics.rpc(method, code, seconds)
+        elif issubclass(kind, grpc.aio.AbortError):
+            code = _code(context, "UNKNOWN")
+        else:
+            code = "CANCELLED" if issubclass(kind, asyncio.CancelledError) else "UNKNOWN"
+        seconds = time.perf_counter() - self.started
+        access = self.access
+        if self.span is not None and access.tracing is not None:
+            access.tracing.end_rpc(self.span, code, _number(code))
+        if access.metrics is not None:
+            access.metrics.rpc(self.method, code, seconds)
+        if log.isEnabledFor(logging.INFO):
             log.info(
                 "rpc",  # everything is in the fields
                 extra={
-                    "method": method,
+                    "method": self.method,
                     "code": code,
                     "duration_ms": round(seconds * 1000, 3),
-                    "peer": peer,
+                    "peer": context.peer() or "",
                 },
             )
 

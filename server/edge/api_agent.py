@@ -50,6 +50,25 @@ LIVE_EVENT_BUFFER = 1024
 """Live agent events held for a slow stream reader; older ones are dropped first."""
 
 
+def _passes(count: int) -> asyncio.Future[None]:
+    """A future whose awaiting task resumes `count` loop passes from now.
+
+    As `count` × `sleep(0)`, but the task wakes once: a stream's task resumes its whole
+    chain of awaits (gRPC's call, the interceptor, this generator) at every wake-up.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def later(left: int) -> None:
+        if left > 0:
+            loop.call_soon(later, left - 1)
+        elif not done.done():
+            done.set_result(None)  # the awaiting task resumes in the next pass
+
+    later(count - 1)
+    return done
+
+
 def message_content(text: str, content: list[c.ContentBlock], field: str) -> list[c.ContentBlock]:
     """The content of a request: `text` as a block, then `content`; never empty."""
     for i, block in enumerate(content):
@@ -294,8 +313,7 @@ class AgentServicer(ApprovalMethods, rpc.AgentServiceServicer):
                     await abort(context, session.failure)
                     return
                 await session.wait_beyond(cursor)
-                for _ in range(COALESCE_PASSES):  # what this wake-up set going joins the batch
-                    await asyncio.sleep(0)
+                await _passes(COALESCE_PASSES)  # what this wake-up set going joins the batch
         finally:
             if unsubscribe is not None:
                 unsubscribe()

@@ -23,8 +23,15 @@ SERVICE = "agentloop.v1.AgentService"
 EVENTS_TAG = b"\x0a"  # field 1, length-delimited
 
 
+_ONE_BYTE = [bytes((n,)) for n in range(0x80)]
+
+
 def varint(value: int) -> bytes:
     """The protobuf base-128 varint of a non-negative int."""
+    if value < 0x80:  # most events: a table look-up
+        return _ONE_BYTE[value]
+    if value < 0x4000:
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
