@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-GATHER_PASSES = 8
+GATHER_PASSES = 4
 """The most loop passes a pending commit waits for the ready work to run out (`_gather`):
 under load, the writes of those passes share one transaction (one BEGIN/COMMIT, each
 page written once) instead of a commit every other pass."""
