@@ -100,19 +100,22 @@ class AccessLog(grpc.aio.ServerInterceptor):
 class Observation:
     """One call observed (`AccessLog.observed`): a plain context manager, no generator.
 
-    The peer is asked for only when something records it (the span, the log line).
+    The peer is asked for only when something records it (the span, the log line),
+    and only at the start: once a call is cancelled, gRPC may have let go of it.
     """
 
-    __slots__ = ("access", "context", "method", "span", "started")
+    __slots__ = ("access", "context", "method", "peer", "span", "started")
 
     def __init__(self, access: AccessLog, method: str, context: Context) -> None:
         self.access = access
         self.method = method
         self.context = context
         self.started = time.perf_counter()
-        # The span is never made current: nothing under it needs it as parent.
         tracing = access.tracing
-        self.span = tracing.rpc(method, context.peer() or "") if tracing is not None else None
+        recorded = tracing is not None or log.isEnabledFor(logging.INFO)
+        self.peer = (context.peer() or "") if recorded else None
+        # The span is never made current: nothing under it needs it as parent.
+        self.span = tracing.rpc(method, self.peer or "") if tracing is not None else None
 
     def __enter__(self) -> Observation:
         return self
@@ -131,14 +134,14 @@ class Observation:
             access.tracing.end_rpc(self.span, code, _number(code))
         if access.metrics is not None:
             access.metrics.rpc(self.method, code, seconds)
-        if log.isEnabledFor(logging.INFO):
+        if self.peer is not None and log.isEnabledFor(logging.INFO):
             log.info(
                 "rpc",  # everything is in the fields
                 extra={
                     "method": self.method,
                     "code": code,
                     "duration_ms": round(seconds * 1000, 3),
-                    "peer": context.peer() or "",
+                    "peer": self.peer,
                 },
             )
 

@@ -69,6 +69,29 @@ def _passes(count: int) -> asyncio.Future[None]:
     return done
 
 
+def _once_stored(session: SessionLog, answer: bytes) -> asyncio.Future[bytes]:
+    """`answer`, once everything `session` wrote so far is stored (`SessionLog.settle`).
+
+    The store's refusal of the session instead, if it refused it.
+    """
+    result: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    def settled(_: object = None) -> None:
+        if result.done():  # its caller gave up
+            return
+        if session.failure is not None:
+            result.set_exception(session.failure)
+        else:
+            result.set_result(answer)
+
+    stored = session.journal.sync() if session.journal is not None else None
+    if stored is None or stored.done():
+        settled()
+    else:
+        stored.add_done_callback(settled)
+    return result
+
+
 def message_content(text: str, content: list[c.ContentBlock], field: str) -> list[c.ContentBlock]:
     """The content of a request: `text` as a block, then `content`; never empty."""
     for i, block in enumerate(content):
@@ -160,20 +183,23 @@ class AgentServicer(ApprovalMethods, rpc.AgentServiceServicer):
         """Run `accept` once per request id; answer when what it wrote is durable.
 
         The answer is recorded in the same tick as the message, hence the same commit:
-        a retry finds it exactly when the message is stored.
+        a retry finds it exactly when the message is stored. `run` accepts at once and
+        returns a future of that commit, not a coroutine: the first call needs no task
+        of its own (a caller that gives up leaves the future to the duplicates).
         """
+        answers: list[Answer] = []
 
-        async def run() -> bytes:
+        def run() -> asyncio.Future[bytes]:
             check_pending(self.runtime.limits, agent.agent_id, len(agent.session.inbox))
             answer = accept()
             raw = answer.SerializeToString()
             if request_id:
                 agent.session.record(RequestRecord(agent.agent_id, request_id, method, raw))
-            await agent.session.settle()
-            return raw
+            answers.append(answer)
+            return _once_stored(agent.session, raw)
 
         raw = await self.runtime.requests.once(agent.agent_id, request_id, method, run, agent)
-        return kind.FromString(raw)
+        return answers[0] if answers else kind.FromString(raw)
 
     @mapped
     async def CancelTurn(
