@@ -71,6 +71,7 @@ VARIANTS: dict[str, Variant] = {
     "echo-yields": {"serve": "yield"},
     "echo-reads": {"serve": "read"},
     "client-iterates": {"read": "iterate"},
+    "polled-echo-reads": {"serve": "read", "env": {"GRPC_EXPERIMENTS": POLLED}},
 }
 
 
