@@ -1,0 +1,87 @@
+"""Group commit under load: a loaded loop gathers a few passes of writes into one commit.
+
+Counted in loop passes (`sleep(0)`), never in time: a quiet loop starts the commit one
+pass after the first write, a loaded one (`GATHER_BUSY` callbacks still ready) waits
+up to `GATHER_PASSES` passes, and nothing is published before its commit either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from agentloop.v1 import session_event_pb2 as ev
+from agentloop.v1 import session_pb2
+from server.sessions.journal import GATHER_BUSY, GATHER_PASSES, Journal
+from server.sessions.session import SessionLog
+from server.stores.memory import MemoryStore
+from tests.stores import create_session
+
+TURN_START = ev.TurnStart(turn=1, trigger=ev.TRIGGER_KIND_MESSAGE)
+
+
+async def new_session(journal: Journal, session_id: str) -> SessionLog:
+    await create_session(journal.store, session_id, session_pb2.SessionHeader())
+    return SessionLog(session_id, session_pb2.SessionHeader(), journal)
+
+
+async def passes(count: int) -> None:
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+async def busy(stop: asyncio.Event) -> None:
+    """One of the callbacks that keep a loaded loop's ready queue full."""
+    while True:
+        await asyncio.sleep(0)  # ready again at every pass: a loop that is never idle
+        if stop.is_set():
+            return
+
+
+async def writes_two_passes_apart(journal: Journal) -> tuple[SessionLog, SessionLog]:
+    a, b = await new_session(journal, "a"), await new_session(journal, "b")
+    a.append("turn_start", TURN_START)
+    await passes(2)
+    b.append("turn_start", TURN_START)
+    return a, b
+
+
+async def test_a_quiet_loop_commits_one_pass_after_the_first_write() -> None:
+    journal = Journal(MemoryStore())
+    a, b = await writes_two_passes_apart(journal)
+    await a.settle()
+    await b.settle()
+    assert journal.commits == 2  # a's commit had started when b wrote
+    assert (a.stored, b.stored) == (1, 1)
+
+
+async def test_a_loaded_loop_gathers_the_writes_of_a_few_passes_into_one_commit() -> None:
+    journal = Journal(MemoryStore())
+    stop = asyncio.Event()
+    others = [asyncio.ensure_future(busy(stop)) for _ in range(GATHER_BUSY)]
+    try:
+        await passes(1)  # the busy callbacks are running
+        a, b = await writes_two_passes_apart(journal)
+        assert (a.stored, b.stored) == (0, 0)  # nothing published before its commit
+        await a.settle()
+        assert journal.commits == 1  # b's write joined a's commit
+        assert (a.stored, b.stored) == (1, 1)
+    finally:
+        stop.set()
+        await asyncio.gather(*others)
+
+
+async def test_a_loaded_loop_still_commits_within_the_bound() -> None:
+    journal = Journal(MemoryStore())
+    stop = asyncio.Event()
+    others = [asyncio.ensure_future(busy(stop)) for _ in range(GATHER_BUSY)]
+    try:
+        await passes(1)
+        session = await new_session(journal, "a")
+        session.append("turn_start", TURN_START)
+        # Started after at most GATHER_PASSES passes and written soon after: the
+        # loop never being idle does not hold the commit back for longer.
+        await passes(GATHER_PASSES + 3)
+        assert (journal.commits, session.stored) == (1, 1)
+    finally:
+        stop.set()
+        await asyncio.gather(*others)
