@@ -316,14 +316,11 @@ class App:
         closing = asyncio.ensure_future(self.factory.close())
         done, _ = await asyncio.wait({closing}, timeout=grace)
         if not done:
-            running = list(self.factory.agents.values())
+            cancelled = self.factory.cancel_all()
             log.warning(
                 "%d agent(s) did not stop within the %g s grace period; cancelling them",
-                len(running), grace,
+                cancelled, grace,
             )  # fmt: skip
-            for agent in running:
-                if agent.driver is not None:
-                    agent.driver.cancel()
             done, _ = await asyncio.wait({closing}, timeout=CANCEL_SETTLE_SECONDS)
             if not done:
                 log.error("agents still not torn down after cancelling them; going on")
