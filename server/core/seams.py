@@ -35,6 +35,7 @@ from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 from server.core.abort import AbortSignal
+from server.core.tasks import cancel_and_wait
 from server.core.tools import ToolExecution, ToolOutcome
 
 if TYPE_CHECKING:
@@ -541,10 +542,7 @@ class SeamRegistry:
     async def close(self) -> None:
         """Cancel the emit listeners still running and wait for them (server shutdown)."""
         while self._tasks:
-            tasks = list(self._tasks)
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(list(self._tasks))
 
     def _settled(self, seam: SeamKey, reg: Registration[F], task: asyncio.Future[object]) -> None:
         self._tasks.discard(task)
