@@ -195,16 +195,16 @@ async def run_one_step(agent: Agent, turn: Turn) -> Verdict:
         try:
             system, history = await prepare_step(agent, turn, step)
         except (Aborted, asyncio.CancelledError) as error:
-            if isinstance(error, Aborted) and not step.signal.aborted:
-                raise
-            if not turn.scope.caught(error):
+            ours = turn.scope.caught(error)
+            if not (step.signal.aborted if isinstance(error, Aborted) else ours):
                 raise
             close_step(agent, turn)
             return Interrupted(interruption(agent, turn))
         try:
             outcome = await run_step(agent, turn, step, system, history)
         except (Exception, asyncio.CancelledError) as error:
-            if isinstance(error, asyncio.CancelledError) and not turn.scope.caught(error):
+            ours = turn.scope.caught(error)
+            if isinstance(error, asyncio.CancelledError) and not ours:
                 raise
             close_step(agent, turn)
             if agent.disposed:
