@@ -344,7 +344,7 @@ class Agent:
             seams.emit(S.SESSION_COMMITTED, self.agent_id, S.SessionEventSeen(self, event))
 
     def stop(self) -> None:
-        """First step of disposal: mark disposed, unpark the driver, abort the step."""
+        """First step of disposal: mark disposed, unpark the driver, cancel the running turn."""
         if self.disposed:
             return
         self.disposed = True

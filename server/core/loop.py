@@ -18,7 +18,7 @@ from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 from server.core import seams as S
 from server.core.agent import Agent
-from server.core.errors import Aborted, CodedError
+from server.core.errors import CodedError
 from server.core.inbox import Pending
 from server.core.running import Failed, Interrupted, RunAgain, Stop, Turn, Verdict
 from server.core.step import prepare_step, run_step
@@ -106,27 +106,27 @@ async def run_turn(agent: Agent) -> bool:
 def end_thrown_turn(agent: Agent, turn: Turn, error: BaseException) -> None:
     """Close what a turn that threw left open, and set its end reason.
 
-    The turn's own cancellation (a seam call that gave up because the turn was
-    cancelled or the agent disposed) interrupts it; a cancellation of the driver
-    itself (a shutdown past its grace) propagates; any other one is a stray
-    cancellation from inside a seam or tool: a failure of this turn only.
+    The turn's own cancellation (caught by its scope: a seam call that gave up because
+    the turn was cancelled or the agent disposed) interrupts it; a cancellation of the
+    driver itself (a shutdown past its grace) propagates; any other cancellation is a
+    stray one from inside a seam or tool: a failure of this turn only.
     """
-    if isinstance(error, asyncio.CancelledError):
-        if not turn.scope.caught(error):
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise error
-            close_step(agent, turn)
-            fail(agent, turn, CodedError("a listener or tool was cancelled", "CANCELLED"))
-            return
-        error = Aborted(turn.signal.reason or turn.scope.reason or "cancelled")
+    interrupted = turn.scope.caught(error)
+    cancelled = isinstance(error, asyncio.CancelledError)
+    if cancelled and not interrupted:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise error
+        close_step(agent, turn)
+        fail(agent, turn, CodedError("a listener or tool was cancelled", "CANCELLED"))
+        return
     close_step(agent, turn)
     if not agent.disposed:  # disposed: they stay pending and run when resumed
-        reason = f"the turn ended before it was submitted: {error}"
-        agent.record_dropped(turn.unsubmitted, reason)
+        why = turn.signal.reason if cancelled else error
+        agent.record_dropped(turn.unsubmitted, f"the turn ended before it was submitted: {why}")
     if agent.disposed and not turn.error_reported:
         turn.reason = ev.TurnEndReason(disposed=ev.TurnDisposed())
-    elif isinstance(error, Aborted) and turn.scope.reason is not None:
+    elif interrupted and turn.scope.reason is not None:
         interrupt(agent, turn)  # a seam call gave up because the turn was cancelled
     else:
         fail(agent, turn, error)
@@ -194,9 +194,8 @@ async def run_one_step(agent: Agent, turn: Turn) -> Verdict:
     try:
         try:
             system, history = await prepare_step(agent, turn, step)
-        except (Aborted, asyncio.CancelledError) as error:
-            ours = turn.scope.caught(error)
-            if not (step.signal.aborted if isinstance(error, Aborted) else ours):
+        except (Exception, asyncio.CancelledError) as error:
+            if not turn.scope.caught(error):
                 raise
             close_step(agent, turn)
             return Interrupted(interruption(agent, turn))
