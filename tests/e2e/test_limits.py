@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import TypeVar
@@ -89,34 +88,30 @@ async def server_in_a_process(tmp_path: Path) -> AsyncIterator[Client]:
             yield Client(channel)
 
 
-async def slowest_health_while(client: Client, work: Awaitable[T_]) -> tuple[T_, float]:
-    """Run `work` while checking health back to back; its result and the slowest check."""
+async def healthy_while(client: Client, work: Awaitable[T_]) -> T_:
+    """Run `work` while checking health back to back, each answered SERVING; its result."""
     task = asyncio.ensure_future(work)
-    slowest = 0.0
     while not task.done():
-        started = time.monotonic()
-        await client.health()
-        slowest = max(slowest, time.monotonic() - started)
-    return await task, slowest
+        assert await client.health() == 1  # SERVING
+    return await task
 
 
-async def test_health_answers_while_a_1_mb_hostile_persona_is_checked_and_rendered(
+async def test_a_1_mb_hostile_persona_is_checked_and_rendered_literally_with_health_answering(
     tmp_path: Path,
 ) -> None:
-    hostile = "{{" * 500_000  # 1 MB: quadratic scanning took hours at this size
+    # Quadratic scanning took hours at this size: the calls' deadline `T` catches that.
+    # How long a linear check holds the event loop is a timing, and not asserted here.
+    hostile = "{{" * 500_000
     async with server_in_a_process(tmp_path) as client:
         request = fac.CreateAgentRequest(agent_id="h", options=scripted(persona=hostile))
-        _, slow_create = await slowest_health_while(
-            client, client.factory.CreateAgent(request, timeout=T)
-        )
+        await healthy_while(client, client.factory.CreateAgent(request, timeout=T))
         # Each step renders the persona again: a turn runs with health still answering.
         await client.agents.SendMessage(api.SendMessageRequest(agent_id="h", text="hi"))
-        events, slow_turn = await slowest_health_while(client, read_turn(client.agents, "h", 0))
+        events = await healthy_while(client, read_turn(client.agents, "h", 0))
     end = events[-1].turn_end.reason
     assert end.WhichOneof("kind") == "completed", end
     header = next(e for e in events if e.HasField("request_header"))
     assert hostile in header.request_header.header.system  # a lone `{{` is literal
-    assert max(slow_create, slow_turn) < 0.5, (slow_create, slow_turn)
 
 
 async def stored_count(client: Client, agent_id: str) -> int:
