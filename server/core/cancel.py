@@ -16,8 +16,7 @@ Work that must finish once started (a tool batch commits the calls it started) r
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
 from typing import Any
 
 from server.core.abort import AbortController, AbortSignal
@@ -29,6 +28,8 @@ class CancelScope:
 
     def __init__(self) -> None:
         self.controller = AbortController()
+        self.signal: AbortSignal = self.controller.signal
+        """Fires (once, with the first reason) when the scope is cancelled."""
         self.reason: str | None = None
         """The cancel reason the owner reports (the latest `mark`); None if not marked."""
         self.cancel_called = False
@@ -37,11 +38,7 @@ class CancelScope:
         self._shielded = 0
         self._delivered = False
         self._caught = False
-
-    @property
-    def signal(self) -> AbortSignal:
-        """Fires (once, with the first reason) when the scope is cancelled."""
-        return self.controller.signal
+        self._shield = _Shield(self)
 
     def __enter__(self) -> CancelScope:
         self._task = asyncio.current_task()
@@ -76,14 +73,9 @@ class CancelScope:
         if self.cancel_called:
             raise asyncio.CancelledError
 
-    @contextmanager
-    def shielded(self) -> Iterator[None]:
-        """Run a block that a cancel reaches through the signal only (no task cancel)."""
-        self._shielded += 1
-        try:
-            yield
-        finally:
-            self._shielded -= 1
+    def shielded(self) -> _Shield:
+        """A block that a cancel reaches through the signal only (no task cancel)."""
+        return self._shield
 
     def caught(self, error: BaseException) -> bool:
         """Whether `error` is this scope's cancellation; if so, it is withdrawn.
@@ -114,3 +106,23 @@ class CancelScope:
         if self._delivered and self._task is not None:
             self._delivered = False
             self._task.uncancel()
+
+
+class _Shield:
+    """`with scope.shielded():` (a plain context manager: it runs for every step)."""
+
+    __slots__ = ("_scope",)
+
+    def __init__(self, scope: CancelScope) -> None:
+        self._scope = scope
+
+    def __enter__(self) -> None:
+        self._scope._shielded += 1
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._scope._shielded -= 1
