@@ -279,6 +279,10 @@ class PluginConnection:
         except Aborted as aborted:
             self._cancel(call.call_id, aborted.reason)
             raise
+        except asyncio.CancelledError:
+            if signal.aborted:  # the turn's cancel scope cancelled us: tell the plugin why
+                self._cancel(call.call_id, signal.reason)
+            raise
         finally:
             self._streams.pop(call.call_id, None)
             if not finished:
