@@ -212,6 +212,35 @@ async def test_a_cancel_reaches_a_listener_that_awaits_without_watching_the_sign
     assert [r.WhichOneof("kind") for r in turn_ends(agent)] == ["aborted", "completed"]
 
 
+async def test_disposal_reaches_a_listener_that_awaits_without_watching_the_signal(
+    harness: Harness,
+) -> None:
+    agent = await harness.create(script=[text_step("unreachable")])
+    entered = asyncio.Event()
+    cancelled: list[str] = []
+
+    async def prompt_submit(
+        call: S.PromptSubmit, next_: S.Next[S.PromptSubmit, d.PromptDecision]
+    ) -> d.PromptDecision:
+        entered.set()
+        try:
+            await asyncio.Event().wait()  # ignores `call.signal`
+        except asyncio.CancelledError:
+            cancelled.append(call.signal.reason)
+            raise
+        return await next_()
+
+    harness.runtime.seams.on(S.PROMPT_SUBMIT, prompt_submit)
+    agent.send([text_block("go")])
+    async with asyncio.timeout(T):
+        await entered.wait()
+        await harness.factory.dispose("a1")  # no grace period here: it must not hang
+    assert cancelled == ["disposed"]
+    assert [r.WhichOneof("kind") for r in turn_ends(agent)] == ["disposed"]
+    assert harness.model.requests == []
+    assert len(agent.tasks) == 0
+
+
 async def test_no_task_of_an_agent_outlives_its_disposal(harness: Harness) -> None:
     agent = await harness.create(
         script=[tool_step(("word_count", '{"text": "a b"}')), text_step("done")],
