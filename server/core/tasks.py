@@ -16,9 +16,6 @@ from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 
-PRUNE_AT = 16
-"""A group drops its ended tasks when it holds this many (or twice its live ones)."""
-
 
 class Spawn(Protocol):
     """Starts a task: `TaskGroup.start` (the owner's group), or `spawn` (no owner)."""
@@ -50,22 +47,19 @@ class TaskGroup:
     def __init__(self, name: str = "") -> None:
         self.name = name
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._prune_at = PRUNE_AT
 
     def start(self, work: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Task[T]:
-        """Run `work` as a task of the group."""
+        """Run `work` as a task of the group; it leaves the group when it ends.
+
+        So an idle owner holds no ended task, nor the result that task kept.
+        """
         task = asyncio.get_running_loop().create_task(work, name=name)
-        # Ended tasks are dropped now and then, not by a callback each (one tool call
-        # per dispatch would cost an event-loop callback).
-        if len(self._tasks) >= self._prune_at:
-            self._prune()
-            self._prune_at = max(PRUNE_AT, 2 * len(self._tasks))
         self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         return task
 
     def __len__(self) -> int:
         """How many tasks of the group are still running."""
-        self._prune()
         return len(self._tasks)
 
     def cancel(self) -> None:
@@ -79,8 +73,4 @@ class TaskGroup:
         Tasks started meanwhile (by a task being cancelled) are cancelled too.
         """
         while self._tasks:
-            tasks, self._tasks = self._tasks, set()
-            await cancel_and_wait(tasks)
-
-    def _prune(self) -> None:
-        self._tasks = {task for task in self._tasks if not task.done()}
+            await cancel_and_wait(list(self._tasks))
