@@ -85,6 +85,7 @@ typecheck: $(VENV)/.installed ## mypy --strict.
 bench: $(VENV)/.installed ## Run the performance benchmarks and print their figures.
 	$(PY) -m bench.loop_bench
 	$(PY) -m bench.plugin_bench
+	$(PY) -m bench.pingpong_bench default polled
 	$(PY) -m bench.telemetry_bench
 	$(PY) -m bench.sdk_bench
 	$(PY) -m bench.load_bench --seconds 6

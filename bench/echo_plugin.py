@@ -1,5 +1,8 @@
 """A bare `HookService` for the benchmark: answers every call at once, no SDK.
 
+It loads gRPC as the plugin helper does (`agentloop.plugin.polling`), so that the bare
+ping-pong and a call through the helper differ only by the code on their path.
+
 Prints "plugin echo listening on HOST:PORT" when ready.
 """
 
@@ -7,7 +10,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import suppress
 from typing import Any
+
+with suppress(ImportError):  # the helper's gRPC settings (a baseline's helper may have none)
+    from agentloop.plugin import polled_listener  # noqa: F401
 
 import grpc
 

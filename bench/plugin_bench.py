@@ -21,7 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+# isort: off
+import server  # noqa: F401  # first: the server's gRPC settings apply before grpc loads
 import grpc
+# isort: on
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import hook_service_pb2_grpc as hk_rpc
@@ -264,7 +267,8 @@ async def compare(baseline: str, repeat: int, options: list[str]) -> None:
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
     for _ in range(repeat):
         for name, tree in trees.items():
-            env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{tree}/clients/python"}
+            env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}  # its own
+            env["PYTHONPATH"] = f"{tree}{os.pathsep}{tree}/clients/python"
             process = await asyncio.create_subprocess_exec(
                 sys.executable, __file__, "--json", *options, cwd=tree, env=env,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,

@@ -25,7 +25,10 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
+# isort: off
+from agentloop.plugin import polled_listener  # noqa: F401  # first: it sets up grpc's loading
 import grpc  # the plugin's transport edge, like the server's api_*.py
+# isort: on
 
 from agentloop.plugin import tracing
 from agentloop.plugin.calls import error_text, failure
