@@ -49,7 +49,7 @@ class Stubborn:
             raise
 
 
-async def test_a_turn_that_ignores_disposal_is_cancelled_after_the_grace_period(app: App) -> None:
+async def test_a_listener_that_ignores_its_signal_is_cancelled_by_disposal(app: App) -> None:
     stubborn = Stubborn()
 
     async def prompt_submit(
@@ -64,8 +64,9 @@ async def test_a_turn_that_ignores_disposal_is_cancelled_after_the_grace_period(
     async with asyncio.timeout(T):
         await stubborn.entered.wait()
 
-    # Disposal aborts the turn, which this listener ignores: without the bound, stop
-    # would wait for it forever (the timeout is only a hang guard).
+    # Disposal cancels the turn's scope: the listener, which never looks at its signal,
+    # is cancelled where it waits (a turn that outlasts the grace period anyway is
+    # tests/test_cancel_scope.py's; the timeout is only a hang guard).
     async with asyncio.timeout(T):
         await app.stop(grace=0.1)
 

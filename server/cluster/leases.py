@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 
 from agentloop.v1 import agent_pb2
 from server.core.errors import AlreadyExists, FailedPrecondition
+from server.core.tasks import cancel_and_wait
 from server.stores.postgres_leases import Holder, Lease, Leases
 
 log = logging.getLogger(__name__)
@@ -92,9 +93,7 @@ class Cluster:
 
     async def stop(self) -> None:
         """Stop the loops (before the agents are disposed)."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         self._tasks = []
 
     async def hand_over(self) -> None:

@@ -24,6 +24,7 @@ from server.core.errors import AgentDisposed, CodedError, FailedPrecondition
 from server.core.inbox import Inbox, Pending
 from server.core.running import LoopState, Step
 from server.core.runtime import Runtime
+from server.core.tasks import TaskGroup
 from server.observability.logs import fields
 from server.sessions.session import SessionLog, now_timestamp
 from server.stores import INBOX_CONTEXT, INBOX_MESSAGE, INBOX_STEERING, InboxEntry
@@ -72,7 +73,11 @@ class Agent:
         self.disposed = False
         self.loop = LoopState()
         """What the driver keeps across turns, and the running turn and step."""
+        self.tasks = TaskGroup(f"agent:{agent_id}")
+        """Every task of this agent: its driver, tool calls of the rolling pool, approval
+        asks, background flushes. Disposal ends the turn, then closes the group."""
         self.driver: asyncio.Task[None] | None = None
+        """The driver (`server.core.loop`), a task of `tasks`."""
         self.teardown: asyncio.Future[None] | None = None
         """The one teardown of this agent, once disposal began."""
         self.pending_flushes: set[asyncio.Task[None]] = set()
@@ -87,6 +92,7 @@ class Agent:
             options.approval_timeout.ToNanoseconds() / 1e9
             if options.HasField("approval_timeout")
             else runtime.approval_timeout,
+            spawn=self.tasks.start,
         )
         """Tool calls waiting for approval, and those resolved lately."""
         session.observers.append(self._observe_session)
@@ -150,12 +156,15 @@ class Agent:
             or bool(self.inbox.queued)
             or bool(self.inbox.steering)
         )
-        if has_work:
+        turn = self.loop.turn
+        if has_work and turn is not None:
+            turn.scope.mark(reason)
+        elif has_work:  # no turn yet: the next one takes the marker over (or none starts)
             self.loop.cancel_reason = reason
         dropped = [*self.inbox.drain_queued(), *self.inbox.drain_steering()]
         self.record_dropped(dropped, f"cancelled: {reason}", abort_reason=reason)
-        if self.loop.turn is not None:
-            self.loop.turn.abort(reason)
+        if turn is not None:
+            turn.cancel(reason)
         return has_work, len(dropped)
 
     def record_dropped(
@@ -335,14 +344,14 @@ class Agent:
             seams.emit(S.SESSION_COMMITTED, self.agent_id, S.SessionEventSeen(self, event))
 
     def stop(self) -> None:
-        """First step of disposal: mark disposed, unpark the driver, abort the step."""
+        """First step of disposal: mark disposed, unpark the driver, cancel the running turn."""
         if self.disposed:
             return
         self.disposed = True
         self.inbox.wake()
         self.settle_idle()
         if self.loop.turn is not None:
-            self.loop.turn.abort("disposed")
+            self.loop.turn.cancel("disposed")
         self.set_status(ae.AGENT_STATUS_DISPOSED)
 
     def track_flush(self, turn: int) -> None:
@@ -354,7 +363,7 @@ class Agent:
             except Exception as error:  # reported, never raised: nobody awaits this
                 self.report_error(turn, 0, error)
 
-        task = asyncio.ensure_future(flush())
+        task = self.tasks.start(flush(), name=f"agent:{self.agent_id}:flush")
         self.pending_flushes.add(task)
         task.add_done_callback(self.pending_flushes.discard)
 

@@ -34,9 +34,11 @@ from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import approval_pb2 as ap
 from server.core import seams as S
+from server.core import tasks
 from server.core.abort import AbortController, AbortSignal
 from server.core.errors import FailedPrecondition, InvalidArgument, NotFound
 from server.core.seams import SeamRegistry
+from server.core.tasks import Spawn
 from server.core.tools import ToolExecution
 from server.sessions.journal import Journal
 from server.sessions.session import SessionLog
@@ -160,7 +162,7 @@ class Pending:
     future: asyncio.Future[ap.ApprovalResolved]
     approvers: AbortController = field(default_factory=AbortController)
     """Fires when the approval ends: withdraws the approver plugins' calls."""
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    tasks: set[asyncio.Future[None]] = field(default_factory=set)
 
 
 class Approvals:
@@ -174,8 +176,12 @@ class Approvals:
         journal: Journal,
         notify: Callable[[ae.AgentEvent], None],
         timeout: float,
+        *,
+        spawn: Spawn | None = None,
     ) -> None:
         self.agent_id = agent_id
+        self._spawn: Spawn = spawn or tasks.spawn
+        """Starts an approver's ask: a task of the agent's group."""
         self.session = session
         self.seams = seams
         self.journal = journal
@@ -335,7 +341,7 @@ class Approvals:
         if pending.future.done():
             return
         for registration in self.seams.listeners(S.TOOLS_APPROVAL, self.agent_id):
-            task = asyncio.ensure_future(self._ask(pending, registration.fn, registration.name))
+            task = self._spawn(self._ask(pending, registration.fn, registration.name))
             pending.tasks.add(task)
             task.add_done_callback(pending.tasks.discard)
 

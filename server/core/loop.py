@@ -18,12 +18,11 @@ from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 from server.core import seams as S
 from server.core.agent import Agent
-from server.core.errors import Aborted, CodedError
+from server.core.errors import CodedError
 from server.core.inbox import Pending
 from server.core.running import Failed, Interrupted, RunAgain, Stop, Turn, Verdict
 from server.core.step import prepare_step, run_step
 from server.core.turn import (
-    StepInterrupted,
     close_step,
     close_turn,
     drain_steering,
@@ -81,29 +80,19 @@ async def run_turn(agent: Agent) -> bool:
     except Exception as error:  # a pre-turn failure: nothing was opened
         agent.report_error(turn.number, 0, error)
         return False
-    agent.loop.turn = turn  # from here on, `cancel()` and disposal abort it
+    agent.loop.turn = turn  # from here on, `cancel()` and disposal cancel its scope
+    if agent.loop.cancel_reason is not None:  # a cancel came as the turn started
+        turn.scope.mark(agent.loop.cancel_reason)
+        agent.loop.cancel_reason = None
+    if agent.disposed:
+        turn.scope.mark(None)
     turn.unsubmitted = list(batch)
     try:
-        if await submit_prompts(agent, turn, batch):
-            await run_steps(agent, turn)
-    except Exception as error:
-        close_step(agent, turn)
-        if not agent.disposed:  # disposed: they stay pending and run when resumed
-            reason = f"the turn ended before it was submitted: {error}"
-            agent.record_dropped(turn.unsubmitted, reason)
-        if agent.disposed and not turn.error_reported:
-            turn.reason = ev.TurnEndReason(disposed=ev.TurnDisposed())
-        elif isinstance(error, Aborted) and agent.loop.cancel_reason is not None:
-            interrupt(agent, turn)  # a seam call gave up because the turn was cancelled
-        else:
-            fail(agent, turn, error)
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise  # the driver itself is being cancelled (a shutdown past its grace)
-        # A stray cancellation from inside a seam or tool: a failure of this turn only.
-        close_step(agent, turn)
-        fail(agent, turn, CodedError("a listener or tool was cancelled", "CANCELLED"))
+        with turn.scope:
+            if await submit_prompts(agent, turn, batch):
+                await run_steps(agent, turn)
+    except (Exception, asyncio.CancelledError) as error:
+        end_thrown_turn(agent, turn, error)
     finally:
         agent.loop.turn = None
     close_turn(agent, turn)
@@ -112,6 +101,35 @@ async def run_turn(agent: Agent) -> bool:
     except Exception as error:
         agent.report_error(turn.number, turn.step, error)
     return turn.terminal
+
+
+def end_thrown_turn(agent: Agent, turn: Turn, error: BaseException) -> None:
+    """Close what a turn that threw left open, and set its end reason.
+
+    The turn's own cancellation (caught by its scope: a seam call that gave up because
+    the turn was cancelled or the agent disposed) interrupts it; a cancellation of the
+    driver itself (a shutdown past its grace) propagates; any other cancellation is a
+    stray one from inside a seam or tool: a failure of this turn only.
+    """
+    interrupted = turn.scope.caught(error)
+    cancelled = isinstance(error, asyncio.CancelledError)
+    if cancelled and not interrupted:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise error
+        close_step(agent, turn)
+        fail(agent, turn, CodedError("a listener or tool was cancelled", "CANCELLED"))
+        return
+    close_step(agent, turn)
+    if not agent.disposed:  # disposed: they stay pending and run when resumed
+        why = turn.signal.reason if cancelled else error
+        agent.record_dropped(turn.unsubmitted, f"the turn ended before it was submitted: {why}")
+    if agent.disposed and not turn.error_reported:
+        turn.reason = ev.TurnEndReason(disposed=ev.TurnDisposed())
+    elif interrupted and turn.scope.reason is not None:
+        interrupt(agent, turn)  # a seam call gave up because the turn was cancelled
+    else:
+        fail(agent, turn, error)
 
 
 async def submit_prompts(agent: Agent, turn: Turn, batch: list[Pending]) -> bool:
@@ -176,12 +194,17 @@ async def run_one_step(agent: Agent, turn: Turn) -> Verdict:
     try:
         try:
             system, history = await prepare_step(agent, turn, step)
-        except StepInterrupted:
+        except (Exception, asyncio.CancelledError) as error:
+            if not turn.scope.caught(error):
+                raise
             close_step(agent, turn)
-            return Interrupted(interruption(agent))
+            return Interrupted(interruption(agent, turn))
         try:
             outcome = await run_step(agent, turn, step, system, history)
-        except Exception as error:
+        except (Exception, asyncio.CancelledError) as error:
+            ours = turn.scope.caught(error)
+            if isinstance(error, asyncio.CancelledError) and not ours:
+                raise
             close_step(agent, turn)
             if agent.disposed:
                 return Interrupted(ev.TurnEndReason(disposed=ev.TurnDisposed()))
@@ -225,6 +248,6 @@ async def decide(agent: Agent, turn: Turn, default_continue: bool) -> Verdict:
             agent.inbox.drain_steering(), "discarded by a terminal agent/turn-stop"
         )
         proceed = False
-    if agent.loop.cancel_reason is not None or agent.disposed:
-        return Interrupted(interruption(agent))
+    if turn.scope.cancel_called:
+        return Interrupted(interruption(agent, turn))
     return RunAgain() if proceed else Stop()

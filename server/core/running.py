@@ -2,10 +2,11 @@
 
 - `LoopState`: one per loop instance (an agent's driver, from its start or resume to
   its disposal): the session prefix composed on its first step, the model requests it
-  made (the first of an instance logs a header), the cancel marker, the running turn.
-- `Turn`: one per turn: its number, its abort scope, how it will end, its open step.
-- `Step`: one per step: its abort scope, and the contexts held back while its tool
-  batch runs.
+  made (the first of an instance logs a header), the marker of a cancel that came
+  before a turn began, the running turn.
+- `Turn`: one per turn: its number, its cancel scope, how it will end, its open step.
+- `Step`: one per step: its abort signal (fired by the turn's scope while the step
+  runs), and the contexts held back while its tool batch runs.
 
 After each step the loop decides what comes next (`Verdict`): run another step, stop,
 stop interrupted (cancelled or disposed), or stop failed.
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
 from server.core.abort import AbortController, AbortSignal
+from server.core.cancel import CancelScope
 from server.core.inbox import Pending
 
 
@@ -27,7 +29,7 @@ class Step:
 
     number: int
     controller: AbortController = field(default_factory=AbortController)
-    """The step's abort scope: `cancel()` and disposal fire it."""
+    """The step's abort signal: the turn's scope fires it when cancelled during the step."""
     tool_batch_active: bool = False
     """While set, an injected context waits for the batch's results (`deferred`)."""
     deferred: list[tuple[ev.ContextMessage, tuple[int, ...]]] = field(default_factory=list)
@@ -49,8 +51,9 @@ class Turn:
     """The number of the current (or last) step; 0 before the first."""
     start_seq: int = 0
     """The session length when the turn began: what it appended is counted from here."""
-    controller: AbortController = field(default_factory=AbortController)
-    """The turn's abort scope: every seam call of the turn watches it."""
+    scope: CancelScope = field(default_factory=CancelScope)
+    """The turn's cancel scope: `cancel()` and disposal cancel it; every seam call of
+    the turn watches its signal."""
     current: Step | None = None
     """The step running now (None between steps)."""
     reason: ev.TurnEndReason = field(
@@ -66,7 +69,7 @@ class Turn:
     @property
     def signal(self) -> AbortSignal:
         """Fires when the turn is cancelled or the agent disposed."""
-        return self.controller.signal
+        return self.scope.signal
 
     def begin_step(self) -> Step:
         """Number and open the scope of the next step."""
@@ -74,9 +77,9 @@ class Turn:
         self.current = Step(self.step)
         return self.current
 
-    def abort(self, reason: str) -> None:
-        """Fire the turn's and the running step's signals."""
-        self.controller.abort(reason)
+    def cancel(self, reason: str) -> None:
+        """Cancel the turn's scope, and fire the running step's signal, with `reason`."""
+        self.scope.cancel(reason)
         if self.current is not None:
             self.current.controller.abort(reason)
 
@@ -90,8 +93,9 @@ class LoopState:
     requests_made: int = 0
     """Model requests made by this loop instance (0: the next one logs a header)."""
     cancel_reason: str | None = None
-    """The turn-scoped cancel marker: set by `cancel()` when there is work, cleared
-    when the loop has acted on it (the turn it interrupted ended, or none started)."""
+    """The marker of a cancel with no turn to cancel yet (set by `cancel()` when there
+    is work): the next turn's scope takes it over, or the loop drops it when no turn
+    starts. A cancel during a turn cancels the turn's scope instead."""
     turn: Turn | None = None
     """The running turn."""
 

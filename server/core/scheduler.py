@@ -22,10 +22,12 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from agentloop.v1 import content_pb2, decision_pb2
+from server.core import tasks
 from server.core.abort import AbortSignal
 from server.core.approvals import Approvals, Pending
 from server.core.errors import Aborted, CodedError
 from server.core.seams import SeamRegistry
+from server.core.tasks import Spawn, cancel_and_wait
 from server.core.tool_pipeline import ToolPipeline, failure_outcome
 from server.core.tools import ToolExecution, ToolOutcome, ToolRegistry
 
@@ -55,6 +57,7 @@ async def run_tool_batch(
     before_dispatch: BeforeDispatch | None = None,
     approvals: Approvals | None = None,
     approval_required: Collection[str] = (),
+    spawn: Spawn = tasks.spawn,
 ) -> None:
     """Run one step's tool calls and commit their results in model order.
 
@@ -77,6 +80,7 @@ async def run_tool_batch(
             the loop waits there until the call's `tool/call` is stored.
         approvals: the agent's approvals; None denies every ask.
         approval_required: tools that always need approval.
+        spawn: starts a dispatch of the rolling pool (the agent's task group).
 
     Raises:
         ValueError: `max_parallel` is not a positive integer.
@@ -94,6 +98,7 @@ async def run_tool_batch(
         on_result,
         on_context,
         before_dispatch,
+        spawn,
     )
     pending = [
         (call, ToolExecution.of(call, agent_id=agent_id, turn=turn, step=step, signal=signal))
@@ -113,7 +118,7 @@ class _Slot:
     exec: ToolExecution
     seq: int
     outcome: ToolOutcome | None = None
-    task: asyncio.Task[ToolOutcome] | None = None
+    task: asyncio.Future[ToolOutcome] | None = None
 
     def settled(self) -> ToolOutcome | None:
         """The call's result once it has one."""
@@ -134,8 +139,10 @@ class _Batch:
         on_result: OnResult,
         on_context: OnContext,
         before_dispatch: BeforeDispatch | None,
+        spawn: Spawn,
     ) -> None:
         self._pipeline = pipeline
+        self._spawn = spawn
         self._before_dispatch = before_dispatch
         self._signal = signal
         self._max_parallel = max_parallel
@@ -144,7 +151,7 @@ class _Batch:
         self._on_context = on_context
         self._slots: list[_Slot] = []
         self._cursor = 0
-        self._in_flight: set[asyncio.Task[ToolOutcome]] = set()
+        self._in_flight: set[asyncio.Future[ToolOutcome]] = set()
         self.fatal: CodedError | None = None
         """The first failure that ends the turn; no call starts after it."""
 
@@ -155,7 +162,7 @@ class _Batch:
             await self._drain()
         finally:
             # Only when a callback or the caller failed us: leave no orphan dispatch.
-            await self._cancel_in_flight()
+            await cancel_and_wait(self._in_flight)
 
     async def _schedule(
         self, pending: list[tuple[content_pb2.ToolCallBlock, ToolExecution]]
@@ -193,7 +200,7 @@ class _Batch:
         if inline:
             slot.outcome = await self._approve_then_dispatch(exec, prepared)
         else:
-            slot.task = asyncio.create_task(self._approve_then_dispatch(exec, prepared))
+            slot.task = self._spawn(self._approve_then_dispatch(exec, prepared))
             self._in_flight.add(slot.task)
 
     async def _approve_then_dispatch(
@@ -239,9 +246,3 @@ class _Batch:
         while self._cursor < len(self._slots):
             await self._settle_one()
             await self._commit_ready()
-
-    async def _cancel_in_flight(self) -> None:
-        tasks = [task for task in self._in_flight if not task.done()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)

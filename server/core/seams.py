@@ -2,7 +2,9 @@
 
 Every extension point of the loop is a named seam, declared here once as a typed key:
 `Waterfall[In, Out]`, `Serial[In, Out]`, `Emit[In]` or `Gather[In, Out]`, where `In` is the one
-frozen input object a listener receives and `Out` what it answers. Listeners are kept in
+frozen input object a listener receives and `Out` what it answers. Each kind is a
+`Seam[L]` whose `L` is its listener type, so `SeamRegistry.on(key, fn)` (one signature)
+takes only a listener of the type its key says. Listeners are kept in
 one order, by order number and then by name (registration order breaks the remaining
 ties), so that in-process and remote listeners interleave predictably. A listener is
 global or scoped to one agent; a scoped listener only sees dispatches for its agent.
@@ -28,13 +30,14 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar, cast
 
 from agentloop.v1 import approval_pb2 as ap
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 from server.core.abort import AbortSignal
+from server.core.tasks import cancel_and_wait
 from server.core.tools import ToolExecution, ToolOutcome
 
 if TYPE_CHECKING:
@@ -47,43 +50,12 @@ log = logging.getLogger(__name__)
 In = TypeVar("In")
 Out = TypeVar("Out")
 T = TypeVar("T")
+L = TypeVar("L", contravariant=True)
+"""A seam's listener type: a key takes a listener of that type (or of a subtype)."""
+Fn = TypeVar("Fn")
 
 
-# -- seam keys -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, eq=False)
-class SeamKey:
-    """A seam's identity: its path name (`agent/request`, ...)."""
-
-    path: str
-
-    def __str__(self) -> str:
-        return self.path
-
-
-@dataclass(frozen=True, eq=False)
-class Waterfall(SeamKey, Generic[In, Out]):
-    """An around-middleware seam: input `In`, result `Out`."""
-
-    carried: Callable[[In], Out] | None = None
-    """The value under transformation, read from the input: what the innermost `next()`
-    returns. None: the innermost `next()` returns the dispatch's default."""
-
-
-@dataclass(frozen=True, eq=False)
-class Serial(SeamKey, Generic[In, Out]):
-    """A checkpoint: input `In`; the first listener answering an `Out` stops the chain."""
-
-
-@dataclass(frozen=True, eq=False)
-class Emit(SeamKey, Generic[In]):
-    """A notification of an `In`; failures are contained."""
-
-
-@dataclass(frozen=True, eq=False)
-class Gather(SeamKey, Generic[In, Out]):
-    """Listeners called concurrently by the seam's owner, each with an `In`, answering `Out`."""
+# -- listeners -------------------------------------------------------------------------
 
 
 class Next(Generic[In, Out]):
@@ -105,6 +77,48 @@ WaterfallListener = Callable[[In, Next[In, Out]], Awaitable[Out] | Out]
 SerialListener = Callable[[In], Awaitable[Out | None] | Out | None]
 EmitListener = Callable[[In], object]
 GatherListener = Callable[[In], Awaitable[Out] | Out]
+
+
+# -- seam keys -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class SeamKey:
+    """A seam's identity: its path name (`agent/request`, ...)."""
+
+    path: str
+
+    def __str__(self) -> str:
+        return self.path
+
+
+@dataclass(frozen=True, eq=False)
+class Seam(SeamKey, Generic[L]):
+    """A seam whose listeners have the type `L` (its kind's listener over its types)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Waterfall(Seam[WaterfallListener[In, Out]], Generic[In, Out]):
+    """An around-middleware seam: input `In`, result `Out`."""
+
+    carried: Callable[[In], Out] | None = None
+    """The value under transformation, read from the input: what the innermost `next()`
+    returns. None: the innermost `next()` returns the dispatch's default."""
+
+
+@dataclass(frozen=True, eq=False)
+class Serial(Seam[SerialListener[In, Out]], Generic[In, Out]):
+    """A checkpoint: input `In`; the first listener answering an `Out` stops the chain."""
+
+
+@dataclass(frozen=True, eq=False)
+class Emit(Seam[EmitListener[In]], Generic[In]):
+    """A notification of an `In`; failures are contained."""
+
+
+@dataclass(frozen=True, eq=False)
+class Gather(Seam[GatherListener[In, Out]], Generic[In, Out]):
+    """Listeners called concurrently by the seam's owner, each with an `In`, answering `Out`."""
 
 
 # -- seam inputs -----------------------------------------------------------------------
@@ -376,52 +390,8 @@ class SeamRegistry:
         """How many emit listeners failed (each is logged too)."""
         self._tasks: set[asyncio.Future[object]] = set()
 
-    @overload
     def on(
-        self,
-        seam: Waterfall[In, Out],
-        fn: WaterfallListener[In, Out],
-        *,
-        order: int = 0,
-        name: str = "",
-        agent_id: str | None = None,
-        prepend: bool = False,
-    ) -> Callable[[], None]: ...
-    @overload
-    def on(
-        self,
-        seam: Serial[In, Out],
-        fn: SerialListener[In, Out],
-        *,
-        order: int = 0,
-        name: str = "",
-        agent_id: str | None = None,
-        prepend: bool = False,
-    ) -> Callable[[], None]: ...
-    @overload
-    def on(
-        self,
-        seam: Emit[In],
-        fn: EmitListener[In],
-        *,
-        order: int = 0,
-        name: str = "",
-        agent_id: str | None = None,
-        prepend: bool = False,
-    ) -> Callable[[], None]: ...
-    @overload
-    def on(
-        self,
-        seam: Gather[In, Out],
-        fn: GatherListener[In, Out],
-        *,
-        order: int = 0,
-        name: str = "",
-        agent_id: str | None = None,
-        prepend: bool = False,
-    ) -> Callable[[], None]: ...
-    def on(
-        self, seam: SeamKey, fn: object, *, order: int = 0,
+        self, seam: Seam[Fn], fn: Fn, *, order: int = 0,
         name: str = "", agent_id: str | None = None, prepend: bool = False,
     ) -> Callable[[], None]:  # fmt: skip
         """Register `fn` on `seam`; returns a disposer that removes it.
@@ -454,34 +424,19 @@ class SeamRegistry:
         else:
             self._scoped.discard(seam)
 
-    @overload
-    def listeners(
-        self, seam: Waterfall[In, Out], agent_id: str | None
-    ) -> Sequence[Registration[WaterfallListener[In, Out]]]: ...
-    @overload
-    def listeners(
-        self, seam: Serial[In, Out], agent_id: str | None
-    ) -> Sequence[Registration[SerialListener[In, Out]]]: ...
-    @overload
-    def listeners(
-        self, seam: Emit[In], agent_id: str | None
-    ) -> Sequence[Registration[EmitListener[In]]]: ...
-    @overload
-    def listeners(
-        self, seam: Gather[In, Out], agent_id: str | None
-    ) -> Sequence[Registration[GatherListener[In, Out]]]: ...
-    def listeners(self, seam: SeamKey, agent_id: str | None) -> Sequence[Registration[object]]:
+    def listeners(self, seam: Seam[Fn], agent_id: str | None) -> Sequence[Registration[Fn]]:
         """The listeners that see a dispatch of `seam` for `agent_id`, in order (read-only).
 
-        Each was registered through the overload of `on` that matches the seam's kind,
-        so its function has the type the seam's key says.
+        Each was registered by `on`, which takes only a listener of the type the seam's
+        key says: the cast restores what the shared table forgot.
         """
         regs = self._by_seam.get(seam)
         if not regs:
             return []
-        if seam not in self._scoped:
-            return regs  # every listener is global; the list is never changed in place
-        return [r for r in regs if r.agent_id is None or r.agent_id == agent_id]
+        if seam in self._scoped:
+            regs = [r for r in regs if r.agent_id is None or r.agent_id == agent_id]
+        # Unscoped: the list itself, which is never changed in place.
+        return cast(Sequence[Registration[Fn]], regs)
 
     def has(self, seam: SeamKey, agent_id: str | None) -> bool:
         """Whether any listener would see a dispatch of `seam` for `agent_id`."""
@@ -541,10 +496,7 @@ class SeamRegistry:
     async def close(self) -> None:
         """Cancel the emit listeners still running and wait for them (server shutdown)."""
         while self._tasks:
-            tasks = list(self._tasks)
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(list(self._tasks))
 
     def _settled(self, seam: SeamKey, reg: Registration[F], task: asyncio.Future[object]) -> None:
         self._tasks.discard(task)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from agentloop.v1 import content_pb2 as c
@@ -12,7 +13,7 @@ from server.core import seams as S
 from server.core.agent import Agent, context_message
 from server.core.assembly import MessageAssembler
 from server.core.content import text_block, tool_calls_of, without_tool_calls
-from server.core.errors import Aborted, CodedError
+from server.core.errors import CodedError
 from server.core.fairness import yield_if_due
 from server.core.jsonvalue import to_struct
 from server.core.limits import (
@@ -26,7 +27,6 @@ from server.core.running import Step, Turn
 from server.core.scheduler import run_tool_batch
 from server.core.system_prompt import PromptScope
 from server.core.tools import ToolExecution, ToolOutcome
-from server.core.turn import StepInterrupted, check_interrupted
 from server.models import ModelRequest
 
 
@@ -41,48 +41,44 @@ class StepOutcome:
 async def prepare_step(agent: Agent, turn: Turn, step: Step) -> tuple[str, list[c.Message]]:
     """Everything before the model call: prompt, prefix, pre-step, history, `step/start`.
 
-    Raises `StepInterrupted` at each checkpoint that finds the turn cancelled or the
-    agent disposed (also when a seam gave up because the step's signal fired).
+    Each checkpoint raises the turn's cancellation (`CancelledError`) when the turn was
+    cancelled or the agent disposed; a cancel while a seam awaits ends it there.
     """
     runtime = agent.runtime
     session = agent.session
     loop = agent.loop
     signal = step.signal
+    checkpoint = turn.scope.checkpoint
     await yield_if_due()  # a turn of many steps that never wait must not starve the others
-    try:
-        scope = PromptScope(
-            agent_id=agent.agent_id,
-            provider=agent.resolved_provider,
-            model=agent.resolved_model,
-            cwd=session.header.cwd,
-        )
-        assembly = await runtime.prompts.assemble(scope, runtime.seams)
-        system = runtime.prompts.render(assembly)
-        check_interrupted(agent)
-        if loop.session_prefix is None:
-            prefix = await runtime.seams.waterfall(
-                S.SESSION_PREFIX,
-                agent.agent_id,
-                S.SessionPrefix(agent, session.open_turn, 0, signal),
-                [],
-            )
-            check_interrupted(agent)  # an interrupted composition is not cached
-            loop.session_prefix = [copy_message(m) for m in prefix]
-        await runtime.seams.serial(
-            S.PRE_STEP,
+    scope = PromptScope(
+        agent_id=agent.agent_id,
+        provider=agent.resolved_provider,
+        model=agent.resolved_model,
+        cwd=session.header.cwd,
+    )
+    assembly = await runtime.prompts.assemble(scope, runtime.seams)
+    system = runtime.prompts.render(assembly)
+    checkpoint()
+    if loop.session_prefix is None:
+        prefix = await runtime.seams.waterfall(
+            S.SESSION_PREFIX,
             agent.agent_id,
-            S.PreStep(agent, turn.number, turn.step, signal, system, loop.session_prefix or ()),
+            S.SessionPrefix(agent, session.open_turn, 0, signal),
+            [],
         )
-        check_interrupted(agent)
-    except Aborted:
-        if signal.aborted:
-            raise StepInterrupted from None
-        raise
+        checkpoint()  # an interrupted composition is not cached
+        loop.session_prefix = [copy_message(m) for m in prefix]
+    await runtime.seams.serial(
+        S.PRE_STEP,
+        agent.agent_id,
+        S.PreStep(agent, turn.number, turn.step, signal, system, loop.session_prefix or ()),
+    )
+    checkpoint()
     history = session.derive_messages()
     check_turn_events(runtime.limits, len(session) - turn.start_seq)
     session.add(ev.StepStart(turn=turn.number, step=turn.step))
     turn.step_open = True
-    check_interrupted(agent)
+    checkpoint()
     return system, history
 
 
@@ -136,7 +132,7 @@ async def run_step(
     chunks = model.stream(request, signal)
     try:
         async for chunk in chunks:
-            signal.raise_if_aborted()
+            turn.scope.checkpoint()
             event = session.add(ev.AssistantChunk(turn=turn.number, step=turn.step, chunk=chunk))
             chunk_seqs.append(event.seq)
             check_turn_events(runtime.limits, event.seq - turn.start_seq)
@@ -148,8 +144,9 @@ async def run_step(
     finally:
         close = getattr(chunks, "aclose", None)
         if close is not None:
-            await close()  # stop the provider's stream at once on abort
-    signal.raise_if_aborted()
+            with turn.scope.shielded():  # its clean-up is not cut short
+                await close()  # stop the provider's stream at once on abort
+    turn.scope.checkpoint()
     finish = assembler.finish
     if finish is None:
         raise CodedError("model stream ended without a finish chunk", "MODEL_PROTOCOL")
@@ -170,8 +167,9 @@ async def run_step(
             S.StepResult(agent, turn.number, turn.step, turn.signal, message),
             message,
         )
-    except Exception:
-        append_assistant(agent, turn, [], provenance, assembler.usage, chunk_seqs)
+    except (Exception, asyncio.CancelledError) as error:
+        if isinstance(error, Exception) or turn.scope.cancel_called:
+            append_assistant(agent, turn, [], provenance, assembler.usage, chunk_seqs)
         raise
     content = list(result.content)
     if max_tokens:
@@ -237,23 +235,25 @@ async def run_tools(agent: Agent, turn: Turn, step: Step, calls: list[c.ToolCall
 
     step.tool_batch_active = True
     try:
-        await run_tool_batch(
-            calls,
-            registry=agent.runtime.tools,
-            seams=agent.runtime.seams,
-            agent_id=agent.agent_id,
-            enabled=agent.enabled_tools,
-            turn=turn.number,
-            step=turn.step,
-            signal=step.signal,
-            max_parallel=agent.max_parallel_tool_calls,
-            on_call=on_call,
-            on_result=on_result,
-            on_context=on_context,
-            before_dispatch=session.settle,
-            approvals=agent.approvals,
-            approval_required=agent.options.approval_required_tools,
-        )
+        with turn.scope.shielded():  # a cancel reaches the batch through the step's signal
+            await run_tool_batch(
+                calls,
+                registry=agent.runtime.tools,
+                seams=agent.runtime.seams,
+                agent_id=agent.agent_id,
+                enabled=agent.enabled_tools,
+                turn=turn.number,
+                step=turn.step,
+                signal=step.signal,
+                max_parallel=agent.max_parallel_tool_calls,
+                on_call=on_call,
+                on_result=on_result,
+                on_context=on_context,
+                before_dispatch=session.settle,
+                approvals=agent.approvals,
+                approval_required=agent.options.approval_required_tools,
+                spawn=agent.tasks.start,
+            )
     finally:
         step.tool_batch_active = False
         deferred, step.deferred = step.deferred, []

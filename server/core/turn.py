@@ -16,10 +16,6 @@ from server.observability.logs import fields
 log = logging.getLogger(__name__)
 
 
-class StepInterrupted(Exception):
-    """A checkpoint found the turn cancelled or the agent disposed."""
-
-
 def drain_steering(agent: Agent, turn: Turn) -> bool:
     """Record every pending steering item; True if there was any."""
     items = agent.inbox.drain_steering()
@@ -36,23 +32,17 @@ def drain_steering(agent: Agent, turn: Turn) -> bool:
     return bool(items)
 
 
-def check_interrupted(agent: Agent) -> None:
-    """Raise `StepInterrupted` when the turn was cancelled or the agent disposed."""
-    if agent.disposed or agent.loop.cancel_reason is not None:
-        raise StepInterrupted
-
-
-def interruption(agent: Agent) -> ev.TurnEndReason:
+def interruption(agent: Agent, turn: Turn) -> ev.TurnEndReason:
     """The end reason of an interrupted turn: disposal wins over cancel."""
     if agent.disposed:
         return ev.TurnEndReason(disposed=ev.TurnDisposed())
-    reason = agent.loop.cancel_reason or "cancelled"
+    reason = turn.scope.reason or "cancelled"
     return ev.TurnEndReason(aborted=ev.TurnAborted(reason=reason))
 
 
 def interrupt(agent: Agent, turn: Turn) -> None:
     """Set the reason of an interrupted turn."""
-    turn.reason = interruption(agent)
+    turn.reason = interruption(agent, turn)
 
 
 def fail(agent: Agent, turn: Turn, error: BaseException) -> None:

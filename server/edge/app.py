@@ -22,6 +22,7 @@ from agentloop.v1 import (
 from server.core.builtin_tools import builtin_tools
 from server.core.errors import SessionDamaged
 from server.core.runtime import Runtime
+from server.core.tasks import TaskGroup
 from server.edge.api_access import AccessLog
 from server.edge.api_agent import AgentServicer
 from server.edge.api_edge import Edge
@@ -222,7 +223,8 @@ class App:
             )
         self.port = 0
         self._stopping: asyncio.Task[None] | None = None
-        self._health_updates: set[asyncio.Task[None]] = set()
+        self._health_updates = TaskGroup("health")
+        """Readiness updates on their way to the health service; closed at stop."""
 
     async def start(self) -> int:
         """Bind, start serving, create the config agents; returns the bound port."""
@@ -288,9 +290,7 @@ class App:
 
     def _on_readiness(self, ready: bool) -> None:
         """Readiness may have changed (a required plugin came or went): tell health."""
-        task = asyncio.get_running_loop().create_task(self._readiness(ready))
-        self._health_updates.add(task)
-        task.add_done_callback(self._health_updates.discard)
+        self._health_updates.start(self._readiness(ready))
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown: NOT_SERVING, dispose agents (turns end `disposed`), stop.
@@ -316,14 +316,11 @@ class App:
         closing = asyncio.ensure_future(self.factory.close())
         done, _ = await asyncio.wait({closing}, timeout=grace)
         if not done:
-            running = list(self.factory.agents.values())
+            cancelled = self.factory.cancel_all()
             log.warning(
                 "%d agent(s) did not stop within the %g s grace period; cancelling them",
-                len(running), grace,
+                cancelled, grace,
             )  # fmt: skip
-            for agent in running:
-                if agent.driver is not None:
-                    agent.driver.cancel()
             done, _ = await asyncio.wait({closing}, timeout=CANCEL_SETTLE_SECONDS)
             if not done:
                 log.error("agents still not torn down after cancelling them; going on")
@@ -338,6 +335,7 @@ class App:
         if self.replica is not None:
             await self.replica.close()
         await self.plugins.close()
+        await self._health_updates.close()  # health is NOT_SERVING for good by now
         await self.runtime.seams.close()
         self.runtime.journal.close()  # a store still down now: stop retrying, say so
         await self.runtime.models.aclose()

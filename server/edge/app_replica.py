@@ -19,6 +19,7 @@ import grpc
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2
 from server.cluster.leases import Cluster
+from server.core.tasks import cancel_and_wait
 from server.edge import page_tokens
 from server.edge.api_forward import Forwarder
 from server.edge.api_plugins import PluginRegistryServicer, overrides_of
@@ -85,8 +86,7 @@ class Replica:
     async def stop_loops(self) -> None:
         """No renewal, no takeover, no plugin sync: the agents are about to close."""
         if self._plugin_sync is not None:
-            self._plugin_sync.cancel()
-            await asyncio.gather(self._plugin_sync, return_exceptions=True)
+            await cancel_and_wait([self._plugin_sync])
         if self.cluster is not None:
             await self.cluster.stop()
 

@@ -261,7 +261,7 @@ class AgentFactory:
             S.SessionStarted(agent, source),
             ae.AgentEvent(session_start=ae.AgentSessionStart(source=source)),
         )
-        agent.driver = asyncio.create_task(run_loop(agent), name=f"agent:{agent_id}")
+        agent.driver = agent.tasks.start(run_loop(agent), name=f"agent:{agent_id}")
         session.on_failure.append(lambda error: self._stop_soon(agent_id))
         pending = [session.inbox[key] for key in sorted(session.inbox)]
         if pending:
@@ -318,11 +318,12 @@ class AgentFactory:
         await asyncio.shield(agent.teardown)
 
     async def _teardown(self, agent: Agent) -> None:
-        agent.stop()
+        agent.stop()  # its turn ends `disposed`, its driver returns
         if agent.driver is not None:
             await asyncio.wait([agent.driver])  # its failure, if any, was logged by the loop
         if agent.pending_flushes:
             await asyncio.gather(*agent.pending_flushes, return_exceptions=True)
+        await agent.tasks.close()  # what the agent still runs (an approver's ask) ends here
         if self.agents.get(agent.agent_id) is agent:
             del self.agents[agent.agent_id]
             self.disposed.add(agent.agent_id)
@@ -365,13 +366,26 @@ class AgentFactory:
         """Dispose every agent (server shutdown): running turns end `disposed`.
 
         Queued messages stay in the durable inbox: they run when the session is
-        resumed (or, for config agents, when the server starts again).
+        resumed (or, for config agents, when the server starts again). An agent that
+        does not end its turn is stopped by `cancel_all`.
         """
         self._closing = True
         await asyncio.gather(*(self.teardown(a) for a in list(self.agents.values())))
         await asyncio.gather(*self._stopping, return_exceptions=True)
         await self.runtime.journal.drain()
         await self.trimmer.close()
+
+    def cancel_all(self) -> int:
+        """Cancel the task group of every agent not torn down yet; returns how many.
+
+        For a shutdown past its grace: the drivers stop where they are (their turns
+        are not closed; a reload closes them `interrupted`), and the teardowns that
+        waited for them go on.
+        """
+        running = list(self.agents.values())
+        for agent in running:
+            agent.tasks.cancel()
+        return len(running)
 
     def _reserve(self, agent_id: str, session_id: str) -> None:
         """Claim both ids at once, before any await, so a same-id race has one winner."""

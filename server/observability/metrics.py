@@ -11,7 +11,6 @@ ones of `server.observability.instruments`, read at scrape time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -23,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Summa
 from prometheus_client.registry import Collector
 
 from agentloop.v1 import session_event_pb2 as ev
+from server.core.tasks import cancel_and_wait
 from server.observability import observe
 from server.observability.instruments import Instruments
 from server.observability.observe import Model, Sink, Step, Turn
@@ -114,9 +114,7 @@ class Metrics(Sink):
         if observe.store_commit == self.store_commit.observe:
             observe.store_commit = None
         if self._lag_task is not None:
-            self._lag_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._lag_task
+            await cancel_and_wait([self._lag_task])
         if self._http is not None:
             server, self._http = self._http, None
             await asyncio.to_thread(server.shutdown)

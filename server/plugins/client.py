@@ -228,6 +228,8 @@ class PluginConnection:
             task = asyncio.current_task()
             if deadline.expired and task is not None and task.uncancel() == 0:
                 raise self._timed_out(call_id, seconds) from None  # during the write
+            if signal.aborted:  # the turn's cancel scope cancelled us: tell the plugin why
+                self._cancel(call_id, signal.reason)
             raise
         except Aborted as abort:
             self._cancel(call_id, abort.reason)
@@ -276,6 +278,10 @@ class PluginConnection:
                     return
         except Aborted as aborted:
             self._cancel(call.call_id, aborted.reason)
+            raise
+        except asyncio.CancelledError:
+            if signal.aborted:  # the turn's cancel scope cancelled us: tell the plugin why
+                self._cancel(call.call_id, signal.reason)
             raise
         finally:
             self._streams.pop(call.call_id, None)

@@ -14,6 +14,7 @@ from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from server.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from server.core.limits import check_capacity
 from server.core.runtime import Runtime
+from server.core.tasks import cancel_and_wait
 from server.plugins.calls import PluginStats
 from server.plugins.client import DEFAULT_MAX_MESSAGE_BYTES, PluginConnection, PluginUnreachable
 from server.plugins.description import (
@@ -213,11 +214,8 @@ class PluginRegistry:
 
     async def close(self) -> None:
         """Stop retrying and close every connection."""
-        retries = list(self._retries)
-        for task in retries:
-            task.cancel()
         # Awaited: a cancelled attempt closes its own connection before we go on.
-        await asyncio.gather(*retries, return_exceptions=True)
+        await cancel_and_wait(self._retries)
         for expected in self.expected.values():
             release(expected)
         for name in list(self.plugins):

@@ -25,7 +25,10 @@ from server.core.seams import SeamKey, SeamRegistry
 READINESS_SERVICE = "agentloop.readiness"
 """The health service name that reports whether every required plugin is READY."""
 
-GUARDED = (
+Refusal = Callable[..., Awaitable[NoReturn]]
+"""A listener that only ever raises: it fits every seam."""
+
+GUARDED: tuple[S.Seam[Refusal], ...] = (
     S.PROMPT_SUBMIT, S.PRE_STEP, S.REQUEST, S.STEP_RESULT, S.TURN_CONTINUATION, S.TURN_STOP,
     S.TOOLS_PRE_EXECUTE, S.TOOLS_POST_EXECUTE,
 )  # fmt: skip
@@ -68,7 +71,7 @@ def release(expected: Expected) -> None:
     expected.disposers.clear()
 
 
-def _refusal(expected: Expected, seam: SeamKey) -> Callable[..., Awaitable[NoReturn]]:
+def _refusal(expected: Expected, seam: SeamKey) -> Refusal:
     """A listener that only ever raises: it fits every seam."""
 
     async def refuse(*args: object) -> NoReturn:
