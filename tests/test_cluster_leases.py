@@ -14,7 +14,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from agentloop.v1 import agent_pb2
 from server.cluster.leases import Cluster
+from server.core.errors import AlreadyExists
 from server.stores.postgres import PostgresStore
 from server.stores.postgres_leases import Lease, Leases
 from tests.postgres import drop_database, fresh_database
@@ -204,3 +206,32 @@ async def test_a_replica_stops_the_agents_another_took_and_only_those(
     leases = await leases_of(store)
     assert leases[AGENTS[1]] == ("me", True)
     assert AGENTS[2] not in leases
+
+
+async def test_a_resume_racing_this_replicas_own_takeover_is_told_the_agent_is_live(
+    store: PostgresStore,
+) -> None:
+    await dead_replica_with_agents(store)
+    resuming = asyncio.Event()
+    release = asyncio.Event()
+
+    async def resume(lease: Lease) -> None:
+        if lease.agent_id == AGENTS[0]:
+            resuming.set()
+            await release.wait()
+
+    async def abandon(agent_id: str) -> None:
+        raise AssertionError(f"{agent_id} was abandoned")
+
+    me = Cluster(Leases(store, "me", "127.0.0.1:2", TTL))
+    await me.register()
+    me.start(set, resume, abandon)
+    try:
+        await asyncio.wait_for(resuming.wait(), 30)
+        # A client's ResumeAgent lands while the sweep resumes the agent here: the lease
+        # is this replica's, so the agent is live, not "driven by another agent".
+        with pytest.raises(AlreadyExists, match="taking it over"):
+            await me.acquire(AGENTS[0], f"{AGENTS[0]}-session", agent_pb2.AgentOptions())
+    finally:
+        release.set()
+        await me.stop()

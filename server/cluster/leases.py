@@ -54,6 +54,8 @@ class Cluster:
         holder = await self.leases.acquire(agent_id, session_id, options.SerializeToString())
         if holder is None:
             return
+        if agent_id in self._taking:  # this replica's sweep took it and resumes it now
+            raise AlreadyExists(f'agent "{agent_id}" is live: this replica is taking it over')
         where = f' on replica "{holder.owner}"' if holder.owner else ""
         if await self.leases.owner_of(agent_id) is not None:
             raise AlreadyExists(f'agent "{agent_id}" is live{where}')
