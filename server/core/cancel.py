@@ -38,7 +38,6 @@ class CancelScope:
         self._shielded = 0
         self._delivered = False
         self._caught = False
-        self._shield = _Shield(self)
 
     def __enter__(self) -> CancelScope:
         self._task = asyncio.current_task()
@@ -75,7 +74,7 @@ class CancelScope:
 
     def shielded(self) -> _Shield:
         """A block that a cancel reaches through the signal only (no task cancel)."""
-        return self._shield
+        return _Shield(self)  # made per use: kept on the scope, it would be a cycle
 
     def caught(self, error: BaseException) -> bool:
         """Whether `error` is this scope's cancellation; if so, it is withdrawn.

@@ -173,6 +173,11 @@ class ToolPipeline:
         signal is the only thing a wrapper may change.
         """
         chain = self._seams.listeners(TOOLS_EXECUTE, self._agent_id)
+        if not chain:  # the body alone: no chain, and no self-referring closure for the GC
+            try:
+                return await self._run_body(exec)
+            except Exception as exc:
+                return failure_outcome(exc, final=True)
 
         async def call(index: int, current: ToolExecution) -> ToolOutcome:
             if index == len(chain):

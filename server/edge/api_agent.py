@@ -58,15 +58,17 @@ def _passes(count: int) -> asyncio.Future[None]:
     """
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
-
-    def later(left: int) -> None:
-        if left > 0:
-            loop.call_soon(later, left - 1)
-        elif not done.done():
-            done.set_result(None)  # the awaiting task resumes in the next pass
-
-    later(count - 1)
+    _count_down(loop, done, count - 1)
     return done
+
+
+def _count_down(loop: asyncio.AbstractEventLoop, done: asyncio.Future[None], left: int) -> None:
+    # A module function, not a closure calling itself: that would be a reference cycle
+    # (function → cell → function) left to the garbage collector at every wake-up.
+    if left > 0:
+        loop.call_soon(_count_down, loop, done, left - 1)
+    elif not done.done():
+        done.set_result(None)  # the awaiting task resumes in the next pass
 
 
 def _once_stored(session: SessionLog, answer: bytes) -> asyncio.Future[bytes]:
