@@ -18,36 +18,17 @@ from server.observability.metrics import Metrics
 from server.observability.tracing import Tracing
 
 if TYPE_CHECKING:
-    Continuation = Callable[
-        [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-    ]
     Context = grpc.aio.ServicerContext[Any, Any]
 
 log = logging.getLogger("agentloop.access")
 
 
-class AccessLog(grpc.aio.ServerInterceptor):
-    """Wraps every handler to time it and learn its status."""
+class AccessLog:
+    """Wraps a handler to time it and learn its status (`Edge` calls it)."""
 
     def __init__(self, metrics: Metrics | None = None, tracing: Tracing | None = None) -> None:
         self.metrics = metrics
         self.tracing = tracing
-        self._wrapped: dict[str, tuple[object, grpc.RpcMethodHandler[Any, Any]]] = {}
-
-    async def intercept_service(
-        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        """The handler, wrapped once per method (and again only if it changes)."""
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        method = handler_call_details.method or ""
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self.wrap(handler, method)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
 
     def wrap(self, handler: Any, method: str) -> grpc.RpcMethodHandler[Any, Any]:
         """`handler`, timed and logged."""

@@ -1,12 +1,12 @@
 """The edge interceptors folded into one: one interception and one wrapper per call.
 
-The server's own interceptors are, outermost first: the access log (`AccessLog`),
-token authentication (`TokenAuth`, when a token is set) and the request guard
-(`RequestGuard`). Chained, each is a coroutine per call and each wraps the handler,
-so every response of a stream passed through one generator per layer. `Edge` does
-what the chain does in one interception and, for an authenticated call, one wrapper
-that logs, guards and runs the handler; a refused call takes the chain's own
-wrappers (rare, and identical by construction). The behaviour is the chain's.
+The server's edge is, outermost first: the access log (`AccessLog`), token
+authentication (`TokenAuth`, when a token is set) and the request guard
+(`RequestGuard`). As three chained interceptors, each would be a coroutine per call
+and a wrapper per handler, so every response of a stream would pass through one
+generator per layer. `Edge` does it in one interception and, for an authenticated
+call, one wrapper that logs, guards and runs the handler; a refused call takes the
+parts' own wrappers (rare, and the same behaviour by construction).
 """
 
 from __future__ import annotations

@@ -18,9 +18,6 @@ from server.core.limits import Limits
 from server.edge.status import abort_with, rich_status
 
 if TYPE_CHECKING:  # the grpc stubs are generic only to the type checker
-    Continuation = Callable[
-        [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-    ]
     Context = grpc.aio.ServicerContext[Any, Any]
 
 log = logging.getLogger(__name__)
@@ -39,30 +36,13 @@ class Undecodable:
     problem: str
 
 
-class RequestGuard(grpc.aio.ServerInterceptor):
-    """Decodes requests without raising and counts the open event streams."""
+class RequestGuard:
+    """Decodes requests without raising and counts the open event streams (`Edge` calls it)."""
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.streams = 0
         """StreamSessionEvents calls open now."""
-        self._wrapped: dict[str, tuple[object, grpc.RpcMethodHandler[Any, Any]]] = {}
-        """Per method, the handler last wrapped and its wrapper: built once, not per call."""
-
-    async def intercept_service(
-        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        """Wrap unary-request handlers; leave the rest (and unknown methods) as they are."""
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.request_streaming:
-            return handler
-        method = handler_call_details.method or ""
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self.wrap(handler, method)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
 
     def wrap(self, handler: Any, method: str) -> grpc.RpcMethodHandler[Any, Any]:
         """`handler` (with a unary request) decoding without raising, its streams counted."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -16,25 +16,11 @@ OPEN_PREFIXES = (
 """Services anyone may call: operators probe them without a token."""
 
 
-class TokenAuth(grpc.aio.ServerInterceptor):
-    """Refuses calls whose `authorization` metadata is not `Bearer <token>`."""
+class TokenAuth:
+    """Refuses calls whose `authorization` metadata is not `Bearer <token>` (`Edge` asks it)."""
 
     def __init__(self, token: str) -> None:
         self._expected = f"Bearer {token}".encode()
-
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        """Pass authenticated and open calls on; answer the rest UNAUTHENTICATED."""
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        why = self.refused(handler_call_details)
-        return refusal(handler, why) if why else handler
 
     def refused(self, handler_call_details: grpc.HandlerCallDetails) -> str:
         """Why the call is refused ("missing token", "wrong token"); "" when it may pass."""
