@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, TypeVar
 from google.protobuf import duration_pb2
 
 from agentloop.plugin.decisions import blocks, struct, tool_error
+from agentloop.plugin.inline import never_suspends
 from agentloop.plugin.seam_table import BY_PAYLOAD, BY_SEAM, SPECS, SeamSpec
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.v1 import content_pb2 as c
@@ -105,6 +106,11 @@ class Subscription:
     spec: SeamSpec
     handler: Handler[Any] = field(repr=False)
     options: Options
+    inline: bool = field(init=False, repr=False)
+    """The handler cannot suspend: its calls run in place (`agentloop.plugin.inline`)."""
+
+    def __post_init__(self) -> None:
+        self.inline = never_suspends(self.handler)
 
     def message(self) -> hs.Subscription:
         """The subscription as `Describe` reports it."""

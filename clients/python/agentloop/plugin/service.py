@@ -3,7 +3,10 @@
 Each `HookCall` on a `Handle` stream runs as its own asyncio task, so many calls are in
 flight at once; each task writes its result itself as soon as it has it, under the
 stream's write lock (grpc.aio writes must never overlap), which saves a hop through a
-queue on every call. A call's deadline (`HookCall.timeout`) is an entry in the stream's
+queue on every call. A call (or notification) whose handler cannot suspend (an
+`async def` that never awaits: `agentloop.plugin.inline`) runs in place instead, as
+it is read, with no task; the results of the message's calls run so are written
+before the next message is read. A call's deadline (`HookCall.timeout`) is an entry in the stream's
 deadline heap, not a timer of its own: one timer waits for the earliest, and a call
 still running at its deadline is cancelled and not answered. Results are written as
 bytes (the `Handle` response serializer is the identity): no `HandleResponse` copy of
@@ -17,11 +20,12 @@ plugin asks for batches in `Describe` when the server offers them).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import hmac
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Coroutine
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +36,7 @@ import grpc  # the plugin's transport edge, like the server's api_*.py
 
 from agentloop.plugin import tracing
 from agentloop.plugin.calls import error_text, failure
+from agentloop.plugin.inline import resumed
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.plugin.v1 import hook_service_pb2_grpc as rpc
 
@@ -52,6 +57,11 @@ class CallStream:
     def __init__(self, plugin: Plugin, context: Context) -> None:
         self._plugin = plugin
         self._context = context
+        self._subscriptions = plugin.registry.subscriptions
+        self._answered: list[hs.HookResult] = []
+        """The results of the calls run in place from the message being read."""
+        self._writing = False
+        """The reader is writing those results (a drain waits for them)."""
         self._calls: dict[str, asyncio.Task[None]] = {}
         """The cancellable calls in flight, by call id."""
         self._running: set[asyncio.Task[None]] = set()
@@ -87,7 +97,7 @@ class CallStream:
     def drain(self) -> None:
         """Refuse new calls, and end the stream once the calls in flight are answered."""
         self._draining = True
-        if not self._running:
+        if not self._running and not self._writing:
             self._done.set()
 
     async def _read(self, requests: AsyncIterator[hs.HandleRequest]) -> None:
@@ -103,6 +113,8 @@ class CallStream:
                     task = self._calls.pop(request.cancel.call_id, None)
                     if task is not None:
                         task.cancel()
+                if self._answered:
+                    await self._write_answered()
             while self._running:  # the server closed its side: answer what is in flight
                 await asyncio.wait(set(self._running))
         finally:
@@ -116,11 +128,32 @@ class CallStream:
             refused = failure(call.call_id, "the plugin is stopping")
             self._track(asyncio.create_task(self._send_result(refused)))
             return
-        streams = call.WhichOneof("payload") == "model_stream"
+        payload = call.WhichOneof("payload")
+        subscription = self._subscriptions.get(payload) if payload else None
+        if subscription is not None and subscription.inline and not self._traced(call):
+            self._run_in_place(call)
+            return
+        streams = payload == "model_stream"
         work = self._run(call) if streams else self._answer(call)
+        self._spawn(call, work, streams)
+
+    @staticmethod
+    def _traced(call: hs.HookCall) -> bool:
+        """Whether `call` runs in a span of its own (the server traces, OpenTelemetry is here)."""
+        return bool(call.traceparent) and tracing.available()
+
+    def _spawn(
+        self,
+        call: hs.HookCall,
+        work: Coroutine[Any, Any, None],
+        streams: bool = False,
+        context: contextvars.Context | None = None,
+    ) -> None:
+        """Run `work` (the running of `call`) as a task, under the call's deadline."""
         if call.traceparent:  # the server traces: continue its trace (agentloop.plugin.tracing)
             work = tracing.traced(self._plugin.name, call, work)
-        task = asyncio.create_task(work, name=f"agentloop-plugin call {call.call_id}")
+        name = f"agentloop-plugin call {call.call_id}"
+        task = asyncio.create_task(work, name=name, context=context)
         if call.call_id:
             self._calls[call.call_id] = task
         self._track(task)
@@ -128,6 +161,46 @@ class CallStream:
             seconds = call.timeout.ToNanoseconds() / 1e9
             if seconds > 0:
                 self._time(task, seconds)
+
+    def _run_in_place(self, call: hs.HookCall) -> None:
+        """Run a call whose handler cannot suspend, now; its result is written after the message.
+
+        In a copy of the context, as a task would run it. Should it suspend after all, the
+        rest runs as a task like any other call's.
+        """
+        work = self._plugin.registry.answer(call)
+        context = contextvars.copy_context()
+        try:
+            waiting = context.run(work.send, None)
+        except StopIteration as done:
+            if done.value is not None:
+                self._answered.append(done.value)
+            return
+        except asyncio.CancelledError:  # as a task cancelled by its handler: nothing sent
+            return
+        except Exception as exc:  # answer() answers handler errors itself: a bug guard
+            log.exception("plugin %s: call %s", self._plugin.name, call.call_id)
+            self._answered.append(failure(call.call_id, error_text(exc)))
+            return
+        self._spawn(call, self._answer(call, resumed(work, waiting)), context=context)
+
+    async def _write_answered(self) -> None:
+        """Write the results of the calls run in place (in their order)."""
+        answered, self._answered = self._answered, []
+        if self._write_lock.locked():  # a model stream is writing: reading goes on meanwhile
+            for result in answered:
+                self._track(asyncio.create_task(self._send_result(result)))
+            return
+        self._writing = True
+        try:
+            for result in answered:
+                await self._send_result(result)
+        except Exception as exc:  # the stream ended: the next read ends the reader too
+            log.debug("plugin %s: a result was not written: %r", self._plugin.name, exc)
+        finally:
+            self._writing = False
+            if self._draining and not self._running:
+                self._done.set()
 
     def _time(self, task: asyncio.Task[None], seconds: float) -> None:
         """Cancel `task` if it still runs `seconds` from now (the one timer, rescheduled)."""
@@ -180,12 +253,17 @@ class CallStream:
             if call.call_id and self._calls.get(call.call_id) is me:
                 del self._calls[call.call_id]
 
-    async def _answer(self, call: hs.HookCall) -> None:
-        """A call with one result (or none): the short path, with no generator per call."""
+    async def _answer(
+        self, call: hs.HookCall, work: Awaitable[hs.HookResult | None] | None = None
+    ) -> None:
+        """A call with one result (or none): the short path, with no generator per call.
+
+        `work` is its running, when it has begun already (else it begins here).
+        """
         me = asyncio.current_task()
         assert me is not None
         try:
-            result = await self._plugin.registry.answer(call)
+            result = await (self._plugin.registry.answer(call) if work is None else work)
         except asyncio.CancelledError:
             if me not in self._expired or me.uncancel():
                 raise  # withdrawn (CancelCall), or the stream ends
@@ -215,7 +293,7 @@ class CallStream:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
-        if self._draining and not self._running:
+        if self._draining and not self._running and not self._writing:
             self._done.set()
 
 
