@@ -436,7 +436,7 @@ class SeamRegistry:
         if seam in self._scoped:
             regs = [r for r in regs if r.agent_id is None or r.agent_id == agent_id]
         # Unscoped: the list itself, which is never changed in place.
-        return cast(Sequence[Registration[Fn]], regs)
+        return cast("Sequence[Registration[Fn]]", regs)  # a string: no subscript per call
 
     def has(self, seam: SeamKey, agent_id: str | None) -> bool:
         """Whether any listener would see a dispatch of `seam` for `agent_id`."""

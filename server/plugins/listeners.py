@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
 
+from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message as ProtoMessage
 
 if TYPE_CHECKING:
@@ -101,6 +102,10 @@ R = TypeVar("R", bound=ProtoMessage)
 Fill = Callable[[In, hk.HookCall], None]
 """Writes a seam's input into the call's payload field (in place: one copy)."""
 
+_HookCall = hk.HookCall
+_SEAM_CALL = hk.CALL_KIND_SEAM
+_NOTIFICATION = hk.CALL_KIND_NOTIFICATION
+
 
 @dataclass
 class RemoteListener:
@@ -123,17 +128,26 @@ class RemoteListener:
     agent_ids: frozenset[str] = frozenset()
     """The agents the subscription is limited to (empty: all)."""
 
+    _spec: SeamSpec = field(init=False, repr=False)
+    _seam: hk.Seam.ValueType = field(init=False, repr=False)
+    _deadline: Duration = field(init=False, repr=False)
+    """`timeout` as each call carries it (copied, not converted per call)."""
+
     def __post_init__(self) -> None:
         if self.subscription.buffer_size:
             self.slot.limit = self.subscription.buffer_size
         self.event_kinds = frozenset(self.subscription.event_kinds)
         self.observe_only = self.subscription.observe_only
         self.agent_ids = frozenset(self.subscription.agent_ids)
+        self._seam = self.subscription.seam
+        self._spec = BY_SEAM[self._seam]
+        self._deadline = Duration()
+        self._deadline.FromNanoseconds(int(self.timeout * 1e9))
 
     @property
     def spec(self) -> SeamSpec:
         """The seam's row of the seam table."""
-        return BY_SEAM[self.subscription.seam]
+        return self._spec
 
     @property
     def seam_name(self) -> str:
@@ -160,7 +174,7 @@ class RemoteListener:
         `TurnFatal`), and when the plugin only watches the seam (`observe_only`): then
         the call goes as a notification and the loop goes on at once.
         """
-        spec = self.spec
+        spec = self._spec
         agent_id, turn, step = at.agent_id, at.turn, at.step
         if self.observe_only:
             if self.caller.admit(self.slot):
@@ -169,17 +183,17 @@ class RemoteListener:
                 fill(input, notice)
                 self.caller.notify(notice, self.slot)
             return None
-        call = hk.HookCall(
+        call = _HookCall(
             call_id=f"c{next(call_ids)}",
-            kind=hk.CALL_KIND_SEAM,
-            seam=spec.seam,
+            kind=_SEAM_CALL,
+            seam=self._seam,
             agent_id=agent_id,
             session_id=self.session_of(agent_id),
             turn=turn,
             step=step,
         )
         fill(input, call)
-        call.timeout.FromNanoseconds(int(self.timeout * 1e9))
+        call.timeout.CopyFrom(self._deadline)
         try:
             with observe.plugin_call_scope(self.plugin, spec.path, agent_id, turn, step, call):
                 result = await self.caller.call(call, self.timeout, at.signal)
@@ -208,10 +222,10 @@ class RemoteListener:
 
     def notice(self, agent_id: str) -> hk.HookCall:
         """A notification of this subscription; the caller fills its payload in place."""
-        return hk.HookCall(
+        return _HookCall(
             call_id=f"n{next(call_ids)}",
-            kind=hk.CALL_KIND_NOTIFICATION,
-            seam=self.subscription.seam,
+            kind=_NOTIFICATION,
+            seam=self._seam,
             agent_id=agent_id,
             session_id=self.session_of(agent_id),
         )
@@ -506,20 +520,32 @@ _CODECS: tuple[Codec, ...] = (
 # -- the default codec: fields copied by name ----------------------------------------------
 
 
+_EXTEND, _COPY, _SET = 0, 1, 2
+"""How `fill_by_name` writes a field: a repeated one, a message, a scalar."""
+
+
 def fill_by_name(payload: str) -> Fill[object]:
     """Fill the call's `payload` message field by field from the input's same-named attributes."""
+    message_type = hk.HookCall.DESCRIPTOR.fields_by_name[payload].message_type
+    assert message_type is not None, f"{payload} is not a message field"
+    fields = message_type.fields
+    # Read once: per field, its name and how it is written (extend, copy or set).
+    plan = [
+        (f.name, _EXTEND if f.is_repeated else _COPY if f.message_type is not None else _SET)
+        for f in fields
+    ]
 
     def fill(input: object, call: hk.HookCall) -> None:
         message = getattr(call, payload)
         message.SetInParent()
-        for member in message.DESCRIPTOR.fields:
-            value = getattr(input, member.name)
-            if member.is_repeated:
-                getattr(message, member.name).extend(value)
-            elif member.message_type is not None:
-                getattr(message, member.name).CopyFrom(value)
+        for name, how in plan:
+            value = getattr(input, name)
+            if how == _SET:
+                setattr(message, name, value)
+            elif how == _COPY:
+                getattr(message, name).CopyFrom(value)
             else:
-                setattr(message, member.name, value)
+                getattr(message, name).extend(value)
 
     return fill
 
