@@ -34,7 +34,7 @@ GRPCURL_TIMEOUT = 30.0
 
 SERVER_LISTENING = re.compile(r"agentloop listening on (\S+)")
 """The server's readiness line, its only line on stdout."""
-PLUGIN_LISTENING = re.compile(r"plugin (\S+) listening on (\S+:\d+)")
+PLUGIN_LISTENING = re.compile(r"plugin (\S+) listening on (\S+:\d+|unix:/\S+)")
 """A plugin's readiness line (the Python and Node helpers print the same)."""
 
 

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from server.core.errors import InvalidArgument
 from server.core.limits import LIMIT_FIELDS, Limits
+from server.settings.addresses import Allowlist, parse_address
 from server.settings.config import DEFAULT_AGENT, ConfigError, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -247,6 +249,28 @@ def test_the_plugin_allowlist_is_loopback_by_default_and_checked() -> None:
         parse_config({"pluginAllowlist": ["10.0.0.1:99999"]})
     with pytest.raises(ConfigError, match="pluginTokenPlaintext: must be true or false"):
         parse_config({"pluginTokenPlaintext": "yes"})
+
+
+def test_the_plugin_allowlist_names_unix_sockets_by_path_or_directory() -> None:
+    entries = ["unix:/run/agentloop/guard.sock", "unix:/run/plugins/*"]
+    assert parse_config({"pluginAllowlist": entries}).plugin_allowlist == tuple(entries)
+    allowlist = Allowlist.of(tuple(entries))
+    allowed = ("unix:/run/agentloop/guard.sock", "unix:/run/plugins/a.sock")
+    for text in allowed:
+        allowlist.check(parse_address(text, unix_allowed=True), text)
+    # Not the exact socket, nor below the directory, nor by a host pattern.
+    for text, entries_ in (
+        ("unix:/run/agentloop/other.sock", entries),
+        ("unix:/run/plugins/sub/a.sock", entries),
+        ("unix:/run/agentloop/guard.sock", ["*:*", "localhost:*"]),
+    ):
+        with pytest.raises(InvalidArgument, match="a Unix socket must be named"):
+            Allowlist.of(tuple(entries_)).check(parse_address(text, unix_allowed=True), text)
+    assert parse_address("unix:/run/a.sock", unix_allowed=True).loopback
+    with pytest.raises(ConfigError, match=r"pluginAllowlist\[0\]: 'unix:run/\*': a Unix socket"):
+        parse_config({"pluginAllowlist": ["unix:run/*"]})
+    with pytest.raises(InvalidArgument, match="the port must be 1-65535"):  # only where allowed
+        parse_address("unix:/run/a.sock")
 
 
 def test_tls_files_come_in_pairs() -> None:

@@ -223,7 +223,7 @@ class PluginRegistry:
 
     def _check_address(self, text: str) -> None:
         """Allowed, and safe for the token: nothing reaches the plugin before this passes."""
-        address = parse_address(text)
+        address = parse_address(text, unix_allowed=True)
         self.allowlist.check(address, text)
         if self.token and not address.tls and not address.loopback and not self.token_plaintext:
             raise InvalidArgument(

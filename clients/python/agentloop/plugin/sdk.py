@@ -349,6 +349,9 @@ class Plugin:
     ) -> int:
         """Start serving on `address` (port 0 picks a free one); returns the bound port.
 
+        `unix:/path` serves on a Unix domain socket instead (the server must allow it:
+        its `pluginAllowlist` names the socket or its directory).
+
         With `tls_key` and `tls_cert` (PEM file paths) the plugin serves TLS; register it
         as `tls://host:port`.
         """
@@ -380,7 +383,8 @@ class Plugin:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):  # before announcing: a SIGTERM is graceful
             loop.add_signal_handler(sig, stop_requested.set)
-        print(f"plugin {self.name} listening on {address.rpartition(':')[0]}:{port}", flush=True)
+        bound = address if address.startswith("unix:") else f"{address.rpartition(':')[0]}:{port}"
+        print(f"plugin {self.name} listening on {bound}", flush=True)
         try:
             await stop_requested.wait()
         finally:
