@@ -3,6 +3,7 @@
 With `--turn-end-only` its session-event observer asks for `turn_end` events only;
 with `--observer-only` it is nothing but a session-event observer of every event; with
 `--watch-only` it only watches every seam (`observe_only`: notifications, no answers).
+`--listen ADDRESS` serves there (a `unix:/path` socket, say) instead of 127.0.0.1:0.
 Prints "plugin every-seam listening on HOST:PORT" when ready.
 """
 
@@ -40,4 +41,5 @@ else:
         observer()(observe)
 
 if __name__ == "__main__":
-    plugin.run("127.0.0.1:0")
+    listen = sys.argv[sys.argv.index("--listen") + 1] if "--listen" in sys.argv else "127.0.0.1:0"
+    plugin.run(listen)

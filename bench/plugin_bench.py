@@ -6,7 +6,9 @@
 Both plugins run as separate processes, as they would in production:
 - a bare `Handle` echo server (raw grpc.aio, no SDK): the floor, a bidi ping-pong;
 - the same through the Python plugin SDK, subscribed to every seam, answering "continue";
-- the SDK as a session-event observer only: the CPU a 10,000-chunk turn costs with it.
+- the SDK as a session-event observer only: the CPU a 10,000-chunk turn costs with it;
+- the SDK plugin on every seam again, served on a Unix domain socket (`unix:`), where
+  the checkout supports it (the server's allowlist then names the socket).
 The figures are printed next to their targets; nothing is asserted.
 """
 
@@ -18,6 +20,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -114,13 +117,27 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def unix_supported() -> bool:
+    """Whether this checkout's server takes plugins on Unix sockets (`unix:` addresses)."""
+    from server.settings import addresses
+
+    return hasattr(addresses, "UNIX_SCHEME")
+
+
+def config_for(address: str | None) -> Config:
+    """The bench server's config; a `unix:` plugin address is named in its allowlist."""
+    if address is not None and address.startswith("unix:"):
+        return Config(listen="127.0.0.1:0", store="memory", plugin_allowlist=(address,))
+    return Config(listen="127.0.0.1:0", store="memory")
+
+
 async def turns(address: str | None, count: int, pid: int = 0) -> tuple[float, float, float]:
     """Per turn of the standard workload, with or without the plugin registered: µs, and
     the CPU µs of this process (the server) and of the plugin process `pid`.
 
     Unlike latency, CPU does not grow with the machine's load: the figure to compare on
     a shared machine."""
-    app = App(Config(listen="127.0.0.1:0", store="memory"))
+    app = App(config_for(address))
     await app.start()
     try:
         if address is not None:
@@ -207,13 +224,23 @@ async def main(calls: int, turn_count: int, chunk_turns: int) -> None:
     sdk, sdk_address = await start("every_seam_plugin.py")
     quiet, quiet_address = await start("every_seam_plugin.py", "--turn-end-only")
     watching, watching_address = await start("every_seam_plugin.py", "--watch-only")
+    sockets = tempfile.TemporaryDirectory(prefix="agentloop-bench-")
+    local: asyncio.subprocess.Process | None = None
+    local_address = ""
+    if unix_supported():
+        local, local_address = await start(
+            "every_seam_plugin.py", "--listen", f"unix:{sockets.name}/every-seam.sock"
+        )
     try:
-        floors, raws, vias, ratios = [], [], [], []
+        floors, raws, vias, ratios, locals_, local_ratios = [], [], [], [], [], []
         for _ in range(ROUNDS):  # alternated; each round's ratio, then their median
             floors.append(statistics.median(await ping_pong(bare_address, calls)))
             raws.append(statistics.median(await ping_pong(sdk_address, calls)))
             vias.append(statistics.median(await seam_calls(sdk_address, calls)))
             ratios.append(vias[-1] / floors[-1])
+            if local is not None:
+                locals_.append(statistics.median(await seam_calls(local_address, calls)))
+                local_ratios.append(locals_[-1] / floors[-1])
         floor, raw_sdk, via_client = (statistics.median(x) for x in (floors, raws, vias))
         line("bare bidi ping-pong (raw client, raw echo server)", f"{floor:,.0f} µs", "",
              "bare_us", floor)  # fmt: skip
@@ -223,12 +250,22 @@ async def main(calls: int, turn_count: int, chunk_turns: int) -> None:
         ratio = statistics.median(ratios)
         line(f"  ratio to the bare ping-pong (median of {ROUNDS} rounds)",
              f"{ratio:.2f}×", "target ≤ 1.15×", "seam_call_ratio", ratio)  # fmt: skip
+        if local is not None:
+            via_socket, socket_ratio = statistics.median(locals_), statistics.median(local_ratios)
+            line("same over a Unix socket (unix:)", f"{via_socket:,.0f} µs", "",
+                 "seam_call_unix_us", via_socket)  # fmt: skip
+            line("  ratio to the bare (TCP) ping-pong", f"{socket_ratio:.2f}×", "",
+                 "seam_call_unix_ratio", socket_ratio)  # fmt: skip
         pids = {None: 0, sdk_address: sdk.pid, quiet_address: quiet.pid, watching_address: 0}
+        if local is not None:
+            pids[local_address] = local.pid
         runs: dict[str | None, list[tuple[float, float, float]]] = {a: [] for a in pids}
         for _ in range(2):  # alternated, best of two each
             for address, pid in pids.items():
                 runs[address].append(await turns(address, turn_count, pid))
-        without, with_plugin, filtered, watched = (min(r[0] for r in runs[a]) for a in runs)
+        without, with_plugin, filtered, watched = (
+            min(r[0] for r in runs[a]) for a in (None, sdk_address, quiet_address, watching_address)
+        )
         cpu_without, cpu_with = (min(r[1] for r in runs[a]) for a in (None, sdk_address))
         plugin_cpu = min(r[2] for r in runs[sdk_address])
         steps = 2  # the workload: a tool step, then a text step
@@ -249,12 +286,27 @@ async def main(calls: int, turn_count: int, chunk_turns: int) -> None:
         line("same plugin only watching every seam (observe_only)", f"{watched:,.0f} µs")
         added = (watched - without) / steps
         line("  added latency per step", f"{added:,.0f} µs", "", "added_watching_us", added)
+        if local is not None:
+            over_socket = min(r[0] for r in runs[local_address])
+            line("the plugin on every seam over a Unix socket", f"{over_socket:,.0f} µs")
+            added = (over_socket - without) / steps
+            line("  added latency per step", f"{added:,.0f} µs", "",
+                 "added_per_step_unix_us", added)  # fmt: skip
+            added = (min(r[1] for r in runs[local_address]) - cpu_without) / steps
+            line("  server CPU added per step", f"{added:,.0f} µs", "",
+                 "server_cpu_per_step_unix_us", added)  # fmt: skip
+            added = min(r[2] for r in runs[local_address]) / steps
+            line("  plugin process CPU per step", f"{added:,.0f} µs", "",
+                 "plugin_cpu_per_step_unix_us", added)  # fmt: skip
         await observer_cost(chunk_turns)
     finally:
         await stop(bare)
         await stop(sdk)
         await stop(quiet)
         await stop(watching)
+        if local is not None:
+            await stop(local)
+        sockets.cleanup()
 
 
 async def compare(baseline: str, repeat: int, options: list[str]) -> None:
