@@ -297,12 +297,16 @@ class CallStream:
             self._done.set()
 
 
+_BYTES = [bytes((i,)) for i in range(0x80)]
+"""The one-byte varints."""
 _RESULT = bytes(((hs.HandleResponse.RESULT_FIELD_NUMBER << 3) | 2,))
 """The field key of `HandleResponse.result` (length-delimited)."""
 
 
 def _varint(value: int) -> bytes:
     """`value` (≥ 0) as a protobuf base-128 varint."""
+    if value < 0x80:  # a small result: one byte
+        return _BYTES[value]
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
