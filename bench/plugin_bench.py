@@ -253,9 +253,9 @@ async def main(calls: int, turn_count: int, chunk_turns: int) -> None:
         if local is not None:
             via_socket, socket_ratio = statistics.median(locals_), statistics.median(local_ratios)
             line("same over a Unix socket (unix:)", f"{via_socket:,.0f} µs", "",
-                 "seam_call_unix_us", via_socket)  # fmt: skip
+                 "unix_seam_call_us", via_socket)  # fmt: skip
             line("  ratio to the bare (TCP) ping-pong", f"{socket_ratio:.2f}×", "",
-                 "seam_call_unix_ratio", socket_ratio)  # fmt: skip
+                 "unix_call_ratio", socket_ratio)  # fmt: skip
         pids = {None: 0, sdk_address: sdk.pid, quiet_address: quiet.pid, watching_address: 0}
         if local is not None:
             pids[local_address] = local.pid
@@ -291,13 +291,13 @@ async def main(calls: int, turn_count: int, chunk_turns: int) -> None:
             line("the plugin on every seam over a Unix socket", f"{over_socket:,.0f} µs")
             added = (over_socket - without) / steps
             line("  added latency per step", f"{added:,.0f} µs", "",
-                 "added_per_step_unix_us", added)  # fmt: skip
+                 "unix_added_us", added)  # fmt: skip
             added = (min(r[1] for r in runs[local_address]) - cpu_without) / steps
             line("  server CPU added per step", f"{added:,.0f} µs", "",
-                 "server_cpu_per_step_unix_us", added)  # fmt: skip
+                 "unix_server_cpu_us", added)  # fmt: skip
             added = min(r[2] for r in runs[local_address]) / steps
             line("  plugin process CPU per step", f"{added:,.0f} µs", "",
-                 "plugin_cpu_per_step_unix_us", added)  # fmt: skip
+                 "unix_plugin_cpu_us", added)  # fmt: skip
         await observer_cost(chunk_turns)
     finally:
         await stop(bare)

@@ -41,7 +41,9 @@ _SUSPENDING = frozenset(
 def never_suspends(handler: Callable[..., Any]) -> bool:
     """Whether `handler` is an `async def` whose body cannot suspend (it never awaits)."""
     function = getattr(handler, "__func__", handler)  # a bound method: its function
-    if not isinstance(function, types.FunctionType) or not inspect.iscoroutinefunction(function):
+    if not isinstance(function, types.FunctionType):
+        return False
+    if not function.__code__.co_flags & inspect.CO_COROUTINE:  # not an `async def` itself
         return False
     return not any(i.opname in _SUSPENDING for i in dis.get_instructions(function))
 
