@@ -6,8 +6,8 @@ stream's write lock (grpc.aio writes must never overlap), which saves a hop thro
 queue on every call. A call (or notification) whose handler cannot suspend (an
 `async def` that never awaits: `agentloop.plugin.inline`) runs in place instead, as
 it is read, with no task; the results of the message's calls run so are written
-before the next message is read. A call's deadline (`HookCall.timeout`) is an entry in the stream's
-deadline heap, not a timer of its own: one timer waits for the earliest, and a call
+before the next message is read. A call's deadline (`HookCall.timeout`) is an entry
+in the stream's deadline heap, not a timer of its own: one timer waits for the earliest, and a call
 still running at its deadline is cancelled and not answered. Results are written as
 bytes (the `Handle` response serializer is the identity): no `HandleResponse` copy of
 each result. A `model_stream` call's chunks are written the same way, each as
