@@ -7,11 +7,11 @@ queue on every call. A call (or notification) whose handler cannot suspend (an
 `async def` that never awaits: `agentloop.plugin.inline`) runs in place instead, as
 it is read, with no task; the results of the message's calls run so are written
 before the next message is read. A call's deadline (`HookCall.timeout`) is an entry
-in the stream's deadline heap, not a timer of its own: one timer waits for the earliest, and a call
-still running at its deadline is cancelled and not answered. Results are written as
-bytes (the `Handle` response serializer is the identity): no `HandleResponse` copy of
-each result. A `model_stream` call's chunks are written the same way, each as
-soon as the model produces it. A `CancelCall` cancels the call's task (a model's
+in the stream's deadline heap, not a timer of its own: one timer waits for the
+earliest, and a call still running at its deadline is cancelled and not answered.
+Results are written as bytes (the `Handle` response serializer is the identity): no
+`HandleResponse` copy of each result. A `model_stream` call's chunks are written the
+same way, each as soon as the model produces it. A `CancelCall` cancels the call's task (a model's
 generator is closed) and nothing more is sent for it. Notifications get no result. A
 `CallBatch` is taken apart and each of its calls handled as if it had come alone (the
 plugin asks for batches in `Describe` when the server offers them).
