@@ -1,0 +1,136 @@
+"""One long conversation in process: does a turn cost more as the history grows?
+
+    python -m bench.conversation_bench [--turns 3000] [--at 1,1000,3000] [--window 50]
+                                       [--store memory|sqlite] [--baseline DIR] [--repeat 3]
+
+One agent runs `--turns` turns of the benchmark workload (a tool call, the tool, a short
+text: two steps) in one conversation, each turn timed (wall and CPU of this process). The
+CPU per turn is printed at each turn of `--at`: the mean over the `--window` turns that
+end there (turns 1 to `--window` for the first). With `--baseline`, another checkout's
+loop runs the same conversation in its own process, interleaved with this one's, and
+the medians of `--repeat` rounds are printed side by side. Figures are printed, never
+asserted.
+
+Runs as a script too (`python bench/conversation_bench.py --worker`), with another
+checkout first on PYTHONPATH: it imports nothing from the `bench` package for that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from agentloop.v1 import agent_pb2
+from agentloop.v1 import content_pb2 as c
+from server.edge.app import build_runtime
+from server.lifecycle.factory import AgentFactory
+from server.settings.config import Config
+
+OPTIONS = agent_pb2.AgentOptions(provider="scripted", model="bench", tools=["word_count"])
+PROMPT = [c.ContentBlock(text=c.TextBlock(text="count the words of this short prompt"))]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def conversation(store: str, turns: int, warmup: int = 20) -> list[tuple[float, float]]:
+    """(wall s, CPU s) of each turn of one conversation of `turns` turns on `store`.
+
+    A separate agent runs `warmup` turns first, so that the first measured turn is not
+    the process's first.
+    """
+    with tempfile.TemporaryDirectory() as data_dir:
+        runtime = build_runtime(Config(store=store, data_dir=data_dir))
+        factory = AgentFactory(runtime)
+        warm = await factory.create("warm", OPTIONS)
+        for _ in range(warmup):
+            warm.send(PROMPT)
+            await warm.when_idle()
+        agent = await factory.create("conversation", OPTIONS)
+        gc.collect()
+        out = []
+        for _ in range(turns):
+            wall, cpu = time.perf_counter(), time.process_time()
+            agent.send(PROMPT)
+            await agent.when_idle()
+            out.append((time.perf_counter() - wall, time.process_time() - cpu))
+        await factory.close()
+        await runtime.store.close()
+    return out
+
+
+def windows(costs: list[float], at: list[int], width: int) -> dict[int, float]:
+    """Mean cost of the `width` turns ending at each turn of `at` (1-based)."""
+    out = {}
+    for turn in at:
+        end = min(max(turn, width), len(costs))
+        out[turn] = statistics.fmean(costs[max(0, end - width) : end])
+    return out
+
+
+def worker(store: str, turns: int, at: list[int], width: int) -> dict[int, float]:
+    """CPU µs per turn at each turn of `at`, in this process."""
+    cpu = [c for _, c in asyncio.run(conversation(store, turns))]
+    return {turn: value * 1e6 for turn, value in windows(cpu, at, width).items()}
+
+
+def in_tree(tree: str, args: list[str]) -> dict[int, float]:
+    """`worker` run in a fresh process over the loop of checkout `tree` (this one if "")."""
+    env = dict(os.environ)
+    if tree:
+        env["PYTHONPATH"] = os.pathsep.join([tree, str(Path(tree) / "clients" / "python")])
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--worker", *args],
+        env=env,
+        cwd=tree or ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return {int(k): v for k, v in json.loads(done.stdout.splitlines()[-1]).items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--turns", type=int, default=3000)
+    parser.add_argument("--at", default="1,1000,3000", help="comma-separated turn numbers")
+    parser.add_argument("--window", type=int, default=50, help="turns averaged at each point")
+    parser.add_argument("--store", default="memory", choices=("memory", "sqlite"))
+    parser.add_argument("--baseline", default="", help="another checkout to compare with")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds (each a fresh process)")
+    parser.add_argument("--worker", action="store_true", help="one run; print JSON")
+    args = parser.parse_args()
+    at = [int(t) for t in args.at.split(",")]
+    if args.worker:
+        print(json.dumps(worker(args.store, args.turns, at, args.window)))
+        return
+    passed = ["--turns", str(args.turns), "--at", args.at, "--window", str(args.window)]
+    passed += ["--store", args.store]
+    trees = {"this": ""} | ({"baseline": args.baseline} if args.baseline else {})
+    runs: dict[str, list[dict[int, float]]] = {who: [] for who in trees}
+    for _ in range(args.repeat):
+        for who, tree in reversed(trees.items()):  # the baseline first in each round
+            runs[who].append(in_tree(tree, passed))
+    print(f"one conversation of {args.turns:,} turns in process ({args.store} store): CPU µs"
+          f" per turn, mean of the {args.window} turns ending at each point;"
+          f" median of {args.repeat} processes")  # fmt: skip
+    print(f"  {'turn':<16}" + "".join(f"{t:>10,}" for t in at) + f"{'last/first':>12}")
+    med = {who: {t: statistics.median(r[t] for r in rs) for t in at} for who, rs in runs.items()}
+    for who in reversed(trees):
+        m = med[who]
+        print(f"  {who:<16}" + "".join(f"{m[t]:>10,.0f}" for t in at)
+              + f"{m[at[-1]] / m[at[0]]:>11.2f}×")  # fmt: skip
+    if args.baseline:
+        ratios = [med["this"][t] / med["baseline"][t] for t in at]
+        print(f"  {'this / baseline':<16}" + "".join(f"{r:>10.2f}" for r in ratios))
+
+
+if __name__ == "__main__":
+    main()
