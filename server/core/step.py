@@ -64,7 +64,7 @@ async def prepare_step(agent: Agent, turn: Turn, step: Step) -> tuple[str, Messa
         prefix = await runtime.seams.waterfall(
             S.SESSION_PREFIX,
             agent.agent_id,
-            S.SessionPrefix(agent, session.open_turn, 0, signal),
+            lambda: S.SessionPrefix(agent, session.open_turn, 0, signal),
             [],
         )
         checkpoint()  # an interrupted composition is not cached
@@ -72,7 +72,7 @@ async def prepare_step(agent: Agent, turn: Turn, step: Step) -> tuple[str, Messa
     await runtime.seams.serial(
         S.PRE_STEP,
         agent.agent_id,
-        S.PreStep(agent, turn.number, turn.step, signal, system, loop.session_prefix or ()),
+        lambda: S.PreStep(agent, turn.number, turn.step, signal, system, loop.session_prefix or ()),
     )
     checkpoint()
     history = session.history()  # a snapshot without a copy: no cost per message
@@ -100,7 +100,7 @@ async def run_step(
     config = await runtime.seams.waterfall(
         S.REQUEST,
         agent.agent_id,
-        S.Request(agent, turn.number, turn.step, turn.signal, seed),
+        lambda: S.Request(agent, turn.number, turn.step, turn.signal, seed),
         seed,
     )
     if not config.provider or not config.model:
@@ -165,7 +165,7 @@ async def run_step(
         result = await runtime.seams.waterfall(
             S.STEP_RESULT,
             agent.agent_id,
-            S.StepResult(agent, turn.number, turn.step, turn.signal, message),
+            lambda: S.StepResult(agent, turn.number, turn.step, turn.signal, message),
             message,
         )
     except (Exception, asyncio.CancelledError) as error:
