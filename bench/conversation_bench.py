@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
@@ -40,25 +41,28 @@ PROMPT = [c.ContentBlock(text=c.TextBlock(text="count the words of this short pr
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def conversation(store: str, turns: int, warmup: int = 20) -> list[tuple[float, float]]:
+async def conversation(
+    store: str, turns: int, warmup: int = 20, text: str = ""
+) -> list[tuple[float, float]]:
     """(wall s, CPU s) of each turn of one conversation of `turns` turns on `store`.
 
-    A separate agent runs `warmup` turns first, so that the first measured turn is not
-    the process's first.
+    Each turn answers `text` (the benchmark prompt by default). A separate agent runs
+    `warmup` turns first, so that the first measured turn is not the process's first.
     """
+    prompt = [c.ContentBlock(text=c.TextBlock(text=text))] if text else PROMPT
     with tempfile.TemporaryDirectory() as data_dir:
         runtime = build_runtime(Config(store=store, data_dir=data_dir))
         factory = AgentFactory(runtime)
         warm = await factory.create("warm", OPTIONS)
         for _ in range(warmup):
-            warm.send(PROMPT)
+            warm.send(prompt)
             await warm.when_idle()
         agent = await factory.create("conversation", OPTIONS)
         gc.collect()
         out = []
         for _ in range(turns):
             wall, cpu = time.perf_counter(), time.process_time()
-            agent.send(PROMPT)
+            agent.send(prompt)
             await agent.when_idle()
             out.append((time.perf_counter() - wall, time.process_time() - cpu))
         await factory.close()
@@ -75,14 +79,32 @@ def windows(costs: list[float], at: list[int], width: int) -> dict[int, float]:
     return out
 
 
+def span(costs: list[tuple[float, float]], first: int, last: int) -> dict[str, float]:
+    """Of turns `first` to `last` (0-based, inclusive): the median wall and the mean CPU, µs."""
+    turns = costs[first : last + 1]
+    return {
+        "wall_p50": statistics.median(w for w, _ in turns) * 1e6,
+        "cpu": statistics.fmean(c for _, c in turns) * 1e6,
+    }
+
+
 def worker(store: str, turns: int, at: list[int], width: int) -> dict[int, float]:
     """CPU µs per turn at each turn of `at`, in this process."""
     cpu = [c for _, c in asyncio.run(conversation(store, turns))]
     return {turn: value * 1e6 for turn, value in windows(cpu, at, width).items()}
 
 
-def in_tree(tree: str, args: list[str]) -> dict[int, float]:
-    """`worker` run in a fresh process over the loop of checkout `tree` (this one if "")."""
+def span_in_tree(tree: str, text: str, first: int, last: int) -> dict[str, float]:
+    """`span` of one conversation of `last + 1` turns on SQLite, in a fresh process.
+
+    The loop is checkout `tree`'s (this one's if ""); each turn answers `text`.
+    """
+    args = ["--store", "sqlite", "--turns", str(last + 1), "--span", f"{first},{last}"]
+    return in_tree(tree, [*args, "--text", text])
+
+
+def in_tree(tree: str, args: list[str]) -> dict[Any, float]:
+    """A `--worker` run in a fresh process over the loop of checkout `tree` (this one if "")."""
     env = dict(os.environ)
     if tree:
         env["PYTHONPATH"] = os.pathsep.join([tree, str(Path(tree) / "clients" / "python")])
@@ -94,7 +116,8 @@ def in_tree(tree: str, args: list[str]) -> dict[int, float]:
         capture_output=True,
         text=True,
     )
-    return {int(k): v for k, v in json.loads(done.stdout.splitlines()[-1]).items()}
+    out = json.loads(done.stdout.splitlines()[-1])
+    return {int(k) if k.isdigit() else k: v for k, v in out.items()}
 
 
 def main() -> None:
@@ -106,28 +129,40 @@ def main() -> None:
     parser.add_argument("--baseline", default="", help="another checkout to compare with")
     parser.add_argument("--repeat", type=int, default=3, help="rounds (each a fresh process)")
     parser.add_argument("--worker", action="store_true", help="one run; print JSON")
+    parser.add_argument("--span", default="", help="with --worker: FIRST,LAST turns (0-based)")
+    parser.add_argument("--text", default="", help="with --worker: the message of each turn")
     args = parser.parse_args()
     at = [int(t) for t in args.at.split(",")]
+    if args.worker and args.span:
+        first, last = (int(t) for t in args.span.split(","))
+        costs = asyncio.run(conversation(args.store, args.turns, text=args.text))
+        print(json.dumps(span(costs, first, last)))
+        return
     if args.worker:
         print(json.dumps(worker(args.store, args.turns, at, args.window)))
         return
-    passed = ["--turns", str(args.turns), "--at", args.at, "--window", str(args.window)]
-    passed += ["--store", args.store]
-    trees = {"this": ""} | ({"baseline": args.baseline} if args.baseline else {})
-    runs: dict[str, list[dict[int, float]]] = {who: [] for who in trees}
-    for _ in range(args.repeat):
+    report(args.turns, at, args.window, args.store, args.baseline, args.repeat)
+
+
+def report(turns: int, at: list[int], width: int, store: str, baseline: str, repeat: int) -> None:
+    """Print the CPU per turn at each turn of `at`: medians of `repeat` processes per tree."""
+    passed = ["--turns", str(turns), "--at", ",".join(map(str, at)), "--window", str(width)]
+    passed += ["--store", store]
+    trees = {"this": ""} | ({"baseline": baseline} if baseline else {})
+    runs: dict[str, list[dict[Any, float]]] = {who: [] for who in trees}
+    for _ in range(repeat):
         for who, tree in reversed(trees.items()):  # the baseline first in each round
             runs[who].append(in_tree(tree, passed))
-    print(f"one conversation of {args.turns:,} turns in process ({args.store} store): CPU µs"
-          f" per turn, mean of the {args.window} turns ending at each point;"
-          f" median of {args.repeat} processes")  # fmt: skip
+    print(f"one conversation of {turns:,} turns in process ({store} store): CPU µs per turn,"
+          f" mean of the {width} turns ending at each point; median of {repeat} process(es)"
+          + (f"; baseline {baseline}" if baseline else ""))  # fmt: skip
     print(f"  {'turn':<16}" + "".join(f"{t:>10,}" for t in at) + f"{'last/first':>12}")
     med = {who: {t: statistics.median(r[t] for r in rs) for t in at} for who, rs in runs.items()}
     for who in reversed(trees):
         m = med[who]
         print(f"  {who:<16}" + "".join(f"{m[t]:>10,.0f}" for t in at)
               + f"{m[at[-1]] / m[at[0]]:>11.2f}×")  # fmt: skip
-    if args.baseline:
+    if baseline:
         ratios = [med["this"][t] / med["baseline"][t] for t in at]
         print(f"  {'this / baseline':<16}" + "".join(f"{r:>10.2f}" for r in ratios))
 
