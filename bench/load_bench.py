@@ -216,9 +216,9 @@ async def bench(counts: list[int], seconds: float, profile_dir: str, tree: str =
         profile = f"{profile_dir}/server-{n}.prof" if profile_dir else ""
         warmup = 2.0 if n < 1000 else 5.0
         results[n] = await load(n, window, warmup, profile=profile, tree=tree)
-        if n == 1:  # its like-for-like reference: one conversation as long, this loop
+        if n == 1:  # its like-for-like reference: one conversation as long, its loop
             first, last = int(results[1]["first_turn"]), int(results[1]["last_turn"])
-            conversation = span_in_tree("", TEXT, first, last)
+            conversation = span_in_tree(tree, TEXT, first, last)
         refs.append(await in_process(300))  # interleaved: the machine may be shared
     ref = {k: statistics.median(r[k] for r in refs) for k in refs[0]}
     print(f"in process, independent turns (median of {len(refs)}, one before and one after"
