@@ -5,8 +5,9 @@
 
 One agent runs `--turns` turns of the benchmark workload (a tool call, the tool, a short
 text: two steps) in one conversation, each turn timed (wall and CPU of this process). The
-CPU per turn is printed at each turn of `--at`: the mean over the `--window` turns that
-end there (turns 1 to `--window` for the first). With `--baseline`, another checkout's
+CPU per turn is printed at each turn of `--at`: the median of the `--window` turns that
+end there (turns 1 to `--window` for the first; a median, so that another process
+taking the core for a moment does not move it). With `--baseline`, another checkout's
 loop runs the same conversation in its own process, interleaved with this one's, and
 the medians of `--repeat` rounds are printed side by side. Figures are printed, never
 asserted.
@@ -28,10 +29,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
+from server.core.agent import Agent
 from server.edge.app import build_runtime
 from server.lifecycle.factory import AgentFactory
 from server.settings.config import Config
@@ -41,13 +42,24 @@ PROMPT = [c.ContentBlock(text=c.TextBlock(text="count the words of this short pr
 ROOT = Path(__file__).resolve().parent.parent
 
 
+async def timed_turn(agent: Agent, prompt: list[c.ContentBlock]) -> tuple[float, float]:
+    """(wall s, CPU s of this process) of one turn of `agent`."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    agent.send(prompt)
+    await agent.when_idle()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
 async def conversation(
-    store: str, turns: int, warmup: int = 20, text: str = ""
-) -> list[tuple[float, float]]:
-    """(wall s, CPU s) of each turn of one conversation of `turns` turns on `store`.
+    store: str, turns: int, warmup: int = 20, text: str = "", control: int = 0
+) -> list[tuple[float, float, float]]:
+    """(wall s, CPU s, control CPU s) of each turn of one conversation of `turns` turns.
 
     Each turn answers `text` (the benchmark prompt by default). A separate agent runs
     `warmup` turns first, so that the first measured turn is not the process's first.
+    With `control`, each turn is followed by a turn of a short conversation (a new one
+    every `control` turns), timed too: the same moment's cost of a turn whose history
+    is short, to tell a longer history from a busier machine. Else that CPU is 0.
     """
     prompt = [c.ContentBlock(text=c.TextBlock(text=text))] if text else PROMPT
     with tempfile.TemporaryDirectory() as data_dir:
@@ -55,43 +67,52 @@ async def conversation(
         factory = AgentFactory(runtime)
         warm = await factory.create("warm", OPTIONS)
         for _ in range(warmup):
-            warm.send(prompt)
-            await warm.when_idle()
+            await timed_turn(warm, prompt)
         agent = await factory.create("conversation", OPTIONS)
         gc.collect()
         out = []
-        for _ in range(turns):
-            wall, cpu = time.perf_counter(), time.process_time()
-            agent.send(prompt)
-            await agent.when_idle()
-            out.append((time.perf_counter() - wall, time.process_time() - cpu))
+        short_agent = None
+        for i in range(turns):
+            wall, cpu = await timed_turn(agent, prompt)
+            short = 0.0
+            if control:
+                if i % control == 0:
+                    if short_agent is not None:
+                        await factory.dispose(short_agent.agent_id)
+                    short_agent = await factory.create(f"short-{i}", OPTIONS)
+                assert short_agent is not None
+                _, short = await timed_turn(short_agent, prompt)
+            out.append((wall, cpu, short))
         await factory.close()
         await runtime.store.close()
     return out
 
 
 def windows(costs: list[float], at: list[int], width: int) -> dict[int, float]:
-    """Mean cost of the `width` turns ending at each turn of `at` (1-based)."""
+    """Median cost of the `width` turns ending at each turn of `at` (1-based)."""
     out = {}
     for turn in at:
         end = min(max(turn, width), len(costs))
-        out[turn] = statistics.fmean(costs[max(0, end - width) : end])
+        out[turn] = statistics.median(costs[max(0, end - width) : end])
     return out
 
 
-def span(costs: list[tuple[float, float]], first: int, last: int) -> dict[str, float]:
+def span(costs: list[tuple[float, float, float]], first: int, last: int) -> dict[str, float]:
     """Of turns `first` to `last` (0-based, inclusive): the median wall and the mean CPU, µs."""
     turns = costs[first : last + 1]
     return {
-        "wall_p50": statistics.median(w for w, _ in turns) * 1e6,
-        "cpu": statistics.fmean(c for _, c in turns) * 1e6,
+        "wall_p50": statistics.median(w for w, _, _ in turns) * 1e6,
+        "cpu": statistics.fmean(c for _, c, _ in turns) * 1e6,
     }
 
 
-def worker(store: str, turns: int, at: list[int], width: int) -> dict[int, float]:
-    """CPU µs per turn at each turn of `at`, in this process."""
-    cpu = [c for _, c in asyncio.run(conversation(store, turns))]
-    return {turn: value * 1e6 for turn, value in windows(cpu, at, width).items()}
+def worker(store: str, turns: int, at: list[int], width: int) -> dict[str, float]:
+    """At each turn of `at`, in this process: the CPU µs per turn, and its ratio to the
+    CPU per turn of the short conversations run at the same moments."""
+    costs = asyncio.run(conversation(store, turns, control=width))
+    cpu = windows([c for _, c, _ in costs], at, width)
+    short = windows([s for _, _, s in costs], at, width)
+    return {f"{k}": cpu[k] * 1e6 for k in at} | {f"{k}/short": cpu[k] / short[k] for k in at}
 
 
 def span_in_tree(tree: str, text: str, first: int, last: int) -> dict[str, float]:
@@ -103,7 +124,7 @@ def span_in_tree(tree: str, text: str, first: int, last: int) -> dict[str, float
     return in_tree(tree, [*args, "--text", text])
 
 
-def in_tree(tree: str, args: list[str]) -> dict[Any, float]:
+def in_tree(tree: str, args: list[str]) -> dict[str, float]:
     """A `--worker` run in a fresh process over the loop of checkout `tree` (this one if "")."""
     env = dict(os.environ)
     if tree:
@@ -116,8 +137,8 @@ def in_tree(tree: str, args: list[str]) -> dict[Any, float]:
         capture_output=True,
         text=True,
     )
-    out = json.loads(done.stdout.splitlines()[-1])
-    return {int(k) if k.isdigit() else k: v for k, v in out.items()}
+    out: dict[str, float] = json.loads(done.stdout.splitlines()[-1])
+    return out
 
 
 def main() -> None:
@@ -149,21 +170,26 @@ def report(turns: int, at: list[int], width: int, store: str, baseline: str, rep
     passed = ["--turns", str(turns), "--at", ",".join(map(str, at)), "--window", str(width)]
     passed += ["--store", store]
     trees = {"this": ""} | ({"baseline": baseline} if baseline else {})
-    runs: dict[str, list[dict[Any, float]]] = {who: [] for who in trees}
+    runs: dict[str, list[dict[str, float]]] = {who: [] for who in trees}
     for _ in range(repeat):
         for who, tree in reversed(trees.items()):  # the baseline first in each round
             runs[who].append(in_tree(tree, passed))
     print(f"one conversation of {turns:,} turns in process ({store} store): CPU µs per turn,"
-          f" mean of the {width} turns ending at each point; median of {repeat} process(es)"
+          f" median of the {width} turns ending at each point, then of {repeat} process(es)"
           + (f"; baseline {baseline}" if baseline else ""))  # fmt: skip
-    print(f"  {'turn':<16}" + "".join(f"{t:>10,}" for t in at) + f"{'last/first':>12}")
-    med = {who: {t: statistics.median(r[t] for r in rs) for t in at} for who, rs in runs.items()}
+    print(f"  and / short: against turns of short conversations (at most {width} turns) run"
+          " between them, in the same process")  # fmt: skip
+    keys = [f"{t}" for t in at] + [f"{t}/short" for t in at]
+    med = {who: {k: statistics.median(r[k] for r in rs) for k in keys} for who, rs in runs.items()}
+    print(f"  {'turn':<16}" + "".join(f"{t:>10,}" for t in at) + f"{'last/first':>12}"
+          + "".join(f"{f'{t:,} / short':>16}" for t in at))  # fmt: skip
     for who in reversed(trees):
         m = med[who]
-        print(f"  {who:<16}" + "".join(f"{m[t]:>10,.0f}" for t in at)
-              + f"{m[at[-1]] / m[at[0]]:>11.2f}×")  # fmt: skip
+        print(f"  {who:<16}" + "".join(f"{m[f'{t}']:>10,.0f}" for t in at)
+              + f"{m[f'{at[-1]}'] / m[f'{at[0]}']:>11.2f}×"
+              + "".join(f"{m[f'{t}/short']:>15.2f}×" for t in at))  # fmt: skip
     if baseline:
-        ratios = [med["this"][t] / med["baseline"][t] for t in at]
+        ratios = [med["this"][f"{t}"] / med["baseline"][f"{t}"] for t in at]
         print(f"  {'this / baseline':<16}" + "".join(f"{r:>10.2f}" for r in ratios))
 
 
