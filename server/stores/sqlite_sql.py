@@ -104,6 +104,13 @@ def last_turn(db: sqlite3.Connection, session_id: str) -> int:
     return 0 if row is None else ev.SessionEvent.FromString(row[0]).turn_start.turn
 
 
+FENCE_AND_LAST = (
+    "SELECT fence, (SELECT MAX(seq) FROM events WHERE session_id = ?1)"
+    " FROM sessions WHERE session_id = ?1"
+)
+"""A session's claim token and last seq; no row when the session is unknown."""
+
+
 def write_commit(db: sqlite3.Connection, sessions: list[SessionRows]) -> None:
     """One transaction. The stored event count is the fence against a second writer."""
     with transaction(db):
@@ -116,14 +123,23 @@ def write_commit(db: sqlite3.Connection, sessions: list[SessionRows]) -> None:
                     )
                 except sqlite3.IntegrityError:
                     raise AlreadyExists(f'session "{s.session_id}" already exists') from None
-            if s.fence:
+            if s.fence and s.events:  # the common case: both checks in one statement
+                row = db.execute(FENCE_AND_LAST, (s.session_id,)).fetchone()
+                if row is None:
+                    raise SessionNotFound(s.session_id)
+                check_fence(s.session_id, row[0], s.fence)
+                stored = 0 if row[1] is None else int(row[1]) - FIRST_SEQ + 1
+                if stored + FIRST_SEQ != s.first_seq:
+                    _refuse(db, s.session_id, s.first_seq, stored)
+                db.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", s.events)
+            elif s.fence:
                 row = db.execute(
                     "SELECT fence FROM sessions WHERE session_id = ?", (s.session_id,)
                 ).fetchone()
                 if row is None:
                     raise SessionNotFound(s.session_id)
                 check_fence(s.session_id, row[0], s.fence)
-            if s.events:
+            elif s.events:
                 stored = event_count(db, s.session_id)
                 if stored + FIRST_SEQ != s.first_seq or (stored == 0 and s.header is None):
                     _refuse(db, s.session_id, s.first_seq, stored)
