@@ -1,9 +1,10 @@
 """The SQLite session store: one file, WAL, every event stored once as protobuf bytes.
 
 Tables (`sqlite_schema`): `meta` (the format version), `sessions` (the header,
-written once, and the agent that last drove it), `events` (one row per event, keyed
-by session and sequence number, with its payload kind so that a fork finds its
-boundary without decoding), `inbox` (accepted messages no turn has recorded yet) and
+written once, and the agent that last drove it), `events` (a row per session and
+commit holding that commit's run of the session's events, keyed by session and first
+sequence number, with the payload kinds it holds so that a fork or a count finds its
+row without decoding the others: `sqlite_batches`), `inbox` (accepted messages no turn has recorded yet) and
 `requests` (the first answer of each call made with a request id). Storage grows
 with the content of the log, never with a snapshot per step.
 
@@ -50,6 +51,7 @@ from server.stores.sqlite_sql import (
     SessionRows,
     adopt_move,
     claim,
+    event_rows,
     fork_copy,
     summary_row,
     write_commit,
@@ -333,10 +335,7 @@ class SqliteStore:
                 ).fetchone()
                 if row is None:
                     raise SessionNotFound(session_id)
-                events = db.execute(
-                    "SELECT seq, event FROM events WHERE session_id = ? ORDER BY seq",
-                    (session_id,),
-                ).fetchall()
+                events = event_rows(db, session_id, FIRST_SEQ)
                 inbox = db.execute(
                     "SELECT entry_id, kind, message FROM inbox WHERE session_id = ?"
                     " ORDER BY entry_id",
@@ -346,7 +345,10 @@ class SqliteStore:
             finally:
                 db.execute("COMMIT")
 
-        (header_bytes, options_bytes), rows, inbox_rows = await self._read(session_id, read)
+        try:
+            (header_bytes, options_bytes), rows, inbox_rows = await self._read(session_id, read)
+        except DecodeError as error:  # a row of several events that does not split into them
+            raise SessionDamaged(session_id, f"cannot decode: {error}") from error
         try:
             header = session_pb2.SessionHeader.FromString(header_bytes)
             options = (
@@ -365,14 +367,10 @@ class SqliteStore:
         start = max(start, FIRST_SEQ)
 
         def query(db: sqlite3.Connection) -> list[tuple[int, bytes]]:
-            return db.execute(
-                "SELECT seq, event FROM events WHERE session_id = ? AND seq >= ? AND seq < ?"
-                " ORDER BY seq",
-                (session_id, start, end),
-            ).fetchall()
+            return event_rows(db, session_id, start, end)
 
-        rows = await self._read(session_id, query)
         try:
+            rows = await self._read(session_id, query)
             return decode_events(session_id, start, rows)
         except DecodeError as error:
             raise SessionDamaged(session_id, f"cannot decode: {error}") from error
@@ -383,7 +381,10 @@ class SqliteStore:
         def read(db: sqlite3.Connection) -> tuple[bytes, int, int, int]:
             return summary_row(db, session_id)
 
-        header, events, turns, pending = await self._read(session_id, read)
+        try:
+            header, events, turns, pending = await self._read(session_id, read)
+        except DecodeError as error:
+            raise SessionDamaged(session_id, f"cannot decode: {error}") from error
         try:
             header_message = session_pb2.SessionHeader.FromString(header)
         except DecodeError as error:
