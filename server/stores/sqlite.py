@@ -4,9 +4,9 @@ Tables (`sqlite_schema`): `meta` (the format version), `sessions` (the header,
 written once, and the agent that last drove it), `events` (a row per session and
 commit holding that commit's run of the session's events, keyed by session and first
 sequence number, with the payload kinds it holds so that a fork or a count finds its
-row without decoding the others: `sqlite_batches`), `inbox` (accepted messages no turn has recorded yet) and
-`requests` (the first answer of each call made with a request id). Storage grows
-with the content of the log, never with a snapshot per step.
+row without decoding the others: `sqlite_batches`), `inbox` (accepted messages no
+turn has recorded yet) and `requests` (the first answer of each call made with a
+request id). Storage grows with the content of the log, never with a snapshot per step.
 
 Where the SQL (`sqlite_sql`) runs: small group commits on the event loop's thread (a
 WAL append is cheaper than a hop to a thread), large or fsyncing ones on the writer
