@@ -11,7 +11,9 @@ from /proc (µs per turn), SendMessage → turn_end p50/p99/max, the longest eve
 stall measured inside the server (bench/server_probe.py), and the server's RSS. The
 in-process turn (memory store and SQLite; wall and CPU time; measured in this run
 before and after each load, median) is the reference of the ratios: server CPU against
-in-process CPU, latency against wall time. Figures are printed, never asserted.
+in-process CPU, latency against wall time. One agent's turns are turns of one long
+conversation: their like-for-like reference is one in-process conversation as long, on
+SQLite, over the same turns (p50 against p50). Figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import time
 from pathlib import Path
 
 from agentloop.client import Client, connect
+from bench.conversation_bench import span_in_tree
 from bench.loop_bench import OPTIONS, free_port, line, one_turn
 from bench.soak_bench import cpu_seconds, rss_mb
 from server.edge.app import build_runtime
@@ -43,6 +46,10 @@ def main_thread_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/task/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+TEXT = "count these words"
+"""Each turn's message."""
 
 
 class Driver:
@@ -62,7 +69,7 @@ class Driver:
             while time.perf_counter() < until:
                 sent = time.perf_counter()
                 batches = chat.stream.batches_read
-                await (await chat.send("count these words")).result()
+                await (await chat.send(TEXT)).result()
                 self.responses += chat.stream.batches_read - batches
                 self.done.append((sent, time.perf_counter()))
 
@@ -146,6 +153,8 @@ async def load(
     shutil.rmtree(data_dir, ignore_errors=True)
     ended = [(s, e) for d in drivers for s, e in d.done if window_start <= e <= window_end]
     latencies = sorted(e - s for s, e in ended) or [0.0]  # turns that ended in the window
+    first = drivers[0].done  # one conversation: which of its turns the window measured
+    window = [i for i, (_, e) in enumerate(first) if window_start <= e <= window_end] or [0]
     turns = max(1, len(ended))
     elapsed = window_end - window_start
     return {
@@ -160,6 +169,8 @@ async def load(
         "rss": rss,
         **gcs,
         "gc_us": sum(gcs[f"gc{g}_s"] for g in range(3)) / turns * 1e6,
+        "first_turn": window[0],
+        "last_turn": window[-1],
     }
 
 
@@ -199,11 +210,15 @@ async def bench(counts: list[int], seconds: float, profile_dir: str, tree: str =
           f" · server of {tree or ROOT}")  # fmt: skip
     refs = [await in_process(300)]
     results = {}
+    conversation = {"wall_p50": 0.0, "cpu": 0.0}
     for n in counts:
         window = seconds if n < 1000 else max(seconds / 2, 5.0)
         profile = f"{profile_dir}/server-{n}.prof" if profile_dir else ""
         warmup = 2.0 if n < 1000 else 5.0
         results[n] = await load(n, window, warmup, profile=profile, tree=tree)
+        if n == 1:  # its like-for-like reference: one conversation as long, its loop
+            first, last = int(results[1]["first_turn"]), int(results[1]["last_turn"])
+            conversation = span_in_tree(tree, TEXT, first, last)
         refs.append(await in_process(300))  # interleaved: the machine may be shared
     ref = {k: statistics.median(r[k] for r in refs) for k in refs[0]}
     print(f"in process, independent turns (median of {len(refs)}, one before and one after"
@@ -212,6 +227,12 @@ async def bench(counts: list[int], seconds: float, profile_dir: str, tree: str =
          "")  # fmt: skip
     line("SQLite store (the server's default): wall / CPU",
          f"{ref['sqlite_wall']:,.0f} / {ref['sqlite_cpu']:,.0f} µs", "")  # fmt: skip
+    if 1 in results:
+        first, last = int(results[1]["first_turn"]) + 1, int(results[1]["last_turn"]) + 1
+        print(f"in process, one conversation of {last:,} turns (SQLite store), turns {first:,} to"
+              f" {last:,}: the 1-agent run's measured turns")  # fmt: skip
+        line("wall p50 / CPU per turn",
+             f"{conversation['wall_p50']:,.0f} / {conversation['cpu']:,.0f} µs", "")  # fmt: skip
     for n, r in results.items():
         print(f"{n} agent(s) over gRPC, each with its own event stream (server on its defaults)")
         line("turns completed in the window", f"{r['turns']:,.0f}", "")
@@ -223,10 +244,17 @@ async def bench(counts: list[int], seconds: float, profile_dir: str, tree: str =
         line("  / in-process CPU per turn (memory store)", f"{to_memory:.2f}×",
              "≤ 2× at 100 agents" if n == 100 else "")  # fmt: skip
         line("  / in-process CPU per turn (SQLite store)", f"{to_sqlite:.2f}×", "")
+        if n == 1:
+            line("  / in-process CPU (same conversation, SQLite)",
+                 f"{r['cpu_us'] / conversation['cpu']:.2f}×", "")  # fmt: skip
         line("SendMessage → turn_end p50", f"{r['p50'] * 1e3:,.2f} ms", "")
         if n == 1:
             line("  p50 / in-process turn (memory store, wall)",
                  f"{r['p50'] * 1e6 / ref['memory_wall']:.2f}×", "≤ 3×")  # fmt: skip
+            line("  p50 / in-process turn (SQLite store, wall)",
+                 f"{r['p50'] * 1e6 / ref['sqlite_wall']:.2f}×", "")  # fmt: skip
+            line("  p50 / in-process p50 (same conversation, SQLite)",
+                 f"{r['p50'] * 1e6 / conversation['wall_p50']:.2f}×", "≤ 3×")  # fmt: skip
         line("SendMessage → turn_end p99", f"{r['p99'] * 1e3:,.2f} ms", "")
         line("  p99 / p50", f"{r['p99'] / r['p50']:.2f}×" if r["p50"] else "-", "≤ 5×")
         line("SendMessage → turn_end max", f"{r['max'] * 1e3:,.2f} ms", "")
@@ -245,7 +273,9 @@ async def bench(counts: list[int], seconds: float, profile_dir: str, tree: str =
 async def compare(counts: list[int], seconds: float, baseline: str, repeat: int) -> None:
     """This checkout's server against `baseline`'s, interleaved, medians of `repeat` rounds.
 
-    `baseline` "uvloop" compares this checkout on uvloop against it on asyncio's loop.
+    `baseline` "uvloop" compares this checkout on uvloop against it on asyncio's loop. One
+    agent's rounds add `p50/conv`: its p50 against the in-process p50 of one conversation
+    as long on SQLite, each tree's own loop (run after each load, in a fresh process).
     """
     print(f"load A/B · baseline {baseline} · {repeat} interleaved rounds · medians")
     on_uvloop = baseline == "uvloop"
@@ -254,17 +284,24 @@ async def compare(counts: list[int], seconds: float, baseline: str, repeat: int)
     for n in counts:
         runs: dict[str, list[dict[str, float]]] = {"baseline": [], "this": []}
         for _ in range(repeat):
-            runs["baseline"].append(await load(n, seconds, 2.0, tree=baseline))
-            runs["this"].append(await load(n, seconds, 2.0, uvloop=on_uvloop))
-        print(f"{n} agent(s)        " + "".join(f"{k:>12}" for k in keys))
+            for who, tree in (("baseline", baseline), ("this", "")):
+                r = await load(n, seconds, 2.0, tree=tree, uvloop=on_uvloop and who == "this")
+                if n == 1:
+                    first, last = int(r["first_turn"]), int(r["last_turn"])
+                    conversation = span_in_tree(tree, TEXT, first, last)
+                    r["p50/conv"] = r["p50"] * 1e6 / conversation["wall_p50"]
+                runs[who].append(r)
+        columns: tuple[str, ...] = (*keys, "p50/conv") if n == 1 else keys
+        print(f"{n} agent(s)        " + "".join(f"{k:>12}" for k in columns))
         med = {
-            who: {k: statistics.median(r[k] for r in rs) for k in keys} for who, rs in runs.items()
+            who: {k: statistics.median(r[k] for r in rs) for k in columns}
+            for who, rs in runs.items()
         }
         for who, m in med.items():
-            print(f"  {who:<16}" + "".join(f"{m[k]:>12.4g}" for k in keys))
+            print(f"  {who:<16}" + "".join(f"{m[k]:>12.4g}" for k in columns))
         ratios = [
             statistics.median(b[k] and t[k] / b[k] for b, t in zip(*runs.values(), strict=True))
-            for k in keys
+            for k in columns
         ]
         print(f"  {'this / baseline':<16}" + "".join(f"{r:>12.2f}" for r in ratios))
 

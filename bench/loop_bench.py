@@ -4,6 +4,7 @@ Workload of one turn: the scripted model asks for one tool call (word_count, an 
 tool), the tool runs, the model answers with a short text: two steps, one tool.
 
     python -m bench.loop_bench [--turns N] [--conversation N] [--idle-agents N] [--no-grpc]
+                               [--long-conversation N] [--baseline DIR]
 
 Nothing here asserts a timing: the figures are printed next to their targets.
 """
@@ -30,6 +31,7 @@ from agentloop.client import connect
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1.session_event_pb2 import SessionEvent
+from bench.conversation_bench import report
 from server.core.agent import Agent
 from server.edge.app import build_runtime
 from server.lifecycle.factory import AgentFactory
@@ -237,7 +239,7 @@ async def bench_grpc(turns: int) -> None:
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-SECTIONS = ("loop", "store", "postgres", "resume", "grpc", "idle")
+SECTIONS = ("loop", "long", "store", "postgres", "resume", "grpc", "idle")
 
 
 def main() -> None:
@@ -249,6 +251,12 @@ def main() -> None:
     parser.add_argument("--resume-events", type=int, default=10_000)
     parser.add_argument("--no-grpc", action="store_true", help="skip the end-to-end figure")
     parser.add_argument("--section", choices=SECTIONS, help="run one section in this process")
+    parser.add_argument(
+        "--long-conversation", type=int, default=3000, help="turns of the followed conversation"
+    )
+    parser.add_argument(
+        "--baseline", default="", help="the long conversation of another checkout too (A/B)"
+    )
     args = parser.parse_args()
     if args.section is None:
         print(f"agentloop benchmark · Python {sys.version.split()[0]} · {os.cpu_count()} cores")
@@ -264,6 +272,10 @@ def main() -> None:
         asyncio.run(bench_in_process(args.turns, args.conversation))
         line("peak RSS of this process (the loop workload)", f"{peak_rss_mb():,.1f} MB",
              "≤ 100 MB")  # fmt: skip
+    elif args.section == "long":
+        turns = args.long_conversation
+        at = sorted({1, min(1000, turns), turns})
+        report(turns, at, 50, "memory", args.baseline, 3 if args.baseline else 1)
     elif args.section == "store":
         asyncio.run(bench_store(min(args.turns, 300)))
     elif args.section == "postgres":

@@ -11,6 +11,7 @@ Every turn that opened is closed with exactly one `turn/end` and then flushed.
 from __future__ import annotations
 
 import asyncio
+import functools
 
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import content_pb2 as c
@@ -140,8 +141,14 @@ async def submit_prompts(agent: Agent, turn: Turn, batch: list[Pending]) -> bool
         decision = await agent.runtime.seams.waterfall(
             S.PROMPT_SUBMIT,
             agent.agent_id,
-            S.PromptSubmit(
-                agent, agent.session.open_turn, 0, turn.signal, item.content, item.source
+            functools.partial(
+                S.PromptSubmit,
+                agent,
+                agent.session.open_turn,
+                0,
+                turn.signal,
+                item.content,
+                item.source,
             ),
             d.PromptDecision(),
         )
@@ -231,7 +238,7 @@ async def decide(agent: Agent, turn: Turn, default_continue: bool) -> Verdict:
     decision = await seams.waterfall(
         S.TURN_CONTINUATION,
         agent.agent_id,
-        S.TurnContinuation(agent, turn.number, 0, turn.signal, default),
+        lambda: S.TurnContinuation(agent, turn.number, 0, turn.signal, default),
         default,
     )
     kind = decision.WhichOneof("decision") or default.WhichOneof("decision")
@@ -241,7 +248,7 @@ async def decide(agent: Agent, turn: Turn, default_continue: bool) -> Verdict:
             Pending(list(decision.continue_turn.reason), source if source.kind else LOOP_SOURCE)
         )
     proceed = kind == "continue_turn" or bool(agent.inbox.steering)
-    stop = S.TurnStop(agent, turn.number, 0, turn.signal)
+    stop = functools.partial(S.TurnStop, agent, turn.number, 0, turn.signal)
     if await seams.serial(S.TURN_STOP, agent.agent_id, stop) is not None:
         turn.terminal = True
         agent.record_dropped(

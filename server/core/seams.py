@@ -448,16 +448,19 @@ class SeamRegistry:
         return any(r.agent_id is None or r.agent_id == agent_id for r in regs)
 
     async def waterfall(
-        self, seam: Waterfall[In, Out], agent_id: str | None, input: In, default: Out
+        self, seam: Waterfall[In, Out], agent_id: str | None, build: Callable[[], In], default: Out
     ) -> Out:
-        """Run the around-middleware chain over `input`.
+        """Run the around-middleware chain over the input `build()` makes.
 
-        The innermost `next()` returns the value the (possibly replaced) input carries
-        when the seam says so (`Waterfall.carried`), else `default`.
+        The input is built only when a listener sees the dispatch: a seam without one
+        costs a lookup, not an input object. The innermost `next()` returns the value
+        the (possibly replaced) input carries when the seam says so
+        (`Waterfall.carried`), else `default`.
         """
         chain = self.listeners(seam, agent_id)
         if not chain:
             return default
+        input = build()
         carried = seam.carried
 
         async def call(index: int, current: In) -> Out:
@@ -470,9 +473,18 @@ class SeamRegistry:
 
         return await call(0, input)
 
-    async def serial(self, seam: Serial[In, Out], agent_id: str | None, input: In) -> Out | None:
-        """Await each listener in order; return the first bail value, else None."""
-        for reg in self.listeners(seam, agent_id):
+    async def serial(
+        self, seam: Serial[In, Out], agent_id: str | None, build: Callable[[], In]
+    ) -> Out | None:
+        """Await each listener in order; return the first bail value, else None.
+
+        The input is built by `build()`, only when a listener sees the dispatch.
+        """
+        chain = self.listeners(seam, agent_id)
+        if not chain:
+            return None
+        input = build()
+        for reg in chain:
             result = reg.fn(input)
             if inspect.isawaitable(result):
                 result = await result

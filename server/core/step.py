@@ -15,6 +15,7 @@ from server.core.assembly import MessageAssembler
 from server.core.content import text_block, tool_calls_of, without_tool_calls
 from server.core.errors import CodedError
 from server.core.fairness import yield_if_due
+from server.core.history import MessageView
 from server.core.jsonvalue import to_struct
 from server.core.limits import (
     CONTENT_BYTES,
@@ -38,7 +39,7 @@ class StepOutcome:
     max_tokens: bool
 
 
-async def prepare_step(agent: Agent, turn: Turn, step: Step) -> tuple[str, list[c.Message]]:
+async def prepare_step(agent: Agent, turn: Turn, step: Step) -> tuple[str, MessageView]:
     """Everything before the model call: prompt, prefix, pre-step, history, `step/start`.
 
     Each checkpoint raises the turn's cancellation (`CancelledError`) when the turn was
@@ -63,7 +64,7 @@ async def prepare_step(agent: Agent, turn: Turn, step: Step) -> tuple[str, list[
         prefix = await runtime.seams.waterfall(
             S.SESSION_PREFIX,
             agent.agent_id,
-            S.SessionPrefix(agent, session.open_turn, 0, signal),
+            lambda: S.SessionPrefix(agent, session.open_turn, 0, signal),
             [],
         )
         checkpoint()  # an interrupted composition is not cached
@@ -71,10 +72,10 @@ async def prepare_step(agent: Agent, turn: Turn, step: Step) -> tuple[str, list[
     await runtime.seams.serial(
         S.PRE_STEP,
         agent.agent_id,
-        S.PreStep(agent, turn.number, turn.step, signal, system, loop.session_prefix or ()),
+        lambda: S.PreStep(agent, turn.number, turn.step, signal, system, loop.session_prefix or ()),
     )
     checkpoint()
-    history = session.derive_messages()
+    history = session.history()  # a snapshot without a copy: no cost per message
     check_turn_events(runtime.limits, len(session) - turn.start_seq)
     session.add(ev.StepStart(turn=turn.number, step=turn.step))
     turn.step_open = True
@@ -83,7 +84,7 @@ async def prepare_step(agent: Agent, turn: Turn, step: Step) -> tuple[str, list[
 
 
 async def run_step(
-    agent: Agent, turn: Turn, step: Step, system: str, history: list[c.Message]
+    agent: Agent, turn: Turn, step: Step, system: str, history: MessageView
 ) -> StepOutcome:
     """Stream one model request and run the tool calls it asked for."""
     runtime = agent.runtime
@@ -99,7 +100,7 @@ async def run_step(
     config = await runtime.seams.waterfall(
         S.REQUEST,
         agent.agent_id,
-        S.Request(agent, turn.number, turn.step, turn.signal, seed),
+        lambda: S.Request(agent, turn.number, turn.step, turn.signal, seed),
         seed,
     )
     if not config.provider or not config.model:
@@ -123,7 +124,7 @@ async def run_step(
         turn=turn.number,
         step=turn.step,
         header=header,
-        messages=[*header.message_prefix, *history],
+        messages=history.behind(header.message_prefix),
         options=agent.options,
     )
     assembler = MessageAssembler()
@@ -164,7 +165,7 @@ async def run_step(
         result = await runtime.seams.waterfall(
             S.STEP_RESULT,
             agent.agent_id,
-            S.StepResult(agent, turn.number, turn.step, turn.signal, message),
+            lambda: S.StepResult(agent, turn.number, turn.step, turn.signal, message),
             message,
         )
     except (Exception, asyncio.CancelledError) as error:

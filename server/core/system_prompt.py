@@ -156,7 +156,9 @@ class SystemPrompt:
         for entry in _visible(self._variables, scope.agent_id):
             variables[entry.name] = entry.value(scope)
         assembly = Assembly(self.sections_for(scope.agent_id), variables)
-        result = await seams.waterfall(SYSTEM_PROMPT_ASSEMBLE, scope.agent_id, assembly, assembly)
+        result = await seams.waterfall(
+            SYSTEM_PROMPT_ASSEMBLE, scope.agent_id, lambda: assembly, assembly
+        )
         if not isinstance(result, Assembly):
             raise CodedError(
                 f"{SYSTEM_PROMPT_ASSEMBLE} returned {type(result).__name__}, not an Assembly",

@@ -139,7 +139,7 @@ class ToolPipeline:
 
     async def _denial(self, exec: ToolExecution) -> str | Pending | None:
         decision = await self._seams.waterfall(
-            TOOLS_PRE_EXECUTE, self._agent_id, exec, decision_pb2.PreToolDecision()
+            TOOLS_PRE_EXECUTE, self._agent_id, lambda: exec, decision_pb2.PreToolDecision()
         )
         if not isinstance(decision, decision_pb2.PreToolDecision):
             raise TypeError("a tools/pre-execute listener must return a PreToolDecision")
@@ -232,7 +232,7 @@ class ToolPipeline:
             decision = await self._seams.waterfall(
                 TOOLS_POST_EXECUTE,
                 self._agent_id,
-                ToolCallResult(exec, _snapshot(outcome)),
+                lambda: ToolCallResult(exec, _snapshot(outcome)),
                 decision_pb2.PostToolDecision(),
             )
             if not isinstance(decision, decision_pb2.PostToolDecision):

@@ -31,7 +31,8 @@ class ModelRequest:
     header: content_pb2.RequestHeader
     """Config, system prompt, tools and message prefix. Do not mutate."""
     messages: Sequence[content_pb2.Message]
-    """The message prefix followed by the derived history. Do not mutate."""
+    """The message prefix followed by the derived history: a frozen view (see
+    `server.core.history`), taken without copying the history. Do not mutate."""
     options: agent_pb2.AgentOptions
     """The agent's creation options (the scripted provider reads its script here)."""
 

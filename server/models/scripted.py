@@ -251,9 +251,9 @@ def _tool_results(content: Iterable[content_pb2.ContentBlock]) -> list[content_p
     return [b.tool_result for b in content if b.WhichOneof("block") == "tool_result"]
 
 
-def _latest_user_text(messages: Iterable[content_pb2.Message]) -> str:
+def _latest_user_text(messages: Sequence[content_pb2.Message]) -> str:
     """The text of the latest user message that has any; "" when none does."""
-    for message in reversed(list(messages)):
+    for message in reversed(messages):  # from the end, without copying the history
         if message.role == content_pb2.ROLE_USER:
             text = plain_text(message.content)
             if text:

@@ -12,8 +12,9 @@ durable mark). Memory holds what the next model request needs (the derived histo
 the folded request header, turn numbering) and a bounded window of recent events;
 older events are read back from the store.
 
-History is a projection of the surface events, kept incrementally so that deriving it
-costs one list copy per step, not a pass over the whole log.
+History is a projection of the surface events, kept incrementally in a list that only
+grows (a replacement builds a new one), so that a step's snapshot of it is a view that
+costs nothing, not a copy or a pass over the whole log.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
 from server.core.errors import AgentLoopError
 from server.core.events import Payload, kind_of
+from server.core.history import MessageView
 from server.stores import FIRST_SEQ, InboxEntry, RequestRecord
 
 if TYPE_CHECKING:
@@ -237,8 +239,16 @@ class SessionLog:
             raise self.failure
 
     def derive_messages(self) -> list[c.Message]:
-        """The history: one message per projecting surface node, in order."""
+        """The history: one message per projecting surface node, in order (a new list)."""
         return list(self._history)
+
+    def history(self) -> MessageView:
+        """The history as it is now, without a copy: later appends do not show in it.
+
+        Appends extend the list in place and a replacement builds a new one, so the
+        view's messages stay those of this moment.
+        """
+        return MessageView(self._history, len(self._history))
 
     async def read(
         self, start: int, limit: int, max_bytes: int | None = None
@@ -374,6 +384,7 @@ class SessionLog:
         op = event.surface_op
         if op.kind == ev.SURFACE_OP_KIND_REPLACE:
             self._surface[op.start : op.end + 1] = [message]
+            # A new list: the views taken of the old one keep their messages.
             self._history = [m for m in self._surface if m is not None]
             return
         self._surface.append(message)
