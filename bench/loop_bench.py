@@ -30,12 +30,13 @@ from pathlib import Path
 from agentloop.client import connect
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
+from agentloop.v1.session_event_pb2 import SessionEvent
 from bench.conversation_bench import report
 from server.core.agent import Agent
 from server.edge.app import build_runtime
 from server.lifecycle.factory import AgentFactory
 from server.settings.config import Config
-from server.stores.kinds import KIND_NUMBERS
+from server.stores.sqlite_batches import unpack
 
 OPTIONS = agent_pb2.AgentOptions(provider="scripted", model="bench", tools=["word_count"])
 PROMPT = [c.ContentBlock(text=c.TextBlock(text="count the words of this short prompt"))]
@@ -166,9 +167,11 @@ async def bench_resume(events_wanted: int) -> None:
         with sqlite3.connect(db) as conn:  # fold the WAL in, so the file size is the data
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             payload = conn.execute("SELECT SUM(LENGTH(event)) FROM events").fetchone()[0]
-            steps = conn.execute(
-                "SELECT COUNT(*) FROM events WHERE kind = ?", (KIND_NUMBERS["step_start"],)
-            ).fetchone()[0]
+            steps = sum(  # a row holds a run of events (server/stores/sqlite_batches.py)
+                SessionEvent.FromString(raw).HasField("step_start")
+                for count, blob in conn.execute("SELECT count, event FROM events")
+                for raw in unpack(blob, count)
+            )
         size = db.stat().st_size
 
         restarted = build_runtime(config)  # a new process would see just the file

@@ -13,6 +13,7 @@ from server.core.errors import AlreadyExists, NotFound, SessionDamaged
 from server.sessions.session import SessionLog
 from server.stores import StoreConflict
 from server.stores.sqlite import SqliteStore
+from server.stores.sqlite_schema import FORMAT_VERSION
 from tests.stores import append_events, create_session
 
 
@@ -152,7 +153,7 @@ async def test_a_format_1_file_is_migrated_in_place(tmp_path: Path) -> None:
     await store.close()
     with sqlite3.connect(path) as db:
         version = db.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone()
-    assert version == ("3",)
+    assert version == (FORMAT_VERSION,)
 
 
 FORMAT_2 = """

@@ -13,7 +13,7 @@ from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
 from server.core.errors import SessionDamaged
 
-FORMAT_VERSION = "3"
+FORMAT_VERSION = "4"
 """The on-disk format this code reads and writes."""
 
 SCHEMA = """
@@ -31,6 +31,8 @@ CREATE TABLE IF NOT EXISTS events (
     seq INTEGER NOT NULL,
     kind INTEGER NOT NULL,
     event BLOB NOT NULL,
+    count INTEGER NOT NULL DEFAULT 1,
+    kinds INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (session_id, seq)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS inbox (
@@ -58,13 +60,15 @@ def statements() -> list[str]:
 
 def migrate(db: sqlite3.Connection, version: str, where: str) -> None:
     """Bring a file of an older format to `FORMAT_VERSION`, in one transaction."""
-    if version not in ("1", "2"):
-        raise SessionDamaged("", f"{where}: format version {version}, this server reads 1 to 3")
+    if version not in ("1", "2", "3"):
+        raise SessionDamaged("", f"{where}: format version {version}, this server reads 1 to 4")
     db.execute("BEGIN IMMEDIATE")
     try:
         if version == "1":
             _from_1(db)
-        _from_2(db)
+        if version in ("1", "2"):
+            _from_2(db)
+        _from_3(db)
         db.execute("UPDATE meta SET value = ? WHERE key = 'format_version'", (FORMAT_VERSION,))
         db.execute("COMMIT")
     except BaseException:
@@ -102,7 +106,9 @@ def _from_1(db: sqlite3.Connection) -> None:
         except Exception:  # a damaged row stays damaged: the load reports it
             kind = ""
         converted.append((session_id, seq, numbers.get(kind, 0), blob))
-    db.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", converted)
+    db.executemany(
+        "INSERT INTO events (session_id, seq, kind, event) VALUES (?, ?, ?, ?)", converted
+    )
     db.execute("DROP TABLE events_v1")
 
 
@@ -132,4 +138,18 @@ def _from_2(db: sqlite3.Connection) -> None:
         event.source_event_seqs.extend(sources)
         moved.append((session_id, seq + 1, kind, event.SerializeToString()))
     db.execute("DELETE FROM events")
-    db.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", moved)
+    db.executemany("INSERT INTO events (session_id, seq, kind, event) VALUES (?, ?, ?, ?)", moved)
+
+
+def _from_3(db: sqlite3.Connection) -> None:
+    """Format 3 stored one event per row; format 4 a commit's run of them (`sqlite_batches`).
+
+    Each stored row is a run of one: it keeps its bytes and gains `count` 1 and the
+    `kinds` bit of its kind.
+    """
+    columns = {row[1] for row in db.execute("PRAGMA table_info(events)")}
+    if "count" not in columns:
+        db.execute("ALTER TABLE events ADD COLUMN count INTEGER NOT NULL DEFAULT 1")
+    if "kinds" not in columns:
+        db.execute("ALTER TABLE events ADD COLUMN kinds INTEGER NOT NULL DEFAULT 0")
+    db.execute("UPDATE events SET kinds = 1 << kind WHERE kind BETWEEN 0 AND 63")

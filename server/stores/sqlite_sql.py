@@ -13,8 +13,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from google.protobuf.message import DecodeError
+
 from agentloop.v1 import session_event_pb2 as ev
-from server.core.errors import AlreadyExists, SessionNotFound
+from server.core.errors import AlreadyExists, SessionDamaged, SessionNotFound
 from server.stores import (
     FIRST_SEQ,
     SessionWrites,
@@ -24,6 +26,7 @@ from server.stores import (
     fork_boundary,
 )
 from server.stores.kinds import KIND_NAMES, KIND_NUMBERS, TURN_END, TURN_START
+from server.stores.sqlite_batches import kinds_of, pack, unpack
 
 
 @contextmanager
@@ -48,7 +51,8 @@ class SessionRows:
     driver: str
     options: bytes | None
     first_seq: int
-    events: list[tuple[str, int, int, bytes]]
+    events: list[tuple[str, int, int, bytes, int, int]]
+    """The row of the commit's events: session, first seq, its kind, bytes, count, kinds."""
     puts: list[tuple[str, int, str, bytes]]
     takes: list[tuple[str, int]]
     requests: list[tuple[str, str, str, bytes]]
@@ -58,16 +62,22 @@ class SessionRows:
 
     @staticmethod
     def of(session_id: str, writes: SessionWrites) -> SessionRows:
-        """The rows of `writes`; raises `StoreConflict` if its events have a gap."""
+        """The rows of `writes`; raises `StoreConflict` if its events have a gap.
+
+        The session's events are one row (`sqlite_batches`): the run from `first_seq`.
+        """
         events = writes.events
         first = events[0].seq if events else 0
         if events and events[-1].seq != first + len(events) - 1:
             check_follows(session_id, first - FIRST_SEQ, events)  # a gap: raise, naming it
-        numbers, encode = KIND_NUMBERS, writes.encode
-        rows = [
-            (session_id, e.seq, numbers[e.WhichOneof("payload")], encode(e))  # type: ignore[index]
-            for e in events
-        ]
+        rows = []
+        size = 0
+        if events:
+            numbers, encode = KIND_NUMBERS, writes.encode
+            kinds = [numbers[e.WhichOneof("payload")] for e in events]  # type: ignore[index]
+            blob = pack([encode(e) for e in events])
+            rows.append((session_id, first, kinds[0], blob, len(events), kinds_of(kinds)))
+            size = len(blob)
         puts = [
             (session_id, i.entry_id, i.kind, i.message.SerializeToString())
             for i in writes.inbox_put
@@ -85,23 +95,83 @@ class SessionRows:
             [(session_id, entry_id) for entry_id in writes.inbox_take],
             [(r.agent_id, r.request_id, r.method, r.response) for r in writes.requests],
             writes.fence,
-            sum(len(r[3]) for r in rows) + sum(len(p[3]) for p in puts),
+            size + sum(len(p[3]) for p in puts),
         )
+
+
+LAST_SEQ = "SELECT seq + count - 1 FROM events WHERE session_id = ?1 ORDER BY seq DESC LIMIT 1"
+"""A session's last seq: the end of its last row (no row when it has no events)."""
+
+INSERT_ROW = "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)"
 
 
 def event_count(db: sqlite3.Connection, session_id: str) -> int:
     """The number of stored events of a session: its last seq, as seqs start at 1."""
-    row = db.execute("SELECT MAX(seq) FROM events WHERE session_id = ?", (session_id,)).fetchone()
-    return 0 if row[0] is None else int(row[0]) - FIRST_SEQ + 1
+    row = db.execute(LAST_SEQ, (session_id,)).fetchone()
+    return 0 if row is None else int(row[0]) - FIRST_SEQ + 1
+
+
+def last_of_kind(
+    db: sqlite3.Connection, session_id: str, kind: int, at_most: int | None = None
+) -> ev.SessionEvent | None:
+    """The session's last event of payload `kind` (with seq <= `at_most`), if any."""
+    sql = "SELECT seq, count, event FROM events WHERE session_id = ? AND kinds & ?"
+    args: tuple[object, ...] = (session_id, 1 << kind)
+    if at_most is not None:
+        sql += " AND seq <= ?"
+        args += (at_most,)
+    for seq, count, blob in db.execute(sql + " ORDER BY seq DESC", args):
+        raws = unpack(blob, count)
+        for offset in range(len(raws) - 1, -1, -1):
+            if at_most is not None and seq + offset > at_most:
+                continue
+            event = ev.SessionEvent.FromString(raws[offset])
+            if event.WhichOneof("payload") == KIND_NAMES.get(kind):
+                return event
+    return None
+
+
+def event_at(db: sqlite3.Connection, session_id: str, seq: int) -> ev.SessionEvent | None:
+    """The stored event `seq` of a session, if any."""
+    row = db.execute(
+        "SELECT seq, count, event FROM events WHERE session_id = ? AND seq <= ?"
+        " ORDER BY seq DESC LIMIT 1",
+        (session_id, seq),
+    ).fetchone()
+    if row is None or not row[0] <= seq < row[0] + row[1]:
+        return None
+    return ev.SessionEvent.FromString(unpack(row[2], row[1])[seq - row[0]])
+
+
+def event_rows(
+    db: sqlite3.Connection, session_id: str, start: int, end: int | None = None
+) -> list[tuple[int, bytes]]:
+    """(seq, bytes) of the stored events of a session with `start <= seq < end`."""
+    sql = (
+        "SELECT seq, count, event FROM events WHERE session_id = ?1 AND seq >= COALESCE("
+        "(SELECT seq FROM events WHERE session_id = ?1 AND seq <= ?2 ORDER BY seq DESC LIMIT 1),"
+        " ?2)"
+    )
+    args: tuple[object, ...] = (session_id, start)
+    if end is not None:
+        sql += " AND seq < ?3"
+        args += (end,)
+    out = []
+    for seq, count, blob in db.execute(sql + " ORDER BY seq", args):
+        for offset, raw in enumerate(unpack(blob, count)):
+            if start <= seq + offset and (end is None or seq + offset < end):
+                out.append((seq + offset, raw))
+    return out
 
 
 def last_turn(db: sqlite3.Connection, session_id: str) -> int:
     """The highest turn number of a session: its last `turn_start` (turns only grow)."""
-    row = db.execute(
-        "SELECT event FROM events WHERE session_id = ? AND kind = ? ORDER BY seq DESC LIMIT 1",
-        (session_id, TURN_START),
-    ).fetchone()
-    return 0 if row is None else ev.SessionEvent.FromString(row[0]).turn_start.turn
+    event = last_of_kind(db, session_id, TURN_START)
+    return 0 if event is None else event.turn_start.turn
+
+
+FENCE_AND_LAST = f"SELECT fence, ({LAST_SEQ}) FROM sessions WHERE session_id = ?1"
+"""A session's claim token and last seq; no row when the session is unknown."""
 
 
 def write_commit(db: sqlite3.Connection, sessions: list[SessionRows]) -> None:
@@ -116,18 +186,27 @@ def write_commit(db: sqlite3.Connection, sessions: list[SessionRows]) -> None:
                     )
                 except sqlite3.IntegrityError:
                     raise AlreadyExists(f'session "{s.session_id}" already exists') from None
-            if s.fence:
+            if s.fence and s.events:  # the common case: both checks in one statement
+                row = db.execute(FENCE_AND_LAST, (s.session_id,)).fetchone()
+                if row is None:
+                    raise SessionNotFound(s.session_id)
+                check_fence(s.session_id, row[0], s.fence)
+                stored = 0 if row[1] is None else int(row[1]) - FIRST_SEQ + 1
+                if stored + FIRST_SEQ != s.first_seq:
+                    _refuse(db, s.session_id, s.first_seq, stored)
+                db.executemany(INSERT_ROW, s.events)
+            elif s.fence:
                 row = db.execute(
                     "SELECT fence FROM sessions WHERE session_id = ?", (s.session_id,)
                 ).fetchone()
                 if row is None:
                     raise SessionNotFound(s.session_id)
                 check_fence(s.session_id, row[0], s.fence)
-            if s.events:
+            elif s.events:
                 stored = event_count(db, s.session_id)
                 if stored + FIRST_SEQ != s.first_seq or (stored == 0 and s.header is None):
                     _refuse(db, s.session_id, s.first_seq, stored)
-                db.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", s.events)
+                db.executemany(INSERT_ROW, s.events)
             if s.driver:
                 moved = db.execute(
                     "UPDATE sessions SET driver = ? WHERE session_id = ?",
@@ -182,17 +261,15 @@ def fork_copy(
             is None
         ):
             raise SessionNotFound(source_id)
-        kind_at = None
-        if boundary_seq is not None:
-            row = db.execute(
-                "SELECT kind FROM events WHERE session_id = ? AND seq = ?",
-                (source_id, boundary_seq),
-            ).fetchone()
-            kind_at = KIND_NAMES.get(row[0], "unknown") if row is not None else None
-        last = db.execute(
-            "SELECT MAX(seq) FROM events WHERE session_id = ? AND kind = ?",
-            (source_id, TURN_END),
-        ).fetchone()[0]
+        try:
+            kind_at = None
+            if boundary_seq is not None:
+                at = event_at(db, source_id, boundary_seq)
+                kind_at = None if at is None else at.WhichOneof("payload") or "unknown"
+            end = last_of_kind(db, source_id, TURN_END)
+        except DecodeError as error:
+            raise SessionDamaged(source_id, f"cannot decode: {error}") from error
+        last = None if end is None else end.seq
         count = event_count(db, source_id)
         boundary = fork_boundary(source_id, boundary_seq, count, kind_at, last)
         seed = boundary - FIRST_SEQ + 1
@@ -205,11 +282,31 @@ def fork_copy(
         except sqlite3.IntegrityError:
             raise AlreadyExists(f'session "{new_id}" already exists') from None
         db.execute(
-            "INSERT INTO events SELECT ?, seq, kind, event FROM events"
-            " WHERE session_id = ? AND seq <= ?",
-            (new_id, source_id, boundary),
+            "INSERT INTO events SELECT ?, seq, kind, event, count, kinds FROM events"
+            " WHERE session_id = ? AND seq <= ? AND seq + count - 1 <= ?",
+            (new_id, source_id, boundary, boundary),
         )
+        _copy_split(db, source_id, new_id, boundary)
     return seed
+
+
+def _copy_split(db: sqlite3.Connection, source_id: str, new_id: str, boundary: int) -> None:
+    """Copy the head of the source's row that runs past `boundary`, if one does."""
+    row = db.execute(
+        "SELECT seq, count, event FROM events WHERE session_id = ? AND seq <= ?"
+        " ORDER BY seq DESC LIMIT 1",
+        (source_id, boundary),
+    ).fetchone()
+    if row is None or row[0] + row[1] - 1 <= boundary:
+        return
+    seq, count, blob = row
+    try:
+        raws = unpack(blob, count)[: boundary - seq + 1]
+        events = [ev.SessionEvent.FromString(raw) for raw in raws]
+        kinds = [KIND_NUMBERS[e.WhichOneof("payload") or ""] for e in events]
+    except (DecodeError, KeyError) as error:
+        raise SessionDamaged(source_id, f"cannot decode event {seq}: {error}") from error
+    db.execute(INSERT_ROW, (new_id, seq, kinds[0], pack(raws), len(raws), kinds_of(kinds)))
 
 
 def adopt_move(

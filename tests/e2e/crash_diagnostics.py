@@ -18,6 +18,7 @@ import asyncpg
 
 from agentloop.v1 import session_event_pb2 as ev
 from server.stores import decode_entry
+from server.stores.sqlite_batches import unpack
 
 LOG_WORDS = re.compile(
     r"lease|taking over|stopped|refused|pending message|disposed|failed|conflict|closing turn",
@@ -69,7 +70,14 @@ async def read_store(sqlite_path: Path | None, dsn: str | None) -> StoreRows:
         assert sqlite_path is not None
         db = sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True)
         try:
-            results = [db.execute(q).fetchall() for q in queries]
+            results = [db.execute(q).fetchall() for q in queries[:2] + queries[3:]]
+            rows = db.execute("SELECT session_id, seq, count, event FROM events").fetchall()
+            events = [  # a row holds a run of events (`sqlite_batches`)
+                (session_id, seq + offset, raw)
+                for session_id, seq, count, blob in rows
+                for offset, raw in enumerate(unpack(blob, count))
+            ]
+            results.insert(2, events)
         finally:
             db.close()
     return StoreRows(*results)

@@ -693,9 +693,10 @@ async def two_sessions_one_corrupted(tmp_path: Path) -> tuple[str, str]:
 
     def corrupt() -> None:
         with contextlib.closing(sqlite3.connect(db_path(tmp_path))) as db:
-            cursor = db.execute(
-                "UPDATE events SET event = ? WHERE session_id = ? AND seq = 2",
-                (b"\xff\xff garbage \xff\xff", damaged),
+            cursor = db.execute(  # the row holding event 2 (a row holds a run of events)
+                "UPDATE events SET event = ?2 WHERE session_id = ?1 AND seq ="
+                " (SELECT MAX(seq) FROM events WHERE session_id = ?1 AND seq <= 2)",
+                (damaged, b"\xff\xff garbage \xff\xff"),
             )
             assert cursor.rowcount == 1
             db.commit()
