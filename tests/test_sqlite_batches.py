@@ -179,3 +179,10 @@ async def test_a_format_3_file_is_migrated_in_place(tmp_path: Path) -> None:
         rows = db.execute("SELECT seq, count FROM events WHERE session_id = 'old'").fetchall()
     assert version == (FORMAT_VERSION,) == ("4",)
     assert rows == [(seq, 1) for seq in range(1, 8)] + [(8, 3)]
+
+
+def test_every_payload_kind_fits_the_kinds_bit_mask() -> None:
+    # A row's `kinds` is a signed 64-bit SQLite integer with bit `1 << kind` per kind: a
+    # payload field numbered 63 or more would overflow it, so the contract must not add one
+    # without a new layout.
+    assert max(KIND_NUMBERS.values()) < 63
