@@ -239,7 +239,7 @@ class SqliteStore:
         try:
             inline = self.synchronous == "NORMAL" and size <= INLINE_BYTES
             if inline and wal.holding:  # a checkpoint's last pass: wait, then write here
-                await wal.done()
+                await wal.let_go()
             inline = inline and self._write_db is not None and self._lock.acquire(blocking=False)
             if inline:
                 assert self._write_db is not None

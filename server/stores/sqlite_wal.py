@@ -88,6 +88,8 @@ class WalUpkeep:
         self.holding = False
         """Whether a checkpoint's last pass holds the write lock (commits wait for it)."""
         self.running: asyncio.Future[None] | None = None
+        self.released: asyncio.Future[None] | None = None
+        """Resolved (from the reader's thread) once the last pass lets go of the lock."""
         self.stats = WalStats()
         self._fds: list[int] = []
         """SQLite's descriptors of the database file and the WAL (found by `flush`)."""
@@ -113,10 +115,17 @@ class WalUpkeep:
         if self.running is not None and not self.running.done():
             await asyncio.wait([self.running])
 
+    async def let_go(self) -> None:
+        """Wait until the last pass lets go of the write lock (only called while `holding`)."""
+        if self.released is not None and not self.released.done():
+            await asyncio.wait([self.released])
+
     def start(self, running: asyncio.Future[None]) -> None:
         """Note the checkpoint that starts now (`fold` on the reader's thread)."""
         self.started_at = self.written
         self.running = running
+        self.released = released = running.get_loop().create_future()
+        running.add_done_callback(lambda _: resolve(released))
         self.stats.checkpoints += 1
         running.add_done_callback(ended)
 
@@ -142,13 +151,19 @@ class WalUpkeep:
         try:
             with self.lock:  # no commit runs now, and no read (reads run on this thread)
                 written = self.written
-                busy, last, done = checkpoint(db)
-                if not busy and done == last:
-                    self.folded_at = written
-                    stats.folds += 1
+                # The pass runs in the statement's first step; reading its row steps again,
+                # which can wait for the interpreter lock: that is done after letting go.
+                cursor = db.execute("PRAGMA wal_checkpoint(PASSIVE)")
         finally:
             self.holding = False
+            released = self.released
+            if released is not None:
+                released.get_loop().call_soon_threadsafe(resolve, released)
         stats.longest_hold = max(stats.longest_hold, time.perf_counter() - began)
+        busy, last, done = row(cursor)
+        if not busy and done == last:
+            self.folded_at = written
+            stats.folds += 1
         stats.most_left = max(stats.most_left, last - frames if last >= frames else last)
 
     def flush(self) -> None:
@@ -188,7 +203,18 @@ def ended(running: asyncio.Future[None]) -> None:
         log.warning("WAL checkpoint failed: %s", running.exception())
 
 
+def resolve(released: asyncio.Future[None]) -> None:
+    """Let the commits waiting for a last pass go."""
+    if not released.done():
+        released.set_result(None)
+
+
 def checkpoint(db: sqlite3.Connection) -> tuple[int, int, int]:
     """One PASSIVE pass: (busy, frames in the WAL, frames in it copied so far)."""
-    row = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-    return int(row[0]), int(row[1]), int(row[2])
+    return row(db.execute("PRAGMA wal_checkpoint(PASSIVE)"))
+
+
+def row(cursor: sqlite3.Cursor) -> tuple[int, int, int]:
+    """The row of a checkpoint pragma."""
+    busy, frames, copied = cursor.fetchone()
+    return int(busy), int(frames), int(copied)
