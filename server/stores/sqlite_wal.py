@@ -12,15 +12,18 @@ connection and thread:
    committed when it began; each next one the few committed meanwhile. Between passes the
    database file and the WAL are synced (`flush`) while commits go on, so that little
    is left for the last pass to sync.
-2. A last PASSIVE pass holding the store's write lock: no commit runs (a commit that
-   comes meanwhile waits for it, off the loop: `SqliteStore.commit`) and no read (reads
-   share this thread), so it copies the last few frames and syncs the database file,
-   and the next commit starts the WAL over.
+2. A last PASSIVE pass holding the store's write lock: no commit runs and no read
+   (reads share this thread), so it copies the last few frames and syncs the database
+   file, and the next commit starts the WAL over. A commit that comes meanwhile awaits
+   `let_go` (the loop goes on) and is then written on the loop's thread as usual: sent
+   to the writer thread instead, it waited 20-60 ms there for the interpreter lock
+   under load, and the burst of work it then released stalled the loop.
 
 Commits are held back only for that last pass: a few frames to copy and two syncs of
-little data. (One pass holding the lock after one beside the commits, without the syncs
+little data (at most 20-40 ms measured at 100 agents on a shared 2-core machine; mostly
+a few). One pass holding the lock right after one beside the commits, without the syncs
 between, held them for 20 to 100 ms: its sync of the database carried all of the first
-pass's pages.)
+pass's pages.
 
 Pages are counted per commit (an estimate: `SqliteStore.commit`), under the write lock,
 so that the count since the last full fold is exact to the commit. A checkpoint starts
@@ -169,32 +172,32 @@ class WalUpkeep:
     def flush(self) -> None:
         """Sync the database file and the WAL, beside the commits (they go on meanwhile).
 
-        SQLite's own descriptors are synced: opening and closing one here would drop the
-        process's POSIX locks on the file (SQLite's locks). Without /proc, nothing (the
-        last pass then syncs more).
+        SQLite's own descriptors are synced (one per file: each connection has its own):
+        opening and closing one here would drop the process's POSIX locks on the file,
+        which are SQLite's. Without /proc, nothing (the last pass then syncs more).
         """
-        for fd in self._fds:
-            if not self._names(fd):
-                self._fds = []
-                break
+        if not all(self._names(fd) for fd in self._fds):
+            self._fds = []
         if not self._fds:
             try:
-                self._fds = [int(name) for name in os.listdir(FDS) if self._names(int(name))]
+                names = os.listdir(FDS)
             except OSError:
                 return
+            found = {self._names(int(name)): int(name) for name in names}
+            self._fds = [fd for target, fd in found.items() if target]
         for fd in self._fds:
             try:
                 os.fdatasync(fd)
             except OSError:  # closed meanwhile: found again next time
                 self._fds = []
 
-    def _names(self, fd: int) -> bool:
-        """Whether `fd` is open on the database file or its WAL."""
+    def _names(self, fd: int) -> str:
+        """The file of `fd` if it is the database file or its WAL, else ''."""
         try:
             target = os.readlink(f"{FDS}/{fd}")
         except OSError:
-            return False
-        return target in (self.path, f"{self.path}-wal")
+            return ""
+        return target if target in (self.path, f"{self.path}-wal") else ""
 
 
 def ended(running: asyncio.Future[None]) -> None:
