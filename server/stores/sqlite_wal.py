@@ -20,7 +20,7 @@ connection and thread:
    under load, and the burst of work it then released stalled the loop.
 
 Commits are held back only for that last pass: a few frames to copy and two syncs of
-little data (at most 20-40 ms measured at 100 agents on a shared 2-core machine; mostly
+little data (at most 15-20 ms measured at 100 agents on a shared 2-core machine; mostly
 a few). One pass holding the lock right after one beside the commits, without the syncs
 between, held them for 20 to 100 ms: its sync of the database carried all of the first
 pass's pages.
