@@ -121,6 +121,16 @@ def worst_stall(lag_file: Path, start: float, end: float) -> dict[str, float]:
     return out
 
 
+async def sample_wal(data_dir: str, into: list[float]) -> None:
+    """The server's SQLite WAL size in MB every 0.1 s (a stat: quick enough for this loop)."""
+    while True:
+        try:
+            into.append(os.stat(f"{data_dir}/agentloop.db-wal").st_size / 1e6)
+        except OSError:
+            into.append(0.0)
+        await asyncio.sleep(0.1)
+
+
 async def load(
     agents: int,
     seconds: float,
@@ -140,6 +150,8 @@ async def load(
             began = time.perf_counter()
             until = began + warmup + seconds
             tasks = [asyncio.ensure_future(d.run(until)) for d in drivers]
+            wal: list[float] = []  # from the start of the warm-up to the window's end
+            sampler = asyncio.ensure_future(sample_wal(data_dir, wal))
             await asyncio.sleep(warmup)
             window_start, mono_start = time.perf_counter(), time.monotonic()
             responses = sum(d.responses for d in drivers)
@@ -150,6 +162,7 @@ async def load(
             main = main_thread_seconds(server.pid) - main_before
             kernel = kernel_seconds(server.pid) - kernel_before
             window_end, mono_end = time.perf_counter(), time.monotonic()
+            sampler.cancel()
             rss = rss_mb(server.pid)
             responses = sum(d.responses for d in drivers) - responses
             await asyncio.gather(*tasks)
@@ -173,6 +186,8 @@ async def load(
         "loop_share": main / cpu if cpu else 0.0,
         "kernel_share": kernel / cpu if cpu else 0.0,
         "responses": responses / turns,
+        "wal_end": wal[-1] if wal else 0.0,
+        "wal_max": max(wal, default=0.0),
         "p50": statistics.median(latencies),
         "p99": latencies[int(0.99 * (len(latencies) - 1))],
         "max": latencies[-1],
@@ -288,6 +303,8 @@ async def bench(counts: list[int], seconds: float, profile_dir: str, tree: str =
         line("  GC time per turn", f"{r['gc_us']:,.0f} µs"
              f" ({r['gc_us'] / r['cpu_us']:.1%} of the CPU)", "")  # fmt: skip
         line("server RSS", f"{r['rss']:,.0f} MB", "")
+        wal = f"{r['wal_end']:,.1f} / {r['wal_max']:,.1f} MB"
+        line("SQLite WAL at the end / at most", wal, "")
 
 
 async def compare(counts: list[int], seconds: float, baseline: str, repeat: int) -> None:
@@ -300,7 +317,8 @@ async def compare(counts: list[int], seconds: float, baseline: str, repeat: int)
     print(f"load A/B · baseline {baseline} · {repeat} interleaved rounds · medians")
     on_uvloop = baseline == "uvloop"
     baseline = "" if on_uvloop else baseline
-    keys = ("turns_per_s", "cpu_us", "p50", "p99", "max", "stall", "stall_cpu", "gc_us", "rss")
+    keys: tuple[str, ...] = ("turns_per_s", "cpu_us", "p50", "p99", "max", "stall", "stall_cpu")
+    keys += ("gc_us", "rss", "wal_max")  # wal_max: the SQLite WAL at most, MB
     for n in counts:
         runs: dict[str, list[dict[str, float]]] = {"baseline": [], "this": []}
         for _ in range(repeat):

@@ -11,7 +11,8 @@ request id). Storage grows with the content of the log, never with a snapshot pe
 Where the SQL (`sqlite_sql`) runs: small group commits on the event loop's thread (a
 WAL append is cheaper than a hop to a thread), large or fsyncing ones on the writer
 thread, reads on a reader thread with its own connection (WAL lets it read while a
-commit is written), checkpoints in the background. A damaged file or a row that
+commit is written), checkpoints in the background (`sqlite_wal`: they keep the WAL
+bounded under commits that never pause). A damaged file or a row that
 cannot be decoded is reported as `SessionDamaged` for the session it belongs to.
 
 Durability: with `synchronous=NORMAL` (the default, "process") a committed
@@ -22,6 +23,7 @@ also survives an OS crash or a power loss, at the cost of an fsync per commit.
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -56,6 +58,7 @@ from server.stores.sqlite_sql import (
     summary_row,
     write_commit,
 )
+from server.stores.sqlite_wal import WalUpkeep
 
 T = TypeVar("T")
 
@@ -64,7 +67,16 @@ INLINE_BYTES = 64 * 1024
 
 CHECKPOINT_PAGES = 4096
 """WAL pages (16 MiB of 4 KiB pages) after which a background checkpoint folds the WAL
-into the database (see `_checkpoint`)."""
+into the database and it starts over (see `sqlite_wal`)."""
+
+CAP_CHECKPOINTS = 4
+"""The WAL's cap, in `CHECKPOINT_PAGES`: a commit that finds it that long while a
+checkpoint runs waits for the checkpoint (a disk too slow for the commits)."""
+
+LIMIT_CHECKPOINTS = 2
+"""`journal_size_limit`, in `CHECKPOINT_PAGES` of 4 KiB: a WAL that grew past it (a burst,
+an older server) shrinks back to it when it starts over; one that stays within it is
+written over in place."""
 
 PAGES_PER_SESSION = 4
 """WAL pages counted for each session a commit writes, besides its bytes: a commit
@@ -90,9 +102,13 @@ class SqliteStore:
         self._read_db: sqlite3.Connection | None = None
         self._lock = threading.Lock()
         """Held while the writing connection is in use (by the loop or the writer thread)."""
-        self._wal_pages = 0
-        """WAL pages written since the last checkpoint began (an estimate: `commit`)."""
-        self._checkpointing: asyncio.Future[None] | None = None
+        self.wal = WalUpkeep(
+            os.path.realpath(self.path),
+            self._lock,
+            CHECKPOINT_PAGES,
+            CAP_CHECKPOINTS * CHECKPOINT_PAGES,
+        )
+        """The WAL's page counts and checkpoints."""
 
     # -- connections -------------------------------------------------------------------
 
@@ -139,6 +155,7 @@ class SqliteStore:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(f"PRAGMA synchronous={self.synchronous}")
             db.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run off the loop
+            db.execute(f"PRAGMA journal_size_limit={LIMIT_CHECKPOINTS * CHECKPOINT_PAGES * 4096}")
             row = None
             tables = db.execute("SELECT name FROM sqlite_master WHERE name = 'meta'").fetchone()
             if tables is not None:
@@ -177,8 +194,8 @@ class SqliteStore:
             finally:
                 db.close()
 
-        if self._checkpointing is not None:
-            await asyncio.gather(self._checkpointing, return_exceptions=True)
+        if self.wal.running is not None:
+            await asyncio.gather(self.wal.running, return_exceptions=True)
         if self._read_db is not None:
             await self._read("", close)
             self._read_db = None
@@ -198,6 +215,9 @@ class SqliteStore:
         to the page cache and costs less than a hop to a worker thread. A large one,
         one that must fsync, or one that finds the connection busy (a fork copying on
         the writer thread) goes to the writer thread: the loop never waits on a lock.
+        One that comes while a checkpoint's last pass holds the lock (`sqlite_wal`, a
+        few milliseconds) waits for it, then writes here as usual; so does one that
+        finds the WAL at its cap while a checkpoint runs.
 
         A SQLite error here is an outage (`StoreUnavailable`: a full disk, an I/O
         error, a locked file), which the journal retries; a key collision is a refusal.
@@ -206,50 +226,40 @@ class SqliteStore:
             SessionRows.of(session_id, writes) for session_id, writes in commit.sessions.items()
         ]
         size = sum(r.size for r in rows)
+        pages = len(rows) * PAGES_PER_SESSION + size // 4096
+        wal = self.wal
+        if wal.full():  # the WAL at its cap: the checkpoint under way first
+            wal.stats.waits += 1
+            await wal.done()
+
+        def write(db: sqlite3.Connection) -> None:  # holding the write lock
+            write_commit(db, rows)
+            wal.wrote(pages)
+
         try:
-            inline = (
-                self.synchronous == "NORMAL"
-                and size <= INLINE_BYTES
-                and self._write_db is not None
-                and self._lock.acquire(blocking=False)
-            )
+            inline = self.synchronous == "NORMAL" and size <= INLINE_BYTES
+            if inline and wal.holding:  # a checkpoint's last pass: wait, then write here
+                await wal.let_go()
+            inline = inline and self._write_db is not None and self._lock.acquire(blocking=False)
             if inline:
                 assert self._write_db is not None
                 try:
-                    write_commit(self._write_db, rows)
+                    write(self._write_db)
                 finally:
                     self._lock.release()
             else:
                 loop = asyncio.get_running_loop()
-                await loop.run_in_executor(
-                    self._writer, self._on_writer, lambda db: write_commit(db, rows)
-                )
+                await loop.run_in_executor(self._writer, self._on_writer, write)
         except sqlite3.IntegrityError as error:  # a second writer raced past the checks
             raise StoreConflict(f"{self.path}: {error}") from error
         except sqlite3.Error as error:
             raise StoreUnavailable(f"{self.path}: {error}") from error
-        self._wal_pages += len(rows) * PAGES_PER_SESSION + size // 4096
-        if self._wal_pages > CHECKPOINT_PAGES:
+        if wal.due():
             self._checkpoint()
 
     def _checkpoint(self) -> None:
-        """Fold the WAL into the database in the background (never on the loop's thread).
-
-        On the reader's connection, while commits go on; the WAL starts over at the
-        next commit once a checkpoint has copied all of it (when commits pause). Under
-        commits that never pause it goes on growing: a second pass holding the write
-        lock would make it start over, but its fsyncs held commits back for 20-40 ms
-        and the burst that followed stalled the loop (up to 97 ms at 100 agents), so
-        there is none.
-        """
-        if self._checkpointing is not None and not self._checkpointing.done():
-            return
-        self._wal_pages = 0
-
-        def checkpoint(db: sqlite3.Connection) -> None:
-            db.execute("PRAGMA wal_checkpoint(PASSIVE)")
-
-        self._checkpointing = asyncio.ensure_future(self._read("", checkpoint))
+        """Fold the WAL into the database on the reader's thread (`sqlite_wal`)."""
+        self.wal.start(asyncio.ensure_future(self._read("", self.wal.fold)))
 
     async def fork(
         self,
