@@ -83,7 +83,7 @@ def figures_at(turn: int, view: Any, header: Any) -> dict[str, float]:
 
     request = ModelRequest("long", "s", turn, 1, header, view, OPTIONS)
 
-    def plugin_call(messages: object = ()) -> Any:
+    def plugin_call(messages: Any = ()) -> Any:
         return hk.HookCall(
             call_id="m1", kind=hk.CALL_KIND_MODEL_STREAM, agent_id="long", session_id="s",
             turn=turn, step=1,
@@ -139,12 +139,12 @@ def figures_at(turn: int, view: Any, header: Any) -> dict[str, float]:
         return wire.model_stream_request(plugin_call(), history.entries(view))
 
     out["kept"] = True
-    for name, setups, timed in (
+    for name, setups, extended in (
         ("openai", openai_kept, openai_kept_request),
         ("plugin", plugin_kept, plugin_kept_request),
     ):
-        out[f"{name} per request"] = cpu_us(setups(True), timed)
-        out[f"{name} first request"] = cpu_us(setups(False), timed)
+        out[f"{name} per request"] = cpu_us(setups(True), extended)
+        out[f"{name} first request"] = cpu_us(setups(False), extended)
     out["openai bytes"] = len(openai_kept_request(ChatHistory()))
     out["plugin bytes"] = len(plugin_kept_request(EncodedMessages()))
     return {f"{key}@{turn}": value for key, value in out.items()}
