@@ -13,7 +13,6 @@ the list, and the keys keep their order (`model`, `messages`, then `body_setting
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 
 from server.models import ModelRequest
 from server.models.appended import Appended, split
@@ -23,17 +22,17 @@ SEPARATOR = b", "
 """Between two items of a JSON list, as `json.dumps` writes it."""
 
 
-def encoded(items: Iterable[JSON]) -> list[bytes]:
-    """Each item's JSON, as `json.dumps` writes it inside a list."""
-    return [json.dumps(item).encode() for item in items]
+def encoded(items: list[JSON]) -> bytes:
+    """The items' JSON joined by `", "`, as `json.dumps` writes them inside a list."""
+    return json.dumps(items).encode()[1:-1]  # one call for them all: `[` and `]` cut
 
 
 class ChatHistory:
     """One agent's history as Chat Completions messages: their JSON, joined by `", "`.
 
-    `json` holds the messages added by the first `count` history messages; `fold` is the
-    state after them (the calls not answered yet), whose stand-in answers close a request
-    but are not kept: the next message may answer those calls.
+    It holds the JSON of what the history messages sent so far added to the array, and
+    the fold's state after them (the calls not answered yet): their stand-in answers
+    close each request but are not kept, as the next message may answer those calls.
     """
 
     __slots__ = ("_appended", "_json", "_fold")
@@ -60,17 +59,13 @@ class ChatHistory:
             self._json = bytearray()
             self._fold = fold
         kept = self._json
-        for message in new:
-            for item in encoded(self._fold.add(message)):
-                if kept:
-                    kept += SEPARATOR
-                kept += item
+        added = [item for message in new for item in self._fold.add(message)]
+        if added:
+            if kept:
+                kept += SEPARATOR
+            kept += encoded(added)
         tail = ChatFold(self._fold.unanswered).answer_the_rest()  # the kept state stays
-        runs: list[bytes | bytearray] = [*encoded(head)]
-        if kept:
-            runs.append(kept)
-        runs.extend(encoded(tail))
-        return runs
+        return [run for run in (encoded(head), kept, encoded(tail)) if run]
 
 
 def request_bytes(
