@@ -8,11 +8,12 @@ tree runs under `valgrind --tool=cachegrind --cache-sim=no` on its defaults (dur
 store); N agents each loop the benchmark workload over their own stream for a few
 turns, then, in a second server, for more: the difference of the two instruction
 counts over the difference of turns is the server's instructions per turn at N agents
-(start-up and agent creation cancel out). The same for the in-process turn (memory
-store, 50 agents, a turn each per round). Counted: the user-space instructions of all
-the process's threads; the kernel's work (syscalls: socket writes, SQLite's file
-writes) is not. The split of two runs depends a little on timing, so a figure moves by
-a few percent between runs. Needs valgrind; prints a note and stops without it.
+(start-up and agent creation cancel out). The same for the in-process turn (50 agents,
+a turn each per round), on the memory store and on SQLite (the server's default).
+Counted: the user-space instructions of all the process's threads; the kernel's work
+(syscalls: socket writes, SQLite's file writes) is not. The split of two runs depends
+a little on timing, so a figure moves by a few percent between runs. Needs valgrind;
+prints a note and stops without it.
 """
 
 from __future__ import annotations
@@ -75,14 +76,14 @@ async def server_run(tree: str, agents: int, turns: int, out: str) -> int:
     return instructions(out)
 
 
-async def in_process_turns(rounds: int) -> None:
-    """The child of `in_process_run`: `rounds` turns of each of 50 agents, memory store."""
+async def in_process_turns(rounds: int, store: str) -> None:
+    """The child of `in_process_run`: `rounds` turns of each of 50 agents on `store`."""
     from server.edge.app import build_runtime
     from server.lifecycle.factory import AgentFactory
     from server.settings.config import Config
 
     with tempfile.TemporaryDirectory() as data_dir:
-        runtime = build_runtime(Config(store="memory", data_dir=data_dir))
+        runtime = build_runtime(Config(store=store, data_dir=data_dir))
         factory = AgentFactory(runtime)
         agents = [await factory.create(f"a-{i}", OPTIONS) for i in range(IN_PROCESS_AGENTS)]
         for _ in range(rounds):
@@ -92,23 +93,28 @@ async def in_process_turns(rounds: int) -> None:
         await runtime.store.close()
 
 
-def in_process_run(tree: str, rounds: int, out: str) -> int:
+def in_process_run(tree: str, rounds: int, out: str, store: str) -> int:
     # This file runs the turns, on `tree`'s server (a baseline may predate this file).
     command = [*CACHEGRIND, f"--cachegrind-out-file={out}", sys.executable, __file__]
-    command += ["--in-process-rounds", str(rounds)]
+    command += ["--in-process-rounds", str(rounds), "--in-process-store", store]
     env = dict(os.environ, PYTHONPATH=tree)
     subprocess.run(command, env=env, cwd=tree, check=True, stderr=subprocess.DEVNULL)
     return instructions(out)
 
 
-async def per_turn(tree: str, agents: int, low: int, high: int, work: str) -> tuple[float, float]:
-    """(server, in-process) instructions per turn of `tree`."""
+async def per_turn(
+    tree: str, agents: int, low: int, high: int, work: str
+) -> tuple[float, float, float]:
+    """(server, in-process memory store, in-process SQLite) instructions per turn of `tree`."""
     few = await server_run(tree, agents, low, f"{work}/server-{low}.out")
     more = await server_run(tree, agents, high, f"{work}/server-{high}.out")
     server = (more - few) / (agents * (high - low))
-    few = in_process_run(tree, low, f"{work}/in-process-{low}.out")
-    more = in_process_run(tree, high, f"{work}/in-process-{high}.out")
-    return server, (more - few) / (IN_PROCESS_AGENTS * (high - low))
+    local = []
+    for store in ("memory", "sqlite"):
+        few = in_process_run(tree, low, f"{work}/{store}-{low}.out", store)
+        more = in_process_run(tree, high, f"{work}/{store}-{high}.out", store)
+        local.append((more - few) / (IN_PROCESS_AGENTS * (high - low)))
+    return server, local[0], local[1]
 
 
 async def bench(agents: int, low: int, high: int, baseline: str) -> None:
@@ -117,9 +123,11 @@ async def bench(agents: int, low: int, high: int, baseline: str) -> None:
     figures = {}
     for name, tree in trees.items():
         with tempfile.TemporaryDirectory() as work:
-            figures[name] = server, local = await per_turn(tree, agents, low, high, work)
-        print(f"  {name:<9} server {server:>12,.0f}   in process (memory store) {local:>12,.0f}"
-              f"   server / in process {server / local:.2f}×   ({tree})")  # fmt: skip
+            figures[name] = server, memory, sqlite = await per_turn(tree, agents, low, high, work)
+        print(f"  {name:<9} server {server:>12,.0f}   in process: memory store {memory:>12,.0f},"
+              f" SQLite {sqlite:>12,.0f}   ({tree})")  # fmt: skip
+        print(f"  {'':<9} server / in process: memory store {server / memory:.2f}×"
+              f" (target ≤ 2× at 100 agents), SQLite store {server / sqlite:.2f}×")  # fmt: skip
     if baseline:
         ratio = figures["this"][0] / figures["baseline"][0]
         print(f"  server instructions per turn, this / baseline: {ratio:.3f}")
@@ -131,9 +139,10 @@ def main() -> None:
     parser.add_argument("--turns", default="2,8", help="turns per agent of the two runs")
     parser.add_argument("--baseline", default="", help="another checkout to count as well")
     parser.add_argument("--in-process-rounds", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--in-process-store", default="memory", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.in_process_rounds:
-        asyncio.run(in_process_turns(args.in_process_rounds))
+        asyncio.run(in_process_turns(args.in_process_rounds, args.in_process_store))
         return
     if shutil.which("valgrind") is None:
         print("instructions_bench: valgrind is not installed (apt-get install valgrind)")
