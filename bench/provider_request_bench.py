@@ -1,15 +1,27 @@
-"""What a provider spends per request on a long history: the O(history) work of a request.
+"""What a provider spends per request on a long history, this checkout against another.
 
-    python -m bench.provider_request_bench [--at 1000,3000]
+    python -m bench.provider_request_bench [--at 1000,3000] [--baseline DIR] [--repeat 1]
 
-One in-process conversation of the benchmark workload (four history messages a turn)
-grows to each turn of `--at`; there, one model request's messages are taken as a step
-takes them (a view, no copy) and, median of 5, timed in this process's CPU:
-- the OpenAI adapter: translating them to Chat Completions messages
-  (`openai_wire.request_body`), then encoding that body as JSON;
-- a plugin model provider: building the `ModelStreamCall` of the call, then its bytes.
-The bytes sent grow with the history whatever is done: each request carries it all.
-Figures are printed, never asserted.
+One in-process conversation of the benchmark workload (four history messages a turn:
+the prompt, a tool call, its result, a text; two model requests) grows to each turn of
+`--at`; there, one model request's messages are taken as a step takes them (a view) and
+the CPU of this process is timed (median of 5) for what each adapter does with them
+before the first byte leaves:
+- the OpenAI adapter: the request's body bytes (the messages translated to Chat
+  Completions messages, the body encoded as JSON);
+- a plugin model provider: the `HandleRequest` bytes of its `model_stream` call.
+
+Where the adapter keeps the agent's history encoded between requests, a request is
+timed after the agent's previous one (two messages fewer: the last answer and the new
+prompt), as it comes in a conversation: "per request"; "first request" is one with
+nothing kept (a new agent instance, a resumed or compacted history). Where it keeps
+nothing, both are the same. With `--baseline`, checkout DIR runs the same in its own
+process (this file, on DIR's server), `--repeat` rounds each, medians printed side by
+side. The bytes sent grow with the history whatever is done: each request carries it
+all. Figures are printed, never asserted.
+
+Runs as a script (`python bench/provider_request_bench.py --worker`), with a checkout
+first on PYTHONPATH: it imports only that checkout's modules.
 """
 
 from __future__ import annotations
@@ -17,66 +29,183 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
-from functools import partial
+from pathlib import Path
+from typing import Any
 
-from agentloop.plugin.v1 import hook_service_pb2 as hk
-from agentloop.v1 import content_pb2 as c
-from bench.conversation_bench import OPTIONS, PROMPT
-from bench.loop_bench import line
-from server.edge.app import build_runtime
-from server.lifecycle.factory import AgentFactory
-from server.models import ModelRequest
-from server.models.openai_wire import request_body
-from server.settings.config import Config
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = 5
 
 
-def cpu_us(fn: Callable[[], object], times: int = 5) -> float:
-    """Median CPU µs of `fn()`."""
+def cpu_us(setup: Callable[[], object], timed: Callable[[Any], object]) -> float:
+    """Median CPU µs of `timed(setup())`, the setup untimed."""
     samples = []
-    for _ in range(times):
+    for _ in range(SAMPLES):
+        state = setup()
         start = time.process_time()
-        fn()
+        timed(state)
         samples.append(time.process_time() - start)
     return statistics.median(samples) * 1e6
 
 
-async def bench(at: list[int]) -> None:
+async def measure(at: list[int]) -> dict[str, float]:
+    """The figures of the checkout this process imports."""
+    from agentloop.v1 import content_pb2 as c
+    from bench.conversation_bench import OPTIONS, PROMPT
+    from server.edge.app import build_runtime
+    from server.lifecycle.factory import AgentFactory
+    from server.settings.config import Config
+
     factory = AgentFactory(build_runtime(Config(store="memory")))
     agent = await factory.create("long", OPTIONS)
     header = c.RequestHeader(system="You are a test.")
-    print("one request's messages on a long history (CPU of this process, median of 5)")
+    out: dict[str, float] = {}
     for turn in at:
         while agent.session.max_turn < turn:
             agent.send(PROMPT)
             await agent.when_idle()
-        messages = agent.session.history().behind(header.message_prefix)
-        request = ModelRequest("long", "s", turn, 1, header, messages, OPTIONS)
-        body = request_body(request, "m")
-        wire = hk.ModelStreamCall(provider="p", header=header, messages=messages)
-        print(f"at turn {turn:,}: {len(messages):,} messages")
-        line("  OpenAI: translate the messages (avoidable per request)",
-             f"{cpu_us(partial(request_body, request, 'm')):,.0f} µs", "")  # fmt: skip
-        line("  OpenAI: encode the body as JSON (unavoidable)",
-             f"{cpu_us(partial(json.dumps, body)):,.0f} µs", "")  # fmt: skip
-        line("  OpenAI: body bytes", f"{len(json.dumps(body).encode()):,}", "")
-        line("  plugin model: build its call (a copy of each message)",
-             f"{cpu_us(partial(hk.ModelStreamCall, messages=messages)):,.0f} µs", "")  # fmt: skip
-        line("  plugin model: serialize the call (unavoidable)",
-             f"{cpu_us(wire.SerializeToString):,.0f} µs", "")  # fmt: skip
-        line("  plugin model: call bytes", f"{wire.ByteSize():,}", "")
-        line("  the list copy a step made of its history before",
-             f"{cpu_us(partial(list, messages)):,.0f} µs", "")  # fmt: skip
+        out |= figures_at(turn, agent.session.history().behind(header.message_prefix), header)
     await factory.close()
+    return out
+
+
+def figures_at(turn: int, view: Any, header: Any) -> dict[str, float]:
+    """The figures of one request of `view`'s messages (a step's view of the history)."""
+    from agentloop.plugin.v1 import hook_service_pb2 as hk
+    from bench.conversation_bench import OPTIONS
+    from server.models import ModelRequest
+    from server.plugins import wire
+
+    request = ModelRequest("long", "s", turn, 1, header, view, OPTIONS)
+
+    def plugin_call(messages: Any = ()) -> Any:
+        return hk.HookCall(
+            call_id="m1", kind=hk.CALL_KIND_MODEL_STREAM, agent_id="long", session_id="s",
+            turn=turn, step=1,
+            model_stream=hk.ModelStreamCall(provider="p", header=header, messages=messages),
+        )  # fmt: skip
+
+    out: dict[str, float] = {"messages": len(view)}
+    try:
+        from server.core.history import MessageView
+        from server.models.openai_body import ChatHistory, request_bytes
+        from server.plugins.model import EncodedMessages
+    except ImportError:  # a checkout that keeps nothing between requests
+        from server.models.openai_wire import request_body
+
+        def openai(_: object) -> bytes:
+            return json.dumps(request_body(request, "m")).encode()
+
+        def plugin(_: object) -> bytes:
+            return wire.call_request(plugin_call(view).SerializeToString())
+
+        out["kept"] = False
+        for name, timed in (("openai", openai), ("plugin", plugin)):
+            out[f"{name} per request"] = out[f"{name} first request"] = cpu_us(dict, timed)
+        out["openai bytes"], out["plugin bytes"] = len(openai(None)), len(plugin(None))
+        return {f"{key}@{turn}": value for key, value in out.items()}
+
+    prefix, items, length = view.split()
+    before = MessageView(items, length - 2, prefix)  # the agent's previous request
+    earlier = ModelRequest("long", "s", turn, 1, header, before, OPTIONS)
+
+    def openai_kept(previous: bool) -> Callable[[], object]:
+        def setup() -> object:
+            history = ChatHistory()
+            if previous:
+                request_bytes(earlier, "m", "auto", history)
+            return history
+
+        return setup
+
+    def plugin_kept(previous: bool) -> Callable[[], object]:
+        def setup() -> object:
+            history = EncodedMessages()
+            if previous:
+                history.entries(before)
+            return history
+
+        return setup
+
+    def openai_kept_request(history: Any) -> bytes:
+        return request_bytes(request, "m", "auto", history)
+
+    def plugin_kept_request(history: Any) -> bytes:
+        return wire.model_stream_request(plugin_call(), history.entries(view))
+
+    out["kept"] = True
+    for name, setups, extended in (
+        ("openai", openai_kept, openai_kept_request),
+        ("plugin", plugin_kept, plugin_kept_request),
+    ):
+        out[f"{name} per request"] = cpu_us(setups(True), extended)
+        out[f"{name} first request"] = cpu_us(setups(False), extended)
+    out["openai bytes"] = len(openai_kept_request(ChatHistory()))
+    out["plugin bytes"] = len(plugin_kept_request(EncodedMessages()))
+    return {f"{key}@{turn}": value for key, value in out.items()}
+
+
+def in_tree(tree: str, at: list[int]) -> dict[str, float]:
+    """A `--worker` run in a fresh process over checkout `tree` (this one if "")."""
+    root = Path(tree) if tree else ROOT
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "clients/python")]))
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--worker", "--at", ",".join(map(str, at))],
+        env=env, cwd=root, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    out: dict[str, float] = json.loads(done.stdout.splitlines()[-1])
+    return out
+
+
+def report(at: list[int], baseline: str, repeat: int) -> None:
+    trees = {"this": ""} | ({"baseline": baseline} if baseline else {})
+    runs: dict[str, list[dict[str, float]]] = {who: [] for who in trees}
+    for _ in range(repeat):
+        for who, tree in reversed(trees.items()):  # the baseline first in each round
+            runs[who].append(in_tree(tree, at))
+    med = {who: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for who, rs in runs.items()}
+    against = f"; baseline {baseline}" if baseline else ""
+    print(f"one model request on a long history: CPU µs of this process (median of {SAMPLES},"
+          f" then of {repeat} process(es)){against}")  # fmt: skip
+    columns: list[tuple[str, str]] = []
+    for who in reversed(trees):
+        if med[who][f"kept@{at[0]}"]:
+            columns += [(who, "per request"), (who, "first request")]
+        else:
+            print(f"  {who}: keeps nothing between requests (each is a first request)")
+            columns.append((who, "per request"))
+    heading = "".join(f"{f'{who}: {kind}':>24}" for who, kind in columns)
+    ratio = f"{'this / baseline':>18}" if baseline else ""
+    print(f"  {'':<34}{heading}{ratio}")
+    for turn in at:
+        m = med["this"]
+        print(f"  at turn {turn:,} ({m[f'messages@{turn}']:,.0f} messages)")
+        for name, label in (("openai", "OpenAI: the body"), ("plugin", "plugin model: the call")):
+            size = m[f"{name} bytes@{turn}"]
+            row = "".join(f"{med[who][f'{name} {kind}@{turn}']:>24,.0f}" for who, kind in columns)
+            if baseline:
+                key = f"{name} per request@{turn}"
+                row += f"{m[key] / med['baseline'][key]:>17.3f}×"
+            print(f"    {f'{label} ({size / 1e6:.2f} MB)':<32}{row}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--at", default="1000,3000", help="comma-separated turn numbers")
+    parser.add_argument("--baseline", default="", help="another checkout to compare with")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds (each a fresh process)")
+    parser.add_argument("--worker", action="store_true", help="one run; print JSON")
     args = parser.parse_args()
-    asyncio.run(bench([int(t) for t in args.at.split(",")]))
+    at = [int(t) for t in args.at.split(",")]
+    if args.worker:
+        print(json.dumps(asyncio.run(measure(at))))
+        return
+    report(at, args.baseline, args.repeat)
 
 
 if __name__ == "__main__":

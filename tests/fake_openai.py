@@ -80,6 +80,8 @@ class Seen:
     """True once the whole reply was written."""
     connection: int = 0
     """Which TCP connection it came on, from 1."""
+    raw: bytes = b""
+    """The body's bytes, as sent."""
 
 
 class FakeOpenAI:
@@ -172,7 +174,7 @@ class FakeOpenAI:
             headers[name.strip().lower()] = value.strip()
         raw = await reader.readexactly(int(headers.get("content-length", "0")))
         body = json.loads(raw) if raw else None
-        return Seen(method, path, headers, body, time.monotonic(), time.time())
+        return Seen(method, path, headers, body, time.monotonic(), time.time(), raw=raw)
 
 
 async def _watch(reader: asyncio.StreamReader, seen: Seen) -> bytes:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import content_pb2 as c
@@ -33,7 +33,11 @@ class FakeCaller:
         return answer
 
     async def stream(
-        self, call: hk.HookCall, seconds: float, signal: AbortSignal
+        self,
+        call: hk.HookCall,
+        seconds: float,
+        signal: AbortSignal,
+        messages: Sequence[bytes | bytearray] | None = None,
     ) -> AsyncGenerator[st.StreamChunk, None]:
         raise PluginCallFailed("error", "no models here")
         yield st.StreamChunk()  # pragma: no cover - makes this an async generator

@@ -32,6 +32,14 @@ class MessageView(Sequence[c.Message]):
         """The same messages behind `prefix` (in place of this view's own)."""
         return MessageView(self._items, self._length, prefix)
 
+    def split(self) -> tuple[Sequence[c.Message], list[c.Message], int]:
+        """The prefix, the growing list, and how many of its first messages follow the prefix.
+
+        For an encoding kept from one request to the next (`server.models.appended`):
+        the list is only ever appended to, so its first messages stay what they were.
+        """
+        return self._prefix, self._items, self._length
+
     def __len__(self) -> int:
         return len(self._prefix) + self._length
 

@@ -58,12 +58,12 @@ from server.models.http import (
     Response,
     TransportError,
 )
+from server.models.openai_body import ChatHistory, request_bytes
 from server.models.openai_wire import (
     BAD_CHUNK,
     MAX_TOKENS_FIELDS,
     DeltaTranslator,
     error_message,
-    request_body,
 )
 from server.models.sse import EventStreamDecoder
 from server.observability.logs import fields
@@ -225,6 +225,12 @@ class OpenAIModel:
             transport=transport,
         )
         self._url = f"{self.base_url}/chat/completions"
+        self._histories: dict[str, ChatHistory] = {}
+        """Per agent, its history's JSON as sent (`openai_body`), extended per request."""
+
+    def release(self, agent_id: str) -> None:
+        """Drop the kept history of `agent_id` (the agent was disposed)."""
+        self._histories.pop(agent_id, None)
 
     async def aclose(self) -> None:
         """Close the pooled connections."""
@@ -257,7 +263,10 @@ class OpenAIModel:
         """
         signal.raise_if_aborted()
         model = request.header.config.model or self.default_model
-        body = json.dumps(request_body(request, model, self.max_tokens_field)).encode()
+        history = self._histories.get(request.agent_id)
+        if history is None:
+            history = self._histories[request.agent_id] = ChatHistory()
+        body = request_bytes(request, model, self.max_tokens_field, history)
         context = fields(
             agent=request.agent_id, session=request.session_id, turn=request.turn,
             step=request.step,

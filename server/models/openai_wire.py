@@ -63,14 +63,15 @@ def request_body(request: ModelRequest, model: str, max_tokens_field: str = "aut
     Returns:
         The body, with `stream` and `stream_options.include_usage` on.
     """
+    messages = chat_messages(request.header.system, request.messages)
+    return {"model": model, "messages": messages, **body_settings(request, model, max_tokens_field)}
+
+
+def body_settings(request: ModelRequest, model: str, max_tokens_field: str = "auto") -> JSON:
+    """The body's keys after `messages`, in their order: stream, tools, sampling settings."""
     header = request.header
     config = header.config
-    body: JSON = {
-        "model": model,
-        "messages": chat_messages(header.system, request.messages),
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body: JSON = {"stream": True, "stream_options": {"include_usage": True}}
     if header.tools:
         body["tools"] = [_tool(schema) for schema in header.tools]
     if config.HasField("temperature"):
@@ -96,33 +97,60 @@ def chat_messages(system: str, messages: Sequence[c.Message]) -> list[JSON]:
     unanswered call. Reasoning is never sent back: providers that stream it (DeepSeek)
     refuse it as input.
     """
-    out: list[JSON] = [{"role": "system", "content": system}] if system else []
-    unanswered: list[str] = []
-
-    def answer_the_rest() -> None:
-        out.extend({"role": "tool", "tool_call_id": i, "content": NOT_RUN} for i in unanswered)
-        unanswered.clear()
-
+    out: list[JSON] = [system_message(system)] if system else []
+    fold = ChatFold()
     for message in messages:
+        out.extend(fold.add(message))
+    out.extend(fold.answer_the_rest())
+    return out
+
+
+def system_message(system: str) -> JSON:
+    """The `system` message of the prompt."""
+    return {"role": "system", "content": system}
+
+
+class ChatFold:
+    """`chat_messages` one message at a time: what each message adds to the array.
+
+    Its state is the tool calls asked for and not answered yet (in order): the stand-in
+    answers they get depend on what comes after them.
+    """
+
+    __slots__ = ("unanswered",)
+
+    def __init__(self, unanswered: Sequence[str] = ()) -> None:
+        self.unanswered = list(unanswered)
+
+    def add(self, message: c.Message) -> list[JSON]:
+        """The Chat Completions messages `message` adds, stand-in answers first."""
         if message.role == c.ROLE_ASSISTANT:
-            answer_the_rest()
+            out = self.answer_the_rest()
             assistant = _assistant(message)
             out.append(assistant)
-            unanswered.extend(call["id"] for call in assistant.get("tool_calls", []))
-            continue
+            self.unanswered.extend(call["id"] for call in assistant.get("tool_calls", []))
+            return out
+        out = []
         results = [b.tool_result for b in message.content if b.WhichOneof("block") == "tool_result"]
         for r in results:
             out.append(
                 {"role": "tool", "tool_call_id": r.tool_call_id, "content": plain_text(r.content)}
             )
-            if r.tool_call_id in unanswered:
-                unanswered.remove(r.tool_call_id)
+            if r.tool_call_id in self.unanswered:
+                self.unanswered.remove(r.tool_call_id)
         text = plain_text(message.content)
         if text or not results:
-            answer_the_rest()
+            out.extend(self.answer_the_rest())
             out.append({"role": "user", "content": text})
-    answer_the_rest()
-    return out
+        return out
+
+    def answer_the_rest(self) -> list[JSON]:
+        """Stand-in answers to the calls still unanswered, which are then answered."""
+        out: list[JSON] = [
+            {"role": "tool", "tool_call_id": i, "content": NOT_RUN} for i in self.unanswered
+        ]
+        self.unanswered.clear()
+        return out
 
 
 def _assistant(message: c.Message) -> JSON:

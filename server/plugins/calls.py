@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -40,9 +40,17 @@ class PluginCaller(Protocol):
         ...
 
     def stream(
-        self, call: hk.HookCall, seconds: float, signal: AbortSignal
+        self,
+        call: hk.HookCall,
+        seconds: float,
+        signal: AbortSignal,
+        messages: Sequence[bytes | bytearray] | None = None,
     ) -> AsyncGenerator[st.StreamChunk, None]:
-        """Send a `model_stream` call; yield its chunks (`seconds` bounds each wait)."""
+        """Send a `model_stream` call; yield its chunks (`seconds` bounds each wait).
+
+        `messages`, when given, are the model stream's messages, encoded
+        (`wire.message_entry`): the call itself holds none.
+        """
         ...
 
     def admit(self, slot: NoticeSlot) -> bool:

@@ -26,7 +26,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 
 import grpc
 
@@ -47,6 +47,7 @@ from server.plugins.wire import (
     batch_request,
     call_request,
     cancel_request,
+    model_stream_request,
 )
 
 log = logging.getLogger(__name__)
@@ -246,15 +247,20 @@ class PluginConnection:
         return PluginCallFailed("timeout", f"no answer within {seconds:g} s")
 
     async def stream(
-        self, call: hk.HookCall, seconds: float, signal: AbortSignal
+        self,
+        call: hk.HookCall,
+        seconds: float,
+        signal: AbortSignal,
+        messages: Sequence[bytes | bytearray] | None = None,
     ) -> AsyncGenerator[st.StreamChunk, None]:
         """Send a `model_stream` call and yield its chunks until the finish.
 
-        `seconds` bounds the silence between two chunks, not the whole call.
+        `seconds` bounds the silence between two chunks, not the whole call. `messages`,
+        when given, are the model stream's messages, encoded: the call holds none.
         """
         if self.state != reg.PLUGIN_STATE_READY:
             raise PluginCallFailed("disconnected", f"the plugin is unavailable ({self.last_error})")
-        request = self._sized(call)
+        request = self._sized(call, messages)
         queue: asyncio.Queue[st.StreamChunk | BaseException] = asyncio.Queue()
         self._streams[call.call_id] = queue
         self.stats.calls += 1
@@ -312,9 +318,17 @@ class PluginConnection:
         self.state = state
         self.on_state()
 
-    def _sized(self, call: hk.HookCall) -> bytes:
-        """The request of `call`, encoded; a call over the size limit fails here, alone."""
-        request = call_request(call.SerializeToString())
+    def _sized(
+        self, call: hk.HookCall, messages: Sequence[bytes | bytearray] | None = None
+    ) -> bytes:
+        """The request of `call`, encoded; a call over the size limit fails here, alone.
+
+        `messages`: a model stream's messages, encoded apart (`model_stream_request`).
+        """
+        if messages is None:
+            request = call_request(call.SerializeToString())
+        else:
+            request = model_stream_request(call, messages)
         size = len(request)
         if size > self.max_message_bytes:
             self.stats.calls += 1

@@ -3,18 +3,47 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
+from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import stream_pb2 as st
 from server.core.abort import AbortSignal
 from server.core.errors import TurnFatal
 from server.models import ModelRequest
+from server.models.appended import Appended, split
 from server.observability import observe
 from server.plugins.calls import PluginCaller, PluginCallFailed, PluginStats, call_ids
+from server.plugins.wire import message_entry
 
 MODEL_TIMEOUT = 60.0
 """Seconds a plugin model may stay silent between two chunks, by default."""
+
+
+class EncodedMessages:
+    """One agent's history as `ModelStreamCall.messages` entries, extended per request.
+
+    Why the kept bytes are never stale, and what they cost: `server.models.appended`.
+    """
+
+    __slots__ = ("_appended", "_entries")
+
+    def __init__(self) -> None:
+        self._appended = Appended()
+        self._entries = bytearray()
+
+    def entries(self, messages: Sequence[c.Message]) -> list[bytes | bytearray]:
+        """The encoded entries of `messages`: the prefix's afresh, the history's as kept.
+
+        The kept bytes grow at the next request: they are copied into the call at once.
+        """
+        prefix, items, length = split(messages)
+        restart, new = self._appended.advance(items, length)
+        if restart:
+            self._entries = bytearray()
+        for message in new:
+            self._entries += message_entry(message)
+        return [*(message_entry(message) for message in prefix), self._entries]
 
 
 class PluginModel:
@@ -36,6 +65,12 @@ class PluginModel:
             if definition.HasField("timeout")
             else MODEL_TIMEOUT
         )
+        self._histories: dict[str, EncodedMessages] = {}
+        """Per agent, its history's encoded entries as sent, extended per request."""
+
+    def release(self, agent_id: str) -> None:
+        """Drop the kept history of `agent_id` (the agent was disposed)."""
+        self._histories.pop(agent_id, None)
 
     async def stream(
         self, request: ModelRequest, signal: AbortSignal
@@ -48,10 +83,13 @@ class PluginModel:
             session_id=request.session_id,
             turn=request.turn,
             step=request.step,
-            model_stream=hk.ModelStreamCall(
-                provider=self.provider, header=request.header, messages=request.messages
-            ),
+            # The messages go as bytes, from the agent's kept history (`EncodedMessages`).
+            model_stream=hk.ModelStreamCall(provider=self.provider, header=request.header),
         )
+        history = self._histories.get(request.agent_id)
+        if history is None:
+            history = self._histories[request.agent_id] = EncodedMessages()
+        messages = history.entries(request.messages)
         call.timeout.FromNanoseconds(int(self.timeout * 1e9))
         try:
             # Closed with this generator, so an early stop withdraws the call at once.
@@ -59,7 +97,7 @@ class PluginModel:
                 self.plugin, "model/stream", request.agent_id, request.turn, request.step, call
             ):
                 async with contextlib.aclosing(
-                    self.caller.stream(call, self.timeout, signal)
+                    self.caller.stream(call, self.timeout, signal, messages)
                 ) as chunks:
                     async for chunk in chunks:
                         yield chunk

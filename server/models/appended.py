@@ -1,0 +1,74 @@
+"""An encoding of a history kept from one model request to the next, extended by what is new.
+
+Each request of a step carries the whole history, and a provider that translated or
+serialized all of it per request would spend O(history) CPU on the event loop at every
+step (`bench.provider_request_bench`: at 12,000 messages, about 150 ms for the OpenAI
+body and 20-40 ms for a plugin's call, on the one event loop of every agent). A
+provider keeps, per agent, the encoded form of the history messages it has sent, and
+encodes only those appended since. `Appended` decides what is new.
+
+Why an encoding kept this way is never stale:
+
+- A request's messages are a `MessageView` (`server.core.history`): a prefix, then the
+  first `length` messages of the session's history list. The prefix (the header's
+  message prefix, copied into each request's header) is encoded afresh per request;
+  only the list's messages are kept.
+- That list is only appended to: `SessionLog` never edits, removes or reorders an
+  entry; a replacement (a compaction) builds a new list, and a resumed or another
+  session has its own. While the list is the same object and the view at least as
+  long as what was encoded, its first `count` messages are those encoded before. The
+  tracker holds the list, so the object cannot be freed and its id reused by another.
+- A history message is never mutated once appended: `SessionLog` projects each one from
+  its event into a new `Message` that it alone holds; what listeners return (a rewritten
+  `agent/step-result`, a prefix) is copied into an event or a header, never shared
+  with the list, and a request's messages are not to be mutated (`ModelRequest`).
+- Whatever else a message's encoding depends on (for OpenAI, the tool calls the prefix
+  left unanswered) is the `key`: another key starts over.
+
+Memory: an encoding holds the bytes of its agent's history (about the size of the
+messages themselves, which the session holds already) and a reference to the list; it
+is replaced at the agent's next request after a compaction, and dropped when the agent
+is disposed (`ModelRegistry.release`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+from agentloop.v1 import content_pb2 as c
+from server.core.history import MessageView
+
+
+class Appended:
+    """Which messages of a history list an encoding holds: the first `count` of `items`."""
+
+    __slots__ = ("_items", "_count", "_key")
+
+    def __init__(self) -> None:
+        self._items: list[c.Message] | None = None
+        self._count = 0
+        self._key: Hashable = None
+
+    def advance(
+        self, items: list[c.Message], length: int, key: Hashable = None
+    ) -> tuple[bool, Sequence[c.Message]]:
+        """Take the first `length` messages of `items` as encoded from now on.
+
+        Returns:
+            Whether the encoding must start over (another list, a shorter view, another
+            key), and the messages to encode: those beyond the encoded ones, or all.
+        """
+        restart = items is not self._items or length < self._count or key != self._key
+        start = 0 if restart else self._count
+        self._items, self._count, self._key = items, length, key
+        return restart, items[start:length]
+
+
+def split(messages: Sequence[c.Message]) -> tuple[Sequence[c.Message], list[c.Message], int]:
+    """A request's messages as (prefix, growing list, length): see `MessageView.split`.
+
+    Messages that are not a view (a test's list) are all prefix: nothing is kept.
+    """
+    if isinstance(messages, MessageView):
+        return messages.split()
+    return messages, [], 0
