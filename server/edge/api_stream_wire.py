@@ -18,26 +18,10 @@ import grpc
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_service_pb2 as pb
 from agentloop.v1 import agent_service_pb2_grpc as rpc
+from server.protowire import field_key, varint
 
 SERVICE = "agentloop.v1.AgentService"
-EVENTS_TAG = b"\x0a"  # field 1, length-delimited
-
-
-_ONE_BYTE = [bytes((n,)) for n in range(0x80)]
-
-
-def varint(value: int) -> bytes:
-    """The protobuf base-128 varint of a non-negative int."""
-    if value < 0x80:  # most events: a table look-up
-        return _ONE_BYTE[value]
-    if value < 0x4000:
-        return bytes(((value & 0x7F) | 0x80, value >> 7))
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+EVENTS_TAG = field_key(pb.StreamSessionEventsResponse.EVENTS_FIELD_NUMBER)
 
 
 def response_bytes(

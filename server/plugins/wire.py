@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import content_pb2 as c
+from server.protowire import field_key, framed, varint
 
 HANDLE_METHOD = "/agentloop.plugin.v1.HookService/Handle"
 """The full name of the `Handle` method."""
@@ -19,33 +20,9 @@ HANDLE_METHOD = "/agentloop.plugin.v1.HookService/Handle"
 BATCH_CAPABILITY = "call_batch"
 """The capability a plugin lists to take several calls in one message (`CallBatch`)."""
 
-_LENGTH_DELIMITED = 2
-
-
-def _key(field: int) -> bytes:
-    return varint((field << 3) | _LENGTH_DELIMITED)
-
-
-def varint(value: int) -> bytes:
-    """`value` (≥ 0) as a protobuf base-128 varint."""
-    if value < 0x80:
-        return bytes((value,))
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-_CALL = _key(hk.HandleRequest.CALL_FIELD_NUMBER)
-_BATCH = _key(hk.HandleRequest.BATCH_FIELD_NUMBER)
-_BATCH_CALL = _key(hk.CallBatch.CALLS_FIELD_NUMBER)
-
-
-def framed(key: bytes, payload: bytes) -> bytes:
-    """A length-delimited field: key, length, payload."""
-    return b"".join((key, varint(len(payload)), payload))
+_CALL = field_key(hk.HandleRequest.CALL_FIELD_NUMBER)
+_BATCH = field_key(hk.HandleRequest.BATCH_FIELD_NUMBER)
+_BATCH_CALL = field_key(hk.CallBatch.CALLS_FIELD_NUMBER)
 
 
 def call_request(call: bytes) -> bytes:
@@ -69,8 +46,8 @@ def batch_request(entries: list[bytes]) -> bytes:
     return framed(_BATCH, b"".join(entries))
 
 
-_MODEL_STREAM = _key(hk.HookCall.MODEL_STREAM_FIELD_NUMBER)
-_MESSAGE = _key(hk.ModelStreamCall.MESSAGES_FIELD_NUMBER)
+_MODEL_STREAM = field_key(hk.HookCall.MODEL_STREAM_FIELD_NUMBER)
+_MESSAGE = field_key(hk.ModelStreamCall.MESSAGES_FIELD_NUMBER)
 
 
 def message_entry(message: c.Message) -> bytes:

@@ -19,24 +19,20 @@ from collections.abc import Sequence
 
 from google.protobuf.message import DecodeError
 
-TAG = 0x0A
-"""Field 1, length-delimited."""
+from server.protowire import field_key, varint
+
+TAG = field_key(1)
+"""Field 1, length-delimited (0x0A)."""
 
 
 def pack(raws: Sequence[bytes]) -> bytes:
     """The bytes of a row holding `raws` (serialized events, in seq order)."""
     if len(raws) == 1:
         return raws[0]
-    out = bytearray()
+    parts: list[bytes] = []
     for raw in raws:
-        out.append(TAG)
-        n = len(raw)
-        while n > 0x7F:
-            out.append((n & 0x7F) | 0x80)
-            n >>= 7
-        out.append(n)
-        out += raw
-    return bytes(out)
+        parts += (TAG, varint(len(raw)), raw)
+    return b"".join(parts)
 
 
 def unpack(blob: bytes, count: int) -> list[bytes]:
@@ -46,7 +42,7 @@ def unpack(blob: bytes, count: int) -> list[bytes]:
     raws = []
     at, end = 0, len(blob)
     while at < end:
-        if blob[at] != TAG:
+        if blob[at] != TAG[0]:
             raise DecodeError(f"a row of {count} events has a bad tag at byte {at}")
         at += 1
         n = shift = 0
