@@ -178,11 +178,15 @@ async def figures_at(turn: int, view: Any, header: Any) -> dict[str, float]:
         return wire.model_stream_request(plugin_call(), history.entries(view))
 
     # As a turn makes them: in slices where this checkout slices a long backlog.
+    in_turn: dict[str, Callable[[Any], Any]] = {
+        "openai": openai_kept_request,
+        "plugin": plugin_kept_request,
+    }
     try:
         from server.core.abort import AbortSignal
         from server.models.openai_body import request_bytes_in_slices
     except ImportError:  # a checkout that encodes a request at once
-        openai_in_turn, plugin_in_turn = openai_kept_request, plugin_kept_request
+        pass
     else:
 
         async def openai_in_turn(history: Any) -> bytes:
@@ -192,14 +196,16 @@ async def figures_at(turn: int, view: Any, header: Any) -> dict[str, float]:
             entries = await history.entries_in_slices(view, AbortSignal())
             return wire.model_stream_request(plugin_call(), entries)
 
+        in_turn = {"openai": openai_in_turn, "plugin": plugin_in_turn}
+
     out["kept"] = True
-    for name, setups, extended, in_turn in (
-        ("openai", openai_kept, openai_kept_request, openai_in_turn),
-        ("plugin", plugin_kept, plugin_kept_request, plugin_in_turn),
+    for name, setups, extended in (
+        ("openai", openai_kept, openai_kept_request),
+        ("plugin", plugin_kept, plugin_kept_request),
     ):
         out[f"{name} per request"] = cpu_us(setups(True), extended)
         out[f"{name} first request"] = cpu_us(setups(False), extended)
-        out[f"{name} longest stretch"] = await longest_stretch_us(setups(False), in_turn)
+        out[f"{name} longest stretch"] = await longest_stretch_us(setups(False), in_turn[name])
     out["openai bytes"] = len(openai_kept_request(ChatHistory()))
     out["plugin bytes"] = len(plugin_kept_request(EncodedMessages()))
     return {f"{key}@{turn}": value for key, value in out.items()}
@@ -237,7 +243,7 @@ def report(at: list[int], baseline: str, repeat: int) -> None:
             columns.append((who, "per request"))
         if f"openai longest stretch@{at[0]}" in med[who]:
             columns.append((who, "longest stretch"))
-    heading = "".join(f"{f'{who}: {kind}':>24}" for who, kind in columns)
+    heading = "".join(f"{f'{who}: {kind}':>27}" for who, kind in columns)
     ratio = f"{'this / baseline':>18}" if baseline else ""
     print(f"  {'':<34}{heading}{ratio}")
     for turn in at:
@@ -245,7 +251,7 @@ def report(at: list[int], baseline: str, repeat: int) -> None:
         print(f"  at turn {turn:,} ({m[f'messages@{turn}']:,.0f} messages)")
         for name, label in (("openai", "OpenAI: the body"), ("plugin", "plugin model: the call")):
             size = m[f"{name} bytes@{turn}"]
-            row = "".join(f"{med[who][f'{name} {kind}@{turn}']:>24,.0f}" for who, kind in columns)
+            row = "".join(f"{med[who][f'{name} {kind}@{turn}']:>27,.0f}" for who, kind in columns)
             if baseline:
                 key = f"{name} per request@{turn}"
                 row += f"{m[key] / med['baseline'][key]:>17.3f}×"
