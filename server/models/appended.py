@@ -78,6 +78,11 @@ class Appended:
         self._items, self._count, self._key = items, length, key
         return restart, items[start:length]
 
+    @property
+    def count(self) -> int:
+        """How many messages of its list the encoding holds."""
+        return self._count
+
     def kept(self, items: list[c.Message], length: int, key: Hashable = None) -> int:
         """How many of the first messages of `items` the encoding holds for such a request.
 

@@ -45,6 +45,11 @@ class ChatHistory:
         self._json = bytearray()
         self._fold = ChatFold()
 
+    @property
+    def kept(self) -> int:
+        """How many history messages it holds the JSON of (grows a slice at a time)."""
+        return self._appended.count
+
     def messages(self, system: str, request: ModelRequest) -> list[bytes | bytearray]:
         """The JSON of the request's `messages` items, in runs to join with `", "`.
 
