@@ -32,6 +32,11 @@ class EncodedMessages:
         self._appended = Appended()
         self._entries = bytearray()
 
+    @property
+    def kept(self) -> int:
+        """How many history messages it holds the entries of (grows a slice at a time)."""
+        return self._appended.count
+
     def entries(self, messages: Sequence[c.Message]) -> list[bytes | bytearray]:
         """The encoded entries of `messages`: the prefix's afresh, the history's as kept.
 
