@@ -273,7 +273,7 @@ async def test_two_requests_of_one_agent_on_other_lists_both_end_exact() -> None
         request_bytes_in_slices(first, "m", "auto", history, signal),
         request_bytes_in_slices(second, "m", "auto", history, signal),
     )
-    assert bodies == [straightforward(first, "m"), straightforward(second, "m")]
+    assert list(bodies) == [straightforward(first, "m"), straightforward(second, "m")]
     again = await request_bytes_in_slices(first, "m", "auto", history, signal)
     assert again == straightforward(first, "m")
 
