@@ -3,7 +3,10 @@
 `request_bytes` is `json.dumps(request_body(...)).encode()`, byte for byte, but the
 history's messages are translated and encoded once per agent (`ChatHistory`), not at
 every request: a request costs what is new since the last one, plus joining bytes.
-Why the kept bytes are never stale: `server.models.appended`.
+Why the kept bytes are never stale: `server.models.appended`. The adapter makes its
+requests with `request_bytes_in_slices`: the same bytes, but a long backlog (an agent's
+first request after a resume, a compaction or a restart: its whole history) is encoded
+a slice at a time, the event loop running other agents between two.
 
 The body is assembled as `json.dumps` writes it (default separators, ASCII): a list is
 `[` + its items' JSON joined by `", "` + `]`, an item's JSON is the same alone as inside
