@@ -36,6 +36,11 @@ PACE = 0.01
 """Each writer's pause between its commits (a loop that is busy, not saturated)."""
 
 
+def size(path: Path) -> int:
+    """A file's size in bytes (a stat: too quick to take off the loop)."""
+    return path.stat().st_size
+
+
 def pct(values: list[float], q: float) -> float:
     """The q-quantile of `values` (0 if empty), nearest rank."""
     if not values:
@@ -70,6 +75,7 @@ async def run(sessions: int, seconds: float) -> dict[str, float]:
 
         def checkpoint_took(began: float) -> Callable[[asyncio.Future[None]], None]:
             return lambda _: durations.append(time.perf_counter() - began)
+
         until = time.perf_counter() + seconds
 
         def turn(session_id: str) -> list[ev.SessionEvent]:
@@ -92,7 +98,7 @@ async def run(sessions: int, seconds: float) -> dict[str, float]:
                 await store.commit(commit)
                 commits.append(time.perf_counter() - began)
                 free.extend(mine)
-                wal_max = max(wal_max, wal_file.stat().st_size)
+                wal_max = max(wal_max, size(wal_file))
                 running = store.wal.running
                 if running is not None and running not in timed:
                     timed.add(running)

@@ -26,9 +26,9 @@ thread) go on while it runs and never queue behind it:
 
 Commits are held back only for that last pass: a few frames to copy, two syncs of
 little data and the rest of a read in flight, if any (at most 15-20 ms measured at 100
-agents on a shared 2-core machine; mostly a few). One pass holding the lock right after one beside the commits, without the syncs
-between, held them for 20 to 100 ms: its sync of the database carried all of the first
-pass's pages.
+agents on a shared 2-core machine; mostly a few). One pass holding the lock right after
+one beside the commits, without the syncs between, held them for 20 to 100 ms: its sync
+of the database carried all of the first pass's pages.
 
 Pages are counted per commit (an estimate: `SqliteStore.commit`), under the write lock,
 so that the count since the last full fold is exact to the commit. A checkpoint starts
