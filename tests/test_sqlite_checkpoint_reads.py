@@ -59,8 +59,8 @@ def hold_a_read_open(path: Path) -> sqlite3.Connection:
 async def checkpoint_in_its_last_pass(store: SqliteStore) -> asyncio.Future[None]:
     """Start a checkpoint and wait until its last pass holds the write lock."""
 
-    # The last pass waits for the open read up to the connection's busy timeout: let it
-    # wait as long as the test takes.
+    # The last pass waits for the open read `READ_WAIT_MS` at most (its connection's busy
+    # timeout): here, as long as the test takes.
     def patient(db: sqlite3.Connection) -> None:
         db.execute("PRAGMA busy_timeout=600000")
 
@@ -102,6 +102,25 @@ async def test_reads_complete_while_a_checkpoint_runs_and_commits_wait_for_its_l
         assert restarts(db) == before + 1
         for session_id in IDS:
             assert (await store.load(session_id)).events == logs[session_id].events
+    finally:
+        other.close()
+        await store.close()
+
+
+async def test_a_read_that_stays_open_costs_a_fold_not_a_hold_of_the_commits_for_ever(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "agentloop.db"
+    store, logs = await filled(db)
+    other = hold_a_read_open(db)  # never ends while the checkpoint runs
+    try:
+        store._checkpoint()
+        assert store.wal.running is not None
+        await store.wal.running  # its last pass gave up waiting for the read
+        stats = store.wal.stats
+        assert stats.checkpoints == 1 and stats.longest_hold > 0 and stats.folds == 0
+        await append_events(store, "s0", turn_events(logs["s0"], 21))
+        assert (await store.load("s0")).events == logs["s0"].events
     finally:
         other.close()
         await store.close()

@@ -59,7 +59,7 @@ from server.stores.sqlite_sql import (
     summary_row,
     write_commit,
 )
-from server.stores.sqlite_wal import WalUpkeep
+from server.stores.sqlite_wal import READ_WAIT_MS, WalUpkeep
 
 T = TypeVar("T")
 
@@ -139,7 +139,9 @@ class SqliteStore:
 
     def _on_checkpointer(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._checkpoint_db is None:
-            self._checkpoint_db = self._connect(create=False)
+            db = self._connect(create=False)
+            db.execute(f"PRAGMA busy_timeout={READ_WAIT_MS}")  # see `sqlite_wal`
+            self._checkpoint_db = db
         return fn(self._checkpoint_db)
 
     async def _guarded(

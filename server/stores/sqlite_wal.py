@@ -19,7 +19,9 @@ thread) go on while it runs and never queue behind it:
    few frames and syncs the database file. It is a RESTART pass: it also waits for the
    read in flight, if one still reads from the WAL (there is one reader thread; a read
    that begins once every frame is copied reads the database file alone), so that the
-   next commit starts the WAL over. Reads go on throughout. A commit that comes
+   next commit starts the WAL over; it waits `READ_WAIT_MS` at most (a longer read, or
+   another process's: this checkpoint does not fold, the next one tries again). Reads
+   go on throughout. A commit that comes
    meanwhile awaits `let_go` (the loop goes on) and is then written on the loop's
    thread as usual: sent to the writer thread instead, it waited 20-60 ms there for the
    interpreter lock under load, and the burst of work it then released stalled the loop.
@@ -54,6 +56,10 @@ PASSES = 3
 
 FEW_FRAMES = 64
 """Frames left after a pass beside the commits few enough for the pass that holds them."""
+
+READ_WAIT_MS = 100
+"""The longest the last pass waits for a read still reading from the WAL (the busy
+timeout of the checkpoint's connection; commits wait meanwhile)."""
 
 FDS = "/proc/self/fd"
 """Where `flush` finds SQLite's own descriptors of the files (Linux; elsewhere none)."""
