@@ -145,6 +145,7 @@ async def run(sessions: int, seconds: float) -> dict[str, float]:
         "checkpoint_p50_ms": 1e3 * pct(durations, 0.5),
         "checkpoint_max_ms": 1e3 * max(durations, default=0.0),
         "hold_max_ms": 1e3 * stats.longest_hold,
+        "cap_waits": stats.waits,
         "wal_max_mb": wal_max / 1e6,
     }
 
@@ -172,6 +173,7 @@ ROWS = [
     ("checkpoints / full folds", ("checkpoints", "folds"), "{:.0f}"),
     ("checkpoint p50 / max ms", ("checkpoint_p50_ms", "checkpoint_max_ms"), "{:.1f}"),
     ("longest last pass (commits held) ms", "hold_max_ms", "{:.1f}"),
+    ("commits that waited at the WAL's cap", "cap_waits", "{:.0f}"),
     ("WAL at most MB", "wal_max_mb", "{:.1f}"),
 ]
 
