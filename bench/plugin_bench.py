@@ -146,15 +146,22 @@ async def turns(address: str | None, count: int, pid: int = 0) -> tuple[float, f
         for _ in range(20):
             agent.send(PROMPT)
             await agent.when_idle()
+        stats = [plugin.stats for plugin in app.plugins.plugins.values()]
+        calls = sum(s.calls for s in stats)
         started, cpu, plugin_cpu = time.perf_counter(), time.process_time(), cpu_seconds(pid)
         for _ in range(count):
             agent.send(PROMPT)
             await agent.when_idle()
         wall = (time.perf_counter() - started) / count * 1e6
+        DECISIONS[address] = (sum(s.calls for s in stats) - calls) / count
         cpu = (time.process_time() - cpu) / count * 1e6
         return wall, cpu, (cpu_seconds(pid) - plugin_cpu) / count * 1e6 if pid else 0.0
     finally:
         await app.stop(grace=5)
+
+
+DECISIONS: dict[str | None, float] = {}
+"""Per plugin address, the calls the plugin answered per turn in the last `turns` run."""
 
 
 CHUNKS = 10_000
@@ -275,6 +282,10 @@ async def main(calls: int, turn_count: int, chunk_turns: int) -> None:
         added = (with_plugin - without) / steps
         line("  added latency per step", f"{added:,.0f} µs", "target ≤ 1,000 µs",
              "added_per_step_us", added)  # fmt: skip
+        decisions = DECISIONS.get(sdk_address, 0.0) / steps
+        least = decisions * floor  # the round trips alone, each waiting for the one before
+        line(f"  its floor: {decisions:.1f} decisions per step × the bare ping-pong",
+             f"{least:,.0f} µs", "", "floor_per_step_us", least)  # fmt: skip
         added = (cpu_with - cpu_without) / steps
         line("  server CPU added per step", f"{added:,.0f} µs", "", "server_cpu_per_step_us", added)
         added = plugin_cpu / steps

@@ -13,7 +13,10 @@ kernel's. The figures:
   workload, and the server (this process, its plugin client and the loop) per turn;
 - the plugin process per remote seam call (the server's plugin client sending
   `turn_stop` calls one after another), for the SDK plugin and for a bare grpc.aio
-  echo server (`bench/echo_plugin.py`): the floor.
+  echo server (`bench/echo_plugin.py`): the floor;
+- the calling side per call to the SDK plugin: the server's plugin client, and a bare
+  grpc.aio client writing a call and reading its answer in one task (the floor: it
+  shares the stream with no other caller, so needs no reader task).
 The split of two runs depends a little on timing (notifications ride on a call or go
 alone), so a figure moves by a few percent between runs. Needs valgrind.
 """
@@ -35,7 +38,13 @@ FIGURES = (
     ("server per turn", "server-turns", "every_seam_plugin.py"),
     ("SDK plugin per seam call", "plugin-calls", "every_seam_plugin.py"),
     ("echo plugin per seam call", "plugin-calls", "echo_plugin.py"),
+    ("server's client per seam call", "client-calls", "every_seam_plugin.py"),
+    ("bare client per seam call", "bare-calls", "every_seam_plugin.py"),
 )
+CALLS = ("plugin-calls", "client-calls", "bare-calls")
+"""The roles that count per call, not per turn."""
+COUNTED_HERE = ("server-turns", "client-calls", "bare-calls")
+"""The roles that count this process (the calling side), not the plugin's."""
 
 
 def instructions(out: str) -> int:
@@ -49,7 +58,7 @@ async def child(role: str, script: str, count: int, out: str) -> None:
     from bench import plugin_bench as pb
 
     command = [sys.executable, str(pb.HERE / script)]
-    if role != "server-turns":  # the plugin is counted
+    if role not in COUNTED_HERE:  # the plugin is counted
         command = [*CACHEGRIND, f"--cachegrind-out-file={out}", *command]
     plugin = await asyncio.create_subprocess_exec(
         *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
@@ -57,7 +66,9 @@ async def child(role: str, script: str, count: int, out: str) -> None:
     assert plugin.stdout is not None
     line = (await asyncio.wait_for(plugin.stdout.readline(), 300)).decode()
     address = line.rsplit(" ", 1)[-1].strip()
-    if role == "plugin-calls":
+    if role == "bare-calls":
+        await pb.ping_pong(address, count)
+    elif role in CALLS:
         await pb.seam_calls(address, count)
     else:
         await pb.turns(address, count)
@@ -72,7 +83,7 @@ async def count(tree: str, role: str, script: str, n: int) -> int:
     with tempfile.TemporaryDirectory(prefix="agentloop-cachegrind-") as directory:
         out = f"{directory}/cachegrind.out"
         command = [sys.executable, str(HERE), "--child", role, script, str(n), out]
-        if role == "server-turns":  # this side is counted
+        if role in COUNTED_HERE:  # this side is counted
             command = [*CACHEGRIND, f"--cachegrind-out-file={out}", *command]
         process = await asyncio.create_subprocess_exec(
             *command, cwd=tree, env=env,
@@ -86,7 +97,7 @@ async def figures(tree: str, turns: tuple[int, int], calls: tuple[int, int]) -> 
     """Each figure of `FIGURES` for `tree`: instructions per turn or per call."""
     values = []
     for _, role, script in FIGURES:
-        few, more = calls if role == "plugin-calls" else turns
+        few, more = calls if role in CALLS else turns
         low, high = await asyncio.gather(
             count(tree, role, script, few), count(tree, role, script, more)
         )

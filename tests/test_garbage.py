@@ -15,6 +15,7 @@ import pytest
 
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
+from server.core import seams as S
 from server.core.agent import Agent
 from server.edge.app import build_runtime
 from server.lifecycle.factory import AgentFactory
@@ -30,11 +31,23 @@ async def one_turn(agent: Agent) -> None:
     await agent.when_idle()
 
 
-@pytest.mark.parametrize("store", ["memory", "sqlite"])
-async def test_a_turn_with_a_tool_call_leaves_no_reference_cycles(store: str) -> None:
+def passes_on(input: object, next_: S.Next[object, object]) -> object:
+    return next_()
+
+
+@pytest.mark.parametrize(
+    ("store", "listening"), [("memory", False), ("sqlite", False), ("memory", True)]
+)
+async def test_a_turn_with_a_tool_call_leaves_no_reference_cycles(
+    store: str, listening: bool
+) -> None:
     with tempfile.TemporaryDirectory() as data_dir:
         runtime = build_runtime(Config(store=store, data_dir=data_dir))
         factory = AgentFactory(runtime)
+        if listening:  # a listener on every waterfall: each dispatch runs a chain
+            for key in S.KEYS.values():
+                if isinstance(key, S.Waterfall):
+                    runtime.seams.on(key, passes_on)
         try:
             agent = await factory.create("a", OPTIONS)
             for _ in range(5):  # caches and first-time set-up are not per turn

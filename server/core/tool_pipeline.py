@@ -23,7 +23,7 @@ import contextlib
 import copy
 import dataclasses
 import inspect
-from collections.abc import Awaitable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from agentloop.v1 import content_pb2, decision_pb2, session_event_pb2
 from server.core.approvals import (
@@ -43,8 +43,10 @@ from server.core.seams import (
     TOOLS_PRE_EXECUTE,
     TOOLS_RESULT,
     Next,
+    Registration,
     SeamRegistry,
     ToolCallResult,
+    WaterfallListener,
 )
 from server.core.tools import (
     NOT_LOSSLESS,
@@ -173,24 +175,14 @@ class ToolPipeline:
         signal is the only thing a wrapper may change.
         """
         chain = self._seams.listeners(TOOLS_EXECUTE, self._agent_id)
-        if not chain:  # the body alone: no chain, and no self-referring closure for the GC
+        if not chain:  # the body alone: no chain to run
             try:
                 return await self._run_body(exec)
             except Exception as exc:
                 return failure_outcome(exc, final=True)
 
-        async def call(index: int, current: ToolExecution) -> ToolOutcome:
-            if index == len(chain):
-                return await self._run_body(current)
-            result: object = chain[index].fn(current, _ExecNext(call, index + 1, current))
-            if inspect.isawaitable(result):
-                result = await result
-            if not isinstance(result, ToolOutcome):
-                raise TypeError("a tools/execute listener must return a ToolOutcome")
-            return result
-
         try:
-            return await call(0, exec)
+            return await _ExecChain(chain, self._run_body).run(0, exec)
         except Exception as exc:
             return failure_outcome(exc, final=True)
 
@@ -240,6 +232,36 @@ class ToolPipeline:
         except Exception as exc:
             return failure_outcome(exc, final=True)
         return _apply_post_decision(outcome, decision)
+
+
+class _ExecChain:
+    """One `tools/execute` dispatch: its wrappers, then the tool body.
+
+    An object, not a closure that calls itself (a reference cycle per tool call, freed
+    only by the cycle collector); `server.core.seams` runs its waterfalls the same way.
+    """
+
+    __slots__ = ("_listeners", "_body")
+
+    def __init__(
+        self,
+        listeners: Sequence[Registration[WaterfallListener[ToolExecution, ToolOutcome]]],
+        body: Callable[[ToolExecution], Awaitable[ToolOutcome]],
+    ) -> None:
+        self._listeners = listeners
+        self._body = body
+
+    async def run(self, index: int, current: ToolExecution) -> ToolOutcome:
+        """Run the chain from wrapper `index` on `current`."""
+        listeners = self._listeners
+        if index == len(listeners):
+            return await self._body(current)
+        result: object = listeners[index].fn(current, _ExecNext(self.run, index + 1, current))
+        if inspect.isawaitable(result):
+            result = await result
+        if not isinstance(result, ToolOutcome):
+            raise TypeError("a tools/execute listener must return a ToolOutcome")
+        return result
 
 
 class _ExecNext(Next[ToolExecution, ToolOutcome]):
