@@ -60,10 +60,10 @@ FEW_FRAMES = 64
 
 READ_WAIT_MS = 50
 """The longest the last pass waits for a read still reading from the WAL (the busy
-timeout of the checkpoint's connection; commits wait meanwhile). Reads in SQLite take
-far less (a small read 0.1 ms at the median and 4 ms at p99 on a loaded 2-core machine,
-`bench.checkpoint_reads_bench`); one that does not costs this checkpoint's fold, not a
-longer hold of the commits."""
+timeout of the checkpoint's connection; commits wait meanwhile). Reads in SQLite mostly
+take far less: a small read 0.1 ms at the median and 4 ms at p99, timed on a loaded 2-core
+machine under `bench.checkpoint_reads_bench`. One that does not costs this checkpoint's
+fold, not a longer hold of the commits."""
 
 FDS = "/proc/self/fd"
 """Where `flush` finds SQLite's own descriptors of the files (Linux; elsewhere none)."""
