@@ -11,8 +11,9 @@ request id). Storage grows with the content of the log, never with a snapshot pe
 Where the SQL (`sqlite_sql`) runs: small group commits on the event loop's thread (a
 WAL append is cheaper than a hop to a thread), large or fsyncing ones on the writer
 thread, reads on a reader thread with its own connection (WAL lets it read while a
-commit is written), checkpoints in the background (`sqlite_wal`: they keep the WAL
-bounded under commits that never pause). A damaged file or a row that
+commit is written), checkpoints in the background on a thread and connection of their
+own (`sqlite_wal`: they keep the WAL bounded under commits that never pause; a read
+never waits for one). A damaged file or a row that
 cannot be decoded is reported as `SessionDamaged` for the session it belongs to.
 
 Durability: with `synchronous=NORMAL` (the default, "process") a committed
@@ -58,7 +59,7 @@ from server.stores.sqlite_sql import (
     summary_row,
     write_commit,
 )
-from server.stores.sqlite_wal import WalUpkeep
+from server.stores.sqlite_wal import READ_WAIT_MS, WalUpkeep
 
 T = TypeVar("T")
 
@@ -98,8 +99,13 @@ class SqliteStore:
         self.synchronous = DURABILITY[durability]
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-write")
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-read")
+        self._checkpointer = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="sqlite-checkpoint"
+        )
+        """Runs the WAL checkpoints, beside the reads (which never queue behind one)."""
         self._write_db: sqlite3.Connection | None = None
         self._read_db: sqlite3.Connection | None = None
+        self._checkpoint_db: sqlite3.Connection | None = None
         self._lock = threading.Lock()
         """Held while the writing connection is in use (by the loop or the writer thread)."""
         self.wal = WalUpkeep(
@@ -130,6 +136,13 @@ class SqliteStore:
         if self._read_db is None:
             self._read_db = self._connect(create=False)
         return fn(self._read_db)
+
+    def _on_checkpointer(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._checkpoint_db is None:
+            db = self._connect(create=False)
+            db.execute(f"PRAGMA busy_timeout={READ_WAIT_MS}")  # see `sqlite_wal`
+            self._checkpoint_db = db
+        return fn(self._checkpoint_db)
 
     async def _guarded(
         self,
@@ -183,7 +196,12 @@ class SqliteStore:
         await self._write("", lambda db: None)
 
     async def close(self) -> None:
-        """Fold the WAL into the database file, close the connections and the threads."""
+        """Fold the WAL into the database file, close the connections and the threads.
+
+        A checkpoint under way ends first; then its connection closes, then the reader's;
+        the writer's last, on the writer thread after any commit sent there, folds the
+        whole WAL in and truncates it (no other connection is left to read from it).
+        """
 
         def close(db: sqlite3.Connection) -> None:
             db.close()
@@ -194,8 +212,11 @@ class SqliteStore:
             finally:
                 db.close()
 
-        if self.wal.running is not None:
+        while self.wal.running is not None and not self.wal.running.done():
             await asyncio.gather(self.wal.running, return_exceptions=True)
+        if self._checkpoint_db is not None:
+            await self._guarded("", self._checkpointer, self._on_checkpointer, close)
+            self._checkpoint_db = None
         if self._read_db is not None:
             await self._read("", close)
             self._read_db = None
@@ -204,6 +225,7 @@ class SqliteStore:
             self._write_db = None
         self._writer.shutdown(wait=True)
         self._reader.shutdown(wait=True)
+        self._checkpointer.shutdown(wait=True)
 
     # -- writes ------------------------------------------------------------------------
 
@@ -258,8 +280,9 @@ class SqliteStore:
             self._checkpoint()
 
     def _checkpoint(self) -> None:
-        """Fold the WAL into the database on the reader's thread (`sqlite_wal`)."""
-        self.wal.start(asyncio.ensure_future(self._read("", self.wal.fold)))
+        """Fold the WAL into the database on the checkpoint thread (`sqlite_wal`)."""
+        fold = self._guarded("", self._checkpointer, self._on_checkpointer, self.wal.fold)
+        self.wal.start(asyncio.ensure_future(fold))
 
     async def fork(
         self,

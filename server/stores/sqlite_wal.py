@@ -5,31 +5,39 @@ into the database file. The WAL starts over (the next commit writes from its sta
 when a checkpoint has copied every frame and no reader still reads from the WAL when that
 commit begins (SQLite's wal.c decides it there). A checkpoint beside commits that never
 pause never gets there: frames land while it copies, so the WAL only grew (measured: to
-230 MB in 30 s at 100 agents). Hence a checkpoint (`fold`) in rounds, all on the reader's
-connection and thread:
+230 MB in 30 s at 100 agents). Hence a checkpoint (`fold`) in rounds, all on a
+connection and a thread of its own, so that reads (on the reader's connection and
+thread) go on while it runs and never queue behind it:
 
 1. PASSIVE passes while commits go on. The first syncs the WAL and copies every frame
    committed when it began; each next one the few committed meanwhile. Between passes the
    database file and the WAL are synced (`flush`) while commits go on, so that little
-   is left for the last pass to sync.
-2. A last PASSIVE pass holding the store's write lock: no commit runs and no read
-   (reads share this thread), so it copies the last few frames and syncs the database
-   file, and the next commit starts the WAL over. A commit that comes meanwhile awaits
-   `let_go` (the loop goes on) and is then written on the loop's thread as usual: sent
-   to the writer thread instead, it waited 20-60 ms there for the interpreter lock
-   under load, and the burst of work it then released stalled the loop.
+   is left for the last pass to sync. A pass cannot copy frames committed after a read
+   in flight began (that read still reads the older pages from the database file): it
+   copies up to there, and the next pass the rest.
+2. A last pass holding the store's write lock: no commit runs, so it copies the last
+   few frames and syncs the database file. It is a RESTART pass: it also waits for the
+   read in flight, if one still reads from the WAL (there is one reader thread; a read
+   that begins once every frame is copied reads the database file alone), so that the
+   next commit starts the WAL over. It waits `READ_WAIT_MS` at most: after a longer
+   read (or another process's) this checkpoint does not fold, and the next one tries
+   again. Reads go on throughout. A commit that comes meanwhile awaits `let_go` (the
+   loop goes on) and is then written on the loop's thread as usual: sent to the writer
+   thread instead, it waited 20-60 ms there for the interpreter lock under load, and
+   the burst of work it then released stalled the loop.
 
-Commits are held back only for that last pass: a few frames to copy and two syncs of
-little data (at most 15-20 ms measured at 100 agents on a shared 2-core machine; mostly
-a few). One pass holding the lock right after one beside the commits, without the syncs
-between, held them for 20 to 100 ms: its sync of the database carried all of the first
-pass's pages.
+Commits are held back only for that last pass: a few frames to copy, two syncs of
+little data and the rest of a read in flight, if any (at most 15-20 ms measured at 100
+agents on a shared 2-core machine; mostly a few). One pass holding the lock right after
+one beside the commits, without the syncs between, held them for 20 to 100 ms: its sync
+of the database carried all of the first pass's pages.
 
 Pages are counted per commit (an estimate: `SqliteStore.commit`), under the write lock,
 so that the count since the last full fold is exact to the commit. A checkpoint starts
 every `pages` pages. Should one fall behind (a slow disk) until the WAL holds `cap`
 pages since it last started over, the next commit waits for that checkpoint to end: the
-WAL stays bounded whatever the disk does.
+WAL stays bounded whatever the disk does (and unless every last pass meets a read that
+outlasts `READ_WAIT_MS`).
 """
 
 from __future__ import annotations
@@ -49,6 +57,13 @@ PASSES = 3
 
 FEW_FRAMES = 64
 """Frames left after a pass beside the commits few enough for the pass that holds them."""
+
+READ_WAIT_MS = 50
+"""The longest the last pass waits for a read still reading from the WAL (the busy
+timeout of the checkpoint's connection; commits wait meanwhile). Reads in SQLite mostly
+take far less: a small read 0.1 ms at the median and 4 ms at p99, timed on a loaded 2-core
+machine under `bench.checkpoint_reads_bench`. One that does not costs this checkpoint's
+fold, not a longer hold of the commits."""
 
 FDS = "/proc/self/fd"
 """Where `flush` finds SQLite's own descriptors of the files (Linux; elsewhere none)."""
@@ -92,7 +107,7 @@ class WalUpkeep:
         """Whether a checkpoint's last pass holds the write lock (commits wait for it)."""
         self.running: asyncio.Future[None] | None = None
         self.released: asyncio.Future[None] | None = None
-        """Resolved (from the reader's thread) once the last pass lets go of the lock."""
+        """Resolved (from the checkpoint thread) once the last pass lets go of the lock."""
         self.stats = WalStats()
         self._fds: list[int] = []
         """SQLite's descriptors of the database file and the WAL (found by `flush`)."""
@@ -124,7 +139,7 @@ class WalUpkeep:
             await asyncio.wait([self.released])
 
     def start(self, running: asyncio.Future[None]) -> None:
-        """Note the checkpoint that starts now (`fold` on the reader's thread)."""
+        """Note the checkpoint that starts now (`fold` on the checkpoint thread)."""
         self.started_at = self.written
         self.running = running
         self.released = released = running.get_loop().create_future()
@@ -133,30 +148,30 @@ class WalUpkeep:
         running.add_done_callback(ended)
 
     def fold(self, db: sqlite3.Connection) -> None:
-        """A checkpoint's passes (on the reader's thread, with its connection)."""
+        """A checkpoint's passes (on the checkpoint thread, with its own connection)."""
         stats = self.stats
         busy, frames, copied = checkpoint(db)
         stats.longest_wal = max(stats.longest_wal, frames)
         for _ in range(PASSES - 1):
-            if busy or copied < frames:  # another process reads or writes: the next one may fold
+            if busy:  # another checkpoint runs (another process): the next one may fold
                 return
             self.flush()
             busy, more, copied = checkpoint(db)
             few = (more - frames if more >= frames else more) <= FEW_FRAMES  # (or it started over)
             frames = more
-            if few:
+            if few and copied == frames:  # (a read in flight may have held a pass back)
                 break
-        if busy or copied < frames:
+        if busy or copied < frames:  # a read held every pass back (another process's?)
             return
         self.flush()
         began = time.perf_counter()
         self.holding = True  # from now on commits wait (and do not take the writer thread)
         try:
-            with self.lock:  # no commit runs now, and no read (reads run on this thread)
+            with self.lock:  # no commit runs now; reads go on, on their own thread
                 written = self.written
                 # The pass runs in the statement's first step; reading its row steps again,
                 # which can wait for the interpreter lock: that is done after letting go.
-                cursor = db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                cursor = db.execute("PRAGMA wal_checkpoint(RESTART)")
         finally:
             self.holding = False
             released = self.released
@@ -172,9 +187,10 @@ class WalUpkeep:
     def flush(self) -> None:
         """Sync the database file and the WAL, beside the commits (they go on meanwhile).
 
-        SQLite's own descriptors are synced (one per file: each connection has its own):
-        opening and closing one here would drop the process's POSIX locks on the file,
-        which are SQLite's. Without /proc, nothing (the last pass then syncs more).
+        SQLite's own descriptors are synced, one per file: each of the store's connections
+        (writer, reader, checkpoint) has its own, and syncing any one of them syncs the
+        file. Opening and closing one here would drop the process's POSIX locks on the
+        file, which are SQLite's. Without /proc, nothing (the last pass then syncs more).
         """
         if not all(self._names(fd) for fd in self._fds):
             self._fds = []
