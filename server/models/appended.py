@@ -25,6 +25,14 @@ Why an encoding kept this way is never stale:
 - Whatever else a message's encoding depends on (for OpenAI, the tool calls the prefix
   left unanswered) is the `key`: another key starts over.
 
+A request with a long backlog (the first of an agent after a resume, a compaction or a
+server restart: the whole history) encodes it in slices (`in_slices`): at most
+`SLICE_MESSAGES` messages or about `SLICE_BYTES` bytes each, the event loop running
+other tasks between two. Each slice is kept as soon as it is encoded, in one synchronous
+stretch (its bytes and the count that claims them together), so a request cancelled
+between two slices leaves a shorter encoding that is still exact, and the next request
+goes on from it.
+
 Memory: an encoding holds the bytes of its agent's history (about the size of the
 messages themselves, which the session holds already) and a reference to the list; it
 is replaced at the agent's next request after a compaction, and dropped when the agent
@@ -33,10 +41,17 @@ is disposed (`ModelRegistry.release`).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import asyncio
+from collections.abc import Callable, Hashable, Sequence
 
 from agentloop.v1 import content_pb2 as c
+from server.core.abort import AbortSignal
 from server.core.history import MessageView
+
+SLICE_MESSAGES = 128
+"""The most history messages encoded in one stretch of the event loop (`in_slices`)."""
+SLICE_BYTES = 128 * 1024
+"""The bytes (serialized messages) after which a slice ends, if it has not ended before."""
 
 
 class Appended:
@@ -58,10 +73,70 @@ class Appended:
             Whether the encoding must start over (another list, a shorter view, another
             key), and the messages to encode: those beyond the encoded ones, or all.
         """
-        restart = items is not self._items or length < self._count or key != self._key
-        start = 0 if restart else self._count
+        start = self.kept(items, length, key)
+        restart = start == 0
         self._items, self._count, self._key = items, length, key
         return restart, items[start:length]
+
+    @property
+    def count(self) -> int:
+        """How many messages of its list the encoding holds."""
+        return self._count
+
+    def kept(self, items: list[c.Message], length: int, key: Hashable = None) -> int:
+        """How many of the first messages of `items` the encoding holds for such a request.
+
+        0 when `advance` would start over: another list, a shorter view, another key.
+        """
+        if items is not self._items or length < self._count or key != self._key:
+            return 0
+        return self._count
+
+
+async def in_slices(
+    appended: Appended,
+    items: list[c.Message],
+    length: int,
+    key: Hashable,
+    extend: Callable[[int], int],
+    signal: AbortSignal,
+) -> int:
+    """Encode the first `length` messages of `items` a slice at a time, yielding between.
+
+    `extend(start)` encodes the messages from `start` (at most one slice's worth, at
+    least one message), keeps them (advancing `appended`) and returns where it stopped.
+    Between two slices the event loop runs other tasks; a cancel of the task (or an
+    abort of `signal`) then stops here, what was kept being exact. Should the kept
+    encoding be another's when this one resumes (a request of the same agent in
+    between), the slicing stops: the caller encodes the rest at once, as it would
+    without slices (two requests taking turns never undo each other's work forever).
+
+    Returns:
+        How many times it let the loop run other tasks.
+    """
+    yields = 0
+    done = appended.kept(items, length, key)
+    while done < length:
+        done = extend(done)
+        if done >= length:
+            break
+        await asyncio.sleep(0)
+        yields += 1
+        signal.raise_if_aborted()
+        if appended.kept(items, length, key) != done:
+            break  # another request's encoding meanwhile: the caller goes on at once
+    return yields
+
+
+def slice_end(items: list[c.Message], start: int, length: int) -> int:
+    """Where a slice of `items[start:length]` ends: `SLICE_MESSAGES` or `SLICE_BYTES`."""
+    end = min(length, start + SLICE_MESSAGES)
+    size = 0
+    for i in range(start, end):
+        size += items[i].ByteSize()
+        if size >= SLICE_BYTES:
+            return i + 1
+    return end
 
 
 def split(messages: Sequence[c.Message]) -> tuple[Sequence[c.Message], list[c.Message], int]:

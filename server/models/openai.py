@@ -58,7 +58,7 @@ from server.models.http import (
     Response,
     TransportError,
 )
-from server.models.openai_body import ChatHistory, request_bytes
+from server.models.openai_body import ChatHistory, request_bytes_in_slices
 from server.models.openai_wire import (
     BAD_CHUNK,
     MAX_TOKENS_FIELDS,
@@ -266,7 +266,8 @@ class OpenAIModel:
         history = self._histories.get(request.agent_id)
         if history is None:
             history = self._histories[request.agent_id] = ChatHistory()
-        body = request_bytes(request, model, self.max_tokens_field, history)
+        # A long backlog (a first request) is encoded in slices, other tasks running between.
+        body = await request_bytes_in_slices(request, model, self.max_tokens_field, history, signal)
         context = fields(
             agent=request.agent_id, session=request.session_id, turn=request.turn,
             step=request.step,

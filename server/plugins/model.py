@@ -11,7 +11,7 @@ from agentloop.v1 import stream_pb2 as st
 from server.core.abort import AbortSignal
 from server.core.errors import TurnFatal
 from server.models import ModelRequest
-from server.models.appended import Appended, split
+from server.models.appended import SLICE_BYTES, SLICE_MESSAGES, Appended, in_slices, split
 from server.observability import observe
 from server.plugins.calls import PluginCaller, PluginCallFailed, PluginStats, call_ids
 from server.plugins.wire import message_entry
@@ -32,6 +32,11 @@ class EncodedMessages:
         self._appended = Appended()
         self._entries = bytearray()
 
+    @property
+    def kept(self) -> int:
+        """How many history messages it holds the entries of (grows a slice at a time)."""
+        return self._appended.count
+
     def entries(self, messages: Sequence[c.Message]) -> list[bytes | bytearray]:
         """The encoded entries of `messages`: the prefix's afresh, the history's as kept.
 
@@ -44,6 +49,36 @@ class EncodedMessages:
         for message in new:
             self._entries += message_entry(message)
         return [*(message_entry(message) for message in prefix), self._entries]
+
+    async def entries_in_slices(
+        self, messages: Sequence[c.Message], signal: AbortSignal
+    ) -> list[bytes | bytearray]:
+        """`entries`, the new history messages encoded a slice at a time (`in_slices`).
+
+        Raises:
+            Aborted: When `signal` fires between two slices (a cancel of the task stops
+                it there too); what was kept is exact, the next call goes on from it.
+        """
+        _, items, length = split(messages)
+
+        def extend(start: int) -> int:
+            end = min(length, start + SLICE_MESSAGES)
+            encoded: list[bytes] = []
+            size = 0
+            stop = start
+            while stop < end and size < SLICE_BYTES:
+                entry = message_entry(items[stop])
+                encoded.append(entry)
+                size += len(entry)
+                stop += 1
+            restart, _ = self._appended.advance(items, stop)  # those of `encoded`
+            if restart:
+                self._entries = bytearray()
+            self._entries += b"".join(encoded)
+            return stop
+
+        await in_slices(self._appended, items, length, None, extend, signal)
+        return self.entries(messages)  # the prefix; the rest, after another's call
 
 
 class PluginModel:
@@ -89,7 +124,8 @@ class PluginModel:
         history = self._histories.get(request.agent_id)
         if history is None:
             history = self._histories[request.agent_id] = EncodedMessages()
-        messages = history.entries(request.messages)
+        # A long backlog (a first call) is encoded in slices, other tasks running between.
+        messages = await history.entries_in_slices(request.messages, signal)
         call.timeout.FromNanoseconds(int(self.timeout * 1e9))
         try:
             # Closed with this generator, so an early stop withdraws the call at once.

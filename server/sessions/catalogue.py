@@ -117,15 +117,17 @@ class SessionCatalogue:
             if not lock.locked() and self._loading.get(session_id) is lock:
                 del self._loading[session_id]
         self._verified[session_id] = len(stored.events) + len(closers)
-        return SessionLog(
+        session = SessionLog(
             session_id,
             stored.header,
             self.journal,
-            seed=[*stored.events, *closers],
             inbox=stored.inbox,
             window=self.window,
             options=stored.options,
         )
+        # A long log is O(events) to project: other tasks run between slices of it.
+        await session.seed_in_slices([*stored.events, *closers])
+        return session
 
     async def close_earlier(self, agent_id: str, session_id: str) -> None:
         """Repair the agent's recent earlier sessions a crash left open (a config agent).

@@ -20,7 +20,30 @@ INTERRUPTED_TEXT = "Tool call interrupted by a crash; no result was recorded."
 
 
 def crash_closers(events: Sequence[ev.SessionEvent]) -> list[ev.SessionEvent]:
-    """The events that close the open tail of `events` (empty when it is balanced)."""
+    """The events that close the open tail of `events` (empty when it is balanced).
+
+    Only the events from the last turn boundary on are read (a `turn/start` or a
+    `turn/end` resets everything the closers depend on): the cost of a long log's load
+    is that of its last turn, not of its length.
+    """
+    tail = _last_turn(events)
+    if tail is None:
+        return []
+    return _closers(events[tail:])
+
+
+def _last_turn(events: Sequence[ev.SessionEvent]) -> int | None:
+    """Where the last turn starts, if it is open (no `turn/end` after its `turn/start`)."""
+    for i in range(len(events) - 1, -1, -1):
+        kind = events[i].WhichOneof("payload")
+        if kind == "turn_end":
+            return None
+        if kind == "turn_start":
+            return i
+    return None
+
+
+def _closers(events: Sequence[ev.SessionEvent]) -> list[ev.SessionEvent]:
     open_turn: ev.TurnStart | None = None
     open_step: ev.StepStart | None = None
     asked: list[str] = []

@@ -60,6 +60,10 @@ for every stream that sends them."""
 ENCODED_MAX = 4096
 """Larger events are serialized again where needed rather than kept twice."""
 
+SEED_SLICE = 512
+"""Stored events a loaded log applies in one stretch of the event loop (`seed_in_slices`):
+a few milliseconds of projecting messages."""
+
 Observer = Callable[[ev.SessionEvent], Any]
 
 
@@ -132,11 +136,27 @@ class SessionLog:
         self._encoded: dict[int, bytes] = {}
         """Wire bytes of recent events by seq (see `encoded`)."""
         self.observer_failures = 0
-        for event in seed:
+        self._seed(seed)
+
+    def _seed(self, events: Iterable[ev.SessionEvent]) -> None:
+        """Apply stored events after those applied so far: they count as stored."""
+        for event in events:
             self._apply(event)
             self._window.append(event)
             self.count += 1
         self.durable = self.count
+
+    async def seed_in_slices(self, events: Sequence[ev.SessionEvent]) -> None:
+        """Apply stored events as `seed` does, `SEED_SLICE` at a time, yielding between.
+
+        A long session loaded for a resume is O(events) of projecting messages: the
+        event loop runs other tasks between two slices. For a log that nobody holds
+        yet (the one being loaded): between two slices, it is partly seeded.
+        """
+        for start in range(0, len(events), SEED_SLICE):
+            if start:
+                await asyncio.sleep(0)
+            self._seed(events[start : start + SEED_SLICE])
 
     def __len__(self) -> int:
         """The number of events appended, stored or not."""
