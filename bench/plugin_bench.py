@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import statistics
@@ -149,11 +150,13 @@ async def turns(address: str | None, count: int, pid: int = 0) -> tuple[float, f
         stats = [plugin.stats for plugin in app.plugins.plugins.values()]
         calls = sum(s.calls for s in stats)
         started, cpu, plugin_cpu = time.perf_counter(), time.process_time(), cpu_seconds(pid)
-        for _ in range(count):
-            agent.send(PROMPT)
-            await agent.when_idle()
+        with GcClock() as collecting:
+            for _ in range(count):
+                agent.send(PROMPT)
+                await agent.when_idle()
         wall = (time.perf_counter() - started) / count * 1e6
         DECISIONS[address] = (sum(s.calls for s in stats) - calls) / count
+        GC_US[address] = collecting.seconds / count * 1e6
         cpu = (time.process_time() - cpu) / count * 1e6
         return wall, cpu, (cpu_seconds(pid) - plugin_cpu) / count * 1e6 if pid else 0.0
     finally:
@@ -162,6 +165,29 @@ async def turns(address: str | None, count: int, pid: int = 0) -> tuple[float, f
 
 DECISIONS: dict[str | None, float] = {}
 """Per plugin address, the calls the plugin answered per turn in the last `turns` run."""
+GC_US: dict[str | None, float] = {}
+"""Per plugin address, the µs per turn spent collecting garbage in the last `turns` run."""
+
+
+class GcClock:
+    """The time this process spends in garbage collections while it is on."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._began = 0.0
+
+    def __enter__(self) -> GcClock:
+        gc.callbacks.append(self._note)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._note)
+
+    def _note(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._began
 
 
 CHUNKS = 10_000
@@ -291,6 +317,9 @@ async def main(calls: int, turn_count: int, chunk_turns: int) -> None:
         added = plugin_cpu / steps
         line("  plugin process CPU per step", f"{added:,.0f} µs", "", "plugin_cpu_per_step_us",
              added)  # fmt: skip
+        collecting = GC_US.get(sdk_address, 0.0)  # of the last run (the pair alternates)
+        line("  garbage collection per turn (this process, the server)",
+             f"{collecting:,.0f} µs", "", "gc_per_turn_us", collecting)  # fmt: skip
         line("same, its session-event observer asking for turn_end only", f"{filtered:,.0f} µs")
         added = (filtered - without) / steps
         line("  added latency per step", f"{added:,.0f} µs", "", "added_filtered_us", added)

@@ -16,7 +16,7 @@ from server.core.assembly import MessageAssembler
 from server.core.content import text_content
 from server.core.errors import Aborted
 from server.models import Model, ModelRequest
-from server.models.scripted import GREETING, ScriptedModel
+from server.models.scripted import COUNT_SLICE, GREETING, ScriptedModel
 from server.models.scripted_options import script_options
 
 S = stream_pb2
@@ -211,6 +211,36 @@ async def test_default_echo_in_chunks_of_eight_with_usage():
     chars = len("first question") + len("an answer") + len("what is up?")
     assert chunks[-2].usage == C.Usage(input_tokens=chars // 4, output_tokens=len(reply) // 4)
     assert chunks[-1].finish.kind == S.FINISH_KIND_STOP
+
+
+async def test_a_long_history_is_counted_a_slice_at_a_time_with_the_same_usage():
+    messages = [
+        user(f"question {i}") if i % 2 == 0 else assistant("ok") for i in range(2 * COUNT_SLICE + 1)
+    ]
+    chars = sum(len(f"question {i}") if i % 2 == 0 else 2 for i in range(len(messages)))
+    ran = 0
+    counting = True
+
+    async def probe() -> None:  # runs whenever the count yields
+        nonlocal ran
+        while counting:
+            ran += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(probe())
+    await asyncio.sleep(0)
+    before = ran
+    model = ScriptedModel()
+    chunks = await collect(model, request(messages))
+    counting = False
+    await task
+    reply = f"You said: question {2 * COUNT_SLICE}"
+    assert chunks[-2].usage == C.Usage(input_tokens=chars // 4, output_tokens=len(reply) // 4)
+    assert ran - before >= 2  # the two yields between its three slices (the stream may add)
+    longer = [*messages, assistant("an answer"), user("and now?")]  # carried over: one slice
+    chunks = await collect(model, request(longer))
+    total = chars + len("an answer") + len("and now?")
+    assert chunks[-2].usage.input_tokens == total // 4
 
 
 async def test_default_echo_uses_the_latest_user_text():

@@ -32,6 +32,9 @@ GREETING = "Hello! Send me a message."
 WORD_COUNT_TOOL = "word_count"
 """The tool the default behaviour calls when it is offered."""
 
+COUNT_SLICE = 1024
+"""Messages whose characters are counted between two yields to the event loop."""
+
 
 class ScriptedModel:
     """A `Model` that replays each agent's script, then echoes."""
@@ -64,17 +67,26 @@ class ScriptedModel:
             cached = self._scripts[request.agent_id] = (packed, script_of(request.options))
         return cached[1]
 
-    def _input_chars(self, agent_id: str, messages: Sequence[content_pb2.Message]) -> int:
+    async def _input_chars(self, agent_id: str, messages: Sequence[content_pb2.Message]) -> int:
         """Characters of `messages`, counting only the new tail of an append-extended request.
 
         Requests of one agent append-extend the previous ones, so the count is carried
-        over; a shorter request (after compaction, or another agent) is counted afresh.
+        over; a shorter request (after compaction, or another agent) is counted afresh,
+        `COUNT_SLICE` messages at a time with the event loop running other tasks between
+        two (a resumed long history's first request: 12,000 messages took 64 ms).
         """
         counted, chars = self._counted.get(agent_id, (0, 0))
         if counted > len(messages):
             counted, chars = 0, 0
-        chars += sum(_text_chars(m.content) for m in messages[counted:])
-        self._counted[agent_id] = (len(messages), chars)
+        end = len(messages)
+        while True:
+            upto = min(counted + COUNT_SLICE, end)
+            chars += sum(_text_chars(m.content) for m in messages[counted:upto])
+            counted = upto
+            if counted == end:
+                break
+            await asyncio.sleep(0)
+        self._counted[agent_id] = (end, chars)  # kept when the count is whole
         return chars
 
     async def stream(
@@ -100,7 +112,7 @@ class ScriptedModel:
                 delay = step.chunk_delay.seconds + step.chunk_delay.nanos / 1e9
         else:
             chunks = default_chunks(
-                request, k, self._input_chars(request.agent_id, request.messages)
+                request, k, await self._input_chars(request.agent_id, request.messages)
             )
         for chunk in chunks:
             signal.raise_if_aborted()

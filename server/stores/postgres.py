@@ -30,6 +30,7 @@ from server.stores import (
     check_follows,
     decode_entry,
     decode_events,
+    decode_log,
     fork_boundary,
     turn_of,
 )
@@ -264,9 +265,10 @@ class PostgresStore:
                 session_id,
             )
         options = row["options"]
+        events = await decode_log(session_id, FIRST_SEQ, [(r["seq"], r["event"]) for r in rows])
         return StoredSession(
             session_pb2.SessionHeader.FromString(row["header"]),
-            decode_events(session_id, FIRST_SEQ, [(r["seq"], r["event"]) for r in rows]),
+            events,
             [decode_entry(r["entry_id"], r["kind"], r["message"]) for r in inbox],
             agent_pb2.AgentOptions.FromString(options) if options is not None else None,
         )

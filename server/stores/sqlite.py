@@ -48,6 +48,7 @@ from server.stores import (
     StoreUnavailable,
     decode_entry,
     decode_events,
+    decode_log,
 )
 from server.stores.sqlite_schema import FORMAT_VERSION, migrate, statements
 from server.stores.sqlite_sql import (
@@ -383,7 +384,7 @@ class SqliteStore:
                 if options_bytes is not None
                 else None
             )
-            events = decode_events(session_id, FIRST_SEQ, rows)
+            events = await decode_log(session_id, FIRST_SEQ, rows)
             inbox = [decode_entry(entry_id, kind, blob) for entry_id, kind, blob in inbox_rows]
         except DecodeError as error:
             raise SessionDamaged(session_id, f"cannot decode: {error}") from error
