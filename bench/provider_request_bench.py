@@ -34,16 +34,11 @@ import argparse
 import asyncio
 import inspect
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = 5
 
 
@@ -228,25 +223,11 @@ async def figures_at(turn: int, view: Any, header: Any) -> dict[str, float]:
     return {f"{key}@{turn}": value for key, value in out.items()}
 
 
-def in_tree(tree: str, at: list[int]) -> dict[str, float]:
-    """A `--worker` run in a fresh process over checkout `tree` (this one if "")."""
-    root = Path(tree) if tree else ROOT
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "clients/python")]))
-    done = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--worker", "--at", ",".join(map(str, at))],
-        env=env, cwd=root, check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    out: dict[str, float] = json.loads(done.stdout.splitlines()[-1])
-    return out
-
-
 def report(at: list[int], baseline: str, repeat: int) -> None:
+    from bench.checkouts import medians  # here: a worker may run over another checkout
+
     trees = {"this": ""} | ({"baseline": baseline} if baseline else {})
-    runs: dict[str, list[dict[str, float]]] = {who: [] for who in trees}
-    for _ in range(repeat):
-        for who, tree in reversed(trees.items()):  # the baseline first in each round
-            runs[who].append(in_tree(tree, at))
-    med = {who: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for who, rs in runs.items()}
+    med = medians(__file__, trees, ["--at", ",".join(map(str, at))], repeat)
     against = f"; baseline {baseline}" if baseline else ""
     print(f"one model request on a long history: CPU µs of this process (median of {SAMPLES},"
           f" then of {repeat} process(es)){against}; longest stretch: wall µs on the event"

@@ -23,17 +23,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = 3
 
 
@@ -103,25 +98,11 @@ async def measure(at: list[int]) -> dict[str, float]:
     return out
 
 
-def in_tree(tree: str, at: list[int]) -> dict[str, float]:
-    """A `--worker` run in a fresh process over checkout `tree` (this one if "")."""
-    root = Path(tree) if tree else ROOT
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "clients/python")]))
-    done = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--worker", "--at", ",".join(map(str, at))],
-        env=env, cwd=root, check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    out: dict[str, float] = json.loads(done.stdout.splitlines()[-1])
-    return out
-
-
 def report(at: list[int], baseline: str, repeat: int) -> None:
+    from bench.checkouts import medians  # here: a worker may run over another checkout
+
     trees = {"this": ""} | ({"baseline": baseline} if baseline else {})
-    runs: dict[str, list[dict[str, float]]] = {who: [] for who in trees}
-    for _ in range(repeat):
-        for who, tree in reversed(trees.items()):  # the baseline first in each round
-            runs[who].append(in_tree(tree, at))
-    med = {who: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for who, rs in runs.items()}
+    med = medians(__file__, trees, ["--at", ",".join(map(str, at))], repeat)
     against = f"; baseline {baseline}" if baseline else ""
     print(f"a resume of a long session (SQLite store): wall ms (median of {SAMPLES}, then of"
           f" {repeat} process(es)){against}")  # fmt: skip

@@ -31,6 +31,21 @@ async def one_turn(agent: Agent) -> None:
     await agent.when_idle()
 
 
+async def unreachable_after_turns(agent: Agent, turns: int = 20) -> int:
+    """The unreachable objects the collector finds after `turns` turns ran without it
+    (after five turns first: caches and first-time set-up are not per turn)."""
+    for _ in range(5):
+        await one_turn(agent)
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(turns):
+            await one_turn(agent)
+        return gc.collect()
+    finally:
+        gc.enable()
+
+
 def passes_on(input: object, next_: S.Next[object, object]) -> object:
     return next_()
 
@@ -50,16 +65,7 @@ async def test_a_turn_with_a_tool_call_leaves_no_reference_cycles(
                     runtime.seams.on(key, passes_on)
         try:
             agent = await factory.create("a", OPTIONS)
-            for _ in range(5):  # caches and first-time set-up are not per turn
-                await one_turn(agent)
-            gc.collect()
-            gc.disable()
-            try:
-                for _ in range(20):
-                    await one_turn(agent)
-                unreachable = gc.collect()
-            finally:
-                gc.enable()
+            unreachable = await unreachable_after_turns(agent)
             assert agent.session.events[-1].WhichOneof("payload") == "turn_end"  # they ran
         finally:
             await factory.close()

@@ -10,13 +10,12 @@ turns ran with it switched off.
 
 from __future__ import annotations
 
-import gc
 import sys
 
 from server.plugins.registry import Overrides
 from tests.e2e.conftest import E2E
 from tests.processes import PluginLauncher
-from tests.test_garbage import OPTIONS, one_turn
+from tests.test_garbage import OPTIONS, unreachable_after_turns
 
 EVERY_SEAM = [sys.executable, "bench/every_seam_plugin.py"]
 """The benchmarks' plugin: the Python helper on every seam, answering "continue"."""
@@ -28,17 +27,8 @@ async def test_turns_with_a_plugin_on_every_seam_leave_no_reference_cycles(
     plugin = await launcher.start(EVERY_SEAM)
     await e2e.app.plugins.register(plugin.address, Overrides())
     agent = await e2e.app.factory.create("garbage", OPTIONS)
-    for _ in range(5):  # caches and first-time set-up are not per turn
-        await one_turn(agent)
-    calls = e2e.app.plugins.plugins[plugin.name].stats.calls
-    gc.collect()
-    gc.disable()
-    try:
-        for _ in range(20):
-            await one_turn(agent)
-        unreachable = gc.collect()
-    finally:
-        gc.enable()
-    assert e2e.app.plugins.plugins[plugin.name].stats.calls - calls >= 20 * 10  # it decided
+    stats = e2e.app.plugins.plugins[plugin.name].stats
+    unreachable = await unreachable_after_turns(agent)
+    assert stats.calls >= 25 * 10  # it decided, about 13 times a turn
     assert agent.session.events[-1].WhichOneof("payload") == "turn_end"
     assert unreachable == 0
