@@ -17,6 +17,7 @@ from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2, content_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from server.core.content import plain_text
+from server.models import ModelRequest
 from server.models.appended import SLICE_BYTES
 from server.plugins.model import PluginModel
 from server.settings.config import Config
@@ -26,6 +27,26 @@ from tests.processes import PluginLauncher
 from tests.replayed_requests import replayed_requests
 
 PLUGIN = Path(__file__).parents[1] / "plugins" / "recording_model.py"
+
+
+def recorded_calls(record: Path) -> list[hk.ModelStreamCall]:
+    """The model calls the recording plugin received, in order (a hex line each)."""
+    return [
+        hk.ModelStreamCall.FromString(bytes.fromhex(line)) for line in record.read_text().split()
+    ]
+
+
+def assert_each_is_its_request(
+    calls: list[hk.ModelStreamCall], requests: list[ModelRequest]
+) -> None:
+    """Each call holds exactly the request replayed from the log for its step."""
+    for request, received in zip(requests, calls, strict=True):
+        expected = hk.ModelStreamCall(
+            provider="recorder", header=request.header, messages=request.messages
+        )
+        assert received.SerializeToString(deterministic=True) == expected.SerializeToString(
+            deterministic=True
+        ), (request.turn, request.step)
 
 
 async def test_each_model_call_carries_the_request_built_afresh_from_the_log(
@@ -47,16 +68,9 @@ async def test_each_model_call_carries_the_request_built_afresh_from_the_log(
             assert events[-1].turn_end.reason.WhichOneof("kind") == "completed"
         stored = await e2e.app.factory.get("a").session.read(1, 10_000)
     requests = replayed_requests(stored)
-    lines = record.read_text().split()
-    calls = [hk.ModelStreamCall.FromString(bytes.fromhex(line)) for line in lines]
+    calls = recorded_calls(record)
     assert len(calls) == len(requests) == 6  # two steps a turn: the tool call, then a text
-    for request, received in zip(requests, calls, strict=True):
-        expected = hk.ModelStreamCall(
-            provider="recorder", header=request.header, messages=request.messages
-        )
-        assert received.SerializeToString(deterministic=True) == expected.SerializeToString(
-            deterministic=True
-        ), (request.turn, request.step)
+    assert_each_is_its_request(calls, requests)
     # The rewrite reached the next calls; the prefix fronted every call.
     said = [plain_text(m.content) for m in calls[-1].messages]
     assert said[0] == "PREFIX"
@@ -112,17 +126,9 @@ async def test_a_resumed_long_history_reaches_the_plugin_in_slices_byte_for_byte
         await watching
         stored = await e2e.app.factory.get("a").session.read(1, 100_000)
     requests = replayed_requests(stored)
-    calls = [
-        hk.ModelStreamCall.FromString(bytes.fromhex(line)) for line in record.read_text().split()
-    ]
+    calls = recorded_calls(record)
     assert len(calls) == len(requests) == 2 * turns + 2
-    for request, received in zip(requests, calls, strict=True):
-        expected = hk.ModelStreamCall(
-            provider="recorder", header=request.header, messages=request.messages
-        )
-        assert received.SerializeToString(deterministic=True) == expected.SerializeToString(
-            deterministic=True
-        ), (request.turn, request.step)
+    assert_each_is_its_request(calls, requests)
     assert calls[-2].ByteSize() > 3 * SLICE_BYTES
     whole = len(requests[-2].messages) - 1  # the history behind the plugin's prefix
     assert len({k for k in seen if 0 < k < whole}) >= 3, seen
