@@ -67,9 +67,10 @@ check-gen: gen ## Fail when the committed generated code is stale.
 	@test -z "$$(git status --porcelain --untracked-files=all -- $(GENERATED))" || \
 		{ git status --porcelain -- $(GENERATED); echo 'generated code is stale: run make gen and commit'; exit 1; }
 
-lint: setup ## ruff (lint and format) and buf (lint and format).
+lint: setup ## ruff (lint and format), the import contract of the layers, buf (lint and format).
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 	cd proto && ../$(BUF) lint
 	cd proto && ../$(BUF) format -d --exit-code
 

@@ -32,9 +32,9 @@ from pathlib import Path
 
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
-from server.core.agent import Agent
 from server.edge.app import build_runtime
 from server.lifecycle.factory import AgentFactory
+from server.loop.agent import Agent
 from server.settings.config import Config
 
 OPTIONS = agent_pb2.AgentOptions(provider="scripted", model="bench", tools=["word_count"])

@@ -32,9 +32,9 @@ from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1.session_event_pb2 import SessionEvent
 from bench.conversation_bench import report
-from server.core.agent import Agent
 from server.edge.app import build_runtime
 from server.lifecycle.factory import AgentFactory
+from server.loop.agent import Agent
 from server.settings.config import Config
 from server.stores.sqlite_batches import unpack
 

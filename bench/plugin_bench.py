@@ -34,8 +34,8 @@ from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import hook_service_pb2_grpc as hk_rpc
 from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import content_pb2 as c
-from server.core.abort import NEVER
 from server.edge.app import App
+from server.kernel.abort import NEVER
 from server.models.scripted_options import script_options
 from server.plugins.calls import PluginStats
 from server.plugins.client import PluginConnection

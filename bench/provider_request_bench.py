@@ -143,7 +143,7 @@ async def figures_at(turn: int, view: Any, header: Any) -> dict[str, float]:
 
     out: dict[str, float] = {"messages": len(view)}
     try:
-        from server.core.history import MessageView
+        from server.kernel.history import MessageView
         from server.models.openai_body import ChatHistory, request_bytes
         from server.plugins.model import EncodedMessages
     except ImportError:  # a checkout that keeps nothing between requests
@@ -196,7 +196,7 @@ async def figures_at(turn: int, view: Any, header: Any) -> dict[str, float]:
         "plugin": plugin_kept_request,
     }
     try:
-        from server.core.abort import AbortSignal
+        from server.kernel.abort import AbortSignal
         from server.models.openai_body import request_bytes_in_slices
     except ImportError:  # a checkout that encodes a request at once
         pass

@@ -11,10 +11,10 @@ from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
-from server.core.agent import Agent
-from server.core.builtin_tools import builtin_tools
-from server.core.runtime import Runtime
 from server.lifecycle.factory import AgentFactory
+from server.loop.agent import Agent
+from server.loop.builtin_tools import builtin_tools
+from server.loop.runtime import Runtime
 from server.models import ModelRequest
 from server.models.scripted import ScriptedModel
 from server.models.scripted_options import script_options

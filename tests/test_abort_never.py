@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from server.core.abort import NEVER, AbortController
-from server.core.errors import Aborted
+from server.kernel.abort import NEVER, AbortController
+from server.kernel.errors import Aborted
 
 
 async def test_never_keeps_no_callbacks_and_races_in_the_callers_task() -> None:

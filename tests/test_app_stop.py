@@ -9,9 +9,9 @@ import pytest
 
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import decision_pb2 as d
-from server.core import seams as S
-from server.core.seams import SeamRegistry
 from server.edge.app import App
+from server.kernel import seams as S
+from server.kernel.seams import SeamRegistry
 from server.settings.config import Config
 from tests.harness import text_block
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agentloop.v1 import content_pb2, stream_pb2
-from server.core.assembly import MessageAssembler
-from server.core.errors import CodedError
+from server.kernel.assembly import MessageAssembler
+from server.kernel.errors import CodedError
 
 S = stream_pb2
 

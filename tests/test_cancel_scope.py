@@ -9,12 +9,12 @@ import pytest
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import approval_pb2 as ap
 from agentloop.v1 import decision_pb2 as d
-from server.core import seams as S
-from server.core.cancel import CancelScope
-from server.core.errors import Aborted
-from server.core.tasks import TaskGroup, cancel_and_wait
-from server.core.tools import ToolExecution
 from server.edge.app import App
+from server.kernel import seams as S
+from server.kernel.cancel import CancelScope
+from server.kernel.errors import Aborted
+from server.kernel.tasks import TaskGroup, cancel_and_wait
+from server.kernel.tools import ToolExecution
 from server.settings.config import Config
 from tests.harness import Harness, kinds, text_block, text_step, tool_step, turn_ends
 

@@ -16,7 +16,7 @@ import pytest
 
 from agentloop.v1 import agent_pb2
 from server.cluster.leases import Cluster
-from server.core.errors import AlreadyExists
+from server.kernel.errors import AlreadyExists
 from server.stores.postgres import PostgresStore
 from server.stores.postgres_leases import Lease, Leases
 from tests.postgres import drop_database, fresh_database

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from server.core.errors import InvalidArgument
-from server.core.limits import LIMIT_FIELDS, Limits
+from server.kernel.errors import InvalidArgument
+from server.kernel.limits import LIMIT_FIELDS, Limits
 from server.settings.addresses import Allowlist, parse_address
 from server.settings.config import DEFAULT_AGENT, ConfigError, load_config, parse_config
 

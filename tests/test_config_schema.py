@@ -9,12 +9,12 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from agentloop.v1 import agent_pb2
-from server.core.errors import InvalidArgument
-from server.core.limits import Limits
-from server.core.runtime import Runtime
 from server.edge.app import App, build_runtime
+from server.kernel.errors import InvalidArgument
+from server.kernel.ids import id_problem
+from server.kernel.limits import Limits
 from server.lifecycle.factory import AgentFactory
-from server.settings import agent_rules
+from server.loop.runtime import Runtime
 from server.settings.config import (
     AgentConfig,
     Config,
@@ -81,7 +81,7 @@ async def test_config_and_create_agent_refuse_an_id_with_the_same_words(agent_id
         parse_config({"agents": [{"id": agent_id}]})
     with pytest.raises(InvalidArgument) as create_error:
         await AgentFactory(Runtime()).create(agent_id, agent_pb2.AgentOptions())
-    problem = agent_rules.id_problem(agent_id)
+    problem = id_problem(agent_id)
     assert str(config_error.value) == f"agents[0].id: {problem}"
     assert str(create_error.value) == f"agent_id: {problem}"
 

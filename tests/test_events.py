@@ -6,7 +6,7 @@ from typing import get_args
 
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
-from server.core.events import PAYLOAD_KINDS, Payload, event_of, kind_of
+from server.kernel.events import PAYLOAD_KINDS, Payload, event_of, kind_of
 from server.sessions.session import SessionLog
 
 

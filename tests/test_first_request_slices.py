@@ -21,11 +21,11 @@ from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
-from server.core.abort import AbortController
-from server.core.content import text_content
-from server.core.errors import Aborted
-from server.core.runtime import Runtime
+from server.kernel.abort import AbortController
+from server.kernel.content import text_content
+from server.kernel.errors import Aborted
 from server.lifecycle.factory import AgentFactory
+from server.loop.runtime import Runtime
 from server.models import ModelRequest
 from server.models.appended import SLICE_BYTES, SLICE_MESSAGES
 from server.models.openai import OpenAIModel

@@ -15,10 +15,10 @@ import pytest
 
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
-from server.core import seams as S
-from server.core.agent import Agent
 from server.edge.app import build_runtime
+from server.kernel import seams as S
 from server.lifecycle.factory import AgentFactory
+from server.loop.agent import Agent
 from server.settings.config import Config
 
 # The benchmarks' turn: the scripted model asks for a tool call, the tool runs, a text.

@@ -7,8 +7,8 @@ import pytest
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
-from server.core.content import plain_text, text_content
-from server.core.history import MessageView
+from server.kernel.content import plain_text, text_content
+from server.kernel.history import MessageView
 from server.sessions.session import SessionLog
 from tests.harness import Harness, text_step, tool_step
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
-from server.core import seams as S
-from server.core.content import plain_text
-from server.core.tools import ToolExecution
+from server.kernel import seams as S
+from server.kernel.content import plain_text
+from server.kernel.tools import ToolExecution
+from server.loop.agent import Agent
 from server.sessions.persistence import SESSION_FLUSH
 from tests.harness import Harness, kinds, reason_kinds, text_block, text_step, tool_step, turn_ends
 
@@ -189,7 +190,7 @@ async def test_scoped_turn_stop_affects_only_its_agent(harness: Harness) -> None
     async def always_continue_once(
         call: S.TurnContinuation, next_: S.Next[S.TurnContinuation, d.ContinuationDecision]
     ) -> d.ContinuationDecision:
-        if len(call.agent.session.events) < 14:
+        if len(cast(Agent, call.agent).session.events) < 14:
             return d.ContinuationDecision(continue_turn=d.ContinuationContinue())
         return await next_()
 
@@ -248,7 +249,7 @@ async def test_a_rejecting_flush_is_reported_and_the_agent_survives(harness: Har
 async def test_a_throwing_error_listener_still_balances_the_turn(harness: Harness) -> None:
     agent = await harness.create(script=[text_step("x", finish=3)])
 
-    def boom(failed: S.Failed) -> None:
+    def boom(failed: S.AgentFailed) -> None:
         raise RuntimeError("error listener broke")
 
     harness.runtime.seams.on(S.ERROR, boom)

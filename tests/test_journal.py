@@ -10,7 +10,7 @@ import pytest
 
 from agentloop.v1 import agent_pb2, scripted_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
-from server.core.errors import AgentLoopError
+from server.kernel.errors import AgentLoopError
 from server.sessions.journal import Journal
 from server.sessions.session import WINDOW, SessionLog
 from server.stores import Commit, StoreConflict

@@ -11,8 +11,8 @@ import pytest
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import decision_pb2 as d
-from server.core import seams as S
-from server.core.errors import AgentDisposed, AlreadyExists, FailedPrecondition, InvalidArgument
+from server.kernel import seams as S
+from server.kernel.errors import AgentDisposed, AlreadyExists, FailedPrecondition, InvalidArgument
 from server.models.scripted_options import script_options
 from tests.harness import Harness, kinds, reason_kinds, text_block, text_step, turn_ends
 

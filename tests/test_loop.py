@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import cast
 
 from google.protobuf import duration_pb2
 
@@ -12,10 +13,11 @@ from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import scripted_pb2
 from agentloop.v1 import session_event_pb2 as ev
-from server.core import seams as S
-from server.core.content import plain_text
-from server.core.system_prompt import Section
-from server.core.tools import ToolExecution
+from server.kernel import seams as S
+from server.kernel.content import plain_text
+from server.kernel.prompt import Section
+from server.kernel.tools import ToolExecution
+from server.loop.agent import Agent
 from tests.harness import (
     ERROR,
     MAX_TOKENS,
@@ -711,7 +713,7 @@ async def test_a_running_turn_and_step_are_owned_by_the_loop_state(harness: Harn
     seen: list[tuple[int, int, bool]] = []
 
     def pre_step(call: S.PreStep) -> None:
-        turn = call.agent.loop.turn
+        turn = cast(Agent, call.agent).loop.turn
         assert turn is not None and turn.current is not None
         seen.append((turn.number, turn.current.number, turn.current.signal is call.signal))
 

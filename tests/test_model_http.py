@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from server.core.content import plain_text
-from server.core.errors import CodedError
+from server.kernel.content import plain_text
+from server.kernel.errors import CodedError
 from server.models.openai import OpenAIModel, retry_after
 from tests.fake_openai import FakeOpenAI, Reply, text
 from tests.test_openai_model import assemble, collect, request

@@ -15,13 +15,13 @@ from google.protobuf import struct_pb2
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import stream_pb2 as st
-from server.core.abort import NEVER, AbortController, AbortSignal
-from server.core.assembly import MessageAssembler
-from server.core.builtin_tools import builtin_tools
-from server.core.content import plain_text, text_content
-from server.core.errors import Aborted, CodedError
-from server.core.runtime import Runtime
+from server.kernel.abort import NEVER, AbortController, AbortSignal
+from server.kernel.assembly import MessageAssembler
+from server.kernel.content import plain_text, text_content
+from server.kernel.errors import Aborted, CodedError
 from server.lifecycle.factory import AgentFactory
+from server.loop.builtin_tools import builtin_tools
+from server.loop.runtime import Runtime
 from server.models import ModelRequest
 from server.models.openai import OpenAIModel
 from tests.fake_openai import Event, FakeOpenAI, Raw, Reply, call, chunk, text, usage

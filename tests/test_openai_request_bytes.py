@@ -16,11 +16,11 @@ from google.protobuf import struct_pb2
 from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
-from server.core import seams as S
-from server.core.content import plain_text, text_content
-from server.core.runtime import Runtime
-from server.core.tools import Tool, ToolExecution
+from server.kernel import seams as S
+from server.kernel.content import plain_text, text_content
+from server.kernel.tools import Tool, ToolExecution
 from server.lifecycle.factory import AgentFactory
+from server.loop.runtime import Runtime
 from server.models import ModelRequest
 from server.models.openai import OpenAIModel
 from server.models.openai_body import ChatHistory, request_bytes

@@ -8,7 +8,7 @@ import pytest
 
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import session_event_pb2 as ev
-from server.core.errors import FailedPrecondition, InvalidArgument, NotFound
+from server.kernel.errors import FailedPrecondition, InvalidArgument, NotFound
 from server.stores.memory import MemoryStore
 from server.stores.sqlite import SqliteStore
 from tests.harness import Harness, kinds, reason_kinds, text_step, tool_step

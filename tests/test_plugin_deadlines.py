@@ -21,8 +21,8 @@ from agentloop.plugin import sdk
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import hook_service_pb2_grpc as hk_rpc
 from agentloop.v1 import content_pb2 as c
-from server.core.abort import NEVER, AbortController
-from server.core.errors import Aborted
+from server.kernel.abort import NEVER, AbortController
+from server.kernel.errors import Aborted
 from server.plugins.calls import PluginCallFailed, PluginStats
 from server.plugins.client import PluginConnection
 from tests.plugin_client import HandleStream, hook_client

@@ -8,8 +8,8 @@ from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import stream_pb2 as st
-from server.core.abort import AbortSignal
-from server.core.content import plain_text
+from server.kernel.abort import AbortSignal
+from server.kernel.content import plain_text
 from server.plugins.calls import NoticeSlot, PluginCallFailed, PluginStats
 from server.plugins.install import install
 from tests.harness import Harness, kinds, reason_kinds, text_block, text_step, tool_step

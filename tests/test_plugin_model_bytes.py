@@ -11,7 +11,7 @@ from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
-from server.core.content import text_content
+from server.kernel.content import text_content
 from server.plugins.model import EncodedMessages
 from server.plugins.wire import call_request, message_entry, model_stream_request
 from server.sessions.session import SessionLog

@@ -12,10 +12,10 @@ import pytest
 from google.protobuf import struct_pb2
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
-from server.core import seams as S
-from server.core.errors import FailedPrecondition
-from server.core.runtime import Runtime
-from server.core.tools import Tool, ToolExecution
+from server.kernel import seams as S
+from server.kernel.errors import FailedPrecondition
+from server.kernel.tools import Tool, ToolExecution
+from server.loop.runtime import Runtime
 from server.models.scripted import ScriptedModel
 from server.plugins.calls import PluginStats
 from server.plugins.client import PluginConnection

@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 
 from agentloop.v1 import agent_pb2
-from server.core import seams as S
-from server.core.agent import Agent
-from server.core.errors import AlreadyExists, InvalidArgument
-from server.core.tools import Tool, ToolExecution
+from server.kernel import seams as S
+from server.kernel.errors import AlreadyExists, InvalidArgument
+from server.kernel.tools import Tool, ToolExecution
 from server.stores.sqlite import SqliteStore
 from tests.harness import Harness, kinds, reason_kinds, text_block, text_step, tool_step
 
@@ -33,7 +32,7 @@ async def test_same_id_creations_on_a_yielding_store_have_one_winner(tmp_path: P
 
 
 async def test_a_vetoed_creation_stores_no_session(harness: Harness) -> None:
-    def veto(agent: Agent) -> None:
+    def veto(agent: S.SeamAgent) -> None:
         raise RuntimeError("no")
 
     dispose = harness.runtime.seams.on(S.CREATED, veto)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from agentloop.v1 import session_pb2
-from server.core.errors import InvalidArgument
+from server.kernel.errors import InvalidArgument
 from server.sessions import requests
 from server.sessions.requests import Requests
 from server.stores import Commit, RequestRecord, SessionWrites

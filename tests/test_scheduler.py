@@ -9,18 +9,17 @@ import pytest
 
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
-from server.core.abort import AbortController
-from server.core.content import plain_text
-from server.core.errors import Aborted
-from server.core.scheduler import DEFAULT_MAX_PARALLEL, run_tool_batch
-from server.core.seams import (
+from server.kernel.abort import AbortController
+from server.kernel.content import plain_text
+from server.kernel.errors import Aborted
+from server.kernel.seams import (
     TOOLS_POST_EXECUTE,
     TOOLS_PRE_EXECUTE,
     TOOLS_RESULT,
     SeamRegistry,
     ToolCallResult,
 )
-from server.core.tools import (
+from server.kernel.tools import (
     ParallelSafe,
     ToolExecution,
     ToolOutcome,
@@ -28,6 +27,7 @@ from server.core.tools import (
     ToolReturn,
     ToolValue,
 )
+from server.loop.scheduler import DEFAULT_MAX_PARALLEL, run_tool_batch
 from tests.tool_helpers import Execute, PostNext, PreNext, context, make_tool
 
 

@@ -11,10 +11,10 @@ import pytest
 from google.protobuf import duration_pb2
 
 from agentloop.v1 import agent_pb2, content_pb2, scripted_pb2, stream_pb2
-from server.core.abort import NEVER, AbortController, AbortSignal
-from server.core.assembly import MessageAssembler
-from server.core.content import text_content
-from server.core.errors import Aborted
+from server.kernel.abort import NEVER, AbortController, AbortSignal
+from server.kernel.assembly import MessageAssembler
+from server.kernel.content import text_content
+from server.kernel.errors import Aborted
 from server.models import Model, ModelRequest
 from server.models.scripted import COUNT_SLICE, GREETING, ScriptedModel
 from server.models.scripted_options import script_options

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from agentloop.v1 import content_pb2 as c
-from server.core import seams as S
-from server.core.seams import Next, SeamRegistry
+from server.kernel import seams as S
+from server.kernel.seams import Next, SeamRegistry
 from tests.harness import Harness
 
 WATERFALL: S.Waterfall[str, str] = S.Waterfall("test/waterfall")

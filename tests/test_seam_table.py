@@ -16,7 +16,7 @@ import pytest
 from agentloop.plugin import sdk
 from agentloop.plugin.seam_table import BY_PAYLOAD, BY_SEAM, SPECS
 from agentloop.plugin.v1 import hook_service_pb2 as hk
-from server.core import seams as S
+from server.kernel import seams as S
 from server.plugins import listeners as pl
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,7 +26,7 @@ SEAM_KEYS = {
     for name, value in vars(S).items()
     if name.isupper() and isinstance(value, S.SeamKey)
 }
-"""The seam keys of `server/core/seams.py`, by path."""
+"""The seam keys of `server/kernel/seams.py`, by path."""
 SEAM_PATHS = set(SEAM_KEYS)
 
 

@@ -8,7 +8,7 @@ import asyncio
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
-from server.core.content import text_content
+from server.kernel.content import text_content
 from server.sessions.repair import crash_closers
 from server.sessions.session import SEED_SLICE, SessionLog
 

@@ -14,7 +14,7 @@ from google.protobuf.message import DecodeError
 
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
-from server.core.errors import InvalidArgument, SessionDamaged
+from server.kernel.errors import InvalidArgument, SessionDamaged
 from server.sessions.session import SessionLog
 from server.stores.kinds import KIND_NUMBERS
 from server.stores.sqlite import SqliteStore

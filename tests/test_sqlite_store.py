@@ -9,7 +9,7 @@ import pytest
 
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
-from server.core.errors import AlreadyExists, NotFound, SessionDamaged
+from server.kernel.errors import AlreadyExists, NotFound, SessionDamaged
 from server.sessions.session import SessionLog
 from server.stores import StoreConflict
 from server.stores.sqlite import SqliteStore

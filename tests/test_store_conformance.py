@@ -11,7 +11,7 @@ from google.protobuf import timestamp_pb2
 from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
-from server.core.errors import AlreadyExists, InvalidArgument, NotFound
+from server.kernel.errors import AlreadyExists, InvalidArgument, NotFound
 from server.stores import (
     INBOX_CONTEXT,
     INBOX_MESSAGE,

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from agentloop.v1 import session_event_pb2 as ev
-from server.core.content import text_content
-from server.core.errors import SessionDamaged
+from server.kernel.content import text_content
+from server.kernel.errors import SessionDamaged
 from server.stores import DECODE_SLICE, FIRST_SEQ, decode_events, decode_log
 
 

@@ -17,8 +17,8 @@ import pytest
 from agentloop.v1 import agent_service_pb2 as pb
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
-from server.core.errors import FailedPrecondition, NotFound
 from server.edge.api_agent import AgentServicer
+from server.kernel.errors import FailedPrecondition, NotFound
 from server.sessions.journal import Journal
 from server.sessions.session import SessionLog
 from server.stores import FIRST_SEQ, Commit, SessionWrites, StoreConflict, sqlite_sql

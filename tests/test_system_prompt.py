@@ -6,13 +6,12 @@ from typing import cast
 
 import pytest
 
-from server.core.errors import CodedError
-from server.core.seams import SYSTEM_PROMPT_ASSEMBLE, SeamRegistry
-from server.core.system_prompt import (
+from server.kernel.errors import CodedError
+from server.kernel.prompt import Assembly, Section
+from server.kernel.seams import SYSTEM_PROMPT_ASSEMBLE, SeamRegistry
+from server.loop.system_prompt import (
     IDENTITY_TEXT,
-    Assembly,
     PromptScope,
-    Section,
     SystemPrompt,
     default_system_prompt,
     interpolate,

@@ -13,11 +13,10 @@ from google.protobuf import json_format
 
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
-from server.core.abort import NEVER, AbortController, AbortSignal
-from server.core.builtin_tools import builtin_tools
-from server.core.content import plain_text, text_content
-from server.core.errors import CodedError
-from server.core.seams import (
+from server.kernel.abort import NEVER, AbortController, AbortSignal
+from server.kernel.content import plain_text, text_content
+from server.kernel.errors import CodedError
+from server.kernel.seams import (
     TOOLS_EXECUTE,
     TOOLS_POST_EXECUTE,
     TOOLS_PRE_EXECUTE,
@@ -25,8 +24,7 @@ from server.core.seams import (
     SeamRegistry,
     ToolCallResult,
 )
-from server.core.tool_pipeline import ToolPipeline
-from server.core.tools import (
+from server.kernel.tools import (
     NOT_LOSSLESS,
     ParallelSafe,
     ToolExecution,
@@ -37,6 +35,8 @@ from server.core.tools import (
     canonical_order,
     parse_arguments,
 )
+from server.loop.builtin_tools import builtin_tools
+from server.loop.tool_pipeline import ToolPipeline
 from tests.tool_helpers import ExecNext, Execute, PostNext, PreNext, context, make_tool, ok
 
 

@@ -10,10 +10,10 @@ from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
-from server.core import seams as S
-from server.core.content import plain_text
-from server.core.system_prompt import Assembly
-from server.core.tools import Tool, ToolExecution, ToolReturn
+from server.kernel import seams as S
+from server.kernel.content import plain_text
+from server.kernel.prompt import Assembly
+from server.kernel.tools import Tool, ToolExecution, ToolReturn
 from server.sessions.persistence import SESSION_FLUSH
 from server.sessions.session import SessionLog
 from tests.harness import Harness, kinds, reason_kinds, text_block, text_step, tool_step, turn_ends

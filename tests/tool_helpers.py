@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from agentloop.v1 import decision_pb2 as d
-from server.core.content import text_content
-from server.core.seams import Next, ToolCallResult
-from server.core.tools import ParallelSafe, Tool, ToolExecution, ToolOutcome, ToolValue
+from server.kernel.content import text_content
+from server.kernel.seams import Next, ToolCallResult
+from server.kernel.tools import ParallelSafe, Tool, ToolExecution, ToolOutcome, ToolValue
 
 Execute = Callable[[ToolExecution], Awaitable[ToolValue]]
 """What a tool runs for a call."""

@@ -23,8 +23,8 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from agentloop.v1 import agent_pb2
-from server.core.errors import AlreadyExists, FailedPrecondition
-from server.core.tasks import cancel_and_wait
+from server.kernel.errors import AlreadyExists, FailedPrecondition
+from server.kernel.tasks import cancel_and_wait
 from server.stores.postgres_leases import Holder, Lease, Leases
 
 log = logging.getLogger(__name__)

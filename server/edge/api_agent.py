@@ -15,17 +15,17 @@ from agentloop.v1 import agent_service_pb2 as pb
 from agentloop.v1 import agent_service_pb2_grpc as rpc
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
-from server.core import validation
-from server.core.agent import Agent
-from server.core.errors import AgentLoopError, InvalidArgument, OutOfRange
-from server.core.limits import check_pending
 from server.edge import page_tokens
 from server.edge.api_approvals import ApprovalMethods
 from server.edge.api_stream_wire import response_bytes
 from server.edge.status import abort, mapped
+from server.kernel.errors import AgentLoopError, InvalidArgument, OutOfRange
+from server.kernel.ids import check_id
+from server.kernel.limits import check_pending
 from server.lifecycle.factory import AgentFactory
+from server.loop import validation
+from server.loop.agent import Agent
 from server.sessions.session import SessionLog, session_message
-from server.settings.agent_rules import check_id
 from server.stores import FIRST_SEQ, RequestRecord
 
 Context = grpc.aio.ServicerContext[Any, Any]

@@ -8,10 +8,10 @@ import grpc
 
 from agentloop.v1 import agent_service_pb2 as pb
 from agentloop.v1 import approval_pb2 as ap
-from server.core.approvals import BY_API, MAX_REASON_BYTES, ApprovalNotFound
-from server.core.errors import InvalidArgument
 from server.edge.status import mapped
+from server.kernel.errors import InvalidArgument
 from server.lifecycle.factory import AgentFactory
+from server.loop.approvals import BY_API, MAX_REASON_BYTES, ApprovalNotFound
 from server.stores import RequestRecord
 
 Context = grpc.aio.ServicerContext[Any, Any]

@@ -10,11 +10,11 @@ import grpc
 from agentloop.v1 import agent_factory_service_pb2 as pb
 from agentloop.v1 import agent_factory_service_pb2_grpc as rpc
 from agentloop.v1 import agent_pb2
-from server.core.agent import Agent
 from server.edge import page_tokens
 from server.edge.api_forward import FORWARDED
 from server.edge.status import mapped
 from server.lifecycle.factory import AgentFactory
+from server.loop.agent import Agent
 
 Context = grpc.aio.ServicerContext[Any, Any]
 OtherAgents = Callable[[str | None, int], Awaitable[tuple[list[agent_pb2.Agent], bool]]]

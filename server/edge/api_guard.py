@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from server.core.limits import Limits
 from server.edge.status import abort_with, rich_status
+from server.kernel.limits import Limits
 
 if TYPE_CHECKING:  # the grpc stubs are generic only to the type checker
     Context = grpc.aio.ServicerContext[Any, Any]

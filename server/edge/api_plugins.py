@@ -9,9 +9,9 @@ import grpc
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as pb
 from agentloop.plugin.v1 import plugin_registry_service_pb2_grpc as rpc
-from server.core.errors import InvalidArgument
-from server.core.validation import duration_seconds
 from server.edge.status import mapped
+from server.kernel.errors import InvalidArgument
+from server.loop.validation import duration_seconds
 from server.plugins.registry import Overrides, PluginRegistry, describe
 from server.stores.postgres_plugins import SharedPlugins
 

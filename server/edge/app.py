@@ -19,10 +19,6 @@ from agentloop.v1 import (
     agent_pb2,
     agent_service_pb2,
 )
-from server.core.builtin_tools import builtin_tools
-from server.core.errors import SessionDamaged
-from server.core.runtime import Runtime
-from server.core.tasks import TaskGroup
 from server.edge.api_access import AccessLog
 from server.edge.api_agent import AgentServicer
 from server.edge.api_edge import Edge
@@ -34,11 +30,16 @@ from server.edge.api_reflection import Reflection
 from server.edge.api_stream_wire import add_agent_service
 from server.edge.app_replica import Replica
 from server.edge.auth import TokenAuth
+from server.kernel.errors import SessionDamaged
+from server.kernel.tasks import TaskGroup
 from server.lifecycle.factory import AgentFactory
+from server.loop.builtin_tools import builtin_tools
+from server.loop.runtime import Runtime
 from server.models.openai import OpenAIModel
 from server.models.scripted import ScriptedModel
 from server.observability.logs import fields
 from server.observability.telemetry import Telemetry
+from server.plugins.listeners import SEAM_NAMES
 from server.plugins.registry import Overrides, PluginRegistry
 from server.plugins.required import READINESS_SERVICE
 from server.settings.addresses import Allowlist, is_loopback
@@ -179,6 +180,7 @@ class App:
             agents=lambda: len(self.factory.agents),
             streams=lambda: self.guard.streams,
             plugins=lambda: {name: p.stats for name, p in self.plugins.plugins.items()},
+            seam_names=SEAM_NAMES,
         )
         # The access log sees every call; then auth, so that an unauthenticated caller
         # learns nothing, not even that a body is bad.

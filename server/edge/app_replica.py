@@ -19,10 +19,10 @@ import grpc
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2
 from server.cluster.leases import Cluster
-from server.core.tasks import cancel_and_wait
 from server.edge import page_tokens
 from server.edge.api_forward import Forwarder
 from server.edge.api_plugins import PluginRegistryServicer, overrides_of
+from server.kernel.tasks import cancel_and_wait
 from server.lifecycle.factory import AgentFactory
 from server.plugins.registry import PluginRegistry
 from server.settings.config import Config

@@ -16,7 +16,7 @@ import binascii
 from google.protobuf import struct_pb2
 from google.protobuf.message import DecodeError
 
-from server.core.errors import InvalidArgument
+from server.kernel.errors import InvalidArgument
 
 MAX_TOKEN_CHARS = 2048
 """Longer tokens were never issued (keys are ids of at most 128 characters)."""

@@ -19,7 +19,7 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
 from grpc_status import rpc_status
 
-from server.core.errors import (
+from server.kernel.errors import (
     AgentLoopError,
     AlreadyExists,
     FailedPrecondition,

@@ -23,26 +23,27 @@ from collections.abc import Awaitable, Callable
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_pb2, session_pb2
 from server.cluster.ownership import Ownership, Solo
-from server.core import seams as S
-from server.core.agent import Agent
-from server.core.approvals import check_approval_options
-from server.core.errors import (
+from server.kernel import seams as S
+from server.kernel.errors import (
     AgentDisposed,
     AgentNotFound,
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
 )
-from server.core.limits import check_capacity
-from server.core.loop import run_loop
-from server.core.runtime import Runtime
-from server.core.system_prompt import persona_section
+from server.kernel.ids import check_id
+from server.kernel.limits import check_capacity
 from server.lifecycle.disposed import DisposedIds
+from server.loop.agent import Agent
+from server.loop.approvals import check_approval_options
+from server.loop.driver import run_loop
+from server.loop.runtime import Runtime
+from server.loop.system_prompt import persona_section
 from server.memory import Trimmer
 from server.observability.logs import fields
 from server.sessions.catalogue import SessionCatalogue
 from server.sessions.session import SessionLog, now_timestamp
-from server.settings.agent_rules import AgentCatalogue, check_id, check_persona, cwd_problem
+from server.settings.agent_rules import AgentCatalogue, check_persona, cwd_problem
 from server.stores import Commit, InboxEntry, SessionWrites, StoreConflict
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agentloop.v1 import agent_pb2, content_pb2, stream_pb2
-from server.core.abort import AbortSignal
-from server.core.errors import CodedError
+from server.kernel.abort import AbortSignal
+from server.kernel.errors import CodedError
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class ModelRequest:
     """Config, system prompt, tools and message prefix. Do not mutate."""
     messages: Sequence[content_pb2.Message]
     """The message prefix followed by the derived history: a frozen view (see
-    `server.core.history`), taken without copying the history. Do not mutate."""
+    `server.kernel.history`), taken without copying the history. Do not mutate."""
     options: agent_pb2.AgentOptions
     """The agent's creation options (the scripted provider reads its script here)."""
 

@@ -9,7 +9,7 @@ encodes only those appended since. `Appended` decides what is new.
 
 Why an encoding kept this way is never stale:
 
-- A request's messages are a `MessageView` (`server.core.history`): a prefix, then the
+- A request's messages are a `MessageView` (`server.kernel.history`): a prefix, then the
   first `length` messages of the session's history list. The prefix (the header's
   message prefix, copied into each request's header) is encoded afresh per request;
   only the list's messages are kept.
@@ -45,8 +45,8 @@ import asyncio
 from collections.abc import Callable, Hashable, Sequence
 
 from agentloop.v1 import content_pb2 as c
-from server.core.abort import AbortSignal
-from server.core.history import MessageView
+from server.kernel.abort import AbortSignal
+from server.kernel.history import MessageView
 
 SLICE_MESSAGES = 128
 """The most history messages encoded in one stretch of the event loop (`in_slices`)."""

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Mapping
 
 import httpx
 
-from server.core.errors import CodedError
+from server.kernel.errors import CodedError
 from server.version import version
 
 CONNECTION_FAILED = "CONNECTION_FAILED"

@@ -48,8 +48,8 @@ from urllib.parse import urlsplit
 import httpx
 
 from agentloop.v1 import stream_pb2
-from server.core.abort import AbortSignal
-from server.core.errors import CodedError
+from server.kernel.abort import AbortSignal
+from server.kernel.errors import CodedError
 from server.models import ModelRequest
 from server.models.http import (
     BAD_RESPONSE,

@@ -19,7 +19,7 @@ import json
 from collections.abc import Sequence
 
 from agentloop.v1 import content_pb2 as c
-from server.core.abort import AbortSignal
+from server.kernel.abort import AbortSignal
 from server.models import ModelRequest
 from server.models.appended import Appended, in_slices, slice_end, split
 from server.models.openai_wire import JSON, ChatFold, body_settings, system_message

@@ -21,8 +21,8 @@ from google.protobuf import json_format
 
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import stream_pb2 as st
-from server.core.content import plain_text, tool_calls_of
-from server.core.errors import CodedError
+from server.kernel.content import plain_text, tool_calls_of
+from server.kernel.errors import CodedError
 from server.models import ModelRequest
 
 JSON = dict[str, Any]

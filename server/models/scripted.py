@@ -18,8 +18,8 @@ import json
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 
 from agentloop.v1 import content_pb2, scripted_pb2, stream_pb2
-from server.core.abort import AbortSignal
-from server.core.content import plain_text
+from server.kernel.abort import AbortSignal
+from server.kernel.content import plain_text
 from server.models import ModelRequest
 from server.models.scripted_options import OPTIONS_TYPE, script_of
 

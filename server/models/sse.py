@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from server.core.errors import CodedError
+from server.kernel.errors import CodedError
 
 MAX_EVENT_LINE = 16 * 1024 * 1024
 """The longest event-stream line buffered before the stream is refused."""

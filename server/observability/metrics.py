@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Summa
 from prometheus_client.registry import Collector
 
 from agentloop.v1 import session_event_pb2 as ev
-from server.core.tasks import cancel_and_wait
+from server.kernel.tasks import cancel_and_wait
 from server.observability import observe
 from server.observability.instruments import Instruments
 from server.observability.observe import Model, Sink, Step, Turn
@@ -91,9 +91,11 @@ class Metrics(Sink):
         """A gauge read at scrape time."""
         Gauge(name, help_text, registry=self.registry).set_function(read)
 
-    def collect_plugins(self, read: Callable[[], Mapping[str, Any]]) -> None:
-        """Plugin counters and latencies read at scrape time from `read()`: name -> stats."""
-        self.registry.register(PluginCollector(read))
+    def collect_plugins(
+        self, read: Callable[[], Mapping[str, Any]], seam_names: Mapping[Any, str]
+    ) -> None:
+        """Plugin counters and latencies (by `seam_names`) read at scrape time: name -> stats."""
+        self.registry.register(PluginCollector(read, seam_names))
 
     def rpc(self, method: str, code: str, seconds: float) -> None:
         """One RPC ended."""
@@ -175,13 +177,14 @@ class PluginCollector(Collector):
     )
     """Read with a default of 0: a counter the plugin client does not keep stays 0."""
 
-    def __init__(self, read: Callable[[], Mapping[str, Any]]) -> None:
+    def __init__(
+        self, read: Callable[[], Mapping[str, Any]], seam_names: Mapping[Any, str]
+    ) -> None:
         self.read = read
+        self.seam_names = seam_names
 
     def collect(self) -> Iterable[Any]:
         """The families, read now."""
-        from server.plugins.listeners import SEAM_NAMES  # imported late: a cycle otherwise
-
         plugins = self.read()
         for attr, help_text in self.COUNTERS:
             family = CounterMetricFamily(f"agentloop_plugin_{attr}", help_text, labels=["plugin"])
@@ -197,7 +200,7 @@ class PluginCollector(Collector):
             by_seam: dict[str, list[float]] = {}
             for key, samples in stats.latencies.items():
                 seam = key[-1] if isinstance(key, tuple) else key  # keyed by (kind, seam) too
-                by_seam.setdefault(SEAM_NAMES.get(seam, str(seam)), []).extend(samples)
+                by_seam.setdefault(self.seam_names.get(seam, str(seam)), []).extend(samples)
             for seam_name, values in by_seam.items():
                 latency.add_metric([name, seam_name], len(values), sum(values))
         yield latency

@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
-from server.core import seams as S
-from server.core.seams import SeamRegistry
+from server.kernel import seams as S
+from server.kernel.seams import SeamRegistry
 
 FINISH_REASONS = {
     st.FINISH_KIND_STOP: "stop",

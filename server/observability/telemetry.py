@@ -4,21 +4,31 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
-from server.core.seams import SeamRegistry
+from server.kernel.seams import SeamRegistry
 from server.observability.metrics import Metrics
 from server.observability.observe import EventClock, Sink
 from server.observability.tracing import Tracing
-from server.settings.config import Config
 
 log = logging.getLogger(__name__)
+
+
+class TelemetrySettings(Protocol):
+    """What telemetry reads of the server's configuration (`Config` has it)."""
+
+    @property
+    def metrics_listen(self) -> str: ...  # noqa: D102
+    @property
+    def trace_exporter(self) -> str: ...  # noqa: D102
+    @property
+    def otlp_endpoint(self) -> str: ...  # noqa: D102
 
 
 class Telemetry:
     """What `App` starts and stops: the metrics endpoint, the tracer, the event clock."""
 
-    def __init__(self, config: Config, tracing: Tracing | None = None) -> None:
+    def __init__(self, config: TelemetrySettings, tracing: Tracing | None = None) -> None:
         """Build what the config turns on; `tracing` replaces the configured tracer (tests)."""
         self.listen = config.metrics_listen
         self.metrics = Metrics() if self.listen else None
@@ -32,6 +42,7 @@ class Telemetry:
         agents: Callable[[], int],
         streams: Callable[[], int],
         plugins: Callable[[], Mapping[str, Any]],
+        seam_names: Mapping[Any, str],
     ) -> None:
         """Listen to the session log and read the server's gauges; nothing when all is off."""
         sinks: list[Sink] = [s for s in (self.metrics, self.tracing) if s is not None]
@@ -42,7 +53,7 @@ class Telemetry:
         if self.metrics is not None:
             self.metrics.watch("agentloop_agents", "Agents hosted now.", agents)
             self.metrics.watch("agentloop_open_streams", "StreamSessionEvents calls open.", streams)
-            self.metrics.collect_plugins(plugins)
+            self.metrics.collect_plugins(plugins, seam_names)
 
     async def start(self) -> None:
         """Open the metrics endpoint, when configured."""

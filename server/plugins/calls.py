@@ -16,9 +16,9 @@ from google.protobuf import unknown_fields
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import stream_pb2 as st
-from server.core.abort import AbortSignal
-from server.core.tools import ToolExecution, ToolOutcome
-from server.settings.defaults import PLUGIN_TIMEOUT_SECONDS
+from server.kernel.abort import AbortSignal
+from server.kernel.defaults import PLUGIN_TIMEOUT_SECONDS
+from server.kernel.tools import ToolExecution, ToolOutcome
 
 DEFAULT_TIMEOUT = PLUGIN_TIMEOUT_SECONDS
 """Seconds a call waits for its result when neither the plugin nor the operator set it."""

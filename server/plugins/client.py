@@ -34,8 +34,8 @@ from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import hook_service_pb2_grpc as hk_rpc
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import stream_pb2 as st
-from server.core.abort import AbortSignal
-from server.core.errors import Aborted
+from server.kernel.abort import AbortSignal
+from server.kernel.errors import Aborted
 from server.plugins.calls import NoticeSlot, PluginCallFailed, PluginStats, error_text
 from server.plugins.deadlines import DeadlineExpired, Deadlines
 from server.plugins.description import describe_request

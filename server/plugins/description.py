@@ -8,10 +8,10 @@ from google.protobuf import duration_pb2
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import session_event_pb2 as ev
-from server.core.jsonvalue import check_lossless
+from server.kernel.ids import ID_PATTERN
+from server.kernel.jsonvalue import check_lossless
 from server.plugins.listeners import SEAM_NAMES
 from server.plugins.tools import tool_schema
-from server.settings.agent_rules import ID_PATTERN
 
 
 @dataclass(frozen=True)

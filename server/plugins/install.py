@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
-from server.core.seams import SeamRegistry
-from server.core.tools import ToolRegistry
+from server.kernel.seams import SeamRegistry
+from server.kernel.tools import ToolRegistry
 from server.models import ModelRegistry
 from server.plugins.calls import DEFAULT_TIMEOUT, PluginCaller, PluginStats
 from server.plugins.listeners import RemoteListener

@@ -34,12 +34,12 @@ from agentloop.plugin.seam_table import BY_SEAM, SPECS, SeamSpec
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
-from server.core import seams as S
-from server.core.abort import AbortSignal
-from server.core.approvals import ASKED_BY
-from server.core.errors import Aborted, TurnFatal
-from server.core.seams import Next, SeamRegistry
-from server.core.tools import ToolExecution, ToolOutcome
+from server.kernel import seams as S
+from server.kernel.abort import AbortSignal
+from server.kernel.errors import Aborted, TurnFatal
+from server.kernel.seams import Next, SeamRegistry
+from server.kernel.tools import ToolExecution, ToolOutcome
+from server.loop.approvals import ASKED_BY
 from server.observability import logs, observe
 from server.plugins.calls import (
     NoticeSlot,
@@ -575,7 +575,7 @@ def _default_codec(spec: SeamSpec) -> Codec:
         return Check(key, decision, bail_if_set)
     if isinstance(key, S.Emit) and spec.mode == hk.SEAM_MODE_OBSERVER:
         return Watch(key)
-    raise RuntimeError(f"seam {spec.path}: no key of its mode in server.core.seams")
+    raise RuntimeError(f"seam {spec.path}: no key of its mode in server.kernel.seams")
 
 
 def _codecs() -> dict[str, Codec]:

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Sequence
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import stream_pb2 as st
-from server.core.abort import AbortSignal
-from server.core.errors import TurnFatal
+from server.kernel.abort import AbortSignal
+from server.kernel.errors import TurnFatal
 from server.models import ModelRequest
 from server.models.appended import SLICE_BYTES, SLICE_MESSAGES, Appended, in_slices, split
 from server.observability import observe

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
-from server.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from server.core.limits import check_capacity
-from server.core.runtime import Runtime
-from server.core.tasks import cancel_and_wait
+from server.kernel.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from server.kernel.limits import check_capacity
+from server.kernel.tasks import cancel_and_wait
+from server.loop.runtime import Runtime
 from server.plugins.calls import PluginStats
 from server.plugins.client import DEFAULT_MAX_MESSAGE_BYTES, PluginConnection, PluginUnreachable
 from server.plugins.description import (

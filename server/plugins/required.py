@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
-from server.core import seams as S
-from server.core.errors import TurnFatal
-from server.core.seams import SeamKey, SeamRegistry
+from server.kernel import seams as S
+from server.kernel.errors import TurnFatal
+from server.kernel.seams import SeamKey, SeamRegistry
 
 READINESS_SERVICE = "agentloop.readiness"
 """The health service name that reports whether every required plugin is READY."""

@@ -9,9 +9,9 @@ from typing import Any
 from google.protobuf import json_format
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
-from server.core.abort import NEVER
-from server.core.errors import TurnFatal
-from server.core.tools import Tool, ToolExecution, ToolReturn
+from server.kernel.abort import NEVER
+from server.kernel.errors import TurnFatal
+from server.kernel.tools import Tool, ToolExecution, ToolReturn
 from server.observability import observe
 from server.plugins.calls import (
     PluginCaller,

@@ -15,12 +15,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
-from server.core.errors import AlreadyExists, SessionDamaged
+from server.kernel.errors import AlreadyExists, SessionDamaged
+from server.kernel.ids import check_id
 from server.observability.logs import fields
 from server.sessions.journal import Journal
 from server.sessions.repair import crash_closers
 from server.sessions.session import SessionLog, now_timestamp, session_message
-from server.settings.agent_rules import check_id
 from server.stores import Commit, SessionStore, SessionWrites
 
 log = logging.getLogger(__name__)

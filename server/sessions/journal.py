@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agentloop.v1 import session_event_pb2 as ev
-from server.core.errors import AlreadyExists, NotFound
+from server.kernel.errors import AlreadyExists, NotFound
 from server.observability import observe
 from server.observability.logs import fields
 from server.stores import (

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 
-from server.core.seams import Gather, GatherListener, SeamRegistry
+from server.kernel.seams import Gather, GatherListener, SeamRegistry
 from server.sessions.session import SessionLog
 
 SESSION_FLUSH: Gather[SessionLog, None] = Gather("session/flush")

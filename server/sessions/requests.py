@@ -21,7 +21,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
-from server.core.errors import InvalidArgument
+from server.kernel.errors import InvalidArgument
 from server.stores import SessionStore
 
 MAX_REQUEST_ID = 128

@@ -33,9 +33,9 @@ from google.protobuf import timestamp_pb2
 from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
-from server.core.errors import AgentLoopError
-from server.core.events import Payload, kind_of
-from server.core.history import MessageView
+from server.kernel.errors import AgentLoopError
+from server.kernel.events import Payload, kind_of
+from server.kernel.history import MessageView
 from server.stores import FIRST_SEQ, InboxEntry, RequestRecord
 
 if TYPE_CHECKING:

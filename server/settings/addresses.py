@@ -17,7 +17,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 
-from server.core.errors import InvalidArgument
+from server.kernel.errors import InvalidArgument
 
 TLS_SCHEME = "tls://"
 UNIX_SCHEME = "unix:"

@@ -12,34 +12,14 @@ plugins, the names a plugin brings are known only at start, where the same check
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Iterable
 
 from agentloop.v1 import agent_pb2
-from server.core.errors import CodedError, InvalidArgument
-from server.core.limits import Limits
-from server.core.system_prompt import PERSONA_VARIABLES, interpolate
-from server.core.validation import check_agent_options
+from server.kernel.errors import CodedError, InvalidArgument
+from server.kernel.limits import Limits
+from server.loop.system_prompt import PERSONA_VARIABLES, interpolate
+from server.loop.validation import check_agent_options
 from server.models.scripted_options import options_type
-
-ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-"""Agent, session and plugin ids."""
-
-
-def id_problem(value: str) -> str:
-    """Why `value` is not a well-formed id; "" when it is."""
-    if not value:
-        return "must not be empty"
-    if not ID_PATTERN.fullmatch(value):
-        return f"{value[:40]!r} must be 1-128 characters of letters, digits, '.', '_', ':', '-'"
-    return ""
-
-
-def check_id(field: str, value: str) -> None:
-    """Raise `InvalidArgument` naming `field` unless `value` is a well-formed id."""
-    problem = id_problem(value)
-    if problem:
-        raise InvalidArgument(field, problem)
 
 
 def cwd_problem(cwd: str) -> str:

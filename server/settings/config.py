@@ -17,35 +17,32 @@ import yaml
 from pydantic import AfterValidator, Field, TypeAdapter, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 
-from server.core.builtin_tools import builtin_tools
-from server.core.limits import Limits
-from server.core.system_prompt import PERSONA_VARIABLES
-from server.core.tools import UNLISTED_TOOLS
-from server.models.openai_wire import MAX_TOKENS_FIELDS
-from server.settings import agent_rules as rules
-from server.settings.addresses import DEFAULT_ALLOWLIST, parse_pattern
-from server.settings.defaults import (
+from server.kernel.defaults import (
     DEFAULT_PROVIDER,
     MAX_PARALLEL_TOOL_CALLS,
     PLUGIN_TIMEOUT_SECONDS,
 )
+from server.kernel.ids import id_problem
+from server.kernel.limits import Limits
+from server.kernel.schema import SCHEMA, ConfigError, PositiveInt, fail, rule
+from server.kernel.tools import UNLISTED_TOOLS
+from server.loop.builtin_tools import builtin_tools
+from server.loop.system_prompt import PERSONA_VARIABLES
+from server.models.openai_wire import MAX_TOKENS_FIELDS
+from server.settings import agent_rules as rules
+from server.settings.addresses import DEFAULT_ALLOWLIST, parse_pattern
 from server.settings.fields import (
-    SCHEMA,
-    ConfigError,
     Flag,
     HostPort,
     Integer,
     NonNegativeSeconds,
     Pairs,
     PortText,
-    PositiveInt,
     PositiveSeconds,
     Seconds,
     Text,
     config_error,
-    fail,
     one_of,
-    rule,
 )
 
 __all__ = [
@@ -99,7 +96,7 @@ def _base_url_problem(url: str) -> str:
     return f"{url!r} must start with http:// or https://"
 
 
-AgentId = Annotated[Text, rule(rules.id_problem)]
+AgentId = Annotated[Text, rule(id_problem)]
 AbsolutePath = Annotated[Text, rule(rules.cwd_problem)]
 LeaseSeconds = Annotated[
     Seconds, rule(lambda s: "" if 1 <= s <= 300 else "must be a number of seconds from 1 to 300")
@@ -272,7 +269,7 @@ class Config:
     otlp_endpoint: Text = ""
     """The OTLP/gRPC collector; empty: $OTEL_EXPORTER_OTLP_ENDPOINT or localhost:4317."""
     limits: Limits = field(default_factory=Limits)
-    """Size and count limits; see `server/core/limits.py` for each one and its default."""
+    """Size and count limits; see `server/kernel/limits.py` for each one and its default."""
     plugin_max_message_bytes: PositiveInt = 16 * 1024 * 1024
     """The largest message sent to or accepted from a plugin; a larger call fails alone."""
     insecure: Flag = False

@@ -4,6 +4,9 @@ The configuration is declared as pydantic dataclasses (`server/settings/config.p
 once, with its type, its default and its doc. YAML keys are the camelCase spelling of
 the field names; unknown keys are errors. Every error becomes a `ConfigError` whose
 message starts with the path of the field, as a user wrote it: `agents[0].tools: ...`.
+
+The primitives the kernel's `Limits` shares (`SCHEMA`, `PositiveInt`, `rule`, `fail`,
+`ConfigError`) live in `server/kernel/schema.py`.
 """
 
 from __future__ import annotations
@@ -11,45 +14,13 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Callable
-from typing import Annotated, Any, NoReturn, TypeVar, Union
+from typing import Annotated, Any, Union
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, Strict, ValidationError
+from pydantic import AfterValidator, BeforeValidator, Strict, ValidationError
 from pydantic.alias_generators import to_camel
-from pydantic_core import ErrorDetails, PydanticCustomError
+from pydantic_core import ErrorDetails
 
-SCHEMA = ConfigDict(
-    alias_generator=to_camel,
-    extra="forbid",
-    validate_by_name=True,
-    validate_by_alias=True,
-    use_attribute_docstrings=True,
-)
-"""The settings of every configuration dataclass: camelCase keys, nothing unknown."""
-
-
-class ConfigError(ValueError):
-    """The configuration is invalid; the message names the field."""
-
-
-def fail(problem: str, path: str = "") -> NoReturn:
-    """Refuse a value; `path` (relative to the value validated) names a nested field."""
-    raise PydanticCustomError("config", "{problem}", {"problem": problem, "path": path})
-
-
-T = TypeVar("T")
-
-
-def rule(check: Callable[[T], str]) -> AfterValidator:
-    """A validator from a function returning the problem of a value ("" when none)."""
-
-    def validate(value: T) -> T:
-        problem = check(value)
-        if problem:
-            fail(problem)
-        return value
-
-    return AfterValidator(validate)
+from server.kernel.schema import ConfigError, fail, rule
 
 
 def one_of(*choices: str) -> AfterValidator:
@@ -61,9 +32,6 @@ def one_of(*choices: str) -> AfterValidator:
 Text = Annotated[str, Strict()]
 Flag = Annotated[bool, Strict()]
 Integer = Annotated[int, Strict()]
-PositiveInt = Annotated[
-    int, Strict(), rule(lambda n: "" if n >= 1 else f"must be a positive integer, not {n!r}")
-]
 Seconds = Annotated[float, Strict()]
 PositiveSeconds = Annotated[
     float, Strict(), rule(lambda s: "" if s > 0 else "must be a positive number")

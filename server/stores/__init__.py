@@ -24,7 +24,7 @@ from typing import Protocol
 
 from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
-from server.core.errors import AgentLoopError, InvalidArgument, SessionDamaged
+from server.kernel.errors import AgentLoopError, InvalidArgument, SessionDamaged
 
 FIRST_SEQ = 1
 """The sequence number of a session's first event (0 never names an event)."""

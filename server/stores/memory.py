@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
-from server.core.errors import AlreadyExists, SessionNotFound
+from server.kernel.errors import AlreadyExists, SessionNotFound
 from server.stores import (
     FIRST_SEQ,
     Commit,

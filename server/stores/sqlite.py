@@ -36,7 +36,7 @@ from google.protobuf.message import DecodeError
 
 from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
-from server.core.errors import SessionDamaged, SessionNotFound
+from server.kernel.errors import SessionDamaged, SessionNotFound
 from server.stores import (
     FIRST_SEQ,
     Commit,

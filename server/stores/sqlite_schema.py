@@ -11,7 +11,7 @@ import sqlite3
 
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
-from server.core.errors import SessionDamaged
+from server.kernel.errors import SessionDamaged
 
 FORMAT_VERSION = "4"
 """The on-disk format this code reads and writes."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from agentloop.v1 import session_event_pb2 as ev
-from server.core.errors import AlreadyExists, SessionDamaged, SessionNotFound
+from server.kernel.errors import AlreadyExists, SessionDamaged, SessionNotFound
 from server.stores import (
     FIRST_SEQ,
     SessionWrites,

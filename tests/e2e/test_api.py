@@ -16,7 +16,7 @@ from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2, decision_pb2, scripted_pb2, session_event_pb2, stream_pb2
 from agentloop.v1 import agent_service_pb2 as api
-from server.core import seams as S
+from server.kernel import seams as S
 from server.models.scripted_options import script_options
 from tests.e2e.conftest import E2E, READ_TIMEOUT, EventStream, kinds, of_kind, read_turn, text_of
 

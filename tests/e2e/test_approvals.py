@@ -25,8 +25,8 @@ from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2, approval_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
-from server.core import seams as S
-from server.core.tools import ToolExecution, ToolOutcome
+from server.kernel import seams as S
+from server.kernel.tools import ToolExecution, ToolOutcome
 from server.models.scripted_options import script_options
 from server.settings.config import Config, load_config
 from tests.e2e.conftest import (

@@ -18,8 +18,8 @@ from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
-from server.core.limits import Limits
-from server.core.tools import ToolExecution, ToolValue
+from server.kernel.limits import Limits
+from server.kernel.tools import ToolExecution, ToolValue
 from server.models.scripted_options import script_options
 from server.settings.config import Config
 from tests.e2e.conftest import (

@@ -23,7 +23,7 @@ from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2, stream_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
-from server.core.content import plain_text
+from server.kernel.content import plain_text
 from server.settings.config import Config
 from tests.e2e.conftest import E2E, READ_TIMEOUT, EventStream, kinds, read_turn, running_app
 from tests.e2e.registry import register, wait_state

@@ -16,7 +16,7 @@ from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2, content_pb2
 from agentloop.v1 import agent_service_pb2 as api
-from server.core.content import plain_text
+from server.kernel.content import plain_text
 from server.models import ModelRequest
 from server.models.appended import SLICE_BYTES
 from server.plugins.model import PluginModel

@@ -22,7 +22,7 @@ from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import stream_pb2 as st
-from server.core import seams as S
+from server.kernel import seams as S
 from server.models.scripted_options import script_options
 from server.observability.telemetry import Telemetry
 from server.observability.tracing import Tracing

@@ -10,7 +10,7 @@ import pytest
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import agent_service_pb2 as api
-from server.core.content import plain_text
+from server.kernel.content import plain_text
 from server.settings.config import load_config
 from tests.e2e.conftest import kinds, read_turn, running_app
 from tests.fake_openai import FakeOpenAI, Reply, call, chunk, text, usage

@@ -14,7 +14,7 @@ from agentloop.plugin.sdk import Plugin
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import decision_pb2
-from server.core.limits import Limits
+from server.kernel.limits import Limits
 from server.settings.addresses import is_loopback
 from server.settings.config import Config
 from tests.e2e.conftest import E2E, READ_TIMEOUT, running_app

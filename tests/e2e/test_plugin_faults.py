@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.core.tool_pipeline import FATAL_TEXT
+from server.loop.tool_pipeline import FATAL_TEXT
 from tests.e2e.conftest import E2E, kinds, of_kind, text_of
 from tests.e2e.registry import register
 from tests.e2e.test_plugins import create_agent, end_reason, run_turn, step

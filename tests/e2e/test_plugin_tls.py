@@ -11,8 +11,8 @@ from agentloop.plugin.sdk import Plugin, block_prompt
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.v1 import agent_pb2, decision_pb2
 from agentloop.v1 import content_pb2 as c
-from server.core.errors import FailedPrecondition
 from server.edge.app import App
+from server.kernel.errors import FailedPrecondition
 from server.plugins.registry import Overrides
 from server.settings.config import Config
 

@@ -28,7 +28,7 @@ from agentloop.v1 import agent_pb2, scripted_pb2, session_event_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1.stream_pb2 import StreamChunk
-from server.core.abort import AbortSignal
+from server.kernel.abort import AbortSignal
 from server.models import ModelRequest
 from server.models.scripted import ScriptedModel
 from server.models.scripted_options import script_options

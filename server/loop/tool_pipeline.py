@@ -4,7 +4,7 @@ A started call goes through three stages, split the way the scheduler runs them:
 
 - `prepare` (ordered): the `tools/pre-execute` waterfall, then the guards; an ask
   (or a tool the agent's `approval_required_tools` names) instead records an
-  approval request and returns it (`server.core.approvals`).
+  approval request and returns it (`server.loop.approvals`).
 - `approve` (may overlap other calls): wait for the answer, then the guards.
 - `dispatch` (may overlap other calls): the `tools/execute` waterfall around the
   tool body. Every tool failure is normalised into an error result.
@@ -26,18 +26,10 @@ import inspect
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from agentloop.v1 import content_pb2, decision_pb2, session_event_pb2
-from server.core.approvals import (
-    ASKED_BY,
-    BY_LISTENER,
-    BY_POLICY,
-    Approvals,
-    Pending,
-    unavailable_text,
-)
-from server.core.content import text_content
-from server.core.errors import Aborted, CodedError, TurnFatal
-from server.core.jsonvalue import check_lossless
-from server.core.seams import (
+from server.kernel.content import text_content
+from server.kernel.errors import Aborted, CodedError, TurnFatal
+from server.kernel.jsonvalue import check_lossless
+from server.kernel.seams import (
     TOOLS_EXECUTE,
     TOOLS_POST_EXECUTE,
     TOOLS_PRE_EXECUTE,
@@ -48,7 +40,7 @@ from server.core.seams import (
     ToolCallResult,
     WaterfallListener,
 )
-from server.core.tools import (
+from server.kernel.tools import (
     NOT_LOSSLESS,
     ExecutionMode,
     ToolExecution,
@@ -56,6 +48,14 @@ from server.core.tools import (
     ToolRegistry,
     ToolReturn,
     ToolValue,
+)
+from server.loop.approvals import (
+    ASKED_BY,
+    BY_LISTENER,
+    BY_POLICY,
+    Approvals,
+    PendingApproval,
+    unavailable_text,
 )
 
 FATAL_TEXT = "Error: the tool call was stopped; the turn ended with an error"
@@ -107,16 +107,19 @@ class ToolPipeline:
     async def run(self, exec: ToolExecution) -> ToolOutcome:
         """All the stages, one after the other."""
         prepared = await self.prepare(exec)
-        outcome = await self.approve(exec, prepared) if isinstance(prepared, Pending) else prepared
+        if isinstance(prepared, PendingApproval):
+            outcome = await self.approve(exec, prepared)
+        else:
+            outcome = prepared
         if outcome is None:
             outcome = await self.dispatch(exec)
         return await self.finalize(exec, outcome)
 
-    async def prepare(self, exec: ToolExecution) -> ToolOutcome | Pending | None:
+    async def prepare(self, exec: ToolExecution) -> ToolOutcome | PendingApproval | None:
         """Pre-execute and guards, or the approval request of an ask.
 
         Returns:
-            None when the call may be dispatched; a `Pending` approval to `approve`
+            None when the call may be dispatched; a `PendingApproval` approval to `approve`
             first; otherwise its result without dispatch: a denial, or a final
             error when a listener or guard threw.
         """
@@ -124,11 +127,11 @@ class ToolPipeline:
             reason = await self._denial(exec)
         except Exception as exc:
             return failure_outcome(exc, final=True)
-        if reason is None or isinstance(reason, Pending):
+        if reason is None or isinstance(reason, PendingApproval):
             return reason
         return _denied(reason)
 
-    async def approve(self, exec: ToolExecution, pending: Pending) -> ToolOutcome | None:
+    async def approve(self, exec: ToolExecution, pending: PendingApproval) -> ToolOutcome | None:
         """Wait for the approval, then the guards: None to dispatch, else the result."""
         assert self._approvals is not None
         try:
@@ -139,7 +142,7 @@ class ToolPipeline:
             return failure_outcome(exc, final=True)
         return None if reason is None else _denied(reason)
 
-    async def _denial(self, exec: ToolExecution) -> str | Pending | None:
+    async def _denial(self, exec: ToolExecution) -> str | PendingApproval | None:
         decision = await self._seams.waterfall(
             TOOLS_PRE_EXECUTE, self._agent_id, lambda: exec, decision_pb2.PreToolDecision()
         )
@@ -154,7 +157,7 @@ class ToolPipeline:
             return self._ask(exec, "", BY_POLICY)
         return self._guard_denial(exec)
 
-    def _ask(self, exec: ToolExecution, reason: str, requested_by: str) -> str | Pending:
+    def _ask(self, exec: ToolExecution, reason: str, requested_by: str) -> str | PendingApproval:
         """Hold the call for approval, or deny it when no approval can be asked for."""
         if self._approvals is None or not self._approvals.available:
             return reason or unavailable_text(exec.name)
@@ -238,7 +241,7 @@ class _ExecChain:
     """One `tools/execute` dispatch: its wrappers, then the tool body.
 
     An object, not a closure that calls itself (a reference cycle per tool call, freed
-    only by the cycle collector); `server.core.seams` runs its waterfalls the same way.
+    only by the cycle collector); `server.kernel.seams` runs its waterfalls the same way.
     """
 
     __slots__ = ("_listeners", "_body")

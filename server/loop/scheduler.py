@@ -22,14 +22,14 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from agentloop.v1 import content_pb2, decision_pb2
-from server.core import tasks
-from server.core.abort import AbortSignal
-from server.core.approvals import Approvals, Pending
-from server.core.errors import Aborted, CodedError
-from server.core.seams import SeamRegistry
-from server.core.tasks import Spawn, cancel_and_wait
-from server.core.tool_pipeline import ToolPipeline, failure_outcome
-from server.core.tools import ToolExecution, ToolOutcome, ToolRegistry
+from server.kernel import tasks
+from server.kernel.abort import AbortSignal
+from server.kernel.errors import Aborted, CodedError
+from server.kernel.seams import SeamRegistry
+from server.kernel.tasks import Spawn, cancel_and_wait
+from server.kernel.tools import ToolExecution, ToolOutcome, ToolRegistry
+from server.loop.approvals import Approvals, PendingApproval
+from server.loop.tool_pipeline import ToolPipeline, failure_outcome
 
 DEFAULT_MAX_PARALLEL = 10
 """The server's default cap on parallel dispatches per batch."""
@@ -204,7 +204,7 @@ class _Batch:
             self._in_flight.add(slot.task)
 
     async def _approve_then_dispatch(
-        self, exec: ToolExecution, pending: Pending | None
+        self, exec: ToolExecution, pending: PendingApproval | None
     ) -> ToolOutcome:
         if pending is not None:
             denied = await self._pipeline.approve(exec, pending)

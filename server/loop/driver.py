@@ -17,13 +17,13 @@ from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
-from server.core import seams as S
-from server.core.agent import Agent
-from server.core.errors import CodedError
-from server.core.inbox import Pending
-from server.core.running import Failed, Interrupted, RunAgain, Stop, Turn, Verdict
-from server.core.step import prepare_step, run_step
-from server.core.turn import (
+from server.kernel import seams as S
+from server.kernel.errors import CodedError
+from server.loop.agent import Agent
+from server.loop.inbox import QueuedMessage
+from server.loop.running import Interrupted, RunAgain, StepFailed, Stop, Turn, Verdict
+from server.loop.step import prepare_step, run_step
+from server.loop.turn import (
     close_step,
     close_turn,
     drain_steering,
@@ -133,7 +133,7 @@ def end_thrown_turn(agent: Agent, turn: Turn, error: BaseException) -> None:
         fail(agent, turn, error)
 
 
-async def submit_prompts(agent: Agent, turn: Turn, batch: list[Pending]) -> bool:
+async def submit_prompts(agent: Agent, turn: Turn, batch: list[QueuedMessage]) -> bool:
     """Run `agent/prompt-submit` on each message; False when every one was blocked."""
     allowed = False
     last_block = ""
@@ -189,7 +189,7 @@ async def run_steps(agent: Agent, turn: Turn) -> None:
             case Interrupted(reason=reason):
                 turn.reason = reason
                 return
-            case Failed(error=error):
+            case StepFailed(error=error):
                 fail(agent, turn, error)
                 return
 
@@ -218,7 +218,7 @@ async def run_one_step(agent: Agent, turn: Turn) -> Verdict:
             if step.signal.aborted:
                 aborted = ev.TurnAborted(reason=step.signal.reason)
                 return Interrupted(ev.TurnEndReason(aborted=aborted))
-            return Failed(error)
+            return StepFailed(error)
     finally:
         turn.current = None
     turn.max_tokens = turn.max_tokens or outcome.max_tokens
@@ -244,9 +244,8 @@ async def decide(agent: Agent, turn: Turn, default_continue: bool) -> Verdict:
     kind = decision.WhichOneof("decision") or default.WhichOneof("decision")
     if kind == "continue_turn" and decision.continue_turn.reason:
         source = decision.continue_turn.source
-        agent.inbox.steer(
-            Pending(list(decision.continue_turn.reason), source if source.kind else LOOP_SOURCE)
-        )
+        reason = list(decision.continue_turn.reason)
+        agent.inbox.steer(QueuedMessage(reason, source if source.kind else LOOP_SOURCE))
     proceed = kind == "continue_turn" or bool(agent.inbox.steering)
     stop = functools.partial(S.TurnStop, agent, turn.number, 0, turn.signal)
     if await seams.serial(S.TURN_STOP, agent.agent_id, stop) is not None:

@@ -19,8 +19,8 @@ import asyncio
 from types import TracebackType
 from typing import Any
 
-from server.core.abort import AbortController, AbortSignal
-from server.core.errors import Aborted
+from server.kernel.abort import AbortController, AbortSignal
+from server.kernel.errors import Aborted
 
 
 class CancelScope:

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from server.core.errors import CodedError
-from server.core.seams import SYSTEM_PROMPT_ASSEMBLE, SeamRegistry
+from server.kernel.errors import CodedError
+from server.kernel.prompt import Assembly, Section
+from server.kernel.seams import SYSTEM_PROMPT_ASSEMBLE, SeamRegistry
 
 PROMPT_VARIABLE = "PROMPT_VARIABLE"
 """The error code of every render failure."""
@@ -29,28 +30,6 @@ IDENTITY_TEXT = "You are an AI agent hosted by agentloop."
 """The text of the built-in `identity` section."""
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
-
-
-@dataclass(frozen=True)
-class Section:
-    """One named block of the system prompt."""
-
-    name: str
-    """Identifies the section; a scoped section shadows a global one of the same name."""
-    order: int
-    """Sort key; lower comes first (identity is -100, persona 0, tool guidance 100-199)."""
-    text: str
-    """The template text, which may reference variables as `{{name}}`."""
-
-
-@dataclass
-class Assembly:
-    """The value of the `system-prompt/assemble` waterfall: what will be rendered."""
-
-    sections: list[Section] = field(default_factory=list)
-    """The visible sections, in registration order (render sorts them)."""
-    variables: dict[str, str | None] = field(default_factory=dict)
-    """Every known variable; None means registered but without a value for this agent."""
 
 
 @dataclass(frozen=True)

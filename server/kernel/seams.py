@@ -30,22 +30,38 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar, cast
+from typing import TYPE_CHECKING, Generic, NamedTuple, Protocol, TypeVar, cast
 
 from agentloop.v1 import approval_pb2 as ap
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
-from server.core.abort import AbortSignal
-from server.core.tasks import cancel_and_wait
-from server.core.tools import ToolExecution, ToolOutcome
+from server.kernel.abort import AbortSignal
+from server.kernel.prompt import Assembly
+from server.kernel.tasks import cancel_and_wait
+from server.kernel.tools import ToolExecution, ToolOutcome
 
 if TYPE_CHECKING:
     from agentloop.v1 import agent_event_pb2 as ae
-    from server.core.agent import Agent
-    from server.core.system_prompt import Assembly
 
 log = logging.getLogger(__name__)
+
+
+class SeamAgent(Protocol):
+    """The agent a seam input names, as its listeners see it (the loop's `Agent` is one).
+
+    Declared here, with the seams, so that the kernel names no type of the loop above it.
+    """
+
+    @property
+    def agent_id(self) -> str:
+        """The agent's id."""
+        ...
+
+    def inject(self, context: d.HookContext, request_id: str = "") -> None:
+        """Queue context for the agent's next model request."""
+        ...
+
 
 In = TypeVar("In")
 Out = TypeVar("Out")
@@ -163,7 +179,7 @@ class Gather(Seam[GatherListener[In, Out]], Generic[In, Out]):
 class AgentCall:
     """What every agent seam's input carries: the agent, where the loop is, the signal."""
 
-    agent: Agent
+    agent: SeamAgent
     turn: int
     step: int
     signal: AbortSignal
@@ -267,7 +283,7 @@ ApprovalAnswer = tuple[ap.ApprovalDecision.ValueType, str] | None
 class AgentNotice:
     """An agent, for the emits that say something about it."""
 
-    agent: Agent
+    agent: SeamAgent
 
     @property
     def agent_id(self) -> str:
@@ -299,7 +315,7 @@ class Queued(AgentNotice):
 
 
 @dataclass(frozen=True)
-class Failed(AgentNotice):
+class AgentFailed(AgentNotice):
     """`agent/error`: turn `turn` failed at step `step`."""
 
     turn: int
@@ -314,7 +330,7 @@ class Failed(AgentNotice):
 class SessionEventSeen(NamedTuple):
     """A session event of the agent (`session/event`, `session/committed`)."""
 
-    agent: Agent
+    agent: SeamAgent
     event: ev.SessionEvent
 
     @property
@@ -326,7 +342,7 @@ class SessionEventSeen(NamedTuple):
 class AgentEventSeen(NamedTuple):
     """`agent/event`: a live agent event."""
 
-    agent: Agent
+    agent: SeamAgent
     event: ae.AgentEvent
 
     @property
@@ -369,10 +385,10 @@ TURN_STOP: Serial[TurnStop, d.ContinuationStop] = Serial("agent/turn-stop")
 SESSION_START: Emit[SessionStarted] = Emit("agent/session-start")
 STATUS: Emit[StatusChanged] = Emit("agent/status")
 QUEUED: Emit[Queued] = Emit("agent/queued")
-ERROR: Emit[Failed] = Emit("agent/error")
-CREATED: Emit[Agent] = Emit("agent/created")
+ERROR: Emit[AgentFailed] = Emit("agent/error")
+CREATED: Emit[SeamAgent] = Emit("agent/created")
 """Called (not emitted) at creation: a throw vetoes publication."""
-DISPOSED: Emit[Agent] = Emit("agent/disposed")
+DISPOSED: Emit[SeamAgent] = Emit("agent/disposed")
 TOOLS_RESULT: Emit[ToolCallResult] = Emit("tools/result")
 TOOLS_RESULT_COMMITTED: Emit[ToolCallResult] = Emit("tools/result-committed")
 """Each final tool result once its `tool/result` event is stored: what plugins observe."""
@@ -382,7 +398,7 @@ SESSION_COMMITTED: Emit[SessionEventSeen] = Emit("session/committed")
 """Every session event once it is stored: what plugins observe."""
 AGENT_EVENT: Emit[AgentEventSeen] = Emit("agent/event")
 """Every live agent event."""
-# Approvers (called concurrently by `server.core.approvals`, not dispatched as a chain).
+# Approvers (called concurrently by `server.loop.approvals`, not dispatched as a chain).
 TOOLS_APPROVAL: Gather[ApprovalAsk, ApprovalAnswer] = Gather("tools/approval")
 """Approvers of pending approvals; each answers or abstains (None)."""
 

@@ -9,25 +9,25 @@ from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
-from server.core import seams as S
-from server.core.agent import Agent, context_message
-from server.core.assembly import MessageAssembler
-from server.core.content import text_block, tool_calls_of, without_tool_calls
-from server.core.errors import CodedError
-from server.core.fairness import yield_if_due
-from server.core.history import MessageView
-from server.core.jsonvalue import to_struct
-from server.core.limits import (
+from server.kernel import seams as S
+from server.kernel.assembly import MessageAssembler
+from server.kernel.content import text_block, tool_calls_of, without_tool_calls
+from server.kernel.errors import CodedError
+from server.kernel.fairness import yield_if_due
+from server.kernel.history import MessageView
+from server.kernel.jsonvalue import to_struct
+from server.kernel.limits import (
     CONTENT_BYTES,
     check_model_output,
     check_tool_calls,
     check_turn_events,
     oversized_result,
 )
-from server.core.running import Step, Turn
-from server.core.scheduler import run_tool_batch
-from server.core.system_prompt import PromptScope
-from server.core.tools import ToolExecution, ToolOutcome
+from server.kernel.tools import ToolExecution, ToolOutcome
+from server.loop.agent import Agent, context_message
+from server.loop.running import Step, Turn
+from server.loop.scheduler import run_tool_batch
+from server.loop.system_prompt import PromptScope
 from server.models import ModelRequest
 
 

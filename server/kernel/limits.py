@@ -11,8 +11,8 @@ from dataclasses import fields
 
 from pydantic.dataclasses import dataclass
 
-from server.core.errors import CodedError, InvalidArgument, ResourceExhausted
-from server.settings.fields import SCHEMA, PositiveInt
+from server.kernel.errors import CodedError, InvalidArgument, ResourceExhausted
+from server.kernel.schema import SCHEMA, PositiveInt
 
 MIB = 1024 * 1024
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
-from server.core.tools import Tool, ToolArgumentsError, ToolExecution
+from server.kernel.tools import Tool, ToolArgumentsError, ToolExecution
 
 MAX_SLEEP_SECONDS = 300
 

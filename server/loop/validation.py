@@ -13,8 +13,8 @@ from google.protobuf import duration_pb2, struct_pb2
 
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
-from server.core.errors import InvalidArgument
-from server.core.limits import Limits, check_size
+from server.kernel.errors import InvalidArgument
+from server.kernel.limits import Limits, check_size
 from server.models.scripted_options import script_of
 
 USER_BLOCKS = ("text",)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from agentloop.v1 import content_pb2, stream_pb2
-from server.core.errors import CodedError
+from server.kernel.errors import CodedError
 
 MODEL_PROTOCOL = "MODEL_PROTOCOL"
 """The error code of a malformed model stream."""

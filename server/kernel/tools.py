@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from agentloop.v1 import content_pb2, decision_pb2, session_event_pb2
-from server.core.abort import AbortSignal
-from server.core.errors import CodedError
-from server.core.jsonvalue import check_lossless, to_struct
+from server.kernel.abort import AbortSignal
+from server.kernel.errors import CodedError
+from server.kernel.jsonvalue import check_lossless, to_struct
 
 UNLISTED_TOOLS = "<unlisted-tools>"
 """The `tool_order` marker where the tools it does not name go, sorted by name."""

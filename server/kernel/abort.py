@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from server.core.errors import Aborted
+from server.kernel.errors import Aborted
 
 T = TypeVar("T")
 

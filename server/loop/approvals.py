@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import approval_pb2 as ap
-from server.core import seams as S
-from server.core import tasks
-from server.core.abort import AbortController, AbortSignal
-from server.core.errors import FailedPrecondition, InvalidArgument, NotFound
-from server.core.seams import SeamRegistry
-from server.core.tasks import Spawn
-from server.core.tools import ToolExecution
+from server.kernel import seams as S
+from server.kernel import tasks
+from server.kernel.abort import AbortController, AbortSignal
+from server.kernel.errors import FailedPrecondition, InvalidArgument, NotFound
+from server.kernel.seams import SeamRegistry
+from server.kernel.tasks import Spawn
+from server.kernel.tools import ToolExecution
 from server.sessions.journal import Journal
 from server.sessions.session import SessionLog
 from server.stores import FIRST_SEQ
@@ -154,7 +154,7 @@ class ApprovalStale(FailedPrecondition):
 
 
 @dataclass(eq=False)
-class Pending:
+class PendingApproval:
     """One call waiting for approval."""
 
     request: ap.ApprovalRequested
@@ -188,7 +188,7 @@ class Approvals:
         self.notify = notify
         self.timeout = timeout
         """Seconds a call waits; 0 turns approvals off (an ask is then a denial)."""
-        self.pending: dict[str, Pending] = {}
+        self.pending: dict[str, PendingApproval] = {}
         self._resolved: OrderedDict[str, ap.ApprovalResolved] = OrderedDict()
 
     @property
@@ -200,7 +200,7 @@ class Approvals:
         """The pending approvals, oldest first."""
         return [p.request for p in self.pending.values()]
 
-    def open(self, exec: ToolExecution, reason: str, requested_by: str) -> Pending:
+    def open(self, exec: ToolExecution, reason: str, requested_by: str) -> PendingApproval:
         """Record the request (`approval/requested`) and hold the call; synchronous."""
         expire = time.time_ns() + int(self.timeout * 1e9)
         request = ap.ApprovalRequested(
@@ -215,14 +215,14 @@ class Approvals:
         )
         request.expire_time.FromNanoseconds(expire)
         self.session.add(request)
-        pending = Pending(request, self.timeout, asyncio.get_running_loop().create_future())
+        pending = PendingApproval(request, self.timeout, asyncio.get_running_loop().create_future())
         self.pending[request.approval_id] = pending
         self.notify(ae.AgentEvent(approval_requested=request))
         if self.seams.has(S.TOOLS_APPROVAL, self.agent_id):  # approvers see stored requests
             self.journal.after_commit(lambda: self._ask_approvers(pending))
         return pending
 
-    async def wait(self, pending: Pending, signal: AbortSignal) -> str | None:
+    async def wait(self, pending: PendingApproval, signal: AbortSignal) -> str | None:
         """Wait for the answer; None to run the call, else the denial text."""
         request = pending.request
 
@@ -304,7 +304,7 @@ class Approvals:
 
     def _finish(
         self,
-        pending: Pending,
+        pending: PendingApproval,
         outcome: ap.ApprovalOutcome.ValueType,
         reason: str,
         resolved_by: str,
@@ -336,7 +336,7 @@ class Approvals:
         pending.approvers.abort(f"approval already resolved by {resolved_by}")
         return resolved
 
-    def _ask_approvers(self, pending: Pending) -> None:
+    def _ask_approvers(self, pending: PendingApproval) -> None:
         """Send the stored request to every `tools/approval` listener of the agent."""
         if pending.future.done():
             return
@@ -345,7 +345,7 @@ class Approvals:
             pending.tasks.add(task)
             task.add_done_callback(pending.tasks.discard)
 
-    async def _ask(self, pending: Pending, approver: Approver, name: str) -> None:
+    async def _ask(self, pending: PendingApproval, approver: Approver, name: str) -> None:
         try:
             answer = approver(
                 S.ApprovalAsk(self.agent_id, pending.request, pending.approvers.signal)

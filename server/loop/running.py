@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
-from server.core.abort import AbortController, AbortSignal
-from server.core.cancel import CancelScope
-from server.core.inbox import Pending
+from server.kernel.abort import AbortController, AbortSignal
+from server.kernel.cancel import CancelScope
+from server.loop.inbox import QueuedMessage
 
 
 @dataclass(eq=False)
@@ -63,7 +63,7 @@ class Turn:
     max_tokens: bool = False
     step_open: bool = False
     terminal: bool = False
-    unsubmitted: list[Pending] = field(default_factory=list)
+    unsubmitted: list[QueuedMessage] = field(default_factory=list)
     """Drained messages that prompt-submit has not recorded yet."""
 
     @property
@@ -121,11 +121,11 @@ class Interrupted:
 
 
 @dataclass(frozen=True)
-class Failed:
+class StepFailed:
     """A step failed: the turn ends with its error."""
 
     error: BaseException
 
 
-Verdict = RunAgain | Stop | Interrupted | Failed
+Verdict = RunAgain | Stop | Interrupted | StepFailed
 """What the loop does after a step."""

@@ -1,7 +1,7 @@
 """An agent: its session, its inbox, its status, and the verbs callers use on it.
 
 The verbs (send, steer, inject, cancel, when_idle) are synchronous or cheap; the work
-happens in the driver (`server.core.loop`), one task per agent for its whole life.
+happens in the driver (`server.loop.driver`), one task per agent for its whole life.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
-from server.core import seams as S
-from server.core.abort import NEVER, AbortSignal
-from server.core.approvals import Approvals
-from server.core.content import resolve_source
-from server.core.errors import AgentDisposed, CodedError, FailedPrecondition
-from server.core.inbox import Inbox, Pending
-from server.core.running import LoopState, Step
-from server.core.runtime import Runtime
-from server.core.tasks import TaskGroup
+from server.kernel import seams as S
+from server.kernel.abort import NEVER, AbortSignal
+from server.kernel.content import resolve_source
+from server.kernel.errors import AgentDisposed, CodedError, FailedPrecondition
+from server.kernel.tasks import TaskGroup
+from server.loop.approvals import Approvals
+from server.loop.inbox import Inbox, QueuedMessage
+from server.loop.running import LoopState, Step
+from server.loop.runtime import Runtime
 from server.observability.logs import fields
 from server.sessions.session import SessionLog, now_timestamp
 from server.stores import INBOX_CONTEXT, INBOX_MESSAGE, INBOX_STEERING, InboxEntry
@@ -77,7 +77,7 @@ class Agent:
         """Every task of this agent: its driver, tool calls of the rolling pool, approval
         asks, background flushes. Disposal ends the turn, then closes the group."""
         self.driver: asyncio.Task[None] | None = None
-        """The driver (`server.core.loop`), a task of `tasks`."""
+        """The driver (`server.loop.driver`), a task of `tasks`."""
         self.teardown: asyncio.Future[None] | None = None
         """The one teardown of this agent, once disposal began."""
         self.pending_flushes: set[asyncio.Task[None]] = set()
@@ -105,7 +105,7 @@ class Agent:
         content: Sequence[c.ContentBlock],
         source: c.Source | None = None,
         request_id: str = "",
-    ) -> Pending:
+    ) -> QueuedMessage:
         """Queue a message for the next turn (durable with the next commit)."""
         self._check_live()
         item = self._accept(content, source, request_id, steering=False)
@@ -168,7 +168,7 @@ class Agent:
         return has_work, len(dropped)
 
     def record_dropped(
-        self, items: Sequence[Pending], reason: str, *, abort_reason: str = ""
+        self, items: Sequence[QueuedMessage], reason: str, *, abort_reason: str = ""
     ) -> None:
         """Record accepted messages that no turn will answer, inside a turn.
 
@@ -217,7 +217,7 @@ class Agent:
                 assert isinstance(message, ev.ContextMessage)
                 self._injection_turn(message, (entry.entry_id,))
                 continue
-            item = Pending(
+            item = QueuedMessage(
                 list(message.content),
                 message.source,
                 entry.entry_id,
@@ -301,7 +301,7 @@ class Agent:
         )  # fmt: skip
         self.emit(
             S.ERROR,
-            S.Failed(self, turn, step, error),
+            S.AgentFailed(self, turn, step, error),
             ae.AgentEvent(error=ae.AgentError(turn=turn, step=step, message=str(error), code=code)),
         )
 
@@ -388,18 +388,18 @@ class Agent:
         request_id: str,
         *,
         steering: bool,
-    ) -> Pending:
+    ) -> QueuedMessage:
         """Record a message in the durable inbox; the item that mirrors it in memory."""
         message = ev.UserMessage(
             content=content, source=resolve_source(source), request_id=request_id
         )
         kind = INBOX_STEERING if steering else INBOX_MESSAGE
         entry = self.session.accept(kind, message)
-        return Pending(
+        return QueuedMessage(
             list(message.content), message.source, entry.entry_id, request_id, steering=steering
         )
 
-    def _emit_queued(self, item: Pending) -> None:
+    def _emit_queued(self, item: QueuedMessage) -> None:
         self.emit(
             S.QUEUED,
             S.Queued(self, item.content, item.source, item.steering),

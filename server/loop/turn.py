@@ -1,6 +1,6 @@
 """How a turn records steering, interruptions and failures, and how it closes.
 
-Its state is `server.core.running.Turn`.
+Its state is `server.loop.running.Turn`.
 """
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 import logging
 
 from agentloop.v1 import session_event_pb2 as ev
-from server.core.agent import Agent
-from server.core.errors import Aborted, CodedError
-from server.core.running import Turn
+from server.kernel.errors import Aborted, CodedError
+from server.loop.agent import Agent
+from server.loop.running import Turn
 from server.observability.logs import fields
 
 log = logging.getLogger(__name__)

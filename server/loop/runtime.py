@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from server.core.limits import Limits
-from server.core.seams import SeamRegistry
-from server.core.system_prompt import SystemPrompt, default_system_prompt
-from server.core.tools import ToolRegistry
+from server.kernel.defaults import (
+    DEFAULT_PROVIDER,
+    MAX_PARALLEL_TOOL_CALLS,
+    PLUGIN_TIMEOUT_SECONDS,
+)
+from server.kernel.limits import Limits
+from server.kernel.seams import SeamRegistry
+from server.kernel.tools import ToolRegistry
+from server.loop.system_prompt import SystemPrompt, default_system_prompt
 from server.models import ModelRegistry
 from server.sessions.journal import Journal
 from server.sessions.persistence import Persistence
 from server.sessions.requests import Requests
 from server.sessions.session import WINDOW
-from server.settings.defaults import (
-    DEFAULT_PROVIDER,
-    MAX_PARALLEL_TOOL_CALLS,
-    PLUGIN_TIMEOUT_SECONDS,
-)
 from server.stores import SessionStore
 from server.stores.memory import MemoryStore
 

@@ -16,7 +16,7 @@ from agentloop.v1 import content_pb2 as c
 
 
 @dataclass(frozen=True)
-class Pending:
+class QueuedMessage:
     """A message accepted by send or steer, with its resolved source."""
 
     content: list[c.ContentBlock]
@@ -37,26 +37,26 @@ class Inbox:
     """Two FIFOs: `queued` opens turns, `steering` joins the running one."""
 
     def __init__(self) -> None:
-        self.queued: deque[Pending] = deque()
-        self.steering: deque[Pending] = deque()
+        self.queued: deque[QueuedMessage] = deque()
+        self.steering: deque[QueuedMessage] = deque()
         self._wake = asyncio.Event()
 
-    def enqueue(self, item: Pending) -> None:
+    def enqueue(self, item: QueuedMessage) -> None:
         """Queue a message for the next turn and wake the driver."""
         self.queued.append(item)
         self._wake.set()
 
-    def steer(self, item: Pending) -> None:
+    def steer(self, item: QueuedMessage) -> None:
         """Add steering for the running turn (no wake-up: the turn drains it)."""
         self.steering.append(item)
 
-    def drain_queued(self) -> list[Pending]:
+    def drain_queued(self) -> list[QueuedMessage]:
         """Take every queued message (a turn answers all of them)."""
         items = list(self.queued)
         self.queued.clear()
         return items
 
-    def drain_steering(self) -> list[Pending]:
+    def drain_steering(self) -> list[QueuedMessage]:
         """Take every steering item."""
         items = list(self.steering)
         self.steering.clear()

@@ -1,1 +1,0 @@
-"""The loop core: turns, steps, seams, tools and an agent's verbs; no transport."""

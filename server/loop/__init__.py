@@ -1,0 +1,1 @@
+"""The agent loop: driver, turn, step, inbox, tool pipeline, approvals; no transport."""
