@@ -27,7 +27,8 @@ from server.kernel.tools import (
     ToolReturn,
     ToolValue,
 )
-from server.loop.scheduler import DEFAULT_MAX_PARALLEL, run_tool_batch
+from server.loop.scheduler import DEFAULT_MAX_PARALLEL, ToolBatch, run_tool_batch
+from server.loop.tool_pipeline import ToolPipeline
 from tests.tool_helpers import Execute, PostNext, PreNext, context, make_tool
 
 
@@ -69,33 +70,33 @@ class Batch:
         self.tool(name, body)
 
     async def run(self, *calls: tuple[str, str], max_parallel: object = 10) -> None:
-        def on_call(call: c.ToolCallBlock) -> int:
-            self.record("call", call.id)
-            self._seqs[call.id] = len(self.events)
-            return self._seqs[call.id]
-
-        def on_result(exec: ToolExecution, outcome: ToolOutcome, seq: int) -> None:
-            assert seq == self._seqs[exec.call_id]
-            self.record("result", exec.call_id)
-            self.outcomes[exec.call_id] = outcome
-
-        def on_context(delivered: d.HookContext) -> None:
-            self.record("context", plain_text(delivered.content))
-
-        await run_tool_batch(
-            [c.ToolCallBlock(id=call_id, name=name, arguments="{}") for call_id, name in calls],
-            registry=self.registry,
-            seams=self.seams,
+        batch = ToolBatch(
+            ToolPipeline(self.registry, self.seams, "a1", (), None, ()),
             agent_id="a1",
-            enabled=(),
             turn=1,
             step=1,
             signal=self.controller.signal,
             max_parallel=max_parallel,  # type: ignore[arg-type]
-            on_call=on_call,
-            on_result=on_result,
-            on_context=on_context,
+            log=self,
         )
+        await run_tool_batch(
+            [c.ToolCallBlock(id=call_id, name=name, arguments="{}") for call_id, name in calls],
+            batch,
+        )
+
+    # The batch's log (`BatchLog`): what it recorded, in order.
+    def call(self, call: c.ToolCallBlock) -> int:
+        self.record("call", call.id)
+        self._seqs[call.id] = len(self.events)
+        return self._seqs[call.id]
+
+    def result(self, exec: ToolExecution, outcome: ToolOutcome, seq: int) -> None:
+        assert seq == self._seqs[exec.call_id]
+        self.record("result", exec.call_id)
+        self.outcomes[exec.call_id] = outcome
+
+    def context(self, delivered: d.HookContext) -> None:
+        self.record("context", plain_text(delivered.content))
 
     def text(self, call_id: str) -> str:
         return plain_text(self.outcomes[call_id].content)

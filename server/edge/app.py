@@ -35,7 +35,6 @@ from server.kernel.tasks import TaskGroup
 from server.lifecycle.factory import AgentFactory
 from server.loop.builtin_tools import builtin_tools
 from server.loop.runtime import Runtime
-from server.models.openai import OpenAIModel
 from server.models.scripted import ScriptedModel
 from server.observability.logs import fields
 from server.observability.telemetry import Telemetry
@@ -91,6 +90,10 @@ def build_runtime(config: Config) -> Runtime:
         runtime.tools.register(tool)
     runtime.models.register("scripted", ScriptedModel(), default_model="echo")
     for provider in config.providers:
+        # Imported only when a provider needs it: httpx (with the CLI it pulls in when
+        # click and rich are installed) is ~100 modules a default server never uses.
+        from server.models.openai import OpenAIModel
+
         if provider.api_key_env and not os.environ.get(provider.api_key_env):
             log.warning("provider %s: $%s is not set; no API key will be sent",
                         provider.name, provider.api_key_env)  # fmt: skip

@@ -183,7 +183,11 @@ class AgentCall:
     turn: int
     step: int
     signal: AbortSignal
-    """Fires when the turn (or the step, at step seams) is cancelled."""
+    """Fires when the call's work is cancelled. One rule per seam kind: a seam called
+    while a step is open (session-prefix, pre-step, request, step-result, and the tool
+    seams through their execution) gets the step's signal; a seam called between steps
+    (prompt-submit, turn-continuation, turn-stop) gets the turn's. The two fire together
+    on a cancel during a step; a step's signal is new each step."""
 
     @property
     def agent_id(self) -> str:

@@ -18,19 +18,12 @@ from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 from server.kernel import seams as S
-from server.kernel.errors import CodedError
 from server.loop.agent import Agent
+from server.loop.ending import conclude, interruption, thrown
 from server.loop.inbox import QueuedMessage
-from server.loop.running import Interrupted, RunAgain, StepFailed, Stop, Turn, Verdict
+from server.loop.running import Rejected, RunAgain, StepFailed, Stop, Turn, Verdict
 from server.loop.step import prepare_step, run_step
-from server.loop.turn import (
-    close_step,
-    close_turn,
-    drain_steering,
-    fail,
-    interrupt,
-    interruption,
-)
+from server.loop.turn import close_step, close_turn, drain_steering
 
 LOOP_SOURCE = c.Source(kind="loop")
 
@@ -90,8 +83,8 @@ async def run_turn(agent: Agent) -> bool:
     turn.unsubmitted = list(batch)
     try:
         with turn.scope:
-            if await submit_prompts(agent, turn, batch):
-                await run_steps(agent, turn)
+            verdict = await submit_prompts(agent, turn, batch) or await run_steps(agent, turn)
+        conclude(agent, turn, verdict)
     except (Exception, asyncio.CancelledError) as error:
         end_thrown_turn(agent, turn, error)
     finally:
@@ -105,7 +98,7 @@ async def run_turn(agent: Agent) -> bool:
 
 
 def end_thrown_turn(agent: Agent, turn: Turn, error: BaseException) -> None:
-    """Close what a turn that threw left open, and set its end reason.
+    """Close what a turn that threw left open, then conclude it (`ending.thrown`).
 
     The turn's own cancellation (caught by its scope: a seam call that gave up because
     the turn was cancelled or the agent disposed) interrupts it; a cancellation of the
@@ -114,27 +107,20 @@ def end_thrown_turn(agent: Agent, turn: Turn, error: BaseException) -> None:
     """
     interrupted = turn.scope.caught(error)
     cancelled = isinstance(error, asyncio.CancelledError)
-    if cancelled and not interrupted:
+    stray = cancelled and not interrupted
+    if stray:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise error
-        close_step(agent, turn)
-        fail(agent, turn, CodedError("a listener or tool was cancelled", "CANCELLED"))
-        return
     close_step(agent, turn)
-    if not agent.disposed:  # disposed: they stay pending and run when resumed
+    if not stray and not agent.disposed:  # disposed: they stay pending, run when resumed
         why = turn.signal.reason if cancelled else error
         agent.record_dropped(turn.unsubmitted, f"the turn ended before it was submitted: {why}")
-    if agent.disposed and not turn.error_reported:
-        turn.reason = ev.TurnEndReason(disposed=ev.TurnDisposed())
-    elif interrupted and turn.scope.reason is not None:
-        interrupt(agent, turn)  # a seam call gave up because the turn was cancelled
-    else:
-        fail(agent, turn, error)
+    conclude(agent, turn, thrown(agent, turn, error, interrupted))
 
 
-async def submit_prompts(agent: Agent, turn: Turn, batch: list[QueuedMessage]) -> bool:
-    """Run `agent/prompt-submit` on each message; False when every one was blocked."""
+async def submit_prompts(agent: Agent, turn: Turn, batch: list[QueuedMessage]) -> Rejected | None:
+    """Run `agent/prompt-submit` on each message; `Rejected` when every one was blocked."""
     allowed = False
     last_block = ""
     for item in batch:
@@ -173,25 +159,15 @@ async def submit_prompts(agent: Agent, turn: Turn, batch: list[QueuedMessage]) -
         )
         for context in decision.allow.additional_contexts:
             agent.inject(context)
-    if not allowed:
-        turn.reason = ev.TurnEndReason(rejected=ev.TurnRejected(reason=last_block))
-    return allowed
+    return None if allowed else Rejected(last_block)
 
 
-async def run_steps(agent: Agent, turn: Turn) -> None:
-    """Run steps until one's verdict ends the turn; sets `turn.reason` unless one throws."""
+async def run_steps(agent: Agent, turn: Turn) -> Verdict:
+    """Run steps until one's verdict ends the turn; that verdict."""
     while True:
-        match await run_one_step(agent, turn):
-            case RunAgain():
-                continue
-            case Stop():
-                return
-            case Interrupted(reason=reason):
-                turn.reason = reason
-                return
-            case StepFailed(error=error):
-                fail(agent, turn, error)
-                return
+        verdict = await run_one_step(agent, turn)
+        if not isinstance(verdict, RunAgain):
+            return verdict
 
 
 async def run_one_step(agent: Agent, turn: Turn) -> Verdict:
@@ -205,7 +181,7 @@ async def run_one_step(agent: Agent, turn: Turn) -> Verdict:
             if not turn.scope.caught(error):
                 raise
             close_step(agent, turn)
-            return Interrupted(interruption(agent, turn))
+            return interruption(agent, turn)
         try:
             outcome = await run_step(agent, turn, step, system, history)
         except (Exception, asyncio.CancelledError) as error:
@@ -213,11 +189,8 @@ async def run_one_step(agent: Agent, turn: Turn) -> Verdict:
             if isinstance(error, asyncio.CancelledError) and not ours:
                 raise
             close_step(agent, turn)
-            if agent.disposed:
-                return Interrupted(ev.TurnEndReason(disposed=ev.TurnDisposed()))
-            if step.signal.aborted:
-                aborted = ev.TurnAborted(reason=step.signal.reason)
-                return Interrupted(ev.TurnEndReason(aborted=aborted))
+            if agent.disposed or step.signal.aborted:
+                return interruption(agent, turn, step.signal.reason)
             return StepFailed(error)
     finally:
         turn.current = None
@@ -255,5 +228,5 @@ async def decide(agent: Agent, turn: Turn, default_continue: bool) -> Verdict:
         )
         proceed = False
     if turn.scope.cancel_called:
-        return Interrupted(interruption(agent, turn))
+        return interruption(agent, turn)
     return RunAgain() if proceed else Stop()

@@ -9,7 +9,8 @@
   runs), and the contexts held back while its tool batch runs.
 
 After each step the loop decides what comes next (`Verdict`): run another step, stop,
-stop interrupted (cancelled or disposed), or stop failed.
+stop interrupted (cancelled or disposed), or stop failed; a turn whose every prompt was
+blocked is `Rejected`. `server/loop/ending.py` turns the last verdict into the end reason.
 """
 
 from __future__ import annotations
@@ -121,11 +122,18 @@ class Interrupted:
 
 
 @dataclass(frozen=True)
+class Rejected:
+    """Every prompt of the turn was blocked: it ends `rejected` with the last reason."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class StepFailed:
     """A step failed: the turn ends with its error."""
 
     error: BaseException
 
 
-Verdict = RunAgain | Stop | Interrupted | StepFailed
-"""What the loop does after a step."""
+Verdict = RunAgain | Stop | Interrupted | Rejected | StepFailed
+"""What the loop does after a step, or (not `RunAgain`) what ended the turn."""

@@ -18,69 +18,68 @@ is raised so that the turn ends `error`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from agentloop.v1 import content_pb2, decision_pb2
 from server.kernel import tasks
 from server.kernel.abort import AbortSignal
 from server.kernel.errors import Aborted, CodedError
-from server.kernel.seams import SeamRegistry
 from server.kernel.tasks import Spawn, cancel_and_wait
-from server.kernel.tools import ToolExecution, ToolOutcome, ToolRegistry
-from server.loop.approvals import Approvals, PendingApproval
+from server.kernel.tools import ToolExecution, ToolOutcome
+from server.loop.approvals import PendingApproval
 from server.loop.tool_pipeline import ToolPipeline, failure_outcome
 
 DEFAULT_MAX_PARALLEL = 10
 """The server's default cap on parallel dispatches per batch."""
 
-OnCall = Callable[[content_pb2.ToolCallBlock], int]
-OnResult = Callable[[ToolExecution, ToolOutcome, int], None]
-OnContext = Callable[[decision_pb2.HookContext], None]
-BeforeDispatch = Callable[[], Awaitable[None]]
+
+class BatchLog(Protocol):
+    """What a batch records of its calls, in model order (the step's session log)."""
+
+    def call(self, call: content_pb2.ToolCallBlock) -> int:
+        """Record a call just before its prepare stage; the seq of its `tool/call`."""
+        ...
+
+    def result(self, exec: ToolExecution, outcome: ToolOutcome, call_seq: int) -> None:
+        """Record a call's result (in model order), with the seq of its `tool/call`."""
+        ...
+
+    def context(self, context: decision_pb2.HookContext) -> None:
+        """Record a context a committed result carried."""
+        ...
 
 
-async def run_tool_batch(
-    calls: Sequence[content_pb2.ToolCallBlock],
-    *,
-    registry: ToolRegistry,
-    seams: SeamRegistry,
-    agent_id: str,
-    enabled: Collection[str],
-    turn: int,
-    step: int,
-    signal: AbortSignal,
-    max_parallel: int,
-    on_call: OnCall,
-    on_result: OnResult,
-    on_context: OnContext,
-    before_dispatch: BeforeDispatch | None = None,
-    approvals: Approvals | None = None,
-    approval_required: Collection[str] = (),
-    spawn: Spawn = tasks.spawn,
-) -> None:
-    """Run one step's tool calls and commit their results in model order.
+@dataclass(frozen=True)
+class ToolBatch:
+    """Everything one step's tool batch runs with."""
 
-    Args:
-        calls: the model's tool calls, in model order.
-        registry: the tools and guards.
-        seams: the `tools/*` listeners.
-        agent_id: the calling agent.
-        enabled: the built-in tools the agent enabled.
-        turn: the turn number.
-        step: the step number.
-        signal: the step's abort signal.
-        max_parallel: the most dispatches in flight at once; 1 is serial.
-        on_call: called just before a call's prepare stage; returns the seq of
-            its `tool/call` event.
-        on_result: called with each call's execution, its result and the seq of its
-            `tool/call`, in model order.
-        on_context: called with each committed result's contexts, in model order.
-        before_dispatch: awaited before each dispatch (the tool's side effects):
-            the loop waits there until the call's `tool/call` is stored.
-        approvals: the agent's approvals; None denies every ask.
-        approval_required: tools that always need approval.
-        spawn: starts a dispatch of the rolling pool (the agent's task group).
+    tools: ToolPipeline
+    """The per-call stages: guards, seams, approvals, dispatch."""
+    agent_id: str
+    turn: int
+    step: int
+    signal: AbortSignal
+    """The step's abort signal."""
+    max_parallel: int
+    """The most dispatches in flight at once; 1 is serial."""
+    log: BatchLog
+    spawn: Spawn = tasks.spawn
+    """Starts a dispatch of the rolling pool (the agent's task group)."""
+    before_dispatch: Callable[[], Awaitable[None]] | None = None
+    """Awaited before each dispatch (the tool's side effects): the loop waits there until
+    the call's `tool/call` is stored."""
+
+    def execution(self, call: content_pb2.ToolCallBlock) -> ToolExecution:
+        """The execution of one of the batch's calls."""
+        return ToolExecution.of(
+            call, agent_id=self.agent_id, turn=self.turn, step=self.step, signal=self.signal
+        )
+
+
+async def run_tool_batch(calls: Sequence[content_pb2.ToolCallBlock], batch: ToolBatch) -> None:
+    """Run one step's tool calls (in model order) and commit their results in model order.
 
     Raises:
         ValueError: `max_parallel` is not a positive integer.
@@ -88,25 +87,15 @@ async def run_tool_batch(
             calls that had not started were neither logged nor run.
         TurnFatal: a call's failure ends the turn (same commit rule as Aborted).
     """
+    max_parallel = batch.max_parallel
     if isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1:
         raise ValueError("maxParallelToolCalls must be a positive integer")
-    batch = _Batch(
-        ToolPipeline(registry, seams, agent_id, enabled, approvals, approval_required),
-        signal,
-        max_parallel,
-        on_call,
-        on_result,
-        on_context,
-        before_dispatch,
-        spawn,
-    )
-    pending = [
-        (call, ToolExecution.of(call, agent_id=agent_id, turn=turn, step=step, signal=signal))
-        for call in calls
-    ]
-    await batch.run(pending)
-    if batch.fatal is not None:
-        raise batch.fatal
+    signal = batch.signal
+    running = _Batch(batch)
+    pending = [(call, batch.execution(call)) for call in calls]
+    await running.run(pending)
+    if running.fatal is not None:
+        raise running.fatal
     signal.raise_if_aborted()
 
 
@@ -130,25 +119,13 @@ class _Slot:
 class _Batch:
     """The state of one batch: started calls, the commit cursor and the pool."""
 
-    def __init__(
-        self,
-        pipeline: ToolPipeline,
-        signal: AbortSignal,
-        max_parallel: int,
-        on_call: OnCall,
-        on_result: OnResult,
-        on_context: OnContext,
-        before_dispatch: BeforeDispatch | None,
-        spawn: Spawn,
-    ) -> None:
-        self._pipeline = pipeline
-        self._spawn = spawn
-        self._before_dispatch = before_dispatch
-        self._signal = signal
-        self._max_parallel = max_parallel
-        self._on_call = on_call
-        self._on_result = on_result
-        self._on_context = on_context
+    def __init__(self, batch: ToolBatch) -> None:
+        self._pipeline = batch.tools
+        self._spawn = batch.spawn
+        self._signal = batch.signal
+        self._max_parallel = batch.max_parallel
+        self._log = batch.log
+        self._before_dispatch = batch.before_dispatch
         self._slots: list[_Slot] = []
         self._cursor = 0
         self._in_flight: set[asyncio.Future[ToolOutcome]] = set()
@@ -189,7 +166,7 @@ class _Batch:
     async def _start(
         self, call: content_pb2.ToolCallBlock, exec: ToolExecution, *, inline: bool
     ) -> None:
-        slot = _Slot(call, exec, self._on_call(call))
+        slot = _Slot(call, exec, self._log.call(call))
         self._slots.append(slot)
         prepared = await self._pipeline.prepare(exec)
         if isinstance(prepared, ToolOutcome):
@@ -237,9 +214,9 @@ class _Batch:
             if outcome.fatal is not None and self.fatal is None:
                 self.fatal = outcome.fatal
             self._cursor += 1
-            self._on_result(slot.exec, outcome, slot.seq)
+            self._log.result(slot.exec, outcome, slot.seq)
             for context in outcome.contexts:
-                self._on_context(context)
+                self._log.context(context)
 
     async def _drain(self) -> None:
         await self._commit_ready()

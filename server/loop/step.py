@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from agentloop.v1 import content_pb2 as c
@@ -26,8 +27,9 @@ from server.kernel.limits import (
 from server.kernel.tools import ToolExecution, ToolOutcome
 from server.loop.agent import Agent, context_message
 from server.loop.running import Step, Turn
-from server.loop.scheduler import run_tool_batch
+from server.loop.scheduler import ToolBatch, run_tool_batch
 from server.loop.system_prompt import PromptScope
+from server.loop.tool_pipeline import ToolPipeline
 from server.models import ModelRequest
 
 
@@ -87,20 +89,44 @@ async def run_step(
     agent: Agent, turn: Turn, step: Step, system: str, history: MessageView
 ) -> StepOutcome:
     """Stream one model request and run the tool calls it asked for."""
+    config, request = await prepare_request(agent, turn, step, system, history)
+    model = agent.runtime.models.get(config.provider)  # before the header: none for no request
+    log_header(agent, request.header, agent.loop.requests_made == 0)
+    agent.loop.requests_made += 1
+    chunks = model.stream(request, step.signal)
+    assembler, chunk_seqs = await stream_model(agent, turn, chunks)
+    finish = assembler.finish
+    if finish is None:
+        raise CodedError("model stream ended without a finish chunk", "MODEL_PROTOCOL")
+    if finish.kind == st.FINISH_KIND_ERROR:
+        raise CodedError(finish.message or "model error", finish.code)
+    if finish.kind == st.FINISH_KIND_ABORTED:
+        raise CodedError("model stream aborted", "ABORTED")
+    max_tokens = finish.kind == st.FINISH_KIND_MAX_TOKENS
+    provenance = c.Provenance(provider=config.provider, model=config.model)
+    calls = await commit_message(agent, turn, step, assembler, provenance, chunk_seqs, max_tokens)
+    if not calls:
+        return StepOutcome(had_tool_calls=False, max_tokens=max_tokens)
+    await run_tools(agent, turn, step, calls)
+    return StepOutcome(had_tool_calls=True, max_tokens=False)
+
+
+async def prepare_request(
+    agent: Agent, turn: Turn, step: Step, system: str, history: MessageView
+) -> tuple[c.ModelConfig, ModelRequest]:
+    """`agent/request` on the model config, then the request it gives."""
     runtime = agent.runtime
     session = agent.session
     loop = agent.loop
-    signal = step.signal
-    first_request = loop.requests_made == 0
     seed = (
         c.ModelConfig(provider=agent.resolved_provider, model=agent.resolved_model)
-        if first_request or session.request_header is None
+        if loop.requests_made == 0 or session.request_header is None
         else session.request_header.config
     )
     config = await runtime.seams.waterfall(
         S.REQUEST,
         agent.agent_id,
-        lambda: S.Request(agent, turn.number, turn.step, turn.signal, seed),
+        lambda: S.Request(agent, turn.number, turn.step, step.signal, seed),
         seed,
     )
     if not config.provider or not config.model:
@@ -115,9 +141,6 @@ async def run_step(
         tools=runtime.tools.schemas(agent.agent_id, agent.enabled_tools, runtime.tool_order),
         message_prefix=loop.session_prefix or (),
     )
-    model = runtime.models.get(config.provider)  # before the header: no header for no request
-    log_header(agent, header, first_request)
-    loop.requests_made += 1
     request = ModelRequest(
         agent_id=agent.agent_id,
         session_id=session.session_id,
@@ -127,14 +150,23 @@ async def run_step(
         messages=history.behind(header.message_prefix),
         options=agent.options,
     )
+    return config, request
+
+
+async def stream_model(
+    agent: Agent, turn: Turn, chunks: AsyncIterator[st.StreamChunk]
+) -> tuple[MessageAssembler, list[int]]:
+    """Append each chunk as it streams, folding it into the message; the chunks' seqs."""
+    runtime = agent.runtime
     assembler = MessageAssembler()
     chunk_seqs: list[int] = []
     output_bytes = 0
-    chunks = model.stream(request, signal)
     try:
         async for chunk in chunks:
             turn.scope.checkpoint()
-            event = session.add(ev.AssistantChunk(turn=turn.number, step=turn.step, chunk=chunk))
+            event = agent.session.add(
+                ev.AssistantChunk(turn=turn.number, step=turn.step, chunk=chunk)
+            )
             chunk_seqs.append(event.seq)
             check_turn_events(runtime.limits, event.seq - turn.start_seq)
             if chunk.HasField("block_delta"):
@@ -148,15 +180,20 @@ async def run_step(
             with turn.scope.shielded():  # its clean-up is not cut short
                 await close()  # stop the provider's stream at once on abort
     turn.scope.checkpoint()
-    finish = assembler.finish
-    if finish is None:
-        raise CodedError("model stream ended without a finish chunk", "MODEL_PROTOCOL")
-    if finish.kind == st.FINISH_KIND_ERROR:
-        raise CodedError(finish.message or "model error", finish.code)
-    if finish.kind == st.FINISH_KIND_ABORTED:
-        raise CodedError("model stream aborted", "ABORTED")
-    max_tokens = finish.kind == st.FINISH_KIND_MAX_TOKENS
-    provenance = c.Provenance(provider=config.provider, model=config.model)
+    return assembler, chunk_seqs
+
+
+async def commit_message(
+    agent: Agent,
+    turn: Turn,
+    step: Step,
+    assembler: MessageAssembler,
+    provenance: c.Provenance,
+    chunk_seqs: list[int],
+    max_tokens: bool,
+) -> list[c.ToolCallBlock]:
+    """`step/result` on the assembled message, then `assistant/message`; the calls to run."""
+    runtime = agent.runtime
     assembled = assembler.content
     if max_tokens:
         assembled = without_tool_calls(assembled)
@@ -165,7 +202,7 @@ async def run_step(
         result = await runtime.seams.waterfall(
             S.STEP_RESULT,
             agent.agent_id,
-            lambda: S.StepResult(agent, turn.number, turn.step, turn.signal, message),
+            lambda: S.StepResult(agent, turn.number, turn.step, step.signal, message),
             message,
         )
     except (Exception, asyncio.CancelledError) as error:
@@ -184,31 +221,68 @@ async def run_step(
         append_assistant(agent, turn, content, provenance, assembler.usage, chunk_seqs)
         check_tool_calls(runtime.limits, len(calls))
     append_assistant(agent, turn, content, provenance, assembler.usage, chunk_seqs)
-    if not calls:
-        return StepOutcome(had_tool_calls=False, max_tokens=max_tokens)
-    await run_tools(agent, turn, step, calls)
-    return StepOutcome(had_tool_calls=True, max_tokens=False)
+    return calls
 
 
 async def run_tools(agent: Agent, turn: Turn, step: Step, calls: list[c.ToolCallBlock]) -> None:
     """Run one tool batch; deferred contexts are appended after its results, even on abort."""
     session = agent.session
+    runtime = agent.runtime
+    tools = ToolPipeline(
+        runtime.tools,
+        runtime.seams,
+        agent.agent_id,
+        agent.enabled_tools,
+        agent.approvals,
+        agent.options.approval_required_tools,
+    )
+    batch = ToolBatch(
+        tools,
+        agent.agent_id,
+        turn.number,
+        turn.step,
+        step.signal,
+        agent.max_parallel_tool_calls,
+        StepToolLog(agent, turn, step),
+        agent.tasks.start,
+        before_dispatch=session.settle,
+    )
+    step.tool_batch_active = True
+    try:
+        with turn.scope.shielded():  # a cancel reaches the batch through the step's signal
+            await run_tool_batch(calls, batch)
+    finally:
+        step.tool_batch_active = False
+        deferred, step.deferred = step.deferred, []
+        for message, consumes in deferred:
+            session.add(message, consumes=consumes)
 
-    def on_call(call: c.ToolCallBlock) -> int:
-        return session.add(
-            ev.ToolCall(
-                turn=turn.number,
-                step=turn.step,
-                call_id=call.id,
-                name=call.name,
-                arguments=call.arguments,
-            ),
-        ).seq
 
-    def on_result(exec: ToolExecution, outcome: ToolOutcome, call_seq: int) -> None:
+class StepToolLog:
+    """A step's tool batch, recorded in the session: calls, results, held-back contexts."""
+
+    def __init__(self, agent: Agent, turn: Turn, step: Step) -> None:
+        self.agent = agent
+        self.turn = turn
+        self.step = step
+
+    def call(self, call: c.ToolCallBlock) -> int:
+        """Append `tool/call`; its seq."""
+        event = ev.ToolCall(
+            turn=self.turn.number,
+            step=self.turn.step,
+            call_id=call.id,
+            name=call.name,
+            arguments=call.arguments,
+        )
+        return self.agent.session.add(event).seq
+
+    def result(self, exec: ToolExecution, outcome: ToolOutcome, call_seq: int) -> None:
+        """Append `tool/result` (bounded), then tell the committed-result observers."""
+        agent = self.agent
         result = ev.ToolResult(
-            turn=turn.number,
-            step=turn.step,
+            turn=self.turn.number,
+            step=self.turn.step,
             call_id=exec.call_id,  # the model's id, whatever a listener did to the content
             content=outcome.content,
             is_error=outcome.is_error,
@@ -222,7 +296,7 @@ async def run_tools(agent: Agent, turn: Turn, step: Step, calls: list[c.ToolCall
             result.error.CopyFrom(ev.ToolError(name="ResultTooLarge", code=CONTENT_BYTES))
         if outcome.meta is not None:
             result.meta.CopyFrom(to_struct(outcome.meta))
-        session.add(result, source_event_seqs=[call_seq])
+        agent.session.add(result, source_event_seqs=[call_seq])
         seams = agent.runtime.seams
         if seams.has(S.TOOLS_RESULT_COMMITTED, agent.agent_id):  # plugins see stored results
             agent.runtime.journal.after_commit(
@@ -231,35 +305,9 @@ async def run_tools(agent: Agent, turn: Turn, step: Step, calls: list[c.ToolCall
                 )
             )
 
-    def on_context(context: d.HookContext) -> None:
-        step.deferred.append((context_message(context), ()))
-
-    step.tool_batch_active = True
-    try:
-        with turn.scope.shielded():  # a cancel reaches the batch through the step's signal
-            await run_tool_batch(
-                calls,
-                registry=agent.runtime.tools,
-                seams=agent.runtime.seams,
-                agent_id=agent.agent_id,
-                enabled=agent.enabled_tools,
-                turn=turn.number,
-                step=turn.step,
-                signal=step.signal,
-                max_parallel=agent.max_parallel_tool_calls,
-                on_call=on_call,
-                on_result=on_result,
-                on_context=on_context,
-                before_dispatch=session.settle,
-                approvals=agent.approvals,
-                approval_required=agent.options.approval_required_tools,
-                spawn=agent.tasks.start,
-            )
-    finally:
-        step.tool_batch_active = False
-        deferred, step.deferred = step.deferred, []
-        for message, consumes in deferred:
-            session.add(message, consumes=consumes)
+    def context(self, context: d.HookContext) -> None:
+        """Hold a result's context back until the batch's results are in."""
+        self.step.deferred.append((context_message(context), ()))
 
 
 def log_header(agent: Agent, header: c.RequestHeader, first_request: bool) -> None:
