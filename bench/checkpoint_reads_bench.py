@@ -82,10 +82,10 @@ async def run(sessions: int, seconds: float) -> dict[str, float]:
             log = logs[session_id]
             turns[session_id] += 1
             n, start = turns[session_id], len(log.events)
-            log.append("turn_start", ev.TurnStart(turn=n, trigger=ev.TRIGGER_KIND_MESSAGE))
+            log.add(ev.TurnStart(turn=n, trigger=ev.TRIGGER_KIND_MESSAGE))
             for _ in range(8):
-                log.append("assistant_chunk", ev.AssistantChunk(turn=n, step=1))
-            log.append("turn_end", ev.TurnEnd(turn=n))
+                log.add(ev.AssistantChunk(turn=n, step=1))
+            log.add(ev.TurnEnd(turn=n))
             return log.events[start:]
 
         async def writer() -> None:

@@ -11,8 +11,9 @@ model asks for one tool call (`word_count`), the tool runs, the model answers wi
 short text; two steps, one tool, one conversation.
 
 `tests/test_cost_budget.py` holds each figure to its budget in `tests/cost_budgets.toml`.
-A count that moves by a call or two from run to run (an event-loop pass more or less)
-is why each budget keeps a little headroom over what it was set at.
+The call count is the same in every run (the time-based fairness yields are off); the
+byte counts move a little with timestamps' varint sizes, RSS with the allocator: each
+budget keeps a little headroom over what it was set at.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import asyncio
 import cProfile
 import gc
 import json
+import math
 import os
 import pstats
 import subprocess
@@ -35,6 +37,7 @@ from agentloop.v1 import agent_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import content_pb2 as c
 from server.edge.app import build_runtime
+from server.kernel import fairness
 from server.lifecycle.factory import AgentFactory
 from server.loop.agent import Agent
 from server.settings.config import Config
@@ -82,7 +85,13 @@ async def _turn(agent: Agent) -> None:
 
 
 async def _conversation(measure: Callable[[Agent], object]) -> None:
-    """Warm a conversation up on the memory store, then run `measure` on its agent."""
+    """Warm a conversation up on the memory store, then run `measure` on its agent.
+
+    The fairness yields (`server/kernel/fairness.py`) come after a stretch of wall
+    time, so a slower or busier machine yields more often; they are off here, so that
+    the counts depend on the code alone.
+    """
+    fairness.SLICE = math.inf
     runtime = build_runtime(Config(store="memory"))
     factory = AgentFactory(runtime)
     try:

@@ -27,6 +27,6 @@ def test_a_typed_add_appends_what_the_named_append_does() -> None:
     typed = SessionLog("typed", session_pb2.SessionHeader())
     named = SessionLog("named", session_pb2.SessionHeader())
     typed.add(ev.TurnStart(turn=1))
-    named.append("turn_start", ev.TurnStart(turn=1))
+    named.add(ev.TurnStart(turn=1))
     assert [e.turn_start for e in typed.events] == [e.turn_start for e in named.events]
     assert typed.open_turn == named.open_turn == 1

@@ -42,7 +42,7 @@ def test_a_snapshot_keeps_its_messages_across_a_replacement() -> None:
     snapshot = log.history()
     compacted = ev.SessionEvent(seq=log.count, user_message=user("summary"))
     compacted.surface_op.CopyFrom(ev.SurfaceOp(kind=ev.SURFACE_OP_KIND_REPLACE, start=0, end=1))
-    log._apply(compacted)  # a stored compaction, as a resume replays it
+    log.projection.apply(compacted)  # a stored compaction, as a resume replays it
     assert texts(log.derive_messages()) == ["summary", "three"]
     assert texts(snapshot) == ["one", "two", "three"]
 

@@ -35,8 +35,8 @@ async def test_appends_of_one_tick_are_one_commit_and_published_after_it() -> No
     a.committed_observers.append(lambda e: committed.append(e.seq))
     order: list[str] = []
     for seq in range(3):
-        a.append("step_end", ev.StepEnd(turn=1, step=seq))
-    b.append("turn_start", TURN_START)
+        a.add(ev.StepEnd(turn=1, step=seq))
+    b.add(TURN_START)
     journal.after_commit(lambda: order.append(f"callback after {a.stored} stored"))
     # Nothing is visible before the commit: not to readers, not to observers.
     assert (len(a), a.stored, committed) == (3, 0, [])
@@ -54,14 +54,14 @@ async def test_a_refused_session_fails_alone() -> None:
     journal = Journal(store)
     good, bad = await new_session(journal, "good"), await new_session(journal, "bad")
     await append_events(store, "bad", [ev.SessionEvent(seq=1, turn_start=TURN_START)])
-    bad.append("turn_start", TURN_START)  # seq 1 again: another writer got there first
-    good.append("turn_start", TURN_START)
+    bad.add(TURN_START)  # seq 1 again: another writer got there first
+    good.add(TURN_START)
     await good.settle()
     assert good.stored == 1 and (await store.summary("good")).event_count == 1
     with pytest.raises(StoreConflict):
         await bad.settle()
     assert bad.stored == 0
-    bad.append("turn_end", ev.TurnEnd(turn=1))  # a failed session writes nowhere
+    bad.add(ev.TurnEnd(turn=1))  # a failed session writes nowhere
     await journal.drain()
     assert (await store.summary("bad")).event_count == 1
 
@@ -87,7 +87,7 @@ async def test_a_failing_store_is_retried_and_nothing_is_dropped(
     journal = Journal(store)
     session = await new_session(journal, "s")
     store.failures = 2
-    session.append("turn_start", TURN_START)
+    session.add(TURN_START)
     await asyncio.wait_for(session.settle(), 5)
     assert session.stored == 1 and (await store.summary("s")).event_count == 1
     assert caplog.text.count("No space left on device") == 2
@@ -121,7 +121,7 @@ async def test_a_refused_commit_is_reported_to_the_waiters() -> None:
     journal = Journal(store)
     session = await new_session(journal, "s")
     await append_events(store, "s", [ev.SessionEvent(seq=1, turn_start=TURN_START)])
-    session.append("turn_start", TURN_START)
+    session.add(TURN_START)
     with pytest.raises(AgentLoopError, match="does not follow"):
         await session.settle()
     assert session.failure is not None
@@ -172,7 +172,7 @@ async def test_a_writer_fenced_off_by_a_takeover_stops_writing(tmp_path: Path) -
     assert attempts and {how for _, how in attempts} == {"refused"}, attempts
     assert attempts[0][0][0] == stored + 1  # the late turn's first event
     # Whatever it appends from now on goes nowhere: not one more commit for "s".
-    agent.session.append("turn_start", ev.TurnStart(turn=99, trigger=ev.TRIGGER_KIND_MESSAGE))
+    agent.session.add(ev.TurnStart(turn=99, trigger=ev.TRIGGER_KIND_MESSAGE))
     await first.runtime.journal.drain()
     assert store.of("s", takeover) == attempts
     # The session holds what the first server wrote before the takeover, then the second's.
@@ -219,9 +219,9 @@ async def test_a_wait_for_writes_dropped_with_a_refused_session_is_answered() ->
     session = await new_session(journal, "s")
     await append_events(store, "s", [ev.SessionEvent(seq=1, turn_start=TURN_START)])
     store.hold()
-    session.append("turn_start", TURN_START)  # seq 1 again: refused once it reaches the store
+    session.add(TURN_START)  # seq 1 again: refused once it reaches the store
     await store.entered.wait()  # that commit is in flight
-    session.append("step_end", ev.StepEnd(turn=1, step=0))  # pending behind it
+    session.add(ev.StepEnd(turn=1, step=0))  # pending behind it
     settled = asyncio.ensure_future(session.settle())
     refused = asyncio.Event()
     session.on_failure.append(lambda _: refused.set())
@@ -240,14 +240,14 @@ async def test_a_session_callback_waits_for_its_own_writes_only_and_keeps_its_or
     journal = Journal(MemoryStore())
     a, b = await new_session(journal, "a"), await new_session(journal, "b")
     order: list[str] = []
-    b.append("turn_start", TURN_START)  # another session's write is pending
+    b.add(TURN_START)  # another session's write is pending
     journal.after_commit(lambda: order.append(f"a clean, {a.stored} stored"), a)
     assert order == ["a clean, 0 stored"]  # nothing of a's to wait for: at once
-    a.append("turn_start", TURN_START)
+    a.add(TURN_START)
     journal.after_commit(lambda: order.append(f"a first, {a.stored} stored"), a)
     await asyncio.sleep(0)
     await asyncio.sleep(0)  # the commit of a and b is in flight now
-    a.append("step_end", ev.StepEnd(turn=1, step=0))
+    a.add(ev.StepEnd(turn=1, step=0))
     journal.after_commit(lambda: order.append(f"a second, {a.stored} stored"), a)
     assert order == ["a clean, 0 stored"]
     await a.settle()

@@ -39,9 +39,9 @@ async def busy(stop: asyncio.Event) -> None:
 
 async def writes_two_passes_apart(journal: Journal) -> tuple[SessionLog, SessionLog]:
     a, b = await new_session(journal, "a"), await new_session(journal, "b")
-    a.append("turn_start", TURN_START)
+    a.add(TURN_START)
     await passes(2)
-    b.append("turn_start", TURN_START)
+    b.add(TURN_START)
     return a, b
 
 
@@ -77,7 +77,7 @@ async def test_a_loaded_loop_still_commits_within_the_bound() -> None:
     try:
         await passes(1)
         session = await new_session(journal, "a")
-        session.append("turn_start", TURN_START)
+        session.add(TURN_START)
         # Started after at most GATHER_PASSES passes and written soon after: the
         # loop never being idle does not hold the commit back for longer.
         await passes(GATHER_PASSES + 3)

@@ -163,7 +163,7 @@ async def test_when_idle_resolves_when_a_cancel_drops_the_queued_turn(harness: H
     assert dropped.content[0].text.text == "a"
     assert dropped.reason == "cancelled: never mind"
     assert turn_ends(agent)[0].aborted.reason == "never mind"
-    assert agent.session.inbox == {}
+    assert agent.session.inbox.pending() == []
 
 
 async def test_resume_continues_history_turns_and_seqs(harness: Harness) -> None:

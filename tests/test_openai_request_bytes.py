@@ -234,7 +234,7 @@ def test_a_replaced_history_an_older_view_and_a_plain_list_are_encoded_afresh() 
     summary = ev.UserMessage(content=text_content("summary"))
     compacted = ev.SessionEvent(seq=log.count, user_message=summary)
     compacted.surface_op.CopyFrom(ev.SurfaceOp(kind=ev.SURFACE_OP_KIND_REPLACE, start=0, end=5))
-    log._apply(compacted)  # a stored compaction, as a resume replays it
+    log.projection.apply(compacted)  # a stored compaction, as a resume replays it
     replaced = request_of(log, head)
     as_list = ModelRequest("a", "s", 1, 1, head, list(newer.messages), agent_pb2.AgentOptions())
     for request in (newer, older, replaced, as_list, newer, replaced):

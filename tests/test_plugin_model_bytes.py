@@ -101,7 +101,7 @@ def test_a_replaced_history_an_older_view_and_a_plain_list_are_encoded_afresh() 
         seq=log.count, user_message=ev.UserMessage(content=text_content("summary"))
     )
     compacted.surface_op.CopyFrom(ev.SurfaceOp(kind=ev.SURFACE_OP_KIND_REPLACE, start=0, end=3))
-    log._apply(compacted)  # a stored compaction, as a resume replays it
+    log.projection.apply(compacted)  # a stored compaction, as a resume replays it
     replaced = log.history()
     for messages in (newer, older, replaced, list(newer), newer, replaced):
         spliced, whole = spliced_and_whole(head, True, messages, kept)

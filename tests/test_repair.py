@@ -12,8 +12,8 @@ from tests.invariants import check_log
 
 def log_of(*payloads: tuple[str, object]) -> list[ev.SessionEvent]:
     session = SessionLog("s", session_pb2.SessionHeader())
-    for kind, payload in payloads:
-        session.append(kind, payload)
+    for _, payload in payloads:
+        session.add(payload)  # type: ignore[arg-type]
     return session.events
 
 

@@ -24,7 +24,7 @@ async def test_streams_send_the_bytes_the_store_wrote(tmp_path: Path) -> None:
     await create_session(store, "s", session_pb2.SessionHeader())
     log = SessionLog("s", session_pb2.SessionHeader(), Journal(store), window=4)
     for i in range(10):
-        log.append("assistant_message", chunk(f"part {i}" + "x" * 5000 * (i == 9)))
+        log.add(chunk(f"part {i}" + "x" * 5000 * (i == 9)))
     await log.settle()
     events = await log.read(1, 100)
     raw = await log.read_encoded(1, 100, 1 << 20)
@@ -46,8 +46,8 @@ async def test_streams_send_the_bytes_the_store_wrote(tmp_path: Path) -> None:
 def test_the_kept_bytes_stay_few() -> None:
     log = SessionLog("s", session_pb2.SessionHeader())
     for i in range(10 * session_module.ENCODED_KEPT):
-        log.encoded(log.append("assistant_message", chunk(f"part {i}")))
+        log.encoded(log.add(chunk(f"part {i}")))
     assert len(log._encoded) <= 2 * session_module.ENCODED_KEPT
-    big = log.append("assistant_message", chunk("x" * (session_module.ENCODED_MAX + 1)))
+    big = log.add(chunk("x" * (session_module.ENCODED_MAX + 1)))
     assert log.encoded(big) == big.SerializeToString()
     assert big.seq not in log._encoded  # a large event is serialized again, not kept twice

@@ -27,11 +27,11 @@ def two_turns() -> list[ev.SessionEvent]:
     """Two turns of 5 events each: turn_start, step_start, a chunk, step_end, turn_end."""
     session = SessionLog("s", session_pb2.SessionHeader())
     for turn in (1, 2):
-        session.append("turn_start", ev.TurnStart(turn=turn, trigger=ev.TRIGGER_KIND_MESSAGE))
-        session.append("step_start", ev.StepStart(turn=turn, step=1))
-        session.append("assistant_chunk", ev.AssistantChunk(turn=turn, step=1))
-        session.append("step_end", ev.StepEnd(turn=turn, step=1))
-        session.append("turn_end", ev.TurnEnd(turn=turn))
+        session.add(ev.TurnStart(turn=turn, trigger=ev.TRIGGER_KIND_MESSAGE))
+        session.add(ev.StepStart(turn=turn, step=1))
+        session.add(ev.AssistantChunk(turn=turn, step=1))
+        session.add(ev.StepEnd(turn=turn, step=1))
+        session.add(ev.TurnEnd(turn=turn))
     return session.events
 
 

@@ -20,8 +20,8 @@ from tests.stores import append_events, create_session
 def sample_events(turns: int) -> list[ev.SessionEvent]:
     session = SessionLog("s", session_pb2.SessionHeader())
     for turn in range(1, turns + 1):
-        session.append("turn_start", ev.TurnStart(turn=turn, trigger=ev.TRIGGER_KIND_MESSAGE))
-        session.append("turn_end", ev.TurnEnd(turn=turn))
+        session.add(ev.TurnStart(turn=turn, trigger=ev.TRIGGER_KIND_MESSAGE))
+        session.add(ev.TurnEnd(turn=turn))
     return session.events
 
 
@@ -192,12 +192,12 @@ INSERT INTO meta VALUES ('format_version', '2');
 async def test_a_format_2_file_is_renumbered_from_1_in_place(tmp_path: Path) -> None:
     path = tmp_path / "agentloop.db"
     session = SessionLog("s", session_pb2.SessionHeader())
-    session.append("turn_start", ev.TurnStart(turn=1, trigger=ev.TRIGGER_KIND_MESSAGE))
-    session.append("step_start", ev.StepStart(turn=1, step=1))
-    chunk = session.append("assistant_chunk", ev.AssistantChunk())
-    session.append("assistant_message", ev.AssistantMessage(), source_event_seqs=[chunk.seq])
-    session.append("step_end", ev.StepEnd(turn=1, step=1))
-    session.append("turn_end", ev.TurnEnd(turn=1))
+    session.add(ev.TurnStart(turn=1, trigger=ev.TRIGGER_KIND_MESSAGE))
+    session.add(ev.StepStart(turn=1, step=1))
+    chunk = session.add(ev.AssistantChunk())
+    session.add(ev.AssistantMessage(), source_event_seqs=[chunk.seq])
+    session.add(ev.StepEnd(turn=1, step=1))
+    session.add(ev.TurnEnd(turn=1))
     events = session.events
     with sqlite3.connect(path) as db:
         db.executescript(FORMAT_2)

@@ -22,10 +22,10 @@ FRAME = 4096 + 24
 
 def turn_events(session: SessionLog, turn: int) -> list[ev.SessionEvent]:
     start = len(session.events)
-    session.append("turn_start", ev.TurnStart(turn=turn, trigger=ev.TRIGGER_KIND_MESSAGE))
+    session.add(ev.TurnStart(turn=turn, trigger=ev.TRIGGER_KIND_MESSAGE))
     for _ in range(8):
-        session.append("assistant_chunk", ev.AssistantChunk(turn=turn, step=1))
-    session.append("turn_end", ev.TurnEnd(turn=turn))
+        session.add(ev.AssistantChunk(turn=turn, step=1))
+    session.add(ev.TurnEnd(turn=turn))
     return session.events[start:]
 
 

@@ -60,7 +60,7 @@ async def test_a_transient_sqlite_error_is_retried_not_fatal(
         real(db, rows)
 
     monkeypatch.setattr(sqlite_store, "write_commit", full_disk)
-    session.append("turn_start", TURN_START)
+    session.add(TURN_START)
     await asyncio.wait_for(session.settle(), 5)
     assert session.failure is None and not failures
     assert (await store.summary("s")).event_count == 1
@@ -89,8 +89,8 @@ async def test_an_outage_after_a_refusal_is_retried_never_reported_durable() -> 
     )
     good = SessionLog("good", session_pb2.SessionHeader(), journal)
     missing = SessionLog("missing", session_pb2.SessionHeader(), journal)  # never created
-    good.append("turn_start", TURN_START)
-    missing.append("turn_start", TURN_START)
+    good.add(TURN_START)
+    missing.add(TURN_START)
     await asyncio.wait_for(good.settle(), 5)
     assert store.commits >= 3  # refused whole, outage alone, then stored
     assert (await store.summary("good")).event_count == 1 and good.stored == 1

@@ -44,7 +44,7 @@ from server.observability.logs import fields
 from server.sessions.catalogue import SessionCatalogue
 from server.sessions.session import SessionLog, now_timestamp
 from server.settings.agent_rules import AgentCatalogue, check_persona, cwd_problem
-from server.stores import Commit, InboxEntry, SessionWrites, StoreConflict
+from server.stores import InboxEntry, SessionWrites, StoreConflict
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ class AgentFactory:
             writes = SessionWrites(driver=agent_id, fence=fence, options=options)
             if not stored:
                 writes.create = session.header
-            await runtime.store.commit(Commit({session.session_id: writes}))
+            await runtime.journal.write_now(session.session_id, writes)
             session.options = options
             # From here on, a writer that drove this session before (a paused process,
             # a replica that lost it) is fenced off: its commits are refused.
@@ -264,7 +264,7 @@ class AgentFactory:
         )
         agent.driver = agent.tasks.start(run_loop(agent), name=f"agent:{agent_id}")
         session.on_failure.append(lambda error: self._stop_soon(agent_id))
-        pending = [session.inbox[key] for key in sorted(session.inbox)]
+        pending = session.inbox.pending()
         if pending:
             log.info(
                 "agent %s: %d pending message(s) from the store", agent_id, len(pending),

@@ -319,7 +319,7 @@ class Agent:
             return
         event.agent_id = self.agent_id
         event.create_time.CopyFrom(now_timestamp())
-        self.runtime.journal.after_commit(lambda: self._notify(event), self.session)
+        self.session.after_commit(lambda: self._notify(event))
 
     def _notify(self, event: ae.AgentEvent) -> None:
         for listener in list(self._live):

@@ -219,7 +219,7 @@ class Approvals:
         self.pending[request.approval_id] = pending
         self.notify(ae.AgentEvent(approval_requested=request))
         if self.seams.has(S.TOOLS_APPROVAL, self.agent_id):  # approvers see stored requests
-            self.journal.after_commit(lambda: self._ask_approvers(pending))
+            self.session.after_commit(lambda: self._ask_approvers(pending))
         return pending
 
     async def wait(self, pending: PendingApproval, signal: AbortSignal) -> str | None:

@@ -299,7 +299,7 @@ class StepToolLog:
         agent.session.add(result, source_event_seqs=[call_seq])
         seams = agent.runtime.seams
         if seams.has(S.TOOLS_RESULT_COMMITTED, agent.agent_id):  # plugins see stored results
-            agent.runtime.journal.after_commit(
+            agent.session.after_commit(
                 lambda: seams.emit(
                     S.TOOLS_RESULT_COMMITTED, agent.agent_id, S.ToolCallResult(exec, outcome)
                 )

@@ -21,7 +21,7 @@ from server.observability.logs import fields
 from server.sessions.journal import Journal
 from server.sessions.repair import crash_closers
 from server.sessions.session import SessionLog, now_timestamp, session_message
-from server.stores import Commit, SessionStore, SessionWrites
+from server.stores import SessionStore, SessionWrites
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class SessionCatalogue:
                         extra=fields(session=session_id, turn=closers[-1].turn_end.turn),
                     )
                     writes = SessionWrites(events=closers, fence=fence)
-                    await store.commit(Commit({session_id: writes}))
+                    await self.journal.write_now(session_id, writes)
         finally:
             if not lock.locked() and self._loading.get(session_id) is lock:
                 del self._loading[session_id]

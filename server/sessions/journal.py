@@ -98,6 +98,16 @@ class Journal:
         if consumes:
             self._take(writes, consumes)
 
+    async def write_now(self, session_id: str, writes: SessionWrites) -> None:
+        """Write one session's writes at once, in a transaction of their own.
+
+        For the writes that must be stored before the session is used at all, so that
+        nothing of it is pending yet: a creation's publication (the header, the driver,
+        the claim) and a crash repair's closers.
+        """
+        await self.store.commit(Commit({session_id: writes}))
+        self.commits += 1
+
     def put(self, session: SessionLog, entry: InboxEntry) -> None:
         """Add an accepted message to the session's durable inbox."""
         self._writes(session).inbox_put.append(entry)

@@ -12,15 +12,14 @@ durable mark). Memory holds what the next model request needs (the derived histo
 the folded request header, turn numbering) and a bounded window of recent events;
 older events are read back from the store.
 
-History is a projection of the surface events, kept incrementally in a list that only
-grows (a replacement builds a new one), so that a step's snapshot of it is a view that
-costs nothing, not a copy or a pass over the whole log.
+The log's other jobs are parts of their own: the history and its folds
+(`projection.py`), the durable inbox (`inbox.py`), the wire bytes kept for recent
+events (`encoded.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import html
 import itertools
 import logging
 import time
@@ -36,17 +35,14 @@ from agentloop.v1 import session_event_pb2 as ev
 from server.kernel.errors import AgentLoopError
 from server.kernel.events import Payload, kind_of
 from server.kernel.history import MessageView
+from server.sessions.inbox import DurableInbox
+from server.sessions.projection import SURFACE_KINDS, Projection
 from server.stores import FIRST_SEQ, InboxEntry, RequestRecord
 
 if TYPE_CHECKING:
     from server.sessions.journal import Journal
 
 log = logging.getLogger(__name__)
-
-SURFACE_KINDS = frozenset(
-    {"user_message", "assistant_message", "tool_result", "context_message", "steering_message"}
-)
-"""The payload kinds that produce history."""
 
 APPEND = ev.SurfaceOp(kind=ev.SURFACE_OP_KIND_APPEND)
 
@@ -113,22 +109,16 @@ class SessionLog:
         """The live agent driving this session, if any."""
         self.options = options
         """The options of the session's last agent, as stored (a resume may restore them)."""
-        self.max_turn = 0
-        self.open_turn = 0
-        """The turn whose `turn/start` is the last boundary; 0 when none is open."""
-        self.request_header: c.RequestHeader | None = None
-        """The latest logged request header (the fold: the latest snapshot wins)."""
+        self.projection = Projection()
+        """The history and the folds the loop reads (turn numbering, request header)."""
         self.fence = 0
         """The driver's claim token: every commit carries it (0: a reader's log, unfenced)."""
         self.failure: AgentLoopError | None = None
         """Why the store refused this session's writes, once it has (nothing commits then)."""
         self.on_failure: list[Callable[[AgentLoopError], None]] = []
         """Told once, when the store refuses the session (its driver must stop)."""
-        self.inbox: dict[int, InboxEntry] = {entry.entry_id: entry for entry in inbox}
-        """The durable inbox: accepted messages no event records yet, by entry id."""
-        self._next_entry = max(self.inbox, default=0) + 1
-        self._history: list[c.Message] = []
-        self._surface: list[c.Message | None] = []
+        self.inbox = DurableInbox(inbox)
+        """Accepted messages no event records yet."""
         self.publishing = ""
         """The payload kind of the event being published to the observers ("" between
         appends): an observer can read it here instead of asking the event."""
@@ -141,7 +131,7 @@ class SessionLog:
     def _seed(self, events: Iterable[ev.SessionEvent]) -> None:
         """Apply stored events after those applied so far: they count as stored."""
         for event in events:
-            self._apply(event)
+            self.projection.apply(event)
             self._window.append(event)
             self.count += 1
         self.durable = self.count
@@ -184,32 +174,19 @@ class SessionLog:
         source_event_seqs: Sequence[int] = (),
         consumes: tuple[int, ...] = (),
     ) -> ev.SessionEvent:
-        """Append one event carrying `payload` (its type says its kind); returns the event."""
-        return self.append(
-            kind_of(payload), payload, source_event_seqs=source_event_seqs, consumes=consumes
-        )
-
-    def append(
-        self,
-        kind: str,
-        payload: Any,
-        *,
-        source_event_seqs: Sequence[int] = (),
-        consumes: tuple[int, ...] = (),
-    ) -> ev.SessionEvent:
-        """Append one event whose payload field is `kind`; returns the event.
-
-        `add` is the typed form; this one serves code that holds the kind as a name.
+        """Append one event carrying `payload` (its type says its kind); returns the event.
 
         `consumes` names the inbox entries this event records: they leave the durable
         inbox in the same commit as the event, so a message is pending or recorded,
         never both and never neither.
         """
+        kind = kind_of(payload)
         if self.publishing:
             raise ReentrantAppend(
                 "session append cannot reenter while another append is being published"
             )
-        event = ev.SessionEvent(seq=self.count, create_time=now_timestamp(), **{kind: payload})
+        field: dict[str, Any] = {kind: payload}  # the payload's oneof field, by its type
+        event = ev.SessionEvent(seq=self.count, create_time=now_timestamp(), **field)
         if kind in SURFACE_KINDS:
             event.surface_op.CopyFrom(APPEND)
             event.source_event_seqs.extend(source_event_seqs)
@@ -217,11 +194,11 @@ class SessionLog:
             raise ValueError(f"{kind} is not a surface event and takes no source_event_seqs")
         for check in self.pre_commit:
             check(event)
-        self._apply(event)
+        self.projection.apply(event)
         self.count += 1
         self._window.append(event)
-        for entry_id in consumes:
-            self.inbox.pop(entry_id, None)
+        if consumes:
+            self.inbox.consume(consumes)
         if self.journal is not None:
             self.journal.append(self, event, consumes)
         self._publish(event, kind)
@@ -231,23 +208,30 @@ class SessionLog:
 
     def accept(self, kind: str, message: ev.UserMessage | ev.ContextMessage) -> InboxEntry:
         """Put an accepted message in the durable inbox (stored with the next commit)."""
-        entry = InboxEntry(self._next_entry, kind, message)
-        self._next_entry += 1
-        self.inbox[entry.entry_id] = entry
+        entry = self.inbox.accept(kind, message)
         if self.journal is not None:
             self.journal.put(self, entry)
         return entry
 
     def adopt(self, entries: Sequence[InboxEntry]) -> None:
         """Take up inbox entries the store already moved to this session."""
-        for entry in entries:
-            self.inbox[entry.entry_id] = entry
-        self._next_entry = max(self.inbox, default=0) + 1
+        self.inbox.adopt(entries)
 
     def record(self, record: RequestRecord) -> None:
         """Keep the first answer of a call with a request id, in the next commit."""
         if self.journal is not None:
             self.journal.record(self, record)
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Run `callback` once everything this session wrote so far is stored (now if it is).
+
+        The one way to tell anyone outside about what the session just recorded: nothing
+        reaches a client, a plugin or another replica before it is stored.
+        """
+        if self.journal is None:
+            callback()
+        else:
+            self.journal.after_commit(callback, self)
 
     async def settle(self) -> None:
         """Wait until everything so far is stored; raises the store's refusal, if any."""
@@ -259,16 +243,27 @@ class SessionLog:
             raise self.failure
 
     def derive_messages(self) -> list[c.Message]:
-        """The history: one message per projecting surface node, in order (a new list)."""
-        return list(self._history)
+        """The history, a new list (`Projection.messages`)."""
+        return self.projection.messages()
 
     def history(self) -> MessageView:
-        """The history as it is now, without a copy: later appends do not show in it.
+        """The history as it is now, without a copy (`Projection.view`)."""
+        return self.projection.view()
 
-        Appends extend the list in place and a replacement builds a new one, so the
-        view's messages stay those of this moment.
-        """
-        return MessageView(self._history, len(self._history))
+    @property
+    def max_turn(self) -> int:
+        """The highest turn number logged."""
+        return self.projection.max_turn
+
+    @property
+    def open_turn(self) -> int:
+        """The turn whose `turn/start` is the last boundary; 0 when none is open."""
+        return self.projection.open_turn
+
+    @property
+    def request_header(self) -> c.RequestHeader | None:
+        """The latest logged request header."""
+        return self.projection.request_header
 
     async def read(
         self, start: int, limit: int, max_bytes: int | None = None
@@ -387,30 +382,6 @@ class SessionLog:
             except Exception:
                 log.warning("a session failure callback failed", exc_info=True)
 
-    def _apply(self, event: ev.SessionEvent) -> None:
-        match event.WhichOneof("payload"):
-            case "turn_start":
-                self.max_turn = max(self.max_turn, event.turn_start.turn)
-                self.open_turn = event.turn_start.turn
-            case "turn_end":
-                self.open_turn = 0
-            case "request_header":
-                self.request_header = event.request_header.header
-            case str(kind) if kind in SURFACE_KINDS:
-                self._project(event, kind)
-
-    def _project(self, event: ev.SessionEvent, kind: str) -> None:
-        message = project(event, kind)
-        op = event.surface_op
-        if op.kind == ev.SURFACE_OP_KIND_REPLACE:
-            self._surface[op.start : op.end + 1] = [message]
-            # A new list: the views taken of the old one keep their messages.
-            self._history = [m for m in self._surface if m is not None]
-            return
-        self._surface.append(message)
-        if message is not None:
-            self._history.append(message)
-
     def _publish(self, event: ev.SessionEvent, kind: str) -> None:
         self.publishing = kind
         try:
@@ -422,49 +393,6 @@ class SessionLog:
                     log.warning("session/event observer failed", exc_info=True)
         finally:
             self.publishing = ""
-
-
-def _wrap(tag: str, source: c.Source, content: Sequence[c.ContentBlock]) -> list[c.ContentBlock]:
-    """Wrap content in `<tag source="kind">` ... `</tag>`.
-
-    The kind comes from the client: it is escaped, so that it can neither close the
-    attribute nor the tag (and so forge another provenance).
-    """
-    kind = html.escape(source.kind or "user", quote=True)
-    if all(block.WhichOneof("block") == "text" for block in content):
-        inner = "".join(block.text.text for block in content)
-        return [
-            c.ContentBlock(text=c.TextBlock(text=f'<{tag} source="{kind}">\n{inner}\n</{tag}>'))
-        ]
-    return [
-        c.ContentBlock(text=c.TextBlock(text=f'<{tag} source="{kind}">')),
-        *content,
-        c.ContentBlock(text=c.TextBlock(text=f"</{tag}>")),
-    ]
-
-
-def project(event: ev.SessionEvent, kind: str) -> c.Message | None:
-    """The history message of one surface event; None for an empty assistant message."""
-    if kind == "user_message":
-        return c.Message(role=c.ROLE_USER, content=event.user_message.content)
-    if kind == "assistant_message":
-        msg = event.assistant_message
-        if not msg.content:
-            return None  # a completion anchor: logged, never projected
-        return c.Message(role=c.ROLE_ASSISTANT, content=msg.content, provenance=msg.provenance)
-    if kind == "tool_result":
-        result = event.tool_result
-        block = c.ToolResultBlock(
-            tool_call_id=result.call_id, content=result.content, is_error=result.is_error
-        )
-        return c.Message(role=c.ROLE_USER, content=[c.ContentBlock(tool_result=block)])
-    if kind == "context_message":
-        ctx = event.context_message
-        if ctx.envelope == ev.CONTEXT_ENVELOPE_RAW:
-            return c.Message(role=c.ROLE_USER, content=ctx.content)
-        return c.Message(role=c.ROLE_USER, content=_wrap("context", ctx.source, ctx.content))
-    steering = event.steering_message
-    return c.Message(role=c.ROLE_USER, content=_wrap("steering", steering.source, steering.content))
 
 
 def session_message(session: SessionLog) -> session_pb2.Session:

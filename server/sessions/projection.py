@@ -1,0 +1,114 @@
+"""The history projection of a session log, and the folds the loop reads off it.
+
+History is a projection of the surface events, kept incrementally in a list that only
+grows (a replacement builds a new one), so that a step's snapshot of it is a view that
+costs nothing, not a copy or a pass over the whole log. Beside it, the folds: turn
+numbering (the highest turn, the open one) and the latest logged request header.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+from agentloop.v1 import content_pb2 as c
+from agentloop.v1 import session_event_pb2 as ev
+from server.kernel.history import MessageView
+
+SURFACE_KINDS = frozenset(
+    {"user_message", "assistant_message", "tool_result", "context_message", "steering_message"}
+)
+"""The payload kinds that produce history."""
+
+
+class Projection:
+    """What a session's events project: the model's history, turn numbering, the header."""
+
+    def __init__(self) -> None:
+        self.max_turn = 0
+        self.open_turn = 0
+        """The turn whose `turn/start` is the last boundary; 0 when none is open."""
+        self.request_header: c.RequestHeader | None = None
+        """The latest logged request header (the fold: the latest snapshot wins)."""
+        self._history: list[c.Message] = []
+        self._surface: list[c.Message | None] = []
+
+    def apply(self, event: ev.SessionEvent) -> None:
+        """Fold one event in, after those applied so far."""
+        match event.WhichOneof("payload"):
+            case "turn_start":
+                self.max_turn = max(self.max_turn, event.turn_start.turn)
+                self.open_turn = event.turn_start.turn
+            case "turn_end":
+                self.open_turn = 0
+            case "request_header":
+                self.request_header = event.request_header.header
+            case str(kind) if kind in SURFACE_KINDS:
+                self._project(event, kind)
+
+    def messages(self) -> list[c.Message]:
+        """The history: one message per projecting surface node, in order (a new list)."""
+        return list(self._history)
+
+    def view(self) -> MessageView:
+        """The history as it is now, without a copy: later appends do not show in it.
+
+        Appends extend the list in place and a replacement builds a new one, so the
+        view's messages stay those of this moment.
+        """
+        return MessageView(self._history, len(self._history))
+
+    def _project(self, event: ev.SessionEvent, kind: str) -> None:
+        message = project(event, kind)
+        op = event.surface_op
+        if op.kind == ev.SURFACE_OP_KIND_REPLACE:
+            self._surface[op.start : op.end + 1] = [message]
+            # A new list: the views taken of the old one keep their messages.
+            self._history = [m for m in self._surface if m is not None]
+            return
+        self._surface.append(message)
+        if message is not None:
+            self._history.append(message)
+
+
+def _wrap(tag: str, source: c.Source, content: Sequence[c.ContentBlock]) -> list[c.ContentBlock]:
+    """Wrap content in `<tag source="kind">` ... `</tag>`.
+
+    The kind comes from the client: it is escaped, so that it can neither close the
+    attribute nor the tag (and so forge another provenance).
+    """
+    kind = html.escape(source.kind or "user", quote=True)
+    if all(block.WhichOneof("block") == "text" for block in content):
+        inner = "".join(block.text.text for block in content)
+        return [
+            c.ContentBlock(text=c.TextBlock(text=f'<{tag} source="{kind}">\n{inner}\n</{tag}>'))
+        ]
+    return [
+        c.ContentBlock(text=c.TextBlock(text=f'<{tag} source="{kind}">')),
+        *content,
+        c.ContentBlock(text=c.TextBlock(text=f"</{tag}>")),
+    ]
+
+
+def project(event: ev.SessionEvent, kind: str) -> c.Message | None:
+    """The history message of one surface event; None for an empty assistant message."""
+    if kind == "user_message":
+        return c.Message(role=c.ROLE_USER, content=event.user_message.content)
+    if kind == "assistant_message":
+        msg = event.assistant_message
+        if not msg.content:
+            return None  # a completion anchor: logged, never projected
+        return c.Message(role=c.ROLE_ASSISTANT, content=msg.content, provenance=msg.provenance)
+    if kind == "tool_result":
+        result = event.tool_result
+        block = c.ToolResultBlock(
+            tool_call_id=result.call_id, content=result.content, is_error=result.is_error
+        )
+        return c.Message(role=c.ROLE_USER, content=[c.ContentBlock(tool_result=block)])
+    if kind == "context_message":
+        ctx = event.context_message
+        if ctx.envelope == ev.CONTEXT_ENVELOPE_RAW:
+            return c.Message(role=c.ROLE_USER, content=ctx.content)
+        return c.Message(role=c.ROLE_USER, content=_wrap("context", ctx.source, ctx.content))
+    steering = event.steering_message
+    return c.Message(role=c.ROLE_USER, content=_wrap("steering", steering.source, steering.content))
