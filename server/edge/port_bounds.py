@@ -89,7 +89,7 @@ class ConnectionGuard:
         self.by_client: Counter[str] = Counter()
         self.refused = 0
         self.timed_out = 0
-        self._waiting: dict[asyncio.BaseTransport, asyncio.TimerHandle] = {}
+        self._waiting: dict[asyncio.Transport, asyncio.TimerHandle] = {}
         """Connections waiting for a request's headers, and when they are cut."""
 
     def __call__(self) -> GuardedConnection:
@@ -118,7 +118,7 @@ class ConnectionGuard:
         self.await_headers(transport, limits.http_header_timeout_seconds)
         return b""
 
-    def release(self, transport: asyncio.BaseTransport, client: str) -> None:
+    def release(self, transport: asyncio.Transport, client: str) -> None:
         """A counted connection closed."""
         self.headers_arrived(transport)
         self.total -= 1
@@ -126,25 +126,25 @@ class ConnectionGuard:
         if not self.by_client[client]:
             del self.by_client[client]
 
-    def await_headers(self, transport: asyncio.BaseTransport, seconds: float) -> None:
+    def await_headers(self, transport: asyncio.Transport, seconds: float) -> None:
         """Cut the connection unless a request's headers are complete within `seconds`."""
         self.headers_arrived(transport)
         loop = asyncio.get_running_loop()
         self._waiting[transport] = loop.call_later(seconds, self._cut, transport)
 
-    def headers_arrived(self, transport: asyncio.BaseTransport | None) -> None:
+    def headers_arrived(self, transport: asyncio.Transport | None) -> None:
         """A request's headers are complete: no deadline until it is answered."""
         if transport is not None and (timer := self._waiting.pop(transport, None)):
             timer.cancel()
 
-    def answered(self, transport: asyncio.BaseTransport | None) -> None:
+    def answered(self, transport: asyncio.Transport | None) -> None:
         """A request was answered: the next one's headers are due after the idle time."""
         if transport is not None and not transport.is_closing():
             limits = self.limits
             seconds = limits.http_idle_timeout_seconds + limits.http_header_timeout_seconds
             self.await_headers(transport, seconds)
 
-    def _cut(self, transport: asyncio.BaseTransport) -> None:
+    def _cut(self, transport: asyncio.Transport) -> None:
         self._waiting.pop(transport, None)
         self.timed_out += 1
         transport.abort()  # a slow client gets nothing more; its socket is freed now

@@ -9,6 +9,7 @@ import contextlib
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -109,7 +110,7 @@ async def test_a_connection_flood_is_stopped_at_the_cap() -> None:
             assert len(open_ones) == 9
             after = await a_turn(e2e, after)  # the connected client is unharmed
             async with grpc.aio.insecure_channel(e2e.target) as extra:  # at the cap: none
-                stub = health_pb2_grpc.HealthStub(extra)  # type: ignore[no-untyped-call]
+                stub: Any = health_pb2_grpc.HealthStub(extra)  # the typeshed stub has no methods
                 with pytest.raises(grpc.aio.AioRpcError) as refused:
                     await stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
                 assert refused.value.code() in (
@@ -117,8 +118,8 @@ async def test_a_connection_flood_is_stopped_at_the_cap() -> None:
                     grpc.StatusCode.DEADLINE_EXCEEDED,
                 )
         async with grpc.aio.insecure_channel(e2e.target) as fresh:  # the flood gone
-            stub = health_pb2_grpc.HealthStub(fresh)  # type: ignore[no-untyped-call]
-            answer = await stub.Check(
+            checker: Any = health_pb2_grpc.HealthStub(fresh)
+            answer = await checker.Check(
                 health_pb2.HealthCheckRequest(), timeout=READ_TIMEOUT, wait_for_ready=True
             )
             assert answer.status == health_pb2.HealthCheckResponse.SERVING
@@ -140,7 +141,7 @@ async def test_a_call_past_the_age_and_its_grace_is_ended() -> None:
     limits = {"grpc_max_connection_age_seconds": 1.0, "grpc_max_connection_age_grace_seconds": 1.0}
     async with bounded(**limits) as e2e:
         async with grpc.aio.insecure_channel(e2e.target) as channel:
-            stub = agent_service_pb2_grpc.AgentServiceStub(channel)  # type: ignore[no-untyped-call]
+            stub = agent_service_pb2_grpc.AgentServiceStub(channel)
             started = time.monotonic()
             call = stub.StreamSessionEvents(
                 api.StreamSessionEventsRequest(agent_id="a", from_seq=1)
@@ -165,7 +166,7 @@ PINGING = (
 async def test_pings_faster_than_allowed_close_the_connection() -> None:
     async with bounded(grpc_keepalive_min_interval_seconds=60.0) as e2e:
         async with grpc.aio.insecure_channel(e2e.target, options=PINGING) as channel:
-            stub = agent_service_pb2_grpc.AgentServiceStub(channel)  # type: ignore[no-untyped-call]
+            stub = agent_service_pb2_grpc.AgentServiceStub(channel)
             call = stub.StreamSessionEvents(
                 api.StreamSessionEventsRequest(agent_id="a", from_seq=1)
             )
@@ -182,7 +183,7 @@ async def test_pings_as_often_as_allowed_keep_the_connection() -> None:
         bounded(grpc_keepalive_min_interval_seconds=0.05) as e2e,
         grpc.aio.insecure_channel(e2e.target, options=PINGING) as channel,
     ):
-        stub = agent_service_pb2_grpc.AgentServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub = agent_service_pb2_grpc.AgentServiceStub(channel)
         call = stub.StreamSessionEvents(api.StreamSessionEventsRequest(agent_id="a", from_seq=1))
         await call.read()
         reading = asyncio.ensure_future(call.read())
@@ -198,7 +199,7 @@ async def test_calls_beyond_the_streams_of_a_connection_wait_for_one() -> None:
         bounded(grpc_max_concurrent_streams=2) as e2e,
         grpc.aio.insecure_channel(e2e.target) as channel,
     ):
-        stub = agent_service_pb2_grpc.AgentServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub = agent_service_pb2_grpc.AgentServiceStub(channel)
         request = api.StreamSessionEventsRequest(agent_id="a", from_seq=1)
         streams = [stub.StreamSessionEvents(request) for _ in range(2)]
         for stream in streams:

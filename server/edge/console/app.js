@@ -27,10 +27,16 @@ export function statusWord(status, pending = 0) {
 
 // ---- notices -------------------------------------------------------------------------
 
-function notify(message, kind = "error") {
+// A notice belongs to the route it was raised on (the token's, "auth", to every route):
+// leaving the route takes it down, and a late answer of a route left says nothing.
+let currentRoute = "";
+
+function notify(message, kind = "error", scope = currentRoute) {
+  if (scope !== currentRoute) return; // raised for a route the page has left
   const box = $("#notice");
   box.textContent = message;
   box.className = kind;
+  box.dataset.route = kind === "auth" ? "" : scope;
   box.hidden = false;
 }
 
@@ -48,8 +54,8 @@ function explain(error, what) {
   return `${what} failed: ${error.status}${error.reason ? ` (${error.reason})` : ""}: ${error.message}`;
 }
 
-function fail(error, what) {
-  notify(explain(error, what), error.status === "UNAUTHENTICATED" ? "auth" : "error");
+function fail(error, what, scope = currentRoute) {
+  notify(explain(error, what), error.status === "UNAUTHENTICATED" ? "auth" : "error", scope);
 }
 
 // ---- agents --------------------------------------------------------------------------
@@ -165,6 +171,7 @@ let session = null;
 
 class Session {
   constructor({ agentId, sessionId, seq, page }) {
+    this.scope = currentRoute; // the route its notices belong to
     this.agentId = agentId || "";
     this.page = page > 0 ? Math.min(page, 5000) : PAGE;
     this.sessionId = sessionId || "";
@@ -281,18 +288,18 @@ class Session {
       const answer = await agents("ResolveApproval", body);
       this.refused.delete(approvalId);
       const r = answer.resolution || {};
-      notify(`Approval of ${r.toolName || "the tool call"}: ${approvalOutcome(r.outcome)} by ${r.resolvedBy || "api"}.`, "info");
+      notify(`Approval of ${r.toolName || "the tool call"}: ${approvalOutcome(r.outcome)} by ${r.resolvedBy || "api"}.`, "info", this.scope);
       this.approvalResolved({ approvalId });
     } catch (error) {
       const message = error instanceof ApiError
         ? `The server refused the answer: ${error.status}${error.reason ? ` (${error.reason})` : ""}: ${error.message}`
         : `The answer failed: ${error.message || error}`;
       this.refused.set(approvalId, message);
-      fail(error, "Answering the approval");
+      fail(error, "Answering the approval", this.scope);
       if (error instanceof ApiError && ["NOT_FOUND", "FAILED_PRECONDITION"].includes(error.status)) {
         // Answered, cancelled or timed out meanwhile: show it, then refresh the list.
         this.showApprovals();
-        await this.loadApprovals().catch((e) => fail(e, "Listing the approvals"));
+        await this.loadApprovals().catch((e) => fail(e, "Listing the approvals", this.scope));
       } else {
         this.showApprovals();
       }
@@ -356,7 +363,7 @@ class Session {
           continue;
         }
         if (error instanceof ApiError) {
-          fail(error, "Following the session");
+          fail(error, "Following the session", this.scope);
           if (["UNAUTHENTICATED", "NOT_FOUND", "INVALID_ARGUMENT"].includes(error.status)) return;
         }
       }
@@ -389,7 +396,7 @@ class Session {
         this.showApprovals();
         this.showStatus("AGENT_STATUS_DISPOSED");
       }
-      if (event.error) notify(`Agent ${this.agentId}: ${event.error.message}`, "agent");
+      if (event.error) notify(`Agent ${this.agentId}: ${event.error.message}`, "agent", this.scope);
     }
   }
 }
@@ -533,12 +540,13 @@ async function refreshPlugins() {
   clearTimeout(pluginsTimer);
   if ($("#plugins-view").hidden || pluginsBusy) return;
   pluginsBusy = true;
+  const scope = currentRoute;
   try {
     const answer = await registry("ListPlugins", {});
     const plugins = answer.plugins || [];
     $("#plugins").replaceChildren(...(plugins.length ? plugins.map(pluginRow) : [h("p", {}, "No plugins registered.")]));
   } catch (error) {
-    fail(error, "Listing the plugins");
+    fail(error, "Listing the plugins", scope);
   } finally {
     pluginsBusy = false;
   }
@@ -547,11 +555,24 @@ async function refreshPlugins() {
 
 // ---- routing -------------------------------------------------------------------------
 
+/** A route's parts decoded; null when one is not valid %-encoding (`%E0%A4%A`). */
+function decodeParts(path) {
+  try {
+    return path.split("/").filter(Boolean).map(decodeURIComponent);
+  } catch {
+    return null;
+  }
+}
+
 function route() {
   const hash = location.hash || "#/";
   const [path, query] = hash.slice(1).split("?");
   const params = new URLSearchParams(query || "");
-  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  const decoded = decodeParts(path);
+  const parts = decoded || [];
+  currentRoute = hash;
+  const box = $("#notice");
+  if (box.dataset.route !== "") box.hidden = true; // the previous route's notice
   if (session) session.close();
   session = null;
   $("#home-view").hidden = true;
@@ -570,13 +591,14 @@ function route() {
     });
     const opening = session;
     opening.open().catch((error) => {
-      if (!opening.controller.signal.aborted) fail(error, "Opening the session");
+      if (!opening.controller.signal.aborted) fail(error, "Opening the session", opening.scope);
     });
   } else if (parts[0] === "plugins") {
     $("#plugins-view").hidden = false;
     refreshPlugins();
   } else {
     $("#home-view").hidden = false;
+    if (decoded === null) notify(`The address ${hash.slice(0, 200)} is not a page of the console; showing the agents.`);
   }
   document.querySelectorAll("#agents a[aria-current]").forEach((a) => a.removeAttribute("aria-current"));
 }
