@@ -44,6 +44,7 @@ from agentloop.v1 import (
 )
 from server.core.limits import Limits
 from server.edge.http_answers import (
+    AnsweringHandler,
     answer_headers,
     api_errors,
     status_json,
@@ -164,17 +165,20 @@ class HttpSide:
         app.router.add_get("/", self._index)
         app.router.add_static("/console/", STATIC_DIR, append_version=False)
         app.router.add_route("*", "/api/{service}/{method}", self._api)
-        self._runner = web.AppRunner(
-            app,
-            handler_cancellation=True,
-            access_log=None,
-            keepalive_timeout=self.limits.http_idle_timeout_seconds,
-            lingering_time=self.limits.http_body_timeout_seconds,
-        )
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
-        assert self._runner.server is not None
+        server = self._runner.server
+        assert server is not None
+        loop = asyncio.get_running_loop()
+        options = {
+            "keepalive_timeout": self.limits.http_idle_timeout_seconds,
+            "lingering_time": self.limits.http_body_timeout_seconds,
+            "access_log": None,
+        }
         # Not a TCPSite: the listener's protocol is the guard, in front of aiohttp's.
-        self.guard = ConnectionGuard(self.limits, self._runner.server)
+        self.guard = ConnectionGuard(
+            self.limits, lambda: AnsweringHandler(server, loop=loop, **options)
+        )
         host, _, port = self.listen.rpartition(":")
         self._listener = await asyncio.get_running_loop().create_server(
             self.guard, host.strip("[]"), int(port), ssl=self.ssl_context, reuse_address=True

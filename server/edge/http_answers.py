@@ -14,6 +14,8 @@ from typing import Any
 
 import grpc
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 from google.protobuf import json_format
 
 # googleapis-common-protos ships .pyi files but no py.typed marker.
@@ -125,3 +127,24 @@ async def answer_headers(request: web.Request, response: web.StreamResponse) -> 
         response.headers["Cache-Control"] = "no-store"
     else:  # the page and its assets: cached, but checked (ETag) before each use
         response.headers.setdefault("Cache-Control", "no-cache")
+
+
+class AnsweringHandler(RequestHandler):
+    """The HTTP protocol, whose own answers carry the headers of every answer too.
+
+    Those answers (to a request it cannot parse: a bad request line, headers over its
+    sizes) are made before any route, where `on_response_prepare` does not reach.
+    """
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """The error answer aiohttp makes, with the headers."""
+        response = super().handle_error(request, status, exc, message)
+        response.headers.update(ANSWER_HEADERS)
+        response.headers["Cache-Control"] = "no-store"
+        return response

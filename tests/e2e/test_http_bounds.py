@@ -67,6 +67,29 @@ async def test_every_path_the_server_serves_carries_the_security_headers() -> No
         assert walked == len(files) + 5
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"GARBAGE\r\n\r\n",
+        b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"b" * 9000 + b"\r\n\r\n",
+    ],
+    ids=["bad-request-line", "long-url", "long-header"],
+)
+async def test_a_request_the_server_cannot_parse_is_answered_with_the_headers(raw: bytes) -> None:
+    async with http_app(config()) as (e2e, _):
+        assert e2e.app.http is not None
+        with sockets() as opened:
+            sock = connect(e2e.app.http.port)
+            opened.append(sock)
+            await asyncio.get_running_loop().sock_sendall(sock, raw)
+            answer = await closed_by_server(sock, READ_TIMEOUT)
+    head = answer.partition(b"\r\n\r\n")[0].decode()
+    assert head.startswith("HTTP/1.0 400 ") or head.startswith("HTTP/1.1 400 "), head
+    for name, value in {**ANSWER_HEADERS, "Cache-Control": "no-store"}.items():
+        assert f"{name}: {value}" in head.split("\r\n"), f"{name} is missing: {head}"
+
+
 async def test_an_api_refusal_under_a_token_is_not_cached(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
