@@ -57,8 +57,9 @@ class Limits:
     """Open connections to `httpListen` from one client address."""
     grpc_max_connections: PositiveInt = 1000
     """Open connections to the gRPC port (the HTTP side's own count too); more are closed."""
-    grpc_max_concurrent_streams: PositiveInt = 100
-    """Calls in flight on one gRPC connection (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`)."""
+    grpc_max_concurrent_streams: PositiveInt = 2000
+    """Calls in flight on one gRPC connection (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`):
+    above `max_streams`, so one client following every agent on one channel still calls."""
     grpc_max_connection_idle_seconds: PositiveSeconds = 300.0
     """A gRPC connection with no call in flight this long is sent GOAWAY."""
     grpc_max_connection_age_seconds: PositiveSeconds = 3600.0

@@ -133,7 +133,7 @@ class HttpSide:
         self._dir = ""
         self.port = 0
         self._channels: list[grpc.aio.Channel] = []
-        self._in_flight: list[int] = []
+        self.in_flight: list[int] = []
         """Calls in flight on each channel: a call takes the least busy one."""
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
@@ -157,7 +157,7 @@ class HttpSide:
         self._channels = [
             grpc.aio.insecure_channel(self.grpc_address(), options=own) for _ in range(count)
         ]
-        self._in_flight = [0] * count
+        self.in_flight = [0] * count
         app = web.Application(
             client_max_size=self._max_body, middlewares=[api_errors, self._host_check]
         )
@@ -205,12 +205,12 @@ class HttpSide:
     @contextlib.contextmanager
     def _channel(self) -> Iterator[grpc.aio.Channel]:
         """The least busy channel to the gRPC server, for one call."""
-        index = min(range(len(self._channels)), key=self._in_flight.__getitem__)
-        self._in_flight[index] += 1
+        index = min(range(len(self._channels)), key=self.in_flight.__getitem__)
+        self.in_flight[index] += 1
         try:
             yield self._channels[index]
         finally:
-            self._in_flight[index] -= 1
+            self.in_flight[index] -= 1
 
     @web.middleware
     async def _host_check(

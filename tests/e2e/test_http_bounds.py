@@ -320,3 +320,33 @@ async def test_a_connection_flood_is_stopped_at_the_caps() -> None:
         base = f"http://127.0.0.1:{http.port}"
         async with httpx.AsyncClient(base_url=base, timeout=READ_TIMEOUT) as client:
             await serves_a_turn(e2e, client, "b")
+
+
+async def test_the_http_side_has_a_stream_for_each_of_its_connections() -> None:
+    """3 channels of 2 streams for 6 connections: 5 open event streams and a call fit."""
+    limits = {"grpc_max_concurrent_streams": 2, "http_max_connections": 6}
+    async with http_app(config(**limits)) as (e2e, _), contextlib.AsyncExitStack() as stack:
+        assert e2e.app.http is not None
+        await e2e.factory.CreateAgent(fac.CreateAgentRequest(agent_id="a"), timeout=READ_TIMEOUT)
+        base = f"http://127.0.0.1:{e2e.app.http.port}"
+        body = json.dumps({"agent_id": "a", "from_seq": 1}).encode()
+        streams: list[AsyncIterator[str]] = []
+        for _ in range(5):  # each on its own connection, each holding a gRPC stream
+            client = await stack.enter_async_context(
+                httpx.AsyncClient(base_url=base, timeout=READ_TIMEOUT)
+            )
+            response = await stack.enter_async_context(
+                client.stream(
+                    "POST",
+                    "/api/agentloop.v1.AgentService/StreamSessionEvents",
+                    headers=JSON,
+                    content=body,
+                )
+            )
+            assert response.status_code == 200
+            lines = response.aiter_lines()
+            assert (await anext(lines)).startswith("event: message")
+            streams.append(lines)  # held: a collected reader would close its stream
+        assert e2e.app.http.in_flight == [2, 2, 1]
+        async with httpx.AsyncClient(base_url=base, timeout=READ_TIMEOUT) as client:
+            await serves_a_turn(e2e, client, "a")
