@@ -9,7 +9,9 @@ token, request guard, replica forwarding) and the servicers answer it exactly as
 answer a gRPC client. A refusal is the gRPC status as JSON (`google.rpc.Status`: code,
 message, details, plus `status`, the code's name) under the matching HTTP code.
 
-The token is read from the `Authorization` header only, never from the URL.
+The token is read from the `Authorization` header only, never from the URL. Every
+answer carries the security headers (`http_answers.py`); slow and greedy clients are
+bounded by the limits' `http*` timeouts and caps (`port_bounds.py`).
 """
 
 from __future__ import annotations
@@ -44,13 +46,12 @@ from agentloop.v1 import (
 )
 from server.core.limits import Limits
 from server.edge.http_answers import (
-    AnsweringHandler,
     answer_headers,
     api_errors,
     status_json,
     status_response,
 )
-from server.edge.port_bounds import ConnectionGuard, channels_for
+from server.edge.port_bounds import ConnectionGuard, channels_for, guarded_listener
 from server.edge.status import rich_status
 from server.settings.addresses import is_loopback
 
@@ -159,7 +160,8 @@ class HttpSide:
         ]
         self.in_flight = [0] * count
         app = web.Application(
-            client_max_size=self._max_body, middlewares=[api_errors, self._host_check]
+            client_max_size=self._max_body,
+            middlewares=[self._deadlines, api_errors, self._host_check],
         )
         app.on_response_prepare.append(answer_headers)
         app.router.add_get("/", self._index)
@@ -167,21 +169,9 @@ class HttpSide:
         app.router.add_route("*", "/api/{service}/{method}", self._api)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
-        server = self._runner.server
-        assert server is not None
-        loop = asyncio.get_running_loop()
-        options = {
-            "keepalive_timeout": self.limits.http_idle_timeout_seconds,
-            "lingering_time": self.limits.http_body_timeout_seconds,
-            "access_log": None,
-        }
-        # Not a TCPSite: the listener's protocol is the guard, in front of aiohttp's.
-        self.guard = ConnectionGuard(
-            self.limits, lambda: AnsweringHandler(server, loop=loop, **options)
-        )
         host, _, port = self.listen.rpartition(":")
-        self._listener = await asyncio.get_running_loop().create_server(
-            self.guard, host.strip("[]"), int(port), ssl=self.ssl_context, reuse_address=True
+        self._listener, self.guard = await guarded_listener(
+            self._runner, self.limits, host.strip("[]"), int(port), self.ssl_context
         )
         self.port = int(self._listener.sockets[0].getsockname()[1])
         return self.port
@@ -213,6 +203,18 @@ class HttpSide:
             self.in_flight[index] -= 1
 
     @web.middleware
+    async def _deadlines(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """No header deadline while a request is handled; the next one's after it."""
+        assert self.guard is not None
+        self.guard.headers_arrived(request.transport)  # they are: the handler runs
+        try:
+            return await handler(request)
+        finally:
+            self.guard.answered(request.transport)
+
+    @web.middleware
     async def _host_check(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
@@ -220,17 +222,6 @@ class HttpSide:
 
         A site that rebinds its own name to 127.0.0.1 is refused (DNS rebinding).
         """
-        if self.guard is not None:  # the request's headers are complete
-            self.guard.headers_arrived(request.transport)
-        try:
-            return await self._checked_host(request, handler)
-        finally:
-            if self.guard is not None:
-                self.guard.answered(request.transport)
-
-    async def _checked_host(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
         host = request.host
         if self.local_hosts_only and not (is_loopback(host) or is_loopback(f"{host}:80")):
             return status_response(

@@ -14,14 +14,16 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import ssl
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import grpc
+from aiohttp import web
 
 from server.core.limits import Limits
-from server.edge.http_answers import ANSWER_HEADERS
+from server.edge.http_answers import ANSWER_HEADERS, AnsweringHandler
 
 KEEPALIVE_ACK_SECONDS = 20
 """How long the server waits for the answer to its keepalive ping (gRPC's default)."""
@@ -60,6 +62,32 @@ def channels_for(limits: Limits) -> int:
     carries at most `grpcMaxConcurrentStreams` of them.
     """
     return math.ceil(limits.http_max_connections / limits.grpc_max_concurrent_streams)
+
+
+async def guarded_listener(
+    runner: web.AppRunner, limits: Limits, host: str, port: int, tls: ssl.SSLContext | None
+) -> tuple[asyncio.Server, ConnectionGuard]:
+    """Listen on `host:port` for `runner`'s application, behind a `ConnectionGuard`.
+
+    Not a `TCPSite`: the listener's protocol is the guard, in front of aiohttp's (whose
+    own error answers carry the security headers: `AnsweringHandler`).
+    """
+    server = runner.server
+    assert server is not None  # set up
+    loop = asyncio.get_running_loop()
+
+    def protocol() -> asyncio.Protocol:
+        return AnsweringHandler(
+            server,
+            loop=loop,
+            keepalive_timeout=limits.http_idle_timeout_seconds,
+            lingering_time=limits.http_body_timeout_seconds,
+            access_log=None,  # type: ignore[arg-type]  # off, as AppRunner(access_log=None)
+        )
+
+    guard = ConnectionGuard(limits, protocol)
+    listener = await loop.create_server(guard, host, port, ssl=tls, reuse_address=True)
+    return listener, guard
 
 
 def refusal(http_status: int, reason: str, code: grpc.StatusCode, message: str) -> bytes:

@@ -132,7 +132,7 @@ async def test_an_idle_connection_is_sent_goaway() -> None:
             opened.append(raw_client(e2e.port))
             started = time.monotonic()
             kinds = await frames_until_closed(opened[0], 1.0 + SLACK)
-            assert time.monotonic() - started >= 1.0
+            assert time.monotonic() - started >= 0.8  # gRPC's timers are not to the ms
         assert GOAWAY in kinds
         await a_turn(e2e)  # the test's channel reconnects after its own GOAWAY
 
