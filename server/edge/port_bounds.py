@@ -86,7 +86,12 @@ async def guarded_listener(
         )
 
     guard = ConnectionGuard(limits, protocol)
-    listener = await loop.create_server(guard, host, port, ssl=tls, reuse_address=True)
+    # With TLS the guard sees a connection once its handshake is done: the handshake has
+    # the headers' deadline of its own.
+    handshake = limits.http_header_timeout_seconds if tls is not None else None
+    listener = await loop.create_server(
+        guard, host, port, ssl=tls, reuse_address=True, ssl_handshake_timeout=handshake
+    )
     return listener, guard
 
 

@@ -10,6 +10,8 @@ import json
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
 
 import httpx
 import pytest
@@ -22,6 +24,9 @@ from server.settings.config import Config
 from tests.e2e.conftest import E2E, READ_TIMEOUT, read_turn
 from tests.e2e.registry import eventually
 from tests.e2e.test_http_api import FACTORY, JSON, http_app
+from tests.e2e.test_server_tls import Pki, pki, tls_config
+
+__all__ = ["pki"]  # the fixture, used by name
 
 pytestmark = pytest.mark.usefixtures("without_tokens")
 
@@ -260,6 +265,19 @@ async def test_a_slow_body_is_cut_at_the_timeout(slow: tuple[E2E, httpx.AsyncCli
     status = json.loads(body)
     assert status["status"] == "DEADLINE_EXCEEDED"
     assert "limits.httpBodyTimeoutSeconds (1.5)" in status["message"]
+
+
+async def test_a_tls_handshake_never_finished_is_cut(pki: Pki, tmp_path: Path) -> None:
+    tls = tls_config(pki, tmp_path, mutual=False)
+    limits = Limits(http_header_timeout_seconds=1.0)
+    async with http_app(replace(tls, limits=limits)) as (e2e, _):
+        assert e2e.app.http is not None
+        with sockets() as opened:
+            sock = connect(e2e.app.http.port)  # TCP only: no ClientHello ever comes
+            opened.append(sock)
+            started = time.monotonic()
+            assert await closed_by_server(sock, 1.0 + SLACK) == b""
+            assert time.monotonic() - started >= 1.0
 
 
 async def test_an_idle_keep_alive_connection_is_closed() -> None:
