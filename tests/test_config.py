@@ -32,8 +32,9 @@ def test_the_shipped_example_parses() -> None:
 
 
 def test_the_readme_limits_table_documents_every_default() -> None:
-    rows = re.findall(r"^\| `(max\w+)` \| (\d+)", (ROOT / "README.md").read_text(), re.M)
-    documented = {LIMIT_FIELDS[name]: int(value) for name, value in rows}
+    readme = (ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| `((?:max|http|grpc)\w+)` \| ([\d.]+)", readme, re.M)
+    documented = {LIMIT_FIELDS[name]: float(value) for name, value in rows}
     defaults = Limits()
     assert documented == {f: getattr(defaults, f) for f in LIMIT_FIELDS.values()}
 
@@ -200,6 +201,11 @@ def test_limits_are_read_from_their_section_and_checked() -> None:
         parse_config({"limits": {"maxAgents": 0}})
     with pytest.raises(ConfigError, match="limits.maxNope: unknown field"):
         parse_config({"limits": {"maxNope": 1}})
+    seconds = parse_config({"limits": {"httpHeaderTimeoutSeconds": 2.5, "grpcMaxConnections": 9}})
+    assert seconds.limits.http_header_timeout_seconds == 2.5
+    assert seconds.limits.grpc_max_connections == 9
+    with pytest.raises(ConfigError, match="limits.httpBodyTimeoutSeconds: must be a positive"):
+        parse_config({"limits": {"httpBodyTimeoutSeconds": 0}})
 
 
 def test_the_messages_say_what_is_known() -> None:

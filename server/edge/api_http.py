@@ -9,18 +9,22 @@ token, request guard, replica forwarding) and the servicers answer it exactly as
 answer a gRPC client. A refusal is the gRPC status as JSON (`google.rpc.Status`: code,
 message, details, plus `status`, the code's name) under the matching HTTP code.
 
-The token is read from the `Authorization` header only, never from the URL.
+The token is read from the `Authorization` header only, never from the URL. Every
+answer carries the security headers (`http_answers.py`); slow and greedy clients are
+bounded by the limits' `http*` timeouts and caps (`port_bounds.py`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
 import shutil
 import ssl
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +44,15 @@ from agentloop.v1 import (
     agent_service_pb2,
     scripted_pb2,  # noqa: F401  (registers ScriptedOptions for `provider_options` as JSON)
 )
+from server.edge.http_answers import (
+    answer_headers,
+    api_errors,
+    status_json,
+    status_response,
+)
+from server.edge.port_bounds import ConnectionGuard, channels_for, guarded_listener
 from server.edge.status import rich_status
+from server.kernel.limits import Limits
 from server.settings.addresses import is_loopback
 
 log = logging.getLogger(__name__)
@@ -55,39 +67,12 @@ SERVICES: tuple[ServiceDescriptor, ...] = (
 )
 """The services the HTTP side forwards: every method of each, as the contract grows."""
 
-HTTP_CODES = {
-    grpc.StatusCode.OK: 200,
-    grpc.StatusCode.CANCELLED: 499,
-    grpc.StatusCode.UNKNOWN: 500,
-    grpc.StatusCode.INVALID_ARGUMENT: 400,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.ALREADY_EXISTS: 409,
-    grpc.StatusCode.PERMISSION_DENIED: 403,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.FAILED_PRECONDITION: 400,
-    grpc.StatusCode.ABORTED: 409,
-    grpc.StatusCode.OUT_OF_RANGE: 400,
-    grpc.StatusCode.UNIMPLEMENTED: 501,
-    grpc.StatusCode.INTERNAL: 500,
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DATA_LOSS: 500,
-    grpc.StatusCode.UNAUTHENTICATED: 401,
-}
-"""gRPC status -> HTTP status, as gRPC-gateway maps them."""
-
 FORWARDED_HEADERS = ("authorization", "traceparent", "tracestate")
 """Request headers passed on to the gRPC call as metadata."""
 
 UNDECODABLE = b"\xff"
 """Bytes no message decodes: sent for a body that is not valid JSON, so the server
 answers (token first, then the malformed body) as it answers a bad gRPC body."""
-
-SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-}
 
 
 @dataclass(frozen=True)
@@ -116,36 +101,12 @@ def methods() -> dict[str, Method]:
     return found
 
 
-def code_of(number: int) -> grpc.StatusCode:
-    """The `grpc.StatusCode` of a numeric code (UNKNOWN for one gRPC does not define)."""
-    for code in grpc.StatusCode:
-        if code.value[0] == number:
-            return code
-    return grpc.StatusCode.UNKNOWN
-
-
 def status_of_error(error: grpc.aio.AioRpcError) -> status_pb2.Status:
     """The `google.rpc.Status` of a failed call: the rich one from its trailer if any."""
     for key, value in error.trailing_metadata() or ():
         if key == "grpc-status-details-bin" and isinstance(value, bytes):
             return status_pb2.Status.FromString(value)
     return status_pb2.Status(code=error.code().value[0], message=error.details() or "")
-
-
-def status_json(status: status_pb2.Status) -> dict[str, Any]:
-    """A status as the HTTP side writes it: the JSON mapping plus the code's name."""
-    body: dict[str, Any] = {"status": code_of(status.code).name}
-    body.update(json_format.MessageToDict(status, always_print_fields_with_no_presence=True))
-    return body
-
-
-def status_response(status: status_pb2.Status) -> web.Response:
-    """The HTTP answer of a refusal."""
-    return web.json_response(
-        status_json(status),
-        status=HTTP_CODES.get(code_of(status.code), 500),
-        headers=SECURITY_HEADERS,
-    )
 
 
 def sse(kind: str, payload: dict[str, Any], event_id: str = "") -> bytes:
@@ -161,21 +122,26 @@ class HttpSide:
         self,
         listen: str,
         ssl_context: ssl.SSLContext | None,
-        max_request_bytes: int,
+        limits: Limits,
         local_hosts_only: bool = False,
     ) -> None:
         self.listen = listen
         self.local_hosts_only = local_hosts_only
         """Refuse requests naming another host than this machine (DNS rebinding)."""
         self.ssl_context = ssl_context
+        self.limits = limits
         self.methods = methods()
         self._dir = ""
         self.port = 0
-        self._channel: grpc.aio.Channel | None = None
+        self._channels: list[grpc.aio.Channel] = []
+        self.in_flight: list[int] = []
+        """Calls in flight on each channel: a call takes the least busy one."""
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
+        self.guard: ConnectionGuard | None = None
         # JSON is larger than the protobuf it encodes (base64, escapes): the exact limit
         # is the gRPC server's own, on the forwarded message; this only bounds memory.
-        self._max_body = 4 * max_request_bytes + 64 * 1024
+        self._max_body = 4 * limits.max_request_bytes + 64 * 1024
 
     def grpc_address(self) -> str:
         """The private Unix socket (in a new 0700 directory) for the gRPC server to add."""
@@ -185,29 +151,68 @@ class HttpSide:
 
     async def start(self) -> int:
         """Connect to the gRPC server's socket and serve HTTP; returns the bound port."""
-        self._channel = grpc.aio.insecure_channel(self.grpc_address())
-        app = web.Application(client_max_size=self._max_body, middlewares=[self._host_check])
+        # One connection carries `grpcMaxConcurrentStreams` calls: enough connections
+        # (each its own subchannel) that every HTTP connection's call gets a stream.
+        own = (("grpc.use_local_subchannel_pool", 1),)
+        count = channels_for(self.limits)
+        self._channels = [
+            grpc.aio.insecure_channel(self.grpc_address(), options=own) for _ in range(count)
+        ]
+        self.in_flight = [0] * count
+        app = web.Application(
+            client_max_size=self._max_body,
+            middlewares=[self._deadlines, api_errors, self._host_check],
+        )
+        app.on_response_prepare.append(answer_headers)
         app.router.add_get("/", self._index)
         app.router.add_static("/console/", STATIC_DIR, append_version=False)
         app.router.add_route("*", "/api/{service}/{method}", self._api)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
         host, _, port = self.listen.rpartition(":")
-        site = web.TCPSite(self._runner, host.strip("[]"), int(port), ssl_context=self.ssl_context)
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
+        self._listener, self.guard = await guarded_listener(
+            self._runner, self.limits, host.strip("[]"), int(port), self.ssl_context
+        )
+        self.port = int(self._listener.sockets[0].getsockname()[1])
         return self.port
 
     async def stop(self) -> None:
-        """Close the open streams and the server, then the channel and the socket."""
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
+        """Close the open streams and the server, then the channels and the socket."""
+        if self._listener is not None:  # no new connections
+            self._listener.close()
+        for channel in self._channels:
+            await channel.close()
+        self._channels = []
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._listener is not None:
+            await self._listener.wait_closed()
+            self._listener = None
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def _channel(self) -> Iterator[grpc.aio.Channel]:
+        """The least busy channel to the gRPC server, for one call."""
+        index = min(range(len(self._channels)), key=self.in_flight.__getitem__)
+        self.in_flight[index] += 1
+        try:
+            yield self._channels[index]
+        finally:
+            self.in_flight[index] -= 1
+
+    @web.middleware
+    async def _deadlines(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """No header deadline while a request is handled; the next one's after it."""
+        assert self.guard is not None
+        self.guard.headers_arrived(request.transport)  # they are: the handler runs
+        try:
+            return await handler(request)
+        finally:
+            self.guard.answered(request.transport)
 
     @web.middleware
     async def _host_check(
@@ -230,7 +235,7 @@ class HttpSide:
         return await handler(request)
 
     async def _index(self, request: web.Request) -> web.StreamResponse:
-        return web.FileResponse(STATIC_DIR / "index.html", headers=SECURITY_HEADERS)
+        return web.FileResponse(STATIC_DIR / "index.html")
 
     async def _api(self, request: web.Request) -> web.StreamResponse:
         path = f"/{request.match_info['service']}/{request.match_info['method']}"
@@ -243,7 +248,7 @@ class HttpSide:
             return web.json_response(
                 {"status": "METHOD_NOT_ALLOWED", "message": f"{path}: use POST"},
                 status=405,
-                headers={"Allow": "POST", **SECURITY_HEADERS},
+                headers={"Allow": "POST"},
             )
         # A JSON content type keeps other sites' plain forms out (they cannot send one
         # without a CORS preflight, which this side never grants).
@@ -256,7 +261,21 @@ class HttpSide:
                 )
             )
         try:
-            body = await request.read()
+            async with asyncio.timeout(self.limits.http_body_timeout_seconds):
+                body = await request.read()
+        except TimeoutError:
+            answer = status_response(
+                rich_status(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    "the request body did not arrive within"
+                    f" {self.limits.describe('http_body_timeout_seconds')}",
+                    "LIMIT_EXCEEDED",
+                    {"limit": "http_body_timeout_seconds"},
+                ),
+                408,
+            )
+            answer.force_close()  # the rest of the body is not waited for
+            return answer
         except web.HTTPRequestEntityTooLarge:
             return status_response(
                 rich_status(
@@ -276,22 +295,23 @@ class HttpSide:
         except (json_format.ParseError, UnicodeDecodeError, ValueError) as error:
             problem = str(error)[:300]
             payload = UNDECODABLE
-        if method.streaming:
-            return await self._stream(request, method, payload, metadata, problem)
-        return await self._unary(method, payload, metadata, problem)
+        with self._channel() as channel:
+            if method.streaming:
+                return await self._stream(channel, request, method, payload, metadata, problem)
+            return await self._unary(channel, method, payload, metadata, problem)
 
     def _serializer(self, payload: Message | bytes) -> Callable[[Any], bytes] | None:
         return None if isinstance(payload, bytes) else type(payload).SerializeToString
 
     async def _unary(
         self,
+        channel: grpc.aio.Channel,
         method: Method,
         payload: Message | bytes,
         metadata: tuple[tuple[str, str], ...],
         problem: str,
     ) -> web.Response:
-        assert self._channel is not None
-        call = self._channel.unary_unary(
+        call = channel.unary_unary(
             method.path,
             request_serializer=self._serializer(payload),
             response_deserializer=method.response.FromString,
@@ -300,20 +320,18 @@ class HttpSide:
             response = await call(payload, metadata=metadata)
         except grpc.aio.AioRpcError as error:
             return status_response(self._refusal(error, method, problem))
-        return web.json_response(
-            json_format.MessageToDict(response), headers=SECURITY_HEADERS, dumps=_dumps
-        )
+        return web.json_response(json_format.MessageToDict(response), dumps=_dumps)
 
     async def _stream(
         self,
+        channel: grpc.aio.Channel,
         request: web.Request,
         method: Method,
         payload: Message | bytes,
         metadata: tuple[tuple[str, str], ...],
         problem: str,
     ) -> web.StreamResponse:
-        assert self._channel is not None
-        call = self._channel.unary_stream(
+        call = channel.unary_stream(
             method.path,
             request_serializer=self._serializer(payload),
             response_deserializer=method.response.FromString,
@@ -330,7 +348,6 @@ class HttpSide:
                     "Content-Type": "text/event-stream",
                     "Cache-Control": "no-store",
                     "X-Accel-Buffering": "no",
-                    **SECURITY_HEADERS,
                 }
             )
             await response.prepare(request)

@@ -30,6 +30,7 @@ from server.edge.api_reflection import Reflection
 from server.edge.api_stream_wire import add_agent_service
 from server.edge.app_replica import Replica
 from server.edge.auth import TokenAuth
+from server.edge.port_bounds import grpc_options
 from server.kernel.errors import SessionDamaged
 from server.kernel.tasks import TaskGroup
 from server.lifecycle.factory import AgentFactory
@@ -207,7 +208,7 @@ class App:
             interceptors.append(self.replica.forwarder)
         self.server = grpc.aio.server(
             interceptors=interceptors,
-            options=[("grpc.max_receive_message_length", limits.max_request_bytes)],
+            options=grpc_options(limits),
         )
         plugin_registry_service_pb2_grpc.add_PluginRegistryServiceServicer_to_server(
             self.plugin_servicer, self.server
@@ -223,7 +224,7 @@ class App:
             self.http = HttpSide(
                 config.http_listen,
                 tls_context(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file),
-                limits.max_request_bytes,
+                limits,
                 local_hosts_only=not token and is_loopback(config.http_listen),
             )
         self.port = 0

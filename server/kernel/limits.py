@@ -12,7 +12,7 @@ from dataclasses import fields
 from pydantic.dataclasses import dataclass
 
 from server.kernel.errors import CodedError, InvalidArgument, ResourceExhausted
-from server.kernel.schema import SCHEMA, PositiveInt
+from server.kernel.schema import SCHEMA, PositiveInt, PositiveSeconds
 
 MIB = 1024 * 1024
 
@@ -44,6 +44,34 @@ class Limits:
     """Registered plugins per server."""
     max_pending_messages: int = 1000
     """Accepted messages one agent holds that no turn has taken up yet."""
+    # The ports (server/edge/port_bounds.py): what one client may hold of a listener.
+    http_header_timeout_seconds: PositiveSeconds = 10.0
+    """From a connection's accept (or its last answer) to a request's complete headers."""
+    http_body_timeout_seconds: PositiveSeconds = 30.0
+    """From a request's headers to its complete body."""
+    http_idle_timeout_seconds: PositiveSeconds = 60.0
+    """A keep-alive HTTP connection with no request in flight is closed after this."""
+    http_max_connections: PositiveInt = 1000
+    """Open connections to `httpListen`; one more is answered 503 and closed."""
+    http_max_connections_per_client: PositiveInt = 100
+    """Open connections to `httpListen` from one client address."""
+    grpc_max_connections: PositiveInt = 1000
+    """Open connections to the gRPC port (the HTTP side's own count too); more are closed."""
+    grpc_max_concurrent_streams: PositiveInt = 2000
+    """Calls in flight on one gRPC connection (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`):
+    above `max_streams`, so one client following every agent on one channel still calls."""
+    grpc_max_connection_idle_seconds: PositiveSeconds = 300.0
+    """A gRPC connection with no call in flight this long is sent GOAWAY."""
+    grpc_max_connection_age_seconds: PositiveSeconds = 3600.0
+    """A gRPC connection older than this is sent GOAWAY (clients reconnect: load spreads)."""
+    grpc_max_connection_age_grace_seconds: PositiveSeconds = 300.0
+    """How long the calls of a connection past its age may still run before it is closed."""
+    grpc_keepalive_min_interval_seconds: PositiveSeconds = 60.0
+    """The shortest interval between a client's keepalive pings; faster ones are strikes
+    and the third strike closes the connection (GOAWAY `too_many_pings`)."""
+    grpc_keepalive_time_seconds: PositiveSeconds = 120.0
+    """The server pings a connection silent this long, and closes it if no answer comes
+    within 20 s: a client gone without a FIN does not hold its connection forever."""
 
     def name_of(self, attribute: str) -> str:
         """The config spelling of a limit: `max_content_bytes` -> `maxContentBytes`."""

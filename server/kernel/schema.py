@@ -51,3 +51,6 @@ def rule(check: Callable[[T], str]) -> AfterValidator:
 PositiveInt = Annotated[
     int, Strict(), rule(lambda n: "" if n >= 1 else f"must be a positive integer, not {n!r}")
 ]
+PositiveSeconds = Annotated[
+    float, Strict(), rule(lambda s: "" if s > 0 else "must be a positive number")
+]

@@ -24,7 +24,7 @@ from server.kernel.defaults import (
 )
 from server.kernel.ids import id_problem
 from server.kernel.limits import Limits
-from server.kernel.schema import SCHEMA, ConfigError, PositiveInt, fail, rule
+from server.kernel.schema import SCHEMA, ConfigError, PositiveInt, PositiveSeconds, fail, rule
 from server.kernel.tools import UNLISTED_TOOLS
 from server.loop.builtin_tools import builtin_tools
 from server.loop.system_prompt import PERSONA_VARIABLES
@@ -38,7 +38,6 @@ from server.settings.fields import (
     NonNegativeSeconds,
     Pairs,
     PortText,
-    PositiveSeconds,
     Seconds,
     Text,
     config_error,

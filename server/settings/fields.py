@@ -33,9 +33,6 @@ Text = Annotated[str, Strict()]
 Flag = Annotated[bool, Strict()]
 Integer = Annotated[int, Strict()]
 Seconds = Annotated[float, Strict()]
-PositiveSeconds = Annotated[
-    float, Strict(), rule(lambda s: "" if s > 0 else "must be a positive number")
-]
 NonNegativeSeconds = Annotated[
     float, Strict(), rule(lambda s: "" if s >= 0 else "must be a non-negative number")
 ]

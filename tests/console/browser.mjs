@@ -298,6 +298,21 @@ try {
     await page.locator("#turns details.turn[data-end='completed']").first().waitFor({ state: "attached" });
   });
 
+  await step("a malformed route shows a notice, and a notice leaves with its view", async () => {
+    await page.goto(`${url}#/session/%E0%A4%A`); // not valid %-encoding: decodeURIComponent throws
+    await notice.filter({ hasText: "is not a page of the console" }).waitFor();
+    expect(await page.locator("#home-view").isVisible(), "the agents view is not shown");
+    expect(consoleErrors.length === 0, `script errors: ${consoleErrors.join("\n")}`);
+    await page.goto(`${url}#/session/no-such-session`);
+    await notice.filter({ hasText: "Opening the session failed" }).waitFor();
+    results.missingSession = await notice.textContent();
+    await page.goto(`${url}#/plugins`);
+    await notice.waitFor({ state: "hidden" }); // the session view's notice went with it
+    await page.goto(`${url}#/agent/browser-demo`);
+    await page.locator("#turns [data-seq]").first().waitFor();
+    expect(await notice.isHidden(), `a notice stayed: ${await notice.textContent()}`);
+  });
+
   await step("the plugins view shows state, subscriptions, counters and latencies", async () => {
     await page.goto(`${url}#/plugins`);
     const plugin = page.locator(`#plugins .plugin[data-plugin='${process.env.CONSOLE_PLUGIN}']`);

@@ -24,8 +24,8 @@ from google.rpc import status_pb2  # type: ignore[import-untyped]
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2, approval_pb2
 from agentloop.v1 import agent_service_pb2 as api
-from server.edge.api_http import HTTP_CODES
 from server.edge.app import App
+from server.edge.http_answers import HTTP_CODES
 from server.kernel.limits import Limits
 from server.settings.config import Config, ConfigError
 from tests.e2e.conftest import E2E, READ_TIMEOUT, running_app

@@ -1,0 +1,63 @@
+// The plugins page (#/plugins): each plugin's state, subscriptions, counters and
+// latencies, polled while the page shows.
+import { registry } from "./api.js";
+import { $, fail, routeNow } from "./notices.js";
+import { h } from "./session.js";
+
+const PLUGINS_EVERY = 3000;
+
+let pluginsTimer = 0;
+
+function duration(value) {
+  return value ? `${(parseFloat(value) * 1000).toFixed(1)} ms` : "-";
+}
+
+function pluginRow(plugin) {
+  const stats = plugin.stats || {};
+  const counters = [
+    ["calls", stats.calls], ["errors", stats.errors], ["timeouts", stats.timeouts],
+    ["fail-opens", stats.failOpens], ["dropped", stats.droppedNotifications],
+    ["reconnects", stats.reconnects], ["oversized", stats.oversizedCalls],
+    ["protocol errors", stats.protocolErrors], ["unexpected", stats.unexpectedResults],
+  ];
+  const subscriptions = (plugin.subscriptions || []).map((s) => {
+    const seam = String(s.seam || "").replace("SEAM_", "").toLowerCase();
+    return `${seam} (order ${s.order || 0}${s.failurePolicy ? `, ${String(s.failurePolicy).replace("FAILURE_POLICY_", "").toLowerCase()}` : ""})`;
+  });
+  const latencies = (plugin.latencies || []).map(
+    (l) => `${String(l.seam || "").replace("SEAM_", "").toLowerCase()}: ${l.calls || 0} calls, p50 ${duration(l.p50)}, p99 ${duration(l.p99)}`,
+  );
+  return h(
+    "section", { class: "plugin", "data-plugin": plugin.name },
+    h("h3", {}, `${plugin.name}${plugin.version ? ` ${plugin.version}` : ""}`),
+    h("dl", {},
+      h("dt", {}, "State"), h("dd", { class: "plugin-state" }, String(plugin.state || "").replace("PLUGIN_STATE_", "").toLowerCase()),
+      h("dt", {}, "Address"), h("dd", {}, plugin.address || ""),
+      h("dt", {}, "Required"), h("dd", {}, plugin.required ? "yes" : "no"),
+      h("dt", {}, "Subscriptions"), h("dd", {}, subscriptions.join("; ") || "none"),
+      h("dt", {}, "Tools"), h("dd", {}, (plugin.tools || []).map((t) => t.name).join(", ") || "none"),
+      h("dt", {}, "Counters"), h("dd", {}, counters.map(([k, v]) => `${k} ${v || 0}`).join(", ")),
+      h("dt", {}, "Latencies"), h("dd", {}, latencies.join("; ") || "none yet"),
+      h("dt", {}, "Last error"), h("dd", {}, plugin.lastError || "none"),
+    ),
+  );
+}
+
+let pluginsBusy = false;
+
+export async function refreshPlugins() {
+  clearTimeout(pluginsTimer);
+  if ($("#plugins-view").hidden || pluginsBusy) return;
+  pluginsBusy = true;
+  const scope = routeNow();
+  try {
+    const answer = await registry("ListPlugins", {});
+    const plugins = answer.plugins || [];
+    $("#plugins").replaceChildren(...(plugins.length ? plugins.map(pluginRow) : [h("p", {}, "No plugins registered.")]));
+  } catch (error) {
+    fail(error, "Listing the plugins", scope);
+  } finally {
+    pluginsBusy = false;
+  }
+  pluginsTimer = setTimeout(refreshPlugins, PLUGINS_EVERY);
+}
