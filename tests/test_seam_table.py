@@ -17,7 +17,8 @@ from agentloop.plugin import sdk
 from agentloop.plugin.seam_table import BY_PAYLOAD, BY_SEAM, SPECS
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from server.kernel import seams as S
-from server.plugins import listeners as pl
+from server.plugins import codecs, listeners
+from server.plugins import modes as pl
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,8 +58,8 @@ def test_each_entry_names_a_server_seam_and_the_payload_oneofs() -> None:
 
 
 def test_server_dispatch_follows_the_table() -> None:
-    assert {spec.seam: spec.path for spec in SPECS} == pl.SEAM_NAMES
-    assert sorted(pl.CODECS) == sorted(spec.path for spec in SPECS)
+    assert {spec.seam: spec.path for spec in SPECS} == listeners.SEAM_NAMES
+    assert sorted(codecs.CODECS) == sorted(spec.path for spec in SPECS)
     adapters: dict[int, tuple[type, ...]] = {
         hk.SEAM_MODE_WATERFALL: (pl.Transform, pl.Wrap),
         hk.SEAM_MODE_SERIAL: (pl.Check,),
@@ -72,7 +73,7 @@ def test_server_dispatch_follows_the_table() -> None:
         hk.SEAM_MODE_APPROVER: S.Gather,
     }
     for spec in SPECS:
-        codec = pl.CODECS[spec.path]
+        codec = codecs.CODECS[spec.path]
         assert isinstance(codec, adapters[spec.mode]), spec
         assert codec.key is SEAM_KEYS[spec.path], spec
         assert isinstance(codec.key, keys[spec.mode]), spec
