@@ -2,12 +2,12 @@
 
 One adapter per mode of the seam table; each is given, per seam, how its input fills
 the call (`fill`), how the decision is read from the result (`read`) and what the
-decision does (`server.plugins.codecs` holds them). On a transforming seam
-(`Transform`, `Wrap`) the plugin gets the current value and returns a decision; an
-empty decision means "continue unchanged", and the next listener sees the result. A
-checkpoint (`Check`) may bail out of the chain. Observers (`Watch`) are notifications
-and never block the loop. Approvers (`Approve`) are called by the approvals,
-concurrently; each answers or abstains.
+decision does (the `*_codecs.py` modules declare them; `server.plugins.codecs` joins
+them into one table). On a transforming seam (`Transform`, `Wrap`) the plugin gets the
+current value and returns a decision; an empty decision means "continue unchanged",
+and the next listener sees the result. A checkpoint (`Check`) may bail out of the
+chain. Observers (`Watch`) are notifications and never block the loop. Approvers
+(`Approve`) are called by the approvals, concurrently; each answers or abstains.
 """
 
 from __future__ import annotations
