@@ -12,7 +12,7 @@ SERVICE_PROTOS := $(shell grep -l '^service ' $(PROTOS))
 CONFIG ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run cluster test check lint typecheck gen check-gen breaking baseline bench clean
+.PHONY: help setup run cluster test check lint typecheck gen check-gen seam-table breaking baseline bench clean
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -66,6 +66,9 @@ check-gen: gen ## Fail when the committed generated code is stale.
 	git diff --exit-code --stat -- $(GENERATED)
 	@test -z "$$(git status --porcelain --untracked-files=all -- $(GENERATED))" || \
 		{ git status --porcelain -- $(GENERATED); echo 'generated code is stale: run make gen and commit'; exit 1; }
+
+seam-table: $(VENV)/.installed ## Regenerate proto/README.md's seam table from the proto's descriptors.
+	$(PY) -m tests.seam_table --write
 
 lint: setup ## ruff (lint and format), the import contract of the layers, buf (lint and format).
 	$(BIN)/ruff check .

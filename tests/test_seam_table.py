@@ -17,7 +17,9 @@ from agentloop.plugin import sdk
 from agentloop.plugin.seam_table import BY_PAYLOAD, BY_SEAM, SPECS
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from server.kernel import seams as S
-from server.plugins import listeners as pl
+from server.plugins import codecs, listeners
+from server.plugins import modes as pl
+from tests import seam_table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,8 +59,8 @@ def test_each_entry_names_a_server_seam_and_the_payload_oneofs() -> None:
 
 
 def test_server_dispatch_follows_the_table() -> None:
-    assert {spec.seam: spec.path for spec in SPECS} == pl.SEAM_NAMES
-    assert sorted(pl.CODECS) == sorted(spec.path for spec in SPECS)
+    assert {spec.seam: spec.path for spec in SPECS} == listeners.SEAM_NAMES
+    assert sorted(codecs.CODECS) == sorted(spec.path for spec in SPECS)
     adapters: dict[int, tuple[type, ...]] = {
         hk.SEAM_MODE_WATERFALL: (pl.Transform, pl.Wrap),
         hk.SEAM_MODE_SERIAL: (pl.Check,),
@@ -72,7 +74,7 @@ def test_server_dispatch_follows_the_table() -> None:
         hk.SEAM_MODE_APPROVER: S.Gather,
     }
     for spec in SPECS:
-        codec = pl.CODECS[spec.path]
+        codec = codecs.CODECS[spec.path]
         assert isinstance(codec, adapters[spec.mode]), spec
         assert codec.key is SEAM_KEYS[spec.path], spec
         assert isinstance(codec.key, keys[spec.mode]), spec
@@ -161,3 +163,28 @@ def test_node_helper_has_each_registration_method() -> None:
         ["node", "-e", script], cwd=ROOT / "clients" / "node", capture_output=True, check=True
     )
     assert json.loads(out.stdout) == []
+
+
+def test_the_readme_seam_table_is_the_one_the_proto_declares() -> None:
+    readme = seam_table.README.read_text(encoding="utf-8")
+    assert seam_table.committed(readme) == seam_table.table(), (
+        "proto/README.md's seam table is stale: run `python -m tests.seam_table --write`"
+    )
+
+
+def test_the_generated_table_has_a_row_per_seam_naming_its_option() -> None:
+    rows = seam_table.table().splitlines()[2:]
+    assert len(rows) == len(SPECS)
+    for row, spec in zip(rows, SPECS, strict=True):
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert cells[:2] == [f"`{hk.Seam.Name(spec.seam)}`", f"`{spec.path}`"], row
+        assert cells[3] == f"`{spec.method}`", row
+        assert cells[4].startswith(f"`{spec.payload}`: "), row
+
+
+def test_writing_the_table_replaces_only_what_is_between_the_markers() -> None:
+    stale = f"before\n{seam_table.BEGIN}\n| old | table |\n{seam_table.END}\nafter\n"
+    fresh = seam_table.written(stale)
+    assert fresh == f"before\n{seam_table.BEGIN}\n{seam_table.table()}\n{seam_table.END}\nafter\n"
+    assert seam_table.committed(fresh) == seam_table.table()
+    assert seam_table.written(fresh) == fresh

@@ -278,6 +278,16 @@ class ApprovalAsk:
     request: ap.ApprovalRequested
     signal: AbortSignal
 
+    @property
+    def turn(self) -> int:
+        """The turn of the held call."""
+        return self.request.turn
+
+    @property
+    def step(self) -> int:
+        """The step of the held call."""
+        return self.request.step
+
 
 ApprovalAnswer = tuple[ap.ApprovalDecision.ValueType, str] | None
 """An approver's decision and reason; None abstains."""
@@ -427,6 +437,9 @@ class Registration(Generic[F]):
     name: str
     agent_id: str | None
     serial: int = field(default=0)
+    origin: str = ""
+    """Who the listener speaks for in the records its decisions cause (a plugin's
+    listener: `plugin:NAME`); empty for an in-process listener."""
 
     def sort_key(self) -> tuple[int, str, int]:
         """Order number, then name, then registration order."""
@@ -447,14 +460,17 @@ class SeamRegistry:
 
     def on(
         self, seam: Seam[Fn], fn: Fn, *, order: int = 0,
-        name: str = "", agent_id: str | None = None, prepend: bool = False,
+        name: str = "", agent_id: str | None = None, prepend: bool = False, origin: str = "",
     ) -> Callable[[], None]:  # fmt: skip
         """Register `fn` on `seam`; returns a disposer that removes it.
 
-        `prepend` places the listener ahead of every ordinary one (order -10**9).
+        `prepend` places the listener ahead of every ordinary one (order -10**9);
+        `origin` is who it speaks for (`Registration.origin`).
         """
         self._counter += 1
-        reg = Registration(seam, fn, -(10**9) if prepend else order, name, agent_id, self._counter)
+        reg = Registration(
+            seam, fn, -(10**9) if prepend else order, name, agent_id, self._counter, origin
+        )
         listeners = [*self._by_seam.get(seam, []), reg]
         listeners.sort(key=Registration.sort_key)
         self._set(seam, listeners)

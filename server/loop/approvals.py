@@ -25,7 +25,6 @@ import inspect
 import logging
 import time
 import uuid
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,16 +58,14 @@ BY_POLICY = "options.approval_required_tools"
 """`requested_by` of an approval the agent's own policy asked for."""
 
 BY_LISTENER = "tools/pre-execute"
-"""`requested_by` of an approval an in-process pre-execute listener asked for."""
+"""`requested_by` of an approval an in-process pre-execute listener asked for (a plugin's
+listener asks as its registration's `origin`, `plugin:NAME`)."""
 
 BY_API = "api"
 BY_SERVER = "server"
 
 REMEMBERED = 1000
 """Resolved approvals remembered per agent for precise refusals (older: read the log)."""
-
-ASKED_BY: weakref.WeakKeyDictionary[ToolExecution, str] = weakref.WeakKeyDictionary()
-"""Who answered `ask` for a call, when a listener says so (a plugin: `plugin:NAME`)."""
 
 Approver = S.GatherListener[S.ApprovalAsk, S.ApprovalAnswer]
 """A `tools/approval` listener: `fn(ask)` -> (decision, reason) or None (abstains)."""

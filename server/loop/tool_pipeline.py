@@ -26,6 +26,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from agentloop.v1 import content_pb2, decision_pb2, session_event_pb2
+from server.kernel.authored import authored_waterfall
 from server.kernel.content import text_content
 from server.kernel.errors import Aborted, CodedError, TurnFatal
 from server.kernel.jsonvalue import check_lossless
@@ -50,7 +51,6 @@ from server.kernel.tools import (
     ToolValue,
 )
 from server.loop.approvals import (
-    ASKED_BY,
     BY_LISTENER,
     BY_POLICY,
     Approvals,
@@ -143,16 +143,18 @@ class ToolPipeline:
         return None if reason is None else _denied(reason)
 
     async def _denial(self, exec: ToolExecution) -> str | PendingApproval | None:
-        decision = await self._seams.waterfall(
-            TOOLS_PRE_EXECUTE, self._agent_id, lambda: exec, decision_pb2.PreToolDecision()
-        )
+        decision, author = await authored_waterfall(
+            self._seams, TOOLS_PRE_EXECUTE, self._agent_id, lambda: exec,
+            decision_pb2.PreToolDecision(),
+        )  # fmt: skip
         if not isinstance(decision, decision_pb2.PreToolDecision):
             raise TypeError("a tools/pre-execute listener must return a PreToolDecision")
         kind = decision.WhichOneof("decision")
         if kind == "deny":
             return decision.deny.reason or f'tool "{exec.name}" was denied'
         if kind == "ask":
-            return self._ask(exec, decision.ask.reason, ASKED_BY.pop(exec, BY_LISTENER))
+            asker = author.origin if author is not None else ""
+            return self._ask(exec, decision.ask.reason, asker or BY_LISTENER)
         if exec.name in self._approval_required:
             return self._ask(exec, "", BY_POLICY)
         return self._guard_denial(exec)

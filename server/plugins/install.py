@@ -8,6 +8,7 @@ from agentloop.plugin.v1 import hook_service_pb2 as hk
 from server.kernel.seams import SeamRegistry
 from server.kernel.tools import ToolRegistry
 from server.models import ModelRegistry
+from server.plugins import codecs
 from server.plugins.calls import DEFAULT_TIMEOUT, PluginCaller, PluginStats
 from server.plugins.listeners import RemoteListener
 from server.plugins.model import PluginModel
@@ -41,7 +42,7 @@ def install(
                 else default_timeout
             )
             remote = RemoteListener(plugin, subscription, caller, stats, session_of, timeout)
-            disposers.append(remote.register(seams))
+            disposers.append(codecs.register(remote, seams))
         for definition in tools:
             timeout = (
                 definition.timeout.ToNanoseconds() / 1e9

@@ -632,6 +632,53 @@ async def test_a_plugin_ask_names_the_plugin_and_waits(e2e: E2E, launcher: Plugi
     assert text_of(result.tool_result.content) == "hi"
 
 
+@pytest.mark.parametrize(
+    ("outer", "requested_by"),
+    [("passes on", "plugin:asker"), ("asks itself", "tools/pre-execute")],
+)
+async def test_who_asked_is_the_listener_whose_ask_the_chain_returned(
+    e2e: E2E, launcher: PluginLauncher, outer: str, requested_by: str
+) -> None:
+    """An in-process listener outside the plugin's: passing its ask on keeps the plugin
+    named; answering with an ask of its own names the in-process listener."""
+    from agentloop.v1 import decision_pb2
+
+    plugin = await launcher.start(
+        configurable("python", "--name", "asker", "--ask-tool", "echo", "--ask-reason", "loud")
+    )
+    await register(e2e, plugin.address)
+
+    async def outside(
+        exec: ToolExecution, next_: S.Next[ToolExecution, decision_pb2.PreToolDecision]
+    ) -> decision_pb2.PreToolDecision:
+        inner = await next_()
+        assert inner.ask.reason == "loud"  # the plugin's ask reached it
+        if outer == "passes on":
+            return inner
+        return decision_pb2.PreToolDecision(ask=decision_pb2.ToolAsk(reason="loud"))
+
+    dispose = e2e.app.runtime.seams.on(S.TOOLS_PRE_EXECUTE, outside, order=-1, name="outside")
+    try:
+        options = approval_options(
+            step_calling(("e1", "echo", {"text": "hi"})),
+            scripted_pb2.ScriptedStep(text="ok"),
+            tools=("echo",),
+            required=(),
+        )
+        agent_id = "who-" + outer.replace(" ", "-")
+        await create(e2e, agent_id, options)
+        start = await send(e2e, agent_id)
+        with EventStream(e2e.agents, agent_id=agent_id, from_seq=start) as stream:
+            requested = (await stream.until("approval_requested")).approval_requested
+            assert (requested.reason, requested.requested_by) == ("loud", requested_by)
+            await resolve(e2e, agent_id, requested.approval_id, ALLOW)
+            await stream.until("turn_end")
+    finally:
+        dispose()
+    (result,) = of_kind(stream.events, "tool_result")
+    assert text_of(result.tool_result.content) == "hi"
+
+
 async def test_a_plugin_that_loses_is_withdrawn_with_the_winner_named(
     e2e: E2E, launcher: PluginLauncher
 ) -> None:

@@ -239,7 +239,9 @@ class SeamSpec(_message.Message):
     """SeamSpec is how one seam travels, declared once on its `Seam` value with
     the `seam` option: the server's remote listener, the Python plugin SDK and
     the Node helper read this table from the descriptors, so a new seam is its
-    `Seam` value with this option, its payload messages and its call site.
+    `Seam` value with this option, its payload messages, its call site and the
+    server's typed codec of it (how its input fills the payload and what its
+    decision does).
     """
 
     DESCRIPTOR: _descriptor.Descriptor

@@ -30,7 +30,9 @@ export const file_agentloop_plugin_v1_hook_service: GenFile = /*@__PURE__*/
  * SeamSpec is how one seam travels, declared once on its `Seam` value with
  * the `seam` option: the server's remote listener, the Python plugin SDK and
  * the Node helper read this table from the descriptors, so a new seam is its
- * `Seam` value with this option, its payload messages and its call site.
+ * `Seam` value with this option, its payload messages, its call site and the
+ * server's typed codec of it (how its input fills the payload and what its
+ * decision does).
  *
  * @generated from message agentloop.plugin.v1.SeamSpec
  */
