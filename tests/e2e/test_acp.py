@@ -14,10 +14,10 @@ import json
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from acp import PROTOCOL_VERSION, RequestError, spawn_agent_process, text_block
+from acp import PROTOCOL_VERSION, Client, RequestError, spawn_agent_process, text_block
 from acp.client.connection import ClientSideConnection
 from acp.schema import (
     AllowedOutcome,
@@ -137,7 +137,8 @@ async def bridge(
     )
     with stderr.open("wb") as log:
         spawned = spawn_agent_process(
-            editor, sys.executable, *args, env=token_free_env(), cwd=REPO,
+            cast("Client", editor),  # the SDK routes only the methods a client has
+            sys.executable, *args, env=token_free_env(), cwd=REPO,
             transport_kwargs={"stderr": log.fileno(), "shutdown_timeout": EXIT_TIMEOUT},
         )  # fmt: skip
         async with spawned as (conn, process):
@@ -280,6 +281,7 @@ async def test_load_replays_a_session_after_a_server_restart(tmp_path: Path, por
                 conn.load_session(cwd=str(tmp_path), session_id="nope", mcp_servers=[]), T
             )
         assert unknown.value.code == -32603  # the server is down: UNAVAILABLE, named
+        assert isinstance(unknown.value.data, dict)
         assert unknown.value.data["status"] == "UNAVAILABLE"
 
 
@@ -308,7 +310,7 @@ async def test_malformed_messages_get_json_rpc_errors_and_the_bridge_stays_up(
             ]
             process.stdin.write(b"".join(lines))
             await process.stdin.drain()
-            replies = []
+            replies: list[dict[str, Any]] = []
             async with asyncio.timeout(T):
                 while len(replies) < len(lines):
                     replies.append(json.loads(await process.stdout.readline()))

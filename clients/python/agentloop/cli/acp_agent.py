@@ -22,10 +22,11 @@ import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from acp import PROTOCOL_VERSION, RequestError, run_agent, text_block, tool_content
+from acp import Agent as AcpAgent
 from acp import Client as AcpClient
 from acp.schema import (
     AgentCapabilities,
@@ -251,7 +252,9 @@ async def cmd_acp(client: Client, args: Any) -> int:
     """`acp`: serve ACP on stdin/stdout until the editor closes stdin."""
     options = profile(args)
     stdin, stdout = await stdio_streams(limit=MAX_LINE_BYTES)
-    await run_agent(AcpBridge(client, options), stdout, checked(stdin, stdout))
+    # The SDK routes only the methods an agent has (the rest: "Method not found").
+    agent = cast("AcpAgent", AcpBridge(client, options))
+    await run_agent(agent, stdout, checked(stdin, stdout))
     return 0
 
 

@@ -60,6 +60,7 @@ def checked(source: asyncio.StreamReader, replies: asyncio.StreamWriter) -> asyn
     passed = asyncio.StreamReader(limit=2**31 - 1)  # `source` already bounds a line
 
     async def pump() -> None:
+        reply: dict[str, Any] | None
         while True:
             try:
                 line = await source.readline()
