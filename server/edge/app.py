@@ -35,6 +35,7 @@ from server.edge.api_stream_wire import add_agent_service
 from server.edge.app_replica import Replica
 from server.edge.auth import TokenAuth
 from server.lifecycle.factory import AgentFactory
+from server.mcp.sources import McpSources
 from server.models.openai import OpenAIModel
 from server.models.scripted import ScriptedModel
 from server.observability.logs import fields
@@ -221,6 +222,7 @@ class App:
                 limits.max_request_bytes,
                 local_hosts_only=not token and is_loopback(config.http_listen),
             )
+        self.mcp = McpSources(config.mcp_servers, self.runtime.tools)
         self.port = 0
         self._stopping: asyncio.Task[None] | None = None
         self._health_updates = TaskGroup("health")
@@ -258,6 +260,7 @@ class App:
             await self.plugins.add_config_plugin(
                 plugin.address, overrides, required=plugin.is_required(), name=plugin.name
             )
+        await self.mcp.start()  # before the config agents: their tools may be MCP tools
         for agent in self.config.agents:
             options = agent_pb2.AgentOptions(
                 provider=agent.provider, model=agent.model, tools=agent.tools, persona=agent.persona
@@ -335,6 +338,7 @@ class App:
         if self.replica is not None:
             await self.replica.close()
         await self.plugins.close()
+        await self.mcp.close()
         await self._health_updates.close()  # health is NOT_SERVING for good by now
         await self.runtime.seams.close()
         self.runtime.journal.close()  # a store still down now: stop retrying, say so

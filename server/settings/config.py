@@ -21,6 +21,7 @@ from server.core.builtin_tools import builtin_tools
 from server.core.limits import Limits
 from server.core.system_prompt import PERSONA_VARIABLES
 from server.core.tools import UNLISTED_TOOLS
+from server.mcp.config import McpServerConfig
 from server.models.openai_wire import MAX_TOKENS_FIELDS
 from server.settings import agent_rules as rules
 from server.settings.addresses import DEFAULT_ALLOWLIST, parse_pattern
@@ -236,6 +237,8 @@ class Config:
     agents: tuple[AgentConfig, ...] = ()
     """Agents created at start."""
     plugins: tuple[PluginConfig, ...] = ()
+    mcp_servers: tuple[McpServerConfig, ...] = ()
+    """MCP servers whose tools agents may enable (`mcp:<server>/<tool>`); see the README."""
     """Plugins registered at start."""
     providers: tuple[ProviderConfig, ...] = ()
     """OpenAI-compatible model providers, besides the built-in "scripted"."""
@@ -295,7 +298,11 @@ class Config:
             if provider.name in names:
                 fail(f"{provider.name!r} is already a provider", f"providers[{i}].name")
             names.append(provider.name)
-        if self.plugins:  # a plugin may serve providers and tools: known at start only
+        servers = [server.name for server in self.mcp_servers]
+        for i, name in enumerate(servers):
+            if name in servers[:i]:
+                fail(f"duplicate MCP server name {name!r}", f"mcpServers[{i}].name")
+        if self.plugins or self.mcp_servers:  # they serve tools known at start only
             return self
         problem = rules.provider_problem(self.default_provider, names)
         if problem:

@@ -1,0 +1,43 @@
+"""The configured MCP servers of one agentloop server, started and stopped with it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+from server.core.tools import ToolRegistry
+from server.mcp import naming
+from server.mcp.config import McpServerConfig
+from server.mcp.source import McpSource
+
+START_WAIT_SECONDS = 10.0
+"""How long the start waits for the servers' first connections (then they go on trying)."""
+
+
+class McpSources:
+    """Every configured MCP server as a tool source."""
+
+    def __init__(self, configs: Sequence[McpServerConfig], registry: ToolRegistry) -> None:
+        self.sources = {config.name: McpSource(config, registry) for config in configs}
+        self._registry = registry
+        self._dispose_rule: Callable[[], None] | None = None
+
+    async def start(self, wait: float = START_WAIT_SECONDS) -> None:
+        """Connect to every server, waiting (bounded) for the first connections.
+
+        Agents may name `mcp:<server>/...` from now on, connected or not: the tools
+        appear when their server answers.
+        """
+        if not self.sources:
+            return
+        names = tuple(self.sources)
+        self._dispose_rule = self._registry.name_rule(lambda name: naming.accepts(name, names))
+        for source in self.sources.values():
+            source.start()
+        await asyncio.gather(*(s.wait_connected(wait) for s in self.sources.values()))
+
+    async def close(self) -> None:
+        """Disconnect every server and withdraw its tools."""
+        await asyncio.gather(*(s.close() for s in self.sources.values()))
+        if self._dispose_rule is not None:
+            self._dispose_rule()
