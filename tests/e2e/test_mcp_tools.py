@@ -188,6 +188,7 @@ async def test_tools_list_changes_reach_the_registry(tmp_path: Path) -> None:
         steps = calling(("mcp__box__grow", {})), DONE, calling(("mcp__box__grown", {})), DONE
         await e2e.create("a", agent(*steps))
         assert text(results(await turn_events(e2e, "a"))["c1"]) == "grew"
+
         async def grown() -> bool:
             return "mcp__box__grown" in e2e.app.runtime.tools.names()
 
