@@ -27,8 +27,8 @@ def describe(item: Any) -> str:
     if kind == "text":
         return str(item.text)
     if kind in ("image", "audio"):
-        size = len(item.data) * 3 // 4
-        return f"[{kind} {item.mime_type}, about {size} bytes; kept in the call's meta]"
+        size = len(item.data.rstrip("=")) * 3 // 4  # base64: 4 characters carry 3 bytes
+        return f"[{kind} {item.mime_type}, {size} bytes; kept in the call's meta]"
     if kind == "resource_link":
         return f"[resource {item.name}]({item.uri})"
     if kind == "resource":

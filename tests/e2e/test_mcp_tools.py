@@ -100,7 +100,7 @@ async def test_stdio_tools_text_structured_image_and_errors(tmp_path: Path) -> N
         assert (text(found["c1"]), found["c1"].is_error) == ("echo: hi", False)
         assert (text(found["c2"]), meta(found["c2"])["structuredContent"]) == ("3", {"result": 3})
         picture = found["c3"]
-        assert text(picture).startswith("[image image/png, about")
+        assert text(picture) == f"[image image/png, {len(PNG)} bytes; kept in the call's meta]"
         [image] = meta(picture)["content"]
         assert (image["type"], image["mimeType"]) == ("image", "image/png")
         assert base64.b64decode(image["data"]) == PNG
@@ -260,4 +260,40 @@ async def test_a_wrong_token_leaves_the_server_down_with_the_reason(
             assert "401" in source.last_error
     finally:
         box.kill()
+        await box.wait()
+
+
+async def start_http_box(marks: Path, port: int) -> asyncio.subprocess.Process:
+    box = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.mcp_toolbox", "http", str(marks), str(port),
+        cwd=REPO, stdin=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    await wait_listening(port)
+    return box
+
+
+async def test_an_http_server_that_dies_mid_call_fails_that_call_and_is_reconnected(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    box = await start_http_box(tmp_path, port)
+    try:
+        config = McpServerConfig(name="web", url=f"http://127.0.0.1:{port}/mcp")
+        async with serving(config) as e2e:
+            await e2e.create(
+                "a", agent(calling(("mcp__web__crash", {})), DONE, tools=("mcp:web/*",))
+            )
+            [crashed] = results(await turn_events(e2e, "a")).values()
+            assert crashed.is_error and 'MCP server "web"' in text(crashed)
+            assert await box.wait() == 3
+            box = await start_http_box(tmp_path, port)  # the server comes back
+            await e2e.create(
+                "b",
+                agent(calling(("mcp__web__echo", {"text": "again"})), DONE, tools=("mcp:web/*",)),
+            )
+            [echoed] = results(await turn_events(e2e, "b")).values()
+            assert (text(echoed), echoed.is_error) == ("echo: again", False)
+    finally:
+        if box.returncode is None:
+            box.kill()
         await box.wait()
