@@ -9,7 +9,7 @@ import pytest
 import yaml
 from mcp_types import CallToolResult, ImageContent, ResourceLink, TextContent
 
-from server.core.tools import Tool, ToolRegistry
+from server.core.tools import Tool, ToolRegistry, ToolReturn
 from server.mcp import naming
 from server.mcp.results import tool_return
 from server.settings.config import ConfigError, parse_config
@@ -96,6 +96,11 @@ def test_the_registry_takes_opt_in_rules_and_predicates() -> None:
     assert "mcp:files/*" not in registry.enableable()
 
 
+def texts_of(returned: ToolReturn) -> list[str]:
+    assert isinstance(returned.content, list)
+    return [block.text.text for block in returned.content]
+
+
 def test_results_map_to_text_with_the_rest_in_meta() -> None:
     png = base64.b64encode(b"\x89PNG....").decode()
     result = CallToolResult(
@@ -108,7 +113,7 @@ def test_results_map_to_text_with_the_rest_in_meta() -> None:
         is_error=True,
     )
     returned = tool_return(result, "box", "t", 1000)
-    texts = [block.text.text for block in returned.content]  # type: ignore[union-attr]
+    texts = texts_of(returned)
     assert texts == [
         "hello",
         "[image image/png, 8 bytes; kept in the call's meta]",
@@ -127,14 +132,12 @@ def test_results_map_to_text_with_the_rest_in_meta() -> None:
 
 def test_structured_content_alone_is_shown_as_json_and_text_is_bounded() -> None:
     only = CallToolResult(content=[], structured_content={"b": 2, "a": 1})
-    assert tool_return(only, "s", "t", 100).content[0].text.text == '{"a": 1, "b": 2}'
+    assert texts_of(tool_return(only, "s", "t", 100)) == ['{"a": 1, "b": 2}']
     long = CallToolResult(content=[TextContent(type="text", text="ab" * 10)] * 2)
-    [first, second] = tool_return(long, "s", "t", 25).content
-    assert first.text.text == "ab" * 10
-    assert (
-        second.text.text
-        == "ababa\n[truncated: 25 of 40 characters shown; the result was over the limit]"
-    )
+    assert texts_of(tool_return(long, "s", "t", 25)) == [
+        "ab" * 10,
+        "ababa\n[truncated: 25 of 40 characters shown; the result was over the limit]",
+    ]
 
 
 def test_the_readme_example_is_a_valid_config() -> None:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from server.core.tools import ToolRegistry
 from server.mcp import naming
 from server.mcp.config import McpServerConfig
-from server.mcp.source import McpSource
+
+if TYPE_CHECKING:
+    from server.mcp.source import McpSource
 
 START_WAIT_SECONDS = 10.0
 """How long the start waits for the servers' first connections (then they go on trying)."""
@@ -18,7 +21,11 @@ class McpSources:
     """Every configured MCP server as a tool source."""
 
     def __init__(self, configs: Sequence[McpServerConfig], registry: ToolRegistry) -> None:
-        self.sources = {config.name: McpSource(config, registry) for config in configs}
+        self.sources: dict[str, McpSource] = {}
+        if configs:  # importing the MCP SDK costs ~2 s of CPU: only when used
+            from server.mcp.source import McpSource
+
+            self.sources = {config.name: McpSource(config, registry) for config in configs}
         self._registry = registry
         self._dispose_rule: Callable[[], None] | None = None
 

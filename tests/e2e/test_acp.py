@@ -30,8 +30,18 @@ from google.protobuf import json_format
 
 from agentloop.v1 import agent_pb2, scripted_pb2
 from server.models.scripted_options import script_options
-from tests.processes import EXIT_TIMEOUT, REPO, free_port, server_process, token_free_env
+from tests.processes import (
+    EXIT_TIMEOUT,
+    REPO,
+    SERVER_LISTENING,
+    free_port,
+    read_line,
+    server_process,
+    token_free_env,
+)
 
+STARTUP_BOUND = 30.0
+"""How long a server start may take before the test fails (a hang, not a speed check)."""
 T = 20.0
 """How long one ACP exchange may take (a turn with a tool call and an approval)."""
 
@@ -52,7 +62,9 @@ def counting_profile(path: Path) -> Path:
         approval_required_tools=["word_count"],
         provider_options=script_options(
             [
-                scripted_pb2.ScriptedStep(text="Let me count.", tool_calls=calls, chunk_size=4),
+                scripted_pb2.ScriptedStep(
+                    reasoning="Words, then.", text="Let me count.", tool_calls=calls, chunk_size=4
+                ),
                 scripted_pb2.ScriptedStep(text="Counted them.", chunk_size=4),
             ]
         ),
@@ -116,7 +128,9 @@ async def server(tmp_path: Path, port: int, n: int = 0) -> AsyncIterator[None]:
         "--config", str(config), "--listen", f"127.0.0.1:{port}",
         "--data-dir", str(tmp_path / "data"), stderr_path=tmp_path / f"server-{n}.stderr",
     ) as process:  # fmt: skip
-        await process.listening_address()
+        # Started at most twice per test, on a machine that may be shared: a wider bound.
+        line = await read_line(process.process, STARTUP_BOUND)
+        assert SERVER_LISTENING.fullmatch(line), f"{line!r}: {process.log()}"
         yield
         assert await process.terminate() == 0, process.log()
 
@@ -170,6 +184,7 @@ async def test_prompt_streams_text_and_a_tool_call_allowed_once(tmp_path: Path, 
         await editor.until(lambda: editor.text() == "Let me count.Counted them.")
         # Streamed: the script's chunk size is 4, so the text came in pieces.
         assert editor.kinds().count("agent_message_chunk") > 2
+        assert editor.text("agent_thought_chunk") == "Words, then."  # reasoning, as thoughts
         assert all(sid == session.session_id for sid, _ in editor.updates)
         # The permission request names the call and offers allow once / reject.
         [(sid, call, options)] = editor.permissions
@@ -245,6 +260,7 @@ async def test_cancel_ends_the_prompt_cancelled(tmp_path: Path, port: int) -> No
         await editor.until(lambda: editor.text().endswith("Counted them."))
 
 
+@pytest.mark.timeout(120)  # two server starts and a bridge: slow on a loaded machine
 async def test_load_replays_a_session_after_a_server_restart(tmp_path: Path, port: int) -> None:
     editor = Editor()
     profile = counting_profile(tmp_path / "p.json")
@@ -264,7 +280,8 @@ async def test_load_replays_a_session_after_a_server_restart(tmp_path: Path, por
             )
             # Replayed before the answer: the user's prompt, the messages, the call and its result.
             assert editor.kinds() == [
-                "user_message_chunk", "agent_message_chunk", "tool_call", "tool_call_update",
+                "user_message_chunk", "agent_thought_chunk", "agent_message_chunk", "tool_call",
+                "tool_call_update",
                 "agent_message_chunk",
             ]  # fmt: skip
             assert editor.text("user_message_chunk") == "count these"

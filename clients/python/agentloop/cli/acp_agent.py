@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, cast
 
 import grpc
@@ -40,7 +39,6 @@ from acp.schema import (
     ToolCallUpdate,
 )
 from acp.stdio import stdio_streams
-from google.protobuf import json_format
 
 from agentloop.cli.acp_input import checked
 from agentloop.cli.acp_updates import STOP_REASONS, LiveUpdates, Update, arguments, prompt_text
@@ -48,7 +46,7 @@ from agentloop.cli.acp_updates import replayed as replayed_updates
 from agentloop.cli.version import version
 from agentloop.client import Client
 from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import agent_pb2, approval_pb2, scripted_pb2  # noqa: F401  (JSON Any)
+from agentloop.v1 import agent_pb2, approval_pb2
 from agentloop.v1 import session_event_pb2 as ev
 
 ALLOW = "allow_once"
@@ -228,50 +226,9 @@ def stop_reason(end: ev.SessionEvent) -> Any:
     return STOP_REASONS.get(kind, "end_turn")
 
 
-def profile(args: Any) -> agent_pb2.AgentOptions | None:
-    """The agent options of `agentloop acp`: a JSON profile, then the flags over it.
-
-    None (the server's defaults) when neither is given. The profile is `AgentOptions`
-    in protobuf's JSON form; a scripted model's script (`provider_options`) resolves
-    because the contract's scripted options are imported here.
-    """
-    options: agent_pb2.AgentOptions | None = None
-    if args.profile:
-        options = json_format.Parse(Path(args.profile).read_text(), agent_pb2.AgentOptions())
-    flags = agent_pb2.AgentOptions(
-        provider=args.provider, model=args.model, tools=args.tool, persona=args.persona,
-        approval_required_tools=args.approval_required,
-    )  # fmt: skip
-    if flags.ByteSize():
-        options = options or agent_pb2.AgentOptions()
-        options.MergeFrom(flags)
-    return options
-
-
-async def cmd_acp(client: Client, args: Any) -> int:
-    """`acp`: serve ACP on stdin/stdout until the editor closes stdin."""
-    options = profile(args)
+async def serve(client: Client, options: agent_pb2.AgentOptions | None) -> None:
+    """Serve ACP on stdin/stdout until the editor closes stdin."""
     stdin, stdout = await stdio_streams(limit=MAX_LINE_BYTES)
     # The SDK routes only the methods an agent has (the rest: "Method not found").
     agent = cast("AcpAgent", AcpBridge(client, options))
     await run_agent(agent, stdout, checked(stdin, stdout))
-    return 0
-
-
-def add_acp_verb(command: Any) -> None:
-    """Add `acp` through the CLI's `command(...)`."""
-    acp = command("acp", cmd_acp, "be an Agent Client Protocol agent on stdio (for editors)")
-    acp.add_argument(
-        "--profile", default="", metavar="FILE",
-        help="the agents' options: AgentOptions as JSON (default: the server's)",
-    )  # fmt: skip
-    acp.add_argument("--provider", default="", help="model provider (over the profile's)")
-    acp.add_argument("--model", default="", help="model name (over the profile's)")
-    acp.add_argument(
-        "--tool", action="append", default=[], metavar="NAME", help="a tool (repeatable)"
-    )
-    acp.add_argument("--persona", default="", help="persona section of the system prompt")
-    acp.add_argument(
-        "--approval-required", action="append", default=[], metavar="TOOL",
-        help="a tool whose every call asks the editor first (repeatable)",
-    )  # fmt: skip

@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 
 from agentloop.cli import render
-from agentloop.cli.acp_agent import add_acp_verb
+from agentloop.cli.acp_verb import add_acp_verb
 from agentloop.cli.approvals import APPROVAL_KINDS, add_approval_verbs, on_send_event
 from agentloop.cli.verbs import add_verbs, as_dict, completion_script, emit, out
 from agentloop.cli.version import version
