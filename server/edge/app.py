@@ -223,6 +223,7 @@ class App:
                 local_hosts_only=not token and is_loopback(config.http_listen),
             )
         self.mcp = McpSources(config.mcp_servers, self.runtime.tools)
+        self.plugin_servicer.tool_sources = self.mcp.describe
         self.port = 0
         self._stopping: asyncio.Task[None] | None = None
         self._health_updates = TaskGroup("health")

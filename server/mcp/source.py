@@ -32,6 +32,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED
 from mcp_types import Tool as McpTool
 
+from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from server.core.abort import NEVER
 from server.core.tools import Tool, ToolExecution, ToolRegistry, ToolReturn
 from server.mcp import naming
@@ -46,6 +47,12 @@ STABLE_SECONDS = 60.0
 """A connection that lasted this long resets the backoff."""
 
 Health = Literal["connecting", "ready", "down", "closed"]
+STATES = {
+    "connecting": reg.PLUGIN_STATE_CONNECTING,
+    "ready": reg.PLUGIN_STATE_READY,
+    "down": reg.PLUGIN_STATE_UNAVAILABLE,
+    "closed": reg.PLUGIN_STATE_UNAVAILABLE,
+}
 
 
 class ConnectionLost(Exception):
@@ -77,6 +84,18 @@ class McpSource:
     def tools(self) -> list[str]:
         """The names (as the model sees them) of the tools registered now."""
         return sorted(naming.model_name(self.name, t) for t in self._registered)
+
+    def describe(self) -> reg.ToolSource:
+        """This server as `ListToolSources` shows it."""
+        config = self.config
+        return reg.ToolSource(
+            name=self.name,
+            transport="stdio" if config.command else "streamable-http",
+            endpoint=config.command or config.url,
+            state=STATES[self.health],
+            last_error=self.last_error,
+            tools=self.tools(),
+        )
 
     def start(self) -> None:
         """Start the supervisor (it connects, and reconnects, by itself)."""

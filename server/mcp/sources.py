@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from server.core.tools import ToolRegistry
 from server.mcp import naming
 from server.mcp.config import McpServerConfig
@@ -42,6 +43,10 @@ class McpSources:
         for source in self.sources.values():
             source.start()
         await asyncio.gather(*(s.wait_connected(wait) for s in self.sources.values()))
+
+    def describe(self) -> list[reg.ToolSource]:
+        """Each server as `ListToolSources` shows it, by name."""
+        return [source.describe() for _, source in sorted(self.sources.items())]
 
     async def close(self) -> None:
         """Disconnect every server and withdraw its tools."""

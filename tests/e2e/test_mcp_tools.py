@@ -22,6 +22,7 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
+from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import session_event_pb2 as ev
 from server.mcp.config import McpServerConfig
@@ -66,6 +67,13 @@ def agent(*steps: scripted_pb2.ScriptedStep, tools: tuple[str, ...] = ("mcp:box/
 
 
 DONE = scripted_pb2.ScriptedStep(text="done")
+READY, UNAVAILABLE = reg.PLUGIN_STATE_READY, reg.PLUGIN_STATE_UNAVAILABLE
+CONNECTING = reg.PLUGIN_STATE_CONNECTING
+
+
+async def tool_sources(e2e: E2E) -> list[reg.ToolSource]:
+    listed = await e2e.registry.ListToolSources(reg.ListToolSourcesRequest(), timeout=T)
+    return list(listed.sources)
 
 
 async def turn_events(e2e: E2E, agent_id: str, text: str = "go") -> list[ev.SessionEvent]:
@@ -179,8 +187,10 @@ async def test_a_crash_mid_call_fails_that_call_and_the_server_restarts(tmp_path
         )
         assert (text(crashed[1]), crashed[1].is_error) == ("echo: back", False)
         assert len((tmp_path / "starts").read_text().split()) == 2
-        source = e2e.app.mcp.sources["box"]
-        assert source.health == "ready" and "mcp__box__echo" in source.tools()
+        [listed] = await tool_sources(e2e)
+        assert (listed.name, listed.transport, listed.state) == ("box", "stdio", READY)
+        assert (listed.endpoint, listed.last_error) == (sys.executable, "")
+        assert "mcp__box__echo" in listed.tools and "mcp__box__crash" in listed.tools
 
 
 async def test_tools_list_changes_reach_the_registry(tmp_path: Path) -> None:
@@ -255,9 +265,10 @@ async def test_a_wrong_token_leaves_the_server_down_with_the_reason(
             connect_timeout_seconds=0.5,
         )  # fmt: skip
         async with serving(config) as e2e:
-            source = e2e.app.mcp.sources["web"]
-            assert source.health in ("down", "connecting") and source.tools() == []
-            assert "401" in source.last_error
+            [listed] = await tool_sources(e2e)
+            assert (listed.name, listed.transport) == ("web", "streamable-http")
+            assert listed.state in (UNAVAILABLE, CONNECTING) and list(listed.tools) == []
+            assert "(HTTP 401)" in listed.last_error
     finally:
         box.kill()
         await box.wait()
