@@ -308,3 +308,20 @@ async def test_an_http_server_that_dies_mid_call_fails_that_call_and_is_reconnec
         if box.returncode is None:
             box.kill()
         await box.wait()
+
+
+async def test_a_call_past_its_timeout_fails_alone_and_is_cancelled_at_the_server(
+    tmp_path: Path,
+) -> None:
+    async with serving(stdio_box(tmp_path, timeout_seconds=1.0)) as e2e:
+        steps = (
+            calling(("mcp__box__slow", {"seconds": 60})),
+            calling(("mcp__box__echo", {"text": "next"})),
+        )
+        await e2e.create("a", agent(*steps, DONE))
+        events = await turn_events(e2e, "a")
+        late, after = (e.tool_result for e in events if e.HasField("tool_result"))
+        assert late.is_error
+        assert text(late) == 'Error: MCP server "box": "slow" timed out after 1 s and was cancelled'
+        assert (text(after), after.is_error) == ("echo: next", False)
+        await eventually(exists(tmp_path / "slow.cancelled"), "notifications/cancelled")
