@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -50,6 +51,8 @@ class PluginRegistryServicer(rpc.PluginRegistryServiceServicer):
         self.registry = registry
         self.shared: SharedPlugins | None = None
         """Replicas: registrations kept in the store, so that every replica connects."""
+        self.tool_sources: Callable[[], list[pb.ToolSource]] = list
+        """The configured MCP servers as `ToolSource`s (the app sets it)."""
 
     @mapped
     async def RegisterPlugin(
@@ -79,3 +82,10 @@ class PluginRegistryServicer(rpc.PluginRegistryServiceServicer):
     ) -> pb.ListPluginsResponse:
         """List the plugins with their state and counters."""
         return pb.ListPluginsResponse(plugins=self.registry.list_plugins())
+
+    @mapped
+    async def ListToolSources(
+        self, request: pb.ListToolSourcesRequest, context: Context
+    ) -> pb.ListToolSourcesResponse:
+        """List the configured MCP servers, their state and their tools."""
+        return pb.ListToolSourcesResponse(sources=self.tool_sources())

@@ -36,6 +36,7 @@ from server.kernel.tasks import TaskGroup
 from server.lifecycle.factory import AgentFactory
 from server.loop.builtin_tools import builtin_tools
 from server.loop.runtime import Runtime
+from server.mcp.sources import McpSources
 from server.models.scripted import ScriptedModel
 from server.observability.logs import fields
 from server.observability.telemetry import Telemetry
@@ -227,6 +228,8 @@ class App:
                 limits,
                 local_hosts_only=not token and is_loopback(config.http_listen),
             )
+        self.mcp = McpSources(config.mcp_servers, self.runtime.tools)
+        self.plugin_servicer.tool_sources = self.mcp.describe
         self.port = 0
         self._stopping: asyncio.Task[None] | None = None
         self._health_updates = TaskGroup("health")
@@ -264,6 +267,7 @@ class App:
             await self.plugins.add_config_plugin(
                 plugin.address, overrides, required=plugin.is_required(), name=plugin.name
             )
+        await self.mcp.start()  # before the config agents: their tools may be MCP tools
         for agent in self.config.agents:
             options = agent_pb2.AgentOptions(
                 provider=agent.provider, model=agent.model, tools=agent.tools, persona=agent.persona
@@ -341,6 +345,7 @@ class App:
         if self.replica is not None:
             await self.replica.close()
         await self.plugins.close()
+        await self.mcp.close()
         await self._health_updates.close()  # health is NOT_SERVING for good by now
         await self.runtime.seams.close()
         self.runtime.journal.close()  # a store still down now: stop retrying, say so

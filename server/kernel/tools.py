@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -146,6 +146,9 @@ class Tool:
 
     The opt-in rule applies to a scoped tool too.
     """
+    enabled_by: Callable[[Collection[str]], bool] | None = None
+    """For an opt-in tool: whether an agent's enabled names turn it on besides its own
+    name (an MCP tool answers to `mcp:<server>/<tool>` and patterns of it)."""
 
 
 class ToolArgumentsError(CodedError):
@@ -163,6 +166,7 @@ class ToolRegistry:
         self._scoped: dict[str, dict[str, Tool]] = {}
         self._schemas: dict[Tool, content_pb2.ToolSchema] = {}
         self._guards: list[tuple[str | None, Guard]] = []
+        self._name_rules: list[Callable[[str], bool]] = []
 
     def register(self, tool: Tool) -> Callable[[], None]:
         """Add `tool`; returns a disposer that removes it.
@@ -221,6 +225,18 @@ class ToolRegistry:
         """The names of the global tools, the ones an agent can enable."""
         return set(self._global)
 
+    def name_rule(self, accepts: Callable[[str], bool]) -> Callable[[], None]:
+        """Let agents enable names no tool has (yet): a tool source's opt-ins and patterns.
+
+        Returns a disposer that removes the rule.
+        """
+        self._name_rules.append(accepts)
+        return lambda: self._name_rules.remove(accepts) if accepts in self._name_rules else None
+
+    def enableable(self) -> Collection[str]:
+        """What an agent may name in its tools: the global tools and what a rule accepts."""
+        return EnableableNames(self.names(), tuple(self._name_rules))
+
     def lookup(self, name: str, agent_id: str, enabled: Collection[str]) -> Tool | None:
         """The tool `name` as `agent_id` sees it, or None when it is unknown or hidden."""
         tool = self._scoped.get(agent_id, {}).get(name) or self._global.get(name)
@@ -258,10 +274,31 @@ class ToolRegistry:
         return "parallel" if safe is True else "exclusive"
 
 
+@dataclass(frozen=True)
+class EnableableNames(Collection[str]):
+    """Tool names, and the names the registry's rules accept (iterated: the names only)."""
+
+    names: set[str]
+    rules: tuple[Callable[[str], bool], ...]
+
+    def __contains__(self, name: object) -> bool:
+        if name in self.names:
+            return True
+        return isinstance(name, str) and any(accepts(name) for accepts in self.rules)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
 def _usable(tool: Tool, agent_id: str, enabled: Collection[str]) -> bool:
     if tool.agents and agent_id not in tool.agents:
         return False
-    return not tool.opt_in or tool.name in enabled
+    if not tool.opt_in or tool.name in enabled:
+        return True
+    return tool.enabled_by is not None and tool.enabled_by(enabled)
 
 
 def canonical_order(

@@ -418,7 +418,7 @@ class AgentFactory:
         """The one check of agent options (`settings/agent_rules.py`), against the registry."""
         models = self.runtime.models
         catalogue = AgentCatalogue(
-            models.names(), self.runtime.tools.names(), self.runtime.default_provider,
+            models.names(), self.runtime.tools.enableable(), self.runtime.default_provider,
             self.runtime.limits,
         )  # fmt: skip
         provider = catalogue.provider_of(options)

@@ -43,6 +43,7 @@ from server.settings.fields import (
     config_error,
     one_of,
 )
+from server.settings.mcp_servers import McpServerConfig
 
 __all__ = [
     "AgentConfig", "Config", "ConfigError", "PluginConfig", "ProviderConfig", "load_config",
@@ -232,6 +233,8 @@ class Config:
     agents: tuple[AgentConfig, ...] = ()
     """Agents created at start."""
     plugins: tuple[PluginConfig, ...] = ()
+    mcp_servers: tuple[McpServerConfig, ...] = ()
+    """MCP servers whose tools agents may enable (`mcp:<server>/<tool>`); see the README."""
     """Plugins registered at start."""
     providers: tuple[ProviderConfig, ...] = ()
     """OpenAI-compatible model providers, besides the built-in "scripted"."""
@@ -291,7 +294,11 @@ class Config:
             if provider.name in names:
                 fail(f"{provider.name!r} is already a provider", f"providers[{i}].name")
             names.append(provider.name)
-        if self.plugins:  # a plugin may serve providers and tools: known at start only
+        servers = [server.name for server in self.mcp_servers]
+        for i, name in enumerate(servers):
+            if name in servers[:i]:
+                fail(f"duplicate MCP server name {name!r}", f"mcpServers[{i}].name")
+        if self.plugins or self.mcp_servers:  # they serve tools known at start only
             return self
         problem = rules.provider_problem(self.default_provider, names)
         if problem:

@@ -90,6 +90,7 @@ async def venv(path: Path) -> Path:
     return path / "bin"
 
 
+@pytest.mark.timeout(300)  # its dependencies (grpcio, protobuf, the ACP SDK) are installed
 async def test_the_sdk_wheel_installs_alone_and_streams_a_turn(e2e: E2E, tmp_path: Path) -> None:
     wheel = await sdk_wheel(tmp_path)
     bin_dir = await venv(tmp_path / "venv")

@@ -385,3 +385,94 @@ class SeamLatency(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SeamLatency: _TypeAlias = SeamLatency  # noqa: Y015
+
+@_typing.final
+class ListToolSourcesRequest(_message.Message):
+    """ListToolSourcesRequest is the input of ListToolSources."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListToolSourcesRequest: _TypeAlias = ListToolSourcesRequest  # noqa: Y015
+
+@_typing.final
+class ListToolSourcesResponse(_message.Message):
+    """ListToolSourcesResponse is the output of ListToolSources."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SOURCES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def sources(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolSource]:
+        """Sources are the configured MCP servers, by name."""
+
+    def __init__(
+        self,
+        *,
+        sources: _abc.Iterable[Global___ToolSource] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sources", b"sources"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListToolSourcesResponse: _TypeAlias = ListToolSourcesResponse  # noqa: Y015
+
+@_typing.final
+class ToolSource(_message.Message):
+    """ToolSource is an MCP server whose tools agents may enable
+    (`mcp:<name>/<tool>`).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    TRANSPORT_FIELD_NUMBER: _builtins.int
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Name is the server's name in the config."""
+    transport: _builtins.str
+    """Transport is "stdio" or "streamable-http"."""
+    endpoint: _builtins.str
+    """Endpoint is the command of a stdio server, or the URL of an HTTP one."""
+    state: Global___PluginState.ValueType
+    """State is the connection's state: CONNECTING, READY or UNAVAILABLE (down,
+    reconnecting with backoff).
+    """
+    last_error: _builtins.str
+    """LastError is why the last connection attempt or connection failed."""
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Tools are the names the model calls its tools by (`mcp__<name>__<tool>`),
+        sorted; while it is down, those of its last connection.
+        """
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        transport: _builtins.str = ...,
+        endpoint: _builtins.str = ...,
+        state: Global___PluginState.ValueType = ...,
+        last_error: _builtins.str = ...,
+        tools: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint", "last_error", b"last_error", "name", b"name", "state", b"state", "tools", b"tools", "transport", b"transport"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolSource: _TypeAlias = ToolSource  # noqa: Y015

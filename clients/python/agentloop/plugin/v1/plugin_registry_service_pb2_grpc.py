@@ -58,6 +58,11 @@ class PluginRegistryServiceStub:
                 request_serializer=agentloop_dot_plugin_dot_v1_dot_plugin__registry__service__pb2.ListPluginsRequest.SerializeToString,
                 response_deserializer=agentloop_dot_plugin_dot_v1_dot_plugin__registry__service__pb2.ListPluginsResponse.FromString,
                 _registered_method=True)
+        self.ListToolSources = channel.unary_unary(
+                '/agentloop.plugin.v1.PluginRegistryService/ListToolSources',
+                request_serializer=agentloop_dot_plugin_dot_v1_dot_plugin__registry__service__pb2.ListToolSourcesRequest.SerializeToString,
+                response_deserializer=agentloop_dot_plugin_dot_v1_dot_plugin__registry__service__pb2.ListToolSourcesResponse.FromString,
+                _registered_method=True)
 
 
 class PluginRegistryServiceServicer:
@@ -94,6 +99,14 @@ class PluginRegistryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListToolSources(self, request, context):
+        """ListToolSources lists the MCP servers of the server's config
+        (`mcpServers`), with their connection state and the tools they offer now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PluginRegistryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -111,6 +124,11 @@ def add_PluginRegistryServiceServicer_to_server(servicer, server):
                     servicer.ListPlugins,
                     request_deserializer=agentloop_dot_plugin_dot_v1_dot_plugin__registry__service__pb2.ListPluginsRequest.FromString,
                     response_serializer=agentloop_dot_plugin_dot_v1_dot_plugin__registry__service__pb2.ListPluginsResponse.SerializeToString,
+            ),
+            'ListToolSources': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListToolSources,
+                    request_deserializer=agentloop_dot_plugin_dot_v1_dot_plugin__registry__service__pb2.ListToolSourcesRequest.FromString,
+                    response_serializer=agentloop_dot_plugin_dot_v1_dot_plugin__registry__service__pb2.ListToolSourcesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -203,6 +221,33 @@ class PluginRegistryService:
             '/agentloop.plugin.v1.PluginRegistryService/ListPlugins',
             agentloop_dot_plugin_dot_v1_dot_plugin__registry__service__pb2.ListPluginsRequest.SerializeToString,
             agentloop_dot_plugin_dot_v1_dot_plugin__registry__service__pb2.ListPluginsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListToolSources(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentloop.plugin.v1.PluginRegistryService/ListToolSources',
+            agentloop_dot_plugin_dot_v1_dot_plugin__registry__service__pb2.ListToolSourcesRequest.SerializeToString,
+            agentloop_dot_plugin_dot_v1_dot_plugin__registry__service__pb2.ListToolSourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,

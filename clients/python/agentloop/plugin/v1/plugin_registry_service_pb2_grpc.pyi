@@ -50,6 +50,10 @@ class PluginRegistryServiceStub:
     """
     ListPlugins: _grpc.UnaryUnaryMultiCallable[_plugin_registry_service_pb2.ListPluginsRequest, _plugin_registry_service_pb2.ListPluginsResponse]
     """ListPlugins lists the registered plugins with their state and counters."""
+    ListToolSources: _grpc.UnaryUnaryMultiCallable[_plugin_registry_service_pb2.ListToolSourcesRequest, _plugin_registry_service_pb2.ListToolSourcesResponse]
+    """ListToolSources lists the MCP servers of the server's config
+    (`mcpServers`), with their connection state and the tools they offer now.
+    """
 
 @_typing.type_check_only
 class PluginRegistryServiceAsyncStub(PluginRegistryServiceStub):
@@ -73,6 +77,10 @@ class PluginRegistryServiceAsyncStub(PluginRegistryServiceStub):
     """
     ListPlugins: _aio.UnaryUnaryMultiCallable[_plugin_registry_service_pb2.ListPluginsRequest, _plugin_registry_service_pb2.ListPluginsResponse]  # type: ignore[assignment]
     """ListPlugins lists the registered plugins with their state and counters."""
+    ListToolSources: _aio.UnaryUnaryMultiCallable[_plugin_registry_service_pb2.ListToolSourcesRequest, _plugin_registry_service_pb2.ListToolSourcesResponse]  # type: ignore[assignment]
+    """ListToolSources lists the MCP servers of the server's config
+    (`mcpServers`), with their connection state and the tools they offer now.
+    """
 
 class PluginRegistryServiceServicer(metaclass=_abc_1.ABCMeta):
     """PluginRegistryService is implemented by the server: operators register,
@@ -111,5 +119,15 @@ class PluginRegistryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_plugin_registry_service_pb2.ListPluginsResponse, _abc.Awaitable[_plugin_registry_service_pb2.ListPluginsResponse]]:
         """ListPlugins lists the registered plugins with their state and counters."""
+
+    @_abc_1.abstractmethod
+    def ListToolSources(
+        self,
+        request: _plugin_registry_service_pb2.ListToolSourcesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_plugin_registry_service_pb2.ListToolSourcesResponse, _abc.Awaitable[_plugin_registry_service_pb2.ListToolSourcesResponse]]:
+        """ListToolSources lists the MCP servers of the server's config
+        (`mcpServers`), with their connection state and the tools they offer now.
+        """
 
 def add_PluginRegistryServiceServicer_to_server(servicer: PluginRegistryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agentloop/plugin/v1/plugin_registry_service.proto.
  */
 export const file_agentloop_plugin_v1_plugin_registry_service: GenFile = /*@__PURE__*/
-  fileDesc("CjFhZ2VudGxvb3AvcGx1Z2luL3YxL3BsdWdpbl9yZWdpc3RyeV9zZXJ2aWNlLnByb3RvEhNhZ2VudGxvb3AucGx1Z2luLnYxIq4BChVSZWdpc3RlclBsdWdpblJlcXVlc3QSDwoHYWRkcmVzcxgBIAEoCRISCgVvcmRlchgCIAEoBUgAiAEBEioKB3RpbWVvdXQYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SOgoOZmFpbHVyZV9wb2xpY3kYBCABKA4yIi5hZ2VudGxvb3AucGx1Z2luLnYxLkZhaWx1cmVQb2xpY3lCCAoGX29yZGVyIkUKFlJlZ2lzdGVyUGx1Z2luUmVzcG9uc2USKwoGcGx1Z2luGAEgASgLMhsuYWdlbnRsb29wLnBsdWdpbi52MS5QbHVnaW4iJwoXVW5yZWdpc3RlclBsdWdpblJlcXVlc3QSDAoEbmFtZRgBIAEoCSIaChhVbnJlZ2lzdGVyUGx1Z2luUmVzcG9uc2UiFAoSTGlzdFBsdWdpbnNSZXF1ZXN0IkMKE0xpc3RQbHVnaW5zUmVzcG9uc2USLAoHcGx1Z2lucxgBIAMoCzIbLmFnZW50bG9vcC5wbHVnaW4udjEuUGx1Z2luIqEDCgZQbHVnaW4SDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgJEg8KB2FkZHJlc3MYAyABKAkSLwoFc3RhdGUYBCABKA4yIC5hZ2VudGxvb3AucGx1Z2luLnYxLlBsdWdpblN0YXRlEjgKDXN1YnNjcmlwdGlvbnMYBSADKAsyIS5hZ2VudGxvb3AucGx1Z2luLnYxLlN1YnNjcmlwdGlvbhIyCgV0b29scxgGIAMoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbERlZmluaXRpb24SLwoFc3RhdHMYByABKAsyIC5hZ2VudGxvb3AucGx1Z2luLnYxLlBsdWdpblN0YXRzEjMKCWxhdGVuY2llcxgIIAMoCzIgLmFnZW50bG9vcC5wbHVnaW4udjEuU2VhbUxhdGVuY3kSEgoKbGFzdF9lcnJvchgJIAEoCRI8CgZtb2RlbHMYCiADKAsyLC5hZ2VudGxvb3AucGx1Z2luLnYxLk1vZGVsUHJvdmlkZXJEZWZpbml0aW9uEhAKCHJlcXVpcmVkGAsgASgIItMBCgtQbHVnaW5TdGF0cxINCgVjYWxscxgBIAEoBBIOCgZlcnJvcnMYAiABKAQSEAoIdGltZW91dHMYAyABKAQSEgoKZmFpbF9vcGVucxgEIAEoBBIdChVkcm9wcGVkX25vdGlmaWNhdGlvbnMYBSABKAQSEgoKcmVjb25uZWN0cxgGIAEoBBIXCg9vdmVyc2l6ZWRfY2FsbHMYByABKAQSFwoPcHJvdG9jb2xfZXJyb3JzGAggASgEEhoKEnVuZXhwZWN0ZWRfcmVzdWx0cxgJIAEoBCLCAQoLU2VhbUxhdGVuY3kSJwoEc2VhbRgBIAEoDjIZLmFnZW50bG9vcC5wbHVnaW4udjEuU2VhbRIrCgRraW5kGAUgASgOMh0uYWdlbnRsb29wLnBsdWdpbi52MS5DYWxsS2luZBINCgVjYWxscxgCIAEoBBImCgNwNTAYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SJgoDcDk5GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uKn4KC1BsdWdpblN0YXRlEhwKGFBMVUdJTl9TVEFURV9VTlNQRUNJRklFRBAAEhsKF1BMVUdJTl9TVEFURV9DT05ORUNUSU5HEAESFgoSUExVR0lOX1NUQVRFX1JFQURZEAISHAoYUExVR0lOX1NUQVRFX1VOQVZBSUxBQkxFEAMy1QIKFVBsdWdpblJlZ2lzdHJ5U2VydmljZRJpCg5SZWdpc3RlclBsdWdpbhIqLmFnZW50bG9vcC5wbHVnaW4udjEuUmVnaXN0ZXJQbHVnaW5SZXF1ZXN0GisuYWdlbnRsb29wLnBsdWdpbi52MS5SZWdpc3RlclBsdWdpblJlc3BvbnNlEm8KEFVucmVnaXN0ZXJQbHVnaW4SLC5hZ2VudGxvb3AucGx1Z2luLnYxLlVucmVnaXN0ZXJQbHVnaW5SZXF1ZXN0Gi0uYWdlbnRsb29wLnBsdWdpbi52MS5VbnJlZ2lzdGVyUGx1Z2luUmVzcG9uc2USYAoLTGlzdFBsdWdpbnMSJy5hZ2VudGxvb3AucGx1Z2luLnYxLkxpc3RQbHVnaW5zUmVxdWVzdBooLmFnZW50bG9vcC5wbHVnaW4udjEuTGlzdFBsdWdpbnNSZXNwb25zZWIGcHJvdG8z", [file_agentloop_plugin_v1_hook_service, file_google_protobuf_duration]);
+  fileDesc("CjFhZ2VudGxvb3AvcGx1Z2luL3YxL3BsdWdpbl9yZWdpc3RyeV9zZXJ2aWNlLnByb3RvEhNhZ2VudGxvb3AucGx1Z2luLnYxIq4BChVSZWdpc3RlclBsdWdpblJlcXVlc3QSDwoHYWRkcmVzcxgBIAEoCRISCgVvcmRlchgCIAEoBUgAiAEBEioKB3RpbWVvdXQYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SOgoOZmFpbHVyZV9wb2xpY3kYBCABKA4yIi5hZ2VudGxvb3AucGx1Z2luLnYxLkZhaWx1cmVQb2xpY3lCCAoGX29yZGVyIkUKFlJlZ2lzdGVyUGx1Z2luUmVzcG9uc2USKwoGcGx1Z2luGAEgASgLMhsuYWdlbnRsb29wLnBsdWdpbi52MS5QbHVnaW4iJwoXVW5yZWdpc3RlclBsdWdpblJlcXVlc3QSDAoEbmFtZRgBIAEoCSIaChhVbnJlZ2lzdGVyUGx1Z2luUmVzcG9uc2UiFAoSTGlzdFBsdWdpbnNSZXF1ZXN0IkMKE0xpc3RQbHVnaW5zUmVzcG9uc2USLAoHcGx1Z2lucxgBIAMoCzIbLmFnZW50bG9vcC5wbHVnaW4udjEuUGx1Z2luIqEDCgZQbHVnaW4SDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgJEg8KB2FkZHJlc3MYAyABKAkSLwoFc3RhdGUYBCABKA4yIC5hZ2VudGxvb3AucGx1Z2luLnYxLlBsdWdpblN0YXRlEjgKDXN1YnNjcmlwdGlvbnMYBSADKAsyIS5hZ2VudGxvb3AucGx1Z2luLnYxLlN1YnNjcmlwdGlvbhIyCgV0b29scxgGIAMoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbERlZmluaXRpb24SLwoFc3RhdHMYByABKAsyIC5hZ2VudGxvb3AucGx1Z2luLnYxLlBsdWdpblN0YXRzEjMKCWxhdGVuY2llcxgIIAMoCzIgLmFnZW50bG9vcC5wbHVnaW4udjEuU2VhbUxhdGVuY3kSEgoKbGFzdF9lcnJvchgJIAEoCRI8CgZtb2RlbHMYCiADKAsyLC5hZ2VudGxvb3AucGx1Z2luLnYxLk1vZGVsUHJvdmlkZXJEZWZpbml0aW9uEhAKCHJlcXVpcmVkGAsgASgIItMBCgtQbHVnaW5TdGF0cxINCgVjYWxscxgBIAEoBBIOCgZlcnJvcnMYAiABKAQSEAoIdGltZW91dHMYAyABKAQSEgoKZmFpbF9vcGVucxgEIAEoBBIdChVkcm9wcGVkX25vdGlmaWNhdGlvbnMYBSABKAQSEgoKcmVjb25uZWN0cxgGIAEoBBIXCg9vdmVyc2l6ZWRfY2FsbHMYByABKAQSFwoPcHJvdG9jb2xfZXJyb3JzGAggASgEEhoKEnVuZXhwZWN0ZWRfcmVzdWx0cxgJIAEoBCLCAQoLU2VhbUxhdGVuY3kSJwoEc2VhbRgBIAEoDjIZLmFnZW50bG9vcC5wbHVnaW4udjEuU2VhbRIrCgRraW5kGAUgASgOMh0uYWdlbnRsb29wLnBsdWdpbi52MS5DYWxsS2luZBINCgVjYWxscxgCIAEoBBImCgNwNTAYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SJgoDcDk5GAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIhgKFkxpc3RUb29sU291cmNlc1JlcXVlc3QiSwoXTGlzdFRvb2xTb3VyY2VzUmVzcG9uc2USMAoHc291cmNlcxgBIAMoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbFNvdXJjZSKTAQoKVG9vbFNvdXJjZRIMCgRuYW1lGAEgASgJEhEKCXRyYW5zcG9ydBgCIAEoCRIQCghlbmRwb2ludBgDIAEoCRIvCgVzdGF0ZRgEIAEoDjIgLmFnZW50bG9vcC5wbHVnaW4udjEuUGx1Z2luU3RhdGUSEgoKbGFzdF9lcnJvchgFIAEoCRINCgV0b29scxgGIAMoCSp+CgtQbHVnaW5TdGF0ZRIcChhQTFVHSU5fU1RBVEVfVU5TUEVDSUZJRUQQABIbChdQTFVHSU5fU1RBVEVfQ09OTkVDVElORxABEhYKElBMVUdJTl9TVEFURV9SRUFEWRACEhwKGFBMVUdJTl9TVEFURV9VTkFWQUlMQUJMRRADMsMDChVQbHVnaW5SZWdpc3RyeVNlcnZpY2USaQoOUmVnaXN0ZXJQbHVnaW4SKi5hZ2VudGxvb3AucGx1Z2luLnYxLlJlZ2lzdGVyUGx1Z2luUmVxdWVzdBorLmFnZW50bG9vcC5wbHVnaW4udjEuUmVnaXN0ZXJQbHVnaW5SZXNwb25zZRJvChBVbnJlZ2lzdGVyUGx1Z2luEiwuYWdlbnRsb29wLnBsdWdpbi52MS5VbnJlZ2lzdGVyUGx1Z2luUmVxdWVzdBotLmFnZW50bG9vcC5wbHVnaW4udjEuVW5yZWdpc3RlclBsdWdpblJlc3BvbnNlEmAKC0xpc3RQbHVnaW5zEicuYWdlbnRsb29wLnBsdWdpbi52MS5MaXN0UGx1Z2luc1JlcXVlc3QaKC5hZ2VudGxvb3AucGx1Z2luLnYxLkxpc3RQbHVnaW5zUmVzcG9uc2USbAoPTGlzdFRvb2xTb3VyY2VzEisuYWdlbnRsb29wLnBsdWdpbi52MS5MaXN0VG9vbFNvdXJjZXNSZXF1ZXN0GiwuYWdlbnRsb29wLnBsdWdpbi52MS5MaXN0VG9vbFNvdXJjZXNSZXNwb25zZWIGcHJvdG8z", [file_agentloop_plugin_v1_hook_service, file_google_protobuf_duration]);
 
 /**
  * RegisterPluginRequest is the input of RegisterPlugin.
@@ -385,6 +385,101 @@ export const SeamLatencySchema: GenMessage<SeamLatency> = /*@__PURE__*/
   messageDesc(file_agentloop_plugin_v1_plugin_registry_service, 8);
 
 /**
+ * ListToolSourcesRequest is the input of ListToolSources.
+ *
+ * @generated from message agentloop.plugin.v1.ListToolSourcesRequest
+ */
+export type ListToolSourcesRequest = Message<"agentloop.plugin.v1.ListToolSourcesRequest"> & {
+};
+
+/**
+ * Describes the message agentloop.plugin.v1.ListToolSourcesRequest.
+ * Use `create(ListToolSourcesRequestSchema)` to create a new message.
+ */
+export const ListToolSourcesRequestSchema: GenMessage<ListToolSourcesRequest> = /*@__PURE__*/
+  messageDesc(file_agentloop_plugin_v1_plugin_registry_service, 9);
+
+/**
+ * ListToolSourcesResponse is the output of ListToolSources.
+ *
+ * @generated from message agentloop.plugin.v1.ListToolSourcesResponse
+ */
+export type ListToolSourcesResponse = Message<"agentloop.plugin.v1.ListToolSourcesResponse"> & {
+  /**
+   * Sources are the configured MCP servers, by name.
+   *
+   * @generated from field: repeated agentloop.plugin.v1.ToolSource sources = 1;
+   */
+  sources: ToolSource[];
+};
+
+/**
+ * Describes the message agentloop.plugin.v1.ListToolSourcesResponse.
+ * Use `create(ListToolSourcesResponseSchema)` to create a new message.
+ */
+export const ListToolSourcesResponseSchema: GenMessage<ListToolSourcesResponse> = /*@__PURE__*/
+  messageDesc(file_agentloop_plugin_v1_plugin_registry_service, 10);
+
+/**
+ * ToolSource is an MCP server whose tools agents may enable
+ * (`mcp:<name>/<tool>`).
+ *
+ * @generated from message agentloop.plugin.v1.ToolSource
+ */
+export type ToolSource = Message<"agentloop.plugin.v1.ToolSource"> & {
+  /**
+   * Name is the server's name in the config.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * Transport is "stdio" or "streamable-http".
+   *
+   * @generated from field: string transport = 2;
+   */
+  transport: string;
+
+  /**
+   * Endpoint is the command of a stdio server, or the URL of an HTTP one.
+   *
+   * @generated from field: string endpoint = 3;
+   */
+  endpoint: string;
+
+  /**
+   * State is the connection's state: CONNECTING, READY or UNAVAILABLE (down,
+   * reconnecting with backoff).
+   *
+   * @generated from field: agentloop.plugin.v1.PluginState state = 4;
+   */
+  state: PluginState;
+
+  /**
+   * LastError is why the last connection attempt or connection failed.
+   *
+   * @generated from field: string last_error = 5;
+   */
+  lastError: string;
+
+  /**
+   * Tools are the names the model calls its tools by (`mcp__<name>__<tool>`),
+   * sorted; while it is down, those of its last connection.
+   *
+   * @generated from field: repeated string tools = 6;
+   */
+  tools: string[];
+};
+
+/**
+ * Describes the message agentloop.plugin.v1.ToolSource.
+ * Use `create(ToolSourceSchema)` to create a new message.
+ */
+export const ToolSourceSchema: GenMessage<ToolSource> = /*@__PURE__*/
+  messageDesc(file_agentloop_plugin_v1_plugin_registry_service, 11);
+
+/**
  * PluginState is the connection state of a plugin.
  * This enum may grow: a client must accept values it does not know (treat
  * them as UNSPECIFIED, or show the number), never fail on them.
@@ -471,6 +566,17 @@ export const PluginRegistryService: GenService<{
     methodKind: "unary";
     input: typeof ListPluginsRequestSchema;
     output: typeof ListPluginsResponseSchema;
+  },
+  /**
+   * ListToolSources lists the MCP servers of the server's config
+   * (`mcpServers`), with their connection state and the tools they offer now.
+   *
+   * @generated from rpc agentloop.plugin.v1.PluginRegistryService.ListToolSources
+   */
+  listToolSources: {
+    methodKind: "unary";
+    input: typeof ListToolSourcesRequestSchema;
+    output: typeof ListToolSourcesResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_agentloop_plugin_v1_plugin_registry_service, 0);

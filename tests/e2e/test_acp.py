@@ -1,0 +1,349 @@
+"""`agentloop acp` between an ACP client and a real server, all real processes.
+
+The client side is the `agent-client-protocol` package's own (`spawn_agent_process`,
+`ClientSideConnection`); the agent is `python -m agentloop.cli acp` as a subprocess;
+behind it `python -m server` on a SQLite data directory, restarted on the same port
+for the load test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from acp import PROTOCOL_VERSION, Client, RequestError, spawn_agent_process, text_block
+from acp.client.connection import ClientSideConnection
+from acp.schema import (
+    AllowedOutcome,
+    DeniedOutcome,
+    PermissionOption,
+    RequestPermissionResponse,
+    ToolCallUpdate,
+)
+from google.protobuf import json_format
+
+from agentloop.v1 import agent_pb2, scripted_pb2
+from server.models.scripted_options import script_options
+from tests.processes import (
+    EXIT_TIMEOUT,
+    REPO,
+    SERVER_LISTENING,
+    free_port,
+    read_line,
+    server_process,
+    token_free_env,
+)
+
+STARTUP_BOUND = 30.0
+"""How long a server start may take before the test fails (a hang, not a speed check)."""
+T = 20.0
+"""How long one ACP exchange may take (a turn with a tool call and an approval)."""
+
+COUNT_TEXT = "one two three"
+
+
+def counting_profile(path: Path) -> Path:
+    """A scripted agent that calls `word_count` (which needs approval), then answers."""
+    calls = [
+        scripted_pb2.ScriptedToolCall(
+            id="c1", name="word_count", arguments=json.dumps({"text": COUNT_TEXT})
+        )
+    ]
+    options = agent_pb2.AgentOptions(
+        provider="scripted",
+        model="m",
+        tools=["word_count"],
+        approval_required_tools=["word_count"],
+        provider_options=script_options(
+            [
+                scripted_pb2.ScriptedStep(
+                    reasoning="Words, then.", text="Let me count.", tool_calls=calls, chunk_size=4
+                ),
+                scripted_pb2.ScriptedStep(text="Counted them.", chunk_size=4),
+            ]
+        ),
+    )
+    path.write_text(json_format.MessageToJson(options))
+    return path
+
+
+class Editor:
+    """The client side an editor would be: it records updates and answers permissions."""
+
+    def __init__(self) -> None:
+        self.updates: list[tuple[str, Any]] = []
+        self.permissions: list[tuple[str, ToolCallUpdate, list[PermissionOption]]] = []
+        self.answer: Callable[[], Any] = lambda: "allow_once"
+        self.asked = asyncio.Event()
+        self.changed = asyncio.Event()
+        self.release = asyncio.Event()
+        """Set to answer a held permission request `cancelled`."""
+
+    async def session_update(self, session_id: str, update: Any, **_: Any) -> None:
+        self.updates.append((session_id, update))
+        self.changed.set()
+
+    async def until(self, check: Callable[[], bool]) -> None:
+        """Wait (bounded) until `check()` holds: notifications are handled as tasks."""
+        async with asyncio.timeout(T):
+            while not check():
+                self.changed.clear()
+                await self.changed.wait()
+
+    async def request_permission(
+        self, session_id: str, tool_call: ToolCallUpdate, options: list[PermissionOption], **_: Any
+    ) -> RequestPermissionResponse:
+        self.permissions.append((session_id, tool_call, options))
+        self.asked.set()
+        choice = self.answer()
+        if choice == "hold":  # an editor whose user has not answered when the prompt is cancelled
+            await self.release.wait()
+            return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
+        return RequestPermissionResponse(
+            outcome=AllowedOutcome(outcome="selected", option_id=choice)
+        )
+
+    def kinds(self) -> list[str]:
+        return [u.session_update for _, u in self.updates]
+
+    def text(self, kind: str = "agent_message_chunk") -> str:
+        return "".join(u.content.text for _, u in self.updates if u.session_update == kind)
+
+    def tool_updates(self) -> list[Any]:
+        return [u for _, u in self.updates if u.session_update in ("tool_call", "tool_call_update")]
+
+
+@contextlib.asynccontextmanager
+async def server(tmp_path: Path, port: int, n: int = 0) -> AsyncIterator[None]:
+    """`python -m server` on `port` with its data in `tmp_path/data`."""
+    config = tmp_path / "config.yaml"
+    config.write_text("agents: []\n")
+    async with server_process(
+        "--config", str(config), "--listen", f"127.0.0.1:{port}",
+        "--data-dir", str(tmp_path / "data"), stderr_path=tmp_path / f"server-{n}.stderr",
+    ) as process:  # fmt: skip
+        # Started at most twice per test, on a machine that may be shared: a wider bound.
+        line = await read_line(process.process, STARTUP_BOUND)
+        assert SERVER_LISTENING.fullmatch(line), f"{line!r}: {process.log()}"
+        yield
+        assert await process.terminate() == 0, process.log()
+
+
+@contextlib.asynccontextmanager
+async def bridge(
+    port: int, profile: Path, editor: Editor, stderr: Path
+) -> AsyncIterator[ClientSideConnection]:
+    """`agentloop acp` as the editor starts it (stderr to a file), initialized."""
+    args = (
+        "-m",
+        "agentloop.cli",
+        "--address",
+        f"127.0.0.1:{port}",
+        "acp",
+        "--profile",
+        str(profile),
+    )
+    with stderr.open("wb") as log:
+        spawned = spawn_agent_process(
+            cast("Client", editor),  # the SDK routes only the methods a client has
+            sys.executable, *args, env=token_free_env(), cwd=REPO,
+            transport_kwargs={"stderr": log.fileno(), "shutdown_timeout": EXIT_TIMEOUT},
+        )  # fmt: skip
+        async with spawned as (conn, process):
+            hello = await asyncio.wait_for(conn.initialize(protocol_version=PROTOCOL_VERSION), T)
+            assert hello.protocol_version == PROTOCOL_VERSION
+            assert hello.agent_capabilities is not None and hello.agent_capabilities.load_session
+            yield conn
+    assert process.returncode == 0, f"agentloop acp exited {process.returncode}; see {stderr}"
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()
+
+
+async def test_prompt_streams_text_and_a_tool_call_allowed_once(tmp_path: Path, port: int) -> None:
+    editor = Editor()
+    async with (
+        server(tmp_path, port),
+        bridge(
+            port, counting_profile(tmp_path / "p.json"), editor, tmp_path / "acp.stderr"
+        ) as conn,
+    ):
+        session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        answer = await asyncio.wait_for(
+            conn.prompt(session_id=session.session_id, prompt=[text_block("count these")]), T
+        )
+        assert answer.stop_reason == "end_turn"
+        await editor.until(lambda: editor.text() == "Let me count.Counted them.")
+        # Streamed: the script's chunk size is 4, so the text came in pieces.
+        assert editor.kinds().count("agent_message_chunk") > 2
+        assert editor.text("agent_thought_chunk") == "Words, then."  # reasoning, as thoughts
+        assert all(sid == session.session_id for sid, _ in editor.updates)
+        # The permission request names the call and offers allow once / reject.
+        [(sid, call, options)] = editor.permissions
+        assert (sid, call.tool_call_id, call.title, call.status) == (
+            session.session_id,
+            "c1",
+            "word_count",
+            "pending",
+        )
+        assert call.raw_input == {"text": COUNT_TEXT}
+        assert [(o.option_id, o.kind) for o in options] == [
+            ("allow_once", "allow_once"),
+            ("reject_once", "reject_once"),
+        ]
+        started, finished = editor.tool_updates()
+        assert (started.session_update, started.tool_call_id, started.title) == (
+            "tool_call",
+            "c1",
+            "word_count",
+        )
+        assert (finished.tool_call_id, finished.status) == ("c1", "completed")
+        assert finished.content[0].content.text == "3 words"
+
+
+async def test_a_rejected_tool_call_fails_with_the_reason(tmp_path: Path, port: int) -> None:
+    editor = Editor()
+    editor.answer = lambda: "reject_once"
+    async with (
+        server(tmp_path, port),
+        bridge(
+            port, counting_profile(tmp_path / "p.json"), editor, tmp_path / "acp.stderr"
+        ) as conn,
+    ):
+        session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        answer = await asyncio.wait_for(
+            conn.prompt(session_id=session.session_id, prompt=[text_block("count these")]), T
+        )
+        assert answer.stop_reason == "end_turn"
+        await editor.until(lambda: len(editor.tool_updates()) == 2)
+        finished = editor.tool_updates()[1]
+        assert finished.status == "failed"
+        assert (
+            finished.content[0].content.text
+            == 'Error: the user rejected tool "word_count": rejected in the editor'
+        )
+
+
+async def test_cancel_ends_the_prompt_cancelled(tmp_path: Path, port: int) -> None:
+    editor = Editor()
+    editor.answer = lambda: "hold"
+    async with (
+        server(tmp_path, port),
+        bridge(
+            port, counting_profile(tmp_path / "p.json"), editor, tmp_path / "acp.stderr"
+        ) as conn,
+    ):
+        session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        prompt = asyncio.ensure_future(
+            conn.prompt(session_id=session.session_id, prompt=[text_block("count these")])
+        )
+        await asyncio.wait_for(editor.asked.wait(), T)
+        await conn.cancel(session_id=session.session_id)
+        editor.release.set()  # the spec: the client answers a pending permission `cancelled`
+        answer = await asyncio.wait_for(prompt, T)
+        assert answer.stop_reason == "cancelled"
+        assert "Counted them." not in editor.text()
+        # The bridge stays usable: the next prompt runs (the script's next step answers).
+        editor.answer = lambda: "allow_once"
+        again = await asyncio.wait_for(
+            conn.prompt(session_id=session.session_id, prompt=[text_block("and now?")]), T
+        )
+        assert again.stop_reason == "end_turn"
+        await editor.until(lambda: editor.text().endswith("Counted them."))
+
+
+@pytest.mark.timeout(120)  # two server starts and a bridge: slow on a loaded machine
+async def test_load_replays_a_session_after_a_server_restart(tmp_path: Path, port: int) -> None:
+    editor = Editor()
+    profile = counting_profile(tmp_path / "p.json")
+    async with bridge(port, profile, editor, tmp_path / "acp.stderr") as conn:
+        async with server(tmp_path, port, 0):
+            session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+            sid = session.session_id
+            answer = await asyncio.wait_for(
+                conn.prompt(session_id=sid, prompt=[text_block("count these")]), T
+            )
+            assert answer.stop_reason == "end_turn"
+            await editor.until(lambda: editor.text() == "Let me count.Counted them.")
+        editor.updates.clear()
+        async with server(tmp_path, port, 1):  # the same bridge process, reconnecting
+            await asyncio.wait_for(
+                conn.load_session(cwd=str(tmp_path), session_id=sid, mcp_servers=[]), T
+            )
+            # Replayed before the answer: the user's prompt, the messages, the call and its result.
+            assert editor.kinds() == [
+                "user_message_chunk", "agent_thought_chunk", "agent_message_chunk", "tool_call",
+                "tool_call_update",
+                "agent_message_chunk",
+            ]  # fmt: skip
+            assert editor.text("user_message_chunk") == "count these"
+            assert editor.text() == "Let me count.Counted them."
+            assert editor.tool_updates()[1].content[0].content.text == "3 words"
+            editor.updates.clear()
+            more = await asyncio.wait_for(
+                conn.prompt(session_id=sid, prompt=[text_block("again")]), T
+            )
+            assert more.stop_reason == "end_turn"
+            await editor.until(lambda: editor.text().endswith("Counted them."))
+        with pytest.raises(RequestError) as unknown:
+            await asyncio.wait_for(
+                conn.load_session(cwd=str(tmp_path), session_id="nope", mcp_servers=[]), T
+            )
+        assert unknown.value.code == -32603  # the server is down: UNAVAILABLE, named
+        assert isinstance(unknown.value.data, dict)
+        assert unknown.value.data["status"] == "UNAVAILABLE"
+
+
+async def test_malformed_messages_get_json_rpc_errors_and_the_bridge_stays_up(
+    tmp_path: Path, port: int
+) -> None:
+    async with server(tmp_path, port):
+        with (tmp_path / "acp.stderr").open("wb") as log:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "agentloop.cli", "--address", f"127.0.0.1:{port}", "acp",
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=log, env=token_free_env(), cwd=REPO,
+            )  # fmt: skip
+        assert process.stdin is not None and process.stdout is not None
+        try:
+            lines = [
+                b"this is not json\n",
+                b"[1, 2]\n",
+                b'{"jsonrpc": "2.0", "id": 7, "method": 5}\n',
+                b'{"jsonrpc": "2.0", "id": 8, "method": "session/prompt", "params": {"nope": 1}}\n',
+                b'{"jsonrpc": "2.0", "id": 9, "method": "no/such/method", "params": {}}\n',
+                b'{"jsonrpc": "2.0", "id": 10, "method": "session/load", '
+                b'"params": {"cwd": "/", "sessionId": "missing", "mcpServers": []}}\n',
+                b'{"jsonrpc": "2.0", "id": 11, "method": "initialize", '
+                b'"params": {"protocolVersion": 1}}\n',
+            ]
+            process.stdin.write(b"".join(lines))
+            await process.stdin.drain()
+            replies: list[dict[str, Any]] = []
+            async with asyncio.timeout(T):
+                while len(replies) < len(lines):
+                    replies.append(json.loads(await process.stdout.readline()))
+            by_id = {r["id"]: r for r in replies}
+            nulls = [r["error"]["code"] for r in replies if r["id"] is None]
+            assert nulls == [-32700, -32600]
+            assert by_id[7]["error"]["code"] == -32600
+            assert by_id[8]["error"]["code"] == -32602
+            assert by_id[9]["error"]["code"] == -32601
+            assert by_id[10]["error"]["code"] == -32002
+            assert by_id[10]["error"]["data"]["status"] == "NOT_FOUND"
+            assert by_id[11]["result"]["protocolVersion"] == PROTOCOL_VERSION
+            process.stdin.close()
+            async with asyncio.timeout(T):
+                assert await process.wait() == 0
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
