@@ -21,6 +21,7 @@ from server.core.errors import AgentLoopError, InvalidArgument, OutOfRange
 from server.core.limits import check_pending
 from server.edge import page_tokens
 from server.edge.api_approvals import ApprovalMethods
+from server.edge.api_delete import DeleteMethods
 from server.edge.api_stream_wire import response_bytes
 from server.edge.status import abort, mapped
 from server.lifecycle.factory import AgentFactory
@@ -106,7 +107,7 @@ def message_content(text: str, content: list[c.ContentBlock], field: str) -> lis
     return blocks
 
 
-class AgentServicer(ApprovalMethods, rpc.AgentServiceServicer):
+class AgentServicer(ApprovalMethods, DeleteMethods, rpc.AgentServiceServicer):
     """Talks to live agents and reads their sessions."""
 
     def __init__(self, factory: AgentFactory) -> None:

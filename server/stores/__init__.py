@@ -67,6 +67,10 @@ class RequestRecord:
     response: bytes
 
 
+Answer = Callable[[int], RequestRecord]
+"""The request record of a delete, made from the number of events it removed."""
+
+
 @dataclass
 class SessionWrites:
     """What one commit writes for one session."""
@@ -227,6 +231,16 @@ class SessionStore(Protocol):
 
     async def driven_by(self, agent_id: str) -> list[str]:
         """The sessions `agent_id` drove, the most recent first."""
+        ...
+
+    async def delete(self, session_id: str, answer: Answer | None = None) -> int:
+        """Remove the session whole, in one transaction; the number of events removed.
+
+        Its header, events, inbox and the request records written with it go; its
+        forks stay (they hold copies). `answer`, when given, makes the delete's own
+        request record, stored in the same transaction under no session. Raises
+        `NotFound` if the session is unknown.
+        """
         ...
 
     async def adopt_pending(self, agent_id: str, session_id: str) -> list[InboxEntry]:

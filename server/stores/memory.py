@@ -10,6 +10,7 @@ from agentloop.v1 import session_event_pb2 as ev
 from server.core.errors import AlreadyExists, SessionNotFound
 from server.stores import (
     FIRST_SEQ,
+    Answer,
     Commit,
     InboxEntry,
     RequestRecord,
@@ -46,6 +47,8 @@ class MemoryStore:
         self.persistent = persistent
         self._sessions: dict[str, _Session] = {}
         self._requests: dict[tuple[str, str], RequestRecord] = {}
+        self._request_sessions: dict[tuple[str, str], str] = {}
+        """The session each request record was written with ('' for a delete's own)."""
 
     async def open(self) -> None:
         """Nothing to open."""
@@ -81,7 +84,10 @@ class MemoryStore:
             for entry_id in writes.inbox_take:
                 session.inbox.pop(entry_id, None)
             for record in writes.requests:
-                self._requests.setdefault((record.agent_id, record.request_id), record)
+                key = (record.agent_id, record.request_id)
+                if key not in self._requests:
+                    self._requests[key] = record
+                    self._request_sessions[key] = session_id
 
     async def claim(self, session_id: str) -> int:
         """A new claim token for the session."""
@@ -143,6 +149,19 @@ class MemoryStore:
             header, options=source.options, events=list(seed), turns=turn_of(seed)
         )
         return len(seed)
+
+    async def delete(self, session_id: str, answer: Answer | None = None) -> int:
+        """Remove the session, its inbox and its request records."""
+        count = len(self._get(session_id).events)
+        del self._sessions[session_id]
+        for key in [k for k, s in self._request_sessions.items() if s == session_id]:
+            del self._requests[key], self._request_sessions[key]
+        if answer is not None:
+            record = answer(count)
+            key = (record.agent_id, record.request_id)
+            self._requests.setdefault(key, record)
+            self._request_sessions.setdefault(key, "")
+        return count
 
     async def find_request(self, agent_id: str, request_id: str) -> RequestRecord | None:
         """The recorded answer of an earlier call, if any."""

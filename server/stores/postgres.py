@@ -15,9 +15,15 @@ import asyncpg
 
 from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
-from server.core.errors import AlreadyExists, SessionDamaged, SessionNotFound
+from server.core.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    SessionDamaged,
+    SessionNotFound,
+)
 from server.stores import (
     FIRST_SEQ,
+    Answer,
     Commit,
     InboxEntry,
     RequestRecord,
@@ -43,6 +49,11 @@ CHANNEL = "agentloop_events"
 """The NOTIFY channel: each commit that stores events names their session on it."""
 
 Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+
+INSERT_REQUEST = (
+    "INSERT INTO requests (agent_id, request_id, method, response, session_id)"
+    " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING"
+)
 
 
 class PostgresStore:
@@ -201,6 +212,41 @@ class PostgresStore:
                 )
                 moved.append(decode_entry(start + offset, row["kind"], row["message"]))
         return moved
+
+    async def delete(self, session_id: str, answer: Answer | None = None) -> int:
+        """Remove the session, its inbox and its request records, in one transaction.
+
+        Refused (`SESSION_IN_USE`) while a lease names it (a live agent on some replica,
+        or an orphan about to be taken over). The session row is locked first: a resume
+        that takes a lease meanwhile waits at its claim and then finds no session.
+        """
+        pool = await self.pool()
+        async with pool.acquire() as conn, conn.transaction():
+            count = await conn.fetchval(
+                "SELECT event_count FROM sessions WHERE session_id = $1 FOR UPDATE", session_id
+            )
+            if count is None:
+                raise SessionNotFound(session_id)
+            owner = await conn.fetchval(
+                "SELECT agent_id FROM leases WHERE session_id = $1", session_id
+            )
+            if owner is not None:
+                raise FailedPrecondition(
+                    f'session "{session_id}" is driven by live agent "{owner}" on a replica:'
+                    " dispose it first",
+                    "SESSION_IN_USE",
+                    session_id=session_id,
+                    agent_id=owner,
+                )
+            await conn.execute("DELETE FROM requests WHERE session_id = $1", session_id)
+            await conn.execute("DELETE FROM sessions WHERE session_id = $1", session_id)  # cascades
+            if answer is not None:
+                record = answer(int(count))
+                await conn.execute(
+                    INSERT_REQUEST,
+                    record.agent_id, record.request_id, record.method, record.response, "",
+                )  # fmt: skip
+        return int(count)
 
     async def claim(self, session_id: str) -> int:
         """A new claim token for the session."""
@@ -435,6 +481,6 @@ async def _write(conn: Conn, session_id: str, writes: SessionWrites) -> None:
         )
     if writes.requests:
         await conn.executemany(
-            "INSERT INTO requests VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-            [(r.agent_id, r.request_id, r.method, r.response) for r in writes.requests],
+            INSERT_REQUEST,
+            [(r.agent_id, r.request_id, r.method, r.response, session_id) for r in writes.requests],
         )

@@ -39,6 +39,7 @@ from agentloop.v1 import session_event_pb2 as ev
 from server.core.errors import SessionDamaged, SessionNotFound
 from server.stores import (
     FIRST_SEQ,
+    Answer,
     Commit,
     InboxEntry,
     RequestRecord,
@@ -50,6 +51,7 @@ from server.stores import (
     decode_events,
     decode_log,
 )
+from server.stores.sqlite_lifecycle import delete_session
 from server.stores.sqlite_schema import FORMAT_VERSION, migrate, statements
 from server.stores.sqlite_sql import (
     SessionRows,
@@ -303,6 +305,10 @@ class SqliteStore:
             return fork_copy(db, source_id, boundary_seq, new_id, header_of, create_ns)
 
         return await self._write(source_id, copy)
+
+    async def delete(self, session_id: str, answer: Answer | None = None) -> int:
+        """Remove the session, its inbox and its request records, in one transaction."""
+        return await self._write(session_id, lambda db: delete_session(db, session_id, answer))
 
     async def claim(self, session_id: str) -> int:
         """A new claim token for the session."""
