@@ -146,6 +146,8 @@ class StoredSession:
     inbox: list[InboxEntry]
     options: agent_pb2.AgentOptions | None = None
     """The options of the session's last driver; None when none were stored."""
+    driver: str = ""
+    """The agent that last drove the session ("" when none did)."""
 
 
 class SessionStore(Protocol):

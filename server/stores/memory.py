@@ -104,7 +104,7 @@ class MemoryStore:
         session = self._get(session_id)
         inbox = [session.inbox[k] for k in sorted(session.inbox)]
         options = _copy(session.options) if session.options is not None else None
-        return StoredSession(session.header, list(session.events), inbox, options)
+        return StoredSession(session.header, list(session.events), inbox, options, session.driver)
 
     async def read(self, session_id: str, start: int, end: int) -> list[ev.SessionEvent]:
         """The stored events in `[start, end)`."""

@@ -299,7 +299,7 @@ class PostgresStore:
         pool = await self.pool()
         async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
             row = await conn.fetchrow(
-                "SELECT header, options FROM sessions WHERE session_id = $1", session_id
+                "SELECT header, options, driver FROM sessions WHERE session_id = $1", session_id
             )
             if row is None:
                 raise SessionNotFound(session_id)
@@ -317,6 +317,7 @@ class PostgresStore:
             events,
             [decode_entry(r["entry_id"], r["kind"], r["message"]) for r in inbox],
             agent_pb2.AgentOptions.FromString(options) if options is not None else None,
+            row["driver"],
         )
 
     async def read(self, session_id: str, start: int, end: int) -> list[ev.SessionEvent]:

@@ -360,12 +360,13 @@ class SqliteStore:
         def read(
             db: sqlite3.Connection,
         ) -> tuple[
-            tuple[bytes, bytes | None], list[tuple[int, bytes]], list[tuple[int, str, bytes]]
+            tuple[bytes, bytes | None, str], list[tuple[int, bytes]], list[tuple[int, str, bytes]]
         ]:
             db.execute("BEGIN")  # one snapshot for the three reads
             try:
                 row = db.execute(
-                    "SELECT header, options FROM sessions WHERE session_id = ?", (session_id,)
+                    "SELECT header, options, driver FROM sessions WHERE session_id = ?",
+                    (session_id,),
                 ).fetchone()
                 if row is None:
                     raise SessionNotFound(session_id)
@@ -375,12 +376,14 @@ class SqliteStore:
                     " ORDER BY entry_id",
                     (session_id,),
                 ).fetchall()
-                return (row[0], row[1]), events, inbox
+                return (row[0], row[1], row[2]), events, inbox
             finally:
                 db.execute("COMMIT")
 
         try:
-            (header_bytes, options_bytes), rows, inbox_rows = await self._read(session_id, read)
+            (header_bytes, options_bytes, driver), rows, inbox_rows = await self._read(
+                session_id, read
+            )
         except DecodeError as error:  # a row of several events that does not split into them
             raise SessionDamaged(session_id, f"cannot decode: {error}") from error
         try:
@@ -394,7 +397,7 @@ class SqliteStore:
             inbox = [decode_entry(entry_id, kind, blob) for entry_id, kind, blob in inbox_rows]
         except DecodeError as error:
             raise SessionDamaged(session_id, f"cannot decode: {error}") from error
-        return StoredSession(header, events, inbox, options)
+        return StoredSession(header, events, inbox, options, driver)
 
     async def read(self, session_id: str, start: int, end: int) -> list[ev.SessionEvent]:
         """The stored events in `[start, end)`."""

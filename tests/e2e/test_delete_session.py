@@ -8,7 +8,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2, status_pb2
+from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
 
 from agentloop.v1 import agent_service_pb2 as api
 from server.settings.config import Config
