@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import tempfile
 import time
 from pathlib import Path
@@ -78,20 +79,18 @@ async def main(count: int, postgres: bool) -> None:
             await source.commit(Commit({"big": SessionWrites(events=events[i : i + 500])}))
         path = Path(tmp) / "big.jsonl"
         started = time.perf_counter()
-        with open(path, "w") as out:
-            await export_sessions(source, ["big"], out)
+        out = io.StringIO()
+        await export_sessions(source, ["big"], out)
+        path.write_text(out.getvalue())
         exported = time.perf_counter() - started
         await source.close()
         print(f"session of {count} events ({len(pattern)} recorded, then repeated)")
-        print(
-            f"  export (SQLite -> file)      {exported:8.2f} s   {path.stat().st_size / 1e6:8.1f} MB"
-        )
-        print(
-            f"  stored size (SQLite file)                 {(Path(tmp) / 'source.db').stat().st_size / 1e6:8.1f} MB"
-        )
+        file_mb = path.stat().st_size / 1e6
+        stored_mb = (Path(tmp) / "source.db").stat().st_size / 1e6
+        print(f"  export (SQLite -> file)      {exported:8.2f} s   {file_mb:8.1f} MB")
+        print(f"  stored size (SQLite file)               {stored_mb:8.1f} MB")
         started = time.perf_counter()
-        with open(path) as stream:
-            sessions = jsonl.read_file(stream)
+        sessions = jsonl.read_sessions(io.StringIO(path.read_text()))
         parsed = time.perf_counter() - started
         print(f"  read + check the file        {parsed:8.2f} s")
         target = SqliteStore(Path(tmp) / "target.db")
