@@ -245,6 +245,22 @@ class SessionStore(Protocol):
         """
         ...
 
+    async def drop_requests(self, before_ns: int, limit: int) -> int:
+        """Remove at most `limit` request records stored before `before_ns`; how many."""
+        ...
+
+    async def reclaim(self) -> None:
+        """Give space freed by removals back (SQLite: a bounded incremental vacuum)."""
+        ...
+
+    async def try_lease(self, name: str) -> bool:
+        """Take the store-wide lease `name` unless another process holds it (replicas)."""
+        ...
+
+    async def release_lease(self, name: str) -> None:
+        """Give the lease `name` back."""
+        ...
+
     async def adopt_pending(self, agent_id: str, session_id: str) -> list[InboxEntry]:
         """Move the inbox of every other session last driven by `agent_id` to `session_id`.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 from agentloop.v1 import agent_pb2, session_pb2
@@ -48,6 +49,7 @@ class MemoryStore:
         self._sessions: dict[str, _Session] = {}
         self._requests: dict[tuple[str, str], RequestRecord] = {}
         self._request_sessions: dict[tuple[str, str], str] = {}
+        self._request_times: dict[tuple[str, str], int] = {}
         """The session each request record was written with ('' for a delete's own)."""
 
     async def open(self) -> None:
@@ -88,6 +90,7 @@ class MemoryStore:
                 if key not in self._requests:
                     self._requests[key] = record
                     self._request_sessions[key] = session_id
+                    self._request_times[key] = time.time_ns()
 
     async def claim(self, session_id: str) -> int:
         """A new claim token for the session."""
@@ -155,13 +158,32 @@ class MemoryStore:
         count = len(self._get(session_id).events)
         del self._sessions[session_id]
         for key in [k for k, s in self._request_sessions.items() if s == session_id]:
-            del self._requests[key], self._request_sessions[key]
+            del self._requests[key], self._request_sessions[key], self._request_times[key]
         if answer is not None:
             record = answer(count)
             key = (record.agent_id, record.request_id)
-            self._requests.setdefault(key, record)
-            self._request_sessions.setdefault(key, "")
+            if key not in self._requests:
+                self._requests[key] = record
+                self._request_sessions[key] = ""
+                self._request_times[key] = time.time_ns()
         return count
+
+    async def drop_requests(self, before_ns: int, limit: int) -> int:
+        """Remove up to `limit` request records older than `before_ns`."""
+        old = [k for k, t in self._request_times.items() if t < before_ns][:limit]
+        for key in old:
+            del self._requests[key], self._request_sessions[key], self._request_times[key]
+        return len(old)
+
+    async def reclaim(self) -> None:
+        """Nothing to give back: removed objects are garbage."""
+
+    async def try_lease(self, name: str) -> bool:
+        """One process: the lease is always free."""
+        return True
+
+    async def release_lease(self, name: str) -> None:
+        """Nothing to give back."""
 
     async def find_request(self, agent_id: str, request_id: str) -> RequestRecord | None:
         """The recorded answer of an earlier call, if any."""

@@ -10,6 +10,7 @@ connections, concurrently with commits.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 import asyncpg
 
@@ -67,13 +68,16 @@ class PostgresStore:
         self._pool: asyncpg.Pool | None = None
         self._listener: asyncpg.Connection | None = None
         self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._leases: dict[str, asyncpg.Connection] = {}
 
     async def open(self) -> None:
         """Connect and bring the schema up to date."""
         await self.pool()
 
     async def close(self) -> None:
-        """Close the listening connection and the pool."""
+        """Close the listening connection, the leases' and the pool."""
+        for name in list(self._leases):
+            await self.release_lease(name)
         if self._listener is not None:
             await self._listener.close()
             self._listener = None
@@ -247,6 +251,44 @@ class PostgresStore:
                     record.agent_id, record.request_id, record.method, record.response, "",
                 )  # fmt: skip
         return int(count)
+
+    async def drop_requests(self, before_ns: int, limit: int) -> int:
+        """Remove up to `limit` request records older than `before_ns`.
+
+        Small batches: autovacuum keeps up with them.
+        """
+        pool = await self.pool()
+        status = await pool.execute(
+            "DELETE FROM requests WHERE ctid IN (SELECT ctid FROM requests"
+            " WHERE stored_at < to_timestamp($1::float8 / 1e9) LIMIT $2)",
+            before_ns,
+            limit,
+        )
+        return int(status.split()[-1])
+
+    async def reclaim(self) -> None:
+        """Autovacuum gives dead rows back: nothing to do here."""
+
+    async def try_lease(self, name: str) -> bool:
+        """An advisory lock on a connection of its own, held until `release_lease`.
+
+        If this replica dies, its connection closes and the lock is free again.
+        """
+        if name in self._leases:
+            return True
+        conn = await asyncpg.connect(self.dsn)
+        key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+        if await conn.fetchval("SELECT pg_try_advisory_lock($1)", key):
+            self._leases[name] = conn
+            return True
+        await conn.close()
+        return False
+
+    async def release_lease(self, name: str) -> None:
+        """Close the lease's connection: the lock goes with it."""
+        conn = self._leases.pop(name, None)
+        if conn is not None:
+            await conn.close()
 
     async def claim(self, session_id: str) -> int:
         """A new claim token for the session."""

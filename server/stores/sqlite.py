@@ -51,7 +51,7 @@ from server.stores import (
     decode_events,
     decode_log,
 )
-from server.stores.sqlite_lifecycle import delete_session
+from server.stores.sqlite_lifecycle import delete_session, drop_requests, vacuum_some
 from server.stores.sqlite_schema import FORMAT_VERSION, migrate, statements
 from server.stores.sqlite_sql import (
     SessionRows,
@@ -87,6 +87,9 @@ PAGES_PER_SESSION = 4
 rewrites whole pages (the leaf that takes the rows, and on a split its siblings and
 parent), so a row of 60 bytes costs about a page. Measured: 4 to 5 pages per session
 per commit; counting a little high keeps the WAL within `CHECKPOINT_PAGES`."""
+
+VACUUM_PAGES = 1024
+"""Free pages one step of `reclaim` returns (4 MiB): the writer is held that long at most."""
 
 DURABILITY = {"process": "NORMAL", "power": "FULL"}
 """The `durability` settings and the SQLite `synchronous` mode of each."""
@@ -168,6 +171,8 @@ class SqliteStore:
             db.execute("PRAGMA busy_timeout=5000")
             if not create:
                 return db
+            if db.execute("PRAGMA page_count").fetchone()[0] == 0:  # a new file, before WAL:
+                db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # freed pages can go back later
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(f"PRAGMA synchronous={self.synchronous}")
             db.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run off the loop
@@ -309,6 +314,27 @@ class SqliteStore:
     async def delete(self, session_id: str, answer: Answer | None = None) -> int:
         """Remove the session, its inbox and its request records, in one transaction."""
         return await self._write(session_id, lambda db: delete_session(db, session_id, answer))
+
+    async def drop_requests(self, before_ns: int, limit: int) -> int:
+        """Remove up to `limit` request records older than `before_ns`, in one transaction."""
+        return await self._write("", lambda db: drop_requests(db, before_ns, limit))
+
+    async def reclaim(self) -> None:
+        """Give free pages back to the file system, `VACUUM_PAGES` at a time.
+
+        A file created by this version uses `auto_vacuum = INCREMENTAL`; an older one
+        needs one offline `VACUUM` to switch (until then this frees nothing).
+        """
+        more = True
+        while more:  # a step at a time: commits get the writer in between
+            more = await self._write("", lambda db: vacuum_some(db, VACUUM_PAGES))
+
+    async def try_lease(self, name: str) -> bool:
+        """One server per file: the lease is always free."""
+        return True
+
+    async def release_lease(self, name: str) -> None:
+        """Nothing to give back."""
 
     async def claim(self, session_id: str) -> int:
         """A new claim token for the session."""

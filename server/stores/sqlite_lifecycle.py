@@ -1,4 +1,4 @@
-"""The SQL of a session's end in the SQLite store: deleting it whole."""
+"""The SQL of data's end in the SQLite store: deleting a session, dropping old records."""
 
 from __future__ import annotations
 
@@ -34,3 +34,21 @@ def delete_session(db: sqlite3.Connection, session_id: str, answer: Answer | Non
                  time.time_ns()),
             )  # fmt: skip
     return count
+
+
+def drop_requests(db: sqlite3.Connection, before_ns: int, limit: int) -> int:
+    """Remove up to `limit` request records stored before `before_ns`; how many."""
+    with transaction(db):
+        return db.execute(
+            "DELETE FROM requests WHERE (agent_id, request_id) IN"
+            " (SELECT agent_id, request_id FROM requests WHERE stored_ns < ? LIMIT ?)",
+            (before_ns, limit),
+        ).rowcount
+
+
+def vacuum_some(db: sqlite3.Connection, pages: int) -> bool:
+    """Return up to `pages` free pages to the file system; whether more are free."""
+    db.execute(f"PRAGMA incremental_vacuum({int(pages)})")
+    free = db.execute("PRAGMA freelist_count").fetchone()[0]
+    mode = db.execute("PRAGMA auto_vacuum").fetchone()[0]
+    return bool(free) and mode == 2  # 2: incremental
