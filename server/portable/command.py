@@ -1,4 +1,4 @@
-"""`agentloop-server sessions ...`: export, import (and move) sessions, offline.
+"""`agentloop-server sessions ...`: export, import and move sessions, offline.
 
 These run against a store directly (the SQLite file or the PostgreSQL database a
 server's config names), not through a server: the file carries what no RPC shows
@@ -21,6 +21,7 @@ from typing import IO
 
 from server.core.errors import AgentLoopError
 from server.portable import jsonl
+from server.portable.move import Moved, move_sessions
 from server.portable.transfer import Totals, export_sessions, import_sessions, select
 from server.settings.config import Config, ConfigError, load_config, override
 from server.stores import SessionStore
@@ -53,6 +54,8 @@ def parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", default="-", help="file to write (default: stdout)")
     imported = sub.add_parser("import", help="load a file's sessions into the store")
     imported.add_argument("file", help="a file written by export ('-': stdin)")
+    move = sub.add_parser("move", help="copy every session into a PostgreSQL store, verified")
+    move.add_argument("--to-postgres", required=True, metavar="DSN", help="the target store")
     return top
 
 
@@ -69,6 +72,8 @@ def main(argv: list[str]) -> int:
     except ConfigError as error:
         print(f"agentloop-server sessions: {error}", file=sys.stderr)
         return 2
+    if args.action == "move":
+        return run_move(store, PostgresStore(args.to_postgres))
     try:
         if args.action == "import":  # the whole file is checked before the store is opened
             source = nullcontext(sys.stdin) if args.file == "-" else open(args.file)  # noqa: SIM115
@@ -104,3 +109,38 @@ async def run_export(store: SessionStore, args: argparse.Namespace, out: IO[str]
         await store.summary(session_id)
     ids = await select(store, args.session_ids, args.match)
     return await export_sessions(store, ids, out)
+
+
+def say(text: str) -> None:
+    """Progress, on stderr."""
+    print(text, file=sys.stderr)
+
+
+def run_move(source: SessionStore, target: SessionStore) -> int:
+    """`move`: copy, verify, print the counts; rerun after an interruption to go on."""
+
+    async def both() -> Moved:
+        await source.open()
+        try:
+            await target.open()
+            try:
+                return await move_sessions(
+                    source, target, lambda text: print(text, file=sys.stderr)
+                )
+            finally:
+                await target.close()
+        finally:
+            await source.close()
+
+    try:
+        moved = asyncio.run(both())
+    except (AgentLoopError, OSError) as error:
+        print(f"agentloop-server sessions move: {error}", file=sys.stderr)
+        return 1
+    print(
+        f"moved {moved.copied} sessions ({moved.skipped} already there); verified"
+        f" {moved.sessions} sessions, {moved.events} events, {moved.inbox} pending inbox"
+        " entries: counts and checksums match",
+        file=sys.stderr,
+    )
+    return 0
