@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
 from server.core.errors import AlreadyExists
 from server.portable import jsonl
@@ -120,7 +120,7 @@ def sample() -> str:
         ]
         sessions.append(
             jsonl.PortableSession(
-                name, jsonl.session_pb2.SessionHeader(cwd="/w"), agent_pb2.AgentOptions(), "x",
+                name, session_pb2.SessionHeader(cwd="/w"), agent_pb2.AgentOptions(), "x",
                 events, [InboxEntry(1, "message", ev.UserMessage(request_id="r"))],
             )
         )  # fmt: skip

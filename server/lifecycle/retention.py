@@ -152,7 +152,10 @@ class Sweeper:
 
 def watch_retention(metrics: Metrics, sweeper: Sweeper) -> None:
     """The sweeper's figures as gauges, read at scrape time (as of the latest sweep)."""
-    last = lambda: sweeper.last  # noqa: E731 - read anew at each scrape
+
+    def last() -> SweepReport:  # read anew at each scrape
+        return sweeper.last
+
     metrics.watch("agentloop_store_sessions", "Stored sessions.", lambda: last().sessions)
     metrics.watch("agentloop_store_events", "Events of stored sessions.", lambda: last().events)
     metrics.watch(
