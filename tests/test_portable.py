@@ -28,13 +28,13 @@ from tests.postgres import drop_database, fresh_database
 ROOT = Path(__file__).resolve().parents[1]
 
 
-async def sessions_command(*args: str) -> tuple[int, str]:
+async def sessions_command(*args: str, wait: float = 60) -> tuple[int, str]:
     """`python -m server sessions ARGS`: exit code and stderr."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "server", "sessions", *args, cwd=ROOT,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    _, stderr = await asyncio.wait_for(proc.communicate(), 60)
+    _, stderr = await asyncio.wait_for(proc.communicate(), wait)
     assert proc.returncode is not None
     return proc.returncode, stderr.decode()
 
@@ -68,6 +68,7 @@ async def snapshot(store: SessionStore) -> dict[str, tuple[object, ...]]:
     return result
 
 
+@pytest.mark.timeout(180)  # a server, three commands and PostgreSQL on a shared machine
 async def test_round_trip_through_sqlite_and_postgres_is_byte_equal(
     tmp_path: Path, postgres_server: str
 ) -> None:
@@ -183,3 +184,14 @@ async def test_the_command_refuses_a_truncated_file_with_its_line(tmp_path: Path
     code, err = await sessions_command("--data-dir", str(tmp_path / "d"), "import", str(broken))
     assert code == 1 and "line 5: the file ends here without its end line" in err
     assert not (tmp_path / "d").exists()  # refused before the store was opened
+
+
+async def test_an_export_naming_an_unknown_session_writes_no_file(tmp_path: Path) -> None:
+    data = tmp_path / "d"
+    store = SqliteStore(data / "agentloop.db")
+    await store.open()
+    await store.close()
+    out = tmp_path / "out.jsonl"
+    code, err = await sessions_command("--data-dir", str(data), "export", "nope", "-o", str(out))
+    assert code == 1 and 'session "nope" not found' in err
+    assert not out.exists()

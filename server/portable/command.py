@@ -86,6 +86,8 @@ def main(argv: list[str]) -> int:
                 totals = asyncio.run(_with(store, lambda s: run_export(s, args, out)))
     except (AgentLoopError, OSError) as error:
         print(f"agentloop-server sessions {args.action}: {error}", file=sys.stderr)
+        if args.action == "export" and args.output != "-":  # no partial file left behind
+            Path(args.output).unlink(missing_ok=True)
         return 1
     print(
         f"{args.action}ed {totals.sessions} sessions, {totals.events} events,"
@@ -124,9 +126,7 @@ def run_move(source: SessionStore, target: SessionStore) -> int:
         try:
             await target.open()
             try:
-                return await move_sessions(
-                    source, target, lambda text: print(text, file=sys.stderr)
-                )
+                return await move_sessions(source, target, say)
             finally:
                 await target.close()
         finally:
