@@ -11,7 +11,7 @@ from google.protobuf import timestamp_pb2
 from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
-from server.core.errors import AlreadyExists, InvalidArgument, NotFound
+from server.core.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from server.stores import (
     INBOX_CONTEXT,
     INBOX_MESSAGE,
@@ -281,3 +281,25 @@ async def test_delete_removes_the_session_whole_and_keeps_its_forks(store: Sessi
     await create_session(store, "src", header(3))
     loaded = await store.load("src")
     assert loaded.events == [] and loaded.inbox == [] and loaded.header == header(3)
+
+
+async def test_postgres_refuses_to_delete_a_session_a_replica_leases(postgres_server: str) -> None:
+    dsn = await fresh_database(postgres_server)
+    store = PostgresStore(dsn)
+    try:
+        await create_session(store, "s1", header())
+        pool = await store.pool()
+        await pool.execute(
+            "INSERT INTO leases (agent_id, session_id, owner, expires_at, options)"
+            " VALUES ('a1', 's1', 'replica-2', now() + interval '1 minute', '')"
+        )
+        with pytest.raises(FailedPrecondition, match='live agent "a1"') as refused:
+            await store.delete("s1")
+        assert refused.value.reason == "SESSION_IN_USE"
+        assert refused.value.metadata == {"session_id": "s1", "agent_id": "a1"}
+        assert await store.exists("s1")  # a refusal changes nothing
+        await pool.execute("DELETE FROM leases")
+        assert await store.delete("s1") == 0
+    finally:
+        await store.close()
+        await drop_database(postgres_server, dsn)
