@@ -21,7 +21,12 @@ from server.version import version
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse arguments, load the config, serve until SIGTERM."""
+    """Parse arguments, load the config, serve until SIGTERM (or run `sessions ...`)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["sessions"]:  # offline work on a store: export, import
+        from server.portable.command import main as sessions_main
+
+        return sessions_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m server", description=__doc__)
     parser.add_argument("--config", help="YAML config file (default: the embedded defaults)")
     parser.add_argument("--listen", help="host:port, overriding the config")

@@ -11,7 +11,7 @@ from google.protobuf import timestamp_pb2
 from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
-from server.kernel.errors import AlreadyExists, InvalidArgument, NotFound
+from server.kernel.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from server.stores import (
     INBOX_CONTEXT,
     INBOX_MESSAGE,
@@ -242,3 +242,64 @@ async def test_agent_options_are_kept_with_the_session_and_its_forks(store: Sess
     second = agent_pb2.AgentOptions(model="n")
     await store.commit(Commit({"s1": SessionWrites(driver="a2", options=second)}))
     assert (await store.load("s1")).options == second
+
+
+async def test_delete_removes_the_session_whole_and_keeps_its_forks(store: SessionStore) -> None:
+    await create_session(store, "src", header())
+    await create_session(store, "other", header())
+    events = turns(2)
+    kept = RequestRecord("a1", "r-other", "SendMessage", b"other")
+    await store.commit(
+        Commit(
+            {
+                "src": SessionWrites(
+                    events=events,
+                    inbox_put=[entry(1, "pending")],
+                    requests=[RequestRecord("a1", "r1", "SendMessage", b"src")],
+                ),
+                "other": SessionWrites(requests=[kept]),
+            }
+        )
+    )
+    await store.fork("src", 3, "fork", header(2))
+
+    def answer(count: int) -> RequestRecord:
+        return RequestRecord("session/src", "d1", "DeleteSession", str(count).encode())
+
+    assert await store.delete("src", answer) == 6
+    assert not await store.exists("src")
+    with pytest.raises(NotFound):
+        await store.load("src")
+    assert await store.list_ids() == ["fork", "other"]
+    assert await store.find_request("a1", "r1") is None  # written with the session: gone
+    assert await store.find_request("a1", "r-other") == kept  # another session's: kept
+    assert await store.find_request("session/src", "d1") == answer(6)  # outlives it
+    assert (await store.load("fork")).events == events[:3]  # the fork holds its own copy
+    with pytest.raises(NotFound):
+        await store.delete("src")
+    # The id is free again: a new session of that id starts empty.
+    await create_session(store, "src", header(3))
+    loaded = await store.load("src")
+    assert loaded.events == [] and loaded.inbox == [] and loaded.header == header(3)
+
+
+async def test_postgres_refuses_to_delete_a_session_a_replica_leases(postgres_server: str) -> None:
+    dsn = await fresh_database(postgres_server)
+    store = PostgresStore(dsn)
+    try:
+        await create_session(store, "s1", header())
+        pool = await store.pool()
+        await pool.execute(
+            "INSERT INTO leases (agent_id, session_id, owner, expires_at, options)"
+            " VALUES ('a1', 's1', 'replica-2', now() + interval '1 minute', '')"
+        )
+        with pytest.raises(FailedPrecondition, match='live agent "a1"') as refused:
+            await store.delete("s1")
+        assert refused.value.reason == "SESSION_IN_USE"
+        assert refused.value.metadata == {"session_id": "s1", "agent_id": "a1"}
+        assert await store.exists("s1")  # a refusal changes nothing
+        await pool.execute("DELETE FROM leases")
+        assert await store.delete("s1") == 0
+    finally:
+        await store.close()
+        await drop_database(postgres_server, dsn)

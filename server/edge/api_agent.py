@@ -17,6 +17,7 @@ from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from server.edge import page_tokens
 from server.edge.api_approvals import ApprovalMethods
+from server.edge.api_delete import DeleteMethods
 from server.edge.api_stream_wire import response_bytes
 from server.edge.status import abort, mapped
 from server.kernel.errors import AgentLoopError, InvalidArgument, OutOfRange
@@ -106,7 +107,7 @@ def message_content(text: str, content: list[c.ContentBlock], field: str) -> lis
     return blocks
 
 
-class AgentServicer(ApprovalMethods, rpc.AgentServiceServicer):
+class AgentServicer(ApprovalMethods, DeleteMethods, rpc.AgentServiceServicer):
     """Talks to live agents and reads their sessions."""
 
     def __init__(self, factory: AgentFactory) -> None:

@@ -34,6 +34,7 @@ from server.edge.port_bounds import grpc_options
 from server.kernel.errors import SessionDamaged
 from server.kernel.tasks import TaskGroup
 from server.lifecycle.factory import AgentFactory
+from server.lifecycle.retention import Sweeper, watch_retention
 from server.loop.builtin_tools import builtin_tools
 from server.loop.runtime import Runtime
 from server.mcp.sources import McpSources
@@ -195,6 +196,8 @@ class App:
         self.plugin_servicer = PluginRegistryServicer(self.plugins)
         self.factory_servicer = AgentFactoryServicer(self.factory)
         self.replica: Replica | None = None
+        self.sweeper: Sweeper | None = None
+        """Removes what the retention policy no longer keeps (when it has a rule)."""
         if isinstance(self.runtime.store, PostgresStore):  # replicas: calls go to owners
             self.replica = Replica(
                 config,
@@ -289,6 +292,11 @@ class App:
                 log.error("config agent %s was not started: %s", agent.id, error)
         if self.replica is not None:
             self.replica.run()
+        if self.config.retention.on():
+            self.sweeper = Sweeper(self.factory, self.config.retention)
+            self.sweeper.start()
+            if self.telemetry.metrics is not None:
+                watch_retention(self.telemetry.metrics, self.sweeper)
         for name in ("", *SERVICE_NAMES):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         return self.port
@@ -323,6 +331,8 @@ class App:
         await self.health.enter_graceful_shutdown()
         if self.replica is not None:
             await self.replica.stop_loops()
+        if self.sweeper is not None:
+            await self.sweeper.close()
         closing = asyncio.ensure_future(self.factory.close())
         done, _ = await asyncio.wait({closing}, timeout=grace)
         if not done:

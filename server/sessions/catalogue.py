@@ -129,6 +129,11 @@ class SessionCatalogue:
         await session.seed_in_slices([*stored.events, *closers])
         return session
 
+    def forget(self, session_id: str) -> None:
+        """Drop what this catalogue kept of a session (it was deleted)."""
+        self._readonly.pop(session_id, None)
+        self._verified.pop(session_id, None)
+
     async def close_earlier(self, agent_id: str, session_id: str) -> None:
         """Repair the agent's recent earlier sessions a crash left open (a config agent).
 

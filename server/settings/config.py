@@ -44,6 +44,7 @@ from server.settings.fields import (
     one_of,
 )
 from server.settings.mcp_servers import McpServerConfig
+from server.settings.retention import Retention
 
 __all__ = [
     "AgentConfig", "Config", "ConfigError", "PluginConfig", "ProviderConfig", "load_config",
@@ -272,6 +273,8 @@ class Config:
     """The OTLP/gRPC collector; empty: $OTEL_EXPORTER_OTLP_ENDPOINT or localhost:4317."""
     limits: Limits = field(default_factory=Limits)
     """Size and count limits; see `server/kernel/limits.py` for each one and its default."""
+    retention: Retention = field(default_factory=Retention)
+    """How long sessions and request records are kept (default: until deleted)."""
     plugin_max_message_bytes: PositiveInt = 16 * 1024 * 1024
     """The largest message sent to or accepted from a plugin; a larger call fails alone."""
     insecure: Flag = False

@@ -67,6 +67,10 @@ class RequestRecord:
     response: bytes
 
 
+Answer = Callable[[int], RequestRecord]
+"""The request record of a delete, made from the number of events it removed."""
+
+
 @dataclass
 class SessionWrites:
     """What one commit writes for one session."""
@@ -142,6 +146,8 @@ class StoredSession:
     inbox: list[InboxEntry]
     options: agent_pb2.AgentOptions | None = None
     """The options of the session's last driver; None when none were stored."""
+    driver: str = ""
+    """The agent that last drove the session ("" when none did)."""
 
 
 class SessionStore(Protocol):
@@ -227,6 +233,32 @@ class SessionStore(Protocol):
 
     async def driven_by(self, agent_id: str) -> list[str]:
         """The sessions `agent_id` drove, the most recent first."""
+        ...
+
+    async def delete(self, session_id: str, answer: Answer | None = None) -> int:
+        """Remove the session whole, in one transaction; the number of events removed.
+
+        Its header, events, inbox and the request records written with it go; its
+        forks stay (they hold copies). `answer`, when given, makes the delete's own
+        request record, stored in the same transaction under no session. Raises
+        `NotFound` if the session is unknown.
+        """
+        ...
+
+    async def drop_requests(self, before_ns: int, limit: int) -> int:
+        """Remove at most `limit` request records stored before `before_ns`; how many."""
+        ...
+
+    async def reclaim(self) -> None:
+        """Give space freed by removals back (SQLite: a bounded incremental vacuum)."""
+        ...
+
+    async def try_lease(self, name: str) -> bool:
+        """Take the store-wide lease `name` unless another process holds it (replicas)."""
+        ...
+
+    async def release_lease(self, name: str) -> None:
+        """Give the lease `name` back."""
         ...
 
     async def adopt_pending(self, agent_id: str, session_id: str) -> list[InboxEntry]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 from agentloop.v1 import agent_pb2, session_pb2
@@ -10,6 +11,7 @@ from agentloop.v1 import session_event_pb2 as ev
 from server.kernel.errors import AlreadyExists, SessionNotFound
 from server.stores import (
     FIRST_SEQ,
+    Answer,
     Commit,
     InboxEntry,
     RequestRecord,
@@ -46,6 +48,9 @@ class MemoryStore:
         self.persistent = persistent
         self._sessions: dict[str, _Session] = {}
         self._requests: dict[tuple[str, str], RequestRecord] = {}
+        self._request_sessions: dict[tuple[str, str], str] = {}
+        self._request_times: dict[tuple[str, str], int] = {}
+        """The session each request record was written with ('' for a delete's own)."""
 
     async def open(self) -> None:
         """Nothing to open."""
@@ -81,7 +86,11 @@ class MemoryStore:
             for entry_id in writes.inbox_take:
                 session.inbox.pop(entry_id, None)
             for record in writes.requests:
-                self._requests.setdefault((record.agent_id, record.request_id), record)
+                key = (record.agent_id, record.request_id)
+                if key not in self._requests:
+                    self._requests[key] = record
+                    self._request_sessions[key] = session_id
+                    self._request_times[key] = time.time_ns()
 
     async def claim(self, session_id: str) -> int:
         """A new claim token for the session."""
@@ -98,7 +107,7 @@ class MemoryStore:
         session = self._get(session_id)
         inbox = [session.inbox[k] for k in sorted(session.inbox)]
         options = _copy(session.options) if session.options is not None else None
-        return StoredSession(session.header, list(session.events), inbox, options)
+        return StoredSession(session.header, list(session.events), inbox, options, session.driver)
 
     async def read(self, session_id: str, start: int, end: int) -> list[ev.SessionEvent]:
         """The stored events in `[start, end)`."""
@@ -143,6 +152,38 @@ class MemoryStore:
             header, options=source.options, events=list(seed), turns=turn_of(seed)
         )
         return len(seed)
+
+    async def delete(self, session_id: str, answer: Answer | None = None) -> int:
+        """Remove the session, its inbox and its request records."""
+        count = len(self._get(session_id).events)
+        del self._sessions[session_id]
+        for key in [k for k, s in self._request_sessions.items() if s == session_id]:
+            del self._requests[key], self._request_sessions[key], self._request_times[key]
+        if answer is not None:
+            record = answer(count)
+            key = (record.agent_id, record.request_id)
+            if key not in self._requests:
+                self._requests[key] = record
+                self._request_sessions[key] = ""
+                self._request_times[key] = time.time_ns()
+        return count
+
+    async def drop_requests(self, before_ns: int, limit: int) -> int:
+        """Remove up to `limit` request records older than `before_ns`."""
+        old = [k for k, t in self._request_times.items() if t < before_ns][:limit]
+        for key in old:
+            del self._requests[key], self._request_sessions[key], self._request_times[key]
+        return len(old)
+
+    async def reclaim(self) -> None:
+        """Nothing to give back: removed objects are garbage."""
+
+    async def try_lease(self, name: str) -> bool:
+        """One process: the lease is always free."""
+        return True
+
+    async def release_lease(self, name: str) -> None:
+        """Nothing to give back."""
 
     async def find_request(self, agent_id: str, request_id: str) -> RequestRecord | None:
         """The recorded answer of an earlier call, if any."""

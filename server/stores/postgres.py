@@ -10,14 +10,21 @@ connections, concurrently with commits.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 import asyncpg
 
 from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
-from server.kernel.errors import AlreadyExists, SessionDamaged, SessionNotFound
+from server.kernel.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    SessionDamaged,
+    SessionNotFound,
+)
 from server.stores import (
     FIRST_SEQ,
+    Answer,
     Commit,
     InboxEntry,
     RequestRecord,
@@ -44,6 +51,11 @@ CHANNEL = "agentloop_events"
 
 Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
 
+INSERT_REQUEST = (
+    "INSERT INTO requests (agent_id, request_id, method, response, session_id)"
+    " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING"
+)
+
 
 class PostgresStore:
     """Sessions in a PostgreSQL database, shared by every replica that points at it."""
@@ -56,13 +68,16 @@ class PostgresStore:
         self._pool: asyncpg.Pool | None = None
         self._listener: asyncpg.Connection | None = None
         self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._leases: dict[str, asyncpg.Connection] = {}
 
     async def open(self) -> None:
         """Connect and bring the schema up to date."""
         await self.pool()
 
     async def close(self) -> None:
-        """Close the listening connection and the pool."""
+        """Close the listening connection, the leases' and the pool."""
+        for name in list(self._leases):
+            await self.release_lease(name)
         if self._listener is not None:
             await self._listener.close()
             self._listener = None
@@ -202,6 +217,79 @@ class PostgresStore:
                 moved.append(decode_entry(start + offset, row["kind"], row["message"]))
         return moved
 
+    async def delete(self, session_id: str, answer: Answer | None = None) -> int:
+        """Remove the session, its inbox and its request records, in one transaction.
+
+        Refused (`SESSION_IN_USE`) while a lease names it (a live agent on some replica,
+        or an orphan about to be taken over). The session row is locked first: a resume
+        that takes a lease meanwhile waits at its claim and then finds no session.
+        """
+        pool = await self.pool()
+        async with pool.acquire() as conn, conn.transaction():
+            count = await conn.fetchval(
+                "SELECT event_count FROM sessions WHERE session_id = $1 FOR UPDATE", session_id
+            )
+            if count is None:
+                raise SessionNotFound(session_id)
+            owner = await conn.fetchval(
+                "SELECT agent_id FROM leases WHERE session_id = $1", session_id
+            )
+            if owner is not None:
+                raise FailedPrecondition(
+                    f'session "{session_id}" is driven by live agent "{owner}" on a replica:'
+                    " dispose it first",
+                    "SESSION_IN_USE",
+                    session_id=session_id,
+                    agent_id=owner,
+                )
+            await conn.execute("DELETE FROM requests WHERE session_id = $1", session_id)
+            await conn.execute("DELETE FROM sessions WHERE session_id = $1", session_id)  # cascades
+            if answer is not None:
+                record = answer(int(count))
+                await conn.execute(
+                    INSERT_REQUEST,
+                    record.agent_id, record.request_id, record.method, record.response, "",
+                )  # fmt: skip
+        return int(count)
+
+    async def drop_requests(self, before_ns: int, limit: int) -> int:
+        """Remove up to `limit` request records older than `before_ns`.
+
+        Small batches: autovacuum keeps up with them.
+        """
+        pool = await self.pool()
+        status = await pool.execute(
+            "DELETE FROM requests WHERE ctid IN (SELECT ctid FROM requests"
+            " WHERE stored_at < to_timestamp($1::float8 / 1e9) LIMIT $2)",
+            before_ns,
+            limit,
+        )
+        return int(status.split()[-1])
+
+    async def reclaim(self) -> None:
+        """Autovacuum gives dead rows back: nothing to do here."""
+
+    async def try_lease(self, name: str) -> bool:
+        """An advisory lock on a connection of its own, held until `release_lease`.
+
+        If this replica dies, its connection closes and the lock is free again.
+        """
+        if name in self._leases:
+            return True
+        conn = await asyncpg.connect(self.dsn)
+        key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+        if await conn.fetchval("SELECT pg_try_advisory_lock($1)", key):
+            self._leases[name] = conn
+            return True
+        await conn.close()
+        return False
+
+    async def release_lease(self, name: str) -> None:
+        """Close the lease's connection: the lock goes with it."""
+        conn = self._leases.pop(name, None)
+        if conn is not None:
+            await conn.close()
+
     async def claim(self, session_id: str) -> int:
         """A new claim token for the session."""
         pool = await self.pool()
@@ -253,7 +341,7 @@ class PostgresStore:
         pool = await self.pool()
         async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
             row = await conn.fetchrow(
-                "SELECT header, options FROM sessions WHERE session_id = $1", session_id
+                "SELECT header, options, driver FROM sessions WHERE session_id = $1", session_id
             )
             if row is None:
                 raise SessionNotFound(session_id)
@@ -271,6 +359,7 @@ class PostgresStore:
             events,
             [decode_entry(r["entry_id"], r["kind"], r["message"]) for r in inbox],
             agent_pb2.AgentOptions.FromString(options) if options is not None else None,
+            row["driver"],
         )
 
     async def read(self, session_id: str, start: int, end: int) -> list[ev.SessionEvent]:
@@ -435,6 +524,6 @@ async def _write(conn: Conn, session_id: str, writes: SessionWrites) -> None:
         )
     if writes.requests:
         await conn.executemany(
-            "INSERT INTO requests VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-            [(r.agent_id, r.request_id, r.method, r.response) for r in writes.requests],
+            INSERT_REQUEST,
+            [(r.agent_id, r.request_id, r.method, r.response, session_id) for r in writes.requests],
         )

@@ -77,6 +77,16 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             )""",
         ],
     ),
+    (
+        4,
+        "request records know their session (a delete takes them along) and their age",
+        [
+            "ALTER TABLE requests ADD COLUMN session_id text NOT NULL DEFAULT ''",
+            "ALTER TABLE requests ADD COLUMN stored_at timestamptz NOT NULL DEFAULT now()",
+            "CREATE INDEX requests_by_session ON requests (session_id)",
+            "CREATE INDEX requests_by_age ON requests (stored_at)",
+        ],
+    ),
 ]
 """(number, what it does, statements), in order; append, never edit a released one."""
 

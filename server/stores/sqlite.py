@@ -39,6 +39,7 @@ from agentloop.v1 import session_event_pb2 as ev
 from server.kernel.errors import SessionDamaged, SessionNotFound
 from server.stores import (
     FIRST_SEQ,
+    Answer,
     Commit,
     InboxEntry,
     RequestRecord,
@@ -50,6 +51,7 @@ from server.stores import (
     decode_events,
     decode_log,
 )
+from server.stores.sqlite_lifecycle import delete_session, drop_requests, vacuum_some
 from server.stores.sqlite_schema import FORMAT_VERSION, migrate, statements
 from server.stores.sqlite_sql import (
     SessionRows,
@@ -85,6 +87,9 @@ PAGES_PER_SESSION = 4
 rewrites whole pages (the leaf that takes the rows, and on a split its siblings and
 parent), so a row of 60 bytes costs about a page. Measured: 4 to 5 pages per session
 per commit; counting a little high keeps the WAL within `CHECKPOINT_PAGES`."""
+
+VACUUM_PAGES = 1024
+"""Free pages one step of `reclaim` returns (4 MiB): the writer is held that long at most."""
 
 DURABILITY = {"process": "NORMAL", "power": "FULL"}
 """The `durability` settings and the SQLite `synchronous` mode of each."""
@@ -166,6 +171,8 @@ class SqliteStore:
             db.execute("PRAGMA busy_timeout=5000")
             if not create:
                 return db
+            if db.execute("PRAGMA page_count").fetchone()[0] == 0:  # a new file, before WAL:
+                db.execute("PRAGMA auto_vacuum=INCREMENTAL")  # freed pages can go back later
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(f"PRAGMA synchronous={self.synchronous}")
             db.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints run off the loop
@@ -304,6 +311,31 @@ class SqliteStore:
 
         return await self._write(source_id, copy)
 
+    async def delete(self, session_id: str, answer: Answer | None = None) -> int:
+        """Remove the session, its inbox and its request records, in one transaction."""
+        return await self._write(session_id, lambda db: delete_session(db, session_id, answer))
+
+    async def drop_requests(self, before_ns: int, limit: int) -> int:
+        """Remove up to `limit` request records older than `before_ns`, in one transaction."""
+        return await self._write("", lambda db: drop_requests(db, before_ns, limit))
+
+    async def reclaim(self) -> None:
+        """Give free pages back to the file system, `VACUUM_PAGES` at a time.
+
+        A file created by this version uses `auto_vacuum = INCREMENTAL`; an older one
+        needs one offline `VACUUM` to switch (until then this frees nothing).
+        """
+        more = True
+        while more:  # a step at a time: commits get the writer in between
+            more = await self._write("", lambda db: vacuum_some(db, VACUUM_PAGES))
+
+    async def try_lease(self, name: str) -> bool:
+        """One server per file: the lease is always free."""
+        return True
+
+    async def release_lease(self, name: str) -> None:
+        """Nothing to give back."""
+
     async def claim(self, session_id: str) -> int:
         """A new claim token for the session."""
         return await self._write(session_id, lambda db: claim(db, session_id))
@@ -354,12 +386,13 @@ class SqliteStore:
         def read(
             db: sqlite3.Connection,
         ) -> tuple[
-            tuple[bytes, bytes | None], list[tuple[int, bytes]], list[tuple[int, str, bytes]]
+            tuple[bytes, bytes | None, str], list[tuple[int, bytes]], list[tuple[int, str, bytes]]
         ]:
             db.execute("BEGIN")  # one snapshot for the three reads
             try:
                 row = db.execute(
-                    "SELECT header, options FROM sessions WHERE session_id = ?", (session_id,)
+                    "SELECT header, options, driver FROM sessions WHERE session_id = ?",
+                    (session_id,),
                 ).fetchone()
                 if row is None:
                     raise SessionNotFound(session_id)
@@ -369,12 +402,14 @@ class SqliteStore:
                     " ORDER BY entry_id",
                     (session_id,),
                 ).fetchall()
-                return (row[0], row[1]), events, inbox
+                return (row[0], row[1], row[2]), events, inbox
             finally:
                 db.execute("COMMIT")
 
         try:
-            (header_bytes, options_bytes), rows, inbox_rows = await self._read(session_id, read)
+            (header_bytes, options_bytes, driver), rows, inbox_rows = await self._read(
+                session_id, read
+            )
         except DecodeError as error:  # a row of several events that does not split into them
             raise SessionDamaged(session_id, f"cannot decode: {error}") from error
         try:
@@ -388,7 +423,7 @@ class SqliteStore:
             inbox = [decode_entry(entry_id, kind, blob) for entry_id, kind, blob in inbox_rows]
         except DecodeError as error:
             raise SessionDamaged(session_id, f"cannot decode: {error}") from error
-        return StoredSession(header, events, inbox, options)
+        return StoredSession(header, events, inbox, options, driver)
 
     async def read(self, session_id: str, start: int, end: int) -> list[ev.SessionEvent]:
         """The stored events in `[start, end)`."""

@@ -13,7 +13,7 @@ from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
 from server.kernel.errors import SessionDamaged
 
-FORMAT_VERSION = "4"
+FORMAT_VERSION = "5"
 """The on-disk format this code reads and writes."""
 
 SCHEMA = """
@@ -47,9 +47,13 @@ CREATE TABLE IF NOT EXISTS requests (
     request_id TEXT NOT NULL,
     method TEXT NOT NULL,
     response BLOB NOT NULL,
+    session_id TEXT NOT NULL DEFAULT '',
+    stored_ns INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (agent_id, request_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS sessions_by_driver ON sessions (driver);
+CREATE INDEX IF NOT EXISTS requests_by_session ON requests (session_id);
+CREATE INDEX IF NOT EXISTS requests_by_age ON requests (stored_ns);
 """
 
 
@@ -60,15 +64,17 @@ def statements() -> list[str]:
 
 def migrate(db: sqlite3.Connection, version: str, where: str) -> None:
     """Bring a file of an older format to `FORMAT_VERSION`, in one transaction."""
-    if version not in ("1", "2", "3"):
-        raise SessionDamaged("", f"{where}: format version {version}, this server reads 1 to 4")
+    if version not in ("1", "2", "3", "4"):
+        raise SessionDamaged("", f"{where}: format version {version}, this server reads 1 to 5")
     db.execute("BEGIN IMMEDIATE")
     try:
         if version == "1":
             _from_1(db)
         if version in ("1", "2"):
             _from_2(db)
-        _from_3(db)
+        if version != "4":
+            _from_3(db)
+        _from_4(db)
         db.execute("UPDATE meta SET value = ? WHERE key = 'format_version'", (FORMAT_VERSION,))
         db.execute("COMMIT")
     except BaseException:
@@ -153,3 +159,19 @@ def _from_3(db: sqlite3.Connection) -> None:
     if "kinds" not in columns:
         db.execute("ALTER TABLE events ADD COLUMN kinds INTEGER NOT NULL DEFAULT 0")
     db.execute("UPDATE events SET kinds = 1 << kind WHERE kind BETWEEN 0 AND 63")
+
+
+def _from_4(db: sqlite3.Connection) -> None:
+    """Format 4 kept request records with no session and no age (so, forever).
+
+    Format 5 records the session a record was written with (a delete takes it along)
+    and when (retention drops it after the retry window). Older records keep
+    session '' and age 0: the first retention sweep drops them.
+    """
+    columns = {row[1] for row in db.execute("PRAGMA table_info(requests)")}
+    if "session_id" not in columns:
+        db.execute("ALTER TABLE requests ADD COLUMN session_id TEXT NOT NULL DEFAULT ''")
+    if "stored_ns" not in columns:
+        db.execute("ALTER TABLE requests ADD COLUMN stored_ns INTEGER NOT NULL DEFAULT 0")
+    db.execute("CREATE INDEX IF NOT EXISTS requests_by_session ON requests (session_id)")
+    db.execute("CREATE INDEX IF NOT EXISTS requests_by_age ON requests (stored_ns)")

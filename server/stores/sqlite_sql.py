@@ -9,6 +9,7 @@ writes the events and nothing else: no counter row to rewrite on every append.
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -55,7 +56,8 @@ class SessionRows:
     """The row of the commit's events: session, first seq, its kind, bytes, count, kinds."""
     puts: list[tuple[str, int, str, bytes]]
     takes: list[tuple[str, int]]
-    requests: list[tuple[str, str, str, bytes]]
+    requests: list[tuple[str, str, str, bytes, str, int]]
+    """Request records: agent, request id, method, answer, the session, when (ns)."""
     fence: int
     size: int
     """Bytes of events and inbox entries."""
@@ -83,6 +85,7 @@ class SessionRows:
             for i in writes.inbox_put
         ]
         header = writes.create
+        now = time.time_ns() if writes.requests else 0
         return SessionRows(
             session_id,
             header.SerializeToString() if header is not None else None,
@@ -93,7 +96,10 @@ class SessionRows:
             rows,
             puts,
             [(session_id, entry_id) for entry_id in writes.inbox_take],
-            [(r.agent_id, r.request_id, r.method, r.response) for r in writes.requests],
+            [
+                (r.agent_id, r.request_id, r.method, r.response, session_id, now)
+                for r in writes.requests
+            ],
             writes.fence,
             size + sum(len(p[3]) for p in puts),
         )
@@ -103,6 +109,8 @@ LAST_SEQ = "SELECT seq + count - 1 FROM events WHERE session_id = ?1 ORDER BY se
 """A session's last seq: the end of its last row (no row when it has no events)."""
 
 INSERT_ROW = "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)"
+
+INSERT_REQUEST = "INSERT OR IGNORE INTO requests VALUES (?, ?, ?, ?, ?, ?)"
 
 
 def event_count(db: sqlite3.Connection, session_id: str) -> int:
@@ -224,7 +232,7 @@ def write_commit(db: sqlite3.Connection, sessions: list[SessionRows]) -> None:
             if s.takes:
                 db.executemany("DELETE FROM inbox WHERE session_id = ? AND entry_id = ?", s.takes)
             if s.requests:
-                db.executemany("INSERT OR IGNORE INTO requests VALUES (?, ?, ?, ?)", s.requests)
+                db.executemany(INSERT_REQUEST, s.requests)
 
 
 def _refuse(db: sqlite3.Connection, session_id: str, first_seq: int, stored: int) -> None:

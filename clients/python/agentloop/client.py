@@ -109,6 +109,19 @@ class Client:
         )
         return (await self.agents.ForkSession(request, timeout=self.timeout)).session
 
+    async def delete_session(
+        self, session_id: str, *, dispose_agent: bool = False, request_id: str = ""
+    ) -> api.DeleteSessionResponse:
+        """Delete a stored session for good (its forks stay).
+
+        Refused with FAILED_PRECONDITION while a live agent drives it, unless
+        `dispose_agent`: then that agent is disposed first.
+        """
+        request = api.DeleteSessionRequest(
+            session_id=session_id, dispose_agent=dispose_agent, request_id=request_id
+        )
+        return await self.agents.DeleteSession(request, timeout=self.timeout)
+
     async def dispose(self, agent_id: str) -> agent_pb2.Agent:
         """Dispose an agent; its session stays readable."""
         request = fac.DisposeAgentRequest(agent_id=agent_id)

@@ -357,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "tail" and bool(args.agent_id) == bool(args.session_id):
         parser.error("tail needs exactly one of AGENT_ID or --session-id")
+    if args.command == "sessions" and args.action == "delete" and not args.session_id:
+        parser.error("sessions delete needs a SESSION_ID")
     handler: Command | BlockingCommand = args.handler
     if args.command == "completion":  # needs no server
         out(completion_script(parser))

@@ -1,6 +1,6 @@
 """The CLI's verbs beyond talking to one agent, and the `--json` output of every verb.
 
-The verbs: sessions, resume, fork, inject, steer, wait, plugins, shell completion.
+The verbs: sessions (list, delete), resume, fork, inject, steer, wait, plugins, shell completion.
 
 With `--json`, a verb prints its response as one JSON object (field names as in the
 proto), and a streaming verb prints one object per event, one per line.
@@ -48,12 +48,26 @@ def emit(args: argparse.Namespace, message: Message | dict[str, Any], text: str)
 
 
 async def cmd_sessions(client: Client, args: argparse.Namespace) -> int:
-    """`sessions`: every stored session, following pagination."""
+    """`sessions [list|delete SESSION_ID]`: every stored session, or delete one."""
+    if args.action == "delete":
+        return await cmd_delete_session(client, args)
     sessions = await client.list_sessions()
     width = max([len("SESSION"), *(len(s.session_id) for s in sessions)])
     rows = [f"{'SESSION':<{width}}  EVENTS"]
     rows += [f"{s.session_id:<{width}}  {s.event_count}" for s in sessions]
     emit(args, {"sessions": [as_dict(s) for s in sessions]}, "\n".join(rows) + "\n")
+    return 0
+
+
+async def cmd_delete_session(client: Client, args: argparse.Namespace) -> int:
+    """`sessions delete SESSION_ID [--dispose] [--request-id ID]`."""
+    response = await client.delete_session(
+        args.session_id, dispose_agent=args.dispose, request_id=args.request_id
+    )
+    text = f"deleted {response.session_id} ({response.deleted_events} events)"
+    if response.disposed_agent_id:
+        text += f", disposed agent {response.disposed_agent_id}"
+    emit(args, response, text + "\n")
     return 0
 
 
@@ -117,7 +131,13 @@ async def cmd_plugins(client: Client, args: argparse.Namespace) -> int:
 
 def add_verbs(command: Callable[[str, Any, str], argparse.ArgumentParser]) -> None:
     """Add the verbs of this module through the CLI's `command(name, handler, help)`."""
-    command("sessions", cmd_sessions, "list the stored sessions")
+    sessions = command("sessions", cmd_sessions, "list the stored sessions, or delete one")
+    sessions.add_argument("action", nargs="?", default="list", choices=("list", "delete"))
+    sessions.add_argument("session_id", nargs="?", default="", metavar="SESSION_ID")
+    sessions.add_argument(
+        "--dispose", action="store_true", help="delete: dispose the agent driving it first"
+    )
+    sessions.add_argument("--request-id", default="", help="delete: retry-safe request id")
 
     resume = command("resume", cmd_resume, "start an agent on a stored session")
     resume.add_argument("agent_id", metavar="AGENT_ID")

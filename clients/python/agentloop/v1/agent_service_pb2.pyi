@@ -675,6 +675,71 @@ class ForkSessionResponse(_message.Message):
 Global___ForkSessionResponse: _TypeAlias = ForkSessionResponse  # noqa: Y015
 
 @_typing.final
+class DeleteSessionRequest(_message.Message):
+    """DeleteSessionRequest is the input of DeleteSession."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    DISPOSE_AGENT_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """Required. The session to delete."""
+    dispose_agent: _builtins.bool
+    """Optional. Dispose the live agent driving the session first (else such a
+    session is refused with FAILED_PRECONDITION).
+    """
+    request_id: _builtins.str
+    """RequestID makes the call idempotent: a retry with the same id returns the
+    first call's answer (not NOT_FOUND). Ids are scoped to the session id; at
+    most 128 characters; empty means no deduplication.
+    """
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        dispose_agent: _builtins.bool = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dispose_agent", b"dispose_agent", "request_id", b"request_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteSessionRequest: _TypeAlias = DeleteSessionRequest  # noqa: Y015
+
+@_typing.final
+class DeleteSessionResponse(_message.Message):
+    """DeleteSessionResponse is the output of DeleteSession."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    DELETED_EVENTS_FIELD_NUMBER: _builtins.int
+    DISPOSED_AGENT_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The deleted session."""
+    deleted_events: _builtins.int
+    """How many events were removed with it."""
+    disposed_agent_id: _builtins.str
+    """The agent disposed first (with `dispose_agent`); empty when none drove it."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        deleted_events: _builtins.int = ...,
+        disposed_agent_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted_events", b"deleted_events", "disposed_agent_id", b"disposed_agent_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteSessionResponse: _TypeAlias = DeleteSessionResponse  # noqa: Y015
+
+@_typing.final
 class ListSessionEventsRequest(_message.Message):
     """ListSessionEventsRequest is the input of ListSessionEvents."""
 

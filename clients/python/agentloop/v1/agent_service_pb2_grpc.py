@@ -103,6 +103,11 @@ class AgentServiceStub:
                 request_serializer=agentloop_dot_v1_dot_agent__service__pb2.ForkSessionRequest.SerializeToString,
                 response_deserializer=agentloop_dot_v1_dot_agent__service__pb2.ForkSessionResponse.FromString,
                 _registered_method=True)
+        self.DeleteSession = channel.unary_unary(
+                '/agentloop.v1.AgentService/DeleteSession',
+                request_serializer=agentloop_dot_v1_dot_agent__service__pb2.DeleteSessionRequest.SerializeToString,
+                response_deserializer=agentloop_dot_v1_dot_agent__service__pb2.DeleteSessionResponse.FromString,
+                _registered_method=True)
         self.ListSessionEvents = channel.unary_unary(
                 '/agentloop.v1.AgentService/ListSessionEvents',
                 request_serializer=agentloop_dot_v1_dot_agent__service__pb2.ListSessionEventsRequest.SerializeToString,
@@ -228,6 +233,22 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteSession(self, request, context):
+        """DeleteSession removes a stored session for good: its events, its durable
+        inbox, the request records written with it and its header, in one
+        transaction of the store. Forks of it stay whole (a fork holds its own
+        copy of the prefix). A session a live agent drives is refused with
+        FAILED_PRECONDITION (reason SESSION_IN_USE, the metadata names the agent)
+        unless `dispose_agent` is set: then the agent is disposed first, as by
+        DisposeAgent, and the session deleted. An unknown session is NOT_FOUND; a
+        malformed id is INVALID_ARGUMENT naming the field. A retry with the same
+        `request_id` returns the first call's answer. Each delete is recorded in
+        the access log with the session id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListSessionEvents(self, request, context):
         """ListSessionEvents pages through a session log in sequence order. The page
         token is opaque and bound to the selector and `from_seq` of the first
@@ -320,6 +341,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.ForkSession,
                     request_deserializer=agentloop_dot_v1_dot_agent__service__pb2.ForkSessionRequest.FromString,
                     response_serializer=agentloop_dot_v1_dot_agent__service__pb2.ForkSessionResponse.SerializeToString,
+            ),
+            'DeleteSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSession,
+                    request_deserializer=agentloop_dot_v1_dot_agent__service__pb2.DeleteSessionRequest.FromString,
+                    response_serializer=agentloop_dot_v1_dot_agent__service__pb2.DeleteSessionResponse.SerializeToString,
             ),
             'ListSessionEvents': grpc.unary_unary_rpc_method_handler(
                     servicer.ListSessionEvents,
@@ -587,6 +613,33 @@ class AgentService:
             '/agentloop.v1.AgentService/ForkSession',
             agentloop_dot_v1_dot_agent__service__pb2.ForkSessionRequest.SerializeToString,
             agentloop_dot_v1_dot_agent__service__pb2.ForkSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentloop.v1.AgentService/DeleteSession',
+            agentloop_dot_v1_dot_agent__service__pb2.DeleteSessionRequest.SerializeToString,
+            agentloop_dot_v1_dot_agent__service__pb2.DeleteSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

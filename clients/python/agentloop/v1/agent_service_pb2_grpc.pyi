@@ -101,6 +101,18 @@ class AgentServiceStub:
     continue from there: turn numbers continue after the seed.
     INVALID_ARGUMENT if the boundary is not a `turn_end` or is out of range.
     """
+    DeleteSession: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.DeleteSessionRequest, _agent_service_pb2.DeleteSessionResponse]
+    """DeleteSession removes a stored session for good: its events, its durable
+    inbox, the request records written with it and its header, in one
+    transaction of the store. Forks of it stay whole (a fork holds its own
+    copy of the prefix). A session a live agent drives is refused with
+    FAILED_PRECONDITION (reason SESSION_IN_USE, the metadata names the agent)
+    unless `dispose_agent` is set: then the agent is disposed first, as by
+    DisposeAgent, and the session deleted. An unknown session is NOT_FOUND; a
+    malformed id is INVALID_ARGUMENT naming the field. A retry with the same
+    `request_id` returns the first call's answer. Each delete is recorded in
+    the access log with the session id.
+    """
     ListSessionEvents: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.ListSessionEventsRequest, _agent_service_pb2.ListSessionEventsResponse]
     """ListSessionEvents pages through a session log in sequence order. The page
     token is opaque and bound to the selector and `from_seq` of the first
@@ -207,6 +219,18 @@ class AgentServiceAsyncStub(AgentServiceStub):
     session's events up to a `turn_end` boundary. Resume an agent on it to
     continue from there: turn numbers continue after the seed.
     INVALID_ARGUMENT if the boundary is not a `turn_end` or is out of range.
+    """
+    DeleteSession: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.DeleteSessionRequest, _agent_service_pb2.DeleteSessionResponse]  # type: ignore[assignment]
+    """DeleteSession removes a stored session for good: its events, its durable
+    inbox, the request records written with it and its header, in one
+    transaction of the store. Forks of it stay whole (a fork holds its own
+    copy of the prefix). A session a live agent drives is refused with
+    FAILED_PRECONDITION (reason SESSION_IN_USE, the metadata names the agent)
+    unless `dispose_agent` is set: then the agent is disposed first, as by
+    DisposeAgent, and the session deleted. An unknown session is NOT_FOUND; a
+    malformed id is INVALID_ARGUMENT naming the field. A retry with the same
+    `request_id` returns the first call's answer. Each delete is recorded in
+    the access log with the session id.
     """
     ListSessionEvents: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.ListSessionEventsRequest, _agent_service_pb2.ListSessionEventsResponse]  # type: ignore[assignment]
     """ListSessionEvents pages through a session log in sequence order. The page
@@ -359,6 +383,24 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         session's events up to a `turn_end` boundary. Resume an agent on it to
         continue from there: turn numbers continue after the seed.
         INVALID_ARGUMENT if the boundary is not a `turn_end` or is out of range.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteSession(
+        self,
+        request: _agent_service_pb2.DeleteSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_service_pb2.DeleteSessionResponse, _abc.Awaitable[_agent_service_pb2.DeleteSessionResponse]]:
+        """DeleteSession removes a stored session for good: its events, its durable
+        inbox, the request records written with it and its header, in one
+        transaction of the store. Forks of it stay whole (a fork holds its own
+        copy of the prefix). A session a live agent drives is refused with
+        FAILED_PRECONDITION (reason SESSION_IN_USE, the metadata names the agent)
+        unless `dispose_agent` is set: then the agent is disposed first, as by
+        DisposeAgent, and the session deleted. An unknown session is NOT_FOUND; a
+        malformed id is INVALID_ARGUMENT naming the field. A retry with the same
+        `request_id` returns the first call's answer. Each delete is recorded in
+        the access log with the session id.
         """
 
     @_abc_1.abstractmethod

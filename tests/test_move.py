@@ -1,0 +1,101 @@
+"""SQLite to PostgreSQL: a real server's SQLite file moved into a real PostgreSQL,
+interrupted and resumed, verified, then served by a server on PostgreSQL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from agentloop.v1 import agent_service_pb2 as api
+from server.kernel.errors import AlreadyExists
+from server.portable.move import move_sessions
+from server.settings.config import Config
+from server.stores import Commit, StoreUnavailable
+from server.stores.postgres import PostgresStore
+from server.stores.sqlite import SqliteStore
+from tests.e2e.conftest import running_app
+from tests.postgres import drop_database, fresh_database
+from tests.test_portable import served_sessions, sessions_command, snapshot
+
+
+class FailingAfter(PostgresStore):
+    """A PostgreSQL store whose commits fail (an outage) after the first `left`."""
+
+    def __init__(self, dsn: str, left: int) -> None:
+        super().__init__(dsn)
+        self.left = left
+
+    async def commit(self, commit: Commit) -> None:
+        if self.left == 0:
+            raise StoreUnavailable("the PostgreSQL store: connection lost")
+        self.left -= 1
+        await super().commit(commit)
+
+
+@pytest.mark.timeout(180)
+async def test_an_interrupted_move_resumes_verifies_and_a_server_takes_over(
+    tmp_path: Path, postgres_server: str
+) -> None:
+    data = tmp_path / "data"
+    await served_sessions(data)  # three sessions: a fork, a pending steering message
+    source = SqliteStore(data / "agentloop.db")
+    dsn = await fresh_database(postgres_server)
+    try:
+        broken = FailingAfter(dsn, left=1)
+        with pytest.raises(StoreUnavailable):
+            await move_sessions(source, broken)
+        assert len(await broken.list_ids()) == 1  # one whole session, the others absent
+        await broken.close()
+        original = await snapshot(source)
+        await source.close()
+
+        code, err = await sessions_command("--data-dir", str(data), "move", "--to-postgres", dsn)
+        assert code == 0, err
+        assert "moved 2 sessions (1 already there); verified 3 sessions" in err
+        assert "counts and checksums match" in err
+        target = PostgresStore(dsn)
+        assert await snapshot(target) == original
+        await target.close()
+
+        config = Config(listen="127.0.0.1:0", store="postgres", postgres_dsn=dsn, agents=())
+        async with running_app(config) as e2e:
+            await e2e.resume("again", "forked")  # its pending steering message runs now
+            assert (await e2e.wait_idle("again")).idle
+            page = await e2e.agents.ListSessionEvents(
+                api.ListSessionEventsRequest(session_id="forked", page_size=1000)
+            )
+            ids = [e.user_message.request_id for e in page.events if e.HasField("user_message")]
+            assert "later" in ids
+            await e2e.send("again", "one more")
+            assert (await e2e.wait_idle("again")).idle
+            ends = [e for e in page.events if e.HasField("turn_end")]
+            assert ends and ends[-1].turn_end.turn >= 2  # numbering went on after the fork
+    finally:
+        await drop_database(postgres_server, dsn)
+
+
+async def test_a_move_refuses_a_target_session_with_other_contents(
+    tmp_path: Path, postgres_server: str
+) -> None:
+    data = tmp_path / "data"
+    await served_sessions(data)
+    dsn = await fresh_database(postgres_server)
+    try:
+        code, err = await sessions_command("--data-dir", str(data), "move", "--to-postgres", dsn)
+        assert code == 0, err
+        conn = await asyncpg.connect(dsn)
+        await conn.execute(
+            "UPDATE sessions SET driver = 'someone-else' WHERE session_id = 'second'"
+        )
+        await conn.close()
+        code, err = await sessions_command("--data-dir", str(data), "move", "--to-postgres", dsn)
+        assert code == 1 and 'session "second" is in the target with other contents' in err
+        source, target = SqliteStore(data / "agentloop.db"), PostgresStore(dsn)
+        with pytest.raises(AlreadyExists):
+            await move_sessions(source, target)
+        await source.close()
+        await target.close()
+    finally:
+        await drop_database(postgres_server, dsn)
