@@ -2,8 +2,8 @@
 
 `agentloop-client` (clients/python): the generated contract, `agentloop.Client` and the
 `agentloop` CLI, not the server; a short program streams a turn from a real server
-with it and decodes the details of its refusals. `agentloop-server` (the root): the server only, which brings the SDK as a
-dependency.
+with it and decodes the details of its refusals. `agentloop-server` (the root): the
+server only, which brings the SDK as a dependency.
 """
 
 from __future__ import annotations

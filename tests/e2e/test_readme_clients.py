@@ -27,7 +27,7 @@ def blocks(language: str) -> list[str]:
 
 
 async def run_program(source: str, address: str, path: Path) -> list[str]:
-    path.write_text(source.replace("127.0.0.1:50051", address))
+    await asyncio.to_thread(path.write_text, source.replace("127.0.0.1:50051", address))
     process = await asyncio.create_subprocess_exec(
         sys.executable, str(path), cwd=path.parent,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
