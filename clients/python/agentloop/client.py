@@ -16,20 +16,20 @@ stubs (`factory`, `agents`, `registry`) stay available for anything else.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, TypeVar, Unpack
+from typing import TYPE_CHECKING, Unpack
 
 import grpc
 
 from agentloop.connection import MAX_RECEIVE_BYTES, BearerToken, open_channel
 from agentloop.conversation import Conversation
-from agentloop.errors import error_from
+from agentloop.errors import call
 from agentloop.options import OptionFields, agent_options
 from agentloop.plugin.v1 import hook_service_pb2 as hook
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.plugin.v1 import plugin_registry_service_pb2_grpc
+from agentloop.reads import SessionReads
 from agentloop.stream import SessionStream
 from agentloop.turns import Turn
 from agentloop.v1 import agent_factory_service_pb2 as fac
@@ -38,8 +38,6 @@ from agentloop.v1 import (
     agent_pb2,
     agent_service_pb2_grpc,
     approval_pb2,
-    session_event_pb2,
-    session_pb2,
 )
 from agentloop.v1 import agent_service_pb2 as api
 
@@ -52,19 +50,9 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_RECEIVE_BYTES", "BearerToken", "Client", "connect"]
 
-R = TypeVar("R")
-
-
-async def call(rpc: Awaitable[R]) -> R:
-    """The answer of a call; its failure as a typed `AgentloopError`."""
-    try:
-        return await rpc
-    except grpc.aio.AioRpcError as error:
-        raise error_from(error) from None
-
 
 @dataclass
-class Client:
+class Client(SessionReads):
     """A channel to a server and its service stubs (made once: a stub is not free)."""
 
     channel: grpc.aio.Channel
@@ -230,69 +218,6 @@ class Client:
         """
         return Conversation(self, agent_id)
 
-    # Sessions (AgentService).
-
-    async def get_session(self, *, agent_id: str = "", session_id: str = "") -> session_pb2.Session:
-        """A session by its live agent's id or by its own id."""
-        request = api.GetSessionRequest()
-        _select(request, agent_id, session_id)
-        return (await call(self.agents.GetSession(request, timeout=self.timeout))).session
-
-    async def list_sessions(self) -> list[session_pb2.Session]:
-        """Every stored session, following the pages."""
-        sessions: list[session_pb2.Session] = []
-        token = ""
-        while True:
-            request = api.ListSessionsRequest(page_token=token)
-            page = await call(self.agents.ListSessions(request, timeout=self.timeout))
-            sessions.extend(page.sessions)
-            if not (token := page.next_page_token):
-                return sessions
-
-    async def list_events(
-        self, *, agent_id: str = "", session_id: str = "", from_seq: int = 0
-    ) -> list[session_event_pb2.SessionEvent]:
-        """A session's stored events from `from_seq`, following the pages."""
-        events: list[session_event_pb2.SessionEvent] = []
-        token = ""
-        while True:
-            request = api.ListSessionEventsRequest(from_seq=from_seq, page_token=token)
-            _select(request, agent_id, session_id)
-            page = await call(self.agents.ListSessionEvents(request, timeout=self.timeout))
-            events.extend(page.events)
-            if not (token := page.next_page_token):
-                return events
-
-    def stream(
-        self,
-        *,
-        agent_id: str = "",
-        session_id: str = "",
-        from_seq: int = 0,
-        replay_only: bool = False,
-    ) -> SessionStream:
-        """A session's events from `from_seq`, reconnecting after a failure.
-
-        By `agent_id` (the live agent's session, with its live agent events) or by
-        `session_id`; `replay_only` ends it at the end of the stored log.
-        """
-        return SessionStream(
-            lambda: self.agents,
-            agent_id=agent_id,
-            session_id=session_id,
-            from_seq=from_seq,
-            replay_only=replay_only,
-        )
-
-    async def fork(
-        self, session_id: str, boundary_seq: int | None = None, new_session_id: str = ""
-    ) -> session_pb2.Session:
-        """A new stored session with `session_id`'s events up to a `turn_end`."""
-        request = api.ForkSessionRequest(
-            session_id=session_id, boundary_seq=boundary_seq, new_session_id=new_session_id
-        )
-        return (await call(self.agents.ForkSession(request, timeout=self.timeout))).session
-
     # Approvals (AgentService).
 
     async def approvals(self, agent_id: str) -> list[approval_pb2.ApprovalRequested]:
@@ -359,18 +284,6 @@ class Client:
         """Unregister a plugin by name."""
         request = reg.UnregisterPluginRequest(name=name)
         return await call(self.registry.UnregisterPlugin(request, timeout=self.timeout))
-
-
-def _select(
-    request: api.GetSessionRequest | api.ListSessionEventsRequest, agent_id: str, session_id: str
-) -> None:
-    """Set the `selector` oneof of a session request: exactly one of the two ids."""
-    if bool(agent_id) == bool(session_id):
-        raise ValueError("give exactly one of agent_id or session_id")
-    if agent_id:
-        request.agent_id = agent_id
-    else:
-        request.session_id = session_id
 
 
 def connect(

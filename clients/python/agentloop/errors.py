@@ -17,11 +17,15 @@ written against the raw stubs keeps catching them.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
+
+R = TypeVar("R")
 
 DETAILS_TRAILER = "grpc-status-details-bin"
 """The trailer that carries a serialized `google.rpc.Status`."""
@@ -240,3 +244,11 @@ def _status(trailing: grpc.aio.Metadata) -> status_pb2.Status | None:
             except DecodeError:  # a garbled trailer: the plain status still stands
                 return None
     return None
+
+
+async def call(rpc: Awaitable[R]) -> R:
+    """The answer of a call; its failure as a typed `AgentloopError`."""
+    try:
+        return await rpc
+    except grpc.aio.AioRpcError as error:
+        raise error_from(error) from None
