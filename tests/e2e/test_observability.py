@@ -210,6 +210,10 @@ async def test_metrics_and_json_logs_of_a_server_process(
     assert moved('agentloop_plugin_calls_total{plugin="tagger"}') == 4  # one prompt per turn
     assert moved('agentloop_plugin_call_seconds_count{plugin="tagger",seam="agent/prompt-submit"}')
     assert after['agentloop_plugin_fail_opens_total{plugin="tagger"}'] == 0
+    (build,) = [name for name in after if name.startswith("agentloop_build_info{")]
+    assert after[build] == 1 and 'version="0.1.0"' in build and 'sdk_version="0.1.0"' in build
+    assert after["process_cpu_seconds_total{}"] > 0 and after["process_resident_memory_bytes{}"]
+    assert 'python_gc_collections_total{generation="0"}' in after
 
     lines = [json.loads(line) for line in stderr.read_text().splitlines() if line.strip()]
     access = [r for r in lines if r.get("logger") == "agentloop.access"]
