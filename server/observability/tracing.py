@@ -28,6 +28,7 @@ variables) or prints to stdout (`console`).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -171,14 +172,31 @@ class Tracing(Sink):
         return None if built is None else cls(BatchSpanProcessor(built))
 
     def install(self) -> None:
-        """Trace plugin calls too."""
+        """Trace plugin calls too; stamp the log lines of a traced turn with its ids."""
         observe.plugin_call = self.plugin_call
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(self.log_ids)
 
     def shutdown(self) -> None:
         """Flush and stop the exporter."""
         if observe.plugin_call == self.plugin_call:
             observe.plugin_call = None
+        for handler in logging.getLogger().handlers:
+            handler.removeFilter(self.log_ids)
         self.provider.shutdown()
+
+    def log_ids(self, record: logging.LogRecord) -> bool:
+        """Stamp a record about an agent with its open step's (or turn's) trace ids.
+
+        The record's `agent` field names the agent; `trace_id` and `span_id` lead from
+        the log line to its trace. Always True: a filter that only adds.
+        """
+        agent = getattr(record, "agent", None)
+        span = self._under_step(agent) if isinstance(agent, str) else None
+        if span is not None and span.sampled:
+            record.trace_id = format(span.context.trace_id, "032x")
+            record.span_id = format(span.context.span_id, "016x")
+        return True
 
     # -- making spans ----------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import stream_pb2 as st
 from server.core import seams as S
 from server.models.scripted_options import script_options
+from server.observability.logs import JsonFormatter
 from server.observability.telemetry import Telemetry
 from server.observability.tracing import Tracing
 from server.settings.config import Config
@@ -228,3 +230,25 @@ async def test_metrics_and_json_logs_of_a_server_process(
     assert failed["level"] == "WARNING"
     assert (failed["agent"], failed["turn"], failed["step"]) == ("failing", 1, 1)
     assert failed["session"].startswith("failing-session-")
+
+
+async def test_a_log_line_about_a_traced_turn_carries_its_trace_and_span_ids(
+    traced: tuple[E2E, InMemorySpanExporter], caplog: pytest.LogCaptureFixture
+) -> None:
+    e2e, exporter = traced
+    caplog.set_level(logging.INFO)
+    failing = scripted_pb2.ScriptedStep(
+        finish=st.FINISH_KIND_ERROR, error_message="scripted failure", error_code="BOOM"
+    )
+    await e2e.create("traced-log", provider="scripted", provider_options=script_options([failing]))
+    await (await e2e.send("traced-log", "go")).result()
+    (failed,) = [r for r in caplog.records if "scripted failure" in r.getMessage()]
+    # Logged as the turn ends (its step has closed): the turn's span.
+    (turn_span,) = by_name(list(exporter.get_finished_spans()), "agent turn")
+    line = json.loads(JsonFormatter().format(failed))
+    assert line["trace_id"] == format(turn_span.context.trace_id, "032x")
+    assert line["span_id"] == format(turn_span.context.span_id, "016x")
+    assert line["agent"] == "traced-log"
+    # A line about no agent (an RPC's access line) carries no ids.
+    access = [r for r in caplog.records if r.name == "agentloop.access"]
+    assert access and not any(hasattr(r, "trace_id") for r in access)
