@@ -8,6 +8,8 @@ A turn's spans form one trace (turn > step > model call, tool calls, plugin call
 the RPC that queued the message is a separate trace, since the turn runs after it
 answered. Each call to a plugin (seam, tool and model calls; not notifications) carries
 its span's context in `HookCall.traceparent`, so a plugin's spans join the turn's trace.
+A log line about an agent whose turn is traced carries that turn's (or open step's)
+`trace_id` and `span_id`.
 
 Spans are cheap (the target: tracing and metrics on cost at most 1.2× a turn with
 telemetry off, `python -m bench.telemetry_bench`). Each span is one object, a
