@@ -252,3 +252,41 @@ async def test_a_log_line_about_a_traced_turn_carries_its_trace_and_span_ids(
     # A line about no agent (an RPC's access line) carries no ids.
     access = [r for r in caplog.records if r.name == "agentloop.access"]
     assert access and not any(hasattr(r, "trace_id") for r in access)
+
+
+async def test_a_client_traceparent_continues_into_the_rpc_and_the_turn_links_to_it(
+    traced: tuple[E2E, InMemorySpanExporter],
+) -> None:
+    e2e, exporter = traced
+    await e2e.create("linked", provider="scripted", model="echo")
+    client_trace, client_span = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
+    calls = {
+        "sampled": f"00-{client_trace:032x}-{client_span:016x}-01",
+        "unsampled": f"00-{client_trace:032x}-{client_span:016x}-00",
+        "malformed": f"00-{client_trace:032x}-0000000000000000-01",
+    }
+    for label, header in calls.items():
+        sent = await e2e.agents.SendMessage(
+            api.SendMessageRequest(agent_id="linked", text=label),
+            metadata=(("traceparent", header), ("tracestate", "vendor=1")),
+            timeout=T,
+        )
+        await read_turn(e2e.agents, "linked", sent.next_seq)
+    spans = list(exporter.get_finished_spans())
+    sends = by_name(spans, "agentloop.v1.AgentService/SendMessage")
+    # The sampled call continues the client's trace; the unsampled one records nothing;
+    # the malformed header is ignored (a trace of its own).
+    assert len(sends) == 2
+    continued, own = sends
+    assert continued.context.trace_id == client_trace
+    assert continued.parent is not None and continued.parent.is_remote
+    assert continued.parent.span_id == client_span
+    assert own.parent is None and own.context.trace_id != client_trace
+    # Each turn is a trace of its own, linked to the RPC that queued its message.
+    turns = by_name(spans, "agent turn")
+    assert len(turns) == 3
+    assert [link.context.span_id for link in turns[0].links] == [continued.context.span_id]
+    assert list(turns[1].links) == []  # its RPC was not sampled: nothing to link to
+    assert [link.context.span_id for link in turns[2].links] == [own.context.span_id]
+    steps = by_name(spans, "agent step")
+    assert {s.context.trace_id for s in steps} == {t.context.trace_id for t in turns}
