@@ -89,6 +89,7 @@ async def server_wheel(tmp_path: Path) -> Path:
         shutil.copy(REPO / name, source / name)
     ignore = shutil.ignore_patterns("__pycache__")
     shutil.copytree(REPO / "server", source / "server", ignore=ignore)
+    shutil.copytree(REPO / "build_support", source / "build_support", ignore=ignore)
     return await build(source, tmp_path / "wheels", "agentloop_server")
 
 
