@@ -10,6 +10,7 @@ GENERATED := clients/python/agentloop/v1 clients/python/agentloop/plugin/v1 $(TS
 PROTOS := $(sort $(shell find proto -name '*.proto'))
 SERVICE_PROTOS := $(shell grep -l '^service ' $(PROTOS))
 CONFIG ?=
+LISTEN ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help setup run cluster test check lint typecheck gen check-gen seam-table breaking baseline bench clean
@@ -39,8 +40,8 @@ $(TS_CLIENT)/node_modules/.installed: $(TS_CLIENT)/package.json $(TS_CLIENT)/pac
 
 setup: $(VENV)/.installed node_modules/.installed $(NODE_CLIENT)/node_modules/.installed $(TS_CLIENT)/node_modules/.installed ## Create .venv and install Python and Node dependencies.
 
-run: $(VENV)/.installed ## Start the server on its defaults (127.0.0.1:50051, scripted model).
-	$(PY) -m server $(if $(CONFIG),--config $(CONFIG),)
+run: $(VENV)/.installed ## Start the server (127.0.0.1:50051, scripted model); CONFIG=file, LISTEN=host:port.
+	$(PY) -m server $(if $(CONFIG),--config $(CONFIG),) $(if $(LISTEN),--listen $(LISTEN),)
 
 REPLICAS ?= 3
 cluster: $(VENV)/.installed ## An embedded PostgreSQL and REPLICAS replicas on 127.0.0.1:50061+ (Ctrl-C stops).

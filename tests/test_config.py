@@ -288,3 +288,15 @@ def test_tls_files_come_in_pairs() -> None:
         parse_config({"tlsCertFile": "c.pem"})
     with pytest.raises(ConfigError, match="tlsClientCaFile: needs tlsCertFile"):
         parse_config({"tlsClientCaFile": "ca.pem"})
+
+
+def test_a_file_without_agents_keeps_the_demo_agent(tmp_path: Path) -> None:
+    only_listen = tmp_path / "listen.yaml"
+    only_listen.write_text("listen: 127.0.0.1:6000\n")
+    assert load_config(only_listen).agents == (DEFAULT_AGENT,)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    assert load_config(empty).agents == (DEFAULT_AGENT,)
+    none = tmp_path / "none.yaml"
+    none.write_text("listen: 127.0.0.1:6000\nagents: []\n")
+    assert load_config(none).agents == ()

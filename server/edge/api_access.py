@@ -1,7 +1,9 @@
 """The outermost interceptor: an access log line per RPC, its metrics and its span.
 
 The line is at INFO, on the `agentloop.access` logger, with `method`, `code`,
-`duration_ms` and `peer` as fields. Metrics and the span only when they are on.
+`duration_ms` and `peer` as fields. Metrics and the span only when they are on; the
+span continues the client's trace when the call carries a `traceparent`, and the next
+turn to start after a message, a steer or injected context links to the span of its RPC.
 """
 
 from __future__ import annotations
@@ -15,12 +17,21 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from server.observability.metrics import Metrics
-from server.observability.tracing import Tracing
+from server.observability.tracing import Tracing, parse_traceparent
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import SpanContext
 
 if TYPE_CHECKING:
     Context = grpc.aio.ServicerContext[Any, Any]
 
 log = logging.getLogger("agentloop.access")
+
+QUEUEING = frozenset(
+    "/agentloop.v1.AgentService/" + name
+    for name in ("SendMessage", "SteerMessage", "InjectContext")
+)
+"""The RPCs that queue work for an agent's next turn: its span links to theirs."""
 
 
 class AccessLog:
@@ -54,8 +65,8 @@ class AccessLog:
 
     def _unary(self, behaviour: Callable[..., Any], method: str) -> Callable[..., Awaitable[Any]]:
         async def unary(request: Any, context: Context) -> Any:
-            with self.observed(method, context):
-                return await behaviour(request, context)
+            with self.observed(method, context) as observation:
+                return await observation.run(behaviour, request, context)
 
         return unary
 
@@ -96,10 +107,28 @@ class Observation:
         recorded = tracing is not None or log.isEnabledFor(logging.INFO)
         self.peer = (context.peer() or "") if recorded else None
         # The span is never made current: nothing under it needs it as parent.
-        self.span = tracing.rpc(method, self.peer or "") if tracing is not None else None
+        self.span = (
+            tracing.rpc(method, self.peer or "", _caller(context)) if tracing is not None else None
+        )
 
     def __enter__(self) -> Observation:
         return self
+
+    async def run(self, behaviour: Callable[..., Any], request: Any, context: Context) -> Any:
+        """Run a unary call's behaviour.
+
+        A traced call that queues work for an agent links the agent's next turn to this
+        call's span.
+        """
+        tracing, span = self.access.tracing, self.span
+        if tracing is None or span is None or self.method not in QUEUEING:
+            return await behaviour(request, context)
+        tracing.caused(request.agent_id, span)  # before: the turn may start first
+        try:
+            return await behaviour(request, context)
+        except BaseException:  # refused: nothing was queued
+            tracing.forget(request.agent_id, span)
+            raise
 
     def __exit__(self, kind: type[BaseException] | None, error: object, trace: object) -> None:
         context = self.context
@@ -125,6 +154,17 @@ class Observation:
                     "peer": self.peer,
                 },
             )
+
+
+def _caller(context: Context) -> SpanContext | None:
+    """The client's span, from the call's `traceparent` (and `tracestate`) metadata."""
+    parent = state = ""
+    for key, value in context.invocation_metadata() or ():
+        if key == "traceparent" and isinstance(value, str):
+            parent = value
+        elif key == "tracestate" and isinstance(value, str):
+            state = value
+    return parse_traceparent(parent, state) if parent else None
 
 
 def _code(context: Context, default: str) -> str:

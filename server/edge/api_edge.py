@@ -77,10 +77,10 @@ class Edge(grpc.aio.ServerInterceptor):
         observed = self.access.observed
 
         async def unary(request: Any, context: Context) -> Any:
-            with observed(method, context):
+            with observed(method, context) as observation:
                 if isinstance(request, Undecodable):
                     await refuse(context, request)
-                return await behaviour(request, context)
+                return await observation.run(behaviour, request, context)
 
         return unary
 

@@ -11,11 +11,11 @@ from collections.abc import Sequence
 
 from google.protobuf import duration_pb2, struct_pb2
 
-from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_pb2, stream_pb2
 from agentloop.v1 import content_pb2 as c
 from server.kernel.errors import InvalidArgument
 from server.kernel.limits import Limits, check_size
-from server.models.scripted_options import script_of
+from server.models.scripted_options import MAX_CHUNK_DELAY_SECONDS, script_of
 
 USER_BLOCKS = ("text",)
 """The content block kinds a user may send: tool calls, tool results and reasoning come
@@ -53,6 +53,11 @@ def check_agent_options(limits: Limits, options: agent_pb2.AgentOptions) -> None
     for i, step in enumerate(script):
         # A step becomes one assistant message: bounded like any other message.
         check_size(limits, "max_content_bytes", f"{field}[{i}]", step.ByteSize())
+        if step.HasField("chunk_delay"):
+            where = f"{field}[{i}].chunk_delay"
+            duration_seconds(step.chunk_delay, where, MAX_CHUNK_DELAY_SECONDS)
+        if step.finish not in stream_pb2.FinishKind.values():
+            raise InvalidArgument(f"{field}[{i}].finish", f"{step.finish} is no FinishKind")
 
 
 def duration_seconds(duration: duration_pb2.Duration, field: str, maximum: float) -> float:

@@ -15,6 +15,9 @@ from agentloop.v1 import agent_pb2, scripted_pb2
 OPTIONS_TYPE = scripted_pb2.ScriptedOptions.DESCRIPTOR.full_name
 """The type of `provider_options` the scripted provider takes."""
 
+MAX_CHUNK_DELAY_SECONDS = 60
+"""The longest pause a script may put between two chunks."""
+
 
 def script_options(steps: Iterable[scripted_pb2.ScriptedStep]) -> any_pb2.Any:
     """`provider_options` carrying a script: one step per model call."""

@@ -1,6 +1,8 @@
 """Prometheus metrics on their own HTTP port (`metricsListen`; off by default).
 
 Turns, steps, model calls and tools are measured off the session log (`observe`);
+`agentloop_build_info` names the versions; the process and Python collectors of
+`prometheus_client` add CPU, memory, descriptors and GC.
 RPCs by the access interceptor; store commits through the journal's hook; plugins are
 read at scrape time from the counters `ListPlugins` reports; active agents and open
 streams are read at scrape time too. An event-loop lag probe runs while it is on.
@@ -11,12 +13,22 @@ ones of `server.observability.instruments`, read at scrape time.
 from __future__ import annotations
 
 import asyncio
+import platform
 import time
 from collections.abc import Callable, Iterable, Mapping
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as installed
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Gauge,
+    start_http_server,
+)
 from prometheus_client import Histogram as PromHistogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
@@ -26,6 +38,7 @@ from server.kernel.tasks import cancel_and_wait
 from server.observability import observe
 from server.observability.instruments import Instruments
 from server.observability.observe import Model, Sink, Step, Turn
+from server.version import version
 
 LATENCY = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 """Histogram buckets in seconds, from a fast tool to a long turn."""
@@ -78,6 +91,16 @@ class Metrics(Sink):
             "agentloop_store_commit_seconds", "Group commit latency of the session store.", LATENCY
         )
         self.registry.register(fast)
+        # The process's CPU, memory and descriptors; the interpreter's GC and version.
+        for standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            self.registry.register(standard)
+        build = Gauge(
+            "agentloop_build_info",
+            "Always 1: the running build, by its versions.",
+            ["version", "sdk_version", "python_version"],
+            registry=self.registry,
+        )
+        build.labels(*build_versions()).set(1)
         self.loop_lag = PromHistogram(
             "agentloop_event_loop_lag_seconds",
             "How late the event loop ran a timer (probed every 0.25 s).",
@@ -159,6 +182,15 @@ class Metrics(Sink):
         """Count the call and its duration."""
         self.tool_calls.inc((name, "error" if result.is_error else "ok"))
         self.tool_seconds.observe(max(0, end_ns - start_ns) / 1e9, (name,))
+
+
+def build_versions() -> tuple[str, str, str]:
+    """The server's version, the SDK's it runs with, and Python's."""
+    try:
+        sdk = installed("agentloop-client")
+    except PackageNotFoundError:
+        sdk = "0+unknown"
+    return version(), sdk, platform.python_version()
 
 
 class PluginCollector(Collector):

@@ -8,6 +8,8 @@ A turn's spans form one trace (turn > step > model call, tool calls, plugin call
 the RPC that queued the message is a separate trace, since the turn runs after it
 answered. Each call to a plugin (seam, tool and model calls; not notifications) carries
 its span's context in `HookCall.traceparent`, so a plugin's spans join the turn's trace.
+A log line about an agent whose turn is traced carries that turn's (or open step's)
+`trace_id` and `span_id`.
 
 Spans are cheap (the target: tracing and metrics on cost at most 1.2× a turn with
 telemetry off, `python -m bench.telemetry_bench`). Each span is one object, a
@@ -28,6 +30,7 @@ variables) or prints to stdout (`console`).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -37,7 +40,15 @@ from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerPr
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, DEFAULT_ON, Decision, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import (
+    Link,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
 from opentelemetry.util.types import AttributeValue
 
 from agentloop.v1 import session_event_pb2 as ev
@@ -73,6 +84,33 @@ def build_exporter(name: str, endpoint: str) -> SpanExporter | None:
     if name in ("none", ""):
         return None
     raise ValueError(f"unknown trace exporter {name!r} (known: otlp, console, none)")
+
+
+MAX_LINKS = 32
+"""The most RPCs a turn's span links to (a turn answering a burst keeps the latest)."""
+
+
+def parse_traceparent(value: str, state: str = "") -> SpanContext | None:
+    """The remote span of a W3C `traceparent` header; None when it is malformed."""
+    parts = value.strip().split("-")
+    if len(parts) < 4 or len(parts[0]) != 2 or parts[0] == "ff":
+        return None
+    version, trace, span, flags = parts[:4]
+    if (
+        len(trace) != 32
+        or len(span) != 16
+        or len(flags) != 2
+        or (version == "00" and len(parts) != 4)
+    ):
+        return None
+    try:
+        trace_id, span_id, bits = int(trace, 16), int(span, 16), int(flags, 16)
+    except ValueError:
+        return None
+    if not trace_id or not span_id:
+        return None
+    trace_state = TraceState.from_header([state]) if state else None
+    return SpanContext(trace_id, span_id, True, TraceFlags(bits & 0x01), trace_state)
 
 
 class OpenSpan(ReadableSpan):
@@ -163,6 +201,8 @@ class Tracing(Sink):
         self._turns: dict[str, OpenSpan] = {}
         self._steps: dict[str, OpenSpan] = {}
         self._tools: dict[tuple[str, str], OpenSpan] = {}
+        self._causes: dict[str, list[Link]] = {}
+        """Per agent, the RPCs that queued what its next turn answers (bounded below)."""
 
     @classmethod
     def from_config(cls, exporter: str, endpoint: str) -> Tracing | None:
@@ -171,14 +211,31 @@ class Tracing(Sink):
         return None if built is None else cls(BatchSpanProcessor(built))
 
     def install(self) -> None:
-        """Trace plugin calls too."""
+        """Trace plugin calls too; stamp the log lines of a traced turn with its ids."""
         observe.plugin_call = self.plugin_call
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(self.log_ids)
 
     def shutdown(self) -> None:
         """Flush and stop the exporter."""
         if observe.plugin_call == self.plugin_call:
             observe.plugin_call = None
+        for handler in logging.getLogger().handlers:
+            handler.removeFilter(self.log_ids)
         self.provider.shutdown()
+
+    def log_ids(self, record: logging.LogRecord) -> bool:
+        """Stamp a record about an agent with its open step's (or turn's) trace ids.
+
+        The record's `agent` field names the agent; `trace_id` and `span_id` lead from
+        the log line to its trace. Always True: a filter that only adds.
+        """
+        agent = getattr(record, "agent", None)
+        span = self._under_step(agent) if isinstance(agent, str) else None
+        if span is not None and span.sampled:
+            record.trace_id = format(span.context.trace_id, "032x")
+            record.span_id = format(span.context.span_id, "016x")
+        return True
 
     # -- making spans ----------------------------------------------------------------------
 
@@ -231,15 +288,44 @@ class Tracing(Sink):
 
     # -- RPCs and plugin calls -------------------------------------------------------------
 
-    def rpc(self, method: str, peer: str) -> OpenSpan:
-        """Start the span of one RPC (`rpc.*` conventions); `end_rpc` ends it."""
+    def rpc(self, method: str, peer: str, caller: SpanContext | None = None) -> OpenSpan:
+        """Start the span of one RPC (`rpc.*` conventions); `end_rpc` ends it.
+
+        Under `caller`, the client's span from the call's `traceparent`, when it sent one
+        (its sampled flag decides, as a parent-based sampler would).
+        """
         full = method.lstrip("/")
         service, _, name = full.rpartition("/")
-        return self.start(
-            full, None, SpanKind.SERVER, time.time_ns(),
-            {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name,
-             "network.peer.address": peer},
+        attributes: dict[str, AttributeValue] = {
+            "rpc.system": "grpc", "rpc.service": service, "rpc.method": name,
+            "network.peer.address": peer,
+        }  # fmt: skip
+        if caller is None:
+            return self.start(full, None, SpanKind.SERVER, time.time_ns(), attributes)
+        if not caller.trace_flags.sampled:
+            return DROPPED
+        own = SpanContext(caller.trace_id, self._ids.generate_span_id(), False, self._flags)
+        return OpenSpan(
+            full, own, caller, SpanKind.SERVER, time.time_ns(), attributes, self._resource,
+            self._scope,
         )  # fmt: skip
+
+    def caused(self, agent: str, rpc: OpenSpan) -> None:
+        """Link `agent`'s next turn to `rpc`, which queued work for it.
+
+        A message, a steer or injected context; at most `MAX_LINKS` are kept per agent.
+        """
+        if rpc.sampled:
+            causes = self._causes.setdefault(agent, [])
+            causes.append(Link(rpc.context))
+            del causes[:-MAX_LINKS]
+
+    def forget(self, agent: str, rpc: OpenSpan) -> None:
+        """Undo `caused`: the RPC was refused and queued nothing."""
+        causes = self._causes.get(agent, [])
+        causes[:] = [link for link in causes if link.context is not rpc.context]
+        if not causes:
+            self._causes.pop(agent, None)
 
     def end_rpc(self, span: OpenSpan, code: str, number: int) -> None:
         """End an RPC's span with its gRPC status (an error status but for OK and CANCELLED)."""
@@ -289,12 +375,16 @@ class Tracing(Sink):
     # all it learnt, its first chunk an event of it.)
 
     def turn_start(self, turn: Turn) -> None:
-        """Open the turn's span: the root of its trace."""
-        self._turns[turn.agent] = self.start(
+        """Open the turn's span: the root of its trace, linked to the RPCs that caused it."""
+        span = self.start(
             "agent turn", None, SpanKind.INTERNAL, turn.start_ns,
             {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.id": turn.agent,
              "gen_ai.conversation.id": turn.session, "agentloop.turn": turn.turn},
         )  # fmt: skip
+        causes = self._causes.pop(turn.agent, None)
+        if causes and span.sampled:
+            span._links = tuple(causes)
+        self._turns[turn.agent] = span
 
     def turn_end(self, turn: Turn, reason: str, end_ns: int) -> None:
         """Close the turn's span with its end reason."""

@@ -328,7 +328,12 @@ _SCHEMA = TypeAdapter(Config)
 
 
 def load_config(path: str | Path | None) -> Config:
-    """Read and validate a config file; no path gives the embedded defaults."""
+    """Read and validate a config file; no path gives the embedded defaults.
+
+    A file that has no `agents` key keeps the demo agent, as no file does (so a file
+    that only moves the port still answers the README's first commands); `agents: []`
+    starts none.
+    """
     if path is None:
         return Config(agents=(DEFAULT_AGENT,))
     try:
@@ -337,7 +342,10 @@ def load_config(path: str | Path | None) -> Config:
         raise ConfigError(f"cannot read config {path}: {error.strerror}") from error
     except yaml.YAMLError as error:
         raise ConfigError(f"config {path} is not valid YAML: {error}") from error
-    return parse_config(raw if raw is not None else {})
+    config = parse_config(raw if raw is not None else {})
+    if raw is None or (isinstance(raw, dict) and "agents" not in raw):
+        return replace(config, agents=(DEFAULT_AGENT,))
+    return config
 
 
 def parse_config(raw: object) -> Config:

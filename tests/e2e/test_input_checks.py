@@ -9,8 +9,9 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2, struct_pb2
 
+from agentloop import InvalidArgument, NotFound
 from agentloop.v1 import agent_factory_service_pb2 as fac
-from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import content_pb2 as c
 from tests.e2e.conftest import E2E
@@ -132,3 +133,31 @@ async def test_an_undecodable_body_is_invalid_argument(e2e: E2E) -> None:
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert (info.value.details() or "").startswith("the request body is not a valid message")
     assert await e2e.health() == 1
+
+
+Step = scripted_pb2.ScriptedStep
+
+
+@pytest.mark.parametrize(
+    ("step", "field"),
+    [
+        (Step(chunk_delay=duration_pb2.Duration(seconds=-1)), "chunk_delay"),
+        (Step(chunk_delay=duration_pb2.Duration(seconds=10**9)), "chunk_delay"),
+        (Step(chunk_delay=duration_pb2.Duration(nanos=-5)), "chunk_delay"),
+        (Step(finish=99), "finish"),  # type: ignore[arg-type]
+    ],
+    ids=["negative-delay", "enormous-delay", "negative-nanos", "unknown-finish"],
+)
+async def test_the_scripted_models_options_are_range_checked(
+    e2e: E2E, step: scripted_pb2.ScriptedStep, field: str
+) -> None:
+    script = scripted_pb2.ScriptedOptions(steps=[scripted_pb2.ScriptedStep(text="ok"), step])
+    with pytest.raises(InvalidArgument) as refused:
+        await e2e.create("scripted-range", provider="scripted", provider_options=script)
+    assert refused.value.field == f"options.provider_options.steps[1].{field}"
+    with pytest.raises(NotFound):  # nothing was created
+        await e2e.get_agent("scripted-range")
+    fine = scripted_pb2.ScriptedStep(text="ok", chunk_delay=duration_pb2.Duration(nanos=1000))
+    ok = scripted_pb2.ScriptedOptions(steps=[fine])
+    await e2e.create("scripted-fine", provider="scripted", provider_options=ok)
+    await e2e.dispose("scripted-fine")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import stream_pb2 as st
 from server.kernel import seams as S
 from server.models.scripted_options import script_options
+from server.observability.logs import JsonFormatter
 from server.observability.telemetry import Telemetry
 from server.observability.tracing import Tracing
 from server.settings.config import Config
@@ -210,6 +212,10 @@ async def test_metrics_and_json_logs_of_a_server_process(
     assert moved('agentloop_plugin_calls_total{plugin="tagger"}') == 4  # one prompt per turn
     assert moved('agentloop_plugin_call_seconds_count{plugin="tagger",seam="agent/prompt-submit"}')
     assert after['agentloop_plugin_fail_opens_total{plugin="tagger"}'] == 0
+    (build,) = [name for name in after if name.startswith("agentloop_build_info{")]
+    assert after[build] == 1 and 'version="0.1.0"' in build and 'sdk_version="0.1.0"' in build
+    assert after["process_cpu_seconds_total{}"] > 0 and after["process_resident_memory_bytes{}"]
+    assert 'python_gc_collections_total{generation="0"}' in after
 
     lines = [json.loads(line) for line in stderr.read_text().splitlines() if line.strip()]
     access = [r for r in lines if r.get("logger") == "agentloop.access"]
@@ -224,3 +230,63 @@ async def test_metrics_and_json_logs_of_a_server_process(
     assert failed["level"] == "WARNING"
     assert (failed["agent"], failed["turn"], failed["step"]) == ("failing", 1, 1)
     assert failed["session"].startswith("failing-session-")
+
+
+async def test_a_log_line_about_a_traced_turn_carries_its_trace_and_span_ids(
+    traced: tuple[E2E, InMemorySpanExporter], caplog: pytest.LogCaptureFixture
+) -> None:
+    e2e, exporter = traced
+    caplog.set_level(logging.INFO)
+    failing = scripted_pb2.ScriptedStep(
+        finish=st.FINISH_KIND_ERROR, error_message="scripted failure", error_code="BOOM"
+    )
+    await e2e.create("traced-log", provider="scripted", provider_options=script_options([failing]))
+    await (await e2e.send("traced-log", "go")).result()
+    (failed,) = [r for r in caplog.records if "scripted failure" in r.getMessage()]
+    # Logged as the turn ends (its step has closed): the turn's span.
+    (turn_span,) = by_name(list(exporter.get_finished_spans()), "agent turn")
+    line = json.loads(JsonFormatter().format(failed))
+    assert line["trace_id"] == format(turn_span.context.trace_id, "032x")
+    assert line["span_id"] == format(turn_span.context.span_id, "016x")
+    assert line["agent"] == "traced-log"
+    # A line about no agent (an RPC's access line) carries no ids.
+    access = [r for r in caplog.records if r.name == "agentloop.access"]
+    assert access and not any(hasattr(r, "trace_id") for r in access)
+
+
+async def test_a_client_traceparent_continues_into_the_rpc_and_the_turn_links_to_it(
+    traced: tuple[E2E, InMemorySpanExporter],
+) -> None:
+    e2e, exporter = traced
+    await e2e.create("linked", provider="scripted", model="echo")
+    client_trace, client_span = 0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331
+    calls = {
+        "sampled": f"00-{client_trace:032x}-{client_span:016x}-01",
+        "unsampled": f"00-{client_trace:032x}-{client_span:016x}-00",
+        "malformed": f"00-{client_trace:032x}-0000000000000000-01",
+    }
+    for label, header in calls.items():
+        sent = await e2e.agents.SendMessage(
+            api.SendMessageRequest(agent_id="linked", text=label),
+            metadata=(("traceparent", header), ("tracestate", "vendor=1")),
+            timeout=T,
+        )
+        await read_turn(e2e.agents, "linked", sent.next_seq)
+    spans = list(exporter.get_finished_spans())
+    sends = by_name(spans, "agentloop.v1.AgentService/SendMessage")
+    # The sampled call continues the client's trace; the unsampled one records nothing;
+    # the malformed header is ignored (a trace of its own).
+    assert len(sends) == 2
+    continued, own = sends
+    assert continued.context.trace_id == client_trace
+    assert continued.parent is not None and continued.parent.is_remote
+    assert continued.parent.span_id == client_span
+    assert own.parent is None and own.context.trace_id != client_trace
+    # Each turn is a trace of its own, linked to the RPC that queued its message.
+    turns = by_name(spans, "agent turn")
+    assert len(turns) == 3
+    assert [link.context.span_id for link in turns[0].links] == [continued.context.span_id]
+    assert list(turns[1].links) == []  # its RPC was not sampled: nothing to link to
+    assert [link.context.span_id for link in turns[2].links] == [own.context.span_id]
+    steps = by_name(spans, "agent step")
+    assert {s.context.trace_id for s in steps} == {t.context.trace_id for t in turns}

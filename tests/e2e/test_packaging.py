@@ -2,8 +2,8 @@
 
 `agentloop-client` (clients/python): the generated contract, `agentloop.Client` and the
 `agentloop` CLI, not the server; a short program streams a turn from a real server
-with it. `agentloop-server` (the root): the server only, which brings the SDK as a
-dependency.
+with it and decodes the details of its refusals. `agentloop-server` (the root): the
+server only, which brings the SDK as a dependency.
 """
 
 from __future__ import annotations
@@ -20,13 +20,21 @@ from tests.processes import REPO
 
 PROGRAM = """
 import asyncio, sys
-from agentloop import connect
+from agentloop import InvalidArgument, NotFound, connect
 
 async def main():
     client = connect(sys.argv[1])
     await client.create("wheel")
     kinds = [e.WhichOneof("payload") async for e in await client.send("wheel", "hi")]
     print(kinds[0], kinds[-1])
+    try:
+        await client.create("bad", max_parallel_tool_calls=0)
+    except InvalidArgument as error:  # the details decoded with the SDK's own dependencies
+        print(error.reason, error.field)
+    try:
+        await client.get_agent("nobody")
+    except NotFound as error:
+        print(error.reason, error.domain)
     await client.close()
 
 asyncio.run(main())
@@ -81,6 +89,7 @@ async def server_wheel(tmp_path: Path) -> Path:
         shutil.copy(REPO / name, source / name)
     ignore = shutil.ignore_patterns("__pycache__")
     shutil.copytree(REPO / "server", source / "server", ignore=ignore)
+    shutil.copytree(REPO / "build_support", source / "build_support", ignore=ignore)
     return await build(source, tmp_path / "wheels", "agentloop_server")
 
 
@@ -107,7 +116,11 @@ async def test_the_sdk_wheel_installs_alone_and_streams_a_turn(e2e: E2E, tmp_pat
     program = tmp_path / "main.py"
     program.write_text(PROGRAM)
     out = await run(python, str(program), e2e.target, cwd=tmp_path)
-    assert out.split() == ["turn_start", "turn_end"]
+    assert out.split() == [
+        "turn_start", "turn_end",
+        "INVALID_FIELD", "options.max_parallel_tool_calls",
+        "AGENT_NOT_FOUND", "agentloop.v1",
+    ]  # fmt: skip
     # The CLI ships with the SDK, as the `agentloop` console script.
     assert (await run(str(bin_dir / "agentloop"), "--version", cwd=tmp_path)).split() == [
         "agentloop",

@@ -33,6 +33,8 @@ async def test_the_example_plugins_conform(launcher: PluginLauncher, lang: str) 
 
     assert code == 0, output
     assert "PASS describe" in output and "PASS prompt_submit" in output
+    # The helpers take batches when offered: the same call again, in a CallBatch.
+    assert "PASS call_batch: prompt_submit" in output
     assert "PASS a cancel and a missed deadline, then a call: it is answered" in output
     assert output.strip().endswith("the plugin conforms")
 
@@ -46,6 +48,7 @@ async def test_the_model_example_conforms(launcher: PluginLauncher) -> None:
 
     assert code == 0, output
     assert "PASS model plugin-echo" in output
+    assert "PASS call_batch: model plugin-echo" in output
     assert "PASS a cancel and a missed deadline, then a call: it is answered" in output
 
 
@@ -66,8 +69,12 @@ async def test_the_model_example_conforms(launcher: PluginLauncher) -> None:
         ),
         (rogue("--name", "chatty", "--extras"), "FAIL call ids: answered more than once"),
         (rogue("--name", "garbler", "--garbage", "9"), "does not decode as a HandleResponse"),
+        (
+            rogue("--name", "batch-dropper", "--drop-batches"),
+            "FAIL call_batch: prompt_submit: no answer within its deadline",
+        ),
     ],
-    ids=["wrong-kind", "hang", "unknown-kind", "duplicates", "garbage"],
+    ids=["wrong-kind", "hang", "unknown-kind", "duplicates", "garbage", "drops-batches"],
 )
 async def test_a_broken_plugin_fails_with_reasons(
     launcher: PluginLauncher, argv: list[str], reason: str

@@ -55,6 +55,8 @@ class Rogue:
             subscriptions=[
                 hk.Subscription(seam=seam, failure_policy=hk.FAILURE_POLICY_FAIL_CLOSED)
             ],
+            # Listed, then every batch dropped (`handle` reads single calls only).
+            capabilities=["call_batch"] if self.args.drop_batches else [],
         )
 
     def answer(self, call: hk.HookCall) -> list[bytes]:
@@ -124,6 +126,7 @@ def main() -> None:
     parser.add_argument("--name", default="rogue")
     parser.add_argument("--garbage", type=int, default=0)
     parser.add_argument("--extras", action="store_true")
+    parser.add_argument("--drop-batches", action="store_true")
     parser.add_argument("--unknown-kind", action="store_true")
     parser.add_argument("--abort", action="store_true")
     parser.add_argument("--pre-execute", action="store_true")

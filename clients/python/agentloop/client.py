@@ -1,15 +1,16 @@
-"""Connect to an agentloop server, over plaintext or TLS, with a token or a client cert.
-
-Plaintext is for loopback; elsewhere TLS with a CA file, optionally with a client
-certificate (mutual TLS), and the server's bearer token. The verbs cover the common
-calls; the raw stubs (`factory`, `agents`, `registry`) everything else:
+"""The asynchronous facade: one verb per RPC, typed keyword arguments, typed errors.
 
     client = connect("agents.example:50051", token=token, ca_file="ca.pem")
-    await client.create("a")
+    await client.create("a", provider="scripted", tools=["word_count"])
     turn = await client.send("a", "hi")
     async for event in turn:  # the turn that answers this message, to its turn_end
         print(event)
+    view = await turn.view()  # its text, tool calls with results, usage and end
     await client.close()
+
+Every verb raises an `agentloop.errors.AgentloopError` subclass (`NotFound`,
+`InvalidArgument`, ...) with the server's `ErrorInfo` and `BadRequest` decoded. The raw
+stubs (`factory`, `agents`, `registry`) stay available for anything else.
 """
 
 from __future__ import annotations
@@ -17,15 +18,18 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Unpack
 
 import grpc
 
+from agentloop.connection import MAX_RECEIVE_BYTES, BearerToken, open_channel
 from agentloop.conversation import Conversation
+from agentloop.errors import call
+from agentloop.options import OptionFields, agent_options
 from agentloop.plugin.v1 import hook_service_pb2 as hook
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.plugin.v1 import plugin_registry_service_pb2_grpc
+from agentloop.reads import SessionReads
 from agentloop.stream import SessionStream
 from agentloop.turns import Turn
 from agentloop.v1 import agent_factory_service_pb2 as fac
@@ -34,7 +38,6 @@ from agentloop.v1 import (
     agent_pb2,
     agent_service_pb2_grpc,
     approval_pb2,
-    session_pb2,
 )
 from agentloop.v1 import agent_service_pb2 as api
 
@@ -45,12 +48,11 @@ if TYPE_CHECKING:
     from agentloop.v1.agent_factory_service_pb2_grpc import AgentFactoryServiceAsyncStub
     from agentloop.v1.agent_service_pb2_grpc import AgentServiceAsyncStub
 
-MAX_RECEIVE_BYTES = 4 * 1024 * 1024
-"""gRPC's default receive limit; the server bounds every event well under it."""
+__all__ = ["MAX_RECEIVE_BYTES", "BearerToken", "Client", "connect"]
 
 
 @dataclass
-class Client:
+class Client(SessionReads):
     """A channel to a server and its service stubs (made once: a stub is not free)."""
 
     channel: grpc.aio.Channel
@@ -76,6 +78,8 @@ class Client:
         """Close the channel."""
         await self.channel.close()
 
+    # Agents (AgentFactoryService).
+
     async def create(
         self,
         agent_id: str,
@@ -83,31 +87,39 @@ class Client:
         *,
         session_id: str = "",
         cwd: str = "",
+        **fields: Unpack[OptionFields],
     ) -> agent_pb2.Agent:
-        """Create an agent on a new session."""
+        """Create an agent on a new session (`session_id`: its id, else a new one).
+
+        The agent's options are `options` with each field given as a keyword set on top
+        (`provider=`, `model=`, `tools=`, ...: `OptionFields`); the server's defaults
+        for the rest.
+        """
         request = fac.CreateAgentRequest(
             agent_id=agent_id,
             session_id=session_id,
-            options=options,
+            options=agent_options(options, **fields),
             metadata=agent_pb2.SessionMetadata(cwd=cwd),
         )
-        return (await self.factory.CreateAgent(request, timeout=self.timeout)).agent
+        return (await call(self.factory.CreateAgent(request, timeout=self.timeout))).agent
 
     async def resume(
-        self, agent_id: str, session_id: str, options: agent_pb2.AgentOptions | None = None
+        self,
+        agent_id: str,
+        session_id: str,
+        options: agent_pb2.AgentOptions | None = None,
+        **fields: Unpack[OptionFields],
     ) -> agent_pb2.Agent:
-        """An agent over a stored session; without options, the session's stored ones."""
-        request = fac.ResumeAgentRequest(agent_id=agent_id, session_id=session_id, options=options)
-        return (await self.factory.ResumeAgent(request, timeout=self.timeout)).agent
+        """An agent over a stored session; without options, the session's stored ones.
 
-    async def fork(
-        self, session_id: str, boundary_seq: int | None = None, new_session_id: str = ""
-    ) -> session_pb2.Session:
-        """A new stored session with `session_id`'s events up to a `turn_end`."""
-        request = api.ForkSessionRequest(
-            session_id=session_id, boundary_seq=boundary_seq, new_session_id=new_session_id
+        Options as for `create`: `options` and the keyword fields on top of it.
+        """
+        request = fac.ResumeAgentRequest(
+            agent_id=agent_id,
+            session_id=session_id,
+            options=agent_options(options, **fields),
         )
-        return (await self.agents.ForkSession(request, timeout=self.timeout)).session
+        return (await call(self.factory.ResumeAgent(request, timeout=self.timeout))).agent
 
     async def delete_session(
         self, session_id: str, *, dispose_agent: bool = False, request_id: str = ""
@@ -125,7 +137,25 @@ class Client:
     async def dispose(self, agent_id: str) -> agent_pb2.Agent:
         """Dispose an agent; its session stays readable."""
         request = fac.DisposeAgentRequest(agent_id=agent_id)
-        return (await self.factory.DisposeAgent(request, timeout=self.timeout)).agent
+        return (await call(self.factory.DisposeAgent(request, timeout=self.timeout))).agent
+
+    async def get_agent(self, agent_id: str) -> agent_pb2.Agent:
+        """A live agent: its session, status, options and pending approvals."""
+        request = fac.GetAgentRequest(agent_id=agent_id)
+        return (await call(self.factory.GetAgent(request, timeout=self.timeout))).agent
+
+    async def list_agents(self) -> list[agent_pb2.Agent]:
+        """Every live agent, following the pages."""
+        agents: list[agent_pb2.Agent] = []
+        token = ""
+        while True:
+            request = fac.ListAgentsRequest(page_token=token)
+            page = await call(self.factory.ListAgents(request, timeout=self.timeout))
+            agents.extend(page.agents)
+            if not (token := page.next_page_token):
+                return agents
+
+    # Messages (AgentService).
 
     async def send(
         self,
@@ -136,7 +166,7 @@ class Client:
         steer: bool = False,
         stream: SessionStream | None = None,
     ) -> Turn:
-        """Send a message; the `Turn` that answers it (iterate it for its events).
+        """Send a message; the `Turn` that answers it (iterate it, or `await turn.view()`).
 
         The call carries a request id (a new one unless given), so a retry of it never
         queues the message twice, and the turn is found by it. With `steer`, the message
@@ -148,20 +178,49 @@ class Client:
         request_id = request_id or str(uuid.uuid4())
         steering = False
         if steer:
-            steered = await self.agents.SteerMessage(
-                api.SteerMessageRequest(agent_id=agent_id, text=text, request_id=request_id),
-                timeout=self.timeout,
-            )
+            steered = await self.steer(agent_id, text, request_id=request_id)
             next_seq, steering = steered.next_seq, steered.steering
         else:
-            sent = await self.agents.SendMessage(
-                api.SendMessageRequest(agent_id=agent_id, text=text, request_id=request_id),
-                timeout=self.timeout,
-            )
-            next_seq = sent.next_seq
+            request = api.SendMessageRequest(agent_id=agent_id, text=text, request_id=request_id)
+            next_seq = (await call(self.agents.SendMessage(request, timeout=self.timeout))).next_seq
         turn = Turn(lambda: self.agents, agent_id, request_id, next_seq, stream=stream)
         turn.steering = steering
         return turn
+
+    async def steer(
+        self, agent_id: str, text: str, *, request_id: str = ""
+    ) -> api.SteerMessageResponse:
+        """Steer the running turn (when idle: a message, answered by the next turn)."""
+        request = api.SteerMessageRequest(
+            agent_id=agent_id, text=text, request_id=request_id or str(uuid.uuid4())
+        )
+        return await call(self.agents.SteerMessage(request, timeout=self.timeout))
+
+    async def inject(
+        self, agent_id: str, text: str, *, request_id: str = ""
+    ) -> api.InjectContextResponse:
+        """Add context without running the model."""
+        request = api.InjectContextRequest(
+            agent_id=agent_id, text=text, request_id=request_id or str(uuid.uuid4())
+        )
+        return await call(self.agents.InjectContext(request, timeout=self.timeout))
+
+    async def cancel(self, agent_id: str, reason: str = "") -> api.CancelTurnResponse:
+        """Cancel the running turn and drop what is queued."""
+        request = api.CancelTurnRequest(agent_id=agent_id, reason=reason)
+        return await call(self.agents.CancelTurn(request, timeout=self.timeout))
+
+    async def wait_idle(self, agent_id: str, seconds: float | None = 30.0) -> api.WaitIdleResponse:
+        """Wait until the agent has nothing running or queued.
+
+        At most `seconds`, server-side (None: the server's default wait). The call's
+        deadline is `seconds` plus the client's `timeout`.
+        """
+        request = api.WaitIdleRequest(agent_id=agent_id)
+        if seconds is not None:
+            request.timeout.FromNanoseconds(int(seconds * 1e9))
+        deadline = None if self.timeout is None else (seconds or 0) + self.timeout
+        return await call(self.agents.WaitIdle(request, timeout=deadline))
 
     def conversation(self, agent_id: str) -> Conversation:
         """Message after message to one agent over one stream of its session.
@@ -172,55 +231,47 @@ class Client:
         """
         return Conversation(self, agent_id)
 
-    def stream(
+    # Approvals (AgentService).
+
+    async def approvals(self, agent_id: str) -> list[approval_pb2.ApprovalRequested]:
+        """The agent's tool calls waiting for approval, oldest first."""
+        request = api.ListApprovalsRequest(agent_id=agent_id)
+        listed = await call(self.agents.ListApprovals(request, timeout=self.timeout))
+        return list(listed.approvals)
+
+    async def resolve_approval(
         self,
+        agent_id: str,
+        approval_id: str,
         *,
-        agent_id: str = "",
-        session_id: str = "",
-        from_seq: int = 0,
-        replay_only: bool = False,
-    ) -> SessionStream:
-        """A session's events from `from_seq`, reconnecting after a failure.
+        allow: bool,
+        reason: str = "",
+        request_id: str = "",
+    ) -> approval_pb2.ApprovalResolved:
+        """Allow a waiting tool call once, or reject it (`reason`: what the model sees).
 
-        By `agent_id` (the live agent's session, with its live agent events) or by
-        `session_id`; `replay_only` ends it at the end of the stored log.
+        The call carries a request id (a new one unless given), so a retry returns the
+        first answer. An approval answered first by someone else raises
+        `FailedPrecondition` (reason APPROVAL_RESOLVED), naming who.
         """
-        return SessionStream(
-            lambda: self.agents,
+        request = api.ResolveApprovalRequest(
             agent_id=agent_id,
-            session_id=session_id,
-            from_seq=from_seq,
-            replay_only=replay_only,
+            approval_id=approval_id,
+            decision=approval_pb2.APPROVAL_DECISION_ALLOW_ONCE
+            if allow
+            else approval_pb2.APPROVAL_DECISION_REJECT,
+            reason=reason,
+            request_id=request_id or str(uuid.uuid4()),
         )
+        resolved = await call(self.agents.ResolveApproval(request, timeout=self.timeout))
+        return resolved.resolution
 
-    async def list_agents(self) -> list[agent_pb2.Agent]:
-        """Every live agent, following the pages."""
-        agents: list[agent_pb2.Agent] = []
-        token = ""
-        while True:
-            page = await self.factory.ListAgents(
-                fac.ListAgentsRequest(page_token=token), timeout=self.timeout
-            )
-            agents.extend(page.agents)
-            if not (token := page.next_page_token):
-                return agents
-
-    async def list_sessions(self) -> list[session_pb2.Session]:
-        """Every stored session, following the pages."""
-        sessions: list[session_pb2.Session] = []
-        token = ""
-        while True:
-            page = await self.agents.ListSessions(
-                api.ListSessionsRequest(page_token=token), timeout=self.timeout
-            )
-            sessions.extend(page.sessions)
-            if not (token := page.next_page_token):
-                return sessions
+    # Plugins (PluginRegistryService).
 
     async def plugins(self) -> list[reg.Plugin]:
         """The registered plugins, with their state and counters."""
-        listed = await self.registry.ListPlugins(reg.ListPluginsRequest(), timeout=self.timeout)
-        return list(listed.plugins)
+        request = reg.ListPluginsRequest()
+        return list((await call(self.registry.ListPlugins(request, timeout=self.timeout))).plugins)
 
     async def register_plugin(
         self,
@@ -240,83 +291,12 @@ class Client:
             request.order = order
         if deadline is not None:
             request.timeout.FromNanoseconds(int(deadline * 1e9))
-        return (await self.registry.RegisterPlugin(request, timeout=self.timeout)).plugin
+        return (await call(self.registry.RegisterPlugin(request, timeout=self.timeout))).plugin
 
     async def unregister_plugin(self, name: str) -> reg.UnregisterPluginResponse:
         """Unregister a plugin by name."""
-        return await self.registry.UnregisterPlugin(
-            reg.UnregisterPluginRequest(name=name), timeout=self.timeout
-        )
-
-    async def steer(
-        self, agent_id: str, text: str, *, request_id: str = ""
-    ) -> api.SteerMessageResponse:
-        """Steer the running turn (when idle: a message, answered by the next turn)."""
-        request = api.SteerMessageRequest(
-            agent_id=agent_id, text=text, request_id=request_id or str(uuid.uuid4())
-        )
-        return await self.agents.SteerMessage(request, timeout=self.timeout)
-
-    async def inject(
-        self, agent_id: str, text: str, *, request_id: str = ""
-    ) -> api.InjectContextResponse:
-        """Add context without running the model."""
-        request = api.InjectContextRequest(
-            agent_id=agent_id, text=text, request_id=request_id or str(uuid.uuid4())
-        )
-        return await self.agents.InjectContext(request, timeout=self.timeout)
-
-    async def cancel(self, agent_id: str, reason: str = "") -> api.CancelTurnResponse:
-        """Cancel the running turn and drop what is queued."""
-        return await self.agents.CancelTurn(
-            api.CancelTurnRequest(agent_id=agent_id, reason=reason), timeout=self.timeout
-        )
-
-    async def approvals(self, agent_id: str) -> list[approval_pb2.ApprovalRequested]:
-        """The agent's tool calls waiting for approval, oldest first."""
-        listed = await self.agents.ListApprovals(
-            api.ListApprovalsRequest(agent_id=agent_id), timeout=self.timeout
-        )
-        return list(listed.approvals)
-
-    async def resolve_approval(
-        self,
-        agent_id: str,
-        approval_id: str,
-        *,
-        allow: bool,
-        reason: str = "",
-        request_id: str = "",
-    ) -> approval_pb2.ApprovalResolved:
-        """Allow a waiting tool call once, or reject it (`reason`: what the model sees).
-
-        The call carries a request id (a new one unless given), so a retry returns the
-        first answer. An approval answered first by someone else raises
-        FAILED_PRECONDITION (reason APPROVAL_RESOLVED), naming who.
-        """
-        request = api.ResolveApprovalRequest(
-            agent_id=agent_id,
-            approval_id=approval_id,
-            decision=approval_pb2.APPROVAL_DECISION_ALLOW_ONCE
-            if allow
-            else approval_pb2.APPROVAL_DECISION_REJECT,
-            reason=reason,
-            request_id=request_id or str(uuid.uuid4()),
-        )
-        resolved = await self.agents.ResolveApproval(request, timeout=self.timeout)
-        return resolved.resolution
-
-    async def wait_idle(self, agent_id: str, seconds: float | None = 30.0) -> api.WaitIdleResponse:
-        """Wait until the agent has nothing running or queued.
-
-        At most `seconds`, server-side (None: the server's default wait). The call's
-        deadline is `seconds` plus the client's `timeout`.
-        """
-        request = api.WaitIdleRequest(agent_id=agent_id)
-        if seconds is not None:
-            request.timeout.FromNanoseconds(int(seconds * 1e9))
-        deadline = None if self.timeout is None else (seconds or 0) + self.timeout
-        return await self.agents.WaitIdle(request, timeout=deadline)
+        request = reg.UnregisterPluginRequest(name=name)
+        return await call(self.registry.UnregisterPlugin(request, timeout=self.timeout))
 
 
 def connect(
@@ -341,45 +321,7 @@ def connect(
             TLS exactly when a CA file or a client certificate is given.
         timeout: The deadline of each unary call of the verbs, in seconds (None: none).
     """
-    options = [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)]
-    use_tls = tls if tls is not None else bool(ca_file or cert_file)
-    if not use_tls:
-        interceptors = [BearerToken(token)] if token else None
-        channel = grpc.aio.insecure_channel(address, options, interceptors=interceptors)
-        return Client(channel, timeout=timeout)
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=_read(ca_file),
-        private_key=_read(key_file),
-        certificate_chain=_read(cert_file),
+    channel = open_channel(
+        address, token=token, ca_file=ca_file, cert_file=cert_file, key_file=key_file, tls=tls
     )
-    if token:
-        credentials = grpc.composite_channel_credentials(
-            credentials, grpc.access_token_call_credentials(token)
-        )
-    return Client(grpc.aio.secure_channel(address, credentials, options), timeout=timeout)
-
-
-def _read(path: str) -> bytes | None:
-    return Path(path).read_bytes() if path else None
-
-
-class BearerToken(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
-    """Adds `authorization: Bearer <token>` to every call of a plaintext channel.
-
-    gRPC's own token credentials refuse plaintext; plaintext is meant for loopback only.
-    """
-
-    def __init__(self, token: str) -> None:
-        self._metadata = ("authorization", f"Bearer {token}")
-
-    def _details(self, details: Any) -> Any:
-        metadata = grpc.aio.Metadata(*(details.metadata or ()), self._metadata)
-        return details._replace(metadata=metadata)
-
-    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        """A unary call with the token."""
-        return await continuation(self._details(details), request)
-
-    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        """A streaming call with the token."""
-        return await continuation(self._details(details), request)
+    return Client(channel, timeout=timeout)

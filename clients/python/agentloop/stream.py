@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from agentloop.errors import error_from
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
 
@@ -104,7 +105,7 @@ class SessionStream:
             except grpc.aio.AioRpcError as error:
                 self._call = None
                 if error.code() not in RETRYABLE or failures >= RECONNECTS:
-                    raise
+                    raise error_from(error) from None
                 failures += 1
                 self.reconnects += 1
                 await asyncio.sleep(min(0.05 * 2**failures, 2.0))

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from agentloop.stream import RECONNECTS, RETRYABLE, SessionStream
 from agentloop.v1 import session_event_pb2 as ev
+from agentloop.view import TextDeltas, TurnView
 
 if TYPE_CHECKING:
     from agentloop.v1.agent_service_pb2_grpc import AgentServiceAsyncStub
@@ -58,6 +59,7 @@ class Turn:
         """How many times the stream was reopened after a failure."""
         self.steering = False
         """For a steer: True when it joined the running turn (which answers it)."""
+        self._seen: list[ev.SessionEvent] = []  # what `view()` needs: all but chunks
 
     def __aiter__(self) -> AsyncIterator[ev.SessionEvent]:
         return self.events()
@@ -87,6 +89,8 @@ class Turn:
         stream.busy = True
         try:
             async for event in self._ours(stream):
+                if event.WhichOneof("payload") != "assistant_chunk":
+                    self._seen.append(event)
                 yield event
         finally:
             stream.busy = False
@@ -130,10 +134,25 @@ class Turn:
                 if rest:
                     stream.unread(events[-rest:])
 
+    async def view(self) -> TurnView:
+        """Read the turn to its end (what is left of it); its text, tool calls and usage."""
+        if self.end is None and self.dropped is None:
+            async for _ in self.events():
+                pass
+        return TurnView.of(self._seen)
+
+    async def text_deltas(self) -> AsyncIterator[str]:
+        """The turn's answer as it streams: text deltas only, never tool arguments."""
+        deltas = TextDeltas()
+        async for event in self.events():
+            if text := deltas.of(event):
+                yield text
+
     async def result(self) -> ev.SessionEvent:
         """Read the turn to its end; its `turn_end` (or the `message_dropped` event)."""
-        async for _ in self.events():
-            pass
+        if self.end is None and self.dropped is None:
+            async for _ in self.events():
+                pass
         found = self.end or self.dropped
         assert found is not None, "the stream ended before the turn did"
         return found

@@ -21,7 +21,7 @@ function scripted(steps, tools = []) {
 test("a created agent streams the turn that answers a message, to its end", async () => {
   const agent = await client.create("ts-1", scripted([{ text: "hello from the script" }]));
   assert.equal(agent.agentId, "ts-1");
-  const turn = await client.send("ts-1", "hi", "ts-request-1");
+  const turn = await client.send("ts-1", "hi", { requestId: "ts-request-1" });
   const events = [];
   for await (const event of turn) events.push(event);
   assert.equal(events[0].payload.case, "turnStart");

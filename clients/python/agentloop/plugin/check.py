@@ -6,7 +6,8 @@ It calls `Describe` (as the server does: protocol version 1, the default message
 limit, the offered capabilities) and checks the description; then it opens `Handle`
 and sends one representative call for each subscribed seam, one `tool_execute` per
 tool, one `model_stream` per model provider and one notification per observer, all
-at once (a correct plugin answers them concurrently); then a call withdrawn at once
+at once (a correct plugin answers them concurrently); to a plugin that lists the
+`call_batch` capability, the same calls again in one `CallBatch`; then a call withdrawn at once
 with `CancelCall`, and a call whose 1 ms deadline passes (the server cancels it
 then too). After each of those the stream must still serve. Each check prints PASS or
 FAIL with the reason; the exit code is 1 if any failed, 2 if the plugin is unreachable.
@@ -36,7 +37,10 @@ from agentloop.plugin.v1 import hook_service_pb2_grpc as rpc
 if TYPE_CHECKING:
     from agentloop.plugin.v1.hook_service_pb2_grpc import HookServiceAsyncStub
 
-CAPABILITIES = ("model_stream", "tool_execute", "event_kinds", "buffer_size")
+CAPABILITIES = ("model_stream", "tool_execute", "event_kinds", "buffer_size", "call_batch")
+"""Everything the server offers, so that every capability a plugin lists is exercised."""
+BATCH = "call_batch"
+"""The capability that lets the server write several calls in one message."""
 QUIET = 0.5
 """Seconds a notification, a cancelled call or a late call is given to (wrongly) answer."""
 
@@ -78,11 +82,25 @@ class Session:
 
     async def send(self, call: hs.HookCall) -> asyncio.Queue[hs.HandleResponse]:
         """Send a call; its answers arrive on the returned queue."""
-        queue: asyncio.Queue[hs.HandleResponse] = asyncio.Queue()
-        self.answers[call.call_id] = queue
-        async with self._writing:
-            await self.stream.write(hs.HandleRequest(call=call))
+        (queue,) = await self.send_batch([call], batched=False)
         return queue
+
+    async def send_batch(
+        self, calls: list[hs.HookCall], *, batched: bool = True
+    ) -> list[asyncio.Queue[hs.HandleResponse]]:
+        """Send calls in one `CallBatch` (or one call alone); a queue of answers for each."""
+        queues: list[asyncio.Queue[hs.HandleResponse]] = []
+        for call in calls:
+            queues.append(asyncio.Queue())
+            self.answers[call.call_id] = queues[-1]
+        request = (
+            hs.HandleRequest(batch=hs.CallBatch(calls=calls))
+            if batched
+            else hs.HandleRequest(call=calls[0])
+        )
+        async with self._writing:
+            await self.stream.write(request)
+        return queues
 
     async def cancel(self, call_id: str, reason: str) -> None:
         """Withdraw a call, as the server does on a cancelled turn or a deadline."""
@@ -122,6 +140,19 @@ async def run_call(
 ) -> None:
     """Send `call`, check what comes back (only that something does, if `answered_only`)."""
     queue = await session.send(call)
+    await judge(report, label, call, queue, seconds, answered_only=answered_only)
+
+
+async def judge(
+    report: Report,
+    label: str,
+    call: hs.HookCall,
+    queue: asyncio.Queue[hs.HandleResponse],
+    seconds: float,
+    *,
+    answered_only: bool = False,
+) -> None:
+    """Check what comes back for `call` (a notification: that nothing does)."""
     payload = call.WhichOneof("payload") or ""
     notification = payload in ("session_event", "agent_event", "tool_result")
     try:
@@ -162,27 +193,45 @@ async def check(address: str, token: str, seconds: float) -> Report:
     return report
 
 
-async def conversation(
-    session: Session, report: Report, description: hs.DescribeResponse, seconds: float
-) -> None:
-    """The calls, all at once; then a cancel and a missed deadline, each followed by a probe."""
-    runs = []
+def representative_calls(
+    description: hs.DescribeResponse, prefix: str, seconds: float
+) -> list[tuple[str, hs.HookCall, float]]:
+    """(label, call, deadline) for each subscribed seam, tool and model provider."""
+    calls = []
     for index, subscription in enumerate(description.subscriptions):
         spec = BY_SEAM.get(subscription.seam)
         if spec is None:
             continue
-        call = sample_call(f"k{index}", spec.payload)
         timeout = seconds
         if subscription.HasField("timeout"):
             timeout = subscription.timeout.ToNanoseconds() / 1e9
-        runs.append(run_call(session, report, spec.payload, call, timeout))
+        calls.append((spec.payload, sample_call(f"{prefix}k{index}", spec.payload), timeout))
     for index, tool in enumerate(description.tools):
-        call = sample_call(f"t{index}", "tool_execute", tool=tool.name)
-        runs.append(run_call(session, report, f"tool {tool.name}", call, seconds))
+        call = sample_call(f"{prefix}t{index}", "tool_execute", tool=tool.name)
+        calls.append((f"tool {tool.name}", call, seconds))
     for index, model in enumerate(description.models):
-        call = sample_call(f"m{index}", "model_stream", provider=model.provider)
-        runs.append(run_call(session, report, f"model {model.provider}", call, seconds))
-    await asyncio.gather(*runs)
+        call = sample_call(f"{prefix}m{index}", "model_stream", provider=model.provider)
+        calls.append((f"model {model.provider}", call, seconds))
+    return calls
+
+
+async def conversation(
+    session: Session, report: Report, description: hs.DescribeResponse, seconds: float
+) -> None:
+    """The calls, all at once, then in one batch; a cancel, a missed deadline, a probe.
+
+    The batch goes only to a plugin that lists `call_batch`.
+    """
+    calls = representative_calls(description, "", seconds)
+    await asyncio.gather(*(run_call(session, report, *each) for each in calls))
+    if BATCH in description.capabilities:
+        batch = representative_calls(description, "b", seconds)
+        if batch:
+            queues = await session.send_batch([call for _, call, _ in batch])
+            await asyncio.gather(*(
+                judge(report, f"{BATCH}: {label}", call, queue, timeout)
+                for (label, call, timeout), queue in zip(batch, queues, strict=True)
+            ))  # fmt: skip
     probe = next((s for s in description.subscriptions if s.seam in BY_SEAM
                   and BY_SEAM[s.seam].decision is not None), None)  # fmt: skip
     if probe is not None:

@@ -149,9 +149,11 @@ def sample_call(call_id: str, payload: str, *, tool: str = "", provider: str = "
     kind = kinds.get(payload, hs.CALL_KIND_SEAM)
     if spec is not None and spec.decision is None:
         kind = hs.CALL_KIND_NOTIFICATION
+    # Step 0 outside a step: a prompt is submitted before the turn's first step.
+    step = 0 if payload == "prompt_submit" else 1
     call = hs.HookCall(
         call_id=call_id, kind=kind, seam=spec.seam if spec else hs.SEAM_UNSPECIFIED,
-        agent_id="checker", session_id="checker-session", turn=1, step=1,
+        agent_id="checker", session_id="checker-session", turn=1, step=step,
         **{payload: payloads[payload]},  # type: ignore[arg-type]
     )  # fmt: skip
     call.timeout.FromSeconds(5)

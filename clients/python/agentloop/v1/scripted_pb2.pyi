@@ -73,7 +73,9 @@ class ScriptedStep(_message.Message):
     reasoning: _builtins.str
     """Reasoning is streamed as a reasoning block before the text."""
     finish: _stream_pb2.FinishKind.ValueType
-    """Finish is how the stream ends; unset means STOP."""
+    """Finish is how the stream ends; unset means STOP. A number that is no
+    FinishKind is INVALID_ARGUMENT.
+    """
     error_message: _builtins.str
     """ErrorMessage is the message of an ERROR or ABORTED finish."""
     error_code: _builtins.str
@@ -91,7 +93,7 @@ class ScriptedStep(_message.Message):
     @_builtins.property
     def chunk_delay(self) -> _duration_pb2.Duration:
         """ChunkDelay is slept before each chunk, so that a test can cancel
-        mid-stream.
+        mid-stream: 0 to 60 seconds (INVALID_ARGUMENT otherwise).
         """
 
     def __init__(

@@ -73,7 +73,8 @@ export type ScriptedStep = Message<"agentloop.v1.ScriptedStep"> & {
   toolCalls: ScriptedToolCall[];
 
   /**
-   * Finish is how the stream ends; unset means STOP.
+   * Finish is how the stream ends; unset means STOP. A number that is no
+   * FinishKind is INVALID_ARGUMENT.
    *
    * @generated from field: agentloop.v1.FinishKind finish = 4;
    */
@@ -102,7 +103,7 @@ export type ScriptedStep = Message<"agentloop.v1.ScriptedStep"> & {
 
   /**
    * ChunkDelay is slept before each chunk, so that a test can cancel
-   * mid-stream.
+   * mid-stream: 0 to 60 seconds (INVALID_ARGUMENT otherwise).
    *
    * @generated from field: google.protobuf.Duration chunk_delay = 8;
    */
