@@ -132,7 +132,7 @@ class Client(SessionReads):
         request = api.DeleteSessionRequest(
             session_id=session_id, dispose_agent=dispose_agent, request_id=request_id
         )
-        return await self.agents.DeleteSession(request, timeout=self.timeout)
+        return await call(self.agents.DeleteSession(request, timeout=self.timeout))
 
     async def dispose(self, agent_id: str) -> agent_pb2.Agent:
         """Dispose an agent; its session stays readable."""
@@ -272,6 +272,12 @@ class Client(SessionReads):
         """The registered plugins, with their state and counters."""
         request = reg.ListPluginsRequest()
         return list((await call(self.registry.ListPlugins(request, timeout=self.timeout))).plugins)
+
+    async def tool_sources(self) -> list[reg.ToolSource]:
+        """The configured MCP servers: transport, endpoint, state, last error and tools."""
+        request = reg.ListToolSourcesRequest()
+        response = await call(self.registry.ListToolSources(request, timeout=self.timeout))
+        return list(response.sources)
 
     async def register_plugin(
         self,

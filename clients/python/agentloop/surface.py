@@ -21,6 +21,7 @@ VERBS: dict[str, str] = {
     "agentloop.v1.AgentService.GetSession": "get_session",
     "agentloop.v1.AgentService.ListSessions": "list_sessions",
     "agentloop.v1.AgentService.ForkSession": "fork",
+    "agentloop.v1.AgentService.DeleteSession": "delete_session",
     "agentloop.v1.AgentService.ListSessionEvents": "list_events",
     "agentloop.v1.AgentService.StreamSessionEvents": "stream",
     "agentloop.v1.AgentService.ResolveApproval": "resolve_approval",
@@ -28,6 +29,7 @@ VERBS: dict[str, str] = {
     "agentloop.plugin.v1.PluginRegistryService.RegisterPlugin": "register_plugin",
     "agentloop.plugin.v1.PluginRegistryService.UnregisterPlugin": "unregister_plugin",
     "agentloop.plugin.v1.PluginRegistryService.ListPlugins": "plugins",
+    "agentloop.plugin.v1.PluginRegistryService.ListToolSources": "tool_sources",
 }
 """RPC full name (`package.Service.Method`) to the verb that calls it."""
 

@@ -230,7 +230,9 @@ class SyncClient:
     fork = _blocking(Client.fork)
     approvals = _blocking(Client.approvals)
     resolve_approval = _blocking(Client.resolve_approval)
+    delete_session = _blocking(Client.delete_session)
     plugins = _blocking(Client.plugins)
+    tool_sources = _blocking(Client.tool_sources)
     register_plugin = _blocking(Client.register_plugin)
     unregister_plugin = _blocking(Client.unregister_plugin)
 

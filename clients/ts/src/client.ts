@@ -11,6 +11,7 @@ import { FailurePolicy } from "./gen/agentloop/plugin/v1/hook_service_pb.js";
 import {
   PluginRegistryService,
   type Plugin,
+  type ToolSource,
   type UnregisterPluginResponse,
 } from "./gen/agentloop/plugin/v1/plugin_registry_service_pb.js";
 import { AgentFactoryService } from "./gen/agentloop/v1/agent_factory_service_pb.js";
@@ -18,6 +19,7 @@ import { AgentOptionsSchema, type Agent, type AgentOptions } from "./gen/agentlo
 import {
   AgentService,
   type CancelTurnResponse,
+  type DeleteSessionResponse,
   type InjectContextResponse,
   type SteerMessageResponse,
   type WaitIdleResponse,
@@ -257,6 +259,18 @@ export class AgentloopClient {
     return new SessionStream(this.agents, options);
   }
 
+  /**
+   * Delete a stored session for good (its forks stay). Refused with FAILED_PRECONDITION
+   * while a live agent drives it, unless `disposeAgent`: then that agent is disposed first.
+   */
+  async deleteSession(
+    sessionId: string,
+    { disposeAgent = false, requestId = "" }: { disposeAgent?: boolean; requestId?: string } = {},
+  ): Promise<DeleteSessionResponse> {
+    const request = { sessionId, disposeAgent, requestId };
+    return await call(this.agents.deleteSession(request, this.#call));
+  }
+
   /** A new stored session with `sessionId`'s events up to a `turnEnd`. */
   async fork(
     sessionId: string,
@@ -294,6 +308,11 @@ export class AgentloopClient {
   /** The registered plugins, with their state and counters. */
   async plugins(): Promise<Plugin[]> {
     return (await call(this.registry.listPlugins({}, this.#call))).plugins;
+  }
+
+  /** The configured MCP servers: transport, endpoint, state, last error and tools. */
+  async toolSources(): Promise<ToolSource[]> {
+    return (await call(this.registry.listToolSources({}, this.#call))).sources;
   }
 
   /**
