@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from agentloop.v1 import agent_pb2
 from server.core.errors import AlreadyExists, FailedPrecondition
 from server.core.tasks import cancel_and_wait
+from server.stores import StoreUnavailable
 from server.stores.postgres_leases import Holder, Lease, Leases
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,9 @@ class Cluster:
         while True:
             try:
                 await work()
-            except Exception:  # the database may be away for a moment: try again
+            except StoreUnavailable:  # the database is away for a moment: try again
+                log.warning("cluster: the store is unreachable; retrying")
+            except Exception:
                 log.warning("cluster: %s failed; retrying", work, exc_info=True)
             await asyncio.sleep(seconds)
 

@@ -26,6 +26,7 @@ from server.edge.api_plugins import PluginRegistryServicer, overrides_of
 from server.lifecycle.factory import AgentFactory
 from server.plugins.registry import PluginRegistry
 from server.settings.config import Config
+from server.stores import StoreUnavailable
 from server.stores.postgres import PostgresStore
 from server.stores.postgres_leases import Lease, Leases
 from server.stores.postgres_plugins import SharedPlugins
@@ -152,6 +153,8 @@ class Replica:
                     shared.here.discard(name)
                     if name in self.plugins.plugins:
                         await self.plugins.unregister(name)
-            except Exception:  # the database may be away for a moment
+            except StoreUnavailable:  # the database is away for a moment
+                log.warning("syncing the shared plugins: the store is unreachable; retrying")
+            except Exception:
                 log.warning("syncing the shared plugins failed; retrying", exc_info=True)
             await asyncio.sleep(self.config.lease_seconds)

@@ -35,6 +35,8 @@ from server.stores import (
     turn_of,
 )
 from server.stores.kinds import KIND_NAMES, KIND_NUMBERS, TURN_END, TURN_START
+from server.stores.postgres_outage import OUTAGES, StoreHealth, outages_unavailable
+from server.stores.postgres_pool import create_pool
 from server.stores.postgres_schema import LOCK_KEY, MIGRATIONS, MIGRATIONS_TABLE
 
 POOL_SIZE = 8
@@ -45,14 +47,18 @@ CHANNEL = "agentloop_events"
 Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
 
 
+@outages_unavailable(lambda store: store.health)
 class PostgresStore:
     """Sessions in a PostgreSQL database, shared by every replica that points at it."""
 
     persistent = True
 
-    def __init__(self, dsn: str, pool_size: int = POOL_SIZE) -> None:
+    def __init__(self, dsn: str, pool_size: int = POOL_SIZE, lease_seconds: float = 5.0) -> None:
         self.dsn = dsn
         self.pool_size = pool_size
+        self.lease_seconds = lease_seconds
+        """The replicas' lease time, which the connections' timeouts derive from."""
+        self.health = StoreHealth(self._probe)
         self._pool: asyncpg.Pool | None = None
         self._listener: asyncpg.Connection | None = None
         self._waiters: dict[str, set[asyncio.Event]] = {}
@@ -62,9 +68,10 @@ class PostgresStore:
         await self.pool()
 
     async def close(self) -> None:
-        """Close the listening connection and the pool."""
+        """Stop probing; close the listening connection and the pool."""
+        await self.health.close()
         if self._listener is not None:
-            await self._listener.close()
+            self._listener.terminate()
             self._listener = None
         if self._pool is not None:
             await self._pool.close()
@@ -73,14 +80,20 @@ class PostgresStore:
     async def pool(self) -> asyncpg.Pool:
         """The connection pool (connected and migrated on first use)."""
         if self._pool is None:
+            pool = await create_pool(self.dsn, self.pool_size, self.lease_seconds)
             try:
-                pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=self.pool_size)
-            except (OSError, asyncpg.PostgresError) as error:
-                raise SessionDamaged("", f"cannot reach the PostgreSQL store: {error}") from error
-            async with pool.acquire() as conn:
-                await migrate(conn)
+                async with pool.acquire() as conn:
+                    await migrate(conn)
+            except BaseException:
+                await pool.close()
+                raise
             self._pool = pool
         return self._pool
+
+    async def _probe(self) -> None:
+        """One round trip to the database (the health's reconnect attempts)."""
+        pool = await self.pool()
+        await pool.fetchval("SELECT 1")
 
     # -- writes ------------------------------------------------------------------------
 
@@ -93,10 +106,11 @@ class PostgresStore:
                     await _write(conn, session_id, writes)
         except asyncpg.UniqueViolationError as error:  # a second writer raced the checks
             raise StoreConflict(str(error)) from error
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-            raise StoreUnavailable(f"the PostgreSQL store: {error}") from error
-        except SessionDamaged as error:  # unreachable at connect
-            raise StoreUnavailable(str(error)) from error
+        except OUTAGES:
+            raise  # StoreUnavailable, by the class's wrapper
+        except asyncpg.PostgresError as error:
+            self.health.failed()
+            raise StoreUnavailable("the session store refused the commit; retry later") from error
 
     async def fork(
         self,
@@ -220,9 +234,11 @@ class PostgresStore:
         notification lost (a reconnect) costs a delay, never an event: the events
         table stays the truth.
         """
-        if self._listener is None:
-            self._listener = await asyncpg.connect(self.dsn)
-            await self._listener.add_listener(CHANNEL, self._notified)
+        if self._listener is None or self._listener.is_closed():  # first use, or it died
+            self._listener = None
+            listener = await asyncpg.connect(self.dsn, timeout=max(self.lease_seconds, 1.0))
+            await listener.add_listener(CHANNEL, self._notified)
+            self._listener = listener
         event = asyncio.Event()
         self._waiters.setdefault(session_id, set()).add(event)
         try:
@@ -331,6 +347,7 @@ class PostgresStore:
 
 async def migrate(conn: Conn) -> None:
     """Apply the missing migrations, once, however many replicas start together."""
+    await conn.execute("SET lock_timeout = 0")  # waiting for another replica's migration
     await conn.execute("SELECT pg_advisory_lock($1)", LOCK_KEY)
     try:
         await conn.execute(MIGRATIONS_TABLE)
@@ -354,6 +371,7 @@ async def migrate(conn: Conn) -> None:
                 )
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", LOCK_KEY)
+        await conn.execute("RESET lock_timeout")
 
 
 async def _write(conn: Conn, session_id: str, writes: SessionWrites) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from server.stores.postgres import PostgresStore
+from server.stores.postgres_outage import outages_unavailable
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Holder:
     address: str
 
 
+@outages_unavailable(lambda leases: leases.store.health)
 class Leases:
     """The lease table, as seen by one replica."""
 
