@@ -10,6 +10,7 @@ connections, concurrently with commits.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import asyncpg
 
@@ -59,6 +60,8 @@ class PostgresStore:
         self.lease_seconds = lease_seconds
         """The replicas' lease time, which the connections' timeouts derive from."""
         self.health = StoreHealth(self._probe)
+        self.may_write: Callable[[], bool] = lambda: True
+        """False while this replica must not act (its lease renewal is late): commits wait."""
         self._pool: asyncpg.Pool | None = None
         self._listener: asyncpg.Connection | None = None
         self._waiters: dict[str, set[asyncio.Event]] = {}
@@ -99,6 +102,8 @@ class PostgresStore:
 
     async def commit(self, commit: Commit) -> None:
         """Write the whole commit in one transaction (an outage is `StoreUnavailable`)."""
+        if not self.may_write():  # retried by the journal until a renewal or a fence decides
+            raise StoreUnavailable("this replica's leases are not renewed in time; retrying")
         try:
             pool = await self.pool()
             async with pool.acquire() as conn, conn.transaction():

@@ -26,6 +26,7 @@ from agentloop.conversation import Conversation
 from agentloop.plugin.v1 import hook_service_pb2 as hook
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.plugin.v1 import plugin_registry_service_pb2_grpc
+from agentloop.retrying import RetryUnavailable
 from agentloop.stream import SessionStream
 from agentloop.turns import Turn
 from agentloop.v1 import agent_factory_service_pb2 as fac
@@ -327,11 +328,16 @@ def connect(
         tls: Force TLS on (with the system's roots when no `ca_file`) or off; None means
             TLS exactly when a CA file or a client certificate is given.
         timeout: The deadline of each unary call of the verbs, in seconds (None: none).
+
+    A unary call refused with `AGENT_MOVING` or `STORE_UNAVAILABLE` (a replica between
+    owners, a database outage) is made again after the server's delay, with the same
+    request id (`agentloop.retrying`).
     """
     options = [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)]
     use_tls = tls if tls is not None else bool(ca_file or cert_file)
+    retry = RetryUnavailable()  # AGENT_MOVING, STORE_UNAVAILABLE: again, same request id
     if not use_tls:
-        interceptors = [BearerToken(token)] if token else None
+        interceptors: list[Any] = [retry, BearerToken(token)] if token else [retry]
         channel = grpc.aio.insecure_channel(address, options, interceptors=interceptors)
         return Client(channel, timeout=timeout)
     credentials = grpc.ssl_channel_credentials(
@@ -343,7 +349,8 @@ def connect(
         credentials = grpc.composite_channel_credentials(
             credentials, grpc.access_token_call_credentials(token)
         )
-    return Client(grpc.aio.secure_channel(address, credentials, options), timeout=timeout)
+    channel = grpc.aio.secure_channel(address, credentials, options, interceptors=[retry])
+    return Client(channel, timeout=timeout)
 
 
 def _read(path: str) -> bytes | None:
