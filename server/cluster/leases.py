@@ -172,9 +172,10 @@ class Cluster:
             )
             try:
                 await resume(lease)
-            except (AlreadyExists, FailedPrecondition) as error:
-                # Busy here (being disposed, or resumed by a call): the lease lapses,
-                # and a later sweep takes the agent again if nobody runs it by then.
+            except (AlreadyExists, FailedPrecondition, StoreUnavailable) as error:
+                # Busy here (being disposed, or resumed by a call), or the store is (a row
+                # still locked, an outage): the lease lapses, and a later sweep takes the
+                # agent again if nobody runs it by then. Never released: the agent lives.
                 log.warning("cluster: taking over agent %s deferred: %s", lease.agent_id, error)
             except Exception:
                 log.error("cluster: taking over agent %s failed", lease.agent_id, exc_info=True)

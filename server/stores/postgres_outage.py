@@ -29,6 +29,7 @@ OUTAGES: tuple[type[BaseException], ...] = (
     OSError,  # refused, reset, unreachable
     TimeoutError,  # connect or command timeout
     asyncpg.InterfaceError,  # the connection closed under a query; the pool is closing
+    asyncpg.exceptions.InternalClientError,  # a connection the server ended mid-transaction
     asyncpg.exceptions.PostgresConnectionError,  # SQLSTATE class 08
     asyncpg.exceptions.OperatorInterventionError,  # 57: shutdown, starting up, canceled
     asyncpg.exceptions.InsufficientResourcesError,  # 53: too many connections
@@ -36,6 +37,12 @@ OUTAGES: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.IdleInTransactionSessionTimeoutError,
 )
 """Errors that say "the database cannot serve this now", not "this is wrong"."""
+
+BUSY: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.LockNotAvailableError,
+    asyncpg.exceptions.QueryCanceledError,  # statement_timeout
+)
+"""Outages of one statement (another replica's lock, a timeout), not of the database."""
 
 PROBE_FIRST = 0.1
 PROBE_MAX = 2.0
@@ -115,7 +122,8 @@ def _guarded(
         try:
             return await method(self, *args, **kwargs)
         except OUTAGES as error:
-            health(self).failed()
+            if not isinstance(error, BUSY):
+                health(self).failed()
             log.debug("PostgreSQL outage in %s: %r", method.__qualname__, error)
             raise StoreUnavailable("the session store is unreachable; retry later") from error
 
