@@ -60,6 +60,10 @@ class Cluster:
         self._renewal: asyncio.Task[None] | None = None
         self._renewed_at = time.monotonic()
         """When the last successful renewal began (the leases it kept run a lease from then)."""
+        self._late: asyncio.TimerHandle | None = None
+        """Fires at the renew deadline unless a renewal succeeds first: says so in the log."""
+        self._stopped = False
+        """Whether the deadline passed (and was logged) since the last renewal in time."""
 
     # -- Ownership ---------------------------------------------------------------------
 
@@ -101,6 +105,27 @@ class Cluster:
             return True
         return time.monotonic() - self._renewed_at < RENEW_DEADLINE * self.leases.ttl
 
+    def _renewed(self, started: float) -> None:
+        self._renewed_at = max(self._renewed_at, started)
+        delay = self._renewed_at + RENEW_DEADLINE * self.leases.ttl - time.monotonic()
+        if delay <= 0:  # a renewal that took past the deadline: still not acting
+            return
+        if self._late is not None:
+            self._late.cancel()
+        elif self._stopped:
+            self._stopped = False
+            log.warning("cluster: renewed again; acting for this replica's agents")
+        self._late = asyncio.get_running_loop().call_later(delay, self._past_deadline)
+
+    def _past_deadline(self) -> None:
+        self._late = None
+        self._stopped = True
+        log.warning(
+            "cluster: no lease renewal for %.2f s (the renew deadline): this replica stops"
+            " acting for its agents until a renewal succeeds",
+            RENEW_DEADLINE * self.leases.ttl,
+        )
+
     async def register(self) -> None:
         """Record this replica and its address (before it creates any agent)."""
         await self.leases.register()
@@ -133,6 +158,9 @@ class Cluster:
         if self._renewal is not None:
             await cancel_and_wait([self._renewal])
             self._renewal = None
+        if self._late is not None:
+            self._late.cancel()
+            self._late = None
 
     async def _every(self, seconds: float, work: Callable[[], Awaitable[None]]) -> None:
         while True:
@@ -148,7 +176,7 @@ class Cluster:
         running = self._owned() | self._taking
         started = time.monotonic()
         kept = await self.leases.renew(running)
-        self._renewed_at = started
+        self._renewed(started)
         missing = running - kept
         for agent_id in sorted(await self.leases.taken(missing) if missing else ()):
             if agent_id in self._taking:  # taken over elsewhere before it was resumed here
