@@ -391,35 +391,40 @@ async def _write(conn: Conn, session_id: str, writes: SessionWrites) -> None:
             )
         except asyncpg.UniqueViolationError:
             raise AlreadyExists(f'session "{session_id}" already exists') from None
-    if writes.fence:
+    events = writes.events
+    if writes.fence and not events:
         stored_fence = await conn.fetchval(
             "SELECT fence FROM sessions WHERE session_id = $1 FOR SHARE", session_id
         )
         if stored_fence is None:
             raise SessionNotFound(session_id)
         check_fence(session_id, stored_fence, writes.fence)
-    events = writes.events
     if events:
         stored = events[0].seq - FIRST_SEQ  # the count these events must follow
         check_follows(session_id, stored, events)
-        moved = await conn.fetchval(
+        # One round trip: the fence, the count and the wake-up (NOTIFY, sent at commit).
+        moved = await conn.fetchrow(
             "UPDATE sessions SET event_count = $3, turn_count = greatest(turn_count, $4)"
-            " WHERE session_id = $1 AND event_count = $2 RETURNING 1",
+            " WHERE session_id = $1 AND event_count = $2 AND ($5::bigint = 0 OR fence = $5)"
+            " RETURNING 1 AS moved, pg_notify($6, $1)",
             session_id,
             stored,
             stored + len(events),
             turn_of(events),
+            writes.fence,
+            CHANNEL,
         )
         if moved is None:
-            stored = await conn.fetchval(
-                "SELECT event_count FROM sessions WHERE session_id = $1", session_id
+            row = await conn.fetchrow(
+                "SELECT fence, event_count FROM sessions WHERE session_id = $1", session_id
             )
-            if stored is None:
+            if row is None:
                 raise SessionNotFound(session_id)
+            check_fence(session_id, row["fence"], writes.fence)
             raise StoreConflict(
-                f'session "{session_id}": event {events[0].seq} does not follow the {stored} stored'
+                f'session "{session_id}": event {events[0].seq} does not follow the'
+                f" {row['event_count']} stored"
             )
-        await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, session_id)  # at commit
         await conn.copy_records_to_table(
             "events",
             records=[
