@@ -111,6 +111,9 @@ class Commit:
     """Everything one group commit writes, in one transaction."""
 
     sessions: dict[str, SessionWrites] = field(default_factory=dict)
+    unsure: str = field(default="", compare=False)
+    """A store's mark of an earlier attempt of this commit whose outcome it could not
+    learn (the connection broke around its end); the store checks it before retrying."""
 
     def of(self, session_id: str) -> SessionWrites:
         """The writes of `session_id` in this commit (created on first use)."""

@@ -104,18 +104,37 @@ class PostgresStore:
         """Write the whole commit in one transaction (an outage is `StoreUnavailable`)."""
         if not self.may_write():  # retried by the journal until a renewal or a fence decides
             raise StoreUnavailable("this replica's leases are not renewed in time; retrying")
+        if commit.unsure and await self._landed(commit):
+            return  # the attempt cut off at its end had committed: nothing to write again
+        xid: list[str] = []
         try:
             pool = await self.pool()
             async with pool.acquire() as conn, conn.transaction():
                 for session_id, writes in commit.sessions.items():
-                    await _write(conn, session_id, writes)
+                    await _write(conn, session_id, writes, xid)
         except asyncpg.UniqueViolationError as error:  # a second writer raced the checks
             raise StoreConflict(str(error)) from error
         except OUTAGES:
+            commit.unsure = xid[0] if xid else ""  # did it commit? asked before the retry
             raise  # StoreUnavailable, by the class's wrapper
         except asyncpg.PostgresError as error:
             self.health.failed()
             raise StoreUnavailable("the session store refused the commit; retry later") from error
+
+    async def _landed(self, commit: Commit) -> bool:
+        """Whether the earlier attempt of `commit` (transaction `commit.unsure`) committed.
+
+        A connection lost while COMMIT was on its way leaves the outcome unknown: the
+        retry would then find its own events stored and be refused as a second writer.
+        PostgreSQL keeps each transaction's status (`pg_xact_status`); one still in
+        progress (its backend has not noticed the lost client yet) is waited for.
+        """
+        pool = await self.pool()
+        status = await pool.fetchval("SELECT pg_xact_status($1::text::xid8)", commit.unsure)
+        if status == "in progress":
+            raise StoreUnavailable("an earlier attempt of the commit is still open; retrying")
+        commit.unsure = ""
+        return bool(status == "committed")
 
     async def fork(
         self,
@@ -379,7 +398,8 @@ async def migrate(conn: Conn) -> None:
         await conn.execute("RESET lock_timeout")
 
 
-async def _write(conn: Conn, session_id: str, writes: SessionWrites) -> None:
+async def _write(conn: Conn, session_id: str, writes: SessionWrites, xid: list[str]) -> None:
+    """One session's writes; the transaction's id joins `xid` at the first append."""
     header = writes.create
     if header is not None:
         try:
@@ -406,7 +426,7 @@ async def _write(conn: Conn, session_id: str, writes: SessionWrites) -> None:
         moved = await conn.fetchrow(
             "UPDATE sessions SET event_count = $3, turn_count = greatest(turn_count, $4)"
             " WHERE session_id = $1 AND event_count = $2 AND ($5::bigint = 0 OR fence = $5)"
-            " RETURNING 1 AS moved, pg_notify($6, $1)",
+            " RETURNING pg_current_xact_id()::text AS xid, pg_notify($6, $1)",
             session_id,
             stored,
             stored + len(events),
@@ -414,6 +434,8 @@ async def _write(conn: Conn, session_id: str, writes: SessionWrites) -> None:
             writes.fence,
             CHANNEL,
         )
+        if moved is not None and not xid:
+            xid.append(moved["xid"])
         if moved is None:
             row = await conn.fetchrow(
                 "SELECT fence, event_count FROM sessions WHERE session_id = $1", session_id
