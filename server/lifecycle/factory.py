@@ -334,8 +334,7 @@ class AgentFactory:
         await agent.tasks.close()  # what the agent still runs (an approver's ask) ends here
         if self.agents.get(agent.agent_id) is agent:
             del self.agents[agent.agent_id]
-            if agent.agent_id not in self._abandoned:  # moved elsewhere: alive, not disposed
-                self.disposed.add(agent.agent_id)
+            self.disposed.add(agent.agent_id)  # replicas route its calls by lease first
             agent.emit(S.DISPOSED, agent, ae.AgentEvent(disposed=ae.AgentDisposed()))
         try:
             await self.runtime.persistence.flush(agent.session)
