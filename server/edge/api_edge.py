@@ -19,6 +19,7 @@ import grpc
 from server.edge.api_access import AccessLog
 from server.edge.api_guard import STREAM_METHOD, RequestGuard, Undecodable, guarded, refuse
 from server.edge.auth import TokenAuth, refusal
+from server.edge.status import abort_unexpected
 
 if TYPE_CHECKING:
     Continuation = Callable[
@@ -80,7 +81,12 @@ class Edge(grpc.aio.ServerInterceptor):
             with observed(method, context) as observation:
                 if isinstance(request, Undecodable):
                     await refuse(context, request)
-                return await observation.run(behaviour, request, context)
+                try:
+                    return await observation.run(behaviour, request, context)
+                except grpc.aio.AbortError:
+                    raise
+                except Exception as error:  # unmapped: a status all the same, never UNKNOWN
+                    await abort_unexpected(context, error)
 
         return unary
 
@@ -99,6 +105,10 @@ class Edge(grpc.aio.ServerInterceptor):
                             yield response
                     else:  # a handler that writes with `context.write` (health's Watch)
                         await result
+                except grpc.aio.AbortError:
+                    raise
+                except Exception as error:  # a store outage mid-stream ends it UNAVAILABLE
+                    await abort_unexpected(context, error)
                 finally:
                     guard.streams -= counted
 

@@ -4,12 +4,15 @@ An interceptor of the agent-scoped methods (those that name an `agent_id`): when
 agent is not live here but another replica holds its lease, the call is made again on
 that replica, with the caller's metadata (its token) and a marker that stops it from
 being forwarded twice, and the answer (or the status, or the stream of responses) is
-passed back unchanged. Calls by session id are served from the shared store by any
-replica and are never forwarded.
+passed back unchanged. An agent between owners, or an owner that does not answer (it
+died, or is cut off), is `UNAVAILABLE` with reason `AGENT_MOVING` and a retry delay
+(`server.cluster.routing`). Calls by session id are served from the shared store by
+any replica and are never forwarded.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -19,6 +22,9 @@ from google.protobuf import message_factory
 from google.protobuf.message import Message
 
 from agentloop.v1 import agent_factory_service_pb2, agent_service_pb2
+from server.edge.status import abort
+from server.kernel.errors import AgentLoopError
+from server.stores import StoreUnavailable
 
 if TYPE_CHECKING:
     Continuation = Callable[
@@ -33,7 +39,12 @@ OWNER_CACHE_SECONDS = 0.5
 """How long an owner's address is reused before the leases are asked again (a failover
 shows after at most this long; a call to a dead owner also drops its entry)."""
 
-OwnerAddress = Callable[[str], Awaitable[str | None]]
+OwnerAddress = Callable[[str, bool], Awaitable[str | None]]
+"""The owner's address of an agent (given whether the call was forwarded already); None
+to answer here; raises a domain error (the agent is moving) to refuse the call."""
+
+Moving = Callable[[str], AgentLoopError]
+"""The refusal of a call whose owner did not answer."""
 
 ASK_TIMEOUT = 5.0
 """Seconds a replica waits for another one it asks (a list of agents)."""
@@ -70,17 +81,22 @@ class Forwarder(grpc.aio.ServerInterceptor):
         self,
         is_local: Callable[[str], bool],
         owner_address: OwnerAddress,
+        moving: Moving,
         token: str = "",
         credentials: grpc.ChannelCredentials | None = None,
+        watch_seconds: float = 1.0,
     ) -> None:
         self.is_local = is_local
         self.owner_address = owner_address
+        self.moving = moving
+        self.watch_seconds = watch_seconds
+        """While a forwarded unary call waits, how often the owner's lease is checked."""
         self.token = token
         """The server's own token, for the calls it makes of its own accord."""
         self.credentials = credentials
         """TLS to the other replicas (they serve TLS when this one does); None: plaintext."""
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self._owners: dict[str, tuple[str | None, float]] = {}
+        self._owners: dict[str, tuple[str, float]] = {}
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
@@ -145,16 +161,19 @@ class Forwarder(grpc.aio.ServerInterceptor):
         agent_id = getattr(request, "agent_id", "")
         if not isinstance(agent_id, str) or not agent_id or self.is_local(agent_id):
             return None
-        if any(key == FORWARDED for key, _ in context.invocation_metadata() or ()):
-            return None  # forwarded once already: answer here
+        forwarded = any(key == FORWARDED for key, _ in context.invocation_metadata() or ())
         now = time.monotonic()
         cached = self._owners.get(agent_id)
-        if cached is not None and cached[1] > now:
+        if cached is not None and cached[1] > now and not forwarded:
             return cached[0]
-        address = await self.owner_address(agent_id)
-        if len(self._owners) > 10_000:
-            self._owners.clear()
-        self._owners[agent_id] = (address, now + OWNER_CACHE_SECONDS)
+        try:
+            address = await self.owner_address(agent_id, forwarded)
+        except AgentLoopError as error:  # between owners
+            await abort(context, error)
+        if address is not None and not forwarded:
+            if len(self._owners) > 10_000:
+                self._owners.clear()
+            self._owners[agent_id] = (address, now + OWNER_CACHE_SECONDS)
         return address
 
     def _channel(self, address: str) -> grpc.aio.Channel:
@@ -184,14 +203,33 @@ class Forwarder(grpc.aio.ServerInterceptor):
             request_serializer=type(request).SerializeToString,
             response_deserializer=response_type.FromString,
         )
-        try:
-            return await call(
-                request, metadata=self._metadata(context), timeout=context.time_remaining()
+        agent_id = getattr(request, "agent_id", "")
+        answer = asyncio.ensure_future(
+            _awaited(
+                call(request, metadata=self._metadata(context), timeout=context.time_remaining())
             )
+        )
+        try:
+            while True:  # an owner that is paused or cut off never answers: watch its lease
+                done, _ = await asyncio.wait({answer}, timeout=self.watch_seconds)
+                if done:
+                    return answer.result()
+                if not await self._still_owner(agent_id, address):
+                    self._owners.pop(agent_id, None)
+                    await abort(context, self.moving(agent_id))
         except grpc.aio.AioRpcError as error:
-            if error.code() == grpc.StatusCode.UNAVAILABLE:
-                self._owners.pop(getattr(request, "agent_id", ""), None)  # ask again next time
-            await _abort_as(error, context)
+            await self._refused(error, request, context)
+        finally:
+            answer.cancel()
+
+    async def _still_owner(self, agent_id: str, address: str) -> bool:
+        """Whether the replica at `address` still holds the agent's lease (or none can tell)."""
+        try:
+            return await self.owner_address(agent_id, False) == address
+        except StoreUnavailable:  # the database cannot say now: keep waiting for the owner
+            return True
+        except AgentLoopError:  # expired, or taken by this replica: moving
+            return False
 
     async def _forward_stream(
         self,
@@ -211,9 +249,27 @@ class Forwarder(grpc.aio.ServerInterceptor):
             async for response in responses:
                 yield response
         except grpc.aio.AioRpcError as error:
-            await _abort_as(error, context)
+            await self._refused(error, request, context)
         finally:
             responses.cancel()
+
+    async def _refused(self, error: grpc.aio.AioRpcError, request: Any, context: Context) -> None:
+        """Pass the owner's refusal on; an owner that did not answer means "moving"."""
+        if error.code() == grpc.StatusCode.UNAVAILABLE:
+            agent_id = getattr(request, "agent_id", "")
+            self._owners.pop(agent_id, None)  # ask the leases again next time
+            if not _has_details(error):  # not the owner's answer: it is gone or cut off
+                await abort(context, self.moving(agent_id))
+        await _abort_as(error, context)
+
+
+async def _awaited(call: Any) -> Any:
+    return await call
+
+
+def _has_details(error: grpc.aio.AioRpcError) -> bool:
+    """Whether a status came from a server of ours (rich details), not from the transport."""
+    return any(key == "grpc-status-details-bin" for key, _ in error.trailing_metadata() or ())
 
 
 async def _abort_as(error: grpc.aio.AioRpcError, context: Context) -> None:

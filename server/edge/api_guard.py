@@ -13,8 +13,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf.message import Message
 
-from server.edge.status import abort_with, rich_status
+from server.edge.api_integers import INT64_MAX, too_large
+from server.edge.status import abort, abort_with, rich_status
+from server.kernel.errors import InvalidArgument
 from server.kernel.limits import Limits
 
 if TYPE_CHECKING:  # the grpc stubs are generic only to the type checker
@@ -34,6 +37,8 @@ class Undecodable:
     """What the guarded deserializer returns for bytes that do not parse."""
 
     problem: str
+    field: str = ""
+    """The field whose value no message of ours may hold (an integer out of range)."""
 
 
 class RequestGuard:
@@ -108,9 +113,13 @@ def guarded(decode: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | N
 
     def safe(data: bytes) -> Any:
         try:
-            return decode(data)
+            request = decode(data)
         except Exception as error:  # any parse failure is the client's
             return Undecodable(f"{type(error).__name__}: {error}"[:200])
+        field = too_large(request) if isinstance(request, Message) else ""
+        if field:
+            return Undecodable(f"must be at most {INT64_MAX}", field)
+        return request
 
     return safe
 
@@ -137,6 +146,8 @@ _refusals = _RateLimitedLog()
 async def refuse(context: Context, request: Undecodable) -> None:
     """Abort INVALID_ARGUMENT; logged at INFO, rate-limited: the fault is the client's."""
     _refusals.info("refused an undecodable request body: %s", request.problem)
+    if request.field:
+        await abort(context, InvalidArgument(request.field, request.problem))
     await abort_with(
         context,
         rich_status(

@@ -74,7 +74,7 @@ def build_store(config: Config) -> SessionStore:
     if config.store == "memory":
         return MemoryStore()
     if config.store == "postgres":
-        return PostgresStore(config.postgres_dsn)
+        return PostgresStore(config.postgres_dsn, lease_seconds=config.lease_seconds)
     return SqliteStore(Path(config.data_dir) / "agentloop.db", config.durability)
 
 
@@ -258,6 +258,8 @@ class App:
             log.info("console on http%s://%s:%d/", "s" * bool(self.credentials), host, http_port)
         await self._readiness(self.plugins.ready())
         self.plugins.on_readiness = self._on_readiness
+        if isinstance(self.runtime.store, PostgresStore):  # readiness follows the database
+            self.runtime.store.health.on_change = lambda _: self._on_readiness(self.plugins.ready())
         await self.server.start()
         if self.replica is not None:
             await self.replica.join(self.port)
@@ -302,6 +304,7 @@ class App:
         return self.port
 
     async def _readiness(self, ready: bool) -> None:
+        ready = ready and self._store_reachable()
         serving = health_pb2.HealthCheckResponse.SERVING
         not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
         await self.health.set(READINESS_SERVICE, serving if ready else not_serving)
@@ -309,6 +312,11 @@ class App:
     def _on_readiness(self, ready: bool) -> None:
         """Readiness may have changed (a required plugin came or went): tell health."""
         self._health_updates.start(self._readiness(ready))
+
+    def _store_reachable(self) -> bool:
+        """False while a shared store is unreachable (it reconnects meanwhile)."""
+        health = getattr(self.runtime.store, "health", None)
+        return health is None or bool(health.reachable)
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown: NOT_SERVING, dispose agents (turns end `disposed`), stop.

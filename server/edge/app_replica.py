@@ -19,13 +19,16 @@ import grpc
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2
 from server.cluster.leases import Cluster
+from server.cluster.routing import AgentMoving, Router
 from server.edge import page_tokens
 from server.edge.api_forward import Forwarder
 from server.edge.api_plugins import PluginRegistryServicer, overrides_of
+from server.kernel.errors import AgentLoopError
 from server.kernel.tasks import cancel_and_wait
 from server.lifecycle.factory import AgentFactory
 from server.plugins.registry import PluginRegistry
 from server.settings.config import Config
+from server.stores import StoreUnavailable
 from server.stores.postgres import PostgresStore
 from server.stores.postgres_leases import Lease, Leases
 from server.stores.postgres_plugins import SharedPlugins
@@ -54,8 +57,14 @@ class Replica:
         self.plugins = plugins
         self.plugin_servicer = plugin_servicer
         self.cluster: Cluster | None = None
+        self.router: Router | None = None
         self.forwarder = Forwarder(
-            lambda agent_id: agent_id in factory.agents, self.owner_address, token, credentials
+            self.serves,
+            self.owner_address,
+            self.moving,
+            token,
+            credentials,
+            watch_seconds=config.lease_seconds / 3,
         )
         self.shared = SharedPlugins(store)
         self._plugin_sync: asyncio.Task[None] | None = None
@@ -65,7 +74,10 @@ class Replica:
         host = self.config.listen.rpartition(":")[0]
         address = self.config.advertise_address or f"{host}:{port}"
         replica_id = self.config.replica_id or f"{socket.gethostname()}-{os.getpid()}"
-        self.cluster = Cluster(Leases(self.store, replica_id, address, self.config.lease_seconds))
+        leases = Leases(self.store, replica_id, address, self.config.lease_seconds)
+        self.cluster = Cluster(leases)
+        self.store.may_write = self.cluster.acting
+        self.router = Router(replica_id, leases.locate, self.config.lease_seconds)
         self.factory.ownership = self.cluster
         self.factory.catalogue.repair_on_read = False  # another replica's running turn looks open
         await self.cluster.register()
@@ -84,7 +96,7 @@ class Replica:
         self._plugin_sync = asyncio.create_task(self._sync_plugins())
 
     async def stop_loops(self) -> None:
-        """No renewal, no takeover, no plugin sync: the agents are about to close."""
+        """No takeover, no plugin sync: the agents are about to close (renewal goes on)."""
         if self._plugin_sync is not None:
             await cancel_and_wait([self._plugin_sync])
         if self.cluster is not None:
@@ -103,10 +115,20 @@ class Replica:
         """Close the channels to the other replicas."""
         await self.forwarder.close()
 
-    async def owner_address(self, agent_id: str) -> str | None:
-        """Where the replica that owns `agent_id` listens, when it is another one."""
-        holder = await self.cluster.owner_of(agent_id) if self.cluster is not None else None
-        return holder.address if holder is not None and holder.address else None
+    def serves(self, agent_id: str) -> bool:
+        """Whether this replica answers for `agent_id` itself: it runs it, and may act."""
+        acting = self.cluster is None or self.cluster.acting()
+        return acting and self.factory.serves(agent_id)
+
+    async def owner_address(self, agent_id: str, forwarded: bool) -> str | None:
+        """Where the replica that owns `agent_id` listens; None: here; `AgentMoving`."""
+        if self.router is None:
+            return None
+        return await self.router.owner_address(agent_id, forwarded)
+
+    def moving(self, agent_id: str) -> AgentLoopError:
+        """The refusal of a call for `agent_id` whose owner did not answer."""
+        return AgentMoving(agent_id, self.router.retry_seconds if self.router else 1.0)
 
     async def other_agents(
         self, after: str | None, size: int
@@ -152,6 +174,8 @@ class Replica:
                     shared.here.discard(name)
                     if name in self.plugins.plugins:
                         await self.plugins.unregister(name)
-            except Exception:  # the database may be away for a moment
+            except StoreUnavailable:  # the database is away for a moment
+                log.warning("syncing the shared plugins: the store is unreachable; retrying")
+            except Exception:
                 log.warning("syncing the shared plugins failed; retrying", exc_info=True)
             await asyncio.sleep(self.config.lease_seconds)

@@ -9,6 +9,7 @@ whose details hold an `ErrorInfo` (a reason from the documented list in
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
@@ -28,8 +29,11 @@ from server.kernel.errors import (
     OutOfRange,
     ResourceExhausted,
     SessionDamaged,
+    Unavailable,
 )
-from server.stores import StoreConflict, StoreUnavailable
+from server.stores import StoreConflict
+
+log = logging.getLogger(__name__)
 
 DOMAIN = "agentloop.v1"
 """The `ErrorInfo.domain` of every error this server reports."""
@@ -43,7 +47,7 @@ CODES: list[tuple[type[AgentLoopError], grpc.StatusCode]] = [
     (OutOfRange, grpc.StatusCode.OUT_OF_RANGE),
     (SessionDamaged, grpc.StatusCode.DATA_LOSS),
     (StoreConflict, grpc.StatusCode.ABORTED),
-    (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (Unavailable, grpc.StatusCode.UNAVAILABLE),
 ]
 
 Response = TypeVar("Response")
@@ -72,10 +76,18 @@ def rich_status(
     metadata: dict[str, str] | None = None,
     field: str = "",
     problem: str = "",
+    retry_seconds: float = 0.0,
 ) -> status_pb2.Status:
-    """A `google.rpc.Status` with an `ErrorInfo`, and a `BadRequest` when a field is named."""
+    """A `google.rpc.Status` with an `ErrorInfo`, and a `BadRequest` when a field is named.
+
+    With `retry_seconds`, a `RetryInfo` too: when the same call may succeed again.
+    """
     info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=metadata or {})
     details = [_packed(info)]
+    if retry_seconds > 0:
+        retry = error_details_pb2.RetryInfo()
+        retry.retry_delay.FromNanoseconds(int(retry_seconds * 1e9))
+        details.append(_packed(retry))
     if field:
         violation = error_details_pb2.BadRequest.FieldViolation(
             field=field, description=problem or message, reason=reason
@@ -86,10 +98,14 @@ def rich_status(
 
 def status_of(error: AgentLoopError) -> status_pb2.Status:
     """The rich status of a domain error."""
-    field, problem = "", ""
+    field, problem, retry = "", "", 0.0
     if isinstance(error, InvalidArgument):
         field, problem = error.field, error.problem
-    return rich_status(code_of(error), str(error), error.reason, error.metadata, field, problem)
+    if isinstance(error, Unavailable):
+        retry = error.retry_seconds
+    return rich_status(
+        code_of(error), str(error), error.reason, error.metadata, field, problem, retry
+    )
 
 
 async def abort_with(context: Context, status: status_pb2.Status) -> NoReturn:
@@ -102,6 +118,22 @@ async def abort_with(context: Context, status: status_pb2.Status) -> NoReturn:
 async def abort(context: Context, error: AgentLoopError) -> NoReturn:
     """End the call with the status of a domain error."""
     await abort_with(context, status_of(error))
+
+
+async def abort_unexpected(context: Context, error: Exception) -> NoReturn:
+    """End a call whose handler raised: its domain status, else `INTERNAL` (never `UNKNOWN`).
+
+    The last line of defence: a domain error a handler did not map keeps its status;
+    anything else is a bug, logged here with its traceback and reported without its
+    text (a driver's message names internals).
+    """
+    if isinstance(error, AgentLoopError):
+        await abort(context, error)
+    log.error("a call failed unexpectedly", exc_info=error)
+    await abort_with(
+        context,
+        rich_status(grpc.StatusCode.INTERNAL, "internal error (logged by the server)", "INTERNAL"),
+    )
 
 
 def mapped(method: Method[Response]) -> Method[Response]:

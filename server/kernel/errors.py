@@ -11,6 +11,7 @@ AgentLoopError            any error a caller can be told about
 ├── ResourceExhausted     a limit was reached               -> RESOURCE_EXHAUSTED
 ├── OutOfRange            past the end of a log             -> OUT_OF_RANGE
 ├── SessionDamaged        a stored session cannot be read   -> DATA_LOSS
+├── Unavailable           try again after `retry_seconds`   -> UNAVAILABLE (+ RetryInfo)
 └── StoreConflict         another writer owns the session   -> ABORTED (server.stores)
 CodedError                a failure inside a turn with a machine-readable code
 └── TurnFatal             one that ends the turn even inside a tool call
@@ -116,6 +117,14 @@ class SessionDamaged(AgentLoopError):
         what = f'session "{session_id}"' if session_id else "session store"
         super().__init__(f"{what} is damaged: {problem}", session_id=session_id)
         self.session_id = session_id
+
+
+class Unavailable(AgentLoopError):
+    """Not now: the same call may succeed after `retry_seconds` (an outage, a move)."""
+
+    reason = "UNAVAILABLE"
+    retry_seconds = 1.0
+    """The delay a client should wait before retrying (`RetryInfo.retry_delay`)."""
 
 
 class CodedError(Exception):

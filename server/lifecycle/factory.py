@@ -289,6 +289,14 @@ class AgentFactory:
             raise AgentNotFound(agent_id)
         return agent
 
+    def serves(self, agent_id: str) -> bool:
+        """Whether calls for `agent_id` are answered by this server's live agent.
+
+        Not while it is being created or resumed, nor once it was abandoned to another owner.
+        """
+        agent = self.agents.get(agent_id)
+        return agent is not None and agent.published and agent_id not in self._abandoned
+
     def held(self) -> set[str]:
         """The agents this server holds: live, being created, resumed or disposed.
 
@@ -327,7 +335,7 @@ class AgentFactory:
         await agent.tasks.close()  # what the agent still runs (an approver's ask) ends here
         if self.agents.get(agent.agent_id) is agent:
             del self.agents[agent.agent_id]
-            self.disposed.add(agent.agent_id)
+            self.disposed.add(agent.agent_id)  # replicas route its calls by lease first
             agent.emit(S.DISPOSED, agent, ae.AgentEvent(disposed=ae.AgentDisposed()))
         try:
             await self.runtime.persistence.flush(agent.session)

@@ -78,7 +78,8 @@ class SessionCatalogue:
         if cached is not None:
             summary = await self.store.summary(session_id)
             if summary.event_count == len(cached):
-                self._readonly.move_to_end(session_id)
+                if self._readonly.get(session_id) is cached:  # not evicted while we waited
+                    self._readonly.move_to_end(session_id)
                 return cached
         loaded = await self.load(session_id)
         self._readonly[session_id] = loaded

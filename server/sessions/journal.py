@@ -54,7 +54,9 @@ GATHER_BUSY = 4
 """Ready callbacks from which the loop counts as loaded (`_gather`)."""
 
 RETRY_INITIAL = 0.05
-RETRY_MAX = 5.0
+RETRY_MAX = 1.0
+"""Seconds: a commit is retried at least this often while the store is away, so that
+the writes waiting for it land within a second of its return."""
 
 
 class _Group:

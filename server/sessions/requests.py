@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 from server.kernel.errors import InvalidArgument
-from server.stores import SessionStore
+from server.stores import SessionStore, StoreUnavailable
 
 MAX_REQUEST_ID = 128
 """The longest request id accepted, in characters."""
@@ -38,6 +38,9 @@ def check_request_id(request_id: str) -> None:
 
 RECENT = 10_000
 """Answers kept in memory after their commit, for duplicates whose store lookup raced it."""
+
+OUTAGE_POLL = 0.25
+"""Seconds between two looks at the store's health while a first call waits for its commit."""
 
 KNOWN_IDS = 100_000
 """Request ids kept in memory over all live agents, to tell a new id without the store.
@@ -118,7 +121,23 @@ class Requests:
             self._in_flight[key] = first
             known = self._known.get(owner) if owner is not None else None
             first.add_done_callback(lambda done: self._settled(key, method, done, known))
-        return await asyncio.shield(first)
+        return await self._answer(first)
+
+    async def _answer(self, first: asyncio.Future[bytes]) -> bytes:
+        """The first call's answer; `StoreUnavailable` if the store is unreachable meanwhile.
+
+        The first call goes on (its commit is retried until the store is back): a retry
+        with the same id waits for it again, or finds its answer.
+        """
+        health = getattr(self.store, "health", None)  # a shared store that can be away
+        if health is None:
+            return await asyncio.shield(first)
+        while True:
+            done, _ = await asyncio.wait({first}, timeout=OUTAGE_POLL)
+            if done:
+                return first.result()
+            if not health.reachable:
+                raise StoreUnavailable("the session store is unreachable; retry later")
 
     async def _unused(self, owner: object | None, agent_id: str, request_id: str) -> bool:
         """Whether `request_id` was certainly never recorded for the agent (no store read).

@@ -24,7 +24,7 @@ from typing import Protocol
 
 from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
-from server.kernel.errors import AgentLoopError, InvalidArgument, SessionDamaged
+from server.kernel.errors import AgentLoopError, InvalidArgument, SessionDamaged, Unavailable
 
 FIRST_SEQ = 1
 """The sequence number of a session's first event (0 never names an event)."""
@@ -40,8 +40,10 @@ class StoreConflict(AgentLoopError):
     reason = "STORE_CONFLICT"
 
 
-class StoreUnavailable(AgentLoopError):
-    """The store cannot be written now (an outage); the write may be retried."""
+class StoreUnavailable(Unavailable):
+    """The store cannot be reached now (an outage); the call may be retried."""
+
+    reason = "STORE_UNAVAILABLE"
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,9 @@ class Commit:
     """Everything one group commit writes, in one transaction."""
 
     sessions: dict[str, SessionWrites] = field(default_factory=dict)
+    unsure: str = field(default="", compare=False)
+    """A store's mark of an earlier attempt of this commit whose outcome it could not
+    learn (the connection broke around its end); the store checks it before retrying."""
 
     def of(self, session_id: str) -> SessionWrites:
         """The writes of `session_id` in this commit (created on first use)."""

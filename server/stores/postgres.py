@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections.abc import Callable
 
 import asyncpg
 
@@ -42,6 +43,8 @@ from server.stores import (
     turn_of,
 )
 from server.stores.kinds import KIND_NAMES, KIND_NUMBERS, TURN_END, TURN_START
+from server.stores.postgres_outage import OUTAGES, StoreHealth, outages_unavailable
+from server.stores.postgres_pool import create_pool
 from server.stores.postgres_schema import LOCK_KEY, MIGRATIONS, MIGRATIONS_TABLE
 
 POOL_SIZE = 8
@@ -57,14 +60,20 @@ INSERT_REQUEST = (
 )
 
 
+@outages_unavailable(lambda store: store.health)
 class PostgresStore:
     """Sessions in a PostgreSQL database, shared by every replica that points at it."""
 
     persistent = True
 
-    def __init__(self, dsn: str, pool_size: int = POOL_SIZE) -> None:
+    def __init__(self, dsn: str, pool_size: int = POOL_SIZE, lease_seconds: float = 5.0) -> None:
         self.dsn = dsn
         self.pool_size = pool_size
+        self.lease_seconds = lease_seconds
+        """The replicas' lease time, which the connections' timeouts derive from."""
+        self.health = StoreHealth(self._probe)
+        self.may_write: Callable[[], bool] = lambda: True
+        """False while this replica must not act (its lease renewal is late): commits wait."""
         self._pool: asyncpg.Pool | None = None
         self._listener: asyncpg.Connection | None = None
         self._waiters: dict[str, set[asyncio.Event]] = {}
@@ -75,11 +84,12 @@ class PostgresStore:
         await self.pool()
 
     async def close(self) -> None:
-        """Close the listening connection, the leases' and the pool."""
+        """Stop probing; close the listening connection, the leases' and the pool."""
+        await self.health.close()
         for name in list(self._leases):
             await self.release_lease(name)
         if self._listener is not None:
-            await self._listener.close()
+            self._listener.terminate()
             self._listener = None
         if self._pool is not None:
             await self._pool.close()
@@ -88,30 +98,58 @@ class PostgresStore:
     async def pool(self) -> asyncpg.Pool:
         """The connection pool (connected and migrated on first use)."""
         if self._pool is None:
+            pool = await create_pool(self.dsn, self.pool_size, self.lease_seconds)
             try:
-                pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=self.pool_size)
-            except (OSError, asyncpg.PostgresError) as error:
-                raise SessionDamaged("", f"cannot reach the PostgreSQL store: {error}") from error
-            async with pool.acquire() as conn:
-                await migrate(conn)
+                async with pool.acquire() as conn:
+                    await migrate(conn)
+            except BaseException:
+                await pool.close()
+                raise
             self._pool = pool
         return self._pool
+
+    async def _probe(self) -> None:
+        """One round trip to the database (the health's reconnect attempts)."""
+        pool = await self.pool()
+        await pool.fetchval("SELECT 1")
 
     # -- writes ------------------------------------------------------------------------
 
     async def commit(self, commit: Commit) -> None:
         """Write the whole commit in one transaction (an outage is `StoreUnavailable`)."""
+        if not self.may_write():  # retried by the journal until a renewal or a fence decides
+            raise StoreUnavailable("this replica's leases are not renewed in time; retrying")
+        if commit.unsure and await self._landed(commit):
+            return  # the attempt cut off at its end had committed: nothing to write again
+        xid: list[str] = []
         try:
             pool = await self.pool()
             async with pool.acquire() as conn, conn.transaction():
                 for session_id, writes in commit.sessions.items():
-                    await _write(conn, session_id, writes)
+                    await _write(conn, session_id, writes, xid)
         except asyncpg.UniqueViolationError as error:  # a second writer raced the checks
             raise StoreConflict(str(error)) from error
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-            raise StoreUnavailable(f"the PostgreSQL store: {error}") from error
-        except SessionDamaged as error:  # unreachable at connect
-            raise StoreUnavailable(str(error)) from error
+        except OUTAGES:
+            commit.unsure = xid[0] if xid else ""  # did it commit? asked before the retry
+            raise  # StoreUnavailable, by the class's wrapper
+        except asyncpg.PostgresError as error:
+            self.health.failed()
+            raise StoreUnavailable("the session store refused the commit; retry later") from error
+
+    async def _landed(self, commit: Commit) -> bool:
+        """Whether the earlier attempt of `commit` (transaction `commit.unsure`) committed.
+
+        A connection lost while COMMIT was on its way leaves the outcome unknown: the
+        retry would then find its own events stored and be refused as a second writer.
+        PostgreSQL keeps each transaction's status (`pg_xact_status`); one still in
+        progress (its backend has not noticed the lost client yet) is waited for.
+        """
+        pool = await self.pool()
+        status = await pool.fetchval("SELECT pg_xact_status($1::text::xid8)", commit.unsure)
+        if status == "in progress":
+            raise StoreUnavailable("an earlier attempt of the commit is still open; retrying")
+        commit.unsure = ""
+        return bool(status == "committed")
 
     async def fork(
         self,
@@ -308,9 +346,11 @@ class PostgresStore:
         notification lost (a reconnect) costs a delay, never an event: the events
         table stays the truth.
         """
-        if self._listener is None:
-            self._listener = await asyncpg.connect(self.dsn)
-            await self._listener.add_listener(CHANNEL, self._notified)
+        if self._listener is None or self._listener.is_closed():  # first use, or it died
+            self._listener = None
+            listener = await asyncpg.connect(self.dsn, timeout=max(self.lease_seconds, 1.0))
+            await listener.add_listener(CHANNEL, self._notified)
+            self._listener = listener
         event = asyncio.Event()
         self._waiters.setdefault(session_id, set()).add(event)
         try:
@@ -420,6 +460,7 @@ class PostgresStore:
 
 async def migrate(conn: Conn) -> None:
     """Apply the missing migrations, once, however many replicas start together."""
+    await conn.execute("SET lock_timeout = 0")  # waiting for another replica's migration
     await conn.execute("SELECT pg_advisory_lock($1)", LOCK_KEY)
     try:
         await conn.execute(MIGRATIONS_TABLE)
@@ -443,9 +484,11 @@ async def migrate(conn: Conn) -> None:
                 )
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", LOCK_KEY)
+        await conn.execute("RESET lock_timeout")
 
 
-async def _write(conn: Conn, session_id: str, writes: SessionWrites) -> None:
+async def _write(conn: Conn, session_id: str, writes: SessionWrites, xid: list[str]) -> None:
+    """One session's writes; the transaction's id joins `xid` at the first append."""
     header = writes.create
     if header is not None:
         try:
@@ -457,35 +500,42 @@ async def _write(conn: Conn, session_id: str, writes: SessionWrites) -> None:
             )
         except asyncpg.UniqueViolationError:
             raise AlreadyExists(f'session "{session_id}" already exists') from None
-    if writes.fence:
+    events = writes.events
+    if writes.fence and not events:
         stored_fence = await conn.fetchval(
             "SELECT fence FROM sessions WHERE session_id = $1 FOR SHARE", session_id
         )
         if stored_fence is None:
             raise SessionNotFound(session_id)
         check_fence(session_id, stored_fence, writes.fence)
-    events = writes.events
     if events:
         stored = events[0].seq - FIRST_SEQ  # the count these events must follow
         check_follows(session_id, stored, events)
-        moved = await conn.fetchval(
+        # One round trip: the fence, the count and the wake-up (NOTIFY, sent at commit).
+        moved = await conn.fetchrow(
             "UPDATE sessions SET event_count = $3, turn_count = greatest(turn_count, $4)"
-            " WHERE session_id = $1 AND event_count = $2 RETURNING 1",
+            " WHERE session_id = $1 AND event_count = $2 AND ($5::bigint = 0 OR fence = $5)"
+            " RETURNING pg_current_xact_id()::text AS xid, pg_notify($6, $1)",
             session_id,
             stored,
             stored + len(events),
             turn_of(events),
+            writes.fence,
+            CHANNEL,
         )
+        if moved is not None and not xid:
+            xid.append(moved["xid"])
         if moved is None:
-            stored = await conn.fetchval(
-                "SELECT event_count FROM sessions WHERE session_id = $1", session_id
+            row = await conn.fetchrow(
+                "SELECT fence, event_count FROM sessions WHERE session_id = $1", session_id
             )
-            if stored is None:
+            if row is None:
                 raise SessionNotFound(session_id)
+            check_fence(session_id, row["fence"], writes.fence)
             raise StoreConflict(
-                f'session "{session_id}": event {events[0].seq} does not follow the {stored} stored'
+                f'session "{session_id}": event {events[0].seq} does not follow the'
+                f" {row['event_count']} stored"
             )
-        await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, session_id)  # at commit
         await conn.copy_records_to_table(
             "events",
             records=[

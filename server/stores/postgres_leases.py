@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from server.stores.postgres import PostgresStore
+from server.stores.postgres_outage import outages_unavailable
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,18 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class Location:
+    """Where an agent's lease stands: its owner, the owner's address, and whether it is live.
+
+    A lease that is not live has expired: its agent is between owners (a failover).
+    """
+
+    owner: str
+    address: str
+    live: bool
+
+
+@dataclass(frozen=True)
 class Holder:
     """Who holds what a replica asked for: the owner, and its address."""
 
@@ -37,6 +50,7 @@ class Holder:
     address: str
 
 
+@outages_unavailable(lambda leases: leases.store.health)
 class Leases:
     """The lease table, as seen by one replica."""
 
@@ -177,6 +191,18 @@ class Leases:
             3 * self.ttl,
         )
         return [row["address"] for row in rows]
+
+    async def locate(self, agent_id: str) -> Location | None:
+        """The lease of an agent, expired or not; None when no lease names it."""
+        pool = await self.store.pool()
+        row = await pool.fetchrow(
+            "SELECT leases.owner, coalesce(replicas.address, '') AS address,"
+            " leases.expires_at > now() AS live FROM leases"
+            " LEFT JOIN replicas ON replicas.replica_id = leases.owner"
+            " WHERE leases.agent_id = $1",
+            agent_id,
+        )
+        return None if row is None else Location(row["owner"], row["address"], row["live"])
 
     async def owner_of(self, agent_id: str) -> Holder | None:
         """The live owner of an agent leased by another replica, if any."""

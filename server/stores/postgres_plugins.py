@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as pb
 from server.stores.postgres import PostgresStore
+from server.stores.postgres_outage import outages_unavailable
 
 
+@outages_unavailable(lambda shared: shared.store.health)
 class SharedPlugins:
     """The `plugins` table."""
 

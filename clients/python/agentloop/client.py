@@ -326,6 +326,10 @@ def connect(
         tls: Force TLS on (with the system's roots when no `ca_file`) or off; None means
             TLS exactly when a CA file or a client certificate is given.
         timeout: The deadline of each unary call of the verbs, in seconds (None: none).
+
+    A unary call refused with `AGENT_MOVING` or `STORE_UNAVAILABLE` (a replica between
+    owners, a database outage) is made again after the server's delay, with the same
+    request id (`agentloop.retrying`).
     """
     channel = open_channel(
         address, token=token, ca_file=ca_file, cert_file=cert_file, key_file=key_file, tls=tls

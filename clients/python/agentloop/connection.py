@@ -11,6 +11,8 @@ from typing import Any
 
 import grpc
 
+from agentloop.retrying import RetryUnavailable
+
 MAX_RECEIVE_BYTES = 4 * 1024 * 1024
 """gRPC's default receive limit; the server bounds every event well under it."""
 
@@ -27,8 +29,9 @@ def open_channel(
     """A channel to `address` (host:port); the arguments as for `agentloop.connect`."""
     options = [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)]
     use_tls = tls if tls is not None else bool(ca_file or cert_file)
+    retry = RetryUnavailable()  # AGENT_MOVING, STORE_UNAVAILABLE: again, same request id
     if not use_tls:
-        interceptors = [BearerToken(token)] if token else None
+        interceptors: list[Any] = [retry, BearerToken(token)] if token else [retry]
         return grpc.aio.insecure_channel(address, options, interceptors=interceptors)
     credentials = grpc.ssl_channel_credentials(
         root_certificates=_read(ca_file),
@@ -39,7 +42,7 @@ def open_channel(
         credentials = grpc.composite_channel_credentials(
             credentials, grpc.access_token_call_credentials(token)
         )
-    return grpc.aio.secure_channel(address, credentials, options)
+    return grpc.aio.secure_channel(address, credentials, options, interceptors=[retry])
 
 
 def _read(path: str) -> bytes | None:
