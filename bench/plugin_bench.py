@@ -38,9 +38,13 @@ from server.core.abort import NEVER
 from server.edge.app import App
 from server.models.scripted_options import script_options
 from server.plugins.calls import PluginStats
-from server.plugins.client import PluginConnection
 from server.plugins.registry import Overrides
 from server.settings.config import Config
+
+try:
+    from server.plugins.connection import PluginConnection
+except ImportError:  # a checkout from before the connection's split (--baseline)
+    from server.plugins.client import PluginConnection  # type: ignore[no-redef,import-not-found]
 
 HERE = Path(__file__).resolve().parent
 OPTIONS = agent_pb2.AgentOptions(provider="scripted", model="bench", tools=["word_count"])

@@ -18,7 +18,7 @@ from server.core.runtime import Runtime
 from server.core.tools import Tool, ToolExecution
 from server.models.scripted import ScriptedModel
 from server.plugins.calls import PluginStats
-from server.plugins.client import PluginConnection
+from server.plugins.connection import PluginConnection
 from server.plugins.install import install
 from server.plugins.registry import Overrides, PluginRegistry
 

@@ -17,6 +17,7 @@ import yaml
 from pydantic import AfterValidator, Field, TypeAdapter, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 
+from agentloop.plugin.transport import MAX_MESSAGE_BYTES
 from server.core.builtin_tools import builtin_tools
 from server.core.limits import Limits
 from server.core.system_prompt import PERSONA_VARIABLES
@@ -273,7 +274,7 @@ class Config:
     """The OTLP/gRPC collector; empty: $OTEL_EXPORTER_OTLP_ENDPOINT or localhost:4317."""
     limits: Limits = field(default_factory=Limits)
     """Size and count limits; see `server/core/limits.py` for each one and its default."""
-    plugin_max_message_bytes: PositiveInt = 16 * 1024 * 1024
+    plugin_max_message_bytes: PositiveInt = MAX_MESSAGE_BYTES
     """The largest message sent to or accepted from a plugin; a larger call fails alone."""
     insecure: Flag = False
     """Allow a non-loopback listen address without TLS and a token (`--insecure`)."""
