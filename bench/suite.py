@@ -40,7 +40,7 @@ BENCHES = (
           ("--turns", "50", "--conversation", "60", "--idle-agents", "100",
            "--resume-events", "1000", "--long-conversation", "100")),
     Bench("conversation_bench", "flat over a long conversation (peers grow 5–9× over 300 turns)",
-          (), ("--turns", "200", "--at", "1,200", "--window", "20")),
+          (), ("--turns", "200", "--at", "1,200", "--window", "20", "--repeat", "1")),
     Bench("provider_request_bench", "no event-loop stall over 50 ms (a first request on a long "
           "history)", (), ("--at", "100,300")),
     Bench("resume_bench", "no event-loop stall over 50 ms (a resume of a long session)", (),
