@@ -25,7 +25,7 @@ server), `--repeat` rounds each, medians printed side by side. The bytes sent gr
 with the history whatever is done: each request carries it all. Figures are printed, never asserted.
 
 Runs as a script (`python bench/provider_request_bench.py --worker`), with a checkout
-first on PYTHONPATH: it imports only that checkout's modules.
+first on PYTHONPATH (`bench.common.worker`): that checkout's server and SDK, this `bench`.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ server), `--repeat` rounds each, medians printed side by side. Figures are print
 never asserted.
 
 Runs as a script (`python bench/resume_bench.py --worker`), with a checkout first on
-PYTHONPATH: it imports only that checkout's modules.
+PYTHONPATH (`bench.common.worker`): that checkout's server and SDK, this `bench`.
 """
 
 from __future__ import annotations

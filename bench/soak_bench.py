@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import statistics
 import sys
@@ -32,8 +31,6 @@ from agentloop.v1 import agent_pb2
 from bench.common import cpu_seconds, free_port, line, rss_mb
 
 OPTIONS = agent_pb2.AgentOptions(provider="scripted", model="soak", tools=["word_count"])
-PAGE = os.sysconf("SC_PAGE_SIZE")
-TICKS = os.sysconf("SC_CLK_TCK")
 
 PROBER = """
 import asyncio, sys, time, grpc
