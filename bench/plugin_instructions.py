@@ -82,10 +82,13 @@ async def count(tree: str, role: str, script: str, n: int) -> int:
             command = [*CACHEGRIND, f"--cachegrind-out-file={out}", *command]
         process = await asyncio.create_subprocess_exec(
             *command, cwd=tree, env=env,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
-        await process.wait()
-        return instructions(out)
+        _, errors = await process.communicate()
+        try:
+            return instructions(out)
+        except FileNotFoundError:  # the run failed: say why
+            raise SystemExit(f"{role} {script} {n}: no count\n{errors.decode()[-3000:]}") from None
 
 
 async def figures(tree: str, turns: tuple[int, int], calls: tuple[int, int]) -> list[float]:
