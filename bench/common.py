@@ -14,9 +14,11 @@ imports nothing of the server: a worker's server is the other checkout's.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import os
 import resource
+import shutil
 import socket
 import statistics
 import subprocess
@@ -131,6 +133,7 @@ def checkout_env(tree: str) -> dict[str, str]:
         return dict(os.environ, PYTHONPATH=here)
     if not _SHIM:
         _SHIM.append(tempfile.mkdtemp(prefix="agentloop-bench-shim-"))
+        atexit.register(shutil.rmtree, _SHIM[0], True)
         (Path(_SHIM[0]) / "bench").symlink_to(ROOT / "bench")
     root = Path(tree)
     paths = [_SHIM[0], str(root), str(root / "clients/python")]
