@@ -87,14 +87,9 @@ baseline: node_modules/.installed ## Refresh the compatibility baseline (a delib
 typecheck: $(VENV)/.installed ## mypy --strict.
 	$(BIN)/mypy
 
-bench: $(VENV)/.installed ## Run the performance benchmarks and print their figures.
-	$(PY) -m bench.loop_bench
-	$(PY) -m bench.plugin_bench
-	$(PY) -m bench.pingpong_bench default polled
-	$(PY) -m bench.telemetry_bench
-	$(PY) -m bench.sdk_bench
-	$(PY) -m bench.load_bench --seconds 6
-	$(PY) -m bench.cluster_bench --kills 20
+QUICK ?=
+bench: $(VENV)/.installed ## Run every benchmark (bench/suite.py) and print its figures; QUICK=1: CI-sized runs.
+	$(PY) -m bench.suite $(if $(QUICK),--quick,)
 
 clean: ## Remove the virtualenv and caches.
 	rm -rf $(VENV) node_modules $(NODE_CLIENT)/node_modules $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist .mypy_cache .ruff_cache .pytest_cache

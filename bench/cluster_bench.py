@@ -31,11 +31,8 @@ import grpc
 from agentloop.client import Client
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_factory_service_pb2_grpc as fac_rpc
-from agentloop.v1 import agent_pb2
 from agentloop.v1 import agent_service_pb2_grpc as api_rpc
-from bench.loop_bench import line
-
-OPTIONS = agent_pb2.AgentOptions(provider="scripted", model="bench", tools=["word_count"])
+from bench.common import OPTIONS, line
 
 
 class Replica:

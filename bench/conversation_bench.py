@@ -13,7 +13,7 @@ the medians of `--repeat` rounds are printed side by side. Figures are printed, 
 asserted.
 
 Runs as a script too (`python bench/conversation_bench.py --worker`), with another
-checkout first on PYTHONPATH: it imports nothing from the `bench` package for that.
+checkout first on PYTHONPATH (`bench.common.worker`).
 """
 
 from __future__ import annotations
@@ -22,24 +22,17 @@ import argparse
 import asyncio
 import gc
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
+from bench import common
+from bench.common import OPTIONS, PROMPT, checkouts
 from server.edge.app import build_runtime
 from server.lifecycle.factory import AgentFactory
 from server.loop.agent import Agent
 from server.settings.config import Config
-
-OPTIONS = agent_pb2.AgentOptions(provider="scripted", model="bench", tools=["word_count"])
-PROMPT = [c.ContentBlock(text=c.TextBlock(text="count the words of this short prompt"))]
-ROOT = Path(__file__).resolve().parent.parent
 
 
 async def timed_turn(agent: Agent, prompt: list[c.ContentBlock]) -> tuple[float, float]:
@@ -126,19 +119,7 @@ def span_in_tree(tree: str, text: str, first: int, last: int) -> dict[str, float
 
 def in_tree(tree: str, args: list[str]) -> dict[str, float]:
     """A `--worker` run in a fresh process over the loop of checkout `tree` (this one if "")."""
-    env = dict(os.environ)
-    if tree:
-        env["PYTHONPATH"] = os.pathsep.join([tree, str(Path(tree) / "clients" / "python")])
-    done = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--worker", *args],
-        env=env,
-        cwd=tree or ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    out: dict[str, float] = json.loads(done.stdout.splitlines()[-1])
-    return out
+    return common.worker(__file__, tree, args)
 
 
 def main() -> None:
@@ -169,7 +150,7 @@ def report(turns: int, at: list[int], width: int, store: str, baseline: str, rep
     """Print the CPU per turn at each turn of `at`: medians of `repeat` processes per tree."""
     passed = ["--turns", str(turns), "--at", ",".join(map(str, at)), "--window", str(width)]
     passed += ["--store", store]
-    trees = {"this": ""} | ({"baseline": baseline} if baseline else {})
+    trees = checkouts(baseline)
     runs: dict[str, list[dict[str, float]]] = {who: [] for who in trees}
     for _ in range(repeat):
         for who, tree in reversed(trees.items()):  # the baseline first in each round

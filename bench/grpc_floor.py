@@ -27,8 +27,7 @@ from typing import Any
 
 import grpc
 
-from bench.loop_bench import free_port, line
-from bench.soak_bench import cpu_seconds
+from bench.common import cpu_seconds, free_port, line
 
 SERVICE = "floor.Floor"
 

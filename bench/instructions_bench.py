@@ -28,17 +28,11 @@ import tempfile
 from pathlib import Path
 
 from agentloop.client import connect
-from bench.loop_bench import OPTIONS, free_port, one_turn
+from bench.common import OPTIONS, free_port, instructions, one_turn
 
 ROOT = str(Path(__file__).resolve().parent.parent)
 CACHEGRIND = ["valgrind", "--tool=cachegrind", "--cache-sim=no"]
 IN_PROCESS_AGENTS = 50
-
-
-def instructions(out: str) -> int:
-    """The total instruction count of a cachegrind output file."""
-    with open(out) as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("summary:"))
 
 
 async def server_run(tree: str, agents: int, turns: int, out: str) -> int:

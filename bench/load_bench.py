@@ -30,29 +30,23 @@ import time
 from pathlib import Path
 
 from agentloop.client import Client, connect
+from bench.common import (
+    OPTIONS,
+    cpu_seconds,
+    free_port,
+    kernel_seconds,
+    line,
+    main_thread_seconds,
+    one_turn,
+    rss_mb,
+)
 from bench.conversation_bench import span_in_tree
-from bench.loop_bench import OPTIONS, free_port, line, one_turn
-from bench.soak_bench import cpu_seconds, rss_mb
 from server.edge.app import build_runtime
 from server.lifecycle.factory import AgentFactory
 from server.settings.config import Config
 
 ROOT = str(Path(__file__).resolve().parent.parent)
 PROBE = str(Path(__file__).with_name("server_probe.py"))
-
-
-def kernel_seconds(pid: int) -> float:
-    """System CPU time of the server (all threads): its syscalls, socket and file I/O."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[12]) / os.sysconf("SC_CLK_TCK")
-
-
-def main_thread_seconds(pid: int) -> float:
-    """CPU time of the server's main thread (its event loop), not gRPC's own threads."""
-    with open(f"/proc/{pid}/task/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 TEXT = "count these words"

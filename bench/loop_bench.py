@@ -15,9 +15,7 @@ import argparse
 import asyncio
 import gc
 import os
-import resource
 import shutil
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -28,39 +26,13 @@ import warnings
 from pathlib import Path
 
 from agentloop.client import connect
-from agentloop.v1 import agent_pb2
-from agentloop.v1 import content_pb2 as c
 from agentloop.v1.session_event_pb2 import SessionEvent
+from bench.common import OPTIONS, free_port, line, one_turn, peak_rss_mb, rss_mb
 from bench.conversation_bench import report
 from server.edge.app import build_runtime
 from server.lifecycle.factory import AgentFactory
-from server.loop.agent import Agent
 from server.settings.config import Config
 from server.stores.sqlite_batches import unpack
-
-OPTIONS = agent_pb2.AgentOptions(provider="scripted", model="bench", tools=["word_count"])
-PROMPT = [c.ContentBlock(text=c.TextBlock(text="count the words of this short prompt"))]
-
-
-def rss_mb() -> float:
-    """Current resident set size in MB (Linux)."""
-    with open(f"/proc/{os.getpid()}/statm") as f:
-        pages = int(f.read().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
-
-
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process in MB."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-async def one_turn(agent: Agent) -> None:
-    agent.send(PROMPT)
-    await agent.when_idle()
-
-
-def line(label: str, value: str, target: str) -> None:
-    print(f"  {label:<52} {value:>14}   {'target ' + target if target else ''}".rstrip())
 
 
 async def store_turns(store: str, data_dir: str, turns: int, dsn: str = "") -> float:
@@ -186,13 +158,6 @@ async def bench_resume(events_wanted: int) -> None:
          "< 500 ms")  # fmt: skip
     line("event bytes per step (protobuf, a two-step tool turn)", f"{payload / steps:,.0f} B", "")
     line("database file bytes per step (with indexes)", f"{size / steps:,.0f} B", "")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def bench_grpc(turns: int) -> None:

@@ -75,12 +75,6 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
-def cpu_seconds(pid: int) -> float:
-    """The CPU time (user + system) of process `pid` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def serve(address: str, name: str) -> None:
     import grpc
 
@@ -162,6 +156,8 @@ def environment(name: str) -> dict[str, str]:
 
 
 async def run(names: list[str], calls: int, rounds: int, scratch: Path) -> None:
+    from bench.common import cpu_seconds  # here: the children run as scripts, off the path
+
     servers: dict[str, tuple[asyncio.subprocess.Process, str]] = {}
     results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
     try:

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import gc
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -33,18 +32,20 @@ import grpc
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import hook_service_pb2_grpc as hk_rpc
 from agentloop.v1 import agent_pb2, scripted_pb2
-from agentloop.v1 import content_pb2 as c
+from bench.common import OPTIONS, PROMPT, checkout_env, cpu_seconds
 from server.edge.app import App
 from server.kernel.abort import NEVER
 from server.models.scripted_options import script_options
 from server.plugins.calls import PluginStats
-from server.plugins.client import PluginConnection
 from server.plugins.registry import Overrides
 from server.settings.config import Config
 
+try:
+    from server.plugins.connection import PluginConnection
+except ImportError:  # a checkout from before the connection's split (--baseline)
+    from server.plugins.client import PluginConnection  # type: ignore[no-redef,import-not-found]
+
 HERE = Path(__file__).resolve().parent
-OPTIONS = agent_pb2.AgentOptions(provider="scripted", model="bench", tools=["word_count"])
-PROMPT = [c.ContentBlock(text=c.TextBlock(text="count the words of this short prompt"))]
 
 
 async def start(script: str, *args: str) -> tuple[asyncio.subprocess.Process, str]:
@@ -107,15 +108,6 @@ async def seam_calls(address: str, calls: int) -> list[float]:
             samples.append((time.perf_counter() - started) * 1e6)
     await connection.close()
     return samples
-
-
-def cpu_seconds(pid: int) -> float:
-    """The CPU time (user + system) process `pid` used so far; 0 without /proc."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def unix_supported() -> bool:
@@ -359,8 +351,8 @@ async def compare(baseline: str, repeat: int, options: list[str]) -> None:
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
     for _ in range(repeat):
         for name, tree in trees.items():
-            env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}  # its own
-            env["PYTHONPATH"] = f"{tree}{os.pathsep}{tree}/clients/python"
+            env = checkout_env(tree)
+            env.pop("GRPC_EXPERIMENTS", None)  # its own
             process = await asyncio.create_subprocess_exec(
                 sys.executable, __file__, "--json", *options, cwd=tree, env=env,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,

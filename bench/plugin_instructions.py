@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+
+from bench.common import checkout_env, instructions
 
 CACHEGRIND = ["valgrind", "--tool=cachegrind", "--cache-sim=no"]
 HERE = Path(__file__).resolve()
@@ -45,12 +46,6 @@ CALLS = ("plugin-calls", "client-calls", "bare-calls")
 """The roles that count per call, not per turn."""
 COUNTED_HERE = ("server-turns", "client-calls", "bare-calls")
 """The roles that count this process (the calling side), not the plugin's."""
-
-
-def instructions(out: str) -> int:
-    """The total instruction count of a cachegrind output file."""
-    with open(out) as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("summary:"))
 
 
 async def child(role: str, script: str, count: int, out: str) -> None:
@@ -78,8 +73,8 @@ async def child(role: str, script: str, count: int, out: str) -> None:
 
 async def count(tree: str, role: str, script: str, n: int) -> int:
     """The instructions of one run of `role` with `n` turns or calls, in `tree`."""
-    env = {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
-    env["PYTHONPATH"] = f"{tree}{os.pathsep}{tree}/clients/python"
+    env = checkout_env(tree)
+    env.pop("GRPC_EXPERIMENTS", None)
     with tempfile.TemporaryDirectory(prefix="agentloop-cachegrind-") as directory:
         out = f"{directory}/cachegrind.out"
         command = [sys.executable, str(HERE), "--child", role, script, str(n), out]
@@ -87,10 +82,13 @@ async def count(tree: str, role: str, script: str, n: int) -> int:
             command = [*CACHEGRIND, f"--cachegrind-out-file={out}", *command]
         process = await asyncio.create_subprocess_exec(
             *command, cwd=tree, env=env,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
-        await process.wait()
-        return instructions(out)
+        _, errors = await process.communicate()
+        try:
+            return instructions(out)
+        except FileNotFoundError:  # the run failed: say why
+            raise SystemExit(f"{role} {script} {n}: no count\n{errors.decode()[-3000:]}") from None
 
 
 async def figures(tree: str, turns: tuple[int, int], calls: tuple[int, int]) -> list[float]:

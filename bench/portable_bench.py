@@ -23,7 +23,7 @@ from agentloop.v1 import session_event_pb2 as ev
 
 async def recorded_turns(data_dir: str, turns: int) -> list[ev.SessionEvent]:
     """The events of `turns` real turns of the benchmark workload."""
-    from bench.loop_bench import OPTIONS, one_turn
+    from bench.common import OPTIONS, one_turn
     from server.edge.app import build_runtime
     from server.lifecycle.factory import AgentFactory
     from server.settings.config import Config

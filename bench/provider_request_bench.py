@@ -25,7 +25,7 @@ server), `--repeat` rounds each, medians printed side by side. The bytes sent gr
 with the history whatever is done: each request carries it all. Figures are printed, never asserted.
 
 Runs as a script (`python bench/provider_request_bench.py --worker`), with a checkout
-first on PYTHONPATH: it imports only that checkout's modules.
+first on PYTHONPATH (`bench.common.worker`): that checkout's server and SDK, this `bench`.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ import statistics
 import time
 from collections.abc import Callable
 from typing import Any
+
+from bench.common import checkouts, loop_probe, medians
 
 SAMPLES = 5
 
@@ -53,7 +55,7 @@ async def longest_stretch_us(setup: Callable[[], object], work: Callable[[Any], 
         state = setup()
         running = asyncio.Event()
         running.set()
-        task = asyncio.create_task(_probe(running))
+        task = asyncio.create_task(loop_probe(running))
         await asyncio.sleep(0)  # the probe is waiting for its next turn
         done = work(state)
         if inspect.isawaitable(done):
@@ -61,18 +63,6 @@ async def longest_stretch_us(setup: Callable[[], object], work: Callable[[Any], 
         running.clear()
         samples.append(await task)
     return statistics.median(samples) * 1e6
-
-
-async def _probe(running: asyncio.Event) -> float:
-    """The longest wall seconds between two of its turns on the loop, while `running`."""
-    longest = 0.0
-    last = time.perf_counter()
-    while running.is_set():
-        await asyncio.sleep(0)
-        now = time.perf_counter()
-        longest = max(longest, now - last)
-        last = now
-    return longest
 
 
 def _to_the_end(work: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -106,7 +96,7 @@ def cpu_us(setup: Callable[[], object], timed: Callable[[Any], object]) -> float
 async def measure(at: list[int]) -> dict[str, float]:
     """The figures of the checkout this process imports."""
     from agentloop.v1 import content_pb2 as c
-    from bench.conversation_bench import OPTIONS, PROMPT
+    from bench.common import OPTIONS, PROMPT
     from server.edge.app import build_runtime
     from server.lifecycle.factory import AgentFactory
     from server.settings.config import Config
@@ -128,7 +118,7 @@ async def measure(at: list[int]) -> dict[str, float]:
 async def figures_at(turn: int, view: Any, header: Any) -> dict[str, float]:
     """The figures of one request of `view`'s messages (a step's view of the history)."""
     from agentloop.plugin.v1 import hook_service_pb2 as hk
-    from bench.conversation_bench import OPTIONS
+    from bench.common import OPTIONS
     from server.models import ModelRequest
     from server.plugins import wire
 
@@ -224,9 +214,7 @@ async def figures_at(turn: int, view: Any, header: Any) -> dict[str, float]:
 
 
 def report(at: list[int], baseline: str, repeat: int) -> None:
-    from bench.checkouts import medians  # here: a worker may run over another checkout
-
-    trees = {"this": ""} | ({"baseline": baseline} if baseline else {})
+    trees = checkouts(baseline)
     med = medians(__file__, trees, ["--at", ",".join(map(str, at))], repeat)
     against = f"; baseline {baseline}" if baseline else ""
     print(f"one model request on a long history: CPU µs of this process (median of {SAMPLES},"

@@ -15,7 +15,7 @@ server), `--repeat` rounds each, medians printed side by side. Figures are print
 never asserted.
 
 Runs as a script (`python bench/resume_bench.py --worker`), with a checkout first on
-PYTHONPATH: it imports only that checkout's modules.
+PYTHONPATH (`bench.common.worker`): that checkout's server and SDK, this `bench`.
 """
 
 from __future__ import annotations
@@ -29,26 +29,16 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from bench.common import checkouts, loop_probe, medians
+
 SAMPLES = 3
-
-
-async def _probe(running: asyncio.Event) -> float:
-    """The longest wall seconds between two of its turns on the loop, while `running`."""
-    longest = 0.0
-    last = time.perf_counter()
-    while running.is_set():
-        await asyncio.sleep(0)
-        now = time.perf_counter()
-        longest = max(longest, now - last)
-        last = now
-    return longest
 
 
 async def stretch(work: Callable[[], Awaitable[Any]]) -> tuple[float, float, Any]:
     """(wall s, longest stretch s of the loop, result) of `work()`, a probe beside it."""
     running = asyncio.Event()
     running.set()
-    probe = asyncio.create_task(_probe(running))
+    probe = asyncio.create_task(loop_probe(running))
     await asyncio.sleep(0)  # the probe is waiting for its next turn
     start = time.perf_counter()
     result = await work()
@@ -59,7 +49,7 @@ async def stretch(work: Callable[[], Awaitable[Any]]) -> tuple[float, float, Any
 
 async def measure(at: list[int]) -> dict[str, float]:
     """The figures of the checkout this process imports."""
-    from bench.conversation_bench import OPTIONS, PROMPT
+    from bench.common import OPTIONS, PROMPT
     from server.edge.app import build_runtime
     from server.lifecycle.factory import AgentFactory
     from server.settings.config import Config
@@ -99,9 +89,7 @@ async def measure(at: list[int]) -> dict[str, float]:
 
 
 def report(at: list[int], baseline: str, repeat: int) -> None:
-    from bench.checkouts import medians  # here: a worker may run over another checkout
-
-    trees = {"this": ""} | ({"baseline": baseline} if baseline else {})
+    trees = checkouts(baseline)
     med = medians(__file__, trees, ["--at", ",".join(map(str, at))], repeat)
     against = f"; baseline {baseline}" if baseline else ""
     print(f"a resume of a long session (SQLite store): wall ms (median of {SAMPLES}, then of"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 async def latencies(agent: object, turns: int) -> list[float]:
-    from bench.loop_bench import one_turn
+    from bench.common import one_turn
 
     out = []
     for _ in range(turns):
@@ -45,7 +45,7 @@ async def probe(stop: asyncio.Event) -> float:
 
 
 async def main(sessions: int, turns: int, dsn: str) -> None:
-    from bench.loop_bench import OPTIONS
+    from bench.common import OPTIONS
     from server.edge.app import build_runtime
     from server.lifecycle.factory import AgentFactory
     from server.lifecycle.retention import DAY_NS, Sweeper

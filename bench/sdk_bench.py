@@ -29,8 +29,7 @@ from pathlib import Path
 
 from agentloop.client import Client, connect
 from agentloop.v1 import agent_service_pb2 as api
-from bench.loop_bench import OPTIONS, free_port, line
-from bench.soak_bench import cpu_seconds
+from bench.common import OPTIONS, cpu_seconds, free_port, line
 
 ROOT = str(Path(__file__).resolve().parent.parent)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import statistics
 import sys
@@ -29,11 +28,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agentloop import client as sdk
 from agentloop.v1 import agent_pb2
-from bench.loop_bench import free_port, line
+from bench.common import cpu_seconds, free_port, line, rss_mb
 
 OPTIONS = agent_pb2.AgentOptions(provider="scripted", model="soak", tools=["word_count"])
-PAGE = os.sysconf("SC_PAGE_SIZE")
-TICKS = os.sysconf("SC_CLK_TCK")
 
 PROBER = """
 import asyncio, sys, time, grpc
@@ -49,17 +46,6 @@ async def main(address):
             await asyncio.sleep(0.02)
 asyncio.run(main(sys.argv[1]))
 """
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/statm") as f:
-        return int(f.read().split()[1]) * PAGE / 1e6
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 class Client:

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sqlite3
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from bench.common import checkout_env
 
 FRAME = 4096 + 24
 """A WAL frame of a 4 KiB page: the page and its 24-byte header."""
@@ -31,7 +32,7 @@ def size(path: Path) -> int:
 
 
 async def turns(agents: int, rounds: int, checkpoints: bool) -> dict[str, float]:
-    from bench.loop_bench import OPTIONS, one_turn
+    from bench.common import OPTIONS, one_turn
     from server.edge.app import build_runtime
     from server.lifecycle.factory import AgentFactory
     from server.settings.config import Config
@@ -85,7 +86,7 @@ def main() -> None:
     for checkpoints in ("off", "on"):
         command = [sys.executable, __file__, "--child", checkpoints]  # on `tree`'s server
         command += ["--agents", str(args.agents), "--rounds", str(args.rounds)]
-        env = dict(os.environ, PYTHONPATH=tree)
+        env = checkout_env(args.tree)
         done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True)
         if done.returncode != 0:
             print(done.stderr)

@@ -37,8 +37,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from agentloop.client import connect
-from bench.load_bench import main_thread_seconds
-from bench.loop_bench import OPTIONS, free_port, line, one_turn
+from bench.common import OPTIONS, free_port, line, main_thread_seconds, one_turn
 from server.edge.app import build_runtime
 from server.lifecycle.factory import AgentFactory
 from server.observability.telemetry import Telemetry

@@ -23,7 +23,7 @@ from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import content_pb2 as c
 from server.edge.app import App
 from server.models.scripted_options import script_options
-from server.plugins import client as plugin_client
+from server.plugins import notice_queue
 from server.plugins.registry import Overrides
 from server.plugins.wire import BATCH_CAPABILITY
 from server.settings.config import Config
@@ -161,7 +161,7 @@ async def test_a_call_carries_the_notifications_waiting_before_it(
 ) -> None:
     # The writer would hold notifications for a minute: the next call takes them, the
     # second turn's prompt-submit (the events of a turn are stored by its end).
-    monkeypatch.setattr(plugin_client, "GATHER_SECONDS", 60.0)
+    monkeypatch.setattr(notice_queue, "GATHER_SECONDS", 60.0)
     recorder = Recorder(wants_batches=True, seams=(hk.SEAM_PROMPT_SUBMIT,))
     _, seqs = await one_turn(recorder, wait_for_all=False, turns=2)
     carrier = next(
@@ -181,7 +181,7 @@ async def test_a_cancel_is_not_held_back_while_notifications_gather(
 ) -> None:
     # Notifications would gather for a minute; the call that times out (after 0.1 s, a
     # fail-open skip) must still see its CancelCall sent at once, not a minute later.
-    monkeypatch.setattr(plugin_client, "GATHER_SECONDS", 60.0)
+    monkeypatch.setattr(notice_queue, "GATHER_SECONDS", 60.0)
     recorder = Recorder(
         wants_batches=True, seams=(hk.SEAM_PROMPT_SUBMIT,), answers=False, timeout=0.1
     )

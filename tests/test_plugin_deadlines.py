@@ -24,7 +24,7 @@ from agentloop.v1 import content_pb2 as c
 from server.kernel.abort import NEVER, AbortController
 from server.kernel.errors import Aborted
 from server.plugins.calls import PluginCallFailed, PluginStats
-from server.plugins.client import PluginConnection
+from server.plugins.connection import PluginConnection
 from tests.plugin_client import HandleStream, hook_client
 
 T = 5.0

@@ -18,7 +18,7 @@ from server.kernel.tools import Tool, ToolExecution
 from server.loop.runtime import Runtime
 from server.models.scripted import ScriptedModel
 from server.plugins.calls import PluginStats
-from server.plugins.client import PluginConnection
+from server.plugins.connection import PluginConnection
 from server.plugins.install import install
 from server.plugins.registry import Overrides, PluginRegistry
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from agentloop.plugin.transport import field_key, framed, varint
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import session_event_pb2 as se
-from server.protowire import field_key, framed, varint
 
 
 def test_varint_matches_protobufs_encoding_across_byte_boundaries() -> None:

@@ -15,7 +15,7 @@ from google.protobuf import timestamp_pb2
 
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
-from bench.loop_bench import OPTIONS, PROMPT
+from bench.common import OPTIONS, PROMPT
 from server.edge.app import build_runtime
 from server.lifecycle.factory import AgentFactory
 from server.lifecycle.retention import DAY_NS, Sweeper

@@ -15,10 +15,10 @@ from typing import Any
 
 import grpc
 
+from agentloop.plugin.transport import field_key, varint
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_service_pb2 as pb
 from agentloop.v1 import agent_service_pb2_grpc as rpc
-from server.protowire import field_key, varint
 
 SERVICE = "agentloop.v1.AgentService"
 EVENTS_TAG = field_key(pb.StreamSessionEventsResponse.EVENTS_FIELD_NUMBER)

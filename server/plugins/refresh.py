@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from server.loop.runtime import Runtime
-from server.plugins.client import PluginUnreachable
+from server.plugins.connection import PluginUnreachable
 from server.plugins.description import effective, effective_tool, invalid_description
 from server.plugins.install import install
 

@@ -9,6 +9,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from agentloop.plugin.transport import MAX_MESSAGE_BYTES
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from server.kernel.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
@@ -16,7 +17,7 @@ from server.kernel.limits import check_capacity
 from server.kernel.tasks import cancel_and_wait
 from server.loop.runtime import Runtime
 from server.plugins.calls import PluginStats
-from server.plugins.client import DEFAULT_MAX_MESSAGE_BYTES, PluginConnection, PluginUnreachable
+from server.plugins.connection import PluginConnection, PluginUnreachable
 from server.plugins.description import (
     Overrides,
     effective,
@@ -68,7 +69,7 @@ class PluginRegistry:
         root_certificates: bytes | None = None,
         allowlist: Allowlist | None = None,
         token_plaintext: bool = False,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
         self.runtime = runtime
         self.session_of = session_of

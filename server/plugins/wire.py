@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from agentloop.plugin.transport import field_key, framed, varint
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import content_pb2 as c
-from server.protowire import field_key, framed, varint
 
 HANDLE_METHOD = "/agentloop.plugin.v1.HookService/Handle"
 """The full name of the `Handle` method."""

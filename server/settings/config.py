@@ -17,6 +17,7 @@ import yaml
 from pydantic import AfterValidator, Field, TypeAdapter, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 
+from agentloop.plugin.transport import MAX_MESSAGE_BYTES
 from server.kernel.defaults import (
     DEFAULT_PROVIDER,
     MAX_PARALLEL_TOOL_CALLS,
@@ -275,7 +276,7 @@ class Config:
     """Size and count limits; see `server/kernel/limits.py` for each one and its default."""
     retention: Retention = field(default_factory=Retention)
     """How long sessions and request records are kept (default: until deleted)."""
-    plugin_max_message_bytes: PositiveInt = 16 * 1024 * 1024
+    plugin_max_message_bytes: PositiveInt = MAX_MESSAGE_BYTES
     """The largest message sent to or accepted from a plugin; a larger call fails alone."""
     insecure: Flag = False
     """Allow a non-loopback listen address without TLS and a token (`--insecure`)."""

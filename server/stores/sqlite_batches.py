@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from google.protobuf.message import DecodeError
 
-from server.protowire import field_key, varint
+from agentloop.plugin.transport import field_key, varint
 
 TAG = field_key(1)
 """Field 1, length-delimited (0x0A)."""

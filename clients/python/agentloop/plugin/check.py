@@ -23,14 +23,9 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from agentloop.plugin.check_calls import (
-    MAX_MESSAGE_BYTES,
-    Report,
-    check_description,
-    check_result,
-    sample_call,
-)
+from agentloop.plugin.check_calls import Report, check_description, check_result, sample_call
 from agentloop.plugin.seam_table import BY_SEAM
+from agentloop.plugin.transport import MAX_MESSAGE_BYTES
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.plugin.v1 import hook_service_pb2_grpc as rpc
 

@@ -15,8 +15,6 @@ from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-"""The server's default `pluginMaxMessageBytes`."""
 NAME = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 SUBSCRIBABLE = {spec.seam for spec in BY_PAYLOAD.values()}
 

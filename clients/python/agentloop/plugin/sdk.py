@@ -104,7 +104,8 @@ from agentloop.plugin.models import (
     usage_chunk,
 )
 from agentloop.plugin.seam_table import BY_PATH, BY_SEAM
-from agentloop.plugin.service import MAX_MESSAGE_BYTES, PluginServer
+from agentloop.plugin.service import PluginServer
+from agentloop.plugin.transport import MAX_MESSAGE_BYTES
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.v1 import decision_pb2 as d
 

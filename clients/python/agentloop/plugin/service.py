@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import heapq
 import hmac
-import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Coroutine
 from contextlib import aclosing
@@ -37,6 +35,7 @@ import grpc  # the plugin's transport edge, like the server's api_*.py
 from agentloop.plugin import tracing
 from agentloop.plugin.calls import error_text, failure
 from agentloop.plugin.inline import resumed
+from agentloop.plugin.transport import MAX_MESSAGE_BYTES, Deadline, Deadlines, field_key, varint
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.plugin.v1 import hook_service_pb2_grpc as rpc
 
@@ -49,6 +48,20 @@ Context = grpc.aio.ServicerContext[Any, Any]
 
 BATCH_CAPABILITY = "call_batch"
 """Listed in `Describe` when the server offers it: calls may come several in a message."""
+
+
+class _CallDeadline(Deadline):
+    """A call's deadline on the plugin's side: at it, the call's task is cancelled."""
+
+    __slots__ = ("task",)
+
+    def __init__(self, task: asyncio.Task[None]) -> None:
+        super().__init__()
+        self.task = task
+
+    def expire(self) -> None:
+        self.expired = True
+        self.task.cancel()
 
 
 class CallStream:
@@ -67,14 +80,10 @@ class CallStream:
         self._running: set[asyncio.Task[None]] = set()
         """Every task still running, cancelled or not (awaited when the stream ends)."""
         self._write_lock = asyncio.Lock()
-        self._deadlines: list[tuple[float, int, asyncio.Task[None]]] = []
-        """(deadline, order, task) of the calls with a deadline: a heap."""
-        self._timed: set[asyncio.Task[None]] = set()
+        self._deadlines = Deadlines()
+        """The deadlines of the calls that have one (`agentloop.plugin.transport`)."""
+        self._timed: dict[asyncio.Task[None], _CallDeadline] = {}
         """The calls still running under their deadline (not yet answering)."""
-        self._expired: set[asyncio.Task[None]] = set()
-        """The calls cancelled by their deadline."""
-        self._order = itertools.count()
-        self._timer: asyncio.TimerHandle | None = None
         self._done = asyncio.Event()
         """Set when the stream should end: the server closed its side, or a drain ended."""
         self._draining = False
@@ -91,8 +100,7 @@ class CallStream:
             for task in self._running:
                 task.cancel()
             await asyncio.gather(reader, *self._running, return_exceptions=True)
-            if self._timer is not None:
-                self._timer.cancel()
+            self._deadlines.close()
 
     def drain(self) -> None:
         """Refuse new calls, and end the stream once the calls in flight are answered."""
@@ -203,32 +211,8 @@ class CallStream:
                 self._done.set()
 
     def _time(self, task: asyncio.Task[None], seconds: float) -> None:
-        """Cancel `task` if it still runs `seconds` from now (the one timer, rescheduled)."""
-        loop = task.get_loop()
-        when = loop.time() + seconds
-        heap = self._deadlines
-        while heap and heap[0][2] not in self._timed:  # ended: dropped at the head
-            heapq.heappop(heap)
-        heapq.heappush(heap, (when, next(self._order), task))
-        self._timed.add(task)
-        timer = self._timer
-        if timer is None or when < timer.when():
-            if timer is not None:
-                timer.cancel()
-            self._timer = loop.call_at(when, self._expire, loop, when)
-
-    def _expire(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
-        self._timer = None
-        heap = self._deadlines
-        now = max(loop.time(), when)  # the loop may run a timer a clock tick early
-        while heap and (heap[0][2] not in self._timed or heap[0][0] <= now):
-            task = heapq.heappop(heap)[2]
-            if task in self._timed:
-                self._timed.discard(task)
-                self._expired.add(task)
-                task.cancel()
-        if heap:
-            self._timer = loop.call_at(heap[0][0], self._expire, loop, heap[0][0])
+        """Cancel `task` if it still runs `seconds` from now."""
+        self._timed[task] = self._deadlines.add(_CallDeadline(task), seconds)
 
     def _track(self, task: asyncio.Task[None]) -> None:
         self._running.add(task)
@@ -265,7 +249,8 @@ class CallStream:
         try:
             result = await (self._plugin.registry.answer(call) if work is None else work)
         except asyncio.CancelledError:
-            if me not in self._expired or me.uncancel():
+            deadline = self._timed.get(me)
+            if deadline is None or not deadline.expired or me.uncancel():
                 raise  # withdrawn (CancelCall), or the stream ends
             log.warning("plugin %s: call %s passed its deadline", self._plugin.name, call.call_id)
             result = None
@@ -273,8 +258,9 @@ class CallStream:
             log.exception("plugin %s: call %s", self._plugin.name, call.call_id)
             result = failure(call.call_id, error_text(exc))
         finally:
-            self._timed.discard(me)  # answering: the deadline no longer applies
-            self._expired.discard(me)
+            deadline = self._timed.pop(me, None)
+            if deadline is not None:  # answering: the deadline no longer applies
+                deadline.ended = True
             withdrawn = bool(call.call_id) and self._calls.get(call.call_id) is not me
             if call.call_id and not withdrawn:
                 del self._calls[call.call_id]
@@ -289,7 +275,7 @@ class CallStream:
         """Write `HandleResponse(result=result)`, framed from the result's own bytes."""
         encoded = result.SerializeToString()
         async with self._write_lock:
-            await self._context.write(b"".join((_RESULT, _varint(len(encoded)), encoded)))
+            await self._context.write(b"".join((_RESULT, varint(len(encoded)), encoded)))
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
@@ -297,22 +283,8 @@ class CallStream:
             self._done.set()
 
 
-_BYTES = [bytes((i,)) for i in range(0x80)]
-"""The one-byte varints."""
-_RESULT = bytes(((hs.HandleResponse.RESULT_FIELD_NUMBER << 3) | 2,))
-"""The field key of `HandleResponse.result` (length-delimited)."""
-
-
-def _varint(value: int) -> bytes:
-    """`value` (≥ 0) as a protobuf base-128 varint."""
-    if value < 0x80:  # a small result: one byte
-        return _BYTES[value]
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+_RESULT = field_key(hs.HandleResponse.RESULT_FIELD_NUMBER)
+"""The field key of `HandleResponse.result`."""
 
 
 class HookServicer(rpc.HookServiceServicer):
@@ -376,10 +348,6 @@ def handlers(servicer: HookServicer) -> grpc.GenericRpcHandler:
             ),
         },
     )
-
-
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-"""The server's default `pluginMaxMessageBytes`: what a plugin must accept and may send."""
 
 
 class PluginServer:
