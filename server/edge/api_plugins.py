@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -14,12 +14,14 @@ from server.edge.status import mapped
 from server.kernel.errors import InvalidArgument
 from server.loop.validation import duration_seconds
 from server.plugins.registry import Overrides, PluginRegistry, describe
-from server.stores.postgres_plugins import SharedPlugins
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
 MAX_TIMEOUT_SECONDS = 3600
 """The longest plugin call deadline an operator may set."""
+
+if TYPE_CHECKING:
+    from server.stores.postgres_plugins import SharedPlugins  # replicas only
 
 
 def overrides_of(request: pb.RegisterPluginRequest) -> Overrides:

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -24,13 +25,11 @@ from server.edge.api_agent import AgentServicer
 from server.edge.api_edge import Edge
 from server.edge.api_factory import AgentFactoryServicer
 from server.edge.api_guard import RequestGuard
-from server.edge.api_http import HttpSide, tls_context
 from server.edge.api_plugins import PluginRegistryServicer
 from server.edge.api_reflection import Reflection
 from server.edge.api_stream_wire import add_agent_service
-from server.edge.app_replica import Replica
 from server.edge.auth import TokenAuth
-from server.edge.port_bounds import grpc_options
+from server.edge.grpc_bounds import grpc_options
 from server.kernel.errors import SessionDamaged
 from server.kernel.tasks import TaskGroup
 from server.lifecycle.factory import AgentFactory
@@ -48,8 +47,12 @@ from server.settings.addresses import Allowlist, is_loopback
 from server.settings.config import Config, ConfigError, read_pem, read_token
 from server.stores import SessionStore
 from server.stores.memory import MemoryStore
-from server.stores.postgres import PostgresStore
 from server.stores.sqlite import SqliteStore
+
+if TYPE_CHECKING:
+    from server.edge.api_http import HttpSide
+    from server.edge.app_replica import Replica
+    from server.stores.postgres import PostgresStore
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +77,19 @@ def build_store(config: Config) -> SessionStore:
     if config.store == "memory":
         return MemoryStore()
     if config.store == "postgres":
-        return PostgresStore(config.postgres_dsn, lease_seconds=config.lease_seconds)
+        return postgres(config)
     return SqliteStore(Path(config.data_dir) / "agentloop.db", config.durability)
+
+
+def postgres(config: Config) -> PostgresStore:
+    """The PostgreSQL store of a replica.
+
+    Imported only by a server that uses it: asyncpg and the replica's parts are dozens
+    of modules a default (SQLite) server never loads.
+    """
+    from server.stores.postgres import PostgresStore
+
+    return PostgresStore(config.postgres_dsn, lease_seconds=config.lease_seconds)
 
 
 def build_runtime(config: Config) -> Runtime:
@@ -198,10 +212,12 @@ class App:
         self.replica: Replica | None = None
         self.sweeper: Sweeper | None = None
         """Removes what the retention policy no longer keeps (when it has a rule)."""
-        if isinstance(self.runtime.store, PostgresStore):  # replicas: calls go to owners
+        if config.store == "postgres":  # replicas: calls go to owners
+            from server.edge.app_replica import Replica  # only a replica loads its parts
+
             self.replica = Replica(
                 config,
-                self.runtime.store,
+                cast("PostgresStore", self.runtime.store),
                 self.factory,
                 self.plugins,
                 self.plugin_servicer,
@@ -225,6 +241,8 @@ class App:
         Reflection((*SERVICE_NAMES, health.SERVICE_NAME)).add_to(self.server)
         self.http: HttpSide | None = None
         if config.http_listen:  # the console: JSON over HTTP, forwarded to this server
+            from server.edge.api_http import HttpSide, tls_context  # aiohttp: only then
+
             self.http = HttpSide(
                 config.http_listen,
                 tls_context(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file),
@@ -258,8 +276,8 @@ class App:
             log.info("console on http%s://%s:%d/", "s" * bool(self.credentials), host, http_port)
         await self._readiness(self.plugins.ready())
         self.plugins.on_readiness = self._on_readiness
-        if isinstance(self.runtime.store, PostgresStore):  # readiness follows the database
-            self.runtime.store.health.on_change = lambda _: self._on_readiness(self.plugins.ready())
+        if self.replica is not None:  # readiness follows the database
+            self.replica.store.health.on_change = lambda _: self._on_readiness(self.plugins.ready())
         await self.server.start()
         if self.replica is not None:
             await self.replica.join(self.port)
