@@ -29,8 +29,8 @@ import time
 from agentloop.v1 import content_pb2 as c
 from bench import common
 from bench.common import OPTIONS, PROMPT, checkouts
-from server.edge.app import build_runtime
 from server.lifecycle.factory import AgentFactory
+from server.lifecycle.runtime import build_runtime
 from server.loop.agent import Agent
 from server.settings.config import Config
 

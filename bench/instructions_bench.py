@@ -72,8 +72,12 @@ async def server_run(tree: str, agents: int, turns: int, out: str) -> int:
 
 async def in_process_turns(rounds: int, store: str) -> None:
     """The child of `in_process_run`: `rounds` turns of each of 50 agents on `store`."""
-    from server.edge.app import build_runtime
     from server.lifecycle.factory import AgentFactory
+
+    try:
+        from server.lifecycle.runtime import build_runtime
+    except ImportError:  # a checkout from before the runtime moved to lifecycle
+        from server.edge.app import build_runtime  # type: ignore[attr-defined]
     from server.settings.config import Config
 
     with tempfile.TemporaryDirectory() as data_dir:

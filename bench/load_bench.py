@@ -41,8 +41,8 @@ from bench.common import (
     rss_mb,
 )
 from bench.conversation_bench import span_in_tree
-from server.edge.app import build_runtime
 from server.lifecycle.factory import AgentFactory
+from server.lifecycle.runtime import build_runtime
 from server.settings.config import Config
 
 ROOT = str(Path(__file__).resolve().parent.parent)

@@ -29,8 +29,8 @@ from agentloop.client import connect
 from agentloop.v1.session_event_pb2 import SessionEvent
 from bench.common import OPTIONS, free_port, line, one_turn, peak_rss_mb, rss_mb
 from bench.conversation_bench import report
-from server.edge.app import build_runtime
 from server.lifecycle.factory import AgentFactory
+from server.lifecycle.runtime import build_runtime
 from server.settings.config import Config
 from server.stores.sqlite_batches import unpack
 

@@ -24,8 +24,8 @@ from agentloop.v1 import session_event_pb2 as ev
 async def recorded_turns(data_dir: str, turns: int) -> list[ev.SessionEvent]:
     """The events of `turns` real turns of the benchmark workload."""
     from bench.common import OPTIONS, one_turn
-    from server.edge.app import build_runtime
     from server.lifecycle.factory import AgentFactory
+    from server.lifecycle.runtime import build_runtime
     from server.settings.config import Config
 
     runtime = build_runtime(Config(store="sqlite", data_dir=data_dir))

@@ -97,8 +97,12 @@ async def measure(at: list[int]) -> dict[str, float]:
     """The figures of the checkout this process imports."""
     from agentloop.v1 import content_pb2 as c
     from bench.common import OPTIONS, PROMPT
-    from server.edge.app import build_runtime
     from server.lifecycle.factory import AgentFactory
+
+    try:
+        from server.lifecycle.runtime import build_runtime
+    except ImportError:  # a checkout from before the runtime moved to lifecycle
+        from server.edge.app import build_runtime  # type: ignore[attr-defined]
     from server.settings.config import Config
 
     factory = AgentFactory(build_runtime(Config(store="memory")))

@@ -46,9 +46,9 @@ async def probe(stop: asyncio.Event) -> float:
 
 async def main(sessions: int, turns: int, dsn: str) -> None:
     from bench.common import OPTIONS
-    from server.edge.app import build_runtime
     from server.lifecycle.factory import AgentFactory
     from server.lifecycle.retention import DAY_NS, Sweeper
+    from server.lifecycle.runtime import build_runtime
     from server.settings.config import Config
     from server.settings.retention import Retention
     from tests.test_retention import pages, stored

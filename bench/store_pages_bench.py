@@ -33,8 +33,12 @@ def size(path: Path) -> int:
 
 async def turns(agents: int, rounds: int, checkpoints: bool) -> dict[str, float]:
     from bench.common import OPTIONS, one_turn
-    from server.edge.app import build_runtime
     from server.lifecycle.factory import AgentFactory
+
+    try:
+        from server.lifecycle.runtime import build_runtime
+    except ImportError:  # a checkout from before the runtime moved to lifecycle
+        from server.edge.app import build_runtime  # type: ignore[attr-defined]
     from server.settings.config import Config
     from server.stores import sqlite as sqlite_store
 

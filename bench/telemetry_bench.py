@@ -38,8 +38,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 
 from agentloop.client import connect
 from bench.common import OPTIONS, free_port, line, main_thread_seconds, one_turn
-from server.edge.app import build_runtime
 from server.lifecycle.factory import AgentFactory
+from server.lifecycle.runtime import build_runtime
 from server.observability.telemetry import Telemetry
 from server.observability.tracing import Tracing
 from server.settings.config import Config

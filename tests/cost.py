@@ -36,9 +36,9 @@ from pathlib import Path
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import content_pb2 as c
-from server.edge.app import build_runtime
 from server.kernel import fairness
 from server.lifecycle.factory import AgentFactory
+from server.lifecycle.runtime import build_runtime
 from server.loop.agent import Agent
 from server.settings.config import Config
 

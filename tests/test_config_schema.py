@@ -9,11 +9,12 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from agentloop.v1 import agent_pb2
-from server.edge.app import App, build_runtime
+from server.edge.app import App
 from server.kernel.errors import InvalidArgument
 from server.kernel.ids import id_problem
 from server.kernel.limits import Limits
 from server.lifecycle.factory import AgentFactory
+from server.lifecycle.runtime import build_runtime
 from server.loop.runtime import Runtime
 from server.settings.config import (
     AgentConfig,

@@ -13,9 +13,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from server.edge.app import build_runtime
 from server.lifecycle.factory import AgentFactory
 from server.lifecycle.retention import DAY_NS, Sweeper
+from server.lifecycle.runtime import build_runtime
 from server.settings.config import Config
 from server.settings.retention import Retention
 from tests.postgres import drop_database, fresh_database
@@ -27,7 +27,7 @@ MOVED = 400
 
 SWEEP = """
 import asyncio, sys
-from server.edge.app import build_runtime
+from server.lifecycle.runtime import build_runtime
 from server.lifecycle.factory import AgentFactory
 from server.lifecycle.retention import Sweeper
 from server.settings.config import Config

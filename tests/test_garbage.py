@@ -15,9 +15,9 @@ import pytest
 
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
-from server.edge.app import build_runtime
 from server.kernel import seams as S
 from server.lifecycle.factory import AgentFactory
+from server.lifecycle.runtime import build_runtime
 from server.loop.agent import Agent
 from server.settings.config import Config
 

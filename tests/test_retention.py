@@ -16,9 +16,9 @@ from google.protobuf import timestamp_pb2
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
 from bench.common import OPTIONS, PROMPT
-from server.edge.app import build_runtime
 from server.lifecycle.factory import AgentFactory
 from server.lifecycle.retention import DAY_NS, Sweeper
+from server.lifecycle.runtime import build_runtime
 from server.settings.config import Config, load_config
 from server.settings.retention import Retention
 from server.stores import Commit, InboxEntry, RequestRecord, SessionWrites
