@@ -28,6 +28,7 @@ from server.kernel.errors import (
     OutOfRange,
     ResourceExhausted,
     SessionDamaged,
+    Unavailable,
 )
 from server.stores import StoreConflict, StoreUnavailable
 
@@ -44,6 +45,7 @@ CODES: list[tuple[type[AgentLoopError], grpc.StatusCode]] = [
     (SessionDamaged, grpc.StatusCode.DATA_LOSS),
     (StoreConflict, grpc.StatusCode.ABORTED),
     (StoreUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (Unavailable, grpc.StatusCode.UNAVAILABLE),
 ]
 
 Response = TypeVar("Response")

@@ -95,6 +95,12 @@ class AgentDisposed(FailedPrecondition):
         self.agent_id = agent_id
 
 
+class Unavailable(AgentLoopError):
+    """A dependency (a model provider, a plugin) failed the call; retrying may succeed."""
+
+    reason = "UNAVAILABLE"
+
+
 class ResourceExhausted(AgentLoopError):
     """A configured limit was reached."""
 

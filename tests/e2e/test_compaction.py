@@ -1,0 +1,383 @@
+"""Token accounting and compaction through a real server: manual, automatic, on overflow.
+
+The history a client derives from the log (applying each event's surface op, written
+here independently of the server), the history the server derives after a restart,
+a fork's, and what a real HTTP provider receives all agree after a compaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import grpc
+import pytest
+
+from agentloop.v1 import agent_event_pb2 as ae
+from agentloop.v1 import agent_factory_service_pb2 as fac
+from agentloop.v1 import agent_pb2, scripted_pb2
+from agentloop.v1 import agent_service_pb2 as api
+from agentloop.v1 import session_event_pb2 as ev
+from agentloop.v1 import stream_pb2 as st
+from server.models.scripted_options import script_options
+from server.settings.config import Config, load_config
+from tests.e2e.conftest import E2E, EventStream, kinds, of_kind, read_turn, running_app, text_of
+from tests.fake_openai import FakeOpenAI, Reply, text, usage
+from tests.invariants import check_log
+
+T = 10.0
+
+SURFACE = {
+    "user_message": lambda e: text_of(e.user_message.content),
+    "assistant_message": lambda e: text_of(e.assistant_message.content),
+    "tool_result": lambda e: text_of(e.tool_result.content),
+    "context_message": lambda e: (
+        text_of(e.context_message.content)
+        if e.context_message.envelope == ev.CONTEXT_ENVELOPE_RAW
+        else f'<context source="{e.context_message.source.kind}">\n'
+        f"{text_of(e.context_message.content)}\n</context>"
+    ),
+    "steering_message": lambda e: text_of(e.steering_message.content),
+}
+
+
+def client_history(events: Sequence[ev.SessionEvent]) -> list[str]:
+    """The history's texts as a client derives them: append, or replace start..end."""
+    nodes: list[str | None] = []
+    for event in events:
+        kind = event.WhichOneof("payload")
+        if kind not in SURFACE:
+            continue
+        node = SURFACE[kind](event)
+        if kind == "assistant_message" and not event.assistant_message.content:
+            node = None  # a completion anchor: a node, never a message
+        op = event.surface_op
+        if op.kind == ev.SURFACE_OP_KIND_REPLACE:
+            nodes[op.start : op.end + 1] = [node]
+        else:
+            nodes.append(node)
+    return [n for n in nodes if n is not None]
+
+
+def server_history(e2e: E2E, agent_id: str) -> list[str]:
+    """The history the server's live agent holds (what its next request sends)."""
+    agent = e2e.app.factory.get(agent_id)
+    return [text_of(m.content) for m in agent.session.derive_messages()]
+
+
+async def all_events(e2e: E2E, **selector: str) -> list[ev.SessionEvent]:
+    listed = await e2e.agents.ListSessionEvents(
+        api.ListSessionEventsRequest(page_size=5000, **selector), timeout=T
+    )
+    return list(listed.events)
+
+
+async def turn(e2e: E2E, agent_id: str, message: str) -> list[ev.SessionEvent]:
+    sent = await e2e.agents.SendMessage(
+        api.SendMessageRequest(agent_id=agent_id, text=message), timeout=T
+    )
+    events = await read_turn(e2e.agents, agent_id, sent.next_seq)
+    await e2e.agents.WaitIdle(api.WaitIdleRequest(agent_id=agent_id), timeout=T)
+    return events
+
+
+def sqlite_config(data: Path) -> Config:
+    return Config(listen="127.0.0.1:0", store="sqlite", data_dir=str(data), agents=())
+
+
+async def create(e2e: E2E, agent_id: str, options: agent_pb2.AgentOptions) -> str:
+    created = await e2e.factory.CreateAgent(
+        fac.CreateAgentRequest(agent_id=agent_id, options=options), timeout=T
+    )
+    return created.agent.session_id
+
+
+def scripted(steps: Sequence[scripted_pb2.ScriptedStep]) -> agent_pb2.AgentOptions:
+    return agent_pb2.AgentOptions(provider="scripted", provider_options=script_options(steps))
+
+
+# -- 1. token accounting -----------------------------------------------------------------
+
+
+async def test_get_agent_and_live_events_report_context_used_against_the_window(
+    e2e: E2E,
+) -> None:
+    options = agent_pb2.AgentOptions(provider="scripted", context_window_tokens=50_000)
+    await create(e2e, "gauge", options)
+    described = await e2e.factory.GetAgent(fac.GetAgentRequest(agent_id="gauge"), timeout=T)
+    empty = described.agent.context_usage
+    assert (empty.window_tokens, empty.reserve_tokens) == (50_000, 12_500)  # a quarter at most
+    assert (empty.compact_at_tokens, empty.keep_recent_tokens) == (37_500, 12_500)
+    assert empty.used_tokens == 0 and empty.estimated
+    with EventStream(e2e.agents, agent_id="gauge") as stream:
+        events = await turn(e2e, "gauge", "hello there " * 40)
+        live = await stream.until_agent_event(lambda a: a.HasField("context_usage"))
+    reported = of_kind(events, "assistant_message")[-1].assistant_message.usage
+    assert reported.input_tokens > 100  # the scripted model reports characters / 4
+    described = await e2e.factory.GetAgent(fac.GetAgentRequest(agent_id="gauge"), timeout=T)
+    gauge = described.agent.context_usage
+    # The provider's report of the last step, nothing appended since: not an estimate.
+    assert gauge.used_tokens == reported.input_tokens + reported.output_tokens
+    assert not gauge.estimated
+    assert live.context_usage == gauge
+
+
+async def test_an_unknown_window_reports_usage_but_never_compacts(e2e: E2E) -> None:
+    await create(e2e, "plain", agent_pb2.AgentOptions(provider="scripted"))
+    await turn(e2e, "plain", "one")
+    described = await e2e.factory.GetAgent(fac.GetAgentRequest(agent_id="plain"), timeout=T)
+    gauge = described.agent.context_usage
+    assert gauge.used_tokens > 0
+    assert (gauge.window_tokens, gauge.compact_at_tokens) == (0, 0)
+
+
+async def test_context_options_out_of_range_are_refused_naming_the_field(e2e: E2E) -> None:
+    for options, field in [
+        (agent_pb2.AgentOptions(context_window_tokens=100), "options.context_window_tokens"),
+        (agent_pb2.AgentOptions(keep_recent_tokens=10**9), "options.keep_recent_tokens"),
+    ]:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await e2e.factory.CreateAgent(
+                fac.CreateAgentRequest(agent_id="bad", options=options), timeout=T
+            )
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert field in (refused.value.details() or "")
+
+
+# -- 2. manual compaction ----------------------------------------------------------------
+
+
+async def test_manual_compaction_is_one_replace_event_every_reader_agrees_on(
+    tmp_path: Path,
+) -> None:
+    options = agent_pb2.AgentOptions(provider="scripted")
+    async with running_app(sqlite_config(tmp_path)) as e2e:
+        session_id = await create(e2e, "keeper", options)
+        for word in ("alpha", "bravo", "charlie"):
+            await turn(e2e, "keeper", f"remember {word}")
+        before = await all_events(e2e, agent_id="keeper")
+        assert client_history(before) == server_history(e2e, "keeper")
+        last_end_before = of_kind(before, "turn_end")[-1].seq
+        request = api.CompactAgentRequest(
+            agent_id="keeper", request_id="c-1", instructions="the words", keep_recent_tokens=15
+        )
+        with EventStream(e2e.agents, agent_id="keeper", from_seq=len(before) + 1) as stream:
+            answer = await e2e.agents.CompactAgent(request, timeout=T)
+            started = await stream.until_agent_event(lambda a: a.HasField("compaction"))
+            finished = await stream.until_agent_event(lambda a: a.HasField("compaction"))
+        assert answer.compacted, answer.reason
+        assert started.compaction.phase == ae.COMPACTION_PHASE_STARTED
+        assert finished.compaction.phase == ae.COMPACTION_PHASE_FINISHED
+        assert finished.compaction.event_seq == answer.event_seq
+        after = await all_events(e2e, agent_id="keeper")
+        added = after[len(before) :]
+        assert kinds(added) == ["turn_start", "context_message", "turn_end"]
+        assert added[0].turn_start.trigger == ev.TRIGGER_KIND_COMPACTION
+        summary = added[1]
+        assert summary.seq == answer.event_seq
+        assert summary.surface_op.kind == ev.SURFACE_OP_KIND_REPLACE
+        info = summary.context_message.compaction
+        assert info == answer.compaction
+        assert info.trigger == ev.COMPACTION_TRIGGER_MANUAL
+        assert info.instructions == "the words" and info.request_id == "c-1"
+        assert info.first_seq == of_kind(before, "user_message")[0].seq
+        assert info.tokens_after < info.tokens_before
+        # The last turn (its prompt and answer) is kept; the two before are summarised.
+        history = client_history(after)
+        assert history == server_history(e2e, "keeper")
+        assert len(history) == 3
+        assert history[0].startswith('<context source="compaction">')
+        assert "The user said: remember alpha | remember bravo." in history[0]
+        assert "Focus: the words." in history[0]
+        assert history[1:] == ["remember charlie", "You said: remember charlie"]
+        check_log(after)
+        # A retry with the same request id answers the same and compacts nothing more.
+        again = await e2e.agents.CompactAgent(request, timeout=T)
+        assert again == answer
+        assert len(await all_events(e2e, agent_id="keeper")) == len(after)
+        # The next turn's request is the summary, the kept turn and the new prompt.
+        await turn(e2e, "keeper", "delta")
+        assert server_history(e2e, "keeper")[:3] == history
+        final = await all_events(e2e, agent_id="keeper")
+        # Forks before and after the compaction are whole.
+        fork_before = await e2e.agents.ForkSession(
+            api.ForkSessionRequest(session_id=session_id, boundary_seq=last_end_before), timeout=T
+        )
+        fork_after = await e2e.agents.ForkSession(
+            api.ForkSessionRequest(session_id=session_id), timeout=T
+        )
+    # A restart: the resumed agent replays the log to the same history; so do the forks.
+    async with running_app(sqlite_config(tmp_path)) as e2e:
+        await e2e.factory.ResumeAgent(
+            fac.ResumeAgentRequest(agent_id="keeper", session_id=session_id, options=options),
+            timeout=T,
+        )
+        assert server_history(e2e, "keeper") == client_history(final)
+        for fork, expected in ((fork_before, before), (fork_after, final)):
+            agent_id = f"fork-{fork.session.session_id[-8:]}"
+            await e2e.factory.ResumeAgent(
+                fac.ResumeAgentRequest(
+                    agent_id=agent_id, session_id=fork.session.session_id, options=options
+                ),
+                timeout=T,
+            )
+            assert server_history(e2e, agent_id) == client_history(expected)
+
+
+async def test_compaction_is_refused_while_a_turn_runs_and_checks_its_fields(e2e: E2E) -> None:
+    slow = scripted_pb2.ScriptedStep(text="slow answer", chunk_size=1)
+    slow.chunk_delay.FromMilliseconds(50)
+    await create(e2e, "busy", scripted([slow]))
+    await e2e.agents.SendMessage(api.SendMessageRequest(agent_id="busy", text="go"), timeout=T)
+    with pytest.raises(grpc.aio.AioRpcError) as running:
+        await e2e.agents.CompactAgent(api.CompactAgentRequest(agent_id="busy"), timeout=T)
+    assert running.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "running a turn" in (running.value.details() or "")
+    with pytest.raises(grpc.aio.AioRpcError) as too_long:
+        await e2e.agents.CompactAgent(
+            api.CompactAgentRequest(agent_id="busy", instructions="x" * 20_000), timeout=T
+        )
+    assert too_long.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "instructions" in (too_long.value.details() or "")
+    with pytest.raises(grpc.aio.AioRpcError) as missing:
+        await e2e.agents.CompactAgent(api.CompactAgentRequest(agent_id="nobody"), timeout=T)
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    await e2e.agents.WaitIdle(api.WaitIdleRequest(agent_id="busy"), timeout=T)
+    # Nothing older than the recent history: answered, nothing recorded.
+    count = len(await all_events(e2e, agent_id="busy"))
+    kept = await e2e.agents.CompactAgent(
+        api.CompactAgentRequest(agent_id="busy", keep_recent_tokens=1_000_000), timeout=T
+    )
+    assert not kept.compacted and "nothing older" in kept.reason
+    assert len(await all_events(e2e, agent_id="busy")) == count
+
+
+# -- 3. automatic compaction -------------------------------------------------------------
+
+
+async def test_a_small_window_agent_lives_through_many_turns_compacting_as_configured(
+    e2e: E2E,
+) -> None:
+    options = agent_pb2.AgentOptions(
+        provider="scripted", context_window_tokens=2048, keep_recent_tokens=300
+    )
+    await create(e2e, "small", options)
+    compact_at = 2048 - 2048 // 4
+    with EventStream(e2e.agents, agent_id="small") as stream:
+        for i in range(40):
+            events = await turn(e2e, "small", f"turn {i}: " + "lorem ipsum dolor " * 20)
+            assert events[-1].turn_end.reason.WhichOneof("kind") == "completed"
+            for message in of_kind(events, "assistant_message"):
+                # Every request the model got stayed within the window.
+                assert message.assistant_message.usage.input_tokens < 2048
+        seen = await stream.until_agent_event(lambda a: a.HasField("compaction"))
+    assert seen.compaction.trigger == ev.COMPACTION_TRIGGER_THRESHOLD
+    log = await all_events(e2e, agent_id="small")
+    summaries = [e for e in of_kind(log, "context_message") if e.context_message.compaction.trigger]
+    assert len(summaries) >= 3
+    for summary in summaries:
+        info = summary.context_message.compaction
+        assert info.trigger == ev.COMPACTION_TRIGGER_THRESHOLD
+        assert info.tokens_before > compact_at
+        assert info.tokens_after < info.tokens_before
+    # Compacting happens before a step, inside the turn, never under a tool batch.
+    for summary in summaries:
+        position = log.index(summary)
+        assert log[position + 1].WhichOneof("payload") == "step_start"
+    assert client_history(log) == server_history(e2e, "small")
+    check_log(log)
+
+
+# -- 4. overflow from a provider ---------------------------------------------------------
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as server:
+        yield server
+
+
+OVERFLOW = Reply(
+    status=400,
+    body={
+        "error": {
+            "message": "This model's maximum context length is 1000 tokens.",
+            "type": "invalid_request_error",
+            "code": "context_length_exceeded",
+        }
+    },
+)
+
+
+def fake_config(tmp_path: Path, fake: FakeOpenAI) -> Config:
+    config_file = tmp_path / "agentloop.yaml"
+    config_file.write_text(
+        "listen: 127.0.0.1:0\nstore: memory\nproviders:\n  - name: fake\n"
+        f"    baseUrl: {fake.base_url}\n    defaultModel: gpt-test\n    maxAttempts: 1\n"
+    )
+    return load_config(config_file)
+
+
+async def test_an_overflow_compacts_and_retries_once_then_a_clear_error(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    fake.script(
+        Reply(events=[*text("first answer"), usage(40, 3)]),
+        Reply(events=[*text("second answer"), usage(60, 3)]),
+        OVERFLOW,
+        Reply(events=[*text("SUMMARY-ONE"), usage(50, 5)]),
+        Reply(events=[*text("third answer"), usage(30, 3)]),
+    )
+    async with running_app(fake_config(tmp_path, fake)) as e2e:
+        await create(e2e, "over", agent_pb2.AgentOptions(provider="fake", keep_recent_tokens=1))
+        await turn(e2e, "over", "one")
+        await turn(e2e, "over", "two")
+        events = await turn(e2e, "over", "three")
+        assert events[-1].turn_end.reason.WhichOneof("kind") == "completed"
+        summary = of_kind(events, "context_message")[0]
+        assert summary.context_message.compaction.trigger == ev.COMPACTION_TRIGGER_OVERFLOW
+        assert summary.context_message.compaction.usage.input_tokens == 50
+        assert text_of(of_kind(events, "assistant_message")[-1].assistant_message.content) == (
+            "third answer"
+        )
+        # The summary request saw the transcript; the retry sent the summary and the prompt.
+        refused, summarising, retried = fake.requests[2:5]
+        transcript = summarising.body["messages"][-1]["content"]
+        assert "[user] one" in transcript and "[assistant] first answer" in transcript
+        assert "tools" not in summarising.body
+        texts = [str(m["content"]) for m in retried.body["messages"] if m["role"] != "system"]
+        assert len(texts) == 2
+        assert "SUMMARY-ONE" in texts[0] and texts[1] == "three"
+        assert len(retried.body["messages"]) < len(refused.body["messages"])
+        assert client_history(await all_events(e2e, agent_id="over")) == server_history(e2e, "over")
+        # A provider that still refuses after the compaction: the turn ends `error` and says
+        # so; the next turn, once the provider answers, works.
+        fake.script(OVERFLOW, Reply(events=[*text("SUMMARY-TWO")]), OVERFLOW)
+        failed = await turn(e2e, "over", "four")
+        reason = failed[-1].turn_end.reason
+        assert reason.WhichOneof("kind") == "error"
+        assert reason.error.code == "CONTEXT_LENGTH_EXCEEDED"
+        assert "still too long after compacting" in reason.error.message
+        fake.script(Reply(events=[*text("fifth answer")]))
+        recovered = await turn(e2e, "over", "five")
+        assert recovered[-1].turn_end.reason.WhichOneof("kind") == "completed"
+        check_log(await all_events(e2e, agent_id="over"))
+
+
+async def test_a_plugin_style_error_finish_with_the_overflow_code_compacts_too(e2e: E2E) -> None:
+    script = [
+        scripted_pb2.ScriptedStep(text="a1"),
+        scripted_pb2.ScriptedStep(
+            finish=st.FINISH_KIND_ERROR,
+            error_message="context too long",
+            error_code="CONTEXT_LENGTH_EXCEEDED",
+        ),
+        scripted_pb2.ScriptedStep(text="a2"),
+    ]
+    await create(e2e, "plug", scripted(script))
+    await turn(e2e, "plug", "first")
+    events = await turn(e2e, "plug", "second")
+    assert events[-1].turn_end.reason.WhichOneof("kind") == "completed", events[-1]
+    summaries = of_kind(events, "context_message")
+    assert summaries[0].context_message.compaction.trigger == ev.COMPACTION_TRIGGER_OVERFLOW
+    assert text_of(of_kind(events, "assistant_message")[-1].assistant_message.content) == "a2"
