@@ -7,6 +7,7 @@ a fork's, and what a real HTTP provider receives all agree after a compaction.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from server.settings.config import Config, load_config
 from tests.e2e.conftest import E2E, EventStream, kinds, of_kind, read_turn, running_app, text_of
 from tests.fake_openai import FakeOpenAI, Reply, text, usage
 from tests.invariants import check_log
+from tests.processes import grpcurl
 
 T = 10.0
 
@@ -48,9 +50,8 @@ def client_history(events: Sequence[ev.SessionEvent]) -> list[str]:
         kind = event.WhichOneof("payload")
         if kind not in SURFACE:
             continue
-        node = SURFACE[kind](event)
-        if kind == "assistant_message" and not event.assistant_message.content:
-            node = None  # a completion anchor: a node, never a message
+        anchor = kind == "assistant_message" and not event.assistant_message.content
+        node = None if anchor else SURFACE[kind](event)  # an anchor: a node, no message
         op = event.surface_op
         if op.kind == ev.SURFACE_OP_KIND_REPLACE:
             nodes[op.start : op.end + 1] = [node]
@@ -65,9 +66,9 @@ def server_history(e2e: E2E, agent_id: str) -> list[str]:
     return [text_of(m.content) for m in agent.session.derive_messages()]
 
 
-async def all_events(e2e: E2E, **selector: str) -> list[ev.SessionEvent]:
+async def all_events(e2e: E2E, *, agent_id: str) -> list[ev.SessionEvent]:
     listed = await e2e.agents.ListSessionEvents(
-        api.ListSessionEventsRequest(page_size=5000, **selector), timeout=T
+        api.ListSessionEventsRequest(page_size=5000, agent_id=agent_id), timeout=T
     )
     return list(listed.events)
 
@@ -381,3 +382,40 @@ async def test_a_plugin_style_error_finish_with_the_overflow_code_compacts_too(e
     summaries = of_kind(events, "context_message")
     assert summaries[0].context_message.compaction.trigger == ev.COMPACTION_TRIGGER_OVERFLOW
     assert text_of(of_kind(events, "assistant_message")[-1].assistant_message.content) == "a2"
+
+
+# -- the README's grpcurl walk-through ---------------------------------------------------
+
+
+async def test_the_readme_grpcurl_compaction_walk_through(e2e: E2E) -> None:
+    agents, factory = "agentloop.v1.AgentService", "agentloop.v1.AgentFactoryService"
+    await grpcurl(
+        e2e.target,
+        f"{factory}/CreateAgent",
+        data={"agent_id": "long", "options": {"context_window_tokens": 32000}},
+    )
+    for message in ("remember the plan", "and the open bugs"):
+        await grpcurl(
+            e2e.target, f"{agents}/SendMessage", data={"agent_id": "long", "text": message}
+        )
+        await grpcurl(e2e.target, f"{agents}/WaitIdle", data={"agent_id": "long"})
+    request = {
+        "agent_id": "long",
+        "instructions": "focus on the open bugs",
+        "keep_recent_tokens": 0,
+        "request_id": "compact-1",
+    }
+    answer = json.loads(await grpcurl(e2e.target, f"{agents}/CompactAgent", data=request))
+    assert answer["compacted"] is True
+    assert answer["compaction"]["trigger"] == "COMPACTION_TRIGGER_MANUAL"
+    assert answer["compaction"]["replaced_nodes"] == 4, answer
+    described = json.loads(
+        await grpcurl(e2e.target, f"{factory}/GetAgent", data={"agent_id": "long"})
+    )
+    gauge = described["agent"]["context_usage"]
+    assert gauge["window_tokens"] == "32000" and gauge["estimated"] is True
+    assert server_history(e2e, "long") == [
+        '<context source="compaction">\nSummary of the earlier conversation (compacted):\n'
+        "Summary of 4 transcript lines. The user said: remember the plan | and the open bugs."
+        " Focus: focus on the open bugs.\n</context>"
+    ]
