@@ -29,6 +29,9 @@ from tests.processes import grpcurl
 
 T = 10.0
 
+TURNS = 200
+"""Turns of the small-window agent: several compactions' worth."""
+
 SURFACE = {
     "user_message": lambda e: text_of(e.user_message.content),
     "assistant_message": lambda e: text_of(e.assistant_message.content),
@@ -63,14 +66,25 @@ def client_history(events: Sequence[ev.SessionEvent]) -> list[str]:
 def server_history(e2e: E2E, agent_id: str) -> list[str]:
     """The history the server's live agent holds (what its next request sends)."""
     agent = e2e.app.factory.get(agent_id)
-    return [text_of(m.content) for m in agent.session.derive_messages()]
+    return [
+        text_of(m.content) + "".join(text_of(b.tool_result.content) for b in m.content)
+        for m in agent.session.derive_messages()
+    ]
 
 
 async def all_events(e2e: E2E, *, agent_id: str) -> list[ev.SessionEvent]:
-    listed = await e2e.agents.ListSessionEvents(
-        api.ListSessionEventsRequest(page_size=5000, agent_id=agent_id), timeout=T
-    )
-    return list(listed.events)
+    """The whole stored log, page after page."""
+    events: list[ev.SessionEvent] = []
+    token = ""
+    while True:
+        listed = await e2e.agents.ListSessionEvents(
+            api.ListSessionEventsRequest(page_size=5000, agent_id=agent_id, page_token=token),
+            timeout=T,
+        )
+        events.extend(listed.events)
+        token = listed.next_page_token
+        if not token:
+            return events
 
 
 async def turn(e2e: E2E, agent_id: str, message: str) -> list[ev.SessionEvent]:
@@ -256,16 +270,17 @@ async def test_compaction_is_refused_while_a_turn_runs_and_checks_its_fields(e2e
 # -- 3. automatic compaction -------------------------------------------------------------
 
 
+@pytest.mark.parametrize("tools", [[], ["word_count"]], ids=["text", "tools"])
 async def test_a_small_window_agent_lives_through_many_turns_compacting_as_configured(
-    e2e: E2E,
+    e2e: E2E, tools: list[str]
 ) -> None:
     options = agent_pb2.AgentOptions(
-        provider="scripted", context_window_tokens=2048, keep_recent_tokens=300
+        provider="scripted", context_window_tokens=2048, keep_recent_tokens=300, tools=tools
     )
     await create(e2e, "small", options)
     compact_at = 2048 - 2048 // 4
     with EventStream(e2e.agents, agent_id="small") as stream:
-        for i in range(40):
+        for i in range(TURNS):
             events = await turn(e2e, "small", f"turn {i}: " + "lorem ipsum dolor " * 20)
             assert events[-1].turn_end.reason.WhichOneof("kind") == "completed"
             for message in of_kind(events, "assistant_message"):
@@ -286,6 +301,15 @@ async def test_a_small_window_agent_lives_through_many_turns_compacting_as_confi
         position = log.index(summary)
         assert log[position + 1].WhichOneof("payload") == "step_start"
     assert client_history(log) == server_history(e2e, "small")
+    # The kept part never starts at a tool result: every result follows its call.
+    messages = e2e.app.factory.get("small").session.derive_messages()
+    calls: set[str] = set()
+    for message in messages:
+        for block in message.content:
+            if block.WhichOneof("block") == "tool_call":
+                calls.add(block.tool_call.id)
+            if block.WhichOneof("block") == "tool_result":
+                assert block.tool_result.tool_call_id in calls
     check_log(log)
 
 
