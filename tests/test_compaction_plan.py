@@ -52,7 +52,7 @@ def test_keeping_nothing_summarises_everything_and_anchors_count_as_nodes() -> N
 
 
 def test_nothing_to_compact_says_why() -> None:
-    assert plan(nodes(user("a"), user("b")), keep_tokens=10_000).startswith("nothing older")
+    assert str(plan(nodes(user("a"), user("b")), keep_tokens=10_000)).startswith("nothing older")
     summary = user('<context source="compaction">\nSummary ...\n</context>')
     assert "already one summary" in str(plan(nodes(summary, user("b" * 400)), keep_tokens=50))
 

@@ -302,10 +302,10 @@ async def test_a_small_window_agent_lives_through_many_turns_compacting_as_confi
         assert log[position + 1].WhichOneof("payload") == "step_start"
     assert client_history(log) == server_history(e2e, "small")
     # The kept part never starts at a tool result: every result follows its call.
-    messages = e2e.app.factory.get("small").session.derive_messages()
+    history = e2e.app.factory.get("small").session.derive_messages()
     calls: set[str] = set()
-    for message in messages:
-        for block in message.content:
+    for node in history:
+        for block in node.content:
             if block.WhichOneof("block") == "tool_call":
                 calls.add(block.tool_call.id)
             if block.WhichOneof("block") == "tool_result":
