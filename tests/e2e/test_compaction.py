@@ -7,6 +7,7 @@ a fork's, and what a real HTTP provider receives all agree after a compaction.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -22,8 +23,18 @@ from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
 from server.models.scripted_options import script_options
 from server.settings.config import Config, load_config
-from tests.e2e.conftest import E2E, EventStream, kinds, of_kind, read_turn, running_app, text_of
-from tests.fake_openai import FakeOpenAI, Reply, text, usage
+from tests.e2e.conftest import (
+    E2E,
+    Client,
+    EventStream,
+    kinds,
+    of_kind,
+    read_turn,
+    running_app,
+    text_of,
+)
+from tests.e2e.test_durability import running_server
+from tests.fake_openai import Event, FakeOpenAI, Reply, chunk, text, usage
 from tests.invariants import check_log
 from tests.processes import grpcurl
 
@@ -72,7 +83,7 @@ def server_history(e2e: E2E, agent_id: str) -> list[str]:
     ]
 
 
-async def all_events(e2e: E2E, *, agent_id: str) -> list[ev.SessionEvent]:
+async def all_events(e2e: Client, *, agent_id: str) -> list[ev.SessionEvent]:
     """The whole stored log, page after page."""
     events: list[ev.SessionEvent] = []
     token = ""
@@ -443,3 +454,70 @@ async def test_the_readme_grpcurl_compaction_walk_through(e2e: E2E) -> None:
         "Summary of 4 transcript lines. The user said: remember the plan | and the open bugs."
         " Focus: focus on the open bugs.\n</context>"
     ]
+
+
+# -- a crash during a compaction ---------------------------------------------------------
+
+
+async def test_sigkill_during_a_compaction_leaves_the_history_as_it_was(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    config = (
+        "agents: []\nproviders:\n  - name: fake\n"
+        f"    baseUrl: {fake.base_url}\n    defaultModel: gpt-test\n    maxAttempts: 1\n"
+    )
+    options = agent_pb2.AgentOptions(provider="fake")
+    fake.script(
+        Reply(events=[*text("first answer")]),
+        Reply(events=[*text("second answer")]),
+        # The summary never comes: the server is killed while it waits for it.
+        Reply(events=[Event(data=chunk({"content": "never"}), delay=60)]),
+    )
+    async with running_server(tmp_path, config) as server:
+        created = await server.factory.CreateAgent(
+            fac.CreateAgentRequest(agent_id="crash", options=options), timeout=T
+        )
+        session_id = created.agent.session_id
+        for message in ("one", "two"):
+            sent = await server.agents.SendMessage(
+                api.SendMessageRequest(agent_id="crash", text=message), timeout=T
+            )
+            await read_turn(server.agents, "crash", sent.next_seq)
+            await server.agents.WaitIdle(api.WaitIdleRequest(agent_id="crash"), timeout=T)
+        before = await all_events(server, agent_id="crash")
+        compacting = asyncio.ensure_future(
+            server.agents.CompactAgent(
+                api.CompactAgentRequest(agent_id="crash", keep_recent_tokens=0), timeout=30
+            )
+        )
+        await asyncio.wait_for(fake.wait_for_requests(3), T)
+        await server.process.kill()
+        with pytest.raises(grpc.aio.AioRpcError):
+            await compacting
+        await server.channel.close()
+    fake.script(
+        Reply(events=[*text("SUMMARY-AFTER-CRASH")]),
+        Reply(events=[*text("third answer")]),
+    )
+    async with running_server(tmp_path, config) as server:
+        await server.factory.ResumeAgent(
+            fac.ResumeAgentRequest(agent_id="crash", session_id=session_id, options=options),
+            timeout=T,
+        )
+        resumed = await all_events(server, agent_id="crash")
+        # Nothing of the interrupted compaction was stored: the same log, the same history.
+        assert resumed == before
+        answer = await server.agents.CompactAgent(
+            api.CompactAgentRequest(agent_id="crash", keep_recent_tokens=0), timeout=T
+        )
+        assert answer.compacted
+        sent = await server.agents.SendMessage(
+            api.SendMessageRequest(agent_id="crash", text="three"), timeout=T
+        )
+        await read_turn(server.agents, "crash", sent.next_seq)
+        final = await all_events(server, agent_id="crash")
+    check_log(final)
+    request = fake.requests[-1].body["messages"]
+    texts = [str(m["content"]) for m in request if m["role"] != "system"]
+    assert len(texts) == 2 and "SUMMARY-AFTER-CRASH" in texts[0] and texts[1] == "three"
+    assert client_history(final)[0].endswith("SUMMARY-AFTER-CRASH\n</context>")
