@@ -54,7 +54,7 @@ async def compact_idle(
         if agent.disposed:
             raise AgentDisposed(agent.agent_id) from error
         raise Unavailable(f'agent "{agent.agent_id}": the summary request failed: {error}',
-                          agent_id=agent.agent_id) from error  # fmt: skip
+                          "COMPACTION_FAILED", agent_id=agent.agent_id) from error  # fmt: skip
     finally:
         agent.loop.compaction = None
         done.set_result(None)

@@ -521,3 +521,31 @@ async def test_sigkill_during_a_compaction_leaves_the_history_as_it_was(
     texts = [str(m["content"]) for m in request if m["role"] != "system"]
     assert len(texts) == 2 and "SUMMARY-AFTER-CRASH" in texts[0] and texts[1] == "three"
     assert client_history(final)[0].endswith("SUMMARY-AFTER-CRASH\n</context>")
+
+
+async def test_a_failed_summary_request_records_nothing_and_says_why(
+    fake: FakeOpenAI, tmp_path: Path
+) -> None:
+    fake.script(
+        Reply(events=[*text("first answer")]),
+        Reply(status=500, body={"error": {"message": "the summariser is down"}}),
+    )
+    async with running_app(fake_config(tmp_path, fake)) as e2e:
+        await create(e2e, "down", agent_pb2.AgentOptions(provider="fake"))
+        await turn(e2e, "down", "one")
+        before = await all_events(e2e, agent_id="down")
+        with EventStream(e2e.agents, agent_id="down", from_seq=len(before) + 1) as stream:
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await e2e.agents.CompactAgent(
+                    api.CompactAgentRequest(agent_id="down", keep_recent_tokens=0), timeout=T
+                )
+            phase = await stream.until_agent_event(
+                lambda a: a.compaction.phase == ae.COMPACTION_PHASE_FAILED
+            )
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "the summariser is down" in (failed.value.details() or "")
+        assert "the summariser is down" in phase.compaction.message
+        assert await all_events(e2e, agent_id="down") == before
+        fake.script(Reply(events=[*text("second answer")]))
+        events = await turn(e2e, "down", "two")
+        assert events[-1].turn_end.reason.WhichOneof("kind") == "completed"
