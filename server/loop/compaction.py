@@ -7,7 +7,8 @@ It is recorded as one `context_message` (source "compaction", `compaction` set) 
 REPLACE surface op over that range: the model's history, a resume, a fork and the event
 list derive the same history from it, and the replaced events stay readable.
 
-The summary request is the agent's own provider and model with a summarising system
+A plugin serving `agent/compact` may write the summary instead; else the summary
+request is the agent's own provider and model with a summarising system
 prompt and the range as one transcript (tool output cut, the oldest part dropped when
 it would not fit the window): it never carries tool schemas, so a tool call and its
 result can never be torn apart in it. A failed summary records nothing.
@@ -21,6 +22,7 @@ from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
+from server.kernel import seams as S
 from server.kernel.abort import AbortSignal
 from server.kernel.assembly import MessageAssembler
 from server.kernel.content import plain_text, text_block
@@ -207,7 +209,27 @@ async def compact(
     emit_phase(agent, ae.AgentCompaction(phase=ae.COMPACTION_PHASE_STARTED, trigger=trigger,
                                          tokens_before=before))  # fmt: skip
     try:
-        summary, provenance, usage = await summarise(agent, found.messages, instructions, signal)
+        written = await agent.runtime.seams.waterfall(
+            S.COMPACT,
+            agent.agent_id,
+            lambda: S.Compact(
+                agent,
+                turn or session.max_turn,
+                0,
+                signal,
+                found.messages,
+                instructions,
+                trigger,
+                before,
+            ),  # fmt: skip
+            "",
+        )
+        if written.strip():  # a plugin wrote it: no model request, no usage
+            summary, provenance, usage = written.strip()[:MAX_SUMMARY_CHARS], c.Provenance(), None
+        else:
+            summary, provenance, usage = await summarise(
+                agent, found.messages, instructions, signal
+            )
     except Exception as error:
         emit_phase(agent, ae.AgentCompaction(phase=ae.COMPACTION_PHASE_FAILED, trigger=trigger,
                                              tokens_before=before, message=str(error)))  # fmt: skip

@@ -15,6 +15,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from agentloop.plugin import sdk
+from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2, scripted_pb2
@@ -33,9 +35,11 @@ from tests.e2e.conftest import (
     running_app,
     text_of,
 )
+from tests.e2e.registry import register, unregister
 from tests.e2e.test_durability import running_server
 from tests.fake_openai import Event, FakeOpenAI, Reply, chunk, text, usage
 from tests.invariants import check_log
+from tests.plugin_client import serving
 from tests.processes import grpcurl
 
 T = 10.0
@@ -549,3 +553,62 @@ async def test_a_failed_summary_request_records_nothing_and_says_why(
         fake.script(Reply(events=[*text("second answer")]))
         events = await turn(e2e, "down", "two")
         assert events[-1].turn_end.reason.WhichOneof("kind") == "completed"
+
+
+# -- a compactor plugin ------------------------------------------------------------------
+
+
+async def test_a_plugin_writes_the_summary_and_its_failure_policy_holds(e2e: E2E) -> None:
+    summariser = sdk.Plugin("summariser")
+    seen: list[hk.CompactCall] = []
+
+    @summariser.compact()
+    async def write(call: hk.HookCall) -> hk.CompactResult:
+        seen.append(call.compact)
+        texts = [text_of(m.content) for m in call.compact.messages]
+        return hk.CompactResult(
+            summary=f"PLUGIN: {' / '.join(texts)} ({call.compact.instructions})"
+        )
+
+    broken = sdk.Plugin("broken")
+
+    @broken.compact()
+    async def fail(call: hk.HookCall) -> hk.CompactResult:
+        raise RuntimeError("the store is down")
+
+    await create(e2e, "p", agent_pb2.AgentOptions(provider="scripted"))
+    await turn(e2e, "p", "one")
+    async with serving(summariser) as address:
+        await register(e2e.channel, address)
+        answer = await e2e.agents.CompactAgent(
+            api.CompactAgentRequest(agent_id="p", instructions="why", keep_recent_tokens=0),
+            timeout=T,
+        )
+        await unregister(e2e.channel, "summariser")
+    assert answer.compacted
+    assert seen[0].trigger == ev.COMPACTION_TRIGGER_MANUAL and seen[0].tokens_before > 0
+    assert not answer.compaction.HasField("usage")  # no model request was made
+    assert server_history(e2e, "p") == [
+        '<context source="compaction">\nSummary of the earlier conversation (compacted):\n'
+        "PLUGIN: one / You said: one (why)\n</context>"
+    ]
+    await turn(e2e, "p", "two")
+    async with serving(broken) as address:
+        # FAIL_CLOSED: the compaction fails and the history stays as it was.
+        await register(e2e.channel, address, failure_policy=hk.FAILURE_POLICY_FAIL_CLOSED)
+        count = len(await all_events(e2e, agent_id="p"))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await e2e.agents.CompactAgent(
+                api.CompactAgentRequest(agent_id="p", keep_recent_tokens=0), timeout=T
+            )
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "broken" in (refused.value.details() or "")
+        assert len(await all_events(e2e, agent_id="p")) == count
+        await unregister(e2e.channel, "broken")
+        # FAIL_OPEN: the failing call is skipped and the agent's model writes the summary.
+        await register(e2e.channel, address, failure_policy=hk.FAILURE_POLICY_FAIL_OPEN)
+        opened = await e2e.agents.CompactAgent(
+            api.CompactAgentRequest(agent_id="p", keep_recent_tokens=0), timeout=T
+        )
+    assert opened.compacted and opened.compaction.provenance.provider == "scripted"
+    assert "Summary of" in server_history(e2e, "p")[0]
