@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -40,7 +41,7 @@ from tests.e2e.test_durability import running_server
 from tests.fake_openai import Event, FakeOpenAI, Reply, chunk, text, usage
 from tests.invariants import check_log
 from tests.plugin_client import serving
-from tests.processes import grpcurl
+from tests.processes import REPO, PluginLauncher, grpcurl, node
 
 T = 10.0
 
@@ -319,8 +320,8 @@ async def test_a_small_window_agent_lives_through_many_turns_compacting_as_confi
     # The kept part never starts at a tool result: every result follows its call.
     history = e2e.app.factory.get("small").session.derive_messages()
     calls: set[str] = set()
-    for node in history:
-        for block in node.content:
+    for entry in history:
+        for block in entry.content:
             if block.WhichOneof("block") == "tool_call":
                 calls.add(block.tool_call.id)
             if block.WhichOneof("block") == "tool_result":
@@ -612,3 +613,32 @@ async def test_a_plugin_writes_the_summary_and_its_failure_policy_holds(e2e: E2E
         )
     assert opened.compacted and opened.compaction.provenance.provider == "scripted"
     assert "Summary of" in server_history(e2e, "p")[0]
+
+
+PY_COMPACTOR = REPO / "clients" / "python" / "examples" / "compactor_plugin.py"
+NODE_COMPACTOR = REPO / "clients" / "node" / "examples" / "compactor-plugin.js"
+
+
+@pytest.mark.parametrize("lang", ["python", "node"])
+async def test_the_example_compactor_plugins_write_the_summary(
+    e2e: E2E, launcher: PluginLauncher, lang: str
+) -> None:
+    argv = (
+        [sys.executable, str(PY_COMPACTOR)] if lang == "python" else [node(), str(NODE_COMPACTOR)]
+    )
+    plugin = await launcher.start([*argv, "--max-chars", "12"])
+    await register(e2e.channel, plugin.address)
+    agent_id = f"ex-{lang}"
+    await create(e2e, agent_id, agent_pb2.AgentOptions(provider="scripted"))
+    await turn(e2e, agent_id, "remember the milk please")
+    await turn(e2e, agent_id, "and the eggs")
+    answer = await e2e.agents.CompactAgent(
+        api.CompactAgentRequest(agent_id=agent_id, instructions="shopping", keep_recent_tokens=0),
+        timeout=T,
+    )
+    assert answer.compacted
+    assert server_history(e2e, agent_id) == [
+        '<context source="compaction">\nSummary of the earlier conversation (compacted):\n'
+        "Earlier, the user said:\n- remember the\n- and the eggs\nFocus: shopping\n</context>"
+    ]
+    assert (await plugin.line()).startswith("summary 4 messages ")
