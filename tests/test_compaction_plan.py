@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
+from server.edge.app import build_runtime
+from server.kernel.tokens import known_window
 from server.loop.compaction import Plan, plan, summary_prompt, transcript
+from server.loop.context import policy_of
 from server.models.openai_wire import is_overflow
+from server.settings.config import load_config
 
 
 def user(text: str) -> c.Message:
@@ -75,3 +82,28 @@ def test_overflow_answers_by_code_or_by_message() -> None:
     )
     assert not is_overflow('{"error": {"code": "invalid_api_key", "message": "bad key"}}')
     assert not is_overflow("upstream failure")
+
+
+def test_the_window_comes_from_options_then_config_then_the_model_table(tmp_path: Path) -> None:
+    config_file = tmp_path / "agentloop.yaml"
+    config_file.write_text(
+        "store: memory\nagents: []\noutputReserveTokens: 8000\nkeepRecentTokens: 30000\n"
+        "providers:\n"
+        "  - {name: local, baseUrl: 'http://127.0.0.1:1/v1', contextWindowTokens: 32768}\n"
+        "  - {name: cloud, baseUrl: 'http://127.0.0.1:2/v1'}\n"
+    )
+    runtime = build_runtime(load_config(config_file))
+    local = policy_of(agent_pb2.AgentOptions(), runtime, "local", "llama3.1")
+    # The configured window; the keep is at most a quarter of it.
+    assert (local.window, local.reserve, local.keep_recent) == (32768, 8000, 8192)
+    assert local.compact_at == 32768 - 8000
+    cloud = policy_of(agent_pb2.AgentOptions(), runtime, "cloud", "gpt-4o-2024-08-06")
+    assert (cloud.window, cloud.keep_recent) == (128_000, 30000)
+    unknown = policy_of(agent_pb2.AgentOptions(), runtime, "cloud", "my-finetune")
+    assert (unknown.window, unknown.compact_at) == (0, 0)
+    own = agent_pb2.AgentOptions(
+        context_window_tokens=4096, output_reserve_tokens=100, auto_compact=False
+    )
+    mine = policy_of(own, runtime, "local", "llama3.1")
+    assert (mine.window, mine.reserve, mine.compact_at) == (4096, 100, 0)
+    assert known_window("openai/gpt-4.1-mini") == 1_047_576
