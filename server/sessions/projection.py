@@ -92,7 +92,8 @@ class Projection:
         self._surface.append(message)
         self._seqs.append(event.seq)
         if message is not None:
-            self._history.append(message)
+            # In place, as `append` would, but no call: the seq kept above costs one.
+            self._history += (message,)
         if kind == "assistant_message":
             usage = event.assistant_message.usage
             self.usage_tokens = usage.input_tokens + usage.output_tokens
