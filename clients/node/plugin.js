@@ -153,6 +153,14 @@ class Plugin {
   }
 
   /**
+   * `agent/compact`: return `{ summary }` to write a compaction's summary.
+   * @param {SubscriptionOptions|Handler} options @param {Handler} [handler] @returns {this}
+   */
+  compact(options, handler) {
+    return this._subscribe('compact', options, handler);
+  }
+
+  /**
    * `agent/turn-continuation`: return `continueTurn(reason)` or `stopTurn()`.
    * @param {SubscriptionOptions|Handler} options @param {Handler} [handler] @returns {this}
    */

@@ -26,6 +26,8 @@ from server.kernel.limits import check_pending
 from server.lifecycle.factory import AgentFactory
 from server.loop import validation
 from server.loop.agent import Agent
+from server.loop.compaction_triggers import compact_idle
+from server.loop.context import usage_message
 from server.sessions.session import SessionLog, session_message
 from server.stores import FIRST_SEQ, RequestRecord
 
@@ -46,6 +48,9 @@ the writers that waited for it together; a driver settling its turn reports its 
 status two passes later (the settle's shield, then its task). Letting them run first
 puts a turn's end and its status in one response, not two: a response costs far more
 server CPU (gRPC's write path) than two task switches."""
+
+MAX_INSTRUCTIONS_BYTES = 16 * 1024
+"""The longest focus instructions a CompactAgent call may carry."""
 
 LIVE_EVENT_BUFFER = 1024
 """Live agent events held for a slow stream reader; older ones are dropped first."""
@@ -203,6 +208,43 @@ class AgentServicer(ApprovalMethods, DeleteMethods, rpc.AgentServiceServicer):
 
         raw = await self.runtime.requests.once(agent.agent_id, request_id, method, run, agent)
         return answers[0] if answers else kind.FromString(raw)
+
+    @mapped
+    async def CompactAgent(
+        self, request: pb.CompactAgentRequest, context: Context
+    ) -> pb.CompactAgentResponse:
+        """Summarise the idle agent's older history; answer once the summary is durable."""
+        agent = self.factory.get(request.agent_id)
+        if len(request.instructions.encode()) > MAX_INSTRUCTIONS_BYTES:
+            raise InvalidArgument(
+                "instructions", f"must be at most {MAX_INSTRUCTIONS_BYTES} bytes of UTF-8"
+            )
+        keep = request.keep_recent_tokens if request.HasField("keep_recent_tokens") else None
+        if keep is not None and keep > validation.MAX_TOKEN_SETTING:
+            raise InvalidArgument(
+                "keep_recent_tokens", f"must be at most {validation.MAX_TOKEN_SETTING}"
+            )
+
+        async def run() -> bytes:
+            outcome = await compact_idle(agent, request.instructions, keep, request.request_id)
+            answer = pb.CompactAgentResponse(
+                compacted=outcome.event is not None, reason=outcome.reason
+            )
+            if outcome.event is not None:
+                answer.event_seq = outcome.event.seq
+                answer.compaction.CopyFrom(outcome.event.context_message.compaction)
+            answer.context_usage.CopyFrom(usage_message(agent.session, agent.context))
+            raw = answer.SerializeToString()
+            if request.request_id:
+                record = RequestRecord(agent.agent_id, request.request_id, "CompactAgent", raw)
+                agent.session.record(record)
+            await agent.session.settle()
+            return raw
+
+        raw = await self.runtime.requests.once(
+            agent.agent_id, request.request_id, "CompactAgent", run, agent
+        )
+        return pb.CompactAgentResponse.FromString(raw)
 
     @mapped
     async def CancelTurn(

@@ -15,6 +15,7 @@ from server.edge.api_forward import FORWARDED
 from server.edge.status import mapped
 from server.lifecycle.factory import AgentFactory
 from server.loop.agent import Agent
+from server.loop.context import usage_message
 
 Context = grpc.aio.ServicerContext[Any, Any]
 OtherAgents = Callable[[str | None, int], Awaitable[tuple[list[agent_pb2.Agent], bool]]]
@@ -36,6 +37,7 @@ def agent_message(agent: Agent) -> agent_pb2.Agent:
         options=agent.options,
         create_time=agent.create_time,
         pending_approvals=agent.approvals.list(),
+        context_usage=usage_message(agent.session, agent.context),
     )
 
 

@@ -120,7 +120,7 @@ class SessionDamaged(AgentLoopError):
 
 
 class Unavailable(AgentLoopError):
-    """Not now: the same call may succeed after `retry_seconds` (an outage, a move)."""
+    """Not now: the same call may succeed after `retry_seconds` (outage, move, dependency)."""
 
     reason = "UNAVAILABLE"
     retry_seconds = 1.0

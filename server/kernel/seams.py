@@ -231,6 +231,17 @@ class StepResult(AgentCall):
 
 
 @dataclass(frozen=True)
+class Compact(AgentCall):
+    """`agent/compact`: the summary of a compaction (empty: the agent's model writes it)."""
+
+    messages: list[c.Message]
+    instructions: str
+    trigger: int
+    tokens_before: int
+    summary: str = ""
+
+
+@dataclass(frozen=True)
 class TurnContinuation(AgentCall):
     """`agent/turn-continuation`: the loop's decision so far."""
 
@@ -377,6 +388,10 @@ def _decision(i: TurnContinuation) -> d.ContinuationDecision:
     return i.decision
 
 
+def _summary(i: Compact) -> str:
+    return i.summary
+
+
 # -- the seams -------------------------------------------------------------------------
 
 # Waterfalls.
@@ -387,6 +402,7 @@ STEP_RESULT: Waterfall[StepResult, c.Message] = Waterfall("agent/step-result", _
 TURN_CONTINUATION: Waterfall[TurnContinuation, d.ContinuationDecision] = Waterfall(
     "agent/turn-continuation", _decision
 )
+COMPACT: Waterfall[Compact, str] = Waterfall("agent/compact", _summary)
 SYSTEM_PROMPT_ASSEMBLE: Waterfall[Assembly, Assembly] = Waterfall("system-prompt/assemble")
 TOOLS_PRE_EXECUTE: Waterfall[ToolExecution, d.PreToolDecision] = Waterfall("tools/pre-execute")
 TOOLS_EXECUTE: Waterfall[ToolExecution, ToolOutcome] = Waterfall("tools/execute")

@@ -55,6 +55,11 @@ def build_runtime(config: Config) -> Runtime:
         approval_timeout=config.approval_timeout_seconds,
         tool_order=list(config.tool_order) if config.tool_order is not None else None,
         limits=config.limits,
+        context_windows={
+            p.name: p.context_window_tokens for p in config.providers if p.context_window_tokens
+        },
+        output_reserve=config.output_reserve_tokens,
+        keep_recent=config.keep_recent_tokens,
     )
     for tool in builtin_tools():
         runtime.tools.register(tool)

@@ -22,6 +22,7 @@ from server.kernel.content import resolve_source
 from server.kernel.errors import AgentDisposed, CodedError, FailedPrecondition
 from server.kernel.tasks import TaskGroup
 from server.loop.approvals import Approvals
+from server.loop.context import policy_of
 from server.loop.inbox import Inbox, QueuedMessage
 from server.loop.running import LoopState, Step
 from server.loop.runtime import Runtime
@@ -66,6 +67,8 @@ class Agent:
         """The provider of the first request: the option, else the server default."""
         self.resolved_model = options.model or runtime.models.default_model(self.resolved_provider)
         """The model of the first request: the option, else the provider's default."""
+        self.context = policy_of(options, runtime, self.resolved_provider, self.resolved_model)
+        """The context window and compaction thresholds (`server.loop.context`)."""
         self.status: ae.AgentStatus.ValueType = ae.AGENT_STATUS_IDLE
         self.inbox = Inbox()
         self.create_time = now_timestamp()

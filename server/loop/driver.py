@@ -19,6 +19,7 @@ from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 from server.kernel import seams as S
 from server.loop.agent import Agent
+from server.loop.context import report_context
 from server.loop.ending import conclude, interruption, thrown
 from server.loop.inbox import QueuedMessage
 from server.loop.running import Rejected, RunAgain, StepFailed, Stop, Turn, Verdict
@@ -33,6 +34,8 @@ async def run_loop(agent: Agent) -> None:
     loop = agent.loop
     while not agent.disposed:
         await agent.inbox.wait()
+        while loop.compaction is not None:  # a manual compaction is being recorded
+            await asyncio.shield(loop.compaction)
         if agent.disposed:
             break
         if loop.cancel_reason is not None:  # cancelled before the turn could start
@@ -90,6 +93,8 @@ async def run_turn(agent: Agent) -> bool:
     finally:
         agent.loop.turn = None
     close_turn(agent, turn)
+    if agent.context.window:  # a gauge needs a window: none is sent for an unknown one
+        report_context(agent)
     try:
         await agent.runtime.persistence.flush(session)
     except Exception as error:

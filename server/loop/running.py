@@ -15,6 +15,7 @@ blocked is `Rejected`. `server/loop/ending.py` turns the last verdict into the e
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from agentloop.v1 import content_pb2 as c
@@ -99,6 +100,9 @@ class LoopState:
     starts. A cancel during a turn cancels the turn's scope instead."""
     turn: Turn | None = None
     """The running turn."""
+    compaction: asyncio.Future[None] | None = None
+    """A manual compaction of the idle agent, until it is recorded: the next turn waits
+    for it (a turn never starts under a compaction, nor a compaction under a turn)."""
 
 
 # -- what comes after a step -------------------------------------------------------------

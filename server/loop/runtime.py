@@ -11,6 +11,7 @@ from server.kernel.defaults import (
 )
 from server.kernel.limits import Limits
 from server.kernel.seams import SeamRegistry
+from server.kernel.tokens import DEFAULT_KEEP_RECENT, DEFAULT_OUTPUT_RESERVE
 from server.kernel.tools import ToolRegistry
 from server.loop.system_prompt import SystemPrompt, default_system_prompt
 from server.models import ModelRegistry
@@ -45,6 +46,12 @@ class Runtime:
     """Recent events each session keeps in memory; older ones are read from the store."""
     approval_timeout: float = 300.0
     """Seconds a tool call waits for approval unless its agent sets its own; 0: no approvals."""
+    context_windows: dict[str, int] = field(default_factory=dict)
+    """Context windows by provider name, from config (a model's own comes from the table)."""
+    output_reserve: int = DEFAULT_OUTPUT_RESERVE
+    """Tokens kept free for the output unless the agent sets its own."""
+    keep_recent: int = DEFAULT_KEEP_RECENT
+    """Recent history a compaction keeps verbatim unless the agent sets its own."""
     tool_order: list[str] | None = None
     """The canonical tool order, with one "<unlisted-tools>" marker; None is by name."""
     journal: Journal = field(init=False)

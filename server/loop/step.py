@@ -26,6 +26,8 @@ from server.kernel.limits import (
 )
 from server.kernel.tools import ToolExecution, ToolOutcome
 from server.loop.agent import Agent, context_message
+from server.loop.compaction import OVERFLOW_CODES
+from server.loop.compaction_triggers import after_overflow, before_request
 from server.loop.running import Step, Turn
 from server.loop.scheduler import ToolBatch, run_tool_batch
 from server.loop.system_prompt import PromptScope
@@ -77,6 +79,9 @@ async def prepare_step(agent: Agent, turn: Turn, step: Step) -> tuple[str, Messa
         lambda: S.PreStep(agent, turn.number, turn.step, signal, system, loop.session_prefix or ()),
     )
     checkpoint()
+    if agent.context.compact_at:  # 0: the window is unknown, or automatic compaction off
+        await before_request(agent, turn, step)
+        checkpoint()
     history = session.history()  # a snapshot without a copy: no cost per message
     check_turn_events(runtime.limits, len(session) - turn.start_seq)
     session.add(ev.StepStart(turn=turn.number, step=turn.step))
@@ -94,8 +99,17 @@ async def run_step(
     log_header(agent, request.header, agent.loop.requests_made == 0)
     agent.loop.requests_made += 1
     chunks = model.stream(request, step.signal)
-    assembler, chunk_seqs = await stream_model(agent, turn, chunks)
+    try:
+        assembler, chunk_seqs = await stream_model(agent, turn, chunks)
+    except CodedError as error:
+        if error.code not in OVERFLOW_CODES:
+            raise
+        assembler, chunk_seqs = await retry_after_overflow(agent, turn, step, system, error)
     finish = assembler.finish
+    if finish is not None and finish.code in OVERFLOW_CODES:  # an ERROR finish saying so
+        overflow = CodedError(finish.message or "context length exceeded", finish.code)
+        assembler, chunk_seqs = await retry_after_overflow(agent, turn, step, system, overflow)
+        finish = assembler.finish
     if finish is None:
         raise CodedError("model stream ended without a finish chunk", "MODEL_PROTOCOL")
     if finish.kind == st.FINISH_KIND_ERROR:
@@ -109,6 +123,38 @@ async def run_step(
         return StepOutcome(had_tool_calls=False, max_tokens=max_tokens)
     await run_tools(agent, turn, step, calls)
     return StepOutcome(had_tool_calls=True, max_tokens=False)
+
+
+async def retry_after_overflow(
+    agent: Agent, turn: Turn, step: Step, system: str, overflow: CodedError
+) -> tuple[MessageAssembler, list[int]]:
+    """Compact after the provider's overflow answer, then send the request once more.
+
+    Raises when nothing could be compacted, or when the retry overflows too: the turn
+    ends `error` with a message that says so, and the next turn starts afresh.
+    """
+    if not await after_overflow(agent, turn, step, overflow):
+        raise CodedError(
+            f"the context is too long for the model and could not be compacted: {overflow}",
+            overflow.code,
+        )
+    config, request = await prepare_request(agent, turn, step, system, agent.session.history())
+    model = agent.runtime.models.get(config.provider)
+    log_header(agent, request.header, False)
+    agent.loop.requests_made += 1
+    try:
+        assembler, chunk_seqs = await stream_model(agent, turn, model.stream(request, step.signal))
+    except CodedError as error:
+        if error.code in OVERFLOW_CODES:
+            raise CodedError(f"the context is still too long after compacting: {error}",
+                             error.code) from error  # fmt: skip
+        raise
+    finish = assembler.finish
+    if finish is not None and finish.code in OVERFLOW_CODES:
+        raise CodedError(
+            f"the context is still too long after compacting: {finish.message}", finish.code
+        )
+    return assembler, chunk_seqs
 
 
 async def prepare_request(

@@ -45,6 +45,7 @@ def check_message(limits: Limits, text: str, content: Sequence[c.ContentBlock]) 
 def check_agent_options(limits: Limits, options: agent_pb2.AgentOptions) -> None:
     """The sizes of `options`: persona and script, each against its limit."""
     check_size(limits, "max_persona_bytes", "options.persona", len(options.persona.encode()))
+    check_context_options(options)
     script = script_of(options)
     field = "options.provider_options.steps"
     check_size(limits, "max_script_steps", field, len(script), "steps")
@@ -82,3 +83,24 @@ def check_finite(struct: struct_pb2.Struct, field: str) -> None:
             stack.extend(value.struct_value.fields.values())
         elif kind == "list_value":
             stack.extend(value.list_value.values)
+
+
+MIN_CONTEXT_WINDOW = 1024
+"""The smallest context window an agent may declare (0 declares it unknown)."""
+
+MAX_TOKEN_SETTING = 100_000_000
+"""The largest token count an option may hold (no model's window comes near it)."""
+
+
+def check_context_options(options: agent_pb2.AgentOptions) -> None:
+    """The context window and compaction thresholds of `options`, each in range."""
+    if options.HasField("context_window_tokens"):
+        window = options.context_window_tokens
+        if window and not MIN_CONTEXT_WINDOW <= window <= MAX_TOKEN_SETTING:
+            raise InvalidArgument(
+                "options.context_window_tokens",
+                f"must be 0 (unknown) or between {MIN_CONTEXT_WINDOW} and {MAX_TOKEN_SETTING}",
+            )
+    for name in ("output_reserve_tokens", "keep_recent_tokens"):
+        if options.HasField(name) and getattr(options, name) > MAX_TOKEN_SETTING:
+            raise InvalidArgument(f"options.{name}", f"must be at most {MAX_TOKEN_SETTING}")

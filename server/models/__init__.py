@@ -35,6 +35,9 @@ class ModelRequest:
     `server.kernel.history`), taken without copying the history. Do not mutate."""
     options: agent_pb2.AgentOptions
     """The agent's creation options (the scripted provider reads its script here)."""
+    purpose: str = ""
+    """"" for a step's request; "compaction" for a summary request (`server.loop.compaction`):
+    its one user message holds the transcript to summarise."""
 
 
 class Model(Protocol):

@@ -61,9 +61,11 @@ from server.models.http import (
 from server.models.openai_body import ChatHistory, request_bytes_in_slices
 from server.models.openai_wire import (
     BAD_CHUNK,
+    CONTEXT_LENGTH_EXCEEDED,
     MAX_TOKENS_FIELDS,
     DeltaTranslator,
     error_message,
+    is_overflow,
 )
 from server.models.sse import EventStreamDecoder
 from server.observability.logs import fields
@@ -338,14 +340,15 @@ class OpenAIModel:
                 if 200 <= status < 300 and not json_body:
                     return response
                 try:
-                    detail = await self._error_detail(response, signal)
+                    detail, overflow = await self._error_detail(response, signal)
                 finally:
                     await response.aclose()
                 if status < 300:
                     raise CodedError(
                         f"{self.name}: expected an event stream, got JSON: {detail}", BAD_RESPONSE
                     )
-                failure = CodedError(f"{self.name}: HTTP {status}: {detail}", f"HTTP_{status}")
+                code = CONTEXT_LENGTH_EXCEEDED if overflow else f"HTTP_{status}"
+                failure = CodedError(f"{self.name}: HTTP {status}: {detail}", code)
                 if not (status == 429 or status >= 500) or attempt >= self.retry.max_attempts:
                     raise failure
                 delay, cause = self._retry_delay(response, attempt), f"HTTP {status}"
@@ -372,15 +375,19 @@ class OpenAIModel:
                 return min(seconds, self.retry.max_retry_after)
         return self.retry.backoff(attempt)
 
-    async def _error_detail(self, response: Response, signal: AbortSignal) -> str:
-        """What the body of a failed response says: the provider's message when it has one."""
+    async def _error_detail(self, response: Response, signal: AbortSignal) -> tuple[str, bool]:
+        """What a failed response's body says, and whether it is a context overflow.
+
+        The detail is the provider's message when it has one.
+        """
         try:
             raw = await signal.race(response.read_all(MAX_ERROR_BODY))
         except TransportError:
             raw = b""  # the status says enough
         text = raw.decode("utf-8", errors="replace").strip()
+        overflow = response.status == 400 and is_overflow(text)
         detail = error_message(text) or text or response.reason or "no details"
-        return self._scrub(detail)[:MAX_ERROR_TEXT]
+        return self._scrub(detail)[:MAX_ERROR_TEXT], overflow
 
     def _failure(self, error: CodedError) -> CodedError:
         """`error` named after this provider and scrubbed of the key."""

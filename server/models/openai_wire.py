@@ -347,6 +347,29 @@ def error_message(text: str) -> str:
     return error if isinstance(error, str) else ""
 
 
+CONTEXT_LENGTH_EXCEEDED = "CONTEXT_LENGTH_EXCEEDED"
+"""The code of a request refused for passing the model's context window."""
+
+_OVERFLOW_PHRASES = ("maximum context length", "context length", "context_length_exceeded")
+
+
+def is_overflow(text: str) -> bool:
+    """Whether an error body says the request passed the context window.
+
+    OpenAI sets `error.code` to "context_length_exceeded"; vLLM, Ollama and others only
+    say it in the message ("This model's maximum context length is N tokens").
+    """
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and error.get("code") == "context_length_exceeded":
+        return True
+    lowered = (error_message(text) or text).lower()
+    return any(phrase in lowered for phrase in _OVERFLOW_PHRASES)
+
+
 def _usage(usage: JSON) -> c.Usage:
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None

@@ -101,6 +101,11 @@ class ScriptedModel:
         Yields:
             Block starts, deltas and ends, then usage (when there is any), then one finish.
         """
+        if request.purpose == "compaction":  # not a call of the script: it never shifts it
+            for chunk in summary_chunks(request):
+                signal.raise_if_aborted()
+                yield chunk
+            return
         k = self._calls.get(request.agent_id, 0)
         self._calls[request.agent_id] = k + 1
         script = self._script(request)
@@ -187,6 +192,38 @@ def default_chunks(
             output_tokens=len(reply) // 4,
         )
     )
+    out.finish(stream_pb2.Finish(kind=stream_pb2.FINISH_KIND_STOP))
+    return out
+
+
+SUMMARY_USER_LINES = 20
+"""The latest user lines a scripted summary lists."""
+
+SUMMARY_LINE_CHARS = 100
+"""Each listed line's share of a scripted summary."""
+
+
+def summary_chunks(request: ModelRequest) -> Iterable[stream_pb2.StreamChunk]:
+    """The scripted answer to a compaction request: a deterministic digest of the transcript.
+
+    "Summary of N transcript lines. The user said: a | b. Focus: F." lists the latest
+    `SUMMARY_USER_LINES` user lines (each cut to `SUMMARY_LINE_CHARS`) and echoes the
+    caller's instructions, so that tests can tell what a summary covered.
+    """
+    text = plain_text(request.messages[-1].content) if request.messages else ""
+    lines = text.splitlines()
+    said = [line.removeprefix("[user] ")[:SUMMARY_LINE_CHARS] for line in lines
+            if line.startswith("[user] ")]  # fmt: skip
+    count = sum(1 for line in lines if line.startswith("["))
+    reply = f"Summary of {count} transcript lines."
+    if said:
+        reply += " The user said: " + " | ".join(said[-SUMMARY_USER_LINES:]) + "."
+    focus = [line.removeprefix("Focus on: ") for line in lines if line.startswith("Focus on: ")]
+    if focus:
+        reply += f" Focus: {focus[-1]}."
+    out = _Chunks()
+    out.block(stream_pb2.BLOCK_KIND_TEXT, _pieces(reply, DEFAULT_CHUNK_SIZE))
+    out.usage(content_pb2.Usage(input_tokens=len(text) // 4, output_tokens=len(reply) // 4))
     out.finish(stream_pb2.Finish(kind=stream_pb2.FINISH_KIND_STOP))
     return out
 

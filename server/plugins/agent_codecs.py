@@ -154,6 +154,31 @@ def _decide_turn_stop(input: S.TurnStop, mine: hk.TurnStopResult) -> d.Continuat
     return d.ContinuationStop() if mine.stop else None
 
 
+# -- agent/compact: the plugin writes the summary that replaces a history range ---------
+
+
+def _fill_compact(input: S.Compact, call: hk.HookCall) -> None:
+    payload = call.compact
+    payload.SetInParent()
+    payload.messages.extend(input.messages)
+    payload.instructions = input.instructions
+    payload.trigger = input.trigger  # type: ignore[assignment]
+    payload.tokens_before = input.tokens_before
+    payload.summary = input.summary
+
+
+def _read_compact(result: hk.HookResult) -> hk.CompactResult:
+    return result.compact
+
+
+async def _apply_compact(
+    input: S.Compact, mine: hk.CompactResult, next_: Next[S.Compact, str]
+) -> str:
+    if not mine.summary:  # no summary: the plugin abstains
+        return await next_()
+    return await next_(dataclasses.replace(input, summary=mine.summary))
+
+
 AGENT_CODECS: tuple[Codec, ...] = (
     Transform(S.PROMPT_SUBMIT, _fill_prompt_submit, _read_prompt_submit, _apply_prompt_submit),
     Wrap(S.SESSION_PREFIX, _fill_session_prefix, _read_session_prefix, _apply_session_prefix),
@@ -165,5 +190,6 @@ AGENT_CODECS: tuple[Codec, ...] = (
         _apply_turn_continuation,
     ),
     Check(S.TURN_STOP, _fill_turn_stop, _read_turn_stop, _decide_turn_stop),
+    Transform(S.COMPACT, _fill_compact, _read_compact, _apply_compact),
 )  # fmt: skip
 """The codecs of the agent seams a plugin can subscribe to."""

@@ -8,7 +8,9 @@ numbering (the highest turn, the open one) and the latest logged request header.
 
 from __future__ import annotations
 
+import bisect
 import html
+from array import array
 from collections.abc import Sequence
 
 from agentloop.v1 import content_pb2 as c
@@ -30,8 +32,15 @@ class Projection:
         """The turn whose `turn/start` is the last boundary; 0 when none is open."""
         self.request_header: c.RequestHeader | None = None
         """The latest logged request header (the fold: the latest snapshot wins)."""
+        self.usage_tokens = 0
+        """The context the last reported usage accounts for (input + output); 0: none
+        since the last replacement."""
+        self.usage_seq = 0
+        """The seq of the step that reported it: what the history gained since is estimated."""
         self._history: list[c.Message] = []
         self._surface: list[c.Message | None] = []
+        self._seqs = array("Q")
+        """The seq of each surface node's event (8 bytes a node, not an int object)."""
 
     def apply(self, event: ev.SessionEvent) -> None:
         """Fold one event in, after those applied so far."""
@@ -58,17 +67,37 @@ class Projection:
         """
         return MessageView(self._history, len(self._history))
 
+    def surface(self) -> list[tuple[c.Message | None, int]]:
+        """The surface nodes, as a REPLACE op's `start` and `end` count them (a new list).
+
+        Each node is its message (None for a completion anchor) and its event's seq.
+        """
+        return list(zip(self._surface, self._seqs, strict=True))
+
+    def messages_after(self, seq: int) -> list[c.Message]:
+        """The history messages of the surface events after `seq`."""
+        start = bisect.bisect_right(self._seqs, seq)
+        return [m for m in self._surface[start:] if m is not None]
+
     def _project(self, event: ev.SessionEvent, kind: str) -> None:
         message = project(event, kind)
         op = event.surface_op
         if op.kind == ev.SURFACE_OP_KIND_REPLACE:
             self._surface[op.start : op.end + 1] = [message]
+            self._seqs[op.start : op.end + 1] = array("Q", [event.seq])
             # A new list: the views taken of the old one keep their messages.
             self._history = [m for m in self._surface if m is not None]
+            self.usage_tokens = 0  # the reported size was of the history replaced
             return
         self._surface.append(message)
+        self._seqs.append(event.seq)
         if message is not None:
-            self._history.append(message)
+            # In place, as `append` would, but no call: the seq kept above costs one.
+            self._history += (message,)
+        if kind == "assistant_message":
+            usage = event.assistant_message.usage
+            self.usage_tokens = usage.input_tokens + usage.output_tokens
+            self.usage_seq = event.seq
 
 
 def _wrap(tag: str, source: c.Source, content: Sequence[c.ContentBlock]) -> list[c.ContentBlock]:

@@ -173,12 +173,14 @@ class SessionLog:
         *,
         source_event_seqs: Sequence[int] = (),
         consumes: tuple[int, ...] = (),
+        surface_op: ev.SurfaceOp | None = None,
     ) -> ev.SessionEvent:
         """Append one event carrying `payload` (its type says its kind); returns the event.
 
         `consumes` names the inbox entries this event records: they leave the durable
         inbox in the same commit as the event, so a message is pending or recorded,
-        never both and never neither.
+        never both and never neither. `surface_op` replaces APPEND on a surface event
+        (a compaction's REPLACE).
         """
         kind = kind_of(payload)
         if self.publishing:
@@ -188,7 +190,7 @@ class SessionLog:
         field: dict[str, Any] = {kind: payload}  # the payload's oneof field, by its type
         event = ev.SessionEvent(seq=self.count, create_time=now_timestamp(), **field)
         if kind in SURFACE_KINDS:
-            event.surface_op.CopyFrom(APPEND)
+            event.surface_op.CopyFrom(APPEND if surface_op is None else surface_op)
             event.source_event_seqs.extend(source_event_seqs)
         elif source_event_seqs:
             raise ValueError(f"{kind} is not a surface event and takes no source_event_seqs")

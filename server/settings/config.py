@@ -26,6 +26,7 @@ from server.kernel.defaults import (
 from server.kernel.ids import id_problem
 from server.kernel.limits import Limits
 from server.kernel.schema import SCHEMA, ConfigError, PositiveInt, PositiveSeconds, fail, rule
+from server.kernel.tokens import DEFAULT_KEEP_RECENT, DEFAULT_OUTPUT_RESERVE
 from server.kernel.tools import UNLISTED_TOOLS
 from server.loop.builtin_tools import builtin_tools
 from server.loop.system_prompt import PERSONA_VARIABLES
@@ -179,6 +180,10 @@ class ProviderConfig:
     max_tokens_field: Annotated[Text, one_of(*MAX_TOKENS_FIELDS)] = "auto"
     """How the output cap is sent: "max_tokens", "max_completion_tokens" (OpenAI's
     reasoning models need it), or "auto" (by model name)."""
+    context_window_tokens: PositiveInt | None = None
+    """The context window of this provider's models; unset: the built-in table of
+    common models by name (`server/kernel/tokens.py`), else unknown (no automatic
+    compaction unless an agent sets `context_window_tokens`)."""
 
 
 @dataclass(frozen=True, config=SCHEMA)
@@ -280,6 +285,12 @@ class Config:
     """The largest message sent to or accepted from a plugin; a larger call fails alone."""
     insecure: Flag = False
     """Allow a non-loopback listen address without TLS and a token (`--insecure`)."""
+    output_reserve_tokens: PositiveInt = DEFAULT_OUTPUT_RESERVE
+    """Tokens kept free for a model's output: automatic compaction fires before a request
+    that would pass window - reserve (at most a quarter of the window is reserved)."""
+    keep_recent_tokens: PositiveInt = DEFAULT_KEEP_RECENT
+    """Recent history a compaction keeps verbatim, in estimated tokens (at most a
+    quarter of the window)."""
     http_listen: HttpListen = ""
     """host:port of the HTTP side: the web console and the API as JSON (a bare port:
     loopback); empty: off. Same TLS and token as `listen`."""

@@ -304,6 +304,24 @@ class Client(SessionReads):
         request = reg.UnregisterPluginRequest(name=name)
         return await call(self.registry.UnregisterPlugin(request, timeout=self.timeout))
 
+    async def compact(
+        self,
+        agent_id: str,
+        instructions: str = "",
+        *,
+        keep_recent_tokens: int | None = None,
+        request_id: str = "",
+    ) -> api.CompactAgentResponse:
+        """Summarise the idle agent's older history (CompactAgent); retried safely."""
+        request = api.CompactAgentRequest(
+            agent_id=agent_id,
+            instructions=instructions,
+            request_id=request_id or str(uuid.uuid4()),
+        )
+        if keep_recent_tokens is not None:
+            request.keep_recent_tokens = keep_recent_tokens
+        return await call(self.agents.CompactAgent(request, timeout=self.timeout))
+
 
 def connect(
     address: str,

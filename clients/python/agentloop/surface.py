@@ -22,6 +22,7 @@ VERBS: dict[str, str] = {
     "agentloop.v1.AgentService.ListSessions": "list_sessions",
     "agentloop.v1.AgentService.ForkSession": "fork",
     "agentloop.v1.AgentService.DeleteSession": "delete_session",
+    "agentloop.v1.AgentService.CompactAgent": "compact",
     "agentloop.v1.AgentService.ListSessionEvents": "list_events",
     "agentloop.v1.AgentService.StreamSessionEvents": "stream",
     "agentloop.v1.AgentService.ResolveApproval": "resolve_approval",

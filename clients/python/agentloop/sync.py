@@ -231,6 +231,7 @@ class SyncClient:
     approvals = _blocking(Client.approvals)
     resolve_approval = _blocking(Client.resolve_approval)
     delete_session = _blocking(Client.delete_session)
+    compact = _blocking(Client.compact)
     plugins = _blocking(Client.plugins)
     tool_sources = _blocking(Client.tool_sources)
     register_plugin = _blocking(Client.register_plugin)

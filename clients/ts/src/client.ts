@@ -19,6 +19,7 @@ import { AgentOptionsSchema, type Agent, type AgentOptions } from "./gen/agentlo
 import {
   AgentService,
   type CancelTurnResponse,
+  type CompactAgentResponse,
   type DeleteSessionResponse,
   type InjectContextResponse,
   type SteerMessageResponse,
@@ -269,6 +270,23 @@ export class AgentloopClient {
   ): Promise<DeleteSessionResponse> {
     const request = { sessionId, disposeAgent, requestId };
     return await call(this.agents.deleteSession(request, this.#call));
+  }
+
+  /**
+   * Summarise the idle agent's older history (CompactAgent): a summary replaces it in
+   * the model's context, recorded in the session; retried safely by `requestId`.
+   */
+  async compact(
+    agentId: string,
+    {
+      instructions = "",
+      keepRecentTokens,
+      requestId = newId(),
+    }: { instructions?: string; keepRecentTokens?: bigint | number; requestId?: string } = {},
+  ): Promise<CompactAgentResponse> {
+    const keep = keepRecentTokens === undefined ? undefined : BigInt(keepRecentTokens);
+    const request = { agentId, instructions, keepRecentTokens: keep, requestId };
+    return await call(this.agents.compactAgent(request, this.#call));
   }
 
   /** A new stored session with `sessionId`'s events up to a `turnEnd`. */

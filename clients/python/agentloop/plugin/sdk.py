@@ -215,6 +215,10 @@ class Plugin:
         """`agent/step-result`: `replace_message(message)`."""
         return self._subscribe(hs.SEAM_STEP_RESULT, options)
 
+    def compact(self, **options: Unpack[Options]) -> Decorator[hs.CompactResult]:
+        """`agent/compact`: `hs.CompactResult(summary=...)` writes a compaction's summary."""
+        return self._subscribe(hs.SEAM_COMPACT, options)
+
     def turn_continuation(self, **options: Unpack[Options]) -> Decorator[d.ContinuationDecision]:
         """`agent/turn-continuation`: `continue_turn(reason)` or `stop_turn()`."""
         return self._subscribe(hs.SEAM_TURN_CONTINUATION, options)

@@ -5,6 +5,7 @@ isort:skip_file
 
 from agentloop.v1 import approval_pb2 as _approval_pb2
 from agentloop.v1 import content_pb2 as _content_pb2
+from agentloop.v1 import session_event_pb2 as _session_event_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -80,6 +81,37 @@ SESSION_START_SOURCE_RESUME: SessionStartSource.ValueType  # 2
 """A persisted session resumed."""
 Global___SessionStartSource: _TypeAlias = SessionStartSource  # noqa: Y015
 
+class _CompactionPhase:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CompactionPhaseEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CompactionPhase.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    COMPACTION_PHASE_UNSPECIFIED: _CompactionPhase.ValueType  # 0
+    """Not set."""
+    COMPACTION_PHASE_STARTED: _CompactionPhase.ValueType  # 1
+    """The summary request started."""
+    COMPACTION_PHASE_FINISHED: _CompactionPhase.ValueType  # 2
+    """The summary node is recorded."""
+    COMPACTION_PHASE_FAILED: _CompactionPhase.ValueType  # 3
+    """It failed; the history is unchanged."""
+
+class CompactionPhase(_CompactionPhase, metaclass=_CompactionPhaseEnumTypeWrapper):
+    """CompactionPhase is where a compaction is.
+    This enum may grow: a client must accept values it does not know (treat
+    them as UNSPECIFIED, or show the number), never fail on them.
+    """
+
+COMPACTION_PHASE_UNSPECIFIED: CompactionPhase.ValueType  # 0
+"""Not set."""
+COMPACTION_PHASE_STARTED: CompactionPhase.ValueType  # 1
+"""The summary request started."""
+COMPACTION_PHASE_FINISHED: CompactionPhase.ValueType  # 2
+"""The summary node is recorded."""
+COMPACTION_PHASE_FAILED: CompactionPhase.ValueType  # 3
+"""It failed; the history is unchanged."""
+Global___CompactionPhase: _TypeAlias = CompactionPhase  # noqa: Y015
+
 @_typing.final
 class AgentEvent(_message.Message):
     """AgentEvent is a live agent notification. Agent events are not part of the
@@ -98,6 +130,8 @@ class AgentEvent(_message.Message):
     SESSION_START_FIELD_NUMBER: _builtins.int
     APPROVAL_REQUESTED_FIELD_NUMBER: _builtins.int
     APPROVAL_RESOLVED_FIELD_NUMBER: _builtins.int
+    CONTEXT_USAGE_FIELD_NUMBER: _builtins.int
+    COMPACTION_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """The agent it happened to."""
     @_builtins.property
@@ -138,6 +172,16 @@ class AgentEvent(_message.Message):
     def approval_resolved(self) -> _approval_pb2.ApprovalResolved:
         """ApprovalResolved reports how a pending approval ended."""
 
+    @_builtins.property
+    def context_usage(self) -> Global___ContextUsage:
+        """ContextUsage reports the context size after each model step and each
+        compaction.
+        """
+
+    @_builtins.property
+    def compaction(self) -> Global___AgentCompaction:
+        """Compaction reports a compaction starting, then ending (or failing)."""
+
     def __init__(
         self,
         *,
@@ -151,16 +195,110 @@ class AgentEvent(_message.Message):
         session_start: Global___AgentSessionStart | None = ...,
         approval_requested: _approval_pb2.ApprovalRequested | None = ...,
         approval_resolved: _approval_pb2.ApprovalResolved | None = ...,
+        context_usage: Global___ContextUsage | None = ...,
+        compaction: Global___AgentCompaction | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_requested", b"approval_requested", "approval_resolved", b"approval_resolved", "create_time", b"create_time", "created", b"created", "disposed", b"disposed", "error", b"error", "event", b"event", "queued", b"queued", "session_start", b"session_start", "status", b"status"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_requested", b"approval_requested", "approval_resolved", b"approval_resolved", "compaction", b"compaction", "context_usage", b"context_usage", "create_time", b"create_time", "created", b"created", "disposed", b"disposed", "error", b"error", "event", b"event", "queued", b"queued", "session_start", b"session_start", "status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "approval_requested", b"approval_requested", "approval_resolved", b"approval_resolved", "create_time", b"create_time", "created", b"created", "disposed", b"disposed", "error", b"error", "event", b"event", "queued", b"queued", "session_start", b"session_start", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "approval_requested", b"approval_requested", "approval_resolved", b"approval_resolved", "compaction", b"compaction", "context_usage", b"context_usage", "create_time", b"create_time", "created", b"created", "disposed", b"disposed", "error", b"error", "event", b"event", "queued", b"queued", "session_start", b"session_start", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["status", "queued", "error", "created", "disposed", "session_start", "approval_requested", "approval_resolved"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["status", "queued", "error", "created", "disposed", "session_start", "approval_requested", "approval_resolved", "context_usage", "compaction"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
 Global___AgentEvent: _TypeAlias = AgentEvent  # noqa: Y015
+
+@_typing.final
+class ContextUsage(_message.Message):
+    """ContextUsage is how full an agent's context is."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USED_TOKENS_FIELD_NUMBER: _builtins.int
+    WINDOW_TOKENS_FIELD_NUMBER: _builtins.int
+    RESERVE_TOKENS_FIELD_NUMBER: _builtins.int
+    ESTIMATED_FIELD_NUMBER: _builtins.int
+    COMPACT_AT_TOKENS_FIELD_NUMBER: _builtins.int
+    KEEP_RECENT_TOKENS_FIELD_NUMBER: _builtins.int
+    used_tokens: _builtins.int
+    """UsedTokens is the size of the next request: the provider's reported
+    input and output tokens of the last step plus an estimate of what was
+    appended since, or an estimate of the whole request when nothing was
+    reported (serialized bytes / 4).
+    """
+    window_tokens: _builtins.int
+    """WindowTokens is the model's context window; 0 when unknown (then no
+    automatic compaction runs).
+    """
+    reserve_tokens: _builtins.int
+    """ReserveTokens is kept free for the model's output."""
+    estimated: _builtins.bool
+    """Estimated is true when `used_tokens` is an estimate only."""
+    compact_at_tokens: _builtins.int
+    """CompactAtTokens is where automatic compaction fires: window - reserve;
+    0 when it never does.
+    """
+    keep_recent_tokens: _builtins.int
+    """KeepRecentTokens is how much recent history a compaction keeps verbatim."""
+    def __init__(
+        self,
+        *,
+        used_tokens: _builtins.int = ...,
+        window_tokens: _builtins.int = ...,
+        reserve_tokens: _builtins.int = ...,
+        estimated: _builtins.bool = ...,
+        compact_at_tokens: _builtins.int = ...,
+        keep_recent_tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compact_at_tokens", b"compact_at_tokens", "estimated", b"estimated", "keep_recent_tokens", b"keep_recent_tokens", "reserve_tokens", b"reserve_tokens", "used_tokens", b"used_tokens", "window_tokens", b"window_tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ContextUsage: _TypeAlias = ContextUsage  # noqa: Y015
+
+@_typing.final
+class AgentCompaction(_message.Message):
+    """AgentCompaction reports a compaction of the agent's history."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PHASE_FIELD_NUMBER: _builtins.int
+    TRIGGER_FIELD_NUMBER: _builtins.int
+    TOKENS_BEFORE_FIELD_NUMBER: _builtins.int
+    TOKENS_AFTER_FIELD_NUMBER: _builtins.int
+    EVENT_SEQ_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    phase: Global___CompactionPhase.ValueType
+    """Phase is started, finished or failed."""
+    trigger: _session_event_pb2.CompactionTrigger.ValueType
+    """Trigger is why it runs (the values of `CompactionTrigger`)."""
+    tokens_before: _builtins.int
+    """TokensBefore is the context size before."""
+    tokens_after: _builtins.int
+    """TokensAfter is the estimated size after (finished only)."""
+    event_seq: _builtins.int
+    """EventSeq is the seq of the summary event (finished only)."""
+    message: _builtins.str
+    """Message says why it failed (failed only)."""
+    def __init__(
+        self,
+        *,
+        phase: Global___CompactionPhase.ValueType = ...,
+        trigger: _session_event_pb2.CompactionTrigger.ValueType = ...,
+        tokens_before: _builtins.int = ...,
+        tokens_after: _builtins.int = ...,
+        event_seq: _builtins.int = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_seq", b"event_seq", "message", b"message", "phase", b"phase", "tokens_after", b"tokens_after", "tokens_before", b"tokens_before", "trigger", b"trigger"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentCompaction: _TypeAlias = AgentCompaction  # noqa: Y015
 
 @_typing.final
 class AgentStatusChanged(_message.Message):

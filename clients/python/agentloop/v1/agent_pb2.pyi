@@ -37,6 +37,10 @@ class AgentOptions(_message.Message):
     PROVIDER_OPTIONS_FIELD_NUMBER: _builtins.int
     APPROVAL_REQUIRED_TOOLS_FIELD_NUMBER: _builtins.int
     APPROVAL_TIMEOUT_FIELD_NUMBER: _builtins.int
+    CONTEXT_WINDOW_TOKENS_FIELD_NUMBER: _builtins.int
+    OUTPUT_RESERVE_TOKENS_FIELD_NUMBER: _builtins.int
+    KEEP_RECENT_TOKENS_FIELD_NUMBER: _builtins.int
+    AUTO_COMPACT_FIELD_NUMBER: _builtins.int
     provider: _builtins.str
     """Provider names the model provider, for example "scripted". Empty means the
     server default ("scripted"). A model call needs a provider and a model,
@@ -53,6 +57,26 @@ class AgentOptions(_message.Message):
     use the variables {{provider}}, {{model}} and {{cwd}}, each only when the
     agent has a value for it ({{cwd}} needs a session cwd); at most the
     server's maxPersonaBytes (default 64 KiB).
+    """
+    context_window_tokens: _builtins.int
+    """Optional. The model's context window in tokens; unset means the server's
+    config for the provider and model, else the built-in table of common
+    models (README "Long-lived agents"); 0 means unknown: no automatic
+    compaction.
+    """
+    output_reserve_tokens: _builtins.int
+    """Optional. Tokens kept free for the model's output: automatic compaction
+    fires before a request whose input would pass window - reserve; unset
+    means the config's, else 16384 (at most a quarter of the window).
+    """
+    keep_recent_tokens: _builtins.int
+    """Optional. Recent history a compaction keeps verbatim, in estimated
+    tokens; unset means the config's, else 20000 (at most a quarter of the
+    window).
+    """
+    auto_compact: _builtins.bool
+    """Optional. False turns automatic compaction off (manual CompactAgent and
+    overflow recovery still work); unset means on.
     """
     @_builtins.property
     def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -94,14 +118,35 @@ class AgentOptions(_message.Message):
         provider_options: _any_pb2.Any | None = ...,
         approval_required_tools: _abc.Iterable[_builtins.str] | None = ...,
         approval_timeout: _duration_pb2.Duration | None = ...,
+        context_window_tokens: _builtins.int | None = ...,
+        output_reserve_tokens: _builtins.int | None = ...,
+        keep_recent_tokens: _builtins.int | None = ...,
+        auto_compact: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_parallel_tool_calls", b"_max_parallel_tool_calls", "approval_timeout", b"approval_timeout", "max_parallel_tool_calls", b"max_parallel_tool_calls", "provider_options", b"provider_options"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_auto_compact", b"_auto_compact", "_context_window_tokens", b"_context_window_tokens", "_keep_recent_tokens", b"_keep_recent_tokens", "_max_parallel_tool_calls", b"_max_parallel_tool_calls", "_output_reserve_tokens", b"_output_reserve_tokens", "approval_timeout", b"approval_timeout", "auto_compact", b"auto_compact", "context_window_tokens", b"context_window_tokens", "keep_recent_tokens", b"keep_recent_tokens", "max_parallel_tool_calls", b"max_parallel_tool_calls", "output_reserve_tokens", b"output_reserve_tokens", "provider_options", b"provider_options"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_parallel_tool_calls", b"_max_parallel_tool_calls", "approval_required_tools", b"approval_required_tools", "approval_timeout", b"approval_timeout", "max_parallel_tool_calls", b"max_parallel_tool_calls", "model", b"model", "persona", b"persona", "provider", b"provider", "provider_options", b"provider_options", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_auto_compact", b"_auto_compact", "_context_window_tokens", b"_context_window_tokens", "_keep_recent_tokens", b"_keep_recent_tokens", "_max_parallel_tool_calls", b"_max_parallel_tool_calls", "_output_reserve_tokens", b"_output_reserve_tokens", "approval_required_tools", b"approval_required_tools", "approval_timeout", b"approval_timeout", "auto_compact", b"auto_compact", "context_window_tokens", b"context_window_tokens", "keep_recent_tokens", b"keep_recent_tokens", "max_parallel_tool_calls", b"max_parallel_tool_calls", "model", b"model", "output_reserve_tokens", b"output_reserve_tokens", "persona", b"persona", "provider", b"provider", "provider_options", b"provider_options", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__auto_compact: _TypeAlias = _typing.Literal["auto_compact"]  # noqa: Y015
+    _WhichOneofArgType__auto_compact: _TypeAlias = _typing.Literal["_auto_compact", b"_auto_compact"]  # noqa: Y015
+    _WhichOneofReturnType__context_window_tokens: _TypeAlias = _typing.Literal["context_window_tokens"]  # noqa: Y015
+    _WhichOneofArgType__context_window_tokens: _TypeAlias = _typing.Literal["_context_window_tokens", b"_context_window_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__keep_recent_tokens: _TypeAlias = _typing.Literal["keep_recent_tokens"]  # noqa: Y015
+    _WhichOneofArgType__keep_recent_tokens: _TypeAlias = _typing.Literal["_keep_recent_tokens", b"_keep_recent_tokens"]  # noqa: Y015
     _WhichOneofReturnType__max_parallel_tool_calls: _TypeAlias = _typing.Literal["max_parallel_tool_calls"]  # noqa: Y015
     _WhichOneofArgType__max_parallel_tool_calls: _TypeAlias = _typing.Literal["_max_parallel_tool_calls", b"_max_parallel_tool_calls"]  # noqa: Y015
+    _WhichOneofReturnType__output_reserve_tokens: _TypeAlias = _typing.Literal["output_reserve_tokens"]  # noqa: Y015
+    _WhichOneofArgType__output_reserve_tokens: _TypeAlias = _typing.Literal["_output_reserve_tokens", b"_output_reserve_tokens"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__auto_compact) -> _WhichOneofReturnType__auto_compact | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__context_window_tokens) -> _WhichOneofReturnType__context_window_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__keep_recent_tokens) -> _WhichOneofReturnType__keep_recent_tokens | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_parallel_tool_calls) -> _WhichOneofReturnType__max_parallel_tool_calls | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__output_reserve_tokens) -> _WhichOneofReturnType__output_reserve_tokens | None: ...
 
 Global___AgentOptions: _TypeAlias = AgentOptions  # noqa: Y015
 
@@ -141,6 +186,7 @@ class Agent(_message.Message):
     OPTIONS_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     PENDING_APPROVALS_FIELD_NUMBER: _builtins.int
+    CONTEXT_USAGE_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """AgentID is the caller-chosen id."""
     session_id: _builtins.str
@@ -161,6 +207,10 @@ class Agent(_message.Message):
         means the agent is waiting for approval (its status stays RUNNING).
         """
 
+    @_builtins.property
+    def context_usage(self) -> _agent_event_pb2.ContextUsage:
+        """Output only. How full the agent's context is."""
+
     def __init__(
         self,
         *,
@@ -170,10 +220,11 @@ class Agent(_message.Message):
         options: Global___AgentOptions | None = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
         pending_approvals: _abc.Iterable[_approval_pb2.ApprovalRequested] | None = ...,
+        context_usage: _agent_event_pb2.ContextUsage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "options", b"options"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["context_usage", b"context_usage", "create_time", b"create_time", "options", b"options"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_time", b"create_time", "options", b"options", "pending_approvals", b"pending_approvals", "session_id", b"session_id", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "context_usage", b"context_usage", "create_time", b"create_time", "options", b"options", "pending_approvals", b"pending_approvals", "session_id", b"session_id", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -26,6 +26,92 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class CompactAgentRequest(_message.Message):
+    """CompactAgentRequest is the input of CompactAgent."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    INSTRUCTIONS_FIELD_NUMBER: _builtins.int
+    KEEP_RECENT_TOKENS_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    """Required. The live agent."""
+    request_id: _builtins.str
+    """Optional. A retry with the same id gets the first call's answer and
+    compacts nothing more.
+    """
+    instructions: _builtins.str
+    """Optional. What the summary should focus on ("the open bugs"); at most
+    16 KiB.
+    """
+    keep_recent_tokens: _builtins.int
+    """Optional. Recent history kept verbatim, in estimated tokens; unset means
+    the agent's setting; 0 summarises the whole history.
+    """
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        request_id: _builtins.str = ...,
+        instructions: _builtins.str = ...,
+        keep_recent_tokens: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_keep_recent_tokens", b"_keep_recent_tokens", "keep_recent_tokens", b"keep_recent_tokens"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_keep_recent_tokens", b"_keep_recent_tokens", "agent_id", b"agent_id", "instructions", b"instructions", "keep_recent_tokens", b"keep_recent_tokens", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__keep_recent_tokens: _TypeAlias = _typing.Literal["keep_recent_tokens"]  # noqa: Y015
+    _WhichOneofArgType__keep_recent_tokens: _TypeAlias = _typing.Literal["_keep_recent_tokens", b"_keep_recent_tokens"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__keep_recent_tokens) -> _WhichOneofReturnType__keep_recent_tokens | None: ...
+
+Global___CompactAgentRequest: _TypeAlias = CompactAgentRequest  # noqa: Y015
+
+@_typing.final
+class CompactAgentResponse(_message.Message):
+    """CompactAgentResponse is the output of CompactAgent."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMPACTED_FIELD_NUMBER: _builtins.int
+    EVENT_SEQ_FIELD_NUMBER: _builtins.int
+    CONTEXT_USAGE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    COMPACTION_FIELD_NUMBER: _builtins.int
+    compacted: _builtins.bool
+    """Compacted is false when there was nothing to summarise (`reason` says
+    why); the log is then unchanged.
+    """
+    event_seq: _builtins.int
+    """EventSeq is the seq of the summary event."""
+    reason: _builtins.str
+    """Reason says why nothing was compacted."""
+    @_builtins.property
+    def context_usage(self) -> _agent_event_pb2.ContextUsage:
+        """ContextUsage is the context size after."""
+
+    @_builtins.property
+    def compaction(self) -> _session_event_pb2.Compaction:
+        """Compaction describes what was replaced."""
+
+    def __init__(
+        self,
+        *,
+        compacted: _builtins.bool = ...,
+        event_seq: _builtins.int = ...,
+        context_usage: _agent_event_pb2.ContextUsage | None = ...,
+        reason: _builtins.str = ...,
+        compaction: _session_event_pb2.Compaction | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "context_usage", b"context_usage"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compacted", b"compacted", "compaction", b"compaction", "context_usage", b"context_usage", "event_seq", b"event_seq", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompactAgentResponse: _TypeAlias = CompactAgentResponse  # noqa: Y015
+
+@_typing.final
 class ResolveApprovalRequest(_message.Message):
     """ResolveApprovalRequest is the input of ResolveApproval."""
 

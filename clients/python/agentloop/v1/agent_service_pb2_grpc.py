@@ -128,6 +128,11 @@ class AgentServiceStub:
                 request_serializer=agentloop_dot_v1_dot_agent__service__pb2.ListApprovalsRequest.SerializeToString,
                 response_deserializer=agentloop_dot_v1_dot_agent__service__pb2.ListApprovalsResponse.FromString,
                 _registered_method=True)
+        self.CompactAgent = channel.unary_unary(
+                '/agentloop.v1.AgentService/CompactAgent',
+                request_serializer=agentloop_dot_v1_dot_agent__service__pb2.CompactAgentRequest.SerializeToString,
+                response_deserializer=agentloop_dot_v1_dot_agent__service__pb2.CompactAgentResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -299,6 +304,19 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CompactAgent(self, request, context):
+        """CompactAgent replaces the agent's older history with a summary written by
+        the agent's own model, keeping the most recent `keep_recent_tokens`
+        verbatim (never splitting a tool call from its result). Recorded as a
+        `context_message` with `compaction` set and a REPLACE surface op, durable
+        when this returns. While a turn runs (or another compaction) it is
+        FAILED_PRECONDITION; the history is unchanged when the summary request
+        fails (UNAVAILABLE or the model's error). Idempotent by `request_id`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -366,6 +384,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.ListApprovals,
                     request_deserializer=agentloop_dot_v1_dot_agent__service__pb2.ListApprovalsRequest.FromString,
                     response_serializer=agentloop_dot_v1_dot_agent__service__pb2.ListApprovalsResponse.SerializeToString,
+            ),
+            'CompactAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompactAgent,
+                    request_deserializer=agentloop_dot_v1_dot_agent__service__pb2.CompactAgentRequest.FromString,
+                    response_serializer=agentloop_dot_v1_dot_agent__service__pb2.CompactAgentResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -748,6 +771,33 @@ class AgentService:
             '/agentloop.v1.AgentService/ListApprovals',
             agentloop_dot_v1_dot_agent__service__pb2.ListApprovalsRequest.SerializeToString,
             agentloop_dot_v1_dot_agent__service__pb2.ListApprovalsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompactAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentloop.v1.AgentService/CompactAgent',
+            agentloop_dot_v1_dot_agent__service__pb2.CompactAgentRequest.SerializeToString,
+            agentloop_dot_v1_dot_agent__service__pb2.CompactAgentResponse.FromString,
             options,
             channel_credentials,
             insecure,

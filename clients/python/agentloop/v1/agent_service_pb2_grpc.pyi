@@ -146,6 +146,15 @@ class AgentServiceStub:
     """
     ListApprovals: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.ListApprovalsRequest, _agent_service_pb2.ListApprovalsResponse]
     """ListApprovals lists the agent's tool calls waiting for approval."""
+    CompactAgent: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.CompactAgentRequest, _agent_service_pb2.CompactAgentResponse]
+    """CompactAgent replaces the agent's older history with a summary written by
+    the agent's own model, keeping the most recent `keep_recent_tokens`
+    verbatim (never splitting a tool call from its result). Recorded as a
+    `context_message` with `compaction` set and a REPLACE surface op, durable
+    when this returns. While a turn runs (or another compaction) it is
+    FAILED_PRECONDITION; the history is unchanged when the summary request
+    fails (UNAVAILABLE or the model's error). Idempotent by `request_id`.
+    """
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -265,6 +274,15 @@ class AgentServiceAsyncStub(AgentServiceStub):
     """
     ListApprovals: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.ListApprovalsRequest, _agent_service_pb2.ListApprovalsResponse]  # type: ignore[assignment]
     """ListApprovals lists the agent's tool calls waiting for approval."""
+    CompactAgent: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.CompactAgentRequest, _agent_service_pb2.CompactAgentResponse]  # type: ignore[assignment]
+    """CompactAgent replaces the agent's older history with a summary written by
+    the agent's own model, keeping the most recent `keep_recent_tokens`
+    verbatim (never splitting a tool call from its result). Recorded as a
+    `context_message` with `compaction` set and a REPLACE surface op, durable
+    when this returns. While a turn runs (or another compaction) it is
+    FAILED_PRECONDITION; the history is unchanged when the summary request
+    fails (UNAVAILABLE or the model's error). Idempotent by `request_id`.
+    """
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     """AgentService talks to one live agent and reads sessions.
@@ -459,5 +477,20 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_agent_service_pb2.ListApprovalsResponse, _abc.Awaitable[_agent_service_pb2.ListApprovalsResponse]]:
         """ListApprovals lists the agent's tool calls waiting for approval."""
+
+    @_abc_1.abstractmethod
+    def CompactAgent(
+        self,
+        request: _agent_service_pb2.CompactAgentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_service_pb2.CompactAgentResponse, _abc.Awaitable[_agent_service_pb2.CompactAgentResponse]]:
+        """CompactAgent replaces the agent's older history with a summary written by
+        the agent's own model, keeping the most recent `keep_recent_tokens`
+        verbatim (never splitting a tool call from its result). Recorded as a
+        `context_message` with `compaction` set and a REPLACE surface op, durable
+        when this returns. While a turn runs (or another compaction) it is
+        FAILED_PRECONDITION; the history is unchanged when the summary request
+        fails (UNAVAILABLE or the model's error). Idempotent by `request_id`.
+        """
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

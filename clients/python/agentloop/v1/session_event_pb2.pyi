@@ -36,8 +36,12 @@ class _SurfaceOpKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Surface
     """Appends one history node."""
     SURFACE_OP_KIND_REPLACE: _SurfaceOpKind.ValueType  # 2
     """Replaces an inclusive range of history nodes with this one (compaction).
-    Reserved for compaction: the server does not produce it yet, but readers
-    must apply it (the Python server's history derivation already does).
+    The server produces it on a `context_message` whose `compaction` is set:
+    the surface nodes `start`..`end` (counted as the history stands just
+    before this event, the first surface node being 0, an empty assistant
+    message counting as a node) become this one summary node. Readers must
+    apply it: the history after it is the nodes before `start`, the summary,
+    then the nodes after `end`.
     """
 
 class SurfaceOpKind(_SurfaceOpKind, metaclass=_SurfaceOpKindEnumTypeWrapper):
@@ -52,8 +56,12 @@ SURFACE_OP_KIND_APPEND: SurfaceOpKind.ValueType  # 1
 """Appends one history node."""
 SURFACE_OP_KIND_REPLACE: SurfaceOpKind.ValueType  # 2
 """Replaces an inclusive range of history nodes with this one (compaction).
-Reserved for compaction: the server does not produce it yet, but readers
-must apply it (the Python server's history derivation already does).
+The server produces it on a `context_message` whose `compaction` is set:
+the surface nodes `start`..`end` (counted as the history stands just
+before this event, the first surface node being 0, an empty assistant
+message counting as a node) become this one summary node. Readers must
+apply it: the history after it is the nodes before `start`, the summary,
+then the nodes after `end`.
 """
 Global___SurfaceOpKind: _TypeAlias = SurfaceOpKind  # noqa: Y015
 
@@ -69,6 +77,10 @@ class _TriggerKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TriggerKi
     """Queued messages opened the turn."""
     TRIGGER_KIND_INJECTION: _TriggerKind.ValueType  # 2
     """An idle context injection opened a one-shot turn."""
+    TRIGGER_KIND_COMPACTION: _TriggerKind.ValueType  # 3
+    """A CompactAgent call on an idle agent opened a one-shot turn holding the
+    compaction's summary node.
+    """
 
 class TriggerKind(_TriggerKind, metaclass=_TriggerKindEnumTypeWrapper):
     """TriggerKind is what opened a turn.
@@ -82,6 +94,10 @@ TRIGGER_KIND_MESSAGE: TriggerKind.ValueType  # 1
 """Queued messages opened the turn."""
 TRIGGER_KIND_INJECTION: TriggerKind.ValueType  # 2
 """An idle context injection opened a one-shot turn."""
+TRIGGER_KIND_COMPACTION: TriggerKind.ValueType  # 3
+"""A CompactAgent call on an idle agent opened a one-shot turn holding the
+compaction's summary node.
+"""
 Global___TriggerKind: _TypeAlias = TriggerKind  # noqa: Y015
 
 class _ContextEnvelope:
@@ -110,6 +126,37 @@ CONTEXT_ENVELOPE_CONTEXT: ContextEnvelope.ValueType  # 1
 CONTEXT_ENVELOPE_RAW: ContextEnvelope.ValueType  # 2
 """Projected verbatim."""
 Global___ContextEnvelope: _TypeAlias = ContextEnvelope  # noqa: Y015
+
+class _CompactionTrigger:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CompactionTriggerEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CompactionTrigger.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    COMPACTION_TRIGGER_UNSPECIFIED: _CompactionTrigger.ValueType  # 0
+    """Not set."""
+    COMPACTION_TRIGGER_MANUAL: _CompactionTrigger.ValueType  # 1
+    """A CompactAgent call."""
+    COMPACTION_TRIGGER_THRESHOLD: _CompactionTrigger.ValueType  # 2
+    """The next request would have passed the window less the output reserve."""
+    COMPACTION_TRIGGER_OVERFLOW: _CompactionTrigger.ValueType  # 3
+    """The provider answered that the context length was exceeded."""
+
+class CompactionTrigger(_CompactionTrigger, metaclass=_CompactionTriggerEnumTypeWrapper):
+    """CompactionTrigger is why a compaction ran.
+    This enum may grow: a client must accept values it does not know (treat
+    them as UNSPECIFIED, or show the number), never fail on them.
+    """
+
+COMPACTION_TRIGGER_UNSPECIFIED: CompactionTrigger.ValueType  # 0
+"""Not set."""
+COMPACTION_TRIGGER_MANUAL: CompactionTrigger.ValueType  # 1
+"""A CompactAgent call."""
+COMPACTION_TRIGGER_THRESHOLD: CompactionTrigger.ValueType  # 2
+"""The next request would have passed the window less the output reserve."""
+COMPACTION_TRIGGER_OVERFLOW: CompactionTrigger.ValueType  # 3
+"""The provider answered that the context length was exceeded."""
+Global___CompactionTrigger: _TypeAlias = CompactionTrigger  # noqa: Y015
 
 class _HeaderReason:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -445,6 +492,7 @@ class ContextMessage(_message.Message):
     ENVELOPE_FIELD_NUMBER: _builtins.int
     META_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    COMPACTION_FIELD_NUMBER: _builtins.int
     envelope: Global___ContextEnvelope.ValueType
     """Envelope is how it is projected."""
     request_id: _builtins.str
@@ -463,6 +511,12 @@ class ContextMessage(_message.Message):
     def meta(self) -> _struct_pb2.Struct:
         """Meta is free-form JSON kept with the event, never projected."""
 
+    @_builtins.property
+    def compaction(self) -> Global___Compaction:
+        """Compaction is set on a compaction's summary node (source kind
+        "compaction", surface op REPLACE): what it replaced and how.
+        """
+
     def __init__(
         self,
         *,
@@ -471,14 +525,79 @@ class ContextMessage(_message.Message):
         envelope: Global___ContextEnvelope.ValueType = ...,
         meta: _struct_pb2.Struct | None = ...,
         request_id: _builtins.str = ...,
+        compaction: Global___Compaction | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["meta", b"meta", "source", b"source"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "meta", b"meta", "source", b"source"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "envelope", b"envelope", "meta", b"meta", "request_id", b"request_id", "source", b"source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compaction", b"compaction", "content", b"content", "envelope", b"envelope", "meta", b"meta", "request_id", b"request_id", "source", b"source"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ContextMessage: _TypeAlias = ContextMessage  # noqa: Y015
+
+@_typing.final
+class Compaction(_message.Message):
+    """Compaction describes a summary node that replaced a range of history."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRIGGER_FIELD_NUMBER: _builtins.int
+    FIRST_SEQ_FIELD_NUMBER: _builtins.int
+    LAST_SEQ_FIELD_NUMBER: _builtins.int
+    TOKENS_BEFORE_FIELD_NUMBER: _builtins.int
+    TOKENS_AFTER_FIELD_NUMBER: _builtins.int
+    INSTRUCTIONS_FIELD_NUMBER: _builtins.int
+    PROVENANCE_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    REPLACED_NODES_FIELD_NUMBER: _builtins.int
+    trigger: Global___CompactionTrigger.ValueType
+    """Trigger is why it ran."""
+    first_seq: _builtins.int
+    """FirstSeq is the seq of the first replaced event (the surface event of
+    the range's first node).
+    """
+    last_seq: _builtins.int
+    """LastSeq is the seq of the last replaced event."""
+    tokens_before: _builtins.int
+    """TokensBefore is the context size before (reported or estimated)."""
+    tokens_after: _builtins.int
+    """TokensAfter is the estimated context size after."""
+    instructions: _builtins.str
+    """Instructions are the caller's focus instructions, if any."""
+    request_id: _builtins.str
+    """RequestID is the request_id of the CompactAgent call, if any."""
+    replaced_nodes: _builtins.int
+    """ReplacedNodes is how many history nodes the summary replaced."""
+    @_builtins.property
+    def provenance(self) -> _content_pb2.Provenance:
+        """Provenance is the provider and model that wrote the summary."""
+
+    @_builtins.property
+    def usage(self) -> _content_pb2.Usage:
+        """Usage is the summary request's own usage, when the provider reported it."""
+
+    def __init__(
+        self,
+        *,
+        trigger: Global___CompactionTrigger.ValueType = ...,
+        first_seq: _builtins.int = ...,
+        last_seq: _builtins.int = ...,
+        tokens_before: _builtins.int = ...,
+        tokens_after: _builtins.int = ...,
+        instructions: _builtins.str = ...,
+        provenance: _content_pb2.Provenance | None = ...,
+        usage: _content_pb2.Usage | None = ...,
+        request_id: _builtins.str = ...,
+        replaced_nodes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["provenance", b"provenance", "usage", b"usage"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_seq", b"first_seq", "instructions", b"instructions", "last_seq", b"last_seq", "provenance", b"provenance", "replaced_nodes", b"replaced_nodes", "request_id", b"request_id", "tokens_after", b"tokens_after", "tokens_before", b"tokens_before", "trigger", b"trigger", "usage", b"usage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Compaction: _TypeAlias = Compaction  # noqa: Y015
 
 @_typing.final
 class SteeringMessage(_message.Message):

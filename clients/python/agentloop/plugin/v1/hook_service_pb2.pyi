@@ -71,6 +71,15 @@ class _SeamEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Seam.ValueType],
     failure or a timeout only abstains (the approval waits on), whatever the
     failure policy.
     """
+    SEAM_COMPACT: _Seam.ValueType  # 21
+    """`agent/compact`: write the summary of a compaction (its own summariser, a
+    retrieval store, a cheap model). The call carries the history range to
+    summarise; a `summary` in the decision is used as it is (bounded to
+    16,000 characters); no decision (or an empty summary) lets the next
+    listener, then the agent's own model, write it. A failed call under
+    FAIL_CLOSED fails the compaction (the history is unchanged); under
+    FAIL_OPEN the call is skipped.
+    """
 
 class Seam(_Seam, metaclass=_SeamEnumTypeWrapper):
     """Seam names a point of the loop a plugin can subscribe to.
@@ -113,6 +122,15 @@ approval ends otherwise, the call is withdrawn with a `CancelCall` whose
 reason says who answered. Its timeout defaults to the approval's; a
 failure or a timeout only abstains (the approval waits on), whatever the
 failure policy.
+"""
+SEAM_COMPACT: Seam.ValueType  # 21
+"""`agent/compact`: write the summary of a compaction (its own summariser, a
+retrieval store, a cheap model). The call carries the history range to
+summarise; a `summary` in the decision is used as it is (bounded to
+16,000 characters); no decision (or an empty summary) lets the next
+listener, then the agent's own model, write it. A failed call under
+FAIL_CLOSED fails the compaction (the history is unchanged); under
+FAIL_OPEN the call is skipped.
 """
 Global___Seam: _TypeAlias = Seam  # noqa: Y015
 
@@ -710,6 +728,7 @@ class HookCall(_message.Message):
     TOOL_RESULT_FIELD_NUMBER: _builtins.int
     MODEL_STREAM_FIELD_NUMBER: _builtins.int
     TOOL_APPROVAL_FIELD_NUMBER: _builtins.int
+    COMPACT_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     """CallID identifies the call on this stream; the result repeats it."""
     seam: Global___Seam.ValueType
@@ -805,6 +824,10 @@ class HookCall(_message.Message):
     def tool_approval(self) -> Global___ToolApprovalCall:
         """ToolApproval asks an approver for its answer to a pending approval."""
 
+    @_builtins.property
+    def compact(self) -> Global___CompactCall:
+        """Compact asks for the summary of a compaction."""
+
     def __init__(
         self,
         *,
@@ -833,12 +856,13 @@ class HookCall(_message.Message):
         tool_result: Global___ToolResultNotice | None = ...,
         model_stream: Global___ModelStreamCall | None = ...,
         tool_approval: Global___ToolApprovalCall | None = ...,
+        compact: Global___CompactCall | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "model_stream", b"model_stream", "payload", b"payload", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_event", b"session_event", "session_prefix", b"session_prefix", "step_result", b"step_result", "timeout", b"timeout", "tool_approval", b"tool_approval", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "tool_result", b"tool_result", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "compact", b"compact", "model_stream", b"model_stream", "payload", b"payload", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_event", b"session_event", "session_prefix", b"session_prefix", "step_result", b"step_result", "timeout", b"timeout", "tool_approval", b"tool_approval", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "tool_result", b"tool_result", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "agent_id", b"agent_id", "call_id", b"call_id", "kind", b"kind", "model_stream", b"model_stream", "payload", b"payload", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "seam", b"seam", "session_event", b"session_event", "session_id", b"session_id", "session_prefix", b"session_prefix", "step", b"step", "step_result", b"step_result", "timeout", b"timeout", "tool_approval", b"tool_approval", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "tool_result", b"tool_result", "traceparent", b"traceparent", "tracestate", b"tracestate", "turn", b"turn", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_event", b"agent_event", "agent_id", b"agent_id", "call_id", b"call_id", "compact", b"compact", "kind", b"kind", "model_stream", b"model_stream", "payload", b"payload", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "seam", b"seam", "session_event", b"session_event", "session_id", b"session_id", "session_prefix", b"session_prefix", "step", b"step", "step_result", b"step_result", "timeout", b"timeout", "tool_approval", b"tool_approval", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "tool_result", b"tool_result", "traceparent", b"traceparent", "tracestate", b"tracestate", "turn", b"turn", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["prompt_submit", "session_prefix", "pre_step", "request", "step_result", "turn_continuation", "turn_stop", "tool_pre_execute", "tool_post_execute", "tool_execute", "session_event", "agent_event", "tool_result", "model_stream", "tool_approval"]  # noqa: Y015
+    _WhichOneofReturnType_payload: _TypeAlias = _typing.Literal["prompt_submit", "session_prefix", "pre_step", "request", "step_result", "turn_continuation", "turn_stop", "tool_pre_execute", "tool_post_execute", "tool_execute", "session_event", "agent_event", "tool_result", "model_stream", "tool_approval", "compact"]  # noqa: Y015
     _WhichOneofArgType_payload: _TypeAlias = _typing.Literal["payload", b"payload"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_payload) -> _WhichOneofReturnType_payload | None: ...
 
@@ -976,6 +1000,7 @@ class HookResult(_message.Message):
     TOOL_POST_EXECUTE_FIELD_NUMBER: _builtins.int
     TOOL_EXECUTE_FIELD_NUMBER: _builtins.int
     TOOL_APPROVAL_FIELD_NUMBER: _builtins.int
+    COMPACT_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     call_id: _builtins.str
     """CallID is the call answered."""
@@ -1024,6 +1049,10 @@ class HookResult(_message.Message):
         """ToolApproval answers a `tool_approval` call."""
 
     @_builtins.property
+    def compact(self) -> Global___CompactResult:
+        """Compact answers a `compact` call."""
+
+    @_builtins.property
     def error(self) -> Global___CallError:
         """Error reports that the plugin failed to handle the call; the failure
         policy applies. It is for operators: the model never sees it.
@@ -1044,13 +1073,14 @@ class HookResult(_message.Message):
         tool_post_execute: _decision_pb2.PostToolDecision | None = ...,
         tool_execute: Global___ToolOutput | None = ...,
         tool_approval: Global___ToolApprovalResult | None = ...,
+        compact: Global___CompactResult | None = ...,
         error: Global___CallError | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcome", b"outcome", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_prefix", b"session_prefix", "step_result", b"step_result", "tool_approval", b"tool_approval", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["compact", b"compact", "error", b"error", "outcome", b"outcome", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_prefix", b"session_prefix", "step_result", b"step_result", "tool_approval", b"tool_approval", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "error", b"error", "outcome", b"outcome", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_prefix", b"session_prefix", "step_result", b"step_result", "tool_approval", b"tool_approval", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "compact", b"compact", "error", b"error", "outcome", b"outcome", "pre_step", b"pre_step", "prompt_submit", b"prompt_submit", "request", b"request", "session_prefix", b"session_prefix", "step_result", b"step_result", "tool_approval", b"tool_approval", "tool_execute", b"tool_execute", "tool_post_execute", b"tool_post_execute", "tool_pre_execute", b"tool_pre_execute", "turn_continuation", b"turn_continuation", "turn_stop", b"turn_stop"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["prompt_submit", "session_prefix", "pre_step", "request", "step_result", "turn_continuation", "turn_stop", "tool_pre_execute", "tool_post_execute", "tool_execute", "tool_approval", "error"]  # noqa: Y015
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["prompt_submit", "session_prefix", "pre_step", "request", "step_result", "turn_continuation", "turn_stop", "tool_pre_execute", "tool_post_execute", "tool_execute", "tool_approval", "compact", "error"]  # noqa: Y015
     _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
 
@@ -1620,6 +1650,70 @@ class ToolResultNotice(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ToolResultNotice: _TypeAlias = ToolResultNotice  # noqa: Y015
+
+@_typing.final
+class CompactCall(_message.Message):
+    """CompactCall is the input of SEAM_COMPACT."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    INSTRUCTIONS_FIELD_NUMBER: _builtins.int
+    TRIGGER_FIELD_NUMBER: _builtins.int
+    TOKENS_BEFORE_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    instructions: _builtins.str
+    """Instructions are the caller's focus instructions, if any."""
+    trigger: _session_event_pb2.CompactionTrigger.ValueType
+    """Trigger is why the compaction runs."""
+    tokens_before: _builtins.int
+    """TokensBefore is the context size before."""
+    summary: _builtins.str
+    """Summary is the summary an earlier listener wrote; empty when none did."""
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_content_pb2.Message]:
+        """Messages are the history range to summarise, oldest first (an earlier
+        summary included).
+        """
+
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[_content_pb2.Message] | None = ...,
+        instructions: _builtins.str = ...,
+        trigger: _session_event_pb2.CompactionTrigger.ValueType = ...,
+        tokens_before: _builtins.int = ...,
+        summary: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["instructions", b"instructions", "messages", b"messages", "summary", b"summary", "tokens_before", b"tokens_before", "trigger", b"trigger"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompactCall: _TypeAlias = CompactCall  # noqa: Y015
+
+@_typing.final
+class CompactResult(_message.Message):
+    """CompactResult answers SEAM_COMPACT."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    summary: _builtins.str
+    """Summary is the text that replaces the range."""
+    def __init__(
+        self,
+        *,
+        summary: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["summary", b"summary"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompactResult: _TypeAlias = CompactResult  # noqa: Y015
 
 SEAM_FIELD_NUMBER: _builtins.int
 seam: _extension_dict._ExtensionFieldDescriptor[_descriptor_pb2.EnumValueOptions, Global___SeamSpec]

@@ -8,6 +8,8 @@ import type { ApprovalRequested, ApprovalResolved } from "./approval_pb.js";
 import { file_agentloop_v1_approval } from "./approval_pb.js";
 import type { ContentBlock, Source } from "./content_pb.js";
 import { file_agentloop_v1_content } from "./content_pb.js";
+import type { CompactionTrigger } from "./session_event_pb.js";
+import { file_agentloop_v1_session_event } from "./session_event_pb.js";
 import type { Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { Message } from "@bufbuild/protobuf";
@@ -16,7 +18,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agentloop/v1/agent_event.proto.
  */
 export const file_agentloop_v1_agent_event: GenFile = /*@__PURE__*/
-  fileDesc("Ch5hZ2VudGxvb3AvdjEvYWdlbnRfZXZlbnQucHJvdG8SDGFnZW50bG9vcC52MSL6AwoKQWdlbnRFdmVudBIQCghhZ2VudF9pZBgBIAEoCRIvCgtjcmVhdGVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoGc3RhdHVzGAogASgLMiAuYWdlbnRsb29wLnYxLkFnZW50U3RhdHVzQ2hhbmdlZEgAEisKBnF1ZXVlZBgLIAEoCzIZLmFnZW50bG9vcC52MS5BZ2VudFF1ZXVlZEgAEikKBWVycm9yGAwgASgLMhguYWdlbnRsb29wLnYxLkFnZW50RXJyb3JIABItCgdjcmVhdGVkGA0gASgLMhouYWdlbnRsb29wLnYxLkFnZW50Q3JlYXRlZEgAEi8KCGRpc3Bvc2VkGA4gASgLMhsuYWdlbnRsb29wLnYxLkFnZW50RGlzcG9zZWRIABI4Cg1zZXNzaW9uX3N0YXJ0GA8gASgLMh8uYWdlbnRsb29wLnYxLkFnZW50U2Vzc2lvblN0YXJ0SAASPQoSYXBwcm92YWxfcmVxdWVzdGVkGBAgASgLMh8uYWdlbnRsb29wLnYxLkFwcHJvdmFsUmVxdWVzdGVkSAASOwoRYXBwcm92YWxfcmVzb2x2ZWQYESABKAsyHi5hZ2VudGxvb3AudjEuQXBwcm92YWxSZXNvbHZlZEgAQgcKBWV2ZW50Ij8KEkFnZW50U3RhdHVzQ2hhbmdlZBIpCgZzdGF0dXMYASABKA4yGS5hZ2VudGxvb3AudjEuQWdlbnRTdGF0dXMihgEKC0FnZW50UXVldWVkEisKB2NvbnRlbnQYASADKAsyGi5hZ2VudGxvb3AudjEuQ29udGVudEJsb2NrEiQKBnNvdXJjZRgCIAEoCzIULmFnZW50bG9vcC52MS5Tb3VyY2USEAoIc3RlZXJpbmcYAyABKAgSEgoKcmVxdWVzdF9pZBgEIAEoCSJHCgpBZ2VudEVycm9yEgwKBHR1cm4YASABKA0SDAoEc3RlcBgCIAEoDRIPCgdtZXNzYWdlGAMgASgJEgwKBGNvZGUYBCABKAkiIgoMQWdlbnRDcmVhdGVkEhIKCnNlc3Npb25faWQYASABKAkiDwoNQWdlbnREaXNwb3NlZCJFChFBZ2VudFNlc3Npb25TdGFydBIwCgZzb3VyY2UYASABKA4yIC5hZ2VudGxvb3AudjEuU2Vzc2lvblN0YXJ0U291cmNlKncKC0FnZW50U3RhdHVzEhwKGEFHRU5UX1NUQVRVU19VTlNQRUNJRklFRBAAEhUKEUFHRU5UX1NUQVRVU19JRExFEAESGAoUQUdFTlRfU1RBVFVTX1JVTk5JTkcQAhIZChVBR0VOVF9TVEFUVVNfRElTUE9TRUQQAyp9ChJTZXNzaW9uU3RhcnRTb3VyY2USJAogU0VTU0lPTl9TVEFSVF9TT1VSQ0VfVU5TUEVDSUZJRUQQABIgChxTRVNTSU9OX1NUQVJUX1NPVVJDRV9TVEFSVFVQEAESHwobU0VTU0lPTl9TVEFSVF9TT1VSQ0VfUkVTVU1FEAJiBnByb3RvMw", [file_agentloop_v1_approval, file_agentloop_v1_content, file_google_protobuf_timestamp]);
+  fileDesc("Ch5hZ2VudGxvb3AvdjEvYWdlbnRfZXZlbnQucHJvdG8SDGFnZW50bG9vcC52MSLkBAoKQWdlbnRFdmVudBIQCghhZ2VudF9pZBgBIAEoCRIvCgtjcmVhdGVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoGc3RhdHVzGAogASgLMiAuYWdlbnRsb29wLnYxLkFnZW50U3RhdHVzQ2hhbmdlZEgAEisKBnF1ZXVlZBgLIAEoCzIZLmFnZW50bG9vcC52MS5BZ2VudFF1ZXVlZEgAEikKBWVycm9yGAwgASgLMhguYWdlbnRsb29wLnYxLkFnZW50RXJyb3JIABItCgdjcmVhdGVkGA0gASgLMhouYWdlbnRsb29wLnYxLkFnZW50Q3JlYXRlZEgAEi8KCGRpc3Bvc2VkGA4gASgLMhsuYWdlbnRsb29wLnYxLkFnZW50RGlzcG9zZWRIABI4Cg1zZXNzaW9uX3N0YXJ0GA8gASgLMh8uYWdlbnRsb29wLnYxLkFnZW50U2Vzc2lvblN0YXJ0SAASPQoSYXBwcm92YWxfcmVxdWVzdGVkGBAgASgLMh8uYWdlbnRsb29wLnYxLkFwcHJvdmFsUmVxdWVzdGVkSAASOwoRYXBwcm92YWxfcmVzb2x2ZWQYESABKAsyHi5hZ2VudGxvb3AudjEuQXBwcm92YWxSZXNvbHZlZEgAEjMKDWNvbnRleHRfdXNhZ2UYEiABKAsyGi5hZ2VudGxvb3AudjEuQ29udGV4dFVzYWdlSAASMwoKY29tcGFjdGlvbhgTIAEoCzIdLmFnZW50bG9vcC52MS5BZ2VudENvbXBhY3Rpb25IAEIHCgVldmVudCKcAQoMQ29udGV4dFVzYWdlEhMKC3VzZWRfdG9rZW5zGAEgASgEEhUKDXdpbmRvd190b2tlbnMYAiABKAQSFgoOcmVzZXJ2ZV90b2tlbnMYAyABKAQSEQoJZXN0aW1hdGVkGAQgASgIEhkKEWNvbXBhY3RfYXRfdG9rZW5zGAUgASgEEhoKEmtlZXBfcmVjZW50X3Rva2VucxgGIAEoBCLCAQoPQWdlbnRDb21wYWN0aW9uEiwKBXBoYXNlGAEgASgOMh0uYWdlbnRsb29wLnYxLkNvbXBhY3Rpb25QaGFzZRIwCgd0cmlnZ2VyGAIgASgOMh8uYWdlbnRsb29wLnYxLkNvbXBhY3Rpb25UcmlnZ2VyEhUKDXRva2Vuc19iZWZvcmUYAyABKAQSFAoMdG9rZW5zX2FmdGVyGAQgASgEEhEKCWV2ZW50X3NlcRgFIAEoBBIPCgdtZXNzYWdlGAYgASgJIj8KEkFnZW50U3RhdHVzQ2hhbmdlZBIpCgZzdGF0dXMYASABKA4yGS5hZ2VudGxvb3AudjEuQWdlbnRTdGF0dXMihgEKC0FnZW50UXVldWVkEisKB2NvbnRlbnQYASADKAsyGi5hZ2VudGxvb3AudjEuQ29udGVudEJsb2NrEiQKBnNvdXJjZRgCIAEoCzIULmFnZW50bG9vcC52MS5Tb3VyY2USEAoIc3RlZXJpbmcYAyABKAgSEgoKcmVxdWVzdF9pZBgEIAEoCSJHCgpBZ2VudEVycm9yEgwKBHR1cm4YASABKA0SDAoEc3RlcBgCIAEoDRIPCgdtZXNzYWdlGAMgASgJEgwKBGNvZGUYBCABKAkiIgoMQWdlbnRDcmVhdGVkEhIKCnNlc3Npb25faWQYASABKAkiDwoNQWdlbnREaXNwb3NlZCJFChFBZ2VudFNlc3Npb25TdGFydBIwCgZzb3VyY2UYASABKA4yIC5hZ2VudGxvb3AudjEuU2Vzc2lvblN0YXJ0U291cmNlKncKC0FnZW50U3RhdHVzEhwKGEFHRU5UX1NUQVRVU19VTlNQRUNJRklFRBAAEhUKEUFHRU5UX1NUQVRVU19JRExFEAESGAoUQUdFTlRfU1RBVFVTX1JVTk5JTkcQAhIZChVBR0VOVF9TVEFUVVNfRElTUE9TRUQQAyp9ChJTZXNzaW9uU3RhcnRTb3VyY2USJAogU0VTU0lPTl9TVEFSVF9TT1VSQ0VfVU5TUEVDSUZJRUQQABIgChxTRVNTSU9OX1NUQVJUX1NPVVJDRV9TVEFSVFVQEAESHwobU0VTU0lPTl9TVEFSVF9TT1VSQ0VfUkVTVU1FEAIqjQEKD0NvbXBhY3Rpb25QaGFzZRIgChxDT01QQUNUSU9OX1BIQVNFX1VOU1BFQ0lGSUVEEAASHAoYQ09NUEFDVElPTl9QSEFTRV9TVEFSVEVEEAESHQoZQ09NUEFDVElPTl9QSEFTRV9GSU5JU0hFRBACEhsKF0NPTVBBQ1RJT05fUEhBU0VfRkFJTEVEEANiBnByb3RvMw", [file_agentloop_v1_approval, file_agentloop_v1_content, file_agentloop_v1_session_event, file_google_protobuf_timestamp]);
 
 /**
  * AgentEvent is a live agent notification. Agent events are not part of the
@@ -109,6 +111,23 @@ export type AgentEvent = Message<"agentloop.v1.AgentEvent"> & {
      */
     value: ApprovalResolved;
     case: "approvalResolved";
+  } | {
+    /**
+     * ContextUsage reports the context size after each model step and each
+     * compaction.
+     *
+     * @generated from field: agentloop.v1.ContextUsage context_usage = 18;
+     */
+    value: ContextUsage;
+    case: "contextUsage";
+  } | {
+    /**
+     * Compaction reports a compaction starting, then ending (or failing).
+     *
+     * @generated from field: agentloop.v1.AgentCompaction compaction = 19;
+     */
+    value: AgentCompaction;
+    case: "compaction";
   } | { case: undefined; value?: undefined };
 };
 
@@ -118,6 +137,123 @@ export type AgentEvent = Message<"agentloop.v1.AgentEvent"> & {
  */
 export const AgentEventSchema: GenMessage<AgentEvent> = /*@__PURE__*/
   messageDesc(file_agentloop_v1_agent_event, 0);
+
+/**
+ * ContextUsage is how full an agent's context is.
+ *
+ * @generated from message agentloop.v1.ContextUsage
+ */
+export type ContextUsage = Message<"agentloop.v1.ContextUsage"> & {
+  /**
+   * UsedTokens is the size of the next request: the provider's reported
+   * input and output tokens of the last step plus an estimate of what was
+   * appended since, or an estimate of the whole request when nothing was
+   * reported (serialized bytes / 4).
+   *
+   * @generated from field: uint64 used_tokens = 1;
+   */
+  usedTokens: bigint;
+
+  /**
+   * WindowTokens is the model's context window; 0 when unknown (then no
+   * automatic compaction runs).
+   *
+   * @generated from field: uint64 window_tokens = 2;
+   */
+  windowTokens: bigint;
+
+  /**
+   * ReserveTokens is kept free for the model's output.
+   *
+   * @generated from field: uint64 reserve_tokens = 3;
+   */
+  reserveTokens: bigint;
+
+  /**
+   * Estimated is true when `used_tokens` is an estimate only.
+   *
+   * @generated from field: bool estimated = 4;
+   */
+  estimated: boolean;
+
+  /**
+   * CompactAtTokens is where automatic compaction fires: window - reserve;
+   * 0 when it never does.
+   *
+   * @generated from field: uint64 compact_at_tokens = 5;
+   */
+  compactAtTokens: bigint;
+
+  /**
+   * KeepRecentTokens is how much recent history a compaction keeps verbatim.
+   *
+   * @generated from field: uint64 keep_recent_tokens = 6;
+   */
+  keepRecentTokens: bigint;
+};
+
+/**
+ * Describes the message agentloop.v1.ContextUsage.
+ * Use `create(ContextUsageSchema)` to create a new message.
+ */
+export const ContextUsageSchema: GenMessage<ContextUsage> = /*@__PURE__*/
+  messageDesc(file_agentloop_v1_agent_event, 1);
+
+/**
+ * AgentCompaction reports a compaction of the agent's history.
+ *
+ * @generated from message agentloop.v1.AgentCompaction
+ */
+export type AgentCompaction = Message<"agentloop.v1.AgentCompaction"> & {
+  /**
+   * Phase is started, finished or failed.
+   *
+   * @generated from field: agentloop.v1.CompactionPhase phase = 1;
+   */
+  phase: CompactionPhase;
+
+  /**
+   * Trigger is why it runs (the values of `CompactionTrigger`).
+   *
+   * @generated from field: agentloop.v1.CompactionTrigger trigger = 2;
+   */
+  trigger: CompactionTrigger;
+
+  /**
+   * TokensBefore is the context size before.
+   *
+   * @generated from field: uint64 tokens_before = 3;
+   */
+  tokensBefore: bigint;
+
+  /**
+   * TokensAfter is the estimated size after (finished only).
+   *
+   * @generated from field: uint64 tokens_after = 4;
+   */
+  tokensAfter: bigint;
+
+  /**
+   * EventSeq is the seq of the summary event (finished only).
+   *
+   * @generated from field: uint64 event_seq = 5;
+   */
+  eventSeq: bigint;
+
+  /**
+   * Message says why it failed (failed only).
+   *
+   * @generated from field: string message = 6;
+   */
+  message: string;
+};
+
+/**
+ * Describes the message agentloop.v1.AgentCompaction.
+ * Use `create(AgentCompactionSchema)` to create a new message.
+ */
+export const AgentCompactionSchema: GenMessage<AgentCompaction> = /*@__PURE__*/
+  messageDesc(file_agentloop_v1_agent_event, 2);
 
 /**
  * AgentStatusChanged reports a status transition.
@@ -138,7 +274,7 @@ export type AgentStatusChanged = Message<"agentloop.v1.AgentStatusChanged"> & {
  * Use `create(AgentStatusChangedSchema)` to create a new message.
  */
 export const AgentStatusChangedSchema: GenMessage<AgentStatusChanged> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 1);
+  messageDesc(file_agentloop_v1_agent_event, 3);
 
 /**
  * AgentQueued reports an accepted message.
@@ -180,7 +316,7 @@ export type AgentQueued = Message<"agentloop.v1.AgentQueued"> & {
  * Use `create(AgentQueuedSchema)` to create a new message.
  */
 export const AgentQueuedSchema: GenMessage<AgentQueued> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 2);
+  messageDesc(file_agentloop_v1_agent_event, 4);
 
 /**
  * AgentError reports a failure.
@@ -224,7 +360,7 @@ export type AgentError = Message<"agentloop.v1.AgentError"> & {
  * Use `create(AgentErrorSchema)` to create a new message.
  */
 export const AgentErrorSchema: GenMessage<AgentError> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 3);
+  messageDesc(file_agentloop_v1_agent_event, 5);
 
 /**
  * AgentCreated reports publication.
@@ -245,7 +381,7 @@ export type AgentCreated = Message<"agentloop.v1.AgentCreated"> & {
  * Use `create(AgentCreatedSchema)` to create a new message.
  */
 export const AgentCreatedSchema: GenMessage<AgentCreated> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 4);
+  messageDesc(file_agentloop_v1_agent_event, 6);
 
 /**
  * AgentDisposed reports the agent left the registry.
@@ -260,7 +396,7 @@ export type AgentDisposed = Message<"agentloop.v1.AgentDisposed"> & {
  * Use `create(AgentDisposedSchema)` to create a new message.
  */
 export const AgentDisposedSchema: GenMessage<AgentDisposed> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 5);
+  messageDesc(file_agentloop_v1_agent_event, 7);
 
 /**
  * AgentSessionStart reports the start of the agent's session.
@@ -281,7 +417,7 @@ export type AgentSessionStart = Message<"agentloop.v1.AgentSessionStart"> & {
  * Use `create(AgentSessionStartSchema)` to create a new message.
  */
 export const AgentSessionStartSchema: GenMessage<AgentSessionStart> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 6);
+  messageDesc(file_agentloop_v1_agent_event, 8);
 
 /**
  * AgentStatus is the driver state of an agent.
@@ -361,4 +497,47 @@ export enum SessionStartSource {
  */
 export const SessionStartSourceSchema: GenEnum<SessionStartSource> = /*@__PURE__*/
   enumDesc(file_agentloop_v1_agent_event, 1);
+
+/**
+ * CompactionPhase is where a compaction is.
+ * This enum may grow: a client must accept values it does not know (treat
+ * them as UNSPECIFIED, or show the number), never fail on them.
+ *
+ * @generated from enum agentloop.v1.CompactionPhase
+ */
+export enum CompactionPhase {
+  /**
+   * Not set.
+   *
+   * @generated from enum value: COMPACTION_PHASE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The summary request started.
+   *
+   * @generated from enum value: COMPACTION_PHASE_STARTED = 1;
+   */
+  STARTED = 1,
+
+  /**
+   * The summary node is recorded.
+   *
+   * @generated from enum value: COMPACTION_PHASE_FINISHED = 2;
+   */
+  FINISHED = 2,
+
+  /**
+   * It failed; the history is unchanged.
+   *
+   * @generated from enum value: COMPACTION_PHASE_FAILED = 3;
+   */
+  FAILED = 3,
+}
+
+/**
+ * Describes the enum agentloop.v1.CompactionPhase.
+ */
+export const CompactionPhaseSchema: GenEnum<CompactionPhase> = /*@__PURE__*/
+  enumDesc(file_agentloop_v1_agent_event, 2);
 

@@ -4,7 +4,7 @@
 
 import type { GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
-import type { AgentStatus } from "./agent_event_pb.js";
+import type { AgentStatus, ContextUsage } from "./agent_event_pb.js";
 import { file_agentloop_v1_agent_event } from "./agent_event_pb.js";
 import type { ApprovalRequested } from "./approval_pb.js";
 import { file_agentloop_v1_approval } from "./approval_pb.js";
@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agentloop/v1/agent.proto.
  */
 export const file_agentloop_v1_agent: GenFile = /*@__PURE__*/
-  fileDesc("ChhhZ2VudGxvb3AvdjEvYWdlbnQucHJvdG8SDGFnZW50bG9vcC52MSKlAgoMQWdlbnRPcHRpb25zEhAKCHByb3ZpZGVyGAEgASgJEg0KBW1vZGVsGAIgASgJEiQKF21heF9wYXJhbGxlbF90b29sX2NhbGxzGAMgASgNSACIAQESDQoFdG9vbHMYBCADKAkSDwoHcGVyc29uYRgFIAEoCRIuChBwcm92aWRlcl9vcHRpb25zGAcgASgLMhQuZ29vZ2xlLnByb3RvYnVmLkFueRIfChdhcHByb3ZhbF9yZXF1aXJlZF90b29scxgIIAMoCRIzChBhcHByb3ZhbF90aW1lb3V0GAkgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQhoKGF9tYXhfcGFyYWxsZWxfdG9vbF9jYWxsc0oECAYQB1IGc2NyaXB0Ih4KD1Nlc3Npb25NZXRhZGF0YRILCgNjd2QYASABKAki8gEKBUFnZW50EhAKCGFnZW50X2lkGAEgASgJEhIKCnNlc3Npb25faWQYAiABKAkSKQoGc3RhdHVzGAMgASgOMhkuYWdlbnRsb29wLnYxLkFnZW50U3RhdHVzEisKB29wdGlvbnMYBCABKAsyGi5hZ2VudGxvb3AudjEuQWdlbnRPcHRpb25zEi8KC2NyZWF0ZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI6ChFwZW5kaW5nX2FwcHJvdmFscxgGIAMoCzIfLmFnZW50bG9vcC52MS5BcHByb3ZhbFJlcXVlc3RlZGIGcHJvdG8z", [file_agentloop_v1_agent_event, file_agentloop_v1_approval, file_google_protobuf_any, file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChhhZ2VudGxvb3AvdjEvYWdlbnQucHJvdG8SDGFnZW50bG9vcC52MSKFBAoMQWdlbnRPcHRpb25zEhAKCHByb3ZpZGVyGAEgASgJEg0KBW1vZGVsGAIgASgJEiQKF21heF9wYXJhbGxlbF90b29sX2NhbGxzGAMgASgNSACIAQESDQoFdG9vbHMYBCADKAkSDwoHcGVyc29uYRgFIAEoCRIuChBwcm92aWRlcl9vcHRpb25zGAcgASgLMhQuZ29vZ2xlLnByb3RvYnVmLkFueRIfChdhcHByb3ZhbF9yZXF1aXJlZF90b29scxgIIAMoCRIzChBhcHByb3ZhbF90aW1lb3V0GAkgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEiIKFWNvbnRleHRfd2luZG93X3Rva2VucxgKIAEoBEgBiAEBEiIKFW91dHB1dF9yZXNlcnZlX3Rva2VucxgLIAEoBEgCiAEBEh8KEmtlZXBfcmVjZW50X3Rva2VucxgMIAEoBEgDiAEBEhkKDGF1dG9fY29tcGFjdBgNIAEoCEgEiAEBQhoKGF9tYXhfcGFyYWxsZWxfdG9vbF9jYWxsc0IYChZfY29udGV4dF93aW5kb3dfdG9rZW5zQhgKFl9vdXRwdXRfcmVzZXJ2ZV90b2tlbnNCFQoTX2tlZXBfcmVjZW50X3Rva2Vuc0IPCg1fYXV0b19jb21wYWN0SgQIBhAHUgZzY3JpcHQiHgoPU2Vzc2lvbk1ldGFkYXRhEgsKA2N3ZBgBIAEoCSKlAgoFQWdlbnQSEAoIYWdlbnRfaWQYASABKAkSEgoKc2Vzc2lvbl9pZBgCIAEoCRIpCgZzdGF0dXMYAyABKA4yGS5hZ2VudGxvb3AudjEuQWdlbnRTdGF0dXMSKwoHb3B0aW9ucxgEIAEoCzIaLmFnZW50bG9vcC52MS5BZ2VudE9wdGlvbnMSLwoLY3JlYXRlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjoKEXBlbmRpbmdfYXBwcm92YWxzGAYgAygLMh8uYWdlbnRsb29wLnYxLkFwcHJvdmFsUmVxdWVzdGVkEjEKDWNvbnRleHRfdXNhZ2UYByABKAsyGi5hZ2VudGxvb3AudjEuQ29udGV4dFVzYWdlYgZwcm90bzM", [file_agentloop_v1_agent_event, file_agentloop_v1_approval, file_google_protobuf_any, file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * AgentOptions configure an agent at creation.
@@ -94,6 +94,42 @@ export type AgentOptions = Message<"agentloop.v1.AgentOptions"> & {
    * @generated from field: google.protobuf.Duration approval_timeout = 9;
    */
   approvalTimeout?: Duration | undefined;
+
+  /**
+   * Optional. The model's context window in tokens; unset means the server's
+   * config for the provider and model, else the built-in table of common
+   * models (README "Long-lived agents"); 0 means unknown: no automatic
+   * compaction.
+   *
+   * @generated from field: optional uint64 context_window_tokens = 10;
+   */
+  contextWindowTokens?: bigint | undefined;
+
+  /**
+   * Optional. Tokens kept free for the model's output: automatic compaction
+   * fires before a request whose input would pass window - reserve; unset
+   * means the config's, else 16384 (at most a quarter of the window).
+   *
+   * @generated from field: optional uint64 output_reserve_tokens = 11;
+   */
+  outputReserveTokens?: bigint | undefined;
+
+  /**
+   * Optional. Recent history a compaction keeps verbatim, in estimated
+   * tokens; unset means the config's, else 20000 (at most a quarter of the
+   * window).
+   *
+   * @generated from field: optional uint64 keep_recent_tokens = 12;
+   */
+  keepRecentTokens?: bigint | undefined;
+
+  /**
+   * Optional. False turns automatic compaction off (manual CompactAgent and
+   * overflow recovery still work); unset means on.
+   *
+   * @generated from field: optional bool auto_compact = 13;
+   */
+  autoCompact?: boolean | undefined;
 };
 
 /**
@@ -173,6 +209,13 @@ export type Agent = Message<"agentloop.v1.Agent"> & {
    * @generated from field: repeated agentloop.v1.ApprovalRequested pending_approvals = 6;
    */
   pendingApprovals: ApprovalRequested[];
+
+  /**
+   * Output only. How full the agent's context is.
+   *
+   * @generated from field: agentloop.v1.ContextUsage context_usage = 7;
+   */
+  contextUsage?: ContextUsage | undefined;
 };
 
 /**

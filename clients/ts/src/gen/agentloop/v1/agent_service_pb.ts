@@ -4,7 +4,7 @@
 
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
-import type { AgentEvent, AgentStatus } from "./agent_event_pb.js";
+import type { AgentEvent, AgentStatus, ContextUsage } from "./agent_event_pb.js";
 import { file_agentloop_v1_agent_event } from "./agent_event_pb.js";
 import type { ApprovalDecision, ApprovalRequested, ApprovalResolved } from "./approval_pb.js";
 import { file_agentloop_v1_approval } from "./approval_pb.js";
@@ -12,7 +12,7 @@ import type { ContentBlock, Source } from "./content_pb.js";
 import { file_agentloop_v1_content } from "./content_pb.js";
 import type { Session } from "./session_pb.js";
 import { file_agentloop_v1_session } from "./session_pb.js";
-import type { ContextEnvelope, SessionEvent } from "./session_event_pb.js";
+import type { Compaction, ContextEnvelope, SessionEvent } from "./session_event_pb.js";
 import { file_agentloop_v1_session_event } from "./session_event_pb.js";
 import type { Duration } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_duration, file_google_protobuf_struct } from "@bufbuild/protobuf/wkt";
@@ -22,7 +22,102 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file agentloop/v1/agent_service.proto.
  */
 export const file_agentloop_v1_agent_service: GenFile = /*@__PURE__*/
-  fileDesc("CiBhZ2VudGxvb3AvdjEvYWdlbnRfc2VydmljZS5wcm90bxIMYWdlbnRsb29wLnYxIpUBChZSZXNvbHZlQXBwcm92YWxSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJEhMKC2FwcHJvdmFsX2lkGAIgASgJEjAKCGRlY2lzaW9uGAMgASgOMh4uYWdlbnRsb29wLnYxLkFwcHJvdmFsRGVjaXNpb24SDgoGcmVhc29uGAQgASgJEhIKCnJlcXVlc3RfaWQYBSABKAkiXwoXUmVzb2x2ZUFwcHJvdmFsUmVzcG9uc2USMgoKcmVzb2x1dGlvbhgBIAEoCzIeLmFnZW50bG9vcC52MS5BcHByb3ZhbFJlc29sdmVkEhAKCG5leHRfc2VxGAIgASgEIigKFExpc3RBcHByb3ZhbHNSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJIksKFUxpc3RBcHByb3ZhbHNSZXNwb25zZRIyCglhcHByb3ZhbHMYASADKAsyHy5hZ2VudGxvb3AudjEuQXBwcm92YWxSZXF1ZXN0ZWQimwEKElNlbmRNZXNzYWdlUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRIMCgR0ZXh0GAIgASgJEisKB2NvbnRlbnQYAyADKAsyGi5hZ2VudGxvb3AudjEuQ29udGVudEJsb2NrEiQKBnNvdXJjZRgEIAEoCzIULmFnZW50bG9vcC52MS5Tb3VyY2USEgoKcmVxdWVzdF9pZBgFIAEoCSJSChNTZW5kTWVzc2FnZVJlc3BvbnNlEhAKCG5leHRfc2VxGAEgASgEEikKBnN0YXR1cxgCIAEoDjIZLmFnZW50bG9vcC52MS5BZ2VudFN0YXR1cyKcAQoTU3RlZXJNZXNzYWdlUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRIMCgR0ZXh0GAIgASgJEisKB2NvbnRlbnQYAyADKAsyGi5hZ2VudGxvb3AudjEuQ29udGVudEJsb2NrEiQKBnNvdXJjZRgEIAEoCzIULmFnZW50bG9vcC52MS5Tb3VyY2USEgoKcmVxdWVzdF9pZBgFIAEoCSI6ChRTdGVlck1lc3NhZ2VSZXNwb25zZRIQCghuZXh0X3NlcRgBIAEoBBIQCghzdGVlcmluZxgCIAEoCCL1AQoUSW5qZWN0Q29udGV4dFJlcXVlc3QSEAoIYWdlbnRfaWQYASABKAkSDAoEdGV4dBgCIAEoCRIrCgdjb250ZW50GAMgAygLMhouYWdlbnRsb29wLnYxLkNvbnRlbnRCbG9jaxIkCgZzb3VyY2UYBCABKAsyFC5hZ2VudGxvb3AudjEuU291cmNlEi8KCGVudmVsb3BlGAUgASgOMh0uYWdlbnRsb29wLnYxLkNvbnRleHRFbnZlbG9wZRIlCgRtZXRhGAYgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdBISCgpyZXF1ZXN0X2lkGAcgASgJIikKFUluamVjdENvbnRleHRSZXNwb25zZRIQCghuZXh0X3NlcRgBIAEoBCI1ChFDYW5jZWxUdXJuUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiOAoSQ2FuY2VsVHVyblJlc3BvbnNlEhEKCWNhbmNlbGxlZBgBIAEoCBIPCgdkcm9wcGVkGAIgASgNIk8KD1dhaXRJZGxlUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRIqCgd0aW1lb3V0GAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIl0KEFdhaXRJZGxlUmVzcG9uc2USDAoEaWRsZRgBIAEoCBIpCgZzdGF0dXMYAiABKA4yGS5hZ2VudGxvb3AudjEuQWdlbnRTdGF0dXMSEAoIbmV4dF9zZXEYAyABKAQiSQoRR2V0U2Vzc2lvblJlcXVlc3QSEgoIYWdlbnRfaWQYASABKAlIABIUCgpzZXNzaW9uX2lkGAIgASgJSABCCgoIc2VsZWN0b3IiPAoSR2V0U2Vzc2lvblJlc3BvbnNlEiYKB3Nlc3Npb24YASABKAsyFS5hZ2VudGxvb3AudjEuU2Vzc2lvbiI8ChNMaXN0U2Vzc2lvbnNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoDRISCgpwYWdlX3Rva2VuGAIgASgJIlgKFExpc3RTZXNzaW9uc1Jlc3BvbnNlEicKCHNlc3Npb25zGAEgAygLMhUuYWdlbnRsb29wLnYxLlNlc3Npb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJImwKEkZvcmtTZXNzaW9uUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEhkKDGJvdW5kYXJ5X3NlcRgCIAEoBEgAiAEBEhYKDm5ld19zZXNzaW9uX2lkGAMgASgJQg8KDV9ib3VuZGFyeV9zZXEiPQoTRm9ya1Nlc3Npb25SZXNwb25zZRImCgdzZXNzaW9uGAEgASgLMhUuYWdlbnRsb29wLnYxLlNlc3Npb24iVQoURGVsZXRlU2Vzc2lvblJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIVCg1kaXNwb3NlX2FnZW50GAIgASgIEhIKCnJlcXVlc3RfaWQYAyABKAkiXgoVRGVsZXRlU2Vzc2lvblJlc3BvbnNlEhIKCnNlc3Npb25faWQYASABKAkSFgoOZGVsZXRlZF9ldmVudHMYAiABKAQSGQoRZGlzcG9zZWRfYWdlbnRfaWQYAyABKAkiiQEKGExpc3RTZXNzaW9uRXZlbnRzUmVxdWVzdBISCghhZ2VudF9pZBgBIAEoCUgAEhQKCnNlc3Npb25faWQYAiABKAlIABIQCghmcm9tX3NlcRgDIAEoBBIRCglwYWdlX3NpemUYBCABKA0SEgoKcGFnZV90b2tlbhgFIAEoCUIKCghzZWxlY3RvciJgChlMaXN0U2Vzc2lvbkV2ZW50c1Jlc3BvbnNlEioKBmV2ZW50cxgBIAMoCzIaLmFnZW50bG9vcC52MS5TZXNzaW9uRXZlbnQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJInkKGlN0cmVhbVNlc3Npb25FdmVudHNSZXF1ZXN0EhIKCGFnZW50X2lkGAEgASgJSAASFAoKc2Vzc2lvbl9pZBgCIAEoCUgAEhAKCGZyb21fc2VxGAMgASgEEhMKC3JlcGxheV9vbmx5GAQgASgIQgoKCHNlbGVjdG9yIqsBChtTdHJlYW1TZXNzaW9uRXZlbnRzUmVzcG9uc2USKgoGZXZlbnRzGAEgAygLMhouYWdlbnRsb29wLnYxLlNlc3Npb25FdmVudBIuCgxhZ2VudF9ldmVudHMYAiADKAsyGC5hZ2VudGxvb3AudjEuQWdlbnRFdmVudBISCgpzdWJzY3JpYmVkGAMgASgIEhwKFGRyb3BwZWRfYWdlbnRfZXZlbnRzGAQgASgNMpMJCgxBZ2VudFNlcnZpY2USUgoLU2VuZE1lc3NhZ2USIC5hZ2VudGxvb3AudjEuU2VuZE1lc3NhZ2VSZXF1ZXN0GiEuYWdlbnRsb29wLnYxLlNlbmRNZXNzYWdlUmVzcG9uc2USVQoMU3RlZXJNZXNzYWdlEiEuYWdlbnRsb29wLnYxLlN0ZWVyTWVzc2FnZVJlcXVlc3QaIi5hZ2VudGxvb3AudjEuU3RlZXJNZXNzYWdlUmVzcG9uc2USWAoNSW5qZWN0Q29udGV4dBIiLmFnZW50bG9vcC52MS5JbmplY3RDb250ZXh0UmVxdWVzdBojLmFnZW50bG9vcC52MS5JbmplY3RDb250ZXh0UmVzcG9uc2USTwoKQ2FuY2VsVHVybhIfLmFnZW50bG9vcC52MS5DYW5jZWxUdXJuUmVxdWVzdBogLmFnZW50bG9vcC52MS5DYW5jZWxUdXJuUmVzcG9uc2USSQoIV2FpdElkbGUSHS5hZ2VudGxvb3AudjEuV2FpdElkbGVSZXF1ZXN0Gh4uYWdlbnRsb29wLnYxLldhaXRJZGxlUmVzcG9uc2USTwoKR2V0U2Vzc2lvbhIfLmFnZW50bG9vcC52MS5HZXRTZXNzaW9uUmVxdWVzdBogLmFnZW50bG9vcC52MS5HZXRTZXNzaW9uUmVzcG9uc2USVQoMTGlzdFNlc3Npb25zEiEuYWdlbnRsb29wLnYxLkxpc3RTZXNzaW9uc1JlcXVlc3QaIi5hZ2VudGxvb3AudjEuTGlzdFNlc3Npb25zUmVzcG9uc2USUgoLRm9ya1Nlc3Npb24SIC5hZ2VudGxvb3AudjEuRm9ya1Nlc3Npb25SZXF1ZXN0GiEuYWdlbnRsb29wLnYxLkZvcmtTZXNzaW9uUmVzcG9uc2USWAoNRGVsZXRlU2Vzc2lvbhIiLmFnZW50bG9vcC52MS5EZWxldGVTZXNzaW9uUmVxdWVzdBojLmFnZW50bG9vcC52MS5EZWxldGVTZXNzaW9uUmVzcG9uc2USZAoRTGlzdFNlc3Npb25FdmVudHMSJi5hZ2VudGxvb3AudjEuTGlzdFNlc3Npb25FdmVudHNSZXF1ZXN0GicuYWdlbnRsb29wLnYxLkxpc3RTZXNzaW9uRXZlbnRzUmVzcG9uc2USbAoTU3RyZWFtU2Vzc2lvbkV2ZW50cxIoLmFnZW50bG9vcC52MS5TdHJlYW1TZXNzaW9uRXZlbnRzUmVxdWVzdBopLmFnZW50bG9vcC52MS5TdHJlYW1TZXNzaW9uRXZlbnRzUmVzcG9uc2UwARJeCg9SZXNvbHZlQXBwcm92YWwSJC5hZ2VudGxvb3AudjEuUmVzb2x2ZUFwcHJvdmFsUmVxdWVzdBolLmFnZW50bG9vcC52MS5SZXNvbHZlQXBwcm92YWxSZXNwb25zZRJYCg1MaXN0QXBwcm92YWxzEiIuYWdlbnRsb29wLnYxLkxpc3RBcHByb3ZhbHNSZXF1ZXN0GiMuYWdlbnRsb29wLnYxLkxpc3RBcHByb3ZhbHNSZXNwb25zZWIGcHJvdG8z", [file_agentloop_v1_agent_event, file_agentloop_v1_approval, file_agentloop_v1_content, file_agentloop_v1_session, file_agentloop_v1_session_event, file_google_protobuf_duration, file_google_protobuf_struct]);
+  fileDesc("CiBhZ2VudGxvb3AvdjEvYWdlbnRfc2VydmljZS5wcm90bxIMYWdlbnRsb29wLnYxIokBChNDb21wYWN0QWdlbnRSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJEhIKCnJlcXVlc3RfaWQYAiABKAkSFAoMaW5zdHJ1Y3Rpb25zGAMgASgJEh8KEmtlZXBfcmVjZW50X3Rva2VucxgEIAEoBEgAiAEBQhUKE19rZWVwX3JlY2VudF90b2tlbnMirQEKFENvbXBhY3RBZ2VudFJlc3BvbnNlEhEKCWNvbXBhY3RlZBgBIAEoCBIRCglldmVudF9zZXEYAiABKAQSMQoNY29udGV4dF91c2FnZRgDIAEoCzIaLmFnZW50bG9vcC52MS5Db250ZXh0VXNhZ2USDgoGcmVhc29uGAQgASgJEiwKCmNvbXBhY3Rpb24YBSABKAsyGC5hZ2VudGxvb3AudjEuQ29tcGFjdGlvbiKVAQoWUmVzb2x2ZUFwcHJvdmFsUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRITCgthcHByb3ZhbF9pZBgCIAEoCRIwCghkZWNpc2lvbhgDIAEoDjIeLmFnZW50bG9vcC52MS5BcHByb3ZhbERlY2lzaW9uEg4KBnJlYXNvbhgEIAEoCRISCgpyZXF1ZXN0X2lkGAUgASgJIl8KF1Jlc29sdmVBcHByb3ZhbFJlc3BvbnNlEjIKCnJlc29sdXRpb24YASABKAsyHi5hZ2VudGxvb3AudjEuQXBwcm92YWxSZXNvbHZlZBIQCghuZXh0X3NlcRgCIAEoBCIoChRMaXN0QXBwcm92YWxzUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCSJLChVMaXN0QXBwcm92YWxzUmVzcG9uc2USMgoJYXBwcm92YWxzGAEgAygLMh8uYWdlbnRsb29wLnYxLkFwcHJvdmFsUmVxdWVzdGVkIpsBChJTZW5kTWVzc2FnZVJlcXVlc3QSEAoIYWdlbnRfaWQYASABKAkSDAoEdGV4dBgCIAEoCRIrCgdjb250ZW50GAMgAygLMhouYWdlbnRsb29wLnYxLkNvbnRlbnRCbG9jaxIkCgZzb3VyY2UYBCABKAsyFC5hZ2VudGxvb3AudjEuU291cmNlEhIKCnJlcXVlc3RfaWQYBSABKAkiUgoTU2VuZE1lc3NhZ2VSZXNwb25zZRIQCghuZXh0X3NlcRgBIAEoBBIpCgZzdGF0dXMYAiABKA4yGS5hZ2VudGxvb3AudjEuQWdlbnRTdGF0dXMinAEKE1N0ZWVyTWVzc2FnZVJlcXVlc3QSEAoIYWdlbnRfaWQYASABKAkSDAoEdGV4dBgCIAEoCRIrCgdjb250ZW50GAMgAygLMhouYWdlbnRsb29wLnYxLkNvbnRlbnRCbG9jaxIkCgZzb3VyY2UYBCABKAsyFC5hZ2VudGxvb3AudjEuU291cmNlEhIKCnJlcXVlc3RfaWQYBSABKAkiOgoUU3RlZXJNZXNzYWdlUmVzcG9uc2USEAoIbmV4dF9zZXEYASABKAQSEAoIc3RlZXJpbmcYAiABKAgi9QEKFEluamVjdENvbnRleHRSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJEgwKBHRleHQYAiABKAkSKwoHY29udGVudBgDIAMoCzIaLmFnZW50bG9vcC52MS5Db250ZW50QmxvY2sSJAoGc291cmNlGAQgASgLMhQuYWdlbnRsb29wLnYxLlNvdXJjZRIvCghlbnZlbG9wZRgFIAEoDjIdLmFnZW50bG9vcC52MS5Db250ZXh0RW52ZWxvcGUSJQoEbWV0YRgGIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSEgoKcmVxdWVzdF9pZBgHIAEoCSIpChVJbmplY3RDb250ZXh0UmVzcG9uc2USEAoIbmV4dF9zZXEYASABKAQiNQoRQ2FuY2VsVHVyblJlcXVlc3QSEAoIYWdlbnRfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjgKEkNhbmNlbFR1cm5SZXNwb25zZRIRCgljYW5jZWxsZWQYASABKAgSDwoHZHJvcHBlZBgCIAEoDSJPCg9XYWl0SWRsZVJlcXVlc3QSEAoIYWdlbnRfaWQYASABKAkSKgoHdGltZW91dBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJdChBXYWl0SWRsZVJlc3BvbnNlEgwKBGlkbGUYASABKAgSKQoGc3RhdHVzGAIgASgOMhkuYWdlbnRsb29wLnYxLkFnZW50U3RhdHVzEhAKCG5leHRfc2VxGAMgASgEIkkKEUdldFNlc3Npb25SZXF1ZXN0EhIKCGFnZW50X2lkGAEgASgJSAASFAoKc2Vzc2lvbl9pZBgCIAEoCUgAQgoKCHNlbGVjdG9yIjwKEkdldFNlc3Npb25SZXNwb25zZRImCgdzZXNzaW9uGAEgASgLMhUuYWdlbnRsb29wLnYxLlNlc3Npb24iPAoTTGlzdFNlc3Npb25zUmVxdWVzdBIRCglwYWdlX3NpemUYASABKA0SEgoKcGFnZV90b2tlbhgCIAEoCSJYChRMaXN0U2Vzc2lvbnNSZXNwb25zZRInCghzZXNzaW9ucxgBIAMoCzIVLmFnZW50bG9vcC52MS5TZXNzaW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJsChJGb3JrU2Vzc2lvblJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIZCgxib3VuZGFyeV9zZXEYAiABKARIAIgBARIWCg5uZXdfc2Vzc2lvbl9pZBgDIAEoCUIPCg1fYm91bmRhcnlfc2VxIj0KE0ZvcmtTZXNzaW9uUmVzcG9uc2USJgoHc2Vzc2lvbhgBIAEoCzIVLmFnZW50bG9vcC52MS5TZXNzaW9uIlUKFERlbGV0ZVNlc3Npb25SZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSFQoNZGlzcG9zZV9hZ2VudBgCIAEoCBISCgpyZXF1ZXN0X2lkGAMgASgJIl4KFURlbGV0ZVNlc3Npb25SZXNwb25zZRISCgpzZXNzaW9uX2lkGAEgASgJEhYKDmRlbGV0ZWRfZXZlbnRzGAIgASgEEhkKEWRpc3Bvc2VkX2FnZW50X2lkGAMgASgJIokBChhMaXN0U2Vzc2lvbkV2ZW50c1JlcXVlc3QSEgoIYWdlbnRfaWQYASABKAlIABIUCgpzZXNzaW9uX2lkGAIgASgJSAASEAoIZnJvbV9zZXEYAyABKAQSEQoJcGFnZV9zaXplGAQgASgNEhIKCnBhZ2VfdG9rZW4YBSABKAlCCgoIc2VsZWN0b3IiYAoZTGlzdFNlc3Npb25FdmVudHNSZXNwb25zZRIqCgZldmVudHMYASADKAsyGi5hZ2VudGxvb3AudjEuU2Vzc2lvbkV2ZW50EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJ5ChpTdHJlYW1TZXNzaW9uRXZlbnRzUmVxdWVzdBISCghhZ2VudF9pZBgBIAEoCUgAEhQKCnNlc3Npb25faWQYAiABKAlIABIQCghmcm9tX3NlcRgDIAEoBBITCgtyZXBsYXlfb25seRgEIAEoCEIKCghzZWxlY3RvciKrAQobU3RyZWFtU2Vzc2lvbkV2ZW50c1Jlc3BvbnNlEioKBmV2ZW50cxgBIAMoCzIaLmFnZW50bG9vcC52MS5TZXNzaW9uRXZlbnQSLgoMYWdlbnRfZXZlbnRzGAIgAygLMhguYWdlbnRsb29wLnYxLkFnZW50RXZlbnQSEgoKc3Vic2NyaWJlZBgDIAEoCBIcChRkcm9wcGVkX2FnZW50X2V2ZW50cxgEIAEoDTLqCQoMQWdlbnRTZXJ2aWNlElIKC1NlbmRNZXNzYWdlEiAuYWdlbnRsb29wLnYxLlNlbmRNZXNzYWdlUmVxdWVzdBohLmFnZW50bG9vcC52MS5TZW5kTWVzc2FnZVJlc3BvbnNlElUKDFN0ZWVyTWVzc2FnZRIhLmFnZW50bG9vcC52MS5TdGVlck1lc3NhZ2VSZXF1ZXN0GiIuYWdlbnRsb29wLnYxLlN0ZWVyTWVzc2FnZVJlc3BvbnNlElgKDUluamVjdENvbnRleHQSIi5hZ2VudGxvb3AudjEuSW5qZWN0Q29udGV4dFJlcXVlc3QaIy5hZ2VudGxvb3AudjEuSW5qZWN0Q29udGV4dFJlc3BvbnNlEk8KCkNhbmNlbFR1cm4SHy5hZ2VudGxvb3AudjEuQ2FuY2VsVHVyblJlcXVlc3QaIC5hZ2VudGxvb3AudjEuQ2FuY2VsVHVyblJlc3BvbnNlEkkKCFdhaXRJZGxlEh0uYWdlbnRsb29wLnYxLldhaXRJZGxlUmVxdWVzdBoeLmFnZW50bG9vcC52MS5XYWl0SWRsZVJlc3BvbnNlEk8KCkdldFNlc3Npb24SHy5hZ2VudGxvb3AudjEuR2V0U2Vzc2lvblJlcXVlc3QaIC5hZ2VudGxvb3AudjEuR2V0U2Vzc2lvblJlc3BvbnNlElUKDExpc3RTZXNzaW9ucxIhLmFnZW50bG9vcC52MS5MaXN0U2Vzc2lvbnNSZXF1ZXN0GiIuYWdlbnRsb29wLnYxLkxpc3RTZXNzaW9uc1Jlc3BvbnNlElIKC0ZvcmtTZXNzaW9uEiAuYWdlbnRsb29wLnYxLkZvcmtTZXNzaW9uUmVxdWVzdBohLmFnZW50bG9vcC52MS5Gb3JrU2Vzc2lvblJlc3BvbnNlElgKDURlbGV0ZVNlc3Npb24SIi5hZ2VudGxvb3AudjEuRGVsZXRlU2Vzc2lvblJlcXVlc3QaIy5hZ2VudGxvb3AudjEuRGVsZXRlU2Vzc2lvblJlc3BvbnNlEmQKEUxpc3RTZXNzaW9uRXZlbnRzEiYuYWdlbnRsb29wLnYxLkxpc3RTZXNzaW9uRXZlbnRzUmVxdWVzdBonLmFnZW50bG9vcC52MS5MaXN0U2Vzc2lvbkV2ZW50c1Jlc3BvbnNlEmwKE1N0cmVhbVNlc3Npb25FdmVudHMSKC5hZ2VudGxvb3AudjEuU3RyZWFtU2Vzc2lvbkV2ZW50c1JlcXVlc3QaKS5hZ2VudGxvb3AudjEuU3RyZWFtU2Vzc2lvbkV2ZW50c1Jlc3BvbnNlMAESXgoPUmVzb2x2ZUFwcHJvdmFsEiQuYWdlbnRsb29wLnYxLlJlc29sdmVBcHByb3ZhbFJlcXVlc3QaJS5hZ2VudGxvb3AudjEuUmVzb2x2ZUFwcHJvdmFsUmVzcG9uc2USWAoNTGlzdEFwcHJvdmFscxIiLmFnZW50bG9vcC52MS5MaXN0QXBwcm92YWxzUmVxdWVzdBojLmFnZW50bG9vcC52MS5MaXN0QXBwcm92YWxzUmVzcG9uc2USVQoMQ29tcGFjdEFnZW50EiEuYWdlbnRsb29wLnYxLkNvbXBhY3RBZ2VudFJlcXVlc3QaIi5hZ2VudGxvb3AudjEuQ29tcGFjdEFnZW50UmVzcG9uc2ViBnByb3RvMw", [file_agentloop_v1_agent_event, file_agentloop_v1_approval, file_agentloop_v1_content, file_agentloop_v1_session, file_agentloop_v1_session_event, file_google_protobuf_duration, file_google_protobuf_struct]);
+
+/**
+ * CompactAgentRequest is the input of CompactAgent.
+ *
+ * @generated from message agentloop.v1.CompactAgentRequest
+ */
+export type CompactAgentRequest = Message<"agentloop.v1.CompactAgentRequest"> & {
+  /**
+   * Required. The live agent.
+   *
+   * @generated from field: string agent_id = 1;
+   */
+  agentId: string;
+
+  /**
+   * Optional. A retry with the same id gets the first call's answer and
+   * compacts nothing more.
+   *
+   * @generated from field: string request_id = 2;
+   */
+  requestId: string;
+
+  /**
+   * Optional. What the summary should focus on ("the open bugs"); at most
+   * 16 KiB.
+   *
+   * @generated from field: string instructions = 3;
+   */
+  instructions: string;
+
+  /**
+   * Optional. Recent history kept verbatim, in estimated tokens; unset means
+   * the agent's setting; 0 summarises the whole history.
+   *
+   * @generated from field: optional uint64 keep_recent_tokens = 4;
+   */
+  keepRecentTokens?: bigint | undefined;
+};
+
+/**
+ * Describes the message agentloop.v1.CompactAgentRequest.
+ * Use `create(CompactAgentRequestSchema)` to create a new message.
+ */
+export const CompactAgentRequestSchema: GenMessage<CompactAgentRequest> = /*@__PURE__*/
+  messageDesc(file_agentloop_v1_agent_service, 0);
+
+/**
+ * CompactAgentResponse is the output of CompactAgent.
+ *
+ * @generated from message agentloop.v1.CompactAgentResponse
+ */
+export type CompactAgentResponse = Message<"agentloop.v1.CompactAgentResponse"> & {
+  /**
+   * Compacted is false when there was nothing to summarise (`reason` says
+   * why); the log is then unchanged.
+   *
+   * @generated from field: bool compacted = 1;
+   */
+  compacted: boolean;
+
+  /**
+   * EventSeq is the seq of the summary event.
+   *
+   * @generated from field: uint64 event_seq = 2;
+   */
+  eventSeq: bigint;
+
+  /**
+   * ContextUsage is the context size after.
+   *
+   * @generated from field: agentloop.v1.ContextUsage context_usage = 3;
+   */
+  contextUsage?: ContextUsage | undefined;
+
+  /**
+   * Reason says why nothing was compacted.
+   *
+   * @generated from field: string reason = 4;
+   */
+  reason: string;
+
+  /**
+   * Compaction describes what was replaced.
+   *
+   * @generated from field: agentloop.v1.Compaction compaction = 5;
+   */
+  compaction?: Compaction | undefined;
+};
+
+/**
+ * Describes the message agentloop.v1.CompactAgentResponse.
+ * Use `create(CompactAgentResponseSchema)` to create a new message.
+ */
+export const CompactAgentResponseSchema: GenMessage<CompactAgentResponse> = /*@__PURE__*/
+  messageDesc(file_agentloop_v1_agent_service, 1);
 
 /**
  * ResolveApprovalRequest is the input of ResolveApproval.
@@ -74,7 +169,7 @@ export type ResolveApprovalRequest = Message<"agentloop.v1.ResolveApprovalReques
  * Use `create(ResolveApprovalRequestSchema)` to create a new message.
  */
 export const ResolveApprovalRequestSchema: GenMessage<ResolveApprovalRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 0);
+  messageDesc(file_agentloop_v1_agent_service, 2);
 
 /**
  * ResolveApprovalResponse is the output of ResolveApproval.
@@ -102,7 +197,7 @@ export type ResolveApprovalResponse = Message<"agentloop.v1.ResolveApprovalRespo
  * Use `create(ResolveApprovalResponseSchema)` to create a new message.
  */
 export const ResolveApprovalResponseSchema: GenMessage<ResolveApprovalResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 1);
+  messageDesc(file_agentloop_v1_agent_service, 3);
 
 /**
  * ListApprovalsRequest is the input of ListApprovals.
@@ -123,7 +218,7 @@ export type ListApprovalsRequest = Message<"agentloop.v1.ListApprovalsRequest"> 
  * Use `create(ListApprovalsRequestSchema)` to create a new message.
  */
 export const ListApprovalsRequestSchema: GenMessage<ListApprovalsRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 2);
+  messageDesc(file_agentloop_v1_agent_service, 4);
 
 /**
  * ListApprovalsResponse is the output of ListApprovals.
@@ -144,7 +239,7 @@ export type ListApprovalsResponse = Message<"agentloop.v1.ListApprovalsResponse"
  * Use `create(ListApprovalsResponseSchema)` to create a new message.
  */
 export const ListApprovalsResponseSchema: GenMessage<ListApprovalsResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 3);
+  messageDesc(file_agentloop_v1_agent_service, 5);
 
 /**
  * SendMessageRequest is the input of SendMessage.
@@ -201,7 +296,7 @@ export type SendMessageRequest = Message<"agentloop.v1.SendMessageRequest"> & {
  * Use `create(SendMessageRequestSchema)` to create a new message.
  */
 export const SendMessageRequestSchema: GenMessage<SendMessageRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 4);
+  messageDesc(file_agentloop_v1_agent_service, 6);
 
 /**
  * SendMessageResponse is the output of SendMessage.
@@ -233,7 +328,7 @@ export type SendMessageResponse = Message<"agentloop.v1.SendMessageResponse"> & 
  * Use `create(SendMessageResponseSchema)` to create a new message.
  */
 export const SendMessageResponseSchema: GenMessage<SendMessageResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 5);
+  messageDesc(file_agentloop_v1_agent_service, 7);
 
 /**
  * SteerMessageRequest is the input of SteerMessage.
@@ -287,7 +382,7 @@ export type SteerMessageRequest = Message<"agentloop.v1.SteerMessageRequest"> & 
  * Use `create(SteerMessageRequestSchema)` to create a new message.
  */
 export const SteerMessageRequestSchema: GenMessage<SteerMessageRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 6);
+  messageDesc(file_agentloop_v1_agent_service, 8);
 
 /**
  * SteerMessageResponse is the output of SteerMessage.
@@ -316,7 +411,7 @@ export type SteerMessageResponse = Message<"agentloop.v1.SteerMessageResponse"> 
  * Use `create(SteerMessageResponseSchema)` to create a new message.
  */
 export const SteerMessageResponseSchema: GenMessage<SteerMessageResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 7);
+  messageDesc(file_agentloop_v1_agent_service, 9);
 
 /**
  * InjectContextRequest is the input of InjectContext.
@@ -386,7 +481,7 @@ export type InjectContextRequest = Message<"agentloop.v1.InjectContextRequest"> 
  * Use `create(InjectContextRequestSchema)` to create a new message.
  */
 export const InjectContextRequestSchema: GenMessage<InjectContextRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 8);
+  messageDesc(file_agentloop_v1_agent_service, 10);
 
 /**
  * InjectContextResponse is the output of InjectContext.
@@ -407,7 +502,7 @@ export type InjectContextResponse = Message<"agentloop.v1.InjectContextResponse"
  * Use `create(InjectContextResponseSchema)` to create a new message.
  */
 export const InjectContextResponseSchema: GenMessage<InjectContextResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 9);
+  messageDesc(file_agentloop_v1_agent_service, 11);
 
 /**
  * CancelTurnRequest is the input of CancelTurn.
@@ -435,7 +530,7 @@ export type CancelTurnRequest = Message<"agentloop.v1.CancelTurnRequest"> & {
  * Use `create(CancelTurnRequestSchema)` to create a new message.
  */
 export const CancelTurnRequestSchema: GenMessage<CancelTurnRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 10);
+  messageDesc(file_agentloop_v1_agent_service, 12);
 
 /**
  * CancelTurnResponse is the output of CancelTurn.
@@ -464,7 +559,7 @@ export type CancelTurnResponse = Message<"agentloop.v1.CancelTurnResponse"> & {
  * Use `create(CancelTurnResponseSchema)` to create a new message.
  */
 export const CancelTurnResponseSchema: GenMessage<CancelTurnResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 11);
+  messageDesc(file_agentloop_v1_agent_service, 13);
 
 /**
  * WaitIdleRequest is the input of WaitIdle.
@@ -492,7 +587,7 @@ export type WaitIdleRequest = Message<"agentloop.v1.WaitIdleRequest"> & {
  * Use `create(WaitIdleRequestSchema)` to create a new message.
  */
 export const WaitIdleRequestSchema: GenMessage<WaitIdleRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 12);
+  messageDesc(file_agentloop_v1_agent_service, 14);
 
 /**
  * WaitIdleResponse is the output of WaitIdle.
@@ -527,7 +622,7 @@ export type WaitIdleResponse = Message<"agentloop.v1.WaitIdleResponse"> & {
  * Use `create(WaitIdleResponseSchema)` to create a new message.
  */
 export const WaitIdleResponseSchema: GenMessage<WaitIdleResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 13);
+  messageDesc(file_agentloop_v1_agent_service, 15);
 
 /**
  * GetSessionRequest is the input of GetSession.
@@ -564,7 +659,7 @@ export type GetSessionRequest = Message<"agentloop.v1.GetSessionRequest"> & {
  * Use `create(GetSessionRequestSchema)` to create a new message.
  */
 export const GetSessionRequestSchema: GenMessage<GetSessionRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 14);
+  messageDesc(file_agentloop_v1_agent_service, 16);
 
 /**
  * GetSessionResponse is the output of GetSession.
@@ -585,7 +680,7 @@ export type GetSessionResponse = Message<"agentloop.v1.GetSessionResponse"> & {
  * Use `create(GetSessionResponseSchema)` to create a new message.
  */
 export const GetSessionResponseSchema: GenMessage<GetSessionResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 15);
+  messageDesc(file_agentloop_v1_agent_service, 17);
 
 /**
  * ListSessionsRequest is the input of ListSessions.
@@ -616,7 +711,7 @@ export type ListSessionsRequest = Message<"agentloop.v1.ListSessionsRequest"> & 
  * Use `create(ListSessionsRequestSchema)` to create a new message.
  */
 export const ListSessionsRequestSchema: GenMessage<ListSessionsRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 16);
+  messageDesc(file_agentloop_v1_agent_service, 18);
 
 /**
  * ListSessionsResponse is the output of ListSessions.
@@ -645,7 +740,7 @@ export type ListSessionsResponse = Message<"agentloop.v1.ListSessionsResponse"> 
  * Use `create(ListSessionsResponseSchema)` to create a new message.
  */
 export const ListSessionsResponseSchema: GenMessage<ListSessionsResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 17);
+  messageDesc(file_agentloop_v1_agent_service, 19);
 
 /**
  * ForkSessionRequest is the input of ForkSession.
@@ -682,7 +777,7 @@ export type ForkSessionRequest = Message<"agentloop.v1.ForkSessionRequest"> & {
  * Use `create(ForkSessionRequestSchema)` to create a new message.
  */
 export const ForkSessionRequestSchema: GenMessage<ForkSessionRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 18);
+  messageDesc(file_agentloop_v1_agent_service, 20);
 
 /**
  * ForkSessionResponse is the output of ForkSession.
@@ -703,7 +798,7 @@ export type ForkSessionResponse = Message<"agentloop.v1.ForkSessionResponse"> & 
  * Use `create(ForkSessionResponseSchema)` to create a new message.
  */
 export const ForkSessionResponseSchema: GenMessage<ForkSessionResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 19);
+  messageDesc(file_agentloop_v1_agent_service, 21);
 
 /**
  * DeleteSessionRequest is the input of DeleteSession.
@@ -741,7 +836,7 @@ export type DeleteSessionRequest = Message<"agentloop.v1.DeleteSessionRequest"> 
  * Use `create(DeleteSessionRequestSchema)` to create a new message.
  */
 export const DeleteSessionRequestSchema: GenMessage<DeleteSessionRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 20);
+  messageDesc(file_agentloop_v1_agent_service, 22);
 
 /**
  * DeleteSessionResponse is the output of DeleteSession.
@@ -776,7 +871,7 @@ export type DeleteSessionResponse = Message<"agentloop.v1.DeleteSessionResponse"
  * Use `create(DeleteSessionResponseSchema)` to create a new message.
  */
 export const DeleteSessionResponseSchema: GenMessage<DeleteSessionResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 21);
+  messageDesc(file_agentloop_v1_agent_service, 23);
 
 /**
  * ListSessionEventsRequest is the input of ListSessionEvents.
@@ -836,7 +931,7 @@ export type ListSessionEventsRequest = Message<"agentloop.v1.ListSessionEventsRe
  * Use `create(ListSessionEventsRequestSchema)` to create a new message.
  */
 export const ListSessionEventsRequestSchema: GenMessage<ListSessionEventsRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 22);
+  messageDesc(file_agentloop_v1_agent_service, 24);
 
 /**
  * ListSessionEventsResponse is the output of ListSessionEvents.
@@ -866,7 +961,7 @@ export type ListSessionEventsResponse = Message<"agentloop.v1.ListSessionEventsR
  * Use `create(ListSessionEventsResponseSchema)` to create a new message.
  */
 export const ListSessionEventsResponseSchema: GenMessage<ListSessionEventsResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 23);
+  messageDesc(file_agentloop_v1_agent_service, 25);
 
 /**
  * StreamSessionEventsRequest is the input of StreamSessionEvents.
@@ -919,7 +1014,7 @@ export type StreamSessionEventsRequest = Message<"agentloop.v1.StreamSessionEven
  * Use `create(StreamSessionEventsRequestSchema)` to create a new message.
  */
 export const StreamSessionEventsRequestSchema: GenMessage<StreamSessionEventsRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 24);
+  messageDesc(file_agentloop_v1_agent_service, 26);
 
 /**
  * StreamSessionEventsResponse is one batch of the stream: the session events
@@ -970,7 +1065,7 @@ export type StreamSessionEventsResponse = Message<"agentloop.v1.StreamSessionEve
  * Use `create(StreamSessionEventsResponseSchema)` to create a new message.
  */
 export const StreamSessionEventsResponseSchema: GenMessage<StreamSessionEventsResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_service, 25);
+  messageDesc(file_agentloop_v1_agent_service, 27);
 
 /**
  * AgentService talks to one live agent and reads sessions.
@@ -1181,6 +1276,22 @@ export const AgentService: GenService<{
     methodKind: "unary";
     input: typeof ListApprovalsRequestSchema;
     output: typeof ListApprovalsResponseSchema;
+  },
+  /**
+   * CompactAgent replaces the agent's older history with a summary written by
+   * the agent's own model, keeping the most recent `keep_recent_tokens`
+   * verbatim (never splitting a tool call from its result). Recorded as a
+   * `context_message` with `compaction` set and a REPLACE surface op, durable
+   * when this returns. While a turn runs (or another compaction) it is
+   * FAILED_PRECONDITION; the history is unchanged when the summary request
+   * fails (UNAVAILABLE or the model's error). Idempotent by `request_id`.
+   *
+   * @generated from rpc agentloop.v1.AgentService.CompactAgent
+   */
+  compactAgent: {
+    methodKind: "unary";
+    input: typeof CompactAgentRequestSchema;
+    output: typeof CompactAgentResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_agentloop_v1_agent_service, 0);

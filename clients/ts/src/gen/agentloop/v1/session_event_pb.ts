@@ -18,7 +18,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file agentloop/v1/session_event.proto.
  */
 export const file_agentloop_v1_session_event: GenFile = /*@__PURE__*/
-  fileDesc("CiBhZ2VudGxvb3AvdjEvc2Vzc2lvbl9ldmVudC5wcm90bxIMYWdlbnRsb29wLnYxIvcHCgxTZXNzaW9uRXZlbnQSCwoDc2VxGAEgASgEEi8KC2NyZWF0ZV90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIrCgpzdXJmYWNlX29wGAMgASgLMhcuYWdlbnRsb29wLnYxLlN1cmZhY2VPcBIZChFzb3VyY2VfZXZlbnRfc2VxcxgEIAMoBBItCgp0dXJuX3N0YXJ0GAogASgLMhcuYWdlbnRsb29wLnYxLlR1cm5TdGFydEgAEjEKDHVzZXJfbWVzc2FnZRgLIAEoCzIZLmFnZW50bG9vcC52MS5Vc2VyTWVzc2FnZUgAEjUKDnByb21wdF9ibG9ja2VkGAwgASgLMhsuYWdlbnRsb29wLnYxLlByb21wdEJsb2NrZWRIABI3Cg9jb250ZXh0X21lc3NhZ2UYDSABKAsyHC5hZ2VudGxvb3AudjEuQ29udGV4dE1lc3NhZ2VIABI5ChBzdGVlcmluZ19tZXNzYWdlGA4gASgLMh0uYWdlbnRsb29wLnYxLlN0ZWVyaW5nTWVzc2FnZUgAEi0KCnN0ZXBfc3RhcnQYDyABKAsyFy5hZ2VudGxvb3AudjEuU3RlcFN0YXJ0SAASOwoOcmVxdWVzdF9oZWFkZXIYECABKAsyIS5hZ2VudGxvb3AudjEuUmVxdWVzdEhlYWRlckxvZ2dlZEgAEjcKD2Fzc2lzdGFudF9jaHVuaxgRIAEoCzIcLmFnZW50bG9vcC52MS5Bc3Npc3RhbnRDaHVua0gAEjsKEWFzc2lzdGFudF9tZXNzYWdlGBIgASgLMh4uYWdlbnRsb29wLnYxLkFzc2lzdGFudE1lc3NhZ2VIABIrCgl0b29sX2NhbGwYEyABKAsyFi5hZ2VudGxvb3AudjEuVG9vbENhbGxIABIvCgt0b29sX3Jlc3VsdBgUIAEoCzIYLmFnZW50bG9vcC52MS5Ub29sUmVzdWx0SAASKQoIc3RlcF9lbmQYFSABKAsyFS5hZ2VudGxvb3AudjEuU3RlcEVuZEgAEikKCHR1cm5fZW5kGBYgASgLMhUuYWdlbnRsb29wLnYxLlR1cm5FbmRIABI3Cg9tZXNzYWdlX2Ryb3BwZWQYFyABKAsyHC5hZ2VudGxvb3AudjEuTWVzc2FnZURyb3BwZWRIABI9ChJhcHByb3ZhbF9yZXF1ZXN0ZWQYGCABKAsyHy5hZ2VudGxvb3AudjEuQXBwcm92YWxSZXF1ZXN0ZWRIABI7ChFhcHByb3ZhbF9yZXNvbHZlZBgZIAEoCzIeLmFnZW50bG9vcC52MS5BcHByb3ZhbFJlc29sdmVkSABCCQoHcGF5bG9hZCJSCglTdXJmYWNlT3ASKQoEa2luZBgBIAEoDjIbLmFnZW50bG9vcC52MS5TdXJmYWNlT3BLaW5kEg0KBXN0YXJ0GAIgASgEEgsKA2VuZBgDIAEoBCJrCglUdXJuU3RhcnQSDAoEdHVybhgBIAEoDRIqCgd0cmlnZ2VyGAIgASgOMhkuYWdlbnRsb29wLnYxLlRyaWdnZXJLaW5kEiQKBnNvdXJjZRgDIAEoCzIULmFnZW50bG9vcC52MS5Tb3VyY2UidAoLVXNlck1lc3NhZ2USKwoHY29udGVudBgBIAMoCzIaLmFnZW50bG9vcC52MS5Db250ZW50QmxvY2sSJAoGc291cmNlGAIgASgLMhQuYWdlbnRsb29wLnYxLlNvdXJjZRISCgpyZXF1ZXN0X2lkGAMgASgJIoYBCg1Qcm9tcHRCbG9ja2VkEisKB2NvbnRlbnQYASADKAsyGi5hZ2VudGxvb3AudjEuQ29udGVudEJsb2NrEiQKBnNvdXJjZRgCIAEoCzIULmFnZW50bG9vcC52MS5Tb3VyY2USDgoGcmVhc29uGAMgASgJEhIKCnJlcXVlc3RfaWQYBCABKAkizwEKDkNvbnRleHRNZXNzYWdlEisKB2NvbnRlbnQYASADKAsyGi5hZ2VudGxvb3AudjEuQ29udGVudEJsb2NrEiQKBnNvdXJjZRgCIAEoCzIULmFnZW50bG9vcC52MS5Tb3VyY2USLwoIZW52ZWxvcGUYAyABKA4yHS5hZ2VudGxvb3AudjEuQ29udGV4dEVudmVsb3BlEiUKBG1ldGEYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EhIKCnJlcXVlc3RfaWQYBSABKAkihgEKD1N0ZWVyaW5nTWVzc2FnZRIMCgR0dXJuGAEgASgNEisKB2NvbnRlbnQYAiADKAsyGi5hZ2VudGxvb3AudjEuQ29udGVudEJsb2NrEiQKBnNvdXJjZRgDIAEoCzIULmFnZW50bG9vcC52MS5Tb3VyY2USEgoKcmVxdWVzdF9pZBgEIAEoCSInCglTdGVwU3RhcnQSDAoEdHVybhgBIAEoDRIMCgRzdGVwGAIgASgNIm4KE1JlcXVlc3RIZWFkZXJMb2dnZWQSKwoGaGVhZGVyGAEgASgLMhsuYWdlbnRsb29wLnYxLlJlcXVlc3RIZWFkZXISKgoGcmVhc29uGAIgASgOMhouYWdlbnRsb29wLnYxLkhlYWRlclJlYXNvbiJWCg5Bc3Npc3RhbnRDaHVuaxIMCgR0dXJuGAEgASgNEgwKBHN0ZXAYAiABKA0SKAoFY2h1bmsYAyABKAsyGS5hZ2VudGxvb3AudjEuU3RyZWFtQ2h1bmsirQEKEEFzc2lzdGFudE1lc3NhZ2USDAoEdHVybhgBIAEoDRIMCgRzdGVwGAIgASgNEisKB2NvbnRlbnQYAyADKAsyGi5hZ2VudGxvb3AudjEuQ29udGVudEJsb2NrEiwKCnByb3ZlbmFuY2UYBCABKAsyGC5hZ2VudGxvb3AudjEuUHJvdmVuYW5jZRIiCgV1c2FnZRgFIAEoCzITLmFnZW50bG9vcC52MS5Vc2FnZSJYCghUb29sQ2FsbBIMCgR0dXJuGAEgASgNEgwKBHN0ZXAYAiABKA0SDwoHY2FsbF9pZBgDIAEoCRIMCgRuYW1lGAQgASgJEhEKCWFyZ3VtZW50cxgFIAEoCSInCglUb29sRXJyb3ISDAoEbmFtZRgBIAEoCRIMCgRjb2RlGAIgASgJIscBCgpUb29sUmVzdWx0EgwKBHR1cm4YASABKA0SDAoEc3RlcBgCIAEoDRIPCgdjYWxsX2lkGAMgASgJEisKB2NvbnRlbnQYBCADKAsyGi5hZ2VudGxvb3AudjEuQ29udGVudEJsb2NrEhAKCGlzX2Vycm9yGAUgASgIEiYKBWVycm9yGAYgASgLMhcuYWdlbnRsb29wLnYxLlRvb2xFcnJvchIlCgRtZXRhGAcgASgLMhcuZ29vZ2xlLnByb3RvYnVmLlN0cnVjdCIlCgdTdGVwRW5kEgwKBHR1cm4YASABKA0SDAoEc3RlcBgCIAEoDSJECgdUdXJuRW5kEgwKBHR1cm4YASABKA0SKwoGcmVhc29uGAIgASgLMhsuYWdlbnRsb29wLnYxLlR1cm5FbmRSZWFzb24i6gIKDVR1cm5FbmRSZWFzb24SMAoJY29tcGxldGVkGAEgASgLMhsuYWdlbnRsb29wLnYxLlR1cm5Db21wbGV0ZWRIABIxCgptYXhfdG9rZW5zGAIgASgLMhsuYWdlbnRsb29wLnYxLlR1cm5NYXhUb2tlbnNIABIsCgdhYm9ydGVkGAMgASgLMhkuYWdlbnRsb29wLnYxLlR1cm5BYm9ydGVkSAASKAoFZXJyb3IYBCABKAsyFy5hZ2VudGxvb3AudjEuVHVybkVycm9ySAASLgoIZGlzcG9zZWQYBSABKAsyGi5hZ2VudGxvb3AudjEuVHVybkRpc3Bvc2VkSAASLgoIcmVqZWN0ZWQYBiABKAsyGi5hZ2VudGxvb3AudjEuVHVyblJlamVjdGVkSAASNAoLaW50ZXJydXB0ZWQYByABKAsyHS5hZ2VudGxvb3AudjEuVHVybkludGVycnVwdGVkSABCBgoEa2luZCIPCg1UdXJuQ29tcGxldGVkIg8KDVR1cm5NYXhUb2tlbnMiHQoLVHVybkFib3J0ZWQSDgoGcmVhc29uGAEgASgJIjgKCVR1cm5FcnJvchIMCgRzdGVwGAEgASgNEg8KB21lc3NhZ2UYAiABKAkSDAoEY29kZRgDIAEoCSIOCgxUdXJuRGlzcG9zZWQiHgoMVHVyblJlamVjdGVkEg4KBnJlYXNvbhgBIAEoCSIRCg9UdXJuSW50ZXJydXB0ZWQimQEKDk1lc3NhZ2VEcm9wcGVkEisKB2NvbnRlbnQYASADKAsyGi5hZ2VudGxvb3AudjEuQ29udGVudEJsb2NrEiQKBnNvdXJjZRgCIAEoCzIULmFnZW50bG9vcC52MS5Tb3VyY2USDgoGcmVhc29uGAMgASgJEhIKCnJlcXVlc3RfaWQYBCABKAkSEAoIc3RlZXJpbmcYBSABKAgqaQoNU3VyZmFjZU9wS2luZBIfChtTVVJGQUNFX09QX0tJTkRfVU5TUEVDSUZJRUQQABIaChZTVVJGQUNFX09QX0tJTkRfQVBQRU5EEAESGwoXU1VSRkFDRV9PUF9LSU5EX1JFUExBQ0UQAiphCgtUcmlnZ2VyS2luZBIcChhUUklHR0VSX0tJTkRfVU5TUEVDSUZJRUQQABIYChRUUklHR0VSX0tJTkRfTUVTU0FHRRABEhoKFlRSSUdHRVJfS0lORF9JTkpFQ1RJT04QAiprCg9Db250ZXh0RW52ZWxvcGUSIAocQ09OVEVYVF9FTlZFTE9QRV9VTlNQRUNJRklFRBAAEhwKGENPTlRFWFRfRU5WRUxPUEVfQ09OVEVYVBABEhgKFENPTlRFWFRfRU5WRUxPUEVfUkFXEAIqfAoMSGVhZGVyUmVhc29uEh0KGUhFQURFUl9SRUFTT05fVU5TUEVDSUZJRUQQABIZChVIRUFERVJfUkVBU09OX0lOSVRJQUwQARIYChRIRUFERVJfUkVBU09OX1JFU1VNRRACEhgKFEhFQURFUl9SRUFTT05fQ0hBTkdFEANiBnByb3RvMw", [file_agentloop_v1_approval, file_agentloop_v1_content, file_agentloop_v1_stream, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("CiBhZ2VudGxvb3AvdjEvc2Vzc2lvbl9ldmVudC5wcm90bxIMYWdlbnRsb29wLnYxIvcHCgxTZXNzaW9uRXZlbnQSCwoDc2VxGAEgASgEEi8KC2NyZWF0ZV90aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIrCgpzdXJmYWNlX29wGAMgASgLMhcuYWdlbnRsb29wLnYxLlN1cmZhY2VPcBIZChFzb3VyY2VfZXZlbnRfc2VxcxgEIAMoBBItCgp0dXJuX3N0YXJ0GAogASgLMhcuYWdlbnRsb29wLnYxLlR1cm5TdGFydEgAEjEKDHVzZXJfbWVzc2FnZRgLIAEoCzIZLmFnZW50bG9vcC52MS5Vc2VyTWVzc2FnZUgAEjUKDnByb21wdF9ibG9ja2VkGAwgASgLMhsuYWdlbnRsb29wLnYxLlByb21wdEJsb2NrZWRIABI3Cg9jb250ZXh0X21lc3NhZ2UYDSABKAsyHC5hZ2VudGxvb3AudjEuQ29udGV4dE1lc3NhZ2VIABI5ChBzdGVlcmluZ19tZXNzYWdlGA4gASgLMh0uYWdlbnRsb29wLnYxLlN0ZWVyaW5nTWVzc2FnZUgAEi0KCnN0ZXBfc3RhcnQYDyABKAsyFy5hZ2VudGxvb3AudjEuU3RlcFN0YXJ0SAASOwoOcmVxdWVzdF9oZWFkZXIYECABKAsyIS5hZ2VudGxvb3AudjEuUmVxdWVzdEhlYWRlckxvZ2dlZEgAEjcKD2Fzc2lzdGFudF9jaHVuaxgRIAEoCzIcLmFnZW50bG9vcC52MS5Bc3Npc3RhbnRDaHVua0gAEjsKEWFzc2lzdGFudF9tZXNzYWdlGBIgASgLMh4uYWdlbnRsb29wLnYxLkFzc2lzdGFudE1lc3NhZ2VIABIrCgl0b29sX2NhbGwYEyABKAsyFi5hZ2VudGxvb3AudjEuVG9vbENhbGxIABIvCgt0b29sX3Jlc3VsdBgUIAEoCzIYLmFnZW50bG9vcC52MS5Ub29sUmVzdWx0SAASKQoIc3RlcF9lbmQYFSABKAsyFS5hZ2VudGxvb3AudjEuU3RlcEVuZEgAEikKCHR1cm5fZW5kGBYgASgLMhUuYWdlbnRsb29wLnYxLlR1cm5FbmRIABI3Cg9tZXNzYWdlX2Ryb3BwZWQYFyABKAsyHC5hZ2VudGxvb3AudjEuTWVzc2FnZURyb3BwZWRIABI9ChJhcHByb3ZhbF9yZXF1ZXN0ZWQYGCABKAsyHy5hZ2VudGxvb3AudjEuQXBwcm92YWxSZXF1ZXN0ZWRIABI7ChFhcHByb3ZhbF9yZXNvbHZlZBgZIAEoCzIeLmFnZW50bG9vcC52MS5BcHByb3ZhbFJlc29sdmVkSABCCQoHcGF5bG9hZCJSCglTdXJmYWNlT3ASKQoEa2luZBgBIAEoDjIbLmFnZW50bG9vcC52MS5TdXJmYWNlT3BLaW5kEg0KBXN0YXJ0GAIgASgEEgsKA2VuZBgDIAEoBCJrCglUdXJuU3RhcnQSDAoEdHVybhgBIAEoDRIqCgd0cmlnZ2VyGAIgASgOMhkuYWdlbnRsb29wLnYxLlRyaWdnZXJLaW5kEiQKBnNvdXJjZRgDIAEoCzIULmFnZW50bG9vcC52MS5Tb3VyY2UidAoLVXNlck1lc3NhZ2USKwoHY29udGVudBgBIAMoCzIaLmFnZW50bG9vcC52MS5Db250ZW50QmxvY2sSJAoGc291cmNlGAIgASgLMhQuYWdlbnRsb29wLnYxLlNvdXJjZRISCgpyZXF1ZXN0X2lkGAMgASgJIoYBCg1Qcm9tcHRCbG9ja2VkEisKB2NvbnRlbnQYASADKAsyGi5hZ2VudGxvb3AudjEuQ29udGVudEJsb2NrEiQKBnNvdXJjZRgCIAEoCzIULmFnZW50bG9vcC52MS5Tb3VyY2USDgoGcmVhc29uGAMgASgJEhIKCnJlcXVlc3RfaWQYBCABKAki/QEKDkNvbnRleHRNZXNzYWdlEisKB2NvbnRlbnQYASADKAsyGi5hZ2VudGxvb3AudjEuQ29udGVudEJsb2NrEiQKBnNvdXJjZRgCIAEoCzIULmFnZW50bG9vcC52MS5Tb3VyY2USLwoIZW52ZWxvcGUYAyABKA4yHS5hZ2VudGxvb3AudjEuQ29udGV4dEVudmVsb3BlEiUKBG1ldGEYBCABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EhIKCnJlcXVlc3RfaWQYBSABKAkSLAoKY29tcGFjdGlvbhgGIAEoCzIYLmFnZW50bG9vcC52MS5Db21wYWN0aW9uIqQCCgpDb21wYWN0aW9uEjAKB3RyaWdnZXIYASABKA4yHy5hZ2VudGxvb3AudjEuQ29tcGFjdGlvblRyaWdnZXISEQoJZmlyc3Rfc2VxGAIgASgEEhAKCGxhc3Rfc2VxGAMgASgEEhUKDXRva2Vuc19iZWZvcmUYBCABKAQSFAoMdG9rZW5zX2FmdGVyGAUgASgEEhQKDGluc3RydWN0aW9ucxgGIAEoCRIsCgpwcm92ZW5hbmNlGAcgASgLMhguYWdlbnRsb29wLnYxLlByb3ZlbmFuY2USIgoFdXNhZ2UYCCABKAsyEy5hZ2VudGxvb3AudjEuVXNhZ2USEgoKcmVxdWVzdF9pZBgJIAEoCRIWCg5yZXBsYWNlZF9ub2RlcxgKIAEoDSKGAQoPU3RlZXJpbmdNZXNzYWdlEgwKBHR1cm4YASABKA0SKwoHY29udGVudBgCIAMoCzIaLmFnZW50bG9vcC52MS5Db250ZW50QmxvY2sSJAoGc291cmNlGAMgASgLMhQuYWdlbnRsb29wLnYxLlNvdXJjZRISCgpyZXF1ZXN0X2lkGAQgASgJIicKCVN0ZXBTdGFydBIMCgR0dXJuGAEgASgNEgwKBHN0ZXAYAiABKA0ibgoTUmVxdWVzdEhlYWRlckxvZ2dlZBIrCgZoZWFkZXIYASABKAsyGy5hZ2VudGxvb3AudjEuUmVxdWVzdEhlYWRlchIqCgZyZWFzb24YAiABKA4yGi5hZ2VudGxvb3AudjEuSGVhZGVyUmVhc29uIlYKDkFzc2lzdGFudENodW5rEgwKBHR1cm4YASABKA0SDAoEc3RlcBgCIAEoDRIoCgVjaHVuaxgDIAEoCzIZLmFnZW50bG9vcC52MS5TdHJlYW1DaHVuayKtAQoQQXNzaXN0YW50TWVzc2FnZRIMCgR0dXJuGAEgASgNEgwKBHN0ZXAYAiABKA0SKwoHY29udGVudBgDIAMoCzIaLmFnZW50bG9vcC52MS5Db250ZW50QmxvY2sSLAoKcHJvdmVuYW5jZRgEIAEoCzIYLmFnZW50bG9vcC52MS5Qcm92ZW5hbmNlEiIKBXVzYWdlGAUgASgLMhMuYWdlbnRsb29wLnYxLlVzYWdlIlgKCFRvb2xDYWxsEgwKBHR1cm4YASABKA0SDAoEc3RlcBgCIAEoDRIPCgdjYWxsX2lkGAMgASgJEgwKBG5hbWUYBCABKAkSEQoJYXJndW1lbnRzGAUgASgJIicKCVRvb2xFcnJvchIMCgRuYW1lGAEgASgJEgwKBGNvZGUYAiABKAkixwEKClRvb2xSZXN1bHQSDAoEdHVybhgBIAEoDRIMCgRzdGVwGAIgASgNEg8KB2NhbGxfaWQYAyABKAkSKwoHY29udGVudBgEIAMoCzIaLmFnZW50bG9vcC52MS5Db250ZW50QmxvY2sSEAoIaXNfZXJyb3IYBSABKAgSJgoFZXJyb3IYBiABKAsyFy5hZ2VudGxvb3AudjEuVG9vbEVycm9yEiUKBG1ldGEYByABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0IiUKB1N0ZXBFbmQSDAoEdHVybhgBIAEoDRIMCgRzdGVwGAIgASgNIkQKB1R1cm5FbmQSDAoEdHVybhgBIAEoDRIrCgZyZWFzb24YAiABKAsyGy5hZ2VudGxvb3AudjEuVHVybkVuZFJlYXNvbiLqAgoNVHVybkVuZFJlYXNvbhIwCgljb21wbGV0ZWQYASABKAsyGy5hZ2VudGxvb3AudjEuVHVybkNvbXBsZXRlZEgAEjEKCm1heF90b2tlbnMYAiABKAsyGy5hZ2VudGxvb3AudjEuVHVybk1heFRva2Vuc0gAEiwKB2Fib3J0ZWQYAyABKAsyGS5hZ2VudGxvb3AudjEuVHVybkFib3J0ZWRIABIoCgVlcnJvchgEIAEoCzIXLmFnZW50bG9vcC52MS5UdXJuRXJyb3JIABIuCghkaXNwb3NlZBgFIAEoCzIaLmFnZW50bG9vcC52MS5UdXJuRGlzcG9zZWRIABIuCghyZWplY3RlZBgGIAEoCzIaLmFnZW50bG9vcC52MS5UdXJuUmVqZWN0ZWRIABI0CgtpbnRlcnJ1cHRlZBgHIAEoCzIdLmFnZW50bG9vcC52MS5UdXJuSW50ZXJydXB0ZWRIAEIGCgRraW5kIg8KDVR1cm5Db21wbGV0ZWQiDwoNVHVybk1heFRva2VucyIdCgtUdXJuQWJvcnRlZBIOCgZyZWFzb24YASABKAkiOAoJVHVybkVycm9yEgwKBHN0ZXAYASABKA0SDwoHbWVzc2FnZRgCIAEoCRIMCgRjb2RlGAMgASgJIg4KDFR1cm5EaXNwb3NlZCIeCgxUdXJuUmVqZWN0ZWQSDgoGcmVhc29uGAEgASgJIhEKD1R1cm5JbnRlcnJ1cHRlZCKZAQoOTWVzc2FnZURyb3BwZWQSKwoHY29udGVudBgBIAMoCzIaLmFnZW50bG9vcC52MS5Db250ZW50QmxvY2sSJAoGc291cmNlGAIgASgLMhQuYWdlbnRsb29wLnYxLlNvdXJjZRIOCgZyZWFzb24YAyABKAkSEgoKcmVxdWVzdF9pZBgEIAEoCRIQCghzdGVlcmluZxgFIAEoCCppCg1TdXJmYWNlT3BLaW5kEh8KG1NVUkZBQ0VfT1BfS0lORF9VTlNQRUNJRklFRBAAEhoKFlNVUkZBQ0VfT1BfS0lORF9BUFBFTkQQARIbChdTVVJGQUNFX09QX0tJTkRfUkVQTEFDRRACKn4KC1RyaWdnZXJLaW5kEhwKGFRSSUdHRVJfS0lORF9VTlNQRUNJRklFRBAAEhgKFFRSSUdHRVJfS0lORF9NRVNTQUdFEAESGgoWVFJJR0dFUl9LSU5EX0lOSkVDVElPThACEhsKF1RSSUdHRVJfS0lORF9DT01QQUNUSU9OEAMqawoPQ29udGV4dEVudmVsb3BlEiAKHENPTlRFWFRfRU5WRUxPUEVfVU5TUEVDSUZJRUQQABIcChhDT05URVhUX0VOVkVMT1BFX0NPTlRFWFQQARIYChRDT05URVhUX0VOVkVMT1BFX1JBVxACKpkBChFDb21wYWN0aW9uVHJpZ2dlchIiCh5DT01QQUNUSU9OX1RSSUdHRVJfVU5TUEVDSUZJRUQQABIdChlDT01QQUNUSU9OX1RSSUdHRVJfTUFOVUFMEAESIAocQ09NUEFDVElPTl9UUklHR0VSX1RIUkVTSE9MRBACEh8KG0NPTVBBQ1RJT05fVFJJR0dFUl9PVkVSRkxPVxADKnwKDEhlYWRlclJlYXNvbhIdChlIRUFERVJfUkVBU09OX1VOU1BFQ0lGSUVEEAASGQoVSEVBREVSX1JFQVNPTl9JTklUSUFMEAESGAoUSEVBREVSX1JFQVNPTl9SRVNVTUUQAhIYChRIRUFERVJfUkVBU09OX0NIQU5HRRADYgZwcm90bzM", [file_agentloop_v1_approval, file_agentloop_v1_content, file_agentloop_v1_stream, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * SessionEvent is one entry of a session's append-only log. Everything
@@ -397,6 +397,14 @@ export type ContextMessage = Message<"agentloop.v1.ContextMessage"> & {
    * @generated from field: string request_id = 5;
    */
   requestId: string;
+
+  /**
+   * Compaction is set on a compaction's summary node (source kind
+   * "compaction", surface op REPLACE): what it replaced and how.
+   *
+   * @generated from field: agentloop.v1.Compaction compaction = 6;
+   */
+  compaction?: Compaction | undefined;
 };
 
 /**
@@ -405,6 +413,91 @@ export type ContextMessage = Message<"agentloop.v1.ContextMessage"> & {
  */
 export const ContextMessageSchema: GenMessage<ContextMessage> = /*@__PURE__*/
   messageDesc(file_agentloop_v1_session_event, 5);
+
+/**
+ * Compaction describes a summary node that replaced a range of history.
+ *
+ * @generated from message agentloop.v1.Compaction
+ */
+export type Compaction = Message<"agentloop.v1.Compaction"> & {
+  /**
+   * Trigger is why it ran.
+   *
+   * @generated from field: agentloop.v1.CompactionTrigger trigger = 1;
+   */
+  trigger: CompactionTrigger;
+
+  /**
+   * FirstSeq is the seq of the first replaced event (the surface event of
+   * the range's first node).
+   *
+   * @generated from field: uint64 first_seq = 2;
+   */
+  firstSeq: bigint;
+
+  /**
+   * LastSeq is the seq of the last replaced event.
+   *
+   * @generated from field: uint64 last_seq = 3;
+   */
+  lastSeq: bigint;
+
+  /**
+   * TokensBefore is the context size before (reported or estimated).
+   *
+   * @generated from field: uint64 tokens_before = 4;
+   */
+  tokensBefore: bigint;
+
+  /**
+   * TokensAfter is the estimated context size after.
+   *
+   * @generated from field: uint64 tokens_after = 5;
+   */
+  tokensAfter: bigint;
+
+  /**
+   * Instructions are the caller's focus instructions, if any.
+   *
+   * @generated from field: string instructions = 6;
+   */
+  instructions: string;
+
+  /**
+   * Provenance is the provider and model that wrote the summary.
+   *
+   * @generated from field: agentloop.v1.Provenance provenance = 7;
+   */
+  provenance?: Provenance | undefined;
+
+  /**
+   * Usage is the summary request's own usage, when the provider reported it.
+   *
+   * @generated from field: agentloop.v1.Usage usage = 8;
+   */
+  usage?: Usage | undefined;
+
+  /**
+   * RequestID is the request_id of the CompactAgent call, if any.
+   *
+   * @generated from field: string request_id = 9;
+   */
+  requestId: string;
+
+  /**
+   * ReplacedNodes is how many history nodes the summary replaced.
+   *
+   * @generated from field: uint32 replaced_nodes = 10;
+   */
+  replacedNodes: number;
+};
+
+/**
+ * Describes the message agentloop.v1.Compaction.
+ * Use `create(CompactionSchema)` to create a new message.
+ */
+export const CompactionSchema: GenMessage<Compaction> = /*@__PURE__*/
+  messageDesc(file_agentloop_v1_session_event, 6);
 
 /**
  * SteeringMessage is steering drained into a running turn.
@@ -446,7 +539,7 @@ export type SteeringMessage = Message<"agentloop.v1.SteeringMessage"> & {
  * Use `create(SteeringMessageSchema)` to create a new message.
  */
 export const SteeringMessageSchema: GenMessage<SteeringMessage> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_session_event, 6);
+  messageDesc(file_agentloop_v1_session_event, 7);
 
 /**
  * StepStart opens step `step` of turn `turn`.
@@ -474,7 +567,7 @@ export type StepStart = Message<"agentloop.v1.StepStart"> & {
  * Use `create(StepStartSchema)` to create a new message.
  */
 export const StepStartSchema: GenMessage<StepStart> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_session_event, 7);
+  messageDesc(file_agentloop_v1_session_event, 8);
 
 /**
  * RequestHeaderLogged is a full snapshot of a request header.
@@ -502,7 +595,7 @@ export type RequestHeaderLogged = Message<"agentloop.v1.RequestHeaderLogged"> & 
  * Use `create(RequestHeaderLoggedSchema)` to create a new message.
  */
 export const RequestHeaderLoggedSchema: GenMessage<RequestHeaderLogged> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_session_event, 8);
+  messageDesc(file_agentloop_v1_session_event, 9);
 
 /**
  * AssistantChunk is one raw chunk of the model stream.
@@ -537,7 +630,7 @@ export type AssistantChunk = Message<"agentloop.v1.AssistantChunk"> & {
  * Use `create(AssistantChunkSchema)` to create a new message.
  */
 export const AssistantChunkSchema: GenMessage<AssistantChunk> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_session_event, 9);
+  messageDesc(file_agentloop_v1_session_event, 10);
 
 /**
  * AssistantMessage is the model's message of one successful model call.
@@ -587,7 +680,7 @@ export type AssistantMessage = Message<"agentloop.v1.AssistantMessage"> & {
  * Use `create(AssistantMessageSchema)` to create a new message.
  */
 export const AssistantMessageSchema: GenMessage<AssistantMessage> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_session_event, 10);
+  messageDesc(file_agentloop_v1_session_event, 11);
 
 /**
  * ToolCall records a call that started.
@@ -636,7 +729,7 @@ export type ToolCall = Message<"agentloop.v1.ToolCall"> & {
  * Use `create(ToolCallSchema)` to create a new message.
  */
 export const ToolCallSchema: GenMessage<ToolCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_session_event, 11);
+  messageDesc(file_agentloop_v1_session_event, 12);
 
 /**
  * ToolError classifies a failed tool result.
@@ -664,7 +757,7 @@ export type ToolError = Message<"agentloop.v1.ToolError"> & {
  * Use `create(ToolErrorSchema)` to create a new message.
  */
 export const ToolErrorSchema: GenMessage<ToolError> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_session_event, 12);
+  messageDesc(file_agentloop_v1_session_event, 13);
 
 /**
  * ToolResult records the result of a call, committed in model order.
@@ -727,7 +820,7 @@ export type ToolResult = Message<"agentloop.v1.ToolResult"> & {
  * Use `create(ToolResultSchema)` to create a new message.
  */
 export const ToolResultSchema: GenMessage<ToolResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_session_event, 13);
+  messageDesc(file_agentloop_v1_session_event, 14);
 
 /**
  * StepEnd closes step `step` of turn `turn`.
@@ -755,7 +848,7 @@ export type StepEnd = Message<"agentloop.v1.StepEnd"> & {
  * Use `create(StepEndSchema)` to create a new message.
  */
 export const StepEndSchema: GenMessage<StepEnd> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_session_event, 14);
+  messageDesc(file_agentloop_v1_session_event, 15);
 
 /**
  * TurnEnd closes turn `turn`.
@@ -783,7 +876,7 @@ export type TurnEnd = Message<"agentloop.v1.TurnEnd"> & {
  * Use `create(TurnEndSchema)` to create a new message.
  */
 export const TurnEndSchema: GenMessage<TurnEnd> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_session_event, 15);
+  messageDesc(file_agentloop_v1_session_event, 16);
 
 /**
  * TurnEndReason is why a turn ended. Exactly one kind is set.
@@ -861,7 +954,7 @@ export type TurnEndReason = Message<"agentloop.v1.TurnEndReason"> & {
  * Use `create(TurnEndReasonSchema)` to create a new message.
  */
 export const TurnEndReasonSchema: GenMessage<TurnEndReason> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_session_event, 16);
+  messageDesc(file_agentloop_v1_session_event, 17);
 
 /**
  * TurnCompleted is a normal turn end.
@@ -876,7 +969,7 @@ export type TurnCompleted = Message<"agentloop.v1.TurnCompleted"> & {
  * Use `create(TurnCompletedSchema)` to create a new message.
  */
 export const TurnCompletedSchema: GenMessage<TurnCompleted> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_session_event, 17);
+  messageDesc(file_agentloop_v1_session_event, 18);
 
 /**
  * TurnMaxTokens marks a turn with a truncated step.
@@ -891,7 +984,7 @@ export type TurnMaxTokens = Message<"agentloop.v1.TurnMaxTokens"> & {
  * Use `create(TurnMaxTokensSchema)` to create a new message.
  */
 export const TurnMaxTokensSchema: GenMessage<TurnMaxTokens> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_session_event, 18);
+  messageDesc(file_agentloop_v1_session_event, 19);
 
 /**
  * TurnAborted marks a cancelled turn.
@@ -912,7 +1005,7 @@ export type TurnAborted = Message<"agentloop.v1.TurnAborted"> & {
  * Use `create(TurnAbortedSchema)` to create a new message.
  */
 export const TurnAbortedSchema: GenMessage<TurnAborted> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_session_event, 19);
+  messageDesc(file_agentloop_v1_session_event, 20);
 
 /**
  * TurnError marks a failed turn. Exactly one error is recorded per turn.
@@ -966,7 +1059,7 @@ export type TurnError = Message<"agentloop.v1.TurnError"> & {
  * Use `create(TurnErrorSchema)` to create a new message.
  */
 export const TurnErrorSchema: GenMessage<TurnError> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_session_event, 20);
+  messageDesc(file_agentloop_v1_session_event, 21);
 
 /**
  * TurnDisposed marks a turn ended by disposal.
@@ -981,7 +1074,7 @@ export type TurnDisposed = Message<"agentloop.v1.TurnDisposed"> & {
  * Use `create(TurnDisposedSchema)` to create a new message.
  */
 export const TurnDisposedSchema: GenMessage<TurnDisposed> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_session_event, 21);
+  messageDesc(file_agentloop_v1_session_event, 22);
 
 /**
  * TurnRejected marks a zero-step turn whose prompts were all blocked.
@@ -1002,7 +1095,7 @@ export type TurnRejected = Message<"agentloop.v1.TurnRejected"> & {
  * Use `create(TurnRejectedSchema)` to create a new message.
  */
 export const TurnRejectedSchema: GenMessage<TurnRejected> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_session_event, 22);
+  messageDesc(file_agentloop_v1_session_event, 23);
 
 /**
  * TurnInterrupted marks a turn closed on reload after a crash.
@@ -1017,7 +1110,7 @@ export type TurnInterrupted = Message<"agentloop.v1.TurnInterrupted"> & {
  * Use `create(TurnInterruptedSchema)` to create a new message.
  */
 export const TurnInterruptedSchema: GenMessage<TurnInterrupted> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_session_event, 23);
+  messageDesc(file_agentloop_v1_session_event, 24);
 
 /**
  * MessageDropped records an accepted message that was dropped: a CancelTurn
@@ -1071,7 +1164,7 @@ export type MessageDropped = Message<"agentloop.v1.MessageDropped"> & {
  * Use `create(MessageDroppedSchema)` to create a new message.
  */
 export const MessageDroppedSchema: GenMessage<MessageDropped> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_session_event, 24);
+  messageDesc(file_agentloop_v1_session_event, 25);
 
 /**
  * SurfaceOpKind is how a surface event changes the history.
@@ -1097,8 +1190,12 @@ export enum SurfaceOpKind {
 
   /**
    * Replaces an inclusive range of history nodes with this one (compaction).
-   * Reserved for compaction: the server does not produce it yet, but readers
-   * must apply it (the Python server's history derivation already does).
+   * The server produces it on a `context_message` whose `compaction` is set:
+   * the surface nodes `start`..`end` (counted as the history stands just
+   * before this event, the first surface node being 0, an empty assistant
+   * message counting as a node) become this one summary node. Readers must
+   * apply it: the history after it is the nodes before `start`, the summary,
+   * then the nodes after `end`.
    *
    * @generated from enum value: SURFACE_OP_KIND_REPLACE = 2;
    */
@@ -1139,6 +1236,14 @@ export enum TriggerKind {
    * @generated from enum value: TRIGGER_KIND_INJECTION = 2;
    */
   INJECTION = 2,
+
+  /**
+   * A CompactAgent call on an idle agent opened a one-shot turn holding the
+   * compaction's summary node.
+   *
+   * @generated from enum value: TRIGGER_KIND_COMPACTION = 3;
+   */
+  COMPACTION = 3,
 }
 
 /**
@@ -1184,6 +1289,49 @@ export const ContextEnvelopeSchema: GenEnum<ContextEnvelope> = /*@__PURE__*/
   enumDesc(file_agentloop_v1_session_event, 2);
 
 /**
+ * CompactionTrigger is why a compaction ran.
+ * This enum may grow: a client must accept values it does not know (treat
+ * them as UNSPECIFIED, or show the number), never fail on them.
+ *
+ * @generated from enum agentloop.v1.CompactionTrigger
+ */
+export enum CompactionTrigger {
+  /**
+   * Not set.
+   *
+   * @generated from enum value: COMPACTION_TRIGGER_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * A CompactAgent call.
+   *
+   * @generated from enum value: COMPACTION_TRIGGER_MANUAL = 1;
+   */
+  MANUAL = 1,
+
+  /**
+   * The next request would have passed the window less the output reserve.
+   *
+   * @generated from enum value: COMPACTION_TRIGGER_THRESHOLD = 2;
+   */
+  THRESHOLD = 2,
+
+  /**
+   * The provider answered that the context length was exceeded.
+   *
+   * @generated from enum value: COMPACTION_TRIGGER_OVERFLOW = 3;
+   */
+  OVERFLOW = 3,
+}
+
+/**
+ * Describes the enum agentloop.v1.CompactionTrigger.
+ */
+export const CompactionTriggerSchema: GenEnum<CompactionTrigger> = /*@__PURE__*/
+  enumDesc(file_agentloop_v1_session_event, 3);
+
+/**
  * HeaderReason is why a request header was logged.
  * This enum may grow: a client must accept values it does not know (treat
  * them as UNSPECIFIED, or show the number), never fail on them.
@@ -1224,5 +1372,5 @@ export enum HeaderReason {
  * Describes the enum agentloop.v1.HeaderReason.
  */
 export const HeaderReasonSchema: GenEnum<HeaderReason> = /*@__PURE__*/
-  enumDesc(file_agentloop_v1_session_event, 3);
+  enumDesc(file_agentloop_v1_session_event, 4);
 
