@@ -44,6 +44,10 @@ class Limits:
     """Registered plugins per server."""
     max_pending_messages: int = 1000
     """Accepted messages one agent holds that no turn has taken up yet."""
+    max_agent_depth: PositiveInt = 4
+    """How deep sub-agents nest: a child of a top-level agent has depth 1."""
+    max_children_per_agent: PositiveInt = 16
+    """Live sub-agents one agent owns at once."""
 
     def name_of(self, attribute: str) -> str:
         """The config spelling of a limit: `max_content_bytes` -> `maxContentBytes`."""

@@ -29,6 +29,27 @@ class AgentOptions(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class SubagentProfilesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> Global___AgentOptions: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: Global___AgentOptions | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     PROVIDER_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     MAX_PARALLEL_TOOL_CALLS_FIELD_NUMBER: _builtins.int
@@ -37,6 +58,7 @@ class AgentOptions(_message.Message):
     PROVIDER_OPTIONS_FIELD_NUMBER: _builtins.int
     APPROVAL_REQUIRED_TOOLS_FIELD_NUMBER: _builtins.int
     APPROVAL_TIMEOUT_FIELD_NUMBER: _builtins.int
+    SUBAGENT_PROFILES_FIELD_NUMBER: _builtins.int
     provider: _builtins.str
     """Provider names the model provider, for example "scripted". Empty means the
     server default ("scripted"). A model call needs a provider and a model,
@@ -83,6 +105,15 @@ class AgentOptions(_message.Message):
         the server's `approvalTimeoutSeconds` (default 300); at most 24 hours.
         """
 
+    @_builtins.property
+    def subagent_profiles(self) -> _containers.MessageMap[_builtins.str, Global___AgentOptions]:
+        """Optional. Sub-agent profiles for the `delegate` tool, by name: the
+        options a child created with `"profile": NAME` runs with (its own model,
+        persona, tools, approval policy). Without a profile a child runs with
+        this agent's provider, model, persona and approval policy, and its tools
+        less `delegate` and `collect` (never a tool the parent lacks).
+        """
+
     def __init__(
         self,
         *,
@@ -94,10 +125,11 @@ class AgentOptions(_message.Message):
         provider_options: _any_pb2.Any | None = ...,
         approval_required_tools: _abc.Iterable[_builtins.str] | None = ...,
         approval_timeout: _duration_pb2.Duration | None = ...,
+        subagent_profiles: _abc.Mapping[_builtins.str, Global___AgentOptions] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_parallel_tool_calls", b"_max_parallel_tool_calls", "approval_timeout", b"approval_timeout", "max_parallel_tool_calls", b"max_parallel_tool_calls", "provider_options", b"provider_options"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_parallel_tool_calls", b"_max_parallel_tool_calls", "approval_required_tools", b"approval_required_tools", "approval_timeout", b"approval_timeout", "max_parallel_tool_calls", b"max_parallel_tool_calls", "model", b"model", "persona", b"persona", "provider", b"provider", "provider_options", b"provider_options", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_parallel_tool_calls", b"_max_parallel_tool_calls", "approval_required_tools", b"approval_required_tools", "approval_timeout", b"approval_timeout", "max_parallel_tool_calls", b"max_parallel_tool_calls", "model", b"model", "persona", b"persona", "provider", b"provider", "provider_options", b"provider_options", "subagent_profiles", b"subagent_profiles", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_parallel_tool_calls: _TypeAlias = _typing.Literal["max_parallel_tool_calls"]  # noqa: Y015
     _WhichOneofArgType__max_parallel_tool_calls: _TypeAlias = _typing.Literal["_max_parallel_tool_calls", b"_max_parallel_tool_calls"]  # noqa: Y015
@@ -141,6 +173,7 @@ class Agent(_message.Message):
     OPTIONS_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     PENDING_APPROVALS_FIELD_NUMBER: _builtins.int
+    LINEAGE_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """AgentID is the caller-chosen id."""
     session_id: _builtins.str
@@ -161,6 +194,10 @@ class Agent(_message.Message):
         means the agent is waiting for approval (its status stays RUNNING).
         """
 
+    @_builtins.property
+    def lineage(self) -> Global___Lineage:
+        """Output only. Who owns the agent; unset for a top-level agent."""
+
     def __init__(
         self,
         *,
@@ -170,11 +207,48 @@ class Agent(_message.Message):
         options: Global___AgentOptions | None = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
         pending_approvals: _abc.Iterable[_approval_pb2.ApprovalRequested] | None = ...,
+        lineage: Global___Lineage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "options", b"options"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "lineage", b"lineage", "options", b"options"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_time", b"create_time", "options", b"options", "pending_approvals", b"pending_approvals", "session_id", b"session_id", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "create_time", b"create_time", "lineage", b"lineage", "options", b"options", "pending_approvals", b"pending_approvals", "session_id", b"session_id", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Agent: _TypeAlias = Agent  # noqa: Y015
+
+@_typing.final
+class Lineage(_message.Message):
+    """Lineage is the place of a sub-agent in its tree."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARENT_AGENT_ID_FIELD_NUMBER: _builtins.int
+    PARENT_TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    DEPTH_FIELD_NUMBER: _builtins.int
+    CHILD_AGENT_IDS_FIELD_NUMBER: _builtins.int
+    parent_agent_id: _builtins.str
+    """ParentAgentID is the live agent that owns this one."""
+    parent_tool_call_id: _builtins.str
+    """ParentToolCallID is the parent's tool call that made it, when one did."""
+    depth: _builtins.int
+    """Depth is 1 for a child of a top-level agent, 2 for a grandchild, ..."""
+    @_builtins.property
+    def child_agent_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """ChildAgentIDs are the live children of this agent, by id."""
+
+    def __init__(
+        self,
+        *,
+        parent_agent_id: _builtins.str = ...,
+        parent_tool_call_id: _builtins.str = ...,
+        depth: _builtins.int = ...,
+        child_agent_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["child_agent_ids", b"child_agent_ids", "depth", b"depth", "parent_agent_id", b"parent_agent_id", "parent_tool_call_id", b"parent_tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Lineage: _TypeAlias = Lineage  # noqa: Y015

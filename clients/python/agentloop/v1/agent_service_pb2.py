@@ -31,7 +31,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n agentloop/v1/agent_service.proto\x12\x0c\x61gentloop.v1\x1a\x1e\x61gentloop/v1/agent_event.proto\x1a\x1b\x61gentloop/v1/approval.proto\x1a\x1a\x61gentloop/v1/content.proto\x1a\x1a\x61gentloop/v1/session.proto\x1a agentloop/v1/session_event.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x95\x01\n\x16ResolveApprovalRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61pproval_id\x18\x02 \x01(\t\x12\x30\n\x08\x64\x65\x63ision\x18\x03 \x01(\x0e\x32\x1e.agentloop.v1.ApprovalDecision\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"_\n\x17ResolveApprovalResponse\x12\x32\n\nresolution\x18\x01 \x01(\x0b\x32\x1e.agentloop.v1.ApprovalResolved\x12\x10\n\x08next_seq\x18\x02 \x01(\x04\"(\n\x14ListApprovalsRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\"K\n\x15ListApprovalsResponse\x12\x32\n\tapprovals\x18\x01 \x03(\x0b\x32\x1f.agentloop.v1.ApprovalRequested\"\x9b\x01\n\x12SendMessageRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12+\n\x07\x63ontent\x18\x03 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x04 \x01(\x0b\x32\x14.agentloop.v1.Source\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"R\n\x13SendMessageResponse\x12\x10\n\x08next_seq\x18\x01 \x01(\x04\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.agentloop.v1.AgentStatus\"\x9c\x01\n\x13SteerMessageRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12+\n\x07\x63ontent\x18\x03 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x04 \x01(\x0b\x32\x14.agentloop.v1.Source\x12\x12\n\nrequest_id\x18\x05 \x01(\t\":\n\x14SteerMessageResponse\x12\x10\n\x08next_seq\x18\x01 \x01(\x04\x12\x10\n\x08steering\x18\x02 \x01(\x08\"\xf5\x01\n\x14InjectContextRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12+\n\x07\x63ontent\x18\x03 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x04 \x01(\x0b\x32\x14.agentloop.v1.Source\x12/\n\x08\x65nvelope\x18\x05 \x01(\x0e\x32\x1d.agentloop.v1.ContextEnvelope\x12%\n\x04meta\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x07 \x01(\t\")\n\x15InjectContextResponse\x12\x10\n\x08next_seq\x18\x01 \x01(\x04\"5\n\x11\x43\x61ncelTurnRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"8\n\x12\x43\x61ncelTurnResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\x12\x0f\n\x07\x64ropped\x18\x02 \x01(\r\"O\n\x0fWaitIdleRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12*\n\x07timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"]\n\x10WaitIdleResponse\x12\x0c\n\x04idle\x18\x01 \x01(\x08\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.agentloop.v1.AgentStatus\x12\x10\n\x08next_seq\x18\x03 \x01(\x04\"I\n\x11GetSessionRequest\x12\x12\n\x08\x61gent_id\x18\x01 \x01(\tH\x00\x12\x14\n\nsession_id\x18\x02 \x01(\tH\x00\x42\n\n\x08selector\"<\n\x12GetSessionResponse\x12&\n\x07session\x18\x01 \x01(\x0b\x32\x15.agentloop.v1.Session\"<\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"X\n\x14ListSessionsResponse\x12\'\n\x08sessions\x18\x01 \x03(\x0b\x32\x15.agentloop.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"l\n\x12\x46orkSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x19\n\x0c\x62oundary_seq\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0enew_session_id\x18\x03 \x01(\tB\x0f\n\r_boundary_seq\"=\n\x13\x46orkSessionResponse\x12&\n\x07session\x18\x01 \x01(\x0b\x32\x15.agentloop.v1.Session\"\x89\x01\n\x18ListSessionEventsRequest\x12\x12\n\x08\x61gent_id\x18\x01 \x01(\tH\x00\x12\x14\n\nsession_id\x18\x02 \x01(\tH\x00\x12\x10\n\x08\x66rom_seq\x18\x03 \x01(\x04\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\tB\n\n\x08selector\"`\n\x19ListSessionEventsResponse\x12*\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1a.agentloop.v1.SessionEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"y\n\x1aStreamSessionEventsRequest\x12\x12\n\x08\x61gent_id\x18\x01 \x01(\tH\x00\x12\x14\n\nsession_id\x18\x02 \x01(\tH\x00\x12\x10\n\x08\x66rom_seq\x18\x03 \x01(\x04\x12\x13\n\x0breplay_only\x18\x04 \x01(\x08\x42\n\n\x08selector\"\xab\x01\n\x1bStreamSessionEventsResponse\x12*\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1a.agentloop.v1.SessionEvent\x12.\n\x0c\x61gent_events\x18\x02 \x03(\x0b\x32\x18.agentloop.v1.AgentEvent\x12\x12\n\nsubscribed\x18\x03 \x01(\x08\x12\x1c\n\x14\x64ropped_agent_events\x18\x04 \x01(\r2\xb9\x08\n\x0c\x41gentService\x12R\n\x0bSendMessage\x12 .agentloop.v1.SendMessageRequest\x1a!.agentloop.v1.SendMessageResponse\x12U\n\x0cSteerMessage\x12!.agentloop.v1.SteerMessageRequest\x1a\".agentloop.v1.SteerMessageResponse\x12X\n\rInjectContext\x12\".agentloop.v1.InjectContextRequest\x1a#.agentloop.v1.InjectContextResponse\x12O\n\nCancelTurn\x12\x1f.agentloop.v1.CancelTurnRequest\x1a .agentloop.v1.CancelTurnResponse\x12I\n\x08WaitIdle\x12\x1d.agentloop.v1.WaitIdleRequest\x1a\x1e.agentloop.v1.WaitIdleResponse\x12O\n\nGetSession\x12\x1f.agentloop.v1.GetSessionRequest\x1a .agentloop.v1.GetSessionResponse\x12U\n\x0cListSessions\x12!.agentloop.v1.ListSessionsRequest\x1a\".agentloop.v1.ListSessionsResponse\x12R\n\x0b\x46orkSession\x12 .agentloop.v1.ForkSessionRequest\x1a!.agentloop.v1.ForkSessionResponse\x12\x64\n\x11ListSessionEvents\x12&.agentloop.v1.ListSessionEventsRequest\x1a\'.agentloop.v1.ListSessionEventsResponse\x12l\n\x13StreamSessionEvents\x12(.agentloop.v1.StreamSessionEventsRequest\x1a).agentloop.v1.StreamSessionEventsResponse0\x01\x12^\n\x0fResolveApproval\x12$.agentloop.v1.ResolveApprovalRequest\x1a%.agentloop.v1.ResolveApprovalResponse\x12X\n\rListApprovals\x12\".agentloop.v1.ListApprovalsRequest\x1a#.agentloop.v1.ListApprovalsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n agentloop/v1/agent_service.proto\x12\x0c\x61gentloop.v1\x1a\x1e\x61gentloop/v1/agent_event.proto\x1a\x1b\x61gentloop/v1/approval.proto\x1a\x1a\x61gentloop/v1/content.proto\x1a\x1a\x61gentloop/v1/session.proto\x1a agentloop/v1/session_event.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x95\x01\n\x16ResolveApprovalRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61pproval_id\x18\x02 \x01(\t\x12\x30\n\x08\x64\x65\x63ision\x18\x03 \x01(\x0e\x32\x1e.agentloop.v1.ApprovalDecision\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"_\n\x17ResolveApprovalResponse\x12\x32\n\nresolution\x18\x01 \x01(\x0b\x32\x1e.agentloop.v1.ApprovalResolved\x12\x10\n\x08next_seq\x18\x02 \x01(\x04\"B\n\x14ListApprovalsRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x18\n\x10include_children\x18\x02 \x01(\x08\"K\n\x15ListApprovalsResponse\x12\x32\n\tapprovals\x18\x01 \x03(\x0b\x32\x1f.agentloop.v1.ApprovalRequested\"\x9b\x01\n\x12SendMessageRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12+\n\x07\x63ontent\x18\x03 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x04 \x01(\x0b\x32\x14.agentloop.v1.Source\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"R\n\x13SendMessageResponse\x12\x10\n\x08next_seq\x18\x01 \x01(\x04\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.agentloop.v1.AgentStatus\"\x9c\x01\n\x13SteerMessageRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12+\n\x07\x63ontent\x18\x03 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x04 \x01(\x0b\x32\x14.agentloop.v1.Source\x12\x12\n\nrequest_id\x18\x05 \x01(\t\":\n\x14SteerMessageResponse\x12\x10\n\x08next_seq\x18\x01 \x01(\x04\x12\x10\n\x08steering\x18\x02 \x01(\x08\"\xf5\x01\n\x14InjectContextRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12+\n\x07\x63ontent\x18\x03 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x04 \x01(\x0b\x32\x14.agentloop.v1.Source\x12/\n\x08\x65nvelope\x18\x05 \x01(\x0e\x32\x1d.agentloop.v1.ContextEnvelope\x12%\n\x04meta\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x07 \x01(\t\")\n\x15InjectContextResponse\x12\x10\n\x08next_seq\x18\x01 \x01(\x04\"5\n\x11\x43\x61ncelTurnRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"8\n\x12\x43\x61ncelTurnResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\x12\x0f\n\x07\x64ropped\x18\x02 \x01(\r\"O\n\x0fWaitIdleRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12*\n\x07timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"]\n\x10WaitIdleResponse\x12\x0c\n\x04idle\x18\x01 \x01(\x08\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.agentloop.v1.AgentStatus\x12\x10\n\x08next_seq\x18\x03 \x01(\x04\"I\n\x11GetSessionRequest\x12\x12\n\x08\x61gent_id\x18\x01 \x01(\tH\x00\x12\x14\n\nsession_id\x18\x02 \x01(\tH\x00\x42\n\n\x08selector\"<\n\x12GetSessionResponse\x12&\n\x07session\x18\x01 \x01(\x0b\x32\x15.agentloop.v1.Session\"<\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"X\n\x14ListSessionsResponse\x12\'\n\x08sessions\x18\x01 \x03(\x0b\x32\x15.agentloop.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"l\n\x12\x46orkSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x19\n\x0c\x62oundary_seq\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0enew_session_id\x18\x03 \x01(\tB\x0f\n\r_boundary_seq\"=\n\x13\x46orkSessionResponse\x12&\n\x07session\x18\x01 \x01(\x0b\x32\x15.agentloop.v1.Session\"\x89\x01\n\x18ListSessionEventsRequest\x12\x12\n\x08\x61gent_id\x18\x01 \x01(\tH\x00\x12\x14\n\nsession_id\x18\x02 \x01(\tH\x00\x12\x10\n\x08\x66rom_seq\x18\x03 \x01(\x04\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\tB\n\n\x08selector\"`\n\x19ListSessionEventsResponse\x12*\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1a.agentloop.v1.SessionEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"y\n\x1aStreamSessionEventsRequest\x12\x12\n\x08\x61gent_id\x18\x01 \x01(\tH\x00\x12\x14\n\nsession_id\x18\x02 \x01(\tH\x00\x12\x10\n\x08\x66rom_seq\x18\x03 \x01(\x04\x12\x13\n\x0breplay_only\x18\x04 \x01(\x08\x42\n\n\x08selector\"\xab\x01\n\x1bStreamSessionEventsResponse\x12*\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1a.agentloop.v1.SessionEvent\x12.\n\x0c\x61gent_events\x18\x02 \x03(\x0b\x32\x18.agentloop.v1.AgentEvent\x12\x12\n\nsubscribed\x18\x03 \x01(\x08\x12\x1c\n\x14\x64ropped_agent_events\x18\x04 \x01(\r2\xb9\x08\n\x0c\x41gentService\x12R\n\x0bSendMessage\x12 .agentloop.v1.SendMessageRequest\x1a!.agentloop.v1.SendMessageResponse\x12U\n\x0cSteerMessage\x12!.agentloop.v1.SteerMessageRequest\x1a\".agentloop.v1.SteerMessageResponse\x12X\n\rInjectContext\x12\".agentloop.v1.InjectContextRequest\x1a#.agentloop.v1.InjectContextResponse\x12O\n\nCancelTurn\x12\x1f.agentloop.v1.CancelTurnRequest\x1a .agentloop.v1.CancelTurnResponse\x12I\n\x08WaitIdle\x12\x1d.agentloop.v1.WaitIdleRequest\x1a\x1e.agentloop.v1.WaitIdleResponse\x12O\n\nGetSession\x12\x1f.agentloop.v1.GetSessionRequest\x1a .agentloop.v1.GetSessionResponse\x12U\n\x0cListSessions\x12!.agentloop.v1.ListSessionsRequest\x1a\".agentloop.v1.ListSessionsResponse\x12R\n\x0b\x46orkSession\x12 .agentloop.v1.ForkSessionRequest\x1a!.agentloop.v1.ForkSessionResponse\x12\x64\n\x11ListSessionEvents\x12&.agentloop.v1.ListSessionEventsRequest\x1a\'.agentloop.v1.ListSessionEventsResponse\x12l\n\x13StreamSessionEvents\x12(.agentloop.v1.StreamSessionEventsRequest\x1a).agentloop.v1.StreamSessionEventsResponse0\x01\x12^\n\x0fResolveApproval\x12$.agentloop.v1.ResolveApprovalRequest\x1a%.agentloop.v1.ResolveApprovalResponse\x12X\n\rListApprovals\x12\".agentloop.v1.ListApprovalsRequest\x1a#.agentloop.v1.ListApprovalsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,49 +43,49 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESOLVEAPPROVALRESPONSE']._serialized_start=415
   _globals['_RESOLVEAPPROVALRESPONSE']._serialized_end=510
   _globals['_LISTAPPROVALSREQUEST']._serialized_start=512
-  _globals['_LISTAPPROVALSREQUEST']._serialized_end=552
-  _globals['_LISTAPPROVALSRESPONSE']._serialized_start=554
-  _globals['_LISTAPPROVALSRESPONSE']._serialized_end=629
-  _globals['_SENDMESSAGEREQUEST']._serialized_start=632
-  _globals['_SENDMESSAGEREQUEST']._serialized_end=787
-  _globals['_SENDMESSAGERESPONSE']._serialized_start=789
-  _globals['_SENDMESSAGERESPONSE']._serialized_end=871
-  _globals['_STEERMESSAGEREQUEST']._serialized_start=874
-  _globals['_STEERMESSAGEREQUEST']._serialized_end=1030
-  _globals['_STEERMESSAGERESPONSE']._serialized_start=1032
-  _globals['_STEERMESSAGERESPONSE']._serialized_end=1090
-  _globals['_INJECTCONTEXTREQUEST']._serialized_start=1093
-  _globals['_INJECTCONTEXTREQUEST']._serialized_end=1338
-  _globals['_INJECTCONTEXTRESPONSE']._serialized_start=1340
-  _globals['_INJECTCONTEXTRESPONSE']._serialized_end=1381
-  _globals['_CANCELTURNREQUEST']._serialized_start=1383
-  _globals['_CANCELTURNREQUEST']._serialized_end=1436
-  _globals['_CANCELTURNRESPONSE']._serialized_start=1438
-  _globals['_CANCELTURNRESPONSE']._serialized_end=1494
-  _globals['_WAITIDLEREQUEST']._serialized_start=1496
-  _globals['_WAITIDLEREQUEST']._serialized_end=1575
-  _globals['_WAITIDLERESPONSE']._serialized_start=1577
-  _globals['_WAITIDLERESPONSE']._serialized_end=1670
-  _globals['_GETSESSIONREQUEST']._serialized_start=1672
-  _globals['_GETSESSIONREQUEST']._serialized_end=1745
-  _globals['_GETSESSIONRESPONSE']._serialized_start=1747
-  _globals['_GETSESSIONRESPONSE']._serialized_end=1807
-  _globals['_LISTSESSIONSREQUEST']._serialized_start=1809
-  _globals['_LISTSESSIONSREQUEST']._serialized_end=1869
-  _globals['_LISTSESSIONSRESPONSE']._serialized_start=1871
-  _globals['_LISTSESSIONSRESPONSE']._serialized_end=1959
-  _globals['_FORKSESSIONREQUEST']._serialized_start=1961
-  _globals['_FORKSESSIONREQUEST']._serialized_end=2069
-  _globals['_FORKSESSIONRESPONSE']._serialized_start=2071
-  _globals['_FORKSESSIONRESPONSE']._serialized_end=2132
-  _globals['_LISTSESSIONEVENTSREQUEST']._serialized_start=2135
-  _globals['_LISTSESSIONEVENTSREQUEST']._serialized_end=2272
-  _globals['_LISTSESSIONEVENTSRESPONSE']._serialized_start=2274
-  _globals['_LISTSESSIONEVENTSRESPONSE']._serialized_end=2370
-  _globals['_STREAMSESSIONEVENTSREQUEST']._serialized_start=2372
-  _globals['_STREAMSESSIONEVENTSREQUEST']._serialized_end=2493
-  _globals['_STREAMSESSIONEVENTSRESPONSE']._serialized_start=2496
-  _globals['_STREAMSESSIONEVENTSRESPONSE']._serialized_end=2667
-  _globals['_AGENTSERVICE']._serialized_start=2670
-  _globals['_AGENTSERVICE']._serialized_end=3751
+  _globals['_LISTAPPROVALSREQUEST']._serialized_end=578
+  _globals['_LISTAPPROVALSRESPONSE']._serialized_start=580
+  _globals['_LISTAPPROVALSRESPONSE']._serialized_end=655
+  _globals['_SENDMESSAGEREQUEST']._serialized_start=658
+  _globals['_SENDMESSAGEREQUEST']._serialized_end=813
+  _globals['_SENDMESSAGERESPONSE']._serialized_start=815
+  _globals['_SENDMESSAGERESPONSE']._serialized_end=897
+  _globals['_STEERMESSAGEREQUEST']._serialized_start=900
+  _globals['_STEERMESSAGEREQUEST']._serialized_end=1056
+  _globals['_STEERMESSAGERESPONSE']._serialized_start=1058
+  _globals['_STEERMESSAGERESPONSE']._serialized_end=1116
+  _globals['_INJECTCONTEXTREQUEST']._serialized_start=1119
+  _globals['_INJECTCONTEXTREQUEST']._serialized_end=1364
+  _globals['_INJECTCONTEXTRESPONSE']._serialized_start=1366
+  _globals['_INJECTCONTEXTRESPONSE']._serialized_end=1407
+  _globals['_CANCELTURNREQUEST']._serialized_start=1409
+  _globals['_CANCELTURNREQUEST']._serialized_end=1462
+  _globals['_CANCELTURNRESPONSE']._serialized_start=1464
+  _globals['_CANCELTURNRESPONSE']._serialized_end=1520
+  _globals['_WAITIDLEREQUEST']._serialized_start=1522
+  _globals['_WAITIDLEREQUEST']._serialized_end=1601
+  _globals['_WAITIDLERESPONSE']._serialized_start=1603
+  _globals['_WAITIDLERESPONSE']._serialized_end=1696
+  _globals['_GETSESSIONREQUEST']._serialized_start=1698
+  _globals['_GETSESSIONREQUEST']._serialized_end=1771
+  _globals['_GETSESSIONRESPONSE']._serialized_start=1773
+  _globals['_GETSESSIONRESPONSE']._serialized_end=1833
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=1835
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=1895
+  _globals['_LISTSESSIONSRESPONSE']._serialized_start=1897
+  _globals['_LISTSESSIONSRESPONSE']._serialized_end=1985
+  _globals['_FORKSESSIONREQUEST']._serialized_start=1987
+  _globals['_FORKSESSIONREQUEST']._serialized_end=2095
+  _globals['_FORKSESSIONRESPONSE']._serialized_start=2097
+  _globals['_FORKSESSIONRESPONSE']._serialized_end=2158
+  _globals['_LISTSESSIONEVENTSREQUEST']._serialized_start=2161
+  _globals['_LISTSESSIONEVENTSREQUEST']._serialized_end=2298
+  _globals['_LISTSESSIONEVENTSRESPONSE']._serialized_start=2300
+  _globals['_LISTSESSIONEVENTSRESPONSE']._serialized_end=2396
+  _globals['_STREAMSESSIONEVENTSREQUEST']._serialized_start=2398
+  _globals['_STREAMSESSIONEVENTSREQUEST']._serialized_end=2519
+  _globals['_STREAMSESSIONEVENTSRESPONSE']._serialized_start=2522
+  _globals['_STREAMSESSIONEVENTSRESPONSE']._serialized_end=2693
+  _globals['_AGENTSERVICE']._serialized_start=2696
+  _globals['_AGENTSERVICE']._serialized_end=3777
 # @@protoc_insertion_point(module_scope)

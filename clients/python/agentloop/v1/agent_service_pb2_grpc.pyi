@@ -130,10 +130,13 @@ class AgentServiceStub:
     cancelled or timed out is FAILED_PRECONDITION (APPROVAL_RESOLVED, the
     metadata says who answered and how); one whose turn ended unanswered (a
     crash) is FAILED_PRECONDITION (APPROVAL_STALE). A refused call changes
-    nothing.
+    nothing. A sub-agent's approval may be answered on any of its ancestors'
+    ids: the call reaches the sub-agent that waits.
     """
     ListApprovals: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.ListApprovalsRequest, _agent_service_pb2.ListApprovalsResponse]
-    """ListApprovals lists the agent's tool calls waiting for approval."""
+    """ListApprovals lists the agent's tool calls waiting for approval (with
+    `include_children`, its sub-agents' too, each naming its agent).
+    """
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -237,10 +240,13 @@ class AgentServiceAsyncStub(AgentServiceStub):
     cancelled or timed out is FAILED_PRECONDITION (APPROVAL_RESOLVED, the
     metadata says who answered and how); one whose turn ended unanswered (a
     crash) is FAILED_PRECONDITION (APPROVAL_STALE). A refused call changes
-    nothing.
+    nothing. A sub-agent's approval may be answered on any of its ancestors'
+    ids: the call reaches the sub-agent that waits.
     """
     ListApprovals: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.ListApprovalsRequest, _agent_service_pb2.ListApprovalsResponse]  # type: ignore[assignment]
-    """ListApprovals lists the agent's tool calls waiting for approval."""
+    """ListApprovals lists the agent's tool calls waiting for approval (with
+    `include_children`, its sub-agents' too, each naming its agent).
+    """
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     """AgentService talks to one live agent and reads sessions.
@@ -407,7 +413,8 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         cancelled or timed out is FAILED_PRECONDITION (APPROVAL_RESOLVED, the
         metadata says who answered and how); one whose turn ended unanswered (a
         crash) is FAILED_PRECONDITION (APPROVAL_STALE). A refused call changes
-        nothing.
+        nothing. A sub-agent's approval may be answered on any of its ancestors'
+        ids: the call reaches the sub-agent that waits.
         """
 
     @_abc_1.abstractmethod
@@ -416,6 +423,8 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_service_pb2.ListApprovalsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_agent_service_pb2.ListApprovalsResponse, _abc.Awaitable[_agent_service_pb2.ListApprovalsResponse]]:
-        """ListApprovals lists the agent's tool calls waiting for approval."""
+        """ListApprovals lists the agent's tool calls waiting for approval (with
+        `include_children`, its sub-agents' too, each naming its agent).
+        """
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agentloop/v1/agent.proto.
  */
 export const file_agentloop_v1_agent: GenFile = /*@__PURE__*/
-  fileDesc("ChhhZ2VudGxvb3AvdjEvYWdlbnQucHJvdG8SDGFnZW50bG9vcC52MSKlAgoMQWdlbnRPcHRpb25zEhAKCHByb3ZpZGVyGAEgASgJEg0KBW1vZGVsGAIgASgJEiQKF21heF9wYXJhbGxlbF90b29sX2NhbGxzGAMgASgNSACIAQESDQoFdG9vbHMYBCADKAkSDwoHcGVyc29uYRgFIAEoCRIuChBwcm92aWRlcl9vcHRpb25zGAcgASgLMhQuZ29vZ2xlLnByb3RvYnVmLkFueRIfChdhcHByb3ZhbF9yZXF1aXJlZF90b29scxgIIAMoCRIzChBhcHByb3ZhbF90aW1lb3V0GAkgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uQhoKGF9tYXhfcGFyYWxsZWxfdG9vbF9jYWxsc0oECAYQB1IGc2NyaXB0Ih4KD1Nlc3Npb25NZXRhZGF0YRILCgNjd2QYASABKAki8gEKBUFnZW50EhAKCGFnZW50X2lkGAEgASgJEhIKCnNlc3Npb25faWQYAiABKAkSKQoGc3RhdHVzGAMgASgOMhkuYWdlbnRsb29wLnYxLkFnZW50U3RhdHVzEisKB29wdGlvbnMYBCABKAsyGi5hZ2VudGxvb3AudjEuQWdlbnRPcHRpb25zEi8KC2NyZWF0ZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI6ChFwZW5kaW5nX2FwcHJvdmFscxgGIAMoCzIfLmFnZW50bG9vcC52MS5BcHByb3ZhbFJlcXVlc3RlZGIGcHJvdG8z", [file_agentloop_v1_agent_event, file_agentloop_v1_approval, file_google_protobuf_any, file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChhhZ2VudGxvb3AvdjEvYWdlbnQucHJvdG8SDGFnZW50bG9vcC52MSLHAwoMQWdlbnRPcHRpb25zEhAKCHByb3ZpZGVyGAEgASgJEg0KBW1vZGVsGAIgASgJEiQKF21heF9wYXJhbGxlbF90b29sX2NhbGxzGAMgASgNSACIAQESDQoFdG9vbHMYBCADKAkSDwoHcGVyc29uYRgFIAEoCRIuChBwcm92aWRlcl9vcHRpb25zGAcgASgLMhQuZ29vZ2xlLnByb3RvYnVmLkFueRIfChdhcHByb3ZhbF9yZXF1aXJlZF90b29scxgIIAMoCRIzChBhcHByb3ZhbF90aW1lb3V0GAkgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEksKEXN1YmFnZW50X3Byb2ZpbGVzGAogAygLMjAuYWdlbnRsb29wLnYxLkFnZW50T3B0aW9ucy5TdWJhZ2VudFByb2ZpbGVzRW50cnkaUwoVU3ViYWdlbnRQcm9maWxlc0VudHJ5EgsKA2tleRgBIAEoCRIpCgV2YWx1ZRgCIAEoCzIaLmFnZW50bG9vcC52MS5BZ2VudE9wdGlvbnM6AjgBQhoKGF9tYXhfcGFyYWxsZWxfdG9vbF9jYWxsc0oECAYQB1IGc2NyaXB0Ih4KD1Nlc3Npb25NZXRhZGF0YRILCgNjd2QYASABKAkimgIKBUFnZW50EhAKCGFnZW50X2lkGAEgASgJEhIKCnNlc3Npb25faWQYAiABKAkSKQoGc3RhdHVzGAMgASgOMhkuYWdlbnRsb29wLnYxLkFnZW50U3RhdHVzEisKB29wdGlvbnMYBCABKAsyGi5hZ2VudGxvb3AudjEuQWdlbnRPcHRpb25zEi8KC2NyZWF0ZV90aW1lGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBI6ChFwZW5kaW5nX2FwcHJvdmFscxgGIAMoCzIfLmFnZW50bG9vcC52MS5BcHByb3ZhbFJlcXVlc3RlZBImCgdsaW5lYWdlGAcgASgLMhUuYWdlbnRsb29wLnYxLkxpbmVhZ2UiZwoHTGluZWFnZRIXCg9wYXJlbnRfYWdlbnRfaWQYASABKAkSGwoTcGFyZW50X3Rvb2xfY2FsbF9pZBgCIAEoCRINCgVkZXB0aBgDIAEoDRIXCg9jaGlsZF9hZ2VudF9pZHMYBCADKAliBnByb3RvMw", [file_agentloop_v1_agent_event, file_agentloop_v1_approval, file_google_protobuf_any, file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * AgentOptions configure an agent at creation.
@@ -94,6 +94,17 @@ export type AgentOptions = Message<"agentloop.v1.AgentOptions"> & {
    * @generated from field: google.protobuf.Duration approval_timeout = 9;
    */
   approvalTimeout?: Duration | undefined;
+
+  /**
+   * Optional. Sub-agent profiles for the `delegate` tool, by name: the
+   * options a child created with `"profile": NAME` runs with (its own model,
+   * persona, tools, approval policy). Without a profile a child runs with
+   * this agent's provider, model, persona and approval policy, and its tools
+   * less `delegate` and `collect` (never a tool the parent lacks).
+   *
+   * @generated from field: map<string, agentloop.v1.AgentOptions> subagent_profiles = 10;
+   */
+  subagentProfiles: { [key: string]: AgentOptions };
 };
 
 /**
@@ -173,6 +184,13 @@ export type Agent = Message<"agentloop.v1.Agent"> & {
    * @generated from field: repeated agentloop.v1.ApprovalRequested pending_approvals = 6;
    */
   pendingApprovals: ApprovalRequested[];
+
+  /**
+   * Output only. Who owns the agent; unset for a top-level agent.
+   *
+   * @generated from field: agentloop.v1.Lineage lineage = 7;
+   */
+  lineage?: Lineage | undefined;
 };
 
 /**
@@ -181,4 +199,46 @@ export type Agent = Message<"agentloop.v1.Agent"> & {
  */
 export const AgentSchema: GenMessage<Agent> = /*@__PURE__*/
   messageDesc(file_agentloop_v1_agent, 2);
+
+/**
+ * Lineage is the place of a sub-agent in its tree.
+ *
+ * @generated from message agentloop.v1.Lineage
+ */
+export type Lineage = Message<"agentloop.v1.Lineage"> & {
+  /**
+   * ParentAgentID is the live agent that owns this one.
+   *
+   * @generated from field: string parent_agent_id = 1;
+   */
+  parentAgentId: string;
+
+  /**
+   * ParentToolCallID is the parent's tool call that made it, when one did.
+   *
+   * @generated from field: string parent_tool_call_id = 2;
+   */
+  parentToolCallId: string;
+
+  /**
+   * Depth is 1 for a child of a top-level agent, 2 for a grandchild, ...
+   *
+   * @generated from field: uint32 depth = 3;
+   */
+  depth: number;
+
+  /**
+   * ChildAgentIDs are the live children of this agent, by id.
+   *
+   * @generated from field: repeated string child_agent_ids = 4;
+   */
+  childAgentIds: string[];
+};
+
+/**
+ * Describes the message agentloop.v1.Lineage.
+ * Use `create(LineageSchema)` to create a new message.
+ */
+export const LineageSchema: GenMessage<Lineage> = /*@__PURE__*/
+  messageDesc(file_agentloop_v1_agent, 3);
 
