@@ -1,0 +1,224 @@
+"""The `delegate` and `collect` tools through a real server, driven by scripted models.
+
+Foreground: the call's result is the child's final answer, with a pointer to its
+session in the result's meta. Background: the call returns the child's id; `collect`
+returns its answer in a later turn. A child's approval is listed on its parent and
+answered there.
+"""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import json_format
+
+from agentloop.v1 import agent_service_pb2 as api
+from agentloop.v1 import approval_pb2
+from agentloop.v1 import session_event_pb2 as ev
+from tests.e2e.conftest import E2E, text_of
+from tests.e2e.subagents import (
+    T,
+    calling,
+    children,
+    create,
+    get,
+    refused,
+    says,
+    scripted,
+    send,
+    session_events,
+    turn_ends,
+    until,
+    wait_idle,
+)
+from tests.invariants import check_log
+
+TOOLS = ("delegate", "collect", "word_count")
+
+
+def results(events: list[ev.SessionEvent]) -> list[ev.ToolResult]:
+    return [e.tool_result for e in events if e.HasField("tool_result")]
+
+
+def meta(result: ev.ToolResult) -> dict[str, object]:
+    return json_format.MessageToDict(result.meta)
+
+
+async def test_two_foreground_children_in_one_step_answer_in_model_order(e2e: E2E) -> None:
+    options = scripted(
+        calling(
+            ("d1", "delegate", {"task": "first", "mode": "foreground", "profile": "slow"}),
+            ("d2", "delegate", {"task": "second", "profile": "quick"}),
+        ),
+        says("both done"),
+        tools=TOOLS,
+    )
+    options.subagent_profiles["slow"].CopyFrom(scripted(says("alpha answer", delay_ms=40)))
+    options.subagent_profiles["quick"].CopyFrom(scripted(says("beta", delay_ms=40)))
+    await create(e2e, "boss", options)
+    await send(e2e, "boss", "split the work")
+
+    async def both_live() -> bool:
+        return await children(e2e, "boss") == ["boss.d1", "boss.d2"]
+
+    await until(both_live, "both children run at once")
+    await wait_idle(e2e, "boss")
+    session = (await get(e2e, "boss")).session_id
+    events = await session_events(e2e, session)
+    assert turn_ends(events) == ["completed"]
+    first, second = results(events)
+    assert (first.call_id, second.call_id) == ("d1", "d2")  # model order; d2 ended first
+    assert (text_of(first.content), text_of(second.content)) == ("alpha answer", "beta")
+    for result, child_id in ((first, "boss.d1"), (second, "boss.d2")):
+        info = meta(result)
+        assert info["agent_id"] == child_id and info["state"] == "completed"
+        child_session = str(info["session_id"])
+        child_events = await session_events(e2e, child_session)
+        assert turn_ends(child_events) == ["completed"]  # the child's session, whole
+        check_log(child_events)
+        got = await e2e.agents.GetSession(
+            api.GetSessionRequest(session_id=child_session), timeout=T
+        )
+        header = got.session.header
+        assert (header.parent_agent_id, header.parent_tool_call_id) == ("boss", result.call_id)
+    assert await children(e2e, "boss") == []  # a foreground child is disposed once it answered
+    check_log(events)
+
+
+async def test_a_child_without_profile_has_the_parents_tools_less_delegation(e2e: E2E) -> None:
+    options = scripted(calling(("d1", "delegate", {"task": "three words here"})), tools=TOOLS)
+    await create(e2e, "boss", options)
+    await send(e2e, "boss")
+    await wait_idle(e2e, "boss")
+    (result,) = results(await session_events(e2e, (await get(e2e, "boss")).session_id))
+    # The parent's provider without its script: the default behaviour counts the words
+    # with the `word_count` tool it inherited (and it was offered no `delegate`).
+    assert text_of(result.content) == "Tool results: 3 words"
+    child_events = await session_events(e2e, str(meta(result)["session_id"]))
+    (request,) = [e for e in child_events if e.HasField("request_header")]
+    offered = sorted(t.name for t in request.request_header.header.tools)
+    assert offered == ["word_count"]
+
+
+async def test_a_background_child_is_collected_in_a_later_turn(e2e: E2E) -> None:
+    worker = scripted(says("the long answer", delay_ms=5))
+    options = scripted(
+        calling(("bg", "delegate", {"task": "work", "mode": "background", "profile": "worker"})),
+        says("started it"),
+        calling(("c1", "collect", {"agent_id": "boss.bg"})),
+        says("collected"),
+        tools=TOOLS,
+    )
+    options.subagent_profiles["worker"].CopyFrom(worker)
+    await create(e2e, "boss", options)
+    await send(e2e, "boss", "turn one")
+    await wait_idle(e2e, "boss")
+    assert await children(e2e, "boss") == ["boss.bg"]
+    child = await get(e2e, "boss.bg")
+    assert child.lineage.parent_tool_call_id == "bg"
+    await send(e2e, "boss", "turn two")
+    await wait_idle(e2e, "boss")
+    events = await session_events(e2e, (await get(e2e, "boss")).session_id)
+    assert turn_ends(events) == ["completed", "completed"]
+    started, collected = results(events)
+    assert "boss.bg" in text_of(started.content) and meta(started)["state"] == "running"
+    assert text_of(collected.content) == "the long answer"
+    assert (
+        meta(collected)["state"] == "completed"
+        and meta(collected)["session_id"] == child.session_id
+    )
+    assert await children(e2e, "boss") == []
+
+
+async def test_collect_refuses_an_agent_that_is_not_a_child(e2e: E2E) -> None:
+    await create(e2e, "stranger")
+    options = scripted(
+        calling(("c1", "collect", {"agent_id": "stranger"})), says("ok"), tools=TOOLS
+    )
+    await create(e2e, "boss", options)
+    await send(e2e, "boss")
+    await wait_idle(e2e, "boss")
+    (result,) = results(await session_events(e2e, (await get(e2e, "boss")).session_id))
+    assert result.is_error and "not a live sub-agent" in text_of(result.content)
+    assert (await get(e2e, "stranger")).agent_id == "stranger"  # untouched
+
+
+async def test_cancelling_the_parent_cancels_a_foreground_child(e2e: E2E) -> None:
+    options = scripted(
+        calling(("d1", "delegate", {"task": "slow", "profile": "slow"})), says("never"), tools=TOOLS
+    )
+    options.subagent_profiles["slow"].CopyFrom(scripted(says("z" * 500, delay_ms=20)))
+    await create(e2e, "boss", options)
+    await send(e2e, "boss")
+
+    async def child_runs() -> bool:
+        return await children(e2e, "boss") == ["boss.d1"]
+
+    await until(child_runs, "the child runs")
+    child_session = (await get(e2e, "boss.d1")).session_id
+    await e2e.agents.CancelTurn(api.CancelTurnRequest(agent_id="boss", reason="enough"), timeout=T)
+    await wait_idle(e2e, "boss")
+    assert turn_ends(await session_events(e2e, (await get(e2e, "boss")).session_id)) == ["aborted"]
+    assert turn_ends(await session_events(e2e, child_session)) in (["aborted"], ["disposed"])
+    code, info, _ = await refused(get(e2e, "boss.d1"))
+    assert (code, info.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "AGENT_DISPOSED")
+
+
+async def test_a_childs_approval_is_answered_on_its_parent(e2e: E2E) -> None:
+    careful = scripted(
+        calling(("w1", "word_count", {"text": "a b c d"})), says("counted"), tools=("word_count",)
+    )
+    careful.approval_required_tools.append("word_count")
+    options = scripted(
+        calling(("d1", "delegate", {"task": "count", "profile": "careful"})),
+        says("done"),
+        tools=TOOLS,
+    )
+    options.subagent_profiles["careful"].CopyFrom(careful)
+    await create(e2e, "boss", options)
+    await send(e2e, "boss")
+
+    async def pending() -> bool:
+        listed = await e2e.agents.ListApprovals(
+            api.ListApprovalsRequest(agent_id="boss", include_children=True), timeout=T
+        )
+        return bool(listed.approvals)
+
+    await until(pending, "the child asks")
+    own = await e2e.agents.ListApprovals(api.ListApprovalsRequest(agent_id="boss"), timeout=T)
+    assert not own.approvals  # without include_children: only the parent's own
+    listed = await e2e.agents.ListApprovals(
+        api.ListApprovalsRequest(agent_id="boss", include_children=True), timeout=T
+    )
+    (approval,) = listed.approvals
+    assert (approval.agent_id, approval.tool_name, approval.call_id) == (
+        "boss.d1",
+        "word_count",
+        "w1",
+    )
+    answer = await e2e.agents.ResolveApproval(
+        api.ResolveApprovalRequest(
+            agent_id="boss",  # the parent's id reaches the child that waits
+            approval_id=approval.approval_id,
+            decision=approval_pb2.APPROVAL_DECISION_ALLOW_ONCE,
+        ),
+        timeout=T,
+    )
+    assert answer.resolution.outcome == approval_pb2.APPROVAL_OUTCOME_ALLOWED_ONCE
+    await wait_idle(e2e, "boss")
+    events = await session_events(e2e, (await get(e2e, "boss")).session_id)
+    (result,) = results(events)
+    assert text_of(result.content) == "counted" and not result.is_error
+    child_events = await session_events(e2e, str(meta(result)["session_id"]))
+    (counted,) = results(child_events)
+    assert text_of(counted.content) == "4 words"
+
+
+async def test_a_profile_the_parent_lacks_is_a_tool_error(e2e: E2E) -> None:
+    options = scripted(
+        calling(("d1", "delegate", {"task": "x", "profile": "nope"})), says("ok"), tools=TOOLS
+    )
+    await create(e2e, "boss", options)
+    await send(e2e, "boss")
+    await wait_idle(e2e, "boss")
+    (result,) = results(await session_events(e2e, (await get(e2e, "boss")).session_id))
+    assert result.is_error and 'unknown profile "nope"' in text_of(result.content)
