@@ -512,6 +512,13 @@ class AgentFactory:
         known = provider in catalogue.providers  # else `check` refuses it
         catalogue.check(options, getattr(models.get(provider), "options_type", "") if known else "")
         check_approval_options(options)
+        for name, profile in sorted(options.subagent_profiles.items()):
+            try:
+                self._check_options(profile)
+            except InvalidArgument as error:  # named where it is: inside the profile
+                inner = error.field.removeprefix("options.")
+                field = f"options.subagent_profiles[{name}].{inner}"
+                raise InvalidArgument(field, error.problem) from None
 
     def _check_persona(self, options: agent_pb2.AgentOptions, cwd: str) -> None:
         provider = options.provider or self.runtime.default_provider

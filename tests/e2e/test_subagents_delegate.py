@@ -222,3 +222,33 @@ async def test_a_profile_the_parent_lacks_is_a_tool_error(e2e: E2E) -> None:
     await wait_idle(e2e, "boss")
     (result,) = results(await session_events(e2e, (await get(e2e, "boss")).session_id))
     assert result.is_error and 'unknown profile "nope"' in text_of(result.content)
+
+
+async def test_a_bad_profile_is_refused_at_creation_naming_it(e2e: E2E) -> None:
+    options = scripted(tools=TOOLS)
+    options.subagent_profiles["helper"].CopyFrom(scripted(tools=("no_such_tool",)))
+    code, _, field = await refused(create(e2e, "boss", options))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert field == "options.subagent_profiles[helper].tools"
+
+
+async def test_collect_without_waiting_shows_progress_then_the_answer(e2e: E2E) -> None:
+    options = scripted(
+        calling(("bg", "delegate", {"task": "work", "mode": "background", "profile": "slow"})),
+        says("started"),
+        calling(("peek", "collect", {"agent_id": "boss.bg", "wait": False})),
+        says("peeked"),
+        calling(("take", "collect", {"agent_id": "boss.bg"})),
+        says("taken"),
+        tools=TOOLS,
+    )
+    options.subagent_profiles["slow"].CopyFrom(scripted(says("w" * 60, delay_ms=40)))
+    await create(e2e, "boss", options)
+    for text in ("one", "two", "three"):
+        await send(e2e, "boss", text)
+        await wait_idle(e2e, "boss")
+    events = await session_events(e2e, (await get(e2e, "boss")).session_id)
+    _, peek, take = results(events)
+    assert "still running" in text_of(peek.content) and meta(peek)["state"] == "running"
+    assert text_of(take.content) == "w" * 60 and meta(take)["state"] == "completed"
+    assert await children(e2e, "boss") == []
