@@ -30,6 +30,7 @@ from tests.e2e.subagents import (
     until,
     wait_idle,
 )
+from tests.e2e.test_approvals import readme_block, run_script
 from tests.invariants import check_log
 
 TOOLS = ("delegate", "collect", "word_count")
@@ -252,3 +253,24 @@ async def test_collect_without_waiting_shows_progress_then_the_answer(e2e: E2E) 
     assert "still running" in text_of(peek.content) and meta(peek)["state"] == "running"
     assert text_of(take.content) == "w" * 60 and meta(take)["state"] == "completed"
     assert await children(e2e, "boss") == []
+
+
+async def test_the_readme_team_runs_as_written(e2e: E2E) -> None:
+    output = await run_script(readme_block("# A team with grpcurl"), e2e.target)
+    sessions = (await e2e.agents.ListSessions(api.ListSessionsRequest(), timeout=T)).sessions
+    (lead_session,) = [s.session_id for s in sessions if s.session_id.startswith("lead-session-")]
+    events = await session_events(e2e, lead_session)
+    assert turn_ends(events) == ["completed"]
+    first, second, collected = results(events)
+    assert text_of(first.content) == "You said: count me"
+    assert "lead.b" in text_of(second.content)
+    assert text_of(collected.content) == "You said: and me"
+    assert "You said: count me" in output  # the grep of the tool results
+    # The hand-made, seeded child was listed under the lead, then disposed with it.
+    assert '"agent_id": "helper"' in output
+    code, info, _ = await refused(get(e2e, "helper"))
+    assert (code, info.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "AGENT_DISPOSED")
+    (seeded,) = [s for s in sessions if s.session_id.startswith("helper-session-")]
+    assert seeded.header.parent_agent_id == "lead"
+    assert seeded.header.parent_session_id == lead_session
+    assert seeded.header.seed_length == len(events)
