@@ -16,9 +16,11 @@ import re
 import uuid
 from typing import TYPE_CHECKING
 
+from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
+from agentloop.v1 import session_event_pb2 as ev
 from server.kernel.content import plain_text
 from server.kernel.errors import Aborted, AgentLoopError
 from server.kernel.tools import Tool, ToolArgumentsError, ToolExecution, ToolReturn
@@ -31,6 +33,8 @@ if TYPE_CHECKING:
 DELEGATE, COLLECT = DELEGATION_TOOLS
 MODES = ("foreground", "background")
 MAX_ID = 128
+PROGRESS_TEXT = 200
+"""Characters of a child's latest text that a progress event carries."""
 
 
 def delegation_tools(factory: AgentFactory) -> list[Tool]:
@@ -149,6 +153,7 @@ class Delegation:
             )
         except AgentLoopError as error:
             return ToolReturn(f"Error: {DELEGATE}: {error}", is_error=True)
+        child.session.committed_observers.append(Progress(parent, child, exec.call_id))
         source = c.Source(kind="agent", name=exec.agent_id)  # the parent asked
         child.send([c.ContentBlock(text=c.TextBlock(text=task))], source)
         if mode == "background":
@@ -205,6 +210,39 @@ class Delegation:
                 meta=meta,
             )
         return ToolReturn(text, meta=meta)
+
+
+class Progress:
+    """Reports each step and the turn end of a child on its parent's live events."""
+
+    def __init__(self, parent: Agent, child: Agent, call_id: str) -> None:
+        self.parent = parent
+        self.child = child
+        self.call_id = call_id
+        self.text = ""
+
+    def __call__(self, event: ev.SessionEvent) -> None:
+        """Called with each stored event of the child's session."""
+        kind = event.WhichOneof("payload")
+        if kind == "assistant_message":
+            self.text = plain_text(event.assistant_message.content)[:PROGRESS_TEXT] or self.text
+        elif kind == "step_end":
+            self._report(event.step_end.step, "running")
+        elif kind == "turn_end":
+            self._report(0, event.turn_end.reason.WhichOneof("kind") or "unknown")
+
+    def _report(self, step: int, state: str) -> None:
+        if self.parent.disposed:
+            return
+        progress = ae.ChildProgress(
+            child_agent_id=self.child.agent_id,
+            child_session_id=self.child.session.session_id,
+            tool_call_id=self.call_id,
+            step=step,
+            state=state,
+            text=self.text,
+        )
+        self.parent.emit(None, None, ae.AgentEvent(child_progress=progress))
 
 
 def _meta(child: Agent, state: str) -> dict[str, object]:

@@ -14,7 +14,7 @@ from google.protobuf import json_format
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import approval_pb2
 from agentloop.v1 import session_event_pb2 as ev
-from tests.e2e.conftest import E2E, text_of
+from tests.e2e.conftest import E2E, EventStream, text_of
 from tests.e2e.subagents import (
     T,
     calling,
@@ -56,13 +56,23 @@ async def test_two_foreground_children_in_one_step_answer_in_model_order(e2e: E2
     options.subagent_profiles["slow"].CopyFrom(scripted(says("alpha answer", delay_ms=40)))
     options.subagent_profiles["quick"].CopyFrom(scripted(says("beta", delay_ms=40)))
     await create(e2e, "boss", options)
-    await send(e2e, "boss", "split the work")
+    with EventStream(e2e.agents, agent_id="boss") as stream:
+        await send(e2e, "boss", "split the work")
 
-    async def both_live() -> bool:
-        return await children(e2e, "boss") == ["boss.d1", "boss.d2"]
+        async def both_live() -> bool:
+            return await children(e2e, "boss") == ["boss.d1", "boss.d2"]
 
-    await until(both_live, "both children run at once")
+        await until(both_live, "both children run at once")
+        await stream.until("turn_end")
     await wait_idle(e2e, "boss")
+    # The parent's live events showed each child's step and its end as they happened.
+    progress = [e.child_progress for e in stream.agent_events if e.HasField("child_progress")]
+    for child_id, call_id, text in (("boss.d1", "d1", "alpha answer"), ("boss.d2", "d2", "beta")):
+        mine = [(p.state, p.step, p.text) for p in progress if p.child_agent_id == child_id]
+        assert mine == [("running", 1, text), ("completed", 0, text)]
+        assert {p.tool_call_id for p in progress if p.child_agent_id == child_id} == {call_id}
+    ends = [p.child_agent_id for p in progress if p.state == "completed"]
+    assert ends == ["boss.d2", "boss.d1"]  # the quick child ended first
     session = (await get(e2e, "boss")).session_id
     events = await session_events(e2e, session)
     assert turn_ends(events) == ["completed"]

@@ -27,29 +27,31 @@ from agentloop.v1 import content_pb2 as agentloop_dot_v1_dot_content__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x61gentloop/v1/agent_event.proto\x12\x0c\x61gentloop.v1\x1a\x1b\x61gentloop/v1/approval.proto\x1a\x1a\x61gentloop/v1/content.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfa\x03\n\nAgentEvent\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12/\n\x0b\x63reate_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x06status\x18\n \x01(\x0b\x32 .agentloop.v1.AgentStatusChangedH\x00\x12+\n\x06queued\x18\x0b \x01(\x0b\x32\x19.agentloop.v1.AgentQueuedH\x00\x12)\n\x05\x65rror\x18\x0c \x01(\x0b\x32\x18.agentloop.v1.AgentErrorH\x00\x12-\n\x07\x63reated\x18\r \x01(\x0b\x32\x1a.agentloop.v1.AgentCreatedH\x00\x12/\n\x08\x64isposed\x18\x0e \x01(\x0b\x32\x1b.agentloop.v1.AgentDisposedH\x00\x12\x38\n\rsession_start\x18\x0f \x01(\x0b\x32\x1f.agentloop.v1.AgentSessionStartH\x00\x12=\n\x12\x61pproval_requested\x18\x10 \x01(\x0b\x32\x1f.agentloop.v1.ApprovalRequestedH\x00\x12;\n\x11\x61pproval_resolved\x18\x11 \x01(\x0b\x32\x1e.agentloop.v1.ApprovalResolvedH\x00\x42\x07\n\x05\x65vent\"?\n\x12\x41gentStatusChanged\x12)\n\x06status\x18\x01 \x01(\x0e\x32\x19.agentloop.v1.AgentStatus\"\x86\x01\n\x0b\x41gentQueued\x12+\n\x07\x63ontent\x18\x01 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x02 \x01(\x0b\x32\x14.agentloop.v1.Source\x12\x10\n\x08steering\x18\x03 \x01(\x08\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"G\n\nAgentError\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0c\n\x04\x63ode\x18\x04 \x01(\t\"\"\n\x0c\x41gentCreated\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x0f\n\rAgentDisposed\"E\n\x11\x41gentSessionStart\x12\x30\n\x06source\x18\x01 \x01(\x0e\x32 .agentloop.v1.SessionStartSource*w\n\x0b\x41gentStatus\x12\x1c\n\x18\x41GENT_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11\x41GENT_STATUS_IDLE\x10\x01\x12\x18\n\x14\x41GENT_STATUS_RUNNING\x10\x02\x12\x19\n\x15\x41GENT_STATUS_DISPOSED\x10\x03*}\n\x12SessionStartSource\x12$\n SESSION_START_SOURCE_UNSPECIFIED\x10\x00\x12 \n\x1cSESSION_START_SOURCE_STARTUP\x10\x01\x12\x1f\n\x1bSESSION_START_SOURCE_RESUME\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x61gentloop/v1/agent_event.proto\x12\x0c\x61gentloop.v1\x1a\x1b\x61gentloop/v1/approval.proto\x1a\x1a\x61gentloop/v1/content.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb1\x04\n\nAgentEvent\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12/\n\x0b\x63reate_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x06status\x18\n \x01(\x0b\x32 .agentloop.v1.AgentStatusChangedH\x00\x12+\n\x06queued\x18\x0b \x01(\x0b\x32\x19.agentloop.v1.AgentQueuedH\x00\x12)\n\x05\x65rror\x18\x0c \x01(\x0b\x32\x18.agentloop.v1.AgentErrorH\x00\x12-\n\x07\x63reated\x18\r \x01(\x0b\x32\x1a.agentloop.v1.AgentCreatedH\x00\x12/\n\x08\x64isposed\x18\x0e \x01(\x0b\x32\x1b.agentloop.v1.AgentDisposedH\x00\x12\x38\n\rsession_start\x18\x0f \x01(\x0b\x32\x1f.agentloop.v1.AgentSessionStartH\x00\x12=\n\x12\x61pproval_requested\x18\x10 \x01(\x0b\x32\x1f.agentloop.v1.ApprovalRequestedH\x00\x12;\n\x11\x61pproval_resolved\x18\x11 \x01(\x0b\x32\x1e.agentloop.v1.ApprovalResolvedH\x00\x12\x35\n\x0e\x63hild_progress\x18\x12 \x01(\x0b\x32\x1b.agentloop.v1.ChildProgressH\x00\x42\x07\n\x05\x65vent\"\x82\x01\n\rChildProgress\x12\x16\n\x0e\x63hild_agent_id\x18\x01 \x01(\t\x12\x18\n\x10\x63hild_session_id\x18\x02 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\r\x12\r\n\x05state\x18\x05 \x01(\t\x12\x0c\n\x04text\x18\x06 \x01(\t\"?\n\x12\x41gentStatusChanged\x12)\n\x06status\x18\x01 \x01(\x0e\x32\x19.agentloop.v1.AgentStatus\"\x86\x01\n\x0b\x41gentQueued\x12+\n\x07\x63ontent\x18\x01 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x02 \x01(\x0b\x32\x14.agentloop.v1.Source\x12\x10\n\x08steering\x18\x03 \x01(\x08\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"G\n\nAgentError\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0c\n\x04\x63ode\x18\x04 \x01(\t\"\"\n\x0c\x41gentCreated\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x0f\n\rAgentDisposed\"E\n\x11\x41gentSessionStart\x12\x30\n\x06source\x18\x01 \x01(\x0e\x32 .agentloop.v1.SessionStartSource*w\n\x0b\x41gentStatus\x12\x1c\n\x18\x41GENT_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11\x41GENT_STATUS_IDLE\x10\x01\x12\x18\n\x14\x41GENT_STATUS_RUNNING\x10\x02\x12\x19\n\x15\x41GENT_STATUS_DISPOSED\x10\x03*}\n\x12SessionStartSource\x12$\n SESSION_START_SOURCE_UNSPECIFIED\x10\x00\x12 \n\x1cSESSION_START_SOURCE_STARTUP\x10\x01\x12\x1f\n\x1bSESSION_START_SOURCE_RESUME\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentloop.v1.agent_event_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_AGENTSTATUS']._serialized_start=1046
-  _globals['_AGENTSTATUS']._serialized_end=1165
-  _globals['_SESSIONSTARTSOURCE']._serialized_start=1167
-  _globals['_SESSIONSTARTSOURCE']._serialized_end=1292
+  _globals['_AGENTSTATUS']._serialized_start=1234
+  _globals['_AGENTSTATUS']._serialized_end=1353
+  _globals['_SESSIONSTARTSOURCE']._serialized_start=1355
+  _globals['_SESSIONSTARTSOURCE']._serialized_end=1480
   _globals['_AGENTEVENT']._serialized_start=139
-  _globals['_AGENTEVENT']._serialized_end=645
-  _globals['_AGENTSTATUSCHANGED']._serialized_start=647
-  _globals['_AGENTSTATUSCHANGED']._serialized_end=710
-  _globals['_AGENTQUEUED']._serialized_start=713
-  _globals['_AGENTQUEUED']._serialized_end=847
-  _globals['_AGENTERROR']._serialized_start=849
-  _globals['_AGENTERROR']._serialized_end=920
-  _globals['_AGENTCREATED']._serialized_start=922
-  _globals['_AGENTCREATED']._serialized_end=956
-  _globals['_AGENTDISPOSED']._serialized_start=958
-  _globals['_AGENTDISPOSED']._serialized_end=973
-  _globals['_AGENTSESSIONSTART']._serialized_start=975
-  _globals['_AGENTSESSIONSTART']._serialized_end=1044
+  _globals['_AGENTEVENT']._serialized_end=700
+  _globals['_CHILDPROGRESS']._serialized_start=703
+  _globals['_CHILDPROGRESS']._serialized_end=833
+  _globals['_AGENTSTATUSCHANGED']._serialized_start=835
+  _globals['_AGENTSTATUSCHANGED']._serialized_end=898
+  _globals['_AGENTQUEUED']._serialized_start=901
+  _globals['_AGENTQUEUED']._serialized_end=1035
+  _globals['_AGENTERROR']._serialized_start=1037
+  _globals['_AGENTERROR']._serialized_end=1108
+  _globals['_AGENTCREATED']._serialized_start=1110
+  _globals['_AGENTCREATED']._serialized_end=1144
+  _globals['_AGENTDISPOSED']._serialized_start=1146
+  _globals['_AGENTDISPOSED']._serialized_end=1161
+  _globals['_AGENTSESSIONSTART']._serialized_start=1163
+  _globals['_AGENTSESSIONSTART']._serialized_end=1232
 # @@protoc_insertion_point(module_scope)

@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agentloop/v1/agent_event.proto.
  */
 export const file_agentloop_v1_agent_event: GenFile = /*@__PURE__*/
-  fileDesc("Ch5hZ2VudGxvb3AvdjEvYWdlbnRfZXZlbnQucHJvdG8SDGFnZW50bG9vcC52MSL6AwoKQWdlbnRFdmVudBIQCghhZ2VudF9pZBgBIAEoCRIvCgtjcmVhdGVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoGc3RhdHVzGAogASgLMiAuYWdlbnRsb29wLnYxLkFnZW50U3RhdHVzQ2hhbmdlZEgAEisKBnF1ZXVlZBgLIAEoCzIZLmFnZW50bG9vcC52MS5BZ2VudFF1ZXVlZEgAEikKBWVycm9yGAwgASgLMhguYWdlbnRsb29wLnYxLkFnZW50RXJyb3JIABItCgdjcmVhdGVkGA0gASgLMhouYWdlbnRsb29wLnYxLkFnZW50Q3JlYXRlZEgAEi8KCGRpc3Bvc2VkGA4gASgLMhsuYWdlbnRsb29wLnYxLkFnZW50RGlzcG9zZWRIABI4Cg1zZXNzaW9uX3N0YXJ0GA8gASgLMh8uYWdlbnRsb29wLnYxLkFnZW50U2Vzc2lvblN0YXJ0SAASPQoSYXBwcm92YWxfcmVxdWVzdGVkGBAgASgLMh8uYWdlbnRsb29wLnYxLkFwcHJvdmFsUmVxdWVzdGVkSAASOwoRYXBwcm92YWxfcmVzb2x2ZWQYESABKAsyHi5hZ2VudGxvb3AudjEuQXBwcm92YWxSZXNvbHZlZEgAQgcKBWV2ZW50Ij8KEkFnZW50U3RhdHVzQ2hhbmdlZBIpCgZzdGF0dXMYASABKA4yGS5hZ2VudGxvb3AudjEuQWdlbnRTdGF0dXMihgEKC0FnZW50UXVldWVkEisKB2NvbnRlbnQYASADKAsyGi5hZ2VudGxvb3AudjEuQ29udGVudEJsb2NrEiQKBnNvdXJjZRgCIAEoCzIULmFnZW50bG9vcC52MS5Tb3VyY2USEAoIc3RlZXJpbmcYAyABKAgSEgoKcmVxdWVzdF9pZBgEIAEoCSJHCgpBZ2VudEVycm9yEgwKBHR1cm4YASABKA0SDAoEc3RlcBgCIAEoDRIPCgdtZXNzYWdlGAMgASgJEgwKBGNvZGUYBCABKAkiIgoMQWdlbnRDcmVhdGVkEhIKCnNlc3Npb25faWQYASABKAkiDwoNQWdlbnREaXNwb3NlZCJFChFBZ2VudFNlc3Npb25TdGFydBIwCgZzb3VyY2UYASABKA4yIC5hZ2VudGxvb3AudjEuU2Vzc2lvblN0YXJ0U291cmNlKncKC0FnZW50U3RhdHVzEhwKGEFHRU5UX1NUQVRVU19VTlNQRUNJRklFRBAAEhUKEUFHRU5UX1NUQVRVU19JRExFEAESGAoUQUdFTlRfU1RBVFVTX1JVTk5JTkcQAhIZChVBR0VOVF9TVEFUVVNfRElTUE9TRUQQAyp9ChJTZXNzaW9uU3RhcnRTb3VyY2USJAogU0VTU0lPTl9TVEFSVF9TT1VSQ0VfVU5TUEVDSUZJRUQQABIgChxTRVNTSU9OX1NUQVJUX1NPVVJDRV9TVEFSVFVQEAESHwobU0VTU0lPTl9TVEFSVF9TT1VSQ0VfUkVTVU1FEAJiBnByb3RvMw", [file_agentloop_v1_approval, file_agentloop_v1_content, file_google_protobuf_timestamp]);
+  fileDesc("Ch5hZ2VudGxvb3AvdjEvYWdlbnRfZXZlbnQucHJvdG8SDGFnZW50bG9vcC52MSKxBAoKQWdlbnRFdmVudBIQCghhZ2VudF9pZBgBIAEoCRIvCgtjcmVhdGVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoGc3RhdHVzGAogASgLMiAuYWdlbnRsb29wLnYxLkFnZW50U3RhdHVzQ2hhbmdlZEgAEisKBnF1ZXVlZBgLIAEoCzIZLmFnZW50bG9vcC52MS5BZ2VudFF1ZXVlZEgAEikKBWVycm9yGAwgASgLMhguYWdlbnRsb29wLnYxLkFnZW50RXJyb3JIABItCgdjcmVhdGVkGA0gASgLMhouYWdlbnRsb29wLnYxLkFnZW50Q3JlYXRlZEgAEi8KCGRpc3Bvc2VkGA4gASgLMhsuYWdlbnRsb29wLnYxLkFnZW50RGlzcG9zZWRIABI4Cg1zZXNzaW9uX3N0YXJ0GA8gASgLMh8uYWdlbnRsb29wLnYxLkFnZW50U2Vzc2lvblN0YXJ0SAASPQoSYXBwcm92YWxfcmVxdWVzdGVkGBAgASgLMh8uYWdlbnRsb29wLnYxLkFwcHJvdmFsUmVxdWVzdGVkSAASOwoRYXBwcm92YWxfcmVzb2x2ZWQYESABKAsyHi5hZ2VudGxvb3AudjEuQXBwcm92YWxSZXNvbHZlZEgAEjUKDmNoaWxkX3Byb2dyZXNzGBIgASgLMhsuYWdlbnRsb29wLnYxLkNoaWxkUHJvZ3Jlc3NIAEIHCgVldmVudCKCAQoNQ2hpbGRQcm9ncmVzcxIWCg5jaGlsZF9hZ2VudF9pZBgBIAEoCRIYChBjaGlsZF9zZXNzaW9uX2lkGAIgASgJEhQKDHRvb2xfY2FsbF9pZBgDIAEoCRIMCgRzdGVwGAQgASgNEg0KBXN0YXRlGAUgASgJEgwKBHRleHQYBiABKAkiPwoSQWdlbnRTdGF0dXNDaGFuZ2VkEikKBnN0YXR1cxgBIAEoDjIZLmFnZW50bG9vcC52MS5BZ2VudFN0YXR1cyKGAQoLQWdlbnRRdWV1ZWQSKwoHY29udGVudBgBIAMoCzIaLmFnZW50bG9vcC52MS5Db250ZW50QmxvY2sSJAoGc291cmNlGAIgASgLMhQuYWdlbnRsb29wLnYxLlNvdXJjZRIQCghzdGVlcmluZxgDIAEoCBISCgpyZXF1ZXN0X2lkGAQgASgJIkcKCkFnZW50RXJyb3ISDAoEdHVybhgBIAEoDRIMCgRzdGVwGAIgASgNEg8KB21lc3NhZ2UYAyABKAkSDAoEY29kZRgEIAEoCSIiCgxBZ2VudENyZWF0ZWQSEgoKc2Vzc2lvbl9pZBgBIAEoCSIPCg1BZ2VudERpc3Bvc2VkIkUKEUFnZW50U2Vzc2lvblN0YXJ0EjAKBnNvdXJjZRgBIAEoDjIgLmFnZW50bG9vcC52MS5TZXNzaW9uU3RhcnRTb3VyY2UqdwoLQWdlbnRTdGF0dXMSHAoYQUdFTlRfU1RBVFVTX1VOU1BFQ0lGSUVEEAASFQoRQUdFTlRfU1RBVFVTX0lETEUQARIYChRBR0VOVF9TVEFUVVNfUlVOTklORxACEhkKFUFHRU5UX1NUQVRVU19ESVNQT1NFRBADKn0KElNlc3Npb25TdGFydFNvdXJjZRIkCiBTRVNTSU9OX1NUQVJUX1NPVVJDRV9VTlNQRUNJRklFRBAAEiAKHFNFU1NJT05fU1RBUlRfU09VUkNFX1NUQVJUVVAQARIfChtTRVNTSU9OX1NUQVJUX1NPVVJDRV9SRVNVTUUQAmIGcHJvdG8z", [file_agentloop_v1_approval, file_agentloop_v1_content, file_google_protobuf_timestamp]);
 
 /**
  * AgentEvent is a live agent notification. Agent events are not part of the
@@ -109,6 +109,15 @@ export type AgentEvent = Message<"agentloop.v1.AgentEvent"> & {
      */
     value: ApprovalResolved;
     case: "approvalResolved";
+  } | {
+    /**
+     * ChildProgress reports a step, or the end of the turn, of a sub-agent
+     * that this agent's `delegate` call runs: one event per child step.
+     *
+     * @generated from field: agentloop.v1.ChildProgress child_progress = 18;
+     */
+    value: ChildProgress;
+    case: "childProgress";
   } | { case: undefined; value?: undefined };
 };
 
@@ -118,6 +127,64 @@ export type AgentEvent = Message<"agentloop.v1.AgentEvent"> & {
  */
 export const AgentEventSchema: GenMessage<AgentEvent> = /*@__PURE__*/
   messageDesc(file_agentloop_v1_agent_event, 0);
+
+/**
+ * ChildProgress is a compact report of a sub-agent's work, on its parent.
+ *
+ * @generated from message agentloop.v1.ChildProgress
+ */
+export type ChildProgress = Message<"agentloop.v1.ChildProgress"> & {
+  /**
+   * ChildAgentID is the sub-agent.
+   *
+   * @generated from field: string child_agent_id = 1;
+   */
+  childAgentId: string;
+
+  /**
+   * ChildSessionID is its session: follow it for every event.
+   *
+   * @generated from field: string child_session_id = 2;
+   */
+  childSessionId: string;
+
+  /**
+   * ToolCallID is the parent's `delegate` call that made it.
+   *
+   * @generated from field: string tool_call_id = 3;
+   */
+  toolCallId: string;
+
+  /**
+   * Step is the child's step just ended.
+   *
+   * @generated from field: uint32 step = 4;
+   */
+  step: number;
+
+  /**
+   * State is "running" after a step, else how the child's turn ended
+   * ("completed", "aborted", "disposed", "error", ...).
+   *
+   * @generated from field: string state = 5;
+   */
+  state: string;
+
+  /**
+   * Text is the start of the child's latest answer text (at most 200
+   * characters).
+   *
+   * @generated from field: string text = 6;
+   */
+  text: string;
+};
+
+/**
+ * Describes the message agentloop.v1.ChildProgress.
+ * Use `create(ChildProgressSchema)` to create a new message.
+ */
+export const ChildProgressSchema: GenMessage<ChildProgress> = /*@__PURE__*/
+  messageDesc(file_agentloop_v1_agent_event, 1);
 
 /**
  * AgentStatusChanged reports a status transition.
@@ -138,7 +205,7 @@ export type AgentStatusChanged = Message<"agentloop.v1.AgentStatusChanged"> & {
  * Use `create(AgentStatusChangedSchema)` to create a new message.
  */
 export const AgentStatusChangedSchema: GenMessage<AgentStatusChanged> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 1);
+  messageDesc(file_agentloop_v1_agent_event, 2);
 
 /**
  * AgentQueued reports an accepted message.
@@ -180,7 +247,7 @@ export type AgentQueued = Message<"agentloop.v1.AgentQueued"> & {
  * Use `create(AgentQueuedSchema)` to create a new message.
  */
 export const AgentQueuedSchema: GenMessage<AgentQueued> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 2);
+  messageDesc(file_agentloop_v1_agent_event, 3);
 
 /**
  * AgentError reports a failure.
@@ -224,7 +291,7 @@ export type AgentError = Message<"agentloop.v1.AgentError"> & {
  * Use `create(AgentErrorSchema)` to create a new message.
  */
 export const AgentErrorSchema: GenMessage<AgentError> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 3);
+  messageDesc(file_agentloop_v1_agent_event, 4);
 
 /**
  * AgentCreated reports publication.
@@ -245,7 +312,7 @@ export type AgentCreated = Message<"agentloop.v1.AgentCreated"> & {
  * Use `create(AgentCreatedSchema)` to create a new message.
  */
 export const AgentCreatedSchema: GenMessage<AgentCreated> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 4);
+  messageDesc(file_agentloop_v1_agent_event, 5);
 
 /**
  * AgentDisposed reports the agent left the registry.
@@ -260,7 +327,7 @@ export type AgentDisposed = Message<"agentloop.v1.AgentDisposed"> & {
  * Use `create(AgentDisposedSchema)` to create a new message.
  */
 export const AgentDisposedSchema: GenMessage<AgentDisposed> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 5);
+  messageDesc(file_agentloop_v1_agent_event, 6);
 
 /**
  * AgentSessionStart reports the start of the agent's session.
@@ -281,7 +348,7 @@ export type AgentSessionStart = Message<"agentloop.v1.AgentSessionStart"> & {
  * Use `create(AgentSessionStartSchema)` to create a new message.
  */
 export const AgentSessionStartSchema: GenMessage<AgentSessionStart> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 6);
+  messageDesc(file_agentloop_v1_agent_event, 7);
 
 /**
  * AgentStatus is the driver state of an agent.
