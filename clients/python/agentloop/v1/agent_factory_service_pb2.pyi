@@ -65,7 +65,9 @@ class CreateAgentRequest(_message.Message):
         its events up to and including a `turn_end`. The header records the
         boundary (`parent_session_id`, `seed_length`). NOT_FOUND (field
         `seed.session_id`) for an unknown session; INVALID_ARGUMENT (field
-        `seed.seq`) when the event at `seq` is not a `turn_end`.
+        `seed.seq`) when the event at `seq` is not a `turn_end`. The fork is
+        stored first (one transaction): a creation refused after it (an
+        `agent/created` veto) leaves it stored, readable and resumable.
         """
 
     def __init__(

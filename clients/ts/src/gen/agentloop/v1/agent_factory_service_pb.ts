@@ -68,7 +68,9 @@ export type CreateAgentRequest = Message<"agentloop.v1.CreateAgentRequest"> & {
    * its events up to and including a `turn_end`. The header records the
    * boundary (`parent_session_id`, `seed_length`). NOT_FOUND (field
    * `seed.session_id`) for an unknown session; INVALID_ARGUMENT (field
-   * `seed.seq`) when the event at `seq` is not a `turn_end`.
+   * `seed.seq`) when the event at `seq` is not a `turn_end`. The fork is
+   * stored first (one transaction): a creation refused after it (an
+   * `agent/created` veto) leaves it stored, readable and resumable.
    *
    * @generated from field: agentloop.v1.SessionSeed seed = 6;
    */
