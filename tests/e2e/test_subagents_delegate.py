@@ -8,6 +8,8 @@ answered there.
 
 from __future__ import annotations
 
+import sys
+
 import grpc
 from google.protobuf import json_format
 
@@ -15,6 +17,7 @@ from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import approval_pb2
 from agentloop.v1 import session_event_pb2 as ev
 from tests.e2e.conftest import E2E, EventStream, text_of
+from tests.e2e.registry import register
 from tests.e2e.subagents import (
     T,
     calling,
@@ -32,6 +35,7 @@ from tests.e2e.subagents import (
 )
 from tests.e2e.test_approvals import readme_block, run_script
 from tests.invariants import check_log
+from tests.processes import REPO, PluginLauncher
 
 TOOLS = ("delegate", "collect", "word_count")
 
@@ -284,3 +288,29 @@ async def test_the_readme_team_runs_as_written(e2e: E2E) -> None:
     assert seeded.header.parent_agent_id == "lead"
     assert seeded.header.parent_session_id == lead_session
     assert seeded.header.seed_length == len(events)
+
+
+async def test_a_python_plugin_builds_a_child_over_the_plain_api(
+    e2e: E2E, launcher: PluginLauncher
+) -> None:
+    plugin = await launcher.start(
+        [
+            sys.executable,
+            str(REPO / "clients/python/examples/team_plugin.py"),
+            "--server",
+            e2e.target,
+        ]
+    )
+    await register(e2e.channel, plugin.address)
+    options = scripted(
+        calling(("t1", "ask_team", {"task": "hello team"})), says("thanks"), tools=("ask_team",)
+    )
+    await create(e2e, "boss", options)
+    await send(e2e, "boss")
+    await wait_idle(e2e, "boss")
+    (result,) = results(await session_events(e2e, (await get(e2e, "boss")).session_id))
+    assert text_of(result.content) == "boss.team-t1 answered: You said: hello team"
+    sessions = (await e2e.agents.ListSessions(api.ListSessionsRequest(), timeout=T)).sessions
+    (child,) = [s for s in sessions if s.session_id.startswith("boss.team-t1-session-")]
+    assert (child.header.parent_agent_id, child.header.parent_tool_call_id) == ("boss", "t1")
+    assert await children(e2e, "boss") == []  # the plugin disposed it
