@@ -196,7 +196,8 @@ class Delegation:
         try:
             await exec.signal.race(child.when_idle())
         except Aborted:
-            child.cancel("parent cancelled")
+            if not child.disposed:
+                child.cancel("parent cancelled")
             await self.factory.teardown(child)
             raise
         text, ending, steps = answer_of(child)

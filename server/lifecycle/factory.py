@@ -120,6 +120,8 @@ class AgentFactory:
         if session_id in self._session_ids:
             raise AlreadyExists(f'session "{session_id}" already exists')
         self._reserve(agent_id, session_id)
+        if link is not None:  # no await since `_admit`: the fan-out check holds
+            self.family.add(agent_id, link)
         owned = False
         try:
             if await self.runtime.store.exists(session_id):
@@ -150,11 +152,12 @@ class AgentFactory:
             )
         except BaseException:
             self._release(agent_id, session_id)
+            self.family.remove(agent_id)
             if owned:
                 await self.ownership.release(agent_id)
             raise
         if link is not None:
-            await self._adopt(agent, link)
+            await self._check_owner(agent, link)
         return agent
 
     def _admit(self, parent: fac.AgentParent) -> Link:
@@ -195,8 +198,8 @@ class AgentFactory:
             raise InvalidArgument("seed.seq", error.problem) from None
         return await self.runtime.store.claim(session_id)
 
-    async def _adopt(self, child: Agent, link: Link) -> None:
-        """Enter a published child under its parent; undo it if the parent left meanwhile."""
+    async def _check_owner(self, child: Agent, link: Link) -> None:
+        """Undo a published child whose parent left while it was created."""
         owner = self.agents.get(link.parent)
         if owner is None or owner.teardown is not None:
             await self.teardown(child)
@@ -205,7 +208,6 @@ class AgentFactory:
                 "AGENT_DISPOSED",
                 agent_id=link.parent,
             )
-        self.family.add(child.agent_id, link)
 
     async def resume(
         self,

@@ -13,6 +13,7 @@ import sys
 import grpc
 from google.protobuf import json_format
 
+from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import approval_pb2
 from agentloop.v1 import session_event_pb2 as ev
@@ -314,3 +315,24 @@ async def test_a_python_plugin_builds_a_child_over_the_plain_api(
     (child,) = [s for s in sessions if s.session_id.startswith("boss.team-t1-session-")]
     assert (child.header.parent_agent_id, child.header.parent_tool_call_id) == ("boss", "t1")
     assert await children(e2e, "boss") == []  # the plugin disposed it
+
+
+async def test_disposing_the_parent_mid_delegation_disposes_the_child(e2e: E2E) -> None:
+    options = scripted(
+        calling(("d1", "delegate", {"task": "slow", "profile": "slow"})), says("never"), tools=TOOLS
+    )
+    options.subagent_profiles["slow"].CopyFrom(scripted(says("z" * 500, delay_ms=20)))
+    boss = await create(e2e, "boss", options)
+    await send(e2e, "boss")
+
+    async def child_runs() -> bool:
+        return await children(e2e, "boss") == ["boss.d1"]
+
+    await until(child_runs, "the child runs")
+    child_session = (await get(e2e, "boss.d1")).session_id
+    await e2e.factory.DisposeAgent(fac.DisposeAgentRequest(agent_id="boss"), timeout=T)
+    assert turn_ends(await session_events(e2e, child_session)) == ["disposed"]
+    assert turn_ends(await session_events(e2e, boss.session_id)) == ["disposed"]
+    for agent_id in ("boss", "boss.d1"):
+        code, info, _ = await refused(get(e2e, agent_id))
+        assert (code, info.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "AGENT_DISPOSED")
