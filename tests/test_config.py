@@ -213,7 +213,7 @@ def test_the_messages_say_what_is_known() -> None:
         parse_config({"agents": [{"id": "a", "tools": ["nope"]}]})
     assert str(info.value) == (
         "agents[0].tools: 'nope' is not a built-in tool"
-        " (known: current_time, echo, sleep, word_count)"
+        " (known: collect, current_time, delegate, echo, sleep, word_count)"
     )
     with pytest.raises(ConfigError) as info:
         parse_config({"agents": [{"id": "a", "persona": "{{nme}}"}]})

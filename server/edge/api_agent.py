@@ -252,7 +252,7 @@ class AgentServicer(ApprovalMethods, DeleteMethods, rpc.AgentServiceServicer):
     ) -> pb.CancelTurnResponse:
         """Cancel the running turn; answer once the dropped messages are recorded."""
         agent = self.factory.get(request.agent_id)
-        cancelled, dropped = agent.cancel(request.reason)
+        cancelled, dropped = self.factory.cancel(agent, request.reason)  # and its turn's children
         await agent.session.settle()
         return pb.CancelTurnResponse(cancelled=cancelled, dropped=dropped)
 

@@ -11,6 +11,7 @@ from agentloop.v1 import approval_pb2 as ap
 from server.edge.status import mapped
 from server.kernel.errors import InvalidArgument
 from server.lifecycle.factory import AgentFactory
+from server.loop.agent import Agent
 from server.loop.approvals import BY_API, MAX_REASON_BYTES, ApprovalNotFound
 from server.stores import RequestRecord
 
@@ -36,6 +37,7 @@ class ApprovalMethods:
             raise InvalidArgument("reason", "is only taken with APPROVAL_DECISION_REJECT")
         if len(request.reason.encode()) > MAX_REASON_BYTES:
             raise InvalidArgument("reason", f"must be at most {MAX_REASON_BYTES} bytes")
+        agent = self._holder(agent, request.approval_id)  # a sub-agent's, answered on its parent
         approvals = agent.approvals
 
         async def run() -> bytes:
@@ -64,10 +66,30 @@ class ApprovalMethods:
         )
         return pb.ResolveApprovalResponse.FromString(raw)
 
+    def _holder(self, agent: Agent, approval_id: str) -> Agent:
+        """The agent whose approval `approval_id` is pending: this one or a descendant."""
+        if approval_id in agent.approvals.pending:
+            return agent
+        for child_id in self.factory.family.descendants(agent.agent_id):
+            child = self.factory.agents.get(child_id)
+            if child is not None and approval_id in child.approvals.pending:
+                return child
+        return agent
+
     @mapped
     async def ListApprovals(
         self, request: pb.ListApprovalsRequest, context: Context
     ) -> pb.ListApprovalsResponse:
-        """The agent's pending approvals, oldest first."""
+        """The agent's pending approvals, oldest first; then its sub-agents', depth first."""
         agent = self.factory.get(request.agent_id)
-        return pb.ListApprovalsResponse(approvals=agent.approvals.list())
+        approvals = list(agent.approvals.list())
+        for child_id in (
+            self.factory.family.descendants(agent.agent_id) if request.include_children else []
+        ):
+            child = self.factory.agents.get(child_id)
+            for pending in child.approvals.list() if child is not None else []:
+                approval = ap.ApprovalRequested()
+                approval.CopyFrom(pending)  # the child's own record stays as it is
+                approval.agent_id = child_id  # answer it on the child
+                approvals.append(approval)
+        return pb.ListApprovalsResponse(approvals=approvals)

@@ -13,6 +13,7 @@ from agentloop.v1 import agent_pb2
 from server.edge import page_tokens
 from server.edge.api_forward import FORWARDED
 from server.edge.status import mapped
+from server.kernel.ids import check_id
 from server.lifecycle.factory import AgentFactory
 from server.loop.agent import Agent
 from server.loop.context import usage_message
@@ -28,7 +29,7 @@ def agent_key(agent: agent_pb2.Agent) -> str:
     return agent.agent_id
 
 
-def agent_message(agent: Agent) -> agent_pb2.Agent:
+def agent_message(agent: Agent, lineage: agent_pb2.Lineage | None = None) -> agent_pb2.Agent:
     """The `Agent` resource of a live agent."""
     return agent_pb2.Agent(
         agent_id=agent.agent_id,
@@ -38,6 +39,7 @@ def agent_message(agent: Agent) -> agent_pb2.Agent:
         create_time=agent.create_time,
         pending_approvals=agent.approvals.list(),
         context_usage=usage_message(agent.session, agent.context),
+        lineage=lineage,
     )
 
 
@@ -49,6 +51,9 @@ class AgentFactoryServicer(rpc.AgentFactoryServiceServicer):
         self.elsewhere: OtherAgents | None = None
         """Replicas: the agents the other replicas run, to list every agent from any."""
 
+    def _message(self, agent: Agent) -> agent_pb2.Agent:
+        return agent_message(agent, self.factory.family.message(agent.agent_id))
+
     @mapped
     async def CreateAgent(
         self, request: pb.CreateAgentRequest, context: Context
@@ -59,8 +64,10 @@ class AgentFactoryServicer(rpc.AgentFactoryServiceServicer):
             request.options,
             session_id=request.session_id,
             cwd=request.metadata.cwd,
+            parent=request.parent if request.HasField("parent") else None,
+            seed=request.seed if request.HasField("seed") else None,
         )
-        return pb.CreateAgentResponse(agent=agent_message(agent))
+        return pb.CreateAgentResponse(agent=self._message(agent))
 
     @mapped
     async def ResumeAgent(
@@ -69,20 +76,22 @@ class AgentFactoryServicer(rpc.AgentFactoryServiceServicer):
         """Create an agent over an existing session."""
         options = request.options if request.HasField("options") else None
         agent = await self.factory.resume(request.agent_id, request.session_id, options)
-        return pb.ResumeAgentResponse(agent=agent_message(agent))
+        return pb.ResumeAgentResponse(agent=self._message(agent))
 
     @mapped
     async def DisposeAgent(
         self, request: pb.DisposeAgentRequest, context: Context
     ) -> pb.DisposeAgentResponse:
         """Dispose an agent."""
-        agent = await self.factory.dispose(request.agent_id)
-        return pb.DisposeAgentResponse(agent=agent_message(agent))
+        agent = self.factory.get(request.agent_id)
+        lineage = self.factory.family.message(agent.agent_id)  # before it leaves the tree
+        await self.factory.dispose(request.agent_id)
+        return pb.DisposeAgentResponse(agent=agent_message(agent, lineage))
 
     @mapped
     async def GetAgent(self, request: pb.GetAgentRequest, context: Context) -> pb.GetAgentResponse:
         """Describe one live agent."""
-        return pb.GetAgentResponse(agent=agent_message(self.factory.get(request.agent_id)))
+        return pb.GetAgentResponse(agent=self._message(self.factory.get(request.agent_id)))
 
     @mapped
     async def ListAgents(
@@ -91,14 +100,21 @@ class AgentFactoryServicer(rpc.AgentFactoryServiceServicer):
         """List live agents by id, a page at a time."""
         size = page_tokens.check_page_size(request.page_size, 100, 1000)
         after = page_tokens.last_key(request.page_token, "ListAgents")
+        children = None
+        if request.parent_agent_id:
+            check_id("parent_agent_id", request.parent_agent_id)
+            children = set(self.factory.family.children(request.parent_agent_id))
         agents = [
-            agent_message(a)
+            self._message(a)
             for a in self.factory.list_agents()
-            if after is None or a.agent_id > after
+            if (after is None or a.agent_id > after)
+            and (children is None or a.agent_id in children)
         ]
         forwarded = any(k == FORWARDED for k, _ in context.invocation_metadata() or ())
         remote_more = False
-        if self.elsewhere is not None and not forwarded:  # merged by id, keyset over all
+        if (
+            self.elsewhere is not None and not forwarded and children is None
+        ):  # merged by id, keyset over all
             remote, remote_more = await self.elsewhere(after, size)
             agents = sorted([*agents, *remote], key=agent_key)
         page = agents[:size]

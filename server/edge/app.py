@@ -30,6 +30,7 @@ from server.edge.auth import TokenAuth
 from server.edge.grpc_bounds import grpc_options
 from server.kernel.errors import SessionDamaged
 from server.kernel.tasks import TaskGroup
+from server.lifecycle.delegation import delegation_tools
 from server.lifecycle.factory import AgentFactory
 from server.lifecycle.retention import Sweeper, watch_retention
 from server.lifecycle.runtime import build_runtime
@@ -128,6 +129,8 @@ class App:
             check_exposed(config, self.credentials is not None, bool(token), "httpListen")
         self.runtime = runtime or build_runtime(config)
         self.factory = AgentFactory(self.runtime)
+        for tool in delegation_tools(self.factory):  # they create children: factory-bound
+            self.runtime.tools.register(tool)
         self.plugins = PluginRegistry(
             self.runtime,
             self._session_of,

@@ -87,8 +87,12 @@ class Replica:
     def run(self) -> None:
         """Renew leases, take orphaned agents over, follow shared plugins (background)."""
         assert self.cluster is not None
+        # Imported here: a single server (most starts) never takes an agent over.
+        from server.lifecycle.orphans import retire_child
 
         async def take_over(lease: Lease) -> None:
+            if await retire_child(self.factory, lease.agent_id, lease.session_id):
+                return  # a child never outlives its owner: disposed, not resumed
             # The agent's options are stored with its session: restore them.
             await self.factory.resume(lease.agent_id, lease.session_id, None, owned=True)
 

@@ -72,6 +72,10 @@ class Limits:
     grpc_keepalive_time_seconds: PositiveSeconds = 120.0
     """The server pings a connection silent this long, and closes it if no answer comes
     within 20 s: a client gone without a FIN does not hold its connection forever."""
+    max_agent_depth: PositiveInt = 4
+    """How deep sub-agents nest: a child of a top-level agent has depth 1."""
+    max_children_per_agent: PositiveInt = 16
+    """Live sub-agents one agent owns at once."""
 
     def name_of(self, attribute: str) -> str:
         """The config spelling of a limit: `max_content_bytes` -> `maxContentBytes`."""

@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 from agentloop.v1 import agent_event_pb2 as ae
+from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2, session_pb2
 from server.cluster.ownership import Ownership, Solo
 from server.kernel import seams as S
@@ -30,10 +31,12 @@ from server.kernel.errors import (
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
+    NotFound,
 )
 from server.kernel.ids import check_id
 from server.kernel.limits import check_capacity
 from server.lifecycle.disposed import DisposedIds
+from server.lifecycle.lineage import Family, Link
 from server.loop.agent import Agent
 from server.loop.approvals import check_approval_options
 from server.loop.driver import run_loop
@@ -72,6 +75,8 @@ class AgentFactory:
         """Agents stopped because another replica owns them now: never released here."""
         self.disposed = DisposedIds()
         """Recently disposed agent ids: calls to them are FAILED_PRECONDITION."""
+        self.family = Family()
+        """Which live agent owns which: children are torn down before their owner."""
         self.catalogue = SessionCatalogue(
             runtime.store,
             runtime.journal,
@@ -93,12 +98,16 @@ class AgentFactory:
         cwd: str = "",
         setup: Setup | None = None,
         adopt_pending: bool = False,
+        parent: fac.AgentParent | None = None,
+        seed: fac.SessionSeed | None = None,
     ) -> Agent:
         """Create an agent on a new session (default id `<agent_id>-session-<uuid>`).
 
         With `adopt_pending` (config agents, which start on a fresh session at every
         start), the messages the agent had accepted on its earlier sessions and no
-        turn recorded come along and run first.
+        turn recorded come along and run first. With `parent` the agent is that live
+        agent's child (`lineage.py`); with `seed` its session starts as a fork of the
+        seed session's prefix.
         """
         check_id("agent_id", agent_id)
         session_id = session_id or f"{agent_id}-session-{uuid.uuid4()}"
@@ -107,9 +116,12 @@ class AgentFactory:
             raise InvalidArgument("metadata.cwd", cwd_problem(cwd))
         self._check_options(options)
         self._check_persona(options, cwd)
+        link = self._admit(parent) if parent is not None and parent.agent_id else None
         if session_id in self._session_ids:
             raise AlreadyExists(f'session "{session_id}" already exists')
         self._reserve(agent_id, session_id)
+        if link is not None:  # no await since `_admit`: the fan-out check holds
+            self.family.add(agent_id, link)
         owned = False
         try:
             if await self.runtime.store.exists(session_id):
@@ -117,23 +129,85 @@ class AgentFactory:
             await self.ownership.acquire(agent_id, session_id, options)
             owned = True
             header = session_pb2.SessionHeader(cwd=cwd, create_time=now_timestamp())
-            session = SessionLog(
-                session_id, header, self.runtime.journal, window=self.runtime.event_window
-            )
-            return await self._publish(
+            if link is not None:
+                header.parent_agent_id = link.parent
+                header.parent_tool_call_id = link.tool_call_id
+            fence = 0
+            if seed is not None and seed.session_id:
+                fence = await self._seed(session_id, seed, header)
+                session = await self.catalogue.load(session_id, fence=fence)
+            else:
+                session = SessionLog(
+                    session_id, header, self.runtime.journal, window=self.runtime.event_window
+                )
+            agent = await self._publish(
                 agent_id,
                 session,
                 options,
                 setup,
                 ae.SESSION_START_SOURCE_STARTUP,
-                stored=False,
+                stored=bool(fence),
                 adopt_pending=adopt_pending,
+                fence=fence,
             )
         except BaseException:
             self._release(agent_id, session_id)
+            self.family.remove(agent_id)
             if owned:
                 await self.ownership.release(agent_id)
             raise
+        if link is not None:
+            await self._check_owner(agent, link)
+        return agent
+
+    def _admit(self, parent: fac.AgentParent) -> Link:
+        """The link of a child of `parent`, which must be live and not being torn down."""
+        check_id("parent.agent_id", parent.agent_id)
+        owner = self.agents.get(parent.agent_id)
+        if owner is None or not owner.published or owner.teardown is not None:
+            raise NotFound(
+                f'parent.agent_id: agent "{parent.agent_id}" is not live',
+                "AGENT_NOT_FOUND",
+                agent_id=parent.agent_id,
+                field="parent.agent_id",
+            )
+        turn = owner.loop.turn.number if owner.loop.turn is not None else 0
+        return self.family.admit(self.runtime.limits, parent.agent_id, parent.tool_call_id, turn)
+
+    async def _seed(
+        self, session_id: str, seed: fac.SessionSeed, header: session_pb2.SessionHeader
+    ) -> int:
+        """Store the new session as a fork of the seed's prefix; the claim's fence."""
+        check_id("seed.session_id", seed.session_id)
+        if seed.session_id not in self.sessions and not await self.runtime.store.exists(
+            seed.session_id
+        ):
+            raise NotFound(
+                f'seed.session_id: session "{seed.session_id}" not found',
+                "SESSION_NOT_FOUND",
+                session_id=seed.session_id,
+                field="seed.session_id",
+            )
+        source = await self.catalogue.session(seed.session_id)  # repairs a crash tail
+        header.cwd = header.cwd or source.header.cwd
+        header.parent_session_id = seed.session_id
+        boundary = seed.seq if seed.HasField("seq") else None
+        try:
+            await self.runtime.store.fork(seed.session_id, boundary, session_id, header)
+        except InvalidArgument as error:
+            raise InvalidArgument("seed.seq", error.problem) from None
+        return await self.runtime.store.claim(session_id)
+
+    async def _check_owner(self, child: Agent, link: Link) -> None:
+        """Undo a published child whose parent left while it was created."""
+        owner = self.agents.get(link.parent)
+        if owner is None or owner.teardown is not None:
+            await self.teardown(child)
+            raise FailedPrecondition(
+                f'agent "{link.parent}" was disposed while its child was created',
+                "AGENT_DISPOSED",
+                agent_id=link.parent,
+            )
 
     async def resume(
         self,
@@ -297,6 +371,17 @@ class AgentFactory:
         agent = self.agents.get(agent_id)
         return agent is not None and agent.published and agent_id not in self._abandoned
 
+    def cancel(self, agent: Agent, reason: str = "") -> tuple[bool, int]:
+        """Cancel the agent's running turn, and the children that turn made (their trees).
+
+        Returns what `Agent.cancel` returns for the agent itself.
+        """
+        turn = agent.loop.turn.number if agent.loop.turn is not None else 0
+        for child in self.family.started_by(agent.agent_id, turn) if turn else []:
+            if child in self.agents:
+                self.cancel(self.agents[child], reason or "parent turn cancelled")
+        return agent.cancel(reason)
+
     def held(self) -> set[str]:
         """The agents this server holds: live, being created, resumed or disposed.
 
@@ -327,6 +412,9 @@ class AgentFactory:
         await asyncio.shield(agent.teardown)
 
     async def _teardown(self, agent: Agent) -> None:
+        for child in reversed(self.family.children(agent.agent_id)):  # depth first, newest first
+            if child in self.agents:
+                await self.teardown(self.agents[child])
         agent.stop()  # its turn ends `disposed`, its driver returns
         if agent.driver is not None:
             await asyncio.wait([agent.driver])  # its failure, if any, was logged by the loop
@@ -352,6 +440,7 @@ class AgentFactory:
             except Exception:
                 log.warning("agent %s: giving up its ownership failed", agent.agent_id)
         self._release(agent.agent_id, agent.session.session_id)
+        self.family.remove(agent.agent_id)
         agent.session.wake_waiters()
         self.trimmer.soon()  # what the agent held is free now: give it back
 
@@ -433,6 +522,13 @@ class AgentFactory:
         known = provider in catalogue.providers  # else `check` refuses it
         catalogue.check(options, getattr(models.get(provider), "options_type", "") if known else "")
         check_approval_options(options)
+        for name, profile in sorted(options.subagent_profiles.items()):
+            try:
+                self._check_options(profile)
+            except InvalidArgument as error:  # named where it is: inside the profile
+                inner = error.field.removeprefix("options.")
+                field = f"options.subagent_profiles[{name}].{inner}"
+                raise InvalidArgument(field, error.problem) from None
 
     def _check_persona(self, options: agent_pb2.AgentOptions, cwd: str) -> None:
         provider = options.provider or self.runtime.default_provider

@@ -9,6 +9,9 @@ from server.kernel.tools import Tool, ToolArgumentsError, ToolExecution
 
 MAX_SLEEP_SECONDS = 300
 
+DELEGATION_TOOLS = ("delegate", "collect")
+"""Built-in too, but bound to the agent factory (`server/lifecycle/delegation.py`)."""
+
 _TEXT = {"type": "string", "description": "The text."}
 
 

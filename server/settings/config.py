@@ -28,7 +28,7 @@ from server.kernel.limits import Limits
 from server.kernel.schema import SCHEMA, ConfigError, PositiveInt, PositiveSeconds, fail, rule
 from server.kernel.tokens import DEFAULT_KEEP_RECENT, DEFAULT_OUTPUT_RESERVE
 from server.kernel.tools import UNLISTED_TOOLS
-from server.loop.builtin_tools import builtin_tools
+from server.loop.builtin_tools import DELEGATION_TOOLS, builtin_tools
 from server.loop.system_prompt import PERSONA_VARIABLES
 from server.models.openai_wire import MAX_TOKENS_FIELDS
 from server.settings import agent_rules as rules
@@ -318,7 +318,7 @@ class Config:
         problem = rules.provider_problem(self.default_provider, names)
         if problem:
             fail(problem, "defaultProvider")
-        tools = [tool.name for tool in builtin_tools()]
+        tools = [tool.name for tool in builtin_tools()] + list(DELEGATION_TOOLS)
         seen: set[str] = set()
         for i, agent in enumerate(self.agents):
             if agent.id in seen:

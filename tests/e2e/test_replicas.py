@@ -293,3 +293,65 @@ async def test_any_replica_lists_every_agent_a_page_at_a_time(
             if not token:
                 break
         assert seen == ["a", "b", "c"]
+
+
+async def test_a_child_is_not_taken_over_when_its_owners_replica_dies(
+    tmp_path: Path, postgres_server: str
+) -> None:
+    slow = agent_pb2.AgentOptions(
+        provider="scripted",
+        model="m",
+        provider_options=script_options(
+            [
+                scripted_pb2.ScriptedStep(
+                    text="s" * 2000,
+                    chunk_size=1,
+                    chunk_delay=duration_pb2.Duration(nanos=20_000_000),
+                )
+            ]
+        ),
+    )
+    boss = agent_pb2.AgentOptions(
+        provider="scripted",
+        model="m",
+        tools=["delegate"],
+        provider_options=script_options(
+            [
+                scripted_pb2.ScriptedStep(
+                    tool_calls=[
+                        scripted_pb2.ScriptedToolCall(
+                            id="d1", name="delegate", arguments='{"task": "t", "profile": "slow"}'
+                        )
+                    ]
+                ),
+                scripted_pb2.ScriptedStep(text="never"),
+            ]
+        ),
+    )
+    boss.subagent_profiles["slow"].CopyFrom(slow)
+    async with replicas(tmp_path, postgres_server, count=2) as (r0, r1):
+        created = await r0.factory.CreateAgent(
+            fac.CreateAgentRequest(agent_id="boss", options=boss), timeout=T
+        )
+        await r0.agents.SendMessage(api.SendMessageRequest(agent_id="boss", text="go"), timeout=T)
+        await owned_again(r0, "boss.d1")  # the child runs on its owner's replica
+        child = await r0.factory.GetAgent(fac.GetAgentRequest(agent_id="boss.d1"), timeout=T)
+        assert child.agent.lineage.parent_agent_id == "boss"
+        await r0.crash()
+        await owned_again(r1, "boss")  # the parent is taken over ...
+        await wait_idle(r1, "boss")
+        await asyncio.sleep(3 * LEASE)  # ... and the child, past its lease, is not
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await r1.factory.GetAgent(fac.GetAgentRequest(agent_id="boss.d1"), timeout=T)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        listed = await r1.factory.ListAgents(fac.ListAgentsRequest(), timeout=T)
+        assert [a.agent_id for a in listed.agents] == ["boss"]
+        child_log = await read_log(r1, child.agent.session_id)
+        ends = [e.turn_end.reason.WhichOneof("kind") for e in child_log if e.HasField("turn_end")]
+        assert ends == ["interrupted"]
+        check_log(child_log)
+        parent_log = await read_log(r1, created.agent.session_id)
+        parent_ends = [
+            e.turn_end.reason.WhichOneof("kind") for e in parent_log if e.HasField("turn_end")
+        ]
+        assert parent_ends == ["interrupted"]

@@ -132,6 +132,7 @@ class AgentEvent(_message.Message):
     APPROVAL_RESOLVED_FIELD_NUMBER: _builtins.int
     CONTEXT_USAGE_FIELD_NUMBER: _builtins.int
     COMPACTION_FIELD_NUMBER: _builtins.int
+    CHILD_PROGRESS_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """The agent it happened to."""
     @_builtins.property
@@ -182,6 +183,12 @@ class AgentEvent(_message.Message):
     def compaction(self) -> Global___AgentCompaction:
         """Compaction reports a compaction starting, then ending (or failing)."""
 
+    @_builtins.property
+    def child_progress(self) -> Global___ChildProgress:
+        """ChildProgress reports a step, or the end of the turn, of a sub-agent
+        that this agent's `delegate` call runs: one event per child step.
+        """
+
     def __init__(
         self,
         *,
@@ -197,12 +204,13 @@ class AgentEvent(_message.Message):
         approval_resolved: _approval_pb2.ApprovalResolved | None = ...,
         context_usage: Global___ContextUsage | None = ...,
         compaction: Global___AgentCompaction | None = ...,
+        child_progress: Global___ChildProgress | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_requested", b"approval_requested", "approval_resolved", b"approval_resolved", "compaction", b"compaction", "context_usage", b"context_usage", "create_time", b"create_time", "created", b"created", "disposed", b"disposed", "error", b"error", "event", b"event", "queued", b"queued", "session_start", b"session_start", "status", b"status"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_requested", b"approval_requested", "approval_resolved", b"approval_resolved", "child_progress", b"child_progress", "compaction", b"compaction", "context_usage", b"context_usage", "create_time", b"create_time", "created", b"created", "disposed", b"disposed", "error", b"error", "event", b"event", "queued", b"queued", "session_start", b"session_start", "status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "approval_requested", b"approval_requested", "approval_resolved", b"approval_resolved", "compaction", b"compaction", "context_usage", b"context_usage", "create_time", b"create_time", "created", b"created", "disposed", b"disposed", "error", b"error", "event", b"event", "queued", b"queued", "session_start", b"session_start", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "approval_requested", b"approval_requested", "approval_resolved", b"approval_resolved", "child_progress", b"child_progress", "compaction", b"compaction", "context_usage", b"context_usage", "create_time", b"create_time", "created", b"created", "disposed", b"disposed", "error", b"error", "event", b"event", "queued", b"queued", "session_start", b"session_start", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["status", "queued", "error", "created", "disposed", "session_start", "approval_requested", "approval_resolved", "context_usage", "compaction"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["status", "queued", "error", "created", "disposed", "session_start", "approval_requested", "approval_resolved", "context_usage", "compaction", "child_progress"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
@@ -299,6 +307,52 @@ class AgentCompaction(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AgentCompaction: _TypeAlias = AgentCompaction  # noqa: Y015
+
+@_typing.final
+class ChildProgress(_message.Message):
+    """ChildProgress is a compact report of a sub-agent's work, on its parent."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHILD_AGENT_ID_FIELD_NUMBER: _builtins.int
+    CHILD_SESSION_ID_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    child_agent_id: _builtins.str
+    """ChildAgentID is the sub-agent."""
+    child_session_id: _builtins.str
+    """ChildSessionID is its session: follow it for every event."""
+    tool_call_id: _builtins.str
+    """ToolCallID is the parent's `delegate` call that made it."""
+    step: _builtins.int
+    """Step is the child's step just ended."""
+    state: _builtins.str
+    """State is "running" after a step, else how the child's turn ended
+    ("completed", "aborted", "disposed", "error", ...).
+    """
+    text: _builtins.str
+    """Text is the start of the child's latest answer text (at most 200
+    characters).
+    """
+    def __init__(
+        self,
+        *,
+        child_agent_id: _builtins.str = ...,
+        child_session_id: _builtins.str = ...,
+        tool_call_id: _builtins.str = ...,
+        step: _builtins.int = ...,
+        state: _builtins.str = ...,
+        text: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["child_agent_id", b"child_agent_id", "child_session_id", b"child_session_id", "state", b"state", "step", b"step", "text", b"text", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChildProgress: _TypeAlias = ChildProgress  # noqa: Y015
 
 @_typing.final
 class AgentStatusChanged(_message.Message):

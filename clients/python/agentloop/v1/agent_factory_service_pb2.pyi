@@ -29,6 +29,8 @@ class CreateAgentRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     OPTIONS_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
+    PARENT_FIELD_NUMBER: _builtins.int
+    SEED_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """Required. The caller-chosen id: 1 to 128 characters of letters, digits,
     '.', '_', ':' and '-'.
@@ -47,6 +49,27 @@ class CreateAgentRequest(_message.Message):
     def metadata(self) -> _agent_pb2.SessionMetadata:
         """Optional. Written once into the new session's header."""
 
+    @_builtins.property
+    def parent(self) -> Global___AgentParent:
+        """Optional. The live agent that owns the new one (a sub-agent). The child
+        is disposed with its parent (depth first), never outlives it, and shows
+        the parent in `Agent.lineage`; its session header records it. NOT_FOUND
+        (field `parent.agent_id`) if the parent is not live; FAILED_PRECONDITION
+        (reason LINEAGE_LIMIT) past the server's `maxAgentDepth` (default 4) or
+        `maxChildrenPerAgent` (default 16).
+        """
+
+    @_builtins.property
+    def seed(self) -> Global___SessionSeed:
+        """Optional. The new session starts as a fork of another session's prefix:
+        its events up to and including a `turn_end`. The header records the
+        boundary (`parent_session_id`, `seed_length`). NOT_FOUND (field
+        `seed.session_id`) for an unknown session; INVALID_ARGUMENT (field
+        `seed.seq`) when the event at `seq` is not a `turn_end`. The fork is
+        stored first (one transaction): a creation refused after it (an
+        `agent/created` veto) leaves it stored, readable and resumable.
+        """
+
     def __init__(
         self,
         *,
@@ -54,14 +77,74 @@ class CreateAgentRequest(_message.Message):
         session_id: _builtins.str = ...,
         options: _agent_pb2.AgentOptions | None = ...,
         metadata: _agent_pb2.SessionMetadata | None = ...,
+        parent: Global___AgentParent | None = ...,
+        seed: Global___SessionSeed | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata", "options", b"options"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["metadata", b"metadata", "options", b"options", "parent", b"parent", "seed", b"seed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "metadata", b"metadata", "options", b"options", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "metadata", b"metadata", "options", b"options", "parent", b"parent", "seed", b"seed", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CreateAgentRequest: _TypeAlias = CreateAgentRequest  # noqa: Y015
+
+@_typing.final
+class AgentParent(_message.Message):
+    """AgentParent names the owner of a new agent."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    """Required. The live agent that owns the new one."""
+    tool_call_id: _builtins.str
+    """Optional. The parent's tool call that made the child (the `delegate`
+    tool sets it); at most 256 characters.
+    """
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        tool_call_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentParent: _TypeAlias = AgentParent  # noqa: Y015
+
+@_typing.final
+class SessionSeed(_message.Message):
+    """SessionSeed is the prefix a new session starts from."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """Required. The stored (or live) session to copy from."""
+    seq: _builtins.int
+    """Optional. The seq of a `turn_end` of that session: the last event
+    copied. Unset means its last `turn_end`.
+    """
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        seq: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seq", b"_seq", "seq", b"seq"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seq", b"_seq", "seq", b"seq", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__seq: _TypeAlias = _typing.Literal["seq"]  # noqa: Y015
+    _WhichOneofArgType__seq: _TypeAlias = _typing.Literal["_seq", b"_seq"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__seq) -> _WhichOneofReturnType__seq | None: ...
+
+Global___SessionSeed: _TypeAlias = SessionSeed  # noqa: Y015
 
 @_typing.final
 class CreateAgentResponse(_message.Message):
@@ -248,6 +331,7 @@ class ListAgentsRequest(_message.Message):
 
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    PARENT_AGENT_ID_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
     """Optional. The maximum number of agents returned; 0 means 100; at most
     1000. It may change from page to page.
@@ -257,15 +341,18 @@ class ListAgentsRequest(_message.Message):
     first page. A page starts after the last id of the previous one, so
     agents created or disposed meanwhile never shift it.
     """
+    parent_agent_id: _builtins.str
+    """Optional. Only the direct children of this agent (on this server)."""
     def __init__(
         self,
         *,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        parent_agent_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "parent_agent_id", b"parent_agent_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

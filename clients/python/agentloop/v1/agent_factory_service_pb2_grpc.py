@@ -112,6 +112,7 @@ class AgentFactoryServiceServicer:
     def DisposeAgent(self, request, context):
         """DisposeAgent stops an agent: a running turn ends `disposed`, the session
         is flushed, the agent leaves the registry. Its session stays readable.
+        Its children (CreateAgent `parent`) are disposed first, depth first.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

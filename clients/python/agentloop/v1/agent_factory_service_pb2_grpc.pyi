@@ -60,6 +60,7 @@ class AgentFactoryServiceStub:
     DisposeAgent: _grpc.UnaryUnaryMultiCallable[_agent_factory_service_pb2.DisposeAgentRequest, _agent_factory_service_pb2.DisposeAgentResponse]
     """DisposeAgent stops an agent: a running turn ends `disposed`, the session
     is flushed, the agent leaves the registry. Its session stays readable.
+    Its children (CreateAgent `parent`) are disposed first, depth first.
     """
     GetAgent: _grpc.UnaryUnaryMultiCallable[_agent_factory_service_pb2.GetAgentRequest, _agent_factory_service_pb2.GetAgentResponse]
     """GetAgent returns one live agent."""
@@ -98,6 +99,7 @@ class AgentFactoryServiceAsyncStub(AgentFactoryServiceStub):
     DisposeAgent: _aio.UnaryUnaryMultiCallable[_agent_factory_service_pb2.DisposeAgentRequest, _agent_factory_service_pb2.DisposeAgentResponse]  # type: ignore[assignment]
     """DisposeAgent stops an agent: a running turn ends `disposed`, the session
     is flushed, the agent leaves the registry. Its session stays readable.
+    Its children (CreateAgent `parent`) are disposed first, depth first.
     """
     GetAgent: _aio.UnaryUnaryMultiCallable[_agent_factory_service_pb2.GetAgentRequest, _agent_factory_service_pb2.GetAgentResponse]  # type: ignore[assignment]
     """GetAgent returns one live agent."""
@@ -151,6 +153,7 @@ class AgentFactoryServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_agent_factory_service_pb2.DisposeAgentResponse, _abc.Awaitable[_agent_factory_service_pb2.DisposeAgentResponse]]:
         """DisposeAgent stops an agent: a running turn ends `disposed`, the session
         is flushed, the agent leaves the registry. Its session stays readable.
+        Its children (CreateAgent `parent`) are disposed first, depth first.
         """
 
     @_abc_1.abstractmethod

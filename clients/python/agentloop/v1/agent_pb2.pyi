@@ -29,6 +29,27 @@ class AgentOptions(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class SubagentProfilesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> Global___AgentOptions: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: Global___AgentOptions | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     PROVIDER_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     MAX_PARALLEL_TOOL_CALLS_FIELD_NUMBER: _builtins.int
@@ -41,6 +62,7 @@ class AgentOptions(_message.Message):
     OUTPUT_RESERVE_TOKENS_FIELD_NUMBER: _builtins.int
     KEEP_RECENT_TOKENS_FIELD_NUMBER: _builtins.int
     AUTO_COMPACT_FIELD_NUMBER: _builtins.int
+    SUBAGENT_PROFILES_FIELD_NUMBER: _builtins.int
     provider: _builtins.str
     """Provider names the model provider, for example "scripted". Empty means the
     server default ("scripted"). A model call needs a provider and a model,
@@ -107,6 +129,15 @@ class AgentOptions(_message.Message):
         the server's `approvalTimeoutSeconds` (default 300); at most 24 hours.
         """
 
+    @_builtins.property
+    def subagent_profiles(self) -> _containers.MessageMap[_builtins.str, Global___AgentOptions]:
+        """Optional. Sub-agent profiles for the `delegate` tool, by name: the
+        options a child created with `"profile": NAME` runs with (its own model,
+        persona, tools, approval policy). Without a profile a child runs with
+        this agent's provider, model, persona and approval policy, and its tools
+        less `delegate` and `collect` (never a tool the parent lacks).
+        """
+
     def __init__(
         self,
         *,
@@ -122,10 +153,11 @@ class AgentOptions(_message.Message):
         output_reserve_tokens: _builtins.int | None = ...,
         keep_recent_tokens: _builtins.int | None = ...,
         auto_compact: _builtins.bool | None = ...,
+        subagent_profiles: _abc.Mapping[_builtins.str, Global___AgentOptions] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_auto_compact", b"_auto_compact", "_context_window_tokens", b"_context_window_tokens", "_keep_recent_tokens", b"_keep_recent_tokens", "_max_parallel_tool_calls", b"_max_parallel_tool_calls", "_output_reserve_tokens", b"_output_reserve_tokens", "approval_timeout", b"approval_timeout", "auto_compact", b"auto_compact", "context_window_tokens", b"context_window_tokens", "keep_recent_tokens", b"keep_recent_tokens", "max_parallel_tool_calls", b"max_parallel_tool_calls", "output_reserve_tokens", b"output_reserve_tokens", "provider_options", b"provider_options"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_auto_compact", b"_auto_compact", "_context_window_tokens", b"_context_window_tokens", "_keep_recent_tokens", b"_keep_recent_tokens", "_max_parallel_tool_calls", b"_max_parallel_tool_calls", "_output_reserve_tokens", b"_output_reserve_tokens", "approval_required_tools", b"approval_required_tools", "approval_timeout", b"approval_timeout", "auto_compact", b"auto_compact", "context_window_tokens", b"context_window_tokens", "keep_recent_tokens", b"keep_recent_tokens", "max_parallel_tool_calls", b"max_parallel_tool_calls", "model", b"model", "output_reserve_tokens", b"output_reserve_tokens", "persona", b"persona", "provider", b"provider", "provider_options", b"provider_options", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_auto_compact", b"_auto_compact", "_context_window_tokens", b"_context_window_tokens", "_keep_recent_tokens", b"_keep_recent_tokens", "_max_parallel_tool_calls", b"_max_parallel_tool_calls", "_output_reserve_tokens", b"_output_reserve_tokens", "approval_required_tools", b"approval_required_tools", "approval_timeout", b"approval_timeout", "auto_compact", b"auto_compact", "context_window_tokens", b"context_window_tokens", "keep_recent_tokens", b"keep_recent_tokens", "max_parallel_tool_calls", b"max_parallel_tool_calls", "model", b"model", "output_reserve_tokens", b"output_reserve_tokens", "persona", b"persona", "provider", b"provider", "provider_options", b"provider_options", "subagent_profiles", b"subagent_profiles", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__auto_compact: _TypeAlias = _typing.Literal["auto_compact"]  # noqa: Y015
     _WhichOneofArgType__auto_compact: _TypeAlias = _typing.Literal["_auto_compact", b"_auto_compact"]  # noqa: Y015
@@ -187,6 +219,7 @@ class Agent(_message.Message):
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     PENDING_APPROVALS_FIELD_NUMBER: _builtins.int
     CONTEXT_USAGE_FIELD_NUMBER: _builtins.int
+    LINEAGE_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """AgentID is the caller-chosen id."""
     session_id: _builtins.str
@@ -211,6 +244,10 @@ class Agent(_message.Message):
     def context_usage(self) -> _agent_event_pb2.ContextUsage:
         """Output only. How full the agent's context is."""
 
+    @_builtins.property
+    def lineage(self) -> Global___Lineage:
+        """Output only. Who owns the agent; unset for a top-level agent."""
+
     def __init__(
         self,
         *,
@@ -221,11 +258,48 @@ class Agent(_message.Message):
         create_time: _timestamp_pb2.Timestamp | None = ...,
         pending_approvals: _abc.Iterable[_approval_pb2.ApprovalRequested] | None = ...,
         context_usage: _agent_event_pb2.ContextUsage | None = ...,
+        lineage: Global___Lineage | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["context_usage", b"context_usage", "create_time", b"create_time", "options", b"options"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["context_usage", b"context_usage", "create_time", b"create_time", "lineage", b"lineage", "options", b"options"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "context_usage", b"context_usage", "create_time", b"create_time", "options", b"options", "pending_approvals", b"pending_approvals", "session_id", b"session_id", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "context_usage", b"context_usage", "create_time", b"create_time", "lineage", b"lineage", "options", b"options", "pending_approvals", b"pending_approvals", "session_id", b"session_id", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Agent: _TypeAlias = Agent  # noqa: Y015
+
+@_typing.final
+class Lineage(_message.Message):
+    """Lineage is the place of a sub-agent in its tree."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARENT_AGENT_ID_FIELD_NUMBER: _builtins.int
+    PARENT_TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    DEPTH_FIELD_NUMBER: _builtins.int
+    CHILD_AGENT_IDS_FIELD_NUMBER: _builtins.int
+    parent_agent_id: _builtins.str
+    """ParentAgentID is the live agent that owns this one."""
+    parent_tool_call_id: _builtins.str
+    """ParentToolCallID is the parent's tool call that made it, when one did."""
+    depth: _builtins.int
+    """Depth is 1 for a child of a top-level agent, 2 for a grandchild, ..."""
+    @_builtins.property
+    def child_agent_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """ChildAgentIDs are the live children of this agent, by id."""
+
+    def __init__(
+        self,
+        *,
+        parent_agent_id: _builtins.str = ...,
+        parent_tool_call_id: _builtins.str = ...,
+        depth: _builtins.int = ...,
+        child_agent_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["child_agent_ids", b"child_agent_ids", "depth", b"depth", "parent_agent_id", b"parent_agent_id", "parent_tool_call_id", b"parent_tool_call_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Lineage: _TypeAlias = Lineage  # noqa: Y015

@@ -123,7 +123,7 @@ class ResolveApprovalRequest(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
-    """Required. The live agent whose tool call waits."""
+    """Required. The live agent whose tool call waits, or one of its ancestors."""
     approval_id: _builtins.str
     """Required. The `approval_id` of the `approval_requested` event."""
     decision: _approval_pb2.ApprovalDecision.ValueType
@@ -189,16 +189,22 @@ class ListApprovalsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     AGENT_ID_FIELD_NUMBER: _builtins.int
+    INCLUDE_CHILDREN_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """Required. The live agent."""
+    include_children: _builtins.bool
+    """Optional. Also the pending approvals of the agent's sub-agents, depth
+    first; each names its agent in `agent_id` (answer it there).
+    """
     def __init__(
         self,
         *,
         agent_id: _builtins.str = ...,
+        include_children: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "include_children", b"include_children"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

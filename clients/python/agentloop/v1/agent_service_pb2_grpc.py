@@ -291,14 +291,16 @@ class AgentServiceServicer:
         cancelled or timed out is FAILED_PRECONDITION (APPROVAL_RESOLVED, the
         metadata says who answered and how); one whose turn ended unanswered (a
         crash) is FAILED_PRECONDITION (APPROVAL_STALE). A refused call changes
-        nothing.
+        nothing. A sub-agent's approval may be answered on any of its ancestors'
+        ids: the call reaches the sub-agent that waits.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListApprovals(self, request, context):
-        """ListApprovals lists the agent's tool calls waiting for approval.
+        """ListApprovals lists the agent's tool calls waiting for approval (with
+        `include_children`, its sub-agents' too, each naming its agent).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

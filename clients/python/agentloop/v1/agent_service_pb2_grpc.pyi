@@ -142,10 +142,13 @@ class AgentServiceStub:
     cancelled or timed out is FAILED_PRECONDITION (APPROVAL_RESOLVED, the
     metadata says who answered and how); one whose turn ended unanswered (a
     crash) is FAILED_PRECONDITION (APPROVAL_STALE). A refused call changes
-    nothing.
+    nothing. A sub-agent's approval may be answered on any of its ancestors'
+    ids: the call reaches the sub-agent that waits.
     """
     ListApprovals: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.ListApprovalsRequest, _agent_service_pb2.ListApprovalsResponse]
-    """ListApprovals lists the agent's tool calls waiting for approval."""
+    """ListApprovals lists the agent's tool calls waiting for approval (with
+    `include_children`, its sub-agents' too, each naming its agent).
+    """
     CompactAgent: _grpc.UnaryUnaryMultiCallable[_agent_service_pb2.CompactAgentRequest, _agent_service_pb2.CompactAgentResponse]
     """CompactAgent replaces the agent's older history with a summary written by
     the agent's own model, keeping the most recent `keep_recent_tokens`
@@ -270,10 +273,13 @@ class AgentServiceAsyncStub(AgentServiceStub):
     cancelled or timed out is FAILED_PRECONDITION (APPROVAL_RESOLVED, the
     metadata says who answered and how); one whose turn ended unanswered (a
     crash) is FAILED_PRECONDITION (APPROVAL_STALE). A refused call changes
-    nothing.
+    nothing. A sub-agent's approval may be answered on any of its ancestors'
+    ids: the call reaches the sub-agent that waits.
     """
     ListApprovals: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.ListApprovalsRequest, _agent_service_pb2.ListApprovalsResponse]  # type: ignore[assignment]
-    """ListApprovals lists the agent's tool calls waiting for approval."""
+    """ListApprovals lists the agent's tool calls waiting for approval (with
+    `include_children`, its sub-agents' too, each naming its agent).
+    """
     CompactAgent: _aio.UnaryUnaryMultiCallable[_agent_service_pb2.CompactAgentRequest, _agent_service_pb2.CompactAgentResponse]  # type: ignore[assignment]
     """CompactAgent replaces the agent's older history with a summary written by
     the agent's own model, keeping the most recent `keep_recent_tokens`
@@ -467,7 +473,8 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         cancelled or timed out is FAILED_PRECONDITION (APPROVAL_RESOLVED, the
         metadata says who answered and how); one whose turn ended unanswered (a
         crash) is FAILED_PRECONDITION (APPROVAL_STALE). A refused call changes
-        nothing.
+        nothing. A sub-agent's approval may be answered on any of its ancestors'
+        ids: the call reaches the sub-agent that waits.
         """
 
     @_abc_1.abstractmethod
@@ -476,7 +483,9 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_service_pb2.ListApprovalsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_agent_service_pb2.ListApprovalsResponse, _abc.Awaitable[_agent_service_pb2.ListApprovalsResponse]]:
-        """ListApprovals lists the agent's tool calls waiting for approval."""
+        """ListApprovals lists the agent's tool calls waiting for approval (with
+        `include_children`, its sub-agents' too, each naming its agent).
+        """
 
     @_abc_1.abstractmethod
     def CompactAgent(

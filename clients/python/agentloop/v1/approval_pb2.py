@@ -25,19 +25,19 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61gentloop/v1/approval.proto\x12\x0c\x61gentloop.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x01\n\x11\x41pprovalRequested\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\x13\n\x0b\x61pproval_id\x18\x03 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x04 \x01(\t\x12\x11\n\ttool_name\x18\x05 \x01(\t\x12\x11\n\targuments\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x14\n\x0crequested_by\x18\x08 \x01(\t\x12/\n\x0b\x65xpire_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xd0\x01\n\x10\x41pprovalResolved\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\x13\n\x0b\x61pproval_id\x18\x03 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x04 \x01(\t\x12\x11\n\ttool_name\x18\x05 \x01(\t\x12.\n\x07outcome\x18\x06 \x01(\x0e\x32\x1d.agentloop.v1.ApprovalOutcome\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x13\n\x0bresolved_by\x18\x08 \x01(\t\x12\x12\n\nrequest_id\x18\t \x01(\t*\xb5\x01\n\x0f\x41pprovalOutcome\x12 \n\x1c\x41PPROVAL_OUTCOME_UNSPECIFIED\x10\x00\x12!\n\x1d\x41PPROVAL_OUTCOME_ALLOWED_ONCE\x10\x01\x12\x1d\n\x19\x41PPROVAL_OUTCOME_REJECTED\x10\x02\x12\x1e\n\x1a\x41PPROVAL_OUTCOME_CANCELLED\x10\x03\x12\x1e\n\x1a\x41PPROVAL_OUTCOME_TIMED_OUT\x10\x04*u\n\x10\x41pprovalDecision\x12!\n\x1d\x41PPROVAL_DECISION_UNSPECIFIED\x10\x00\x12 \n\x1c\x41PPROVAL_DECISION_ALLOW_ONCE\x10\x01\x12\x1c\n\x18\x41PPROVAL_DECISION_REJECT\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61gentloop/v1/approval.proto\x12\x0c\x61gentloop.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe4\x01\n\x11\x41pprovalRequested\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\x13\n\x0b\x61pproval_id\x18\x03 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x04 \x01(\t\x12\x11\n\ttool_name\x18\x05 \x01(\t\x12\x11\n\targuments\x18\x06 \x01(\t\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x14\n\x0crequested_by\x18\x08 \x01(\t\x12/\n\x0b\x65xpire_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x61gent_id\x18\n \x01(\t\"\xd0\x01\n\x10\x41pprovalResolved\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\x13\n\x0b\x61pproval_id\x18\x03 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x04 \x01(\t\x12\x11\n\ttool_name\x18\x05 \x01(\t\x12.\n\x07outcome\x18\x06 \x01(\x0e\x32\x1d.agentloop.v1.ApprovalOutcome\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x13\n\x0bresolved_by\x18\x08 \x01(\t\x12\x12\n\nrequest_id\x18\t \x01(\t*\xb5\x01\n\x0f\x41pprovalOutcome\x12 \n\x1c\x41PPROVAL_OUTCOME_UNSPECIFIED\x10\x00\x12!\n\x1d\x41PPROVAL_OUTCOME_ALLOWED_ONCE\x10\x01\x12\x1d\n\x19\x41PPROVAL_OUTCOME_REJECTED\x10\x02\x12\x1e\n\x1a\x41PPROVAL_OUTCOME_CANCELLED\x10\x03\x12\x1e\n\x1a\x41PPROVAL_OUTCOME_TIMED_OUT\x10\x04*u\n\x10\x41pprovalDecision\x12!\n\x1d\x41PPROVAL_DECISION_UNSPECIFIED\x10\x00\x12 \n\x1c\x41PPROVAL_DECISION_ALLOW_ONCE\x10\x01\x12\x1c\n\x18\x41PPROVAL_DECISION_REJECT\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentloop.v1.approval_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_APPROVALOUTCOME']._serialized_start=503
-  _globals['_APPROVALOUTCOME']._serialized_end=684
-  _globals['_APPROVALDECISION']._serialized_start=686
-  _globals['_APPROVALDECISION']._serialized_end=803
+  _globals['_APPROVALOUTCOME']._serialized_start=521
+  _globals['_APPROVALOUTCOME']._serialized_end=702
+  _globals['_APPROVALDECISION']._serialized_start=704
+  _globals['_APPROVALDECISION']._serialized_end=821
   _globals['_APPROVALREQUESTED']._serialized_start=79
-  _globals['_APPROVALREQUESTED']._serialized_end=289
-  _globals['_APPROVALRESOLVED']._serialized_start=292
-  _globals['_APPROVALRESOLVED']._serialized_end=500
+  _globals['_APPROVALREQUESTED']._serialized_end=307
+  _globals['_APPROVALRESOLVED']._serialized_start=310
+  _globals['_APPROVALRESOLVED']._serialized_end=518
 # @@protoc_insertion_point(module_scope)

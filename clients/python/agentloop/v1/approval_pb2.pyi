@@ -109,6 +109,7 @@ class ApprovalRequested(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     REQUESTED_BY_FIELD_NUMBER: _builtins.int
     EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
     turn: _builtins.int
     """Turn is the turn number."""
     step: _builtins.int
@@ -128,6 +129,10 @@ class ApprovalRequested(_message.Message):
     built-in policy), `plugin:NAME` (a plugin's `tools/pre-execute` answer),
     or `tools/pre-execute` (an in-process listener).
     """
+    agent_id: _builtins.str
+    """AgentID is the agent whose call waits: set in ListApprovals with
+    `include_children` (a sub-agent's approval, listed on its parent).
+    """
     @_builtins.property
     def expire_time(self) -> _timestamp_pb2.Timestamp:
         """ExpireTime is when the approval times out (a denial) if nobody answers."""
@@ -144,10 +149,11 @@ class ApprovalRequested(_message.Message):
         reason: _builtins.str = ...,
         requested_by: _builtins.str = ...,
         expire_time: _timestamp_pb2.Timestamp | None = ...,
+        agent_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expire_time", b"expire_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_id", b"approval_id", "arguments", b"arguments", "call_id", b"call_id", "expire_time", b"expire_time", "reason", b"reason", "requested_by", b"requested_by", "step", b"step", "tool_name", b"tool_name", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "approval_id", b"approval_id", "arguments", b"arguments", "call_id", b"call_id", "expire_time", b"expire_time", "reason", b"reason", "requested_by", b"requested_by", "step", b"step", "tool_name", b"tool_name", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -27,12 +27,20 @@ class SessionHeader(_message.Message):
     PARENT_SESSION_ID_FIELD_NUMBER: _builtins.int
     SEED_LENGTH_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
+    PARENT_AGENT_ID_FIELD_NUMBER: _builtins.int
+    PARENT_TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     cwd: _builtins.str
     """Cwd is the working directory, when set."""
     parent_session_id: _builtins.str
     """ParentSessionID is the session this one was forked from, when forked."""
     seed_length: _builtins.int
     """SeedLength is how many events were copied from the parent."""
+    parent_agent_id: _builtins.str
+    """ParentAgentID is the agent that owned the session's first agent, when
+    it was created as a sub-agent (CreateAgent `parent`).
+    """
+    parent_tool_call_id: _builtins.str
+    """ParentToolCallID is the parent's tool call that created it, when one did."""
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """CreateTime is when the session was created."""
@@ -44,10 +52,12 @@ class SessionHeader(_message.Message):
         parent_session_id: _builtins.str = ...,
         seed_length: _builtins.int = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
+        parent_agent_id: _builtins.str = ...,
+        parent_tool_call_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "cwd", b"cwd", "parent_session_id", b"parent_session_id", "seed_length", b"seed_length"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "cwd", b"cwd", "parent_agent_id", b"parent_agent_id", "parent_session_id", b"parent_session_id", "parent_tool_call_id", b"parent_tool_call_id", "seed_length", b"seed_length"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -18,7 +18,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agentloop/v1/agent_event.proto.
  */
 export const file_agentloop_v1_agent_event: GenFile = /*@__PURE__*/
-  fileDesc("Ch5hZ2VudGxvb3AvdjEvYWdlbnRfZXZlbnQucHJvdG8SDGFnZW50bG9vcC52MSLkBAoKQWdlbnRFdmVudBIQCghhZ2VudF9pZBgBIAEoCRIvCgtjcmVhdGVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoGc3RhdHVzGAogASgLMiAuYWdlbnRsb29wLnYxLkFnZW50U3RhdHVzQ2hhbmdlZEgAEisKBnF1ZXVlZBgLIAEoCzIZLmFnZW50bG9vcC52MS5BZ2VudFF1ZXVlZEgAEikKBWVycm9yGAwgASgLMhguYWdlbnRsb29wLnYxLkFnZW50RXJyb3JIABItCgdjcmVhdGVkGA0gASgLMhouYWdlbnRsb29wLnYxLkFnZW50Q3JlYXRlZEgAEi8KCGRpc3Bvc2VkGA4gASgLMhsuYWdlbnRsb29wLnYxLkFnZW50RGlzcG9zZWRIABI4Cg1zZXNzaW9uX3N0YXJ0GA8gASgLMh8uYWdlbnRsb29wLnYxLkFnZW50U2Vzc2lvblN0YXJ0SAASPQoSYXBwcm92YWxfcmVxdWVzdGVkGBAgASgLMh8uYWdlbnRsb29wLnYxLkFwcHJvdmFsUmVxdWVzdGVkSAASOwoRYXBwcm92YWxfcmVzb2x2ZWQYESABKAsyHi5hZ2VudGxvb3AudjEuQXBwcm92YWxSZXNvbHZlZEgAEjMKDWNvbnRleHRfdXNhZ2UYEiABKAsyGi5hZ2VudGxvb3AudjEuQ29udGV4dFVzYWdlSAASMwoKY29tcGFjdGlvbhgTIAEoCzIdLmFnZW50bG9vcC52MS5BZ2VudENvbXBhY3Rpb25IAEIHCgVldmVudCKcAQoMQ29udGV4dFVzYWdlEhMKC3VzZWRfdG9rZW5zGAEgASgEEhUKDXdpbmRvd190b2tlbnMYAiABKAQSFgoOcmVzZXJ2ZV90b2tlbnMYAyABKAQSEQoJZXN0aW1hdGVkGAQgASgIEhkKEWNvbXBhY3RfYXRfdG9rZW5zGAUgASgEEhoKEmtlZXBfcmVjZW50X3Rva2VucxgGIAEoBCLCAQoPQWdlbnRDb21wYWN0aW9uEiwKBXBoYXNlGAEgASgOMh0uYWdlbnRsb29wLnYxLkNvbXBhY3Rpb25QaGFzZRIwCgd0cmlnZ2VyGAIgASgOMh8uYWdlbnRsb29wLnYxLkNvbXBhY3Rpb25UcmlnZ2VyEhUKDXRva2Vuc19iZWZvcmUYAyABKAQSFAoMdG9rZW5zX2FmdGVyGAQgASgEEhEKCWV2ZW50X3NlcRgFIAEoBBIPCgdtZXNzYWdlGAYgASgJIj8KEkFnZW50U3RhdHVzQ2hhbmdlZBIpCgZzdGF0dXMYASABKA4yGS5hZ2VudGxvb3AudjEuQWdlbnRTdGF0dXMihgEKC0FnZW50UXVldWVkEisKB2NvbnRlbnQYASADKAsyGi5hZ2VudGxvb3AudjEuQ29udGVudEJsb2NrEiQKBnNvdXJjZRgCIAEoCzIULmFnZW50bG9vcC52MS5Tb3VyY2USEAoIc3RlZXJpbmcYAyABKAgSEgoKcmVxdWVzdF9pZBgEIAEoCSJHCgpBZ2VudEVycm9yEgwKBHR1cm4YASABKA0SDAoEc3RlcBgCIAEoDRIPCgdtZXNzYWdlGAMgASgJEgwKBGNvZGUYBCABKAkiIgoMQWdlbnRDcmVhdGVkEhIKCnNlc3Npb25faWQYASABKAkiDwoNQWdlbnREaXNwb3NlZCJFChFBZ2VudFNlc3Npb25TdGFydBIwCgZzb3VyY2UYASABKA4yIC5hZ2VudGxvb3AudjEuU2Vzc2lvblN0YXJ0U291cmNlKncKC0FnZW50U3RhdHVzEhwKGEFHRU5UX1NUQVRVU19VTlNQRUNJRklFRBAAEhUKEUFHRU5UX1NUQVRVU19JRExFEAESGAoUQUdFTlRfU1RBVFVTX1JVTk5JTkcQAhIZChVBR0VOVF9TVEFUVVNfRElTUE9TRUQQAyp9ChJTZXNzaW9uU3RhcnRTb3VyY2USJAogU0VTU0lPTl9TVEFSVF9TT1VSQ0VfVU5TUEVDSUZJRUQQABIgChxTRVNTSU9OX1NUQVJUX1NPVVJDRV9TVEFSVFVQEAESHwobU0VTU0lPTl9TVEFSVF9TT1VSQ0VfUkVTVU1FEAIqjQEKD0NvbXBhY3Rpb25QaGFzZRIgChxDT01QQUNUSU9OX1BIQVNFX1VOU1BFQ0lGSUVEEAASHAoYQ09NUEFDVElPTl9QSEFTRV9TVEFSVEVEEAESHQoZQ09NUEFDVElPTl9QSEFTRV9GSU5JU0hFRBACEhsKF0NPTVBBQ1RJT05fUEhBU0VfRkFJTEVEEANiBnByb3RvMw", [file_agentloop_v1_approval, file_agentloop_v1_content, file_agentloop_v1_session_event, file_google_protobuf_timestamp]);
+  fileDesc("Ch5hZ2VudGxvb3AvdjEvYWdlbnRfZXZlbnQucHJvdG8SDGFnZW50bG9vcC52MSKbBQoKQWdlbnRFdmVudBIQCghhZ2VudF9pZBgBIAEoCRIvCgtjcmVhdGVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoGc3RhdHVzGAogASgLMiAuYWdlbnRsb29wLnYxLkFnZW50U3RhdHVzQ2hhbmdlZEgAEisKBnF1ZXVlZBgLIAEoCzIZLmFnZW50bG9vcC52MS5BZ2VudFF1ZXVlZEgAEikKBWVycm9yGAwgASgLMhguYWdlbnRsb29wLnYxLkFnZW50RXJyb3JIABItCgdjcmVhdGVkGA0gASgLMhouYWdlbnRsb29wLnYxLkFnZW50Q3JlYXRlZEgAEi8KCGRpc3Bvc2VkGA4gASgLMhsuYWdlbnRsb29wLnYxLkFnZW50RGlzcG9zZWRIABI4Cg1zZXNzaW9uX3N0YXJ0GA8gASgLMh8uYWdlbnRsb29wLnYxLkFnZW50U2Vzc2lvblN0YXJ0SAASPQoSYXBwcm92YWxfcmVxdWVzdGVkGBAgASgLMh8uYWdlbnRsb29wLnYxLkFwcHJvdmFsUmVxdWVzdGVkSAASOwoRYXBwcm92YWxfcmVzb2x2ZWQYESABKAsyHi5hZ2VudGxvb3AudjEuQXBwcm92YWxSZXNvbHZlZEgAEjMKDWNvbnRleHRfdXNhZ2UYEiABKAsyGi5hZ2VudGxvb3AudjEuQ29udGV4dFVzYWdlSAASMwoKY29tcGFjdGlvbhgTIAEoCzIdLmFnZW50bG9vcC52MS5BZ2VudENvbXBhY3Rpb25IABI1Cg5jaGlsZF9wcm9ncmVzcxgUIAEoCzIbLmFnZW50bG9vcC52MS5DaGlsZFByb2dyZXNzSABCBwoFZXZlbnQinAEKDENvbnRleHRVc2FnZRITCgt1c2VkX3Rva2VucxgBIAEoBBIVCg13aW5kb3dfdG9rZW5zGAIgASgEEhYKDnJlc2VydmVfdG9rZW5zGAMgASgEEhEKCWVzdGltYXRlZBgEIAEoCBIZChFjb21wYWN0X2F0X3Rva2VucxgFIAEoBBIaChJrZWVwX3JlY2VudF90b2tlbnMYBiABKAQiwgEKD0FnZW50Q29tcGFjdGlvbhIsCgVwaGFzZRgBIAEoDjIdLmFnZW50bG9vcC52MS5Db21wYWN0aW9uUGhhc2USMAoHdHJpZ2dlchgCIAEoDjIfLmFnZW50bG9vcC52MS5Db21wYWN0aW9uVHJpZ2dlchIVCg10b2tlbnNfYmVmb3JlGAMgASgEEhQKDHRva2Vuc19hZnRlchgEIAEoBBIRCglldmVudF9zZXEYBSABKAQSDwoHbWVzc2FnZRgGIAEoCSKCAQoNQ2hpbGRQcm9ncmVzcxIWCg5jaGlsZF9hZ2VudF9pZBgBIAEoCRIYChBjaGlsZF9zZXNzaW9uX2lkGAIgASgJEhQKDHRvb2xfY2FsbF9pZBgDIAEoCRIMCgRzdGVwGAQgASgNEg0KBXN0YXRlGAUgASgJEgwKBHRleHQYBiABKAkiPwoSQWdlbnRTdGF0dXNDaGFuZ2VkEikKBnN0YXR1cxgBIAEoDjIZLmFnZW50bG9vcC52MS5BZ2VudFN0YXR1cyKGAQoLQWdlbnRRdWV1ZWQSKwoHY29udGVudBgBIAMoCzIaLmFnZW50bG9vcC52MS5Db250ZW50QmxvY2sSJAoGc291cmNlGAIgASgLMhQuYWdlbnRsb29wLnYxLlNvdXJjZRIQCghzdGVlcmluZxgDIAEoCBISCgpyZXF1ZXN0X2lkGAQgASgJIkcKCkFnZW50RXJyb3ISDAoEdHVybhgBIAEoDRIMCgRzdGVwGAIgASgNEg8KB21lc3NhZ2UYAyABKAkSDAoEY29kZRgEIAEoCSIiCgxBZ2VudENyZWF0ZWQSEgoKc2Vzc2lvbl9pZBgBIAEoCSIPCg1BZ2VudERpc3Bvc2VkIkUKEUFnZW50U2Vzc2lvblN0YXJ0EjAKBnNvdXJjZRgBIAEoDjIgLmFnZW50bG9vcC52MS5TZXNzaW9uU3RhcnRTb3VyY2UqdwoLQWdlbnRTdGF0dXMSHAoYQUdFTlRfU1RBVFVTX1VOU1BFQ0lGSUVEEAASFQoRQUdFTlRfU1RBVFVTX0lETEUQARIYChRBR0VOVF9TVEFUVVNfUlVOTklORxACEhkKFUFHRU5UX1NUQVRVU19ESVNQT1NFRBADKn0KElNlc3Npb25TdGFydFNvdXJjZRIkCiBTRVNTSU9OX1NUQVJUX1NPVVJDRV9VTlNQRUNJRklFRBAAEiAKHFNFU1NJT05fU1RBUlRfU09VUkNFX1NUQVJUVVAQARIfChtTRVNTSU9OX1NUQVJUX1NPVVJDRV9SRVNVTUUQAiqNAQoPQ29tcGFjdGlvblBoYXNlEiAKHENPTVBBQ1RJT05fUEhBU0VfVU5TUEVDSUZJRUQQABIcChhDT01QQUNUSU9OX1BIQVNFX1NUQVJURUQQARIdChlDT01QQUNUSU9OX1BIQVNFX0ZJTklTSEVEEAISGwoXQ09NUEFDVElPTl9QSEFTRV9GQUlMRUQQA2IGcHJvdG8z", [file_agentloop_v1_approval, file_agentloop_v1_content, file_agentloop_v1_session_event, file_google_protobuf_timestamp]);
 
 /**
  * AgentEvent is a live agent notification. Agent events are not part of the
@@ -128,6 +128,15 @@ export type AgentEvent = Message<"agentloop.v1.AgentEvent"> & {
      */
     value: AgentCompaction;
     case: "compaction";
+  } | {
+    /**
+     * ChildProgress reports a step, or the end of the turn, of a sub-agent
+     * that this agent's `delegate` call runs: one event per child step.
+     *
+     * @generated from field: agentloop.v1.ChildProgress child_progress = 20;
+     */
+    value: ChildProgress;
+    case: "childProgress";
   } | { case: undefined; value?: undefined };
 };
 
@@ -256,6 +265,64 @@ export const AgentCompactionSchema: GenMessage<AgentCompaction> = /*@__PURE__*/
   messageDesc(file_agentloop_v1_agent_event, 2);
 
 /**
+ * ChildProgress is a compact report of a sub-agent's work, on its parent.
+ *
+ * @generated from message agentloop.v1.ChildProgress
+ */
+export type ChildProgress = Message<"agentloop.v1.ChildProgress"> & {
+  /**
+   * ChildAgentID is the sub-agent.
+   *
+   * @generated from field: string child_agent_id = 1;
+   */
+  childAgentId: string;
+
+  /**
+   * ChildSessionID is its session: follow it for every event.
+   *
+   * @generated from field: string child_session_id = 2;
+   */
+  childSessionId: string;
+
+  /**
+   * ToolCallID is the parent's `delegate` call that made it.
+   *
+   * @generated from field: string tool_call_id = 3;
+   */
+  toolCallId: string;
+
+  /**
+   * Step is the child's step just ended.
+   *
+   * @generated from field: uint32 step = 4;
+   */
+  step: number;
+
+  /**
+   * State is "running" after a step, else how the child's turn ended
+   * ("completed", "aborted", "disposed", "error", ...).
+   *
+   * @generated from field: string state = 5;
+   */
+  state: string;
+
+  /**
+   * Text is the start of the child's latest answer text (at most 200
+   * characters).
+   *
+   * @generated from field: string text = 6;
+   */
+  text: string;
+};
+
+/**
+ * Describes the message agentloop.v1.ChildProgress.
+ * Use `create(ChildProgressSchema)` to create a new message.
+ */
+export const ChildProgressSchema: GenMessage<ChildProgress> = /*@__PURE__*/
+  messageDesc(file_agentloop_v1_agent_event, 3);
+
+/**
  * AgentStatusChanged reports a status transition.
  *
  * @generated from message agentloop.v1.AgentStatusChanged
@@ -274,7 +341,7 @@ export type AgentStatusChanged = Message<"agentloop.v1.AgentStatusChanged"> & {
  * Use `create(AgentStatusChangedSchema)` to create a new message.
  */
 export const AgentStatusChangedSchema: GenMessage<AgentStatusChanged> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 3);
+  messageDesc(file_agentloop_v1_agent_event, 4);
 
 /**
  * AgentQueued reports an accepted message.
@@ -316,7 +383,7 @@ export type AgentQueued = Message<"agentloop.v1.AgentQueued"> & {
  * Use `create(AgentQueuedSchema)` to create a new message.
  */
 export const AgentQueuedSchema: GenMessage<AgentQueued> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 4);
+  messageDesc(file_agentloop_v1_agent_event, 5);
 
 /**
  * AgentError reports a failure.
@@ -360,7 +427,7 @@ export type AgentError = Message<"agentloop.v1.AgentError"> & {
  * Use `create(AgentErrorSchema)` to create a new message.
  */
 export const AgentErrorSchema: GenMessage<AgentError> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 5);
+  messageDesc(file_agentloop_v1_agent_event, 6);
 
 /**
  * AgentCreated reports publication.
@@ -381,7 +448,7 @@ export type AgentCreated = Message<"agentloop.v1.AgentCreated"> & {
  * Use `create(AgentCreatedSchema)` to create a new message.
  */
 export const AgentCreatedSchema: GenMessage<AgentCreated> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 6);
+  messageDesc(file_agentloop_v1_agent_event, 7);
 
 /**
  * AgentDisposed reports the agent left the registry.
@@ -396,7 +463,7 @@ export type AgentDisposed = Message<"agentloop.v1.AgentDisposed"> & {
  * Use `create(AgentDisposedSchema)` to create a new message.
  */
 export const AgentDisposedSchema: GenMessage<AgentDisposed> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 7);
+  messageDesc(file_agentloop_v1_agent_event, 8);
 
 /**
  * AgentSessionStart reports the start of the agent's session.
@@ -417,7 +484,7 @@ export type AgentSessionStart = Message<"agentloop.v1.AgentSessionStart"> & {
  * Use `create(AgentSessionStartSchema)` to create a new message.
  */
 export const AgentSessionStartSchema: GenMessage<AgentSessionStart> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 8);
+  messageDesc(file_agentloop_v1_agent_event, 9);
 
 /**
  * AgentStatus is the driver state of an agent.

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agentloop/v1/agent_factory_service.proto.
  */
 export const file_agentloop_v1_agent_factory_service: GenFile = /*@__PURE__*/
-  fileDesc("CihhZ2VudGxvb3AvdjEvYWdlbnRfZmFjdG9yeV9zZXJ2aWNlLnByb3RvEgxhZ2VudGxvb3AudjEimAEKEkNyZWF0ZUFnZW50UmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEisKB29wdGlvbnMYAyABKAsyGi5hZ2VudGxvb3AudjEuQWdlbnRPcHRpb25zEi8KCG1ldGFkYXRhGAQgASgLMh0uYWdlbnRsb29wLnYxLlNlc3Npb25NZXRhZGF0YSI5ChNDcmVhdGVBZ2VudFJlc3BvbnNlEiIKBWFnZW50GAEgASgLMhMuYWdlbnRsb29wLnYxLkFnZW50ImcKElJlc3VtZUFnZW50UmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEisKB29wdGlvbnMYAyABKAsyGi5hZ2VudGxvb3AudjEuQWdlbnRPcHRpb25zIjkKE1Jlc3VtZUFnZW50UmVzcG9uc2USIgoFYWdlbnQYASABKAsyEy5hZ2VudGxvb3AudjEuQWdlbnQiJwoTRGlzcG9zZUFnZW50UmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCSI6ChREaXNwb3NlQWdlbnRSZXNwb25zZRIiCgVhZ2VudBgBIAEoCzITLmFnZW50bG9vcC52MS5BZ2VudCIjCg9HZXRBZ2VudFJlcXVlc3QSEAoIYWdlbnRfaWQYASABKAkiNgoQR2V0QWdlbnRSZXNwb25zZRIiCgVhZ2VudBgBIAEoCzITLmFnZW50bG9vcC52MS5BZ2VudCI6ChFMaXN0QWdlbnRzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKA0SEgoKcGFnZV90b2tlbhgCIAEoCSJSChJMaXN0QWdlbnRzUmVzcG9uc2USIwoGYWdlbnRzGAEgAygLMhMuYWdlbnRsb29wLnYxLkFnZW50EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCTKwAwoTQWdlbnRGYWN0b3J5U2VydmljZRJSCgtDcmVhdGVBZ2VudBIgLmFnZW50bG9vcC52MS5DcmVhdGVBZ2VudFJlcXVlc3QaIS5hZ2VudGxvb3AudjEuQ3JlYXRlQWdlbnRSZXNwb25zZRJSCgtSZXN1bWVBZ2VudBIgLmFnZW50bG9vcC52MS5SZXN1bWVBZ2VudFJlcXVlc3QaIS5hZ2VudGxvb3AudjEuUmVzdW1lQWdlbnRSZXNwb25zZRJVCgxEaXNwb3NlQWdlbnQSIS5hZ2VudGxvb3AudjEuRGlzcG9zZUFnZW50UmVxdWVzdBoiLmFnZW50bG9vcC52MS5EaXNwb3NlQWdlbnRSZXNwb25zZRJJCghHZXRBZ2VudBIdLmFnZW50bG9vcC52MS5HZXRBZ2VudFJlcXVlc3QaHi5hZ2VudGxvb3AudjEuR2V0QWdlbnRSZXNwb25zZRJPCgpMaXN0QWdlbnRzEh8uYWdlbnRsb29wLnYxLkxpc3RBZ2VudHNSZXF1ZXN0GiAuYWdlbnRsb29wLnYxLkxpc3RBZ2VudHNSZXNwb25zZWIGcHJvdG8z", [file_agentloop_v1_agent]);
+  fileDesc("CihhZ2VudGxvb3AvdjEvYWdlbnRfZmFjdG9yeV9zZXJ2aWNlLnByb3RvEgxhZ2VudGxvb3AudjEi7AEKEkNyZWF0ZUFnZW50UmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEisKB29wdGlvbnMYAyABKAsyGi5hZ2VudGxvb3AudjEuQWdlbnRPcHRpb25zEi8KCG1ldGFkYXRhGAQgASgLMh0uYWdlbnRsb29wLnYxLlNlc3Npb25NZXRhZGF0YRIpCgZwYXJlbnQYBSABKAsyGS5hZ2VudGxvb3AudjEuQWdlbnRQYXJlbnQSJwoEc2VlZBgGIAEoCzIZLmFnZW50bG9vcC52MS5TZXNzaW9uU2VlZCI1CgtBZ2VudFBhcmVudBIQCghhZ2VudF9pZBgBIAEoCRIUCgx0b29sX2NhbGxfaWQYAiABKAkiOwoLU2Vzc2lvblNlZWQSEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCgNzZXEYAiABKARIAIgBAUIGCgRfc2VxIjkKE0NyZWF0ZUFnZW50UmVzcG9uc2USIgoFYWdlbnQYASABKAsyEy5hZ2VudGxvb3AudjEuQWdlbnQiZwoSUmVzdW1lQWdlbnRSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJEhIKCnNlc3Npb25faWQYAiABKAkSKwoHb3B0aW9ucxgDIAEoCzIaLmFnZW50bG9vcC52MS5BZ2VudE9wdGlvbnMiOQoTUmVzdW1lQWdlbnRSZXNwb25zZRIiCgVhZ2VudBgBIAEoCzITLmFnZW50bG9vcC52MS5BZ2VudCInChNEaXNwb3NlQWdlbnRSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJIjoKFERpc3Bvc2VBZ2VudFJlc3BvbnNlEiIKBWFnZW50GAEgASgLMhMuYWdlbnRsb29wLnYxLkFnZW50IiMKD0dldEFnZW50UmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCSI2ChBHZXRBZ2VudFJlc3BvbnNlEiIKBWFnZW50GAEgASgLMhMuYWdlbnRsb29wLnYxLkFnZW50IlMKEUxpc3RBZ2VudHNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoDRISCgpwYWdlX3Rva2VuGAIgASgJEhcKD3BhcmVudF9hZ2VudF9pZBgDIAEoCSJSChJMaXN0QWdlbnRzUmVzcG9uc2USIwoGYWdlbnRzGAEgAygLMhMuYWdlbnRsb29wLnYxLkFnZW50EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCTKwAwoTQWdlbnRGYWN0b3J5U2VydmljZRJSCgtDcmVhdGVBZ2VudBIgLmFnZW50bG9vcC52MS5DcmVhdGVBZ2VudFJlcXVlc3QaIS5hZ2VudGxvb3AudjEuQ3JlYXRlQWdlbnRSZXNwb25zZRJSCgtSZXN1bWVBZ2VudBIgLmFnZW50bG9vcC52MS5SZXN1bWVBZ2VudFJlcXVlc3QaIS5hZ2VudGxvb3AudjEuUmVzdW1lQWdlbnRSZXNwb25zZRJVCgxEaXNwb3NlQWdlbnQSIS5hZ2VudGxvb3AudjEuRGlzcG9zZUFnZW50UmVxdWVzdBoiLmFnZW50bG9vcC52MS5EaXNwb3NlQWdlbnRSZXNwb25zZRJJCghHZXRBZ2VudBIdLmFnZW50bG9vcC52MS5HZXRBZ2VudFJlcXVlc3QaHi5hZ2VudGxvb3AudjEuR2V0QWdlbnRSZXNwb25zZRJPCgpMaXN0QWdlbnRzEh8uYWdlbnRsb29wLnYxLkxpc3RBZ2VudHNSZXF1ZXN0GiAuYWdlbnRsb29wLnYxLkxpc3RBZ2VudHNSZXNwb25zZWIGcHJvdG8z", [file_agentloop_v1_agent]);
 
 /**
  * CreateAgentRequest is the input of CreateAgent.
@@ -50,6 +50,31 @@ export type CreateAgentRequest = Message<"agentloop.v1.CreateAgentRequest"> & {
    * @generated from field: agentloop.v1.SessionMetadata metadata = 4;
    */
   metadata?: SessionMetadata | undefined;
+
+  /**
+   * Optional. The live agent that owns the new one (a sub-agent). The child
+   * is disposed with its parent (depth first), never outlives it, and shows
+   * the parent in `Agent.lineage`; its session header records it. NOT_FOUND
+   * (field `parent.agent_id`) if the parent is not live; FAILED_PRECONDITION
+   * (reason LINEAGE_LIMIT) past the server's `maxAgentDepth` (default 4) or
+   * `maxChildrenPerAgent` (default 16).
+   *
+   * @generated from field: agentloop.v1.AgentParent parent = 5;
+   */
+  parent?: AgentParent | undefined;
+
+  /**
+   * Optional. The new session starts as a fork of another session's prefix:
+   * its events up to and including a `turn_end`. The header records the
+   * boundary (`parent_session_id`, `seed_length`). NOT_FOUND (field
+   * `seed.session_id`) for an unknown session; INVALID_ARGUMENT (field
+   * `seed.seq`) when the event at `seq` is not a `turn_end`. The fork is
+   * stored first (one transaction): a creation refused after it (an
+   * `agent/created` veto) leaves it stored, readable and resumable.
+   *
+   * @generated from field: agentloop.v1.SessionSeed seed = 6;
+   */
+  seed?: SessionSeed | undefined;
 };
 
 /**
@@ -58,6 +83,64 @@ export type CreateAgentRequest = Message<"agentloop.v1.CreateAgentRequest"> & {
  */
 export const CreateAgentRequestSchema: GenMessage<CreateAgentRequest> = /*@__PURE__*/
   messageDesc(file_agentloop_v1_agent_factory_service, 0);
+
+/**
+ * AgentParent names the owner of a new agent.
+ *
+ * @generated from message agentloop.v1.AgentParent
+ */
+export type AgentParent = Message<"agentloop.v1.AgentParent"> & {
+  /**
+   * Required. The live agent that owns the new one.
+   *
+   * @generated from field: string agent_id = 1;
+   */
+  agentId: string;
+
+  /**
+   * Optional. The parent's tool call that made the child (the `delegate`
+   * tool sets it); at most 256 characters.
+   *
+   * @generated from field: string tool_call_id = 2;
+   */
+  toolCallId: string;
+};
+
+/**
+ * Describes the message agentloop.v1.AgentParent.
+ * Use `create(AgentParentSchema)` to create a new message.
+ */
+export const AgentParentSchema: GenMessage<AgentParent> = /*@__PURE__*/
+  messageDesc(file_agentloop_v1_agent_factory_service, 1);
+
+/**
+ * SessionSeed is the prefix a new session starts from.
+ *
+ * @generated from message agentloop.v1.SessionSeed
+ */
+export type SessionSeed = Message<"agentloop.v1.SessionSeed"> & {
+  /**
+   * Required. The stored (or live) session to copy from.
+   *
+   * @generated from field: string session_id = 1;
+   */
+  sessionId: string;
+
+  /**
+   * Optional. The seq of a `turn_end` of that session: the last event
+   * copied. Unset means its last `turn_end`.
+   *
+   * @generated from field: optional uint64 seq = 2;
+   */
+  seq?: bigint | undefined;
+};
+
+/**
+ * Describes the message agentloop.v1.SessionSeed.
+ * Use `create(SessionSeedSchema)` to create a new message.
+ */
+export const SessionSeedSchema: GenMessage<SessionSeed> = /*@__PURE__*/
+  messageDesc(file_agentloop_v1_agent_factory_service, 2);
 
 /**
  * CreateAgentResponse is the output of CreateAgent.
@@ -78,7 +161,7 @@ export type CreateAgentResponse = Message<"agentloop.v1.CreateAgentResponse"> & 
  * Use `create(CreateAgentResponseSchema)` to create a new message.
  */
 export const CreateAgentResponseSchema: GenMessage<CreateAgentResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 1);
+  messageDesc(file_agentloop_v1_agent_factory_service, 3);
 
 /**
  * ResumeAgentRequest is the input of ResumeAgent.
@@ -116,7 +199,7 @@ export type ResumeAgentRequest = Message<"agentloop.v1.ResumeAgentRequest"> & {
  * Use `create(ResumeAgentRequestSchema)` to create a new message.
  */
 export const ResumeAgentRequestSchema: GenMessage<ResumeAgentRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 2);
+  messageDesc(file_agentloop_v1_agent_factory_service, 4);
 
 /**
  * ResumeAgentResponse is the output of ResumeAgent.
@@ -137,7 +220,7 @@ export type ResumeAgentResponse = Message<"agentloop.v1.ResumeAgentResponse"> & 
  * Use `create(ResumeAgentResponseSchema)` to create a new message.
  */
 export const ResumeAgentResponseSchema: GenMessage<ResumeAgentResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 3);
+  messageDesc(file_agentloop_v1_agent_factory_service, 5);
 
 /**
  * DisposeAgentRequest is the input of DisposeAgent.
@@ -158,7 +241,7 @@ export type DisposeAgentRequest = Message<"agentloop.v1.DisposeAgentRequest"> & 
  * Use `create(DisposeAgentRequestSchema)` to create a new message.
  */
 export const DisposeAgentRequestSchema: GenMessage<DisposeAgentRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 4);
+  messageDesc(file_agentloop_v1_agent_factory_service, 6);
 
 /**
  * DisposeAgentResponse is the output of DisposeAgent.
@@ -179,7 +262,7 @@ export type DisposeAgentResponse = Message<"agentloop.v1.DisposeAgentResponse"> 
  * Use `create(DisposeAgentResponseSchema)` to create a new message.
  */
 export const DisposeAgentResponseSchema: GenMessage<DisposeAgentResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 5);
+  messageDesc(file_agentloop_v1_agent_factory_service, 7);
 
 /**
  * GetAgentRequest is the input of GetAgent.
@@ -200,7 +283,7 @@ export type GetAgentRequest = Message<"agentloop.v1.GetAgentRequest"> & {
  * Use `create(GetAgentRequestSchema)` to create a new message.
  */
 export const GetAgentRequestSchema: GenMessage<GetAgentRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 6);
+  messageDesc(file_agentloop_v1_agent_factory_service, 8);
 
 /**
  * GetAgentResponse is the output of GetAgent.
@@ -221,7 +304,7 @@ export type GetAgentResponse = Message<"agentloop.v1.GetAgentResponse"> & {
  * Use `create(GetAgentResponseSchema)` to create a new message.
  */
 export const GetAgentResponseSchema: GenMessage<GetAgentResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 7);
+  messageDesc(file_agentloop_v1_agent_factory_service, 9);
 
 /**
  * ListAgentsRequest is the input of ListAgents.
@@ -245,6 +328,13 @@ export type ListAgentsRequest = Message<"agentloop.v1.ListAgentsRequest"> & {
    * @generated from field: string page_token = 2;
    */
   pageToken: string;
+
+  /**
+   * Optional. Only the direct children of this agent (on this server).
+   *
+   * @generated from field: string parent_agent_id = 3;
+   */
+  parentAgentId: string;
 };
 
 /**
@@ -252,7 +342,7 @@ export type ListAgentsRequest = Message<"agentloop.v1.ListAgentsRequest"> & {
  * Use `create(ListAgentsRequestSchema)` to create a new message.
  */
 export const ListAgentsRequestSchema: GenMessage<ListAgentsRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 8);
+  messageDesc(file_agentloop_v1_agent_factory_service, 10);
 
 /**
  * ListAgentsResponse is the output of ListAgents.
@@ -280,7 +370,7 @@ export type ListAgentsResponse = Message<"agentloop.v1.ListAgentsResponse"> & {
  * Use `create(ListAgentsResponseSchema)` to create a new message.
  */
 export const ListAgentsResponseSchema: GenMessage<ListAgentsResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 9);
+  messageDesc(file_agentloop_v1_agent_factory_service, 11);
 
 /**
  * AgentFactoryService creates, resumes, inspects and disposes agents.
@@ -329,6 +419,7 @@ export const AgentFactoryService: GenService<{
   /**
    * DisposeAgent stops an agent: a running turn ends `disposed`, the session
    * is flushed, the agent leaves the registry. Its session stays readable.
+   * Its children (CreateAgent `parent`) are disposed first, depth first.
    *
    * @generated from rpc agentloop.v1.AgentFactoryService.DisposeAgent
    */

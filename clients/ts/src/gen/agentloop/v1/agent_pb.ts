@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agentloop/v1/agent.proto.
  */
 export const file_agentloop_v1_agent: GenFile = /*@__PURE__*/
-  fileDesc("ChhhZ2VudGxvb3AvdjEvYWdlbnQucHJvdG8SDGFnZW50bG9vcC52MSKFBAoMQWdlbnRPcHRpb25zEhAKCHByb3ZpZGVyGAEgASgJEg0KBW1vZGVsGAIgASgJEiQKF21heF9wYXJhbGxlbF90b29sX2NhbGxzGAMgASgNSACIAQESDQoFdG9vbHMYBCADKAkSDwoHcGVyc29uYRgFIAEoCRIuChBwcm92aWRlcl9vcHRpb25zGAcgASgLMhQuZ29vZ2xlLnByb3RvYnVmLkFueRIfChdhcHByb3ZhbF9yZXF1aXJlZF90b29scxgIIAMoCRIzChBhcHByb3ZhbF90aW1lb3V0GAkgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEiIKFWNvbnRleHRfd2luZG93X3Rva2VucxgKIAEoBEgBiAEBEiIKFW91dHB1dF9yZXNlcnZlX3Rva2VucxgLIAEoBEgCiAEBEh8KEmtlZXBfcmVjZW50X3Rva2VucxgMIAEoBEgDiAEBEhkKDGF1dG9fY29tcGFjdBgNIAEoCEgEiAEBQhoKGF9tYXhfcGFyYWxsZWxfdG9vbF9jYWxsc0IYChZfY29udGV4dF93aW5kb3dfdG9rZW5zQhgKFl9vdXRwdXRfcmVzZXJ2ZV90b2tlbnNCFQoTX2tlZXBfcmVjZW50X3Rva2Vuc0IPCg1fYXV0b19jb21wYWN0SgQIBhAHUgZzY3JpcHQiHgoPU2Vzc2lvbk1ldGFkYXRhEgsKA2N3ZBgBIAEoCSKlAgoFQWdlbnQSEAoIYWdlbnRfaWQYASABKAkSEgoKc2Vzc2lvbl9pZBgCIAEoCRIpCgZzdGF0dXMYAyABKA4yGS5hZ2VudGxvb3AudjEuQWdlbnRTdGF0dXMSKwoHb3B0aW9ucxgEIAEoCzIaLmFnZW50bG9vcC52MS5BZ2VudE9wdGlvbnMSLwoLY3JlYXRlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjoKEXBlbmRpbmdfYXBwcm92YWxzGAYgAygLMh8uYWdlbnRsb29wLnYxLkFwcHJvdmFsUmVxdWVzdGVkEjEKDWNvbnRleHRfdXNhZ2UYByABKAsyGi5hZ2VudGxvb3AudjEuQ29udGV4dFVzYWdlYgZwcm90bzM", [file_agentloop_v1_agent_event, file_agentloop_v1_approval, file_google_protobuf_any, file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChhhZ2VudGxvb3AvdjEvYWdlbnQucHJvdG8SDGFnZW50bG9vcC52MSKnBQoMQWdlbnRPcHRpb25zEhAKCHByb3ZpZGVyGAEgASgJEg0KBW1vZGVsGAIgASgJEiQKF21heF9wYXJhbGxlbF90b29sX2NhbGxzGAMgASgNSACIAQESDQoFdG9vbHMYBCADKAkSDwoHcGVyc29uYRgFIAEoCRIuChBwcm92aWRlcl9vcHRpb25zGAcgASgLMhQuZ29vZ2xlLnByb3RvYnVmLkFueRIfChdhcHByb3ZhbF9yZXF1aXJlZF90b29scxgIIAMoCRIzChBhcHByb3ZhbF90aW1lb3V0GAkgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEiIKFWNvbnRleHRfd2luZG93X3Rva2VucxgKIAEoBEgBiAEBEiIKFW91dHB1dF9yZXNlcnZlX3Rva2VucxgLIAEoBEgCiAEBEh8KEmtlZXBfcmVjZW50X3Rva2VucxgMIAEoBEgDiAEBEhkKDGF1dG9fY29tcGFjdBgNIAEoCEgEiAEBEksKEXN1YmFnZW50X3Byb2ZpbGVzGA4gAygLMjAuYWdlbnRsb29wLnYxLkFnZW50T3B0aW9ucy5TdWJhZ2VudFByb2ZpbGVzRW50cnkaUwoVU3ViYWdlbnRQcm9maWxlc0VudHJ5EgsKA2tleRgBIAEoCRIpCgV2YWx1ZRgCIAEoCzIaLmFnZW50bG9vcC52MS5BZ2VudE9wdGlvbnM6AjgBQhoKGF9tYXhfcGFyYWxsZWxfdG9vbF9jYWxsc0IYChZfY29udGV4dF93aW5kb3dfdG9rZW5zQhgKFl9vdXRwdXRfcmVzZXJ2ZV90b2tlbnNCFQoTX2tlZXBfcmVjZW50X3Rva2Vuc0IPCg1fYXV0b19jb21wYWN0SgQIBhAHUgZzY3JpcHQiHgoPU2Vzc2lvbk1ldGFkYXRhEgsKA2N3ZBgBIAEoCSLNAgoFQWdlbnQSEAoIYWdlbnRfaWQYASABKAkSEgoKc2Vzc2lvbl9pZBgCIAEoCRIpCgZzdGF0dXMYAyABKA4yGS5hZ2VudGxvb3AudjEuQWdlbnRTdGF0dXMSKwoHb3B0aW9ucxgEIAEoCzIaLmFnZW50bG9vcC52MS5BZ2VudE9wdGlvbnMSLwoLY3JlYXRlX3RpbWUYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjoKEXBlbmRpbmdfYXBwcm92YWxzGAYgAygLMh8uYWdlbnRsb29wLnYxLkFwcHJvdmFsUmVxdWVzdGVkEjEKDWNvbnRleHRfdXNhZ2UYByABKAsyGi5hZ2VudGxvb3AudjEuQ29udGV4dFVzYWdlEiYKB2xpbmVhZ2UYCCABKAsyFS5hZ2VudGxvb3AudjEuTGluZWFnZSJnCgdMaW5lYWdlEhcKD3BhcmVudF9hZ2VudF9pZBgBIAEoCRIbChNwYXJlbnRfdG9vbF9jYWxsX2lkGAIgASgJEg0KBWRlcHRoGAMgASgNEhcKD2NoaWxkX2FnZW50X2lkcxgEIAMoCWIGcHJvdG8z", [file_agentloop_v1_agent_event, file_agentloop_v1_approval, file_google_protobuf_any, file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * AgentOptions configure an agent at creation.
@@ -130,6 +130,17 @@ export type AgentOptions = Message<"agentloop.v1.AgentOptions"> & {
    * @generated from field: optional bool auto_compact = 13;
    */
   autoCompact?: boolean | undefined;
+
+  /**
+   * Optional. Sub-agent profiles for the `delegate` tool, by name: the
+   * options a child created with `"profile": NAME` runs with (its own model,
+   * persona, tools, approval policy). Without a profile a child runs with
+   * this agent's provider, model, persona and approval policy, and its tools
+   * less `delegate` and `collect` (never a tool the parent lacks).
+   *
+   * @generated from field: map<string, agentloop.v1.AgentOptions> subagent_profiles = 14;
+   */
+  subagentProfiles: { [key: string]: AgentOptions };
 };
 
 /**
@@ -216,6 +227,13 @@ export type Agent = Message<"agentloop.v1.Agent"> & {
    * @generated from field: agentloop.v1.ContextUsage context_usage = 7;
    */
   contextUsage?: ContextUsage | undefined;
+
+  /**
+   * Output only. Who owns the agent; unset for a top-level agent.
+   *
+   * @generated from field: agentloop.v1.Lineage lineage = 8;
+   */
+  lineage?: Lineage | undefined;
 };
 
 /**
@@ -224,4 +242,46 @@ export type Agent = Message<"agentloop.v1.Agent"> & {
  */
 export const AgentSchema: GenMessage<Agent> = /*@__PURE__*/
   messageDesc(file_agentloop_v1_agent, 2);
+
+/**
+ * Lineage is the place of a sub-agent in its tree.
+ *
+ * @generated from message agentloop.v1.Lineage
+ */
+export type Lineage = Message<"agentloop.v1.Lineage"> & {
+  /**
+   * ParentAgentID is the live agent that owns this one.
+   *
+   * @generated from field: string parent_agent_id = 1;
+   */
+  parentAgentId: string;
+
+  /**
+   * ParentToolCallID is the parent's tool call that made it, when one did.
+   *
+   * @generated from field: string parent_tool_call_id = 2;
+   */
+  parentToolCallId: string;
+
+  /**
+   * Depth is 1 for a child of a top-level agent, 2 for a grandchild, ...
+   *
+   * @generated from field: uint32 depth = 3;
+   */
+  depth: number;
+
+  /**
+   * ChildAgentIDs are the live children of this agent, by id.
+   *
+   * @generated from field: repeated string child_agent_ids = 4;
+   */
+  childAgentIds: string[];
+};
+
+/**
+ * Describes the message agentloop.v1.Lineage.
+ * Use `create(LineageSchema)` to create a new message.
+ */
+export const LineageSchema: GenMessage<Lineage> = /*@__PURE__*/
+  messageDesc(file_agentloop_v1_agent, 3);
 

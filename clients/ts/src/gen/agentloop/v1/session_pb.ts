@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agentloop/v1/session.proto.
  */
 export const file_agentloop_v1_session: GenFile = /*@__PURE__*/
-  fileDesc("ChphZ2VudGxvb3AvdjEvc2Vzc2lvbi5wcm90bxIMYWdlbnRsb29wLnYxIn0KDVNlc3Npb25IZWFkZXISCwoDY3dkGAEgASgJEhkKEXBhcmVudF9zZXNzaW9uX2lkGAIgASgJEhMKC3NlZWRfbGVuZ3RoGAMgASgEEi8KC2NyZWF0ZV90aW1lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKzAQoHU2Vzc2lvbhISCgpzZXNzaW9uX2lkGAEgASgJEhAKCGFnZW50X2lkGAIgASgJEisKBmhlYWRlchgDIAEoCzIbLmFnZW50bG9vcC52MS5TZXNzaW9uSGVhZGVyEhMKC2V2ZW50X2NvdW50GAQgASgEEhIKCnR1cm5fY291bnQYBSABKA0SEgoKbG9hZF9lcnJvchgGIAEoCRIYChBwZW5kaW5nX21lc3NhZ2VzGAcgASgNYgZwcm90bzM", [file_google_protobuf_timestamp]);
+  fileDesc("ChphZ2VudGxvb3AvdjEvc2Vzc2lvbi5wcm90bxIMYWdlbnRsb29wLnYxIrMBCg1TZXNzaW9uSGVhZGVyEgsKA2N3ZBgBIAEoCRIZChFwYXJlbnRfc2Vzc2lvbl9pZBgCIAEoCRITCgtzZWVkX2xlbmd0aBgDIAEoBBIvCgtjcmVhdGVfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFwoPcGFyZW50X2FnZW50X2lkGAUgASgJEhsKE3BhcmVudF90b29sX2NhbGxfaWQYBiABKAkiswEKB1Nlc3Npb24SEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCghhZ2VudF9pZBgCIAEoCRIrCgZoZWFkZXIYAyABKAsyGy5hZ2VudGxvb3AudjEuU2Vzc2lvbkhlYWRlchITCgtldmVudF9jb3VudBgEIAEoBBISCgp0dXJuX2NvdW50GAUgASgNEhIKCmxvYWRfZXJyb3IYBiABKAkSGAoQcGVuZGluZ19tZXNzYWdlcxgHIAEoDWIGcHJvdG8z", [file_google_protobuf_timestamp]);
 
 /**
  * SessionHeader is written once when a session is created.
@@ -47,6 +47,21 @@ export type SessionHeader = Message<"agentloop.v1.SessionHeader"> & {
    * @generated from field: google.protobuf.Timestamp create_time = 4;
    */
   createTime?: Timestamp | undefined;
+
+  /**
+   * ParentAgentID is the agent that owned the session's first agent, when
+   * it was created as a sub-agent (CreateAgent `parent`).
+   *
+   * @generated from field: string parent_agent_id = 5;
+   */
+  parentAgentId: string;
+
+  /**
+   * ParentToolCallID is the parent's tool call that created it, when one did.
+   *
+   * @generated from field: string parent_tool_call_id = 6;
+   */
+  parentToolCallId: string;
 };
 
 /**
