@@ -87,6 +87,25 @@ SAMPLES: dict[str, tuple[object, hk.HookCall]] = {
         S.TurnStop(**at()),  # type: ignore[arg-type]
         hk.HookCall(turn_stop=hk.TurnStopCall()),
     ),
+    "agent/compact": (
+        S.Compact(
+            **at(),  # type: ignore[arg-type]
+            messages=[MESSAGE],
+            instructions="keep the numbers",
+            trigger=ev.COMPACTION_TRIGGER_MANUAL,
+            tokens_before=1234,
+            summary="so far",
+        ),
+        hk.HookCall(
+            compact=hk.CompactCall(
+                messages=[MESSAGE],
+                instructions="keep the numbers",
+                trigger=ev.COMPACTION_TRIGGER_MANUAL,
+                tokens_before=1234,
+                summary="so far",
+            )
+        ),
+    ),
     "tools/pre-execute": (
         EXEC,
         hk.HookCall(tool_pre_execute=hk.ToolPreExecuteCall(invocation=INVOCATION)),
