@@ -90,7 +90,6 @@ class Agent:
             agent_id,
             session,
             runtime.seams,
-            runtime.journal,
             lambda event: self.emit(None, None, event),
             options.approval_timeout.ToNanoseconds() / 1e9
             if options.HasField("approval_timeout")

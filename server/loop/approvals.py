@@ -39,7 +39,6 @@ from server.kernel.errors import FailedPrecondition, InvalidArgument, NotFound
 from server.kernel.seams import SeamRegistry
 from server.kernel.tasks import Spawn
 from server.kernel.tools import ToolExecution
-from server.sessions.journal import Journal
 from server.sessions.session import SessionLog
 from server.stores import FIRST_SEQ
 
@@ -170,7 +169,6 @@ class Approvals:
         agent_id: str,
         session: SessionLog,
         seams: SeamRegistry,
-        journal: Journal,
         notify: Callable[[ae.AgentEvent], None],
         timeout: float,
         *,
@@ -181,7 +179,6 @@ class Approvals:
         """Starts an approver's ask: a task of the agent's group."""
         self.session = session
         self.seams = seams
-        self.journal = journal
         self.notify = notify
         self.timeout = timeout
         """Seconds a call waits; 0 turns approvals off (an ask is then a denial)."""

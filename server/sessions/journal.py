@@ -276,7 +276,9 @@ class Journal:
             except REFUSALS:
                 raise
             except Exception as error:  # an outage: a full disk, a lost connection
-                log.error("session store commit failed: %s; retrying in %.2f s", error, delay)
+                # Once at ERROR per outage; its retries (every second at most) at WARNING.
+                level = logging.ERROR if delay == RETRY_INITIAL else logging.WARNING
+                log.log(level, "session store commit failed: %s; retrying in %.2f s", error, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)
 
