@@ -8,12 +8,22 @@ leases (`server.stores.postgres_leases`). Two background loops run while it serv
   lost (this replica stalled past its expiry and another took it) is stopped here at
   once, and the store's fence already refuses its writes;
 - the sweep, every half of the lease time: expired leases (a replica died) are taken
-  over, never those of agents this replica holds; each agent is resumed here on its
+  over, never those of agents this replica holds, and never before this replica has
+  been in touch with the database for a whole lease (the *grace*); each agent is resumed here on its
   session, which repairs a turn the crash left open and runs the pending inbox once.
   A lease taken over is renewed from the moment it is taken, so that a sweep that
   takes many (a replica with many agents died) keeps them all while it resumes them
   one by one.
 A graceful stop hands every lease over (expires it), so others take its agents now.
+
+The grace (issue 27 item 4): during a database outage every lease lapses, the live
+owners' too. The owners renew them when the database is back (a lapsed lease nobody
+took is still its owner's), so a sweeper must not take them first: after an outage of
+its own (a renewal that failed, or that began a renew deadline after the last one) a
+replica sweeps again only once its renewals have succeeded for a whole lease; every
+owner that reconnected within that lease has renewed its leases by then. A replica
+that was in touch all along (a peer died, the database did not blink) sweeps at once,
+so the failover bound for a real death is unchanged.
 
 The renew deadline (two thirds of the lease, as Kubernetes' `renewDeadline`): once the
 renewal loop runs, a replica whose last renewal began longer ago than that stops
@@ -32,6 +42,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from agentloop.v1 import agent_pb2
+from server.cluster.balance import drain_targets, hand_outs
 from server.kernel.errors import AlreadyExists, FailedPrecondition
 from server.kernel.tasks import cancel_and_wait
 from server.stores import StoreUnavailable
@@ -42,9 +53,19 @@ log = logging.getLogger(__name__)
 RENEW_DEADLINE = 2 / 3
 """Of the lease time: how long after its last renewal began a replica still acts."""
 
+REBALANCE_EVERY = 2
+"""Leases between two looks at the fair shares."""
+
+HAND_OFF_WAIT = 10.0
+"""Seconds a rebalance waits for an agent's turn to end before it keeps the agent."""
+
 Resume = Callable[[Lease], Awaitable[None]]
 Abandon = Callable[[str], Awaitable[None]]
 Owned = Callable[[], set[str]]
+HandOff = Callable[[str, float], Awaitable[bool]]
+"""Close a live agent here between two turns (waiting at most so long); whether it closed."""
+Movable = Callable[[], list[str]]
+"""The agents that may move to another replica, those between turns first."""
 
 
 class Cluster:
@@ -64,6 +85,17 @@ class Cluster:
         """Fires at the renew deadline unless a renewal succeeds first: says so in the log."""
         self._stopped = False
         """Whether the deadline passed (and was logged) since the last renewal in time."""
+        self._giving: set[str] = set()
+        """Agents being handed to another replica (renewed here until the lease is given)."""
+        self._draining = False
+        """Whether this replica gives every agent away (a drain, a stop): it takes none."""
+        self._hand_off: HandOff | None = None
+        self._movable: Movable = list
+        self._in_touch_since: float | None = time.monotonic() - leases.ttl
+        """Since when renewals have succeeded without a gap; None during an outage.
+
+        A replica starts settled: it has just registered, and saw no outage.
+        """
 
     # -- Ownership ---------------------------------------------------------------------
 
@@ -130,18 +162,95 @@ class Cluster:
         """Record this replica and its address (before it creates any agent)."""
         await self.leases.register()
 
-    def start(self, owned: Owned, resume: Resume, abandon: Abandon) -> None:
-        """Renew and sweep in the background.
+    def start(
+        self,
+        owned: Owned,
+        resume: Resume,
+        abandon: Abandon,
+        hand_off: HandOff | None = None,
+        movable: Movable = list,
+    ) -> None:
+        """Renew, sweep and rebalance in the background.
 
         Called once the config agents exist: a sweep racing their creation would take
         one over as it is being created. `owned` names the agents this replica holds:
-        live, being created or resumed, or being disposed.
+        live, being created or resumed, or being disposed; `hand_off` closes one between
+        turns so that another replica takes it (no rebalancing without it).
         """
         ttl = self.leases.ttl
         self._owned = owned
+        self._hand_off = hand_off
+        self._movable = movable
         self._renewed_at = time.monotonic()
         self._renewal = asyncio.create_task(self._every(ttl / 3, lambda: self._renew(abandon)))
         self._tasks = [asyncio.create_task(self._every(ttl / 2, lambda: self._sweep(resume)))]
+        if hand_off is not None:
+            self._tasks.append(
+                asyncio.create_task(self._every(REBALANCE_EVERY * ttl, self._rebalance))
+            )
+
+    # -- hand-over between turns -------------------------------------------------------
+
+    async def give(self, agent_id: str, to: str, wait: float) -> bool:
+        """Close `agent_id` here between two turns and give its lease to replica `to`.
+
+        Its lease is renewed here until it is given, so no sweep takes it meanwhile;
+        `to` resumes it at its next sweep. False when the agent stayed (its turn did not
+        end within `wait`, or it is no longer here).
+        """
+        if self._hand_off is None:
+            return False
+        self._giving.add(agent_id)
+        try:
+            if not await self._hand_off(agent_id, wait):
+                return False
+            if not await self.leases.hand(agent_id, to):
+                return False
+            log.info("cluster: handed agent %s over to %s", agent_id, to)
+            return True
+        finally:
+            self._giving.discard(agent_id)
+
+    async def _rebalance(self) -> None:
+        """Give agents to the replicas with fewer, while this one holds more than its share."""
+        if self._draining or not self.settled():
+            return
+        targets = hand_outs(await self.leases.shares(), self.replica_id)
+        if not targets:
+            return
+        movable = [a for a in self._movable() if a not in self._taking][: len(targets)]
+        log.info("cluster: rebalancing: handing %d agent(s) over", len(movable))
+        await asyncio.gather(
+            *(
+                self.give(agent_id, to, HAND_OFF_WAIT)
+                for agent_id, to in zip(movable, targets, strict=False)
+            )
+        )
+
+    async def drain(self, wait: float) -> list[str]:
+        """Hand every movable agent over to the other replicas between turns; those handed.
+
+        From here on this replica takes no agent (its heartbeat says so, and it stops
+        sweeping and rebalancing). `FailedPrecondition` when no other replica takes agents.
+        """
+        self._draining = True
+        await self.stop()
+        await self.leases.renew(self._owned() | self._taking, draining=True)
+        shares = await self.leases.shares()
+        shares.pop(self.replica_id, None)
+        if not shares:
+            raise FailedPrecondition(
+                "no other live replica takes agents: nothing to drain to", "NO_REPLICA"
+            )
+        agents = self._movable()
+        log.info("cluster: draining %d agent(s) to %s", len(agents), ", ".join(sorted(shares)))
+        handed = await asyncio.gather(
+            *(
+                self.give(agent_id, to, wait)
+                for agent_id, to in zip(agents, drain_targets(shares, len(agents)), strict=True)
+            )
+        )
+        return [agent_id for agent_id, done in zip(agents, handed, strict=True) if done]
 
     async def stop(self) -> None:
         """Take no more agents over (a stop: the agents are about to close; renewal goes on)."""
@@ -172,10 +281,24 @@ class Cluster:
                 log.warning("cluster: %s failed; retrying", work, exc_info=True)
             await asyncio.sleep(seconds)
 
+    def settled(self) -> bool:
+        """Whether this replica has been in touch with the database for a whole lease."""
+        since = self._in_touch_since
+        return since is not None and time.monotonic() - since >= self.leases.ttl
+
     async def _renew(self, abandon: Abandon) -> None:
-        running = self._owned() | self._taking
+        running = self._owned() | self._taking | self._giving
         started = time.monotonic()
-        kept = await self.leases.renew(running)
+        if started - self._renewed_at >= RENEW_DEADLINE * self.leases.ttl:
+            self._lost_touch()  # away (a stall, a slow database): peers may have been too
+        try:
+            kept = await self.leases.renew(running, self._draining)
+        except BaseException:
+            self._lost_touch()
+            raise
+        if self._in_touch_since is None:
+            self._in_touch_since = started
+            log.info("cluster: in touch with the database again; no takeover for one lease")
         self._renewed(started)
         missing = running - kept
         for agent_id in sorted(await self.leases.taken(missing) if missing else ()):
@@ -186,8 +309,14 @@ class Cluster:
             log.warning("cluster: the lease of agent %s was lost; stopping it here", agent_id)
             await abandon(agent_id)
 
+    def _lost_touch(self) -> None:
+        self._in_touch_since = None
+
     async def _sweep(self, resume: Resume) -> None:
-        leases = await self.leases.take_over(self._owned())
+        # After an outage only the leases handed to this replica: the live owners renew
+        # their lapsed ones first.
+        held = self._owned() | self._giving
+        leases = await self.leases.take_over(held, expired=self.settled())
         self._taking.update(lease.agent_id for lease in leases)
         for lease in leases:
             if lease.agent_id not in self._taking:

@@ -20,7 +20,7 @@ from server.edge.api_approvals import ApprovalMethods
 from server.edge.api_delete import DeleteMethods
 from server.edge.api_stream_wire import response_bytes
 from server.edge.status import abort, mapped
-from server.kernel.errors import AgentLoopError, InvalidArgument, OutOfRange
+from server.kernel.errors import AgentLoopError, InvalidArgument, OutOfRange, Unavailable
 from server.kernel.ids import check_id
 from server.kernel.limits import check_pending
 from server.lifecycle.factory import AgentFactory
@@ -371,6 +371,14 @@ class AgentServicer(ApprovalMethods, DeleteMethods, rpc.AgentServiceServicer):
                 if request.replay_only:
                     return
                 if not self._follows(session, agent):
+                    if request.agent_id in self.factory.moved:
+                        # Handed to another replica: resume there from the last seq.
+                        await abort(context, Unavailable(
+                            f'agent "{request.agent_id}" moved to another replica; resume'
+                            " the stream from its last seq", "AGENT_MOVING",
+                            agent_id=request.agent_id,
+                        ))  # fmt: skip
+                        return
                     if not request.session_id:
                         return
                     # Not driven here: maybe by another replica; follow it in the store.

@@ -13,6 +13,7 @@ from agentloop.v1 import agent_pb2
 from server.edge import page_tokens
 from server.edge.api_forward import FORWARDED
 from server.edge.status import mapped
+from server.kernel.errors import FailedPrecondition
 from server.kernel.ids import check_id
 from server.lifecycle.factory import AgentFactory
 from server.loop.agent import Agent
@@ -22,6 +23,8 @@ Context = grpc.aio.ServicerContext[Any, Any]
 OtherAgents = Callable[[str | None, int], Awaitable[tuple[list[agent_pb2.Agent], bool]]]
 """The agents other replicas run with ids after a key (at most so many of each), and
 whether any of them has more."""
+Drain = Callable[[str], Awaitable[pb.DrainReplicaResponse]]
+"""Drain the replica of an id ("": this one): its agents handed over, then it stops."""
 
 
 def agent_key(agent: agent_pb2.Agent) -> str:
@@ -50,6 +53,8 @@ class AgentFactoryServicer(rpc.AgentFactoryServiceServicer):
         self.factory = factory
         self.elsewhere: OtherAgents | None = None
         """Replicas: the agents the other replicas run, to list every agent from any."""
+        self.drain: Drain | None = None
+        """Replicas: hand a replica's agents over to the others, then stop it."""
 
     def _message(self, agent: Agent) -> agent_pb2.Agent:
         return agent_message(agent, self.factory.family.message(agent.agent_id))
@@ -121,3 +126,15 @@ class AgentFactoryServicer(rpc.AgentFactoryServiceServicer):
         more = len(agents) > size or remote_more
         next_token = page_tokens.issue("ListAgents", page[-1].agent_id) if more else ""
         return pb.ListAgentsResponse(agents=page, next_page_token=next_token)
+
+    @mapped
+    async def DrainReplica(
+        self, request: pb.DrainReplicaRequest, context: Context
+    ) -> pb.DrainReplicaResponse:
+        """Hand a replica's agents over to the other replicas between turns; it stops."""
+        if self.drain is None:
+            raise FailedPrecondition(
+                "this server is not a replica (store: postgres): it has nothing to drain to",
+                "NOT_REPLICATED",
+            )
+        return await self.drain(request.replica_id)

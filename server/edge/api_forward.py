@@ -137,7 +137,12 @@ class Forwarder(grpc.aio.ServerInterceptor):
         return grpc.unary_stream_rpc_method_handler(stream, **kwargs)
 
     async def ask(
-        self, address: str, method: str, request: Message, response_type: type[Message]
+        self,
+        address: str,
+        method: str,
+        request: Message,
+        response_type: type[Message],
+        seconds: float = ASK_TIMEOUT,
     ) -> Any:
         """Call another replica of this server's own accord (answered there, not forwarded)."""
         call = self._channel(address).unary_unary(
@@ -148,7 +153,7 @@ class Forwarder(grpc.aio.ServerInterceptor):
         metadata: list[tuple[str, str | bytes]] = [(FORWARDED, "1")]
         if self.token:
             metadata.append(("authorization", f"Bearer {self.token}"))
-        return await call(request, metadata=metadata, timeout=ASK_TIMEOUT)
+        return await call(request, metadata=metadata, timeout=seconds)
 
     async def close(self) -> None:
         """Close the channels to other replicas."""

@@ -174,6 +174,7 @@ class App:
                 peer_credentials(config),
             )
             self.factory_servicer.elsewhere = self.replica.other_agents
+            self.factory_servicer.drain = self.replica.drain
             interceptors.append(self.replica.forwarder)
         self.server = grpc.aio.server(
             interceptors=interceptors,
@@ -308,6 +309,8 @@ class App:
             await self.replica.stop_loops()
         if self.sweeper is not None:
             await self.sweeper.close()
+        if self.replica is not None:  # hand each agent over between its turns first
+            await self.replica.hand_over_between_turns(grace)
         closing = asyncio.ensure_future(self.factory.close())
         done, _ = await asyncio.wait({closing}, timeout=grace)
         if not done:
@@ -351,7 +354,14 @@ class App:
         return requested
 
     async def run_until(self, requested: asyncio.Event) -> None:
-        """Serve until `requested` is set, then stop gracefully."""
-        await requested.wait()
+        """Serve until `requested` is set (or this replica was drained), then stop gracefully."""
+        waits = [asyncio.ensure_future(requested.wait())]
+        if self.replica is not None:
+            waits.append(asyncio.ensure_future(self.replica.drained.wait()))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
         log.info("shutting down")
         await self.stop()

@@ -23,7 +23,8 @@ from server.cluster.routing import AgentMoving, Router
 from server.edge import page_tokens
 from server.edge.api_forward import Forwarder
 from server.edge.api_plugins import PluginRegistryServicer, overrides_of
-from server.kernel.errors import AgentLoopError
+from server.kernel.errors import AgentLoopError, FailedPrecondition, NotFound
+from server.kernel.ids import check_id
 from server.kernel.tasks import cancel_and_wait
 from server.lifecycle.factory import AgentFactory
 from server.plugins.registry import PluginRegistry
@@ -36,6 +37,10 @@ from server.stores.postgres_plugins import SharedPlugins
 log = logging.getLogger(__name__)
 
 LIST_AGENTS = "/agentloop.v1.AgentFactoryService/ListAgents"
+DRAIN = "/agentloop.v1.AgentFactoryService/DrainReplica"
+
+DRAIN_WAIT = 60.0
+"""Seconds a drain waits for an agent's turn to end before the stop closes it."""
 
 
 class Replica:
@@ -68,6 +73,8 @@ class Replica:
         )
         self.shared = SharedPlugins(store)
         self._plugin_sync: asyncio.Task[None] | None = None
+        self.drained = asyncio.Event()
+        """Set once a `DrainReplica` handed this replica's agents over: the server stops."""
 
     async def join(self, port: int) -> None:
         """Register (before serving agents): ownership by lease, shared plugins."""
@@ -96,7 +103,13 @@ class Replica:
             # The agent's options are stored with its session: restore them.
             await self.factory.resume(lease.agent_id, lease.session_id, None, owned=True)
 
-        self.cluster.start(self.factory.held, take_over, self.factory.abandon)
+        self.cluster.start(
+            self.factory.held,
+            take_over,
+            self.factory.abandon,
+            self.factory.hand_off,
+            self.factory.movable,
+        )
         self._plugin_sync = asyncio.create_task(self._sync_plugins())
 
     async def stop_loops(self) -> None:
@@ -105,6 +118,41 @@ class Replica:
             await cancel_and_wait([self._plugin_sync])
         if self.cluster is not None:
             await self.cluster.stop()
+
+    async def drain(self, replica_id: str) -> fac.DrainReplicaResponse:
+        """Hand the agents of replica `replica_id` ("": this one) over; then it stops."""
+        assert self.cluster is not None
+        if replica_id and replica_id != self.cluster.replica_id:
+            check_id("replica_id", replica_id)
+            address = await self.cluster.leases.address_of(replica_id)
+            if address is None:
+                raise NotFound(
+                    f'replica_id: no replica "{replica_id}" ever joined',
+                    "REPLICA_NOT_FOUND",
+                    field="replica_id",
+                )
+            request = fac.DrainReplicaRequest(replica_id=replica_id)
+            answer: fac.DrainReplicaResponse = await self.forwarder.ask(
+                address, DRAIN, request, fac.DrainReplicaResponse, DRAIN_WAIT + 10
+            )
+            return answer
+        handed = await self.cluster.drain(DRAIN_WAIT)
+        log.info("drained: %d agent(s) handed over; stopping", len(handed))
+        self.drained.set()
+        return fac.DrainReplicaResponse(replica_id=self.cluster.replica_id, agent_ids=handed)
+
+    async def hand_over_between_turns(self, wait: float) -> None:
+        """A graceful stop: hand each agent over between turns, within `wait` seconds."""
+        if self.cluster is None:
+            return
+        try:
+            handed = await self.cluster.drain(wait)
+        except FailedPrecondition:  # the last replica: its agents wait for the next start
+            return
+        except Exception:
+            log.warning("handing the agents over between turns failed", exc_info=True)
+            return
+        log.info("stopping: %d agent(s) handed over between turns", len(handed))
 
     async def hand_over(self) -> None:
         """Expire this replica's leases: the others take its agents at once."""

@@ -73,6 +73,10 @@ class AgentFactory:
         self._stopping: set[asyncio.Task[None]] = set()
         self._abandoned: set[str] = set()
         """Agents stopped because another replica owns them now: never released here."""
+        self._handing: set[str] = set()
+        """Agents being handed to another replica: their calls are routed by the lease."""
+        self.moved = DisposedIds()
+        """Recently handed-over agent ids: a stream of one ends `AGENT_MOVING`, not done."""
         self.disposed = DisposedIds()
         """Recently disposed agent ids: calls to them are FAILED_PRECONDITION."""
         self.family = Family()
@@ -369,7 +373,12 @@ class AgentFactory:
         Not while it is being created or resumed, nor once it was abandoned to another owner.
         """
         agent = self.agents.get(agent_id)
-        return agent is not None and agent.published and agent_id not in self._abandoned
+        return (
+            agent is not None
+            and agent.published
+            and agent_id not in self._abandoned
+            and agent_id not in self._handing
+        )
 
     def cancel(self, agent: Agent, reason: str = "") -> tuple[bool, int]:
         """Cancel the agent's running turn, and the children that turn made (their trees).
@@ -388,6 +397,51 @@ class AgentFactory:
         Not those it abandoned to another owner.
         """
         return self._agent_ids - self._abandoned
+
+    def movable(self) -> list[str]:
+        """The live agents that may move to another replica, those between turns first.
+
+        Not an agent with a parent or children here: a child lives on its parent's
+        replica, and a family moves only by failover (the child is retired).
+        """
+        family = self.family
+        agents = [
+            agent
+            for agent in self.list_agents()
+            if agent.teardown is None
+            and self.serves(agent.agent_id)
+            and family.link(agent.agent_id) is None
+            and not family.children(agent.agent_id)
+        ]
+        return [agent.agent_id for agent in sorted(agents, key=lambda a: not a.is_idle())]
+
+    async def hand_off(self, agent_id: str, wait: float) -> bool:
+        """Close a live agent between two turns, for another replica to resume it.
+
+        From now on its calls are routed by its lease (`AGENT_MOVING` until its next
+        owner runs it); what it has queued runs first. Once it is idle it stops at once
+        (no turn can start in between) and is torn down without giving up its
+        ownership or its session. False, and it serves again, when it is not idle
+        within `wait` seconds.
+        """
+        agent = self.agents.get(agent_id)
+        if agent is None or not self.serves(agent_id) or agent.teardown is not None:
+            return False
+        self._handing.add(agent_id)
+        try:
+            try:
+                await asyncio.wait_for(agent.when_idle(), wait)
+            except TimeoutError:
+                return False
+            if not agent.is_idle() or agent.teardown is not None or agent.disposed:
+                return False
+            self._abandoned.add(agent_id)  # kept, not released: its lease goes on
+            self.moved.add(agent_id)
+            agent.stop()
+        finally:
+            self._handing.discard(agent_id)
+        await self.teardown(agent)
+        return True
 
     def list_agents(self) -> list[Agent]:
         """Every live (published) agent, by id."""
@@ -495,6 +549,7 @@ class AgentFactory:
         self._agent_ids.add(agent_id)
         self._session_ids.add(session_id)
         self.disposed.discard(agent_id)
+        self.moved.discard(agent_id)
 
     def _release(self, agent_id: str, session_id: str) -> None:
         self._agent_ids.discard(agent_id)

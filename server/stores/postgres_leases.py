@@ -97,7 +97,7 @@ class Leases:
             return None
         return await self._holder("agent_id", agent_id) or Holder("", "")
 
-    async def renew(self, running: set[str]) -> set[str]:
+    async def renew(self, running: set[str], draining: bool = False) -> set[str]:
         """Extend the leases of the agents running here; those it still owns.
 
         Only running agents: a lease this replica id held in an earlier life (before a
@@ -105,12 +105,16 @@ class Leases:
         A lease that lapsed (this replica was late to renew: a stall, a loaded machine)
         but that nobody took over is still this replica's, and is extended: another
         replica takes a lease only by becoming its owner, and the session's fence
-        refuses the writes of an owner it replaced.
+        refuses the writes of an owner it replaced. A draining replica's heartbeat is
+        set in the past: it takes no agent handed over, and counts in no fair share.
         """
         pool = await self.store.pool()
         async with pool.acquire() as conn, conn.transaction():
             await conn.execute(
-                "UPDATE replicas SET heartbeat = now() WHERE replica_id = $1", self.replica_id
+                "UPDATE replicas SET heartbeat = CASE WHEN $2 THEN '-infinity' ELSE now() END"
+                " WHERE replica_id = $1",
+                self.replica_id,
+                draining,
             )
             rows = await conn.fetch(
                 "UPDATE leases SET expires_at = now() + make_interval(secs => $2)"
@@ -150,17 +154,20 @@ class Leases:
         pool = await self.store.pool()
         await pool.execute("UPDATE leases SET expires_at = now() WHERE owner = $1", self.replica_id)
 
-    async def take_over(self, held: Collection[str] = ()) -> list[Lease]:
-        """Take every expired lease (another replica died or stalled); what was taken.
+    async def take_over(self, held: Collection[str] = (), expired: bool = True) -> list[Lease]:
+        """Take the leases of agents to run here; what was taken.
 
-        Not those of the agents in `held`: this replica runs them (or is creating,
-        resuming or disposing them), and its renewal extends their leases.
-        `SKIP LOCKED`: replicas sweeping at the same moment split the work, and no
-        lease is taken twice.
+        Those this replica's id holds but it does not run (handed to it by another
+        replica, or held in an earlier life of this id), and with `expired` every
+        expired lease (another replica died or stalled). Not those of the agents in
+        `held`: this replica runs them (or is creating, resuming or disposing them),
+        and its renewal extends their leases. `SKIP LOCKED`: replicas sweeping at the
+        same moment split the work, and no lease is taken twice.
         """
         pool = await self.store.pool()
         rows = await pool.fetch(
-            "WITH expired AS (SELECT agent_id, owner FROM leases WHERE expires_at < now()"
+            "WITH expired AS (SELECT agent_id, owner FROM leases"
+            " WHERE (owner = $1 OR ($4 AND expires_at < now()))"
             " AND NOT agent_id = ANY($3::text[]) FOR UPDATE SKIP LOCKED)"
             " UPDATE leases SET owner = $1, expires_at = now() + make_interval(secs => $2)"
             " FROM expired WHERE leases.agent_id = expired.agent_id"
@@ -168,8 +175,46 @@ class Leases:
             self.replica_id,
             self.ttl,
             sorted(held),
+            expired,
         )
         return [Lease(r["agent_id"], r["session_id"], r["owner"], r["options"]) for r in rows]
+
+    async def hand(self, agent_id: str, to: str) -> bool:
+        """Give a lease this replica holds to replica `to` (which takes it at its sweep).
+
+        The agent was closed here between two turns; the lease runs a whole lease for
+        `to`, so nobody else takes it meanwhile. False when it was not this replica's.
+        """
+        pool = await self.store.pool()
+        owner = await pool.fetchval(
+            "UPDATE leases SET owner = $3, expires_at = now() + make_interval(secs => $4)"
+            " WHERE agent_id = $1 AND owner = $2 RETURNING owner",
+            agent_id,
+            self.replica_id,
+            to,
+            self.ttl,
+        )
+        return owner is not None
+
+    async def shares(self) -> dict[str, int]:
+        """Each replica that takes agents (alive within a lease, not draining): its leases."""
+        pool = await self.store.pool()
+        rows = await pool.fetch(
+            "SELECT replicas.replica_id, count(leases.agent_id) AS agents FROM replicas"
+            " LEFT JOIN leases ON leases.owner = replicas.replica_id"
+            " WHERE replicas.heartbeat > now() - make_interval(secs => $1)"
+            " GROUP BY replicas.replica_id",
+            self.ttl,
+        )
+        return {row["replica_id"]: row["agents"] for row in rows}
+
+    async def address_of(self, replica_id: str) -> str | None:
+        """The address replica `replica_id` registered; None for an unknown replica."""
+        pool = await self.store.pool()
+        address = await pool.fetchval(
+            "SELECT address FROM replicas WHERE replica_id = $1", replica_id
+        )
+        return None if address is None else str(address)
 
     async def session_owner(self, session_id: str) -> str | None:
         """The replica whose lease names the session, if any, expired or not.

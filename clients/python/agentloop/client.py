@@ -155,6 +155,15 @@ class Client(SessionReads):
             if not (token := page.next_page_token):
                 return agents
 
+    async def drain(self, replica_id: str = "") -> fac.DrainReplicaResponse:
+        """Hand a replica's agents over to the others between turns; it stops then.
+
+        `replica_id` names it ("": the replica this client talks to). Waits until the
+        agents are handed over (a turn running ends first), so give it time.
+        """
+        request = fac.DrainReplicaRequest(replica_id=replica_id)
+        return await call(self.factory.DrainReplica(request, timeout=self.timeout))
+
     # Messages (AgentService).
 
     async def send(

@@ -220,6 +220,7 @@ class SyncClient:
     dispose = _blocking(Client.dispose)
     get_agent = _blocking(Client.get_agent)
     list_agents = _blocking(Client.list_agents)
+    drain = _blocking(Client.drain)
     steer = _blocking(Client.steer)
     inject = _blocking(Client.inject)
     cancel = _blocking(Client.cancel)

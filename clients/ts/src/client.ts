@@ -14,7 +14,7 @@ import {
   type ToolSource,
   type UnregisterPluginResponse,
 } from "./gen/agentloop/plugin/v1/plugin_registry_service_pb.js";
-import { AgentFactoryService } from "./gen/agentloop/v1/agent_factory_service_pb.js";
+import { AgentFactoryService, type DrainReplicaResponse } from "./gen/agentloop/v1/agent_factory_service_pb.js";
 import { AgentOptionsSchema, type Agent, type AgentOptions } from "./gen/agentloop/v1/agent_pb.js";
 import {
   AgentService,
@@ -30,6 +30,7 @@ import type { SessionEvent } from "./gen/agentloop/v1/session_event_pb.js";
 import type { Session } from "./gen/agentloop/v1/session_pb.js";
 import { Conversation } from "./conversation.js";
 import { call } from "./errors.js";
+import { retryUnavailable } from "./retrying.js";
 import { SessionStream, type SessionSelector, type StreamOptions } from "./stream.js";
 import { Turn } from "./turn.js";
 
@@ -114,7 +115,7 @@ export class AgentloopClient {
   readonly #timeoutMs?: number;
 
   constructor(address: string, options: ConnectOptions = {}) {
-    const interceptors: Interceptor[] = [];
+    const interceptors: Interceptor[] = [retryUnavailable()];
     if (options.token) {
       const bearer = `Bearer ${options.token}`;
       interceptors.push((next) => (request) => {
@@ -176,6 +177,14 @@ export class AgentloopClient {
       pageToken = page.nextPageToken;
     } while (pageToken);
     return agents;
+  }
+
+  /**
+   * Hand a replica's agents over to the other replicas between turns; it stops then
+   * (`replicaId`: its id, "" for the replica this client talks to).
+   */
+  async drain(replicaId = ""): Promise<DrainReplicaResponse> {
+    return call(this.factory.drainReplica({ replicaId }, this.#call));
   }
 
   // Messages (AgentService).

@@ -29,6 +29,7 @@ export { Code, ConnectError } from "@connectrpc/connect";
 export * from "./client.js";
 export * from "./conversation.js";
 export * from "./errors.js";
+export * from "./retrying.js";
 export * from "./stream.js";
 export * from "./turn.js";
 export * from "./view.js";

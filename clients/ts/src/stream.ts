@@ -10,6 +10,7 @@ import { Code, ConnectError, type Client } from "@connectrpc/connect";
 import type { AgentService, StreamSessionEventsResponse } from "./gen/agentloop/v1/agent_service_pb.js";
 import type { SessionEvent } from "./gen/agentloop/v1/session_event_pb.js";
 import { AgentloopError } from "./errors.js";
+import { MAX_ATTEMPTS, retryDelay } from "./retrying.js";
 
 /** Stream failures a reconnect may cure (a dropped connection, a restart). */
 export const RETRYABLE = new Set([Code.Unavailable, Code.Internal, Code.Unknown]);
@@ -74,6 +75,7 @@ export class SessionStream implements AsyncIterable<SessionEvent> {
   /** The next response; undefined once the server ended the stream. */
   async nextBatch(): Promise<StreamSessionEventsResponse | undefined> {
     let failures = 0;
+    let moves = 0;
     while (!this.ended) {
       this.#call ??= this.#open();
       let next: IteratorResult<StreamSessionEventsResponse>;
@@ -82,6 +84,15 @@ export class SessionStream implements AsyncIterable<SessionEvent> {
       } catch (error) {
         this.#call = undefined;
         const code = ConnectError.from(error).code;
+        // An agent moving or a database away: the server says when to come back, and
+        // such waits do not use up the reconnects (the stream resumes from `cursor`).
+        const told = retryDelay(error);
+        if (told !== undefined && moves < MAX_ATTEMPTS) {
+          moves += 1;
+          this.reconnects += 1;
+          await new Promise((resolve) => setTimeout(resolve, told * 1000 * (0.5 + Math.random() / 2)));
+          continue;
+        }
         if (!RETRYABLE.has(code) || failures >= RECONNECTS) throw AgentloopError.of(error);
         failures += 1;
         this.reconnects += 1;

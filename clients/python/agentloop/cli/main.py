@@ -26,6 +26,7 @@ from agentloop.cli import render
 from agentloop.cli.acp_verb import add_acp_verb
 from agentloop.cli.approvals import APPROVAL_KINDS, add_approval_verbs, on_send_event
 from agentloop.cli.compact import add_compact_verb
+from agentloop.cli.drain import add_drain_verb
 from agentloop.cli.verbs import add_verbs, as_dict, completion_script, emit, out
 from agentloop.cli.version import version
 from agentloop.client import Client, connect
@@ -269,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_approval_verbs(command)
     add_acp_verb(command)
     add_compact_verb(command)
+    add_drain_verb(command)
     completion = command("completion", cmd_completion, "print a shell completion script")
     completion.add_argument("shell", choices=("bash",))
     return parser

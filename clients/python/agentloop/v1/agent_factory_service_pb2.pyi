@@ -385,3 +385,55 @@ class ListAgentsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListAgentsResponse: _TypeAlias = ListAgentsResponse  # noqa: Y015
+
+@_typing.final
+class DrainReplicaRequest(_message.Message):
+    """DrainReplicaRequest is the input of DrainReplica."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPLICA_ID_FIELD_NUMBER: _builtins.int
+    replica_id: _builtins.str
+    """Optional. The replica to drain (its `replicaId`); empty: the replica that
+    answers the call.
+    """
+    def __init__(
+        self,
+        *,
+        replica_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["replica_id", b"replica_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainReplicaRequest: _TypeAlias = DrainReplicaRequest  # noqa: Y015
+
+@_typing.final
+class DrainReplicaResponse(_message.Message):
+    """DrainReplicaResponse is the output of DrainReplica."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPLICA_ID_FIELD_NUMBER: _builtins.int
+    AGENT_IDS_FIELD_NUMBER: _builtins.int
+    replica_id: _builtins.str
+    """The replica drained (it stops right after this answer)."""
+    @_builtins.property
+    def agent_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The agents handed over to other replicas, by id."""
+
+    def __init__(
+        self,
+        *,
+        replica_id: _builtins.str = ...,
+        agent_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_ids", b"agent_ids", "replica_id", b"replica_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainReplicaResponse: _TypeAlias = DrainReplicaResponse  # noqa: Y015
