@@ -52,7 +52,8 @@ async def run(dsn: str, replicas: int, port: int, data_dir: Path, lease: float) 
     print("cluster ready; Ctrl-C stops it", flush=True)
     await stop.wait()
     for process in processes:
-        process.terminate()
+        if process.returncode is None:  # a drained replica stopped by itself
+            process.terminate()
     codes = [await process.wait() for process in processes]
     print(f"replicas stopped ({codes}); stopping postgres", flush=True)
     return 0 if all(code == 0 for code in codes) else 1
