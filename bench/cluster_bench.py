@@ -1,6 +1,7 @@
 """Replicas over one PostgreSQL: forwarding cost, failover time, throughput by replica count.
 
-    python -m bench.cluster_bench [--kills N] [--seconds S] [--clients N]
+    python -m bench.cluster_bench [--kills N] [--busy N] [--seconds S] [--clients N]
+                                  [--only forwarding|failover|throughput]
 
 An embedded PostgreSQL (a temporary directory) and up to three `python -m server`
 replicas on free ports, each with `leaseSeconds: 1`. Figures are printed; nothing is
@@ -8,7 +9,9 @@ asserted.
 - forwarding: a unary call (GetAgent) answered by the owner, against the same call
   sent to another replica, which forwards it (median of many, one run);
 - failover: the owner is SIGKILLed; the time until a survivor answers for the agent
-  (lease expiry plus the sweep that takes it over), over N kills, median and max;
+  (lease expiry plus the sweep that takes it over), over N kills, median and max,
+  with `--busy` clients looping turns on the survivor meanwhile (load); the
+  documented bound is a lease and a half (1.5 s);
 - throughput: clients looping the benchmark turn (an agent each), spread over 1, 2
   and 3 replicas.
 """
@@ -95,7 +98,7 @@ async def bench_forwarding(dsn: str, directory: Path, calls: int) -> None:
     line("forwarded - direct", f"{f - d:,.0f} µs", "")
 
 
-async def bench_failover(dsn: str, directory: Path, kills: int) -> None:
+async def bench_failover(dsn: str, directory: Path, kills: int, busy: int = 0) -> None:
     times: list[float] = []
     async with cluster(dsn, 2, directory) as replicas:
         for k in range(kills):
@@ -104,6 +107,11 @@ async def bench_failover(dsn: str, directory: Path, kills: int) -> None:
             await owner.factory.CreateAgent(
                 fac.CreateAgentRequest(agent_id=agent_id, options=OPTIONS)
             )
+            load = [
+                asyncio.create_task(client_loop(survivor, f"busy-{k}-{i}", time.monotonic() + 60))
+                for i in range(busy)
+            ]
+            await asyncio.sleep(0.5 if busy else 0)  # turns run on the survivor
             await owner.stop(kill=True)
             killed = time.perf_counter()
             while True:
@@ -117,8 +125,11 @@ async def bench_failover(dsn: str, directory: Path, kills: int) -> None:
                 except grpc.aio.AioRpcError:
                     await asyncio.sleep(0.01)
             times.append(time.perf_counter() - killed)
+            for task in load:
+                task.cancel()
+            await asyncio.gather(*load, return_exceptions=True)
             replicas[k % 2] = await start_replica(dsn, f"r{k % 2}", directory)
-    print(f"failover ({kills} SIGKILLs of the owner, leaseSeconds 1)")
+    print(f"failover ({kills} SIGKILLs of the owner, leaseSeconds 1, {busy} busy clients)")
     line(
         "kill → a survivor owns the agent: median", f"{statistics.median(times) * 1e3:,.0f} ms", ""
     )
@@ -157,6 +168,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--clients", type=int, default=30)
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--busy", type=int, default=0, help="clients looping turns on failover")
+    parser.add_argument("--only", choices=("forwarding", "failover", "throughput"))
     args = parser.parse_args()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -165,9 +178,12 @@ def main() -> None:
         path = Path(directory)
         with get_server(path / "pg", cleanup_mode="delete") as postgres:
             dsn = postgres.get_uri()
-            asyncio.run(bench_forwarding(dsn, path, args.calls))
-            asyncio.run(bench_failover(dsn, path, args.kills))
-            asyncio.run(bench_throughput(dsn, path, args.clients, args.seconds))
+            if args.only in (None, "forwarding"):
+                asyncio.run(bench_forwarding(dsn, path, args.calls))
+            if args.only in (None, "failover"):
+                asyncio.run(bench_failover(dsn, path, args.kills, args.busy))
+            if args.only in (None, "throughput"):
+                asyncio.run(bench_throughput(dsn, path, args.clients, args.seconds))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,14 @@ leases (`server.stores.postgres_leases`). Two background loops run while it serv
   A lease taken over is renewed from the moment it is taken, so that a sweep that
   takes many (a replica with many agents died) keeps them all while it resumes them
   one by one.
-A graceful stop hands every lease over (expires it), so others take its agents now.
+Agents also move between turns (issue 27 item 7): a lease can be handed to a named
+replica, which resumes the agent at its next sweep (a sweep takes every lease its id
+holds and it does not run: handed to it, or held in an earlier life of the id). The
+rebalance, every two leases, hands agents from a replica above its fair share to the
+replicas with fewer (`balance.py`); a drain (`DrainReplica`, or a stop) hands every
+agent away, and marks this replica as taking none. Each hand-over closes the agent
+here once it is idle (the factory's `hand_off`), renewing its lease until it is given.
+A graceful stop then expires the leases it still holds, so others take those now.
 
 The grace (issue 27 item 4): during a database outage every lease lapses, the live
 owners' too. The owners renew them when the database is back (a lapsed lease nobody
@@ -306,6 +313,8 @@ class Cluster:
                 self._taking.discard(agent_id)
                 log.warning("cluster: the lease of agent %s was lost before its resume", agent_id)
                 continue
+            if agent_id not in self._owned():
+                continue  # handed over (or gone) while this renewal ran: nothing to stop
             log.warning("cluster: the lease of agent %s was lost; stopping it here", agent_id)
             await abandon(agent_id)
 
@@ -321,12 +330,15 @@ class Cluster:
         for lease in leases:
             if lease.agent_id not in self._taking:
                 continue  # its lease was lost meanwhile: another replica runs it
-            log.info(
-                "cluster: taking over agent %s (session %s) from %s",
-                lease.agent_id,
-                lease.session_id,
-                lease.owner,
-            )
+            if lease.owner == self.replica_id:  # handed here, or held in an earlier life
+                log.info("cluster: resuming agent %s, leased to this replica", lease.agent_id)
+            else:
+                log.info(
+                    "cluster: taking over agent %s (session %s) from %s",
+                    lease.agent_id,
+                    lease.session_id,
+                    lease.owner,
+                )
             try:
                 await resume(lease)
             except (AlreadyExists, FailedPrecondition, StoreUnavailable) as error:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from typing import TYPE_CHECKING, cast
 
 import grpc
@@ -289,7 +290,8 @@ class App:
     async def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown: NOT_SERVING, dispose agents (turns end `disposed`), stop.
 
-        The agents get `grace` seconds (default: the config's) to end their turns; the
+        The agents get `grace` seconds (default: the config's) to end their turns (a
+        replica first hands each agent over between turns, within half of it); the
         drivers still running then are cancelled. Then the RPCs get `grace` seconds,
         the plugins are closed, the pending listener tasks are cancelled and the store
         is closed.
@@ -309,10 +311,12 @@ class App:
             await self.replica.stop_loops()
         if self.sweeper is not None:
             await self.sweeper.close()
+        began = time.monotonic()
         if self.replica is not None:  # hand each agent over between its turns first
-            await self.replica.hand_over_between_turns(grace)
+            await self.replica.hand_over_between_turns(grace / 2)
         closing = asyncio.ensure_future(self.factory.close())
-        done, _ = await asyncio.wait({closing}, timeout=grace)
+        left = max(grace - (time.monotonic() - began), 0.0)  # one grace for both
+        done, _ = await asyncio.wait({closing}, timeout=left)
         if not done:
             cancelled = self.factory.cancel_all()
             log.warning(
