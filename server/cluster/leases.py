@@ -9,8 +9,9 @@ leases (`server.stores.postgres_leases`). Two background loops run while it serv
   once, and the store's fence already refuses its writes;
 - the sweep, every half of the lease time: expired leases (a replica died) are taken
   over, never those of agents this replica holds, and never before this replica has
-  been in touch with the database for a whole lease (the *grace*); each agent is resumed here on its
-  session, which repairs a turn the crash left open and runs the pending inbox once.
+  been in touch with the database for a whole lease (the *grace*); each agent is
+  resumed here on its session, which repairs a turn the crash left open and runs
+  the pending inbox once.
   A lease taken over is renewed from the moment it is taken, so that a sweep that
   takes many (a replica with many agents died) keeps them all while it resumes them
   one by one.
@@ -26,9 +27,9 @@ A graceful stop then expires the leases it still holds, so others take those now
 The grace (issue 27 item 4): during a database outage every lease lapses, the live
 owners' too. The owners renew them when the database is back (a lapsed lease nobody
 took is still its owner's), so a sweeper must not take them first: after an outage of
-its own (a renewal that failed, or that began a renew deadline after the last one) a
-replica sweeps again only once its renewals have succeeded for a whole lease; every
-owner that reconnected within that lease has renewed its leases by then. A replica
+its own (a renewal that failed) a replica sweeps again only once its renewals have
+succeeded for a whole lease; every owner that reconnected within that lease has
+renewed its leases by then. A replica
 that was in touch all along (a peer died, the database did not blink) sweeps at once,
 so the failover bound for a real death is unchanged.
 
@@ -296,8 +297,6 @@ class Cluster:
     async def _renew(self, abandon: Abandon) -> None:
         running = self._owned() | self._taking | self._giving
         started = time.monotonic()
-        if started - self._renewed_at >= RENEW_DEADLINE * self.leases.ttl:
-            self._lost_touch()  # away (a stall, a slow database): peers may have been too
         try:
             kept = await self.leases.renew(running, self._draining)
         except BaseException:
