@@ -241,24 +241,25 @@ class Cluster:
         From here on this replica takes no agent (its heartbeat says so, and it stops
         sweeping and rebalancing). `FailedPrecondition` when no other replica takes agents.
         """
-        self._draining = True
-        await self.stop()
-        await self.leases.renew(self._owned() | self._taking, draining=True)
-        shares = await self.leases.shares()
-        shares.pop(self.replica_id, None)
-        if not shares:
+        if not set(await self.leases.shares()) - {self.replica_id}:  # checked first: a
+            # refused drain leaves this replica as it was
             raise FailedPrecondition(
                 "no other live replica takes agents: nothing to drain to", "NO_REPLICA"
             )
+        self._draining = True
+        await self.stop()
+        await self.leases.renew(self._owned() | self._taking, draining=True)
+        shares = await self.leases.shares()  # this replica is out of them now
+        shares.pop(self.replica_id, None)
         agents = self._movable()
         log.info("cluster: draining %d agent(s) to %s", len(agents), ", ".join(sorted(shares)))
         handed = await asyncio.gather(
             *(
                 self.give(agent_id, to, wait)
-                for agent_id, to in zip(agents, drain_targets(shares, len(agents)), strict=True)
+                for agent_id, to in zip(agents, drain_targets(shares, len(agents)), strict=False)
             )
         )
-        return [agent_id for agent_id, done in zip(agents, handed, strict=True) if done]
+        return [agent_id for agent_id, done in zip(agents, handed, strict=False) if done]
 
     async def stop(self) -> None:
         """Take no more agents over (a stop: the agents are about to close; renewal goes on)."""

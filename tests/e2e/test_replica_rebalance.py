@@ -20,9 +20,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
+import grpc
+import pytest
 
+from agentloop.errors import FailedPrecondition
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_service_pb2 as api
+from tests.e2e.conftest import E2E
 from tests.e2e.test_durability import Server, T, running_server
 from tests.e2e.test_replica_moves import Seen
 from tests.e2e.test_replicas import LEASE, read_log, request_ids, sleeper, wait_idle
@@ -148,6 +152,9 @@ async def test_drain_hands_every_agent_over_between_turns_and_the_replica_exits(
         running_server(tmp_path, config(dsn, "r0")) as r0,
         running_server(tmp_path, config(dsn, "r1")) as r1,
     ):
+        unknown = await run_cli(r1.address, "drain", "nobody")
+        assert unknown.code != 0
+        assert "NOT_FOUND" in unknown.stderr and "replica_id" in unknown.stderr, unknown.stderr
         drained = [f"d{i}" for i in range(3)]  # 3 and 2: a fair share each, nothing rebalances
         sessions = await create(r0, drained)
         sessions |= await create(r1, ["k0", "k1"])
@@ -164,3 +171,10 @@ async def test_drain_hands_every_agent_over_between_turns_and_the_replica_exits(
         assert set((await owners(dsn)).values()) == {"r1"}
         await check_outcome(r1, sessions, seen)
         assert "drained: 3 agent(s) handed over" in r0.log(), r0.log()
+
+
+async def test_drain_on_a_single_server_is_refused_naming_why(e2e: E2E) -> None:
+    with pytest.raises(FailedPrecondition) as refused:
+        await e2e.drain()
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert refused.value.reason == "NOT_REPLICATED"
