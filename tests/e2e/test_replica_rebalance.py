@@ -127,7 +127,8 @@ async def test_a_restarted_replica_gets_a_fair_share_back_between_turns(
             for agent_id in agent_ids:
                 await wait_idle(r0, agent_id)
         seen = Seen()
-        async with load(r0, agent_ids, seen):
+        sending = asyncio.create_task(turns(r0, agent_ids, seen, "c"))
+        try:
             await asyncio.sleep(1.0)  # turns run on r0
             async with running_server(tmp_path, config(dsn, "r1")):  # r1 is back
                 spread: dict[str, int] = {}
@@ -139,7 +140,11 @@ async def test_a_restarted_replica_gets_a_fair_share_back_between_turns(
                     await asyncio.sleep(0.2)
                 assert spread == {"r0": 3, "r1": 3}, spread
                 await asyncio.sleep(1.0)  # turns go on on both
-        await check_outcome(r0, sessions, seen)
+                sending.cancel()
+                await asyncio.gather(sending, return_exceptions=True)
+                await check_outcome(r0, sessions, seen)  # before r1 is killed with the test
+        finally:
+            sending.cancel()
         assert "handed agent" in r0.log(), r0.log()
         print(f"spread {spread}; {len(seen.calls)} calls, {len(seen.accepted)} accepted")
 
