@@ -5,7 +5,9 @@ with request ids, each turn calling `sleep`, retried with the same id while refu
 - a replica killed and started again gets a fair share of the agents back: the
   replica that took them all over hands some over, each between two of its turns;
 - `agentloop drain r0` (the CLI, through the other replica) hands every agent of r0
-  over between turns, answers with their ids, and r0 exits by itself (code 0).
+  over between turns, answers with their ids, and r0 exits by itself (code 0);
+- SIGTERM on r0 does the same before it exits (without the hand-over its running
+  turns would end `disposed`).
 In both, no turn is interrupted, clients see only OK or `UNAVAILABLE` (`AGENT_MOVING`
 or `STORE_UNAVAILABLE`, with a retry delay), and every accepted message is in its
 session's log once.
@@ -183,3 +185,23 @@ async def test_drain_on_a_single_server_is_refused_naming_why(e2e: E2E) -> None:
         await e2e.drain()
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert refused.value.reason == "NOT_REPLICATED"
+
+
+async def test_sigterm_hands_every_agent_over_between_turns_before_exit(
+    tmp_path: Path, postgres_server: str
+) -> None:
+    dsn = await fresh_database(postgres_server)
+    async with (
+        running_server(tmp_path, config(dsn, "r0")) as r0,
+        running_server(tmp_path, config(dsn, "r1")) as r1,
+    ):
+        sessions = await create(r0, ["s0", "s1"])
+        sessions |= await create(r1, ["s2", "s3"])
+        seen = Seen()
+        async with load(r1, sorted(sessions), seen):  # through r1: forwarded to r0 first
+            await asyncio.sleep(1.5)
+            await r0.terminate()  # SIGTERM; exit code 0 within the harness's bound
+            await asyncio.sleep(1.5)  # turns go on at r1
+        assert set((await owners(dsn)).values()) == {"r1"}
+        await check_outcome(r1, sessions, seen)
+        assert "stopping: 2 agent(s) handed over between turns" in r0.log(), r0.log()
