@@ -260,8 +260,10 @@ async def test_cancel_ends_the_prompt_cancelled(tmp_path: Path, port: int) -> No
         await editor.until(lambda: editor.text().endswith("Counted them."))
 
 
-@pytest.mark.timeout(120)  # two server starts and a bridge: slow on a loaded machine
-async def test_load_replays_a_session_after_a_server_restart(tmp_path: Path, port: int) -> None:
+@pytest.mark.timeout(180)  # three server starts and a bridge: slow on a loaded machine
+async def test_load_and_prompt_resume_a_session_after_server_restarts(
+    tmp_path: Path, port: int
+) -> None:
     editor = Editor()
     profile = counting_profile(tmp_path / "p.json")
     async with bridge(port, profile, editor, tmp_path / "acp.stderr") as conn:
@@ -300,6 +302,14 @@ async def test_load_replays_a_session_after_a_server_restart(tmp_path: Path, por
         assert unknown.value.code == -32603  # the server is down: UNAVAILABLE, named
         assert isinstance(unknown.value.data, dict)
         assert unknown.value.data["status"] == "UNAVAILABLE"
+        editor.updates.clear()
+        async with server(tmp_path, port, 2):  # back again; the editor just prompts
+            again = await asyncio.wait_for(
+                conn.prompt(session_id=sid, prompt=[text_block("once more")]), T
+            )
+            assert again.stop_reason == "end_turn"  # resumed by the prompt, then answered
+            await editor.until(lambda: editor.text() == "Let me count.Counted them.")
+            assert editor.kinds()[0] != "user_message_chunk"  # no replay: not a load
 
 
 async def test_malformed_messages_get_json_rpc_errors_and_the_bridge_stays_up(

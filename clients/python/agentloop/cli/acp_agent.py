@@ -11,8 +11,10 @@ ACP on its stdin and stdout; each ACP call becomes agentloop calls:
 | `session/cancel` | `CancelTurn` |
 | `session/request_permission` | an approval of the turn: allow once, or reject |
 
-A prompt to an agent the server no longer holds (it restarted) resumes it first. gRPC
-errors become JSON-RPC errors carrying the status and the server's details.
+When the server went away, each request first waits (at most `RECONNECT_SECONDS`) for
+the channel to reach it again; a prompt to an agent the server no longer holds (it
+restarted) resumes it first. gRPC errors become JSON-RPC errors carrying the status and
+the server's details.
 """
 
 from __future__ import annotations
@@ -59,6 +61,21 @@ REJECTED_REASON = "rejected in the editor"
 CANCEL_REASON = "cancelled in the editor"
 MAX_LINE_BYTES = 50 * 1024 * 1024
 """The longest line read from the editor (the SDK's own default)."""
+RECONNECT_SECONDS = 10.0
+"""How long a request waits for a server that went away to be reachable again."""
+
+
+async def reachable(channel: grpc.aio.Channel, seconds: float = RECONNECT_SECONDS) -> None:
+    """Wait (bounded) until `channel` is connected, asking it to try now.
+
+    Past the bound the request goes ahead and fails `UNAVAILABLE`, named.
+    """
+    state = channel.get_state(try_to_connect=True)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            while state != grpc.ChannelConnectivity.READY:
+                await channel.wait_for_state_change(state)
+                state = channel.get_state(try_to_connect=True)
 
 
 @contextlib.contextmanager
@@ -111,6 +128,7 @@ class AcpBridge:
     async def new_session(self, cwd: str, **_: Any) -> NewSessionResponse:
         """A new agent on a new session; the editor's MCP servers are not used."""
         session_id = str(uuid.uuid4())
+        await reachable(self._client.channel)
         with as_json_rpc_errors():
             await self._client.create(session_id, self._options, session_id=session_id, cwd=cwd)
         self._live.add(session_id)
@@ -118,6 +136,7 @@ class AcpBridge:
 
     async def load_session(self, cwd: str, session_id: str, **_: Any) -> LoadSessionResponse:
         """Resume the session's agent (unless it is live) and replay its history."""
+        await reachable(self._client.channel)
         with as_json_rpc_errors():
             await self._ensure_agent(session_id)
             stream = self._client.stream(session_id=session_id, replay_only=True)
@@ -133,6 +152,7 @@ class AcpBridge:
         text = prompt_text(prompt)
         if not text.strip():
             raise RequestError.invalid_params({"prompt": "no text in the prompt"})
+        await reachable(self._client.channel)
         with as_json_rpc_errors():
             if session_id not in self._live:
                 await self._ensure_agent(session_id)
