@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import pytest
 from google.protobuf import json_format
 
@@ -47,13 +48,18 @@ def stdio_box(marks: Path, **settings: Any) -> McpServerConfig:
 
 
 @contextlib.asynccontextmanager
-async def serving(*servers: McpServerConfig, ready: bool = True) -> AsyncIterator[E2E]:
+async def serving(
+    *servers: McpServerConfig, ready: bool = True, http: bool = False
+) -> AsyncIterator[E2E]:
     """A server with these MCP servers; with `ready`, once every one is connected.
 
     The server itself waits at most 10 s at start for them: a stdio server's start can
-    take longer on a loaded machine.
+    take longer on a loaded machine. With `http`, the HTTP side listens too.
     """
-    config = Config(listen="127.0.0.1:0", store="memory", agents=(), mcp_servers=servers)
+    config = Config(
+        listen="127.0.0.1:0", store="memory", agents=(), mcp_servers=servers,
+        http_listen="127.0.0.1:0" if http else "",
+    )  # fmt: skip
     async with running_app(config) as running:
         if ready:
 
@@ -82,6 +88,7 @@ def agent(*steps: scripted_pb2.ScriptedStep, tools: tuple[str, ...] = ("mcp:box/
 
 
 DONE = scripted_pb2.ScriptedStep(text="done")
+REGISTRY = "agentloop.plugin.v1.PluginRegistryService"
 READY, UNAVAILABLE = reg.PLUGIN_STATE_READY, reg.PLUGIN_STATE_UNAVAILABLE
 CONNECTING = reg.PLUGIN_STATE_CONNECTING
 
@@ -192,8 +199,9 @@ async def test_cancel_reaches_the_mcp_server(tmp_path: Path) -> None:
         await eventually(exists(tmp_path / "slow.cancelled"), "notifications/cancelled")
 
 
+@pytest.mark.usefixtures("without_tokens")
 async def test_a_crash_mid_call_fails_that_call_and_the_server_restarts(tmp_path: Path) -> None:
-    async with serving(stdio_box(tmp_path)) as e2e:
+    async with serving(stdio_box(tmp_path), http=True) as e2e:
         steps = calling(("mcp__box__crash", {})), calling(("mcp__box__echo", {"text": "back"}))
         await e2e.create("a", agent(*steps, DONE))
         events = await turn_events(e2e, "a")
@@ -208,6 +216,16 @@ async def test_a_crash_mid_call_fails_that_call_and_the_server_restarts(tmp_path
         assert (listed.name, listed.transport, listed.state) == ("box", "stdio", READY)
         assert (listed.endpoint, listed.last_error) == (sys.executable, "")
         assert "mcp__box__echo" in listed.tools and "mcp__box__crash" in listed.tools
+        assert (listed.restarts, listed.protocol) == (1, "2026-07-28")
+        # The HTTP side (what a console reads) carries the same, as protobuf JSON.
+        assert e2e.app.http is not None
+        url = f"http://127.0.0.1:{e2e.app.http.port}/api/{REGISTRY}/ListToolSources"
+        async with httpx.AsyncClient(timeout=T) as client:
+            answer = await client.post(url, json={})
+        assert answer.status_code == 200
+        assert answer.json() == {"sources": [json_format.MessageToDict(listed)]}
+        [shown] = answer.json()["sources"]
+        assert (shown["state"], shown["restarts"]) == ("PLUGIN_STATE_READY", 1)
 
 
 async def test_tools_list_changes_reach_the_registry(tmp_path: Path) -> None:
