@@ -15,7 +15,8 @@ A hung server is found by health checks: a `tools/list` round trip (every revisi
 has it; `ping` is gone from 2026-07-28) every `healthCheckSeconds`, and at once when a
 call outlives its `timeoutSeconds` (that call fails alone). A check unanswered within
 `healthTimeoutSeconds` drops the connection; calls made while that check is out wait
-for its answer, then for the restart. A stdio server's stderr goes to the log.
+for its answer, then for the restart. A connection attempt is bounded too
+(`HANDSHAKE_SECONDS`). A stdio server's stderr goes to the log.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ FIRST_BACKOFF = 0.2
 MAX_BACKOFF = 30.0
 STABLE_SECONDS = 60.0
 """A connection that lasted this long resets the backoff."""
+HANDSHAKE_SECONDS = 60.0
+"""How long a connection attempt may take, process start included (generous: a stdio
+server's start is slow on a loaded machine); then it is given up and tried again."""
 
 Health = Literal["connecting", "ready", "down", "closed"]
 STATES = {
@@ -207,9 +211,16 @@ class McpSource:
 
     async def _connect_once(self, stderr: StderrLog | None) -> None:
         self.health = "connecting"
-        async with self._client_of(stderr) as client:
-            self._tools_changed.clear()
-            await self._sync_tools(client)
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                async with asyncio.timeout(HANDSHAKE_SECONDS):
+                    client = await stack.enter_async_context(self._client_of(stderr))
+                    self._tools_changed.clear()
+                    await self._sync_tools(client)
+            except TimeoutError:
+                raise Unresponsive(
+                    f"no answer to the handshake and tools/list within {HANDSHAKE_SECONDS:g} s"
+                ) from None
             self._broken.clear()
             self._check_now.clear()
             self._client = client

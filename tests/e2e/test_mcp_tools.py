@@ -27,6 +27,7 @@ from google.protobuf import json_format
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import agent_pb2, scripted_pb2
 from agentloop.v1 import session_event_pb2 as ev
+from server.mcp import source
 from server.models.scripted_options import script_options
 from server.settings.config import Config
 from server.settings.mcp_servers import McpOAuthConfig, McpServerConfig
@@ -492,6 +493,41 @@ async def test_oauth_with_a_wrong_secret_leaves_the_server_down_with_the_reason(
             assert listed.state in (UNAVAILABLE, CONNECTING) and list(listed.tools) == []
             assert listed.last_error
             assert not (tmp_path / "tokens").exists()
+    finally:
+        box.kill()
+        await box.wait()
+
+
+async def test_a_hung_http_server_fails_calls_fast_and_each_attempt_is_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(source, "HANDSHAKE_SECONDS", 2.0)
+    port = free_port()
+    box = await start_http_box(tmp_path, port)
+    try:
+        config = McpServerConfig(
+            name="web", url=f"http://127.0.0.1:{port}/mcp", timeout_seconds=2.0,
+            health_timeout_seconds=2.0, connect_timeout_seconds=1.0,
+        )  # fmt: skip
+        async with serving(config) as e2e:
+            steps = calling(("mcp__web__hang", {})), calling(("mcp__web__echo", {"text": "x"}))
+            await e2e.create("a", agent(*steps, DONE, tools=("mcp:web/*",)))
+            events = await turn_events(e2e, "a", seconds=STARTUP)
+            hung, after = (e.tool_result for e in events if e.HasField("tool_result"))
+            assert (
+                text(hung)
+                == 'Error: MCP server "web": "hang" timed out after 2 s and was cancelled'
+            )
+            # The server is not ours to restart: the next call fails on the reason, fast.
+            assert after.is_error
+            assert text(after).startswith('Error: MCP server "web" is not connected: no answer')
+            assert text(after).endswith("; it is being restarted")
+
+            async def given_up() -> bool:
+                [listed] = await tool_sources(e2e)
+                return "no answer to the handshake" in listed.last_error
+
+            await eventually(given_up, "a connection attempt to be given up", seconds=STARTUP)
     finally:
         box.kill()
         await box.wait()
