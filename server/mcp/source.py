@@ -395,7 +395,8 @@ class McpSource:
         if self._client is client:
             self._client = None
             self._connected.clear()
-            self.health = "down"
+            if self.health != "closed":
+                self.health = "down"
 
 
 @contextlib.asynccontextmanager
