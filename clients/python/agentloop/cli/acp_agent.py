@@ -47,6 +47,7 @@ from agentloop.cli.acp_updates import STOP_REASONS, LiveUpdates, Update, argumen
 from agentloop.cli.acp_updates import replayed as replayed_updates
 from agentloop.cli.version import version
 from agentloop.client import Client
+from agentloop.stream import SessionStream
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2, approval_pb2
 from agentloop.v1 import session_event_pb2 as ev
@@ -153,18 +154,23 @@ class AcpBridge:
         if not text.strip():
             raise RequestError.invalid_params({"prompt": "no text in the prompt"})
         await reachable(self._client.channel)
-        with as_json_rpc_errors():
-            if session_id not in self._live:
-                await self._ensure_agent(session_id)
-            try:
-                turn = await self._client.send(session_id, text)
-            except grpc.aio.AioRpcError as error:
-                if error.code() != grpc.StatusCode.NOT_FOUND:
-                    raise
-                self._live.discard(session_id)  # the server restarted: resume, then send
-                await self._ensure_agent(session_id)
-                turn = await self._client.send(session_id, text)
-            return await self._follow(session_id, turn)
+        # The turn is read from this stream, whose live agent events carry tool progress.
+        stream = SessionStream(lambda: self._client.agents, agent_id=session_id)
+        try:
+            with as_json_rpc_errors():
+                if session_id not in self._live:
+                    await self._ensure_agent(session_id)
+                try:
+                    turn = await self._client.send(session_id, text, stream=stream)
+                except grpc.aio.AioRpcError as error:
+                    if error.code() != grpc.StatusCode.NOT_FOUND:
+                        raise
+                    self._live.discard(session_id)  # the server restarted: resume, then send
+                    await self._ensure_agent(session_id)
+                    turn = await self._client.send(session_id, text, stream=stream)
+                return await self._follow(session_id, turn, stream)
+        finally:
+            stream.close()
 
     async def cancel(self, session_id: str, **_: Any) -> None:
         """Cancel the running turn (the prompt then answers `cancelled`)."""
@@ -183,9 +189,14 @@ class AcpBridge:
             await self._client.resume(session_id, session_id, self._options)
         self._live.add(session_id)
 
-    async def _follow(self, session_id: str, turn: Any) -> PromptResponse:
+    async def _follow(self, session_id: str, turn: Any, stream: SessionStream) -> PromptResponse:
         live = LiveUpdates()
         asks: dict[str, asyncio.Task[None]] = {}
+        # One writer sends the updates in the order they are made: the turn's events,
+        # and the progress heard while a call runs (when no event comes).
+        updates: asyncio.Queue[list[Update] | None] = asyncio.Queue()
+        writer = asyncio.create_task(self._write(session_id, updates))
+        stream.on_agent_events = lambda events: updates.put_nowait(live.heard(events))
         try:
             async for event in turn:
                 kind = event.WhichOneof("payload")
@@ -196,10 +207,15 @@ class AcpBridge:
                     ask = asks.pop(event.approval_resolved.approval_id, None)
                     if ask is not None and not ask.done():
                         ask.cancel()  # answered elsewhere (another client, the timeout)
-                await self._send(session_id, live.of(event))
+                updates.put_nowait(live.of(event))
+                if writer.done():
+                    break  # the editor's side failed: its error is raised below
         finally:
+            stream.on_agent_events = None
             for ask in asks.values():
                 ask.cancel()
+            updates.put_nowait(None)
+            await writer
         if turn.dropped is not None or turn.end is None:
             return PromptResponse(stop_reason="cancelled")
         return PromptResponse(stop_reason=stop_reason(turn.end))
@@ -229,6 +245,10 @@ class AcpBridge:
                 allow=allow,
                 reason="" if allow else REJECTED_REASON,
             )
+
+    async def _write(self, session_id: str, queue: asyncio.Queue[list[Update] | None]) -> None:
+        while (updates := await queue.get()) is not None:
+            await self._send(session_id, updates)
 
     async def _send(self, session_id: str, updates: list[Update]) -> None:
         for update in updates:
