@@ -2,10 +2,13 @@
 
     python -m tests.mcp_toolbox stdio DIR
     python -m tests.mcp_toolbox http DIR PORT [TOKEN]
+    python -m tests.mcp_toolbox oauth DIR PORT
 
 DIR receives marker files the tests wait on (`slow.started`, `slow.cancelled`,
-`starts`: one line per process start). Over HTTP, a TOKEN makes every request need
-`Authorization: Bearer TOKEN` (401 otherwise).
+`hang.started`, `starts`: one line per process start). Over HTTP, a TOKEN makes every
+request need `Authorization: Bearer TOKEN` (401 otherwise); `oauth` serves the tools
+as an OAuth-protected resource and, on the same port, the authorization server that
+issues its tokens (`tests/mcp_oauth.py`). Each start says so on stderr.
 """
 
 from __future__ import annotations
@@ -14,11 +17,14 @@ import asyncio
 import base64
 import os
 import sys
+import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp_types import ToolAnnotations
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 PNG = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
@@ -28,9 +34,9 @@ PNG = base64.b64decode(
 READ_ONLY = ToolAnnotations(read_only_hint=True)
 
 
-def build(marks: Path) -> MCPServer:
-    """The toolbox: echo, add, picture, slow, crash, fail, big, meet and grow."""
-    server: MCPServer = MCPServer("toolbox")
+def build(marks: Path, **settings: Any) -> MCPServer:
+    """The toolbox: echo, add, picture, slow, hang, crash, fail, big, meet, grow, steps."""
+    server: MCPServer = MCPServer("toolbox", **settings)
     arrivals: list[asyncio.Event] = []
 
     @server.tool(description="Echoes the text back.")
@@ -54,6 +60,19 @@ def build(marks: Path) -> MCPServer:
             (marks / "slow.cancelled").write_text("cancelled")
             raise
         return "slept"
+
+    @server.tool(description="Hangs the whole server: it answers nothing more, pings included.")
+    async def hang() -> str:
+        (marks / "hang.started").write_text("started")
+        time.sleep(3600)  # noqa: ASYNC251  (it blocks the event loop on purpose)
+        return "woke"
+
+    @server.tool(description="Reports progress n times (a pause in between), then answers.")
+    async def steps(n: int, pause: float, ctx: Context) -> str:
+        for i in range(1, n + 1):
+            await ctx.report_progress(i, n, f"step {i} of {n} " + "." * 300)
+            await asyncio.sleep(pause)
+        return f"{n} steps"
 
     @server.tool(description="Exits the server process in the middle of the call.")
     def crash() -> str:
@@ -88,7 +107,10 @@ def build(marks: Path) -> MCPServer:
             return "grown here"
 
         server.add_tool(grown, description="A tool that came later.")
-        await ctx.notify_tools_changed()
+        if ctx.request_context.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            await ctx.notify_tools_changed()  # to `subscriptions/listen`
+        else:
+            await ctx.session.send_tool_list_changed()  # notifications/tools/list_changed
         return "grew"
 
     return server
@@ -113,14 +135,20 @@ def main(argv: list[str]) -> None:
     transport, marks = argv[0], Path(argv[1])
     with (marks / "starts").open("a") as starts:
         starts.write(f"{os.getpid()}\n")
-    server = build(marks)
+    print(f"toolbox {os.getpid()} starting", file=sys.stderr, flush=True)
     if transport == "stdio":
-        server.run("stdio")
+        build(marks).run("stdio")
         return
     import uvicorn
 
     port = int(argv[2])
-    app: Any = server.streamable_http_app()
+    app: Any
+    if transport == "oauth":
+        from tests.mcp_oauth import protected_app
+
+        app = protected_app(partial(build, marks), port, marks)
+    else:
+        app = build(marks).streamable_http_app()
     if len(argv) > 3:
         app = require_token(app, argv[3])
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")

@@ -38,6 +38,24 @@ def test_a_server_is_a_command_or_a_url() -> None:
     )
 
 
+OAUTH = {"clientId": "a", "clientSecretEnv": "S", "issuer": "http://h"}
+
+
+def test_oauth_client_credentials_and_the_health_settings() -> None:
+    [web] = parse_config(
+        {"mcpServers": [{"name": "web", "url": "https://mcp.example/mcp", "oauth": OAUTH,
+                         "protocol": "legacy", "healthCheckSeconds": 5, "healthTimeoutSeconds": 2}]}
+    ).mcp_servers  # fmt: skip
+    assert web.oauth is not None
+    assert (web.oauth.client_id, web.oauth.client_secret_env, web.oauth.issuer) == (
+        "a",
+        "S",
+        "http://h",
+    )
+    assert (web.oauth.scope, web.oauth.auth_method) == ("", "client_secret_basic")
+    assert (web.protocol, web.health_check_seconds, web.health_timeout_seconds) == ("legacy", 5, 2)
+
+
 @pytest.mark.parametrize(
     ("servers", "message"),
     [
@@ -45,7 +63,21 @@ def test_a_server_is_a_command_or_a_url() -> None:
         ([{"name": "x", "command": "c", "url": "http://h/mcp"}], "set exactly one of"),
         ([{"name": "x", "url": "ftp://h"}], "mcpServers[0].url: 'ftp://h' must start with http"),
         ([{"name": "a b", "command": "c"}], "mcpServers[0].name: 'a b' must be 1 to 32"),
-        ([{"name": "x", "command": "c", "tokenEnv": "T"}], "headers and tokenEnv are for url"),
+        ([{"name": "x", "command": "c", "tokenEnv": "T"}], "headers, tokenEnv and oauth are for"),
+        (
+            [{"name": "x", "url": "http://h/mcp", "tokenEnv": "T", "oauth": OAUTH}],
+            "mcpServers[0].tokenEnv, oauth: set at most one",
+        ),
+        (
+            [{"name": "x", "url": "http://h/mcp", "oauth": {"clientSecretEnv": "S"}}],
+            "mcpServers[0].oauth.clientId",
+        ),
+        (
+            [{"name": "x", "url": "http://h/mcp", "oauth": {**OAUTH, "authMethod": "jwt"}}],
+            "mcpServers[0].oauth.authMethod: 'jwt' must be",
+        ),
+        ([{"name": "x", "command": "c", "protocol": "2024"}], "mcpServers[0].protocol: '2024'"),
+        ([{"name": "x", "command": "c", "healthCheckSeconds": -1}], "[0].healthCheckSeconds"),
         (
             [{"name": "x", "command": "c"}, {"name": "x", "command": "d"}],
             "mcpServers[1].name: duplicate",
@@ -145,5 +177,7 @@ def test_the_readme_example_is_a_valid_config() -> None:
     section = readme.split("## MCP servers: tools from any Model Context Protocol server")[1]
     example = section.split("```yaml\n")[1].split("```")[0]
     config = parse_config(yaml.safe_load(example))
-    assert [s.name for s in config.mcp_servers] == ["files", "tracker"]
+    assert [s.name for s in config.mcp_servers] == ["files", "tracker", "docs"]
+    docs = config.mcp_servers[2]
+    assert docs.oauth is not None and docs.oauth.issuer == "https://auth.docs.example"
     assert config.agents[0].tools == ("word_count", "mcp:files/*", "mcp:tracker/search_issues")

@@ -39,6 +39,20 @@ def _reject_constant(name: str) -> object:
     raise ValueError(f"{name} is not JSON")
 
 
+@dataclass(frozen=True)
+class ToolProgress:
+    """How far a running call has got, as its tool says (MCP `notifications/progress`)."""
+
+    progress: float
+    total: float | None = None
+    """The progress at which the call is done, when known."""
+    message: str = ""
+
+
+def no_progress(_: ToolProgress) -> None:
+    """A call nobody watches the progress of."""
+
+
 @dataclass(frozen=True, eq=False)
 class ToolExecution:
     """One started tool call, as every stage of the pipeline sees it."""
@@ -59,6 +73,8 @@ class ToolExecution:
     """The step number within the turn."""
     signal: AbortSignal
     """Fires when the step aborts; a `tools/execute` wrapper may replace it."""
+    report_progress: Callable[[ToolProgress], None] = no_progress
+    """Shows the call's progress to the agent's live observers (rate-bounded there)."""
 
     @classmethod
     def of(
@@ -69,6 +85,7 @@ class ToolExecution:
         turn: int,
         step: int,
         signal: AbortSignal,
+        report_progress: Callable[[ToolProgress], None] = no_progress,
     ) -> ToolExecution:
         """The execution of the model's `call`, with its arguments parsed."""
         return cls(
@@ -80,6 +97,7 @@ class ToolExecution:
             turn=turn,
             step=step,
             signal=signal,
+            report_progress=report_progress,
         )
 
 

@@ -27,7 +27,7 @@ from server.kernel import tasks
 from server.kernel.abort import AbortSignal
 from server.kernel.errors import Aborted, CodedError
 from server.kernel.tasks import Spawn, cancel_and_wait
-from server.kernel.tools import ToolExecution, ToolOutcome
+from server.kernel.tools import ToolExecution, ToolOutcome, ToolProgress, no_progress
 from server.loop.approvals import PendingApproval
 from server.loop.tool_pipeline import ToolPipeline, failure_outcome
 
@@ -70,11 +70,18 @@ class ToolBatch:
     before_dispatch: Callable[[], Awaitable[None]] | None = None
     """Awaited before each dispatch (the tool's side effects): the loop waits there until
     the call's `tool/call` is stored."""
+    progress: Callable[[content_pb2.ToolCallBlock], Callable[[ToolProgress], None]] | None = None
+    """Makes the reporter a call shows its progress with (the agent's live events)."""
 
     def execution(self, call: content_pb2.ToolCallBlock) -> ToolExecution:
         """The execution of one of the batch's calls."""
         return ToolExecution.of(
-            call, agent_id=self.agent_id, turn=self.turn, step=self.step, signal=self.signal
+            call,
+            agent_id=self.agent_id,
+            turn=self.turn,
+            step=self.step,
+            signal=self.signal,
+            report_progress=no_progress if self.progress is None else self.progress(call),
         )
 
 

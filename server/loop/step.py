@@ -32,6 +32,7 @@ from server.loop.running import Step, Turn
 from server.loop.scheduler import ToolBatch, run_tool_batch
 from server.loop.system_prompt import PromptScope
 from server.loop.tool_pipeline import ToolPipeline
+from server.loop.tool_progress import ProgressReports
 from server.models import ModelRequest
 
 
@@ -292,6 +293,7 @@ async def run_tools(agent: Agent, turn: Turn, step: Step, calls: list[c.ToolCall
         StepToolLog(agent, turn, step),
         agent.tasks.start,
         before_dispatch=session.settle,
+        progress=ProgressReports(agent, turn.number, turn.step),
     )
     step.tool_batch_active = True
     try:

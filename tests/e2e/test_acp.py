@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -28,8 +29,11 @@ from acp.schema import (
 )
 from google.protobuf import json_format
 
+from agentloop import connect
+from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import agent_pb2, scripted_pb2
 from server.models.scripted_options import script_options
+from tests.e2e.registry import eventually
 from tests.processes import (
     EXIT_TIMEOUT,
     REPO,
@@ -120,10 +124,18 @@ class Editor:
 
 
 @contextlib.asynccontextmanager
-async def server(tmp_path: Path, port: int, n: int = 0) -> AsyncIterator[None]:
-    """`python -m server` on `port` with its data in `tmp_path/data`."""
+async def server(tmp_path: Path, port: int, n: int = 0, mcp: bool = False) -> AsyncIterator[None]:
+    """`python -m server` on `port` with its data in `tmp_path/data`.
+
+    With `mcp`, the test toolbox is its MCP server "box" (stdio), connected on return.
+    """
     config = tmp_path / "config.yaml"
-    config.write_text("agents: []\n")
+    settings: dict[str, Any] = {"agents": []}
+    if mcp:
+        args = ["-m", "tests.mcp_toolbox", "stdio", str(tmp_path)]
+        box = {"name": "box", "command": sys.executable, "args": args, "cwd": str(REPO)}
+        settings["mcpServers"] = [box]
+    config.write_text(json.dumps(settings))  # JSON is YAML
     async with server_process(
         "--config", str(config), "--listen", f"127.0.0.1:{port}",
         "--data-dir", str(tmp_path / "data"), stderr_path=tmp_path / f"server-{n}.stderr",
@@ -131,8 +143,22 @@ async def server(tmp_path: Path, port: int, n: int = 0) -> AsyncIterator[None]:
         # Started at most twice per test, on a machine that may be shared: a wider bound.
         line = await read_line(process.process, STARTUP_BOUND)
         assert SERVER_LISTENING.fullmatch(line), f"{line!r}: {process.log()}"
+        if mcp:
+            await box_connected(port)
         yield
         assert await process.terminate() == 0, process.log()
+
+
+async def box_connected(port: int) -> None:
+    client = connect(f"127.0.0.1:{port}")
+
+    async def ready() -> bool:
+        return [s.state for s in await client.tool_sources()] == [reg.PLUGIN_STATE_READY]
+
+    try:
+        await eventually(ready, "the MCP server to connect", seconds=STARTUP_BOUND)
+    finally:
+        await client.close()
 
 
 @contextlib.asynccontextmanager
@@ -260,8 +286,10 @@ async def test_cancel_ends_the_prompt_cancelled(tmp_path: Path, port: int) -> No
         await editor.until(lambda: editor.text().endswith("Counted them."))
 
 
-@pytest.mark.timeout(120)  # two server starts and a bridge: slow on a loaded machine
-async def test_load_replays_a_session_after_a_server_restart(tmp_path: Path, port: int) -> None:
+@pytest.mark.timeout(180)  # three server starts and a bridge: slow on a loaded machine
+async def test_load_and_prompt_resume_a_session_after_server_restarts(
+    tmp_path: Path, port: int
+) -> None:
     editor = Editor()
     profile = counting_profile(tmp_path / "p.json")
     async with bridge(port, profile, editor, tmp_path / "acp.stderr") as conn:
@@ -300,6 +328,14 @@ async def test_load_replays_a_session_after_a_server_restart(tmp_path: Path, por
         assert unknown.value.code == -32603  # the server is down: UNAVAILABLE, named
         assert isinstance(unknown.value.data, dict)
         assert unknown.value.data["status"] == "UNAVAILABLE"
+        editor.updates.clear()
+        async with server(tmp_path, port, 2):  # back again; the editor just prompts
+            again = await asyncio.wait_for(
+                conn.prompt(session_id=sid, prompt=[text_block("once more")]), T
+            )
+            assert again.stop_reason == "end_turn"  # resumed by the prompt, then answered
+            await editor.until(lambda: editor.text() == "Let me count.Counted them.")
+            assert editor.kinds()[0] != "user_message_chunk"  # no replay: not a load
 
 
 async def test_malformed_messages_get_json_rpc_errors_and_the_bridge_stays_up(
@@ -347,3 +383,43 @@ async def test_malformed_messages_get_json_rpc_errors_and_the_bridge_stays_up(
             if process.returncode is None:
                 process.kill()
                 await process.wait()
+
+
+async def test_tool_progress_shows_as_the_call_s_content_until_its_result(
+    tmp_path: Path, port: int
+) -> None:
+    calls = [
+        scripted_pb2.ScriptedToolCall(
+            id="s1", name="mcp__box__steps", arguments=json.dumps({"n": 4, "pause": 1.0})
+        )
+    ]
+    options = agent_pb2.AgentOptions(
+        provider="scripted", model="m", tools=["mcp:box/*"],
+        provider_options=script_options([
+            scripted_pb2.ScriptedStep(tool_calls=calls),
+            scripted_pb2.ScriptedStep(text="Stepped."),
+        ]),
+    )  # fmt: skip
+    profile = tmp_path / "p.json"
+    profile.write_text(json_format.MessageToJson(options))
+    editor = Editor()
+    async with (
+        server(tmp_path, port, mcp=True),
+        bridge(port, profile, editor, tmp_path / "acp.stderr") as conn,
+    ):
+        session = await conn.new_session(cwd=str(tmp_path), mcp_servers=[])
+        answer = await asyncio.wait_for(
+            conn.prompt(session_id=session.session_id, prompt=[text_block("step")]), T
+        )
+        assert answer.stop_reason == "end_turn"
+        await editor.until(lambda: editor.text() == "Stepped.")
+    start, *progress, end = editor.tool_updates()
+    assert (start.session_update, start.tool_call_id) == ("tool_call", "s1")
+    # Progress is live only: a report made before the bridge's stream subscribed is not
+    # seen, nor one after the result. The others show in order, in progress, each the
+    # latest report as the call's content, until the result replaces it.
+    assert progress and {(u.tool_call_id, u.status) for u in progress} == {("s1", "in_progress")}
+    texts = [u.content[0].content.text for u in progress]
+    assert all(re.fullmatch(r"([1-4])/4 step \1 of 4 \.+", t) for t in texts), texts
+    assert texts == sorted(set(texts))
+    assert (end.status, end.content[0].content.text) == ("completed", "4 steps")

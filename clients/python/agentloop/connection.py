@@ -15,6 +15,9 @@ from agentloop.retrying import RetryUnavailable
 
 MAX_RECEIVE_BYTES = 4 * 1024 * 1024
 """gRPC's default receive limit; the server bounds every event well under it."""
+MAX_RECONNECT_BACKOFF_MS = 3000
+"""The longest wait between two attempts to reach a server that went away (gRPC's own
+default grows to 120 s: a server back after a restart would go unnoticed that long)."""
 
 
 def open_channel(
@@ -27,7 +30,10 @@ def open_channel(
     tls: bool | None = None,
 ) -> grpc.aio.Channel:
     """A channel to `address` (host:port); the arguments as for `agentloop.connect`."""
-    options = [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)]
+    options = [
+        ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+        ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+    ]
     use_tls = tls if tls is not None else bool(ca_file or cert_file)
     retry = RetryUnavailable()  # AGENT_MOVING, STORE_UNAVAILABLE: again, same request id
     if not use_tls:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from agentloop.errors import error_from
+from agentloop.v1 import agent_event_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
 
@@ -73,6 +74,8 @@ class SessionStream:
         """True while a `Turn` reads it (a second turn then opens its own stream)."""
         self.started = False
         """True once a call was opened (before that, `cursor` may still be moved)."""
+        self.on_agent_events: Callable[[Sequence[agent_event_pb2.AgentEvent]], None] | None = None
+        """Hears each response's live agent events, before its session events are read."""
         self._call: Any = None
         self._held: deque[ev.SessionEvent] = deque()
 
@@ -119,6 +122,8 @@ class SessionStream:
             if batch.events:
                 self.cursor = batch.events[-1].seq + 1
             self.dropped_agent_events += batch.dropped_agent_events
+            if batch.agent_events and self.on_agent_events is not None:
+                self.on_agent_events(batch.agent_events)
             return batch
         return None
 

@@ -11,8 +11,10 @@ ACP on its stdin and stdout; each ACP call becomes agentloop calls:
 | `session/cancel` | `CancelTurn` |
 | `session/request_permission` | an approval of the turn: allow once, or reject |
 
-A prompt to an agent the server no longer holds (it restarted) resumes it first. gRPC
-errors become JSON-RPC errors carrying the status and the server's details.
+When the server went away, each request first waits (at most `RECONNECT_SECONDS`) for
+the channel to reach it again; a prompt to an agent the server no longer holds (it
+restarted) resumes it first. gRPC errors become JSON-RPC errors carrying the status and
+the server's details.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from agentloop.cli.acp_updates import STOP_REASONS, LiveUpdates, Update, argumen
 from agentloop.cli.acp_updates import replayed as replayed_updates
 from agentloop.cli.version import version
 from agentloop.client import Client
+from agentloop.stream import SessionStream
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_pb2, approval_pb2
 from agentloop.v1 import session_event_pb2 as ev
@@ -59,6 +62,21 @@ REJECTED_REASON = "rejected in the editor"
 CANCEL_REASON = "cancelled in the editor"
 MAX_LINE_BYTES = 50 * 1024 * 1024
 """The longest line read from the editor (the SDK's own default)."""
+RECONNECT_SECONDS = 10.0
+"""How long a request waits for a server that went away to be reachable again."""
+
+
+async def reachable(channel: grpc.aio.Channel, seconds: float = RECONNECT_SECONDS) -> None:
+    """Wait (bounded) until `channel` is connected, asking it to try now.
+
+    Past the bound the request goes ahead and fails `UNAVAILABLE`, named.
+    """
+    state = channel.get_state(try_to_connect=True)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            while state != grpc.ChannelConnectivity.READY:
+                await channel.wait_for_state_change(state)
+                state = channel.get_state(try_to_connect=True)
 
 
 @contextlib.contextmanager
@@ -111,6 +129,7 @@ class AcpBridge:
     async def new_session(self, cwd: str, **_: Any) -> NewSessionResponse:
         """A new agent on a new session; the editor's MCP servers are not used."""
         session_id = str(uuid.uuid4())
+        await reachable(self._client.channel)
         with as_json_rpc_errors():
             await self._client.create(session_id, self._options, session_id=session_id, cwd=cwd)
         self._live.add(session_id)
@@ -118,6 +137,7 @@ class AcpBridge:
 
     async def load_session(self, cwd: str, session_id: str, **_: Any) -> LoadSessionResponse:
         """Resume the session's agent (unless it is live) and replay its history."""
+        await reachable(self._client.channel)
         with as_json_rpc_errors():
             await self._ensure_agent(session_id)
             stream = self._client.stream(session_id=session_id, replay_only=True)
@@ -133,18 +153,24 @@ class AcpBridge:
         text = prompt_text(prompt)
         if not text.strip():
             raise RequestError.invalid_params({"prompt": "no text in the prompt"})
-        with as_json_rpc_errors():
-            if session_id not in self._live:
-                await self._ensure_agent(session_id)
-            try:
-                turn = await self._client.send(session_id, text)
-            except grpc.aio.AioRpcError as error:
-                if error.code() != grpc.StatusCode.NOT_FOUND:
-                    raise
-                self._live.discard(session_id)  # the server restarted: resume, then send
-                await self._ensure_agent(session_id)
-                turn = await self._client.send(session_id, text)
-            return await self._follow(session_id, turn)
+        await reachable(self._client.channel)
+        # The turn is read from this stream, whose live agent events carry tool progress.
+        stream = SessionStream(lambda: self._client.agents, agent_id=session_id)
+        try:
+            with as_json_rpc_errors():
+                if session_id not in self._live:
+                    await self._ensure_agent(session_id)
+                try:
+                    turn = await self._client.send(session_id, text, stream=stream)
+                except grpc.aio.AioRpcError as error:
+                    if error.code() != grpc.StatusCode.NOT_FOUND:
+                        raise
+                    self._live.discard(session_id)  # the server restarted: resume, then send
+                    await self._ensure_agent(session_id)
+                    turn = await self._client.send(session_id, text, stream=stream)
+                return await self._follow(session_id, turn, stream)
+        finally:
+            stream.close()
 
     async def cancel(self, session_id: str, **_: Any) -> None:
         """Cancel the running turn (the prompt then answers `cancelled`)."""
@@ -163,9 +189,14 @@ class AcpBridge:
             await self._client.resume(session_id, session_id, self._options)
         self._live.add(session_id)
 
-    async def _follow(self, session_id: str, turn: Any) -> PromptResponse:
+    async def _follow(self, session_id: str, turn: Any, stream: SessionStream) -> PromptResponse:
         live = LiveUpdates()
         asks: dict[str, asyncio.Task[None]] = {}
+        # One writer sends the updates in the order they are made: the turn's events,
+        # and the progress heard while a call runs (when no event comes).
+        updates: asyncio.Queue[list[Update] | None] = asyncio.Queue()
+        writer = asyncio.create_task(self._write(session_id, updates))
+        stream.on_agent_events = lambda events: updates.put_nowait(live.heard(events))
         try:
             async for event in turn:
                 kind = event.WhichOneof("payload")
@@ -176,10 +207,15 @@ class AcpBridge:
                     ask = asks.pop(event.approval_resolved.approval_id, None)
                     if ask is not None and not ask.done():
                         ask.cancel()  # answered elsewhere (another client, the timeout)
-                await self._send(session_id, live.of(event))
+                updates.put_nowait(live.of(event))
+                if writer.done():
+                    break  # the editor's side failed: its error is raised below
         finally:
+            stream.on_agent_events = None
             for ask in asks.values():
                 ask.cancel()
+            updates.put_nowait(None)
+            await writer
         if turn.dropped is not None or turn.end is None:
             return PromptResponse(stop_reason="cancelled")
         return PromptResponse(stop_reason=stop_reason(turn.end))
@@ -209,6 +245,10 @@ class AcpBridge:
                 allow=allow,
                 reason="" if allow else REJECTED_REASON,
             )
+
+    async def _write(self, session_id: str, queue: asyncio.Queue[list[Update] | None]) -> None:
+        while (updates := await queue.get()) is not None:
+            await self._send(session_id, updates)
 
     async def _send(self, session_id: str, updates: list[Update]) -> None:
         for update in updates:

@@ -3,12 +3,15 @@
 Two readings of the same log: `LiveUpdates` follows a running turn (text streams as
 the model's chunks arrive), `replayed` reads a stored event (whole messages, the
 user's prompts included) for `session/load`. Tool calls map the same way in both:
-`tool_call` when a call starts, `tool_call_update` with its result.
+`tool_call` when a call starts, `tool_call_update` with its result. Live, a call's
+progress (the live `tool_progress` agent event) is a `tool_call_update` in progress
+whose content is the latest report; the result replaces it.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from acp import (
@@ -29,6 +32,7 @@ from acp.schema import (
     UserMessageChunk,
 )
 
+from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2
 
@@ -88,6 +92,18 @@ def call_finished(result: ev.ToolResult) -> ToolCallProgress:
     )
 
 
+def call_progress(progress: ae.ToolProgress) -> ToolCallProgress:
+    """A running call's latest progress report, as the call's content for now."""
+    done = f"{progress.progress:g}"
+    if progress.HasField("total"):
+        done += f"/{progress.total:g}"
+    return update_tool_call(
+        progress.tool_call_id,
+        status="in_progress",
+        content=[tool_content(text_block(f"{done} {progress.message}".rstrip()))],
+    )
+
+
 def assistant_updates(content: Any) -> list[Update]:
     """A whole assistant message: its reasoning as thoughts, its text as a message."""
     updates: list[Update] = []
@@ -121,6 +137,10 @@ class LiveUpdates:
     def __init__(self) -> None:
         self._kinds: dict[int, int] = {}
         """The kind of each open block of the current model stream, by index."""
+        self._started: set[str] = set()
+        self._ended: set[str] = set()
+        self._held: dict[str, ae.ToolProgress] = {}
+        """The latest progress of calls whose `tool_call` was not read yet."""
 
     def of(self, event: ev.SessionEvent) -> list[Update]:
         """The updates one event of the turn makes (none for most kinds)."""
@@ -129,9 +149,32 @@ class LiveUpdates:
             return self._chunk(event.assistant_chunk.chunk)
         if kind == "step_start":
             self._kinds.clear()
-        if kind in ("tool_call", "tool_result"):
+        if kind == "tool_call":
+            self._started.add(event.tool_call.call_id)
+            return replayed(event) + self._release()
+        if kind == "tool_result":
+            self._ended.add(event.tool_result.call_id)
+            self._held.pop(event.tool_result.call_id, None)
             return replayed(event)
         return []
+
+    def heard(self, events: Sequence[ae.AgentEvent]) -> list[Update]:
+        """The progress updates among live agent events.
+
+        A batch's agent events are heard before its session events are read, so the
+        progress of a call not yet announced waits for its `tool_call`; that of a call
+        that ended is dropped (its result says the rest).
+        """
+        for event in events:
+            if event.HasField("tool_progress"):
+                progress = event.tool_progress
+                if progress.tool_call_id not in self._ended:
+                    self._held[progress.tool_call_id] = progress
+        return self._release()
+
+    def _release(self) -> list[Update]:
+        ready = [call_id for call_id in self._held if call_id in self._started]
+        return [call_progress(self._held.pop(call_id)) for call_id in ready]
 
     def _chunk(self, chunk: stream_pb2.StreamChunk) -> list[Update]:
         which = chunk.WhichOneof("chunk")

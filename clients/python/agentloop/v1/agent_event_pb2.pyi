@@ -133,6 +133,7 @@ class AgentEvent(_message.Message):
     CONTEXT_USAGE_FIELD_NUMBER: _builtins.int
     COMPACTION_FIELD_NUMBER: _builtins.int
     CHILD_PROGRESS_FIELD_NUMBER: _builtins.int
+    TOOL_PROGRESS_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """The agent it happened to."""
     @_builtins.property
@@ -189,6 +190,13 @@ class AgentEvent(_message.Message):
         that this agent's `delegate` call runs: one event per child step.
         """
 
+    @_builtins.property
+    def tool_progress(self) -> Global___ToolProgress:
+        """ToolProgress reports how far a running tool call has got, as its tool
+        says (an MCP server's `notifications/progress`): at most 5 a second per
+        call, the one reaching its total always.
+        """
+
     def __init__(
         self,
         *,
@@ -205,12 +213,13 @@ class AgentEvent(_message.Message):
         context_usage: Global___ContextUsage | None = ...,
         compaction: Global___AgentCompaction | None = ...,
         child_progress: Global___ChildProgress | None = ...,
+        tool_progress: Global___ToolProgress | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_requested", b"approval_requested", "approval_resolved", b"approval_resolved", "child_progress", b"child_progress", "compaction", b"compaction", "context_usage", b"context_usage", "create_time", b"create_time", "created", b"created", "disposed", b"disposed", "error", b"error", "event", b"event", "queued", b"queued", "session_start", b"session_start", "status", b"status"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_requested", b"approval_requested", "approval_resolved", b"approval_resolved", "child_progress", b"child_progress", "compaction", b"compaction", "context_usage", b"context_usage", "create_time", b"create_time", "created", b"created", "disposed", b"disposed", "error", b"error", "event", b"event", "queued", b"queued", "session_start", b"session_start", "status", b"status", "tool_progress", b"tool_progress"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "approval_requested", b"approval_requested", "approval_resolved", b"approval_resolved", "child_progress", b"child_progress", "compaction", b"compaction", "context_usage", b"context_usage", "create_time", b"create_time", "created", b"created", "disposed", b"disposed", "error", b"error", "event", b"event", "queued", b"queued", "session_start", b"session_start", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "approval_requested", b"approval_requested", "approval_resolved", b"approval_resolved", "child_progress", b"child_progress", "compaction", b"compaction", "context_usage", b"context_usage", "create_time", b"create_time", "created", b"created", "disposed", b"disposed", "error", b"error", "event", b"event", "queued", b"queued", "session_start", b"session_start", "status", b"status", "tool_progress", b"tool_progress"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["status", "queued", "error", "created", "disposed", "session_start", "approval_requested", "approval_resolved", "context_usage", "compaction", "child_progress"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["status", "queued", "error", "created", "disposed", "session_start", "approval_requested", "approval_resolved", "context_usage", "compaction", "child_progress", "tool_progress"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
@@ -353,6 +362,56 @@ class ChildProgress(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ChildProgress: _TypeAlias = ChildProgress  # noqa: Y015
+
+@_typing.final
+class ToolProgress(_message.Message):
+    """ToolProgress is a running tool call's progress. It is live only: the call's
+    `tool_result` session event is what stays.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
+    TOOL_NAME_FIELD_NUMBER: _builtins.int
+    TURN_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    tool_call_id: _builtins.str
+    """ToolCallID is the model's call id (the `tool_call` event's `call_id`)."""
+    tool_name: _builtins.str
+    """ToolName is the tool name the model called."""
+    turn: _builtins.int
+    """Turn is the turn number."""
+    step: _builtins.int
+    """Step is the step number."""
+    progress: _builtins.float
+    """Progress is how far the call has got; it only grows."""
+    total: _builtins.float
+    """Total is the progress at which the call is done, when the tool knows it."""
+    message: _builtins.str
+    """Message is the tool's word on it (at most 200 characters)."""
+    def __init__(
+        self,
+        *,
+        tool_call_id: _builtins.str = ...,
+        tool_name: _builtins.str = ...,
+        turn: _builtins.int = ...,
+        step: _builtins.int = ...,
+        progress: _builtins.float = ...,
+        total: _builtins.float | None = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_total", b"_total", "total", b"total"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_total", b"_total", "message", b"message", "progress", b"progress", "step", b"step", "tool_call_id", b"tool_call_id", "tool_name", b"tool_name", "total", b"total", "turn", b"turn"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__total: _TypeAlias = _typing.Literal["total"]  # noqa: Y015
+    _WhichOneofArgType__total: _TypeAlias = _typing.Literal["_total", b"_total"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__total) -> _WhichOneofReturnType__total | None: ...
+
+Global___ToolProgress: _TypeAlias = ToolProgress  # noqa: Y015
 
 @_typing.final
 class AgentStatusChanged(_message.Message):

@@ -441,6 +441,8 @@ class ToolSource(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     LAST_ERROR_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
+    RESTARTS_FIELD_NUMBER: _builtins.int
+    PROTOCOL_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Name is the server's name in the config."""
     transport: _builtins.str
@@ -453,6 +455,15 @@ class ToolSource(_message.Message):
     """
     last_error: _builtins.str
     """LastError is why the last connection attempt or connection failed."""
+    restarts: _builtins.int
+    """Restarts counts the connection attempts after the first: each follows a
+    failed attempt, a lost connection, or a server that stopped answering
+    (a health check unanswered within `healthTimeoutSeconds`).
+    """
+    protocol: _builtins.str
+    """Protocol is the MCP revision the connection speaks (for example
+    "2026-07-28" or "2025-11-25"); empty while it is not connected.
+    """
     @_builtins.property
     def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Tools are the names the model calls its tools by (`mcp__<name>__<tool>`),
@@ -468,10 +479,12 @@ class ToolSource(_message.Message):
         state: Global___PluginState.ValueType = ...,
         last_error: _builtins.str = ...,
         tools: _abc.Iterable[_builtins.str] | None = ...,
+        restarts: _builtins.int = ...,
+        protocol: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint", "last_error", b"last_error", "name", b"name", "state", b"state", "tools", b"tools", "transport", b"transport"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint", "last_error", b"last_error", "name", b"name", "protocol", b"protocol", "restarts", b"restarts", "state", b"state", "tools", b"tools", "transport", b"transport"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

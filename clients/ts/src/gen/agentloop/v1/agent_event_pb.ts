@@ -18,7 +18,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agentloop/v1/agent_event.proto.
  */
 export const file_agentloop_v1_agent_event: GenFile = /*@__PURE__*/
-  fileDesc("Ch5hZ2VudGxvb3AvdjEvYWdlbnRfZXZlbnQucHJvdG8SDGFnZW50bG9vcC52MSKbBQoKQWdlbnRFdmVudBIQCghhZ2VudF9pZBgBIAEoCRIvCgtjcmVhdGVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoGc3RhdHVzGAogASgLMiAuYWdlbnRsb29wLnYxLkFnZW50U3RhdHVzQ2hhbmdlZEgAEisKBnF1ZXVlZBgLIAEoCzIZLmFnZW50bG9vcC52MS5BZ2VudFF1ZXVlZEgAEikKBWVycm9yGAwgASgLMhguYWdlbnRsb29wLnYxLkFnZW50RXJyb3JIABItCgdjcmVhdGVkGA0gASgLMhouYWdlbnRsb29wLnYxLkFnZW50Q3JlYXRlZEgAEi8KCGRpc3Bvc2VkGA4gASgLMhsuYWdlbnRsb29wLnYxLkFnZW50RGlzcG9zZWRIABI4Cg1zZXNzaW9uX3N0YXJ0GA8gASgLMh8uYWdlbnRsb29wLnYxLkFnZW50U2Vzc2lvblN0YXJ0SAASPQoSYXBwcm92YWxfcmVxdWVzdGVkGBAgASgLMh8uYWdlbnRsb29wLnYxLkFwcHJvdmFsUmVxdWVzdGVkSAASOwoRYXBwcm92YWxfcmVzb2x2ZWQYESABKAsyHi5hZ2VudGxvb3AudjEuQXBwcm92YWxSZXNvbHZlZEgAEjMKDWNvbnRleHRfdXNhZ2UYEiABKAsyGi5hZ2VudGxvb3AudjEuQ29udGV4dFVzYWdlSAASMwoKY29tcGFjdGlvbhgTIAEoCzIdLmFnZW50bG9vcC52MS5BZ2VudENvbXBhY3Rpb25IABI1Cg5jaGlsZF9wcm9ncmVzcxgUIAEoCzIbLmFnZW50bG9vcC52MS5DaGlsZFByb2dyZXNzSABCBwoFZXZlbnQinAEKDENvbnRleHRVc2FnZRITCgt1c2VkX3Rva2VucxgBIAEoBBIVCg13aW5kb3dfdG9rZW5zGAIgASgEEhYKDnJlc2VydmVfdG9rZW5zGAMgASgEEhEKCWVzdGltYXRlZBgEIAEoCBIZChFjb21wYWN0X2F0X3Rva2VucxgFIAEoBBIaChJrZWVwX3JlY2VudF90b2tlbnMYBiABKAQiwgEKD0FnZW50Q29tcGFjdGlvbhIsCgVwaGFzZRgBIAEoDjIdLmFnZW50bG9vcC52MS5Db21wYWN0aW9uUGhhc2USMAoHdHJpZ2dlchgCIAEoDjIfLmFnZW50bG9vcC52MS5Db21wYWN0aW9uVHJpZ2dlchIVCg10b2tlbnNfYmVmb3JlGAMgASgEEhQKDHRva2Vuc19hZnRlchgEIAEoBBIRCglldmVudF9zZXEYBSABKAQSDwoHbWVzc2FnZRgGIAEoCSKCAQoNQ2hpbGRQcm9ncmVzcxIWCg5jaGlsZF9hZ2VudF9pZBgBIAEoCRIYChBjaGlsZF9zZXNzaW9uX2lkGAIgASgJEhQKDHRvb2xfY2FsbF9pZBgDIAEoCRIMCgRzdGVwGAQgASgNEg0KBXN0YXRlGAUgASgJEgwKBHRleHQYBiABKAkiPwoSQWdlbnRTdGF0dXNDaGFuZ2VkEikKBnN0YXR1cxgBIAEoDjIZLmFnZW50bG9vcC52MS5BZ2VudFN0YXR1cyKGAQoLQWdlbnRRdWV1ZWQSKwoHY29udGVudBgBIAMoCzIaLmFnZW50bG9vcC52MS5Db250ZW50QmxvY2sSJAoGc291cmNlGAIgASgLMhQuYWdlbnRsb29wLnYxLlNvdXJjZRIQCghzdGVlcmluZxgDIAEoCBISCgpyZXF1ZXN0X2lkGAQgASgJIkcKCkFnZW50RXJyb3ISDAoEdHVybhgBIAEoDRIMCgRzdGVwGAIgASgNEg8KB21lc3NhZ2UYAyABKAkSDAoEY29kZRgEIAEoCSIiCgxBZ2VudENyZWF0ZWQSEgoKc2Vzc2lvbl9pZBgBIAEoCSIPCg1BZ2VudERpc3Bvc2VkIkUKEUFnZW50U2Vzc2lvblN0YXJ0EjAKBnNvdXJjZRgBIAEoDjIgLmFnZW50bG9vcC52MS5TZXNzaW9uU3RhcnRTb3VyY2UqdwoLQWdlbnRTdGF0dXMSHAoYQUdFTlRfU1RBVFVTX1VOU1BFQ0lGSUVEEAASFQoRQUdFTlRfU1RBVFVTX0lETEUQARIYChRBR0VOVF9TVEFUVVNfUlVOTklORxACEhkKFUFHRU5UX1NUQVRVU19ESVNQT1NFRBADKn0KElNlc3Npb25TdGFydFNvdXJjZRIkCiBTRVNTSU9OX1NUQVJUX1NPVVJDRV9VTlNQRUNJRklFRBAAEiAKHFNFU1NJT05fU1RBUlRfU09VUkNFX1NUQVJUVVAQARIfChtTRVNTSU9OX1NUQVJUX1NPVVJDRV9SRVNVTUUQAiqNAQoPQ29tcGFjdGlvblBoYXNlEiAKHENPTVBBQ1RJT05fUEhBU0VfVU5TUEVDSUZJRUQQABIcChhDT01QQUNUSU9OX1BIQVNFX1NUQVJURUQQARIdChlDT01QQUNUSU9OX1BIQVNFX0ZJTklTSEVEEAISGwoXQ09NUEFDVElPTl9QSEFTRV9GQUlMRUQQA2IGcHJvdG8z", [file_agentloop_v1_approval, file_agentloop_v1_content, file_agentloop_v1_session_event, file_google_protobuf_timestamp]);
+  fileDesc("Ch5hZ2VudGxvb3AvdjEvYWdlbnRfZXZlbnQucHJvdG8SDGFnZW50bG9vcC52MSLQBQoKQWdlbnRFdmVudBIQCghhZ2VudF9pZBgBIAEoCRIvCgtjcmVhdGVfdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASMgoGc3RhdHVzGAogASgLMiAuYWdlbnRsb29wLnYxLkFnZW50U3RhdHVzQ2hhbmdlZEgAEisKBnF1ZXVlZBgLIAEoCzIZLmFnZW50bG9vcC52MS5BZ2VudFF1ZXVlZEgAEikKBWVycm9yGAwgASgLMhguYWdlbnRsb29wLnYxLkFnZW50RXJyb3JIABItCgdjcmVhdGVkGA0gASgLMhouYWdlbnRsb29wLnYxLkFnZW50Q3JlYXRlZEgAEi8KCGRpc3Bvc2VkGA4gASgLMhsuYWdlbnRsb29wLnYxLkFnZW50RGlzcG9zZWRIABI4Cg1zZXNzaW9uX3N0YXJ0GA8gASgLMh8uYWdlbnRsb29wLnYxLkFnZW50U2Vzc2lvblN0YXJ0SAASPQoSYXBwcm92YWxfcmVxdWVzdGVkGBAgASgLMh8uYWdlbnRsb29wLnYxLkFwcHJvdmFsUmVxdWVzdGVkSAASOwoRYXBwcm92YWxfcmVzb2x2ZWQYESABKAsyHi5hZ2VudGxvb3AudjEuQXBwcm92YWxSZXNvbHZlZEgAEjMKDWNvbnRleHRfdXNhZ2UYEiABKAsyGi5hZ2VudGxvb3AudjEuQ29udGV4dFVzYWdlSAASMwoKY29tcGFjdGlvbhgTIAEoCzIdLmFnZW50bG9vcC52MS5BZ2VudENvbXBhY3Rpb25IABI1Cg5jaGlsZF9wcm9ncmVzcxgUIAEoCzIbLmFnZW50bG9vcC52MS5DaGlsZFByb2dyZXNzSAASMwoNdG9vbF9wcm9ncmVzcxgVIAEoCzIaLmFnZW50bG9vcC52MS5Ub29sUHJvZ3Jlc3NIAEIHCgVldmVudCKcAQoMQ29udGV4dFVzYWdlEhMKC3VzZWRfdG9rZW5zGAEgASgEEhUKDXdpbmRvd190b2tlbnMYAiABKAQSFgoOcmVzZXJ2ZV90b2tlbnMYAyABKAQSEQoJZXN0aW1hdGVkGAQgASgIEhkKEWNvbXBhY3RfYXRfdG9rZW5zGAUgASgEEhoKEmtlZXBfcmVjZW50X3Rva2VucxgGIAEoBCLCAQoPQWdlbnRDb21wYWN0aW9uEiwKBXBoYXNlGAEgASgOMh0uYWdlbnRsb29wLnYxLkNvbXBhY3Rpb25QaGFzZRIwCgd0cmlnZ2VyGAIgASgOMh8uYWdlbnRsb29wLnYxLkNvbXBhY3Rpb25UcmlnZ2VyEhUKDXRva2Vuc19iZWZvcmUYAyABKAQSFAoMdG9rZW5zX2FmdGVyGAQgASgEEhEKCWV2ZW50X3NlcRgFIAEoBBIPCgdtZXNzYWdlGAYgASgJIoIBCg1DaGlsZFByb2dyZXNzEhYKDmNoaWxkX2FnZW50X2lkGAEgASgJEhgKEGNoaWxkX3Nlc3Npb25faWQYAiABKAkSFAoMdG9vbF9jYWxsX2lkGAMgASgJEgwKBHN0ZXAYBCABKA0SDQoFc3RhdGUYBSABKAkSDAoEdGV4dBgGIAEoCSKUAQoMVG9vbFByb2dyZXNzEhQKDHRvb2xfY2FsbF9pZBgBIAEoCRIRCgl0b29sX25hbWUYAiABKAkSDAoEdHVybhgDIAEoDRIMCgRzdGVwGAQgASgNEhAKCHByb2dyZXNzGAUgASgBEhIKBXRvdGFsGAYgASgBSACIAQESDwoHbWVzc2FnZRgHIAEoCUIICgZfdG90YWwiPwoSQWdlbnRTdGF0dXNDaGFuZ2VkEikKBnN0YXR1cxgBIAEoDjIZLmFnZW50bG9vcC52MS5BZ2VudFN0YXR1cyKGAQoLQWdlbnRRdWV1ZWQSKwoHY29udGVudBgBIAMoCzIaLmFnZW50bG9vcC52MS5Db250ZW50QmxvY2sSJAoGc291cmNlGAIgASgLMhQuYWdlbnRsb29wLnYxLlNvdXJjZRIQCghzdGVlcmluZxgDIAEoCBISCgpyZXF1ZXN0X2lkGAQgASgJIkcKCkFnZW50RXJyb3ISDAoEdHVybhgBIAEoDRIMCgRzdGVwGAIgASgNEg8KB21lc3NhZ2UYAyABKAkSDAoEY29kZRgEIAEoCSIiCgxBZ2VudENyZWF0ZWQSEgoKc2Vzc2lvbl9pZBgBIAEoCSIPCg1BZ2VudERpc3Bvc2VkIkUKEUFnZW50U2Vzc2lvblN0YXJ0EjAKBnNvdXJjZRgBIAEoDjIgLmFnZW50bG9vcC52MS5TZXNzaW9uU3RhcnRTb3VyY2UqdwoLQWdlbnRTdGF0dXMSHAoYQUdFTlRfU1RBVFVTX1VOU1BFQ0lGSUVEEAASFQoRQUdFTlRfU1RBVFVTX0lETEUQARIYChRBR0VOVF9TVEFUVVNfUlVOTklORxACEhkKFUFHRU5UX1NUQVRVU19ESVNQT1NFRBADKn0KElNlc3Npb25TdGFydFNvdXJjZRIkCiBTRVNTSU9OX1NUQVJUX1NPVVJDRV9VTlNQRUNJRklFRBAAEiAKHFNFU1NJT05fU1RBUlRfU09VUkNFX1NUQVJUVVAQARIfChtTRVNTSU9OX1NUQVJUX1NPVVJDRV9SRVNVTUUQAiqNAQoPQ29tcGFjdGlvblBoYXNlEiAKHENPTVBBQ1RJT05fUEhBU0VfVU5TUEVDSUZJRUQQABIcChhDT01QQUNUSU9OX1BIQVNFX1NUQVJURUQQARIdChlDT01QQUNUSU9OX1BIQVNFX0ZJTklTSEVEEAISGwoXQ09NUEFDVElPTl9QSEFTRV9GQUlMRUQQA2IGcHJvdG8z", [file_agentloop_v1_approval, file_agentloop_v1_content, file_agentloop_v1_session_event, file_google_protobuf_timestamp]);
 
 /**
  * AgentEvent is a live agent notification. Agent events are not part of the
@@ -137,6 +137,16 @@ export type AgentEvent = Message<"agentloop.v1.AgentEvent"> & {
      */
     value: ChildProgress;
     case: "childProgress";
+  } | {
+    /**
+     * ToolProgress reports how far a running tool call has got, as its tool
+     * says (an MCP server's `notifications/progress`): at most 5 a second per
+     * call, the one reaching its total always.
+     *
+     * @generated from field: agentloop.v1.ToolProgress tool_progress = 21;
+     */
+    value: ToolProgress;
+    case: "toolProgress";
   } | { case: undefined; value?: undefined };
 };
 
@@ -323,6 +333,70 @@ export const ChildProgressSchema: GenMessage<ChildProgress> = /*@__PURE__*/
   messageDesc(file_agentloop_v1_agent_event, 3);
 
 /**
+ * ToolProgress is a running tool call's progress. It is live only: the call's
+ * `tool_result` session event is what stays.
+ *
+ * @generated from message agentloop.v1.ToolProgress
+ */
+export type ToolProgress = Message<"agentloop.v1.ToolProgress"> & {
+  /**
+   * ToolCallID is the model's call id (the `tool_call` event's `call_id`).
+   *
+   * @generated from field: string tool_call_id = 1;
+   */
+  toolCallId: string;
+
+  /**
+   * ToolName is the tool name the model called.
+   *
+   * @generated from field: string tool_name = 2;
+   */
+  toolName: string;
+
+  /**
+   * Turn is the turn number.
+   *
+   * @generated from field: uint32 turn = 3;
+   */
+  turn: number;
+
+  /**
+   * Step is the step number.
+   *
+   * @generated from field: uint32 step = 4;
+   */
+  step: number;
+
+  /**
+   * Progress is how far the call has got; it only grows.
+   *
+   * @generated from field: double progress = 5;
+   */
+  progress: number;
+
+  /**
+   * Total is the progress at which the call is done, when the tool knows it.
+   *
+   * @generated from field: optional double total = 6;
+   */
+  total?: number | undefined;
+
+  /**
+   * Message is the tool's word on it (at most 200 characters).
+   *
+   * @generated from field: string message = 7;
+   */
+  message: string;
+};
+
+/**
+ * Describes the message agentloop.v1.ToolProgress.
+ * Use `create(ToolProgressSchema)` to create a new message.
+ */
+export const ToolProgressSchema: GenMessage<ToolProgress> = /*@__PURE__*/
+  messageDesc(file_agentloop_v1_agent_event, 4);
+
+/**
  * AgentStatusChanged reports a status transition.
  *
  * @generated from message agentloop.v1.AgentStatusChanged
@@ -341,7 +415,7 @@ export type AgentStatusChanged = Message<"agentloop.v1.AgentStatusChanged"> & {
  * Use `create(AgentStatusChangedSchema)` to create a new message.
  */
 export const AgentStatusChangedSchema: GenMessage<AgentStatusChanged> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 4);
+  messageDesc(file_agentloop_v1_agent_event, 5);
 
 /**
  * AgentQueued reports an accepted message.
@@ -383,7 +457,7 @@ export type AgentQueued = Message<"agentloop.v1.AgentQueued"> & {
  * Use `create(AgentQueuedSchema)` to create a new message.
  */
 export const AgentQueuedSchema: GenMessage<AgentQueued> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 5);
+  messageDesc(file_agentloop_v1_agent_event, 6);
 
 /**
  * AgentError reports a failure.
@@ -427,7 +501,7 @@ export type AgentError = Message<"agentloop.v1.AgentError"> & {
  * Use `create(AgentErrorSchema)` to create a new message.
  */
 export const AgentErrorSchema: GenMessage<AgentError> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 6);
+  messageDesc(file_agentloop_v1_agent_event, 7);
 
 /**
  * AgentCreated reports publication.
@@ -448,7 +522,7 @@ export type AgentCreated = Message<"agentloop.v1.AgentCreated"> & {
  * Use `create(AgentCreatedSchema)` to create a new message.
  */
 export const AgentCreatedSchema: GenMessage<AgentCreated> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 7);
+  messageDesc(file_agentloop_v1_agent_event, 8);
 
 /**
  * AgentDisposed reports the agent left the registry.
@@ -463,7 +537,7 @@ export type AgentDisposed = Message<"agentloop.v1.AgentDisposed"> & {
  * Use `create(AgentDisposedSchema)` to create a new message.
  */
 export const AgentDisposedSchema: GenMessage<AgentDisposed> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 8);
+  messageDesc(file_agentloop_v1_agent_event, 9);
 
 /**
  * AgentSessionStart reports the start of the agent's session.
@@ -484,7 +558,7 @@ export type AgentSessionStart = Message<"agentloop.v1.AgentSessionStart"> & {
  * Use `create(AgentSessionStartSchema)` to create a new message.
  */
 export const AgentSessionStartSchema: GenMessage<AgentSessionStart> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_event, 9);
+  messageDesc(file_agentloop_v1_agent_event, 10);
 
 /**
  * AgentStatus is the driver state of an agent.
