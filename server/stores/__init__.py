@@ -140,6 +140,9 @@ class SessionSummary:
     turn_count: int
     pending: int = 0
     """Entries in the durable inbox."""
+    disposed_ns: int = 0
+    """When the agent that last drove it was disposed (ns since the epoch); 0 while an
+    agent drives it, or when none was ever disposed on it (retention reads it)."""
 
 
 @dataclass(frozen=True)
@@ -247,6 +250,14 @@ class SessionStore(Protocol):
         forks stay (they hold copies). `answer`, when given, makes the delete's own
         request record, stored in the same transaction under no session. Raises
         `NotFound` if the session is unknown.
+        """
+        ...
+
+    async def mark_disposed(self, session_id: str, at_ns: int) -> None:
+        """Record that the session's driver was disposed at `at_ns` (ns since the epoch).
+
+        The next commit that names a driver (a resume) clears the mark. An unknown
+        session is left alone (it was deleted meanwhile).
         """
         ...
 

@@ -290,6 +290,13 @@ class PostgresStore:
                 )  # fmt: skip
         return int(count)
 
+    async def mark_disposed(self, session_id: str, at_ns: int) -> None:
+        """Record the disposal of the session's driver (a session gone meanwhile: nothing)."""
+        pool = await self.pool()
+        await pool.execute(
+            "UPDATE sessions SET disposed_ns = $2 WHERE session_id = $1", session_id, at_ns
+        )
+
     async def drop_requests(self, before_ns: int, limit: int) -> int:
         """Remove up to `limit` request records older than `before_ns`.
 
@@ -419,7 +426,7 @@ class PostgresStore:
         """The header and counts of a session."""
         pool = await self.pool()
         row = await pool.fetchrow(
-            "SELECT header, event_count, turn_count,"
+            "SELECT header, event_count, turn_count, disposed_ns,"
             " (SELECT count(*) FROM inbox WHERE inbox.session_id = sessions.session_id)"
             " AS pending FROM sessions WHERE session_id = $1",
             session_id,
@@ -431,6 +438,7 @@ class PostgresStore:
             row["event_count"],
             row["turn_count"],
             row["pending"],
+            row["disposed_ns"],
         )
 
     async def list_ids(self) -> list[str]:
@@ -546,7 +554,7 @@ async def _write(conn: Conn, session_id: str, writes: SessionWrites, xid: list[s
         )  # fmt: skip
     if writes.driver:
         updated = await conn.fetchval(
-            "UPDATE sessions SET driver = $2 WHERE session_id = $1 RETURNING 1",
+            "UPDATE sessions SET driver = $2, disposed_ns = 0 WHERE session_id = $1 RETURNING 1",
             session_id,
             writes.driver,
         )

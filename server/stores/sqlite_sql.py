@@ -217,7 +217,7 @@ def write_commit(db: sqlite3.Connection, sessions: list[SessionRows]) -> None:
                 db.executemany(INSERT_ROW, s.events)
             if s.driver:
                 moved = db.execute(
-                    "UPDATE sessions SET driver = ? WHERE session_id = ?",
+                    "UPDATE sessions SET driver = ?, disposed_ns = 0 WHERE session_id = ?",
                     (s.driver, s.session_id),
                 ).rowcount
                 if moved != 1:
@@ -357,12 +357,14 @@ def claim(db: sqlite3.Connection, session_id: str) -> int:
     return int(row[0])
 
 
-def summary_row(db: sqlite3.Connection, session_id: str) -> tuple[bytes, int, int, int]:
-    """Header bytes, event count, last turn and inbox size of a session."""
-    row = db.execute("SELECT header FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+def summary_row(db: sqlite3.Connection, session_id: str) -> tuple[bytes, int, int, int, int]:
+    """Header bytes, event count, last turn, inbox size and disposal time of a session."""
+    row = db.execute(
+        "SELECT header, disposed_ns FROM sessions WHERE session_id = ?", (session_id,)
+    ).fetchone()
     if row is None:
         raise SessionNotFound(session_id)
     pending = db.execute(
         "SELECT COUNT(*) FROM inbox WHERE session_id = ?", (session_id,)
     ).fetchone()[0]
-    return row[0], event_count(db, session_id), last_turn(db, session_id), pending
+    return row[0], event_count(db, session_id), last_turn(db, session_id), pending, row[1]
