@@ -148,6 +148,9 @@ class App:
             self.runtime.seams,
             agents=lambda: len(self.factory.agents),
             streams=lambda: self.guard.streams,
+            queued=lambda: sum(
+                len(a.inbox.queued) + len(a.inbox.steering) for a in self.factory.agents.values()
+            ),
             plugins=lambda: {name: p.stats for name, p in self.plugins.plugins.items()},
             seam_names=SEAM_NAMES,
         )

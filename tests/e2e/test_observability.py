@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -142,16 +143,53 @@ async def test_tracing_off_registers_nothing() -> None:
 # -- a server process: metrics over HTTP and JSON logs ---------------------------------
 
 
+def scrape_text(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=T) as response:
+        return str(response.read().decode())
+
+
 def scrape(port: int) -> dict[str, float]:
     """Every sample on the endpoint, by `name{label="value",...}`."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=T) as response:
-        text = response.read().decode()
     samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(scrape_text(port)):
         for sample in family.samples:
             labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
             samples[f"{sample.name}{{{labels}}}"] = sample.value
     return samples
+
+
+SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_count", "_sum", "_created"),
+    "summary": ("", "_count", "_sum", "_created"),
+}
+
+
+def exported_series(text: str) -> set[str]:
+    """Every series name the endpoint exports, a family with no sample yet included."""
+    names: set[str] = set()
+    for family in text_string_to_metric_families(text):
+        names.update(family.name + suffix for suffix in SUFFIXES.get(family.type, ("",)))
+    return names
+
+
+DASHBOARD = Path(__file__).parents[2] / "docs" / "grafana" / "agentloop.json"
+
+
+def dashboard_series() -> set[str]:
+    """The metric names the Grafana dashboard's queries read."""
+    board = json.loads(DASHBOARD.read_text())
+    queries = [
+        target["expr"]
+        for panel in board["panels"]
+        for target in panel.get("targets", ())
+    ]  # fmt: skip
+    assert len(queries) > 30
+    return {
+        name
+        for query in queries
+        for name in re.findall(r"\b([a-z_]+)\{", query)  # a series is selected by its labels
+    }
 
 
 async def test_metrics_and_json_logs_of_a_server_process(
@@ -162,6 +200,7 @@ async def test_metrics_and_json_logs_of_a_server_process(
     config = tmp_path / "agentloop.yaml"
     config.write_text(
         f"listen: 127.0.0.1:0\nstore: memory\nlogFormat: json\nmetricsListen: {metrics_port}\n"
+        "retention:\n  requestRecordHours: 24\n  sweepIntervalSeconds: 3600\n"
         "agents:\n  - id: assistant\n    tools: [word_count]\n"
         f"plugins:\n  - address: {plugin.address}\n"
     )
@@ -189,6 +228,7 @@ async def test_metrics_and_json_logs_of_a_server_process(
             )
             await read_turn(client.agents, "failing", sent.next_seq)
             after = await asyncio.to_thread(scrape, metrics_port)
+            exported = exported_series(await asyncio.to_thread(scrape_text, metrics_port))
         finally:
             await channel.close()
         assert await server.terminate() == 0
@@ -203,14 +243,27 @@ async def test_metrics_and_json_logs_of_a_server_process(
     assert moved("agentloop_model_first_chunk_seconds_count{}") == 7
     assert moved('agentloop_tool_calls_total{outcome="ok",tool="word_count"}') == 3
     assert moved('agentloop_tool_duration_seconds_count{tool="word_count"}') == 3
-    assert moved('agentloop_rpcs_total{code="OK",method="/agentloop.v1.AgentService/SendMessage"}')
+    send_rpc = 'grpc_method="SendMessage",grpc_service="agentloop.v1.AgentService"'
+    assert moved(f'agentloop_rpcs_total{{grpc_code="OK",{send_rpc}}}') == 4
+    assert moved(f"agentloop_rpc_duration_seconds_count{{{send_rpc}}}") == 4
+    assert moved('agentloop_model_tokens_total{kind="output",model="echo",provider="scripted"}')
+    assert after["agentloop_turns_running{}"] == 0 and after["agentloop_messages_queued{}"] == 0
+    assert after["agentloop_approvals_pending{}"] == 0
+    assert sum(v for k, v in after.items() if k.startswith("agentloop_model_errors_total{")) == 1
     assert moved("agentloop_store_commit_seconds_count{}") > 0
     assert after["agentloop_agents{}"] == 2
     assert "agentloop_event_loop_lag_seconds_count{}" in after
     assert "agentloop_open_streams{}" in after
     assert after["agentloop_plugins{}"] == 1
     assert moved('agentloop_plugin_calls_total{plugin="tagger"}') == 4  # one prompt per turn
-    assert moved('agentloop_plugin_call_seconds_count{plugin="tagger",seam="agent/prompt-submit"}')
+    prompts = 'plugin="tagger",seam="agent/prompt-submit"'
+    assert moved(f"agentloop_plugin_call_seconds_count{{{prompts}}}") == 4
+    assert moved(f'agentloop_plugin_call_seconds_bucket{{le="+Inf",{prompts}}}') == 4
+    # The dashboard in the repository reads only series this server exports.
+    missing = dashboard_series() - exported
+    assert not missing, f"the dashboard reads series the server does not export: {missing}"
+    for family in ("agentloop_approvals_total", "agentloop_model_retries_total"):
+        assert family in exported  # declared before the first sample
     assert after['agentloop_plugin_fail_opens_total{plugin="tagger"}'] == 0
     (build,) = [name for name in after if name.startswith("agentloop_build_info{")]
     assert after[build] == 1 and 'version="0.1.0"' in build and 'sdk_version="0.1.0"' in build
