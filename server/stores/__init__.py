@@ -67,6 +67,9 @@ class RequestRecord:
     request_id: str
     method: str
     response: bytes
+    stored_ns: int = field(default=0, compare=False)
+    """When it was stored (ns since the epoch; a PostgreSQL store keeps microseconds).
+    Written as 0, it is stored as now; an import or a move writes the original's."""
 
 
 Answer = Callable[[int], RequestRecord]
@@ -233,6 +236,13 @@ class SessionStore(Protocol):
 
     async def request_ids(self, agent_id: str, limit: int) -> list[str] | None:
         """Every request id recorded for the agent; None when there are more than `limit`."""
+        ...
+
+    async def session_requests(self, session_id: str) -> list[RequestRecord]:
+        """The request records written with the session, with their `stored_ns`.
+
+        Sorted by agent and request id; an export or a move carries them along.
+        """
         ...
 
     async def wait_for_events(self, session_id: str, seconds: float) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
@@ -92,7 +92,7 @@ class MemoryStore:
                 if key not in self._requests:
                     self._requests[key] = record
                     self._request_sessions[key] = session_id
-                    self._request_times[key] = time.time_ns()
+                    self._request_times[key] = record.stored_ns or time.time_ns()
 
     async def claim(self, session_id: str) -> int:
         """A new claim token for the session."""
@@ -173,6 +173,11 @@ class MemoryStore:
                 self._request_sessions[key] = ""
                 self._request_times[key] = time.time_ns()
         return count
+
+    async def session_requests(self, session_id: str) -> list[RequestRecord]:
+        """The request records written with the session, with their times."""
+        keys = sorted(k for k, s in self._request_sessions.items() if s == session_id)
+        return [replace(self._requests[k], stored_ns=self._request_times[k]) for k in keys]
 
     async def mark_disposed(self, session_id: str, at_ns: int) -> None:
         """Record the disposal of the session's driver."""

@@ -486,6 +486,19 @@ class SqliteStore:
         found = await self._read("", query)
         return None if found is None else RequestRecord(agent_id, request_id, *found)
 
+    async def session_requests(self, session_id: str) -> list[RequestRecord]:
+        """The request records written with the session, with their times."""
+
+        def query(db: sqlite3.Connection) -> list[RequestRecord]:
+            rows = db.execute(
+                "SELECT agent_id, request_id, method, response, stored_ns FROM requests"
+                " WHERE session_id = ? ORDER BY agent_id, request_id",
+                (session_id,),
+            ).fetchall()
+            return [RequestRecord(*row) for row in rows]
+
+        return await self._read(session_id, query)
+
     async def request_ids(self, agent_id: str, limit: int) -> list[str] | None:
         """Every request id recorded for the agent; None when there are more than `limit`."""
 

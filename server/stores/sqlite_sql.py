@@ -97,7 +97,7 @@ class SessionRows:
             puts,
             [(session_id, entry_id) for entry_id in writes.inbox_take],
             [
-                (r.agent_id, r.request_id, r.method, r.response, session_id, now)
+                (r.agent_id, r.request_id, r.method, r.response, session_id, r.stored_ns or now)
                 for r in writes.requests
             ],
             writes.fence,
