@@ -200,7 +200,9 @@ class App:
                 tls_context(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file),
                 limits,
                 local_hosts_only=not token and is_loopback(config.http_listen),
+                trusted_proxies=config.trusted_proxies,
             )
+            access.relay_key = self.http.relay_key
         self.mcp = McpSources(config.mcp_servers, self.runtime.tools)
         self.plugin_servicer.tool_sources = self.mcp.describe
         self.port = 0
