@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import re
+import sys
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -270,6 +271,9 @@ async def test_metrics_and_json_logs_of_a_server_process(
     assert after["process_cpu_seconds_total{}"] > 0 and after["process_resident_memory_bytes{}"]
     assert 'python_gc_collections_total{generation="0"}' in after
 
+    banner = json.loads(server.banner)  # stdout is JSON too
+    assert banner["message"].startswith("agentloop listening on ") and banner["listen"]
+    assert banner["level"] == "INFO" and banner["time"].endswith("Z")
     lines = [json.loads(line) for line in stderr.read_text().splitlines() if line.strip()]
     access = [r for r in lines if r.get("logger") == "agentloop.access"]
     sends = [r for r in access if r["method"] == "/agentloop.v1.AgentService/SendMessage"]
@@ -343,3 +347,40 @@ async def test_a_client_traceparent_continues_into_the_rpc_and_the_turn_links_to
     assert [link.context.span_id for link in turns[2].links] == [own.context.span_id]
     steps = by_name(spans, "agent step")
     assert {s.context.trace_id for s in steps} == {t.context.trace_id for t in turns}
+
+
+JSON_ONLY = """
+import os, subprocess, sys, threading, warnings
+from server.observability.json_streams import capture
+from server.observability.logs import setup_logging
+setup_logging("INFO", "json", capture())
+warnings.warn("a library's warning")
+os.write(2, b"written to descriptor 2, as gRPC's C core writes\\n")
+print("a library printing to stderr", file=sys.stderr)
+subprocess.run([sys.executable, "-c", "import sys; sys.stderr.write('a child\\\\n')"])
+thread = threading.Thread(target=lambda: 1 / 0, name="worker")
+thread.start()
+thread.join()
+raise RuntimeError("uncaught at the top")
+"""
+
+
+async def test_nothing_but_json_on_stderr_under_json_logs(tmp_path: Path) -> None:
+    """Warnings, raw writes to descriptor 2, a child's stderr and uncaught exceptions
+    (in a thread and at the top) each come out as JSON lines, in a real process."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", JSON_ONLY, cwd=Path(__file__).parents[2],
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), T)
+    assert proc.returncode == 1
+    records = [json.loads(line) for line in err.decode().splitlines()]  # every line is JSON
+    by_message = {r["message"]: r for r in records}
+    assert "a library's warning" in next(m for m in by_message if "UserWarning" in m)
+    assert by_message["written to descriptor 2, as gRPC's C core writes"]["logger"] == "stderr"
+    assert by_message["a library printing to stderr"]["level"] == "WARNING"
+    assert by_message["a child"]["logger"] == "stderr"
+    worker = by_message["uncaught ZeroDivisionError in thread worker: division by zero"]
+    assert worker["level"] == "CRITICAL" and "Traceback" in worker["exception"]
+    top = by_message["uncaught RuntimeError: uncaught at the top"]
+    assert top["level"] == "CRITICAL" and "Traceback" in top["exception"]
