@@ -40,6 +40,7 @@ from prometheus_client.utils import floatToGoString
 
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1.approval_pb2 import ApprovalOutcome, ApprovalRequested, ApprovalResolved
+from agentloop.v1.content_pb2 import ModelConfig
 from server.kernel.tasks import cancel_and_wait
 from server.observability import observe
 from server.observability.instruments import Instruments
@@ -158,7 +159,7 @@ class Metrics(Sink):
         self.watch("agentloop_turns_running", "Turns running now.", self._running)
         self.watch("agentloop_approvals_pending", "Approvals waiting now.", self._pending)
         self._models: dict[str, tuple[str, str]] = {}
-        """Per agent, the provider and model of its latest answered call."""
+        """Per agent, the provider and model it calls (its request header, its answers)."""
         self._lag_task: asyncio.Task[None] | None = None
         self._http: WSGIServer | None = None
 
@@ -244,14 +245,12 @@ class Metrics(Sink):
         self.model_calls.inc((model.finish or "none",))
         if message is not None:
             provider, name = message.provenance.provider, message.provenance.model
-        else:  # failed before its message: the model that last answered this agent
+        else:  # failed before its message: the model the agent was calling
             provider, name = self._models.get(turn.agent, ("unknown", "unknown"))
         if message is None or model.finish == "error":
             self.model_errors.inc((provider, name))
         else:
-            if len(self._models) >= MODELS_KEPT:  # agents come and go: forget them all at times
-                self._models.clear()
-            self._models[turn.agent] = (provider, name)
+            self._remember(turn.agent, provider, name)
         if model.usage is not None:
             self.tokens.inc((provider, name, "input"), model.usage[0])
             self.tokens.inc((provider, name, "output"), model.usage[1])
@@ -262,6 +261,15 @@ class Metrics(Sink):
         """Count the call and its duration."""
         self.tool_calls.inc((name, "error" if result.is_error else "ok"))
         self.tool_seconds.observe(max(0, end_ns - start_ns) / 1e9, (name,))
+
+    def model_config(self, agent: str, config: ModelConfig) -> None:
+        """The provider and model the agent calls now (labels a call that fails early)."""
+        self._remember(agent, config.provider, config.model)
+
+    def _remember(self, agent: str, provider: str, model: str) -> None:
+        if len(self._models) >= MODELS_KEPT:  # agents come and go: forget them all at times
+            self._models.clear()
+        self._models[agent] = (provider, model)
 
     def approval_requested(self, agent: str, requested: ApprovalRequested, now_ns: int) -> None:
         """One more approval waiting."""

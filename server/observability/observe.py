@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
 from agentloop.v1.approval_pb2 import ApprovalRequested, ApprovalResolved
+from agentloop.v1.content_pb2 import ModelConfig
 from server.kernel import seams as S
 from server.kernel.seams import SeamRegistry
 
@@ -130,6 +131,9 @@ class Sink:
     ) -> None:
         """A tool call's result was recorded."""
 
+    def model_config(self, agent: str, config: ModelConfig) -> None:
+        """The agent's model configuration is new or changed (its request header was logged)."""
+
     def approval_requested(self, agent: str, requested: ApprovalRequested, now_ns: int) -> None:
         """A tool call started to wait for approval."""
 
@@ -160,6 +164,7 @@ class EventClock:
         self._model_end = _overridden(sinks, "model_end")
         self._tool_start = _overridden(sinks, "tool_start")
         self._tool_end = _overridden(sinks, "tool_end")
+        self._model_config = _overridden(sinks, "model_config")
         self._approval_requested = _overridden(sinks, "approval_requested")
         self._approval_resolved = _overridden(sinks, "approval_resolved")
         self._handlers: dict[str | None, Callable[[Any, ev.SessionEvent], None]] = {
@@ -170,6 +175,7 @@ class EventClock:
             "tool_result": self._on_tool_result,
             "step_end": self._on_step_end,
             "turn_end": self._on_turn_end,
+            "request_header": self._on_request_header,
             "approval_requested": self._on_approval_requested,
             "approval_resolved": self._on_approval_resolved,
         }
@@ -256,6 +262,10 @@ class EventClock:
         name, started = step.tools.pop(result.call_id, ("", now))
         for call in self._tool_end:
             call(turn, step, result, name, started, now)
+
+    def _on_request_header(self, agent: Any, event: ev.SessionEvent) -> None:
+        for call in self._model_config:
+            call(agent.agent_id, event.request_header.header.config)
 
     def _on_approval_requested(self, agent: Any, event: ev.SessionEvent) -> None:
         now = time.time_ns()

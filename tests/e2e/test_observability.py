@@ -30,9 +30,11 @@ from server.models.scripted_options import script_options
 from server.observability.logs import JsonFormatter
 from server.observability.telemetry import Telemetry
 from server.observability.tracing import Tracing
-from server.settings.config import Config
-from tests.e2e.conftest import E2E, READ_TIMEOUT, Client, read_turn, running_app
+from server.settings.config import Config, load_config
+from tests.e2e.conftest import E2E, READ_TIMEOUT, Client, EventStream, read_turn, running_app
 from tests.e2e.registry import register
+from tests.e2e.test_approvals import ALLOW, WORD_COUNT_THEN_DONE, approval_options
+from tests.fake_openai import FakeOpenAI, Reply, text, usage
 from tests.processes import PluginLauncher, configurable, free_port, server_process
 
 T = READ_TIMEOUT
@@ -384,3 +386,67 @@ async def test_nothing_but_json_on_stderr_under_json_logs(tmp_path: Path) -> Non
     assert worker["level"] == "CRITICAL" and "Traceback" in worker["exception"]
     top = by_message["uncaught RuntimeError: uncaught at the top"]
     assert top["level"] == "CRITICAL" and "Traceback" in top["exception"]
+
+
+async def test_approvals_model_errors_retries_and_tokens_are_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An in-process server with metrics on: an approval waits, then is allowed; a model
+    provider answers 429 once, then a turn with usage; a scripted model fails."""
+    monkeypatch.setenv("FAKE_OPENAI_KEY", "k")
+    async with FakeOpenAI() as fake:
+        fake.script(
+            Reply(status=429, body={"error": {"message": "slow down"}},
+                  headers={"retry-after-ms": "10"}),
+            Reply(events=[*text("hi"), usage(7, 2)]),
+        )  # fmt: skip
+        config_file = tmp_path / "agentloop.yaml"
+        config_file.write_text(
+            "listen: 127.0.0.1:0\nstore: memory\nagents: []\nmetricsListen: 127.0.0.1:0\n"
+            f"providers:\n  - name: fake\n    baseUrl: {fake.base_url}\n"
+            "    apiKeyEnv: FAKE_OPENAI_KEY\n    defaultModel: gpt-test\n"
+            "    initialBackoffSeconds: 0.01\n"
+        )
+        async with running_app(load_config(config_file)) as e2e:
+            port = e2e.app.telemetry.metrics_port
+            options = approval_options(*WORD_COUNT_THEN_DONE)
+            await e2e.factory.CreateAgent(
+                fac.CreateAgentRequest(agent_id="asker", options=options), timeout=T
+            )
+            sent = await e2e.agents.SendMessage(
+                api.SendMessageRequest(agent_id="asker", text="count"), timeout=T
+            )
+            with EventStream(e2e.agents, agent_id="asker", from_seq=sent.next_seq) as stream:
+                requested = (await stream.until("approval_requested")).approval_requested
+                waiting = await asyncio.to_thread(scrape, port)
+                await e2e.agents.ResolveApproval(
+                    api.ResolveApprovalRequest(
+                        agent_id="asker", approval_id=requested.approval_id, decision=ALLOW
+                    ),
+                    timeout=T,
+                )
+                await stream.until("turn_end")
+            fake_agent = agent_pb2.AgentOptions(provider="fake")
+            await e2e.factory.CreateAgent(
+                fac.CreateAgentRequest(agent_id="remote", options=fake_agent), timeout=T
+            )
+            await turn(e2e, "remote", "hello")
+            failing = scripted_pb2.ScriptedStep(
+                finish=st.FINISH_KIND_ERROR, error_message="scripted failure", error_code="BOOM"
+            )
+            await e2e.create("failing", provider="scripted", provider_options=script_options(
+                [failing]))  # fmt: skip
+            await (await e2e.send("failing", "go")).result()
+            after = await asyncio.to_thread(scrape, port)
+    assert waiting["agentloop_approvals_pending{}"] == 1
+    assert waiting["agentloop_turns_running{}"] == 1
+    assert after["agentloop_approvals_pending{}"] == 0
+    assert after['agentloop_approvals_total{outcome="allowed_once"}'] == 1
+    assert after["agentloop_approval_wait_seconds_count{}"] == 1
+    assert after['agentloop_model_retries_total{cause="HTTP 429",provider="fake"}'] == 1
+    tokens = 'model="gpt-test",provider="fake"'
+    assert after[f'agentloop_model_tokens_total{{kind="input",{tokens}}}'] == 7
+    assert after[f'agentloop_model_tokens_total{{kind="output",{tokens}}}'] == 2
+    errors = {k: v for k, v in after.items() if k.startswith("agentloop_model_errors_total{")}
+    assert errors == {'agentloop_model_errors_total{model="echo",provider="scripted"}': 1}
+    assert after["agentloop_turns_running{}"] == 0
