@@ -83,6 +83,11 @@ async def test_the_model_example_conforms(launcher: PluginLauncher) -> None:
             "FAIL a cancel and a missed deadline, then a call: it is answered:",
         ),
         (rogue("--bad-name"), "FAIL describe: name 'bad name!'"),
+        (rogue("--silent-error"), "FAIL prompt_submit: an error outcome without a message"),
+        (
+            rogue("--chunk-answer"),
+            "FAIL prompt_submit: a model chunk answered a call that is not model_stream",
+        ),
     ],
     ids=[
         "wrong-kind",
@@ -95,6 +100,8 @@ async def test_the_model_example_conforms(launcher: PluginLauncher) -> None:
         "answers-notifications",
         "dies-after-cancel",
         "bad-name",
+        "silent-error",
+        "chunk-answer",
     ],  # fmt: skip
 )
 async def test_a_broken_plugin_fails_with_reasons(

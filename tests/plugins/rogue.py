@@ -16,7 +16,9 @@ prints `plugin NAME listening on HOST:PORT`, then serves until killed. It subscr
 - `--answer-notifications` (with `--observe-only`): it answers the notifications its
   observe-only subscription gets;
 - `--die-after-cancel`: it ends the `Handle` stream when a call is cancelled;
-- `--bad-name`: its description names it `bad name!` (not an id).
+- `--bad-name`: its description names it `bad name!` (not an id);
+- `--silent-error`: it answers an error outcome with no message;
+- `--chunk-answer`: it answers with a model chunk (a call that is no `model_stream`).
 
 With `--pre-execute` it subscribes to `tools/pre-execute` instead (answering "allow").
 With `--observe-only` its subscription is observe-only (it lists the capability).
@@ -82,6 +84,12 @@ class Rogue:
             return [GARBAGE]
         if self.args.unknown_kind:
             return [unknown_kind(call.call_id)]
+        if self.args.silent_error:
+            result = hk.HookResult(call_id=call.call_id, error=hk.CallError(code=2))
+            return [hk.HandleResponse(result=result).SerializeToString()]
+        if self.args.chunk_answer:
+            chunk = hk.ModelChunk(call_id=call.call_id)
+            return [hk.HandleResponse(chunk=chunk).SerializeToString()]
         if self.args.strict_steps and call.step != 0:
             error = hk.CallError(message=f"prompt_submit at step {call.step}, not 0")
             return [
@@ -164,6 +172,8 @@ def main() -> None:
     parser.add_argument("--die-after-cancel", action="store_true")
     parser.add_argument("--bad-name", action="store_true")
     parser.add_argument("--strict-steps", action="store_true")
+    parser.add_argument("--silent-error", action="store_true")
+    parser.add_argument("--chunk-answer", action="store_true")
     asyncio.run(serve(parser.parse_args()))
 
 
