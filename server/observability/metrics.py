@@ -1,9 +1,11 @@
 """Prometheus metrics on their own HTTP port (`metricsListen`; off by default).
 
-Turns, steps, model calls and tools are measured off the session log (`observe`);
+Turns, steps, model calls, tools and approvals are measured off the session log
+(`observe`), and so are the gauges of running turns and pending approvals;
 `agentloop_build_info` names the versions; the process and Python collectors of
 `prometheus_client` add CPU, memory, descriptors and GC.
-RPCs by the access interceptor; store commits through the journal's hook; plugins are
+RPCs by the access interceptor (labelled as Prometheus' gRPC conventions label them);
+store commits and model retries through their hooks; plugins are
 read at scrape time from the counters `ListPlugins` reports; active agents and open
 streams are read at scrape time too. An event-loop lag probe runs while it is on.
 The counters and histograms updated per turn, step, tool call and RPC are the cheap
@@ -154,8 +156,8 @@ class Metrics(Sink):
         )
         self.running_turns: set[str] = set()
         """The agents whose turn is open now."""
-        self.waiting: dict[str, int] = {}
-        """Pending approvals: approval id -> when it was requested (ns)."""
+        self.waiting: dict[str, tuple[str, int]] = {}
+        """Pending approvals: approval id -> its agent, and when it was requested (ns)."""
         self.watch("agentloop_turns_running", "Turns running now.", self._running)
         self.watch("agentloop_approvals_pending", "Approvals waiting now.", self._pending)
         self._models: dict[str, tuple[str, str]] = {}
@@ -217,8 +219,8 @@ class Metrics(Sink):
             await asyncio.sleep(LAG_INTERVAL)
             self.loop_lag.observe(max(0.0, time.perf_counter() - due))
 
-    # -- the Sink of observe.EventClock (nothing to count when a turn, step, model or tool
-    # call starts) ---------------------------------------------------------------------
+    # -- the Sink of observe.EventClock (nothing to count when a step, model or tool call
+    # starts) --------------------------------------------------------------------------
 
     def turn_start(self, turn: Turn) -> None:
         """One more turn running."""
@@ -227,6 +229,9 @@ class Metrics(Sink):
     def turn_end(self, turn: Turn, reason: str, end_ns: int) -> None:
         """Count the turn and its latency."""
         self.running_turns.discard(turn.agent)
+        if self.waiting:  # an approval its turn outlived (a crash leaves none resolved)
+            for key in [k for k, (agent, _) in self.waiting.items() if agent == turn.agent]:
+                del self.waiting[key]
         self.turns.inc((reason,))
         self.turn_seconds.observe(max(0, end_ns - turn.start_ns) / 1e9)
 
@@ -273,15 +278,15 @@ class Metrics(Sink):
 
     def approval_requested(self, agent: str, requested: ApprovalRequested, now_ns: int) -> None:
         """One more approval waiting."""
-        self.waiting[requested.approval_id] = now_ns
+        self.waiting[requested.approval_id] = (agent, now_ns)
 
     def approval_resolved(self, agent: str, resolved: ApprovalResolved, now_ns: int) -> None:
         """Count the outcome and the wait."""
-        started = self.waiting.pop(resolved.approval_id, None)
+        waited = self.waiting.pop(resolved.approval_id, None)
         outcome = OUTCOMES.get(resolved.outcome, "unknown")
         self.approvals.inc((outcome,))
-        if started is not None:
-            self.approval_wait.observe(max(0, now_ns - started) / 1e9)
+        if waited is not None:
+            self.approval_wait.observe(max(0, now_ns - waited[1]) / 1e9)
 
 
 def build_versions() -> tuple[str, str, str]:
