@@ -63,7 +63,7 @@ async def per_turn(turns: int, mode: str) -> tuple[float, float]:
     factory = AgentFactory(runtime)
     traced = mode == "metrics+traces"
     telemetry = Telemetry(config, Tracing(BatchSpanProcessor(DropSpans())) if traced else None)
-    telemetry.install(runtime.seams, lambda: len(factory.agents), lambda: 0, dict, {})
+    telemetry.install(runtime.seams, lambda: len(factory.agents), lambda: 0, lambda: 0, dict, {})
     await telemetry.start()
     try:
         warm = await factory.create("warm", OPTIONS)

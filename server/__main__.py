@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 
 from server.edge.app import App
 from server.memory import freeze_startup_heap
-from server.observability.logs import LOG_FORMATS, setup_logging
+from server.observability.logs import LOG_FORMATS, JsonFormatter, setup_logging
 from server.settings.config import (
     Config,
     ConfigError,
@@ -52,7 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"agentloop: invalid config: {error}", file=sys.stderr)
         return 2
-    setup_logging(args.log_level, args.log_format or config.log_format)
+    log_format = args.log_format or config.log_format
+    stream = None
+    if log_format == "json":  # nothing but JSON lines on stdout and stderr
+        from server.observability.json_streams import capture
+
+        stream = capture()
+    setup_logging(args.log_level, log_format, stream)
+    if log_format != config.log_format:
+        config = override(config, log_format=log_format)
     try:
         if args.metrics_listen:
             config = override(config, metrics_listen=metrics_address(args.metrics_listen))
@@ -85,13 +94,23 @@ async def serve(config: Config) -> int:
     freeze_startup_heap()
     requested = app.stop_on_signals()  # before announcing: a SIGTERM right after is graceful
     host = config.listen.rpartition(":")[0]
-    print(f"agentloop listening on {host}:{port}", flush=True)
+    announce(config, f"agentloop listening on {host}:{port}", listen=f"{host}:{port}")
     if app.http is not None:
         scheme = "https" if app.credentials is not None else "http"
         http_host = config.http_listen.rpartition(":")[0]
-        print(f"agentloop console on {scheme}://{http_host}:{app.http.port}/", flush=True)
+        url = f"{scheme}://{http_host}:{app.http.port}/"
+        announce(config, f"agentloop console on {url}", console=url)
     await app.run_until(requested)
     return 0
+
+
+def announce(config: Config, line: str, **fields: str) -> None:
+    """A readiness line on stdout: plain text, or a JSON object under `logFormat: json`."""
+    if config.log_format == "json":
+        record = logging.LogRecord("server", logging.INFO, __file__, 0, line, None, None)
+        record.__dict__.update(fields)
+        line = JsonFormatter().format(record)
+    print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -91,6 +91,8 @@ class ServerProcess:
 
     process: asyncio.subprocess.Process
     stderr_path: Path
+    banner: str = ""
+    """Its listening line, as printed."""
 
     @property
     def returncode(self) -> int | None:
@@ -109,6 +111,9 @@ class ServerProcess:
             raise AssertionError(
                 f"the server exited ({self.returncode}) before listening: {self.log()}"
             )
+        self.banner = line
+        if line.startswith("{"):  # under --log-format json: a JSON object
+            line = str(json.loads(line).get("message", ""))
         match = SERVER_LISTENING.fullmatch(line)
         assert match, f"the server printed {line!r} instead of its listening line: {self.log()}"
         return match.group(1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import asyncpg
+import grpc
 import pytest
 
 from agentloop.v1 import agent_service_pb2 as api
@@ -15,7 +16,9 @@ from server.settings.config import Config
 from server.stores import Commit, StoreUnavailable
 from server.stores.postgres import PostgresStore
 from server.stores.sqlite import SqliteStore
-from tests.e2e.conftest import running_app
+from tests.e2e.conftest import READ_TIMEOUT, EventStream, of_kind, running_app
+from tests.e2e.test_approvals import ALLOW, WORD_COUNT_THEN_DONE, approval_options, refused
+from tests.e2e.test_durability import create, list_events, running_server
 from tests.postgres import drop_database, fresh_database
 from tests.test_portable import served_sessions, sessions_command, snapshot
 
@@ -97,5 +100,57 @@ async def test_a_move_refuses_a_target_session_with_other_contents(
             await move_sessions(source, target)
         await source.close()
         await target.close()
+    finally:
+        await drop_database(postgres_server, dsn)
+
+
+@pytest.mark.timeout(180)
+async def test_a_crashed_servers_pending_approval_and_answered_requests_move(
+    tmp_path: Path, postgres_server: str
+) -> None:
+    """A SQLite server killed while a tool call waits for approval, moved to PostgreSQL:
+    the approval comes along as the crash left it (its turn closes as interrupted on
+    resume, answering it is stale), and a retry of the call that started the turn is
+    answered from its moved request record, not run twice."""
+    ask = api.SendMessageRequest(agent_id="asker", text="count", request_id="ask-1")
+    async with running_server(tmp_path) as server:
+        session_id = await create(server, "asker", approval_options(*WORD_COUNT_THEN_DONE))
+        first = await server.agents.SendMessage(ask, timeout=READ_TIMEOUT)
+        with EventStream(server.agents, agent_id="asker", from_seq=first.next_seq) as stream:
+            requested = (await stream.until("approval_requested")).approval_requested
+        await server.crash()
+
+    dsn = await fresh_database(postgres_server)
+    try:
+        code, err = await sessions_command(
+            "--data-dir", str(tmp_path / "data"), "move", "--to-postgres", dsn
+        )
+        assert code == 0, err
+        assert "verified 1 sessions" in err and "1 request records" in err
+        config = Config(listen="127.0.0.1:0", store="postgres", postgres_dsn=dsn, agents=())
+        async with running_app(config) as e2e:
+            moved = await list_events(e2e, session_id)  # type: ignore[arg-type]
+            [waiting] = of_kind(moved, "approval_requested")
+            assert waiting.approval_requested.approval_id == requested.approval_id
+            assert not of_kind(moved, "approval_resolved")  # pending, as the crash left it
+            await e2e.resume("asker", session_id)  # its stored options
+            code_, info = await refused(
+                e2e.agents.ResolveApproval(
+                    api.ResolveApprovalRequest(
+                        agent_id="asker", approval_id=requested.approval_id, decision=ALLOW
+                    ),
+                    timeout=READ_TIMEOUT,
+                )
+            )
+            assert (code_, info.reason) == (grpc.StatusCode.FAILED_PRECONDITION, "APPROVAL_STALE")
+            after = await list_events(e2e, session_id)  # type: ignore[arg-type]
+            assert after[-1].turn_end.reason.WhichOneof("kind") == "interrupted"
+            again = await e2e.agents.SendMessage(ask, timeout=READ_TIMEOUT)
+            assert again == first  # the first answer, from the moved record
+            assert (await e2e.wait_idle("asker")).idle
+            final = await list_events(e2e, session_id)  # type: ignore[arg-type]
+            asked = [e for e in of_kind(final, "user_message") if e.user_message.request_id]
+            assert [e.user_message.request_id for e in asked] == ["ask-1"]  # not run twice
+            assert len(final) == len(after)
     finally:
         await drop_database(postgres_server, dsn)

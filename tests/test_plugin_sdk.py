@@ -281,6 +281,9 @@ async def test_failures_are_answered_with_error(loop: Loop) -> None:
     assert "no tool 'no_such_tool'" in results["missing"].error.message
     assert "no handler for session_prefix" in results["unsubscribed"].error.message
     assert "no handler" in results["empty"].error.message
+    # A call it does not know is UNIMPLEMENTED (12); a handler's failure UNKNOWN (2).
+    assert results["unsubscribed"].error.code == results["empty"].error.code == 12
+    assert results["boom"].error.code == 2
     assert all(r.WhichOneof("outcome") == "error" for r in results.values())
     # Arguments that are not JSON are the model's mistake: a tool error it sees.
     await stream.send(tool_call("bad-json", "shout", "{not json"))

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agentloop.v1 import agent_pb2, session_pb2
+from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
 from server.kernel.errors import AlreadyExists
 from server.portable import jsonl
@@ -50,7 +51,9 @@ async def served_sessions(data_dir: Path) -> None:
         [session] = [s for s in await e2e.list_sessions() if s.agent_id == "assistant"]
         await e2e.fork(session.session_id, new_session_id="forked")
         await e2e.create("second", session_id="second")
-        await e2e.send("second", "hello")
+        await e2e.agents.SendMessage(  # its answer is kept: a retry gets it again
+            api.SendMessageRequest(agent_id="second", text="hello", request_id="hello-1")
+        )
         assert (await e2e.wait_idle("second")).idle
     store = SqliteStore(data_dir / "agentloop.db")
     pending = InboxEntry(1, INBOX_STEERING, ev.UserMessage(request_id="later"))
@@ -59,12 +62,16 @@ async def served_sessions(data_dir: Path) -> None:
 
 
 async def snapshot(store: SessionStore) -> dict[str, tuple[object, ...]]:
-    """Every session of a store: header, events as bytes, inbox, options, driver."""
+    """Every session of a store: header, events as bytes, inbox, options, driver, and its
+    request records with their times (to the microsecond, as every store keeps them)."""
     result: dict[str, tuple[object, ...]] = {}
     for session_id in await store.list_ids():
         s = await store.load(session_id)
         events = [e.SerializeToString(deterministic=True) for e in s.events]
-        result[session_id] = (s.header, events, s.inbox, s.options, s.driver)
+        requests = [
+            (r, r.stored_ns // 1000) for r in await store.session_requests(session_id)
+        ]  # fmt: skip
+        result[session_id] = (s.header, events, s.inbox, s.options, s.driver, requests)
     return result
 
 
@@ -79,8 +86,11 @@ async def test_round_trip_through_sqlite_and_postgres_is_byte_equal(
     assert code == 0, err
     assert "exported 3 sessions" in err
     lines = exported.read_text().splitlines()
-    assert json.loads(lines[0]) == {"format": "agentloop-sessions", "version": 1}
+    assert json.loads(lines[0]) == {"format": "agentloop-sessions", "version": 2}
     assert "end" in json.loads(lines[-1])
+    records = [json.loads(line)["request"] for line in lines if line.startswith('{"request"')]
+    [request] = [r for r in records if r["request_id"] == "hello-1"]
+    assert request["agent_id"] == "second" and request["method"] == "SendMessage"
 
     dsn = await fresh_database(postgres_server)
     try:
@@ -96,6 +106,7 @@ async def test_round_trip_through_sqlite_and_postgres_is_byte_equal(
         try:
             original = await snapshot(source)
             assert original["forked"][2]  # the pending entry travelled
+            assert original["second"][5]  # and the request record
             assert await snapshot(copy) == original
             assert await snapshot(pg) == original
             for store in (copy, pg):  # export(import(export)) is the same file, byte for byte
@@ -139,6 +150,54 @@ def corrupt(lines: list[str], number: int, replacement: str | None) -> str:
     return "\n".join(changed) + "\n"
 
 
+def with_requests() -> list[str]:
+    """`sample()` with a request record in session "b" (its session line counts it)."""
+    lines = sample().splitlines()
+    described = json.loads(lines[6])
+    described["session"]["requests"] = 1
+    lines[6] = json.dumps(described)
+    record = {"agent_id": "x", "request_id": "r1", "method": "SendMessage",
+              "response": "CAE=", "stored_ns": 1764662400123456000}  # fmt: skip
+    lines.insert(10, json.dumps({"request": record}))
+    return lines
+
+
+async def test_request_records_travel_and_a_bad_one_is_refused_naming_its_line() -> None:
+    lines = with_requests()
+    [session_a, session_b] = jsonl.read_sessions(line + "\n" for line in lines)
+    assert session_a.requests == []
+    [record] = session_b.requests
+    assert (record.agent_id, record.request_id, record.response) == ("x", "r1", b"\x08\x01")
+    assert record.stored_ns == 1764662400123456000
+    store = MemoryStore()
+    await import_sessions(store, [session_a, session_b])
+    [stored] = await store.session_requests("b")
+    assert stored == record and stored.stored_ns == record.stored_ns
+    assert await store.find_request("x", "r1") == record  # a retry is answered from it
+    again = io.StringIO()
+    await export_sessions(store, ["a", "b"], again)
+    exported = jsonl.read_sessions(io.StringIO(again.getvalue()))
+    assert exported == [session_a, session_b]
+    assert exported[1].requests[0].stored_ns == record.stored_ns
+    broken = {
+        "response": ("CAE", "response must be base64"),
+        "stored_ns": (-1, "stored_ns must be a non-negative integer"),
+        "method": ("", "needs agent_id, request_id and method"),
+    }
+    for key, (value, problem) in broken.items():
+        bad = json.loads(lines[10])
+        bad["request"][key] = value
+        changed = [*lines[:10], json.dumps(bad), *lines[11:]]
+        with pytest.raises(CorruptExport) as refused:
+            jsonl.read_sessions(line + "\n" for line in changed)
+        assert refused.value.line == 11 and problem in str(refused.value)
+    # A version 1 file has no request records: a request line there is refused.
+    old = [lines[0].replace('"version":2', '"version":1'), *lines[1:]]
+    with pytest.raises(CorruptExport) as refused:
+        jsonl.read_sessions(line + "\n" for line in old)
+    assert refused.value.line == 7 and "need format version 2" in str(refused.value)
+
+
 @pytest.mark.parametrize(
     ("number", "replacement", "line", "problem"),
     [
@@ -147,7 +206,14 @@ def corrupt(lines: list[str], number: int, replacement: str | None) -> str:
         (4, None, 4, "event 3 of session"),  # a gap: event 2 removed
         (3, '{"event": {"seq": 1, "turnStart": {"turn": "x"}}}', 3, "not a SessionEvent"),
         (3, '{"event": {"seq": 1}}', 3, "has no payload"),
-        (1, '{"format": "agentloop-sessions", "version": 2}', 1, "format version 2"),
+        (1, '{"format": "agentloop-sessions", "version": 3}', 1, "format version 3"),
+        (
+            6,
+            '{"request": {"agent_id": "x", "request_id": "r", "method": "M",'
+            ' "response": "", "stored_ns": 1}}',
+            6,
+            "a request line where none is due",
+        ),
         (7, '{"session": {"id": "a", "events": 2, "inbox": 1}}', 7, "appears twice"),
         (6, '{"inbox": {"entry_id": 1, "kind": "other", "message": {}}}', 6, "inbox kind"),
         (11, '{"end": {"sessions": 3, "events": 5}}', 11, "end line counts 3 sessions"),

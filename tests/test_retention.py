@@ -204,9 +204,80 @@ async def test_one_sweeper_at_a_time_on_replicas(postgres_server: str) -> None:
         await drop_database(postgres_server, dsn)
 
 
+async def test_disposed_agents_sessions_go_n_days_after_the_disposal(
+    factory: AgentFactory,
+) -> None:
+    store = factory.runtime.store
+    now = time.time_ns()
+    await stored(factory, ["disposed", "disposed-pending", "resumed", "live", "never-driven"], now)
+    driven = (("a", "disposed"), ("p", "disposed-pending"), ("b", "resumed"), ("c", "live"))
+    for agent_id, session_id in driven:
+        agent = await factory.resume(agent_id, session_id, OPTIONS)
+        agent.send(PROMPT)
+        await agent.when_idle()
+    before = time.time_ns()
+    for agent_id in ("a", "p", "b"):
+        await factory.dispose(agent_id)
+    after = time.time_ns()
+    disposed_at = (await store.summary("disposed")).disposed_ns
+    assert before <= disposed_at <= after
+    assert (await store.summary("live")).disposed_ns == 0
+    assert (await store.summary("never-driven")).disposed_ns == 0
+    # A resume clears the mark: the session is driven again.
+    await factory.resume("b2", "resumed", OPTIONS)
+    assert (await store.summary("resumed")).disposed_ns == 0
+    # A message waits in this one (accepted for its agent by another path): it stays.
+    await store.commit(
+        Commit({"disposed-pending": SessionWrites(inbox_put=[
+            InboxEntry(99, "message", ev.UserMessage(request_id="late"))
+        ])})
+    )  # fmt: skip
+    assert (await store.summary("disposed-pending")).disposed_ns > 0
+
+    rule = Retention(disposed_session_days=7)
+    early = await Sweeper(factory, rule, clock=lambda: now + 6 * DAY_NS).sweep()
+    assert early.sessions_swept == 0
+    late = await Sweeper(factory, rule, clock=lambda: time.time_ns() + 8 * DAY_NS).sweep()
+    assert late.sessions_swept == 1
+    assert await store.list_ids() == [
+        "disposed-pending", "live", "never-driven", "resumed"
+    ]  # fmt: skip
+
+
+async def test_a_format_5_sqlite_file_learns_disposals(tmp_path: Path) -> None:
+    made = AgentFactory(build_runtime(Config(store="sqlite", data_dir=str(tmp_path))))
+    await stored(made, ["s"], time.time_ns())
+    path = made.runtime.store.path  # type: ignore[attr-defined]
+    await made.runtime.store.close()
+    with sqlite3.connect(path) as db:  # the file as format 5 wrote it
+        db.execute("ALTER TABLE sessions DROP COLUMN disposed_ns")
+        db.execute("UPDATE meta SET value = '5' WHERE key = 'format_version'")
+    made = AgentFactory(build_runtime(Config(store="sqlite", data_dir=str(tmp_path))))
+    try:
+        store = made.runtime.store
+        assert (await store.summary("s")).disposed_ns == 0
+        await store.mark_disposed("s", 42)
+        assert (await store.summary("s")).disposed_ns == 42
+        kinds = [e.WhichOneof("payload") for e in (await store.load("s")).events]
+        assert kinds == ["turn_start", "user_message", "turn_end"]
+    finally:
+        await made.close()
+        await made.runtime.store.close()
+    with sqlite3.connect(path) as db:
+        version = db.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone()
+    assert version == ("6",)
+
+
 def test_the_config_names_the_rules(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
-    path.write_text("retention:\n  idleSessionDays: 30\n  requestRecordHours: 24\n")
+    path.write_text(
+        "retention:\n  idleSessionDays: 30\n  disposedSessionDays: 7\n  requestRecordHours: 24\n"
+    )
     retention = load_config(path).retention
-    assert (retention.idle_session_days, retention.request_record_hours) == (30, 24)
+    assert (
+        retention.idle_session_days,
+        retention.disposed_session_days,
+        retention.request_record_hours,
+    ) == (30, 7, 24)
     assert retention.on() and not Retention().on()
+    assert Retention(disposed_session_days=1).on()

@@ -84,8 +84,9 @@ async function answer(plugin, call, signal) {
     if (payload === 'toolExecute') {
       return { callId: call.callId, toolExecute: await runTool(plugin, call, signal) };
     }
-    if (!subscription) {
-      throw new Error(`plugin ${plugin.name} has no handler for ${payload || 'the call'}`);
+    if (!subscription) { // a call it does not know: UNIMPLEMENTED, never silence
+      const unknown = `plugin ${plugin.name} has no handler for ${payload || 'the call'}`;
+      return decisions.failure(call.callId, unknown, decisions.UNIMPLEMENTED);
     }
     const decision = await subscription.handler(call, callContext(call, signal));
     if (decision === null || decision === undefined) return { callId: call.callId };

@@ -295,17 +295,25 @@ function fromStruct(struct) {
 }
 
 /**
- * The answer to a call the plugin failed to handle (`HookResult.error`, code UNKNOWN).
+ * The answer to a call the plugin failed to handle (`HookResult.error`, code UNKNOWN
+ * unless given).
  * @param {string} callId
  * @param {string} message
+ * @param {number} [code]
  * @returns {object} the `HookResult`
  */
-function failure(callId, message) {
-  return { callId, error: { code: 2, message } };
+function failure(callId, message, code = UNKNOWN) {
+  return { callId, error: { code, message } };
 }
+
+/** `google.rpc.Code`s of a failed call: a handler's failure; a call nothing here handles. */
+const UNKNOWN = 2;
+const UNIMPLEMENTED = 12;
 
 module.exports = {
   failure,
+  UNIMPLEMENTED,
+  UNKNOWN,
   SEAM_OF,
   accept,
   addContext,

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agentloop.access")
 
+CLIENT_KEY = "agentloop-http-client"
+RELAY_KEY = "agentloop-http-relay"
+"""The metadata the HTTP side adds to a call it forwards (`api_http`)."""
+
 QUEUEING = frozenset(
     "/agentloop.v1.AgentService/" + name
     for name in ("SendMessage", "SteerMessage", "InjectContext")
@@ -40,6 +44,9 @@ class AccessLog:
     def __init__(self, metrics: Metrics | None = None, tracing: Tracing | None = None) -> None:
         self.metrics = metrics
         self.tracing = tracing
+        self.relay_key = ""
+        """The HTTP side's secret (when it is on): a call over its private socket that
+        carries it is logged with the HTTP client's address, not the socket's."""
 
     def wrap(self, handler: Any, method: str) -> grpc.RpcMethodHandler[Any, Any]:
         """`handler`, timed and logged."""
@@ -105,7 +112,7 @@ class Observation:
         self.started = time.perf_counter()
         tracing = access.tracing
         recorded = tracing is not None or log.isEnabledFor(logging.INFO)
-        self.peer = (context.peer() or "") if recorded else None
+        self.peer = _peer(context, access.relay_key) if recorded else None
         # The span is never made current: nothing under it needs it as parent.
         self.span = (
             tracing.rpc(method, self.peer or "", _caller(context)) if tracing is not None else None
@@ -154,6 +161,16 @@ class Observation:
                     "peer": self.peer,
                 },
             )
+
+
+def _peer(context: Context, relay_key: str) -> str:
+    """The caller's address: the HTTP client's for a call the HTTP side forwarded."""
+    peer = context.peer() or ""
+    if relay_key and peer.startswith("unix:"):
+        metadata = dict(context.invocation_metadata() or ())
+        if metadata.get(RELAY_KEY) == relay_key:
+            return str(metadata.get(CLIENT_KEY, peer))
+    return peer
 
 
 def _caller(context: Context) -> SpanContext | None:

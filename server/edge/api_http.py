@@ -21,10 +21,11 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import ssl
 import tempfile
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,8 @@ from agentloop.v1 import (
     agent_service_pb2,
     scripted_pb2,  # noqa: F401  (registers ScriptedOptions for `provider_options` as JSON)
 )
+from server.edge.api_access import CLIENT_KEY, RELAY_KEY
+from server.edge.client_address import client_address, trusted_networks
 from server.edge.http_answers import (
     answer_headers,
     api_errors,
@@ -69,6 +72,9 @@ SERVICES: tuple[ServiceDescriptor, ...] = (
 
 FORWARDED_HEADERS = ("authorization", "traceparent", "tracestate")
 """Request headers passed on to the gRPC call as metadata."""
+
+# Metadata of a forwarded call: the HTTP client's address, and this side's secret
+# that makes the access log believe it (a gRPC client cannot know it).
 
 UNDECODABLE = b"\xff"
 """Bytes no message decodes: sent for a body that is not valid JSON, so the server
@@ -124,8 +130,12 @@ class HttpSide:
         ssl_context: ssl.SSLContext | None,
         limits: Limits,
         local_hosts_only: bool = False,
+        trusted_proxies: Sequence[str] = (),
     ) -> None:
         self.listen = listen
+        self.trusted = trusted_networks(trusted_proxies)
+        """Peers whose `X-Forwarded-For` names the client (`client_address`)."""
+        self.relay_key = secrets.token_hex(16)
         self.local_hosts_only = local_hosts_only
         """Refuse requests naming another host than this machine (DNS rebinding)."""
         self.ssl_context = ssl_context
@@ -285,8 +295,19 @@ class HttpSide:
                     {"limit": "max_request_bytes"},
                 )
             )
-        metadata = tuple(
-            (name, request.headers[name]) for name in FORWARDED_HEADERS if name in request.headers
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        host, port = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) else ("", None)
+        client = client_address(
+            host, port, request.headers.get("X-Forwarded-For", ""), self.trusted
+        )  # fmt: skip
+        metadata = (
+            *(
+                (name, request.headers[name])
+                for name in FORWARDED_HEADERS
+                if name in request.headers
+            ),
+            (CLIENT_KEY, client),
+            (RELAY_KEY, self.relay_key),
         )
         problem = ""
         payload: Message | bytes

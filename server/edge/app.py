@@ -149,6 +149,9 @@ class App:
             self.runtime.seams,
             agents=lambda: len(self.factory.agents),
             streams=lambda: self.guard.streams,
+            queued=lambda: sum(
+                len(a.inbox.queued) + len(a.inbox.steering) for a in self.factory.agents.values()
+            ),
             plugins=lambda: {name: p.stats for name, p in self.plugins.plugins.items()},
             seam_names=SEAM_NAMES,
         )
@@ -199,7 +202,9 @@ class App:
                 tls_context(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file),
                 limits,
                 local_hosts_only=not token and is_loopback(config.http_listen),
+                trusted_proxies=config.trusted_proxies,
             )
+            access.relay_key = self.http.relay_key
         self.mcp = McpSources(config.mcp_servers, self.runtime.tools)
         self.plugin_servicer.tool_sources = self.mcp.describe
         self.port = 0

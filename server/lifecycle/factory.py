@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -489,6 +490,7 @@ class AgentFactory:
         abandoned = agent.agent_id in self._abandoned
         self._abandoned.discard(agent.agent_id)
         if not self._closing and not abandoned:  # a stopping server hands over instead
+            await self._record_disposal(agent)
             try:
                 await self.ownership.release(agent.agent_id)
             except Exception:
@@ -497,6 +499,19 @@ class AgentFactory:
         self.family.remove(agent.agent_id)
         agent.session.wake_waiters()
         self.trimmer.soon()  # what the agent held is free now: give it back
+
+    async def _record_disposal(self, agent: Agent) -> None:
+        """Mark the session disposed now, for the retention rule on disposed agents' sessions.
+
+        Before the ownership goes: no other replica has resumed the session yet.
+        """
+        session = agent.session
+        if session.failure is not None:  # the store refused it: write nothing more
+            return
+        try:
+            await self.runtime.store.mark_disposed(session.session_id, time.time_ns())
+        except Exception as error:
+            log.warning("agent %s: recording its disposal failed: %s", agent.agent_id, error)
 
     def _stop_soon(self, agent_id: str) -> None:
         """The store refused the agent's session: stop the agent (it writes nothing more)."""

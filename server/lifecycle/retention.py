@@ -3,8 +3,10 @@
 A sweep drops request records older than the retry window, then walks every stored
 session in batches of `sweep_batch`: a session no agent drives, with no pending
 message, whose last event (or, with none, its creation) is older than
-`idle_session_days` is deleted as `DeleteSession` deletes one (`deletion.py`: the id
-is held meanwhile, a live or leased session is refused and skipped). Each session is
+`idle_session_days`, or whose agent was disposed more than `disposed_session_days`
+ago (the store records the disposal; a resume clears it), is deleted as
+`DeleteSession` deletes one (`deletion.py`: the id is held meanwhile, a live or
+leased session is refused and skipped). Each session is
 its own transaction, so a sweep killed midway leaves every session whole or gone, and
 the next sweep goes on; nothing holds a lock across sessions, and the event loop runs
 other work between two batches. Freed space is given back at the end (`reclaim`).
@@ -127,6 +129,7 @@ class Sweeper:
         """Examine one batch of sessions; delete the expired ones."""
         store = self.factory.runtime.store
         idle_ns = int(self.retention.idle_session_days * DAY_NS)
+        disposed_ns = int(self.retention.disposed_session_days * DAY_NS)
         for session_id in ids:
             try:
                 summary = await store.summary(session_id)
@@ -135,7 +138,11 @@ class Sweeper:
             except (NotFound, SessionDamaged):  # gone meanwhile, or for an operator to see
                 continue
             active = (last[0].create_time if last else summary.header.create_time).ToNanoseconds()
-            expired = bool(idle_ns) and now - active > idle_ns and not summary.pending
+            idle = bool(idle_ns) and now - active > idle_ns
+            disposed = bool(disposed_ns and summary.disposed_ns) and (
+                now - summary.disposed_ns > disposed_ns
+            )
+            expired = (idle or disposed) and not summary.pending
             if expired and session_id not in self.factory.catalogue.reserved:
                 try:
                     await delete_session(self.factory, session_id, dispose=False)

@@ -68,6 +68,7 @@ from server.models.openai_wire import (
     is_overflow,
 )
 from server.models.sse import EventStreamDecoder
+from server.observability import observe
 from server.observability.logs import fields
 
 log = logging.getLogger(__name__)
@@ -352,6 +353,9 @@ class OpenAIModel:
                 if not (status == 429 or status >= 500) or attempt >= self.retry.max_attempts:
                     raise failure
                 delay, cause = self._retry_delay(response, attempt), f"HTTP {status}"
+            retried = observe.model_retry
+            if retried is not None:
+                retried(self.name, cause)
             log.warning(
                 "%s: %s on attempt %d of %d; retrying in %.2f s",
                 self.name,

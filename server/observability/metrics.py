@@ -1,9 +1,11 @@
 """Prometheus metrics on their own HTTP port (`metricsListen`; off by default).
 
-Turns, steps, model calls and tools are measured off the session log (`observe`);
+Turns, steps, model calls, tools and approvals are measured off the session log
+(`observe`), and so are the gauges of running turns and pending approvals;
 `agentloop_build_info` names the versions; the process and Python collectors of
 `prometheus_client` add CPU, memory, descriptors and GC.
-RPCs by the access interceptor; store commits through the journal's hook; plugins are
+RPCs by the access interceptor (labelled as Prometheus' gRPC conventions label them);
+store commits and model retries through their hooks; plugins are
 read at scrape time from the counters `ListPlugins` reports; active agents and open
 streams are read at scrape time too. An event-loop lag probe runs while it is on.
 The counters and histograms updated per turn, step, tool call and RPC are the cheap
@@ -30,18 +32,36 @@ from prometheus_client import (
     start_http_server,
 )
 from prometheus_client import Histogram as PromHistogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from agentloop.v1 import session_event_pb2 as ev
+from agentloop.v1.approval_pb2 import ApprovalOutcome, ApprovalRequested, ApprovalResolved
+from agentloop.v1.content_pb2 import ModelConfig
 from server.kernel.tasks import cancel_and_wait
 from server.observability import observe
 from server.observability.instruments import Instruments
-from server.observability.observe import Model, Sink, Step, Turn
+from server.observability.observe import PLUGIN_CALL_BUCKETS, Model, Sink, Step, Turn
 from server.version import version
 
 LATENCY = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 """Histogram buckets in seconds, from a fast tool to a long turn."""
+APPROVAL_WAIT = (1, 5, 15, 30, 60, 120, 300, 900, 1800, 3600, 14400, 86400)
+"""Approval waits in seconds: a person answers in seconds to hours."""
+OUTCOMES = {
+    number: name.removeprefix("APPROVAL_OUTCOME_").lower()
+    for name, number in ApprovalOutcome.items()
+}
+_to_text: Callable[[float], str] = floatToGoString  # untyped upstream
+CALL_LES: tuple[str, ...] = (*(_to_text(bound) for bound in PLUGIN_CALL_BUCKETS), "+Inf")
+"""The `le` labels of the plugin call histogram."""
+MODELS_KEPT = 10_000
+"""Agents whose latest model the error counter remembers (to label a failed call)."""
 LAG = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
 LAG_INTERVAL = 0.25
 """Seconds between two probes of the event loop."""
@@ -70,7 +90,29 @@ class Metrics(Sink):
             "agentloop_model_calls", "Model calls, by finish reason.", ["finish"]
         )
         self.tokens = fast.counter(
-            "agentloop_model_tokens", "Tokens the models reported.", ["kind"]
+            "agentloop_model_tokens",
+            "Tokens the models reported, by provider, model and kind (input, output).",
+            ["provider", "model", "kind"],
+        )
+        self.model_errors = fast.counter(
+            "agentloop_model_errors",
+            "Model calls that failed (an error finish, or no message), by provider and model.",
+            ["provider", "model"],
+        )
+        self.model_retries = fast.counter(
+            "agentloop_model_retries",
+            "Model requests sent again after a transient failure, by provider and cause.",
+            ["provider", "cause"],
+        )
+        self.approvals = fast.counter(
+            "agentloop_approvals",
+            "Approvals resolved, by outcome (allowed_once, rejected, cancelled, expired).",
+            ["outcome"],
+        )
+        self.approval_wait = fast.histogram(
+            "agentloop_approval_wait_seconds",
+            "From an approval's request to its resolution.",
+            APPROVAL_WAIT,
         )
         self.tool_calls = fast.counter(
             "agentloop_tool_calls", "Tool calls, by tool and outcome.", ["tool", "outcome"]
@@ -82,10 +124,15 @@ class Metrics(Sink):
             ["tool"],
         )
         self.rpcs = fast.counter(
-            "agentloop_rpcs", "RPCs handled, by method and status.", ["method", "code"]
+            "agentloop_rpcs",
+            "RPCs handled, by service, method and status code.",
+            ["grpc_service", "grpc_method", "grpc_code"],
         )
         self.rpc_seconds = fast.histogram(
-            "agentloop_rpc_duration_seconds", "RPC latency.", LATENCY, ["method"]
+            "agentloop_rpc_duration_seconds",
+            "RPC latency, by service and method.",
+            LATENCY,
+            ["grpc_service", "grpc_method"],
         )
         self.store_commit = fast.histogram(
             "agentloop_store_commit_seconds", "Group commit latency of the session store.", LATENCY
@@ -107,6 +154,14 @@ class Metrics(Sink):
             buckets=LAG,
             registry=self.registry,
         )
+        self.running_turns: set[str] = set()
+        """The agents whose turn is open now."""
+        self.waiting: dict[str, tuple[str, int]] = {}
+        """Pending approvals: approval id -> its agent, and when it was requested (ns)."""
+        self.watch("agentloop_turns_running", "Turns running now.", self._running)
+        self.watch("agentloop_approvals_pending", "Approvals waiting now.", self._pending)
+        self._models: dict[str, tuple[str, str]] = {}
+        """Per agent, the provider and model it calls (its request header, its answers)."""
         self._lag_task: asyncio.Task[None] | None = None
         self._http: WSGIServer | None = None
 
@@ -121,9 +176,19 @@ class Metrics(Sink):
         self.registry.register(PluginCollector(read, seam_names))
 
     def rpc(self, method: str, code: str, seconds: float) -> None:
-        """One RPC ended."""
-        self.rpcs.inc((method, code))
-        self.rpc_seconds.observe(seconds, (method,))
+        """One RPC ended (`method` as gRPC names it: /package.Service/Method)."""
+        service, _, name = method.lstrip("/").partition("/")
+        self.rpcs.inc((service, name, code))
+        self.rpc_seconds.observe(seconds, (service, name))
+
+    def _running(self) -> float:
+        return len(self.running_turns)
+
+    def _pending(self) -> float:
+        return len(self.waiting)
+
+    def _retried(self, provider: str, cause: str) -> None:
+        self.model_retries.inc((provider, cause))
 
     async def start(self, listen: str) -> int:
         """Serve `/metrics` on `listen` (host:port); returns the bound port."""
@@ -131,6 +196,7 @@ class Metrics(Sink):
         server, _thread = start_http_server(int(port), host.strip("[]"), registry=self.registry)
         self._http = server
         observe.store_commit = self.store_commit.observe
+        observe.model_retry = self._retried
         self._lag_task = asyncio.get_running_loop().create_task(self._probe_lag())
         return int(server.server_port)
 
@@ -138,6 +204,8 @@ class Metrics(Sink):
         """Stop the endpoint and the probe."""
         if observe.store_commit == self.store_commit.observe:
             observe.store_commit = None
+        if observe.model_retry == self._retried:
+            observe.model_retry = None
         if self._lag_task is not None:
             await cancel_and_wait([self._lag_task])
         if self._http is not None:
@@ -151,11 +219,19 @@ class Metrics(Sink):
             await asyncio.sleep(LAG_INTERVAL)
             self.loop_lag.observe(max(0.0, time.perf_counter() - due))
 
-    # -- the Sink of observe.EventClock (nothing to count when a turn, step, model or tool
-    # call starts) ---------------------------------------------------------------------
+    # -- the Sink of observe.EventClock (nothing to count when a step, model or tool call
+    # starts) --------------------------------------------------------------------------
+
+    def turn_start(self, turn: Turn) -> None:
+        """One more turn running."""
+        self.running_turns.add(turn.agent)
 
     def turn_end(self, turn: Turn, reason: str, end_ns: int) -> None:
         """Count the turn and its latency."""
+        self.running_turns.discard(turn.agent)
+        if self.waiting:  # an approval its turn outlived (a crash leaves none resolved)
+            for key in [k for k, (agent, _) in self.waiting.items() if agent == turn.agent]:
+                del self.waiting[key]
         self.turns.inc((reason,))
         self.turn_seconds.observe(max(0, end_ns - turn.start_ns) / 1e9)
 
@@ -170,11 +246,19 @@ class Metrics(Sink):
     def model_end(
         self, turn: Turn, step: Step, model: Model, message: ev.AssistantMessage | None, end_ns: int
     ) -> None:
-        """Count the call by finish reason, and its tokens."""
+        """Count the call by finish reason, its failure, and its tokens."""
         self.model_calls.inc((model.finish or "none",))
+        if message is not None:
+            provider, name = message.provenance.provider, message.provenance.model
+        else:  # failed before its message: the model the agent was calling
+            provider, name = self._models.get(turn.agent, ("unknown", "unknown"))
+        if message is None or model.finish == "error":
+            self.model_errors.inc((provider, name))
+        else:
+            self._remember(turn.agent, provider, name)
         if model.usage is not None:
-            self.tokens.inc(("input",), model.usage[0])
-            self.tokens.inc(("output",), model.usage[1])
+            self.tokens.inc((provider, name, "input"), model.usage[0])
+            self.tokens.inc((provider, name, "output"), model.usage[1])
 
     def tool_end(
         self, turn: Turn, step: Step, result: ev.ToolResult, name: str, start_ns: int, end_ns: int
@@ -182,6 +266,27 @@ class Metrics(Sink):
         """Count the call and its duration."""
         self.tool_calls.inc((name, "error" if result.is_error else "ok"))
         self.tool_seconds.observe(max(0, end_ns - start_ns) / 1e9, (name,))
+
+    def model_config(self, agent: str, config: ModelConfig) -> None:
+        """The provider and model the agent calls now (labels a call that fails early)."""
+        self._remember(agent, config.provider, config.model)
+
+    def _remember(self, agent: str, provider: str, model: str) -> None:
+        if len(self._models) >= MODELS_KEPT:  # agents come and go: forget them all at times
+            self._models.clear()
+        self._models[agent] = (provider, model)
+
+    def approval_requested(self, agent: str, requested: ApprovalRequested, now_ns: int) -> None:
+        """One more approval waiting."""
+        self.waiting[requested.approval_id] = (agent, now_ns)
+
+    def approval_resolved(self, agent: str, resolved: ApprovalResolved, now_ns: int) -> None:
+        """Count the outcome and the wait."""
+        waited = self.waiting.pop(resolved.approval_id, None)
+        outcome = OUTCOMES.get(resolved.outcome, "unknown")
+        self.approvals.inc((outcome,))
+        if waited is not None:
+            self.approval_wait.observe(max(0, now_ns - waited[1]) / 1e9)
 
 
 def build_versions() -> tuple[str, str, str]:
@@ -223,18 +328,25 @@ class PluginCollector(Collector):
             for name, stats in plugins.items():
                 family.add_metric([name], getattr(stats, attr, 0))
             yield family
-        latency = SummaryMetricFamily(
+        latency = HistogramMetricFamily(
             "agentloop_plugin_call_seconds",
-            "Latency of the latest calls (up to 1000 per seam).",
+            "Latency of answered plugin calls, by plugin and seam.",
             labels=["plugin", "seam"],
         )
         for name, stats in plugins.items():
             by_seam: dict[str, list[float]] = {}
-            for key, samples in stats.latencies.items():
-                seam = key[-1] if isinstance(key, tuple) else key  # keyed by (kind, seam) too
-                by_seam.setdefault(self.seam_names.get(seam, str(seam)), []).extend(samples)
-            for seam_name, values in by_seam.items():
-                latency.add_metric([name, seam_name], len(values), sum(values))
+            for key, counts in getattr(stats, "histograms", {}).items():
+                seam = key[-1] if isinstance(key, tuple) else key  # keyed by (kind, seam)
+                seam_name = self.seam_names.get(seam, str(seam))
+                merged = by_seam.setdefault(seam_name, [0.0] * len(counts))
+                for index, count in enumerate(list(counts)):
+                    merged[index] += count
+            for seam_name, counts in by_seam.items():
+                cumulative, buckets = 0.0, []
+                for le, count in zip(CALL_LES, counts, strict=False):
+                    cumulative += count
+                    buckets.append((le, cumulative))
+                latency.add_metric([name, seam_name], buckets, counts[-1])
         yield latency
         up = GaugeMetricFamily("agentloop_plugins", "Registered plugins.")
         up.add_metric([], len(plugins))

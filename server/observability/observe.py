@@ -27,6 +27,8 @@ from typing import Any, Protocol
 
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
+from agentloop.v1.approval_pb2 import ApprovalRequested, ApprovalResolved
+from agentloop.v1.content_pb2 import ModelConfig
 from server.kernel import seams as S
 from server.kernel.seams import SeamRegistry
 
@@ -129,6 +131,15 @@ class Sink:
     ) -> None:
         """A tool call's result was recorded."""
 
+    def model_config(self, agent: str, config: ModelConfig) -> None:
+        """The agent's model configuration is new or changed (its request header was logged)."""
+
+    def approval_requested(self, agent: str, requested: ApprovalRequested, now_ns: int) -> None:
+        """A tool call started to wait for approval."""
+
+    def approval_resolved(self, agent: str, resolved: ApprovalResolved, now_ns: int) -> None:
+        """An approval was answered, cancelled or timed out."""
+
 
 def _overridden(sinks: list[Sink], method: str) -> list[Callable[..., None]]:
     """The bound `method` of each sink that overrides it."""
@@ -153,6 +164,9 @@ class EventClock:
         self._model_end = _overridden(sinks, "model_end")
         self._tool_start = _overridden(sinks, "tool_start")
         self._tool_end = _overridden(sinks, "tool_end")
+        self._model_config = _overridden(sinks, "model_config")
+        self._approval_requested = _overridden(sinks, "approval_requested")
+        self._approval_resolved = _overridden(sinks, "approval_resolved")
         self._handlers: dict[str | None, Callable[[Any, ev.SessionEvent], None]] = {
             "turn_start": self._on_turn_start,
             "step_start": self._on_step_start,
@@ -161,6 +175,9 @@ class EventClock:
             "tool_result": self._on_tool_result,
             "step_end": self._on_step_end,
             "turn_end": self._on_turn_end,
+            "request_header": self._on_request_header,
+            "approval_requested": self._on_approval_requested,
+            "approval_resolved": self._on_approval_resolved,
         }
         """The handler of each payload kind measured (chunks aside); the others are ignored."""
 
@@ -246,6 +263,20 @@ class EventClock:
         for call in self._tool_end:
             call(turn, step, result, name, started, now)
 
+    def _on_request_header(self, agent: Any, event: ev.SessionEvent) -> None:
+        for call in self._model_config:
+            call(agent.agent_id, event.request_header.header.config)
+
+    def _on_approval_requested(self, agent: Any, event: ev.SessionEvent) -> None:
+        now = time.time_ns()
+        for call in self._approval_requested:
+            call(agent.agent_id, event.approval_requested, now)
+
+    def _on_approval_resolved(self, agent: Any, event: ev.SessionEvent) -> None:
+        now = time.time_ns()
+        for call in self._approval_resolved:
+            call(agent.agent_id, event.approval_resolved, now)
+
     def _on_step_end(self, agent: Any, event: ev.SessionEvent) -> None:
         turn = self.turns.get(agent.agent_id)
         if turn is not None and turn.step is not None:
@@ -302,10 +333,18 @@ class PluginCallObserver(Protocol):
         ...
 
 
+PLUGIN_CALL_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+)  # fmt: skip
+"""Upper bounds (seconds) of the plugin call histogram's buckets, +Inf aside: from a
+local hop to a tool that works for a while (the plugin's stats count into them)."""
+
 plugin_call: PluginCallObserver | None = None
 """Set while metrics or traces are on."""
 store_commit: Callable[[float], None] | None = None
 """Called with the seconds of each group commit while metrics are on."""
+model_retry: Callable[[str, str], None] | None = None
+"""Called with the provider and the cause each time a model request is sent again."""
 
 _NOTHING = contextlib.nullcontext()
 

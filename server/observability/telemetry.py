@@ -41,6 +41,7 @@ class Telemetry:
         seams: SeamRegistry,
         agents: Callable[[], int],
         streams: Callable[[], int],
+        queued: Callable[[], int],
         plugins: Callable[[], Mapping[str, Any]],
         seam_names: Mapping[Any, str],
     ) -> None:
@@ -53,6 +54,11 @@ class Telemetry:
         if self.metrics is not None:
             self.metrics.watch("agentloop_agents", "Agents hosted now.", agents)
             self.metrics.watch("agentloop_open_streams", "StreamSessionEvents calls open.", streams)
+            self.metrics.watch(
+                "agentloop_messages_queued",
+                "Messages and steering accepted by live agents that no turn has taken yet.",
+                queued,
+            )
             self.metrics.collect_plugins(plugins, seam_names)
 
     async def start(self) -> None:

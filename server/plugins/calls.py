@@ -6,6 +6,7 @@ listeners, tools and models here call through it. Nothing in this module is per 
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections import deque
 from collections.abc import AsyncGenerator, Sequence
@@ -19,6 +20,7 @@ from agentloop.v1 import stream_pb2 as st
 from server.kernel.abort import AbortSignal
 from server.kernel.defaults import PLUGIN_TIMEOUT_SECONDS
 from server.kernel.tools import ToolExecution, ToolOutcome
+from server.observability.observe import PLUGIN_CALL_BUCKETS
 
 DEFAULT_TIMEOUT = PLUGIN_TIMEOUT_SECONDS
 """Seconds a call waits for its result when neither the plugin nor the operator set it."""
@@ -92,14 +94,21 @@ class PluginStats:
     unexpected_results: int = 0
     latencies: dict[tuple[int, int], deque[float]] = field(default_factory=dict)
     """Per (call kind, contract seam), the latest call latencies in seconds."""
+    histograms: dict[tuple[int, int], list[float]] = field(default_factory=dict)
+    """Per (call kind, contract seam), every call since the start: the count of each
+    `PLUGIN_CALL_BUCKETS` bucket (not cumulative, +Inf last), then the sum of the seconds."""
 
     def record(self, call: hk.HookCall, seconds: float) -> None:
-        """Keep one latency sample of `call` (the latest 1000 per kind and seam)."""
+        """Keep one latency sample of `call` (the latest 1000 per kind and seam), and count it."""
         key = (call.kind, call.seam)
         samples = self.latencies.get(key)
         if samples is None:
             samples = self.latencies[key] = deque(maxlen=1000)
+            self.histograms[key] = [0.0] * (len(PLUGIN_CALL_BUCKETS) + 2)
         samples.append(seconds)
+        counts = self.histograms[key]
+        counts[bisect.bisect_left(PLUGIN_CALL_BUCKETS, seconds)] += 1
+        counts[-1] += seconds
 
 
 call_ids = itertools.count(1)

@@ -91,7 +91,7 @@ def main(argv: list[str]) -> int:
         return 1
     print(
         f"{args.action}ed {totals.sessions} sessions, {totals.events} events,"
-        f" {totals.inbox} pending inbox entries",
+        f" {totals.inbox} pending inbox entries, {totals.requests} request records",
         file=sys.stderr,
     )
     return 0
@@ -140,7 +140,7 @@ def run_move(source: SessionStore, target: SessionStore) -> int:
     print(
         f"moved {moved.copied} sessions ({moved.skipped} already there); verified"
         f" {moved.sessions} sessions, {moved.events} events, {moved.inbox} pending inbox"
-        " entries: counts and checksums match",
+        f" entries, {moved.requests} request records: counts and checksums match",
         file=sys.stderr,
     )
     return 0

@@ -1,11 +1,16 @@
 """The portable session file: JSON lines of the protobuf JSON mapping, versioned.
 
-Line 1 is the header: `{"format": "agentloop-sessions", "version": 1}`. Then, for
+Line 1 is the header: `{"format": "agentloop-sessions", "version": 2}`. Then, for
 each session, one `{"session": {...}}` line (its id, header, stored agent options,
-last driver and how many events and inbox entries follow), its events in sequence
-order, one `{"event": SessionEvent}` line each, then its pending inbox entries, one
-`{"inbox": {"entry_id", "kind", "message"}}` line each. The last line is
-`{"end": {"sessions": N, "events": E}}`: a file cut short has none, and is refused.
+last driver and how many events, inbox entries and request records follow), its
+events in sequence order, one `{"event": SessionEvent}` line each, then its pending
+inbox entries, one `{"inbox": {"entry_id", "kind", "message"}}` line each, then the
+request records written with it (the first answers of calls made with a
+`request_id`, so that a retry after an import is still answered from them), one
+`{"request": {"agent_id", "request_id", "method", "response", "stored_ns"}}` line
+each (`response`: the answer's protobuf bytes in base64; `stored_ns`: when it was
+stored, to the microsecond). The last line is `{"end": {"sessions": N, "events": E}}`:
+a file cut short has none, and is refused. Version 1 (no request records) is read too.
 
 Messages use the protobuf JSON mapping with the proto's field names, keys sorted (a
 map such as a `Struct` has no order of its own: sorted, an export of the same sessions
@@ -17,6 +22,8 @@ refuses a file of a newer version rather than guessing at it.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -29,11 +36,12 @@ from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
 from server.kernel.errors import InvalidArgument
 from server.kernel.ids import id_problem
-from server.stores import INBOX_CONTEXT, INBOX_MESSAGE, INBOX_STEERING, InboxEntry
+from server.stores import INBOX_CONTEXT, INBOX_MESSAGE, INBOX_STEERING, InboxEntry, RequestRecord
 
 FORMAT = "agentloop-sessions"
-VERSION = 1
-"""The version this code writes and reads; a later one is refused."""
+VERSION = 2
+"""The version this code writes; it reads this one and the earlier ones, and refuses a later."""
+READS = (1, 2)
 
 M = TypeVar("M", bound=Message)
 
@@ -60,6 +68,7 @@ class PortableSession:
     driver: str = ""
     events: list[ev.SessionEvent] = field(default_factory=list)
     inbox: list[InboxEntry] = field(default_factory=list)
+    requests: list[RequestRecord] = field(default_factory=list)
 
 
 def _dict(message: Message) -> dict[str, Any]:
@@ -83,6 +92,7 @@ def session_lines(session: PortableSession) -> Iterator[str]:
         "driver": session.driver,
         "events": len(session.events),
         "inbox": len(session.inbox),
+        "requests": len(session.requests),
     }
     if session.options is not None:
         described["options"] = _dict(session.options)
@@ -92,6 +102,18 @@ def session_lines(session: PortableSession) -> Iterator[str]:
     for entry in session.inbox:
         message = _dict(entry.message)
         yield _line({"inbox": {"entry_id": entry.entry_id, "kind": entry.kind, "message": message}})
+    for record in session.requests:
+        yield _line(
+            {
+                "request": {
+                    "agent_id": record.agent_id,
+                    "request_id": record.request_id,
+                    "method": record.method,
+                    "response": base64.b64encode(record.response).decode(),
+                    "stored_ns": record.stored_ns,
+                }
+            }
+        )
 
 
 def end_line(sessions: int, events: int) -> str:
@@ -122,6 +144,8 @@ class _Reader:
         self.current: PortableSession | None = None
         self.events_due = 0
         self.inbox_due = 0
+        self.requests_due = 0
+        self.version = 0
         self.started = False
         self.ended = False
 
@@ -144,12 +168,14 @@ class _Reader:
             self._event(number, body)
         elif kind == "inbox":
             self._inbox(number, body)
+        elif kind == "request" and self.version >= 2:
+            self._request(number, body)
         elif kind == "session":
             self._session(number, body)
         elif kind == "end":
             self._end(number, body)
         else:
-            raise CorruptExport(number, f'"{kind}" is not a line kind of version {VERSION}')
+            raise CorruptExport(number, f'"{kind}" is not a line kind of version {self.version}')
 
     def finish(self, last: int) -> list[PortableSession]:
         if not self.started:
@@ -166,16 +192,20 @@ class _Reader:
         if value.get("format") != FORMAT:
             raise CorruptExport(number, f'is not an agentloop session file (format "{FORMAT}")')
         version = value.get("version")
-        if version != VERSION:
-            raise CorruptExport(number, f"format version {version!r}; this server reads {VERSION}")
+        if version not in READS or not isinstance(version, int):
+            raise CorruptExport(
+                number, f"format version {version!r}; this server reads 1 to {VERSION}"
+            )
+        self.version = version
         self.started = True
 
     def _close_session(self, number: int) -> None:
-        if self.events_due or self.inbox_due:
+        if self.events_due or self.inbox_due or self.requests_due:
             raise CorruptExport(
                 number,
                 f'session "{self.current.session_id if self.current else ""}" is missing'
-                f" {self.events_due} events and {self.inbox_due} inbox entries",
+                f" {self.events_due} events, {self.inbox_due} inbox entries and"
+                f" {self.requests_due} request records",
             )
 
     def _session(self, number: int, body: dict[str, Any]) -> None:
@@ -185,9 +215,12 @@ class _Reader:
             raise CorruptExport(number, f"session id {session_id!r} is not a well-formed id")
         if session_id in self.ids:
             raise CorruptExport(number, f'session "{session_id}" appears twice')
-        events, inbox = body.get("events"), body.get("inbox")
-        if not isinstance(events, int) or not isinstance(inbox, int) or events < 0 or inbox < 0:
+        counts = [body.get("events"), body.get("inbox"), body.get("requests", 0)]
+        if not all(isinstance(n, int) and n >= 0 for n in counts):
             raise CorruptExport(number, "a session line needs counts of events and inbox")
+        events, inbox, requests = (int(n or 0) for n in counts)
+        if requests and self.version < 2:
+            raise CorruptExport(number, "request records need format version 2")
         driver = body.get("driver", "")
         if not isinstance(driver, str):
             raise CorruptExport(number, "driver must be a string")
@@ -198,7 +231,7 @@ class _Reader:
         self.current = PortableSession(session_id, header, options, driver)
         self.sessions.append(self.current)
         self.ids.add(session_id)
-        self.events_due, self.inbox_due = events, inbox
+        self.events_due, self.inbox_due, self.requests_due = events, inbox, requests
 
     def _event(self, number: int, body: dict[str, Any]) -> None:
         session = self.current
@@ -232,6 +265,29 @@ class _Reader:
         message = _parse(number, body.get("message", {}), blank)
         session.inbox.append(InboxEntry(entry_id, kind, message))
         self.inbox_due -= 1
+
+    def _request(self, number: int, body: dict[str, Any]) -> None:
+        session = self.current
+        if session is None or self.events_due or self.inbox_due or not self.requests_due:
+            raise CorruptExport(number, "a request line where none is due")
+        texts = [body.get(key) for key in ("agent_id", "request_id", "method", "response")]
+        stored_ns = body.get("stored_ns")
+        if not all(isinstance(text, str) and text for text in texts[:3]):
+            raise CorruptExport(number, "a request record needs agent_id, request_id and method")
+        if not isinstance(stored_ns, int) or stored_ns < 0:
+            raise CorruptExport(number, "stored_ns must be a non-negative integer")
+        try:
+            response = base64.b64decode(str(texts[3]), validate=True)
+        except (binascii.Error, ValueError):
+            raise CorruptExport(number, "response must be base64") from None
+        record = RequestRecord(str(texts[0]), str(texts[1]), str(texts[2]), response, stored_ns)
+        if session.requests and (
+            (record.agent_id, record.request_id)
+            <= (session.requests[-1].agent_id, session.requests[-1].request_id)
+        ):
+            raise CorruptExport(number, "request records must be sorted, each once")
+        session.requests.append(record)
+        self.requests_due -= 1
 
     def _end(self, number: int, body: dict[str, Any]) -> None:
         self._close_session(number)

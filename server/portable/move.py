@@ -5,7 +5,8 @@ SIGKILL, an outage) a session is in the target whole or not at all; a rerun skip
 those already there (after checking they equal the source) and copies the rest. At
 the end every session is read back from the target and compared with the source:
 the counts of sessions, events and pending inbox entries, and a SHA-256 per session
-over its header, options, driver, events and inbox (deterministic protobuf bytes).
+over its header, options, driver, events, inbox (deterministic protobuf bytes) and
+the request records written with it (so a retry after the move is still answered).
 The source must be stopped (or draining): a session that grows during the move is
 reported as a mismatch, never silently truncated.
 """
@@ -32,6 +33,7 @@ class Moved:
     sessions: int = 0
     events: int = 0
     inbox: int = 0
+    requests: int = 0
 
 
 def checksum(session: PortableSession) -> str:
@@ -51,6 +53,9 @@ def checksum(session: PortableSession) -> str:
     for entry in session.inbox:
         add(f"{entry.entry_id}:{entry.kind}".encode())
         add(entry.message.SerializeToString(deterministic=True))
+    for record in session.requests:
+        add(f"{record.agent_id}\0{record.request_id}\0{record.method}\0{record.stored_ns}".encode())
+        add(record.response)
     return digest.hexdigest()
 
 
@@ -78,6 +83,7 @@ async def move_sessions(
                 options=session.options,
                 events=list(session.events),
                 inbox_put=list(session.inbox),
+                requests=list(session.requests),
             )
             await target.commit(Commit({session_id: writes}))
             moved.copied += 1
@@ -95,4 +101,5 @@ async def move_sessions(
         moved.sessions += 1
         moved.events += len(there.events)
         moved.inbox += len(there.inbox)
+        moved.requests += len(there.requests)
     return moved

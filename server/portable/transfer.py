@@ -13,7 +13,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO
 
 from server.kernel.errors import AlreadyExists
@@ -34,6 +34,7 @@ class Totals:
     sessions: int
     events: int
     inbox: int
+    requests: int = 0
 
 
 async def select(store: SessionStore, ids: Sequence[str], match: str = "") -> list[str]:
@@ -47,22 +48,33 @@ async def select(store: SessionStore, ids: Sequence[str], match: str = "") -> li
 async def read_portable(store: SessionStore, session_id: str) -> PortableSession:
     """One stored session, as the file carries it (`NotFound` if unknown)."""
     stored = await store.load(session_id)
+    requests = [
+        replace(r, stored_ns=r.stored_ns // 1000 * 1000)  # what every store keeps: microseconds
+        for r in await store.session_requests(session_id)
+    ]
     return PortableSession(
-        session_id, stored.header, stored.options, stored.driver, stored.events, stored.inbox
+        session_id,
+        stored.header,
+        stored.options,
+        stored.driver,
+        stored.events,
+        stored.inbox,
+        requests,
     )
 
 
 async def export_sessions(store: SessionStore, ids: Sequence[str], out: IO[str]) -> Totals:
     """Write the sessions `ids` of `store` to `out` as one portable file."""
     out.write(jsonl.header_line())
-    events = inbox = 0
+    events = inbox = requests = 0
     for session_id in ids:
         session = await read_portable(store, session_id)
         out.writelines(jsonl.session_lines(session))
         events += len(session.events)
         inbox += len(session.inbox)
+        requests += len(session.requests)
     out.write(jsonl.end_line(len(ids), events))
-    return Totals(len(ids), events, inbox)
+    return Totals(len(ids), events, inbox, requests)
 
 
 async def check_free(store: SessionStore, sessions: Sequence[PortableSession]) -> None:
@@ -91,6 +103,7 @@ async def write_session(store: SessionStore, session: PortableSession) -> None:
                 writes.options = session.options
             if index == len(chunks) - 1:
                 writes.inbox_put = list(session.inbox)
+                writes.requests = list(session.requests)
             await store.commit(Commit({session.session_id: writes}))
     except BaseException:
         await _remove(store, [session.session_id])
@@ -109,7 +122,10 @@ async def import_sessions(store: SessionStore, sessions: Sequence[PortableSessio
         await _remove(store, done)
         raise
     return Totals(
-        len(sessions), sum(len(s.events) for s in sessions), sum(len(s.inbox) for s in sessions)
+        len(sessions),
+        sum(len(s.events) for s in sessions),
+        sum(len(s.inbox) for s in sessions),
+        sum(len(s.requests) for s in sessions),
     )
 
 

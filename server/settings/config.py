@@ -8,6 +8,7 @@ a field. What makes an agent valid is `server/settings/agent_rules.py`'s, shared
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import field, replace
 from pathlib import Path
@@ -93,6 +94,14 @@ def _http(value: str) -> str:
         fail(str(error).removeprefix("httpListen: "))
 
 
+def _proxy_problem(text: str) -> str:
+    try:
+        ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        return f"{text!r} is not an IP address or a CIDR block"
+    return ""
+
+
 def _base_url_problem(url: str) -> str:
     if url.startswith(("http://", "https://")):
         return ""
@@ -106,6 +115,7 @@ LeaseSeconds = Annotated[
 ]
 ToolOrder = Annotated[tuple[Text, ...] | None, rule(_tool_order_problem)]
 AllowPattern = Annotated[Text, rule(_pattern_problem)]
+ProxyAddress = Annotated[Text, rule(_proxy_problem)]
 MetricsListen = Annotated[PortText, AfterValidator(_metrics)]
 HttpListen = Annotated[PortText, AfterValidator(_http)]
 ApprovalTimeout = Annotated[
@@ -294,6 +304,9 @@ class Config:
     http_listen: HttpListen = ""
     """host:port of the HTTP side: the web console and the API as JSON (a bare port:
     loopback); empty: off. Same TLS and token as `listen`."""
+    trusted_proxies: tuple[ProxyAddress, ...] = ()
+    """IPs or CIDR blocks of reverse proxies in front of the HTTP side: a request from
+    one is logged with the client its `X-Forwarded-For` names; empty: never believed."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

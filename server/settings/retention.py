@@ -20,6 +20,10 @@ class Retention:
     idle_session_days: NonNegativeSeconds = 0.0
     """Delete a session no agent drives, with no pending message, whose last event (or
     creation) is older than this many days; 0 keeps sessions forever."""
+    disposed_session_days: NonNegativeSeconds = 0.0
+    """Delete a session whose agent was disposed (and none drives it since), with no
+    pending message, this many days after the disposal; 0 keeps them (the idle rule
+    still applies)."""
     request_record_hours: NonNegativeSeconds = 0.0
     """Drop request records (the answers a retry with a `request_id` gets) older than
     this many hours: the retry window; 0 keeps them forever."""
@@ -31,4 +35,6 @@ class Retention:
 
     def on(self) -> bool:
         """Whether any rule removes anything."""
-        return bool(self.idle_session_days or self.request_record_hours)
+        return bool(
+            self.idle_session_days or self.disposed_session_days or self.request_record_hours
+        )

@@ -67,6 +67,9 @@ class RequestRecord:
     request_id: str
     method: str
     response: bytes
+    stored_ns: int = field(default=0, compare=False)
+    """When it was stored (ns since the epoch; a PostgreSQL store keeps microseconds).
+    Written as 0, it is stored as now; an import or a move writes the original's."""
 
 
 Answer = Callable[[int], RequestRecord]
@@ -140,6 +143,9 @@ class SessionSummary:
     turn_count: int
     pending: int = 0
     """Entries in the durable inbox."""
+    disposed_ns: int = 0
+    """When the agent that last drove it was disposed (ns since the epoch); 0 while an
+    agent drives it, or when none was ever disposed on it (retention reads it)."""
 
 
 @dataclass(frozen=True)
@@ -232,6 +238,13 @@ class SessionStore(Protocol):
         """Every request id recorded for the agent; None when there are more than `limit`."""
         ...
 
+    async def session_requests(self, session_id: str) -> list[RequestRecord]:
+        """The request records written with the session, with their `stored_ns`.
+
+        Sorted by agent and request id; an export or a move carries them along.
+        """
+        ...
+
     async def wait_for_events(self, session_id: str, seconds: float) -> None:
         """Return when another process stored events of the session, or after `seconds`."""
         ...
@@ -247,6 +260,14 @@ class SessionStore(Protocol):
         forks stay (they hold copies). `answer`, when given, makes the delete's own
         request record, stored in the same transaction under no session. Raises
         `NotFound` if the session is unknown.
+        """
+        ...
+
+    async def mark_disposed(self, session_id: str, at_ns: int) -> None:
+        """Record that the session's driver was disposed at `at_ns` (ns since the epoch).
+
+        The next commit that names a driver (a resume) clears the mark. An unknown
+        session is left alone (it was deleted meanwhile).
         """
         ...
 

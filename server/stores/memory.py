@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
@@ -33,6 +33,7 @@ class _Session:
     inbox: dict[int, InboxEntry] = field(default_factory=dict)
     turns: int = 0
     fence: int = 0
+    disposed_ns: int = 0
 
 
 class MemoryStore:
@@ -77,6 +78,7 @@ class MemoryStore:
             session = self._sessions[session_id]
             if writes.driver:
                 session.driver = writes.driver
+                session.disposed_ns = 0
             if writes.options is not None:
                 session.options = _copy(writes.options)
             session.events.extend(writes.events)
@@ -90,7 +92,7 @@ class MemoryStore:
                 if key not in self._requests:
                     self._requests[key] = record
                     self._request_sessions[key] = session_id
-                    self._request_times[key] = time.time_ns()
+                    self._request_times[key] = record.stored_ns or time.time_ns()
 
     async def claim(self, session_id: str) -> int:
         """A new claim token for the session."""
@@ -118,7 +120,11 @@ class MemoryStore:
         """The header and counts of a session."""
         session = self._get(session_id)
         return SessionSummary(
-            session.header, len(session.events), session.turns, len(session.inbox)
+            session.header,
+            len(session.events),
+            session.turns,
+            len(session.inbox),
+            session.disposed_ns,
         )
 
     async def list_ids(self) -> list[str]:
@@ -167,6 +173,17 @@ class MemoryStore:
                 self._request_sessions[key] = ""
                 self._request_times[key] = time.time_ns()
         return count
+
+    async def session_requests(self, session_id: str) -> list[RequestRecord]:
+        """The request records written with the session, with their times."""
+        keys = sorted(k for k, s in self._request_sessions.items() if s == session_id)
+        return [replace(self._requests[k], stored_ns=self._request_times[k]) for k in keys]
+
+    async def mark_disposed(self, session_id: str, at_ns: int) -> None:
+        """Record the disposal of the session's driver."""
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.disposed_ns = at_ns
 
     async def drop_requests(self, before_ns: int, limit: int) -> int:
         """Remove up to `limit` request records older than `before_ns`."""

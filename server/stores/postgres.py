@@ -55,9 +55,12 @@ CHANNEL = "agentloop_events"
 Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
 
 INSERT_REQUEST = (
-    "INSERT INTO requests (agent_id, request_id, method, response, session_id)"
-    " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING"
+    "INSERT INTO requests (agent_id, request_id, method, response, session_id, stored_at)"
+    " VALUES ($1, $2, $3, $4, $5, CASE WHEN $6::bigint = 0 THEN now()"
+    " ELSE timestamptz 'epoch' + ($6::bigint / 1000) * interval '1 microsecond' END)"
+    " ON CONFLICT DO NOTHING"
 )
+"""A request record; its time ($6, ns since the epoch) is now when 0."""
 
 
 @outages_unavailable(lambda store: store.health)
@@ -287,8 +290,16 @@ class PostgresStore:
                 await conn.execute(
                     INSERT_REQUEST,
                     record.agent_id, record.request_id, record.method, record.response, "",
+                    record.stored_ns,
                 )  # fmt: skip
         return int(count)
+
+    async def mark_disposed(self, session_id: str, at_ns: int) -> None:
+        """Record the disposal of the session's driver (a session gone meanwhile: nothing)."""
+        pool = await self.pool()
+        await pool.execute(
+            "UPDATE sessions SET disposed_ns = $2 WHERE session_id = $1", session_id, at_ns
+        )
 
     async def drop_requests(self, before_ns: int, limit: int) -> int:
         """Remove up to `limit` request records older than `before_ns`.
@@ -419,7 +430,7 @@ class PostgresStore:
         """The header and counts of a session."""
         pool = await self.pool()
         row = await pool.fetchrow(
-            "SELECT header, event_count, turn_count,"
+            "SELECT header, event_count, turn_count, disposed_ns,"
             " (SELECT count(*) FROM inbox WHERE inbox.session_id = sessions.session_id)"
             " AS pending FROM sessions WHERE session_id = $1",
             session_id,
@@ -431,6 +442,7 @@ class PostgresStore:
             row["event_count"],
             row["turn_count"],
             row["pending"],
+            row["disposed_ns"],
         )
 
     async def list_ids(self) -> list[str]:
@@ -448,6 +460,18 @@ class PostgresStore:
             request_id,
         )
         return None if row is None else RequestRecord(agent_id, request_id, row[0], row[1])
+
+    async def session_requests(self, session_id: str) -> list[RequestRecord]:
+        """The request records written with the session, with their times (microseconds)."""
+        pool = await self.pool()
+        rows = await pool.fetch(
+            "SELECT agent_id, request_id, method, response,"
+            " (extract(epoch FROM stored_at) * 1000000)::bigint * 1000 AS stored_ns"
+            ' FROM requests WHERE session_id = $1 ORDER BY agent_id COLLATE "C",'
+            ' request_id COLLATE "C"',
+            session_id,
+        )
+        return [RequestRecord(*row) for row in rows]
 
     async def request_ids(self, agent_id: str, limit: int) -> list[str] | None:
         """Every request id recorded for the agent; None when there are more than `limit`."""
@@ -546,7 +570,7 @@ async def _write(conn: Conn, session_id: str, writes: SessionWrites, xid: list[s
         )  # fmt: skip
     if writes.driver:
         updated = await conn.fetchval(
-            "UPDATE sessions SET driver = $2 WHERE session_id = $1 RETURNING 1",
+            "UPDATE sessions SET driver = $2, disposed_ns = 0 WHERE session_id = $1 RETURNING 1",
             session_id,
             writes.driver,
         )
@@ -575,5 +599,8 @@ async def _write(conn: Conn, session_id: str, writes: SessionWrites, xid: list[s
     if writes.requests:
         await conn.executemany(
             INSERT_REQUEST,
-            [(r.agent_id, r.request_id, r.method, r.response, session_id) for r in writes.requests],
+            [
+                (r.agent_id, r.request_id, r.method, r.response, session_id, r.stored_ns)
+                for r in writes.requests
+            ],
         )

@@ -87,6 +87,11 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
             "CREATE INDEX requests_by_age ON requests (stored_at)",
         ],
     ),
+    (
+        5,
+        "sessions record when their agent was disposed (a retention rule reads it)",
+        ["ALTER TABLE sessions ADD COLUMN disposed_ns bigint NOT NULL DEFAULT 0"],
+    ),
 ]
 """(number, what it does, statements), in order; append, never edit a released one."""
 

@@ -315,6 +315,16 @@ class SqliteStore:
         """Remove the session, its inbox and its request records, in one transaction."""
         return await self._write(session_id, lambda db: delete_session(db, session_id, answer))
 
+    async def mark_disposed(self, session_id: str, at_ns: int) -> None:
+        """Record the disposal of the session's driver (a session gone meanwhile: nothing)."""
+
+        def mark(db: sqlite3.Connection) -> None:
+            db.execute(
+                "UPDATE sessions SET disposed_ns = ? WHERE session_id = ?", (at_ns, session_id)
+            )
+
+        await self._write(session_id, mark)
+
     async def drop_requests(self, before_ns: int, limit: int) -> int:
         """Remove up to `limit` request records older than `before_ns`, in one transaction."""
         return await self._write("", lambda db: drop_requests(db, before_ns, limit))
@@ -441,18 +451,18 @@ class SqliteStore:
     async def summary(self, session_id: str) -> SessionSummary:
         """The header and counts of a session, without reading its events."""
 
-        def read(db: sqlite3.Connection) -> tuple[bytes, int, int, int]:
+        def read(db: sqlite3.Connection) -> tuple[bytes, int, int, int, int]:
             return summary_row(db, session_id)
 
         try:
-            header, events, turns, pending = await self._read(session_id, read)
+            header, events, turns, pending, disposed_ns = await self._read(session_id, read)
         except DecodeError as error:
             raise SessionDamaged(session_id, f"cannot decode: {error}") from error
         try:
             header_message = session_pb2.SessionHeader.FromString(header)
         except DecodeError as error:
             raise SessionDamaged(session_id, f"cannot decode its header: {error}") from error
-        return SessionSummary(header_message, events, turns, pending)
+        return SessionSummary(header_message, events, turns, pending, disposed_ns)
 
     async def list_ids(self) -> list[str]:
         """Every stored session id, sorted."""
@@ -475,6 +485,19 @@ class SqliteStore:
 
         found = await self._read("", query)
         return None if found is None else RequestRecord(agent_id, request_id, *found)
+
+    async def session_requests(self, session_id: str) -> list[RequestRecord]:
+        """The request records written with the session, with their times."""
+
+        def query(db: sqlite3.Connection) -> list[RequestRecord]:
+            rows = db.execute(
+                "SELECT agent_id, request_id, method, response, stored_ns FROM requests"
+                " WHERE session_id = ? ORDER BY agent_id, request_id",
+                (session_id,),
+            ).fetchall()
+            return [RequestRecord(*row) for row in rows]
+
+        return await self._read(session_id, query)
 
     async def request_ids(self, agent_id: str, limit: int) -> list[str] | None:
         """Every request id recorded for the agent; None when there are more than `limit`."""

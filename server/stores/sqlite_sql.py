@@ -97,7 +97,7 @@ class SessionRows:
             puts,
             [(session_id, entry_id) for entry_id in writes.inbox_take],
             [
-                (r.agent_id, r.request_id, r.method, r.response, session_id, now)
+                (r.agent_id, r.request_id, r.method, r.response, session_id, r.stored_ns or now)
                 for r in writes.requests
             ],
             writes.fence,
@@ -217,7 +217,7 @@ def write_commit(db: sqlite3.Connection, sessions: list[SessionRows]) -> None:
                 db.executemany(INSERT_ROW, s.events)
             if s.driver:
                 moved = db.execute(
-                    "UPDATE sessions SET driver = ? WHERE session_id = ?",
+                    "UPDATE sessions SET driver = ?, disposed_ns = 0 WHERE session_id = ?",
                     (s.driver, s.session_id),
                 ).rowcount
                 if moved != 1:
@@ -357,12 +357,14 @@ def claim(db: sqlite3.Connection, session_id: str) -> int:
     return int(row[0])
 
 
-def summary_row(db: sqlite3.Connection, session_id: str) -> tuple[bytes, int, int, int]:
-    """Header bytes, event count, last turn and inbox size of a session."""
-    row = db.execute("SELECT header FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+def summary_row(db: sqlite3.Connection, session_id: str) -> tuple[bytes, int, int, int, int]:
+    """Header bytes, event count, last turn, inbox size and disposal time of a session."""
+    row = db.execute(
+        "SELECT header, disposed_ns FROM sessions WHERE session_id = ?", (session_id,)
+    ).fetchone()
     if row is None:
         raise SessionNotFound(session_id)
     pending = db.execute(
         "SELECT COUNT(*) FROM inbox WHERE session_id = ?", (session_id,)
     ).fetchone()[0]
-    return row[0], event_count(db, session_id), last_turn(db, session_id), pending
+    return row[0], event_count(db, session_id), last_turn(db, session_id), pending, row[1]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
+import sys
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,9 +30,11 @@ from server.models.scripted_options import script_options
 from server.observability.logs import JsonFormatter
 from server.observability.telemetry import Telemetry
 from server.observability.tracing import Tracing
-from server.settings.config import Config
-from tests.e2e.conftest import E2E, READ_TIMEOUT, Client, read_turn, running_app
+from server.settings.config import Config, load_config
+from tests.e2e.conftest import E2E, READ_TIMEOUT, Client, EventStream, read_turn, running_app
 from tests.e2e.registry import register
+from tests.e2e.test_approvals import ALLOW, WORD_COUNT_THEN_DONE, approval_options
+from tests.fake_openai import FakeOpenAI, Reply, text, usage
 from tests.processes import PluginLauncher, configurable, free_port, server_process
 
 T = READ_TIMEOUT
@@ -142,16 +146,53 @@ async def test_tracing_off_registers_nothing() -> None:
 # -- a server process: metrics over HTTP and JSON logs ---------------------------------
 
 
+def scrape_text(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=T) as response:
+        return str(response.read().decode())
+
+
 def scrape(port: int) -> dict[str, float]:
     """Every sample on the endpoint, by `name{label="value",...}`."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=T) as response:
-        text = response.read().decode()
     samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(scrape_text(port)):
         for sample in family.samples:
             labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
             samples[f"{sample.name}{{{labels}}}"] = sample.value
     return samples
+
+
+SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_count", "_sum", "_created"),
+    "summary": ("", "_count", "_sum", "_created"),
+}
+
+
+def exported_series(text: str) -> set[str]:
+    """Every series name the endpoint exports, a family with no sample yet included."""
+    names: set[str] = set()
+    for family in text_string_to_metric_families(text):
+        names.update(family.name + suffix for suffix in SUFFIXES.get(family.type, ("",)))
+    return names
+
+
+DASHBOARD = Path(__file__).parents[2] / "docs" / "grafana" / "agentloop.json"
+
+
+def dashboard_series() -> set[str]:
+    """The metric names the Grafana dashboard's queries read."""
+    board = json.loads(DASHBOARD.read_text())
+    queries = [
+        target["expr"]
+        for panel in board["panels"]
+        for target in panel.get("targets", ())
+    ]  # fmt: skip
+    assert len(queries) > 30
+    return {
+        name
+        for query in queries
+        for name in re.findall(r"\b([a-z_]+)\{", query)  # a series is selected by its labels
+    }
 
 
 async def test_metrics_and_json_logs_of_a_server_process(
@@ -162,6 +203,7 @@ async def test_metrics_and_json_logs_of_a_server_process(
     config = tmp_path / "agentloop.yaml"
     config.write_text(
         f"listen: 127.0.0.1:0\nstore: memory\nlogFormat: json\nmetricsListen: {metrics_port}\n"
+        "retention:\n  requestRecordHours: 24\n  sweepIntervalSeconds: 3600\n"
         "agents:\n  - id: assistant\n    tools: [word_count]\n"
         f"plugins:\n  - address: {plugin.address}\n"
     )
@@ -189,6 +231,7 @@ async def test_metrics_and_json_logs_of_a_server_process(
             )
             await read_turn(client.agents, "failing", sent.next_seq)
             after = await asyncio.to_thread(scrape, metrics_port)
+            exported = exported_series(await asyncio.to_thread(scrape_text, metrics_port))
         finally:
             await channel.close()
         assert await server.terminate() == 0
@@ -203,20 +246,36 @@ async def test_metrics_and_json_logs_of_a_server_process(
     assert moved("agentloop_model_first_chunk_seconds_count{}") == 7
     assert moved('agentloop_tool_calls_total{outcome="ok",tool="word_count"}') == 3
     assert moved('agentloop_tool_duration_seconds_count{tool="word_count"}') == 3
-    assert moved('agentloop_rpcs_total{code="OK",method="/agentloop.v1.AgentService/SendMessage"}')
+    send_rpc = 'grpc_method="SendMessage",grpc_service="agentloop.v1.AgentService"'
+    assert moved(f'agentloop_rpcs_total{{grpc_code="OK",{send_rpc}}}') == 4
+    assert moved(f"agentloop_rpc_duration_seconds_count{{{send_rpc}}}") == 4
+    assert moved('agentloop_model_tokens_total{kind="output",model="echo",provider="scripted"}')
+    assert after["agentloop_turns_running{}"] == 0 and after["agentloop_messages_queued{}"] == 0
+    assert after["agentloop_approvals_pending{}"] == 0
+    assert sum(v for k, v in after.items() if k.startswith("agentloop_model_errors_total{")) == 1
     assert moved("agentloop_store_commit_seconds_count{}") > 0
     assert after["agentloop_agents{}"] == 2
     assert "agentloop_event_loop_lag_seconds_count{}" in after
     assert "agentloop_open_streams{}" in after
     assert after["agentloop_plugins{}"] == 1
     assert moved('agentloop_plugin_calls_total{plugin="tagger"}') == 4  # one prompt per turn
-    assert moved('agentloop_plugin_call_seconds_count{plugin="tagger",seam="agent/prompt-submit"}')
+    prompts = 'plugin="tagger",seam="agent/prompt-submit"'
+    assert moved(f"agentloop_plugin_call_seconds_count{{{prompts}}}") == 4
+    assert moved(f'agentloop_plugin_call_seconds_bucket{{le="+Inf",{prompts}}}') == 4
+    # The dashboard in the repository reads only series this server exports.
+    missing = dashboard_series() - exported
+    assert not missing, f"the dashboard reads series the server does not export: {missing}"
+    for family in ("agentloop_approvals_total", "agentloop_model_retries_total"):
+        assert family in exported  # declared before the first sample
     assert after['agentloop_plugin_fail_opens_total{plugin="tagger"}'] == 0
     (build,) = [name for name in after if name.startswith("agentloop_build_info{")]
     assert after[build] == 1 and 'version="0.1.0"' in build and 'sdk_version="0.1.0"' in build
     assert after["process_cpu_seconds_total{}"] > 0 and after["process_resident_memory_bytes{}"]
     assert 'python_gc_collections_total{generation="0"}' in after
 
+    banner = json.loads(server.banner)  # stdout is JSON too
+    assert banner["message"].startswith("agentloop listening on ") and banner["listen"]
+    assert banner["level"] == "INFO" and banner["time"].endswith("Z")
     lines = [json.loads(line) for line in stderr.read_text().splitlines() if line.strip()]
     access = [r for r in lines if r.get("logger") == "agentloop.access"]
     sends = [r for r in access if r["method"] == "/agentloop.v1.AgentService/SendMessage"]
@@ -290,3 +349,104 @@ async def test_a_client_traceparent_continues_into_the_rpc_and_the_turn_links_to
     assert [link.context.span_id for link in turns[2].links] == [own.context.span_id]
     steps = by_name(spans, "agent step")
     assert {s.context.trace_id for s in steps} == {t.context.trace_id for t in turns}
+
+
+JSON_ONLY = """
+import os, subprocess, sys, threading, warnings
+from server.observability.json_streams import capture
+from server.observability.logs import setup_logging
+setup_logging("INFO", "json", capture())
+warnings.warn("a library's warning")
+os.write(2, b"written to descriptor 2, as gRPC's C core writes\\n")
+print("a library printing to stderr", file=sys.stderr)
+subprocess.run([sys.executable, "-c", "import sys; sys.stderr.write('a child\\\\n')"])
+thread = threading.Thread(target=lambda: 1 / 0, name="worker")
+thread.start()
+thread.join()
+raise RuntimeError("uncaught at the top")
+"""
+
+
+async def test_nothing_but_json_on_stderr_under_json_logs(tmp_path: Path) -> None:
+    """Warnings, raw writes to descriptor 2, a child's stderr and uncaught exceptions
+    (in a thread and at the top) each come out as JSON lines, in a real process."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", JSON_ONLY, cwd=Path(__file__).parents[2],
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), T)
+    assert proc.returncode == 1
+    records = [json.loads(line) for line in err.decode().splitlines()]  # every line is JSON
+    by_message = {r["message"]: r for r in records}
+    assert "a library's warning" in next(m for m in by_message if "UserWarning" in m)
+    assert by_message["written to descriptor 2, as gRPC's C core writes"]["logger"] == "stderr"
+    assert by_message["a library printing to stderr"]["level"] == "WARNING"
+    assert by_message["a child"]["logger"] == "stderr"
+    worker = by_message["uncaught ZeroDivisionError in thread worker: division by zero"]
+    assert worker["level"] == "CRITICAL" and "Traceback" in worker["exception"]
+    top = by_message["uncaught RuntimeError: uncaught at the top"]
+    assert top["level"] == "CRITICAL" and "Traceback" in top["exception"]
+
+
+async def test_approvals_model_errors_retries_and_tokens_are_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An in-process server with metrics on: an approval waits, then is allowed; a model
+    provider answers 429 once, then a turn with usage; a scripted model fails."""
+    monkeypatch.setenv("FAKE_OPENAI_KEY", "k")
+    async with FakeOpenAI() as fake:
+        fake.script(
+            Reply(status=429, body={"error": {"message": "slow down"}},
+                  headers={"retry-after-ms": "10"}),
+            Reply(events=[*text("hi"), usage(7, 2)]),
+        )  # fmt: skip
+        config_file = tmp_path / "agentloop.yaml"
+        config_file.write_text(
+            "listen: 127.0.0.1:0\nstore: memory\nagents: []\nmetricsListen: 127.0.0.1:0\n"
+            f"providers:\n  - name: fake\n    baseUrl: {fake.base_url}\n"
+            "    apiKeyEnv: FAKE_OPENAI_KEY\n    defaultModel: gpt-test\n"
+            "    initialBackoffSeconds: 0.01\n"
+        )
+        async with running_app(load_config(config_file)) as e2e:
+            port = e2e.app.telemetry.metrics_port
+            options = approval_options(*WORD_COUNT_THEN_DONE)
+            await e2e.factory.CreateAgent(
+                fac.CreateAgentRequest(agent_id="asker", options=options), timeout=T
+            )
+            sent = await e2e.agents.SendMessage(
+                api.SendMessageRequest(agent_id="asker", text="count"), timeout=T
+            )
+            with EventStream(e2e.agents, agent_id="asker", from_seq=sent.next_seq) as stream:
+                requested = (await stream.until("approval_requested")).approval_requested
+                waiting = await asyncio.to_thread(scrape, port)
+                await e2e.agents.ResolveApproval(
+                    api.ResolveApprovalRequest(
+                        agent_id="asker", approval_id=requested.approval_id, decision=ALLOW
+                    ),
+                    timeout=T,
+                )
+                await stream.until("turn_end")
+            fake_agent = agent_pb2.AgentOptions(provider="fake")
+            await e2e.factory.CreateAgent(
+                fac.CreateAgentRequest(agent_id="remote", options=fake_agent), timeout=T
+            )
+            await turn(e2e, "remote", "hello")
+            failing = scripted_pb2.ScriptedStep(
+                finish=st.FINISH_KIND_ERROR, error_message="scripted failure", error_code="BOOM"
+            )
+            await e2e.create("failing", provider="scripted", provider_options=script_options(
+                [failing]))  # fmt: skip
+            await (await e2e.send("failing", "go")).result()
+            after = await asyncio.to_thread(scrape, port)
+    assert waiting["agentloop_approvals_pending{}"] == 1
+    assert waiting["agentloop_turns_running{}"] == 1
+    assert after["agentloop_approvals_pending{}"] == 0
+    assert after['agentloop_approvals_total{outcome="allowed_once"}'] == 1
+    assert after["agentloop_approval_wait_seconds_count{}"] == 1
+    assert after['agentloop_model_retries_total{cause="HTTP 429",provider="fake"}'] == 1
+    tokens = 'model="gpt-test",provider="fake"'
+    assert after[f'agentloop_model_tokens_total{{kind="input",{tokens}}}'] == 7
+    assert after[f'agentloop_model_tokens_total{{kind="output",{tokens}}}'] == 2
+    errors = {k: v for k, v in after.items() if k.startswith("agentloop_model_errors_total{")}
+    assert errors == {'agentloop_model_errors_total{model="echo",provider="scripted"}': 1}
+    assert after["agentloop_turns_running{}"] == 0

@@ -73,8 +73,36 @@ async def test_the_model_example_conforms(launcher: PluginLauncher) -> None:
             rogue("--name", "batch-dropper", "--drop-batches"),
             "FAIL call_batch: prompt_submit: no answer within its deadline",
         ),
+        (rogue("--name", "strays", "--extras"), "FAIL call ids: answers for calls never sent"),
+        (
+            rogue("--name", "answers-notices", "--observe-only", "--answer-notifications"),
+            "FAIL prompt_submit: a notification was answered",
+        ),
+        (
+            rogue("--name", "fragile", "--die-after-cancel"),
+            "FAIL a cancel and a missed deadline, then a call: it is answered:",
+        ),
+        (rogue("--bad-name"), "FAIL describe: name 'bad name!'"),
+        (rogue("--silent-error"), "FAIL prompt_submit: an error outcome without a message"),
+        (
+            rogue("--chunk-answer"),
+            "FAIL prompt_submit: a model chunk answered a call that is not model_stream",
+        ),
     ],
-    ids=["wrong-kind", "hang", "unknown-kind", "duplicates", "garbage", "drops-batches"],
+    ids=[
+        "wrong-kind",
+        "hang",
+        "unknown-kind",
+        "duplicates",
+        "garbage",
+        "drops-batches",
+        "strays",
+        "answers-notifications",
+        "dies-after-cancel",
+        "bad-name",
+        "silent-error",
+        "chunk-answer",
+    ],  # fmt: skip
 )
 async def test_a_broken_plugin_fails_with_reasons(
     launcher: PluginLauncher, argv: list[str], reason: str
@@ -86,6 +114,27 @@ async def test_a_broken_plugin_fails_with_reasons(
     assert code == 1, output
     assert reason in output, output
     assert "check(s) failed" in output
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [("--strict-steps",), ("--observe-only",)],
+    ids=["step-numbers", "observe-only"],
+)
+async def test_a_plugin_that_holds_the_checker_to_the_spec_conforms(
+    launcher: PluginLauncher, flags: tuple[str, ...]
+) -> None:
+    """A plugin that refuses a prompt-submit call outside step 0 (the spec's number), and
+    one whose observe-only subscription gets notifications it leaves unanswered."""
+    plugin = await launcher.start(rogue("--name", "strict", *flags))
+
+    code, output = await run_check(plugin.address)
+
+    assert code == 0, output
+    if "--observe-only" in flags:
+        assert "PASS prompt_submit: no answer, as a notification wants" in output
+    else:
+        assert "PASS prompt_submit" in output
 
 
 async def test_an_unreachable_address_is_exit_code_2() -> None:

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -207,3 +208,75 @@ async def test_no_traceparent_while_the_server_does_not_trace(
     assert seen == {"prompt_submit": "", "tool_execute": ""}
     # The helper made no span of its own; the handler's span starts a trace of its own.
     assert [(r["name"], r["parent_span_id"]) for r in found if "name" in r] == [("tag prompt", "")]
+
+
+async def test_a_client_span_reaches_the_turn_and_the_plugin_over_grpc_and_http(
+    launcher: PluginLauncher, tmp_path: Path
+) -> None:
+    """A client's `traceparent` on SendMessage, sent over gRPC and over the HTTP side:
+    the RPC's span is the client span's child, the turn it queued links to it, and the
+    turn's plugin call (and the plugin's own span under it) share the turn's trace."""
+    exporter = InMemorySpanExporter()
+    config = Config(
+        listen="127.0.0.1:0", http_listen="127.0.0.1:0", store="memory", agents=()
+    )  # fmt: skip
+    telemetry = Telemetry(config, tracing=Tracing(SimpleSpanProcessor(exporter)))
+    spans_file = tmp_path / "plugin-spans.jsonl"
+    plugin = await launcher.start(traced_plugin(spans_file))
+    clients = {  # the client's trace and span, per way in
+        "grpc": (0x1AF7651916CD43DD8448EB211C80319C, 0x17AD6B7169203331),
+        "http": (0x2AF7651916CD43DD8448EB211C80319C, 0x27AD6B7169203331),
+    }
+    async with running_app(config, telemetry) as e2e:
+        await register(e2e.channel, plugin.address)
+        await e2e.factory.CreateAgent(
+            fac.CreateAgentRequest(
+                agent_id="joined", options=agent_pb2.AgentOptions(provider="scripted", model="echo")
+            ),
+            timeout=T,
+        )
+        for way, (trace_id, span_id) in clients.items():
+            header = f"00-{trace_id:032x}-{span_id:016x}-01"
+            if way == "grpc":
+                sent = await e2e.agents.SendMessage(
+                    api.SendMessageRequest(agent_id="joined", text=way),
+                    metadata=(("traceparent", header),),
+                    timeout=T,
+                )
+                next_seq = sent.next_seq
+            else:
+                assert e2e.app.http is not None
+                async with httpx.AsyncClient(timeout=T) as http:
+                    answer = await http.post(
+                        f"http://127.0.0.1:{e2e.app.http.port}"
+                        "/api/agentloop.v1.AgentService/SendMessage",
+                        json={"agentId": "joined", "text": way},
+                        headers={"traceparent": header},
+                    )
+                assert answer.status_code == 200, answer.text
+                next_seq = int(answer.json()["nextSeq"])
+            events = await read_turn(e2e.agents, "joined", next_seq)
+            assert events[-1].turn_end.reason.WhichOneof("kind") == "completed"
+        found = await wait_for_records(
+            spans_file,
+            lambda r: sum(x.get("name") == "handle prompt_submit" for x in r) == 2,
+        )
+        await e2e.app.stop(grace=0)  # flushes the server's spans
+    server = list(exporter.get_finished_spans())
+    handles = [r for r in found if r.get("name") == "handle prompt_submit"]
+    for trace_id, span_id in clients.values():
+        [rpc] = [s for s in server if s.context.trace_id == trace_id]
+        assert rpc.name == "agentloop.v1.AgentService/SendMessage"
+        assert rpc.parent is not None and rpc.parent.span_id == span_id and rpc.parent.is_remote
+        [turn] = [
+            s for s in server
+            if s.name == "agent turn" and [link.context.span_id for link in s.links] == [
+                rpc.context.span_id]
+        ]  # fmt: skip
+        [call] = [
+            s for s in server
+            if s.name == "plugin traced agent/prompt-submit"
+            and s.context.trace_id == turn.context.trace_id
+        ]  # fmt: skip
+        [handle] = [h for h in handles if h["trace_id"] == f"{turn.context.trace_id:032x}"]
+        assert handle["parent_span_id"] == f"{call.context.span_id:016x}"

@@ -90,7 +90,8 @@ async def test_the_json_log_lines_carry_the_fields_the_readme_shows(tmp_path: Pa
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
-        assert (await read_line(server)).endswith(listen)  # the listening line
+        banner = json.loads(await read_line(server))  # the listening line: JSON too
+        assert banner["listen"] == listen and banner["message"].endswith(listen)
         await run_bash(f'{VENV}agentloop send assistant "hello"\n', tmp_path, listen)
         server.send_signal(signal.SIGTERM)
         assert await wait_exit(server) == 0

@@ -13,7 +13,17 @@ prints `plugin NAME listening on HOST:PORT`, then serves until killed. It subscr
 - `--abort`: it ends the `Handle` stream with status INTERNAL (naming an address)
   instead of answering.
 
+- `--answer-notifications` (with `--observe-only`): it answers the notifications its
+  observe-only subscription gets;
+- `--die-after-cancel`: it ends the `Handle` stream when a call is cancelled;
+- `--bad-name`: its description names it `bad name!` (not an id);
+- `--silent-error`: it answers an error outcome with no message;
+- `--chunk-answer`: it answers with a model chunk (a call that is no `model_stream`).
+
 With `--pre-execute` it subscribes to `tools/pre-execute` instead (answering "allow").
+With `--observe-only` its subscription is observe-only (it lists the capability).
+With `--strict-steps` it answers an error to a `prompt_submit` call whose step is not
+0, as the spec numbers it.
 """
 
 from __future__ import annotations
@@ -49,14 +59,22 @@ class Rogue:
 
     async def describe(self, request: hk.DescribeRequest, context: Any) -> hk.DescribeResponse:
         seam = hk.SEAM_TOOLS_PRE_EXECUTE if self.args.pre_execute else hk.SEAM_PROMPT_SUBMIT
+        capabilities = []
+        if self.args.drop_batches:  # listed, then every batch dropped (single calls only)
+            capabilities.append("call_batch")
+        if self.args.observe_only:
+            capabilities.append("observe_only")
         return hk.DescribeResponse(
-            name=self.args.name,
+            name="bad name!" if self.args.bad_name else self.args.name,
             version="rogue",
             subscriptions=[
-                hk.Subscription(seam=seam, failure_policy=hk.FAILURE_POLICY_FAIL_CLOSED)
+                hk.Subscription(
+                    seam=seam,
+                    failure_policy=hk.FAILURE_POLICY_FAIL_CLOSED,
+                    observe_only=self.args.observe_only,
+                )
             ],
-            # Listed, then every batch dropped (`handle` reads single calls only).
-            capabilities=["call_batch"] if self.args.drop_batches else [],
+            capabilities=capabilities,
         )
 
     def answer(self, call: hk.HookCall) -> list[bytes]:
@@ -66,6 +84,19 @@ class Rogue:
             return [GARBAGE]
         if self.args.unknown_kind:
             return [unknown_kind(call.call_id)]
+        if self.args.silent_error:
+            result = hk.HookResult(call_id=call.call_id, error=hk.CallError(code=2))
+            return [hk.HandleResponse(result=result).SerializeToString()]
+        if self.args.chunk_answer:
+            chunk = hk.ModelChunk(call_id=call.call_id)
+            return [hk.HandleResponse(chunk=chunk).SerializeToString()]
+        if self.args.strict_steps and call.step != 0:
+            error = hk.CallError(message=f"prompt_submit at step {call.step}, not 0")
+            return [
+                hk.HandleResponse(
+                    result=hk.HookResult(call_id=call.call_id, error=error)
+                ).SerializeToString()
+            ]
         if self.args.pre_execute:
             return [
                 hk.HandleResponse(result=hk.HookResult(call_id=call.call_id)).SerializeToString()
@@ -84,7 +115,13 @@ class Rogue:
 
     async def handle(self, requests: AsyncIterator[hk.HandleRequest], context: Any) -> None:
         async for request in requests:
-            if request.WhichOneof("kind") != "call":
+            kind = request.WhichOneof("kind")
+            if kind == "cancel" and self.args.die_after_cancel:
+                return
+            if kind != "call":
+                continue
+            notice = request.call.kind == hk.CALL_KIND_NOTIFICATION
+            if notice and not self.args.answer_notifications:
                 continue
             if self.args.abort:
                 await context.abort(grpc.StatusCode.INTERNAL, "backend 10.9.8.7:6 refused")
@@ -130,6 +167,13 @@ def main() -> None:
     parser.add_argument("--unknown-kind", action="store_true")
     parser.add_argument("--abort", action="store_true")
     parser.add_argument("--pre-execute", action="store_true")
+    parser.add_argument("--observe-only", action="store_true")
+    parser.add_argument("--answer-notifications", action="store_true")
+    parser.add_argument("--die-after-cancel", action="store_true")
+    parser.add_argument("--bad-name", action="store_true")
+    parser.add_argument("--strict-steps", action="store_true")
+    parser.add_argument("--silent-error", action="store_true")
+    parser.add_argument("--chunk-answer", action="store_true")
     asyncio.run(serve(parser.parse_args()))
 
 

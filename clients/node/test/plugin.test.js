@@ -179,6 +179,8 @@ test('failures are answered with HookResult.error', async () => {
   assert.match(r.missing.error.message, /no tool "no_such_tool"/);
   assert.match(r.unsubscribed.error.message, /no handler for sessionPrefix/);
   assert.match(r.empty.error.message, /no handler/);
+  assert.equal(r.unsubscribed.error.code, 12); // a call it does not know: UNIMPLEMENTED
+  assert.equal(r.empty.error.code, 12);
   for (const result of Object.values(r)) assert.equal(result.outcome, 'error');
   // Arguments that are not JSON are the model's mistake: a tool error it sees.
   stream.send(toolCall('bad-json', 'reverse', '{not json'));

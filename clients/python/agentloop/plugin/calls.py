@@ -76,9 +76,13 @@ def duration(seconds: float) -> duration_pb2.Duration:
     return result
 
 
-def failure(call_id: str, message: str) -> hs.HookResult:
-    """The answer of a call the plugin failed to handle (code UNKNOWN)."""
-    return hs.HookResult(call_id=call_id, error=hs.CallError(code=2, message=message))
+UNKNOWN, UNIMPLEMENTED = 2, 12
+"""`google.rpc.Code`s of a failed call: a handler's failure; a call nothing here handles."""
+
+
+def failure(call_id: str, message: str, code: int = UNKNOWN) -> hs.HookResult:
+    """The answer of a call the plugin failed to handle (code UNKNOWN unless given)."""
+    return hs.HookResult(call_id=call_id, error=hs.CallError(code=code, message=message))
 
 
 def error_text(exc: BaseException) -> str:
@@ -227,8 +231,10 @@ class Registry:
                 if provider in self.models:
                     raise TypeError("a model_stream call streams chunks: use responses(call)")
                 raise LookupError(f"plugin {self.name} serves no model provider {provider!r}")
-            elif spec is None or spec.decision is None or sub is None:
-                raise LookupError(f"plugin {self.name} has no handler for {payload or 'the call'}")
+            elif spec is None or spec.decision is None or sub is None:  # a kind it does not know
+                unknown = f"plugin {self.name} has no handler for {payload or 'the call'}"
+                log.warning("plugin %s: call %s: %s", self.name, call.call_id, unknown)
+                return failure(call.call_id, unknown, UNIMPLEMENTED)
             elif sub.options.get("observe_only"):  # a server that sent it as a call anyway
                 await self._watch(sub, call)  # answered "continue unchanged"
             elif (decision := await sub.handler(call)) is not None:

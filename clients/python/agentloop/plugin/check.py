@@ -9,7 +9,9 @@ tool, one `model_stream` per model provider and one notification per observer, a
 at once (a correct plugin answers them concurrently); to a plugin that lists the
 `call_batch` capability, the same calls again in one `CallBatch`; then a call withdrawn at once
 with `CancelCall`, and a call whose 1 ms deadline passes (the server cancels it
-then too). After each of those the stream must still serve. Each check prints PASS or
+then too). Calls carry the spec's numbers (step 0 for the seams called outside a
+step); the calls of an `observe_only` subscription are notifications, which must go
+unanswered. After each of those the stream must still serve. Each check prints PASS or
 FAIL with the reason; the exit code is 1 if any failed, 2 if the plugin is unreachable.
 """
 
@@ -32,7 +34,9 @@ from agentloop.plugin.v1 import hook_service_pb2_grpc as rpc
 if TYPE_CHECKING:
     from agentloop.plugin.v1.hook_service_pb2_grpc import HookServiceAsyncStub
 
-CAPABILITIES = ("model_stream", "tool_execute", "event_kinds", "buffer_size", "call_batch")
+CAPABILITIES = (
+    "model_stream", "tool_execute", "event_kinds", "buffer_size", "call_batch", "observe_only"
+)  # fmt: skip
 """Everything the server offers, so that every capability a plugin lists is exercised."""
 BATCH = "call_batch"
 """The capability that lets the server write several calls in one message."""
@@ -93,15 +97,20 @@ class Session:
             if batched
             else hs.HandleRequest(call=calls[0])
         )
-        async with self._writing:
-            await self.stream.write(request)
+        await self._write(request)
         return queues
 
     async def cancel(self, call_id: str, reason: str) -> None:
         """Withdraw a call, as the server does on a cancelled turn or a deadline."""
-        await self.stream.write(
-            hs.HandleRequest(cancel=hs.CancelCall(call_id=call_id, reason=reason))
-        )
+        await self._write(hs.HandleRequest(cancel=hs.CancelCall(call_id=call_id, reason=reason)))
+
+    async def _write(self, request: hs.HandleRequest) -> None:
+        """Write one message; a stream the plugin ended is recorded, not raised."""
+        async with self._writing:
+            try:
+                await self.stream.write(request)
+            except (asyncio.InvalidStateError, grpc.aio.AioRpcError) as error:
+                self.broken = self.broken or f"the plugin ended the stream ({error})"
 
     async def close(self) -> None:
         """End the stream."""
@@ -135,6 +144,9 @@ async def run_call(
 ) -> None:
     """Send `call`, check what comes back (only that something does, if `answered_only`)."""
     queue = await session.send(call)
+    if session.broken:
+        report.fail(label, f"the call could not be sent: {session.broken}")
+        return
     await judge(report, label, call, queue, seconds, answered_only=answered_only)
 
 
@@ -149,7 +161,7 @@ async def judge(
 ) -> None:
     """Check what comes back for `call` (a notification: that nothing does)."""
     payload = call.WhichOneof("payload") or ""
-    notification = payload in ("session_event", "agent_event", "tool_result")
+    notification = call.kind == hs.CALL_KIND_NOTIFICATION
     try:
         got = await answer_of(queue, QUIET if notification else seconds, payload == "model_stream")
     except TimeoutError:
@@ -200,7 +212,10 @@ def representative_calls(
         timeout = seconds
         if subscription.HasField("timeout"):
             timeout = subscription.timeout.ToNanoseconds() / 1e9
-        calls.append((spec.payload, sample_call(f"{prefix}k{index}", spec.payload), timeout))
+        call = sample_call(
+            f"{prefix}k{index}", spec.payload, observe_only=subscription.observe_only
+        )
+        calls.append((spec.payload, call, timeout))
     for index, tool in enumerate(description.tools):
         call = sample_call(f"{prefix}t{index}", "tool_execute", tool=tool.name)
         calls.append((f"tool {tool.name}", call, seconds))
@@ -228,7 +243,8 @@ async def conversation(
                 for (label, call, timeout), queue in zip(batch, queues, strict=True)
             ))  # fmt: skip
     probe = next((s for s in description.subscriptions if s.seam in BY_SEAM
-                  and BY_SEAM[s.seam].decision is not None), None)  # fmt: skip
+                  and BY_SEAM[s.seam].decision is not None and not s.observe_only),
+                 None)  # fmt: skip
     if probe is not None:
         await withdrawn(session, report, sample(BY_SEAM[probe.seam].payload), seconds)
     elif description.tools:
@@ -246,9 +262,9 @@ async def conversation(
         report.fail("stream", session.broken)
 
 
-def sample(payload: str, **names: str) -> Callable[[str], hs.HookCall]:
+def sample(payload: str, *, tool: str = "", provider: str = "") -> Callable[[str], hs.HookCall]:
     """Sample calls of one kind, by call id."""
-    return lambda call_id: sample_call(call_id, payload, **names)
+    return lambda call_id: sample_call(call_id, payload, tool=tool, provider=provider)
 
 
 async def withdrawn(

@@ -102,7 +102,13 @@ def text(value: str) -> list[c.ContentBlock]:
     return [c.ContentBlock(text=c.TextBlock(text=value))]
 
 
-def sample_call(call_id: str, payload: str, *, tool: str = "", provider: str = "") -> hs.HookCall:
+OUTSIDE_A_STEP = frozenset({"prompt_submit", "session_prefix", "turn_continuation", "turn_stop"})
+"""The seams the spec calls where no step is running: their calls carry step 0."""
+
+
+def sample_call(
+    call_id: str, payload: str, *, tool: str = "", provider: str = "", observe_only: bool = False
+) -> hs.HookCall:
     """A representative call of kind `payload`, as the server would send it."""
     invocation = hs.ToolInvocation(call_id="tc1", name=tool or "echo", arguments='{"text": "hi"}')
     output = hs.ToolOutput(content=text("hi"))
@@ -145,10 +151,9 @@ def sample_call(call_id: str, payload: str, *, tool: str = "", provider: str = "
     spec = BY_PAYLOAD.get(payload)
     kinds = {"tool_execute": hs.CALL_KIND_TOOL_EXECUTE, "model_stream": hs.CALL_KIND_MODEL_STREAM}
     kind = kinds.get(payload, hs.CALL_KIND_SEAM)
-    if spec is not None and spec.decision is None:
-        kind = hs.CALL_KIND_NOTIFICATION
-    # Step 0 outside a step: a prompt is submitted before the turn's first step.
-    step = 0 if payload == "prompt_submit" else 1
+    if spec is not None and (spec.decision is None or observe_only):
+        kind = hs.CALL_KIND_NOTIFICATION  # an observer's, or an observe-only subscription's
+    step = 0 if payload in OUTSIDE_A_STEP else 1
     call = hs.HookCall(
         call_id=call_id, kind=kind, seam=spec.seam if spec else hs.SEAM_UNSPECIFIED,
         agent_id="checker", session_id="checker-session", turn=1, step=step,

@@ -102,8 +102,12 @@ class AgentOptions(_message.Message):
     """
     @_builtins.property
     def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Tools lists the built-in tools the agent may use, by name. Empty means
-        none.
+        """Tools lists the tools the agent may use, by name: built-in tools, tools
+        of registered plugins (`DescribeResponse.tools`, when their `agent_ids`
+        allow the agent) and tools of configured MCP servers. A name no tool
+        registered now has is INVALID_ARGUMENT (field `options.tools`), so a
+        plugin's tool can be named only once the plugin is registered; a tool
+        whose plugin leaves later fails its calls. Empty means none.
         """
 
     @_builtins.property

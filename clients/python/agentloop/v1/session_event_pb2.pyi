@@ -1084,7 +1084,7 @@ class TurnError(_message.Message):
     | `PROMPT_VARIABLE` | the system prompt uses a variable with no value |
     | `INVALID_TOOL_ORDER` | the configured tool order is invalid |
     | `TOOL_CALLS_PER_STEP`, `EVENTS_PER_TURN`, `CONTENT_BYTES` | a limit of the server |
-    | `PLUGIN_TIMEOUT`, `PLUGIN_ERROR`, `PLUGIN_MALFORMED`, `PLUGIN_DISCONNECTED` | a FAIL_CLOSED plugin call |
+    | `PLUGIN_TIMEOUT`, `PLUGIN_ERROR`, `PLUGIN_MALFORMED`, `PLUGIN_DISCONNECTED`, `PLUGIN_OVERSIZED` | a FAIL_CLOSED plugin call (`PLUGIN_OVERSIZED`: the call or its answer was over `pluginMaxMessageBytes`) |
     | `PLUGIN_NOT_READY` | a required plugin has not connected |
     | `CONNECTION_FAILED`, `TIMEOUT`, `STREAM_INTERRUPTED`, `BAD_RESPONSE`, `BAD_CHUNK`, `STREAM_ERROR`, `HTTP_<status>` | an OpenAI-compatible provider |
     | empty | an unexpected failure (the message says what) |

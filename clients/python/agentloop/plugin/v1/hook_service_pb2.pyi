@@ -67,7 +67,9 @@ class _SeamEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Seam.ValueType],
     the answer (allow once, reject, or unset: abstain) resolves it unless
     another answer (ResolveApproval or another approver) came first. When the
     approval ends otherwise, the call is withdrawn with a `CancelCall` whose
-    reason says who answered. Its timeout defaults to the approval's; a
+    reason says who answered; an answer that crosses that cancel (sent before
+    the plugin read it) is ignored, not an error: the approval keeps the
+    outcome it already had. Its timeout defaults to the approval's; a
     failure or a timeout only abstains (the approval waits on), whatever the
     failure policy.
     """
@@ -119,7 +121,9 @@ pending approval of a subscribed agent is sent as a `tool_approval` call;
 the answer (allow once, reject, or unset: abstain) resolves it unless
 another answer (ResolveApproval or another approver) came first. When the
 approval ends otherwise, the call is withdrawn with a `CancelCall` whose
-reason says who answered. Its timeout defaults to the approval's; a
+reason says who answered; an answer that crosses that cancel (sent before
+the plugin read it) is ignored, not an error: the approval keeps the
+outcome it already had. Its timeout defaults to the approval's; a
 failure or a timeout only abstains (the approval waits on), whatever the
 failure policy.
 """
@@ -198,7 +202,12 @@ class _CallKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CallKind.Val
 class CallKind(_CallKind, metaclass=_CallKindEnumTypeWrapper):
     """CallKind says what a `HookCall` asks for, and so how it is answered.
     This enum may grow: a client must accept values it does not know (treat
-    them as UNSPECIFIED, or show the number), never fail on them.
+    them as UNSPECIFIED, or show the number), never fail on them. A call of a
+    kind (or with a payload) the plugin does not know is answered with a
+    `HookResult` whose `error` has code 12 (UNIMPLEMENTED) and names it: never
+    left unanswered (the server would wait for its deadline) and never a
+    reason to end the stream. The server treats that answer as the call's
+    failure, under its subscription's failure policy.
     """
 
 CALL_KIND_UNSPECIFIED: CallKind.ValueType  # 0
@@ -316,7 +325,11 @@ class DescribeRequest(_message.Message):
     `Handle` (its `pluginMaxMessageBytes`, 16 MiB by default). A plugin must
     accept messages this large (gRPC's usual default is 4 MiB) and send none
     larger. A call that would exceed it is never sent: it fails alone, with
-    kind `oversized`.
+    kind `oversized`. A plugin that cannot accept this much (a fixed gRPC
+    receive limit) must not rely on the server sending less: a message over
+    its own limit ends the whole `Handle` stream (RESOURCE_EXHAUSTED), every
+    call in flight fails as disconnected, and the server reconnects. Raise the
+    limit, or have the operator lower `pluginMaxMessageBytes` to it.
     """
     @_builtins.property
     def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -324,7 +337,9 @@ class DescribeRequest(_message.Message):
         `DescribeResponse.capabilities`). Version 1 offers "model_stream",
         "tool_execute", "event_kinds" and "buffer_size"; also "call_batch": a
         plugin that lists it may get several calls in one message
-        (`HandleRequest.batch`), so notifications travel together.
+        (`HandleRequest.batch`), so notifications travel together; and
+        "observe_only" (`Subscription.observe_only`). A plugin ignores an offered
+        capability it does not know.
         """
 
     def __init__(

@@ -49,8 +49,12 @@ export type AgentOptions = Message<"agentloop.v1.AgentOptions"> & {
   maxParallelToolCalls?: number | undefined;
 
   /**
-   * Tools lists the built-in tools the agent may use, by name. Empty means
-   * none.
+   * Tools lists the tools the agent may use, by name: built-in tools, tools
+   * of registered plugins (`DescribeResponse.tools`, when their `agent_ids`
+   * allow the agent) and tools of configured MCP servers. A name no tool
+   * registered now has is INVALID_ARGUMENT (field `options.tools`), so a
+   * plugin's tool can be named only once the plugin is registered; a tool
+   * whose plugin leaves later fails its calls. Empty means none.
    *
    * @generated from field: repeated string tools = 4;
    */

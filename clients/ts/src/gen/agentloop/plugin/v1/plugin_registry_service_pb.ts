@@ -545,8 +545,15 @@ export const PluginStateSchema: GenEnum<PluginState> = /*@__PURE__*/
  *
  * Registration connects to the plugin and calls `Describe` before it
  * returns: an unreachable plugin, a `Describe` error or an invalid
- * description gives FAILED_PRECONDITION with the reason, and nothing is
- * registered. A name already registered gives ALREADY_EXISTS. A registered
+ * description (a protocol version or a capability the server does not
+ * offer, a bad name, an unknown seam or event kind, a tool or provider name
+ * already taken, ...) gives FAILED_PRECONDITION with the reason, and nothing
+ * is registered. A name already registered gives ALREADY_EXISTS. Before any
+ * connection: an address that is malformed or not allowed by
+ * `pluginAllowlist`, or (with a plugin token) a non-loopback address without
+ * `tls://` unless `pluginTokenPlaintext` is set, gives INVALID_ARGUMENT
+ * (field `address`); a server already holding `limits.maxPlugins` plugins
+ * gives RESOURCE_EXHAUSTED (reason LIMIT_EXCEEDED). A registered
  * plugin that later drops is kept, shown as UNAVAILABLE, and reconnected with
  * backoff.
  *
