@@ -34,6 +34,7 @@ from server.stores import (
     StoreConflict,
     StoredSession,
     StoreUnavailable,
+    check_count,
     check_fence,
     check_follows,
     decode_entry,
@@ -381,7 +382,8 @@ class PostgresStore:
         pool = await self.pool()
         async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
             row = await conn.fetchrow(
-                "SELECT header, options, driver FROM sessions WHERE session_id = $1", session_id
+                "SELECT header, options, driver, event_count FROM sessions WHERE session_id = $1",
+                session_id,
             )
             if row is None:
                 raise SessionNotFound(session_id)
@@ -394,6 +396,7 @@ class PostgresStore:
             )
         options = row["options"]
         events = await decode_log(session_id, FIRST_SEQ, [(r["seq"], r["event"]) for r in rows])
+        check_count(session_id, row["event_count"], len(events))  # a cut tail: damaged
         return StoredSession(
             session_pb2.SessionHeader.FromString(row["header"]),
             events,

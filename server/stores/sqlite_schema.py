@@ -13,7 +13,7 @@ from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
 from server.kernel.errors import SessionDamaged
 
-FORMAT_VERSION = "5"
+FORMAT_VERSION = "6"
 """The on-disk format this code reads and writes."""
 
 SCHEMA = """
@@ -24,7 +24,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     create_ns INTEGER NOT NULL DEFAULT 0,
     driver TEXT NOT NULL DEFAULT '',
     fence INTEGER NOT NULL DEFAULT 0,
-    options BLOB
+    options BLOB,
+    event_count INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS events (
     session_id TEXT NOT NULL,
@@ -64,17 +65,19 @@ def statements() -> list[str]:
 
 def migrate(db: sqlite3.Connection, version: str, where: str) -> None:
     """Bring a file of an older format to `FORMAT_VERSION`, in one transaction."""
-    if version not in ("1", "2", "3", "4"):
-        raise SessionDamaged("", f"{where}: format version {version}, this server reads 1 to 5")
+    if version not in ("1", "2", "3", "4", "5"):
+        raise SessionDamaged("", f"{where}: format version {version}, this server reads 1 to 6")
     db.execute("BEGIN IMMEDIATE")
     try:
         if version == "1":
             _from_1(db)
         if version in ("1", "2"):
             _from_2(db)
-        if version != "4":
+        if version in ("1", "2", "3"):
             _from_3(db)
-        _from_4(db)
+        if version != "5":
+            _from_4(db)
+        _from_5(db)
         db.execute("UPDATE meta SET value = ? WHERE key = 'format_version'", (FORMAT_VERSION,))
         db.execute("COMMIT")
     except BaseException:
@@ -85,8 +88,8 @@ def migrate(db: sqlite3.Connection, version: str, where: str) -> None:
 def _from_1(db: sqlite3.Connection) -> None:
     """Format 1 had no kind column, no inbox, no request records, no driver.
 
-    Its `event_count` and `turn_count` columns stay, unused: format 2 reads both from
-    the events.
+    Its `event_count` and `turn_count` columns stay: format 2 read both from the
+    events, and format 6 counts events in `event_count` again (`_from_5` sets it).
     """
     db.execute("ALTER TABLE sessions ADD COLUMN create_ns INTEGER NOT NULL DEFAULT 0")
     db.execute("ALTER TABLE sessions ADD COLUMN driver TEXT NOT NULL DEFAULT ''")
@@ -175,3 +178,19 @@ def _from_4(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE requests ADD COLUMN stored_ns INTEGER NOT NULL DEFAULT 0")
     db.execute("CREATE INDEX IF NOT EXISTS requests_by_session ON requests (session_id)")
     db.execute("CREATE INDEX IF NOT EXISTS requests_by_age ON requests (stored_ns)")
+
+
+def _from_5(db: sqlite3.Connection) -> None:
+    """Format 5 read a session's event count from its events; format 6 also stores it.
+
+    With the count kept beside the log, a log whose last rows went missing is told
+    apart from one a crash cut short (`check_count`). Each session's count is its last
+    stored seq (a file of format 1 has the column already, from before format 2).
+    """
+    columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
+    if "event_count" not in columns:
+        db.execute("ALTER TABLE sessions ADD COLUMN event_count INTEGER NOT NULL DEFAULT 0")
+    db.execute(
+        "UPDATE sessions SET event_count = COALESCE((SELECT seq + count - 1 FROM events"
+        " WHERE events.session_id = sessions.session_id ORDER BY seq DESC LIMIT 1), 0)"
+    )
