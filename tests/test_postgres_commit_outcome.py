@@ -10,13 +10,16 @@ else its first inbox entry): stored, the retry is done; absent, the refusal stan
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
+import asyncpg
 import pytest
 
 from server.kernel.errors import AlreadyExists
-from server.stores import Commit, SessionWrites, StoreConflict
+from server.stores import Commit, SessionWrites, StoreConflict, StoreUnavailable
 from server.stores.postgres import UNSURE, PostgresStore
+from tests.faultproxy import postgres_proxy
 from tests.postgres import drop_database, fresh_database
 from tests.stores import create_session
 from tests.test_store_conformance import entry, header, turns
@@ -72,3 +75,32 @@ async def test_a_commit_whose_attempt_did_not_land_is_written(store: PostgresSto
     await store.commit(commit)
     assert (await store.load("s")).events == turns(1)
     assert commit.unsure == ""
+
+
+async def test_a_commit_whose_answer_is_cut_off_is_retried_without_a_conflict(
+    postgres_server: str,
+) -> None:
+    dsn = await fresh_database(postgres_server)
+    async with postgres_proxy(dsn) as (proxy, proxied):
+        store = PostgresStore(proxied, lease_seconds=1.0)
+        direct = await asyncpg.connect(dsn)
+        try:
+            await create_session(store, "s", header())
+            commit = Commit({"s": SessionWrites(events=turns(1))})
+            proxy.delay(2.0)  # each chunk waits: the statement, then its answer
+            attempt = asyncio.create_task(store.commit(commit))
+            while not await direct.fetchval(  # noqa: ASYNC110 - a database state, polled
+                "SELECT count(*) FROM events"
+            ):  # until it committed ...
+                await asyncio.sleep(0.02)
+            proxy.cut()  # ... and its answer lost on the way back
+            with pytest.raises(StoreUnavailable):
+                await attempt
+            assert commit.unsure
+            proxy.delay(0)
+            await store.commit(commit)  # the journal's retry: found stored, not refused
+            assert (await store.load("s")).events == turns(1) and not commit.unsure
+        finally:
+            await direct.close()
+            await store.close()
+    await drop_database(postgres_server, dsn)

@@ -1,10 +1,12 @@
 """The PostgreSQL session store (asyncpg): the same interface as SQLite, for many replicas.
 
-Each group commit is one transaction. A session's `event_count` row is the fence: an
-append updates it only where it still equals the seq the append starts at, so two
-writers of one session serialise on that row and the second one finds the count moved
-and is refused (`StoreConflict`), whatever its timing. Reads run on the pool's other
-connections, concurrently with commits.
+Each group commit is one transaction, sent as one statement (`postgres_commit`: one
+round trip). A session's `event_count` column is the fence: an append updates it only
+where it still equals the count the append follows, so two writers of one session
+serialise on that row and the second one finds the count moved and is refused
+(`StoreConflict`), whatever its timing. The count is also what a load checks the log
+against (`check_count`). Reads run on the pool's other connections, concurrently with
+commits.
 """
 
 from __future__ import annotations
