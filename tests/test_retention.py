@@ -265,7 +265,7 @@ async def test_a_format_5_sqlite_file_learns_disposals(tmp_path: Path) -> None:
         await made.runtime.store.close()
     with sqlite3.connect(path) as db:
         version = db.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone()
-    assert version == ("6",)
+    assert version == ("7",)
 
 
 def test_the_config_names_the_rules(tmp_path: Path) -> None:

@@ -177,7 +177,7 @@ async def test_a_format_3_file_is_migrated_in_place(tmp_path: Path) -> None:
     with sqlite3.connect(path) as db:
         version = db.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone()
         rows = db.execute("SELECT seq, count FROM events WHERE session_id = 'old'").fetchall()
-    assert version == (FORMAT_VERSION,) == ("6",)
+    assert version == (FORMAT_VERSION,) == ("7",)
     assert rows == [(seq, 1) for seq in range(1, 8)] + [(8, 3)]
 
 

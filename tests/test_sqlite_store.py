@@ -213,3 +213,31 @@ async def test_a_format_2_file_is_renumbered_from_1_in_place(tmp_path: Path) -> 
     assert list(loaded.events[3].source_event_seqs) == [3]
     assert (await store.summary("old")).event_count == 6
     await store.close()
+
+
+async def test_a_format_6_file_gains_each_sessions_event_count(tmp_path: Path) -> None:
+    path = tmp_path / "agentloop.db"
+    events = sample_events(3)
+    store = SqliteStore(path)
+    await create_session(store, "two", session_pb2.SessionHeader())
+    await append_events(store, "two", events[:2])
+    await append_events(store, "two", events[2:4])
+    await create_session(store, "empty", session_pb2.SessionHeader())
+    await store.close()
+    with sqlite3.connect(path) as db:  # as format 6 stored it: the count only in the events
+        db.execute("ALTER TABLE sessions DROP COLUMN event_count")
+        db.execute("UPDATE meta SET value = '6' WHERE key = 'format_version'")
+    again = SqliteStore(path)
+    assert (await again.summary("two")).event_count == 4
+    assert (await again.summary("empty")).event_count == 0
+    assert (await again.load("two")).events == events[:4]
+    await append_events(again, "two", events[4:])  # appends follow the count
+    await again.close()
+    with sqlite3.connect(path) as db:
+        version = db.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone()
+        db.execute("DELETE FROM events WHERE session_id = 'two' AND seq = 5")
+    assert version == (FORMAT_VERSION,) == ("7",)
+    cut = SqliteStore(path)
+    with pytest.raises(SessionDamaged, match="its last 2 events are missing"):
+        await cut.load("two")
+    await cut.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -11,7 +12,14 @@ from google.protobuf import timestamp_pb2
 from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
-from server.kernel.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from server.kernel.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    SessionDamaged,
+)
+from server.sessions.repair import crash_closers
 from server.stores import (
     INBOX_CONTEXT,
     INBOX_MESSAGE,
@@ -281,6 +289,49 @@ async def test_delete_removes_the_session_whole_and_keeps_its_forks(store: Sessi
     await create_session(store, "src", header(3))
     loaded = await store.load("src")
     assert loaded.events == [] and loaded.inbox == [] and loaded.header == header(3)
+
+
+async def cut_tail(store: SessionStore, session_id: str, from_seq: int) -> None:
+    """Delete the stored rows of the session's events from `from_seq` on, behind the
+    store's back (a restore from a partial backup, a hand edit, a bad disk sector)."""
+    if isinstance(store, SqliteStore):  # a row holds a commit's run: cut at a commit's start
+        with sqlite3.connect(store.path) as db:
+            db.execute(
+                "DELETE FROM events WHERE session_id = ? AND seq >= ?", (session_id, from_seq)
+            )
+    else:
+        assert isinstance(store, PostgresStore)
+        pool = await store.pool()
+        await pool.execute(
+            "DELETE FROM events WHERE session_id = $1 AND seq >= $2", session_id, from_seq
+        )
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres"], indirect=True)
+async def test_a_cut_tail_is_damage_and_a_crash_cut_turn_is_whole(store: SessionStore) -> None:
+    await create_session(store, "cut", header())
+    await append_events(store, "cut", turns(1))
+    await append_events(store, "cut", turns(2, first_seq=4, first_turn=2))
+    await cut_tail(store, "cut", 4)  # the last commit's rows: turns 2 and 3
+    with pytest.raises(SessionDamaged, match=r"its last 6 events are missing \(the store "
+                       r"recorded 9; the log ends at seq 3\)") as damaged:  # fmt: skip
+        await store.load("cut")
+    assert damaged.value.reason == "SESSION_DAMAGED"  # DATA_LOSS at the API
+    assert (await store.summary("cut")).event_count == 9  # the count stays the record
+    # A crash mid-turn: the turn's first events were committed, its end never was.
+    await create_session(store, "crashed", header())
+    await append_events(store, "crashed", turns(1))
+    opened = turns(1, first_seq=4, first_turn=2)[:2]  # turn_start and user_message
+    await append_events(store, "crashed", opened)
+    loaded = await store.load("crashed")
+    assert loaded.events == [*turns(1), *opened]
+    assert [e.WhichOneof("payload") for e in crash_closers(loaded.events)] == ["turn_end"]
+    # A fork keeps its own count: the source cut later does not touch it.
+    await store.fork("crashed", 3, "fork", header(2))
+    await cut_tail(store, "crashed", 4)
+    assert (await store.load("fork")).events == turns(1)
+    with pytest.raises(SessionDamaged, match="its last 2 events are missing"):
+        await store.load("crashed")
 
 
 async def test_postgres_refuses_to_delete_a_session_a_replica_leases(postgres_server: str) -> None:

@@ -407,7 +407,7 @@ class AgentServicer(ApprovalMethods, DeleteMethods, rpc.AgentServiceServicer):
         """The session a request's `selector` oneof names."""
         selector = request.WhichOneof("selector")
         if selector == "agent_id":
-            return self.factory.get(request.agent_id).session
+            return await self.factory.catalogue.current(self.factory.get(request.agent_id).session)
         if selector is None:
             raise InvalidArgument("selector", "set agent_id or session_id")
         return await self.factory.catalogue.session(request.session_id)

@@ -32,6 +32,18 @@ def agent_key(agent: agent_pb2.Agent) -> str:
     return agent.agent_id
 
 
+def once_each(agents: list[agent_pb2.Agent]) -> list[agent_pb2.Agent]:
+    """Agents sorted by id, each once: during a move two replicas may both list one."""
+    kept: list[agent_pb2.Agent] = []
+    for agent in agents:
+        if kept and kept[-1].agent_id == agent.agent_id:
+            if kept[-1].moving and not agent.moving:
+                kept[-1] = agent
+            continue
+        kept.append(agent)
+    return kept
+
+
 def agent_message(agent: Agent, lineage: agent_pb2.Lineage | None = None) -> agent_pb2.Agent:
     """The `Agent` resource of a live agent."""
     return agent_pb2.Agent(
@@ -121,7 +133,7 @@ class AgentFactoryServicer(rpc.AgentFactoryServiceServicer):
             self.elsewhere is not None and not forwarded and children is None
         ):  # merged by id, keyset over all
             remote, remote_more = await self.elsewhere(after, size)
-            agents = sorted([*agents, *remote], key=agent_key)
+            agents = once_each(sorted([*agents, *remote], key=agent_key))
         page = agents[:size]
         more = len(agents) > size or remote_more
         next_token = page_tokens.issue("ListAgents", page[-1].agent_id) if more else ""

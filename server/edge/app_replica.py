@@ -87,6 +87,7 @@ class Replica:
         self.router = Router(replica_id, leases.locate, self.config.lease_seconds)
         self.factory.ownership = self.cluster
         self.factory.catalogue.repair_on_read = False  # another replica's running turn looks open
+        self.factory.catalogue.live_may_lag = True  # another replica may have taken one over
         await self.cluster.register()
         self.plugin_servicer.shared = self.shared
         log.info("replica %s serving at %s", replica_id, address)
@@ -187,10 +188,25 @@ class Replica:
     ) -> tuple[list[agent_pb2.Agent], bool]:
         """The agents other live replicas run, with ids after `after` (`size` each).
 
-        Also whether any of them has more than it returned.
+        Also whether any of them has more than it returned. Then the agents between
+        owners (a lease that no replica's answer covers: its owner stopped or did not
+        answer, and nobody took it over yet), marked `moving`: a live agent is listed
+        during a move too.
         """
         if self.cluster is None:
             return [], False
+        here = {a.agent_id for a in self.factory.list_agents()}  # as the caller listed them
+        agents, more = await self._answered(after, size)
+        listed = here | {a.agent_id for a in agents}
+        leases = await self.cluster.leases.listed(after, size + 1)
+        for lease in leases[:size]:
+            if lease.agent_id not in listed:
+                agents.append(moving_agent(lease))
+        return agents, more or len(leases) > size
+
+    async def _answered(self, after: str | None, size: int) -> tuple[list[agent_pb2.Agent], bool]:
+        """The agents other replicas listed, with ids after `after`; whether one had more."""
+        assert self.cluster is not None
         request = fac.ListAgentsRequest(
             page_size=size, page_token=page_tokens.issue("ListAgents", after) if after else ""
         )
@@ -231,3 +247,10 @@ class Replica:
             except Exception:
                 log.warning("syncing the shared plugins failed; retrying", exc_info=True)
             await asyncio.sleep(self.config.lease_seconds)
+
+
+def moving_agent(lease: Lease) -> agent_pb2.Agent:
+    """A live agent between owners, as its lease knows it."""
+    agent = agent_pb2.Agent(agent_id=lease.agent_id, session_id=lease.session_id, moving=True)
+    agent.options.ParseFromString(lease.options)
+    return agent

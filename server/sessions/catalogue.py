@@ -62,6 +62,9 @@ class SessionCatalogue:
         """Whether any server still drives a session (replicas: by lease)."""
         self.repair_on_read = True
         """Repair a crashed session's open turn when it is read (a single server)."""
+        self.live_may_lag = False
+        """Whether another server may write a session live here (replicas: a takeover
+        while this one was paused or cut off), so that a read checks the store first."""
         self._loading: dict[str, asyncio.Lock] = {}
         self._verified: dict[str, int] = {}
         """Stored sessions read whole without damage, with their event count then."""
@@ -73,7 +76,26 @@ class SessionCatalogue:
         check_id("session_id", session_id)
         live = self.live.get(session_id)
         if live is not None:
+            return await self.current(live)
+        return await self._stored(session_id)
+
+    async def current(self, live: SessionLog) -> SessionLog:
+        """`live`, unless the store holds events past it: then the stored log, read-only.
+
+        Reads are monotonic: whatever a stream delivered (from any replica) was stored
+        first, so a read answered from the store, or from a live copy the store has
+        nothing past, holds it. A live copy falls behind when another replica took the
+        session over while this one was paused or cut off, until this one stops its agent.
+        """
+        if not self.live_may_lag:
             return live
+        stored = (await self.store.summary(live.session_id)).event_count
+        if stored <= live.stored:
+            return live
+        return await self._stored(live.session_id)
+
+    async def _stored(self, session_id: str) -> SessionLog:
+        """The stored session, loaded read-only (the copy kept while it is unchanged)."""
         cached = self._readonly.get(session_id)
         if cached is not None:
             summary = await self.store.summary(session_id)

@@ -7,12 +7,14 @@ made with a `request_id`. Everything one group commit writes (`Commit`) lands in
 one transaction: after a crash a commit is either whole or absent.
 
 Sequence numbers start at `FIRST_SEQ` (1) and have no gaps, so a session with n
-stored events holds seqs 1..n. Writes are fenced twice. A session's events in a commit
-must start exactly at the next sequence number (stored count + 1), so two writers can
-never interleave events. And whoever drives a session claims it first (`claim` returns
-a new token); every later commit of the driver carries that token, and a commit with an
-older one (a process that was paused or partitioned while another took the session
-over) is refused with `StoreConflict`, even where its sequence numbers would fit.
+stored events holds seqs 1..n; the store keeps n beside the log, so a log that lost
+its last rows loads as damaged (`check_count`), not as a turn a crash cut short.
+Writes are fenced twice. A session's events in a commit must start exactly at the
+next sequence number (stored count + 1), so two writers can never interleave events.
+And whoever drives a session claims it first (`claim` returns a new token); every
+later commit of the driver carries that token, and a commit with an older one (a
+process that was paused or partitioned while another took the session over) is
+refused with `StoreConflict`, even where its sequence numbers would fit.
 """
 
 from __future__ import annotations
@@ -313,6 +315,26 @@ def check_fence(session_id: str, stored: int, fence: int) -> None:
         raise StoreConflict(
             f'session "{session_id}" was taken over by another writer'
             f" (claim {stored}; this writer holds {fence})"
+        )
+
+
+def check_count(session_id: str, recorded: int, found: int) -> None:
+    """Raise `SessionDamaged` unless the log holds the `recorded` number of events.
+
+    A commit stores its events and the session's new count in one transaction, so a
+    crash never parts them: a log cut short by a crash mid-turn still holds every
+    event its count records (its open turn is repaired when it is resumed). A log
+    holding fewer lost its last rows after they were stored.
+    """
+    if found < recorded:
+        raise SessionDamaged(
+            session_id,
+            f"its last {recorded - found} events are missing (the store recorded"
+            f" {recorded}; the log ends at seq {found + FIRST_SEQ - 1})",
+        )
+    if found > recorded:
+        raise SessionDamaged(
+            session_id, f"the log holds {found} events, the store recorded {recorded}"
         )
 
 

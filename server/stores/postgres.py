@@ -1,10 +1,12 @@
 """The PostgreSQL session store (asyncpg): the same interface as SQLite, for many replicas.
 
-Each group commit is one transaction. A session's `event_count` row is the fence: an
-append updates it only where it still equals the seq the append starts at, so two
-writers of one session serialise on that row and the second one finds the count moved
-and is refused (`StoreConflict`), whatever its timing. Reads run on the pool's other
-connections, concurrently with commits.
+Each group commit is one transaction, sent as one statement (`postgres_commit`: one
+round trip). A session's `event_count` column is the fence: an append updates it only
+where it still equals the count the append follows, so two writers of one session
+serialise on that row and the second one finds the count moved and is refused
+(`StoreConflict`), whatever its timing. The count is also what a load checks the log
+against (`check_count`). Reads run on the pool's other connections, concurrently with
+commits.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import asyncpg
 from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import session_event_pb2 as ev
 from server.kernel.errors import (
+    AgentLoopError,
     AlreadyExists,
     FailedPrecondition,
     SessionDamaged,
@@ -30,19 +33,17 @@ from server.stores import (
     InboxEntry,
     RequestRecord,
     SessionSummary,
-    SessionWrites,
     StoreConflict,
     StoredSession,
     StoreUnavailable,
-    check_fence,
-    check_follows,
+    check_count,
     decode_entry,
     decode_events,
     decode_log,
     fork_boundary,
-    turn_of,
 )
-from server.stores.kinds import KIND_NAMES, KIND_NUMBERS, TURN_END, TURN_START
+from server.stores.kinds import KIND_NAMES, TURN_END, TURN_START
+from server.stores.postgres_commit import COMMIT, arguments, refusal, witness
 from server.stores.postgres_outage import OUTAGES, StoreHealth, outages_unavailable
 from server.stores.postgres_pool import create_pool
 from server.stores.postgres_schema import LOCK_KEY, MIGRATIONS, MIGRATIONS_TABLE
@@ -51,6 +52,9 @@ POOL_SIZE = 8
 
 CHANNEL = "agentloop_events"
 """The NOTIFY channel: each commit that stores events names their session on it."""
+
+UNSURE = "answer lost"
+"""`Commit.unsure` of an attempt whose connection broke before its answer came."""
 
 Conn = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
 
@@ -119,40 +123,49 @@ class PostgresStore:
     # -- writes ------------------------------------------------------------------------
 
     async def commit(self, commit: Commit) -> None:
-        """Write the whole commit in one transaction (an outage is `StoreUnavailable`)."""
+        """Write the whole commit as one statement (`postgres_commit`): one round trip.
+
+        An outage is `StoreUnavailable`. An attempt cut off around its end (the
+        connection broke before its answer came) may have committed: the commit is
+        marked `unsure`, and a retry of it that is then refused as a second writer
+        checks whether that attempt's own rows are stored (`witness`) before failing.
+        """
         if not self.may_write():  # retried by the journal until a renewal or a fence decides
             raise StoreUnavailable("this replica's leases are not renewed in time; retrying")
-        if commit.unsure and await self._landed(commit):
-            return  # the attempt cut off at its end had committed: nothing to write again
-        xid: list[str] = []
+        if commit.empty():
+            return
+        args = arguments(commit, CHANNEL)
         try:
             pool = await self.pool()
-            async with pool.acquire() as conn, conn.transaction():
-                for session_id, writes in commit.sessions.items():
-                    await _write(conn, session_id, writes, xid)
-        except asyncpg.UniqueViolationError as error:  # a second writer raced the checks
-            raise StoreConflict(str(error)) from error
+            await pool.execute(COMMIT, *args)
+            commit.unsure = ""
+            return
         except OUTAGES:
-            commit.unsure = xid[0] if xid else ""  # did it commit? asked before the retry
+            commit.unsure = UNSURE  # did it commit? known at the retry
             raise  # StoreUnavailable, by the class's wrapper
+        except asyncpg.UniqueViolationError as error:  # a second writer raced the fence
+            refused: AgentLoopError = StoreConflict(str(error))
         except asyncpg.PostgresError as error:
-            self.health.failed()
-            raise StoreUnavailable("the session store refused the commit; retry later") from error
+            found = refusal(error, commit)
+            if found is None:
+                self.health.failed()
+                refusing = "the session store refused the commit; retry later"
+                raise StoreUnavailable(refusing) from error
+            refused = found
+        lost = commit.unsure and isinstance(refused, StoreConflict | AlreadyExists)
+        if lost and await self._landed(commit):
+            commit.unsure = ""
+            return  # the attempt whose answer was lost had committed: nothing to redo
+        raise refused
 
     async def _landed(self, commit: Commit) -> bool:
-        """Whether the earlier attempt of `commit` (transaction `commit.unsure`) committed.
-
-        A connection lost while COMMIT was on its way leaves the outcome unknown: the
-        retry would then find its own events stored and be refused as a second writer.
-        PostgreSQL keeps each transaction's status (`pg_xact_status`); one still in
-        progress (its backend has not noticed the lost client yet) is waited for.
-        """
+        """Whether an earlier attempt of `commit` committed: its own rows are stored."""
+        found = witness(commit)
+        if found is None:
+            return False
+        query, args = found
         pool = await self.pool()
-        status = await pool.fetchval("SELECT pg_xact_status($1::text::xid8)", commit.unsure)
-        if status == "in progress":
-            raise StoreUnavailable("an earlier attempt of the commit is still open; retrying")
-        commit.unsure = ""
-        return bool(status == "committed")
+        return bool(await pool.fetchval(query, *args))
 
     async def fork(
         self,
@@ -392,7 +405,8 @@ class PostgresStore:
         pool = await self.pool()
         async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
             row = await conn.fetchrow(
-                "SELECT header, options, driver FROM sessions WHERE session_id = $1", session_id
+                "SELECT header, options, driver, event_count FROM sessions WHERE session_id = $1",
+                session_id,
             )
             if row is None:
                 raise SessionNotFound(session_id)
@@ -405,6 +419,7 @@ class PostgresStore:
             )
         options = row["options"]
         events = await decode_log(session_id, FIRST_SEQ, [(r["seq"], r["event"]) for r in rows])
+        check_count(session_id, row["event_count"], len(events))  # a cut tail: damaged
         return StoredSession(
             session_pb2.SessionHeader.FromString(row["header"]),
             events,
@@ -509,98 +524,3 @@ async def migrate(conn: Conn) -> None:
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", LOCK_KEY)
         await conn.execute("RESET lock_timeout")
-
-
-async def _write(conn: Conn, session_id: str, writes: SessionWrites, xid: list[str]) -> None:
-    """One session's writes; the transaction's id joins `xid` at the first append."""
-    header = writes.create
-    if header is not None:
-        try:
-            await conn.execute(
-                "INSERT INTO sessions (session_id, header, create_ns) VALUES ($1, $2, $3)",
-                session_id,
-                header.SerializeToString(),
-                header.create_time.ToNanoseconds(),
-            )
-        except asyncpg.UniqueViolationError:
-            raise AlreadyExists(f'session "{session_id}" already exists') from None
-    events = writes.events
-    if writes.fence and not events:
-        stored_fence = await conn.fetchval(
-            "SELECT fence FROM sessions WHERE session_id = $1 FOR SHARE", session_id
-        )
-        if stored_fence is None:
-            raise SessionNotFound(session_id)
-        check_fence(session_id, stored_fence, writes.fence)
-    if events:
-        stored = events[0].seq - FIRST_SEQ  # the count these events must follow
-        check_follows(session_id, stored, events)
-        # One round trip: the fence, the count and the wake-up (NOTIFY, sent at commit).
-        moved = await conn.fetchrow(
-            "UPDATE sessions SET event_count = $3, turn_count = greatest(turn_count, $4)"
-            " WHERE session_id = $1 AND event_count = $2 AND ($5::bigint = 0 OR fence = $5)"
-            " RETURNING pg_current_xact_id()::text AS xid, pg_notify($6, $1)",
-            session_id,
-            stored,
-            stored + len(events),
-            turn_of(events),
-            writes.fence,
-            CHANNEL,
-        )
-        if moved is not None and not xid:
-            xid.append(moved["xid"])
-        if moved is None:
-            row = await conn.fetchrow(
-                "SELECT fence, event_count FROM sessions WHERE session_id = $1", session_id
-            )
-            if row is None:
-                raise SessionNotFound(session_id)
-            check_fence(session_id, row["fence"], writes.fence)
-            raise StoreConflict(
-                f'session "{session_id}": event {events[0].seq} does not follow the'
-                f" {row['event_count']} stored"
-            )
-        await conn.copy_records_to_table(
-            "events",
-            records=[
-                (session_id, e.seq, KIND_NUMBERS[e.WhichOneof("payload") or "turn_end"],
-                 writes.encode(e))
-                for e in events
-            ],
-        )  # fmt: skip
-    if writes.driver:
-        updated = await conn.fetchval(
-            "UPDATE sessions SET driver = $2, disposed_ns = 0 WHERE session_id = $1 RETURNING 1",
-            session_id,
-            writes.driver,
-        )
-        if updated is None:
-            raise SessionNotFound(session_id)
-    if writes.options is not None:
-        await conn.execute(
-            "UPDATE sessions SET options = $2 WHERE session_id = $1",
-            session_id,
-            writes.options.SerializeToString(),
-        )
-    if writes.inbox_put:
-        await conn.executemany(
-            "INSERT INTO inbox VALUES ($1, $2, $3, $4)",
-            [
-                (session_id, i.entry_id, i.kind, i.message.SerializeToString())
-                for i in writes.inbox_put
-            ],
-        )
-    if writes.inbox_take:
-        await conn.execute(
-            "DELETE FROM inbox WHERE session_id = $1 AND entry_id = ANY($2::bigint[])",
-            session_id,
-            writes.inbox_take,
-        )
-    if writes.requests:
-        await conn.executemany(
-            INSERT_REQUEST,
-            [
-                (r.agent_id, r.request_id, r.method, r.response, session_id, r.stored_ns)
-                for r in writes.requests
-            ],
-        )

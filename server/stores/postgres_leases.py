@@ -237,6 +237,20 @@ class Leases:
         )
         return [row["address"] for row in rows]
 
+    async def listed(self, after: str | None, limit: int) -> list[Lease]:
+        """Every lease (live or expired) with an agent id after `after`, by id, `limit` at most.
+
+        Each names a live agent: a disposal deletes its lease.
+        """
+        pool = await self.store.pool()
+        rows = await pool.fetch(
+            "SELECT agent_id, session_id, owner, options FROM leases"
+            ' WHERE agent_id COLLATE "C" > $1 ORDER BY agent_id COLLATE "C" LIMIT $2',
+            after or "",
+            limit,
+        )
+        return [Lease(r["agent_id"], r["session_id"], r["owner"], r["options"]) for r in rows]
+
     async def locate(self, agent_id: str) -> Location | None:
         """The lease of an agent, expired or not; None when no lease names it."""
         pool = await self.store.pool()

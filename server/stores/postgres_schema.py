@@ -8,6 +8,89 @@ unknown number) is refused rather than guessed at.
 
 from __future__ import annotations
 
+COMMIT_FUNCTION = """CREATE FUNCTION agentloop_commit(
+    s_ids text[], s_headers bytea[], s_create_ns bigint[], s_drivers text[],
+    s_options bytea[], s_follows bigint[], s_counts bigint[], s_turns integer[],
+    s_fences bigint[],
+    e_sessions text[], e_seqs bigint[], e_kinds integer[], e_events bytea[],
+    p_sessions text[], p_entries bigint[], p_kinds text[], p_messages bytea[],
+    t_sessions text[], t_entries bigint[],
+    r_agents text[], r_ids text[], r_methods text[], r_answers bytea[], r_sessions text[],
+    r_stored_ns bigint[], channel text
+) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    i integer;
+    refused boolean;
+    stored record;
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(s_ids, 1), 0) LOOP
+        IF s_headers[i] IS NOT NULL THEN
+            INSERT INTO sessions (session_id, header, create_ns)
+                VALUES (s_ids[i], s_headers[i], s_create_ns[i]) ON CONFLICT DO NOTHING;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION USING ERRCODE = 'AL409', MESSAGE = s_ids[i];
+            END IF;
+        END IF;
+        refused := false;
+        IF s_counts[i] > 0 OR s_drivers[i] <> '' OR s_options[i] IS NOT NULL THEN
+            UPDATE sessions SET
+                event_count = event_count + s_counts[i],
+                turn_count = greatest(turn_count, s_turns[i]),
+                driver = CASE WHEN s_drivers[i] <> '' THEN s_drivers[i] ELSE driver END,
+                disposed_ns = CASE WHEN s_drivers[i] <> '' THEN 0 ELSE disposed_ns END,
+                options = coalesce(s_options[i], options)
+            WHERE session_id = s_ids[i]
+                AND (s_counts[i] = 0 OR event_count = s_follows[i])
+                AND (s_fences[i] = 0 OR fence = s_fences[i]);
+            refused := NOT FOUND;
+        ELSIF s_fences[i] <> 0 THEN
+            PERFORM 1 FROM sessions WHERE session_id = s_ids[i] AND fence = s_fences[i]
+                FOR SHARE;
+            refused := NOT FOUND;
+        END IF;
+        IF refused THEN
+            SELECT fence, event_count INTO stored FROM sessions WHERE session_id = s_ids[i];
+            IF NOT FOUND THEN
+                RAISE EXCEPTION USING ERRCODE = 'AL404', MESSAGE = s_ids[i];
+            END IF;
+            RAISE EXCEPTION USING ERRCODE = 'AL412', MESSAGE = s_ids[i],
+                DETAIL = stored.fence || ' ' || stored.event_count;
+        END IF;
+        IF s_counts[i] > 0 THEN
+            PERFORM pg_notify(channel, s_ids[i]);
+        END IF;
+    END LOOP;
+    IF cardinality(e_sessions) > 0 THEN
+        INSERT INTO events (session_id, seq, kind, event)
+            SELECT * FROM unnest(e_sessions, e_seqs, e_kinds, e_events);
+    END IF;
+    IF cardinality(p_sessions) > 0 THEN
+        INSERT INTO inbox (session_id, entry_id, kind, message)
+            SELECT * FROM unnest(p_sessions, p_entries, p_kinds, p_messages);
+    END IF;
+    IF cardinality(t_sessions) > 0 THEN
+        DELETE FROM inbox USING unnest(t_sessions, t_entries) AS taken (session_id, entry_id)
+            WHERE inbox.session_id = taken.session_id AND inbox.entry_id = taken.entry_id;
+    END IF;
+    IF cardinality(r_agents) > 0 THEN
+        INSERT INTO requests (agent_id, request_id, method, response, session_id, stored_at)
+            SELECT a, r, m, ans, s, CASE WHEN ns = 0 THEN now()
+                    ELSE timestamptz 'epoch' + (ns / 1000) * interval '1 microsecond' END
+                FROM unnest(r_agents, r_ids, r_methods, r_answers, r_sessions, r_stored_ns)
+                    AS given (a, r, m, ans, s, ns)
+            ON CONFLICT DO NOTHING;
+    END IF;
+END
+$$"""
+"""Everything a group commit writes, in one statement: its own transaction (one round
+trip, the NOTIFY sent at its commit). Per session (`s_*`, in the commit's order): the
+creation, then one UPDATE that is the fence (the stored count is the one the events
+follow, and the claim is the writer's) and moves the count, the driver and the options;
+then the events, inbox entries put and taken, and request records of every session,
+each as one statement over arrays. A refusal raises, so nothing of the commit stays:
+`AL409` (the session to create exists), `AL404` (no such session), `AL412` (another
+writer: DETAIL is the stored claim and count)."""
+
 MIGRATIONS: list[tuple[int, str, list[str]]] = [
     (
         1,
@@ -91,6 +174,11 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         5,
         "sessions record when their agent was disposed (a retention rule reads it)",
         ["ALTER TABLE sessions ADD COLUMN disposed_ns bigint NOT NULL DEFAULT 0"],
+    ),
+    (
+        6,
+        "a group commit in one statement: agentloop_commit",
+        [COMMIT_FUNCTION],
     ),
 ]
 """(number, what it does, statements), in order; append, never edit a released one."""

@@ -47,6 +47,7 @@ from server.stores import (
     StoreConflict,
     StoredSession,
     StoreUnavailable,
+    check_count,
     decode_entry,
     decode_events,
     decode_log,
@@ -396,12 +397,15 @@ class SqliteStore:
         def read(
             db: sqlite3.Connection,
         ) -> tuple[
-            tuple[bytes, bytes | None, str], list[tuple[int, bytes]], list[tuple[int, str, bytes]]
+            tuple[bytes, bytes | None, str, int],
+            list[tuple[int, bytes]],
+            list[tuple[int, str, bytes]],
         ]:
             db.execute("BEGIN")  # one snapshot for the three reads
             try:
                 row = db.execute(
-                    "SELECT header, options, driver FROM sessions WHERE session_id = ?",
+                    "SELECT header, options, driver, event_count FROM sessions"
+                    " WHERE session_id = ?",
                     (session_id,),
                 ).fetchone()
                 if row is None:
@@ -412,12 +416,12 @@ class SqliteStore:
                     " ORDER BY entry_id",
                     (session_id,),
                 ).fetchall()
-                return (row[0], row[1], row[2]), events, inbox
+                return (row[0], row[1], row[2], row[3]), events, inbox
             finally:
                 db.execute("COMMIT")
 
         try:
-            (header_bytes, options_bytes, driver), rows, inbox_rows = await self._read(
+            (header_bytes, options_bytes, driver, recorded), rows, inbox_rows = await self._read(
                 session_id, read
             )
         except DecodeError as error:  # a row of several events that does not split into them
@@ -429,7 +433,8 @@ class SqliteStore:
                 if options_bytes is not None
                 else None
             )
-            events = await decode_log(session_id, FIRST_SEQ, rows)
+            events = await decode_log(session_id, FIRST_SEQ, rows)  # a gap: damaged
+            check_count(session_id, recorded, len(events))  # the tail cut: damaged
             inbox = [decode_entry(entry_id, kind, blob) for entry_id, kind, blob in inbox_rows]
         except DecodeError as error:
             raise SessionDamaged(session_id, f"cannot decode: {error}") from error

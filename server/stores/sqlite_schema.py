@@ -13,7 +13,7 @@ from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
 from server.kernel.errors import SessionDamaged
 
-FORMAT_VERSION = "6"
+FORMAT_VERSION = "7"
 """The on-disk format this code reads and writes."""
 
 SCHEMA = """
@@ -25,7 +25,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     driver TEXT NOT NULL DEFAULT '',
     fence INTEGER NOT NULL DEFAULT 0,
     options BLOB,
-    disposed_ns INTEGER NOT NULL DEFAULT 0
+    disposed_ns INTEGER NOT NULL DEFAULT 0,
+    event_count INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS events (
     session_id TEXT NOT NULL,
@@ -65,8 +66,8 @@ def statements() -> list[str]:
 
 def migrate(db: sqlite3.Connection, version: str, where: str) -> None:
     """Bring a file of an older format to `FORMAT_VERSION`, in one transaction."""
-    if version not in ("1", "2", "3", "4", "5"):
-        raise SessionDamaged("", f"{where}: format version {version}, this server reads 1 to 6")
+    if version not in ("1", "2", "3", "4", "5", "6"):
+        raise SessionDamaged("", f"{where}: format version {version}, this server reads 1 to 7")
     db.execute("BEGIN IMMEDIATE")
     try:
         if version == "1":
@@ -75,9 +76,11 @@ def migrate(db: sqlite3.Connection, version: str, where: str) -> None:
             _from_2(db)
         if version in ("1", "2", "3"):
             _from_3(db)
-        if version != "5":
+        if version in ("1", "2", "3", "4"):
             _from_4(db)
-        _from_5(db)
+        if version != "6":
+            _from_5(db)
+        _from_6(db)
         db.execute("UPDATE meta SET value = ? WHERE key = 'format_version'", (FORMAT_VERSION,))
         db.execute("COMMIT")
     except BaseException:
@@ -88,8 +91,8 @@ def migrate(db: sqlite3.Connection, version: str, where: str) -> None:
 def _from_1(db: sqlite3.Connection) -> None:
     """Format 1 had no kind column, no inbox, no request records, no driver.
 
-    Its `event_count` and `turn_count` columns stay, unused: format 2 reads both from
-    the events.
+    Its `event_count` and `turn_count` columns stay: format 2 read both from the
+    events, and format 7 counts events in `event_count` again (`_from_6` sets it).
     """
     db.execute("ALTER TABLE sessions ADD COLUMN create_ns INTEGER NOT NULL DEFAULT 0")
     db.execute("ALTER TABLE sessions ADD COLUMN driver TEXT NOT NULL DEFAULT ''")
@@ -190,3 +193,19 @@ def _from_5(db: sqlite3.Connection) -> None:
     columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
     if "disposed_ns" not in columns:
         db.execute("ALTER TABLE sessions ADD COLUMN disposed_ns INTEGER NOT NULL DEFAULT 0")
+
+
+def _from_6(db: sqlite3.Connection) -> None:
+    """Format 6 read a session's event count from its events; format 7 also stores it.
+
+    With the count kept beside the log, a log whose last rows went missing is told
+    apart from one a crash cut short (`check_count`). Each session's count is its last
+    stored seq (a file of format 1 has the column already, from before format 2).
+    """
+    columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
+    if "event_count" not in columns:
+        db.execute("ALTER TABLE sessions ADD COLUMN event_count INTEGER NOT NULL DEFAULT 0")
+    db.execute(
+        "UPDATE sessions SET event_count = COALESCE((SELECT seq + count - 1 FROM events"
+        " WHERE events.session_id = sessions.session_id ORDER BY seq DESC LIMIT 1), 0)"
+    )

@@ -1,9 +1,10 @@
 """The SQL of the SQLite store: each function is one synchronous transaction or query.
 
 `server.stores.sqlite` decides where these run (the event loop's thread or a worker)
-and turns their results into messages. A session's event count and last turn are
-read from its events (the primary key makes both a short index walk), so a commit
-writes the events and nothing else: no counter row to rewrite on every append.
+and turns their results into messages. A session's last turn is read from its events
+(the primary key makes it a short index walk). Its event count is kept in its
+`sessions` row: an append moves it in the statement that checks the claim and that
+the events follow (one statement, the fence), and a load compares the log with it.
 """
 
 from __future__ import annotations
@@ -105,18 +106,17 @@ class SessionRows:
         )
 
 
-LAST_SEQ = "SELECT seq + count - 1 FROM events WHERE session_id = ?1 ORDER BY seq DESC LIMIT 1"
-"""A session's last seq: the end of its last row (no row when it has no events)."""
-
 INSERT_ROW = "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?)"
 
 INSERT_REQUEST = "INSERT OR IGNORE INTO requests VALUES (?, ?, ?, ?, ?, ?)"
 
 
 def event_count(db: sqlite3.Connection, session_id: str) -> int:
-    """The number of stored events of a session: its last seq, as seqs start at 1."""
-    row = db.execute(LAST_SEQ, (session_id,)).fetchone()
-    return 0 if row is None else int(row[0]) - FIRST_SEQ + 1
+    """The number of events the session's row records (0 for an unknown session)."""
+    row = db.execute(
+        "SELECT event_count FROM sessions WHERE session_id = ?", (session_id,)
+    ).fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def last_of_kind(
@@ -178,8 +178,12 @@ def last_turn(db: sqlite3.Connection, session_id: str) -> int:
     return 0 if event is None else event.turn_start.turn
 
 
-FENCE_AND_LAST = f"SELECT fence, ({LAST_SEQ}) FROM sessions WHERE session_id = ?1"
-"""A session's claim token and last seq; no row when the session is unknown."""
+MOVE_COUNT = (
+    "UPDATE sessions SET event_count = ?1 + ?2 WHERE session_id = ?3 AND event_count = ?1"
+    " AND (?4 = 0 OR fence = ?4)"
+)
+"""An append's fence: the count moves from the stored one the events follow (?1) by
+their number (?2), where the writer's claim (?4, 0 unfenced) is the stored one."""
 
 
 def write_commit(db: sqlite3.Connection, sessions: list[SessionRows]) -> None:
@@ -194,14 +198,12 @@ def write_commit(db: sqlite3.Connection, sessions: list[SessionRows]) -> None:
                     )
                 except sqlite3.IntegrityError:
                     raise AlreadyExists(f'session "{s.session_id}" already exists') from None
-            if s.fence and s.events:  # the common case: both checks in one statement
-                row = db.execute(FENCE_AND_LAST, (s.session_id,)).fetchone()
-                if row is None:
-                    raise SessionNotFound(s.session_id)
-                check_fence(s.session_id, row[0], s.fence)
-                stored = 0 if row[1] is None else int(row[1]) - FIRST_SEQ + 1
-                if stored + FIRST_SEQ != s.first_seq:
-                    _refuse(db, s.session_id, s.first_seq, stored)
+            if s.events:  # both checks and the new count in one statement
+                follows = s.first_seq - FIRST_SEQ
+                added = s.events[0][4]
+                moved = db.execute(MOVE_COUNT, (follows, added, s.session_id, s.fence)).rowcount
+                if moved != 1:
+                    _refuse(db, s.session_id, s.first_seq, s.fence)
                 db.executemany(INSERT_ROW, s.events)
             elif s.fence:
                 row = db.execute(
@@ -210,11 +212,6 @@ def write_commit(db: sqlite3.Connection, sessions: list[SessionRows]) -> None:
                 if row is None:
                     raise SessionNotFound(s.session_id)
                 check_fence(s.session_id, row[0], s.fence)
-            elif s.events:
-                stored = event_count(db, s.session_id)
-                if stored + FIRST_SEQ != s.first_seq or (stored == 0 and s.header is None):
-                    _refuse(db, s.session_id, s.first_seq, stored)
-                db.executemany(INSERT_ROW, s.events)
             if s.driver:
                 moved = db.execute(
                     "UPDATE sessions SET driver = ?, disposed_ns = 0 WHERE session_id = ?",
@@ -235,18 +232,19 @@ def write_commit(db: sqlite3.Connection, sessions: list[SessionRows]) -> None:
                 db.executemany(INSERT_REQUEST, s.requests)
 
 
-def _refuse(db: sqlite3.Connection, session_id: str, first_seq: int, stored: int) -> None:
-    """Raise why an append does not follow: no such session, or another writer.
+def _refuse(db: sqlite3.Connection, session_id: str, first_seq: int, fence: int) -> None:
+    """Raise why an append was refused: no such session, or another writer.
 
-    Returns when it does follow after all (the first events of an existing session).
+    Another writer either superseded the claim or stored the seqs these events take.
     """
-    exists = db.execute("SELECT 1 FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
-    if exists is None:
+    row = db.execute(
+        "SELECT fence, event_count FROM sessions WHERE session_id = ?", (session_id,)
+    ).fetchone()
+    if row is None:
         raise SessionNotFound(session_id)
-    if stored + FIRST_SEQ == first_seq:
-        return
+    check_fence(session_id, row[0], fence)
     raise StoreConflict(
-        f'session "{session_id}": event {first_seq} does not follow the {stored} stored'
+        f'session "{session_id}": event {first_seq} does not follow the {row[1]} stored'
     )
 
 
@@ -283,9 +281,9 @@ def fork_copy(
         seed = boundary - FIRST_SEQ + 1
         try:
             db.execute(
-                "INSERT INTO sessions (session_id, header, create_ns, options)"
-                " SELECT ?, ?, ?, options FROM sessions WHERE session_id = ?",
-                (new_id, header_of(seed), create_ns, source_id),
+                "INSERT INTO sessions (session_id, header, create_ns, options, event_count)"
+                " SELECT ?, ?, ?, options, ? FROM sessions WHERE session_id = ?",
+                (new_id, header_of(seed), create_ns, seed, source_id),
             )
         except sqlite3.IntegrityError:
             raise AlreadyExists(f'session "{new_id}" already exists') from None

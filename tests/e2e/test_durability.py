@@ -746,6 +746,40 @@ async def test_a_corrupted_row_is_listed_with_its_load_error(tmp_path: Path) -> 
         await server.terminate()
 
 
+async def test_a_log_that_lost_its_last_rows_is_data_loss_not_an_interrupted_turn(
+    tmp_path: Path,
+) -> None:
+    async with running_server(tmp_path) as server:
+        session_id = await create(server, "a1")
+        await run_turn(server, "a1", "one two")
+        await run_turn(server, "a1", "three four")
+        await server.terminate()
+
+    def cut_last_row() -> int:
+        with contextlib.closing(sqlite3.connect(db_path(tmp_path))) as db:
+            seq, count = db.execute(  # the last commit's row: a run of events
+                "SELECT seq, count FROM events WHERE session_id = ? ORDER BY seq DESC LIMIT 1",
+                (session_id,),
+            ).fetchone()
+            db.execute("DELETE FROM events WHERE session_id = ? AND seq = ?", (session_id, seq))
+            db.commit()
+            return int(count)
+
+    cut = await asyncio.to_thread(cut_last_row)
+    async with running_server(tmp_path) as server:
+        for call in (
+            get_session(server, session_id),
+            list_events(server, session_id),
+            resume(server, "a2", session_id),
+        ):
+            error = await status_of(call)
+            assert error.code() == grpc.StatusCode.DATA_LOSS, error.details()
+            assert f"its last {cut} events are missing" in (error.details() or "")
+        listed = await list_sessions(server)
+        assert "missing" in listed[session_id].load_error
+        await server.terminate()
+
+
 def truncate_to_half(db: Path) -> None:
     """Drop the WAL files of a cleanly closed database, then cut the file in half."""
     for suffix in ("-wal", "-shm"):

@@ -224,12 +224,20 @@ class Agent(_message.Message):
     PENDING_APPROVALS_FIELD_NUMBER: _builtins.int
     CONTEXT_USAGE_FIELD_NUMBER: _builtins.int
     LINEAGE_FIELD_NUMBER: _builtins.int
+    MOVING_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """AgentID is the caller-chosen id."""
     session_id: _builtins.str
     """SessionID is the session the agent drives."""
     status: _agent_event_pb2.AgentStatus.ValueType
     """Status is the driver state."""
+    moving: _builtins.bool
+    """Output only. The agent is between two replicas (its owner stopped, or is cut
+    off, and no replica has taken it over yet): it lives, and calls for it answer
+    UNAVAILABLE with reason AGENT_MOVING until a replica runs it again. Only
+    ListAgents of a replica sets it, with the agent id, session id and options;
+    the status and the other fields are unset.
+    """
     @_builtins.property
     def options(self) -> Global___AgentOptions:
         """Options are the options the agent was created with."""
@@ -263,10 +271,11 @@ class Agent(_message.Message):
         pending_approvals: _abc.Iterable[_approval_pb2.ApprovalRequested] | None = ...,
         context_usage: _agent_event_pb2.ContextUsage | None = ...,
         lineage: Global___Lineage | None = ...,
+        moving: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["context_usage", b"context_usage", "create_time", b"create_time", "lineage", b"lineage", "options", b"options"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "context_usage", b"context_usage", "create_time", b"create_time", "lineage", b"lineage", "options", b"options", "pending_approvals", b"pending_approvals", "session_id", b"session_id", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "context_usage", b"context_usage", "create_time", b"create_time", "lineage", b"lineage", "moving", b"moving", "options", b"options", "pending_approvals", b"pending_approvals", "session_id", b"session_id", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

