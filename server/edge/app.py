@@ -45,6 +45,8 @@ from server.settings.addresses import Allowlist, is_loopback
 from server.settings.config import Config, ConfigError, read_pem, read_token
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from server.edge.api_http import HttpSide
     from server.edge.app_replica import Replica
     from server.stores.postgres import PostgresStore
@@ -139,6 +141,7 @@ class App:
             allowlist=Allowlist.of(config.plugin_allowlist),
             token_plaintext=config.plugin_token_plaintext,
             max_message_bytes=config.plugin_max_message_bytes,
+            labels_of=self._labels_of,
         )
         self.health = health.aio.HealthServicer()
         limits = self.runtime.limits
@@ -341,6 +344,10 @@ class App:
     def _session_of(self, agent_id: str) -> str:
         agent = self.factory.agents.get(agent_id)
         return agent.session.session_id if agent is not None else ""
+
+    def _labels_of(self, agent_id: str) -> Mapping[str, str]:
+        agent = self.factory.agents.get(agent_id)
+        return agent.options.labels if agent is not None else {}
 
     def stop_on_signals(self) -> asyncio.Event:
         """Install SIGTERM and SIGINT handlers now; the event is set when one arrives."""

@@ -92,6 +92,8 @@ class PluginStats:
     unexpected_results: int = 0
     latencies: dict[tuple[int, int], deque[float]] = field(default_factory=dict)
     """Per (call kind, contract seam), the latest call latencies in seconds."""
+    skipped: dict[int, int] = field(default_factory=dict)
+    """Per contract seam, the calls its match conditions skipped."""
 
     def record(self, call: hk.HookCall, seconds: float) -> None:
         """Keep one latency sample of `call` (the latest 1000 per kind and seam)."""

@@ -38,6 +38,7 @@ from server.plugins.calls import (
     call_ids,
     checked,
 )
+from server.plugins.conditions import Facets, LabelsOf, compile_matcher, no_labels
 
 log = logging.getLogger(__name__)
 _fail_open_log = logs.RateLimited(log)
@@ -98,13 +99,13 @@ class RemoteListener:
     slot: NoticeSlot = field(default_factory=NoticeSlot)
     """The buffer share of an observer subscription."""
 
-    event_kinds: frozenset[str] = frozenset()
-    """The session event kinds asked for (empty: all), read once: checked per event."""
     observe_only: bool = False
     """The plugin only watches this seam: its calls go as notifications, unanswered."""
 
     agent_ids: frozenset[str] = frozenset()
     """The agents the subscription is limited to (empty: all)."""
+    labels_of: LabelsOf = no_labels
+    """The labels of a live agent, for `MatchConditions.agent_labels`."""
 
     _spec: SeamSpec = field(init=False, repr=False)
     _seam: hk.Seam.ValueType = field(init=False, repr=False)
@@ -114,7 +115,6 @@ class RemoteListener:
     def __post_init__(self) -> None:
         if self.subscription.buffer_size:
             self.slot.limit = self.subscription.buffer_size
-        self.event_kinds = frozenset(self.subscription.event_kinds)
         self.observe_only = self.subscription.observe_only
         self.agent_ids = frozenset(self.subscription.agent_ids)
         self._seam = self.subscription.seam
@@ -142,9 +142,14 @@ class RemoteListener:
         """Who the listener speaks for in the records its decisions cause."""
         return f"plugin:{self.plugin}"
 
-    def sees(self, agent_id: str) -> bool:
-        """Whether the subscription covers `agent_id`."""
-        return not self.agent_ids or agent_id in self.agent_ids
+    def matcher(self, facets: Facets[In]) -> Callable[[In], bool] | None:
+        """The subscription's conditions over the seam's input; None: every call matches."""
+        return compile_matcher(self.subscription, facets, self.labels_of)
+
+    def skipped(self) -> None:
+        """Count a call the conditions did not match (never made)."""
+        skipped = self.stats.skipped
+        skipped[self._seam] = skipped.get(self._seam, 0) + 1
 
     def on(self, seams: SeamRegistry, key: Seam[Fn], listener: Fn) -> Callable[[], None]:
         """Register `listener` on `key` as this subscription's; returns the disposer."""
