@@ -208,7 +208,7 @@ class Registry:
 
     def has_conditions(self) -> bool:
         """Whether a subscription relies on match conditions."""
-        return any(s.conditioned for s in self.subscriptions.values())
+        return any(s.described.HasField("conditions") for s in self.subscriptions.values())
 
     async def responses(self, call: hs.HookCall) -> AsyncGenerator[hs.HandleResponse]:
         """Everything `Handle` sends for one call: the chunks of a model call, else its result.

@@ -123,9 +123,17 @@ def call_matches(subscription: hs.Subscription, call: hs.HookCall) -> bool:
         text = prompt_text(call.prompt_submit.content)
         if not text.startswith(conditions.prompt_prefix):
             return False
-        if conditions.prompt_regex and re.search(conditions.prompt_regex, text) is None:
+        if conditions.prompt_regex and _search(conditions.prompt_regex, text) is None:
             return False
     return True
+
+
+def _search(regex: str, text: str) -> re.Match[str] | None:
+    """`re.search`; a regex that does not compile (refused at registration) finds nothing."""
+    try:
+        return re.search(regex, text)
+    except re.error:
+        return None
 
 
 def tool_name(call: hs.HookCall) -> str | None:
