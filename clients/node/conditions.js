@@ -75,7 +75,7 @@ function conditionsOf(payload, options) {
   if ((promptPrefix || promptRegex) && payload !== 'promptSubmit') {
     refuse(promptPrefix ? 'promptPrefix' : 'promptRegex', 'promptSubmit only');
   }
-  if (promptRegex) new RegExp(promptRegex); // eslint-disable-line no-new -- throws if invalid
+  if (promptRegex) new RegExp(promptRegex); // throws a SyntaxError when it does not compile
   if (Object.keys(agentLabels).some((key) => !key)) refuse('agentLabels', 'a key is empty');
   const any = tools.length || eventKinds.length || promptPrefix || promptRegex
     || Object.keys(agentLabels).length;
