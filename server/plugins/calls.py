@@ -7,7 +7,7 @@ listeners, tools and models here call through it. Nothing in this module is per 
 from __future__ import annotations
 
 import itertools
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -92,8 +92,8 @@ class PluginStats:
     unexpected_results: int = 0
     latencies: dict[tuple[int, int], deque[float]] = field(default_factory=dict)
     """Per (call kind, contract seam), the latest call latencies in seconds."""
-    skipped: dict[int, int] = field(default_factory=dict)
-    """Per contract seam, the calls its match conditions skipped."""
+    skipped: defaultdict[int, int] = field(default_factory=lambda: defaultdict(int))
+    """Per contract seam, the calls its match conditions skipped (`+= 1`: no call made)."""
 
     def record(self, call: hk.HookCall, seconds: float) -> None:
         """Keep one latency sample of `call` (the latest 1000 per kind and seam)."""

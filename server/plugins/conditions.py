@@ -50,38 +50,44 @@ def compile_matcher(
     """The predicate a call's input must pass; None when every call matches.
 
     `agent_ids` and the older `Subscription.event_kinds` are conditions too. The input
-    names its agent (`agent_id`).
+    names its agent (`agent_id`). One closure with its checks inline, the agent's first
+    (the most selective, usually): it runs on every call of every agent, and a call of
+    a function per condition would cost as much as the check.
     """
-    tests: list[Callable[[In], bool]] = []
-    agent_ids = frozenset(subscription.agent_ids)
-    if agent_ids:
-        tests.append(lambda input: input.agent_id in agent_ids)  # type: ignore[attr-defined]
     conditions = subscription.conditions
-    labels = tuple(sorted(conditions.agent_labels.items()))
-    if labels:
-
-        def labelled(input: In) -> bool:
-            have = labels_of(input.agent_id)  # type: ignore[attr-defined]
-            return all(have.get(key) == value for key, value in labels)
-
-        tests.append(labelled)
-    tool = facets.tool
-    if tool is not None and conditions.tools:
-        named = name_matcher(conditions.tools)
-        tests.append(lambda input: named(tool(input)))
-    kind = facets.event_kind
-    kinds = event_kinds(subscription)
-    if kind is not None and kinds is not None:
-        tests.append(lambda input: kind(input) in kinds)
+    agent_ids = frozenset(subscription.agent_ids) or None
+    labels = tuple(sorted(conditions.agent_labels.items())) or None
+    tool = facets.tool if conditions.tools else None
+    named = name_matcher(conditions.tools) if tool is not None else None
+    kinds = event_kinds(subscription) if facets.event_kind is not None else None
+    kind = facets.event_kind if kinds is not None else None
     prompt = facets.prompt
-    if prompt is not None and conditions.prompt_prefix:
-        prefix = conditions.prompt_prefix
-        tests.append(lambda input: prompt(input).startswith(prefix))
-    if prompt is not None and conditions.prompt_regex:
-        search = re.compile(conditions.prompt_regex).search
-        tests.append(lambda input: search(prompt(input)) is not None)
-    if not tests:
+    prefix = conditions.prompt_prefix if prompt is not None else ""
+    search = re.compile(conditions.prompt_regex).search if conditions.prompt_regex else None
+    if prompt is None or not (prefix or search is not None):
+        prompt = None
+    if agent_ids is None and labels is None and named is None and kind is None and prompt is None:
         return None
-    if len(tests) == 1:
-        return tests[0]
-    return lambda input: all(test(input) for test in tests)
+
+    def matches(input: In) -> bool:
+        agent_id: str = input.agent_id  # type: ignore[attr-defined]
+        if agent_ids is not None and agent_id not in agent_ids:
+            return False
+        if labels is not None:
+            have = labels_of(agent_id)
+            for key, value in labels:
+                if have.get(key) != value:
+                    return False
+        if named is not None and not named(tool(input)):  # type: ignore[misc]
+            return False
+        if kind is not None and kind(input) not in kinds:  # type: ignore[operator]
+            return False
+        if prompt is not None:
+            text = prompt(input)
+            if not text.startswith(prefix):
+                return False
+            if search is not None and search(text) is None:
+                return False
+        return True
+
+    return matches

@@ -17,6 +17,7 @@ and is skipped and counted under FAIL_OPEN; at an approver it only abstains.
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -146,10 +147,10 @@ class RemoteListener:
         """The subscription's conditions over the seam's input; None: every call matches."""
         return compile_matcher(self.subscription, facets, self.labels_of)
 
-    def skipped(self) -> None:
-        """Count a call the conditions did not match (never made)."""
-        skipped = self.stats.skipped
-        skipped[self._seam] = skipped.get(self._seam, 0) + 1
+    @property
+    def skip_count(self) -> tuple[defaultdict[int, int], int]:
+        """Where a call its conditions skip is counted: `counts[seam] += 1`, inline."""
+        return self.stats.skipped, self._seam
 
     def on(self, seams: SeamRegistry, key: Seam[Fn], listener: Fn) -> Callable[[], None]:
         """Register `listener` on `key` as this subscription's; returns the disposer."""

@@ -69,10 +69,11 @@ class Transform(Generic[L, Out, R]):
         """The listener asks the plugin, then applies its decision (none: `next()`)."""
         fill, read, apply = self.fill, self.read, self.apply
         matches = remote.matcher(self.facets)
+        skipped, seam = remote.skip_count
 
         async def listener(input: L, next_: Next[L, Out]) -> Out:
             if matches is not None and not matches(input):
-                remote.skipped()
+                skipped[seam] += 1
                 return await next_()
             decision = await remote.ask(input, fill, input, read)
             if decision is None:
@@ -97,11 +98,12 @@ class Wrap(Generic[L, Out, R]):
         """The listener awaits `next()`, then the plugin may replace its result."""
         fill, read, apply = self.fill, self.read, self.apply
         matches = remote.matcher(self.facets)
+        skipped, seam = remote.skip_count
 
         async def listener(input: L, next_: Next[L, Out]) -> Out:
             inner = await next_()
             if matches is not None and not matches(input):
-                remote.skipped()
+                skipped[seam] += 1
                 return inner
             decision = await remote.ask(input, fill, inner, read)
             return inner if decision is None else apply(decision)
@@ -125,10 +127,11 @@ class Check(Generic[L, Out, R]):
         """The listener asks the plugin; its decision says whether to bail."""
         fill, read, decide = self.fill, self.read, self.decide
         matches = remote.matcher(self.facets)
+        skipped, seam = remote.skip_count
 
         async def listener(input: L) -> Out | None:
             if matches is not None and not matches(input):
-                remote.skipped()
+                skipped[seam] += 1
                 return None
             decision = await remote.ask(input, fill, input, read)
             return None if decision is None else decide(input, decision)
@@ -150,10 +153,11 @@ class Watch(Generic[A]):
         # Bound once: observers run for every event, chunks included.
         caller, slot, fill = remote.caller, remote.slot, self.fill
         matches = remote.matcher(self.facets)
+        skipped, seam = remote.skip_count
 
         def listener(input: A) -> None:
             if matches is not None and not matches(input):
-                remote.skipped()
+                skipped[seam] += 1
                 return
             if caller.admit(slot):
                 call = remote.notice(input.agent_id)
@@ -183,10 +187,11 @@ class Approve(Generic[R]):
         fill, read, answer = self.fill, self.read, self.answer
         own_timeout = remote.subscription.HasField("timeout")
         matches = remote.matcher(self.facets)
+        skipped, seam = remote.skip_count
 
         async def listener(ask: S.ApprovalAsk) -> S.ApprovalAnswer:
             if matches is not None and not matches(ask):
-                remote.skipped()
+                skipped[seam] += 1
                 return None
             seconds = None
             if not own_timeout:
