@@ -27,6 +27,7 @@ from server.models.scripted_options import script_options
 from server.settings.config import Config
 from tests.e2e.conftest import E2E, READ_TIMEOUT, of_kind, read_turn, running_app, text_of
 from tests.e2e.registry import list_plugins, plugin_state, register
+from tests.e2e.test_contract import details
 from tests.e2e.test_observability import scrape
 from tests.processes import TEST_PLUGINS, PluginLauncher, free_port, node, plugin_launcher
 
@@ -206,3 +207,25 @@ async def test_an_invalid_condition_is_refused_at_registration(
     assert field in (refused.value.details() or "")
     assert await list_plugins(run.e2e.channel) == before
     await plugin.kill()
+
+
+async def test_bad_agent_labels_are_invalid_argument_naming_the_field(run: Run) -> None:
+    client = Client(run.e2e.channel, timeout=T)
+    options = agent_pb2.AgentOptions(labels={"no spaces": "x"})
+
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await client.factory.CreateAgent(
+            fac.CreateAgentRequest(agent_id=f"mislabelled-{run.lang}", options=options), timeout=T
+        )
+
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    _, bad = details(refused.value)
+    assert [v.field for v in bad.field_violations] == ["options.labels"]
+    assert "'no spaces'" in (refused.value.details() or "")
+    # The server and the other agents are unharmed: the labelled agent still runs a turn.
+    sent = await client.agents.SendMessage(
+        api.SendMessageRequest(agent_id="red", text="/deploy staging"), timeout=T
+    )
+    events = await read_turn(client.agents, "red", sent.next_seq)
+    (user,) = of_kind(events, "user_message")
+    assert text_of(user.user_message.content) == f"/deploy staging-{run.name}"
