@@ -347,7 +347,7 @@ class App:
 
     def _labels_of(self, agent_id: str) -> Mapping[str, str]:
         agent = self.factory.agents.get(agent_id)
-        return agent.options.labels if agent is not None else {}
+        return agent.labels if agent is not None else {}
 
     def stop_on_signals(self) -> asyncio.Event:
         """Install SIGTERM and SIGINT handlers now; the event is set when one arrives."""

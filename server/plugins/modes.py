@@ -8,6 +8,9 @@ current value and returns a decision; an empty decision means "continue unchange
 and the next listener sees the result. A checkpoint (`Check`) may bail out of the
 chain. Observers (`Watch`) are notifications and never block the loop. Approvers
 (`Approve`) are called by the approvals, concurrently; each answers or abstains.
+Every listener first runs the subscription's match conditions (`server.plugins.conditions`)
+over the input, read through the seam's `Facets`: a call they exclude is counted as
+skipped and never made, and the chain goes on as if the plugin had not been there.
 """
 
 from __future__ import annotations
