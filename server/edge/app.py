@@ -245,8 +245,9 @@ class App:
         await self.mcp.start()  # before the config agents: their tools may be MCP tools
         for agent in self.config.agents:
             options = agent_pb2.AgentOptions(
-                provider=agent.provider, model=agent.model, tools=agent.tools, persona=agent.persona
-            )
+                provider=agent.provider, model=agent.model, tools=agent.tools,
+                persona=agent.persona, labels=dict(agent.labels),
+            )  # fmt: skip
             if agent.max_parallel_tool_calls is not None:
                 options.max_parallel_tool_calls = agent.max_parallel_tool_calls
             try:
