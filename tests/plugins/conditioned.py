@@ -70,7 +70,7 @@ def build(name: str, record: str, bad: str) -> Plugin:
 def ignoring_conditions(plugin: Plugin) -> Plugin:
     """The plugin with the helper's own check of its conditions turned off."""
     for subscription in plugin.registry.subscriptions.values():
-        subscription.conditioned = False
+        subscription.matches = None
     return plugin
 
 

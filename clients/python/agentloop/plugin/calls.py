@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, TypeVar
 from google.protobuf import duration_pb2
 
 from agentloop.plugin.conditions import CAPABILITY as CONDITIONS
-from agentloop.plugin.conditions import call_matches
+from agentloop.plugin.conditions import call_matcher
 from agentloop.plugin.decisions import blocks, struct, tool_error
 from agentloop.plugin.inline import never_suspends
 from agentloop.plugin.seam_table import BY_PAYLOAD, BY_SEAM, SPECS, SeamSpec
@@ -123,13 +123,14 @@ class Subscription:
 
     described: hs.Subscription = field(init=False, repr=False)
     """`message()`, made once: its conditions are checked on every call."""
-    conditioned: bool = field(init=False, repr=False)
-    """It declares match conditions."""
+    matches: Callable[[hs.HookCall], bool] | None = field(init=False, repr=False)
+    """Its match conditions over a call (None: it declares none), prepared once."""
 
     def __post_init__(self) -> None:
         self.inline = never_suspends(self.handler)
         self.described = self.message()
-        self.conditioned = self.described.HasField("conditions")
+        conditioned = self.described.HasField("conditions")
+        self.matches = call_matcher(self.described) if conditioned else None
 
     def message(self) -> hs.Subscription:
         """The subscription as `Describe` reports it."""
@@ -252,7 +253,7 @@ class Registry:
         spec = BY_PAYLOAD.get(payload)
         sub = self.subscriptions.get(payload)
         notification = call.kind == hs.CALL_KIND_NOTIFICATION
-        if sub is not None and sub.conditioned and not call_matches(sub.described, call):
+        if sub is not None and sub.matches is not None and not sub.matches(call):
             # Outside its conditions (a server that sent it anyway): never handled; a
             # call is answered "continue unchanged", a notification not at all.
             answered = spec is not None and spec.decision is not None and not notification

@@ -103,37 +103,50 @@ def call_matches(subscription: hs.Subscription, call: hs.HookCall) -> bool:
 
     Everything but the agent labels, which only the server knows.
     """
-    if subscription.agent_ids and call.agent_id not in subscription.agent_ids:
-        return False
+    return call_matcher(subscription)(call)
+
+
+def call_matcher(subscription: hs.Subscription) -> Callable[[hs.HookCall], bool]:
+    """`call_matches` for one subscription, its lists and regex prepared once."""
+    agent_ids = frozenset(subscription.agent_ids)
     conditions = subscription.conditions
-    payload = call.WhichOneof("payload")
     kinds = event_kinds(subscription)
-    if kinds is not None and payload in ("session_event", "agent_event"):
-        kind = (
-            call.session_event.event.WhichOneof("payload")
-            if payload == "session_event"
-            else call.agent_event.event.WhichOneof("event")
-        )
-        if kind not in kinds:
+    named = name_matcher(conditions.tools) if conditions.tools else None
+    prefix = conditions.prompt_prefix
+    search = _searcher(conditions.prompt_regex) if conditions.prompt_regex else None
+
+    def matches(call: hs.HookCall) -> bool:
+        if agent_ids and call.agent_id not in agent_ids:
             return False
-    tool = tool_name(call)
-    if conditions.tools and tool is not None and not name_matcher(conditions.tools)(tool):
-        return False
-    if payload == "prompt_submit":
-        text = prompt_text(call.prompt_submit.content)
-        if not text.startswith(conditions.prompt_prefix):
+        payload = call.WhichOneof("payload")
+        if kinds is not None and payload in ("session_event", "agent_event"):
+            kind = (
+                call.session_event.event.WhichOneof("payload")
+                if payload == "session_event"
+                else call.agent_event.event.WhichOneof("event")
+            )
+            if kind not in kinds:
+                return False
+        tool = tool_name(call)
+        if named is not None and tool is not None and not named(tool):
             return False
-        if conditions.prompt_regex and _search(conditions.prompt_regex, text) is None:
-            return False
-    return True
+        if payload == "prompt_submit":
+            text = prompt_text(call.prompt_submit.content)
+            if not text.startswith(prefix):
+                return False
+            if search is not None and search(text) is None:
+                return False
+        return True
+
+    return matches
 
 
-def _search(regex: str, text: str) -> re.Match[str] | None:
-    """`re.search`; a regex that does not compile (refused at registration) finds nothing."""
+def _searcher(regex: str) -> Callable[[str], object]:
+    """The regex's search; one that does not compile (refused at registration) finds nothing."""
     try:
-        return re.search(regex, text)
+        return re.compile(regex).search
     except re.error:
-        return None
+        return lambda text: None
 
 
 def tool_name(call: hs.HookCall) -> str | None:
