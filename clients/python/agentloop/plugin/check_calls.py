@@ -9,7 +9,12 @@ from dataclasses import dataclass, field
 from google.protobuf import unknown_fields
 
 from agentloop.plugin.conditions import CAPABILITY as CONDITIONS
-from agentloop.plugin.conditions import EVENT_KINDS, call_matches, invalid_conditions
+from agentloop.plugin.conditions import (
+    EVENT_KINDS,
+    call_matches,
+    event_kinds,
+    invalid_conditions,
+)
 from agentloop.plugin.seam_table import BY_PAYLOAD
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.v1 import approval_pb2 as ap
@@ -223,8 +228,8 @@ def excluded(call: hs.HookCall, subscription: hs.Subscription) -> hs.HookCall | 
 
 
 def event_kinds_of(subscription: hs.Subscription) -> list[str]:
-    """The event kinds a subscription asks for, known to its seam (empty: every kind)."""
-    asked = set(subscription.event_kinds) | set(subscription.conditions.event_kinds)
+    """The event kinds a subscription is sent, known to its seam (empty: every kind)."""
+    asked = event_kinds(subscription) or frozenset()
     return sorted(asked & EVENT_KINDS.get(subscription.seam, frozenset()))
 
 
