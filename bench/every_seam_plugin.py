@@ -2,7 +2,9 @@
 
 With `--turn-end-only` its session-event observer asks for `turn_end` events only;
 with `--observer-only` it is nothing but a session-event observer of every event; with
-`--watch-only` it only watches every seam (`observe_only`: notifications, no answers).
+`--watch-only` it only watches every seam (`observe_only`: notifications, no answers);
+with `--match-nothing` every subscription (approvals and compactions too) carries match
+conditions no call of the workload meets: the server should make no call at all.
 `--listen ADDRESS` serves there (a `unix:/path` socket, say) instead of 127.0.0.1:0.
 Prints "plugin every-seam listening on HOST:PORT" when ready.
 """
@@ -28,6 +30,21 @@ async def observe(call: Any) -> None:
 
 if "--observer-only" in sys.argv:
     plugin.on_session_event()(observe)
+elif "--match-nothing" in sys.argv:
+    # An agent label no agent has, on every seam; and each seam's own condition besides.
+    nobody: dict[str, Any] = {"agent_labels": {"bench": "nobody"}}
+    plugin.prompt_submit(**nobody, prompt_prefix="/never")(proceed)
+    for path in (
+        "agent/session-prefix", "agent/pre-step", "agent/request", "agent/step-result",
+        "agent/turn-continuation", "agent/turn-stop", "agent/compact",
+    ):  # fmt: skip
+        plugin.on(path, **nobody)(proceed)
+    for path in (
+        "tools/pre-execute", "tools/post-execute", "tools/approval", "tools/result-committed",
+    ):  # fmt: skip
+        plugin.on(path, **nobody, tools=["never_*"])(proceed)
+    plugin.on_session_event(**nobody, event_kinds=["prompt_blocked"])(observe)
+    plugin.on_agent_event(**nobody, event_kinds=["compaction"])(observe)
 else:
     for decorator in (
         plugin.prompt_submit, plugin.session_prefix, plugin.pre_step, plugin.request,

@@ -68,6 +68,8 @@ BENCHES = (
     Bench("plugin_bench", "one round trip per decision; filtered plugin ≤ 1.05× none; "
           "observer ≤ 1.2× CPU on a 10,000-chunk turn", (),
           ("--calls", "300", "--turns", "30", "--chunk-turns", "1")),
+    Bench("conditions_bench", "a plugin on every seam whose conditions match nothing ≤ 1.05× "
+          "no plugin (latency and server CPU)", (), ("--turns", "30", "--rounds", "2")),
     Bench("pingpong_bench", "the floor of a plugin call: a bidi ping-pong (≈ 150–190 µs)",
           ("default", "polled"), ("--calls", "500", "--rounds", "1", "default", "polled")),
     Bench("grpc_floor", "the floor of a gRPC call on this machine (no target: figures)", (),

@@ -69,6 +69,10 @@ async function answer(plugin, call, signal) {
   const spec = BY_PAYLOAD.get(payload);
   const subscription = plugin.subscriptions.get(payload);
   const watching = Boolean(subscription && subscription.options.observeOnly);
+  if (subscription && subscription.matches && !subscription.matches(call)) {
+    // Outside its conditions (a server that sent it anyway): never handled.
+    return spec && spec.answered && call.kind !== 'CALL_KIND_NOTIFICATION' ? { callId: call.callId } : null;
+  }
   if (spec && (!spec.answered || call.kind === 'CALL_KIND_NOTIFICATION' || watching)) {
     if (subscription) {
       try {

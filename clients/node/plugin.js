@@ -37,6 +37,7 @@ const decisions = require('./decisions');
 const proto = require('./proto');
 const models = require('./models');
 const { runCall } = require('./calls');
+const { CAPABILITY: CONDITIONS_CAPABILITY, callMatcher, conditionsOf } = require('./conditions');
 
 /** The server's default `pluginMaxMessageBytes`: what a plugin must accept and may send. */
 const MAX_MESSAGE_BYTES = 16 * 1024 * 1024;
@@ -56,8 +57,17 @@ const FAILURE_POLICIES = ['FAIL_CLOSED', 'FAIL_OPEN'];
  * @property {string[]} [agentIds] only these agents' calls (default: every agent)
  * @property {number} [bufferSize] observers only: notifications that may wait to be
  *   sent (default: the server's 1024)
- * @property {string[]} [eventKinds] onSessionEvent only: only these payload kinds, such as
- *   'turn_end' (default: all); the server filters, so other events cost nothing
+ * @property {string[]} [eventKinds] onSessionEvent and onAgentEvent only: only these
+ *   payload kinds, such as 'turn_end' or 'status' (default: all); the server
+ *   filters, so other events cost nothing
+ * @property {string[]} [tools] tool seams only (toolsPreExecute, toolsPostExecute,
+ *   onToolResult, toolsApproval): only calls of these tools, by name or glob ('mcp__*')
+ * @property {Object<string, string>} [agentLabels] only agents whose labels
+ *   (`AgentOptions.labels`) hold all of these
+ * @property {string} [promptPrefix] promptSubmit only: only prompts whose text starts so
+ * @property {string} [promptRegex] promptSubmit only: only prompts whose text this regular
+ *   expression is found in (the common subset of JavaScript and Python `re`: the server
+ *   evaluates it with Python's)
  * @property {boolean} [observeOnly] transforming seams and checkpoints: the plugin only
  *   watches; the server sends each call as a notification and never waits for it (no
  *   round trip); the handler's return value is ignored (default: false)
@@ -252,7 +262,8 @@ class Plugin {
     if (policy !== undefined && !FAILURE_POLICIES.includes(policy)) {
       throw new Error(`failurePolicy: one of ${FAILURE_POLICIES.join(', ')}, not ${policy}`);
     }
-    this.subscriptions.set(payload, { handler, options: { ...options } });
+    const matches = callMatcher(payload, options); // throws for conditions the server refuses
+    this.subscriptions.set(payload, { handler, options: { ...options }, matches });
     return this;
   }
 
@@ -327,11 +338,15 @@ class Plugin {
           timeout: options.timeout === undefined ? null : proto.duration(options.timeout),
           failurePolicy: `FAILURE_POLICY_${options.failurePolicy || 'UNSPECIFIED'}`,
           agentIds: [...(options.agentIds || [])],
-          eventKinds: [...(options.eventKinds || [])],
+          // The older field, which every server reads; other seams' kinds are conditions.
+          eventKinds: spec.payload === 'sessionEvent' ? [...(options.eventKinds || [])] : [],
           bufferSize: options.bufferSize || 0,
           observeOnly: Boolean(options.observeOnly),
+          conditions: conditionsOf(spec.payload, options),
         };
       });
+    // A server without match conditions would call it for everything: it must refuse it.
+    const conditioned = subscriptions.some((subscription) => subscription.conditions);
     const tools = [...this.tools.values()].map((tool) => tool.definition);
     const modelDefinitions = [...this.models.values()].map((model) => model.definition);
     return {
@@ -341,6 +356,7 @@ class Plugin {
       tools,
       models: modelDefinitions,
       protocolVersion: 1,
+      capabilities: conditioned ? [CONDITIONS_CAPABILITY] : [],
     };
   }
 

@@ -46,6 +46,8 @@ from server.settings.addresses import Allowlist, is_loopback
 from server.settings.config import Config, ConfigError, read_pem, read_token
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from server.edge.api_http import HttpSide
     from server.edge.app_replica import Replica
     from server.stores.postgres import PostgresStore
@@ -140,6 +142,7 @@ class App:
             allowlist=Allowlist.of(config.plugin_allowlist),
             token_plaintext=config.plugin_token_plaintext,
             max_message_bytes=config.plugin_max_message_bytes,
+            labels_of=self._labels_of,
         )
         self.health = health.aio.HealthServicer()
         limits = self.runtime.limits
@@ -249,8 +252,9 @@ class App:
         await self.mcp.start()  # before the config agents: their tools may be MCP tools
         for agent in self.config.agents:
             options = agent_pb2.AgentOptions(
-                provider=agent.provider, model=agent.model, tools=agent.tools, persona=agent.persona
-            )
+                provider=agent.provider, model=agent.model, tools=agent.tools,
+                persona=agent.persona, labels=dict(agent.labels),
+            )  # fmt: skip
             if agent.max_parallel_tool_calls is not None:
                 options.max_parallel_tool_calls = agent.max_parallel_tool_calls
             try:
@@ -353,6 +357,10 @@ class App:
     def _session_of(self, agent_id: str) -> str:
         agent = self.factory.agents.get(agent_id)
         return agent.session.session_id if agent is not None else ""
+
+    def _labels_of(self, agent_id: str) -> Mapping[str, str]:
+        agent = self.factory.agents.get(agent_id)
+        return agent.labels if agent is not None else {}
 
     def stop_on_signals(self) -> asyncio.Event:
         """Install SIGTERM and SIGINT handlers now; the event is set when one arrives."""

@@ -100,6 +100,7 @@ def child_options(parent: agent_pb2.AgentOptions, profile: str) -> agent_pb2.Age
         tools=[t for t in parent.tools if t not in (DELEGATE, COLLECT)],
         persona=parent.persona,
         approval_required_tools=parent.approval_required_tools,
+        labels=parent.labels,
     )
     if parent.HasField("approval_timeout"):
         options.approval_timeout.CopyFrom(parent.approval_timeout)

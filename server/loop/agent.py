@@ -63,6 +63,8 @@ class Agent:
             else runtime.max_parallel_tool_calls
         )
         self.enabled_tools = frozenset(options.tools)
+        self.labels = dict(options.labels)
+        """`options.labels` as a dict: plugins' conditions read it on every call."""
         self.resolved_provider = options.provider or runtime.default_provider
         """The provider of the first request: the option, else the server default."""
         self.resolved_model = options.model or runtime.models.default_model(self.resolved_provider)

@@ -348,6 +348,15 @@ class PluginCollector(Collector):
                     buckets.append((le, cumulative))
                 latency.add_metric([name, seam_name], buckets, counts[-1])
         yield latency
+        skipped = CounterMetricFamily(
+            "agentloop_plugin_calls_skipped",
+            "Calls not made because the subscription's match conditions did not match.",
+            labels=["plugin", "seam"],
+        )
+        for name, stats in plugins.items():
+            for seam, count in sorted(getattr(stats, "skipped", {}).items()):
+                skipped.add_metric([name, self.seam_names.get(seam, str(seam))], count)
+        yield skipped
         up = GaugeMetricFamily("agentloop_plugins", "Registered plugins.")
         up.add_metric([], len(plugins))
         yield up

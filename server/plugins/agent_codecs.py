@@ -14,6 +14,7 @@ from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from server.kernel import seams as S
 from server.kernel.seams import Next
+from server.plugins.conditions import Facets, prompt_text
 from server.plugins.modes import Check, Codec, Transform, Wrap
 from server.plugins.rewrites import compose
 
@@ -179,8 +180,15 @@ async def _apply_compact(
     return await next_(dataclasses.replace(input, summary=mine.summary))
 
 
+def _prompt_text(input: S.PromptSubmit) -> str:
+    return prompt_text(input.content)
+
+
 AGENT_CODECS: tuple[Codec, ...] = (
-    Transform(S.PROMPT_SUBMIT, _fill_prompt_submit, _read_prompt_submit, _apply_prompt_submit),
+    Transform(
+        S.PROMPT_SUBMIT, _fill_prompt_submit, _read_prompt_submit, _apply_prompt_submit,
+        Facets(prompt=_prompt_text),
+    ),
     Wrap(S.SESSION_PREFIX, _fill_session_prefix, _read_session_prefix, _apply_session_prefix),
     Check(S.PRE_STEP, _fill_pre_step, _read_pre_step, _decide_pre_step),
     Transform(S.REQUEST, _fill_request, _read_request, _apply_request),

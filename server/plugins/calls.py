@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -97,6 +97,8 @@ class PluginStats:
     histograms: dict[tuple[int, int], list[float]] = field(default_factory=dict)
     """Per (call kind, contract seam), every call since the start: the count of each
     `PLUGIN_CALL_BUCKETS` bucket (not cumulative, +Inf last), then the sum of the seconds."""
+    skipped: defaultdict[int, int] = field(default_factory=lambda: defaultdict(int))
+    """Per contract seam, the calls its match conditions skipped (`+= 1`: no call made)."""
 
     def record(self, call: hk.HookCall, seconds: float) -> None:
         """Keep one latency sample of `call` (the latest 1000 per kind and seam), and count it."""

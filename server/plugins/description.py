@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from google.protobuf import duration_pb2
 
+from agentloop.plugin.conditions import invalid_conditions
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import session_event_pb2 as ev
 from server.kernel.ids import ID_PATTERN
@@ -26,7 +27,8 @@ class Overrides:
 PROTOCOL_VERSION = 1
 """The plugin protocol version this server speaks."""
 CAPABILITIES = (
-    "model_stream", "tool_execute", "event_kinds", "buffer_size", "call_batch", "observe_only"
+    "model_stream", "tool_execute", "event_kinds", "buffer_size", "call_batch", "observe_only",
+    "match_conditions",
 )  # fmt: skip
 """The optional features this server offers plugins."""
 
@@ -52,7 +54,7 @@ def invalid_description(
     if not ID_PATTERN.fullmatch(description.name):
         return f"name {description.name!r} must be 1-128 letters, digits, '.', '_', ':', '-'"
     kinds = {f.name for f in ev.SessionEvent.DESCRIPTOR.oneofs_by_name["payload"].fields}
-    for subscription in description.subscriptions:
+    for index, subscription in enumerate(description.subscriptions):
         unknown = sorted(set(subscription.event_kinds) - kinds)
         if unknown:
             return f"unknown session event kinds {unknown} (known: {sorted(kinds)})"
@@ -65,6 +67,8 @@ def invalid_description(
             return f"the subscription to {seam} has a timeout of zero or less"
         if subscription.observe_only and subscription.seam == hk.SEAM_TOOLS_APPROVAL:
             return f"the subscription to {seam} cannot be observe_only: an approver answers"
+        if problem := invalid_conditions(index, subscription):
+            return problem
     names = [tool.name for tool in description.tools]
     for name in names:
         if not name or names.count(name) > 1:

@@ -10,6 +10,7 @@ from server.kernel.tools import ToolRegistry
 from server.models import ModelRegistry
 from server.plugins import codecs
 from server.plugins.calls import DEFAULT_TIMEOUT, PluginCaller, PluginStats
+from server.plugins.conditions import LabelsOf, no_labels
 from server.plugins.listeners import RemoteListener
 from server.plugins.model import PluginModel
 from server.plugins.tools import remote_tool
@@ -27,6 +28,7 @@ def install(
     models: Sequence[hk.ModelProviderDefinition] = (),
     model_registry: ModelRegistry | None = None,
     default_timeout: float = DEFAULT_TIMEOUT,
+    labels_of: LabelsOf = no_labels,
 ) -> list[Callable[[], None]]:
     """Register a plugin's listeners, tools and models; returns their disposers.
 
@@ -41,7 +43,9 @@ def install(
                 if subscription.HasField("timeout")
                 else default_timeout
             )
-            remote = RemoteListener(plugin, subscription, caller, stats, session_of, timeout)
+            remote = RemoteListener(
+                plugin, subscription, caller, stats, session_of, timeout, labels_of=labels_of
+            )
             disposers.append(codecs.register(remote, seams))
         for definition in tools:
             timeout = (

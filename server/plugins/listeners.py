@@ -17,6 +17,7 @@ and is skipped and counted under FAIL_OPEN; at an approver it only abstains.
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -38,6 +39,7 @@ from server.plugins.calls import (
     call_ids,
     checked,
 )
+from server.plugins.conditions import Facets, LabelsOf, compile_matcher, no_labels
 
 log = logging.getLogger(__name__)
 _fail_open_log = logs.RateLimited(log)
@@ -98,13 +100,13 @@ class RemoteListener:
     slot: NoticeSlot = field(default_factory=NoticeSlot)
     """The buffer share of an observer subscription."""
 
-    event_kinds: frozenset[str] = frozenset()
-    """The session event kinds asked for (empty: all), read once: checked per event."""
     observe_only: bool = False
     """The plugin only watches this seam: its calls go as notifications, unanswered."""
 
     agent_ids: frozenset[str] = frozenset()
     """The agents the subscription is limited to (empty: all)."""
+    labels_of: LabelsOf = no_labels
+    """The labels of a live agent, for `MatchConditions.agent_labels`."""
 
     _spec: SeamSpec = field(init=False, repr=False)
     _seam: hk.Seam.ValueType = field(init=False, repr=False)
@@ -114,7 +116,6 @@ class RemoteListener:
     def __post_init__(self) -> None:
         if self.subscription.buffer_size:
             self.slot.limit = self.subscription.buffer_size
-        self.event_kinds = frozenset(self.subscription.event_kinds)
         self.observe_only = self.subscription.observe_only
         self.agent_ids = frozenset(self.subscription.agent_ids)
         self._seam = self.subscription.seam
@@ -142,9 +143,14 @@ class RemoteListener:
         """Who the listener speaks for in the records its decisions cause."""
         return f"plugin:{self.plugin}"
 
-    def sees(self, agent_id: str) -> bool:
-        """Whether the subscription covers `agent_id`."""
-        return not self.agent_ids or agent_id in self.agent_ids
+    def matcher(self, facets: Facets[In]) -> Callable[[In], bool] | None:
+        """The subscription's conditions over the seam's input; None: every call matches."""
+        return compile_matcher(self.subscription, facets, self.labels_of)
+
+    @property
+    def skip_count(self) -> tuple[defaultdict[int, int], int]:
+        """Where a call its conditions skip is counted: `counts[seam] += 1`, inline."""
+        return self.stats.skipped, self._seam
 
     def on(self, seams: SeamRegistry, key: Seam[Fn], listener: Fn) -> Callable[[], None]:
         """Register `listener` on `key` as this subscription's; returns the disposer."""

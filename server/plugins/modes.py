@@ -8,6 +8,9 @@ current value and returns a decision; an empty decision means "continue unchange
 and the next listener sees the result. A checkpoint (`Check`) may bail out of the
 chain. Observers (`Watch`) are notifications and never block the loop. Approvers
 (`Approve`) are called by the approvals, concurrently; each answers or abstains.
+Every listener first runs the subscription's match conditions (`server.plugins.conditions`)
+over the input, read through the seam's `Facets`: a call they exclude is counted as
+skipped and never made, and the chain goes on as if the plugin had not been there.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from google.protobuf.message import Message as ProtoMessage
 
 from server.kernel import seams as S
 from server.kernel.seams import Next, SeamRegistry
+from server.plugins.conditions import Facets
 from server.plugins.listeners import Fill, Located, Read, RemoteListener
 
 
@@ -61,13 +65,18 @@ class Transform(Generic[L, Out, R]):
     read: Read[R]
     apply: Callable[[L, R, Next[L, Out]], Awaitable[Out]]
     """What a decision does: usually `next(input with the decision's value)`."""
+    facets: Facets[L] = Facets()
+    """What match conditions can look at in the input."""
 
     def register(self, remote: RemoteListener, seams: SeamRegistry) -> Callable[[], None]:
         """The listener asks the plugin, then applies its decision (none: `next()`)."""
         fill, read, apply = self.fill, self.read, self.apply
+        matches = remote.matcher(self.facets)
+        skipped, seam = remote.skip_count
 
         async def listener(input: L, next_: Next[L, Out]) -> Out:
-            if not remote.sees(input.agent_id):
+            if matches is not None and not matches(input):
+                skipped[seam] += 1
                 return await next_()
             decision = await remote.ask(input, fill, input, read)
             if decision is None:
@@ -85,14 +94,19 @@ class Wrap(Generic[L, Out, R]):
     fill: Fill[Out]
     read: Read[R]
     apply: Callable[[R], Out]
+    facets: Facets[L] = Facets()
+    """What match conditions can look at in the input."""
 
     def register(self, remote: RemoteListener, seams: SeamRegistry) -> Callable[[], None]:
         """The listener awaits `next()`, then the plugin may replace its result."""
         fill, read, apply = self.fill, self.read, self.apply
+        matches = remote.matcher(self.facets)
+        skipped, seam = remote.skip_count
 
         async def listener(input: L, next_: Next[L, Out]) -> Out:
             inner = await next_()
-            if not remote.sees(input.agent_id):
+            if matches is not None and not matches(input):
+                skipped[seam] += 1
                 return inner
             decision = await remote.ask(input, fill, inner, read)
             return inner if decision is None else apply(decision)
@@ -109,13 +123,18 @@ class Check(Generic[L, Out, R]):
     read: Read[R]
     decide: Callable[[L, R], Out | None]
     """The bail value of a decision; None goes on to the next listener."""
+    facets: Facets[L] = Facets()
+    """What match conditions can look at in the input."""
 
     def register(self, remote: RemoteListener, seams: SeamRegistry) -> Callable[[], None]:
         """The listener asks the plugin; its decision says whether to bail."""
         fill, read, decide = self.fill, self.read, self.decide
+        matches = remote.matcher(self.facets)
+        skipped, seam = remote.skip_count
 
         async def listener(input: L) -> Out | None:
-            if not remote.sees(input.agent_id):
+            if matches is not None and not matches(input):
+                skipped[seam] += 1
                 return None
             decision = await remote.ask(input, fill, input, read)
             return None if decision is None else decide(input, decision)
@@ -129,19 +148,19 @@ class Watch(Generic[A]):
 
     key: S.Emit[A]
     fill: Fill[A]
-    wanted: Callable[[RemoteListener], Callable[[A], bool] | None] | None = None
-    """The subscription's own filter, if it has one (None: every input)."""
+    facets: Facets[A] = Facets()
+    """What match conditions can look at in the input."""
 
     def register(self, remote: RemoteListener, seams: SeamRegistry) -> Callable[[], None]:
         """The listener sends a notification when there is room."""
         # Bound once: observers run for every event, chunks included.
-        caller, slot, agent_ids, fill = remote.caller, remote.slot, remote.agent_ids, self.fill
-        wanted = self.wanted(remote) if self.wanted is not None else None
+        caller, slot, fill = remote.caller, remote.slot, self.fill
+        matches = remote.matcher(self.facets)
+        skipped, seam = remote.skip_count
 
         def listener(input: A) -> None:
-            if agent_ids and input.agent_id not in agent_ids:
-                return
-            if wanted is not None and not wanted(input):
+            if matches is not None and not matches(input):
+                skipped[seam] += 1
                 return
             if caller.admit(slot):
                 call = remote.notice(input.agent_id)
@@ -163,14 +182,19 @@ class Approve(Generic[R]):
     fill: Fill[S.ApprovalAsk]
     read: Read[R]
     answer: Callable[[R], S.ApprovalAnswer]
+    facets: Facets[S.ApprovalAsk] = Facets()
+    """What match conditions can look at in the input."""
 
     def register(self, remote: RemoteListener, seams: SeamRegistry) -> Callable[[], None]:
         """The listener asks the plugin (`RemoteListener.ask`) and answers its decision."""
         fill, read, answer = self.fill, self.read, self.answer
         own_timeout = remote.subscription.HasField("timeout")
+        matches = remote.matcher(self.facets)
+        skipped, seam = remote.skip_count
 
         async def listener(ask: S.ApprovalAsk) -> S.ApprovalAnswer:
-            if not remote.sees(ask.agent_id):
+            if matches is not None and not matches(ask):
+                skipped[seam] += 1
                 return None
             seconds = None
             if not own_timeout:

@@ -6,12 +6,10 @@ notification, built only once the subscription's filter and its buffer let it go
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from server.kernel import seams as S
 from server.plugins.calls import invocation, tool_output
-from server.plugins.listeners import RemoteListener
+from server.plugins.conditions import Facets
 from server.plugins.modes import Codec, Watch
 
 
@@ -19,21 +17,20 @@ def _fill_session_event(input: S.SessionEventSeen, call: hk.HookCall) -> None:
     call.session_event.event.CopyFrom(input.event)  # one copy, not one per nesting level
 
 
-def _wanted_session_event(
-    remote: RemoteListener,
-) -> Callable[[S.SessionEventSeen], bool] | None:
-    kinds = remote.event_kinds
-    if not kinds:
-        return None  # every event: no filter to run per event
-
-    def wanted(input: S.SessionEventSeen) -> bool:
-        return input.event.WhichOneof("payload") in kinds
-
-    return wanted
+def _session_event_kind(input: S.SessionEventSeen) -> str | None:
+    return input.event.WhichOneof("payload")
 
 
 def _fill_agent_event(input: S.AgentEventSeen, call: hk.HookCall) -> None:
     call.agent_event.event.CopyFrom(input.event)
+
+
+def _agent_event_kind(input: S.AgentEventSeen) -> str | None:
+    return input.event.WhichOneof("event")
+
+
+def _tool_result_name(input: S.ToolCallResult) -> str:
+    return input.exec.name
 
 
 def _fill_tool_result(input: S.ToolCallResult, call: hk.HookCall) -> None:
@@ -43,8 +40,8 @@ def _fill_tool_result(input: S.ToolCallResult, call: hk.HookCall) -> None:
 
 
 OBSERVER_CODECS: tuple[Codec, ...] = (
-    Watch(S.SESSION_COMMITTED, _fill_session_event, _wanted_session_event),
-    Watch(S.AGENT_EVENT, _fill_agent_event),
-    Watch(S.TOOLS_RESULT_COMMITTED, _fill_tool_result),
+    Watch(S.SESSION_COMMITTED, _fill_session_event, Facets(event_kind=_session_event_kind)),
+    Watch(S.AGENT_EVENT, _fill_agent_event, Facets(event_kind=_agent_event_kind)),
+    Watch(S.TOOLS_RESULT_COMMITTED, _fill_tool_result, Facets(tool=_tool_result_name)),
 )
 """The codecs of the seams a plugin observes."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from server.loop.runtime import Runtime
+from server.plugins.conditions import LabelsOf, no_labels
 from server.plugins.connection import PluginUnreachable
 from server.plugins.description import effective, effective_tool, invalid_description
 from server.plugins.install import install
@@ -27,6 +28,7 @@ async def refresh(
     runtime: Runtime,
     session_of: Callable[[str], str],
     describe_timeout: float,
+    labels_of: LabelsOf = no_labels,
 ) -> None:
     """Describe `plugin` again and apply what changed; raises `PluginUnreachable`."""
     description = await plugin.connection.describe(describe_timeout)
@@ -52,6 +54,6 @@ async def refresh(
     plugin.disposers = install(
         plugin.name, subscriptions, tools, plugin.connection, plugin.stats,
         runtime.seams, runtime.tools, session_of, models, runtime.models,
-        runtime.plugin_timeout,
+        runtime.plugin_timeout, labels_of,
     )  # fmt: skip
     plugin.subscriptions, plugin.tools, plugin.models = subscriptions, tools, models

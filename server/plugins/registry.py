@@ -17,6 +17,7 @@ from server.kernel.limits import check_capacity
 from server.kernel.tasks import cancel_and_wait
 from server.loop.runtime import Runtime
 from server.plugins.calls import PluginStats
+from server.plugins.conditions import LabelsOf, no_labels
 from server.plugins.connection import PluginConnection, PluginUnreachable
 from server.plugins.description import (
     Overrides,
@@ -70,9 +71,12 @@ class PluginRegistry:
         allowlist: Allowlist | None = None,
         token_plaintext: bool = False,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        labels_of: LabelsOf = no_labels,
     ) -> None:
         self.runtime = runtime
         self.session_of = session_of
+        self.labels_of = labels_of
+        """A live agent's labels, for the subscriptions' `agent_labels` conditions."""
         self.token = token
         self.root_certificates = root_certificates
         """PEM roots trusted for `tls://` plugins; None trusts the system's."""
@@ -158,6 +162,7 @@ class PluginRegistry:
                 plugin.name, subscriptions, tools, connection, stats,
                 self.runtime.seams, self.runtime.tools, self.session_of,
                 description.models, self.runtime.models, self.runtime.plugin_timeout,
+                self.labels_of,
             )  # fmt: skip
         except BaseException:
             # Refused, failed or cancelled (a config plugin's retry at shutdown): nothing
@@ -167,7 +172,7 @@ class PluginRegistry:
         self.plugins[plugin.name] = plugin
         connection.on_state = self._readiness_changed
         connection.on_reconnect = functools.partial(
-            refresh, plugin, self.runtime, self.session_of, DESCRIBE_TIMEOUT
+            refresh, plugin, self.runtime, self.session_of, DESCRIBE_TIMEOUT, self.labels_of
         )
         connection.start()
         if not await connection.wait_ready(READY_TIMEOUT):
@@ -278,6 +283,7 @@ def describe(plugin: RegisteredPlugin) -> reg.Plugin:
             oversized_calls=stats.oversized,
             protocol_errors=stats.protocol_errors,
             unexpected_results=stats.unexpected_results,
+            skipped_calls=sum(stats.skipped.values()),
         ),
         latencies=latencies,
         last_error=plugin.connection.last_error,

@@ -16,6 +16,7 @@ from server.kernel import seams as S
 from server.kernel.seams import Next
 from server.kernel.tools import ToolExecution, ToolOutcome
 from server.plugins.calls import invocation, tool_output
+from server.plugins.conditions import Facets
 from server.plugins.modes import Approve, Codec, Transform
 from server.plugins.rewrites import compose
 
@@ -88,15 +89,33 @@ def _answer_tool_approval(mine: hk.ToolApprovalResult) -> S.ApprovalAnswer:
     return mine.decision, mine.reason
 
 
+# -- what match conditions read: the called tool's name ---------------------------------
+
+
+def _tool_name(exec: ToolExecution) -> str:
+    return exec.name
+
+
+def _result_tool_name(input: S.ToolCallResult) -> str:
+    return input.exec.name
+
+
+def _approval_tool_name(ask: S.ApprovalAsk) -> str:
+    return ask.request.tool_name
+
+
 TOOL_CODECS: tuple[Codec, ...] = (
     Transform(
         S.TOOLS_PRE_EXECUTE, _fill_tool_pre_execute, _read_tool_pre_execute,
-        _apply_tool_pre_execute,
+        _apply_tool_pre_execute, Facets(tool=_tool_name),
     ),
     Transform(
         S.TOOLS_POST_EXECUTE, _fill_tool_post_execute, _read_tool_post_execute,
-        _apply_tool_post_execute,
+        _apply_tool_post_execute, Facets(tool=_result_tool_name),
     ),
-    Approve(S.TOOLS_APPROVAL, _fill_tool_approval, _read_tool_approval, _answer_tool_approval),
+    Approve(
+        S.TOOLS_APPROVAL, _fill_tool_approval, _read_tool_approval, _answer_tool_approval,
+        Facets(tool=_approval_tool_name),
+    ),
 )  # fmt: skip
 """The codecs of the tool seams a plugin can answer."""

@@ -12,7 +12,8 @@ plugins, the names a plugin brings are known only at start, where the same check
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+import re
+from collections.abc import Collection, Iterable, Mapping
 
 from agentloop.v1 import agent_pb2
 from server.kernel.errors import CodedError, InvalidArgument
@@ -58,6 +59,23 @@ def persona_problem(persona: str, values: dict[str, str | None]) -> str:
     return ""
 
 
+MAX_LABELS = 32
+LABEL_KEY = re.compile(r"[A-Za-z0-9._/-]{1,63}")
+MAX_LABEL_VALUE_CHARS = 256
+
+
+def labels_problem(labels: Mapping[str, str]) -> str:
+    """Labels are few, with short keys of a plain alphabet and short values."""
+    if len(labels) > MAX_LABELS:
+        return f"{len(labels)} labels (at most {MAX_LABELS})"
+    for key, value in sorted(labels.items()):
+        if not LABEL_KEY.fullmatch(key):
+            return f"key {key!r} must be 1-63 letters, digits, '.', '_', '/', '-'"
+        if len(value) > MAX_LABEL_VALUE_CHARS:
+            return f"the value of {key!r} is longer than {MAX_LABEL_VALUE_CHARS} characters"
+    return ""
+
+
 class AgentCatalogue:
     """What agent options are checked against: the providers and tools registered now."""
 
@@ -94,6 +112,7 @@ class AgentCatalogue:
                 f'provider "{self.provider_of(options)}" {takes}, not {given}',
             )
         _raise("options.tools", tools_problem(options.tools, self.tools, "registered tool"))
+        _raise("options.labels", labels_problem(options.labels))
         check_agent_options(self.limits, options)
 
     def provider_of(self, options: agent_pb2.AgentOptions) -> str:

@@ -143,6 +143,8 @@ class AgentConfig:
     """The agent's parallel tool-call cap; None means the server's."""
     resume_session_id: Text = ""
     """Resume this stored session instead of creating one (cwd is then ignored)."""
+    labels: Annotated[Pairs, rule(lambda pairs: rules.labels_problem(dict(pairs)))] = ()
+    """The agent's labels (`AgentOptions.labels`), which plugins' conditions select by."""
 
     @model_validator(mode="after")
     def _persona(self) -> Self:

@@ -60,7 +60,12 @@ PortText = Annotated[str, BeforeValidator(number_as_text), Strict()]
 
 
 def sorted_pairs(value: object) -> object:
-    """A mapping of strings, as sorted (key, value) pairs."""
+    """A mapping of strings, as sorted (key, value) pairs (already pairs: kept)."""
+    if isinstance(value, tuple) and all(
+        isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(x, str) for x in pair)
+        for pair in value
+    ):
+        return value  # validated again (a config rebuilt with `replace`)
     if not isinstance(value, dict):
         fail("must be a mapping")
     for key, item in value.items():

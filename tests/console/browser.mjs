@@ -318,7 +318,7 @@ try {
     const plugin = page.locator(`#plugins .plugin[data-plugin='${process.env.CONSOLE_PLUGIN}']`);
     await plugin.waitFor();
     const text = await plugin.textContent();
-    for (const word of ["ready", "Subscriptions", "fail-opens 0", "dropped 0", "p50", "p99"]) {
+    for (const word of ["ready", "Subscriptions", "fail-opens 0", "dropped 0", "skipped 0", "p50", "p99"]) {
       expect(text.includes(word), `the plugin view lacks "${word}": ${text}`);
     }
     expect(/calls [1-9]/.test(text), `no calls counted: ${text}`);

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from tests.e2e.test_plugin_conditions import conditioned
 from tests.processes import REPO, PluginLauncher, configurable, guard_example, rogue
 
 CHECK_TIMEOUT = 60.0
@@ -135,6 +136,47 @@ async def test_a_plugin_that_holds_the_checker_to_the_spec_conforms(
         assert "PASS prompt_submit: no answer, as a notification wants" in output
     else:
         assert "PASS prompt_submit" in output
+
+
+@pytest.mark.parametrize("lang", ["python", "node"])
+async def test_a_plugin_with_conditions_conforms(launcher: PluginLauncher, lang: str) -> None:
+    plugin = await launcher.start(conditioned(lang, "--name", f"conditioned-{lang}"))
+
+    code, output = await run_check(plugin.address)
+
+    assert code == 0, output
+    # Its samples were made to match its conditions, and a call outside them was
+    # answered "continue unchanged" by the helper, without running the handler.
+    assert "PASS prompt_submit" in output and "PASS tool_pre_execute" in output
+    assert 'PASS conditions: prompt_submit: a call outside them is answered "continue' in output
+    assert "PASS conditions: tool_pre_execute" in output
+
+
+@pytest.mark.parametrize(
+    ("flags", "reason"),
+    [
+        (
+            ("--ignore-conditions",),
+            "FAIL conditions: prompt_submit: answered prompt_submit to a call its conditions"
+            " exclude",
+        ),
+        (
+            ("--bad", "regex"),
+            "FAIL describe: subscriptions[0] (SEAM_PROMPT_SUBMIT): conditions.prompt_regex: not"
+            " a valid regular expression",
+        ),
+    ],
+    ids=["decides-outside-its-conditions", "bad-regex"],
+)
+async def test_conditions_a_plugin_breaks_are_reported(
+    launcher: PluginLauncher, flags: tuple[str, ...], reason: str
+) -> None:
+    plugin = await launcher.start(conditioned("python", "--name", "loose", *flags))
+
+    code, output = await run_check(plugin.address)
+
+    assert code == 1, output
+    assert reason in output, output
 
 
 async def test_an_unreachable_address_is_exit_code_2() -> None:

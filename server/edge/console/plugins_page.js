@@ -12,6 +12,21 @@ function duration(value) {
   return value ? `${(parseFloat(value) * 1000).toFixed(1)} ms` : "-";
 }
 
+// A subscription's match conditions, in a few words ("" when it has none).
+function conditionsOf(subscription) {
+  const c = subscription.conditions || {};
+  const parts = [];
+  if ((subscription.agentIds || []).length) parts.push(`agents ${subscription.agentIds.join(", ")}`);
+  const labels = Object.entries(c.agentLabels || {}).map(([k, v]) => `${k}=${v}`);
+  if (labels.length) parts.push(`labels ${labels.join(", ")}`);
+  if ((c.tools || []).length) parts.push(`tools ${c.tools.join(", ")}`);
+  const kinds = [...(subscription.eventKinds || []), ...(c.eventKinds || [])];
+  if (kinds.length) parts.push(`events ${kinds.join(", ")}`);
+  if (c.promptPrefix) parts.push(`prompt starts "${c.promptPrefix}"`);
+  if (c.promptRegex) parts.push(`prompt matches /${c.promptRegex}/`);
+  return parts.length ? `, only ${parts.join("; ")}` : "";
+}
+
 function pluginRow(plugin) {
   const stats = plugin.stats || {};
   const counters = [
@@ -19,10 +34,11 @@ function pluginRow(plugin) {
     ["fail-opens", stats.failOpens], ["dropped", stats.droppedNotifications],
     ["reconnects", stats.reconnects], ["oversized", stats.oversizedCalls],
     ["protocol errors", stats.protocolErrors], ["unexpected", stats.unexpectedResults],
+    ["skipped", stats.skippedCalls],
   ];
   const subscriptions = (plugin.subscriptions || []).map((s) => {
     const seam = String(s.seam || "").replace("SEAM_", "").toLowerCase();
-    return `${seam} (order ${s.order || 0}${s.failurePolicy ? `, ${String(s.failurePolicy).replace("FAILURE_POLICY_", "").toLowerCase()}` : ""})`;
+    return `${seam} (order ${s.order || 0}${s.failurePolicy ? `, ${String(s.failurePolicy).replace("FAILURE_POLICY_", "").toLowerCase()}` : ""}${conditionsOf(s)})`;
   });
   const latencies = (plugin.latencies || []).map(
     (l) => `${String(l.seam || "").replace("SEAM_", "").toLowerCase()}: ${l.calls || 0} calls, p50 ${duration(l.p50)}, p99 ${duration(l.p99)}`,

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, TypeVar
 
 from google.protobuf import duration_pb2
 
+from agentloop.plugin.conditions import CAPABILITY as CONDITIONS
+from agentloop.plugin.conditions import call_matcher
 from agentloop.plugin.decisions import blocks, struct, tool_error
 from agentloop.plugin.inline import never_suspends
 from agentloop.plugin.seam_table import BY_PAYLOAD, BY_SEAM, SPECS, SeamSpec
@@ -60,7 +62,17 @@ class Options(TypedDict, total=False):
     agent_ids: Iterable[str]
     """Only these agents' calls (default: every agent)."""
     event_kinds: Iterable[str]
-    """`on_session_event` only: only these kinds, such as "turn_end" (default: all)."""
+    """`on_session_event` and `on_agent_event` only: only these event kinds, such as
+    "turn_end" or "status" (default: all)."""
+    tools: Iterable[str]
+    """Tool seams only: only calls of these tools, by name or glob ("mcp__*") (default:
+    every tool)."""
+    agent_labels: Mapping[str, str]
+    """Only agents whose labels (`AgentOptions.labels`) hold all of these (default: any)."""
+    prompt_prefix: str
+    """`prompt_submit` only: only prompts whose text starts with this."""
+    prompt_regex: str
+    """`prompt_submit` only: only prompts whose text this regular expression is found in."""
     buffer_size: int
     """Observers only: notifications that may wait to be sent (default: the server's 1024)."""
     observe_only: bool
@@ -113,20 +125,41 @@ class Subscription:
     inline: bool = field(init=False, repr=False)
     """The handler cannot suspend: its calls run in place (`agentloop.plugin.inline`)."""
 
+    described: hs.Subscription = field(init=False, repr=False)
+    """`message()`, made once: its conditions are checked on every call."""
+    matches: Callable[[hs.HookCall], bool] | None = field(init=False, repr=False)
+    """Its match conditions over a call (None: it declares none), prepared once."""
+
     def __post_init__(self) -> None:
         self.inline = never_suspends(self.handler)
+        self.described = self.message()
+        conditioned = self.described.HasField("conditions")
+        self.matches = call_matcher(self.described) if conditioned else None
 
     def message(self) -> hs.Subscription:
         """The subscription as `Describe` reports it."""
+        options = self.options
         message = hs.Subscription(
             seam=self.spec.seam,
-            order=self.options.get("order", 0),
-            failure_policy=self.options.get("failure_policy", hs.FAILURE_POLICY_UNSPECIFIED),
-            agent_ids=list(self.options.get("agent_ids", ())),
-            event_kinds=list(self.options.get("event_kinds", ())),
-            buffer_size=self.options.get("buffer_size", 0),
-            observe_only=self.options.get("observe_only", False),
+            order=options.get("order", 0),
+            failure_policy=options.get("failure_policy", hs.FAILURE_POLICY_UNSPECIFIED),
+            agent_ids=list(options.get("agent_ids", ())),
+            buffer_size=options.get("buffer_size", 0),
+            observe_only=options.get("observe_only", False),
         )
+        kinds = list(options.get("event_kinds", ()))
+        if self.spec.seam == hs.SEAM_SESSION_EVENTS:
+            message.event_kinds.extend(kinds)  # the older field, which every server reads
+        elif kinds:
+            message.conditions.event_kinds.extend(kinds)
+        if tools := list(options.get("tools", ())):
+            message.conditions.tools.extend(tools)
+        if labels := dict(options.get("agent_labels", {})):
+            message.conditions.agent_labels.update(labels)
+        if prefix := options.get("prompt_prefix", ""):
+            message.conditions.prompt_prefix = prefix
+        if regex := options.get("prompt_regex", ""):
+            message.conditions.prompt_regex = regex
         timeout = self.options.get("timeout")
         if timeout is not None:
             message.timeout.CopyFrom(duration(timeout))
@@ -174,7 +207,13 @@ class Registry:
             tools=[definition for definition, _ in self.tools.values()],
             models=[provider.definition for provider in self.models.values()],
             protocol_version=1,
+            # A server without match conditions would call it for everything: refused.
+            capabilities=[CONDITIONS] if self.has_conditions() else [],
         )
+
+    def has_conditions(self) -> bool:
+        """Whether a subscription relies on match conditions."""
+        return any(s.described.HasField("conditions") for s in self.subscriptions.values())
 
     async def responses(self, call: hs.HookCall) -> AsyncGenerator[hs.HandleResponse]:
         """Everything `Handle` sends for one call: the chunks of a model call, else its result.
@@ -218,6 +257,11 @@ class Registry:
         spec = BY_PAYLOAD.get(payload)
         sub = self.subscriptions.get(payload)
         notification = call.kind == hs.CALL_KIND_NOTIFICATION
+        if sub is not None and sub.matches is not None and not sub.matches(call):
+            # Outside its conditions (a server that sent it anyway): never handled; a
+            # call is answered "continue unchanged", a notification not at all.
+            answered = spec is not None and spec.decision is not None and not notification
+            return hs.HookResult(call_id=call.call_id) if answered else None
         if spec is not None and (spec.decision is None or notification):  # a notification
             if sub is not None:
                 await self._watch(sub, call)

@@ -7,7 +7,10 @@ limit, the offered capabilities) and checks the description; then it opens `Hand
 and sends one representative call for each subscribed seam, one `tool_execute` per
 tool, one `model_stream` per model provider and one notification per observer, all
 at once (a correct plugin answers them concurrently); to a plugin that lists the
-`call_batch` capability, the same calls again in one `CallBatch`; then a call withdrawn at once
+`call_batch` capability, the same calls again in one `CallBatch`; for each subscription
+with match conditions, its representative call made to match them, and a call they
+exclude, which must be answered "continue unchanged" (the server never sends it: a
+plugin deciding on it acts outside what it declared); then a call withdrawn at once
 with `CancelCall`, and a call whose 1 ms deadline passes (the server cancels it
 then too). Calls carry the spec's numbers (step 0 for the seams called outside a
 step); the calls of an `observe_only` subscription are notifications, which must go
@@ -25,7 +28,14 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from agentloop.plugin.check_calls import Report, check_description, check_result, sample_call
+from agentloop.plugin.check_calls import (
+    Report,
+    check_description,
+    check_result,
+    excluded,
+    fitted,
+    sample_call,
+)
 from agentloop.plugin.seam_table import BY_SEAM
 from agentloop.plugin.transport import MAX_MESSAGE_BYTES
 from agentloop.plugin.v1 import hook_service_pb2 as hs
@@ -35,7 +45,8 @@ if TYPE_CHECKING:
     from agentloop.plugin.v1.hook_service_pb2_grpc import HookServiceAsyncStub
 
 CAPABILITIES = (
-    "model_stream", "tool_execute", "event_kinds", "buffer_size", "call_batch", "observe_only"
+    "model_stream", "tool_execute", "event_kinds", "buffer_size", "call_batch", "observe_only",
+    "match_conditions",
 )  # fmt: skip
 """Everything the server offers, so that every capability a plugin lists is exercised."""
 BATCH = "call_batch"
@@ -212,10 +223,12 @@ def representative_calls(
         timeout = seconds
         if subscription.HasField("timeout"):
             timeout = subscription.timeout.ToNanoseconds() / 1e9
-        call = sample_call(
+        sampled = sample_call(
             f"{prefix}k{index}", spec.payload, observe_only=subscription.observe_only
         )
-        calls.append((spec.payload, call, timeout))
+        call = fitted(sampled, subscription)
+        if call is not None:  # else its conditions exclude every sample (a prompt regex)
+            calls.append((spec.payload, call, timeout))
     for index, tool in enumerate(description.tools):
         call = sample_call(f"{prefix}t{index}", "tool_execute", tool=tool.name)
         calls.append((f"tool {tool.name}", call, seconds))
@@ -242,6 +255,7 @@ async def conversation(
                 judge(report, f"{BATCH}: {label}", call, queue, timeout)
                 for (label, call, timeout), queue in zip(batch, queues, strict=True)
             ))  # fmt: skip
+    await outside_conditions(session, report, description, seconds)
     probe = next((s for s in description.subscriptions if s.seam in BY_SEAM
                   and BY_SEAM[s.seam].decision is not None and not s.observe_only),
                  None)  # fmt: skip
@@ -260,6 +274,41 @@ async def conversation(
         report.fail("call ids", f"answers for calls never sent: {session.strays}")
     if session.broken:
         report.fail("stream", session.broken)
+
+
+async def outside_conditions(
+    session: Session, report: Report, description: hs.DescribeResponse, seconds: float
+) -> None:
+    """Per subscription with conditions, a call they exclude: answered "continue unchanged".
+
+    The server never sends it; a plugin that decides on it anyway acts on calls its
+    conditions say it does not want, and those decisions would never happen.
+    """
+    for index, subscription in enumerate(description.subscriptions):
+        spec = BY_SEAM.get(subscription.seam)
+        if spec is None or subscription.observe_only or not subscription.HasField("conditions"):
+            continue  # an observe-only call is never answered: nothing to decide outside
+        label = f"conditions: {spec.payload}"
+        if fitted(sample_call(f"f{index}", spec.payload), subscription) is None:
+            report.ok(label, "no sample matches them (a prompt regex): its sample was not sent")
+        call = excluded(sample_call(f"u{index}", spec.payload), subscription)
+        if call is None:
+            continue
+        queue = await session.send(call)
+        try:
+            (answer,) = await answer_of(queue, seconds, streaming=False)
+        except TimeoutError:
+            report.fail(label, f"a call outside its conditions got no answer within {seconds:g} s")
+            continue
+        outcome = answer.result.WhichOneof("outcome")
+        if outcome is None:
+            report.ok(label, 'a call outside them is answered "continue unchanged"')
+        else:
+            report.fail(
+                label,
+                f"answered {outcome} to a call its conditions exclude (the server never sends"
+                " it: those decisions would never happen)",
+            )
 
 
 def sample(payload: str, *, tool: str = "", provider: str = "") -> Callable[[str], hs.HookCall]:

@@ -8,6 +8,13 @@ from dataclasses import dataclass, field
 
 from google.protobuf import unknown_fields
 
+from agentloop.plugin.conditions import CAPABILITY as CONDITIONS
+from agentloop.plugin.conditions import (
+    EVENT_KINDS,
+    call_matches,
+    event_kinds,
+    invalid_conditions,
+)
 from agentloop.plugin.seam_table import BY_PAYLOAD
 from agentloop.plugin.v1 import hook_service_pb2 as hs
 from agentloop.v1 import approval_pb2 as ap
@@ -63,7 +70,7 @@ def check_description(description: hs.DescribeResponse, offered: Sequence[str]) 
         problems.append(f"capabilities not offered: {unknown}")
     kinds = {f.name for f in ev.SessionEvent.DESCRIPTOR.oneofs_by_name["payload"].fields}
     seen = set()
-    for subscription in description.subscriptions:
+    for index, subscription in enumerate(description.subscriptions):
         seam = (
             hs.Seam.Name(subscription.seam)
             if subscription.seam in hs.Seam.values()
@@ -81,6 +88,14 @@ def check_description(description: hs.DescribeResponse, offered: Sequence[str]) 
         bad_kinds = sorted(set(subscription.event_kinds) - kinds)
         if bad_kinds:
             problems.append(f"{seam}: unknown event kinds {bad_kinds}")
+        if problem := invalid_conditions(index, subscription):
+            problems.append(problem)
+    conditioned = any(s.HasField("conditions") for s in description.subscriptions)
+    if conditioned and CONDITIONS not in description.capabilities:
+        problems.append(
+            f"it declares match conditions without requiring the capability {CONDITIONS!r}"
+            " (a server without them would call it for everything)"
+        )
     names = [tool.name for tool in description.tools]
     problems.extend(
         f"tool name {name!r} is empty or repeated"
@@ -161,6 +176,92 @@ def sample_call(
     )  # fmt: skip
     call.timeout.FromSeconds(5)
     return call
+
+
+UNMATCHED = "agentloop-checker-unmatched"
+"""A tool name and a prompt text no condition of a real plugin is expected to match."""
+
+
+def fitted(call: hs.HookCall, subscription: hs.Subscription) -> hs.HookCall | None:
+    """`call` changed to match the subscription's conditions; None when none can be made.
+
+    Its agent is one of `agent_ids`, its tool one the patterns name, its event of a kind
+    asked for, its prompt the prefix and a word of the regex. A prompt regex no such
+    guess matches is not solved: the call is left out. Agent labels are the server's
+    alone.
+    """
+    fit = hs.HookCall()
+    fit.CopyFrom(call)
+    if subscription.agent_ids:
+        fit.agent_id = subscription.agent_ids[0]
+    conditions = subscription.conditions
+    payload = call.WhichOneof("payload")
+    if conditions.tools:
+        _set_tool(fit, _a_name_of(conditions.tools[0]))
+    kinds = event_kinds_of(subscription)
+    if kinds and payload in ("session_event", "agent_event"):
+        event = fit.session_event.event if payload == "session_event" else fit.agent_event.event
+        getattr(event, sorted(kinds)[0]).SetInParent()
+    if payload == "prompt_submit" and (conditions.prompt_prefix or conditions.prompt_regex):
+        # The prefix, then a word of the regex, if one makes it match: a guess, not a solver.
+        words = re.findall(r"\w+", conditions.prompt_regex)
+        for guess in ("hello", *words):
+            del fit.prompt_submit.content[:]
+            fit.prompt_submit.content.extend(text(f"{conditions.prompt_prefix} {guess}".lstrip()))
+            if call_matches(subscription, fit):
+                break
+    return fit if call_matches(subscription, fit) else None
+
+
+def excluded(call: hs.HookCall, subscription: hs.Subscription) -> hs.HookCall | None:
+    """`call` changed so that the subscription's conditions exclude it; None if none can be.
+
+    An answered seam's call only: the plugin must answer it "continue unchanged".
+    """
+    conditions = subscription.conditions
+    spec = BY_PAYLOAD.get(call.WhichOneof("payload") or "")
+    if not subscription.HasField("conditions") or spec is None or spec.decision is None:
+        return None
+    out = hs.HookCall()
+    out.CopyFrom(call)
+    if conditions.tools:
+        _set_tool(out, UNMATCHED)
+    if out.WhichOneof("payload") == "prompt_submit":
+        del out.prompt_submit.content[:]
+        out.prompt_submit.content.extend(text(UNMATCHED))
+    return None if call_matches(subscription, out) else out
+
+
+def event_kinds_of(subscription: hs.Subscription) -> list[str]:
+    """The event kinds a subscription is sent, known to its seam (empty: every kind)."""
+    asked = event_kinds(subscription) or frozenset()
+    return sorted(asked & EVENT_KINDS.get(subscription.seam, frozenset()))
+
+
+def _a_name_of(pattern: str) -> str:
+    """A tool name a pattern matches: a name is itself; a glob's wildcards filled in."""
+    name, i = "", 0
+    while i < len(pattern):
+        char = pattern[i]
+        close = pattern.find("]", i + 2) if char == "[" else -1
+        if char in "*?":
+            name += "x"
+        elif close > i:  # a set: its first member; a complement: a rare character
+            members = pattern[i + 1 : close]
+            name += "\u2603" if members.startswith("!") else members[0]
+            i = close
+        else:
+            name += char
+        i += 1
+    return name
+
+
+def _set_tool(call: hs.HookCall, name: str) -> None:
+    payload = call.WhichOneof("payload")
+    if payload == "tool_approval":
+        call.tool_approval.approval.tool_name = name
+    elif payload in ("tool_pre_execute", "tool_post_execute", "tool_result"):
+        getattr(call, payload).invocation.name = name
 
 
 def check_result(call: hs.HookCall, answer: Sequence[hs.HandleResponse]) -> list[str]:

@@ -169,7 +169,11 @@ class Plugin:
     Every seam method takes the subscription options `order` (lower first, default
     0), `timeout` (seconds per call), `failure_policy` (`FAIL_CLOSED` or `FAIL_OPEN`)
     and `agent_ids` (default: every agent), and returns the decorator registering the
-    seam's one handler.
+    seam's one handler. Match conditions limit the calls the server makes at all (the
+    others cost no round trip): `agent_labels` on any seam, `tools` (names or globs) on
+    the tool seams, `event_kinds` on the event observers, `prompt_prefix` and
+    `prompt_regex` on `prompt_submit`; a condition the seam does not take is refused
+    when the server registers the plugin.
     """
 
     def __init__(

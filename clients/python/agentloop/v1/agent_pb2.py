@@ -29,7 +29,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61gentloop/v1/agent.proto\x12\x0c\x61gentloop.v1\x1a\x1e\x61gentloop/v1/agent_event.proto\x1a\x1b\x61gentloop/v1/approval.proto\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa7\x05\n\x0c\x41gentOptions\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12$\n\x17max_parallel_tool_calls\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\r\n\x05tools\x18\x04 \x03(\t\x12\x0f\n\x07persona\x18\x05 \x01(\t\x12.\n\x10provider_options\x18\x07 \x01(\x0b\x32\x14.google.protobuf.Any\x12\x1f\n\x17\x61pproval_required_tools\x18\x08 \x03(\t\x12\x33\n\x10\x61pproval_timeout\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\"\n\x15\x63ontext_window_tokens\x18\n \x01(\x04H\x01\x88\x01\x01\x12\"\n\x15output_reserve_tokens\x18\x0b \x01(\x04H\x02\x88\x01\x01\x12\x1f\n\x12keep_recent_tokens\x18\x0c \x01(\x04H\x03\x88\x01\x01\x12\x19\n\x0c\x61uto_compact\x18\r \x01(\x08H\x04\x88\x01\x01\x12K\n\x11subagent_profiles\x18\x0e \x03(\x0b\x32\x30.agentloop.v1.AgentOptions.SubagentProfilesEntry\x1aS\n\x15SubagentProfilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.agentloop.v1.AgentOptions:\x02\x38\x01\x42\x1a\n\x18_max_parallel_tool_callsB\x18\n\x16_context_window_tokensB\x18\n\x16_output_reserve_tokensB\x15\n\x13_keep_recent_tokensB\x0f\n\r_auto_compactJ\x04\x08\x06\x10\x07R\x06script\"\x1e\n\x0fSessionMetadata\x12\x0b\n\x03\x63wd\x18\x01 \x01(\t\"\xdd\x02\n\x05\x41gent\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12)\n\x06status\x18\x03 \x01(\x0e\x32\x19.agentloop.v1.AgentStatus\x12+\n\x07options\x18\x04 \x01(\x0b\x32\x1a.agentloop.v1.AgentOptions\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12:\n\x11pending_approvals\x18\x06 \x03(\x0b\x32\x1f.agentloop.v1.ApprovalRequested\x12\x31\n\rcontext_usage\x18\x07 \x01(\x0b\x32\x1a.agentloop.v1.ContextUsage\x12&\n\x07lineage\x18\x08 \x01(\x0b\x32\x15.agentloop.v1.Lineage\x12\x0e\n\x06moving\x18\t \x01(\x08\"g\n\x07Lineage\x12\x17\n\x0fparent_agent_id\x18\x01 \x01(\t\x12\x1b\n\x13parent_tool_call_id\x18\x02 \x01(\t\x12\r\n\x05\x64\x65pth\x18\x03 \x01(\r\x12\x17\n\x0f\x63hild_agent_ids\x18\x04 \x03(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61gentloop/v1/agent.proto\x12\x0c\x61gentloop.v1\x1a\x1e\x61gentloop/v1/agent_event.proto\x1a\x1b\x61gentloop/v1/approval.proto\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8e\x06\n\x0c\x41gentOptions\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12$\n\x17max_parallel_tool_calls\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\r\n\x05tools\x18\x04 \x03(\t\x12\x0f\n\x07persona\x18\x05 \x01(\t\x12.\n\x10provider_options\x18\x07 \x01(\x0b\x32\x14.google.protobuf.Any\x12\x1f\n\x17\x61pproval_required_tools\x18\x08 \x03(\t\x12\x33\n\x10\x61pproval_timeout\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12\"\n\x15\x63ontext_window_tokens\x18\n \x01(\x04H\x01\x88\x01\x01\x12\"\n\x15output_reserve_tokens\x18\x0b \x01(\x04H\x02\x88\x01\x01\x12\x1f\n\x12keep_recent_tokens\x18\x0c \x01(\x04H\x03\x88\x01\x01\x12\x19\n\x0c\x61uto_compact\x18\r \x01(\x08H\x04\x88\x01\x01\x12K\n\x11subagent_profiles\x18\x0e \x03(\x0b\x32\x30.agentloop.v1.AgentOptions.SubagentProfilesEntry\x12\x36\n\x06labels\x18\x0f \x03(\x0b\x32&.agentloop.v1.AgentOptions.LabelsEntry\x1aS\n\x15SubagentProfilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.agentloop.v1.AgentOptions:\x02\x38\x01\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x1a\n\x18_max_parallel_tool_callsB\x18\n\x16_context_window_tokensB\x18\n\x16_output_reserve_tokensB\x15\n\x13_keep_recent_tokensB\x0f\n\r_auto_compactJ\x04\x08\x06\x10\x07R\x06script\"\x1e\n\x0fSessionMetadata\x12\x0b\n\x03\x63wd\x18\x01 \x01(\t\"\xdd\x02\n\x05\x41gent\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12)\n\x06status\x18\x03 \x01(\x0e\x32\x19.agentloop.v1.AgentStatus\x12+\n\x07options\x18\x04 \x01(\x0b\x32\x1a.agentloop.v1.AgentOptions\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12:\n\x11pending_approvals\x18\x06 \x03(\x0b\x32\x1f.agentloop.v1.ApprovalRequested\x12\x31\n\rcontext_usage\x18\x07 \x01(\x0b\x32\x1a.agentloop.v1.ContextUsage\x12&\n\x07lineage\x18\x08 \x01(\x0b\x32\x15.agentloop.v1.Lineage\x12\x0e\n\x06moving\x18\t \x01(\x08\"g\n\x07Lineage\x12\x17\n\x0fparent_agent_id\x18\x01 \x01(\t\x12\x1b\n\x13parent_tool_call_id\x18\x02 \x01(\t\x12\r\n\x05\x64\x65pth\x18\x03 \x01(\r\x12\x17\n\x0f\x63hild_agent_ids\x18\x04 \x03(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,14 +38,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_AGENTOPTIONS_SUBAGENTPROFILESENTRY']._loaded_options = None
   _globals['_AGENTOPTIONS_SUBAGENTPROFILESENTRY']._serialized_options = b'8\001'
+  _globals['_AGENTOPTIONS_LABELSENTRY']._loaded_options = None
+  _globals['_AGENTOPTIONS_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_AGENTOPTIONS']._serialized_start=196
-  _globals['_AGENTOPTIONS']._serialized_end=875
-  _globals['_AGENTOPTIONS_SUBAGENTPROFILESENTRY']._serialized_start=658
-  _globals['_AGENTOPTIONS_SUBAGENTPROFILESENTRY']._serialized_end=741
-  _globals['_SESSIONMETADATA']._serialized_start=877
-  _globals['_SESSIONMETADATA']._serialized_end=907
-  _globals['_AGENT']._serialized_start=910
-  _globals['_AGENT']._serialized_end=1259
-  _globals['_LINEAGE']._serialized_start=1261
-  _globals['_LINEAGE']._serialized_end=1364
+  _globals['_AGENTOPTIONS']._serialized_end=978
+  _globals['_AGENTOPTIONS_SUBAGENTPROFILESENTRY']._serialized_start=714
+  _globals['_AGENTOPTIONS_SUBAGENTPROFILESENTRY']._serialized_end=797
+  _globals['_AGENTOPTIONS_LABELSENTRY']._serialized_start=799
+  _globals['_AGENTOPTIONS_LABELSENTRY']._serialized_end=844
+  _globals['_SESSIONMETADATA']._serialized_start=980
+  _globals['_SESSIONMETADATA']._serialized_end=1010
+  _globals['_AGENT']._serialized_start=1013
+  _globals['_AGENT']._serialized_end=1362
+  _globals['_LINEAGE']._serialized_start=1364
+  _globals['_LINEAGE']._serialized_end=1467
 # @@protoc_insertion_point(module_scope)

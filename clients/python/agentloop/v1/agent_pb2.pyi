@@ -50,6 +50,26 @@ class AgentOptions(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     PROVIDER_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     MAX_PARALLEL_TOOL_CALLS_FIELD_NUMBER: _builtins.int
@@ -63,6 +83,7 @@ class AgentOptions(_message.Message):
     KEEP_RECENT_TOKENS_FIELD_NUMBER: _builtins.int
     AUTO_COMPACT_FIELD_NUMBER: _builtins.int
     SUBAGENT_PROFILES_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
     provider: _builtins.str
     """Provider names the model provider, for example "scripted". Empty means the
     server default ("scripted"). A model call needs a provider and a model,
@@ -142,6 +163,15 @@ class AgentOptions(_message.Message):
         less `delegate` and `collect` (never a tool the parent lacks).
         """
 
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Optional. Labels of the agent, for plugins: a subscription's
+        `MatchConditions.agent_labels` selects agents by them. At most 32; keys of
+        1 to 63 letters, digits, '.', '_', '/' and '-'; values of at most 256
+        characters. A child the `delegate` tool creates without a profile
+        inherits them.
+        """
+
     def __init__(
         self,
         *,
@@ -158,10 +188,11 @@ class AgentOptions(_message.Message):
         keep_recent_tokens: _builtins.int | None = ...,
         auto_compact: _builtins.bool | None = ...,
         subagent_profiles: _abc.Mapping[_builtins.str, Global___AgentOptions] | None = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_auto_compact", b"_auto_compact", "_context_window_tokens", b"_context_window_tokens", "_keep_recent_tokens", b"_keep_recent_tokens", "_max_parallel_tool_calls", b"_max_parallel_tool_calls", "_output_reserve_tokens", b"_output_reserve_tokens", "approval_timeout", b"approval_timeout", "auto_compact", b"auto_compact", "context_window_tokens", b"context_window_tokens", "keep_recent_tokens", b"keep_recent_tokens", "max_parallel_tool_calls", b"max_parallel_tool_calls", "output_reserve_tokens", b"output_reserve_tokens", "provider_options", b"provider_options"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_auto_compact", b"_auto_compact", "_context_window_tokens", b"_context_window_tokens", "_keep_recent_tokens", b"_keep_recent_tokens", "_max_parallel_tool_calls", b"_max_parallel_tool_calls", "_output_reserve_tokens", b"_output_reserve_tokens", "approval_required_tools", b"approval_required_tools", "approval_timeout", b"approval_timeout", "auto_compact", b"auto_compact", "context_window_tokens", b"context_window_tokens", "keep_recent_tokens", b"keep_recent_tokens", "max_parallel_tool_calls", b"max_parallel_tool_calls", "model", b"model", "output_reserve_tokens", b"output_reserve_tokens", "persona", b"persona", "provider", b"provider", "provider_options", b"provider_options", "subagent_profiles", b"subagent_profiles", "tools", b"tools"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_auto_compact", b"_auto_compact", "_context_window_tokens", b"_context_window_tokens", "_keep_recent_tokens", b"_keep_recent_tokens", "_max_parallel_tool_calls", b"_max_parallel_tool_calls", "_output_reserve_tokens", b"_output_reserve_tokens", "approval_required_tools", b"approval_required_tools", "approval_timeout", b"approval_timeout", "auto_compact", b"auto_compact", "context_window_tokens", b"context_window_tokens", "keep_recent_tokens", b"keep_recent_tokens", "labels", b"labels", "max_parallel_tool_calls", b"max_parallel_tool_calls", "model", b"model", "output_reserve_tokens", b"output_reserve_tokens", "persona", b"persona", "provider", b"provider", "provider_options", b"provider_options", "subagent_profiles", b"subagent_profiles", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__auto_compact: _TypeAlias = _typing.Literal["auto_compact"]  # noqa: Y015
     _WhichOneofArgType__auto_compact: _TypeAlias = _typing.Literal["_auto_compact", b"_auto_compact"]  # noqa: Y015

@@ -335,7 +335,8 @@ class DescribeRequest(_message.Message):
     def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Capabilities are the optional features the server offers (see
         `DescribeResponse.capabilities`). Version 1 offers "model_stream",
-        "tool_execute", "event_kinds" and "buffer_size"; also "call_batch": a
+        "tool_execute", "event_kinds", "buffer_size", "observe_only" and
+        "match_conditions" (`Subscription.conditions`); also "call_batch": a
         plugin that lists it may get several calls in one message
         (`HandleRequest.batch`), so notifications travel together; and
         "observe_only" (`Subscription.observe_only`). A plugin ignores an offered
@@ -468,6 +469,7 @@ class Subscription(_message.Message):
     EVENT_KINDS_FIELD_NUMBER: _builtins.int
     BUFFER_SIZE_FIELD_NUMBER: _builtins.int
     OBSERVE_ONLY_FIELD_NUMBER: _builtins.int
+    CONDITIONS_FIELD_NUMBER: _builtins.int
     seam: Global___Seam.ValueType
     """Required. The point of the loop to listen to."""
     order: _builtins.int
@@ -506,6 +508,17 @@ class Subscription(_message.Message):
         empty means every event. The server filters: other events cost nothing.
         """
 
+    @_builtins.property
+    def conditions(self) -> Global___MatchConditions:
+        """Conditions say which of the seam's calls the plugin wants; unset means
+        every call. The server evaluates them before it builds a call: one they
+        do not match is not made (no round trip, no notification) and is counted
+        (`PluginStats.skipped_calls`). Offered as the capability
+        "match_conditions": a plugin that relies on them lists it in
+        `DescribeResponse.capabilities`, so that a server without them refuses it
+        instead of calling it for everything.
+        """
+
     def __init__(
         self,
         *,
@@ -517,14 +530,104 @@ class Subscription(_message.Message):
         event_kinds: _abc.Iterable[_builtins.str] | None = ...,
         buffer_size: _builtins.int = ...,
         observe_only: _builtins.bool = ...,
+        conditions: Global___MatchConditions | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["conditions", b"conditions", "timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_ids", b"agent_ids", "buffer_size", b"buffer_size", "event_kinds", b"event_kinds", "failure_policy", b"failure_policy", "observe_only", b"observe_only", "order", b"order", "seam", b"seam", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_ids", b"agent_ids", "buffer_size", b"buffer_size", "conditions", b"conditions", "event_kinds", b"event_kinds", "failure_policy", b"failure_policy", "observe_only", b"observe_only", "order", b"order", "seam", b"seam", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Subscription: _TypeAlias = Subscription  # noqa: Y015
+
+@_typing.final
+class MatchConditions(_message.Message):
+    """MatchConditions select the calls of one subscription. Every condition set
+    must hold; within one list, one entry matching is enough. The agent ids are
+    `Subscription.agent_ids` (they skip and count the same way). A condition
+    that does not apply to the subscription's seam, an unknown event kind, an
+    empty or invalid pattern and an invalid regex refuse the registration
+    (FAILED_PRECONDITION, naming the subscription's seam and the field, such as
+    `subscriptions[2] (SEAM_PROMPT_SUBMIT): conditions.prompt_regex: ...`).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class AgentLabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    TOOLS_FIELD_NUMBER: _builtins.int
+    AGENT_LABELS_FIELD_NUMBER: _builtins.int
+    EVENT_KINDS_FIELD_NUMBER: _builtins.int
+    PROMPT_PREFIX_FIELD_NUMBER: _builtins.int
+    PROMPT_REGEX_FIELD_NUMBER: _builtins.int
+    prompt_prefix: _builtins.str
+    """PromptPrefix is what the prompt's text (its text blocks, joined by
+    newlines, as the previous listener left them) must start with.
+    SEAM_PROMPT_SUBMIT only.
+    """
+    prompt_regex: _builtins.str
+    """PromptRegex is a regular expression searched for anywhere in the
+    prompt's text (Python `re` syntax, at most 1024 characters; the common
+    subset of RE2 and JavaScript means the same there). SEAM_PROMPT_SUBMIT
+    only.
+    """
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Tools are tool names or glob patterns (`*` any run of characters, `?`
+        one character, `[abc]` one of a set; the whole name, case-sensitive)
+        matched against the called tool's name. Tool seams only:
+        SEAM_TOOLS_PRE_EXECUTE, SEAM_TOOLS_POST_EXECUTE, SEAM_TOOLS_RESULT and
+        SEAM_TOOLS_APPROVAL.
+        """
+
+    @_builtins.property
+    def agent_labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """AgentLabels must all be among the calling agent's labels
+        (`AgentOptions.labels`), with these values. Any seam.
+        """
+
+    @_builtins.property
+    def event_kinds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """EventKinds are the payload kinds notified: for SEAM_SESSION_EVENTS the
+        `SessionEvent.payload` field names (such as "turn_end"), for
+        SEAM_AGENT_EVENTS the `AgentEvent.event` field names (such as "status"
+        or "approval_requested"). Those two seams only.
+        """
+
+    def __init__(
+        self,
+        *,
+        tools: _abc.Iterable[_builtins.str] | None = ...,
+        agent_labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        event_kinds: _abc.Iterable[_builtins.str] | None = ...,
+        prompt_prefix: _builtins.str = ...,
+        prompt_regex: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_labels", b"agent_labels", "event_kinds", b"event_kinds", "prompt_prefix", b"prompt_prefix", "prompt_regex", b"prompt_regex", "tools", b"tools"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MatchConditions: _TypeAlias = MatchConditions  # noqa: Y015
 
 @_typing.final
 class ToolDefinition(_message.Message):

@@ -290,6 +290,7 @@ class PluginStats(_message.Message):
     OVERSIZED_CALLS_FIELD_NUMBER: _builtins.int
     PROTOCOL_ERRORS_FIELD_NUMBER: _builtins.int
     UNEXPECTED_RESULTS_FIELD_NUMBER: _builtins.int
+    SKIPPED_CALLS_FIELD_NUMBER: _builtins.int
     calls: _builtins.int
     """Calls counts calls sent."""
     errors: _builtins.int
@@ -321,6 +322,10 @@ class PluginStats(_message.Message):
     unknown call id, a second answer, or an answer after `CancelCall` or past
     the deadline. They are logged and ignored.
     """
+    skipped_calls: _builtins.int
+    """SkippedCalls counts calls (and notifications) not made because the
+    subscription's match conditions or agent ids did not match them.
+    """
     def __init__(
         self,
         *,
@@ -333,10 +338,11 @@ class PluginStats(_message.Message):
         oversized_calls: _builtins.int = ...,
         protocol_errors: _builtins.int = ...,
         unexpected_results: _builtins.int = ...,
+        skipped_calls: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "dropped_notifications", b"dropped_notifications", "errors", b"errors", "fail_opens", b"fail_opens", "oversized_calls", b"oversized_calls", "protocol_errors", b"protocol_errors", "reconnects", b"reconnects", "timeouts", b"timeouts", "unexpected_results", b"unexpected_results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "dropped_notifications", b"dropped_notifications", "errors", b"errors", "fail_opens", b"fail_opens", "oversized_calls", b"oversized_calls", "protocol_errors", b"protocol_errors", "reconnects", b"reconnects", "skipped_calls", b"skipped_calls", "timeouts", b"timeouts", "unexpected_results", b"unexpected_results"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -24,7 +24,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file agentloop/plugin/v1/hook_service.proto.
  */
 export const file_agentloop_plugin_v1_hook_service: GenFile = /*@__PURE__*/
-  fileDesc("CiZhZ2VudGxvb3AvcGx1Z2luL3YxL2hvb2tfc2VydmljZS5wcm90bxITYWdlbnRsb29wLnBsdWdpbi52MSJmCghTZWFtU3BlYxIMCgRwYXRoGAEgASgJEisKBG1vZGUYAiABKA4yHS5hZ2VudGxvb3AucGx1Z2luLnYxLlNlYW1Nb2RlEg4KBm1ldGhvZBgDIAEoCRIPCgdwYXlsb2FkGAQgASgJIlwKD0Rlc2NyaWJlUmVxdWVzdBIYChBwcm90b2NvbF92ZXJzaW9uGAEgASgNEhkKEW1heF9tZXNzYWdlX2J5dGVzGAIgASgEEhQKDGNhcGFiaWxpdGllcxgDIAMoCSKNAgoQRGVzY3JpYmVSZXNwb25zZRIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAkSOAoNc3Vic2NyaXB0aW9ucxgDIAMoCzIhLmFnZW50bG9vcC5wbHVnaW4udjEuU3Vic2NyaXB0aW9uEjIKBXRvb2xzGAQgAygLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sRGVmaW5pdGlvbhI8CgZtb2RlbHMYBSADKAsyLC5hZ2VudGxvb3AucGx1Z2luLnYxLk1vZGVsUHJvdmlkZXJEZWZpbml0aW9uEhgKEHByb3RvY29sX3ZlcnNpb24YBiABKA0SFAoMY2FwYWJpbGl0aWVzGAcgAygJIm4KF01vZGVsUHJvdmlkZXJEZWZpbml0aW9uEhAKCHByb3ZpZGVyGAEgASgJEhUKDWRlZmF1bHRfbW9kZWwYAiABKAkSKgoHdGltZW91dBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiKBAgoMU3Vic2NyaXB0aW9uEicKBHNlYW0YASABKA4yGS5hZ2VudGxvb3AucGx1Z2luLnYxLlNlYW0SDQoFb3JkZXIYAiABKAUSKgoHdGltZW91dBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhI6Cg5mYWlsdXJlX3BvbGljeRgEIAEoDjIiLmFnZW50bG9vcC5wbHVnaW4udjEuRmFpbHVyZVBvbGljeRIRCglhZ2VudF9pZHMYBSADKAkSEwoLZXZlbnRfa2luZHMYBiADKAkSEwoLYnVmZmVyX3NpemUYByABKA0SFAoMb2JzZXJ2ZV9vbmx5GAggASgIIrgBCg5Ub29sRGVmaW5pdGlvbhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEi0KDGlucHV0X3NjaGVtYRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFQoNcGFyYWxsZWxfc2FmZRgEIAEoCBIqCgd0aW1lb3V0GAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhEKCWFnZW50X2lkcxgGIAMoCSKqAQoNSGFuZGxlUmVxdWVzdBItCgRjYWxsGAEgASgLMh0uYWdlbnRsb29wLnBsdWdpbi52MS5Ib29rQ2FsbEgAEjEKBmNhbmNlbBgCIAEoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuQ2FuY2VsQ2FsbEgAEi8KBWJhdGNoGAggASgLMh4uYWdlbnRsb29wLnBsdWdpbi52MS5DYWxsQmF0Y2hIAEIGCgRraW5kIjkKCUNhbGxCYXRjaBIsCgVjYWxscxgBIAMoCzIdLmFnZW50bG9vcC5wbHVnaW4udjEuSG9va0NhbGwifQoOSGFuZGxlUmVzcG9uc2USMQoGcmVzdWx0GAEgASgLMh8uYWdlbnRsb29wLnBsdWdpbi52MS5Ib29rUmVzdWx0SAASMAoFY2h1bmsYAiABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLk1vZGVsQ2h1bmtIAEIGCgRraW5kIkcKCk1vZGVsQ2h1bmsSDwoHY2FsbF9pZBgBIAEoCRIoCgVjaHVuaxgCIAEoCzIZLmFnZW50bG9vcC52MS5TdHJlYW1DaHVuayL3CQoISG9va0NhbGwSDwoHY2FsbF9pZBgBIAEoCRInCgRzZWFtGAIgASgOMhkuYWdlbnRsb29wLnBsdWdpbi52MS5TZWFtEisKBGtpbmQYCCABKA4yHS5hZ2VudGxvb3AucGx1Z2luLnYxLkNhbGxLaW5kEhAKCGFnZW50X2lkGAMgASgJEhIKCnNlc3Npb25faWQYBCABKAkSDAoEdHVybhgFIAEoDRIMCgRzdGVwGAYgASgNEioKB3RpbWVvdXQYByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEwoLdHJhY2VwYXJlbnQYHiABKAkSEgoKdHJhY2VzdGF0ZRgfIAEoCRI+Cg1wcm9tcHRfc3VibWl0GAogASgLMiUuYWdlbnRsb29wLnBsdWdpbi52MS5Qcm9tcHRTdWJtaXRDYWxsSAASQAoOc2Vzc2lvbl9wcmVmaXgYCyABKAsyJi5hZ2VudGxvb3AucGx1Z2luLnYxLlNlc3Npb25QcmVmaXhDYWxsSAASNAoIcHJlX3N0ZXAYDCABKAsyIC5hZ2VudGxvb3AucGx1Z2luLnYxLlByZVN0ZXBDYWxsSAASMwoHcmVxdWVzdBgNIAEoCzIgLmFnZW50bG9vcC5wbHVnaW4udjEuUmVxdWVzdENhbGxIABI6CgtzdGVwX3Jlc3VsdBgOIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuU3RlcFJlc3VsdENhbGxIABJGChF0dXJuX2NvbnRpbnVhdGlvbhgPIAEoCzIpLmFnZW50bG9vcC5wbHVnaW4udjEuVHVybkNvbnRpbnVhdGlvbkNhbGxIABI2Cgl0dXJuX3N0b3AYECABKAsyIS5hZ2VudGxvb3AucGx1Z2luLnYxLlR1cm5TdG9wQ2FsbEgAEkMKEHRvb2xfcHJlX2V4ZWN1dGUYESABKAsyJy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xQcmVFeGVjdXRlQ2FsbEgAEkUKEXRvb2xfcG9zdF9leGVjdXRlGBIgASgLMiguYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sUG9zdEV4ZWN1dGVDYWxsSAASPAoMdG9vbF9leGVjdXRlGBMgASgLMiQuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sRXhlY3V0ZUNhbGxIABJACg1zZXNzaW9uX2V2ZW50GBQgASgLMicuYWdlbnRsb29wLnBsdWdpbi52MS5TZXNzaW9uRXZlbnROb3RpY2VIABI8CgthZ2VudF9ldmVudBgVIAEoCzIlLmFnZW50bG9vcC5wbHVnaW4udjEuQWdlbnRFdmVudE5vdGljZUgAEjwKC3Rvb2xfcmVzdWx0GBYgASgLMiUuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sUmVzdWx0Tm90aWNlSAASPAoMbW9kZWxfc3RyZWFtGBcgASgLMiQuYWdlbnRsb29wLnBsdWdpbi52MS5Nb2RlbFN0cmVhbUNhbGxIABI+Cg10b29sX2FwcHJvdmFsGCggASgLMiUuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sQXBwcm92YWxDYWxsSAASMwoHY29tcGFjdBgpIAEoCzIgLmFnZW50bG9vcC5wbHVnaW4udjEuQ29tcGFjdENhbGxIAEIJCgdwYXlsb2FkIkUKEFRvb2xBcHByb3ZhbENhbGwSMQoIYXBwcm92YWwYASABKAsyHy5hZ2VudGxvb3AudjEuQXBwcm92YWxSZXF1ZXN0ZWQiVgoSVG9vbEFwcHJvdmFsUmVzdWx0EjAKCGRlY2lzaW9uGAEgASgOMh4uYWdlbnRsb29wLnYxLkFwcHJvdmFsRGVjaXNpb24SDgoGcmVhc29uGAIgASgJInkKD01vZGVsU3RyZWFtQ2FsbBIQCghwcm92aWRlchgBIAEoCRIrCgZoZWFkZXIYAiABKAsyGy5hZ2VudGxvb3AudjEuUmVxdWVzdEhlYWRlchInCghtZXNzYWdlcxgDIAMoCzIVLmFnZW50bG9vcC52MS5NZXNzYWdlIi0KCkNhbmNlbENhbGwSDwoHY2FsbF9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkirAYKCkhvb2tSZXN1bHQSDwoHY2FsbF9pZBgBIAEoCRI1Cg1wcm9tcHRfc3VibWl0GAogASgLMhwuYWdlbnRsb29wLnYxLlByb21wdERlY2lzaW9uSAASQgoOc2Vzc2lvbl9wcmVmaXgYCyABKAsyKC5hZ2VudGxvb3AucGx1Z2luLnYxLlNlc3Npb25QcmVmaXhSZXN1bHRIABI2CghwcmVfc3RlcBgMIAEoCzIiLmFnZW50bG9vcC5wbHVnaW4udjEuUHJlU3RlcFJlc3VsdEgAEjUKB3JlcXVlc3QYDSABKAsyIi5hZ2VudGxvb3AucGx1Z2luLnYxLlJlcXVlc3RSZXN1bHRIABI8CgtzdGVwX3Jlc3VsdBgOIAEoCzIlLmFnZW50bG9vcC5wbHVnaW4udjEuU3RlcFJlc3VsdFJlc3VsdEgAEj8KEXR1cm5fY29udGludWF0aW9uGA8gASgLMiIuYWdlbnRsb29wLnYxLkNvbnRpbnVhdGlvbkRlY2lzaW9uSAASOAoJdHVybl9zdG9wGBAgASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5UdXJuU3RvcFJlc3VsdEgAEjkKEHRvb2xfcHJlX2V4ZWN1dGUYESABKAsyHS5hZ2VudGxvb3AudjEuUHJlVG9vbERlY2lzaW9uSAASOwoRdG9vbF9wb3N0X2V4ZWN1dGUYEiABKAsyHi5hZ2VudGxvb3AudjEuUG9zdFRvb2xEZWNpc2lvbkgAEjcKDHRvb2xfZXhlY3V0ZRgTIAEoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbE91dHB1dEgAEkAKDXRvb2xfYXBwcm92YWwYKCABKAsyJy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xBcHByb3ZhbFJlc3VsdEgAEjUKB2NvbXBhY3QYKSABKAsyIi5hZ2VudGxvb3AucGx1Z2luLnYxLkNvbXBhY3RSZXN1bHRIABIvCgVlcnJvchgeIAEoCzIeLmFnZW50bG9vcC5wbHVnaW4udjEuQ2FsbEVycm9ySABCCQoHb3V0Y29tZUoECAIQAyIqCglDYWxsRXJyb3ISDAoEY29kZRgBIAEoBRIPCgdtZXNzYWdlGAIgASgJImUKEFByb21wdFN1Ym1pdENhbGwSKwoHY29udGVudBgBIAMoCzIaLmFnZW50bG9vcC52MS5Db250ZW50QmxvY2sSJAoGc291cmNlGAIgASgLMhQuYWdlbnRsb29wLnYxLlNvdXJjZSI6ChFTZXNzaW9uUHJlZml4Q2FsbBIlCgZwcmVmaXgYASADKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSI8ChNTZXNzaW9uUHJlZml4UmVzdWx0EiUKBnByZWZpeBgBIAMoCzIVLmFnZW50bG9vcC52MS5NZXNzYWdlIkQKC1ByZVN0ZXBDYWxsEg4KBnN5c3RlbRgBIAEoCRIlCgZwcmVmaXgYAiADKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSI8Cg1QcmVTdGVwUmVzdWx0EisKCGNvbnRleHRzGAEgAygLMhkuYWdlbnRsb29wLnYxLkhvb2tDb250ZXh0IjgKC1JlcXVlc3RDYWxsEikKBmNvbmZpZxgBIAEoCzIZLmFnZW50bG9vcC52MS5Nb2RlbENvbmZpZyI6Cg1SZXF1ZXN0UmVzdWx0EikKBmNvbmZpZxgBIAEoCzIZLmFnZW50bG9vcC52MS5Nb2RlbENvbmZpZyI4Cg5TdGVwUmVzdWx0Q2FsbBImCgdtZXNzYWdlGAEgASgLMhUuYWdlbnRsb29wLnYxLk1lc3NhZ2UiOgoQU3RlcFJlc3VsdFJlc3VsdBImCgdtZXNzYWdlGAEgASgLMhUuYWdlbnRsb29wLnYxLk1lc3NhZ2UiTAoUVHVybkNvbnRpbnVhdGlvbkNhbGwSNAoIZGVjaXNpb24YASABKAsyIi5hZ2VudGxvb3AudjEuQ29udGludWF0aW9uRGVjaXNpb24iDgoMVHVyblN0b3BDYWxsIh4KDlR1cm5TdG9wUmVzdWx0EgwKBHN0b3AYASABKAgiQgoOVG9vbEludm9jYXRpb24SDwoHY2FsbF9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEhEKCWFyZ3VtZW50cxgDIAEoCSLSAQoKVG9vbE91dHB1dBIrCgdjb250ZW50GAEgAygLMhouYWdlbnRsb29wLnYxLkNvbnRlbnRCbG9jaxIQCghpc19lcnJvchgCIAEoCBImCgVlcnJvchgDIAEoCzIXLmFnZW50bG9vcC52MS5Ub29sRXJyb3ISJQoEbWV0YRgEIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSNgoTYWRkaXRpb25hbF9jb250ZXh0cxgFIAMoCzIZLmFnZW50bG9vcC52MS5Ib29rQ29udGV4dCJNChJUb29sUHJlRXhlY3V0ZUNhbGwSNwoKaW52b2NhdGlvbhgBIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbEludm9jYXRpb24ifwoTVG9vbFBvc3RFeGVjdXRlQ2FsbBI3CgppbnZvY2F0aW9uGAEgASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sSW52b2NhdGlvbhIvCgZvdXRwdXQYAiABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xPdXRwdXQiSgoPVG9vbEV4ZWN1dGVDYWxsEjcKCmludm9jYXRpb24YASABKAsyIy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xJbnZvY2F0aW9uIlAKElNlc3Npb25FdmVudE5vdGljZRIpCgVldmVudBgBIAEoCzIaLmFnZW50bG9vcC52MS5TZXNzaW9uRXZlbnQSDwoHZHJvcHBlZBgCIAEoBCJMChBBZ2VudEV2ZW50Tm90aWNlEicKBWV2ZW50GAEgASgLMhguYWdlbnRsb29wLnYxLkFnZW50RXZlbnQSDwoHZHJvcHBlZBgCIAEoBCKNAQoQVG9vbFJlc3VsdE5vdGljZRI3CgppbnZvY2F0aW9uGAEgASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sSW52b2NhdGlvbhIvCgZvdXRwdXQYAiABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xPdXRwdXQSDwoHZHJvcHBlZBgDIAEoBCKmAQoLQ29tcGFjdENhbGwSJwoIbWVzc2FnZXMYASADKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZRIUCgxpbnN0cnVjdGlvbnMYAiABKAkSMAoHdHJpZ2dlchgDIAEoDjIfLmFnZW50bG9vcC52MS5Db21wYWN0aW9uVHJpZ2dlchIVCg10b2tlbnNfYmVmb3JlGAQgASgEEg8KB3N1bW1hcnkYBSABKAkiIAoNQ29tcGFjdFJlc3VsdBIPCgdzdW1tYXJ5GAEgASgJKpwJCgRTZWFtEhQKEFNFQU1fVU5TUEVDSUZJRUQQABJRChJTRUFNX1BST01QVF9TVUJNSVQQARo5goAZNQoTYWdlbnQvcHJvbXB0LXN1Ym1pdBABGg1wcm9tcHRfc3VibWl0Ig1wcm9tcHRfc3VibWl0ElUKE1NFQU1fU0VTU0lPTl9QUkVGSVgQAho8goAZOAoUYWdlbnQvc2Vzc2lvbi1wcmVmaXgQARoOc2Vzc2lvbl9wcmVmaXgiDnNlc3Npb25fcHJlZml4Ej0KDVNFQU1fUFJFX1NURVAQAxoqgoAZJgoOYWdlbnQvcHJlLXN0ZXAQAhoIcHJlX3N0ZXAiCHByZV9zdGVwEjkKDFNFQU1fUkVRVUVTVBAEGieCgBkjCg1hZ2VudC9yZXF1ZXN0EAEaB3JlcXVlc3QiB3JlcXVlc3QSSQoQU0VBTV9TVEVQX1JFU1VMVBAFGjOCgBkvChFhZ2VudC9zdGVwLXJlc3VsdBABGgtzdGVwX3Jlc3VsdCILc3RlcF9yZXN1bHQSYQoWU0VBTV9UVVJOX0NPTlRJTlVBVElPThAGGkWCgBlBChdhZ2VudC90dXJuLWNvbnRpbnVhdGlvbhABGhF0dXJuX2NvbnRpbnVhdGlvbiIRdHVybl9jb250aW51YXRpb24SQQoOU0VBTV9UVVJOX1NUT1AQBxotgoAZKQoPYWdlbnQvdHVybi1zdG9wEAIaCXR1cm5fc3RvcCIJdHVybl9zdG9wEloKFlNFQU1fVE9PTFNfUFJFX0VYRUNVVEUQCBo+goAZOgoRdG9vbHMvcHJlLWV4ZWN1dGUQARoRdG9vbHNfcHJlX2V4ZWN1dGUiEHRvb2xfcHJlX2V4ZWN1dGUSXgoXU0VBTV9UT09MU19QT1NUX0VYRUNVVEUQCRpBgoAZPQoSdG9vbHMvcG9zdC1leGVjdXRlEAEaEnRvb2xzX3Bvc3RfZXhlY3V0ZSIRdG9vbF9wb3N0X2V4ZWN1dGUSUwoTU0VBTV9TRVNTSU9OX0VWRU5UUxAKGjqCgBk2ChFzZXNzaW9uL2NvbW1pdHRlZBADGhBvbl9zZXNzaW9uX2V2ZW50Ig1zZXNzaW9uX2V2ZW50EkcKEVNFQU1fQUdFTlRfRVZFTlRTEAsaMIKAGSwKC2FnZW50L2V2ZW50EAMaDm9uX2FnZW50X2V2ZW50IgthZ2VudF9ldmVudBJSChFTRUFNX1RPT0xTX1JFU1VMVBAMGjuCgBk3ChZ0b29scy9yZXN1bHQtY29tbWl0dGVkEAMaDm9uX3Rvb2xfcmVzdWx0Igt0b29sX3Jlc3VsdBJOChNTRUFNX1RPT0xTX0FQUFJPVkFMEBQaNYKAGTEKDnRvb2xzL2FwcHJvdmFsEAQaDnRvb2xzX2FwcHJvdmFsIg10b29sX2FwcHJvdmFsEjkKDFNFQU1fQ09NUEFDVBAVGieCgBkjCg1hZ2VudC9jb21wYWN0EAEaB2NvbXBhY3QiB2NvbXBhY3QiBAgNEA0iBAgOEA4qEVNFQU1fVE9PTF9FWEVDVVRFKhFTRUFNX01PREVMX1NUUkVBTSqEAQoIU2VhbU1vZGUSGQoVU0VBTV9NT0RFX1VOU1BFQ0lGSUVEEAASFwoTU0VBTV9NT0RFX1dBVEVSRkFMTBABEhQKEFNFQU1fTU9ERV9TRVJJQUwQAhIWChJTRUFNX01PREVfT0JTRVJWRVIQAxIWChJTRUFNX01PREVfQVBQUk9WRVIQBCqNAQoIQ2FsbEtpbmQSGQoVQ0FMTF9LSU5EX1VOU1BFQ0lGSUVEEAASEgoOQ0FMTF9LSU5EX1NFQU0QARIaChZDQUxMX0tJTkRfTk9USUZJQ0FUSU9OEAISGgoWQ0FMTF9LSU5EX1RPT0xfRVhFQ1VURRADEhoKFkNBTExfS0lORF9NT0RFTF9TVFJFQU0QBCptCg1GYWlsdXJlUG9saWN5Eh4KGkZBSUxVUkVfUE9MSUNZX1VOU1BFQ0lGSUVEEAASHgoaRkFJTFVSRV9QT0xJQ1lfRkFJTF9DTE9TRUQQARIcChhGQUlMVVJFX1BPTElDWV9GQUlMX09QRU4QAjK9AQoLSG9va1NlcnZpY2USVwoIRGVzY3JpYmUSJC5hZ2VudGxvb3AucGx1Z2luLnYxLkRlc2NyaWJlUmVxdWVzdBolLmFnZW50bG9vcC5wbHVnaW4udjEuRGVzY3JpYmVSZXNwb25zZRJVCgZIYW5kbGUSIi5hZ2VudGxvb3AucGx1Z2luLnYxLkhhbmRsZVJlcXVlc3QaIy5hZ2VudGxvb3AucGx1Z2luLnYxLkhhbmRsZVJlc3BvbnNlKAEwATpWCgRzZWFtEiEuZ29vZ2xlLnByb3RvYnVmLkVudW1WYWx1ZU9wdGlvbnMYgJADIAEoCzIdLmFnZW50bG9vcC5wbHVnaW4udjEuU2VhbVNwZWNSBHNlYW1iBnByb3RvMw", [file_agentloop_v1_agent_event, file_agentloop_v1_approval, file_agentloop_v1_content, file_agentloop_v1_decision, file_agentloop_v1_session_event, file_agentloop_v1_stream, file_google_protobuf_descriptor, file_google_protobuf_duration, file_google_protobuf_struct]);
+  fileDesc("CiZhZ2VudGxvb3AvcGx1Z2luL3YxL2hvb2tfc2VydmljZS5wcm90bxITYWdlbnRsb29wLnBsdWdpbi52MSJmCghTZWFtU3BlYxIMCgRwYXRoGAEgASgJEisKBG1vZGUYAiABKA4yHS5hZ2VudGxvb3AucGx1Z2luLnYxLlNlYW1Nb2RlEg4KBm1ldGhvZBgDIAEoCRIPCgdwYXlsb2FkGAQgASgJIlwKD0Rlc2NyaWJlUmVxdWVzdBIYChBwcm90b2NvbF92ZXJzaW9uGAEgASgNEhkKEW1heF9tZXNzYWdlX2J5dGVzGAIgASgEEhQKDGNhcGFiaWxpdGllcxgDIAMoCSKNAgoQRGVzY3JpYmVSZXNwb25zZRIMCgRuYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAkSOAoNc3Vic2NyaXB0aW9ucxgDIAMoCzIhLmFnZW50bG9vcC5wbHVnaW4udjEuU3Vic2NyaXB0aW9uEjIKBXRvb2xzGAQgAygLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sRGVmaW5pdGlvbhI8CgZtb2RlbHMYBSADKAsyLC5hZ2VudGxvb3AucGx1Z2luLnYxLk1vZGVsUHJvdmlkZXJEZWZpbml0aW9uEhgKEHByb3RvY29sX3ZlcnNpb24YBiABKA0SFAoMY2FwYWJpbGl0aWVzGAcgAygJIm4KF01vZGVsUHJvdmlkZXJEZWZpbml0aW9uEhAKCHByb3ZpZGVyGAEgASgJEhUKDWRlZmF1bHRfbW9kZWwYAiABKAkSKgoHdGltZW91dBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiK7AgoMU3Vic2NyaXB0aW9uEicKBHNlYW0YASABKA4yGS5hZ2VudGxvb3AucGx1Z2luLnYxLlNlYW0SDQoFb3JkZXIYAiABKAUSKgoHdGltZW91dBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhI6Cg5mYWlsdXJlX3BvbGljeRgEIAEoDjIiLmFnZW50bG9vcC5wbHVnaW4udjEuRmFpbHVyZVBvbGljeRIRCglhZ2VudF9pZHMYBSADKAkSEwoLZXZlbnRfa2luZHMYBiADKAkSEwoLYnVmZmVyX3NpemUYByABKA0SFAoMb2JzZXJ2ZV9vbmx5GAggASgIEjgKCmNvbmRpdGlvbnMYCSABKAsyJC5hZ2VudGxvb3AucGx1Z2luLnYxLk1hdGNoQ29uZGl0aW9ucyLjAQoPTWF0Y2hDb25kaXRpb25zEg0KBXRvb2xzGAEgAygJEksKDGFnZW50X2xhYmVscxgCIAMoCzI1LmFnZW50bG9vcC5wbHVnaW4udjEuTWF0Y2hDb25kaXRpb25zLkFnZW50TGFiZWxzRW50cnkSEwoLZXZlbnRfa2luZHMYAyADKAkSFQoNcHJvbXB0X3ByZWZpeBgEIAEoCRIUCgxwcm9tcHRfcmVnZXgYBSABKAkaMgoQQWdlbnRMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIrgBCg5Ub29sRGVmaW5pdGlvbhIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEi0KDGlucHV0X3NjaGVtYRgDIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSFQoNcGFyYWxsZWxfc2FmZRgEIAEoCBIqCgd0aW1lb3V0GAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhEKCWFnZW50X2lkcxgGIAMoCSKqAQoNSGFuZGxlUmVxdWVzdBItCgRjYWxsGAEgASgLMh0uYWdlbnRsb29wLnBsdWdpbi52MS5Ib29rQ2FsbEgAEjEKBmNhbmNlbBgCIAEoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuQ2FuY2VsQ2FsbEgAEi8KBWJhdGNoGAggASgLMh4uYWdlbnRsb29wLnBsdWdpbi52MS5DYWxsQmF0Y2hIAEIGCgRraW5kIjkKCUNhbGxCYXRjaBIsCgVjYWxscxgBIAMoCzIdLmFnZW50bG9vcC5wbHVnaW4udjEuSG9va0NhbGwifQoOSGFuZGxlUmVzcG9uc2USMQoGcmVzdWx0GAEgASgLMh8uYWdlbnRsb29wLnBsdWdpbi52MS5Ib29rUmVzdWx0SAASMAoFY2h1bmsYAiABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLk1vZGVsQ2h1bmtIAEIGCgRraW5kIkcKCk1vZGVsQ2h1bmsSDwoHY2FsbF9pZBgBIAEoCRIoCgVjaHVuaxgCIAEoCzIZLmFnZW50bG9vcC52MS5TdHJlYW1DaHVuayL3CQoISG9va0NhbGwSDwoHY2FsbF9pZBgBIAEoCRInCgRzZWFtGAIgASgOMhkuYWdlbnRsb29wLnBsdWdpbi52MS5TZWFtEisKBGtpbmQYCCABKA4yHS5hZ2VudGxvb3AucGx1Z2luLnYxLkNhbGxLaW5kEhAKCGFnZW50X2lkGAMgASgJEhIKCnNlc3Npb25faWQYBCABKAkSDAoEdHVybhgFIAEoDRIMCgRzdGVwGAYgASgNEioKB3RpbWVvdXQYByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEwoLdHJhY2VwYXJlbnQYHiABKAkSEgoKdHJhY2VzdGF0ZRgfIAEoCRI+Cg1wcm9tcHRfc3VibWl0GAogASgLMiUuYWdlbnRsb29wLnBsdWdpbi52MS5Qcm9tcHRTdWJtaXRDYWxsSAASQAoOc2Vzc2lvbl9wcmVmaXgYCyABKAsyJi5hZ2VudGxvb3AucGx1Z2luLnYxLlNlc3Npb25QcmVmaXhDYWxsSAASNAoIcHJlX3N0ZXAYDCABKAsyIC5hZ2VudGxvb3AucGx1Z2luLnYxLlByZVN0ZXBDYWxsSAASMwoHcmVxdWVzdBgNIAEoCzIgLmFnZW50bG9vcC5wbHVnaW4udjEuUmVxdWVzdENhbGxIABI6CgtzdGVwX3Jlc3VsdBgOIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuU3RlcFJlc3VsdENhbGxIABJGChF0dXJuX2NvbnRpbnVhdGlvbhgPIAEoCzIpLmFnZW50bG9vcC5wbHVnaW4udjEuVHVybkNvbnRpbnVhdGlvbkNhbGxIABI2Cgl0dXJuX3N0b3AYECABKAsyIS5hZ2VudGxvb3AucGx1Z2luLnYxLlR1cm5TdG9wQ2FsbEgAEkMKEHRvb2xfcHJlX2V4ZWN1dGUYESABKAsyJy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xQcmVFeGVjdXRlQ2FsbEgAEkUKEXRvb2xfcG9zdF9leGVjdXRlGBIgASgLMiguYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sUG9zdEV4ZWN1dGVDYWxsSAASPAoMdG9vbF9leGVjdXRlGBMgASgLMiQuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sRXhlY3V0ZUNhbGxIABJACg1zZXNzaW9uX2V2ZW50GBQgASgLMicuYWdlbnRsb29wLnBsdWdpbi52MS5TZXNzaW9uRXZlbnROb3RpY2VIABI8CgthZ2VudF9ldmVudBgVIAEoCzIlLmFnZW50bG9vcC5wbHVnaW4udjEuQWdlbnRFdmVudE5vdGljZUgAEjwKC3Rvb2xfcmVzdWx0GBYgASgLMiUuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sUmVzdWx0Tm90aWNlSAASPAoMbW9kZWxfc3RyZWFtGBcgASgLMiQuYWdlbnRsb29wLnBsdWdpbi52MS5Nb2RlbFN0cmVhbUNhbGxIABI+Cg10b29sX2FwcHJvdmFsGCggASgLMiUuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sQXBwcm92YWxDYWxsSAASMwoHY29tcGFjdBgpIAEoCzIgLmFnZW50bG9vcC5wbHVnaW4udjEuQ29tcGFjdENhbGxIAEIJCgdwYXlsb2FkIkUKEFRvb2xBcHByb3ZhbENhbGwSMQoIYXBwcm92YWwYASABKAsyHy5hZ2VudGxvb3AudjEuQXBwcm92YWxSZXF1ZXN0ZWQiVgoSVG9vbEFwcHJvdmFsUmVzdWx0EjAKCGRlY2lzaW9uGAEgASgOMh4uYWdlbnRsb29wLnYxLkFwcHJvdmFsRGVjaXNpb24SDgoGcmVhc29uGAIgASgJInkKD01vZGVsU3RyZWFtQ2FsbBIQCghwcm92aWRlchgBIAEoCRIrCgZoZWFkZXIYAiABKAsyGy5hZ2VudGxvb3AudjEuUmVxdWVzdEhlYWRlchInCghtZXNzYWdlcxgDIAMoCzIVLmFnZW50bG9vcC52MS5NZXNzYWdlIi0KCkNhbmNlbENhbGwSDwoHY2FsbF9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkirAYKCkhvb2tSZXN1bHQSDwoHY2FsbF9pZBgBIAEoCRI1Cg1wcm9tcHRfc3VibWl0GAogASgLMhwuYWdlbnRsb29wLnYxLlByb21wdERlY2lzaW9uSAASQgoOc2Vzc2lvbl9wcmVmaXgYCyABKAsyKC5hZ2VudGxvb3AucGx1Z2luLnYxLlNlc3Npb25QcmVmaXhSZXN1bHRIABI2CghwcmVfc3RlcBgMIAEoCzIiLmFnZW50bG9vcC5wbHVnaW4udjEuUHJlU3RlcFJlc3VsdEgAEjUKB3JlcXVlc3QYDSABKAsyIi5hZ2VudGxvb3AucGx1Z2luLnYxLlJlcXVlc3RSZXN1bHRIABI8CgtzdGVwX3Jlc3VsdBgOIAEoCzIlLmFnZW50bG9vcC5wbHVnaW4udjEuU3RlcFJlc3VsdFJlc3VsdEgAEj8KEXR1cm5fY29udGludWF0aW9uGA8gASgLMiIuYWdlbnRsb29wLnYxLkNvbnRpbnVhdGlvbkRlY2lzaW9uSAASOAoJdHVybl9zdG9wGBAgASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5UdXJuU3RvcFJlc3VsdEgAEjkKEHRvb2xfcHJlX2V4ZWN1dGUYESABKAsyHS5hZ2VudGxvb3AudjEuUHJlVG9vbERlY2lzaW9uSAASOwoRdG9vbF9wb3N0X2V4ZWN1dGUYEiABKAsyHi5hZ2VudGxvb3AudjEuUG9zdFRvb2xEZWNpc2lvbkgAEjcKDHRvb2xfZXhlY3V0ZRgTIAEoCzIfLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbE91dHB1dEgAEkAKDXRvb2xfYXBwcm92YWwYKCABKAsyJy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xBcHByb3ZhbFJlc3VsdEgAEjUKB2NvbXBhY3QYKSABKAsyIi5hZ2VudGxvb3AucGx1Z2luLnYxLkNvbXBhY3RSZXN1bHRIABIvCgVlcnJvchgeIAEoCzIeLmFnZW50bG9vcC5wbHVnaW4udjEuQ2FsbEVycm9ySABCCQoHb3V0Y29tZUoECAIQAyIqCglDYWxsRXJyb3ISDAoEY29kZRgBIAEoBRIPCgdtZXNzYWdlGAIgASgJImUKEFByb21wdFN1Ym1pdENhbGwSKwoHY29udGVudBgBIAMoCzIaLmFnZW50bG9vcC52MS5Db250ZW50QmxvY2sSJAoGc291cmNlGAIgASgLMhQuYWdlbnRsb29wLnYxLlNvdXJjZSI6ChFTZXNzaW9uUHJlZml4Q2FsbBIlCgZwcmVmaXgYASADKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSI8ChNTZXNzaW9uUHJlZml4UmVzdWx0EiUKBnByZWZpeBgBIAMoCzIVLmFnZW50bG9vcC52MS5NZXNzYWdlIkQKC1ByZVN0ZXBDYWxsEg4KBnN5c3RlbRgBIAEoCRIlCgZwcmVmaXgYAiADKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZSI8Cg1QcmVTdGVwUmVzdWx0EisKCGNvbnRleHRzGAEgAygLMhkuYWdlbnRsb29wLnYxLkhvb2tDb250ZXh0IjgKC1JlcXVlc3RDYWxsEikKBmNvbmZpZxgBIAEoCzIZLmFnZW50bG9vcC52MS5Nb2RlbENvbmZpZyI6Cg1SZXF1ZXN0UmVzdWx0EikKBmNvbmZpZxgBIAEoCzIZLmFnZW50bG9vcC52MS5Nb2RlbENvbmZpZyI4Cg5TdGVwUmVzdWx0Q2FsbBImCgdtZXNzYWdlGAEgASgLMhUuYWdlbnRsb29wLnYxLk1lc3NhZ2UiOgoQU3RlcFJlc3VsdFJlc3VsdBImCgdtZXNzYWdlGAEgASgLMhUuYWdlbnRsb29wLnYxLk1lc3NhZ2UiTAoUVHVybkNvbnRpbnVhdGlvbkNhbGwSNAoIZGVjaXNpb24YASABKAsyIi5hZ2VudGxvb3AudjEuQ29udGludWF0aW9uRGVjaXNpb24iDgoMVHVyblN0b3BDYWxsIh4KDlR1cm5TdG9wUmVzdWx0EgwKBHN0b3AYASABKAgiQgoOVG9vbEludm9jYXRpb24SDwoHY2FsbF9pZBgBIAEoCRIMCgRuYW1lGAIgASgJEhEKCWFyZ3VtZW50cxgDIAEoCSLSAQoKVG9vbE91dHB1dBIrCgdjb250ZW50GAEgAygLMhouYWdlbnRsb29wLnYxLkNvbnRlbnRCbG9jaxIQCghpc19lcnJvchgCIAEoCBImCgVlcnJvchgDIAEoCzIXLmFnZW50bG9vcC52MS5Ub29sRXJyb3ISJQoEbWV0YRgEIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QSNgoTYWRkaXRpb25hbF9jb250ZXh0cxgFIAMoCzIZLmFnZW50bG9vcC52MS5Ib29rQ29udGV4dCJNChJUb29sUHJlRXhlY3V0ZUNhbGwSNwoKaW52b2NhdGlvbhgBIAEoCzIjLmFnZW50bG9vcC5wbHVnaW4udjEuVG9vbEludm9jYXRpb24ifwoTVG9vbFBvc3RFeGVjdXRlQ2FsbBI3CgppbnZvY2F0aW9uGAEgASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sSW52b2NhdGlvbhIvCgZvdXRwdXQYAiABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xPdXRwdXQiSgoPVG9vbEV4ZWN1dGVDYWxsEjcKCmludm9jYXRpb24YASABKAsyIy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xJbnZvY2F0aW9uIlAKElNlc3Npb25FdmVudE5vdGljZRIpCgVldmVudBgBIAEoCzIaLmFnZW50bG9vcC52MS5TZXNzaW9uRXZlbnQSDwoHZHJvcHBlZBgCIAEoBCJMChBBZ2VudEV2ZW50Tm90aWNlEicKBWV2ZW50GAEgASgLMhguYWdlbnRsb29wLnYxLkFnZW50RXZlbnQSDwoHZHJvcHBlZBgCIAEoBCKNAQoQVG9vbFJlc3VsdE5vdGljZRI3CgppbnZvY2F0aW9uGAEgASgLMiMuYWdlbnRsb29wLnBsdWdpbi52MS5Ub29sSW52b2NhdGlvbhIvCgZvdXRwdXQYAiABKAsyHy5hZ2VudGxvb3AucGx1Z2luLnYxLlRvb2xPdXRwdXQSDwoHZHJvcHBlZBgDIAEoBCKmAQoLQ29tcGFjdENhbGwSJwoIbWVzc2FnZXMYASADKAsyFS5hZ2VudGxvb3AudjEuTWVzc2FnZRIUCgxpbnN0cnVjdGlvbnMYAiABKAkSMAoHdHJpZ2dlchgDIAEoDjIfLmFnZW50bG9vcC52MS5Db21wYWN0aW9uVHJpZ2dlchIVCg10b2tlbnNfYmVmb3JlGAQgASgEEg8KB3N1bW1hcnkYBSABKAkiIAoNQ29tcGFjdFJlc3VsdBIPCgdzdW1tYXJ5GAEgASgJKpwJCgRTZWFtEhQKEFNFQU1fVU5TUEVDSUZJRUQQABJRChJTRUFNX1BST01QVF9TVUJNSVQQARo5goAZNQoTYWdlbnQvcHJvbXB0LXN1Ym1pdBABGg1wcm9tcHRfc3VibWl0Ig1wcm9tcHRfc3VibWl0ElUKE1NFQU1fU0VTU0lPTl9QUkVGSVgQAho8goAZOAoUYWdlbnQvc2Vzc2lvbi1wcmVmaXgQARoOc2Vzc2lvbl9wcmVmaXgiDnNlc3Npb25fcHJlZml4Ej0KDVNFQU1fUFJFX1NURVAQAxoqgoAZJgoOYWdlbnQvcHJlLXN0ZXAQAhoIcHJlX3N0ZXAiCHByZV9zdGVwEjkKDFNFQU1fUkVRVUVTVBAEGieCgBkjCg1hZ2VudC9yZXF1ZXN0EAEaB3JlcXVlc3QiB3JlcXVlc3QSSQoQU0VBTV9TVEVQX1JFU1VMVBAFGjOCgBkvChFhZ2VudC9zdGVwLXJlc3VsdBABGgtzdGVwX3Jlc3VsdCILc3RlcF9yZXN1bHQSYQoWU0VBTV9UVVJOX0NPTlRJTlVBVElPThAGGkWCgBlBChdhZ2VudC90dXJuLWNvbnRpbnVhdGlvbhABGhF0dXJuX2NvbnRpbnVhdGlvbiIRdHVybl9jb250aW51YXRpb24SQQoOU0VBTV9UVVJOX1NUT1AQBxotgoAZKQoPYWdlbnQvdHVybi1zdG9wEAIaCXR1cm5fc3RvcCIJdHVybl9zdG9wEloKFlNFQU1fVE9PTFNfUFJFX0VYRUNVVEUQCBo+goAZOgoRdG9vbHMvcHJlLWV4ZWN1dGUQARoRdG9vbHNfcHJlX2V4ZWN1dGUiEHRvb2xfcHJlX2V4ZWN1dGUSXgoXU0VBTV9UT09MU19QT1NUX0VYRUNVVEUQCRpBgoAZPQoSdG9vbHMvcG9zdC1leGVjdXRlEAEaEnRvb2xzX3Bvc3RfZXhlY3V0ZSIRdG9vbF9wb3N0X2V4ZWN1dGUSUwoTU0VBTV9TRVNTSU9OX0VWRU5UUxAKGjqCgBk2ChFzZXNzaW9uL2NvbW1pdHRlZBADGhBvbl9zZXNzaW9uX2V2ZW50Ig1zZXNzaW9uX2V2ZW50EkcKEVNFQU1fQUdFTlRfRVZFTlRTEAsaMIKAGSwKC2FnZW50L2V2ZW50EAMaDm9uX2FnZW50X2V2ZW50IgthZ2VudF9ldmVudBJSChFTRUFNX1RPT0xTX1JFU1VMVBAMGjuCgBk3ChZ0b29scy9yZXN1bHQtY29tbWl0dGVkEAMaDm9uX3Rvb2xfcmVzdWx0Igt0b29sX3Jlc3VsdBJOChNTRUFNX1RPT0xTX0FQUFJPVkFMEBQaNYKAGTEKDnRvb2xzL2FwcHJvdmFsEAQaDnRvb2xzX2FwcHJvdmFsIg10b29sX2FwcHJvdmFsEjkKDFNFQU1fQ09NUEFDVBAVGieCgBkjCg1hZ2VudC9jb21wYWN0EAEaB2NvbXBhY3QiB2NvbXBhY3QiBAgNEA0iBAgOEA4qEVNFQU1fVE9PTF9FWEVDVVRFKhFTRUFNX01PREVMX1NUUkVBTSqEAQoIU2VhbU1vZGUSGQoVU0VBTV9NT0RFX1VOU1BFQ0lGSUVEEAASFwoTU0VBTV9NT0RFX1dBVEVSRkFMTBABEhQKEFNFQU1fTU9ERV9TRVJJQUwQAhIWChJTRUFNX01PREVfT0JTRVJWRVIQAxIWChJTRUFNX01PREVfQVBQUk9WRVIQBCqNAQoIQ2FsbEtpbmQSGQoVQ0FMTF9LSU5EX1VOU1BFQ0lGSUVEEAASEgoOQ0FMTF9LSU5EX1NFQU0QARIaChZDQUxMX0tJTkRfTk9USUZJQ0FUSU9OEAISGgoWQ0FMTF9LSU5EX1RPT0xfRVhFQ1VURRADEhoKFkNBTExfS0lORF9NT0RFTF9TVFJFQU0QBCptCg1GYWlsdXJlUG9saWN5Eh4KGkZBSUxVUkVfUE9MSUNZX1VOU1BFQ0lGSUVEEAASHgoaRkFJTFVSRV9QT0xJQ1lfRkFJTF9DTE9TRUQQARIcChhGQUlMVVJFX1BPTElDWV9GQUlMX09QRU4QAjK9AQoLSG9va1NlcnZpY2USVwoIRGVzY3JpYmUSJC5hZ2VudGxvb3AucGx1Z2luLnYxLkRlc2NyaWJlUmVxdWVzdBolLmFnZW50bG9vcC5wbHVnaW4udjEuRGVzY3JpYmVSZXNwb25zZRJVCgZIYW5kbGUSIi5hZ2VudGxvb3AucGx1Z2luLnYxLkhhbmRsZVJlcXVlc3QaIy5hZ2VudGxvb3AucGx1Z2luLnYxLkhhbmRsZVJlc3BvbnNlKAEwATpWCgRzZWFtEiEuZ29vZ2xlLnByb3RvYnVmLkVudW1WYWx1ZU9wdGlvbnMYgJADIAEoCzIdLmFnZW50bG9vcC5wbHVnaW4udjEuU2VhbVNwZWNSBHNlYW1iBnByb3RvMw", [file_agentloop_v1_agent_event, file_agentloop_v1_approval, file_agentloop_v1_content, file_agentloop_v1_decision, file_agentloop_v1_session_event, file_agentloop_v1_stream, file_google_protobuf_descriptor, file_google_protobuf_duration, file_google_protobuf_struct]);
 
 /**
  * SeamSpec is how one seam travels, declared once on its `Seam` value with
@@ -108,7 +108,8 @@ export type DescribeRequest = Message<"agentloop.plugin.v1.DescribeRequest"> & {
   /**
    * Capabilities are the optional features the server offers (see
    * `DescribeResponse.capabilities`). Version 1 offers "model_stream",
-   * "tool_execute", "event_kinds" and "buffer_size"; also "call_batch": a
+   * "tool_execute", "event_kinds", "buffer_size", "observe_only" and
+   * "match_conditions" (`Subscription.conditions`); also "call_batch": a
    * plugin that lists it may get several calls in one message
    * (`HandleRequest.batch`), so notifications travel together; and
    * "observe_only" (`Subscription.observe_only`). A plugin ignores an offered
@@ -303,6 +304,19 @@ export type Subscription = Message<"agentloop.plugin.v1.Subscription"> & {
    * @generated from field: bool observe_only = 8;
    */
   observeOnly: boolean;
+
+  /**
+   * Conditions say which of the seam's calls the plugin wants; unset means
+   * every call. The server evaluates them before it builds a call: one they
+   * do not match is not made (no round trip, no notification) and is counted
+   * (`PluginStats.skipped_calls`). Offered as the capability
+   * "match_conditions": a plugin that relies on them lists it in
+   * `DescribeResponse.capabilities`, so that a server without them refuses it
+   * instead of calling it for everything.
+   *
+   * @generated from field: agentloop.plugin.v1.MatchConditions conditions = 9;
+   */
+  conditions?: MatchConditions | undefined;
 };
 
 /**
@@ -311,6 +325,74 @@ export type Subscription = Message<"agentloop.plugin.v1.Subscription"> & {
  */
 export const SubscriptionSchema: GenMessage<Subscription> = /*@__PURE__*/
   messageDesc(file_agentloop_plugin_v1_hook_service, 4);
+
+/**
+ * MatchConditions select the calls of one subscription. Every condition set
+ * must hold; within one list, one entry matching is enough. The agent ids are
+ * `Subscription.agent_ids` (they skip and count the same way). A condition
+ * that does not apply to the subscription's seam, an unknown event kind, an
+ * empty or invalid pattern and an invalid regex refuse the registration
+ * (FAILED_PRECONDITION, naming the subscription's seam and the field, such as
+ * `subscriptions[2] (SEAM_PROMPT_SUBMIT): conditions.prompt_regex: ...`).
+ *
+ * @generated from message agentloop.plugin.v1.MatchConditions
+ */
+export type MatchConditions = Message<"agentloop.plugin.v1.MatchConditions"> & {
+  /**
+   * Tools are tool names or glob patterns (`*` any run of characters, `?`
+   * one character, `[abc]` one of a set; the whole name, case-sensitive)
+   * matched against the called tool's name. Tool seams only:
+   * SEAM_TOOLS_PRE_EXECUTE, SEAM_TOOLS_POST_EXECUTE, SEAM_TOOLS_RESULT and
+   * SEAM_TOOLS_APPROVAL.
+   *
+   * @generated from field: repeated string tools = 1;
+   */
+  tools: string[];
+
+  /**
+   * AgentLabels must all be among the calling agent's labels
+   * (`AgentOptions.labels`), with these values. Any seam.
+   *
+   * @generated from field: map<string, string> agent_labels = 2;
+   */
+  agentLabels: { [key: string]: string };
+
+  /**
+   * EventKinds are the payload kinds notified: for SEAM_SESSION_EVENTS the
+   * `SessionEvent.payload` field names (such as "turn_end"), for
+   * SEAM_AGENT_EVENTS the `AgentEvent.event` field names (such as "status"
+   * or "approval_requested"). Those two seams only.
+   *
+   * @generated from field: repeated string event_kinds = 3;
+   */
+  eventKinds: string[];
+
+  /**
+   * PromptPrefix is what the prompt's text (its text blocks, joined by
+   * newlines, as the previous listener left them) must start with.
+   * SEAM_PROMPT_SUBMIT only.
+   *
+   * @generated from field: string prompt_prefix = 4;
+   */
+  promptPrefix: string;
+
+  /**
+   * PromptRegex is a regular expression searched for anywhere in the
+   * prompt's text (Python `re` syntax, at most 1024 characters; the common
+   * subset of RE2 and JavaScript means the same there). SEAM_PROMPT_SUBMIT
+   * only.
+   *
+   * @generated from field: string prompt_regex = 5;
+   */
+  promptRegex: string;
+};
+
+/**
+ * Describes the message agentloop.plugin.v1.MatchConditions.
+ * Use `create(MatchConditionsSchema)` to create a new message.
+ */
+export const MatchConditionsSchema: GenMessage<MatchConditions> = /*@__PURE__*/
+  messageDesc(file_agentloop_plugin_v1_hook_service, 5);
 
 /**
  * ToolDefinition is a tool provided by a plugin. It is offered to an agent
@@ -370,7 +452,7 @@ export type ToolDefinition = Message<"agentloop.plugin.v1.ToolDefinition"> & {
  * Use `create(ToolDefinitionSchema)` to create a new message.
  */
 export const ToolDefinitionSchema: GenMessage<ToolDefinition> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 5);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 6);
 
 /**
  * HandleRequest is one message from the server to the plugin.
@@ -417,7 +499,7 @@ export type HandleRequest = Message<"agentloop.plugin.v1.HandleRequest"> & {
  * Use `create(HandleRequestSchema)` to create a new message.
  */
 export const HandleRequestSchema: GenMessage<HandleRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 6);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 7);
 
 /**
  * CallBatch is several calls written as one message: the notifications the
@@ -440,7 +522,7 @@ export type CallBatch = Message<"agentloop.plugin.v1.CallBatch"> & {
  * Use `create(CallBatchSchema)` to create a new message.
  */
 export const CallBatchSchema: GenMessage<CallBatch> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 7);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 8);
 
 /**
  * HandleResponse is one message from the plugin to the server.
@@ -480,7 +562,7 @@ export type HandleResponse = Message<"agentloop.plugin.v1.HandleResponse"> & {
  * Use `create(HandleResponseSchema)` to create a new message.
  */
 export const HandleResponseSchema: GenMessage<HandleResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 8);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 9);
 
 /**
  * ModelChunk is one streamed chunk of a model call served by a plugin.
@@ -508,7 +590,7 @@ export type ModelChunk = Message<"agentloop.plugin.v1.ModelChunk"> & {
  * Use `create(ModelChunkSchema)` to create a new message.
  */
 export const ModelChunkSchema: GenMessage<ModelChunk> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 9);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 10);
 
 /**
  * HookCall is one seam call.
@@ -737,7 +819,7 @@ export type HookCall = Message<"agentloop.plugin.v1.HookCall"> & {
  * Use `create(HookCallSchema)` to create a new message.
  */
 export const HookCallSchema: GenMessage<HookCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 10);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 11);
 
 /**
  * ToolApprovalCall is a tool call waiting for approval.
@@ -759,7 +841,7 @@ export type ToolApprovalCall = Message<"agentloop.plugin.v1.ToolApprovalCall"> &
  * Use `create(ToolApprovalCallSchema)` to create a new message.
  */
 export const ToolApprovalCallSchema: GenMessage<ToolApprovalCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 11);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 12);
 
 /**
  * ToolApprovalResult is an approver's answer.
@@ -788,7 +870,7 @@ export type ToolApprovalResult = Message<"agentloop.plugin.v1.ToolApprovalResult
  * Use `create(ToolApprovalResultSchema)` to create a new message.
  */
 export const ToolApprovalResultSchema: GenMessage<ToolApprovalResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 12);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 13);
 
 /**
  * ModelStreamCall is one model request to a provider served by a plugin.
@@ -823,7 +905,7 @@ export type ModelStreamCall = Message<"agentloop.plugin.v1.ModelStreamCall"> & {
  * Use `create(ModelStreamCallSchema)` to create a new message.
  */
 export const ModelStreamCallSchema: GenMessage<ModelStreamCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 13);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 14);
 
 /**
  * CancelCall withdraws a call whose turn was cancelled.
@@ -851,7 +933,7 @@ export type CancelCall = Message<"agentloop.plugin.v1.CancelCall"> & {
  * Use `create(CancelCallSchema)` to create a new message.
  */
 export const CancelCallSchema: GenMessage<CancelCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 14);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 15);
 
 /**
  * HookResult answers a HookCall.
@@ -990,7 +1072,7 @@ export type HookResult = Message<"agentloop.plugin.v1.HookResult"> & {
  * Use `create(HookResultSchema)` to create a new message.
  */
 export const HookResultSchema: GenMessage<HookResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 15);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 16);
 
 /**
  * CallError is a plugin's failure to handle a call, shaped like
@@ -1019,7 +1101,7 @@ export type CallError = Message<"agentloop.plugin.v1.CallError"> & {
  * Use `create(CallErrorSchema)` to create a new message.
  */
 export const CallErrorSchema: GenMessage<CallError> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 16);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 17);
 
 /**
  * PromptSubmitCall is the input of SEAM_PROMPT_SUBMIT.
@@ -1047,7 +1129,7 @@ export type PromptSubmitCall = Message<"agentloop.plugin.v1.PromptSubmitCall"> &
  * Use `create(PromptSubmitCallSchema)` to create a new message.
  */
 export const PromptSubmitCallSchema: GenMessage<PromptSubmitCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 17);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 18);
 
 /**
  * SessionPrefixCall is the input of SEAM_SESSION_PREFIX.
@@ -1068,7 +1150,7 @@ export type SessionPrefixCall = Message<"agentloop.plugin.v1.SessionPrefixCall">
  * Use `create(SessionPrefixCallSchema)` to create a new message.
  */
 export const SessionPrefixCallSchema: GenMessage<SessionPrefixCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 18);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 19);
 
 /**
  * SessionPrefixResult replaces the session prefix.
@@ -1090,7 +1172,7 @@ export type SessionPrefixResult = Message<"agentloop.plugin.v1.SessionPrefixResu
  * Use `create(SessionPrefixResultSchema)` to create a new message.
  */
 export const SessionPrefixResultSchema: GenMessage<SessionPrefixResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 19);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 20);
 
 /**
  * PreStepCall is the input of SEAM_PRE_STEP.
@@ -1118,7 +1200,7 @@ export type PreStepCall = Message<"agentloop.plugin.v1.PreStepCall"> & {
  * Use `create(PreStepCallSchema)` to create a new message.
  */
 export const PreStepCallSchema: GenMessage<PreStepCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 20);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 21);
 
 /**
  * PreStepResult adds context before the step.
@@ -1139,7 +1221,7 @@ export type PreStepResult = Message<"agentloop.plugin.v1.PreStepResult"> & {
  * Use `create(PreStepResultSchema)` to create a new message.
  */
 export const PreStepResultSchema: GenMessage<PreStepResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 21);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 22);
 
 /**
  * RequestCall is the input of SEAM_REQUEST.
@@ -1160,7 +1242,7 @@ export type RequestCall = Message<"agentloop.plugin.v1.RequestCall"> & {
  * Use `create(RequestCallSchema)` to create a new message.
  */
 export const RequestCallSchema: GenMessage<RequestCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 22);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 23);
 
 /**
  * RequestResult replaces the model configuration.
@@ -1181,7 +1263,7 @@ export type RequestResult = Message<"agentloop.plugin.v1.RequestResult"> & {
  * Use `create(RequestResultSchema)` to create a new message.
  */
 export const RequestResultSchema: GenMessage<RequestResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 23);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 24);
 
 /**
  * StepResultCall is the input of SEAM_STEP_RESULT.
@@ -1202,7 +1284,7 @@ export type StepResultCall = Message<"agentloop.plugin.v1.StepResultCall"> & {
  * Use `create(StepResultCallSchema)` to create a new message.
  */
 export const StepResultCallSchema: GenMessage<StepResultCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 24);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 25);
 
 /**
  * StepResultResult replaces the assistant message.
@@ -1223,7 +1305,7 @@ export type StepResultResult = Message<"agentloop.plugin.v1.StepResultResult"> &
  * Use `create(StepResultResultSchema)` to create a new message.
  */
 export const StepResultResultSchema: GenMessage<StepResultResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 25);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 26);
 
 /**
  * TurnContinuationCall is the input of SEAM_TURN_CONTINUATION.
@@ -1245,7 +1327,7 @@ export type TurnContinuationCall = Message<"agentloop.plugin.v1.TurnContinuation
  * Use `create(TurnContinuationCallSchema)` to create a new message.
  */
 export const TurnContinuationCallSchema: GenMessage<TurnContinuationCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 26);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 27);
 
 /**
  * TurnStopCall is the input of SEAM_TURN_STOP.
@@ -1260,7 +1342,7 @@ export type TurnStopCall = Message<"agentloop.plugin.v1.TurnStopCall"> & {
  * Use `create(TurnStopCallSchema)` to create a new message.
  */
 export const TurnStopCallSchema: GenMessage<TurnStopCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 27);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 28);
 
 /**
  * TurnStopResult answers SEAM_TURN_STOP.
@@ -1281,7 +1363,7 @@ export type TurnStopResult = Message<"agentloop.plugin.v1.TurnStopResult"> & {
  * Use `create(TurnStopResultSchema)` to create a new message.
  */
 export const TurnStopResultSchema: GenMessage<TurnStopResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 28);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 29);
 
 /**
  * ToolInvocation describes a tool call.
@@ -1316,7 +1398,7 @@ export type ToolInvocation = Message<"agentloop.plugin.v1.ToolInvocation"> & {
  * Use `create(ToolInvocationSchema)` to create a new message.
  */
 export const ToolInvocationSchema: GenMessage<ToolInvocation> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 29);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 30);
 
 /**
  * ToolOutput is the result of a tool call.
@@ -1365,7 +1447,7 @@ export type ToolOutput = Message<"agentloop.plugin.v1.ToolOutput"> & {
  * Use `create(ToolOutputSchema)` to create a new message.
  */
 export const ToolOutputSchema: GenMessage<ToolOutput> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 30);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 31);
 
 /**
  * ToolPreExecuteCall is the input of SEAM_TOOLS_PRE_EXECUTE.
@@ -1386,7 +1468,7 @@ export type ToolPreExecuteCall = Message<"agentloop.plugin.v1.ToolPreExecuteCall
  * Use `create(ToolPreExecuteCallSchema)` to create a new message.
  */
 export const ToolPreExecuteCallSchema: GenMessage<ToolPreExecuteCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 31);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 32);
 
 /**
  * ToolPostExecuteCall is the input of SEAM_TOOLS_POST_EXECUTE.
@@ -1414,7 +1496,7 @@ export type ToolPostExecuteCall = Message<"agentloop.plugin.v1.ToolPostExecuteCa
  * Use `create(ToolPostExecuteCallSchema)` to create a new message.
  */
 export const ToolPostExecuteCallSchema: GenMessage<ToolPostExecuteCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 32);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 33);
 
 /**
  * ToolExecuteCall runs a tool the plugin provides.
@@ -1435,7 +1517,7 @@ export type ToolExecuteCall = Message<"agentloop.plugin.v1.ToolExecuteCall"> & {
  * Use `create(ToolExecuteCallSchema)` to create a new message.
  */
 export const ToolExecuteCallSchema: GenMessage<ToolExecuteCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 33);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 34);
 
 /**
  * SessionEventNotice notifies a session event.
@@ -1463,7 +1545,7 @@ export type SessionEventNotice = Message<"agentloop.plugin.v1.SessionEventNotice
  * Use `create(SessionEventNoticeSchema)` to create a new message.
  */
 export const SessionEventNoticeSchema: GenMessage<SessionEventNotice> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 34);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 35);
 
 /**
  * AgentEventNotice notifies a live agent event.
@@ -1491,7 +1573,7 @@ export type AgentEventNotice = Message<"agentloop.plugin.v1.AgentEventNotice"> &
  * Use `create(AgentEventNoticeSchema)` to create a new message.
  */
 export const AgentEventNoticeSchema: GenMessage<AgentEventNotice> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 35);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 36);
 
 /**
  * ToolResultNotice notifies a final tool result.
@@ -1526,7 +1608,7 @@ export type ToolResultNotice = Message<"agentloop.plugin.v1.ToolResultNotice"> &
  * Use `create(ToolResultNoticeSchema)` to create a new message.
  */
 export const ToolResultNoticeSchema: GenMessage<ToolResultNotice> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 36);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 37);
 
 /**
  * CompactCall is the input of SEAM_COMPACT.
@@ -1576,7 +1658,7 @@ export type CompactCall = Message<"agentloop.plugin.v1.CompactCall"> & {
  * Use `create(CompactCallSchema)` to create a new message.
  */
 export const CompactCallSchema: GenMessage<CompactCall> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 37);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 38);
 
 /**
  * CompactResult answers SEAM_COMPACT.
@@ -1597,7 +1679,7 @@ export type CompactResult = Message<"agentloop.plugin.v1.CompactResult"> & {
  * Use `create(CompactResultSchema)` to create a new message.
  */
 export const CompactResultSchema: GenMessage<CompactResult> = /*@__PURE__*/
-  messageDesc(file_agentloop_plugin_v1_hook_service, 38);
+  messageDesc(file_agentloop_plugin_v1_hook_service, 39);
 
 /**
  * Seam names a point of the loop a plugin can subscribe to.
