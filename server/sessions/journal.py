@@ -95,7 +95,14 @@ class Journal:
         self, session: SessionLog, event: ev.SessionEvent, consumes: tuple[int, ...]
     ) -> None:
         """Write `event` (and remove the inbox entries it records) in the next commit."""
-        writes = self._writes(session)
+        writes = self._pending.commit.sessions.get(session.session_id)
+        if (
+            writes is None  # the session's first write of this commit
+            or session.failure is not None
+            or writes.fence != session.fence
+            or not self._scheduled
+        ):
+            writes = self._writes(session)
         writes.events.append(event)
         if consumes:
             self._take(writes, consumes)

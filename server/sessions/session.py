@@ -188,7 +188,14 @@ class SessionLog:
                 "session append cannot reenter while another append is being published"
             )
         field: dict[str, Any] = {kind: payload}  # the payload's oneof field, by its type
-        event = ev.SessionEvent(seq=self.count, create_time=now_timestamp(), **field)
+        ns = time.time_ns()  # now_timestamp's, inline: this runs for every event
+        event = ev.SessionEvent(
+            seq=self.count,
+            create_time=timestamp_pb2.Timestamp(
+                seconds=ns // 1_000_000_000, nanos=ns % 1_000_000_000
+            ),
+            **field,
+        )
         if kind in SURFACE_KINDS:
             event.surface_op.CopyFrom(APPEND if surface_op is None else surface_op)
             event.source_event_seqs.extend(source_event_seqs)
@@ -196,14 +203,15 @@ class SessionLog:
             raise ValueError(f"{kind} is not a surface event and takes no source_event_seqs")
         for check in self.pre_commit:
             check(event)
-        self.projection.apply(event)
+        self.projection.apply(event, kind)
         self.count += 1
         self._window.append(event)
         if consumes:
             self.inbox.consume(consumes)
         if self.journal is not None:
             self.journal.append(self, event, consumes)
-        self._publish(event, kind)
+        if self.observers:
+            self._publish(event, kind)
         if self.journal is None:
             self.published([event])
         return event
