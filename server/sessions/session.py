@@ -246,9 +246,9 @@ class SessionLog:
     async def settle(self) -> None:
         """Wait until everything so far is stored; raises the store's refusal, if any."""
         if self.journal is not None:
-            stored = self.journal.sync()
-            if not stored.done():  # nothing pending: no shield, no task switch
-                await asyncio.shield(stored)
+            stored = self.journal.waiter()
+            if stored is not None:  # else nothing is pending: no task switch
+                await stored
         if self.failure is not None:
             raise self.failure
 
