@@ -32,7 +32,7 @@ from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import stream_pb2 as st
 from server.kernel.abort import AbortSignal
 from server.plugins.call_router import CallRouter
-from server.plugins.calls import NoticeSlot, PluginCallFailed, PluginStats
+from server.plugins.calls import Notice, NoticeSlot, PluginCallFailed, PluginStats
 from server.plugins.description import describe_request
 from server.plugins.notice_queue import NoticeQueue
 from server.plugins.wire import BATCH_CAPABILITY, HANDLE_METHOD, cancel_request
@@ -174,7 +174,7 @@ class PluginConnection:
         """Room for one more notification of `slot`; if none, it is counted dropped."""
         return self._notices.admit(slot, self.state == reg.PLUGIN_STATE_READY)
 
-    def notify(self, call: hk.HookCall, slot: NoticeSlot) -> None:
+    def notify(self, call: Notice, slot: NoticeSlot) -> None:
         """Queue an admitted notification; it carries the drops since the last one."""
         self._notices.notify(call, slot)
 

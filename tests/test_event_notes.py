@@ -1,0 +1,56 @@
+"""A session-event notification queued as its parts encodes to the call `fill` makes."""
+
+from __future__ import annotations
+
+from agentloop.plugin.v1 import hook_service_pb2 as hk
+from agentloop.v1 import session_event_pb2 as ev
+from agentloop.v1 import stream_pb2 as st
+from server.plugins.event_notes import EventNote, event_head
+from server.plugins.wire import batch_entry
+
+EVENT = ev.SessionEvent(
+    seq=41,
+    assistant_chunk=ev.AssistantChunk(
+        turn=3, step=2, chunk=st.StreamChunk(block_delta=st.BlockDelta(index=0))
+    ),
+)
+EVENT.create_time.FromNanoseconds(1_700_000_000_123_456_789)
+EVENT.assistant_chunk.chunk.block_delta.text = "é" * 200  # a length past one byte
+
+
+def built(call_id: str, dropped: int) -> hk.HookCall:
+    """The notification as a `HookCall` made field by field (the codecs' way)."""
+    call = hk.HookCall(
+        call_id=call_id,
+        kind=hk.CALL_KIND_NOTIFICATION,
+        seam=hk.SEAM_SESSION_EVENTS,
+        agent_id="agent-1",
+        session_id="agent-1-session",
+    )
+    call.session_event.event.CopyFrom(EVENT)
+    call.session_event.dropped = dropped
+    return call
+
+
+def test_the_encoded_note_is_the_calls_bytes_field_for_field() -> None:
+    for dropped in (0, 1, 300):
+        note = EventNote(event_head(hk.SEAM_SESSION_EVENTS, "agent-1", "agent-1-session"), EVENT)
+        note.dropped = dropped
+        raw = note.encode()
+        call = hk.HookCall.FromString(raw)
+        assert call.call_id.startswith("n")
+        assert call == built(call.call_id, dropped)
+        assert raw == built(call.call_id, dropped).SerializeToString(deterministic=True)
+
+
+def test_each_encoding_gets_a_fresh_notification_id() -> None:
+    note = EventNote(event_head(hk.SEAM_SESSION_EVENTS, "a", "s"), EVENT)
+    assert note.call().call_id != note.call().call_id
+
+
+def test_a_notes_batch_entry_is_the_wires_framing_of_its_call() -> None:
+    note = EventNote(event_head(hk.SEAM_SESSION_EVENTS, "a", "s"), EVENT)
+    entry = note.entry()
+    request = hk.HandleRequest.FromString(entry)  # an entry alone is a HandleRequest
+    assert request.call.session_event.event == EVENT
+    assert entry == batch_entry(request.call.SerializeToString(deterministic=True))
