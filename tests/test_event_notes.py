@@ -36,21 +36,23 @@ def test_the_encoded_note_is_the_calls_bytes_field_for_field() -> None:
     for dropped in (0, 1, 300):
         note = EventNote(event_head(hk.SEAM_SESSION_EVENTS, "agent-1", "agent-1-session"), EVENT)
         note.dropped = dropped
-        raw = note.encode()
-        call = hk.HookCall.FromString(raw)
+        entry = note.entry()
+        call = hk.HandleRequest.FromString(entry).call  # an entry alone is a HandleRequest
         assert call.call_id.startswith("n")
         assert call == built(call.call_id, dropped)
-        assert raw == built(call.call_id, dropped).SerializeToString(deterministic=True)
+        expected = built(call.call_id, dropped).SerializeToString(deterministic=True)
+        assert entry == batch_entry(expected)
+
+
+def test_a_large_event_is_framed_with_longer_lengths() -> None:
+    big = ev.SessionEvent()
+    big.CopyFrom(EVENT)
+    big.assistant_chunk.chunk.block_delta.text = "x" * 20_000  # lengths of three bytes
+    note = EventNote(event_head(hk.SEAM_SESSION_EVENTS, "a", "s"), big)
+    call = hk.HandleRequest.FromString(note.entry()).call
+    assert call.session_event.event == big
 
 
 def test_each_encoding_gets_a_fresh_notification_id() -> None:
     note = EventNote(event_head(hk.SEAM_SESSION_EVENTS, "a", "s"), EVENT)
     assert note.call().call_id != note.call().call_id
-
-
-def test_a_notes_batch_entry_is_the_wires_framing_of_its_call() -> None:
-    note = EventNote(event_head(hk.SEAM_SESSION_EVENTS, "a", "s"), EVENT)
-    entry = note.entry()
-    request = hk.HandleRequest.FromString(entry)  # an entry alone is a HandleRequest
-    assert request.call.session_event.event == EVENT
-    assert entry == batch_entry(request.call.SerializeToString(deterministic=True))

@@ -345,7 +345,7 @@ class Agent:
     def _observe_committed(self, event: ev.SessionEvent) -> None:
         """Pass each stored event to the `session/committed` observers (plugins)."""
         seams = self.runtime.seams
-        if S.SESSION_COMMITTED in seams.heard and seams.has(S.SESSION_COMMITTED, self.agent_id):
+        if S.SESSION_COMMITTED in seams.heard:  # `emit` finds this agent's listeners, if any
             seams.emit(S.SESSION_COMMITTED, self.agent_id, S.SessionEventSeen(self, event))
 
     def stop(self) -> None:

@@ -5,8 +5,8 @@ in a long turn. Building each as a `HookCall` (its fields set one by one, the ev
 copied in) and serializing it later costs more than the event itself did. An
 `EventNote` is the event and the call's fixed fields already encoded (`head`: seam,
 agent, session and kind, the same for every notification of one subscription and
-agent); `encode` writes the call's bytes in one pass: the same bytes, field for field,
-as the `HookCall` serialized.
+agent); `entry` writes the call's bytes, framed as a batch entry, in one pass: the same
+bytes, field for field, as the `HookCall` serialized.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ _CALL_ID = field_key(hk.HookCall.CALL_ID_FIELD_NUMBER)
 _SESSION_EVENT = field_key(hk.HookCall.SESSION_EVENT_FIELD_NUMBER)
 _EVENT = field_key(hk.SessionEventNotice.EVENT_FIELD_NUMBER)
 _ENTRY = field_key(hk.CallBatch.CALLS_FIELD_NUMBER)  # also `HandleRequest.call`: both 1
+_ONE = [bytes((n,)) for n in range(0x80)]
+"""The varints of 0 to 127: one byte each."""
 _DROPPED = varint(hk.SessionEventNotice.DROPPED_FIELD_NUMBER << 3)  # a varint field
 
 _HEAD = {f.name: f.number for f in hk.HookCall.DESCRIPTOR.fields}
@@ -50,23 +52,28 @@ class EventNote:
         self.dropped = 0
         """Notifications dropped before this one (set when it is queued)."""
 
-    def encode(self) -> bytes:
-        """The `HookCall`'s bytes, with a fresh notification id."""
-        call_id = f"n{next(call_ids)}".encode()
-        event = self.event.SerializeToString()
-        notice = b"".join((_EVENT, varint(len(event)), event))
-        if self.dropped:
-            notice += _DROPPED + varint(self.dropped)
-        return b"".join(
-            (_CALL_ID, varint(len(call_id)), call_id, self.head,
-             _SESSION_EVENT, varint(len(notice)), notice)
-        )  # fmt: skip
-
     def entry(self) -> bytes:
-        """`wire.batch_entry` of `encode()`, framed here: one call less per event."""
-        call = self.encode()
-        return b"".join((_ENTRY, varint(len(call)), call))
+        """The notification as a `CallBatch` entry (`wire.batch_entry` of the call's bytes).
+
+        Sizes are summed, not measured on parts joined one by one: one join per event,
+        and a varint under 128 is a table look-up, not a call.
+        """
+        call_id = b"n%d" % next(call_ids)
+        event = self.event.SerializeToString()
+        n = len(event)
+        event_size = _ONE[n] if n < 0x80 else varint(n)
+        notice = len(_EVENT) + len(event_size) + n
+        dropped = _DROPPED + varint(self.dropped) if self.dropped else b""
+        notice += len(dropped)
+        notice_size = _ONE[notice] if notice < 0x80 else varint(notice)
+        head = self.head
+        call = 2 + len(call_id) + len(head) + len(_SESSION_EVENT) + len(notice_size) + notice
+        call_size = _ONE[call] if call < 0x80 else varint(call)
+        return b"".join(
+            (_ENTRY, call_size, _CALL_ID, _ONE[len(call_id)], call_id, head,
+             _SESSION_EVENT, notice_size, _EVENT, event_size, event, dropped)
+        )  # fmt: skip
 
     def call(self) -> hk.HookCall:
         """The notification as a message (for a reader that wants one, not bytes)."""
-        return hk.HookCall.FromString(self.encode())
+        return hk.HandleRequest.FromString(self.entry()).call
