@@ -33,7 +33,7 @@ from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
 from server.kernel.errors import AgentLoopError
-from server.kernel.events import Payload, kind_of
+from server.kernel.events import PAYLOAD_KINDS, Payload
 from server.kernel.history import MessageView
 from server.sessions.inbox import DurableInbox
 from server.sessions.projection import SURFACE_KINDS, Projection
@@ -182,7 +182,7 @@ class SessionLog:
         never both and never neither. `surface_op` replaces APPEND on a surface event
         (a compaction's REPLACE).
         """
-        kind = kind_of(payload)
+        kind = PAYLOAD_KINDS[type(payload)]  # `kind_of`, inline: this runs for every event
         if self.publishing:
             raise ReentrantAppend(
                 "session append cannot reenter while another append is being published"
