@@ -39,6 +39,9 @@ BENCHES = (
           "SQLite; gRPC ≤ 2 ms per turn", (),
           ("--turns", "50", "--conversation", "60", "--idle-agents", "100",
            "--resume-events", "1000", "--long-conversation", "100")),
+    Bench("turn_ab", "the turn against other checkouts in one run (--against DIR): ≤ 600 µs "
+          "in process, ≤ 800 µs SQLite, ≤ 2 ms gRPC", (),
+          ("--turns", "30", "--repeat", "1")),
     Bench("conversation_bench", "flat over a long conversation (peers grow 5–9× over 300 turns)",
           (), ("--turns", "200", "--at", "1,200", "--window", "20", "--repeat", "1")),
     Bench("provider_request_bench", "no event-loop stall over 50 ms (a first request on a long "

@@ -21,6 +21,14 @@ from server.settings.config import (
 from server.version import version
 
 
+class _Version(argparse.Action):
+    """`--version`: the version is read only when asked (importlib.metadata is a few MB)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(f"agentloop {version()}")
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, load the config, serve until SIGTERM (or run `sessions ...`)."""
     argv = sys.argv[1:] if argv is None else argv
@@ -46,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--http-listen", help="host:port (or a port, on loopback) of the web console and JSON API"
     )
-    parser.add_argument("--version", action="version", version=f"agentloop {version()}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="print the version and exit")
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)

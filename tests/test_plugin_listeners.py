@@ -10,7 +10,8 @@ from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import stream_pb2 as st
 from server.kernel.abort import AbortSignal
 from server.kernel.content import plain_text
-from server.plugins.calls import NoticeSlot, PluginCallFailed, PluginStats
+from server.plugins.calls import Notice, NoticeSlot, PluginCallFailed, PluginStats
+from server.plugins.event_notes import EventNote
 from server.plugins.install import install
 from tests.harness import Harness, kinds, reason_kinds, text_block, text_step, tool_step
 
@@ -45,8 +46,8 @@ class FakeCaller:
     def admit(self, slot: NoticeSlot) -> bool:
         return True
 
-    def notify(self, call: hk.HookCall, slot: NoticeSlot) -> None:
-        self.calls.append(call)
+    def notify(self, call: Notice, slot: NoticeSlot) -> None:
+        self.calls.append(call.call() if isinstance(call, EventNote) else call)
 
 
 def subscribe(harness: Harness, caller: FakeCaller, **subscription: object) -> PluginStats:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-from server.observability.tracing import Tracing, build_exporter, exporter_name
+from server.observability.exporters import exporter_name
+from server.observability.tracing import Tracing, build_exporter
 
 
 def test_the_config_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from server.observability.metrics import Metrics
-from server.observability.tracing import Tracing, parse_traceparent
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # metrics and tracing are imported only when they are on
     from opentelemetry.trace import SpanContext
+
+    from server.observability.metrics import Metrics
+    from server.observability.tracing import Tracing
 
 if TYPE_CHECKING:
     Context = grpc.aio.ServicerContext[Any, Any]
@@ -175,6 +175,8 @@ def _peer(context: Context, relay_key: str) -> str:
 
 def _caller(context: Context) -> SpanContext | None:
     """The client's span, from the call's `traceparent` (and `tracestate`) metadata."""
+    from server.observability.tracing import parse_traceparent  # tracing is on: loaded
+
     parent = state = ""
     for key, value in context.invocation_metadata() or ():
         if key == "traceparent" and isinstance(value, str):

@@ -468,6 +468,9 @@ class SeamRegistry:
     def __init__(self) -> None:
         self._by_seam: dict[SeamKey, list[Registration[object]]] = {}
         self._scoped: set[SeamKey] = set()
+        self.heard: set[SeamKey] = set()
+        """The seams with at least one listener (any agent's): a set lookup, not a call,
+        lets a hot path skip a seam nobody listens to before asking `has`."""
         """Seams with an agent-scoped listener; the others need no filtering per dispatch."""
         self._counter = 0
         self.contained_failures = 0
@@ -506,6 +509,10 @@ class SeamRegistry:
     def _set(self, seam: SeamKey, listeners: list[Registration[object]]) -> None:
         # Lists are replaced, never changed in place: a dispatch may hold the old one.
         self._by_seam[seam] = listeners
+        if listeners:
+            self.heard.add(seam)
+        else:
+            self.heard.discard(seam)
         if any(r.agent_id is not None for r in listeners):
             self._scoped.add(seam)
         else:

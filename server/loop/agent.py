@@ -281,6 +281,9 @@ class Agent:
             self.settle_idle()
         if status == ae.AGENT_STATUS_DISPOSED and not self.published:
             return
+        heard = self.runtime.seams.heard
+        if not self._live and S.STATUS not in heard and S.AGENT_EVENT not in heard:
+            return  # nobody to tell: build neither the seam's input nor the event
         self.emit(
             S.STATUS,
             S.StatusChanged(self, STATUS_NAMES[status]),
@@ -338,13 +341,13 @@ class Agent:
     def _observe_session(self, event: ev.SessionEvent) -> None:
         """Pass each appended event to the in-process `session/event` observers."""
         seams = self.runtime.seams
-        if seams.has(S.SESSION_EVENT, self.agent_id):
+        if S.SESSION_EVENT in seams.heard and seams.has(S.SESSION_EVENT, self.agent_id):
             seams.emit(S.SESSION_EVENT, self.agent_id, S.SessionEventSeen(self, event))
 
     def _observe_committed(self, event: ev.SessionEvent) -> None:
         """Pass each stored event to the `session/committed` observers (plugins)."""
         seams = self.runtime.seams
-        if seams.has(S.SESSION_COMMITTED, self.agent_id):
+        if S.SESSION_COMMITTED in seams.heard:  # `emit` finds this agent's listeners, if any
             seams.emit(S.SESSION_COMMITTED, self.agent_id, S.SessionEventSeen(self, event))
 
     def stop(self) -> None:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from server.kernel.seams import SeamRegistry
-from server.observability.metrics import Metrics
+from server.observability.exporters import exporter_name
 from server.observability.observe import EventClock, Sink
-from server.observability.tracing import Tracing
+
+if TYPE_CHECKING:  # each is imported only when the config turns it on (a few MB each)
+    from server.observability.metrics import Metrics
+    from server.observability.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +34,16 @@ class Telemetry:
     def __init__(self, config: TelemetrySettings, tracing: Tracing | None = None) -> None:
         """Build what the config turns on; `tracing` replaces the configured tracer (tests)."""
         self.listen = config.metrics_listen
-        self.metrics = Metrics() if self.listen else None
-        self.tracing = tracing or Tracing.from_config(config.trace_exporter, config.otlp_endpoint)
+        self.metrics: Metrics | None = None
+        if self.listen:
+            from server.observability.metrics import Metrics
+
+            self.metrics = Metrics()
+        self.tracing = tracing
+        if tracing is None and exporter_name(config.trace_exporter) != "none":
+            from server.observability.tracing import Tracing
+
+            self.tracing = Tracing.from_config(config.trace_exporter, config.otlp_endpoint)
         self.metrics_port = 0
         self._disposers: list[Callable[[], None]] = []
 

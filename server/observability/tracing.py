@@ -53,17 +53,11 @@ from opentelemetry.util.types import AttributeValue
 
 from agentloop.v1 import session_event_pb2 as ev
 from server.observability import observe
+from server.observability.exporters import exporter_name
 from server.observability.observe import Model, Sink, Step, TraceCarrier, Turn
 from server.version import version
 
 TRACER_NAME = "agentloop"
-
-
-def exporter_name(configured: str) -> str:
-    """The exporter in force: the config's, else `$OTEL_TRACES_EXPORTER`, else none."""
-    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
-        return "none"
-    return configured or os.environ.get("OTEL_TRACES_EXPORTER", "none").split(",")[0].strip()
 
 
 def traceparent(context: SpanContext) -> tuple[str, str]:

@@ -11,7 +11,7 @@ import itertools
 from collections import defaultdict, deque
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from google.protobuf import unknown_fields
 
@@ -21,6 +21,9 @@ from server.kernel.abort import AbortSignal
 from server.kernel.defaults import PLUGIN_TIMEOUT_SECONDS
 from server.kernel.tools import ToolExecution, ToolOutcome
 from server.observability.observe import PLUGIN_CALL_BUCKETS
+
+if TYPE_CHECKING:
+    from server.plugins.event_notes import EventNote
 
 DEFAULT_TIMEOUT = PLUGIN_TIMEOUT_SECONDS
 """Seconds a call waits for its result when neither the plugin nor the operator set it."""
@@ -62,9 +65,13 @@ class PluginCaller(Protocol):
         """
         ...
 
-    def notify(self, call: hk.HookCall, slot: NoticeSlot) -> None:
+    def notify(self, call: Notice, slot: NoticeSlot) -> None:
         """Queue an admitted notification (no result); never blocks."""
         ...
+
+
+Notice: TypeAlias = "hk.HookCall | EventNote"
+"""A notification: a call message, or a session event's parts (`event_notes`)."""
 
 
 NOTIFICATION_BUFFER = 1024

@@ -32,7 +32,7 @@ from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
 from agentloop.v1 import stream_pb2 as st
 from server.kernel.abort import AbortSignal
 from server.plugins.call_router import CallRouter
-from server.plugins.calls import NoticeSlot, PluginCallFailed, PluginStats
+from server.plugins.calls import Notice, NoticeSlot, PluginCallFailed, PluginStats
 from server.plugins.description import describe_request
 from server.plugins.notice_queue import NoticeQueue
 from server.plugins.wire import BATCH_CAPABILITY, HANDLE_METHOD, cancel_request
@@ -110,6 +110,9 @@ class PluginConnection:
         """How the calls in flight fail when the stream ends: disconnected or malformed."""
         self._router = CallRouter(self, stats, max_message_bytes, address)
         self._notices = NoticeQueue(stats, max_message_bytes)
+        self.notify: Callable[[Notice, NoticeSlot], None] = self._notices.notify
+        """Queue an admitted notification; it carries the drops since the last one.
+        (The queue's own method: an observer calls it for every event, with no hop.)"""
         self._stream: Stream | None = None
         self._write_lock = asyncio.Lock()
         self._ready = asyncio.Event()
@@ -173,10 +176,6 @@ class PluginConnection:
     def admit(self, slot: NoticeSlot) -> bool:
         """Room for one more notification of `slot`; if none, it is counted dropped."""
         return self._notices.admit(slot, self.state == reg.PLUGIN_STATE_READY)
-
-    def notify(self, call: hk.HookCall, slot: NoticeSlot) -> None:
-        """Queue an admitted notification; it carries the drops since the last one."""
-        self._notices.notify(call, slot)
 
     # -- the router's link ---------------------------------------------------------------
 

@@ -18,7 +18,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
-from server.plugins.calls import NoticeSlot, PluginStats
+from server.plugins.calls import Notice, NoticeSlot, PluginStats
+from server.plugins.event_notes import EventNote
 from server.plugins.wire import BATCH_OVERHEAD, batch_entry, batch_request
 
 GATHER_SECONDS = 0.002
@@ -33,8 +34,10 @@ _COUNTING = frozenset(
 of a seam subscribed `observe_only`)."""
 
 
-def carried(note: hk.HookCall) -> int:
+def carried(note: Notice) -> int:
     """The drops a queued notification carries (0 if its payload has no count)."""
+    if isinstance(note, EventNote):
+        return note.dropped
     payload = note.WhichOneof("payload") or ""
     return int(getattr(note, payload).dropped) if payload in _COUNTING else 0
 
@@ -48,7 +51,7 @@ class NoticeQueue:
         self.batches = False
         """Whether the plugin takes `CallBatch`es (it said so in `Describe`)."""
         self._cancels: deque[bytes] = deque()
-        self._notes: deque[tuple[hk.HookCall, NoticeSlot]] = deque()
+        self._notes: deque[tuple[Notice, NoticeSlot]] = deque()
         self._dropped = 0
         self._wake_writer = asyncio.Event()
         self._urgent = asyncio.Event()
@@ -62,11 +65,14 @@ class NoticeQueue:
         self._stats.dropped += 1
         return False
 
-    def notify(self, call: hk.HookCall, slot: NoticeSlot) -> None:
+    def notify(self, call: Notice, slot: NoticeSlot) -> None:
         """Queue an admitted notification; it carries the drops since the last one."""
-        payload = call.WhichOneof("payload") or ""
-        if payload in _COUNTING:  # else the next observer notification carries the count
-            getattr(call, payload).dropped, self._dropped = self._dropped, 0
+        if isinstance(call, EventNote):
+            call.dropped, self._dropped = self._dropped, 0
+        else:
+            payload = call.WhichOneof("payload") or ""
+            if payload in _COUNTING:  # else the next observer notification carries the count
+                getattr(call, payload).dropped, self._dropped = self._dropped, 0
         slot.queued += 1
         self._notes.append((call, slot))
         self._wake_writer.set()
@@ -135,7 +141,10 @@ class NoticeQueue:
         notes = self._notes
         while notes and len(entries) < most:
             note, slot = notes[0]
-            entry = batch_entry(note.SerializeToString())
+            if isinstance(note, EventNote):
+                entry = note.entry()
+            else:
+                entry = batch_entry(note.SerializeToString())
             if len(entry) > self._max_message_bytes:
                 notes.popleft()
                 slot.queued -= 1

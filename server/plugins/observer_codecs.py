@@ -1,15 +1,23 @@
 """The codecs of the observer seams: what a plugin is notified of, field by field.
 
 Observers run for every event (chunks included), so each fill is one copy into the
-notification, built only once the subscription's filter and its buffer let it go.
+notification, built only once the subscription's filter and its buffer let it go; a
+session event is not even copied: it is queued with the notification's fixed fields,
+encoded once per agent, and written as bytes in one pass (`event_notes`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from server.kernel import seams as S
+from server.kernel.seams import SeamRegistry
 from server.plugins.calls import invocation, tool_output
 from server.plugins.conditions import Facets
+from server.plugins.event_notes import EventNote, event_head
+from server.plugins.listeners import RemoteListener
 from server.plugins.modes import Codec, Watch
 
 
@@ -19,6 +27,44 @@ def _fill_session_event(input: S.SessionEventSeen, call: hk.HookCall) -> None:
 
 def _session_event_kind(input: S.SessionEventSeen) -> str | None:
     return input.event.WhichOneof("payload")
+
+
+HEADS_KEPT = 1024
+"""Agents whose notification head a subscription keeps (then it starts over)."""
+
+
+@dataclass(frozen=True)
+class WatchEvents(Watch[S.SessionEventSeen]):
+    """`Watch` for session events: filtered, admitted, then queued as an `EventNote`.
+
+    The notification is the one `fill` makes, sent as `EventNote.encode` writes it.
+    """
+
+    def register(self, remote: RemoteListener, seams: SeamRegistry) -> Callable[[], None]:
+        """The listener queues the event with its head when there is room."""
+        # Bound once: this runs for every event, chunks included.
+        caller, slot = remote.caller, remote.slot
+        seam, session_of = remote.subscription.seam, remote.session_of
+        matches = remote.matcher(self.facets)
+        skipped, counted = remote.skip_count
+        heads: dict[str, tuple[str, bytes]] = {}
+        """Per agent: its session and the head of its notifications."""
+
+        def listener(input: S.SessionEventSeen) -> None:
+            if matches is not None and not matches(input):
+                skipped[counted] += 1
+                return
+            if caller.admit(slot):
+                agent_id = input.agent.agent_id
+                session_id = session_of(agent_id)
+                kept = heads.get(agent_id)
+                if kept is None or kept[0] != session_id:
+                    if len(heads) >= HEADS_KEPT:
+                        heads.clear()
+                    kept = heads[agent_id] = (session_id, event_head(seam, agent_id, session_id))
+                caller.notify(EventNote(kept[1], input.event), slot)
+
+        return remote.on(seams, self.key, listener)
 
 
 def _fill_agent_event(input: S.AgentEventSeen, call: hk.HookCall) -> None:
@@ -40,7 +86,7 @@ def _fill_tool_result(input: S.ToolCallResult, call: hk.HookCall) -> None:
 
 
 OBSERVER_CODECS: tuple[Codec, ...] = (
-    Watch(S.SESSION_COMMITTED, _fill_session_event, Facets(event_kind=_session_event_kind)),
+    WatchEvents(S.SESSION_COMMITTED, _fill_session_event, Facets(event_kind=_session_event_kind)),
     Watch(S.AGENT_EVENT, _fill_agent_event, Facets(event_kind=_agent_event_kind)),
     Watch(S.TOOLS_RESULT_COMMITTED, _fill_tool_result, Facets(tool=_tool_result_name)),
 )

@@ -67,6 +67,8 @@ class _Group:
         self.sessions: dict[str, SessionLog] = {}
         self.callbacks: list[Callable[[], None]] = []
         self.done: asyncio.Future[None] | None = None
+        self.waiters: list[asyncio.Future[None]] = []
+        """One future per `Journal.waiter` caller, resolved with `done`."""
 
     def future(self) -> asyncio.Future[None]:
         if self.done is None:
@@ -75,6 +77,14 @@ class _Group:
 
     def idle(self) -> bool:
         return not self.sessions and not self.callbacks and self.commit.empty()
+
+    def resolve(self) -> None:
+        """Answer everyone waiting for this group (`done` and each `waiters` future)."""
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
+        for waiter in self.waiters:
+            if not waiter.done():  # else its caller gave up (cancelled)
+                waiter.set_result(None)
 
 
 class Journal:
@@ -95,7 +105,14 @@ class Journal:
         self, session: SessionLog, event: ev.SessionEvent, consumes: tuple[int, ...]
     ) -> None:
         """Write `event` (and remove the inbox entries it records) in the next commit."""
-        writes = self._writes(session)
+        writes = self._pending.commit.sessions.get(session.session_id)
+        if (
+            writes is None  # the session's first write of this commit
+            or session.failure is not None
+            or writes.fence != session.fence
+            or not (self._scheduled or self._inflight is not None)  # else: `_schedule` now
+        ):
+            writes = self._writes(session)
         writes.events.append(event)
         if consumes:
             self._take(writes, consumes)
@@ -158,6 +175,21 @@ class Journal:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done
+
+    def waiter(self) -> asyncio.Future[None] | None:
+        """A future of the caller's own, resolved once all written so far is durable.
+
+        None when it is already. `sync`'s future is shared, so an awaiter must shield
+        it (a cancel would reach every waiter), and a shield costs two passes of the
+        event loop more before the awaiter runs on. This one is the caller's alone: it
+        may be awaited as it is.
+        """
+        group = self._pending if not self._pending.idle() else self._inflight
+        if group is None:
+            return None
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        group.waiters.append(waiter)
+        return waiter
 
     async def drain(self) -> None:
         """Wait until nothing is pending or in flight (shutdown)."""
@@ -234,8 +266,7 @@ class Journal:
                 except Exception:
                     log.warning("a post-commit callback failed", exc_info=True)
         finally:
-            if group.done is not None and not group.done.done():
-                group.done.set_result(None)  # waiters check their session's failure
+            group.resolve()  # waiters check their session's failure
             self._inflight = None
             if not self._pending.idle():
                 self._start()
@@ -291,8 +322,8 @@ class Journal:
         pending = self._pending
         pending.commit.sessions.pop(session_id, None)
         pending.sessions.pop(session_id, None)
-        if pending.idle() and pending.done is not None:
+        if pending.idle() and (pending.done is not None or pending.waiters):
             # Its waiters waited for those writes only: nothing is left to store, and an
             # idle group is never started, so they are answered here (they find the failure).
-            pending.done.set_result(None)
+            pending.resolve()
             self._pending = _Group()

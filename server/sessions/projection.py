@@ -22,6 +22,9 @@ SURFACE_KINDS = frozenset(
 )
 """The payload kinds that produce history."""
 
+FOLDED_KINDS = SURFACE_KINDS | {"turn_start", "turn_end", "request_header"}
+"""The payload kinds a projection reads; it passes over the others."""
+
 
 class Projection:
     """What a session's events project: the model's history, turn numbering, the header."""
@@ -42,9 +45,12 @@ class Projection:
         self._seqs = array("Q")
         """The seq of each surface node's event (8 bytes a node, not an int object)."""
 
-    def apply(self, event: ev.SessionEvent) -> None:
-        """Fold one event in, after those applied so far."""
-        match event.WhichOneof("payload"):
+    def apply(self, event: ev.SessionEvent, kind: str = "") -> None:
+        """Fold one event in, after those applied so far (`kind`: its payload's, if known)."""
+        kind = kind or event.WhichOneof("payload") or ""
+        if kind not in FOLDED_KINDS:  # most events (chunks, steps, tools) fold nothing
+            return
+        match kind:
             case "turn_start":
                 self.max_turn = max(self.max_turn, event.turn_start.turn)
                 self.open_turn = event.turn_start.turn

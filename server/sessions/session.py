@@ -33,7 +33,7 @@ from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
 from server.kernel.errors import AgentLoopError
-from server.kernel.events import Payload, kind_of
+from server.kernel.events import PAYLOAD_KINDS, Payload
 from server.kernel.history import MessageView
 from server.sessions.inbox import DurableInbox
 from server.sessions.projection import SURFACE_KINDS, Projection
@@ -182,13 +182,20 @@ class SessionLog:
         never both and never neither. `surface_op` replaces APPEND on a surface event
         (a compaction's REPLACE).
         """
-        kind = kind_of(payload)
+        kind = PAYLOAD_KINDS[type(payload)]  # `kind_of`, inline: this runs for every event
         if self.publishing:
             raise ReentrantAppend(
                 "session append cannot reenter while another append is being published"
             )
         field: dict[str, Any] = {kind: payload}  # the payload's oneof field, by its type
-        event = ev.SessionEvent(seq=self.count, create_time=now_timestamp(), **field)
+        ns = time.time_ns()  # now_timestamp's, inline: this runs for every event
+        event = ev.SessionEvent(
+            seq=self.count,
+            create_time=timestamp_pb2.Timestamp(
+                seconds=ns // 1_000_000_000, nanos=ns % 1_000_000_000
+            ),
+            **field,
+        )
         if kind in SURFACE_KINDS:
             event.surface_op.CopyFrom(APPEND if surface_op is None else surface_op)
             event.source_event_seqs.extend(source_event_seqs)
@@ -196,14 +203,15 @@ class SessionLog:
             raise ValueError(f"{kind} is not a surface event and takes no source_event_seqs")
         for check in self.pre_commit:
             check(event)
-        self.projection.apply(event)
+        self.projection.apply(event, kind)
         self.count += 1
         self._window.append(event)
         if consumes:
             self.inbox.consume(consumes)
         if self.journal is not None:
             self.journal.append(self, event, consumes)
-        self._publish(event, kind)
+        if self.observers:
+            self._publish(event, kind)
         if self.journal is None:
             self.published([event])
         return event
@@ -238,9 +246,9 @@ class SessionLog:
     async def settle(self) -> None:
         """Wait until everything so far is stored; raises the store's refusal, if any."""
         if self.journal is not None:
-            stored = self.journal.sync()
-            if not stored.done():  # nothing pending: no shield, no task switch
-                await asyncio.shield(stored)
+            stored = self.journal.waiter()
+            if stored is not None:  # else nothing is pending: no task switch
+                await stored
         if self.failure is not None:
             raise self.failure
 

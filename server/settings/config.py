@@ -14,7 +14,6 @@ from dataclasses import field, replace
 from pathlib import Path
 from typing import Annotated, Any, Self
 
-import yaml
 from pydantic import AfterValidator, Field, TypeAdapter, ValidationError, model_validator
 from pydantic.dataclasses import dataclass
 
@@ -363,6 +362,8 @@ def load_config(path: str | Path | None) -> Config:
     """
     if path is None:
         return Config(agents=(DEFAULT_AGENT,))
+    import yaml  # only a server given a file reads YAML
+
     try:
         raw = yaml.safe_load(Path(path).read_text())
     except OSError as error:
