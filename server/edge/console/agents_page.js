@@ -1,5 +1,7 @@
-// The agents list (polled) and the form that creates an agent.
+// The agents list (polled), as a tree of work (sub-agents under their parent), with
+// each agent's context gauge; and the form that creates an agent.
 import { factory } from "./api.js";
+import { contextGauge } from "./context_gauge.js";
 import { $, clearNotice, fail, notify } from "./notices.js";
 import { h, millis } from "./session.js";
 
@@ -41,6 +43,51 @@ async function listAgents() {
   return found;
 }
 
+/**
+ * The agents in tree order: each top-level agent (by id), then its sub-agents depth
+ * first, as [agent, depth] pairs. A child whose parent is not listed is top-level here.
+ */
+export function treeOrder(list) {
+  const ids = new Set(list.map((a) => a.agentId));
+  const byParent = new Map();
+  for (const agent of list) {
+    const parent = (agent.lineage && agent.lineage.parentAgentId) || "";
+    const key = ids.has(parent) ? parent : "";
+    if (!byParent.has(key)) byParent.set(key, []);
+    byParent.get(key).push(agent);
+  }
+  const ordered = [];
+  const walk = (key, depth) => {
+    for (const agent of byParent.get(key) || []) {
+      ordered.push([agent, depth]);
+      walk(agent.agentId, depth + 1);
+    }
+  };
+  walk("", 0);
+  return ordered;
+}
+
+function agentRow(agent, depth, current) {
+  const options = agent.options || {};
+  const created = agent.createTime ? new Date(millis(agent.createTime)).toLocaleString() : "";
+  const link = h("a", { href: `#/agent/${encodeURIComponent(agent.agentId)}` }, agent.agentId);
+  if (agent.agentId === current) link.setAttribute("aria-current", "page");
+  const word = statusWord(agent.status, (agent.pendingApprovals || []).length);
+  const parent = depth ? agent.lineage.parentAgentId : "";
+  const name = h("th", { scope: "row", class: depth ? "child" : null, style: depth ? `padding-left: ${depth * 1.2 + 0.4}rem` : null },
+    depth ? h("span", { "aria-hidden": "true" }, "↳ ") : null,
+    link,
+    depth ? h("span", { class: "sr-only" }, ` (sub-agent of ${parent})`) : null);
+  return h(
+    "tr", { "data-agent": agent.agentId, "data-parent": parent || null, "data-depth": depth },
+    name,
+    h("td", { class: `status ${word.replaceAll(" ", "-")}` }, word),
+    h("td", { class: "context" }, contextGauge(agent.contextUsage)),
+    h("td", {}, `${options.provider || "default"} / ${options.model || "default"}`),
+    h("td", {}, h("time", { datetime: agent.createTime || "" }, created)),
+  );
+}
+
 let agentsBusy = false; // one poll at a time: a call during one asks for another after
 let agentsAgain = false;
 
@@ -57,24 +104,9 @@ export async function refreshAgents() {
     known.clear();
     const body = $("#agents tbody");
     const current = shown && shown.agentId;
-    body.replaceChildren(
-      ...list.map((agent) => {
-        known.set(agent.agentId, agent);
-        const options = agent.options || {};
-        const created = agent.createTime ? new Date(millis(agent.createTime)).toLocaleString() : "";
-        const link = h("a", { href: `#/agent/${encodeURIComponent(agent.agentId)}` }, agent.agentId);
-        if (agent.agentId === current) link.setAttribute("aria-current", "page");
-        const word = statusWord(agent.status, (agent.pendingApprovals || []).length);
-        return h(
-          "tr", { "data-agent": agent.agentId },
-          h("th", { scope: "row" }, link),
-          h("td", { class: `status ${word.replaceAll(" ", "-")}` }, word),
-          h("td", {}, `${options.provider || "default"} / ${options.model || "default"}`),
-          h("td", {}, h("time", { datetime: agent.createTime || "" }, created)),
-        );
-      }),
-    );
-    if (!list.length) body.append(h("tr", {}, h("td", { colspan: 4 }, "No agents yet.")));
+    for (const agent of list) known.set(agent.agentId, agent);
+    body.replaceChildren(...treeOrder(list).map(([agent, depth]) => agentRow(agent, depth, current)));
+    if (!list.length) body.append(h("tr", {}, h("td", { colspan: 5 }, "No agents yet.")));
     $("#agents-updated").textContent = `(${list.length}, live)`;
     if (shown) shown.listed(known);
   } catch (error) {
@@ -103,6 +135,8 @@ async function createAgent(event) {
   if (approval.length) options.approvalRequiredTools = approval;
   if (form.get("provider").trim()) options.provider = form.get("provider").trim();
   if (form.get("model").trim()) options.model = form.get("model").trim();
+  const window = form.get("window").trim();
+  if (window) options.contextWindowTokens = window; // uint64: a string in JSON
   const extra = form.get("options").trim();
   if (extra) {
     try {
@@ -131,4 +165,12 @@ export function showAgentStatus(agentId, status, pending = 0) {
   const word = statusWord(status, pending);
   cell.textContent = word;
   cell.className = `status ${word.replaceAll(" ", "-")}`;
+}
+
+/** A live context size, shown in the agents table before the next poll. */
+export function showAgentContext(agentId, usage) {
+  const cell = document.querySelector(`#agents tr[data-agent="${CSS.escape(agentId)}"] td.context`);
+  if (cell && usage) cell.replaceChildren(contextGauge(usage));
+  const agent = known.get(agentId);
+  if (agent && usage) agent.contextUsage = usage;
 }

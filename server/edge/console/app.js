@@ -5,6 +5,7 @@ import { refreshAgents, startAgents } from "./agents_page.js";
 import { $, clearNotice, enterRoute, notify } from "./notices.js";
 import { refreshPlugins } from "./plugins_page.js";
 import { closeSession, openSession, startSessionPage } from "./session_page.js";
+import { startTheme } from "./theme.js";
 
 /** A route's parts decoded; null when one is not valid %-encoding (`%E0%A4%A`). */
 function decodeParts(path) {
@@ -47,6 +48,7 @@ $("#token-form").addEventListener("submit", (event) => {
 });
 
 $("#token").value = getToken();
+startTheme();
 window.addEventListener("hashchange", route);
 startSessionPage();
 startAgents();
