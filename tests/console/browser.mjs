@@ -488,6 +488,45 @@ try {
     await page.locator("#agents tr[data-agent='browser-lead.d2']").waitFor({ state: "detached" });
   });
 
+  await step("the sessions: searched and filtered by the server, paged from it", async () => {
+    const rows = () => page.locator("#sessions tbody tr[data-session]").evaluateAll((nodes) => nodes.map((n) => n.dataset.session));
+    const listedAt = async (hash) => {
+      await page.goto(`${url}${hash}`);
+      await page.waitForFunction((h) => document.querySelector("#sessions").dataset.listed === h, hash);
+      return rows();
+    };
+    const all = await listedAt("#/sessions");
+    expect(all.some((i) => i.startsWith("browser-demo-session-")) && all.includes("browser-demo-fork"), `all: ${all}`);
+    expect(!all.includes(results.childSession) && !all.includes(results.leadSession), `a deleted session is listed: ${all}`);
+    results.allSessions = all;
+    // From the form: the stored ones only (the fork's agent was disposed).
+    await page.selectOption("#sessions-state", "stored");
+    await page.click("#sessions-form button[type=submit]");
+    await page.waitForFunction(() => document.querySelector("#sessions").dataset.listed === "#/sessions?state=stored");
+    const stored = await rows();
+    expect(stored.includes("browser-demo-fork") && !stored.some((i) => i.startsWith("browser-demo-session-")), `stored: ${stored}`);
+    const slow = await listedAt("#/sessions?end=aborted");
+    expect(slow.length === 1 && slow[0].startsWith("browser-slow-session-"), `aborted: ${slow}`);
+    const row = page.locator("#sessions tbody tr[data-session]").first();
+    expect((await row.locator("td.end").textContent()) === "aborted", await row.textContent());
+    const found = await listedAt("#/sessions?q=DEMO-FORK&agent=browser-fork-agent");
+    expect(found.join() === "browser-demo-fork", `search: ${found}`);
+    expect(await page.inputValue("#sessions-q") === "DEMO-FORK", "the form does not show the route's filters");
+    // Two at a time: "load more" pages in the rest from the server.
+    await page.goto(`${url}#/sessions?size=2`);
+    const more = page.locator("#sessions-more");
+    await more.waitFor();
+    for (let i = 0; i < 20 && (await more.isVisible()); i += 1) {
+      const before = (await rows()).length;
+      await more.click();
+      await page.waitForFunction((n) => document.querySelectorAll("#sessions tbody tr[data-session]").length > n, before);
+    }
+    await page.waitForFunction(() => document.querySelector("#sessions").dataset.listed === "#/sessions?size=2");
+    expect((await rows()).join() === all.join(), `paged: ${await rows()}`);
+    await page.locator(`#sessions a[href='#/session/browser-demo-fork']`).click();
+    await page.locator("#session-title", { hasText: "Session browser-demo-fork" }).waitFor();
+  });
+
   await step("dark mode: the system's choice, or the one picked", async () => {
     const background = () => page.evaluate(() => getComputedStyle(document.body).backgroundColor);
     await page.emulateMedia({ colorScheme: "light" });

@@ -187,6 +187,11 @@ async def test_the_console_in_a_browser(
         live = await e2e.factory.ListAgents(fac.ListAgentsRequest(), metadata=metadata, timeout=10)
         assert not [a.agent_id for a in live.agents if a.agent_id.startswith("browser-lead")]
         assert "/ 8k tokens" in results["gauge"]
+        # The sessions page listed what the server lists.
+        listed = await e2e.agents.ListSessions(
+            api.ListSessionsRequest(page_size=1000), metadata=metadata, timeout=10
+        )
+        assert results["allSessions"] == [s.session_id for s in listed.sessions]
     assert "wrong token" in results["wrongToken"]
     keep_artifact(screenshot)
 
