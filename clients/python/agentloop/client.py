@@ -16,6 +16,7 @@ stubs (`factory`, `agents`, `registry`) stay available for anything else.
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Unpack
@@ -24,7 +25,7 @@ import grpc
 
 from agentloop.connection import MAX_RECEIVE_BYTES, BearerToken, open_channel
 from agentloop.conversation import Conversation
-from agentloop.errors import call
+from agentloop.errors import call, error_from
 from agentloop.options import OptionFields, agent_options
 from agentloop.plugin.v1 import hook_service_pb2 as hook
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
@@ -154,6 +155,22 @@ class Client(SessionReads):
             agents.extend(page.agents)
             if not (token := page.next_page_token):
                 return agents
+
+    async def stream_agent_events(self) -> AsyncGenerator[fac.StreamAgentEventsResponse]:
+        """Every agent's live events and turn ends, server-wide, as they happen.
+
+        Nothing is replayed: the first response has `subscribed` set (read
+        `list_agents` after it for the state the events apply to). It ends when the
+        server stops or the loop leaves it; a failure raises an `AgentloopError`.
+        """
+        responses = self.factory.StreamAgentEvents(fac.StreamAgentEventsRequest())
+        try:
+            async for response in responses:
+                yield response
+        except grpc.aio.AioRpcError as error:
+            raise error_from(error) from None
+        finally:
+            responses.cancel()
 
     # Messages (AgentService).
 

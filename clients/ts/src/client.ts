@@ -14,7 +14,7 @@ import {
   type ToolSource,
   type UnregisterPluginResponse,
 } from "./gen/agentloop/plugin/v1/plugin_registry_service_pb.js";
-import { AgentFactoryService } from "./gen/agentloop/v1/agent_factory_service_pb.js";
+import { AgentFactoryService, type StreamAgentEventsResponse } from "./gen/agentloop/v1/agent_factory_service_pb.js";
 import { AgentOptionsSchema, type Agent, type AgentOptions } from "./gen/agentloop/v1/agent_pb.js";
 import {
   AgentService,
@@ -29,7 +29,7 @@ import { ApprovalDecision, type ApprovalRequested, type ApprovalResolved } from 
 import type { SessionEvent } from "./gen/agentloop/v1/session_event_pb.js";
 import type { Session } from "./gen/agentloop/v1/session_pb.js";
 import { Conversation } from "./conversation.js";
-import { call } from "./errors.js";
+import { AgentloopError, call } from "./errors.js";
 import { SessionStream, type SessionSelector, type StreamOptions } from "./stream.js";
 import { Turn } from "./turn.js";
 
@@ -176,6 +176,19 @@ export class AgentloopClient {
       pageToken = page.nextPageToken;
     } while (pageToken);
     return agents;
+  }
+
+  /**
+   * Every agent's live events and turn ends, server-wide, as they happen. Nothing is
+   * replayed: the first response has `subscribed` set (read `listAgents` after it for
+   * the state the events apply to). It ends when the server stops; `signal` stops it.
+   */
+  async *streamAgentEvents({ signal }: { signal?: AbortSignal } = {}): AsyncGenerator<StreamAgentEventsResponse> {
+    try {
+      yield* this.factory.streamAgentEvents({}, { signal });
+    } catch (error) {
+      throw AgentloopError.of(error);
+    }
   }
 
   // Messages (AgentService).

@@ -71,6 +71,11 @@ class AgentFactoryServiceStub:
                 request_serializer=agentloop_dot_v1_dot_agent__factory__service__pb2.ListAgentsRequest.SerializeToString,
                 response_deserializer=agentloop_dot_v1_dot_agent__factory__service__pb2.ListAgentsResponse.FromString,
                 _registered_method=True)
+        self.StreamAgentEvents = channel.unary_stream(
+                '/agentloop.v1.AgentFactoryService/StreamAgentEvents',
+                request_serializer=agentloop_dot_v1_dot_agent__factory__service__pb2.StreamAgentEventsRequest.SerializeToString,
+                response_deserializer=agentloop_dot_v1_dot_agent__factory__service__pb2.StreamAgentEventsResponse.FromString,
+                _registered_method=True)
 
 
 class AgentFactoryServiceServicer:
@@ -132,6 +137,21 @@ class AgentFactoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamAgentEvents(self, request, context):
+        """StreamAgentEvents follows every agent of this server at once: each live
+        agent event as it happens (created, status, queued, error, disposed,
+        approvals, context usage, compaction, child progress) and each turn's
+        end once it is stored. Nothing is replayed: the first response has
+        `subscribed` set and no events, and from then on nothing is missed (or,
+        for a slow reader, it is counted in `dropped_events`). Read `ListAgents`
+        after `subscribed` for the state to apply the events to. On replicas it
+        follows the agents this replica runs. The stream ends only when the
+        server stops or the client leaves.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentFactoryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -159,6 +179,11 @@ def add_AgentFactoryServiceServicer_to_server(servicer, server):
                     servicer.ListAgents,
                     request_deserializer=agentloop_dot_v1_dot_agent__factory__service__pb2.ListAgentsRequest.FromString,
                     response_serializer=agentloop_dot_v1_dot_agent__factory__service__pb2.ListAgentsResponse.SerializeToString,
+            ),
+            'StreamAgentEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamAgentEvents,
+                    request_deserializer=agentloop_dot_v1_dot_agent__factory__service__pb2.StreamAgentEventsRequest.FromString,
+                    response_serializer=agentloop_dot_v1_dot_agent__factory__service__pb2.StreamAgentEventsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -308,6 +333,33 @@ class AgentFactoryService:
             '/agentloop.v1.AgentFactoryService/ListAgents',
             agentloop_dot_v1_dot_agent__factory__service__pb2.ListAgentsRequest.SerializeToString,
             agentloop_dot_v1_dot_agent__factory__service__pb2.ListAgentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamAgentEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/agentloop.v1.AgentFactoryService/StreamAgentEvents',
+            agentloop_dot_v1_dot_agent__factory__service__pb2.StreamAgentEventsRequest.SerializeToString,
+            agentloop_dot_v1_dot_agent__factory__service__pb2.StreamAgentEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,

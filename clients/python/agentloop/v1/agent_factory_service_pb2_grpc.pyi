@@ -66,6 +66,17 @@ class AgentFactoryServiceStub:
     """GetAgent returns one live agent."""
     ListAgents: _grpc.UnaryUnaryMultiCallable[_agent_factory_service_pb2.ListAgentsRequest, _agent_factory_service_pb2.ListAgentsResponse]
     """ListAgents lists the live agents, ordered by id."""
+    StreamAgentEvents: _grpc.UnaryStreamMultiCallable[_agent_factory_service_pb2.StreamAgentEventsRequest, _agent_factory_service_pb2.StreamAgentEventsResponse]
+    """StreamAgentEvents follows every agent of this server at once: each live
+    agent event as it happens (created, status, queued, error, disposed,
+    approvals, context usage, compaction, child progress) and each turn's
+    end once it is stored. Nothing is replayed: the first response has
+    `subscribed` set and no events, and from then on nothing is missed (or,
+    for a slow reader, it is counted in `dropped_events`). Read `ListAgents`
+    after `subscribed` for the state to apply the events to. On replicas it
+    follows the agents this replica runs. The stream ends only when the
+    server stops or the client leaves.
+    """
 
 @_typing.type_check_only
 class AgentFactoryServiceAsyncStub(AgentFactoryServiceStub):
@@ -105,6 +116,17 @@ class AgentFactoryServiceAsyncStub(AgentFactoryServiceStub):
     """GetAgent returns one live agent."""
     ListAgents: _aio.UnaryUnaryMultiCallable[_agent_factory_service_pb2.ListAgentsRequest, _agent_factory_service_pb2.ListAgentsResponse]  # type: ignore[assignment]
     """ListAgents lists the live agents, ordered by id."""
+    StreamAgentEvents: _aio.UnaryStreamMultiCallable[_agent_factory_service_pb2.StreamAgentEventsRequest, _agent_factory_service_pb2.StreamAgentEventsResponse]  # type: ignore[assignment]
+    """StreamAgentEvents follows every agent of this server at once: each live
+    agent event as it happens (created, status, queued, error, disposed,
+    approvals, context usage, compaction, child progress) and each turn's
+    end once it is stored. Nothing is replayed: the first response has
+    `subscribed` set and no events, and from then on nothing is missed (or,
+    for a slow reader, it is counted in `dropped_events`). Read `ListAgents`
+    after `subscribed` for the state to apply the events to. On replicas it
+    follows the agents this replica runs. The stream ends only when the
+    server stops or the client leaves.
+    """
 
 class AgentFactoryServiceServicer(metaclass=_abc_1.ABCMeta):
     """AgentFactoryService creates, resumes, inspects and disposes agents.
@@ -171,5 +193,22 @@ class AgentFactoryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_agent_factory_service_pb2.ListAgentsResponse, _abc.Awaitable[_agent_factory_service_pb2.ListAgentsResponse]]:
         """ListAgents lists the live agents, ordered by id."""
+
+    @_abc_1.abstractmethod
+    def StreamAgentEvents(
+        self,
+        request: _agent_factory_service_pb2.StreamAgentEventsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_agent_factory_service_pb2.StreamAgentEventsResponse], _abc.AsyncIterator[_agent_factory_service_pb2.StreamAgentEventsResponse]]:
+        """StreamAgentEvents follows every agent of this server at once: each live
+        agent event as it happens (created, status, queued, error, disposed,
+        approvals, context usage, compaction, child progress) and each turn's
+        end once it is stored. Nothing is replayed: the first response has
+        `subscribed` set and no events, and from then on nothing is missed (or,
+        for a slow reader, it is counted in `dropped_events`). Read `ListAgents`
+        after `subscribed` for the state to apply the events to. On replicas it
+        follows the agents this replica runs. The stream ends only when the
+        server stops or the client leaves.
+        """
 
 def add_AgentFactoryServiceServicer_to_server(servicer: AgentFactoryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
