@@ -527,6 +527,34 @@ try {
     await page.locator("#session-title", { hasText: "Session browser-demo-fork" }).waitFor();
   });
 
+  await step("the agents list follows the server-wide agent events, not a poll", async () => {
+    await page.goto(`${url}#/`);
+    await page.locator("#agents-updated", { hasText: "live" }).waitFor();
+    let lists = 0;
+    const count = (request) => {
+      if (request.url().endsWith("/agentloop.v1.AgentFactoryService/ListAgents")) lists += 1;
+    };
+    page.on("request", count);
+    // An agent driven from elsewhere (the API): the page learns of it from the stream.
+    const nap = {
+      "@type": "type.googleapis.com/agentloop.v1.ScriptedOptions",
+      steps: [{ toolCalls: [{ name: "sleep", arguments: '{"seconds": 1}' }] }, { text: "rested" }],
+    };
+    await api("agentloop.v1.AgentFactoryService/CreateAgent", { agentId: "browser-elsewhere", options: { tools: ["sleep"], providerOptions: nap } });
+    const row = page.locator("#agents tr[data-agent='browser-elsewhere']");
+    await row.waitFor(); // created: the list is read once
+    const created = lists;
+    await api("agentloop.v1.AgentService/SendMessage", { agentId: "browser-elsewhere", text: "rest a second" });
+    await row.locator("td.status", { hasText: "running" }).waitFor();
+    await row.locator("td.status", { hasText: "idle" }).waitFor();
+    await page.waitForTimeout(2500); // a poll (every 2 s) would have listed the agents by now
+    expect(lists === created, `the list was read ${lists - created} more times for a status change`);
+    page.off("request", count);
+    results.listsForCreate = created;
+    await api("agentloop.v1.AgentFactoryService/DisposeAgent", { agentId: "browser-elsewhere" });
+    await row.waitFor({ state: "detached" });
+  });
+
   await step("dark mode: the system's choice, or the one picked", async () => {
     const background = () => page.evaluate(() => getComputedStyle(document.body).backgroundColor);
     await page.emulateMedia({ colorScheme: "light" });

@@ -1,11 +1,15 @@
-// The agents list (polled), as a tree of work (sub-agents under their parent), with
-// each agent's context gauge; and the form that creates an agent.
-import { factory } from "./api.js";
+// The agents list, as a tree of work (sub-agents under their parent), with each
+// agent's context gauge, kept live by the server-wide agent events (StreamAgentEvents:
+// a status, an approval or a context size changes the row at once; an agent created or
+// disposed lists them again); polled only while that stream is down. And the form that
+// creates an agent.
+import { ApiError, agentFeed, factory } from "./api.js";
 import { contextGauge } from "./context_gauge.js";
 import { $, clearNotice, fail, notify } from "./notices.js";
 import { h, millis } from "./session.js";
 
-const AGENTS_EVERY = 2000;
+const POLL_EVERY = 2000; // only while the agent events stream is down
+const FEED_RETRY = 2000;
 
 const STATUS_WORDS = {
   AGENT_STATUS_IDLE: "idle",
@@ -24,6 +28,8 @@ export function statusWord(status, pending = 0) {
 
 let agentsTimer = 0;
 export const known = new Map(); // agent id -> Agent JSON
+let live = false; // whether the server-wide agent events stream is subscribed
+let feed = null; // its AbortController
 
 /** The page showing one agent, told of each poll: { agentId, listed(known) }, or null. */
 let shown = null;
@@ -107,21 +113,76 @@ export async function refreshAgents() {
     for (const agent of list) known.set(agent.agentId, agent);
     body.replaceChildren(...treeOrder(list).map(([agent, depth]) => agentRow(agent, depth, current)));
     if (!list.length) body.append(h("tr", {}, h("td", { colspan: 5 }, "No agents yet.")));
-    $("#agents-updated").textContent = `(${list.length}, live)`;
+    $("#agents-updated").textContent = `(${list.length}, ${live ? "live" : "polled"})`;
     if (shown) shown.listed(known);
   } catch (error) {
     fail(error, "Listing the agents");
   } finally {
     agentsBusy = false;
   }
-  agentsTimer = setTimeout(refreshAgents, agentsAgain ? 0 : AGENTS_EVERY);
+  if (agentsAgain || !live) agentsTimer = setTimeout(refreshAgents, agentsAgain ? 0 : POLL_EVERY);
   agentsAgain = false;
 }
 
-/** Wire the create form and start polling the agents. */
+/** Wire the create form, list the agents and follow them live. */
 export function startAgents() {
   $("#create-form").addEventListener("submit", createAgent);
   refreshAgents();
+  followAgents();
+}
+
+/** Follow the agent events again at once (a new token). */
+export function followAgents() {
+  if (feed) feed.abort();
+  const mine = new AbortController();
+  feed = mine;
+  (async () => {
+    while (!mine.signal.aborted) {
+      try {
+        await agentFeed(applyFeed, mine.signal);
+      } catch (error) {
+        if (mine.signal.aborted) return;
+        if (error instanceof ApiError && error.status === "UNIMPLEMENTED") {
+          live = false; // a server without the stream: the list is polled
+          refreshAgents();
+          return;
+        }
+      }
+      live = false; // down: polled until it is back (the list says so)
+      refreshAgents();
+      await new Promise((resolve) => setTimeout(resolve, FEED_RETRY));
+    }
+  })();
+}
+
+/** One response of the agent events stream, applied to the list. */
+function applyFeed(response) {
+  if (response.subscribed) {
+    live = true;
+    refreshAgents(); // the state the events apply to, read after subscribing
+    return;
+  }
+  let relist = Number(response.droppedEvents || 0) > 0;
+  for (const event of response.events || []) {
+    if (event.created || event.disposed) {
+      relist = true; // membership and lineage: read the list again
+      continue;
+    }
+    const agent = known.get(event.agentId);
+    if (!agent) continue;
+    if (event.status) agent.status = event.status.status;
+    const pending = agent.pendingApprovals || [];
+    if (event.approvalRequested && !pending.some((a) => a.approvalId === event.approvalRequested.approvalId)) {
+      agent.pendingApprovals = [...pending, event.approvalRequested];
+    }
+    if (event.approvalResolved) {
+      agent.pendingApprovals = pending.filter((a) => a.approvalId !== event.approvalResolved.approvalId);
+    }
+    if (event.contextUsage) showAgentContext(event.agentId, event.contextUsage);
+    showAgentStatus(event.agentId, agent.status, (agent.pendingApprovals || []).length);
+  }
+  if (relist) refreshAgents();
+  else if (shown) shown.listed(known);
 }
 
 async function createAgent(event) {

@@ -2,7 +2,7 @@
 // session page), #/sessions?... (the sessions, filtered), #/plugins; and the token
 // form. Each page is its own module.
 import { getToken, setToken } from "./api.js";
-import { refreshAgents, startAgents } from "./agents_page.js";
+import { followAgents, refreshAgents, startAgents } from "./agents_page.js";
 import { $, clearNotice, enterRoute, notify } from "./notices.js";
 import { refreshPlugins } from "./plugins_page.js";
 import { closeSession, openSession, startSessionPage } from "./session_page.js";
@@ -51,6 +51,7 @@ $("#token-form").addEventListener("submit", (event) => {
   setToken($("#token").value);
   clearNotice();
   refreshAgents();
+  followAgents();
   route();
 });
 
