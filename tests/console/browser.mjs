@@ -295,7 +295,7 @@ try {
     await entry.locator("button.approve").focus();
     await page.keyboard.press("Enter");
     const first = page.locator("#turns .ev.tool").first();
-    await first.locator(".ev.approval-resolved", { hasText: "allowed once by api" }).waitFor();
+    await first.locator(".ev.approval-resolved", { hasText: "allowed once by api:console" }).waitFor();
     await first.locator(".tool-state", { hasText: "done" }).waitFor();
     results.approvedResult = await first.locator(".result pre").textContent();
     expect(results.approvedResult.includes("4 words"), `approved result: ${results.approvedResult}`);
@@ -312,7 +312,7 @@ try {
     await second.locator("input.reject-reason").fill("not this one");
     await second.locator("button.reject").click();
     const denied = page.locator("#turns .ev.tool").nth(1);
-    await denied.locator(".ev.approval-resolved", { hasText: "rejected by api: not this one" }).waitFor();
+    await denied.locator(".ev.approval-resolved", { hasText: "rejected by api:console: not this one" }).waitFor();
     await denied.locator(".tool-state", { hasText: "failed" }).waitFor();
     results.rejectedResult = await denied.locator(".result pre").textContent();
     expect(results.rejectedResult.includes('the user rejected tool "word_count": not this one'), results.rejectedResult);

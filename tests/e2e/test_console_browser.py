@@ -155,15 +155,15 @@ async def test_the_console_in_a_browser(
         (end,) = of_kind(slow.events, "turn_end")
         assert end.turn_end.reason.aborted.reason == "cancelled from the console"
         assert results["partial"] >= 3  # the answer was streaming when it was cancelled
-        # The approvals answered from the page: both by `api`, in the session's log.
+        # The approvals answered from the page: both by `api:console`, in the log.
         asked = await e2e.agents.ListSessionEvents(
             api.ListSessionEventsRequest(agent_id="browser-approval", page_size=1000),
             metadata=metadata,
         )
         resolved = [e.approval_resolved for e in of_kind(asked.events, "approval_resolved")]
         assert [(r.outcome, r.resolved_by, r.reason) for r in resolved] == [
-            (approval_pb2.APPROVAL_OUTCOME_ALLOWED_ONCE, "api", ""),
-            (approval_pb2.APPROVAL_OUTCOME_REJECTED, "api", "not this one"),
+            (approval_pb2.APPROVAL_OUTCOME_ALLOWED_ONCE, "api:console", ""),
+            (approval_pb2.APPROVAL_OUTCOME_REJECTED, "api:console", "not this one"),
         ]
         (end,) = of_kind(asked.events, "turn_end")
         assert end.turn_end.reason.WhichOneof("kind") == "completed"

@@ -264,12 +264,14 @@ class Client(SessionReads):
         allow: bool,
         reason: str = "",
         request_id: str = "",
+        via: str = "",
     ) -> approval_pb2.ApprovalResolved:
         """Allow a waiting tool call once, or reject it (`reason`: what the model sees).
 
         The call carries a request id (a new one unless given), so a retry returns the
-        first answer. An approval answered first by someone else raises
-        `FailedPrecondition` (reason APPROVAL_RESOLVED), naming who.
+        first answer. `via` says where the person answered (recorded as `api:<via>`).
+        An approval answered first by someone else raises `FailedPrecondition` (reason
+        APPROVAL_RESOLVED), naming who.
         """
         request = api.ResolveApprovalRequest(
             agent_id=agent_id,
@@ -279,6 +281,7 @@ class Client(SessionReads):
             else approval_pb2.APPROVAL_DECISION_REJECT,
             reason=reason,
             request_id=request_id or str(uuid.uuid4()),
+            via=via,
         )
         resolved = await call(self.agents.ResolveApproval(request, timeout=self.timeout))
         return resolved.resolution

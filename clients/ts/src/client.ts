@@ -327,10 +327,15 @@ export class AgentloopClient {
   async resolveApproval(
     agentId: string,
     approvalId: string,
-    { allow, reason = "", requestId = newId() }: { allow: boolean; reason?: string; requestId?: string },
+    {
+      allow,
+      reason = "",
+      requestId = newId(),
+      via = "",
+    }: { allow: boolean; reason?: string; requestId?: string; via?: string },
   ): Promise<ApprovalResolved> {
     const decision = allow ? ApprovalDecision.ALLOW_ONCE : ApprovalDecision.REJECT;
-    const request = { agentId, approvalId, decision, reason, requestId };
+    const request = { agentId, approvalId, decision, reason, requestId, via };
     return (await call(this.agents.resolveApproval(request, this.#call))).resolution!;
   }
 

@@ -31,7 +31,7 @@ export const known = new Map(); // agent id -> Agent JSON
 let live = false; // whether the server-wide agent events stream is subscribed
 let feed = null; // its AbortController
 
-/** The page showing one agent, told of each poll: { agentId, listed(known) }, or null. */
+/** The page showing one agent, told of each change of the list: { agentId, listed(known) }, or null. */
 let shown = null;
 
 export function showing(page) {
@@ -94,7 +94,7 @@ function agentRow(agent, depth, current) {
   );
 }
 
-let agentsBusy = false; // one poll at a time: a call during one asks for another after
+let agentsBusy = false; // one listing at a time: a call during one asks for another after
 let agentsAgain = false;
 
 export async function refreshAgents() {
@@ -219,7 +219,7 @@ async function createAgent(event) {
   }
 }
 
-/** A live status change, shown in the agents table before the next poll. */
+/** A live status change, shown in the agents table at once. */
 export function showAgentStatus(agentId, status, pending = 0) {
   const cell = document.querySelector(`#agents tr[data-agent="${CSS.escape(agentId)}"] td.status`);
   if (!cell || !status) return;
@@ -228,7 +228,7 @@ export function showAgentStatus(agentId, status, pending = 0) {
   cell.className = `status ${word.replaceAll(" ", "-")}`;
 }
 
-/** A live context size, shown in the agents table before the next poll. */
+/** A live context size, shown in the agents table at once. */
 export function showAgentContext(agentId, usage) {
   const cell = document.querySelector(`#agents tr[data-agent="${CSS.escape(agentId)}"] td.context`);
   if (cell && usage) cell.replaceChildren(contextGauge(usage));

@@ -448,7 +448,7 @@ export class SessionView {
     }
   }
 
-  /** How an approval ended and who answered: `api`, `plugin:NAME` or `server`. */
+  /** How an approval ended and who answered: `api[:via]`, `plugin:NAME` or `server`. */
   on_approvalResolved(event, p) {
     this.ensure(p.turn, p.step);
     const how = approvalOutcome(p.outcome);

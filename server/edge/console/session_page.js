@@ -37,7 +37,7 @@ class Session {
     this.controller.abort();
   }
 
-  /** The agents were polled: the status from the list, until the stream tells it. */
+  /** The agents list changed: the status from it, until this page's stream tells it. */
   listed(agentsById) {
     if (!this.agentId || !agentsById.has(this.agentId)) return;
     const agent = agentsById.get(this.agentId);
@@ -172,7 +172,7 @@ class Session {
 
   /** Answer an approval: allow once, or reject with an optional reason. */
   async resolve(approvalId, decision, reason) {
-    const body = { agentId: this.agentId, approvalId, decision };
+    const body = { agentId: this.agentId, approvalId, decision, via: "console" }; // resolved by api:console
     if (reason) body.reason = reason;
     try {
       const answer = await agents("ResolveApproval", body);

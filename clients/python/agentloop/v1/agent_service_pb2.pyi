@@ -123,6 +123,7 @@ class ResolveApprovalRequest(_message.Message):
     DECISION_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    VIA_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """Required. The live agent whose tool call waits, or one of its ancestors."""
     approval_id: _builtins.str
@@ -138,6 +139,11 @@ class ResolveApprovalRequest(_message.Message):
     first call's answer. Ids are scoped to the agent id; at most 128
     characters; empty means no deduplication.
     """
+    via: _builtins.str
+    """Optional. Where the person answered, a client's own word (`console`,
+    `cli`, ...): the answer is recorded as resolved by `api:<via>`; empty
+    means `api`. 1 to 32 lowercase letters, digits and '-'.
+    """
     def __init__(
         self,
         *,
@@ -146,10 +152,11 @@ class ResolveApprovalRequest(_message.Message):
         decision: _approval_pb2.ApprovalDecision.ValueType = ...,
         reason: _builtins.str = ...,
         request_id: _builtins.str = ...,
+        via: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "approval_id", b"approval_id", "decision", b"decision", "reason", b"reason", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "approval_id", b"approval_id", "decision", b"decision", "reason", b"reason", "request_id", b"request_id", "via", b"via"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
