@@ -431,7 +431,8 @@ try {
     // The foreground child answered: its call links to its session, for good.
     const first = page.locator("#turns .ev.tool[data-call='d1'] .child");
     await first.locator("a.child-session").waitFor();
-    expect((await first.textContent()).includes("browser-lead.d1"), await first.textContent());
+    const told = await first.textContent();
+    expect(told.includes("browser-lead.d1") && told.includes("completed after 1 steps") && !told.includes("null"), told);
     expect(await first.getAttribute("data-state") === "completed", `d1: ${await first.getAttribute("data-state")}`);
     // The background child runs on: its progress arrives live, then its end.
     const second = page.locator("#turns .ev.tool[data-call='d2'] .child[data-state='completed']");
@@ -444,6 +445,7 @@ try {
     expect(order.indexOf("browser-lead.d2") === order.indexOf("browser-lead") + 1, `order: ${order}`);
     await page.locator("#children li[data-child='browser-lead.d2']", { hasText: "idle" }).waitFor();
     results.leadSession = (await page.locator("#session-id").textContent()).replace("session ", "");
+    await page.screenshot({ path: screenshot.replace(/\.png$/, "-tree.png"), fullPage: true });
     // The link leads to the child's whole session.
     const href = await first.locator("a.child-session").getAttribute("href");
     results.childSession = decodeURIComponent(href.split("/").pop());

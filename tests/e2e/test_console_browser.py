@@ -211,9 +211,12 @@ async def wait_ready(e2e: E2E, name: str, metadata: tuple[tuple[str, str], ...])
 
 
 def keep_artifact(screenshot: Path) -> None:
-    """Check the screenshot and copy it to $AGENTLOOP_ARTIFACTS, when set."""
-    assert screenshot.stat().st_size > 10_000
+    """Check the screenshots and copy them to $AGENTLOOP_ARTIFACTS, when set."""
+    tree = screenshot.with_name("console-tree.png")  # the tree of work, for the README
+    for shot in (screenshot, tree):
+        assert shot.stat().st_size > 10_000
     artifacts = os.environ.get("AGENTLOOP_ARTIFACTS")
     if artifacts:
         Path(artifacts).mkdir(parents=True, exist_ok=True)
         shutil.copy(screenshot, Path(artifacts) / "console.png")
+        shutil.copy(tree, Path(artifacts) / "console-tree.png")

@@ -16,7 +16,7 @@ export function usageWords(usage) {
   const used = Number(usage.usedTokens || 0);
   const window = Number(usage.windowTokens || 0);
   const estimate = usage.estimated ? "~" : "";
-  if (!window) return `${estimate}${tokens(used)} tokens (window unknown)`;
+  if (!window) return `${estimate}${tokens(used)} tokens (no window known)`;
   const share = Math.round((used / window) * 100);
   return `${estimate}${tokens(used)} / ${tokens(window)} tokens (${share}%)`;
 }

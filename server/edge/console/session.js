@@ -417,12 +417,13 @@ export class SessionView {
     if (state === "running" && shown && shown !== "running") return false; // it ended already
     const where = `#/session/${encodeURIComponent(sessionId)}`;
     const progress = state === "running" ? `step ${step || "?"} done, running` : `${state || "?"}${steps ? ` after ${steps} steps` : ""}`;
+    const said = text ? [h("span", { class: "child-text" }, ` · “${text}”`)] : [];
     tool.child.replaceChildren(
       h("span", { class: "label" }, "sub-agent"),
       h("strong", {}, agentId || "?"), " · ",
       h("a", { class: "child-session", href: where }, `session ${sessionId}`), " · ",
       h("span", { class: "child-state" }, progress),
-      text ? h("span", { class: "child-text" }, ` · “${text}”`) : null,
+      ...said,
     );
     tool.child.dataset.state = state || "";
     tool.child.hidden = false;
