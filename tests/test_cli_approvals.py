@@ -71,11 +71,11 @@ async def test_send_shows_the_request_and_approve_answers_it(server: str) -> Non
     resolution = json.loads(approved.stdout)["resolution"]
     assert (resolution["outcome"], resolution["resolved_by"]) == (
         "APPROVAL_OUTCOME_ALLOWED_ONCE",
-        "api",
+        "api:cli",
     )
     rest, _ = await asyncio.wait_for(send.communicate(), READ)
     assert send.returncode == 0
-    assert f"✓ approval {approval_id} allowed once by api" in rest.decode()
+    assert f"✓ approval {approval_id} allowed once by api:cli" in rest.decode()
     assert "3 words" in rest.decode()
 
     again = await run_cli(server, "reject", "ap1", approval_id, "--reason", "late")
@@ -92,7 +92,7 @@ async def test_reject_with_a_reason_from_another_terminal(server: str) -> None:
     assert approval_id in listed.stdout
     rejected = await run_cli(server, "reject", "ap2", approval_id, "--reason", "not now")
     assert rejected.code == 0, rejected.stderr
-    assert rejected.stdout == f"✓ approval {approval_id} rejected by api: not now\n"
+    assert rejected.stdout == f"✓ approval {approval_id} rejected by api:cli: not now\n"
     rest, _ = await asyncio.wait_for(send.communicate(), READ)
     assert 'Error: the user rejected tool "word_count": not now' in rest.decode()
     unknown = await run_cli(server, "approve", "ap2", "ap-unknown")
@@ -122,4 +122,4 @@ async def test_send_on_a_terminal_asks_y_or_n(server: str) -> None:
     text = rest.decode()
     assert send.returncode == 0, text
     assert "allow once? [y/N]" in text
-    assert "allowed once by api" in text and "3 words" in text
+    assert "allowed once by api:cli" in text and "3 words" in text

@@ -27,7 +27,7 @@ from server.kernel.tools import (
     ToolReturn,
     ToolValue,
 )
-from server.loop.scheduler import DEFAULT_MAX_PARALLEL, ToolBatch, run_tool_batch
+from server.loop.scheduler import DEFAULT_MAX_PARALLEL, Ran, ToolBatch, run_tool_batch
 from server.loop.tool_pipeline import ToolPipeline
 from tests.tool_helpers import Execute, PostNext, PreNext, context, make_tool
 
@@ -41,6 +41,7 @@ class Batch:
         self.controller = AbortController()
         self.events: list[tuple[str, str]] = []
         self.outcomes: dict[str, ToolOutcome] = {}
+        self.ran: dict[str, Ran | None] = {}
         self._seqs: dict[str, int] = {}
 
     def record(self, kind: str, call_id: str) -> None:
@@ -90,10 +91,11 @@ class Batch:
         self._seqs[call.id] = len(self.events)
         return self._seqs[call.id]
 
-    def result(self, exec: ToolExecution, outcome: ToolOutcome, seq: int) -> None:
+    def result(self, exec: ToolExecution, outcome: ToolOutcome, seq: int, ran: Ran | None) -> None:
         assert seq == self._seqs[exec.call_id]
         self.record("result", exec.call_id)
         self.outcomes[exec.call_id] = outcome
+        self.ran[exec.call_id] = ran
 
     def context(self, delivered: d.HookContext) -> None:
         self.record("context", plain_text(delivered.content))
@@ -222,6 +224,12 @@ async def test_results_commit_in_model_order_despite_out_of_order_settlement() -
         "result a", "result b", "result c",
     )  # fmt: skip
     assert [b.text(i) for i in "abc"] == ["a done", "b done", "c done"]
+    # Each result keeps when its own tool ran, not when it was committed: c ended
+    # first, then b, then a, and all three ran at once.
+    a, b_ran, c_ran = (b.ran[i] for i in "abc")
+    assert a is not None and b_ran is not None and c_ran is not None
+    assert c_ran.end_ns <= b_ran.end_ns <= a.end_ns
+    assert max(r.start_ns for r in (a, b_ran, c_ran)) <= c_ran.end_ns
 
 
 @pytest.mark.parametrize("cap", [0, -1, 1.5, True, "2", None])
@@ -363,6 +371,9 @@ async def test_denials_and_pre_execute_errors_are_ordered_and_not_dispatched() -
         ("Error: boom", True),
         ("c done", False),
     ]
+    assert b.ran["a"] is None and b.ran["b"] is None  # they never ran: no run time
+    ran = b.ran["c"]
+    assert ran is not None and ran.start_ns <= ran.end_ns
 
 
 async def test_an_unknown_tool_is_an_exclusive_error_result() -> None:

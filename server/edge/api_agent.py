@@ -19,6 +19,7 @@ from server.edge import page_tokens
 from server.edge.api_approvals import ApprovalMethods
 from server.edge.api_delete import DeleteMethods
 from server.edge.api_stream_wire import response_bytes
+from server.edge.session_filters import session_filter
 from server.edge.status import abort, mapped
 from server.kernel.errors import AgentLoopError, InvalidArgument, OutOfRange, Unavailable
 from server.kernel.ids import check_id
@@ -28,6 +29,7 @@ from server.loop import validation
 from server.loop.agent import Agent
 from server.loop.compaction_triggers import compact_idle
 from server.loop.context import usage_message
+from server.sessions.listing import SessionFilter, list_sessions
 from server.sessions.session import SessionLog, session_message
 from server.stores import FIRST_SEQ, RequestRecord
 
@@ -286,14 +288,15 @@ class AgentServicer(ApprovalMethods, DeleteMethods, rpc.AgentServiceServicer):
     async def ListSessions(
         self, request: pb.ListSessionsRequest, context: Context
     ) -> pb.ListSessionsResponse:
-        """List every session, a page at a time."""
+        """List the sessions the filters keep, a page at a time."""
         size = page_tokens.check_page_size(request.page_size, 100, 1000)
-        after = page_tokens.last_key(request.page_token, "ListSessions")
-        ids = [i for i in await self.factory.catalogue.session_ids() if after is None or i > after]
-        page = [await self.factory.catalogue.describe(i) for i in ids[:size]]
-        more = len(ids) > size
-        next_token = page_tokens.issue("ListSessions", ids[size - 1]) if more else ""
-        return pb.ListSessionsResponse(sessions=page, next_page_token=next_token)
+        keep = session_filter(request)
+        params = "" if keep == SessionFilter() else keep.describes()
+        after = page_tokens.last_key(request.page_token, "ListSessions", params)
+        page = await list_sessions(self.factory.catalogue, keep, after, size)
+        more = page.more and bool(page.last_examined)
+        next_token = page_tokens.issue("ListSessions", page.last_examined, params) if more else ""
+        return pb.ListSessionsResponse(sessions=page.sessions, next_page_token=next_token)
 
     @mapped
     async def ForkSession(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import grpc
@@ -16,6 +17,9 @@ from server.loop.approvals import BY_API, MAX_REASON_BYTES, ApprovalNotFound
 from server.stores import RequestRecord
 
 Context = grpc.aio.ServicerContext[Any, Any]
+
+VIA = re.compile(r"[a-z0-9-]{1,32}")
+"""Where an answer was given (`ResolveApprovalRequest.via`): recorded as `api:<via>`."""
 
 
 class ApprovalMethods:
@@ -37,6 +41,9 @@ class ApprovalMethods:
             raise InvalidArgument("reason", "is only taken with APPROVAL_DECISION_REJECT")
         if len(request.reason.encode()) > MAX_REASON_BYTES:
             raise InvalidArgument("reason", f"must be at most {MAX_REASON_BYTES} bytes")
+        if request.via and not VIA.fullmatch(request.via):
+            raise InvalidArgument("via", "must be 1 to 32 lowercase letters, digits and '-'")
+        resolved_by = f"{BY_API}:{request.via}" if request.via else BY_API
         agent = self._holder(agent, request.approval_id)  # a sub-agent's, answered on its parent
         approvals = agent.approvals
 
@@ -46,7 +53,7 @@ class ApprovalMethods:
                     request.approval_id,
                     request.decision,
                     request.reason,
-                    BY_API,
+                    resolved_by,
                     request.request_id,
                 )
             except ApprovalNotFound:

@@ -11,6 +11,7 @@ from agentloop.v1 import agent_factory_service_pb2 as pb
 from agentloop.v1 import agent_factory_service_pb2_grpc as rpc
 from agentloop.v1 import agent_pb2
 from server.edge import page_tokens
+from server.edge.api_agent_feed import AgentFeedMethods
 from server.edge.api_forward import FORWARDED
 from server.edge.status import mapped
 from server.kernel.errors import FailedPrecondition
@@ -58,7 +59,7 @@ def agent_message(agent: Agent, lineage: agent_pb2.Lineage | None = None) -> age
     )
 
 
-class AgentFactoryServicer(rpc.AgentFactoryServiceServicer):
+class AgentFactoryServicer(AgentFeedMethods, rpc.AgentFactoryServiceServicer):
     """Creates, resumes, inspects and disposes agents."""
 
     def __init__(self, factory: AgentFactory) -> None:

@@ -1,13 +1,14 @@
 """The HTTP side of the server (`httpListen`): the web console and the API as JSON.
 
 `POST /api/<package.Service>/<Method>` with a JSON body (the protobuf JSON mapping of
-the request) answers the response as JSON; `StreamSessionEvents` answers server-sent
-events, one `data:` line per stream response. Nothing here implements a rule of the API:
-each call is forwarded to the server's own gRPC services over a private Unix socket,
-with the caller's `Authorization` header as metadata, so the interceptors (access log,
-token, request guard, replica forwarding) and the servicers answer it exactly as they
-answer a gRPC client. A refusal is the gRPC status as JSON (`google.rpc.Status`: code,
-message, details, plus `status`, the code's name) under the matching HTTP code.
+the request) answers the response as JSON; the streaming methods (`StreamSessionEvents`,
+`StreamAgentEvents`) answer server-sent events, one `data:` line per stream response.
+Nothing here implements a rule of the API: each call is forwarded to the server's own
+gRPC services over a private Unix socket, with the caller's `Authorization` header as
+metadata, so the interceptors (access log, token, request guard, replica forwarding)
+and the servicers answer it exactly as they answer a gRPC client. A refusal is the gRPC
+status as JSON (`google.rpc.Status`: code, message, details, plus `status`, the code's
+name) under the matching HTTP code.
 
 The token is read from the `Authorization` header only, never from the URL. Every
 answer carries the security headers (`http_answers.py`); slow and greedy clients are
@@ -406,8 +407,9 @@ class HttpSide:
 
 def _last(item: Message) -> str:
     """The SSE id of a stream response: the seq of its last session event, if any."""
-    events = getattr(item, "events", None)
-    return str(events[-1].seq) if events else ""
+    if not isinstance(item, agent_service_pb2.StreamSessionEventsResponse):
+        return ""  # StreamAgentEvents: agent events have no seq, and nothing is replayed
+    return str(item.events[-1].seq) if item.events else ""
 
 
 def _dumps(value: Any) -> str:

@@ -18,6 +18,7 @@ is raised so that the turn ends `error`.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -42,8 +43,13 @@ class BatchLog(Protocol):
         """Record a call just before its prepare stage; the seq of its `tool/call`."""
         ...
 
-    def result(self, exec: ToolExecution, outcome: ToolOutcome, call_seq: int) -> None:
-        """Record a call's result (in model order), with the seq of its `tool/call`."""
+    def result(
+        self, exec: ToolExecution, outcome: ToolOutcome, call_seq: int, ran: Ran | None
+    ) -> None:
+        """Record a call's result (in model order).
+
+        With the seq of its `tool/call`, and when the tool ran (None: it never started).
+        """
         ...
 
     def context(self, context: decision_pb2.HookContext) -> None:
@@ -106,6 +112,14 @@ async def run_tool_batch(calls: Sequence[content_pb2.ToolCallBlock], batch: Tool
     signal.raise_if_aborted()
 
 
+@dataclass(frozen=True)
+class Ran:
+    """When a tool's own body ran, in nanoseconds since the epoch (wall clock)."""
+
+    start_ns: int
+    end_ns: int
+
+
 @dataclass(eq=False)
 class _Slot:
     """A started call, waiting for its turn to commit."""
@@ -115,6 +129,8 @@ class _Slot:
     seq: int
     outcome: ToolOutcome | None = None
     task: asyncio.Future[ToolOutcome] | None = None
+    ran: Ran | None = None
+    """When the tool ran: its result is produced then, committed later in model order."""
 
     def settled(self) -> ToolOutcome | None:
         """The call's result once it has one."""
@@ -182,21 +198,22 @@ class _Batch:
                 self.fatal = prepared.fatal
             return  # denied or failed: nothing to dispatch
         if inline:
-            slot.outcome = await self._approve_then_dispatch(exec, prepared)
+            slot.outcome = await self._approve_then_dispatch(slot, prepared)
         else:
-            slot.task = self._spawn(self._approve_then_dispatch(exec, prepared))
+            slot.task = self._spawn(self._approve_then_dispatch(slot, prepared))
             self._in_flight.add(slot.task)
 
     async def _approve_then_dispatch(
-        self, exec: ToolExecution, pending: PendingApproval | None
+        self, slot: _Slot, pending: PendingApproval | None
     ) -> ToolOutcome:
         if pending is not None:
-            denied = await self._pipeline.approve(exec, pending)
+            denied = await self._pipeline.approve(slot.exec, pending)
             if denied is not None:
                 return denied
-        return await self._dispatch(exec)
+        return await self._dispatch(slot)
 
-    async def _dispatch(self, exec: ToolExecution) -> ToolOutcome:
+    async def _dispatch(self, slot: _Slot) -> ToolOutcome:
+        exec = slot.exec
         # Calls started in one tick wait for the same commit: one write for the pool.
         if self._before_dispatch is not None:
             try:
@@ -205,7 +222,10 @@ class _Batch:
                 return failure_outcome(error, final=True)
             if exec.signal.aborted:  # cancelled while the commit was written
                 return failure_outcome(Aborted(exec.signal.reason), final=True)
-        return await self._pipeline.dispatch(exec)
+        start_ns = time.time_ns()
+        outcome = await self._pipeline.dispatch(exec)
+        slot.ran = Ran(start_ns, time.time_ns())
+        return outcome
 
     async def _settle_one(self) -> None:
         await asyncio.wait(self._in_flight, return_when=asyncio.FIRST_COMPLETED)
@@ -221,7 +241,7 @@ class _Batch:
             if outcome.fatal is not None and self.fatal is None:
                 self.fatal = outcome.fatal
             self._cursor += 1
-            self._log.result(slot.exec, outcome, slot.seq)
+            self._log.result(slot.exec, outcome, slot.seq, slot.ran)
             for context in outcome.contexts:
                 self._log.context(context)
 

@@ -29,7 +29,7 @@ from server.loop.agent import Agent, context_message
 from server.loop.compaction import OVERFLOW_CODES
 from server.loop.compaction_triggers import after_overflow, before_request
 from server.loop.running import Step, Turn
-from server.loop.scheduler import ToolBatch, run_tool_batch
+from server.loop.scheduler import Ran, ToolBatch, run_tool_batch
 from server.loop.system_prompt import PromptScope
 from server.loop.tool_pipeline import ToolPipeline
 from server.loop.tool_progress import ProgressReports
@@ -325,7 +325,9 @@ class StepToolLog:
         )
         return self.agent.session.add(event).seq
 
-    def result(self, exec: ToolExecution, outcome: ToolOutcome, call_seq: int) -> None:
+    def result(
+        self, exec: ToolExecution, outcome: ToolOutcome, call_seq: int, ran: Ran | None
+    ) -> None:
         """Append `tool/result` (bounded), then tell the committed-result observers."""
         agent = self.agent
         result = ev.ToolResult(
@@ -344,6 +346,9 @@ class StepToolLog:
             result.error.CopyFrom(ev.ToolError(name="ResultTooLarge", code=CONTENT_BYTES))
         if outcome.meta is not None:
             result.meta.CopyFrom(to_struct(outcome.meta))
+        if ran is not None:  # its own duration: the commit waits for earlier calls
+            result.start_time.FromNanoseconds(ran.start_ns)
+            result.end_time.FromNanoseconds(ran.end_ns)
         agent.session.add(result, source_event_seqs=[call_seq])
         seams = agent.runtime.seams
         if seams.has(S.TOOLS_RESULT_COMMITTED, agent.agent_id):  # plugins see stored results

@@ -459,6 +459,36 @@ async def test_an_approver_plugin_allows_and_the_api_loses_clearly(
     check_log(await all_events(e2e, agent_id))
 
 
+async def test_an_answer_says_where_it_was_given_and_a_bad_word_is_refused(e2e: E2E) -> None:
+    await create(e2e, "via", approval_options(*WORD_COUNT_THEN_DONE))
+    start = await send(e2e, "via")
+    with EventStream(e2e.agents, agent_id="via", from_seq=start) as stream:
+        requested = (await stream.until("approval_requested")).approval_requested
+        for bad in ("Console", "con sole", "x" * 33):
+            code, info = await refused(
+                e2e.agents.ResolveApproval(
+                    api.ResolveApprovalRequest(
+                        agent_id="via", approval_id=requested.approval_id, decision=ALLOW, via=bad
+                    ),
+                    timeout=T,
+                )
+            )
+            assert (code, info.metadata["field"]) == (grpc.StatusCode.INVALID_ARGUMENT, "via")
+        # Refused, it changed nothing: the approval still waits, answered from the console.
+        answer = await e2e.agents.ResolveApproval(
+            api.ResolveApprovalRequest(
+                agent_id="via", approval_id=requested.approval_id, decision=ALLOW, via="console"
+            ),
+            timeout=T,
+        )
+        await stream.until("turn_end")
+    assert answer.resolution.resolved_by == "api:console"
+    (resolved,) = of_kind(stream.events, "approval_resolved")
+    assert resolved.approval_resolved.resolved_by == "api:console"
+    (result,) = of_kind(stream.events, "tool_result")
+    assert text_of(result.tool_result.content) == "3 words"
+
+
 async def test_an_abstaining_plugin_leaves_the_answer_to_the_api(
     e2e: E2E, launcher: PluginLauncher
 ) -> None:
@@ -589,21 +619,21 @@ async def run_script(script: str, address: str) -> str:
 
 
 @pytest.mark.parametrize(
-    ("first_line", "agent_id"),
+    ("first_line", "agent_id", "answered_by"),
     [
-        ("# Approval round trip with grpcurl", "careful"),
-        ("# Approval round trip with the CLI", "careful-cli"),
+        ("# Approval round trip with grpcurl", "careful", "api"),
+        ("# Approval round trip with the CLI", "careful-cli", "api:cli"),  # the CLI says so
     ],
 )
 async def test_the_readme_approval_round_trips_run_as_written(
-    e2e: E2E, first_line: str, agent_id: str
+    e2e: E2E, first_line: str, agent_id: str, answered_by: str
 ) -> None:
     output = await run_script(readme_block(first_line), e2e.target)
     events = await all_events(e2e, agent_id)
     check_log(events)
     (resolved,) = of_kind(events, "approval_resolved")
     assert resolved.approval_resolved.outcome == approval_pb2.APPROVAL_OUTCOME_ALLOWED_ONCE
-    assert resolved.approval_resolved.resolved_by == "api"
+    assert resolved.approval_resolved.resolved_by == answered_by
     (result,) = of_kind(events, "tool_result")
     assert text_of(result.tool_result.content) == "3 words"
     assert events[-1].turn_end.reason.WhichOneof("kind") == "completed"

@@ -2,10 +2,14 @@
 playwright-core (tests/console/browser.mjs) against a real server with `httpListen` on.
 
 The script creates agents from the page, sends a message and sees the tool call, the
-streamed answer and the `completed` turn end; cancels a slow turn and sees `aborted`;
-approves a pending tool call from the keyboard and rejects another with a reason;
-shows a clear message for a wrong token; opens a link to a seq; and saves a screenshot
-of the session view. The server's own log is then read over gRPC to confirm each act.
+streamed answer and the `completed` turn end; reads each agent's context gauge;
+cancels a slow turn and sees `aborted`; approves a pending tool call from the keyboard
+and rejects another with a reason; shows a clear message for a wrong token; opens a
+link to a seq; shows the MCP servers; shows a lead's sub-agents under it and follows a
+`delegate` call to the child's session; deletes a stored session and a live agent's
+(refused, then with the agent disposed first), each after a confirmation; switches to
+dark mode; and saves a screenshot of the session view. The server's own log is then
+read over gRPC to confirm each act.
 Set AGENTLOOP_ARTIFACTS to a directory to keep the screenshot (`console.png`).
 """
 
@@ -17,13 +21,16 @@ import os
 import shutil
 from pathlib import Path
 
+import grpc
 import pytest
 
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
+from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import approval_pb2
 from server.settings.config import Config
 from tests.e2e.conftest import E2E, of_kind, running_app
+from tests.e2e.test_mcp_tools import stdio_box
 from tests.processes import PluginLauncher, guard_example
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +63,14 @@ async def test_the_console_in_a_browser(
             pytest.fail(why)  # CI installs all of it: a missing piece is a failure there
         pytest.skip(why)
     monkeypatch.setenv("AGENTLOOP_TOKEN", TOKEN)
-    config = Config(listen="127.0.0.1:0", http_listen="127.0.0.1:0", store="memory", agents=())
+    (tmp_path / "marks").mkdir()
+    config = Config(
+        listen="127.0.0.1:0",
+        http_listen="127.0.0.1:0",
+        data_dir=str(tmp_path / "data"),  # a real SQLite file: deletes, forks, resumes
+        agents=(),
+        mcp_servers=(stdio_box(tmp_path / "marks"),),  # for the MCP servers view
+    )
     screenshot = tmp_path / "console.png"
     metadata = (("authorization", f"Bearer {TOKEN}"),)
     async with running_app(config) as e2e:
@@ -100,10 +114,21 @@ async def test_the_console_in_a_browser(
             api.ListSessionEventsRequest(agent_id="browser-demo", page_size=1000),
             metadata=metadata,
         )
+        demo_session = (
+            await e2e.agents.GetSession(
+                api.GetSessionRequest(agent_id="browser-demo"), metadata=metadata, timeout=10
+            )
+        ).session.session_id
         ends = of_kind(demo.events, "turn_end")
         assert [end.turn_end.reason.WhichOneof("kind") for end in ends] == ["completed"]
         calls = of_kind(demo.events, "tool_call")
         assert [call.tool_call.name for call in calls] == ["word_count"]
+        # The figures the page drew are the server's: the turn's and session's tokens.
+        usage = [m.assistant_message.usage for m in of_kind(demo.events, "assistant_message")]
+        spent = sum(u.input_tokens for u in usage), sum(u.output_tokens for u in usage)
+        tokens = f"{spent[0]} in, {spent[1]} out"
+        assert results["turnFigures"].endswith(f"{tokens} tokens")
+        assert results["sessionTokens"] == f"Tokens: {tokens} in 1 ended turns"
         answer = "".join(
             b.text.text
             for m in of_kind(demo.events, "assistant_message")
@@ -111,6 +136,18 @@ async def test_the_console_in_a_browser(
             if b.WhichOneof("block") == "text"
         )
         assert answer.strip() == results["answer"].strip()
+        # Each parallel call's own duration, as the page drew it, is the one stored.
+        parallel = await e2e.agents.ListSessionEvents(
+            api.ListSessionEventsRequest(agent_id="browser-parallel", page_size=1000),
+            metadata=metadata,
+        )
+        ran = [
+            (r.end_time.ToMilliseconds() - r.start_time.ToMilliseconds()) / 1000
+            for r in (e.tool_result for e in of_kind(parallel.events, "tool_result"))
+        ]
+        assert len(ran) == 4 and ran[0] >= 4.0 and ran[1] >= 1.0  # the naps: 4 s, then 1 s
+        for shown, seconds in zip(results["parallelTimings"], ran, strict=True):
+            assert shown.startswith(f"ran {seconds:.3f} s from +"), (shown, seconds)
         slow = await e2e.agents.ListSessionEvents(
             api.ListSessionEventsRequest(agent_id="browser-slow", page_size=1000),
             metadata=metadata,
@@ -118,21 +155,45 @@ async def test_the_console_in_a_browser(
         (end,) = of_kind(slow.events, "turn_end")
         assert end.turn_end.reason.aborted.reason == "cancelled from the console"
         assert results["partial"] >= 3  # the answer was streaming when it was cancelled
-        # The approvals answered from the page: both by `api`, in the session's log.
+        # The approvals answered from the page: both by `api:console`, in the log.
         asked = await e2e.agents.ListSessionEvents(
             api.ListSessionEventsRequest(agent_id="browser-approval", page_size=1000),
             metadata=metadata,
         )
         resolved = [e.approval_resolved for e in of_kind(asked.events, "approval_resolved")]
         assert [(r.outcome, r.resolved_by, r.reason) for r in resolved] == [
-            (approval_pb2.APPROVAL_OUTCOME_ALLOWED_ONCE, "api", ""),
-            (approval_pb2.APPROVAL_OUTCOME_REJECTED, "api", "not this one"),
+            (approval_pb2.APPROVAL_OUTCOME_ALLOWED_ONCE, "api:console", ""),
+            (approval_pb2.APPROVAL_OUTCOME_REJECTED, "api:console", "not this one"),
         ]
         (end,) = of_kind(asked.events, "turn_end")
         assert end.turn_end.reason.WhichOneof("kind") == "completed"
         assert "4 words" in results["approvedResult"]
         assert 'the user rejected tool "word_count": not this one' in results["rejectedResult"]
         assert "Answering the approval failed: FAILED_PRECONDITION" in results["staleRefusal"]
+        # The fork the page made, resumed and driven one turn on, then disposed.
+        fork = await e2e.agents.GetSession(
+            api.GetSessionRequest(session_id="browser-demo-fork"), metadata=metadata, timeout=10
+        )
+        assert fork.session.header.parent_session_id == demo_session
+        assert (fork.session.turn_count, fork.session.agent_id) == (2, "")
+        # The deletes the page confirmed: both sessions gone, the lead and its child too.
+        for deleted in (results["childSession"], results["leadSession"]):
+            with pytest.raises(grpc.aio.AioRpcError) as missing:
+                await e2e.agents.GetSession(
+                    api.GetSessionRequest(session_id=deleted), metadata=metadata, timeout=10
+                )
+            assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "SESSION_IN_USE" in results["refusedDelete"]
+        live = await e2e.factory.ListAgents(fac.ListAgentsRequest(), metadata=metadata, timeout=10)
+        assert not [a.agent_id for a in live.agents if a.agent_id.startswith("browser-lead")]
+        assert "/ 8k tokens" in results["gauge"]
+        # The sessions page listed what the server lists.
+        listed = await e2e.agents.ListSessions(
+            api.ListSessionsRequest(page_size=1000), metadata=metadata, timeout=10
+        )
+        later = "browser-elsewhere-session-"  # made after the sessions page was read
+        ids = [s.session_id for s in listed.sessions if not s.session_id.startswith(later)]
+        assert results["allSessions"] == ids
     assert "wrong token" in results["wrongToken"]
     keep_artifact(screenshot)
 
@@ -150,9 +211,12 @@ async def wait_ready(e2e: E2E, name: str, metadata: tuple[tuple[str, str], ...])
 
 
 def keep_artifact(screenshot: Path) -> None:
-    """Check the screenshot and copy it to $AGENTLOOP_ARTIFACTS, when set."""
-    assert screenshot.stat().st_size > 10_000
+    """Check the screenshots and copy them to $AGENTLOOP_ARTIFACTS, when set."""
+    tree = screenshot.with_name("console-tree.png")  # the tree of work, for the README
+    for shot in (screenshot, tree):
+        assert shot.stat().st_size > 10_000
     artifacts = os.environ.get("AGENTLOOP_ARTIFACTS")
     if artifacts:
         Path(artifacts).mkdir(parents=True, exist_ok=True)
         shutil.copy(screenshot, Path(artifacts) / "console.png")
+        shutil.copy(tree, Path(artifacts) / "console-tree.png")

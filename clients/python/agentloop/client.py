@@ -16,6 +16,7 @@ stubs (`factory`, `agents`, `registry`) stay available for anything else.
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Unpack
@@ -24,7 +25,7 @@ import grpc
 
 from agentloop.connection import MAX_RECEIVE_BYTES, BearerToken, open_channel
 from agentloop.conversation import Conversation
-from agentloop.errors import call
+from agentloop.errors import call, error_from
 from agentloop.options import OptionFields, agent_options
 from agentloop.plugin.v1 import hook_service_pb2 as hook
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
@@ -164,6 +165,22 @@ class Client(SessionReads):
         request = fac.DrainReplicaRequest(replica_id=replica_id)
         return await call(self.factory.DrainReplica(request, timeout=self.timeout))
 
+    async def stream_agent_events(self) -> AsyncGenerator[fac.StreamAgentEventsResponse]:
+        """Every agent's live events and turn ends, server-wide, as they happen.
+
+        Nothing is replayed: the first response has `subscribed` set (read
+        `list_agents` after it for the state the events apply to). It ends when the
+        server stops or the loop leaves it; a failure raises an `AgentloopError`.
+        """
+        responses = self.factory.StreamAgentEvents(fac.StreamAgentEventsRequest())
+        try:
+            async for response in responses:
+                yield response
+        except grpc.aio.AioRpcError as error:
+            raise error_from(error) from None
+        finally:
+            responses.cancel()
+
     # Messages (AgentService).
 
     async def send(
@@ -256,12 +273,14 @@ class Client(SessionReads):
         allow: bool,
         reason: str = "",
         request_id: str = "",
+        via: str = "",
     ) -> approval_pb2.ApprovalResolved:
         """Allow a waiting tool call once, or reject it (`reason`: what the model sees).
 
         The call carries a request id (a new one unless given), so a retry returns the
-        first answer. An approval answered first by someone else raises
-        `FailedPrecondition` (reason APPROVAL_RESOLVED), naming who.
+        first answer. `via` says where the person answered (recorded as `api:<via>`).
+        An approval answered first by someone else raises `FailedPrecondition` (reason
+        APPROVAL_RESOLVED), naming who.
         """
         request = api.ResolveApprovalRequest(
             agent_id=agent_id,
@@ -271,6 +290,7 @@ class Client(SessionReads):
             else approval_pb2.APPROVAL_DECISION_REJECT,
             reason=reason,
             request_id=request_id or str(uuid.uuid4()),
+            via=via,
         )
         resolved = await call(self.agents.ResolveApproval(request, timeout=self.timeout))
         return resolved.resolution

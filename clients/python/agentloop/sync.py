@@ -26,6 +26,7 @@ from agentloop.client import Client, connect
 from agentloop.conversation import Conversation
 from agentloop.stream import SessionStream
 from agentloop.turns import Turn
+from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
 
@@ -214,6 +215,10 @@ class SyncClient:
             agent_id=agent_id, session_id=session_id, from_seq=from_seq, replay_only=replay_only
         )
         return SyncStream(stream, self._loop)
+
+    def stream_agent_events(self) -> Iterator[fac.StreamAgentEventsResponse]:
+        """Every agent's live events and turn ends, server-wide (`Client.stream_agent_events`)."""
+        return self._loop.iterate(self.client.stream_agent_events())
 
     create = _blocking(Client.create)
     resume = _blocking(Client.resume)

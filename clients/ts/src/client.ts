@@ -14,7 +14,7 @@ import {
   type ToolSource,
   type UnregisterPluginResponse,
 } from "./gen/agentloop/plugin/v1/plugin_registry_service_pb.js";
-import { AgentFactoryService, type DrainReplicaResponse } from "./gen/agentloop/v1/agent_factory_service_pb.js";
+import { AgentFactoryService, type DrainReplicaResponse, type StreamAgentEventsResponse } from "./gen/agentloop/v1/agent_factory_service_pb.js";
 import { AgentOptionsSchema, type Agent, type AgentOptions } from "./gen/agentloop/v1/agent_pb.js";
 import {
   AgentService,
@@ -29,7 +29,7 @@ import { ApprovalDecision, type ApprovalRequested, type ApprovalResolved } from 
 import type { SessionEvent } from "./gen/agentloop/v1/session_event_pb.js";
 import type { Session } from "./gen/agentloop/v1/session_pb.js";
 import { Conversation } from "./conversation.js";
-import { call } from "./errors.js";
+import { AgentloopError, call } from "./errors.js";
 import { retryUnavailable } from "./retrying.js";
 import { SessionStream, type SessionSelector, type StreamOptions } from "./stream.js";
 import { Turn } from "./turn.js";
@@ -187,6 +187,19 @@ export class AgentloopClient {
     return call(this.factory.drainReplica({ replicaId }, this.#call));
   }
 
+  /**
+   * Every agent's live events and turn ends, server-wide, as they happen. Nothing is
+   * replayed: the first response has `subscribed` set (read `listAgents` after it for
+   * the state the events apply to). It ends when the server stops; `signal` stops it.
+   */
+  async *streamAgentEvents({ signal }: { signal?: AbortSignal } = {}): AsyncGenerator<StreamAgentEventsResponse> {
+    try {
+      yield* this.factory.streamAgentEvents({}, { signal });
+    } catch (error) {
+      throw AgentloopError.of(error);
+    }
+  }
+
   // Messages (AgentService).
 
   /** Send a message; the turn that answers it (iterate it, or `await turn.view()`). */
@@ -323,10 +336,15 @@ export class AgentloopClient {
   async resolveApproval(
     agentId: string,
     approvalId: string,
-    { allow, reason = "", requestId = newId() }: { allow: boolean; reason?: string; requestId?: string },
+    {
+      allow,
+      reason = "",
+      requestId = newId(),
+      via = "",
+    }: { allow: boolean; reason?: string; requestId?: string; via?: string },
   ): Promise<ApprovalResolved> {
     const decision = allow ? ApprovalDecision.ALLOW_ONCE : ApprovalDecision.REJECT;
-    const request = { agentId, approvalId, decision, reason, requestId };
+    const request = { agentId, approvalId, decision, reason, requestId, via };
     return (await call(this.agents.resolveApproval(request, this.#call))).resolution!;
   }
 

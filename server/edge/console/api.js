@@ -58,15 +58,20 @@ export async function call(service, method, body = {}) {
 
 export const factory = (method, body) => call("agentloop.v1.AgentFactoryService", method, body);
 export const agents = (method, body) => call("agentloop.v1.AgentService", method, body);
+/** Every agent's live events and turn ends, server-wide (StreamAgentEvents). */
+export const agentFeed = (onMessage, signal) =>
+  stream({}, onMessage, signal, "agentloop.v1.AgentFactoryService/StreamAgentEvents");
+
 export const registry = (method, body) =>
   call("agentloop.plugin.v1.PluginRegistryService", method, body);
 
 /**
- * Stream session events: `onMessage(response)` per StreamSessionEventsResponse.
- * Resolves when the stream ends; rejects with ApiError (refused, or an `error` event).
+ * Stream session events: `onMessage(response)` per StreamSessionEventsResponse (or per
+ * response of the streaming method `path`). Resolves when the stream ends; rejects with
+ * ApiError (refused, or an `error` event).
  */
-export async function stream(request, onMessage, signal) {
-  const response = await fetch("/api/agentloop.v1.AgentService/StreamSessionEvents", {
+export async function stream(request, onMessage, signal, path = "agentloop.v1.AgentService/StreamSessionEvents") {
+  const response = await fetch(`/api/${path}`, {
     method: "POST",
     headers: { ...headers(), Accept: "text/event-stream" },
     body: JSON.stringify(request),

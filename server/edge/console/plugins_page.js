@@ -1,5 +1,6 @@
 // The plugins page (#/plugins): each plugin's state, subscriptions, counters and
-// latencies, polled while the page shows.
+// latencies, and each MCP server's state and tools (ListToolSources), polled while the
+// page shows.
 import { registry } from "./api.js";
 import { $, fail, routeNow } from "./notices.js";
 import { h } from "./session.js";
@@ -59,6 +60,27 @@ function pluginRow(plugin) {
   );
 }
 
+function stateWord(state) {
+  return String(state || "unspecified").replace("PLUGIN_STATE_", "").toLowerCase();
+}
+
+/** One MCP server of the config: how it is reached, its state, its tools. */
+function sourceRow(source) {
+  const tools = source.tools || [];
+  return h(
+    "section", { class: "plugin tool-source", "data-source": source.name },
+    h("h3", {}, source.name),
+    h("dl", {},
+      h("dt", {}, "State"), h("dd", { class: "source-state" }, stateWord(source.state)),
+      h("dt", {}, "Transport"), h("dd", {}, source.transport || "?"),
+      h("dt", {}, "Endpoint"), h("dd", {}, h("code", {}, source.endpoint || "")),
+      h("dt", {}, `Tools (${tools.length})`),
+      h("dd", { class: "source-tools" }, tools.length ? h("ul", {}, ...tools.map((t) => h("li", {}, h("code", {}, t)))) : "none"),
+      h("dt", {}, "Last error"), h("dd", { class: "source-error" }, source.lastError || "none"),
+    ),
+  );
+}
+
 let pluginsBusy = false;
 
 export async function refreshPlugins() {
@@ -67,9 +89,13 @@ export async function refreshPlugins() {
   pluginsBusy = true;
   const scope = routeNow();
   try {
-    const answer = await registry("ListPlugins", {});
+    const [answer, listed] = await Promise.all([registry("ListPlugins", {}), registry("ListToolSources", {})]);
     const plugins = answer.plugins || [];
     $("#plugins").replaceChildren(...(plugins.length ? plugins.map(pluginRow) : [h("p", {}, "No plugins registered.")]));
+    const sources = listed.sources || [];
+    $("#tool-sources").replaceChildren(
+      ...(sources.length ? sources.map(sourceRow) : [h("p", {}, "No MCP servers configured (mcpServers in the config).")]),
+    );
   } catch (error) {
     fail(error, "Listing the plugins", scope);
   } finally {

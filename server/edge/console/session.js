@@ -109,15 +109,46 @@ function headerChanges(before, after) {
   return lines.length ? lines : ["no change"];
 }
 
+/** Token counts as words: "1234 in, 56 out" (and cached input when any). */
+function tokenWords(t) {
+  return `${t.input} in${t.cached ? ` (${t.cached} cached)` : ""}, ${t.output} out`;
+}
+
+function noTokens() {
+  return { input: 0, output: 0, cached: 0 };
+}
+
+function addUsage(total, usage) {
+  total.input += Number(usage.inputTokens || 0);
+  total.output += Number(usage.outputTokens || 0);
+  total.cached += Number(usage.cachedInputTokens || 0);
+}
+
+/** A turn's or step's figures: how long it took (when its start is loaded), its tokens. */
+function figures(part, endTime) {
+  const took = Number.isNaN(part.start) || Number.isNaN(endTime) ? "" : `${seconds(endTime - part.start)} · `;
+  return `${took}${tokenWords(part.tokens)} tokens`;
+}
+
 export class SessionView {
-  constructor(root, sessionId) {
+  /**
+   * `totals`: an element for the session's token totals; `fork(seq)`: called by a
+   * turn end's "Fork" button (both optional).
+   */
+  constructor(root, sessionId, { totals = null, fork = null } = {}) {
     this.root = root;
     this.sessionId = sessionId;
+    this.totals = totals;
+    this.fork = fork;
     this.reset();
   }
 
   reset() {
     this.root.replaceChildren();
+    this.tokens = noTokens(); // of the loaded events
+    this.turnsEnded = 0;
+    this.firstSeq = 0; // the first loaded event: above 1, the totals are partial
+    this.showTotals();
     this.turn = null; // {element, body, number, ended}
     this.step = null; // {element, body, blocks: Map(index -> block), tools: []}
     this.tools = new Map(); // call id -> tool record
@@ -153,15 +184,24 @@ export class SessionView {
     return last;
   }
 
-  openTurn(number, event) {
+  /** The session's token totals, over the loaded events. */
+  showTotals() {
+    if (!this.totals) return;
+    const partial = this.firstSeq > 1 ? " (of the loaded events)" : "";
+    this.totals.textContent = `Tokens: ${tokenWords(this.tokens)} in ${this.turnsEnded} ended turns${partial}`;
+  }
+
+  openTurn(number, event, time = NaN) {
     const title = h("span", { class: "turn-title" }, `Turn ${number}`);
     const end = h("span", { class: "turn-end" }, "running");
-    const summary = h("summary", {}, title, " · ", end);
+    const stats = h("span", { class: "turn-figures" });
+    const summary = h("summary", {}, title, " · ", end, " · ", stats);
     const body = h("div", { class: "turn-body" });
     const element = h("details", { class: "turn", open: true, "data-turn": number }, summary, body);
     if (event) summary.append(" ", h("a", { class: "seq", href: this.link(Number(event.seq)), tabindex: "-1" }, `#${event.seq}`));
     this.root.append(element);
-    this.turn = { element, body, number, end, ended: false };
+    this.turn = { element, body, number, end, stats, ended: false, start: time, tokens: noTokens() };
+    stats.textContent = figures(this.turn, NaN);
     this.step = null;
   }
 
@@ -174,8 +214,9 @@ export class SessionView {
     if (stepNumber && (!this.step || this.step.number !== stepNumber)) this.openStep(stepNumber, null);
   }
 
-  openStep(number, event) {
-    const heading = h("h3", { class: "step-title" }, `Step ${number}`);
+  openStep(number, event, time = NaN) {
+    const stats = h("span", { class: "step-figures" });
+    const heading = h("h3", { class: "step-title" }, `Step ${number} `, stats);
     const body = h("div", { class: "step-body" });
     const element = h("section", { class: "step", "data-step": number }, heading, body);
     if (event) {
@@ -184,12 +225,17 @@ export class SessionView {
       heading.append(" ", h("a", { class: "seq", href: this.link(Number(event.seq)), tabindex: "-1" }, `#${event.seq}`));
     }
     (this.turn ? this.turn.body : this.root).append(element);
-    this.step = { element, body, number, blocks: new Map(), tools: [], text: false };
+    this.step = { element, body, number, stats, blocks: new Map(), tools: [], text: false, start: time, tokens: noTokens() };
+    stats.textContent = `· ${figures(this.step, NaN)}`;
   }
 
   apply(event) {
     const time = millis(event.createTime);
     if (!Number.isNaN(time)) this.latest = Math.max(this.latest, time);
+    if (!this.firstSeq) {
+      this.firstSeq = Number(event.seq);
+      this.showTotals();
+    }
     const [kind] = Object.keys(event).filter((k) => !["seq", "createTime", "surfaceOp", "sourceEventSeqs"].includes(k));
     const payload = event[kind] || {};
     const handler = this[`on_${kind}`];
@@ -197,8 +243,8 @@ export class SessionView {
     else this.container().append(this.row(event, "other", kind));
   }
 
-  on_turnStart(event, p) {
-    this.openTurn(p.turn, event);
+  on_turnStart(event, p, time) {
+    this.openTurn(p.turn, event, time);
     const source = p.source && p.source.kind ? ` from ${p.source.kind}` : "";
     this.turn.body.append(this.row(event, "turn-start", "turn start", `${enumName(p.trigger)}${source}`));
   }
@@ -227,9 +273,9 @@ export class SessionView {
     this.container().append(this.row(event, "dropped", what, `${textOf(p.content)} (${p.reason || "no reason"})`));
   }
 
-  on_stepStart(event, p) {
+  on_stepStart(event, p, time) {
     this.ensure(p.turn, 0);
-    this.openStep(p.step, event);
+    this.openStep(p.step, event, time);
   }
 
   on_requestHeader(event, p) {
@@ -284,6 +330,18 @@ export class SessionView {
     const model = p.provenance ? ` · ${p.provenance.provider}/${p.provenance.model}` : "";
     // The text streamed already; a message whose chunks are not loaded shows it here.
     const text = this.step.text ? null : h("span", { class: "text" }, textOf((p.content || []).filter((b) => b.text)));
+    if (p.usage) {
+      addUsage(this.tokens, p.usage);
+      if (this.step) {
+        addUsage(this.step.tokens, p.usage);
+        this.step.stats.textContent = `· ${figures(this.step, NaN)}`;
+      }
+      if (this.turn) {
+        addUsage(this.turn.tokens, p.usage);
+        this.turn.stats.textContent = figures(this.turn, NaN);
+      }
+      this.showTotals();
+    }
     this.step.body.append(this.row(event, "message", "assistant message", text, h("small", {}, `stored${model}${usage}`)));
   }
 
@@ -295,17 +353,19 @@ export class SessionView {
     const bar = h("span", { class: "bar" });
     const forming = h("pre", { class: "args" });
     const result = h("div", { class: "result" });
+    const child = h("div", { class: "child", hidden: true });
     const element = this.row(
       event, "tool", "tool call",
       h("strong", { class: "tool-name" }, name || "?"), " ", state, " ", timing,
       h("span", { class: "track", "aria-hidden": "true" }, bar),
       h("div", { class: "args-box" }, h("span", { class: "label" }, "arguments"), forming),
+      child,
       result,
     );
     element.dataset.call = callId;
     if (!this.step) this.ensure(this.turn ? this.turn.number : 0, 1);
     this.step.body.append(element);
-    tool = { element, state, timing, bar, forming, result, start: NaN, end: NaN, step: this.step };
+    tool = { element, state, timing, bar, forming, child, result, start: NaN, end: NaN, ranStart: NaN, ranEnd: NaN, step: this.step };
     this.step.tools.push(tool);
     this.tools.set(callId, tool);
     return tool;
@@ -328,6 +388,8 @@ export class SessionView {
     this.ensure(p.turn, p.step);
     const tool = this.tools.get(p.callId) || this.tool(event, p.callId, p.error ? p.error.name : "");
     tool.end = time;
+    tool.ranStart = millis(p.startTime); // NaN when it never ran, or in an older log
+    tool.ranEnd = millis(p.endTime);
     const failed = Boolean(p.isError);
     tool.state.textContent = failed ? "failed" : "done";
     tool.element.classList.remove("running");
@@ -336,7 +398,36 @@ export class SessionView {
     tool.result.replaceChildren(
       this.row(event, failed ? "tool-error" : "tool-result", failed ? `error${error}` : "result", h("pre", {}, textOf(p.content))),
     );
+    const meta = p.meta || {};
+    if (meta.session_id) {
+      // A `delegate` (or `collect`) result: the sub-agent's session, for good.
+      this.childOf(p.callId, { agentId: meta.agent_id, sessionId: meta.session_id, state: meta.state, steps: meta.steps });
+    }
     this.timeline(tool.step);
+  }
+
+  /**
+   * The sub-agent a tool call runs, in the call's box: a link to its session and how
+   * far it got (live `child_progress` events, then the result's meta).
+   */
+  childOf(callId, { agentId, sessionId, state, step, steps, text }) {
+    const tool = this.tools.get(callId);
+    if (!tool || !sessionId) return false;
+    const shown = tool.child.dataset.state;
+    if (state === "running" && shown && shown !== "running") return false; // it ended already
+    const where = `#/session/${encodeURIComponent(sessionId)}`;
+    const progress = state === "running" ? `step ${step || "?"} done, running` : `${state || "?"}${steps ? ` after ${steps} steps` : ""}`;
+    const said = text ? [h("span", { class: "child-text" }, ` · “${text}”`)] : [];
+    tool.child.replaceChildren(
+      h("span", { class: "label" }, "sub-agent"),
+      h("strong", {}, agentId || "?"), " · ",
+      h("a", { class: "child-session", href: where }, `session ${sessionId}`), " · ",
+      h("span", { class: "child-state" }, progress),
+      ...said,
+    );
+    tool.child.dataset.state = state || "";
+    tool.child.hidden = false;
+    return true;
   }
 
   /** A tool call waiting for approval: shown in the call's box, where it landed. */
@@ -358,7 +449,7 @@ export class SessionView {
     }
   }
 
-  /** How an approval ended and who answered: `api`, `plugin:NAME` or `server`. */
+  /** How an approval ended and who answered: `api[:via]`, `plugin:NAME` or `server`. */
   on_approvalResolved(event, p) {
     this.ensure(p.turn, p.step);
     const how = approvalOutcome(p.outcome);
@@ -377,33 +468,56 @@ export class SessionView {
     }
   }
 
-  /** Bars of a step's tool calls on one time axis: parallel calls overlap. */
+  /**
+   * Bars of a step's tool calls on one time axis: parallel calls overlap. A result that
+   * says when its tool ran (`start_time`, `end_time`) is drawn over that span, its own
+   * duration, however long it then waited to be committed in model order; a result
+   * without them (refused before it ran, or stored before they existed) spans its
+   * call's event to its own.
+   */
   timeline(step) {
     const started = step.tools.filter((t) => !Number.isNaN(t.start));
     if (!started.length) return;
     const origin = Math.min(...started.map((t) => t.start));
-    const last = Math.max(this.latest, ...started.map((t) => (Number.isNaN(t.end) ? t.start : t.end)));
+    const last = Math.max(this.latest, ...started.map((t) => Math.max(t.start, t.end || 0, t.ranEnd || 0)));
     const span = Math.max(1, last - origin);
     for (const tool of started) {
-      const end = Number.isNaN(tool.end) ? last : tool.end;
-      tool.bar.style.marginLeft = `${((tool.start - origin) / span) * 100}%`;
-      tool.bar.style.width = `${Math.max(1, ((end - tool.start) / span) * 100)}%`;
-      const took = Number.isNaN(tool.end) ? "running" : `result recorded after ${seconds(tool.end - tool.start)}`;
-      tool.timing.textContent = `started +${seconds(tool.start - origin)}, ${took}`;
+      const ran = !Number.isNaN(tool.ranStart) && !Number.isNaN(tool.ranEnd);
+      const from = ran ? tool.ranStart : tool.start;
+      const to = ran ? tool.ranEnd : Number.isNaN(tool.end) ? last : tool.end;
+      tool.bar.style.marginLeft = `${((from - origin) / span) * 100}%`;
+      tool.bar.style.width = `${Math.max(1, ((to - from) / span) * 100)}%`;
+      let words;
+      if (ran) {
+        const waited = tool.end - tool.ranEnd;
+        words = `ran ${seconds(to - from)} from +${seconds(from - origin)}` +
+          (waited >= 1 ? `, committed ${seconds(waited)} later in model order` : "");
+      } else if (Number.isNaN(tool.end)) {
+        words = `called +${seconds(tool.start - origin)}, running`;
+      } else {
+        words = `called +${seconds(tool.start - origin)}, result recorded after ${seconds(tool.end - tool.start)}`;
+      }
+      tool.timing.textContent = words;
     }
   }
 
-  on_stepEnd(event, p) {
+  on_stepEnd(event, p, time) {
     this.ensure(p.turn, p.step);
+    if (this.step) this.step.stats.textContent = `· ${figures(this.step, time)}`;
     this.step.body.append(this.row(event, "step-end", "step end", ""));
     this.step = null;
   }
 
-  on_turnEnd(event, p) {
+  on_turnEnd(event, p, time) {
     this.ensure(p.turn, 0);
     const words = endReason(p.reason);
+    if (this.turn) this.turn.stats.textContent = figures(this.turn, time);
+    this.turnsEnded += 1;
+    this.showTotals();
     this.step = null;
-    this.turn.body.append(this.row(event, "turn-end", "turn end", h("strong", { class: "end-reason" }, words)));
+    const fork = this.fork ? h("button", { type: "button", class: "fork", "data-seq": event.seq }, "Fork after this turn…") : null;
+    if (fork) fork.addEventListener("click", () => this.fork(Number(event.seq)));
+    this.turn.body.append(this.row(event, "turn-end", "turn end", h("strong", { class: "end-reason" }, words), fork ? " " : null, fork));
     this.turn.end.textContent = words;
     this.turn.element.dataset.end = Object.keys(p.reason || {})[0] || "";
     this.turn.ended = true;

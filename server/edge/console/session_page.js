@@ -1,10 +1,13 @@
 // The session page (#/agent/<id>, #/session/<id>?seq=N): its events paged in and
 // followed live, the pending approvals, and the form that talks to the agent.
-import { ApiError, agents, stream } from "./api.js";
-import { known, showAgentStatus, showing, statusWord } from "./agents_page.js";
+import { ApiError, agents, factory, stream } from "./api.js";
+import { known, refreshAgents, showAgentContext, showAgentStatus, showing, statusWord } from "./agents_page.js";
 import { approvalEntry } from "./approvals.js";
+import { confirmAction } from "./confirm.js";
+import { contextGauge } from "./context_gauge.js";
 import { $, clearNotice, fail, notify, routeNow } from "./notices.js";
 import { SessionView, approvalOutcome, h } from "./session.js";
+import { showChildren } from "./work_tree.js";
 
 const PAGE = 500; // events loaded at once (the tail of a session, then older pages)
 const RETRY_AFTER = 1000;
@@ -26,17 +29,39 @@ class Session {
     this.pending = new Map(); // approval id -> ApprovalRequested, oldest first
     this.refused = new Map(); // approval id -> the server's message for a refused answer
     this.ended = new Set(); // approval ids seen resolved (a late copy of the request stays out)
+    this.eventCount = 0;
+    this.progress = new Map(); // child agent id -> its latest ChildProgress
   }
 
   close() {
     this.controller.abort();
   }
 
-  /** The agents were polled: the status from the list, until the stream tells it. */
+  /** The agents list changed: the status from it, until this page's stream tells it. */
   listed(agentsById) {
     if (!this.agentId || !agentsById.has(this.agentId)) return;
-    if (!this.live) this.showStatus(agentsById.get(this.agentId).status);
+    const agent = agentsById.get(this.agentId);
+    if (!this.live) this.showStatus(agent.status);
     showAgentStatus(this.agentId, this.status, this.pending.size); // the live word
+    this.showContext(agent.contextUsage);
+    showChildren(this.agentId, agentsById, this.progress);
+  }
+
+  /** The context gauge of the agent (GetAgent's, then each live `context_usage`). */
+  showContext(usage) {
+    const box = $("#session-context");
+    box.hidden = !this.agentId || !usage;
+    if (usage) box.replaceChildren(h("span", { class: "label" }, "context"), contextGauge(usage));
+  }
+
+  /** A sub-agent's step or end: in the delegate call's box and the list of children. */
+  childProgress(progress) {
+    this.progress.set(progress.childAgentId, progress);
+    this.view.childOf(progress.toolCallId, {
+      agentId: progress.childAgentId, sessionId: progress.childSessionId,
+      state: progress.state, step: progress.step, text: progress.text,
+    });
+    showChildren(this.agentId, known, this.progress);
   }
 
   get first() {
@@ -47,8 +72,16 @@ class Session {
     return this.events.length ? Number(this.events[this.events.length - 1].seq) : 0;
   }
 
+  /** Dispose while an agent is live on the session; resume when none is. */
+  showActions() {
+    const live = Boolean(this.agentId) && this.status !== "AGENT_STATUS_DISPOSED";
+    $("#dispose-agent").hidden = !live;
+    $("#resume-session").hidden = live;
+  }
+
   showStatus(status) {
     this.status = status || this.status;
+    this.showActions();
     const word = statusWord(this.status, this.pending.size);
     $("#session-status").textContent = `Status: ${word}`;
     $("#session-status").dataset.status = word;
@@ -60,13 +93,21 @@ class Session {
     const found = (await agents("GetSession", selector)).session;
     this.sessionId = found.sessionId;
     this.agentId = this.agentId || found.agentId || "";
+    this.eventCount = Number(found.eventCount || 0);
     $("#session-title").textContent = this.agentId ? `Agent ${this.agentId}` : `Session ${this.sessionId}`;
     $("#session-id").textContent = `session ${this.sessionId}`;
     $("#session-link").href = `#/session/${encodeURIComponent(this.sessionId)}`;
     $("#act-form").hidden = !this.agentId;
-    if (this.agentId && known.has(this.agentId)) this.showStatus(known.get(this.agentId).status);
-    else $("#session-status").textContent = this.agentId ? "" : "Status: no live agent";
-    this.view = new SessionView($("#turns"), this.sessionId);
+    if (this.agentId && known.has(this.agentId)) {
+      this.showStatus(known.get(this.agentId).status);
+      this.showContext(known.get(this.agentId).contextUsage);
+      showChildren(this.agentId, known, this.progress);
+    } else $("#session-status").textContent = this.agentId ? "" : "Status: no live agent";
+    this.view = new SessionView($("#turns"), this.sessionId, {
+      totals: $("#session-tokens"),
+      fork: (seq) => forkSession(this, seq),
+    });
+    this.showActions();
     const count = Number(found.eventCount || 0);
     let from = Math.max(1, count - this.page + 1);
     if (this.target) from = Math.min(from, Math.max(1, this.target - 20));
@@ -131,7 +172,7 @@ class Session {
 
   /** Answer an approval: allow once, or reject with an optional reason. */
   async resolve(approvalId, decision, reason) {
-    const body = { agentId: this.agentId, approvalId, decision };
+    const body = { agentId: this.agentId, approvalId, decision, via: "console" }; // resolved by api:console
     if (reason) body.reason = reason;
     try {
       const answer = await agents("ResolveApproval", body);
@@ -228,6 +269,7 @@ class Session {
     for (const event of response.events || []) {
       if (Number(event.seq) <= this.last) continue; // already shown (a reconnect's replay)
       this.events.push(event);
+      this.eventCount = Math.max(this.eventCount, Number(event.seq));
       this.view.apply(event);
       if (this.agentId && event.approvalRequested) this.approvalRequested(event.approvalRequested, true);
       if (event.approvalResolved) this.approvalResolved(event.approvalResolved);
@@ -240,6 +282,11 @@ class Session {
         this.showStatus(event.status.status);
         showAgentStatus(this.agentId, event.status.status);
       }
+      if (event.contextUsage) {
+        this.showContext(event.contextUsage);
+        showAgentContext(this.agentId, event.contextUsage);
+      }
+      if (event.childProgress) this.childProgress(event.childProgress);
       if (event.disposed) {
         this.pending.clear();
         this.showApprovals();
@@ -253,6 +300,8 @@ class Session {
 /** Show the session page for `parts` (["agent", id] or ["session", id]) and `params`. */
 export function openSession(parts, params) {
   $("#session-view").hidden = false;
+  $("#session-context").hidden = true;
+  $("#children").hidden = true;
   $("#turns").replaceChildren();
   $("#approvals").replaceChildren();
   $("#approvals").hidden = true;
@@ -304,6 +353,10 @@ export function startSessionPage() {
     }
   });
 
+  $("#delete-session").addEventListener("click", () => session && deleteSession(session));
+  $("#dispose-agent").addEventListener("click", () => session && disposeAgent(session));
+  $("#resume-session").addEventListener("click", () => session && resumeSession(session));
+
   $("#cancel-turn").addEventListener("click", async () => {
     if (!session || !session.agentId) return;
     try {
@@ -313,4 +366,103 @@ export function startSessionPage() {
       fail(error, "Cancel");
     }
   });
+}
+
+/** A fresh request id: a retried delete is answered once. */
+function requestId() {
+  if (globalThis.crypto && crypto.randomUUID) return crypto.randomUUID();
+  return `console-${Date.now()}-${Math.random().toString(36).slice(2)}`;
+}
+
+/**
+ * Delete the page's session, once confirmed. While an agent is live on it the server
+ * refuses (SESSION_IN_USE) unless the person asked to dispose the agent first.
+ */
+async function deleteSession(shown) {
+  const live = Boolean(shown.agentId) && shown.status !== "AGENT_STATUS_DISPOSED" && known.has(shown.agentId);
+  const answer = await confirmAction({
+    title: `Delete session ${shown.sessionId}?`,
+    message: `Its ${shown.eventCount} events, its pending messages and its request records are removed for good; ` +
+      "forks of it stay whole." +
+      (live ? ` Agent ${shown.agentId} is live on it: the server refuses while it is, unless it is disposed first.` : ""),
+    confirmLabel: "Delete for good",
+    option: live ? `Dispose agent ${shown.agentId} first (a running turn ends "disposed"; its sub-agents are disposed too)` : "",
+  });
+  if (!answer || session !== shown) return;
+  try {
+    const done = await agents("DeleteSession", { sessionId: shown.sessionId, disposeAgent: answer.option, requestId: requestId() });
+    const disposed = done.disposedAgentId ? ` (agent ${done.disposedAgentId} disposed first)` : "";
+    const words = `Session ${done.sessionId} deleted: ${done.deletedEvents || 0} events removed${disposed}.`;
+    window.addEventListener("hashchange", () => notify(words, "info"), { once: true });
+    location.hash = "#/";
+    refreshAgents();
+  } catch (error) {
+    if (error instanceof ApiError && error.reason === "SESSION_IN_USE") {
+      notify(`Not deleted (${error.status}, ${error.reason}): ${error.message}. To dispose the agent and delete, choose Delete again and tick "Dispose agent … first".`, "error", shown.scope);
+    } else {
+      fail(error, "Deleting the session", shown.scope);
+    }
+  }
+}
+
+const ID_PATTERN = "[A-Za-z0-9._:\\-]{1,128}";
+
+/** Dispose the page's agent, once confirmed: its session stays readable. */
+async function disposeAgent(shown) {
+  const answer = await confirmAction({
+    title: `Dispose agent ${shown.agentId}?`,
+    message: `A running turn ends "disposed", its sub-agents are disposed first, and the agent leaves the server. ` +
+      `Its session ${shown.sessionId} stays stored: it can be read, forked or resumed.`,
+    confirmLabel: "Dispose",
+  });
+  if (!answer || session !== shown) return;
+  try {
+    await factory("DisposeAgent", { agentId: shown.agentId });
+    notify(`Agent ${shown.agentId} disposed; its session stays stored.`, "info", shown.scope);
+    shown.showStatus("AGENT_STATUS_DISPOSED");
+    refreshAgents();
+  } catch (error) {
+    fail(error, "Disposing the agent", shown.scope);
+  }
+}
+
+/** Resume the page's stored session as a new agent, once confirmed (and named). */
+async function resumeSession(shown) {
+  const answer = await confirmAction({
+    title: `Resume session ${shown.sessionId}?`,
+    message: "A new agent drives the session on: its history, turn and sequence numbers go on, " +
+      "with the options stored with the session.",
+    confirmLabel: "Resume",
+    input: { label: "New agent id", value: "", placeholder: "letters, digits, . _ : -", pattern: ID_PATTERN, required: true },
+  });
+  if (!answer || session !== shown) return;
+  try {
+    const done = await factory("ResumeAgent", { agentId: answer.value, sessionId: shown.sessionId });
+    location.hash = `#/agent/${encodeURIComponent(done.agent.agentId)}`;
+    refreshAgents();
+  } catch (error) {
+    fail(error, "Resuming the session", shown.scope);
+  }
+}
+
+/** Fork the page's session after the turn end `seq`, once confirmed; open the fork. */
+async function forkSession(shown, seq) {
+  const answer = await confirmAction({
+    title: `Fork session ${shown.sessionId} after seq ${seq}?`,
+    message: `A new stored session starts with a copy of events 1 to ${seq}; this one is unchanged. ` +
+      "Resume an agent on the fork to go on from there.",
+    confirmLabel: "Fork",
+    input: { label: "Id of the fork (optional)", value: "", placeholder: "generated", pattern: ID_PATTERN },
+  });
+  if (!answer || session !== shown) return;
+  try {
+    const body = { sessionId: shown.sessionId, boundarySeq: String(seq) };
+    if (answer.value) body.newSessionId = answer.value;
+    const done = await agents("ForkSession", body);
+    const id = done.session.sessionId;
+    window.addEventListener("hashchange", () => notify(`Forked after seq ${seq}: session ${id}.`, "info"), { once: true });
+    location.hash = `#/session/${encodeURIComponent(id)}`;
+  } catch (error) {
+    fail(error, "Forking the session", shown.scope);
+  }
 }

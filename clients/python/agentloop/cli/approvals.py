@@ -59,7 +59,11 @@ async def resolve(
     """Call ResolveApproval."""
     return await client.agents.ResolveApproval(
         agent_service_pb2.ResolveApprovalRequest(
-            agent_id=args.agent_id, approval_id=approval_id, decision=decision, reason=reason
+            agent_id=args.agent_id,
+            approval_id=approval_id,
+            decision=decision,
+            reason=reason,
+            via="cli",  # recorded as resolved by `api:cli`
         ),
         timeout=client.timeout,
     )

@@ -23,43 +23,47 @@ _sym_db = _symbol_database.Default()
 
 
 from agentloop.v1 import agent_pb2 as agentloop_dot_v1_dot_agent__pb2
+from agentloop.v1 import agent_event_pb2 as agentloop_dot_v1_dot_agent__event__pb2
+from agentloop.v1 import session_event_pb2 as agentloop_dot_v1_dot_session__event__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(agentloop/v1/agent_factory_service.proto\x12\x0c\x61gentloop.v1\x1a\x18\x61gentloop/v1/agent.proto\"\xec\x01\n\x12\x43reateAgentRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12+\n\x07options\x18\x03 \x01(\x0b\x32\x1a.agentloop.v1.AgentOptions\x12/\n\x08metadata\x18\x04 \x01(\x0b\x32\x1d.agentloop.v1.SessionMetadata\x12)\n\x06parent\x18\x05 \x01(\x0b\x32\x19.agentloop.v1.AgentParent\x12\'\n\x04seed\x18\x06 \x01(\x0b\x32\x19.agentloop.v1.SessionSeed\"5\n\x0b\x41gentParent\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x02 \x01(\t\";\n\x0bSessionSeed\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x03seq\x18\x02 \x01(\x04H\x00\x88\x01\x01\x42\x06\n\x04_seq\"9\n\x13\x43reateAgentResponse\x12\"\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x13.agentloop.v1.Agent\"g\n\x12ResumeAgentRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12+\n\x07options\x18\x03 \x01(\x0b\x32\x1a.agentloop.v1.AgentOptions\"9\n\x13ResumeAgentResponse\x12\"\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x13.agentloop.v1.Agent\"\'\n\x13\x44isposeAgentRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\":\n\x14\x44isposeAgentResponse\x12\"\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x13.agentloop.v1.Agent\"#\n\x0fGetAgentRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\"6\n\x10GetAgentResponse\x12\"\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x13.agentloop.v1.Agent\"S\n\x11ListAgentsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x17\n\x0fparent_agent_id\x18\x03 \x01(\t\"R\n\x12ListAgentsResponse\x12#\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x13.agentloop.v1.Agent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\")\n\x13\x44rainReplicaRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\"=\n\x14\x44rainReplicaResponse\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x11\n\tagent_ids\x18\x02 \x03(\t2\x87\x04\n\x13\x41gentFactoryService\x12R\n\x0b\x43reateAgent\x12 .agentloop.v1.CreateAgentRequest\x1a!.agentloop.v1.CreateAgentResponse\x12R\n\x0bResumeAgent\x12 .agentloop.v1.ResumeAgentRequest\x1a!.agentloop.v1.ResumeAgentResponse\x12U\n\x0c\x44isposeAgent\x12!.agentloop.v1.DisposeAgentRequest\x1a\".agentloop.v1.DisposeAgentResponse\x12I\n\x08GetAgent\x12\x1d.agentloop.v1.GetAgentRequest\x1a\x1e.agentloop.v1.GetAgentResponse\x12O\n\nListAgents\x12\x1f.agentloop.v1.ListAgentsRequest\x1a .agentloop.v1.ListAgentsResponse\x12U\n\x0c\x44rainReplica\x12!.agentloop.v1.DrainReplicaRequest\x1a\".agentloop.v1.DrainReplicaResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(agentloop/v1/agent_factory_service.proto\x12\x0c\x61gentloop.v1\x1a\x18\x61gentloop/v1/agent.proto\x1a\x1e\x61gentloop/v1/agent_event.proto\x1a agentloop/v1/session_event.proto\"\x1a\n\x18StreamAgentEventsRequest\"\xa0\x01\n\x19StreamAgentEventsResponse\x12\x12\n\nsubscribed\x18\x01 \x01(\x08\x12(\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x18.agentloop.v1.AgentEvent\x12-\n\tturn_ends\x18\x03 \x03(\x0b\x32\x1a.agentloop.v1.AgentTurnEnd\x12\x16\n\x0e\x64ropped_events\x18\x04 \x01(\x04\"_\n\x0c\x41gentTurnEnd\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12)\n\x05\x65vent\x18\x03 \x01(\x0b\x32\x1a.agentloop.v1.SessionEvent\"\xec\x01\n\x12\x43reateAgentRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12+\n\x07options\x18\x03 \x01(\x0b\x32\x1a.agentloop.v1.AgentOptions\x12/\n\x08metadata\x18\x04 \x01(\x0b\x32\x1d.agentloop.v1.SessionMetadata\x12)\n\x06parent\x18\x05 \x01(\x0b\x32\x19.agentloop.v1.AgentParent\x12\'\n\x04seed\x18\x06 \x01(\x0b\x32\x19.agentloop.v1.SessionSeed\"5\n\x0b\x41gentParent\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x02 \x01(\t\";\n\x0bSessionSeed\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x03seq\x18\x02 \x01(\x04H\x00\x88\x01\x01\x42\x06\n\x04_seq\"9\n\x13\x43reateAgentResponse\x12\"\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x13.agentloop.v1.Agent\"g\n\x12ResumeAgentRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12+\n\x07options\x18\x03 \x01(\x0b\x32\x1a.agentloop.v1.AgentOptions\"9\n\x13ResumeAgentResponse\x12\"\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x13.agentloop.v1.Agent\"\'\n\x13\x44isposeAgentRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\":\n\x14\x44isposeAgentResponse\x12\"\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x13.agentloop.v1.Agent\"#\n\x0fGetAgentRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\"6\n\x10GetAgentResponse\x12\"\n\x05\x61gent\x18\x01 \x01(\x0b\x32\x13.agentloop.v1.Agent\"S\n\x11ListAgentsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x17\n\x0fparent_agent_id\x18\x03 \x01(\t\"R\n\x12ListAgentsResponse\x12#\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x13.agentloop.v1.Agent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\x98\x04\n\x13\x41gentFactoryService\x12R\n\x0b\x43reateAgent\x12 .agentloop.v1.CreateAgentRequest\x1a!.agentloop.v1.CreateAgentResponse\x12R\n\x0bResumeAgent\x12 .agentloop.v1.ResumeAgentRequest\x1a!.agentloop.v1.ResumeAgentResponse\x12U\n\x0c\x44isposeAgent\x12!.agentloop.v1.DisposeAgentRequest\x1a\".agentloop.v1.DisposeAgentResponse\x12I\n\x08GetAgent\x12\x1d.agentloop.v1.GetAgentRequest\x1a\x1e.agentloop.v1.GetAgentResponse\x12O\n\nListAgents\x12\x1f.agentloop.v1.ListAgentsRequest\x1a .agentloop.v1.ListAgentsResponse\x12\x66\n\x11StreamAgentEvents\x12&.agentloop.v1.StreamAgentEventsRequest\x1a\'.agentloop.v1.StreamAgentEventsResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentloop.v1.agent_factory_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CREATEAGENTREQUEST']._serialized_start=85
-  _globals['_CREATEAGENTREQUEST']._serialized_end=321
-  _globals['_AGENTPARENT']._serialized_start=323
-  _globals['_AGENTPARENT']._serialized_end=376
-  _globals['_SESSIONSEED']._serialized_start=378
-  _globals['_SESSIONSEED']._serialized_end=437
-  _globals['_CREATEAGENTRESPONSE']._serialized_start=439
-  _globals['_CREATEAGENTRESPONSE']._serialized_end=496
-  _globals['_RESUMEAGENTREQUEST']._serialized_start=498
-  _globals['_RESUMEAGENTREQUEST']._serialized_end=601
-  _globals['_RESUMEAGENTRESPONSE']._serialized_start=603
-  _globals['_RESUMEAGENTRESPONSE']._serialized_end=660
-  _globals['_DISPOSEAGENTREQUEST']._serialized_start=662
-  _globals['_DISPOSEAGENTREQUEST']._serialized_end=701
-  _globals['_DISPOSEAGENTRESPONSE']._serialized_start=703
-  _globals['_DISPOSEAGENTRESPONSE']._serialized_end=761
-  _globals['_GETAGENTREQUEST']._serialized_start=763
-  _globals['_GETAGENTREQUEST']._serialized_end=798
-  _globals['_GETAGENTRESPONSE']._serialized_start=800
-  _globals['_GETAGENTRESPONSE']._serialized_end=854
-  _globals['_LISTAGENTSREQUEST']._serialized_start=856
-  _globals['_LISTAGENTSREQUEST']._serialized_end=939
-  _globals['_LISTAGENTSRESPONSE']._serialized_start=941
-  _globals['_LISTAGENTSRESPONSE']._serialized_end=1023
-  _globals['_DRAINREPLICAREQUEST']._serialized_start=1025
-  _globals['_DRAINREPLICAREQUEST']._serialized_end=1066
-  _globals['_DRAINREPLICARESPONSE']._serialized_start=1068
-  _globals['_DRAINREPLICARESPONSE']._serialized_end=1129
-  _globals['_AGENTFACTORYSERVICE']._serialized_start=1132
-  _globals['_AGENTFACTORYSERVICE']._serialized_end=1651
+  _globals['_STREAMAGENTEVENTSREQUEST']._serialized_start=150
+  _globals['_STREAMAGENTEVENTSREQUEST']._serialized_end=176
+  _globals['_STREAMAGENTEVENTSRESPONSE']._serialized_start=179
+  _globals['_STREAMAGENTEVENTSRESPONSE']._serialized_end=339
+  _globals['_AGENTTURNEND']._serialized_start=341
+  _globals['_AGENTTURNEND']._serialized_end=436
+  _globals['_CREATEAGENTREQUEST']._serialized_start=439
+  _globals['_CREATEAGENTREQUEST']._serialized_end=675
+  _globals['_AGENTPARENT']._serialized_start=677
+  _globals['_AGENTPARENT']._serialized_end=730
+  _globals['_SESSIONSEED']._serialized_start=732
+  _globals['_SESSIONSEED']._serialized_end=791
+  _globals['_CREATEAGENTRESPONSE']._serialized_start=793
+  _globals['_CREATEAGENTRESPONSE']._serialized_end=850
+  _globals['_RESUMEAGENTREQUEST']._serialized_start=852
+  _globals['_RESUMEAGENTREQUEST']._serialized_end=955
+  _globals['_RESUMEAGENTRESPONSE']._serialized_start=957
+  _globals['_RESUMEAGENTRESPONSE']._serialized_end=1014
+  _globals['_DISPOSEAGENTREQUEST']._serialized_start=1016
+  _globals['_DISPOSEAGENTREQUEST']._serialized_end=1055
+  _globals['_DISPOSEAGENTRESPONSE']._serialized_start=1057
+  _globals['_DISPOSEAGENTRESPONSE']._serialized_end=1115
+  _globals['_GETAGENTREQUEST']._serialized_start=1117
+  _globals['_GETAGENTREQUEST']._serialized_end=1152
+  _globals['_GETAGENTRESPONSE']._serialized_start=1154
+  _globals['_GETAGENTRESPONSE']._serialized_end=1208
+  _globals['_LISTAGENTSREQUEST']._serialized_start=1210
+  _globals['_LISTAGENTSREQUEST']._serialized_end=1293
+  _globals['_LISTAGENTSRESPONSE']._serialized_start=1295
+  _globals['_LISTAGENTSRESPONSE']._serialized_end=1377
+  _globals['_AGENTFACTORYSERVICE']._serialized_start=1380
+  _globals['_AGENTFACTORYSERVICE']._serialized_end=1916
 # @@protoc_insertion_point(module_scope)

@@ -3,7 +3,9 @@
 isort:skip_file
 """
 
+from agentloop.v1 import agent_event_pb2 as _agent_event_pb2
 from agentloop.v1 import agent_pb2 as _agent_pb2
+from agentloop.v1 import session_event_pb2 as _session_event_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -18,6 +20,99 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+@_typing.final
+class StreamAgentEventsRequest(_message.Message):
+    """StreamAgentEventsRequest is the input of StreamAgentEvents."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamAgentEventsRequest: _TypeAlias = StreamAgentEventsRequest  # noqa: Y015
+
+@_typing.final
+class StreamAgentEventsResponse(_message.Message):
+    """StreamAgentEventsResponse is one batch of StreamAgentEvents."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBSCRIBED_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    TURN_ENDS_FIELD_NUMBER: _builtins.int
+    DROPPED_EVENTS_FIELD_NUMBER: _builtins.int
+    subscribed: _builtins.bool
+    """Subscribed is set on the first response only, which carries nothing else."""
+    dropped_events: _builtins.int
+    """DroppedEvents counts the events and turn ends a slow reader lost since
+    the previous response (the oldest go first); reread `ListAgents` then.
+    """
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[_agent_event_pb2.AgentEvent]:
+        """Events are the live agent events since the previous response, in the
+        order they happened; each names its agent.
+        """
+
+    @_builtins.property
+    def turn_ends(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentTurnEnd]:
+        """TurnEnds are the turns that ended since the previous response, stored."""
+
+    def __init__(
+        self,
+        *,
+        subscribed: _builtins.bool = ...,
+        events: _abc.Iterable[_agent_event_pb2.AgentEvent] | None = ...,
+        turn_ends: _abc.Iterable[Global___AgentTurnEnd] | None = ...,
+        dropped_events: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped_events", b"dropped_events", "events", b"events", "subscribed", b"subscribed", "turn_ends", b"turn_ends"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamAgentEventsResponse: _TypeAlias = StreamAgentEventsResponse  # noqa: Y015
+
+@_typing.final
+class AgentTurnEnd(_message.Message):
+    """AgentTurnEnd is a turn of a live agent that ended."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    EVENT_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    """AgentID is the agent whose turn ended."""
+    session_id: _builtins.str
+    """SessionID is the session it drives."""
+    @_builtins.property
+    def event(self) -> _session_event_pb2.SessionEvent:
+        """Event is the stored `turn_end` session event: its seq, time, turn number
+        and reason.
+        """
+
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        session_id: _builtins.str = ...,
+        event: _session_event_pb2.SessionEvent | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "event", b"event", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentTurnEnd: _TypeAlias = AgentTurnEnd  # noqa: Y015
 
 @_typing.final
 class CreateAgentRequest(_message.Message):

@@ -71,10 +71,10 @@ class AgentFactoryServiceStub:
                 request_serializer=agentloop_dot_v1_dot_agent__factory__service__pb2.ListAgentsRequest.SerializeToString,
                 response_deserializer=agentloop_dot_v1_dot_agent__factory__service__pb2.ListAgentsResponse.FromString,
                 _registered_method=True)
-        self.DrainReplica = channel.unary_unary(
-                '/agentloop.v1.AgentFactoryService/DrainReplica',
-                request_serializer=agentloop_dot_v1_dot_agent__factory__service__pb2.DrainReplicaRequest.SerializeToString,
-                response_deserializer=agentloop_dot_v1_dot_agent__factory__service__pb2.DrainReplicaResponse.FromString,
+        self.StreamAgentEvents = channel.unary_stream(
+                '/agentloop.v1.AgentFactoryService/StreamAgentEvents',
+                request_serializer=agentloop_dot_v1_dot_agent__factory__service__pb2.StreamAgentEventsRequest.SerializeToString,
+                response_deserializer=agentloop_dot_v1_dot_agent__factory__service__pb2.StreamAgentEventsResponse.FromString,
                 _registered_method=True)
 
 
@@ -137,19 +137,16 @@ class AgentFactoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def DrainReplica(self, request, context):
-        """DrainReplica hands every agent of one replica (servers over a shared
-        PostgreSQL store) over to the other live replicas, each between two of
-        its turns, then stops that replica. Any replica answers: the call goes to
-        the named one. Meanwhile calls for an agent being handed over get
-        UNAVAILABLE (reason AGENT_MOVING, with a RetryInfo) until its new owner
-        runs it; nothing accepted is lost. An agent whose turn does not end within
-        a minute, and an agent with a parent or children (a family moves only by
-        failover), is closed by the stop and taken over at its lease expiry.
-        FAILED_PRECONDITION on a single server (reason NOT_REPLICATED) or when no
-        other replica takes agents (NO_REPLICA); NOT_FOUND for an unknown
-        replica_id. The answer comes once the agents are handed over; the replica
-        stops right after it.
+    def StreamAgentEvents(self, request, context):
+        """StreamAgentEvents follows every agent of this server at once: each live
+        agent event as it happens (created, status, queued, error, disposed,
+        approvals, context usage, compaction, child progress) and each turn's
+        end once it is stored. Nothing is replayed: the first response has
+        `subscribed` set and no events, and from then on nothing is missed (or,
+        for a slow reader, it is counted in `dropped_events`). Read `ListAgents`
+        after `subscribed` for the state to apply the events to. On replicas it
+        follows the agents this replica runs. The stream ends only when the
+        server stops or the client leaves.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -183,10 +180,10 @@ def add_AgentFactoryServiceServicer_to_server(servicer, server):
                     request_deserializer=agentloop_dot_v1_dot_agent__factory__service__pb2.ListAgentsRequest.FromString,
                     response_serializer=agentloop_dot_v1_dot_agent__factory__service__pb2.ListAgentsResponse.SerializeToString,
             ),
-            'DrainReplica': grpc.unary_unary_rpc_method_handler(
-                    servicer.DrainReplica,
-                    request_deserializer=agentloop_dot_v1_dot_agent__factory__service__pb2.DrainReplicaRequest.FromString,
-                    response_serializer=agentloop_dot_v1_dot_agent__factory__service__pb2.DrainReplicaResponse.SerializeToString,
+            'StreamAgentEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamAgentEvents,
+                    request_deserializer=agentloop_dot_v1_dot_agent__factory__service__pb2.StreamAgentEventsRequest.FromString,
+                    response_serializer=agentloop_dot_v1_dot_agent__factory__service__pb2.StreamAgentEventsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -347,7 +344,7 @@ class AgentFactoryService:
             _registered_method=True)
 
     @staticmethod
-    def DrainReplica(request,
+    def StreamAgentEvents(request,
             target,
             options=(),
             channel_credentials=None,
@@ -357,12 +354,12 @@ class AgentFactoryService:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
+        return grpc.experimental.unary_stream(
             request,
             target,
-            '/agentloop.v1.AgentFactoryService/DrainReplica',
-            agentloop_dot_v1_dot_agent__factory__service__pb2.DrainReplicaRequest.SerializeToString,
-            agentloop_dot_v1_dot_agent__factory__service__pb2.DrainReplicaResponse.FromString,
+            '/agentloop.v1.AgentFactoryService/StreamAgentEvents',
+            agentloop_dot_v1_dot_agent__factory__service__pb2.StreamAgentEventsRequest.SerializeToString,
+            agentloop_dot_v1_dot_agent__factory__service__pb2.StreamAgentEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,

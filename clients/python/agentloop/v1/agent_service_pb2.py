@@ -29,71 +29,72 @@ from agentloop.v1 import session_pb2 as agentloop_dot_v1_dot_session__pb2
 from agentloop.v1 import session_event_pb2 as agentloop_dot_v1_dot_session__event__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n agentloop/v1/agent_service.proto\x12\x0c\x61gentloop.v1\x1a\x1e\x61gentloop/v1/agent_event.proto\x1a\x1b\x61gentloop/v1/approval.proto\x1a\x1a\x61gentloop/v1/content.proto\x1a\x1a\x61gentloop/v1/session.proto\x1a agentloop/v1/session_event.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\"\x89\x01\n\x13\x43ompactAgentRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x14\n\x0cinstructions\x18\x03 \x01(\t\x12\x1f\n\x12keep_recent_tokens\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x15\n\x13_keep_recent_tokens\"\xad\x01\n\x14\x43ompactAgentResponse\x12\x11\n\tcompacted\x18\x01 \x01(\x08\x12\x11\n\tevent_seq\x18\x02 \x01(\x04\x12\x31\n\rcontext_usage\x18\x03 \x01(\x0b\x32\x1a.agentloop.v1.ContextUsage\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12,\n\ncompaction\x18\x05 \x01(\x0b\x32\x18.agentloop.v1.Compaction\"\x95\x01\n\x16ResolveApprovalRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61pproval_id\x18\x02 \x01(\t\x12\x30\n\x08\x64\x65\x63ision\x18\x03 \x01(\x0e\x32\x1e.agentloop.v1.ApprovalDecision\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"_\n\x17ResolveApprovalResponse\x12\x32\n\nresolution\x18\x01 \x01(\x0b\x32\x1e.agentloop.v1.ApprovalResolved\x12\x10\n\x08next_seq\x18\x02 \x01(\x04\"B\n\x14ListApprovalsRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x18\n\x10include_children\x18\x02 \x01(\x08\"K\n\x15ListApprovalsResponse\x12\x32\n\tapprovals\x18\x01 \x03(\x0b\x32\x1f.agentloop.v1.ApprovalRequested\"\x9b\x01\n\x12SendMessageRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12+\n\x07\x63ontent\x18\x03 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x04 \x01(\x0b\x32\x14.agentloop.v1.Source\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"R\n\x13SendMessageResponse\x12\x10\n\x08next_seq\x18\x01 \x01(\x04\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.agentloop.v1.AgentStatus\"\x9c\x01\n\x13SteerMessageRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12+\n\x07\x63ontent\x18\x03 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x04 \x01(\x0b\x32\x14.agentloop.v1.Source\x12\x12\n\nrequest_id\x18\x05 \x01(\t\":\n\x14SteerMessageResponse\x12\x10\n\x08next_seq\x18\x01 \x01(\x04\x12\x10\n\x08steering\x18\x02 \x01(\x08\"\xf5\x01\n\x14InjectContextRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12+\n\x07\x63ontent\x18\x03 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x04 \x01(\x0b\x32\x14.agentloop.v1.Source\x12/\n\x08\x65nvelope\x18\x05 \x01(\x0e\x32\x1d.agentloop.v1.ContextEnvelope\x12%\n\x04meta\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x07 \x01(\t\")\n\x15InjectContextResponse\x12\x10\n\x08next_seq\x18\x01 \x01(\x04\"5\n\x11\x43\x61ncelTurnRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"8\n\x12\x43\x61ncelTurnResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\x12\x0f\n\x07\x64ropped\x18\x02 \x01(\r\"O\n\x0fWaitIdleRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12*\n\x07timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"]\n\x10WaitIdleResponse\x12\x0c\n\x04idle\x18\x01 \x01(\x08\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.agentloop.v1.AgentStatus\x12\x10\n\x08next_seq\x18\x03 \x01(\x04\"I\n\x11GetSessionRequest\x12\x12\n\x08\x61gent_id\x18\x01 \x01(\tH\x00\x12\x14\n\nsession_id\x18\x02 \x01(\tH\x00\x42\n\n\x08selector\"<\n\x12GetSessionResponse\x12&\n\x07session\x18\x01 \x01(\x0b\x32\x15.agentloop.v1.Session\"<\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\"X\n\x14ListSessionsResponse\x12\'\n\x08sessions\x18\x01 \x03(\x0b\x32\x15.agentloop.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"l\n\x12\x46orkSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x19\n\x0c\x62oundary_seq\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0enew_session_id\x18\x03 \x01(\tB\x0f\n\r_boundary_seq\"=\n\x13\x46orkSessionResponse\x12&\n\x07session\x18\x01 \x01(\x0b\x32\x15.agentloop.v1.Session\"U\n\x14\x44\x65leteSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rdispose_agent\x18\x02 \x01(\x08\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"^\n\x15\x44\x65leteSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x64\x65leted_events\x18\x02 \x01(\x04\x12\x19\n\x11\x64isposed_agent_id\x18\x03 \x01(\t\"\x89\x01\n\x18ListSessionEventsRequest\x12\x12\n\x08\x61gent_id\x18\x01 \x01(\tH\x00\x12\x14\n\nsession_id\x18\x02 \x01(\tH\x00\x12\x10\n\x08\x66rom_seq\x18\x03 \x01(\x04\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\tB\n\n\x08selector\"`\n\x19ListSessionEventsResponse\x12*\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1a.agentloop.v1.SessionEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"y\n\x1aStreamSessionEventsRequest\x12\x12\n\x08\x61gent_id\x18\x01 \x01(\tH\x00\x12\x14\n\nsession_id\x18\x02 \x01(\tH\x00\x12\x10\n\x08\x66rom_seq\x18\x03 \x01(\x04\x12\x13\n\x0breplay_only\x18\x04 \x01(\x08\x42\n\n\x08selector\"\xab\x01\n\x1bStreamSessionEventsResponse\x12*\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1a.agentloop.v1.SessionEvent\x12.\n\x0c\x61gent_events\x18\x02 \x03(\x0b\x32\x18.agentloop.v1.AgentEvent\x12\x12\n\nsubscribed\x18\x03 \x01(\x08\x12\x1c\n\x14\x64ropped_agent_events\x18\x04 \x01(\r2\xea\t\n\x0c\x41gentService\x12R\n\x0bSendMessage\x12 .agentloop.v1.SendMessageRequest\x1a!.agentloop.v1.SendMessageResponse\x12U\n\x0cSteerMessage\x12!.agentloop.v1.SteerMessageRequest\x1a\".agentloop.v1.SteerMessageResponse\x12X\n\rInjectContext\x12\".agentloop.v1.InjectContextRequest\x1a#.agentloop.v1.InjectContextResponse\x12O\n\nCancelTurn\x12\x1f.agentloop.v1.CancelTurnRequest\x1a .agentloop.v1.CancelTurnResponse\x12I\n\x08WaitIdle\x12\x1d.agentloop.v1.WaitIdleRequest\x1a\x1e.agentloop.v1.WaitIdleResponse\x12O\n\nGetSession\x12\x1f.agentloop.v1.GetSessionRequest\x1a .agentloop.v1.GetSessionResponse\x12U\n\x0cListSessions\x12!.agentloop.v1.ListSessionsRequest\x1a\".agentloop.v1.ListSessionsResponse\x12R\n\x0b\x46orkSession\x12 .agentloop.v1.ForkSessionRequest\x1a!.agentloop.v1.ForkSessionResponse\x12X\n\rDeleteSession\x12\".agentloop.v1.DeleteSessionRequest\x1a#.agentloop.v1.DeleteSessionResponse\x12\x64\n\x11ListSessionEvents\x12&.agentloop.v1.ListSessionEventsRequest\x1a\'.agentloop.v1.ListSessionEventsResponse\x12l\n\x13StreamSessionEvents\x12(.agentloop.v1.StreamSessionEventsRequest\x1a).agentloop.v1.StreamSessionEventsResponse0\x01\x12^\n\x0fResolveApproval\x12$.agentloop.v1.ResolveApprovalRequest\x1a%.agentloop.v1.ResolveApprovalResponse\x12X\n\rListApprovals\x12\".agentloop.v1.ListApprovalsRequest\x1a#.agentloop.v1.ListApprovalsResponse\x12U\n\x0c\x43ompactAgent\x12!.agentloop.v1.CompactAgentRequest\x1a\".agentloop.v1.CompactAgentResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n agentloop/v1/agent_service.proto\x12\x0c\x61gentloop.v1\x1a\x1e\x61gentloop/v1/agent_event.proto\x1a\x1b\x61gentloop/v1/approval.proto\x1a\x1a\x61gentloop/v1/content.proto\x1a\x1a\x61gentloop/v1/session.proto\x1a agentloop/v1/session_event.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x89\x01\n\x13\x43ompactAgentRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x14\n\x0cinstructions\x18\x03 \x01(\t\x12\x1f\n\x12keep_recent_tokens\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x15\n\x13_keep_recent_tokens\"\xad\x01\n\x14\x43ompactAgentResponse\x12\x11\n\tcompacted\x18\x01 \x01(\x08\x12\x11\n\tevent_seq\x18\x02 \x01(\x04\x12\x31\n\rcontext_usage\x18\x03 \x01(\x0b\x32\x1a.agentloop.v1.ContextUsage\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12,\n\ncompaction\x18\x05 \x01(\x0b\x32\x18.agentloop.v1.Compaction\"\xa2\x01\n\x16ResolveApprovalRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61pproval_id\x18\x02 \x01(\t\x12\x30\n\x08\x64\x65\x63ision\x18\x03 \x01(\x0e\x32\x1e.agentloop.v1.ApprovalDecision\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x0b\n\x03via\x18\x06 \x01(\t\"_\n\x17ResolveApprovalResponse\x12\x32\n\nresolution\x18\x01 \x01(\x0b\x32\x1e.agentloop.v1.ApprovalResolved\x12\x10\n\x08next_seq\x18\x02 \x01(\x04\"B\n\x14ListApprovalsRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x18\n\x10include_children\x18\x02 \x01(\x08\"K\n\x15ListApprovalsResponse\x12\x32\n\tapprovals\x18\x01 \x03(\x0b\x32\x1f.agentloop.v1.ApprovalRequested\"\x9b\x01\n\x12SendMessageRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12+\n\x07\x63ontent\x18\x03 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x04 \x01(\x0b\x32\x14.agentloop.v1.Source\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"R\n\x13SendMessageResponse\x12\x10\n\x08next_seq\x18\x01 \x01(\x04\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.agentloop.v1.AgentStatus\"\x9c\x01\n\x13SteerMessageRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12+\n\x07\x63ontent\x18\x03 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x04 \x01(\x0b\x32\x14.agentloop.v1.Source\x12\x12\n\nrequest_id\x18\x05 \x01(\t\":\n\x14SteerMessageResponse\x12\x10\n\x08next_seq\x18\x01 \x01(\x04\x12\x10\n\x08steering\x18\x02 \x01(\x08\"\xf5\x01\n\x14InjectContextRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12+\n\x07\x63ontent\x18\x03 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x04 \x01(\x0b\x32\x14.agentloop.v1.Source\x12/\n\x08\x65nvelope\x18\x05 \x01(\x0e\x32\x1d.agentloop.v1.ContextEnvelope\x12%\n\x04meta\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x07 \x01(\t\")\n\x15InjectContextResponse\x12\x10\n\x08next_seq\x18\x01 \x01(\x04\"5\n\x11\x43\x61ncelTurnRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"8\n\x12\x43\x61ncelTurnResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\x12\x0f\n\x07\x64ropped\x18\x02 \x01(\r\"O\n\x0fWaitIdleRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12*\n\x07timeout\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"]\n\x10WaitIdleResponse\x12\x0c\n\x04idle\x18\x01 \x01(\x08\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.agentloop.v1.AgentStatus\x12\x10\n\x08next_seq\x18\x03 \x01(\x04\"I\n\x11GetSessionRequest\x12\x12\n\x08\x61gent_id\x18\x01 \x01(\tH\x00\x12\x14\n\nsession_id\x18\x02 \x01(\tH\x00\x42\n\n\x08selector\"<\n\x12GetSessionResponse\x12&\n\x07session\x18\x01 \x01(\x0b\x32\x15.agentloop.v1.Session\"\xfa\x01\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x11\n\x04live\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x31\n\rcreated_after\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nend_reason\x18\x07 \x01(\t\x12\x13\n\x0bid_contains\x18\x08 \x01(\tB\x07\n\x05_live\"X\n\x14ListSessionsResponse\x12\'\n\x08sessions\x18\x01 \x03(\x0b\x32\x15.agentloop.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"l\n\x12\x46orkSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x19\n\x0c\x62oundary_seq\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0enew_session_id\x18\x03 \x01(\tB\x0f\n\r_boundary_seq\"=\n\x13\x46orkSessionResponse\x12&\n\x07session\x18\x01 \x01(\x0b\x32\x15.agentloop.v1.Session\"U\n\x14\x44\x65leteSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rdispose_agent\x18\x02 \x01(\x08\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"^\n\x15\x44\x65leteSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x64\x65leted_events\x18\x02 \x01(\x04\x12\x19\n\x11\x64isposed_agent_id\x18\x03 \x01(\t\"\x89\x01\n\x18ListSessionEventsRequest\x12\x12\n\x08\x61gent_id\x18\x01 \x01(\tH\x00\x12\x14\n\nsession_id\x18\x02 \x01(\tH\x00\x12\x10\n\x08\x66rom_seq\x18\x03 \x01(\x04\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\tB\n\n\x08selector\"`\n\x19ListSessionEventsResponse\x12*\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1a.agentloop.v1.SessionEvent\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"y\n\x1aStreamSessionEventsRequest\x12\x12\n\x08\x61gent_id\x18\x01 \x01(\tH\x00\x12\x14\n\nsession_id\x18\x02 \x01(\tH\x00\x12\x10\n\x08\x66rom_seq\x18\x03 \x01(\x04\x12\x13\n\x0breplay_only\x18\x04 \x01(\x08\x42\n\n\x08selector\"\xab\x01\n\x1bStreamSessionEventsResponse\x12*\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1a.agentloop.v1.SessionEvent\x12.\n\x0c\x61gent_events\x18\x02 \x03(\x0b\x32\x18.agentloop.v1.AgentEvent\x12\x12\n\nsubscribed\x18\x03 \x01(\x08\x12\x1c\n\x14\x64ropped_agent_events\x18\x04 \x01(\r2\xea\t\n\x0c\x41gentService\x12R\n\x0bSendMessage\x12 .agentloop.v1.SendMessageRequest\x1a!.agentloop.v1.SendMessageResponse\x12U\n\x0cSteerMessage\x12!.agentloop.v1.SteerMessageRequest\x1a\".agentloop.v1.SteerMessageResponse\x12X\n\rInjectContext\x12\".agentloop.v1.InjectContextRequest\x1a#.agentloop.v1.InjectContextResponse\x12O\n\nCancelTurn\x12\x1f.agentloop.v1.CancelTurnRequest\x1a .agentloop.v1.CancelTurnResponse\x12I\n\x08WaitIdle\x12\x1d.agentloop.v1.WaitIdleRequest\x1a\x1e.agentloop.v1.WaitIdleResponse\x12O\n\nGetSession\x12\x1f.agentloop.v1.GetSessionRequest\x1a .agentloop.v1.GetSessionResponse\x12U\n\x0cListSessions\x12!.agentloop.v1.ListSessionsRequest\x1a\".agentloop.v1.ListSessionsResponse\x12R\n\x0b\x46orkSession\x12 .agentloop.v1.ForkSessionRequest\x1a!.agentloop.v1.ForkSessionResponse\x12X\n\rDeleteSession\x12\".agentloop.v1.DeleteSessionRequest\x1a#.agentloop.v1.DeleteSessionResponse\x12\x64\n\x11ListSessionEvents\x12&.agentloop.v1.ListSessionEventsRequest\x1a\'.agentloop.v1.ListSessionEventsResponse\x12l\n\x13StreamSessionEvents\x12(.agentloop.v1.StreamSessionEventsRequest\x1a).agentloop.v1.StreamSessionEventsResponse0\x01\x12^\n\x0fResolveApproval\x12$.agentloop.v1.ResolveApprovalRequest\x1a%.agentloop.v1.ResolveApprovalResponse\x12X\n\rListApprovals\x12\".agentloop.v1.ListApprovalsRequest\x1a#.agentloop.v1.ListApprovalsResponse\x12U\n\x0c\x43ompactAgent\x12!.agentloop.v1.CompactAgentRequest\x1a\".agentloop.v1.CompactAgentResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentloop.v1.agent_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COMPACTAGENTREQUEST']._serialized_start=264
-  _globals['_COMPACTAGENTREQUEST']._serialized_end=401
-  _globals['_COMPACTAGENTRESPONSE']._serialized_start=404
-  _globals['_COMPACTAGENTRESPONSE']._serialized_end=577
-  _globals['_RESOLVEAPPROVALREQUEST']._serialized_start=580
-  _globals['_RESOLVEAPPROVALREQUEST']._serialized_end=729
-  _globals['_RESOLVEAPPROVALRESPONSE']._serialized_start=731
-  _globals['_RESOLVEAPPROVALRESPONSE']._serialized_end=826
-  _globals['_LISTAPPROVALSREQUEST']._serialized_start=828
-  _globals['_LISTAPPROVALSREQUEST']._serialized_end=894
-  _globals['_LISTAPPROVALSRESPONSE']._serialized_start=896
-  _globals['_LISTAPPROVALSRESPONSE']._serialized_end=971
-  _globals['_SENDMESSAGEREQUEST']._serialized_start=974
-  _globals['_SENDMESSAGEREQUEST']._serialized_end=1129
-  _globals['_SENDMESSAGERESPONSE']._serialized_start=1131
-  _globals['_SENDMESSAGERESPONSE']._serialized_end=1213
-  _globals['_STEERMESSAGEREQUEST']._serialized_start=1216
-  _globals['_STEERMESSAGEREQUEST']._serialized_end=1372
-  _globals['_STEERMESSAGERESPONSE']._serialized_start=1374
-  _globals['_STEERMESSAGERESPONSE']._serialized_end=1432
-  _globals['_INJECTCONTEXTREQUEST']._serialized_start=1435
-  _globals['_INJECTCONTEXTREQUEST']._serialized_end=1680
-  _globals['_INJECTCONTEXTRESPONSE']._serialized_start=1682
-  _globals['_INJECTCONTEXTRESPONSE']._serialized_end=1723
-  _globals['_CANCELTURNREQUEST']._serialized_start=1725
-  _globals['_CANCELTURNREQUEST']._serialized_end=1778
-  _globals['_CANCELTURNRESPONSE']._serialized_start=1780
-  _globals['_CANCELTURNRESPONSE']._serialized_end=1836
-  _globals['_WAITIDLEREQUEST']._serialized_start=1838
-  _globals['_WAITIDLEREQUEST']._serialized_end=1917
-  _globals['_WAITIDLERESPONSE']._serialized_start=1919
-  _globals['_WAITIDLERESPONSE']._serialized_end=2012
-  _globals['_GETSESSIONREQUEST']._serialized_start=2014
-  _globals['_GETSESSIONREQUEST']._serialized_end=2087
-  _globals['_GETSESSIONRESPONSE']._serialized_start=2089
-  _globals['_GETSESSIONRESPONSE']._serialized_end=2149
-  _globals['_LISTSESSIONSREQUEST']._serialized_start=2151
-  _globals['_LISTSESSIONSREQUEST']._serialized_end=2211
-  _globals['_LISTSESSIONSRESPONSE']._serialized_start=2213
-  _globals['_LISTSESSIONSRESPONSE']._serialized_end=2301
-  _globals['_FORKSESSIONREQUEST']._serialized_start=2303
-  _globals['_FORKSESSIONREQUEST']._serialized_end=2411
-  _globals['_FORKSESSIONRESPONSE']._serialized_start=2413
-  _globals['_FORKSESSIONRESPONSE']._serialized_end=2474
-  _globals['_DELETESESSIONREQUEST']._serialized_start=2476
-  _globals['_DELETESESSIONREQUEST']._serialized_end=2561
-  _globals['_DELETESESSIONRESPONSE']._serialized_start=2563
-  _globals['_DELETESESSIONRESPONSE']._serialized_end=2657
-  _globals['_LISTSESSIONEVENTSREQUEST']._serialized_start=2660
-  _globals['_LISTSESSIONEVENTSREQUEST']._serialized_end=2797
-  _globals['_LISTSESSIONEVENTSRESPONSE']._serialized_start=2799
-  _globals['_LISTSESSIONEVENTSRESPONSE']._serialized_end=2895
-  _globals['_STREAMSESSIONEVENTSREQUEST']._serialized_start=2897
-  _globals['_STREAMSESSIONEVENTSREQUEST']._serialized_end=3018
-  _globals['_STREAMSESSIONEVENTSRESPONSE']._serialized_start=3021
-  _globals['_STREAMSESSIONEVENTSRESPONSE']._serialized_end=3192
-  _globals['_AGENTSERVICE']._serialized_start=3195
-  _globals['_AGENTSERVICE']._serialized_end=4453
+  _globals['_COMPACTAGENTREQUEST']._serialized_start=297
+  _globals['_COMPACTAGENTREQUEST']._serialized_end=434
+  _globals['_COMPACTAGENTRESPONSE']._serialized_start=437
+  _globals['_COMPACTAGENTRESPONSE']._serialized_end=610
+  _globals['_RESOLVEAPPROVALREQUEST']._serialized_start=613
+  _globals['_RESOLVEAPPROVALREQUEST']._serialized_end=775
+  _globals['_RESOLVEAPPROVALRESPONSE']._serialized_start=777
+  _globals['_RESOLVEAPPROVALRESPONSE']._serialized_end=872
+  _globals['_LISTAPPROVALSREQUEST']._serialized_start=874
+  _globals['_LISTAPPROVALSREQUEST']._serialized_end=940
+  _globals['_LISTAPPROVALSRESPONSE']._serialized_start=942
+  _globals['_LISTAPPROVALSRESPONSE']._serialized_end=1017
+  _globals['_SENDMESSAGEREQUEST']._serialized_start=1020
+  _globals['_SENDMESSAGEREQUEST']._serialized_end=1175
+  _globals['_SENDMESSAGERESPONSE']._serialized_start=1177
+  _globals['_SENDMESSAGERESPONSE']._serialized_end=1259
+  _globals['_STEERMESSAGEREQUEST']._serialized_start=1262
+  _globals['_STEERMESSAGEREQUEST']._serialized_end=1418
+  _globals['_STEERMESSAGERESPONSE']._serialized_start=1420
+  _globals['_STEERMESSAGERESPONSE']._serialized_end=1478
+  _globals['_INJECTCONTEXTREQUEST']._serialized_start=1481
+  _globals['_INJECTCONTEXTREQUEST']._serialized_end=1726
+  _globals['_INJECTCONTEXTRESPONSE']._serialized_start=1728
+  _globals['_INJECTCONTEXTRESPONSE']._serialized_end=1769
+  _globals['_CANCELTURNREQUEST']._serialized_start=1771
+  _globals['_CANCELTURNREQUEST']._serialized_end=1824
+  _globals['_CANCELTURNRESPONSE']._serialized_start=1826
+  _globals['_CANCELTURNRESPONSE']._serialized_end=1882
+  _globals['_WAITIDLEREQUEST']._serialized_start=1884
+  _globals['_WAITIDLEREQUEST']._serialized_end=1963
+  _globals['_WAITIDLERESPONSE']._serialized_start=1965
+  _globals['_WAITIDLERESPONSE']._serialized_end=2058
+  _globals['_GETSESSIONREQUEST']._serialized_start=2060
+  _globals['_GETSESSIONREQUEST']._serialized_end=2133
+  _globals['_GETSESSIONRESPONSE']._serialized_start=2135
+  _globals['_GETSESSIONRESPONSE']._serialized_end=2195
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=2198
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=2448
+  _globals['_LISTSESSIONSRESPONSE']._serialized_start=2450
+  _globals['_LISTSESSIONSRESPONSE']._serialized_end=2538
+  _globals['_FORKSESSIONREQUEST']._serialized_start=2540
+  _globals['_FORKSESSIONREQUEST']._serialized_end=2648
+  _globals['_FORKSESSIONRESPONSE']._serialized_start=2650
+  _globals['_FORKSESSIONRESPONSE']._serialized_end=2711
+  _globals['_DELETESESSIONREQUEST']._serialized_start=2713
+  _globals['_DELETESESSIONREQUEST']._serialized_end=2798
+  _globals['_DELETESESSIONRESPONSE']._serialized_start=2800
+  _globals['_DELETESESSIONRESPONSE']._serialized_end=2894
+  _globals['_LISTSESSIONEVENTSREQUEST']._serialized_start=2897
+  _globals['_LISTSESSIONEVENTSREQUEST']._serialized_end=3034
+  _globals['_LISTSESSIONEVENTSRESPONSE']._serialized_start=3036
+  _globals['_LISTSESSIONEVENTSRESPONSE']._serialized_end=3132
+  _globals['_STREAMSESSIONEVENTSREQUEST']._serialized_start=3134
+  _globals['_STREAMSESSIONEVENTSREQUEST']._serialized_end=3255
+  _globals['_STREAMSESSIONEVENTSRESPONSE']._serialized_start=3258
+  _globals['_STREAMSESSIONEVENTSRESPONSE']._serialized_end=3429
+  _globals['_AGENTSERVICE']._serialized_start=3432
+  _globals['_AGENTSERVICE']._serialized_end=4690
 # @@protoc_insertion_point(module_scope)

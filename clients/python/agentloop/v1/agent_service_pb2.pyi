@@ -13,6 +13,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
@@ -122,6 +123,7 @@ class ResolveApprovalRequest(_message.Message):
     DECISION_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    VIA_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """Required. The live agent whose tool call waits, or one of its ancestors."""
     approval_id: _builtins.str
@@ -137,6 +139,11 @@ class ResolveApprovalRequest(_message.Message):
     first call's answer. Ids are scoped to the agent id; at most 128
     characters; empty means no deduplication.
     """
+    via: _builtins.str
+    """Optional. Where the person answered, a client's own word (`console`,
+    `cli`, ...): the answer is recorded as resolved by `api:<via>`; empty
+    means `api`. 1 to 32 lowercase letters, digits and '-'.
+    """
     def __init__(
         self,
         *,
@@ -145,10 +152,11 @@ class ResolveApprovalRequest(_message.Message):
         decision: _approval_pb2.ApprovalDecision.ValueType = ...,
         reason: _builtins.str = ...,
         request_id: _builtins.str = ...,
+        via: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "approval_id", b"approval_id", "decision", b"decision", "reason", b"reason", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "approval_id", b"approval_id", "decision", b"decision", "reason", b"reason", "request_id", b"request_id", "via", b"via"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -653,6 +661,12 @@ class ListSessionsRequest(_message.Message):
 
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    LIVE_FIELD_NUMBER: _builtins.int
+    CREATED_AFTER_FIELD_NUMBER: _builtins.int
+    CREATED_BEFORE_FIELD_NUMBER: _builtins.int
+    END_REASON_FIELD_NUMBER: _builtins.int
+    ID_CONTAINS_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
     """Optional. The maximum number of sessions returned; 0 means 100; at most
     1000. It may change from page to page.
@@ -660,19 +674,54 @@ class ListSessionsRequest(_message.Message):
     page_token: _builtins.str
     """Optional. The opaque next_page_token of a previous call; empty for the
     first page. A page starts after the last id of the previous one, so
-    sessions created or removed meanwhile never shift it.
+    sessions created or removed meanwhile never shift it. The filters below
+    must stay the same from page to page (else INVALID_ARGUMENT).
     """
+    agent_id: _builtins.str
+    """Optional. Only the sessions this agent drives now or drove last (the
+    store's record of each session's last driver).
+    """
+    live: _builtins.bool
+    """Optional. Only the sessions a live agent drives (true), or those no agent
+    drives (false: stored, their agent disposed or gone with a restart).
+    """
+    end_reason: _builtins.str
+    """Optional. Only the sessions whose last ended turn ended so: a kind of
+    `TurnEndReason` ("completed", "max_tokens", "aborted", "error",
+    "disposed", "rejected", "interrupted"), or "none" for sessions with no
+    ended turn. Another word is INVALID_ARGUMENT (field `end_reason`).
+    """
+    id_contains: _builtins.str
+    """Optional. Only the sessions whose id contains this text, ignoring case;
+    at most 128 characters.
+    """
+    @_builtins.property
+    def created_after(self) -> _timestamp_pb2.Timestamp:
+        """Optional. Only the sessions created at or after this time."""
+
+    @_builtins.property
+    def created_before(self) -> _timestamp_pb2.Timestamp:
+        """Optional. Only the sessions created before this time."""
+
     def __init__(
         self,
         *,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        agent_id: _builtins.str = ...,
+        live: _builtins.bool | None = ...,
+        created_after: _timestamp_pb2.Timestamp | None = ...,
+        created_before: _timestamp_pb2.Timestamp | None = ...,
+        end_reason: _builtins.str = ...,
+        id_contains: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_live", b"_live", "created_after", b"created_after", "created_before", b"created_before", "live", b"live"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_live", b"_live", "agent_id", b"agent_id", "created_after", b"created_after", "created_before", b"created_before", "end_reason", b"end_reason", "id_contains", b"id_contains", "live", b"live", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__live: _TypeAlias = _typing.Literal["live"]  # noqa: Y015
+    _WhichOneofArgType__live: _TypeAlias = _typing.Literal["_live", b"_live"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__live) -> _WhichOneofReturnType__live | None: ...
 
 Global___ListSessionsRequest: _TypeAlias = ListSessionsRequest  # noqa: Y015
 
@@ -689,7 +738,9 @@ class ListSessionsResponse(_message.Message):
     @_builtins.property
     def sessions(self) -> _containers.RepeatedCompositeFieldContainer[_session_pb2.Session]:
         """Sessions are the sessions of this page. A session that cannot be read is
-        listed with its `load_error` set.
+        listed with its `load_error` set. With filters, one call examines a bounded
+        number of sessions: a page may then hold fewer than `page_size` (even
+        none) and still have a `next_page_token`; keep paging until it is empty.
         """
 
     def __init__(

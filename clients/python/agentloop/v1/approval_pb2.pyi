@@ -192,8 +192,10 @@ class ApprovalResolved(_message.Message):
     reason: _builtins.str
     """Reason is the rejection reason given, or why it was cancelled."""
     resolved_by: _builtins.str
-    """ResolvedBy is who answered: `api` (a ResolveApproval call), `plugin:NAME`
-    (an approver plugin), or `server` (a cancel, a disposal or the timeout).
+    """ResolvedBy is who answered: `api` (a ResolveApproval call), `api:VIA` (a
+    ResolveApproval call that said where it was answered: `api:console`,
+    `api:cli`), `plugin:NAME` (an approver plugin), or `server` (a cancel, a
+    disposal or the timeout).
     """
     request_id: _builtins.str
     """RequestID is the request_id of the ResolveApproval call, if it set one."""

@@ -846,6 +846,8 @@ class ToolResult(_message.Message):
     IS_ERROR_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     META_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
+    END_TIME_FIELD_NUMBER: _builtins.int
     turn: _builtins.int
     """Turn is the turn number."""
     step: _builtins.int
@@ -866,6 +868,22 @@ class ToolResult(_message.Message):
     def meta(self) -> _struct_pb2.Struct:
         """Meta is free-form JSON from the tool, never sent to the model."""
 
+    @_builtins.property
+    def start_time(self) -> _timestamp_pb2.Timestamp:
+        """Output only. When the tool itself began to run: after its approval, if it
+        needed one, and the pre-execute seams. Unset when it never ran (refused,
+        denied or failed before it started) and in events stored before this
+        field existed.
+        """
+
+    @_builtins.property
+    def end_time(self) -> _timestamp_pb2.Timestamp:
+        """Output only. When the tool produced its result: before the post-execute
+        seams, and before the wait for earlier calls (results are committed in
+        model order, so the event's own `create_time` can be much later).
+        `end_time - start_time` is the call's own duration. Set with `start_time`.
+        """
+
     def __init__(
         self,
         *,
@@ -876,10 +894,12 @@ class ToolResult(_message.Message):
         is_error: _builtins.bool = ...,
         error: Global___ToolError | None = ...,
         meta: _struct_pb2.Struct | None = ...,
+        start_time: _timestamp_pb2.Timestamp | None = ...,
+        end_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "meta", b"meta"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["end_time", b"end_time", "error", b"error", "meta", b"meta", "start_time", b"start_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "content", b"content", "error", b"error", "is_error", b"is_error", "meta", b"meta", "step", b"step", "turn", b"turn"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_id", b"call_id", "content", b"content", "end_time", b"end_time", "error", b"error", "is_error", b"is_error", "meta", b"meta", "start_time", b"start_time", "step", b"step", "turn", b"turn"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

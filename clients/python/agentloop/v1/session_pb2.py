@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61gentloop/v1/session.proto\x12\x0c\x61gentloop.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb3\x01\n\rSessionHeader\x12\x0b\n\x03\x63wd\x18\x01 \x01(\t\x12\x19\n\x11parent_session_id\x18\x02 \x01(\t\x12\x13\n\x0bseed_length\x18\x03 \x01(\x04\x12/\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fparent_agent_id\x18\x05 \x01(\t\x12\x1b\n\x13parent_tool_call_id\x18\x06 \x01(\t\"\xb3\x01\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12+\n\x06header\x18\x03 \x01(\x0b\x32\x1b.agentloop.v1.SessionHeader\x12\x13\n\x0b\x65vent_count\x18\x04 \x01(\x04\x12\x12\n\nturn_count\x18\x05 \x01(\r\x12\x12\n\nload_error\x18\x06 \x01(\t\x12\x18\n\x10pending_messages\x18\x07 \x01(\rb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61gentloop/v1/session.proto\x12\x0c\x61gentloop.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb3\x01\n\rSessionHeader\x12\x0b\n\x03\x63wd\x18\x01 \x01(\t\x12\x19\n\x11parent_session_id\x18\x02 \x01(\t\x12\x13\n\x0bseed_length\x18\x03 \x01(\x04\x12/\n\x0b\x63reate_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0fparent_agent_id\x18\x05 \x01(\t\x12\x1b\n\x13parent_tool_call_id\x18\x06 \x01(\t\"\xfd\x01\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12+\n\x06header\x18\x03 \x01(\x0b\x32\x1b.agentloop.v1.SessionHeader\x12\x13\n\x0b\x65vent_count\x18\x04 \x01(\x04\x12\x12\n\nturn_count\x18\x05 \x01(\r\x12\x12\n\nload_error\x18\x06 \x01(\t\x12\x18\n\x10pending_messages\x18\x07 \x01(\r\x12\x17\n\x0flast_end_reason\x18\x08 \x01(\t\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestampb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,5 +35,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SESSIONHEADER']._serialized_start=78
   _globals['_SESSIONHEADER']._serialized_end=257
   _globals['_SESSION']._serialized_start=260
-  _globals['_SESSION']._serialized_end=439
+  _globals['_SESSION']._serialized_end=513
 # @@protoc_insertion_point(module_scope)

@@ -76,6 +76,8 @@ class Session(_message.Message):
     TURN_COUNT_FIELD_NUMBER: _builtins.int
     LOAD_ERROR_FIELD_NUMBER: _builtins.int
     PENDING_MESSAGES_FIELD_NUMBER: _builtins.int
+    LAST_END_REASON_FIELD_NUMBER: _builtins.int
+    UPDATE_TIME_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """SessionID is the session id."""
     agent_id: _builtins.str
@@ -93,9 +95,20 @@ class Session(_message.Message):
     durable inbox: queued or steering not yet recorded by a turn. They run
     when an agent drives the session.
     """
+    last_end_reason: _builtins.str
+    """Output only, set by ListSessions. How the session's last ended turn
+    ended: the kind of its `TurnEndReason` ("completed", "aborted", ...);
+    empty when no turn ended yet.
+    """
     @_builtins.property
     def header(self) -> Global___SessionHeader:
         """Header is the session header."""
+
+    @_builtins.property
+    def update_time(self) -> _timestamp_pb2.Timestamp:
+        """Output only, set by ListSessions. When the session's last event was
+        stored; unset for an empty session.
+        """
 
     def __init__(
         self,
@@ -107,10 +120,12 @@ class Session(_message.Message):
         turn_count: _builtins.int = ...,
         load_error: _builtins.str = ...,
         pending_messages: _builtins.int = ...,
+        last_end_reason: _builtins.str = ...,
+        update_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "event_count", b"event_count", "header", b"header", "load_error", b"load_error", "pending_messages", b"pending_messages", "session_id", b"session_id", "turn_count", b"turn_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "event_count", b"event_count", "header", b"header", "last_end_reason", b"last_end_reason", "load_error", b"load_error", "pending_messages", b"pending_messages", "session_id", b"session_id", "turn_count", b"turn_count", "update_time", b"update_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -6,13 +6,112 @@ import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegen
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Agent, AgentOptions, SessionMetadata } from "./agent_pb.js";
 import { file_agentloop_v1_agent } from "./agent_pb.js";
+import type { AgentEvent } from "./agent_event_pb.js";
+import { file_agentloop_v1_agent_event } from "./agent_event_pb.js";
+import type { SessionEvent } from "./session_event_pb.js";
+import { file_agentloop_v1_session_event } from "./session_event_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file agentloop/v1/agent_factory_service.proto.
  */
 export const file_agentloop_v1_agent_factory_service: GenFile = /*@__PURE__*/
-  fileDesc("CihhZ2VudGxvb3AvdjEvYWdlbnRfZmFjdG9yeV9zZXJ2aWNlLnByb3RvEgxhZ2VudGxvb3AudjEi7AEKEkNyZWF0ZUFnZW50UmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEisKB29wdGlvbnMYAyABKAsyGi5hZ2VudGxvb3AudjEuQWdlbnRPcHRpb25zEi8KCG1ldGFkYXRhGAQgASgLMh0uYWdlbnRsb29wLnYxLlNlc3Npb25NZXRhZGF0YRIpCgZwYXJlbnQYBSABKAsyGS5hZ2VudGxvb3AudjEuQWdlbnRQYXJlbnQSJwoEc2VlZBgGIAEoCzIZLmFnZW50bG9vcC52MS5TZXNzaW9uU2VlZCI1CgtBZ2VudFBhcmVudBIQCghhZ2VudF9pZBgBIAEoCRIUCgx0b29sX2NhbGxfaWQYAiABKAkiOwoLU2Vzc2lvblNlZWQSEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCgNzZXEYAiABKARIAIgBAUIGCgRfc2VxIjkKE0NyZWF0ZUFnZW50UmVzcG9uc2USIgoFYWdlbnQYASABKAsyEy5hZ2VudGxvb3AudjEuQWdlbnQiZwoSUmVzdW1lQWdlbnRSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJEhIKCnNlc3Npb25faWQYAiABKAkSKwoHb3B0aW9ucxgDIAEoCzIaLmFnZW50bG9vcC52MS5BZ2VudE9wdGlvbnMiOQoTUmVzdW1lQWdlbnRSZXNwb25zZRIiCgVhZ2VudBgBIAEoCzITLmFnZW50bG9vcC52MS5BZ2VudCInChNEaXNwb3NlQWdlbnRSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJIjoKFERpc3Bvc2VBZ2VudFJlc3BvbnNlEiIKBWFnZW50GAEgASgLMhMuYWdlbnRsb29wLnYxLkFnZW50IiMKD0dldEFnZW50UmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCSI2ChBHZXRBZ2VudFJlc3BvbnNlEiIKBWFnZW50GAEgASgLMhMuYWdlbnRsb29wLnYxLkFnZW50IlMKEUxpc3RBZ2VudHNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoDRISCgpwYWdlX3Rva2VuGAIgASgJEhcKD3BhcmVudF9hZ2VudF9pZBgDIAEoCSJSChJMaXN0QWdlbnRzUmVzcG9uc2USIwoGYWdlbnRzGAEgAygLMhMuYWdlbnRsb29wLnYxLkFnZW50EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIpChNEcmFpblJlcGxpY2FSZXF1ZXN0EhIKCnJlcGxpY2FfaWQYASABKAkiPQoURHJhaW5SZXBsaWNhUmVzcG9uc2USEgoKcmVwbGljYV9pZBgBIAEoCRIRCglhZ2VudF9pZHMYAiADKAkyhwQKE0FnZW50RmFjdG9yeVNlcnZpY2USUgoLQ3JlYXRlQWdlbnQSIC5hZ2VudGxvb3AudjEuQ3JlYXRlQWdlbnRSZXF1ZXN0GiEuYWdlbnRsb29wLnYxLkNyZWF0ZUFnZW50UmVzcG9uc2USUgoLUmVzdW1lQWdlbnQSIC5hZ2VudGxvb3AudjEuUmVzdW1lQWdlbnRSZXF1ZXN0GiEuYWdlbnRsb29wLnYxLlJlc3VtZUFnZW50UmVzcG9uc2USVQoMRGlzcG9zZUFnZW50EiEuYWdlbnRsb29wLnYxLkRpc3Bvc2VBZ2VudFJlcXVlc3QaIi5hZ2VudGxvb3AudjEuRGlzcG9zZUFnZW50UmVzcG9uc2USSQoIR2V0QWdlbnQSHS5hZ2VudGxvb3AudjEuR2V0QWdlbnRSZXF1ZXN0Gh4uYWdlbnRsb29wLnYxLkdldEFnZW50UmVzcG9uc2USTwoKTGlzdEFnZW50cxIfLmFnZW50bG9vcC52MS5MaXN0QWdlbnRzUmVxdWVzdBogLmFnZW50bG9vcC52MS5MaXN0QWdlbnRzUmVzcG9uc2USVQoMRHJhaW5SZXBsaWNhEiEuYWdlbnRsb29wLnYxLkRyYWluUmVwbGljYVJlcXVlc3QaIi5hZ2VudGxvb3AudjEuRHJhaW5SZXBsaWNhUmVzcG9uc2ViBnByb3RvMw", [file_agentloop_v1_agent]);
+  fileDesc("CihhZ2VudGxvb3AvdjEvYWdlbnRfZmFjdG9yeV9zZXJ2aWNlLnByb3RvEgxhZ2VudGxvb3AudjEiGgoYU3RyZWFtQWdlbnRFdmVudHNSZXF1ZXN0IqABChlTdHJlYW1BZ2VudEV2ZW50c1Jlc3BvbnNlEhIKCnN1YnNjcmliZWQYASABKAgSKAoGZXZlbnRzGAIgAygLMhguYWdlbnRsb29wLnYxLkFnZW50RXZlbnQSLQoJdHVybl9lbmRzGAMgAygLMhouYWdlbnRsb29wLnYxLkFnZW50VHVybkVuZBIWCg5kcm9wcGVkX2V2ZW50cxgEIAEoBCJfCgxBZ2VudFR1cm5FbmQSEAoIYWdlbnRfaWQYASABKAkSEgoKc2Vzc2lvbl9pZBgCIAEoCRIpCgVldmVudBgDIAEoCzIaLmFnZW50bG9vcC52MS5TZXNzaW9uRXZlbnQi7AEKEkNyZWF0ZUFnZW50UmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEisKB29wdGlvbnMYAyABKAsyGi5hZ2VudGxvb3AudjEuQWdlbnRPcHRpb25zEi8KCG1ldGFkYXRhGAQgASgLMh0uYWdlbnRsb29wLnYxLlNlc3Npb25NZXRhZGF0YRIpCgZwYXJlbnQYBSABKAsyGS5hZ2VudGxvb3AudjEuQWdlbnRQYXJlbnQSJwoEc2VlZBgGIAEoCzIZLmFnZW50bG9vcC52MS5TZXNzaW9uU2VlZCI1CgtBZ2VudFBhcmVudBIQCghhZ2VudF9pZBgBIAEoCRIUCgx0b29sX2NhbGxfaWQYAiABKAkiOwoLU2Vzc2lvblNlZWQSEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCgNzZXEYAiABKARIAIgBAUIGCgRfc2VxIjkKE0NyZWF0ZUFnZW50UmVzcG9uc2USIgoFYWdlbnQYASABKAsyEy5hZ2VudGxvb3AudjEuQWdlbnQiZwoSUmVzdW1lQWdlbnRSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJEhIKCnNlc3Npb25faWQYAiABKAkSKwoHb3B0aW9ucxgDIAEoCzIaLmFnZW50bG9vcC52MS5BZ2VudE9wdGlvbnMiOQoTUmVzdW1lQWdlbnRSZXNwb25zZRIiCgVhZ2VudBgBIAEoCzITLmFnZW50bG9vcC52MS5BZ2VudCInChNEaXNwb3NlQWdlbnRSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJIjoKFERpc3Bvc2VBZ2VudFJlc3BvbnNlEiIKBWFnZW50GAEgASgLMhMuYWdlbnRsb29wLnYxLkFnZW50IiMKD0dldEFnZW50UmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCSI2ChBHZXRBZ2VudFJlc3BvbnNlEiIKBWFnZW50GAEgASgLMhMuYWdlbnRsb29wLnYxLkFnZW50IlMKEUxpc3RBZ2VudHNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoDRISCgpwYWdlX3Rva2VuGAIgASgJEhcKD3BhcmVudF9hZ2VudF9pZBgDIAEoCSJSChJMaXN0QWdlbnRzUmVzcG9uc2USIwoGYWdlbnRzGAEgAygLMhMuYWdlbnRsb29wLnYxLkFnZW50EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCTKYBAoTQWdlbnRGYWN0b3J5U2VydmljZRJSCgtDcmVhdGVBZ2VudBIgLmFnZW50bG9vcC52MS5DcmVhdGVBZ2VudFJlcXVlc3QaIS5hZ2VudGxvb3AudjEuQ3JlYXRlQWdlbnRSZXNwb25zZRJSCgtSZXN1bWVBZ2VudBIgLmFnZW50bG9vcC52MS5SZXN1bWVBZ2VudFJlcXVlc3QaIS5hZ2VudGxvb3AudjEuUmVzdW1lQWdlbnRSZXNwb25zZRJVCgxEaXNwb3NlQWdlbnQSIS5hZ2VudGxvb3AudjEuRGlzcG9zZUFnZW50UmVxdWVzdBoiLmFnZW50bG9vcC52MS5EaXNwb3NlQWdlbnRSZXNwb25zZRJJCghHZXRBZ2VudBIdLmFnZW50bG9vcC52MS5HZXRBZ2VudFJlcXVlc3QaHi5hZ2VudGxvb3AudjEuR2V0QWdlbnRSZXNwb25zZRJPCgpMaXN0QWdlbnRzEh8uYWdlbnRsb29wLnYxLkxpc3RBZ2VudHNSZXF1ZXN0GiAuYWdlbnRsb29wLnYxLkxpc3RBZ2VudHNSZXNwb25zZRJmChFTdHJlYW1BZ2VudEV2ZW50cxImLmFnZW50bG9vcC52MS5TdHJlYW1BZ2VudEV2ZW50c1JlcXVlc3QaJy5hZ2VudGxvb3AudjEuU3RyZWFtQWdlbnRFdmVudHNSZXNwb25zZTABYgZwcm90bzM", [file_agentloop_v1_agent, file_agentloop_v1_agent_event, file_agentloop_v1_session_event]);
+
+/**
+ * StreamAgentEventsRequest is the input of StreamAgentEvents.
+ *
+ * @generated from message agentloop.v1.StreamAgentEventsRequest
+ */
+export type StreamAgentEventsRequest = Message<"agentloop.v1.StreamAgentEventsRequest"> & {
+};
+
+/**
+ * Describes the message agentloop.v1.StreamAgentEventsRequest.
+ * Use `create(StreamAgentEventsRequestSchema)` to create a new message.
+ */
+export const StreamAgentEventsRequestSchema: GenMessage<StreamAgentEventsRequest> = /*@__PURE__*/
+  messageDesc(file_agentloop_v1_agent_factory_service, 0);
+
+/**
+ * StreamAgentEventsResponse is one batch of StreamAgentEvents.
+ *
+ * @generated from message agentloop.v1.StreamAgentEventsResponse
+ */
+export type StreamAgentEventsResponse = Message<"agentloop.v1.StreamAgentEventsResponse"> & {
+  /**
+   * Subscribed is set on the first response only, which carries nothing else.
+   *
+   * @generated from field: bool subscribed = 1;
+   */
+  subscribed: boolean;
+
+  /**
+   * Events are the live agent events since the previous response, in the
+   * order they happened; each names its agent.
+   *
+   * @generated from field: repeated agentloop.v1.AgentEvent events = 2;
+   */
+  events: AgentEvent[];
+
+  /**
+   * TurnEnds are the turns that ended since the previous response, stored.
+   *
+   * @generated from field: repeated agentloop.v1.AgentTurnEnd turn_ends = 3;
+   */
+  turnEnds: AgentTurnEnd[];
+
+  /**
+   * DroppedEvents counts the events and turn ends a slow reader lost since
+   * the previous response (the oldest go first); reread `ListAgents` then.
+   *
+   * @generated from field: uint64 dropped_events = 4;
+   */
+  droppedEvents: bigint;
+};
+
+/**
+ * Describes the message agentloop.v1.StreamAgentEventsResponse.
+ * Use `create(StreamAgentEventsResponseSchema)` to create a new message.
+ */
+export const StreamAgentEventsResponseSchema: GenMessage<StreamAgentEventsResponse> = /*@__PURE__*/
+  messageDesc(file_agentloop_v1_agent_factory_service, 1);
+
+/**
+ * AgentTurnEnd is a turn of a live agent that ended.
+ *
+ * @generated from message agentloop.v1.AgentTurnEnd
+ */
+export type AgentTurnEnd = Message<"agentloop.v1.AgentTurnEnd"> & {
+  /**
+   * AgentID is the agent whose turn ended.
+   *
+   * @generated from field: string agent_id = 1;
+   */
+  agentId: string;
+
+  /**
+   * SessionID is the session it drives.
+   *
+   * @generated from field: string session_id = 2;
+   */
+  sessionId: string;
+
+  /**
+   * Event is the stored `turn_end` session event: its seq, time, turn number
+   * and reason.
+   *
+   * @generated from field: agentloop.v1.SessionEvent event = 3;
+   */
+  event?: SessionEvent | undefined;
+};
+
+/**
+ * Describes the message agentloop.v1.AgentTurnEnd.
+ * Use `create(AgentTurnEndSchema)` to create a new message.
+ */
+export const AgentTurnEndSchema: GenMessage<AgentTurnEnd> = /*@__PURE__*/
+  messageDesc(file_agentloop_v1_agent_factory_service, 2);
 
 /**
  * CreateAgentRequest is the input of CreateAgent.
@@ -82,7 +181,7 @@ export type CreateAgentRequest = Message<"agentloop.v1.CreateAgentRequest"> & {
  * Use `create(CreateAgentRequestSchema)` to create a new message.
  */
 export const CreateAgentRequestSchema: GenMessage<CreateAgentRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 0);
+  messageDesc(file_agentloop_v1_agent_factory_service, 3);
 
 /**
  * AgentParent names the owner of a new agent.
@@ -111,7 +210,7 @@ export type AgentParent = Message<"agentloop.v1.AgentParent"> & {
  * Use `create(AgentParentSchema)` to create a new message.
  */
 export const AgentParentSchema: GenMessage<AgentParent> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 1);
+  messageDesc(file_agentloop_v1_agent_factory_service, 4);
 
 /**
  * SessionSeed is the prefix a new session starts from.
@@ -140,7 +239,7 @@ export type SessionSeed = Message<"agentloop.v1.SessionSeed"> & {
  * Use `create(SessionSeedSchema)` to create a new message.
  */
 export const SessionSeedSchema: GenMessage<SessionSeed> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 2);
+  messageDesc(file_agentloop_v1_agent_factory_service, 5);
 
 /**
  * CreateAgentResponse is the output of CreateAgent.
@@ -161,7 +260,7 @@ export type CreateAgentResponse = Message<"agentloop.v1.CreateAgentResponse"> & 
  * Use `create(CreateAgentResponseSchema)` to create a new message.
  */
 export const CreateAgentResponseSchema: GenMessage<CreateAgentResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 3);
+  messageDesc(file_agentloop_v1_agent_factory_service, 6);
 
 /**
  * ResumeAgentRequest is the input of ResumeAgent.
@@ -199,7 +298,7 @@ export type ResumeAgentRequest = Message<"agentloop.v1.ResumeAgentRequest"> & {
  * Use `create(ResumeAgentRequestSchema)` to create a new message.
  */
 export const ResumeAgentRequestSchema: GenMessage<ResumeAgentRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 4);
+  messageDesc(file_agentloop_v1_agent_factory_service, 7);
 
 /**
  * ResumeAgentResponse is the output of ResumeAgent.
@@ -220,7 +319,7 @@ export type ResumeAgentResponse = Message<"agentloop.v1.ResumeAgentResponse"> & 
  * Use `create(ResumeAgentResponseSchema)` to create a new message.
  */
 export const ResumeAgentResponseSchema: GenMessage<ResumeAgentResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 5);
+  messageDesc(file_agentloop_v1_agent_factory_service, 8);
 
 /**
  * DisposeAgentRequest is the input of DisposeAgent.
@@ -241,7 +340,7 @@ export type DisposeAgentRequest = Message<"agentloop.v1.DisposeAgentRequest"> & 
  * Use `create(DisposeAgentRequestSchema)` to create a new message.
  */
 export const DisposeAgentRequestSchema: GenMessage<DisposeAgentRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 6);
+  messageDesc(file_agentloop_v1_agent_factory_service, 9);
 
 /**
  * DisposeAgentResponse is the output of DisposeAgent.
@@ -262,7 +361,7 @@ export type DisposeAgentResponse = Message<"agentloop.v1.DisposeAgentResponse"> 
  * Use `create(DisposeAgentResponseSchema)` to create a new message.
  */
 export const DisposeAgentResponseSchema: GenMessage<DisposeAgentResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 7);
+  messageDesc(file_agentloop_v1_agent_factory_service, 10);
 
 /**
  * GetAgentRequest is the input of GetAgent.
@@ -283,7 +382,7 @@ export type GetAgentRequest = Message<"agentloop.v1.GetAgentRequest"> & {
  * Use `create(GetAgentRequestSchema)` to create a new message.
  */
 export const GetAgentRequestSchema: GenMessage<GetAgentRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 8);
+  messageDesc(file_agentloop_v1_agent_factory_service, 11);
 
 /**
  * GetAgentResponse is the output of GetAgent.
@@ -304,7 +403,7 @@ export type GetAgentResponse = Message<"agentloop.v1.GetAgentResponse"> & {
  * Use `create(GetAgentResponseSchema)` to create a new message.
  */
 export const GetAgentResponseSchema: GenMessage<GetAgentResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 9);
+  messageDesc(file_agentloop_v1_agent_factory_service, 12);
 
 /**
  * ListAgentsRequest is the input of ListAgents.
@@ -342,7 +441,7 @@ export type ListAgentsRequest = Message<"agentloop.v1.ListAgentsRequest"> & {
  * Use `create(ListAgentsRequestSchema)` to create a new message.
  */
 export const ListAgentsRequestSchema: GenMessage<ListAgentsRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 10);
+  messageDesc(file_agentloop_v1_agent_factory_service, 13);
 
 /**
  * ListAgentsResponse is the output of ListAgents.
@@ -370,57 +469,7 @@ export type ListAgentsResponse = Message<"agentloop.v1.ListAgentsResponse"> & {
  * Use `create(ListAgentsResponseSchema)` to create a new message.
  */
 export const ListAgentsResponseSchema: GenMessage<ListAgentsResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 11);
-
-/**
- * DrainReplicaRequest is the input of DrainReplica.
- *
- * @generated from message agentloop.v1.DrainReplicaRequest
- */
-export type DrainReplicaRequest = Message<"agentloop.v1.DrainReplicaRequest"> & {
-  /**
-   * Optional. The replica to drain (its `replicaId`); empty: the replica that
-   * answers the call.
-   *
-   * @generated from field: string replica_id = 1;
-   */
-  replicaId: string;
-};
-
-/**
- * Describes the message agentloop.v1.DrainReplicaRequest.
- * Use `create(DrainReplicaRequestSchema)` to create a new message.
- */
-export const DrainReplicaRequestSchema: GenMessage<DrainReplicaRequest> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 12);
-
-/**
- * DrainReplicaResponse is the output of DrainReplica.
- *
- * @generated from message agentloop.v1.DrainReplicaResponse
- */
-export type DrainReplicaResponse = Message<"agentloop.v1.DrainReplicaResponse"> & {
-  /**
-   * The replica drained (it stops right after this answer).
-   *
-   * @generated from field: string replica_id = 1;
-   */
-  replicaId: string;
-
-  /**
-   * The agents handed over to other replicas, by id.
-   *
-   * @generated from field: repeated string agent_ids = 2;
-   */
-  agentIds: string[];
-};
-
-/**
- * Describes the message agentloop.v1.DrainReplicaResponse.
- * Use `create(DrainReplicaResponseSchema)` to create a new message.
- */
-export const DrainReplicaResponseSchema: GenMessage<DrainReplicaResponse> = /*@__PURE__*/
-  messageDesc(file_agentloop_v1_agent_factory_service, 13);
+  messageDesc(file_agentloop_v1_agent_factory_service, 14);
 
 /**
  * AgentFactoryService creates, resumes, inspects and disposes agents.
@@ -499,25 +548,22 @@ export const AgentFactoryService: GenService<{
     output: typeof ListAgentsResponseSchema;
   },
   /**
-   * DrainReplica hands every agent of one replica (servers over a shared
-   * PostgreSQL store) over to the other live replicas, each between two of
-   * its turns, then stops that replica. Any replica answers: the call goes to
-   * the named one. Meanwhile calls for an agent being handed over get
-   * UNAVAILABLE (reason AGENT_MOVING, with a RetryInfo) until its new owner
-   * runs it; nothing accepted is lost. An agent whose turn does not end within
-   * a minute, and an agent with a parent or children (a family moves only by
-   * failover), is closed by the stop and taken over at its lease expiry.
-   * FAILED_PRECONDITION on a single server (reason NOT_REPLICATED) or when no
-   * other replica takes agents (NO_REPLICA); NOT_FOUND for an unknown
-   * replica_id. The answer comes once the agents are handed over; the replica
-   * stops right after it.
+   * StreamAgentEvents follows every agent of this server at once: each live
+   * agent event as it happens (created, status, queued, error, disposed,
+   * approvals, context usage, compaction, child progress) and each turn's
+   * end once it is stored. Nothing is replayed: the first response has
+   * `subscribed` set and no events, and from then on nothing is missed (or,
+   * for a slow reader, it is counted in `dropped_events`). Read `ListAgents`
+   * after `subscribed` for the state to apply the events to. On replicas it
+   * follows the agents this replica runs. The stream ends only when the
+   * server stops or the client leaves.
    *
-   * @generated from rpc agentloop.v1.AgentFactoryService.DrainReplica
+   * @generated from rpc agentloop.v1.AgentFactoryService.StreamAgentEvents
    */
-  drainReplica: {
-    methodKind: "unary";
-    input: typeof DrainReplicaRequestSchema;
-    output: typeof DrainReplicaResponseSchema;
+  streamAgentEvents: {
+    methodKind: "server_streaming";
+    input: typeof StreamAgentEventsRequestSchema;
+    output: typeof StreamAgentEventsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_agentloop_v1_agent_factory_service, 0);

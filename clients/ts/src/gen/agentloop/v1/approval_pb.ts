@@ -161,8 +161,10 @@ export type ApprovalResolved = Message<"agentloop.v1.ApprovalResolved"> & {
   reason: string;
 
   /**
-   * ResolvedBy is who answered: `api` (a ResolveApproval call), `plugin:NAME`
-   * (an approver plugin), or `server` (a cancel, a disposal or the timeout).
+   * ResolvedBy is who answered: `api` (a ResolveApproval call), `api:VIA` (a
+   * ResolveApproval call that said where it was answered: `api:console`,
+   * `api:cli`), `plugin:NAME` (an approver plugin), or `server` (a cancel, a
+   * disposal or the timeout).
    *
    * @generated from field: string resolved_by = 8;
    */

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agentloop/v1/session.proto.
  */
 export const file_agentloop_v1_session: GenFile = /*@__PURE__*/
-  fileDesc("ChphZ2VudGxvb3AvdjEvc2Vzc2lvbi5wcm90bxIMYWdlbnRsb29wLnYxIrMBCg1TZXNzaW9uSGVhZGVyEgsKA2N3ZBgBIAEoCRIZChFwYXJlbnRfc2Vzc2lvbl9pZBgCIAEoCRITCgtzZWVkX2xlbmd0aBgDIAEoBBIvCgtjcmVhdGVfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFwoPcGFyZW50X2FnZW50X2lkGAUgASgJEhsKE3BhcmVudF90b29sX2NhbGxfaWQYBiABKAkiswEKB1Nlc3Npb24SEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCghhZ2VudF9pZBgCIAEoCRIrCgZoZWFkZXIYAyABKAsyGy5hZ2VudGxvb3AudjEuU2Vzc2lvbkhlYWRlchITCgtldmVudF9jb3VudBgEIAEoBBISCgp0dXJuX2NvdW50GAUgASgNEhIKCmxvYWRfZXJyb3IYBiABKAkSGAoQcGVuZGluZ19tZXNzYWdlcxgHIAEoDWIGcHJvdG8z", [file_google_protobuf_timestamp]);
+  fileDesc("ChphZ2VudGxvb3AvdjEvc2Vzc2lvbi5wcm90bxIMYWdlbnRsb29wLnYxIrMBCg1TZXNzaW9uSGVhZGVyEgsKA2N3ZBgBIAEoCRIZChFwYXJlbnRfc2Vzc2lvbl9pZBgCIAEoCRITCgtzZWVkX2xlbmd0aBgDIAEoBBIvCgtjcmVhdGVfdGltZRgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFwoPcGFyZW50X2FnZW50X2lkGAUgASgJEhsKE3BhcmVudF90b29sX2NhbGxfaWQYBiABKAki/QEKB1Nlc3Npb24SEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCghhZ2VudF9pZBgCIAEoCRIrCgZoZWFkZXIYAyABKAsyGy5hZ2VudGxvb3AudjEuU2Vzc2lvbkhlYWRlchITCgtldmVudF9jb3VudBgEIAEoBBISCgp0dXJuX2NvdW50GAUgASgNEhIKCmxvYWRfZXJyb3IYBiABKAkSGAoQcGVuZGluZ19tZXNzYWdlcxgHIAEoDRIXCg9sYXN0X2VuZF9yZWFzb24YCCABKAkSLwoLdXBkYXRlX3RpbWUYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wYgZwcm90bzM", [file_google_protobuf_timestamp]);
 
 /**
  * SessionHeader is written once when a session is created.
@@ -128,6 +128,23 @@ export type Session = Message<"agentloop.v1.Session"> & {
    * @generated from field: uint32 pending_messages = 7;
    */
   pendingMessages: number;
+
+  /**
+   * Output only, set by ListSessions. How the session's last ended turn
+   * ended: the kind of its `TurnEndReason` ("completed", "aborted", ...);
+   * empty when no turn ended yet.
+   *
+   * @generated from field: string last_end_reason = 8;
+   */
+  lastEndReason: string;
+
+  /**
+   * Output only, set by ListSessions. When the session's last event was
+   * stored; unset for an empty session.
+   *
+   * @generated from field: google.protobuf.Timestamp update_time = 9;
+   */
+  updateTime?: Timestamp | undefined;
 };
 
 /**
