@@ -1,6 +1,7 @@
 """Reads are monotonic across a takeover, and a live agent is listed while it moves.
 
-Two real replicas over the real embedded PostgreSQL. Four agents live on r0; a stream
+Two real replicas over the real embedded PostgreSQL. Four agents live on r0 (and four on
+r1, so no rebalancing moves any before the pause); a stream
 on r1 follows one agent's session, and a client sends to that agent through r1 all
 along. r0 is paused (SIGSTOP) for three leases, so r1 takes the agents over:
 - `ListAgents` on r1 while r0 cannot answer lists all four (those between owners
@@ -31,6 +32,9 @@ from tests.e2e.test_replicas import LEASE, read_log, replicas, request_ids, wait
 from tests.invariants import check_log
 
 AGENTS = ("m", "n0", "n1", "n2")
+BESIDE = ("p0", "p1", "p2", "p3")
+"""r1's own agents: with four each, both replicas hold their fair share, so no
+rebalancing hands r0's agents over before the pause: r1 must take them over."""
 
 
 @dataclass
@@ -103,6 +107,10 @@ async def test_reads_after_a_takeover_hold_what_a_stream_delivered_and_moving_ag
             )
             if agent_id == "m":
                 session_id = created.agent.session_id
+        for agent_id in BESIDE:
+            await r1.factory.CreateAgent(
+                fac.CreateAgentRequest(agent_id=agent_id, options=word_count_options()), timeout=T
+            )
         seen = Delivered()
         accepted: list[str] = []
         background = [
@@ -128,7 +136,8 @@ async def test_reads_after_a_takeover_hold_what_a_stream_delivered_and_moving_ag
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
 
-        assert [a.agent_id for a in listed.agents] == list(AGENTS), listed  # every live one
+        listed_ids = sorted(a.agent_id for a in listed.agents)
+        assert listed_ids == sorted(AGENTS + BESIDE), listed  # every live one
         assert any(a.moving for a in listed.agents), listed  # r0 could not answer for them
         for agent in listed.agents:
             assert agent.session_id and agent.options.model == "m", agent

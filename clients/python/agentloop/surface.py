@@ -14,7 +14,6 @@ VERBS: dict[str, str] = {
     "agentloop.v1.AgentFactoryService.GetAgent": "get_agent",
     "agentloop.v1.AgentFactoryService.ListAgents": "list_agents",
     "agentloop.v1.AgentFactoryService.DrainReplica": "drain",
-
     "agentloop.v1.AgentFactoryService.StreamAgentEvents": "stream_agent_events",
     "agentloop.v1.AgentService.SendMessage": "send",
     "agentloop.v1.AgentService.SteerMessage": "steer",

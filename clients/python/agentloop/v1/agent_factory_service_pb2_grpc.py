@@ -71,6 +71,11 @@ class AgentFactoryServiceStub:
                 request_serializer=agentloop_dot_v1_dot_agent__factory__service__pb2.ListAgentsRequest.SerializeToString,
                 response_deserializer=agentloop_dot_v1_dot_agent__factory__service__pb2.ListAgentsResponse.FromString,
                 _registered_method=True)
+        self.DrainReplica = channel.unary_unary(
+                '/agentloop.v1.AgentFactoryService/DrainReplica',
+                request_serializer=agentloop_dot_v1_dot_agent__factory__service__pb2.DrainReplicaRequest.SerializeToString,
+                response_deserializer=agentloop_dot_v1_dot_agent__factory__service__pb2.DrainReplicaResponse.FromString,
+                _registered_method=True)
         self.StreamAgentEvents = channel.unary_stream(
                 '/agentloop.v1.AgentFactoryService/StreamAgentEvents',
                 request_serializer=agentloop_dot_v1_dot_agent__factory__service__pb2.StreamAgentEventsRequest.SerializeToString,
@@ -137,6 +142,24 @@ class AgentFactoryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DrainReplica(self, request, context):
+        """DrainReplica hands every agent of one replica (servers over a shared
+        PostgreSQL store) over to the other live replicas, each between two of
+        its turns, then stops that replica. Any replica answers: the call goes to
+        the named one. Meanwhile calls for an agent being handed over get
+        UNAVAILABLE (reason AGENT_MOVING, with a RetryInfo) until its new owner
+        runs it; nothing accepted is lost. An agent whose turn does not end within
+        a minute, and an agent with a parent or children (a family moves only by
+        failover), is closed by the stop and taken over at its lease expiry.
+        FAILED_PRECONDITION on a single server (reason NOT_REPLICATED) or when no
+        other replica takes agents (NO_REPLICA); NOT_FOUND for an unknown
+        replica_id. The answer comes once the agents are handed over; the replica
+        stops right after it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def StreamAgentEvents(self, request, context):
         """StreamAgentEvents follows every agent of this server at once: each live
         agent event as it happens (created, status, queued, error, disposed,
@@ -179,6 +202,11 @@ def add_AgentFactoryServiceServicer_to_server(servicer, server):
                     servicer.ListAgents,
                     request_deserializer=agentloop_dot_v1_dot_agent__factory__service__pb2.ListAgentsRequest.FromString,
                     response_serializer=agentloop_dot_v1_dot_agent__factory__service__pb2.ListAgentsResponse.SerializeToString,
+            ),
+            'DrainReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainReplica,
+                    request_deserializer=agentloop_dot_v1_dot_agent__factory__service__pb2.DrainReplicaRequest.FromString,
+                    response_serializer=agentloop_dot_v1_dot_agent__factory__service__pb2.DrainReplicaResponse.SerializeToString,
             ),
             'StreamAgentEvents': grpc.unary_stream_rpc_method_handler(
                     servicer.StreamAgentEvents,
@@ -333,6 +361,33 @@ class AgentFactoryService:
             '/agentloop.v1.AgentFactoryService/ListAgents',
             agentloop_dot_v1_dot_agent__factory__service__pb2.ListAgentsRequest.SerializeToString,
             agentloop_dot_v1_dot_agent__factory__service__pb2.ListAgentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/agentloop.v1.AgentFactoryService/DrainReplica',
+            agentloop_dot_v1_dot_agent__factory__service__pb2.DrainReplicaRequest.SerializeToString,
+            agentloop_dot_v1_dot_agent__factory__service__pb2.DrainReplicaResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -66,6 +66,20 @@ class AgentFactoryServiceStub:
     """GetAgent returns one live agent."""
     ListAgents: _grpc.UnaryUnaryMultiCallable[_agent_factory_service_pb2.ListAgentsRequest, _agent_factory_service_pb2.ListAgentsResponse]
     """ListAgents lists the live agents, ordered by id."""
+    DrainReplica: _grpc.UnaryUnaryMultiCallable[_agent_factory_service_pb2.DrainReplicaRequest, _agent_factory_service_pb2.DrainReplicaResponse]
+    """DrainReplica hands every agent of one replica (servers over a shared
+    PostgreSQL store) over to the other live replicas, each between two of
+    its turns, then stops that replica. Any replica answers: the call goes to
+    the named one. Meanwhile calls for an agent being handed over get
+    UNAVAILABLE (reason AGENT_MOVING, with a RetryInfo) until its new owner
+    runs it; nothing accepted is lost. An agent whose turn does not end within
+    a minute, and an agent with a parent or children (a family moves only by
+    failover), is closed by the stop and taken over at its lease expiry.
+    FAILED_PRECONDITION on a single server (reason NOT_REPLICATED) or when no
+    other replica takes agents (NO_REPLICA); NOT_FOUND for an unknown
+    replica_id. The answer comes once the agents are handed over; the replica
+    stops right after it.
+    """
     StreamAgentEvents: _grpc.UnaryStreamMultiCallable[_agent_factory_service_pb2.StreamAgentEventsRequest, _agent_factory_service_pb2.StreamAgentEventsResponse]
     """StreamAgentEvents follows every agent of this server at once: each live
     agent event as it happens (created, status, queued, error, disposed,
@@ -116,6 +130,20 @@ class AgentFactoryServiceAsyncStub(AgentFactoryServiceStub):
     """GetAgent returns one live agent."""
     ListAgents: _aio.UnaryUnaryMultiCallable[_agent_factory_service_pb2.ListAgentsRequest, _agent_factory_service_pb2.ListAgentsResponse]  # type: ignore[assignment]
     """ListAgents lists the live agents, ordered by id."""
+    DrainReplica: _aio.UnaryUnaryMultiCallable[_agent_factory_service_pb2.DrainReplicaRequest, _agent_factory_service_pb2.DrainReplicaResponse]  # type: ignore[assignment]
+    """DrainReplica hands every agent of one replica (servers over a shared
+    PostgreSQL store) over to the other live replicas, each between two of
+    its turns, then stops that replica. Any replica answers: the call goes to
+    the named one. Meanwhile calls for an agent being handed over get
+    UNAVAILABLE (reason AGENT_MOVING, with a RetryInfo) until its new owner
+    runs it; nothing accepted is lost. An agent whose turn does not end within
+    a minute, and an agent with a parent or children (a family moves only by
+    failover), is closed by the stop and taken over at its lease expiry.
+    FAILED_PRECONDITION on a single server (reason NOT_REPLICATED) or when no
+    other replica takes agents (NO_REPLICA); NOT_FOUND for an unknown
+    replica_id. The answer comes once the agents are handed over; the replica
+    stops right after it.
+    """
     StreamAgentEvents: _aio.UnaryStreamMultiCallable[_agent_factory_service_pb2.StreamAgentEventsRequest, _agent_factory_service_pb2.StreamAgentEventsResponse]  # type: ignore[assignment]
     """StreamAgentEvents follows every agent of this server at once: each live
     agent event as it happens (created, status, queued, error, disposed,
@@ -193,6 +221,26 @@ class AgentFactoryServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_agent_factory_service_pb2.ListAgentsResponse, _abc.Awaitable[_agent_factory_service_pb2.ListAgentsResponse]]:
         """ListAgents lists the live agents, ordered by id."""
+
+    @_abc_1.abstractmethod
+    def DrainReplica(
+        self,
+        request: _agent_factory_service_pb2.DrainReplicaRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_agent_factory_service_pb2.DrainReplicaResponse, _abc.Awaitable[_agent_factory_service_pb2.DrainReplicaResponse]]:
+        """DrainReplica hands every agent of one replica (servers over a shared
+        PostgreSQL store) over to the other live replicas, each between two of
+        its turns, then stops that replica. Any replica answers: the call goes to
+        the named one. Meanwhile calls for an agent being handed over get
+        UNAVAILABLE (reason AGENT_MOVING, with a RetryInfo) until its new owner
+        runs it; nothing accepted is lost. An agent whose turn does not end within
+        a minute, and an agent with a parent or children (a family moves only by
+        failover), is closed by the stop and taken over at its lease expiry.
+        FAILED_PRECONDITION on a single server (reason NOT_REPLICATED) or when no
+        other replica takes agents (NO_REPLICA); NOT_FOUND for an unknown
+        replica_id. The answer comes once the agents are handed over; the replica
+        stops right after it.
+        """
 
     @_abc_1.abstractmethod
     def StreamAgentEvents(

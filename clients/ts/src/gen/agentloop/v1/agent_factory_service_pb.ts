@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file agentloop/v1/agent_factory_service.proto.
  */
 export const file_agentloop_v1_agent_factory_service: GenFile = /*@__PURE__*/
-  fileDesc("CihhZ2VudGxvb3AvdjEvYWdlbnRfZmFjdG9yeV9zZXJ2aWNlLnByb3RvEgxhZ2VudGxvb3AudjEiGgoYU3RyZWFtQWdlbnRFdmVudHNSZXF1ZXN0IqABChlTdHJlYW1BZ2VudEV2ZW50c1Jlc3BvbnNlEhIKCnN1YnNjcmliZWQYASABKAgSKAoGZXZlbnRzGAIgAygLMhguYWdlbnRsb29wLnYxLkFnZW50RXZlbnQSLQoJdHVybl9lbmRzGAMgAygLMhouYWdlbnRsb29wLnYxLkFnZW50VHVybkVuZBIWCg5kcm9wcGVkX2V2ZW50cxgEIAEoBCJfCgxBZ2VudFR1cm5FbmQSEAoIYWdlbnRfaWQYASABKAkSEgoKc2Vzc2lvbl9pZBgCIAEoCRIpCgVldmVudBgDIAEoCzIaLmFnZW50bG9vcC52MS5TZXNzaW9uRXZlbnQi7AEKEkNyZWF0ZUFnZW50UmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEisKB29wdGlvbnMYAyABKAsyGi5hZ2VudGxvb3AudjEuQWdlbnRPcHRpb25zEi8KCG1ldGFkYXRhGAQgASgLMh0uYWdlbnRsb29wLnYxLlNlc3Npb25NZXRhZGF0YRIpCgZwYXJlbnQYBSABKAsyGS5hZ2VudGxvb3AudjEuQWdlbnRQYXJlbnQSJwoEc2VlZBgGIAEoCzIZLmFnZW50bG9vcC52MS5TZXNzaW9uU2VlZCI1CgtBZ2VudFBhcmVudBIQCghhZ2VudF9pZBgBIAEoCRIUCgx0b29sX2NhbGxfaWQYAiABKAkiOwoLU2Vzc2lvblNlZWQSEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCgNzZXEYAiABKARIAIgBAUIGCgRfc2VxIjkKE0NyZWF0ZUFnZW50UmVzcG9uc2USIgoFYWdlbnQYASABKAsyEy5hZ2VudGxvb3AudjEuQWdlbnQiZwoSUmVzdW1lQWdlbnRSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJEhIKCnNlc3Npb25faWQYAiABKAkSKwoHb3B0aW9ucxgDIAEoCzIaLmFnZW50bG9vcC52MS5BZ2VudE9wdGlvbnMiOQoTUmVzdW1lQWdlbnRSZXNwb25zZRIiCgVhZ2VudBgBIAEoCzITLmFnZW50bG9vcC52MS5BZ2VudCInChNEaXNwb3NlQWdlbnRSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJIjoKFERpc3Bvc2VBZ2VudFJlc3BvbnNlEiIKBWFnZW50GAEgASgLMhMuYWdlbnRsb29wLnYxLkFnZW50IiMKD0dldEFnZW50UmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCSI2ChBHZXRBZ2VudFJlc3BvbnNlEiIKBWFnZW50GAEgASgLMhMuYWdlbnRsb29wLnYxLkFnZW50IlMKEUxpc3RBZ2VudHNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoDRISCgpwYWdlX3Rva2VuGAIgASgJEhcKD3BhcmVudF9hZ2VudF9pZBgDIAEoCSJSChJMaXN0QWdlbnRzUmVzcG9uc2USIwoGYWdlbnRzGAEgAygLMhMuYWdlbnRsb29wLnYxLkFnZW50EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCTKYBAoTQWdlbnRGYWN0b3J5U2VydmljZRJSCgtDcmVhdGVBZ2VudBIgLmFnZW50bG9vcC52MS5DcmVhdGVBZ2VudFJlcXVlc3QaIS5hZ2VudGxvb3AudjEuQ3JlYXRlQWdlbnRSZXNwb25zZRJSCgtSZXN1bWVBZ2VudBIgLmFnZW50bG9vcC52MS5SZXN1bWVBZ2VudFJlcXVlc3QaIS5hZ2VudGxvb3AudjEuUmVzdW1lQWdlbnRSZXNwb25zZRJVCgxEaXNwb3NlQWdlbnQSIS5hZ2VudGxvb3AudjEuRGlzcG9zZUFnZW50UmVxdWVzdBoiLmFnZW50bG9vcC52MS5EaXNwb3NlQWdlbnRSZXNwb25zZRJJCghHZXRBZ2VudBIdLmFnZW50bG9vcC52MS5HZXRBZ2VudFJlcXVlc3QaHi5hZ2VudGxvb3AudjEuR2V0QWdlbnRSZXNwb25zZRJPCgpMaXN0QWdlbnRzEh8uYWdlbnRsb29wLnYxLkxpc3RBZ2VudHNSZXF1ZXN0GiAuYWdlbnRsb29wLnYxLkxpc3RBZ2VudHNSZXNwb25zZRJmChFTdHJlYW1BZ2VudEV2ZW50cxImLmFnZW50bG9vcC52MS5TdHJlYW1BZ2VudEV2ZW50c1JlcXVlc3QaJy5hZ2VudGxvb3AudjEuU3RyZWFtQWdlbnRFdmVudHNSZXNwb25zZTABYgZwcm90bzM", [file_agentloop_v1_agent, file_agentloop_v1_agent_event, file_agentloop_v1_session_event]);
+  fileDesc("CihhZ2VudGxvb3AvdjEvYWdlbnRfZmFjdG9yeV9zZXJ2aWNlLnByb3RvEgxhZ2VudGxvb3AudjEiGgoYU3RyZWFtQWdlbnRFdmVudHNSZXF1ZXN0IqABChlTdHJlYW1BZ2VudEV2ZW50c1Jlc3BvbnNlEhIKCnN1YnNjcmliZWQYASABKAgSKAoGZXZlbnRzGAIgAygLMhguYWdlbnRsb29wLnYxLkFnZW50RXZlbnQSLQoJdHVybl9lbmRzGAMgAygLMhouYWdlbnRsb29wLnYxLkFnZW50VHVybkVuZBIWCg5kcm9wcGVkX2V2ZW50cxgEIAEoBCJfCgxBZ2VudFR1cm5FbmQSEAoIYWdlbnRfaWQYASABKAkSEgoKc2Vzc2lvbl9pZBgCIAEoCRIpCgVldmVudBgDIAEoCzIaLmFnZW50bG9vcC52MS5TZXNzaW9uRXZlbnQi7AEKEkNyZWF0ZUFnZW50UmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRISCgpzZXNzaW9uX2lkGAIgASgJEisKB29wdGlvbnMYAyABKAsyGi5hZ2VudGxvb3AudjEuQWdlbnRPcHRpb25zEi8KCG1ldGFkYXRhGAQgASgLMh0uYWdlbnRsb29wLnYxLlNlc3Npb25NZXRhZGF0YRIpCgZwYXJlbnQYBSABKAsyGS5hZ2VudGxvb3AudjEuQWdlbnRQYXJlbnQSJwoEc2VlZBgGIAEoCzIZLmFnZW50bG9vcC52MS5TZXNzaW9uU2VlZCI1CgtBZ2VudFBhcmVudBIQCghhZ2VudF9pZBgBIAEoCRIUCgx0b29sX2NhbGxfaWQYAiABKAkiOwoLU2Vzc2lvblNlZWQSEgoKc2Vzc2lvbl9pZBgBIAEoCRIQCgNzZXEYAiABKARIAIgBAUIGCgRfc2VxIjkKE0NyZWF0ZUFnZW50UmVzcG9uc2USIgoFYWdlbnQYASABKAsyEy5hZ2VudGxvb3AudjEuQWdlbnQiZwoSUmVzdW1lQWdlbnRSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJEhIKCnNlc3Npb25faWQYAiABKAkSKwoHb3B0aW9ucxgDIAEoCzIaLmFnZW50bG9vcC52MS5BZ2VudE9wdGlvbnMiOQoTUmVzdW1lQWdlbnRSZXNwb25zZRIiCgVhZ2VudBgBIAEoCzITLmFnZW50bG9vcC52MS5BZ2VudCInChNEaXNwb3NlQWdlbnRSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJIjoKFERpc3Bvc2VBZ2VudFJlc3BvbnNlEiIKBWFnZW50GAEgASgLMhMuYWdlbnRsb29wLnYxLkFnZW50IiMKD0dldEFnZW50UmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCSI2ChBHZXRBZ2VudFJlc3BvbnNlEiIKBWFnZW50GAEgASgLMhMuYWdlbnRsb29wLnYxLkFnZW50IlMKEUxpc3RBZ2VudHNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoDRISCgpwYWdlX3Rva2VuGAIgASgJEhcKD3BhcmVudF9hZ2VudF9pZBgDIAEoCSJSChJMaXN0QWdlbnRzUmVzcG9uc2USIwoGYWdlbnRzGAEgAygLMhMuYWdlbnRsb29wLnYxLkFnZW50EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIpChNEcmFpblJlcGxpY2FSZXF1ZXN0EhIKCnJlcGxpY2FfaWQYASABKAkiPQoURHJhaW5SZXBsaWNhUmVzcG9uc2USEgoKcmVwbGljYV9pZBgBIAEoCRIRCglhZ2VudF9pZHMYAiADKAky7wQKE0FnZW50RmFjdG9yeVNlcnZpY2USUgoLQ3JlYXRlQWdlbnQSIC5hZ2VudGxvb3AudjEuQ3JlYXRlQWdlbnRSZXF1ZXN0GiEuYWdlbnRsb29wLnYxLkNyZWF0ZUFnZW50UmVzcG9uc2USUgoLUmVzdW1lQWdlbnQSIC5hZ2VudGxvb3AudjEuUmVzdW1lQWdlbnRSZXF1ZXN0GiEuYWdlbnRsb29wLnYxLlJlc3VtZUFnZW50UmVzcG9uc2USVQoMRGlzcG9zZUFnZW50EiEuYWdlbnRsb29wLnYxLkRpc3Bvc2VBZ2VudFJlcXVlc3QaIi5hZ2VudGxvb3AudjEuRGlzcG9zZUFnZW50UmVzcG9uc2USSQoIR2V0QWdlbnQSHS5hZ2VudGxvb3AudjEuR2V0QWdlbnRSZXF1ZXN0Gh4uYWdlbnRsb29wLnYxLkdldEFnZW50UmVzcG9uc2USTwoKTGlzdEFnZW50cxIfLmFnZW50bG9vcC52MS5MaXN0QWdlbnRzUmVxdWVzdBogLmFnZW50bG9vcC52MS5MaXN0QWdlbnRzUmVzcG9uc2USVQoMRHJhaW5SZXBsaWNhEiEuYWdlbnRsb29wLnYxLkRyYWluUmVwbGljYVJlcXVlc3QaIi5hZ2VudGxvb3AudjEuRHJhaW5SZXBsaWNhUmVzcG9uc2USZgoRU3RyZWFtQWdlbnRFdmVudHMSJi5hZ2VudGxvb3AudjEuU3RyZWFtQWdlbnRFdmVudHNSZXF1ZXN0GicuYWdlbnRsb29wLnYxLlN0cmVhbUFnZW50RXZlbnRzUmVzcG9uc2UwAWIGcHJvdG8z", [file_agentloop_v1_agent, file_agentloop_v1_agent_event, file_agentloop_v1_session_event]);
 
 /**
  * StreamAgentEventsRequest is the input of StreamAgentEvents.
@@ -472,6 +472,56 @@ export const ListAgentsResponseSchema: GenMessage<ListAgentsResponse> = /*@__PUR
   messageDesc(file_agentloop_v1_agent_factory_service, 14);
 
 /**
+ * DrainReplicaRequest is the input of DrainReplica.
+ *
+ * @generated from message agentloop.v1.DrainReplicaRequest
+ */
+export type DrainReplicaRequest = Message<"agentloop.v1.DrainReplicaRequest"> & {
+  /**
+   * Optional. The replica to drain (its `replicaId`); empty: the replica that
+   * answers the call.
+   *
+   * @generated from field: string replica_id = 1;
+   */
+  replicaId: string;
+};
+
+/**
+ * Describes the message agentloop.v1.DrainReplicaRequest.
+ * Use `create(DrainReplicaRequestSchema)` to create a new message.
+ */
+export const DrainReplicaRequestSchema: GenMessage<DrainReplicaRequest> = /*@__PURE__*/
+  messageDesc(file_agentloop_v1_agent_factory_service, 15);
+
+/**
+ * DrainReplicaResponse is the output of DrainReplica.
+ *
+ * @generated from message agentloop.v1.DrainReplicaResponse
+ */
+export type DrainReplicaResponse = Message<"agentloop.v1.DrainReplicaResponse"> & {
+  /**
+   * The replica drained (it stops right after this answer).
+   *
+   * @generated from field: string replica_id = 1;
+   */
+  replicaId: string;
+
+  /**
+   * The agents handed over to other replicas, by id.
+   *
+   * @generated from field: repeated string agent_ids = 2;
+   */
+  agentIds: string[];
+};
+
+/**
+ * Describes the message agentloop.v1.DrainReplicaResponse.
+ * Use `create(DrainReplicaResponseSchema)` to create a new message.
+ */
+export const DrainReplicaResponseSchema: GenMessage<DrainReplicaResponse> = /*@__PURE__*/
+  messageDesc(file_agentloop_v1_agent_factory_service, 16);
+
+/**
  * AgentFactoryService creates, resumes, inspects and disposes agents.
  *
  * Creation is one transaction: the session and the agent are prepared
@@ -546,6 +596,27 @@ export const AgentFactoryService: GenService<{
     methodKind: "unary";
     input: typeof ListAgentsRequestSchema;
     output: typeof ListAgentsResponseSchema;
+  },
+  /**
+   * DrainReplica hands every agent of one replica (servers over a shared
+   * PostgreSQL store) over to the other live replicas, each between two of
+   * its turns, then stops that replica. Any replica answers: the call goes to
+   * the named one. Meanwhile calls for an agent being handed over get
+   * UNAVAILABLE (reason AGENT_MOVING, with a RetryInfo) until its new owner
+   * runs it; nothing accepted is lost. An agent whose turn does not end within
+   * a minute, and an agent with a parent or children (a family moves only by
+   * failover), is closed by the stop and taken over at its lease expiry.
+   * FAILED_PRECONDITION on a single server (reason NOT_REPLICATED) or when no
+   * other replica takes agents (NO_REPLICA); NOT_FOUND for an unknown
+   * replica_id. The answer comes once the agents are handed over; the replica
+   * stops right after it.
+   *
+   * @generated from rpc agentloop.v1.AgentFactoryService.DrainReplica
+   */
+  drainReplica: {
+    methodKind: "unary";
+    input: typeof DrainReplicaRequestSchema;
+    output: typeof DrainReplicaResponseSchema;
   },
   /**
    * StreamAgentEvents follows every agent of this server at once: each live
