@@ -11,6 +11,8 @@ PROTOS := $(sort $(shell find proto -name '*.proto'))
 SERVICE_PROTOS := $(shell grep -l '^service ' $(PROTOS))
 CONFIG ?=
 LISTEN ?=
+# pytest-xdist workers: one per core (at most 4); TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= auto
 
 .DEFAULT_GOAL := help
 .PHONY: help setup run cluster test check lint typecheck gen check-gen seam-table breaking baseline bench clean
@@ -49,7 +51,7 @@ cluster: $(VENV)/.installed ## An embedded PostgreSQL and REPLICAS replicas on 1
 
 test: setup ## Run lint, type checks and the whole test suite (what CI runs).
 	$(MAKE) --no-print-directory check-gen lint typecheck breaking
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --maxprocesses=4
 	npm test --prefix $(NODE_CLIENT)
 	npm test --prefix $(TS_CLIENT)
 
