@@ -22,6 +22,7 @@ from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
 
 if TYPE_CHECKING:
+    from agentloop.v1 import agent_event_pb2
     from agentloop.v1.agent_service_pb2_grpc import AgentServiceAsyncStub
 
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
@@ -73,6 +74,8 @@ class SessionStream:
         """True while a `Turn` reads it (a second turn then opens its own stream)."""
         self.started = False
         """True once a call was opened (before that, `cursor` may still be moved)."""
+        self.on_agent_event: Callable[[agent_event_pb2.AgentEvent], object] | None = None
+        """Called with each live agent event as its batch is read (a sub-agent's progress)."""
         self._call: Any = None
         self._held: deque[ev.SessionEvent] = deque()
 
@@ -119,6 +122,9 @@ class SessionStream:
             if batch.events:
                 self.cursor = batch.events[-1].seq + 1
             self.dropped_agent_events += batch.dropped_agent_events
+            if self.on_agent_event is not None:
+                for agent_event in batch.agent_events:
+                    self.on_agent_event(agent_event)
             return batch
         return None
 

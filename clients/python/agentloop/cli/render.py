@@ -217,6 +217,7 @@ class TurnView:
         self.at_line_start = True
         self._kinds: dict[tuple[int, int, int], stream_pb2.BlockKind.ValueType] = {}
         self._tool_names: dict[str, str] = {}
+        self._children: set[str] = set()
 
     def _break(self) -> str:
         """A newline if inline text is pending, so that the next output starts a line."""
@@ -289,6 +290,26 @@ class TurnView:
             ended = self._kinds.get((turn, step, chunk.block_end.index))
             return self._break() if ended == stream_pb2.BLOCK_KIND_REASONING else ""
         return ""
+
+    def progress(self, progress: agent_event_pb2.ChildProgress) -> str:
+        """A sub-agent's step or end, as a branch under the call that made it.
+
+        Each child gets a branch the first time it reports; its later reports are
+        lines of that branch: the tree of work grows as it happens.
+        """
+        child = progress.child_agent_id
+        first = child not in self._children
+        self._children.add(child)
+        call = self._tool_names.get(progress.tool_call_id, "")
+        head = (
+            f"  ├─ sub-agent {child}" + (f" ({call} {progress.tool_call_id})" if call else "")
+            if first
+            else ""
+        )
+        state = f"step {progress.step} {progress.state}" if progress.step else progress.state
+        text = f": {one_line(progress.text)}" if progress.text else ""
+        line = self._dim(f"  │   {state}{text}")
+        return (self._line(head) if head else "") + self._line(line)
 
     def finish(self) -> str:
         """A final newline if inline text is still pending."""
