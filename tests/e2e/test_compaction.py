@@ -7,6 +7,7 @@ a fork's, and what a real HTTP provider receives all agree after a compaction.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import sys
@@ -37,6 +38,7 @@ from tests.e2e.conftest import (
     text_of,
 )
 from tests.e2e.registry import register, unregister
+from tests.e2e.test_approvals import readme_block, run_script
 from tests.e2e.test_durability import running_server
 from tests.fake_openai import Event, FakeOpenAI, Reply, chunk, text, usage
 from tests.invariants import check_log
@@ -480,6 +482,22 @@ async def test_a_plugin_style_error_finish_with_the_overflow_code_compacts_too(e
 
 
 # -- the README's grpcurl walk-through ---------------------------------------------------
+
+
+async def test_the_readme_agent_living_through_its_window(e2e: E2E) -> None:
+    output = await run_script(readme_block("# An agent living through its window"), e2e.target)
+    lines = output.splitlines()  # the created agent, the summaries' lines, the gauge
+    summaries = [line for line in lines if " context_message " in line]
+    assert summaries and all("compaction" in line for line in summaries), output
+    usage = ast.literal_eval(lines[-1])
+    assert int(usage["used_tokens"]) < int(usage["compact_at_tokens"]) == 1536
+    log = await all_events(e2e, agent_id="small")
+    assert [e.turn_end.reason.WhichOneof("kind") for e in of_kind(log, "turn_end")] == (
+        ["completed"] * 12
+    )
+    infos = [e.context_message.compaction for e in of_kind(log, "context_message")]
+    assert len(infos) == len(summaries)
+    assert {i.trigger for i in infos} == {ev.COMPACTION_TRIGGER_THRESHOLD}
 
 
 async def test_the_readme_grpcurl_compaction_walk_through(e2e: E2E) -> None:
