@@ -48,13 +48,13 @@ def slowly(text: str, step: scripted_pb2.ScriptedStep) -> scripted_pb2.ScriptedS
 
 def team(mode: str) -> agent_pb2.AgentOptions:
     """A parent whose child does two steps and starts a background grandchild."""
-    leaf = scripted(says("leaf answer", delay_ms=200))
+    leaf = scripted(says("leaf answer"))
     child = scripted(
         slowly(
             "looking",
             calling(("g1", "delegate", {"task": "dig", "mode": "background", "profile": "leaf"})),
         ),
-        says("child answer"),
+        says("child answer", delay_ms=60),  # the grandchild ends first
         tools=TOOLS,
     )
     child.subagent_profiles["leaf"].CopyFrom(leaf)
@@ -79,10 +79,15 @@ async def test_send_shows_each_child_step_under_the_call_that_made_it(
     lines = result.stdout.splitlines()
     call = lines.index(next(line for line in lines if line.startswith("→ tool delegate(")))
     branch = lines.index("  ├─ sub-agent boss.d1 (delegate d1)")
-    steps = [line for line in lines[branch + 1 :] if line.startswith("  │   ")]
-    assert call < branch
+    # The grandchild's reports bubbled up: a branch under its parent's, one deeper.
+    sub_branch = lines.index("  │   ├─ sub-agent boss.d1.g1 (call g1)")
+    assert call < branch < sub_branch
+    below = lines[branch + 1 :]
+    steps = [line for line in below if line.startswith("  │   ") and line[6] not in "├│"]
     assert steps == ["  │   step 1 running: looking", "  │   step 2 running: child answer",
                      "  │   completed: child answer"]  # fmt: skip
+    deeper = [line for line in below if line.startswith("  │   │   ")]
+    assert deeper == ["  │   │   step 1 running: leaf answer", "  │   │   completed: leaf answer"]
     assert lines[-1] == "[turn 1 completed]"
     # With --json, the progress is the live event itself, one object a line.
     await client.create("boss-json", team("foreground"))
@@ -90,10 +95,15 @@ async def test_send_shows_each_child_step_under_the_call_that_made_it(
     assert result.code == 0, result.stderr
     objects = [json.loads(line) for line in result.stdout.splitlines()]
     progress = [o["child_progress"] for o in objects if "child_progress" in o]
-    assert [(p["child_agent_id"], p["state"]) for p in progress] == [
-        ("boss-json.d1", "running"),
-        ("boss-json.d1", "running"),
-        ("boss-json.d1", "completed"),
+    mine = [(p["child_agent_id"], p["parent_agent_id"], p["state"]) for p in progress]
+    assert [m for m in mine if m[0] == "boss-json.d1"] == [
+        ("boss-json.d1", "boss-json", "running"),
+        ("boss-json.d1", "boss-json", "running"),
+        ("boss-json.d1", "boss-json", "completed"),
+    ]
+    assert [m for m in mine if m[0] != "boss-json.d1"] == [
+        ("boss-json.d1.g1", "boss-json.d1", "running"),
+        ("boss-json.d1.g1", "boss-json.d1", "completed"),
     ]
 
 

@@ -197,6 +197,7 @@ class Delegation:
         except AgentLoopError as error:
             return ToolReturn(f"Error: {DELEGATE}: {error}", is_error=True)
         child.session.committed_observers.append(Progress(parent, child, exec.call_id))
+        child.subscribe(Bubble(parent))  # its own children's reports go up the tree
         source = c.Source(kind="agent", name=exec.agent_id)  # the parent asked
         child.send([c.ContentBlock(text=c.TextBlock(text=task))], source)
         if mode == "background":
@@ -285,8 +286,22 @@ class Progress:
             step=step,
             state=state,
             text=self.text,
+            parent_agent_id=self.parent.agent_id,
         )
         self.parent.emit(None, None, ae.AgentEvent(child_progress=progress))
+
+
+class Bubble:
+    """Passes a child's reports of its own children up to its parent, as they come."""
+
+    def __init__(self, parent: Agent) -> None:
+        self.parent = parent
+
+    def __call__(self, event: ae.AgentEvent) -> None:
+        """Called with each live event of the child."""
+        if event.HasField("child_progress") and not self.parent.disposed:
+            report = ae.AgentEvent(child_progress=event.child_progress)
+            self.parent.emit(None, None, report)
 
 
 def _meta(child: Agent, state: str) -> dict[str, object]:
