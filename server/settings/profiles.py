@@ -19,8 +19,10 @@ from server.settings.fields import NonNegativeSeconds, Text
 
 ProfileName = Annotated[Text, rule(id_problem)]
 ProfileTimeout = Annotated[
-    NonNegativeSeconds, rule(lambda s: "" if s <= 86400 else "must be a number from 0 to 86400")
+    NonNegativeSeconds,
+    rule(lambda s: "" if 0 < s <= 86400 else "must be a number above 0, at most 86400"),
 ]
+"""As `AgentOptions.approval_timeout`: positive (approvals are turned off server-wide)."""
 
 
 @dataclass(frozen=True, config=SCHEMA)

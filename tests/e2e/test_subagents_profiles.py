@@ -99,6 +99,8 @@ async def test_an_agents_own_profile_wins_over_the_configs() -> None:
         ([{"name": "a", "grantTools": ["nope"]}], "subagentProfiles[0].grantTools", "nope"),
         ([{"name": "a", "approvalTimeoutSeconds": -1}],
          "subagentProfiles[0].approvalTimeoutSeconds", ""),
+        ([{"name": "a", "approvalTimeoutSeconds": 0}],
+         "subagentProfiles[0].approvalTimeoutSeconds", "above 0"),
         ([{"name": "a", "colour": "red"}], "subagentProfiles[0].colour", "unknown field"),
     ],
 )  # fmt: skip
