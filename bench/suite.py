@@ -48,6 +48,8 @@ BENCHES = (
           "history)", (), ("--at", "100,300")),
     Bench("resume_bench", "no event-loop stall over 50 ms (a resume of a long session)", (),
           ("--at", "100,300")),
+    Bench("compaction_bench", "a resume costs the log since the last compaction; a turn that "
+          "does not compact ≤ 1.02× before", (), ("--events", "3000", "--turns", "100")),
     Bench("store_pages_bench", "SQLite turn ≤ 800 µs: commits, rows and WAL pages per turn", (),
           ("--agents", "20", "--rounds", "1")),
     Bench("portable_bench", "data lifecycle: export and import time and file size of a long "

@@ -101,6 +101,29 @@ async def test_events_round_trip_with_counts_ranges_and_listing(store: SessionSt
     assert await store.exists("s1") and not await store.exists("nope")
 
 
+async def test_a_load_from_a_seq_reads_the_events_from_there_with_the_rest_whole(
+    store: SessionStore,
+) -> None:
+    await create_session(store, "s1", header())
+    events = turns(4)
+    await append_events(store, "s1", events[:5])  # SQLite stores a batch as one row:
+    await append_events(store, "s1", events[5:])  # the cut falls inside the first one
+    await store.commit(Commit({"s1": SessionWrites(inbox_put=[entry(1, "waiting")])}))
+    whole = await store.load("s1")
+    tail = await store.load("s1", start=4)
+    assert tail.events == events[3:] and tail.events[0].seq == 4
+    assert (tail.header, tail.inbox, tail.options, tail.driver) == (
+        whole.header,
+        whole.inbox,
+        whole.options,
+        whole.driver,
+    )
+    assert (await store.load("s1", start=13)).events == []  # past the end: no event
+    assert (await store.load("s1", start=0)).events == events  # 0 names no event
+    with pytest.raises(NotFound):
+        await store.load("nope", start=2)
+
+
 async def test_refusals_change_nothing(store: SessionStore) -> None:
     await create_session(store, "s1", header())
     with pytest.raises(AlreadyExists):

@@ -8,6 +8,10 @@ passed back unchanged. An agent between owners, or an owner that does not answer
 died, or is cut off), is `UNAVAILABLE` with reason `AGENT_MOVING` and a retry delay
 (`server.cluster.routing`). Calls by session id are served from the shared store by
 any replica and are never forwarded.
+
+Calls about an agent's children go to the parent's owner, where the tree lives: a
+`CreateAgent` with a `parent` (the child is made beside its parent, which owns it and
+tears it down), and a `ListAgents` with `parent_agent_id`.
 """
 
 from __future__ import annotations
@@ -51,7 +55,29 @@ ASK_TIMEOUT = 5.0
 
 
 MAKERS = {"CreateAgent", "ResumeAgent"}
-"""Methods that name an agent id to make an agent: served where they are called."""
+"""Methods that name an agent id to make an agent: served where they are called (unless
+a parent is named: see `PARENTED`)."""
+
+Route = Callable[[Any], str]
+"""The agent id a request is about: its call goes to that agent's owner."""
+
+
+def _by_agent_id(request: Any) -> str:
+    agent_id = getattr(request, "agent_id", "")
+    return agent_id if isinstance(agent_id, str) else ""
+
+
+PARENTED: dict[str, tuple[type[Message], Route]] = {
+    "/agentloop.v1.AgentFactoryService/CreateAgent": (
+        agent_factory_service_pb2.CreateAgentResponse,
+        lambda request: request.parent.agent_id if request.HasField("parent") else "",
+    ),
+    "/agentloop.v1.AgentFactoryService/ListAgents": (
+        agent_factory_service_pb2.ListAgentsResponse,
+        lambda request: request.parent_agent_id,
+    ),
+}
+"""Methods routed by a parent they name: to the replica that owns the parent."""
 
 
 def _agent_methods() -> dict[str, type[Message]]:
@@ -72,6 +98,12 @@ def _agent_methods() -> dict[str, type[Message]]:
 
 
 AGENT_METHODS = _agent_methods()
+
+ROUTES: dict[str, tuple[type[Message], Route]] = {
+    **{path: (response, _by_agent_id) for path, response in AGENT_METHODS.items()},
+    **PARENTED,
+}
+"""Every forwardable method: its response type and the agent id it is routed by."""
 
 
 class Forwarder(grpc.aio.ServerInterceptor):
@@ -104,9 +136,10 @@ class Forwarder(grpc.aio.ServerInterceptor):
         """Wrap the agent-scoped methods; leave the others as they are."""
         handler = await continuation(handler_call_details)
         method = handler_call_details.method or ""
-        response_type = AGENT_METHODS.get(method)
-        if handler is None or response_type is None:
+        route = ROUTES.get(method)
+        if handler is None or route is None:
             return handler
+        response_type, routed_by = route
         kwargs = {
             "request_deserializer": handler.request_deserializer,
             "response_serializer": handler.response_serializer,
@@ -115,22 +148,24 @@ class Forwarder(grpc.aio.ServerInterceptor):
             local_unary: Any = handler.unary_unary
 
             async def unary(request: Any, context: Context) -> Any:
-                address = await self._elsewhere(request, context)
+                address = await self._elsewhere(routed_by(request), context)
                 if address is None:
                     return await local_unary(request, context)
-                return await self._forward(address, method, response_type, request, context)
+                return await self._forward(
+                    address, method, response_type, request, context, routed_by(request)
+                )
 
             return grpc.unary_unary_rpc_method_handler(unary, **kwargs)
         local_stream: Any = handler.unary_stream
 
         async def stream(request: Any, context: Context) -> AsyncIterator[Any]:
-            address = await self._elsewhere(request, context)
+            address = await self._elsewhere(routed_by(request), context)
             if address is None:
                 async for response in local_stream(request, context):
                     yield response
                 return
             async for response in self._forward_stream(
-                address, method, response_type, request, context
+                address, method, response_type, request, context, routed_by(request)
             ):
                 yield response
 
@@ -161,10 +196,9 @@ class Forwarder(grpc.aio.ServerInterceptor):
             await channel.close()
         self._channels.clear()
 
-    async def _elsewhere(self, request: Any, context: Context) -> str | None:
+    async def _elsewhere(self, agent_id: str, context: Context) -> str | None:
         """The owner's address when the call is for an agent another replica owns."""
-        agent_id = getattr(request, "agent_id", "")
-        if not isinstance(agent_id, str) or not agent_id or self.is_local(agent_id):
+        if not agent_id or self.is_local(agent_id):
             return None
         forwarded = any(key == FORWARDED for key, _ in context.invocation_metadata() or ())
         now = time.monotonic()
@@ -202,13 +236,13 @@ class Forwarder(grpc.aio.ServerInterceptor):
         response_type: type[Message],
         request: Message,
         context: Context,
+        agent_id: str,
     ) -> Any:
         call = self._channel(address).unary_unary(
             method,
             request_serializer=type(request).SerializeToString,
             response_deserializer=response_type.FromString,
         )
-        agent_id = getattr(request, "agent_id", "")
         answer = asyncio.ensure_future(
             _awaited(
                 call(request, metadata=self._metadata(context), timeout=context.time_remaining())
@@ -223,7 +257,7 @@ class Forwarder(grpc.aio.ServerInterceptor):
                     self._owners.pop(agent_id, None)
                     await abort(context, self.moving(agent_id))
         except grpc.aio.AioRpcError as error:
-            await self._refused(error, request, context)
+            await self._refused(error, agent_id, context)
         finally:
             answer.cancel()
 
@@ -243,6 +277,7 @@ class Forwarder(grpc.aio.ServerInterceptor):
         response_type: type[Message],
         request: Message,
         context: Context,
+        agent_id: str,
     ) -> AsyncIterator[Any]:
         call = self._channel(address).unary_stream(
             method,
@@ -254,14 +289,13 @@ class Forwarder(grpc.aio.ServerInterceptor):
             async for response in responses:
                 yield response
         except grpc.aio.AioRpcError as error:
-            await self._refused(error, request, context)
+            await self._refused(error, agent_id, context)
         finally:
             responses.cancel()
 
-    async def _refused(self, error: grpc.aio.AioRpcError, request: Any, context: Context) -> None:
+    async def _refused(self, error: grpc.aio.AioRpcError, agent_id: str, context: Context) -> None:
         """Pass the owner's refusal on; an owner that did not answer means "moving"."""
         if error.code() == grpc.StatusCode.UNAVAILABLE:
-            agent_id = getattr(request, "agent_id", "")
             self._owners.pop(agent_id, None)  # ask the leases again next time
             if not _has_details(error):  # not the owner's answer: it is gone or cut off
                 await abort(context, self.moving(agent_id))

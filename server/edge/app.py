@@ -132,7 +132,8 @@ class App:
             check_exposed(config, self.credentials is not None, bool(token), "httpListen")
         self.runtime = runtime or build_runtime(config)
         self.factory = AgentFactory(self.runtime)
-        for tool in delegation_tools(self.factory):  # they create children: factory-bound
+        # They create children: factory-bound, with the config's sub-agent profiles.
+        for tool in delegation_tools(self.factory, config.subagent_profiles):
             self.runtime.tools.register(tool)
         self.plugins = PluginRegistry(
             self.runtime,

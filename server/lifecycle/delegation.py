@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from agentloop.v1 import agent_event_pb2 as ae
@@ -26,6 +27,7 @@ from server.kernel.errors import Aborted, AgentLoopError
 from server.kernel.tools import Tool, ToolArgumentsError, ToolExecution, ToolReturn
 from server.loop.agent import Agent
 from server.loop.builtin_tools import DELEGATION_TOOLS
+from server.settings.profiles import SubagentProfile
 
 if TYPE_CHECKING:
     from server.lifecycle.factory import AgentFactory
@@ -37,9 +39,9 @@ PROGRESS_TEXT = 200
 """Characters of a child's latest text that a progress event carries."""
 
 
-def delegation_tools(factory: AgentFactory) -> list[Tool]:
-    """The two tools, bound to the factory that owns the children."""
-    team = Delegation(factory)
+def delegation_tools(factory: AgentFactory, profiles: Sequence[SubagentProfile] = ()) -> list[Tool]:
+    """The two tools, bound to the factory that owns the children and the config's profiles."""
+    team = Delegation(factory, {profile.name: profile for profile in profiles})
     return [
         Tool(
             name=DELEGATE,
@@ -82,18 +84,26 @@ def delegation_tools(factory: AgentFactory) -> list[Tool]:
     ]
 
 
-def child_options(parent: agent_pb2.AgentOptions, profile: str) -> agent_pb2.AgentOptions:
+def child_options(
+    parent: agent_pb2.AgentOptions,
+    profile: str,
+    configured: Mapping[str, SubagentProfile] | None = None,
+) -> agent_pb2.AgentOptions:
     """A child's options: the named profile, else the parent's less its delegation tools.
 
+    A profile of the parent's own options wins over the server config's of that name.
     The parent's provider options (a scripted agent's script) stay the parent's own.
     """
+    configured = configured or {}
     if profile:
-        if profile not in parent.subagent_profiles:
-            known = ", ".join(sorted(parent.subagent_profiles)) or "none"
-            raise ToolArgumentsError(f'{DELEGATE}: unknown profile "{profile}" (known: {known})')
-        options = agent_pb2.AgentOptions()
-        options.CopyFrom(parent.subagent_profiles[profile])
-        return options
+        if profile in parent.subagent_profiles:
+            options = agent_pb2.AgentOptions()
+            options.CopyFrom(parent.subagent_profiles[profile])
+            return options
+        if profile in configured:
+            return profile_options(parent, configured[profile])
+        known = ", ".join(sorted({*parent.subagent_profiles, *configured})) or "none"
+        raise ToolArgumentsError(f'{DELEGATE}: unknown profile "{profile}" (known: {known})')
     options = agent_pb2.AgentOptions(
         provider=parent.provider,
         model=parent.model,
@@ -104,6 +114,38 @@ def child_options(parent: agent_pb2.AgentOptions, profile: str) -> agent_pb2.Age
     )
     if parent.HasField("approval_timeout"):
         options.approval_timeout.CopyFrom(parent.approval_timeout)
+    return options
+
+
+def profile_options(
+    parent: agent_pb2.AgentOptions, profile: SubagentProfile
+) -> agent_pb2.AgentOptions:
+    """A child's options under a config profile: its settings, the parent's for the rest.
+
+    Its `tools` keep only those the parent has; its `grant_tools` are given regardless.
+    """
+    inherited = child_options(parent, "")
+    options = agent_pb2.AgentOptions(
+        provider=profile.provider or inherited.provider,
+        model=profile.model or ("" if profile.provider else inherited.model),
+        persona=profile.persona or inherited.persona,
+    )
+    if profile.tools is None:
+        tools = list(inherited.tools)
+    else:
+        tools = [tool for tool in profile.tools if tool in parent.tools]
+    tools += [tool for tool in profile.grant_tools if tool not in tools]
+    options.tools.extend(tools)
+    required = profile.approval_required_tools
+    options.approval_required_tools.extend(
+        inherited.approval_required_tools if required is None else required
+    )
+    if profile.approval_timeout_seconds is not None:
+        options.approval_timeout.FromNanoseconds(int(profile.approval_timeout_seconds * 1e9))
+    elif inherited.HasField("approval_timeout"):
+        options.approval_timeout.CopyFrom(inherited.approval_timeout)
+    if profile.max_parallel_tool_calls is not None:
+        options.max_parallel_tool_calls = profile.max_parallel_tool_calls
     return options
 
 
@@ -125,8 +167,9 @@ def answer_of(agent: Agent) -> tuple[str, str, int]:
 class Delegation:
     """The bodies of the two tools."""
 
-    def __init__(self, factory: AgentFactory) -> None:
+    def __init__(self, factory: AgentFactory, profiles: Mapping[str, SubagentProfile]) -> None:
         self.factory = factory
+        self.profiles = profiles
 
     async def delegate(self, exec: ToolExecution) -> ToolReturn:
         """Create a child with the task; answer with its final text, or its id."""
@@ -148,13 +191,14 @@ class Delegation:
         try:
             child = await self.factory.create(
                 child_id,
-                child_options(parent.options, profile),
+                child_options(parent.options, profile, self.profiles),
                 cwd=parent.session.header.cwd,
                 parent=fac.AgentParent(agent_id=exec.agent_id, tool_call_id=exec.call_id),
             )
         except AgentLoopError as error:
             return ToolReturn(f"Error: {DELEGATE}: {error}", is_error=True)
         child.session.committed_observers.append(Progress(parent, child, exec.call_id))
+        child.subscribe(Bubble(parent))  # its own children's reports go up the tree
         source = c.Source(kind="agent", name=exec.agent_id)  # the parent asked
         child.send([c.ContentBlock(text=c.TextBlock(text=task))], source)
         if mode == "background":
@@ -243,8 +287,22 @@ class Progress:
             step=step,
             state=state,
             text=self.text,
+            parent_agent_id=self.parent.agent_id,
         )
         self.parent.emit(None, None, ae.AgentEvent(child_progress=progress))
+
+
+class Bubble:
+    """Passes a child's reports of its own children up to its parent, as they come."""
+
+    def __init__(self, parent: Agent) -> None:
+        self.parent = parent
+
+    def __call__(self, event: ae.AgentEvent) -> None:
+        """Called with each live event of the child."""
+        if event.HasField("child_progress") and not self.parent.disposed:
+            report = ae.AgentEvent(child_progress=event.child_progress)
+            self.parent.emit(None, None, report)
 
 
 def _meta(child: Agent, state: str) -> dict[str, object]:

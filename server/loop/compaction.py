@@ -248,6 +248,8 @@ async def compact(
     )
     if usage is not None:
         info.usage.CopyFrom(usage)
+    if session.request_header is not None:  # a replay from this summary needs no older event
+        info.header.CopyFrom(session.request_header)
     message = ev.ContextMessage(
         content=[text_block(f"{HEADER}\n{summary}")],
         source=SOURCE,

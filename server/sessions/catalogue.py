@@ -20,8 +20,9 @@ from server.kernel.ids import check_id
 from server.observability.logs import fields
 from server.sessions.journal import Journal
 from server.sessions.repair import crash_closers
+from server.sessions.replay import replay_tail
 from server.sessions.session import SessionLog, now_timestamp, session_message
-from server.stores import SessionStore, SessionWrites
+from server.stores import FIRST_SEQ, SessionStore, SessionWrites
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +125,14 @@ class SessionCatalogue:
         lock = self._loading.setdefault(session_id, asyncio.Lock())
         try:
             async with lock:
-                stored = await store.load(session_id)
+                # The tail a replay needs, then the rest of the session (and any event
+                # stored meanwhile) in one snapshot.
+                count = (await store.summary(session_id)).event_count
+                tail = await replay_tail(store, session_id, count)
+                stored = await store.load(session_id, start=FIRST_SEQ + count)
+                events = [*tail, *stored.events]
                 repair = bool(fence) or self.repair_on_read
-                closers = crash_closers(stored.events) if repair else []
+                closers = crash_closers(events) if repair else []
                 if closers:
                     log.warning(
                         "session %s: closing turn %d interrupted by a crash",
@@ -139,7 +145,6 @@ class SessionCatalogue:
         finally:
             if not lock.locked() and self._loading.get(session_id) is lock:
                 del self._loading[session_id]
-        self._verified[session_id] = len(stored.events) + len(closers)
         session = SessionLog(
             session_id,
             stored.header,
@@ -147,9 +152,11 @@ class SessionCatalogue:
             inbox=stored.inbox,
             window=self.window,
             options=stored.options,
+            first_seq=events[0].seq if events else FIRST_SEQ,
         )
         # A long log is O(events) to project: other tasks run between slices of it.
-        await session.seed_in_slices([*stored.events, *closers])
+        await session.seed_in_slices([*events, *closers])
+        self._verified[session_id] = len(session)
         return session
 
     def forget(self, session_id: str) -> None:

@@ -27,9 +27,18 @@ FOLDED_KINDS = SURFACE_KINDS | {"turn_start", "turn_end", "request_header"}
 
 
 class Projection:
-    """What a session's events project: the model's history, turn numbering, the header."""
+    """What a session's events project: the model's history, turn numbering, the header.
 
-    def __init__(self) -> None:
+    A projection may start mid-log (`partial`), at a replay point (`replay.py`): the
+    events from there on hold a compaction, whose summary stands for every node before
+    its kept part and whose `header` is the one in force. Until that compaction is
+    applied, the nodes it replaces that precede the replay point are unknown; it
+    counts them and puts placeholders there, so its REPLACE lands as in a whole replay.
+    """
+
+    def __init__(self, *, partial: bool = False) -> None:
+        self.partial = partial
+        """Started after the log's first event, and no compaction applied yet."""
         self.max_turn = 0
         self.open_turn = 0
         """The turn whose `turn/start` is the last boundary; 0 when none is open."""
@@ -56,6 +65,8 @@ class Projection:
                 self.open_turn = event.turn_start.turn
             case "turn_end":
                 self.open_turn = 0
+                # A replay from a point inside a log may not hold this turn's start.
+                self.max_turn = max(self.max_turn, event.turn_end.turn)
             case "request_header":
                 self.request_header = event.request_header.header
             case str(kind) if kind in SURFACE_KINDS:
@@ -89,6 +100,10 @@ class Projection:
         message = project(event, kind)
         op = event.surface_op
         if op.kind == ev.SURFACE_OP_KIND_REPLACE:
+            if self.partial:
+                self._anchor(event, op.end)
+            if kind == "context_message" and event.context_message.compaction.HasField("header"):
+                self.request_header = event.context_message.compaction.header
             self._surface[op.start : op.end + 1] = [message]
             self._seqs[op.start : op.end + 1] = array("Q", [event.seq])
             # A new list: the views taken of the old one keep their messages.
@@ -104,6 +119,16 @@ class Projection:
             usage = event.assistant_message.usage
             self.usage_tokens = usage.input_tokens + usage.output_tokens
             self.usage_seq = event.seq
+
+    def _anchor(self, event: ev.SessionEvent, end: int) -> None:
+        """Put placeholders for the replaced nodes older than the replay's first event."""
+        last_seq = event.context_message.compaction.last_seq
+        missing = end + 1 - bisect.bisect_right(self._seqs, last_seq)
+        if missing < 0:
+            raise ValueError(f"event {event.seq} replaces fewer nodes than the replay holds")
+        self._surface[0:0] = [None] * missing
+        self._seqs[0:0] = array("Q", bytes(8 * missing))
+        self.partial = False
 
 
 def _wrap(tag: str, source: c.Source, content: Sequence[c.ContentBlock]) -> list[c.ContentBlock]:

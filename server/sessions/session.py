@@ -85,18 +85,23 @@ class SessionLog:
         inbox: Sequence[InboxEntry] = (),
         window: int = WINDOW,
         options: agent_pb2.AgentOptions | None = None,
+        first_seq: int = FIRST_SEQ,
     ) -> None:
         """A session whose writes go through `journal`.
 
         Without a journal it is a detached log (a replay, a test fixture) that keeps
-        every event and treats each append as stored at once.
+        every event and treats each append as stored at once. `first_seq` is the seq
+        of the first seeded event: a stored log is seeded from its replay point
+        (`replay.py`), the older events staying in the store.
         """
         self.session_id = session_id
         self.header = header
         self.journal = journal
-        self.count = FIRST_SEQ
+        self.first_seq = first_seq
+        """The seq of the first event seeded: older ones are only in the store."""
+        self.count = first_seq
         """The next sequence number (events appended so far, stored or not, plus 1)."""
-        self.durable = FIRST_SEQ
+        self.durable = first_seq
         """Events with seq below `durable` are stored and published: the next to store."""
         self._window: deque[ev.SessionEvent] = deque(maxlen=window if journal else None)
         self.observers: list[Observer] = []
@@ -109,7 +114,7 @@ class SessionLog:
         """The live agent driving this session, if any."""
         self.options = options
         """The options of the session's last agent, as stored (a resume may restore them)."""
-        self.projection = Projection()
+        self.projection = Projection(partial=first_seq > FIRST_SEQ)
         """The history and the folds the loop reads (turn numbering, request header)."""
         self.fence = 0
         """The driver's claim token: every commit carries it (0: a reader's log, unfenced)."""

@@ -46,10 +46,12 @@ from server.settings.fields import (
     one_of,
 )
 from server.settings.mcp_servers import McpServerConfig
+from server.settings.profiles import SubagentProfile
 from server.settings.retention import Retention
 
 __all__ = [
-    "AgentConfig", "Config", "ConfigError", "PluginConfig", "ProviderConfig", "load_config",
+    "AgentConfig", "Config", "ConfigError", "PluginConfig", "ProviderConfig", "SubagentProfile",
+    "load_config",
     "http_address", "metrics_address", "override", "parse_config", "read_pem", "read_token",
 ]  # fmt: skip
 
@@ -250,6 +252,8 @@ class Config:
     or power loss too, at the cost of an fsync per group commit)."""
     agents: tuple[AgentConfig, ...] = ()
     """Agents created at start."""
+    subagent_profiles: tuple[SubagentProfile, ...] = ()
+    """Profiles `delegate` may name: what a child runs with (`server/settings/profiles.py`)."""
     plugins: tuple[PluginConfig, ...] = ()
     mcp_servers: tuple[McpServerConfig, ...] = ()
     """MCP servers whose tools agents may enable (`mcp:<server>/<tool>`); see the README."""
@@ -323,6 +327,10 @@ class Config:
             if provider.name in names:
                 fail(f"{provider.name!r} is already a provider", f"providers[{i}].name")
             names.append(provider.name)
+        profiles = [profile.name for profile in self.subagent_profiles]
+        for i, name in enumerate(profiles):
+            if name in profiles[:i]:
+                fail(f"duplicate profile name {name!r}", f"subagentProfiles[{i}].name")
         servers = [server.name for server in self.mcp_servers]
         for i, name in enumerate(servers):
             if name in servers[:i]:
@@ -342,6 +350,17 @@ class Config:
                 fail(problem, f"agents[{i}].provider")
             if problem := rules.tools_problem(agent.tools, tools, "built-in tool"):
                 fail(problem, f"agents[{i}].tools")
+        for i, profile in enumerate(self.subagent_profiles):
+            where = f"subagentProfiles[{i}]"
+            if profile.provider and (problem := rules.provider_problem(profile.provider, names)):
+                fail(problem, f"{where}.provider")
+            for key, listed in (
+                ("tools", profile.tools or ()),
+                ("grantTools", profile.grant_tools),
+                ("approvalRequiredTools", profile.approval_required_tools or ()),
+            ):
+                if problem := rules.tools_problem(listed, tools, "built-in tool"):
+                    fail(problem, f"{where}.{key}")
         return self
 
 

@@ -197,8 +197,11 @@ class SessionStore(Protocol):
         """Whether the session is stored."""
         ...
 
-    async def load(self, session_id: str) -> StoredSession:
-        """The header, every event and the inbox; `NotFound` if unknown."""
+    async def load(self, session_id: str, start: int = FIRST_SEQ) -> StoredSession:
+        """The header, the events from seq `start` on and the inbox; `NotFound` if unknown.
+
+        `start` past the last event loads no event (a resume that read its tail already).
+        """
         ...
 
     async def read(self, session_id: str, start: int, end: int) -> list[ev.SessionEvent]:

@@ -104,12 +104,13 @@ class MemoryStore:
         """Whether the session is stored."""
         return session_id in self._sessions
 
-    async def load(self, session_id: str) -> StoredSession:
-        """The header, events and inbox of a session."""
+    async def load(self, session_id: str, start: int = FIRST_SEQ) -> StoredSession:
+        """The header, the events from `start` and the inbox of a session."""
         session = self._get(session_id)
+        events = session.events[max(start, FIRST_SEQ) - FIRST_SEQ :]
         inbox = [session.inbox[k] for k in sorted(session.inbox)]
         options = _copy(session.options) if session.options is not None else None
-        return StoredSession(session.header, list(session.events), inbox, options, session.driver)
+        return StoredSession(session.header, events, inbox, options, session.driver)
 
     async def read(self, session_id: str, start: int, end: int) -> list[ev.SessionEvent]:
         """The stored events in `[start, end)`."""

@@ -400,8 +400,9 @@ class PostgresStore:
         found = await pool.fetchval("SELECT 1 FROM sessions WHERE session_id = $1", session_id)
         return found is not None
 
-    async def load(self, session_id: str) -> StoredSession:
-        """The header, every event and the inbox, from one snapshot."""
+    async def load(self, session_id: str, start: int = FIRST_SEQ) -> StoredSession:
+        """The header, the events from `start` and the inbox, from one snapshot."""
+        start = max(start, FIRST_SEQ)
         pool = await self.pool()
         async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
             row = await conn.fetchrow(
@@ -411,15 +412,20 @@ class PostgresStore:
             if row is None:
                 raise SessionNotFound(session_id)
             rows = await conn.fetch(
-                "SELECT seq, event FROM events WHERE session_id = $1 ORDER BY seq", session_id
+                "SELECT seq, event FROM events WHERE session_id = $1 AND seq >= $2 ORDER BY seq",
+                session_id,
+                start,
             )
             inbox = await conn.fetch(
                 "SELECT entry_id, kind, message FROM inbox WHERE session_id = $1 ORDER BY entry_id",
                 session_id,
             )
         options = row["options"]
-        events = await decode_log(session_id, FIRST_SEQ, [(r["seq"], r["event"]) for r in rows])
-        check_count(session_id, row["event_count"], len(events))  # a cut tail: damaged
+        events = await decode_log(session_id, start, [(r["seq"], r["event"]) for r in rows])
+        # The tail cut: damaged (events before `start` were not read, but are counted).
+        check_count(
+            session_id, row["event_count"], min(start - FIRST_SEQ, row["event_count"]) + len(events)
+        )
         return StoredSession(
             session_pb2.SessionHeader.FromString(row["header"]),
             events,

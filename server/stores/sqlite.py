@@ -391,8 +391,9 @@ class SqliteStore:
 
         return await self._read(session_id, query)
 
-    async def load(self, session_id: str) -> StoredSession:
-        """The header, every event and the inbox, checked for gaps and decode errors."""
+    async def load(self, session_id: str, start: int = FIRST_SEQ) -> StoredSession:
+        """The header, the events from `start` and the inbox, checked for gaps and decode errors."""
+        start = max(start, FIRST_SEQ)
 
         def read(
             db: sqlite3.Connection,
@@ -410,7 +411,7 @@ class SqliteStore:
                 ).fetchone()
                 if row is None:
                     raise SessionNotFound(session_id)
-                events = event_rows(db, session_id, FIRST_SEQ)
+                events = event_rows(db, session_id, start)
                 inbox = db.execute(
                     "SELECT entry_id, kind, message FROM inbox WHERE session_id = ?"
                     " ORDER BY entry_id",
@@ -433,8 +434,9 @@ class SqliteStore:
                 if options_bytes is not None
                 else None
             )
-            events = await decode_log(session_id, FIRST_SEQ, rows)  # a gap: damaged
-            check_count(session_id, recorded, len(events))  # the tail cut: damaged
+            events = await decode_log(session_id, start, rows)  # a gap: damaged
+            # The tail cut: damaged (events before `start` were not read, but are counted).
+            check_count(session_id, recorded, min(start - FIRST_SEQ, recorded) + len(events))
             inbox = [decode_entry(entry_id, kind, blob) for entry_id, kind, blob in inbox_rows]
         except DecodeError as error:
             raise SessionDamaged(session_id, f"cannot decode: {error}") from error

@@ -7,6 +7,7 @@ a fork's, and what a real HTTP provider receives all agree after a compaction.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import sys
@@ -37,6 +38,7 @@ from tests.e2e.conftest import (
     text_of,
 )
 from tests.e2e.registry import register, unregister
+from tests.e2e.test_approvals import readme_block, run_script
 from tests.e2e.test_durability import running_server
 from tests.fake_openai import Event, FakeOpenAI, Reply, chunk, text, usage
 from tests.invariants import check_log
@@ -329,6 +331,61 @@ async def test_a_small_window_agent_lives_through_many_turns_compacting_as_confi
     check_log(log)
 
 
+async def test_a_resume_replays_from_the_last_compaction_to_the_same_history(
+    tmp_path: Path,
+) -> None:
+    options = agent_pb2.AgentOptions(
+        provider="scripted", context_window_tokens=2048, keep_recent_tokens=300
+    )
+    async with running_app(sqlite_config(tmp_path)) as e2e:
+        session_id = await create(e2e, "long", options)
+        for i in range(40):
+            await turn(e2e, "long", f"turn {i}: " + "lorem ipsum dolor " * 20)
+        log = await all_events(e2e, agent_id="long")
+        summaries = [e for e in of_kind(log, "context_message") if e.context_message.compaction]
+        assert len(summaries) >= 2
+        history = server_history(e2e, "long")
+        assert client_history(log) == history
+        # Forks before the last compaction (an earlier one in it) and after it.
+        end_before = [e for e in of_kind(log, "turn_end") if e.seq < summaries[-1].seq][-1]
+        fork_before = await e2e.agents.ForkSession(
+            api.ForkSessionRequest(session_id=session_id, boundary_seq=end_before.seq), timeout=T
+        )
+        fork_after = await e2e.agents.ForkSession(
+            api.ForkSessionRequest(session_id=session_id), timeout=T
+        )
+    async with running_app(sqlite_config(tmp_path)) as e2e:
+        await e2e.factory.ResumeAgent(
+            fac.ResumeAgentRequest(agent_id="long", session_id=session_id, options=options),
+            timeout=T,
+        )
+        # The resume read the log from the last summary's kept part only...
+        last = summaries[-1].context_message.compaction
+        assert e2e.app.factory.get("long").session.first_seq == last.last_seq + 1
+        # ...to the same history; the whole log stays readable.
+        assert server_history(e2e, "long") == history
+        assert await all_events(e2e, agent_id="long") == log
+        # The header in force came back with the summary: the next request logs a resume.
+        events = await turn(e2e, "long", "after the restart")
+        logged = of_kind(events, "request_header")
+        assert [e.request_header.reason for e in logged] == [ev.HEADER_REASON_RESUME]
+        assert (
+            logged[0].request_header.header
+            == of_kind(log, "request_header")[-1].request_header.header
+        )
+        assert server_history(e2e, "long") == client_history(await all_events(e2e, agent_id="long"))
+        for fork, expected in ((fork_before, log[: end_before.seq]), (fork_after, log)):
+            agent_id = f"fork-{fork.session.session_id[-8:]}"
+            await e2e.factory.ResumeAgent(
+                fac.ResumeAgentRequest(
+                    agent_id=agent_id, session_id=fork.session.session_id, options=options
+                ),
+                timeout=T,
+            )
+            assert server_history(e2e, agent_id) == client_history(expected)
+            assert e2e.app.factory.get(agent_id).session.first_seq > 1
+
+
 # -- 4. overflow from a provider ---------------------------------------------------------
 
 
@@ -425,6 +482,22 @@ async def test_a_plugin_style_error_finish_with_the_overflow_code_compacts_too(e
 
 
 # -- the README's grpcurl walk-through ---------------------------------------------------
+
+
+async def test_the_readme_agent_living_through_its_window(e2e: E2E) -> None:
+    output = await run_script(readme_block("# An agent living through its window"), e2e.target)
+    lines = output.splitlines()  # the created agent, the summaries' lines, the gauge
+    summaries = [line for line in lines if " context_message " in line]
+    assert summaries and all("compaction" in line for line in summaries), output
+    usage = ast.literal_eval(lines[-1])
+    assert int(usage["used_tokens"]) < int(usage["compact_at_tokens"]) == 1536
+    log = await all_events(e2e, agent_id="small")
+    assert [e.turn_end.reason.WhichOneof("kind") for e in of_kind(log, "turn_end")] == (
+        ["completed"] * 12
+    )
+    infos = [e.context_message.compaction for e in of_kind(log, "context_message")]
+    assert len(infos) == len(summaries)
+    assert {i.trigger for i in infos} == {ev.COMPACTION_TRIGGER_THRESHOLD}
 
 
 async def test_the_readme_grpcurl_compaction_walk_through(e2e: E2E) -> None:

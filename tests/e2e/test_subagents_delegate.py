@@ -36,7 +36,7 @@ from tests.e2e.subagents import (
 )
 from tests.e2e.test_approvals import readme_block, run_script
 from tests.invariants import check_log
-from tests.processes import REPO, PluginLauncher
+from tests.processes import REPO, PluginLauncher, node
 
 TOOLS = ("delegate", "collect", "word_count")
 
@@ -315,6 +315,49 @@ async def test_a_python_plugin_builds_a_child_over_the_plain_api(
     (child,) = [s for s in sessions if s.session_id.startswith("boss.team-t1-session-")]
     assert (child.header.parent_agent_id, child.header.parent_tool_call_id) == ("boss", "t1")
     assert await children(e2e, "boss") == []  # the plugin disposed it
+
+
+async def test_a_node_plugin_builds_children_follows_them_and_collects_them(
+    e2e: E2E, launcher: PluginLauncher
+) -> None:
+    plugin = await launcher.start(
+        [node(), str(REPO / "clients/node/examples/team-plugin.js"), "--server", e2e.target]
+    )
+    await register(e2e.channel, plugin.address)
+    options = scripted(
+        calling(
+            ("t1", "ask_team", {"task": "hello team"}),
+            ("t2", "ask_team", {"task": "later please", "background": True}),
+        ),
+        calling(("c2", "collect_team", {"agent_id": "boss.team-t2"})),
+        says("thanks"),
+        tools=("ask_team", "collect_team"),
+    )
+    await create(e2e, "boss", options)
+    await send(e2e, "boss")
+    await wait_idle(e2e, "boss")
+    by_call = {
+        r.call_id: r
+        for r in results(await session_events(e2e, (await get(e2e, "boss")).session_id))
+    }
+    assert text_of(by_call["t1"].content) == "boss.team-t1 answered: You said: hello team"
+    assert text_of(by_call["t2"].content) == ("started boss.team-t2; collect it with collect_team")
+    assert text_of(by_call["c2"].content) == "boss.team-t2 answered: You said: later please"
+    assert not any(r.is_error for r in by_call.values())
+    # The plugin followed each child's session: its step, then its end.
+    printed = {await plugin.line() for _ in range(4)}
+    assert printed == {
+        "boss.team-t1 step 1",
+        "boss.team-t1 completed after 1 step(s)",
+        "boss.team-t2 step 1",
+        "boss.team-t2 completed after 1 step(s)",
+    }
+    sessions = (await e2e.agents.ListSessions(api.ListSessionsRequest(), timeout=T)).sessions
+    for call_id in ("t1", "t2"):
+        (child,) = [s for s in sessions if s.session_id.startswith(f"boss.team-{call_id}-session-")]
+        assert (child.header.parent_agent_id, child.header.parent_tool_call_id) == ("boss", call_id)
+        check_log(await session_events(e2e, child.session_id))
+    assert await children(e2e, "boss") == []  # collected children are disposed
 
 
 async def test_disposing_the_parent_mid_delegation_disposes_the_child(e2e: E2E) -> None:

@@ -145,12 +145,12 @@ class Client(SessionReads):
         request = fac.GetAgentRequest(agent_id=agent_id)
         return (await call(self.factory.GetAgent(request, timeout=self.timeout))).agent
 
-    async def list_agents(self) -> list[agent_pb2.Agent]:
-        """Every live agent, following the pages."""
+    async def list_agents(self, parent_agent_id: str = "") -> list[agent_pb2.Agent]:
+        """Every live agent (only the children of `parent_agent_id`, when given), all pages."""
         agents: list[agent_pb2.Agent] = []
         token = ""
         while True:
-            request = fac.ListAgentsRequest(page_token=token)
+            request = fac.ListAgentsRequest(page_token=token, parent_agent_id=parent_agent_id)
             page = await call(self.factory.ListAgents(request, timeout=self.timeout))
             agents.extend(page.agents)
             if not (token := page.next_page_token):

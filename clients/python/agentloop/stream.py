@@ -23,6 +23,7 @@ from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
 
 if TYPE_CHECKING:
+    from agentloop.v1 import agent_event_pb2
     from agentloop.v1.agent_service_pb2_grpc import AgentServiceAsyncStub
 
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
@@ -76,6 +77,8 @@ class SessionStream:
         """True once a call was opened (before that, `cursor` may still be moved)."""
         self.on_agent_events: Callable[[Sequence[agent_event_pb2.AgentEvent]], None] | None = None
         """Hears each response's live agent events, before its session events are read."""
+        self.on_agent_event: Callable[[agent_event_pb2.AgentEvent], object] | None = None
+        """Called with each live agent event as its batch is read (a sub-agent's progress)."""
         self._call: Any = None
         self._held: deque[ev.SessionEvent] = deque()
 
@@ -124,6 +127,9 @@ class SessionStream:
             self.dropped_agent_events += batch.dropped_agent_events
             if batch.agent_events and self.on_agent_events is not None:
                 self.on_agent_events(batch.agent_events)
+            if self.on_agent_event is not None:
+                for agent_event in batch.agent_events:
+                    self.on_agent_event(agent_event)
             return batch
         return None
 

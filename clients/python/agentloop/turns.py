@@ -25,6 +25,7 @@ from agentloop.v1 import session_event_pb2 as ev
 from agentloop.view import TextDeltas, TurnView
 
 if TYPE_CHECKING:
+    from agentloop.v1.agent_event_pb2 import AgentEvent
     from agentloop.v1.agent_service_pb2_grpc import AgentServiceAsyncStub
 
 __all__ = ["RECONNECTS", "RETRYABLE", "Turn"]
@@ -59,6 +60,9 @@ class Turn:
         """How many times the stream was reopened after a failure."""
         self.steering = False
         """For a steer: True when it joined the running turn (which answers it)."""
+        self.on_agent_event: Callable[[AgentEvent], object] | None = None
+        """Called with each live agent event read with the turn's events (its sub-agents'
+        `child_progress`, status changes)."""
         self._seen: list[ev.SessionEvent] = []  # what `view()` needs: all but chunks
 
     def __aiter__(self) -> AsyncIterator[ev.SessionEvent]:
@@ -87,6 +91,7 @@ class Turn:
         stream, own = self._source()
         reconnects = stream.reconnects
         stream.busy = True
+        stream.on_agent_event = self.on_agent_event
         try:
             async for event in self._ours(stream):
                 if event.WhichOneof("payload") != "assistant_chunk":
@@ -94,6 +99,7 @@ class Turn:
                 yield event
         finally:
             stream.busy = False
+            stream.on_agent_event = None
             self.reconnects += stream.reconnects - reconnects
             if own:
                 stream.close()

@@ -167,12 +167,12 @@ export class AgentloopClient {
     return (await call(this.factory.getAgent({ agentId }, this.#call))).agent!;
   }
 
-  /** Every live agent, following the pages. */
-  async listAgents(): Promise<Agent[]> {
+  /** Every live agent (only the children of `parentAgentId`, when given), all pages. */
+  async listAgents(parentAgentId = ""): Promise<Agent[]> {
     const agents: Agent[] = [];
     let pageToken = "";
     do {
-      const page = await call(this.factory.listAgents({ pageToken }, this.#call));
+      const page = await call(this.factory.listAgents({ pageToken, parentAgentId }, this.#call));
       agents.push(...page.agents);
       pageToken = page.nextPageToken;
     } while (pageToken);

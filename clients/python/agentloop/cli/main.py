@@ -25,13 +25,14 @@ import grpc
 from agentloop.cli import render
 from agentloop.cli.acp_verb import add_acp_verb
 from agentloop.cli.approvals import APPROVAL_KINDS, add_approval_verbs, on_send_event
+from agentloop.cli.children import add_children_verb
 from agentloop.cli.compact import add_compact_verb
 from agentloop.cli.drain import add_drain_verb
 from agentloop.cli.verbs import add_verbs, as_dict, completion_script, emit, out
 from agentloop.cli.version import version
 from agentloop.client import Client, connect
 from agentloop.turns import Turn
-from agentloop.v1 import agent_pb2
+from agentloop.v1 import agent_event_pb2, agent_pb2
 
 DEFAULT_ADDRESS = "127.0.0.1:50051"
 EXIT_RPC_ERROR = 2
@@ -122,7 +123,19 @@ async def cmd_send(client: Client, args: argparse.Namespace) -> int:
 async def show_turn(
     client: Client, turn: Turn, view: render.TurnView, args: argparse.Namespace
 ) -> int:
-    """Render a turn's events as they come (answering approvals); 0 when it succeeded."""
+    """Render a turn's events as they come (answering approvals); 0 when it succeeded.
+
+    Its sub-agents' progress (`child_progress`) shows under the call that made them.
+    """
+
+    def on_agent_event(agent_event: agent_event_pb2.AgentEvent) -> None:
+        if agent_event.HasField("child_progress"):
+            if args.json:
+                emit(args, agent_event, "")
+            else:
+                out(view.progress(agent_event.child_progress))
+
+    turn.on_agent_event = on_agent_event
     async for event in turn:
         emit(args, event, "") if args.json else out(view.render(event))
         if event.WhichOneof("payload") in APPROVAL_KINDS and not args.json:
@@ -271,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_acp_verb(command)
     add_compact_verb(command)
     add_drain_verb(command)
+    add_children_verb(command)
     completion = command("completion", cmd_completion, "print a shell completion script")
     completion.add_argument("shell", choices=("bash",))
     return parser

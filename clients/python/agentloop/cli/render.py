@@ -217,6 +217,8 @@ class TurnView:
         self.at_line_start = True
         self._kinds: dict[tuple[int, int, int], stream_pb2.BlockKind.ValueType] = {}
         self._tool_names: dict[str, str] = {}
+        self._depth: dict[str, int] = {}
+        """Each sub-agent that reported, and its depth below the agent (children: 1)."""
 
     def _break(self) -> str:
         """A newline if inline text is pending, so that the next output starts a line."""
@@ -289,6 +291,26 @@ class TurnView:
             ended = self._kinds.get((turn, step, chunk.block_end.index))
             return self._break() if ended == stream_pb2.BLOCK_KIND_REASONING else ""
         return ""
+
+    def progress(self, progress: agent_event_pb2.ChildProgress) -> str:
+        """A sub-agent's step or end, as a branch under the call that made it.
+
+        Each sub-agent gets a branch the first time it reports, under its parent's
+        branch (a grandchild's reports bubble up to this agent too); its later reports
+        are lines of that branch: the tree of work grows as it happens.
+        """
+        child = progress.child_agent_id
+        first = child not in self._depth
+        if first:  # under its parent's branch (a sub-agent of this agent's: one deeper)
+            self._depth[child] = self._depth.get(progress.parent_agent_id, 0) + 1
+        pad = "  " + "│   " * (self._depth[child] - 1)
+        head = ""
+        if first:
+            call = self._tool_names.get(progress.tool_call_id, "call")
+            head = self._line(f"{pad}├─ sub-agent {child} ({call} {progress.tool_call_id})")
+        state = f"step {progress.step} {progress.state}" if progress.step else progress.state
+        text = f": {one_line(progress.text)}" if progress.text else ""
+        return head + self._line(self._dim(f"{pad}│   {state}{text}"))
 
     def finish(self) -> str:
         """A final newline if inline text is still pending."""

@@ -28,19 +28,19 @@ from agentloop.v1 import session_event_pb2 as agentloop_dot_v1_dot_session__even
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x61gentloop/v1/agent_event.proto\x12\x0c\x61gentloop.v1\x1a\x1b\x61gentloop/v1/approval.proto\x1a\x1a\x61gentloop/v1/content.proto\x1a agentloop/v1/session_event.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd0\x05\n\nAgentEvent\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12/\n\x0b\x63reate_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x06status\x18\n \x01(\x0b\x32 .agentloop.v1.AgentStatusChangedH\x00\x12+\n\x06queued\x18\x0b \x01(\x0b\x32\x19.agentloop.v1.AgentQueuedH\x00\x12)\n\x05\x65rror\x18\x0c \x01(\x0b\x32\x18.agentloop.v1.AgentErrorH\x00\x12-\n\x07\x63reated\x18\r \x01(\x0b\x32\x1a.agentloop.v1.AgentCreatedH\x00\x12/\n\x08\x64isposed\x18\x0e \x01(\x0b\x32\x1b.agentloop.v1.AgentDisposedH\x00\x12\x38\n\rsession_start\x18\x0f \x01(\x0b\x32\x1f.agentloop.v1.AgentSessionStartH\x00\x12=\n\x12\x61pproval_requested\x18\x10 \x01(\x0b\x32\x1f.agentloop.v1.ApprovalRequestedH\x00\x12;\n\x11\x61pproval_resolved\x18\x11 \x01(\x0b\x32\x1e.agentloop.v1.ApprovalResolvedH\x00\x12\x33\n\rcontext_usage\x18\x12 \x01(\x0b\x32\x1a.agentloop.v1.ContextUsageH\x00\x12\x33\n\ncompaction\x18\x13 \x01(\x0b\x32\x1d.agentloop.v1.AgentCompactionH\x00\x12\x35\n\x0e\x63hild_progress\x18\x14 \x01(\x0b\x32\x1b.agentloop.v1.ChildProgressH\x00\x12\x33\n\rtool_progress\x18\x15 \x01(\x0b\x32\x1a.agentloop.v1.ToolProgressH\x00\x42\x07\n\x05\x65vent\"\x9c\x01\n\x0c\x43ontextUsage\x12\x13\n\x0bused_tokens\x18\x01 \x01(\x04\x12\x15\n\rwindow_tokens\x18\x02 \x01(\x04\x12\x16\n\x0ereserve_tokens\x18\x03 \x01(\x04\x12\x11\n\testimated\x18\x04 \x01(\x08\x12\x19\n\x11\x63ompact_at_tokens\x18\x05 \x01(\x04\x12\x1a\n\x12keep_recent_tokens\x18\x06 \x01(\x04\"\xc2\x01\n\x0f\x41gentCompaction\x12,\n\x05phase\x18\x01 \x01(\x0e\x32\x1d.agentloop.v1.CompactionPhase\x12\x30\n\x07trigger\x18\x02 \x01(\x0e\x32\x1f.agentloop.v1.CompactionTrigger\x12\x15\n\rtokens_before\x18\x03 \x01(\x04\x12\x14\n\x0ctokens_after\x18\x04 \x01(\x04\x12\x11\n\tevent_seq\x18\x05 \x01(\x04\x12\x0f\n\x07message\x18\x06 \x01(\t\"\x82\x01\n\rChildProgress\x12\x16\n\x0e\x63hild_agent_id\x18\x01 \x01(\t\x12\x18\n\x10\x63hild_session_id\x18\x02 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\r\x12\r\n\x05state\x18\x05 \x01(\t\x12\x0c\n\x04text\x18\x06 \x01(\t\"\x94\x01\n\x0cToolProgress\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\x0c\n\x04turn\x18\x03 \x01(\r\x12\x0c\n\x04step\x18\x04 \x01(\r\x12\x10\n\x08progress\x18\x05 \x01(\x01\x12\x12\n\x05total\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07message\x18\x07 \x01(\tB\x08\n\x06_total\"?\n\x12\x41gentStatusChanged\x12)\n\x06status\x18\x01 \x01(\x0e\x32\x19.agentloop.v1.AgentStatus\"\x86\x01\n\x0b\x41gentQueued\x12+\n\x07\x63ontent\x18\x01 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x02 \x01(\x0b\x32\x14.agentloop.v1.Source\x12\x10\n\x08steering\x18\x03 \x01(\x08\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"G\n\nAgentError\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0c\n\x04\x63ode\x18\x04 \x01(\t\"\"\n\x0c\x41gentCreated\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x0f\n\rAgentDisposed\"E\n\x11\x41gentSessionStart\x12\x30\n\x06source\x18\x01 \x01(\x0e\x32 .agentloop.v1.SessionStartSource*w\n\x0b\x41gentStatus\x12\x1c\n\x18\x41GENT_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11\x41GENT_STATUS_IDLE\x10\x01\x12\x18\n\x14\x41GENT_STATUS_RUNNING\x10\x02\x12\x19\n\x15\x41GENT_STATUS_DISPOSED\x10\x03*}\n\x12SessionStartSource\x12$\n SESSION_START_SOURCE_UNSPECIFIED\x10\x00\x12 \n\x1cSESSION_START_SOURCE_STARTUP\x10\x01\x12\x1f\n\x1bSESSION_START_SOURCE_RESUME\x10\x02*\x8d\x01\n\x0f\x43ompactionPhase\x12 \n\x1c\x43OMPACTION_PHASE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43OMPACTION_PHASE_STARTED\x10\x01\x12\x1d\n\x19\x43OMPACTION_PHASE_FINISHED\x10\x02\x12\x1b\n\x17\x43OMPACTION_PHASE_FAILED\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x61gentloop/v1/agent_event.proto\x12\x0c\x61gentloop.v1\x1a\x1b\x61gentloop/v1/approval.proto\x1a\x1a\x61gentloop/v1/content.proto\x1a agentloop/v1/session_event.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd0\x05\n\nAgentEvent\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12/\n\x0b\x63reate_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x06status\x18\n \x01(\x0b\x32 .agentloop.v1.AgentStatusChangedH\x00\x12+\n\x06queued\x18\x0b \x01(\x0b\x32\x19.agentloop.v1.AgentQueuedH\x00\x12)\n\x05\x65rror\x18\x0c \x01(\x0b\x32\x18.agentloop.v1.AgentErrorH\x00\x12-\n\x07\x63reated\x18\r \x01(\x0b\x32\x1a.agentloop.v1.AgentCreatedH\x00\x12/\n\x08\x64isposed\x18\x0e \x01(\x0b\x32\x1b.agentloop.v1.AgentDisposedH\x00\x12\x38\n\rsession_start\x18\x0f \x01(\x0b\x32\x1f.agentloop.v1.AgentSessionStartH\x00\x12=\n\x12\x61pproval_requested\x18\x10 \x01(\x0b\x32\x1f.agentloop.v1.ApprovalRequestedH\x00\x12;\n\x11\x61pproval_resolved\x18\x11 \x01(\x0b\x32\x1e.agentloop.v1.ApprovalResolvedH\x00\x12\x33\n\rcontext_usage\x18\x12 \x01(\x0b\x32\x1a.agentloop.v1.ContextUsageH\x00\x12\x33\n\ncompaction\x18\x13 \x01(\x0b\x32\x1d.agentloop.v1.AgentCompactionH\x00\x12\x35\n\x0e\x63hild_progress\x18\x14 \x01(\x0b\x32\x1b.agentloop.v1.ChildProgressH\x00\x12\x33\n\rtool_progress\x18\x15 \x01(\x0b\x32\x1a.agentloop.v1.ToolProgressH\x00\x42\x07\n\x05\x65vent\"\x9c\x01\n\x0c\x43ontextUsage\x12\x13\n\x0bused_tokens\x18\x01 \x01(\x04\x12\x15\n\rwindow_tokens\x18\x02 \x01(\x04\x12\x16\n\x0ereserve_tokens\x18\x03 \x01(\x04\x12\x11\n\testimated\x18\x04 \x01(\x08\x12\x19\n\x11\x63ompact_at_tokens\x18\x05 \x01(\x04\x12\x1a\n\x12keep_recent_tokens\x18\x06 \x01(\x04\"\xc2\x01\n\x0f\x41gentCompaction\x12,\n\x05phase\x18\x01 \x01(\x0e\x32\x1d.agentloop.v1.CompactionPhase\x12\x30\n\x07trigger\x18\x02 \x01(\x0e\x32\x1f.agentloop.v1.CompactionTrigger\x12\x15\n\rtokens_before\x18\x03 \x01(\x04\x12\x14\n\x0ctokens_after\x18\x04 \x01(\x04\x12\x11\n\tevent_seq\x18\x05 \x01(\x04\x12\x0f\n\x07message\x18\x06 \x01(\t\"\x9b\x01\n\rChildProgress\x12\x16\n\x0e\x63hild_agent_id\x18\x01 \x01(\t\x12\x18\n\x10\x63hild_session_id\x18\x02 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\r\x12\r\n\x05state\x18\x05 \x01(\t\x12\x0c\n\x04text\x18\x06 \x01(\t\x12\x17\n\x0fparent_agent_id\x18\x07 \x01(\t\"\x94\x01\n\x0cToolProgress\x12\x14\n\x0ctool_call_id\x18\x01 \x01(\t\x12\x11\n\ttool_name\x18\x02 \x01(\t\x12\x0c\n\x04turn\x18\x03 \x01(\r\x12\x0c\n\x04step\x18\x04 \x01(\r\x12\x10\n\x08progress\x18\x05 \x01(\x01\x12\x12\n\x05total\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07message\x18\x07 \x01(\tB\x08\n\x06_total\"?\n\x12\x41gentStatusChanged\x12)\n\x06status\x18\x01 \x01(\x0e\x32\x19.agentloop.v1.AgentStatus\"\x86\x01\n\x0b\x41gentQueued\x12+\n\x07\x63ontent\x18\x01 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x02 \x01(\x0b\x32\x14.agentloop.v1.Source\x12\x10\n\x08steering\x18\x03 \x01(\x08\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"G\n\nAgentError\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0c\n\x04\x63ode\x18\x04 \x01(\t\"\"\n\x0c\x41gentCreated\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x0f\n\rAgentDisposed\"E\n\x11\x41gentSessionStart\x12\x30\n\x06source\x18\x01 \x01(\x0e\x32 .agentloop.v1.SessionStartSource*w\n\x0b\x41gentStatus\x12\x1c\n\x18\x41GENT_STATUS_UNSPECIFIED\x10\x00\x12\x15\n\x11\x41GENT_STATUS_IDLE\x10\x01\x12\x18\n\x14\x41GENT_STATUS_RUNNING\x10\x02\x12\x19\n\x15\x41GENT_STATUS_DISPOSED\x10\x03*}\n\x12SessionStartSource\x12$\n SESSION_START_SOURCE_UNSPECIFIED\x10\x00\x12 \n\x1cSESSION_START_SOURCE_STARTUP\x10\x01\x12\x1f\n\x1bSESSION_START_SOURCE_RESUME\x10\x02*\x8d\x01\n\x0f\x43ompactionPhase\x12 \n\x1c\x43OMPACTION_PHASE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43OMPACTION_PHASE_STARTED\x10\x01\x12\x1d\n\x19\x43OMPACTION_PHASE_FINISHED\x10\x02\x12\x1b\n\x17\x43OMPACTION_PHASE_FAILED\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentloop.v1.agent_event_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_AGENTSTATUS']._serialized_start=1934
-  _globals['_AGENTSTATUS']._serialized_end=2053
-  _globals['_SESSIONSTARTSOURCE']._serialized_start=2055
-  _globals['_SESSIONSTARTSOURCE']._serialized_end=2180
-  _globals['_COMPACTIONPHASE']._serialized_start=2183
-  _globals['_COMPACTIONPHASE']._serialized_end=2324
+  _globals['_AGENTSTATUS']._serialized_start=1959
+  _globals['_AGENTSTATUS']._serialized_end=2078
+  _globals['_SESSIONSTARTSOURCE']._serialized_start=2080
+  _globals['_SESSIONSTARTSOURCE']._serialized_end=2205
+  _globals['_COMPACTIONPHASE']._serialized_start=2208
+  _globals['_COMPACTIONPHASE']._serialized_end=2349
   _globals['_AGENTEVENT']._serialized_start=173
   _globals['_AGENTEVENT']._serialized_end=893
   _globals['_CONTEXTUSAGE']._serialized_start=896
@@ -48,19 +48,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_AGENTCOMPACTION']._serialized_start=1055
   _globals['_AGENTCOMPACTION']._serialized_end=1249
   _globals['_CHILDPROGRESS']._serialized_start=1252
-  _globals['_CHILDPROGRESS']._serialized_end=1382
-  _globals['_TOOLPROGRESS']._serialized_start=1385
-  _globals['_TOOLPROGRESS']._serialized_end=1533
-  _globals['_AGENTSTATUSCHANGED']._serialized_start=1535
-  _globals['_AGENTSTATUSCHANGED']._serialized_end=1598
-  _globals['_AGENTQUEUED']._serialized_start=1601
-  _globals['_AGENTQUEUED']._serialized_end=1735
-  _globals['_AGENTERROR']._serialized_start=1737
-  _globals['_AGENTERROR']._serialized_end=1808
-  _globals['_AGENTCREATED']._serialized_start=1810
-  _globals['_AGENTCREATED']._serialized_end=1844
-  _globals['_AGENTDISPOSED']._serialized_start=1846
-  _globals['_AGENTDISPOSED']._serialized_end=1861
-  _globals['_AGENTSESSIONSTART']._serialized_start=1863
-  _globals['_AGENTSESSIONSTART']._serialized_end=1932
+  _globals['_CHILDPROGRESS']._serialized_end=1407
+  _globals['_TOOLPROGRESS']._serialized_start=1410
+  _globals['_TOOLPROGRESS']._serialized_end=1558
+  _globals['_AGENTSTATUSCHANGED']._serialized_start=1560
+  _globals['_AGENTSTATUSCHANGED']._serialized_end=1623
+  _globals['_AGENTQUEUED']._serialized_start=1626
+  _globals['_AGENTQUEUED']._serialized_end=1760
+  _globals['_AGENTERROR']._serialized_start=1762
+  _globals['_AGENTERROR']._serialized_end=1833
+  _globals['_AGENTCREATED']._serialized_start=1835
+  _globals['_AGENTCREATED']._serialized_end=1869
+  _globals['_AGENTDISPOSED']._serialized_start=1871
+  _globals['_AGENTDISPOSED']._serialized_end=1886
+  _globals['_AGENTSESSIONSTART']._serialized_start=1888
+  _globals['_AGENTSESSIONSTART']._serialized_end=1957
 # @@protoc_insertion_point(module_scope)

@@ -329,6 +329,7 @@ class ChildProgress(_message.Message):
     STEP_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
+    PARENT_AGENT_ID_FIELD_NUMBER: _builtins.int
     child_agent_id: _builtins.str
     """ChildAgentID is the sub-agent."""
     child_session_id: _builtins.str
@@ -345,6 +346,12 @@ class ChildProgress(_message.Message):
     """Text is the start of the child's latest answer text (at most 200
     characters).
     """
+    parent_agent_id: _builtins.str
+    """ParentAgentID is the agent the child belongs to: the agent whose events
+    carry this report for its own children, one of its sub-agents for a
+    deeper one (a sub-agent's reports bubble up to every ancestor, so the
+    whole tree of work shows on the top agent).
+    """
     def __init__(
         self,
         *,
@@ -354,10 +361,11 @@ class ChildProgress(_message.Message):
         step: _builtins.int = ...,
         state: _builtins.str = ...,
         text: _builtins.str = ...,
+        parent_agent_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["child_agent_id", b"child_agent_id", "child_session_id", b"child_session_id", "state", b"state", "step", b"step", "text", b"text", "tool_call_id", b"tool_call_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["child_agent_id", b"child_agent_id", "child_session_id", b"child_session_id", "parent_agent_id", b"parent_agent_id", "state", b"state", "step", b"step", "text", b"text", "tool_call_id", b"tool_call_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -29,23 +29,23 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n agentloop/v1/session_event.proto\x12\x0c\x61gentloop.v1\x1a\x1b\x61gentloop/v1/approval.proto\x1a\x1a\x61gentloop/v1/content.proto\x1a\x19\x61gentloop/v1/stream.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf7\x07\n\x0cSessionEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12/\n\x0b\x63reate_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\nsurface_op\x18\x03 \x01(\x0b\x32\x17.agentloop.v1.SurfaceOp\x12\x19\n\x11source_event_seqs\x18\x04 \x03(\x04\x12-\n\nturn_start\x18\n \x01(\x0b\x32\x17.agentloop.v1.TurnStartH\x00\x12\x31\n\x0cuser_message\x18\x0b \x01(\x0b\x32\x19.agentloop.v1.UserMessageH\x00\x12\x35\n\x0eprompt_blocked\x18\x0c \x01(\x0b\x32\x1b.agentloop.v1.PromptBlockedH\x00\x12\x37\n\x0f\x63ontext_message\x18\r \x01(\x0b\x32\x1c.agentloop.v1.ContextMessageH\x00\x12\x39\n\x10steering_message\x18\x0e \x01(\x0b\x32\x1d.agentloop.v1.SteeringMessageH\x00\x12-\n\nstep_start\x18\x0f \x01(\x0b\x32\x17.agentloop.v1.StepStartH\x00\x12;\n\x0erequest_header\x18\x10 \x01(\x0b\x32!.agentloop.v1.RequestHeaderLoggedH\x00\x12\x37\n\x0f\x61ssistant_chunk\x18\x11 \x01(\x0b\x32\x1c.agentloop.v1.AssistantChunkH\x00\x12;\n\x11\x61ssistant_message\x18\x12 \x01(\x0b\x32\x1e.agentloop.v1.AssistantMessageH\x00\x12+\n\ttool_call\x18\x13 \x01(\x0b\x32\x16.agentloop.v1.ToolCallH\x00\x12/\n\x0btool_result\x18\x14 \x01(\x0b\x32\x18.agentloop.v1.ToolResultH\x00\x12)\n\x08step_end\x18\x15 \x01(\x0b\x32\x15.agentloop.v1.StepEndH\x00\x12)\n\x08turn_end\x18\x16 \x01(\x0b\x32\x15.agentloop.v1.TurnEndH\x00\x12\x37\n\x0fmessage_dropped\x18\x17 \x01(\x0b\x32\x1c.agentloop.v1.MessageDroppedH\x00\x12=\n\x12\x61pproval_requested\x18\x18 \x01(\x0b\x32\x1f.agentloop.v1.ApprovalRequestedH\x00\x12;\n\x11\x61pproval_resolved\x18\x19 \x01(\x0b\x32\x1e.agentloop.v1.ApprovalResolvedH\x00\x42\t\n\x07payload\"R\n\tSurfaceOp\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.agentloop.v1.SurfaceOpKind\x12\r\n\x05start\x18\x02 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x04\"k\n\tTurnStart\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12*\n\x07trigger\x18\x02 \x01(\x0e\x32\x19.agentloop.v1.TriggerKind\x12$\n\x06source\x18\x03 \x01(\x0b\x32\x14.agentloop.v1.Source\"t\n\x0bUserMessage\x12+\n\x07\x63ontent\x18\x01 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x02 \x01(\x0b\x32\x14.agentloop.v1.Source\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\x86\x01\n\rPromptBlocked\x12+\n\x07\x63ontent\x18\x01 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x02 \x01(\x0b\x32\x14.agentloop.v1.Source\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\xfd\x01\n\x0e\x43ontextMessage\x12+\n\x07\x63ontent\x18\x01 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x02 \x01(\x0b\x32\x14.agentloop.v1.Source\x12/\n\x08\x65nvelope\x18\x03 \x01(\x0e\x32\x1d.agentloop.v1.ContextEnvelope\x12%\n\x04meta\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12,\n\ncompaction\x18\x06 \x01(\x0b\x32\x18.agentloop.v1.Compaction\"\xa4\x02\n\nCompaction\x12\x30\n\x07trigger\x18\x01 \x01(\x0e\x32\x1f.agentloop.v1.CompactionTrigger\x12\x11\n\tfirst_seq\x18\x02 \x01(\x04\x12\x10\n\x08last_seq\x18\x03 \x01(\x04\x12\x15\n\rtokens_before\x18\x04 \x01(\x04\x12\x14\n\x0ctokens_after\x18\x05 \x01(\x04\x12\x14\n\x0cinstructions\x18\x06 \x01(\t\x12,\n\nprovenance\x18\x07 \x01(\x0b\x32\x18.agentloop.v1.Provenance\x12\"\n\x05usage\x18\x08 \x01(\x0b\x32\x13.agentloop.v1.Usage\x12\x12\n\nrequest_id\x18\t \x01(\t\x12\x16\n\x0ereplaced_nodes\x18\n \x01(\r\"\x86\x01\n\x0fSteeringMessage\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12+\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x03 \x01(\x0b\x32\x14.agentloop.v1.Source\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\'\n\tStepStart\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\"n\n\x13RequestHeaderLogged\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x1b.agentloop.v1.RequestHeader\x12*\n\x06reason\x18\x02 \x01(\x0e\x32\x1a.agentloop.v1.HeaderReason\"V\n\x0e\x41ssistantChunk\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\x12(\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x19.agentloop.v1.StreamChunk\"\xad\x01\n\x10\x41ssistantMessage\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\x12+\n\x07\x63ontent\x18\x03 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12,\n\nprovenance\x18\x04 \x01(\x0b\x32\x18.agentloop.v1.Provenance\x12\"\n\x05usage\x18\x05 \x01(\x0b\x32\x13.agentloop.v1.Usage\"X\n\x08ToolCall\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x11\n\targuments\x18\x05 \x01(\t\"\'\n\tToolError\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\"\xa5\x02\n\nToolResult\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12+\n\x07\x63ontent\x18\x04 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12\x10\n\x08is_error\x18\x05 \x01(\x08\x12&\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x17.agentloop.v1.ToolError\x12%\n\x04meta\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\x12.\n\nstart_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"%\n\x07StepEnd\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\"D\n\x07TurnEnd\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12+\n\x06reason\x18\x02 \x01(\x0b\x32\x1b.agentloop.v1.TurnEndReason\"\xea\x02\n\rTurnEndReason\x12\x30\n\tcompleted\x18\x01 \x01(\x0b\x32\x1b.agentloop.v1.TurnCompletedH\x00\x12\x31\n\nmax_tokens\x18\x02 \x01(\x0b\x32\x1b.agentloop.v1.TurnMaxTokensH\x00\x12,\n\x07\x61\x62orted\x18\x03 \x01(\x0b\x32\x19.agentloop.v1.TurnAbortedH\x00\x12(\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x17.agentloop.v1.TurnErrorH\x00\x12.\n\x08\x64isposed\x18\x05 \x01(\x0b\x32\x1a.agentloop.v1.TurnDisposedH\x00\x12.\n\x08rejected\x18\x06 \x01(\x0b\x32\x1a.agentloop.v1.TurnRejectedH\x00\x12\x34\n\x0binterrupted\x18\x07 \x01(\x0b\x32\x1d.agentloop.v1.TurnInterruptedH\x00\x42\x06\n\x04kind\"\x0f\n\rTurnCompleted\"\x0f\n\rTurnMaxTokens\"\x1d\n\x0bTurnAborted\x12\x0e\n\x06reason\x18\x01 \x01(\t\"8\n\tTurnError\x12\x0c\n\x04step\x18\x01 \x01(\r\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\"\x0e\n\x0cTurnDisposed\"\x1e\n\x0cTurnRejected\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x11\n\x0fTurnInterrupted\"\x99\x01\n\x0eMessageDropped\x12+\n\x07\x63ontent\x18\x01 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x02 \x01(\x0b\x32\x14.agentloop.v1.Source\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x10\n\x08steering\x18\x05 \x01(\x08*i\n\rSurfaceOpKind\x12\x1f\n\x1bSURFACE_OP_KIND_UNSPECIFIED\x10\x00\x12\x1a\n\x16SURFACE_OP_KIND_APPEND\x10\x01\x12\x1b\n\x17SURFACE_OP_KIND_REPLACE\x10\x02*~\n\x0bTriggerKind\x12\x1c\n\x18TRIGGER_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14TRIGGER_KIND_MESSAGE\x10\x01\x12\x1a\n\x16TRIGGER_KIND_INJECTION\x10\x02\x12\x1b\n\x17TRIGGER_KIND_COMPACTION\x10\x03*k\n\x0f\x43ontextEnvelope\x12 \n\x1c\x43ONTEXT_ENVELOPE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43ONTEXT_ENVELOPE_CONTEXT\x10\x01\x12\x18\n\x14\x43ONTEXT_ENVELOPE_RAW\x10\x02*\x99\x01\n\x11\x43ompactionTrigger\x12\"\n\x1e\x43OMPACTION_TRIGGER_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x43OMPACTION_TRIGGER_MANUAL\x10\x01\x12 \n\x1c\x43OMPACTION_TRIGGER_THRESHOLD\x10\x02\x12\x1f\n\x1b\x43OMPACTION_TRIGGER_OVERFLOW\x10\x03*|\n\x0cHeaderReason\x12\x1d\n\x19HEADER_REASON_UNSPECIFIED\x10\x00\x12\x19\n\x15HEADER_REASON_INITIAL\x10\x01\x12\x18\n\x14HEADER_REASON_RESUME\x10\x02\x12\x18\n\x14HEADER_REASON_CHANGE\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n agentloop/v1/session_event.proto\x12\x0c\x61gentloop.v1\x1a\x1b\x61gentloop/v1/approval.proto\x1a\x1a\x61gentloop/v1/content.proto\x1a\x19\x61gentloop/v1/stream.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf7\x07\n\x0cSessionEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12/\n\x0b\x63reate_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\nsurface_op\x18\x03 \x01(\x0b\x32\x17.agentloop.v1.SurfaceOp\x12\x19\n\x11source_event_seqs\x18\x04 \x03(\x04\x12-\n\nturn_start\x18\n \x01(\x0b\x32\x17.agentloop.v1.TurnStartH\x00\x12\x31\n\x0cuser_message\x18\x0b \x01(\x0b\x32\x19.agentloop.v1.UserMessageH\x00\x12\x35\n\x0eprompt_blocked\x18\x0c \x01(\x0b\x32\x1b.agentloop.v1.PromptBlockedH\x00\x12\x37\n\x0f\x63ontext_message\x18\r \x01(\x0b\x32\x1c.agentloop.v1.ContextMessageH\x00\x12\x39\n\x10steering_message\x18\x0e \x01(\x0b\x32\x1d.agentloop.v1.SteeringMessageH\x00\x12-\n\nstep_start\x18\x0f \x01(\x0b\x32\x17.agentloop.v1.StepStartH\x00\x12;\n\x0erequest_header\x18\x10 \x01(\x0b\x32!.agentloop.v1.RequestHeaderLoggedH\x00\x12\x37\n\x0f\x61ssistant_chunk\x18\x11 \x01(\x0b\x32\x1c.agentloop.v1.AssistantChunkH\x00\x12;\n\x11\x61ssistant_message\x18\x12 \x01(\x0b\x32\x1e.agentloop.v1.AssistantMessageH\x00\x12+\n\ttool_call\x18\x13 \x01(\x0b\x32\x16.agentloop.v1.ToolCallH\x00\x12/\n\x0btool_result\x18\x14 \x01(\x0b\x32\x18.agentloop.v1.ToolResultH\x00\x12)\n\x08step_end\x18\x15 \x01(\x0b\x32\x15.agentloop.v1.StepEndH\x00\x12)\n\x08turn_end\x18\x16 \x01(\x0b\x32\x15.agentloop.v1.TurnEndH\x00\x12\x37\n\x0fmessage_dropped\x18\x17 \x01(\x0b\x32\x1c.agentloop.v1.MessageDroppedH\x00\x12=\n\x12\x61pproval_requested\x18\x18 \x01(\x0b\x32\x1f.agentloop.v1.ApprovalRequestedH\x00\x12;\n\x11\x61pproval_resolved\x18\x19 \x01(\x0b\x32\x1e.agentloop.v1.ApprovalResolvedH\x00\x42\t\n\x07payload\"R\n\tSurfaceOp\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.agentloop.v1.SurfaceOpKind\x12\r\n\x05start\x18\x02 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x04\"k\n\tTurnStart\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12*\n\x07trigger\x18\x02 \x01(\x0e\x32\x19.agentloop.v1.TriggerKind\x12$\n\x06source\x18\x03 \x01(\x0b\x32\x14.agentloop.v1.Source\"t\n\x0bUserMessage\x12+\n\x07\x63ontent\x18\x01 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x02 \x01(\x0b\x32\x14.agentloop.v1.Source\x12\x12\n\nrequest_id\x18\x03 \x01(\t\"\x86\x01\n\rPromptBlocked\x12+\n\x07\x63ontent\x18\x01 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x02 \x01(\x0b\x32\x14.agentloop.v1.Source\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\xfd\x01\n\x0e\x43ontextMessage\x12+\n\x07\x63ontent\x18\x01 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x02 \x01(\x0b\x32\x14.agentloop.v1.Source\x12/\n\x08\x65nvelope\x18\x03 \x01(\x0e\x32\x1d.agentloop.v1.ContextEnvelope\x12%\n\x04meta\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12,\n\ncompaction\x18\x06 \x01(\x0b\x32\x18.agentloop.v1.Compaction\"\xd1\x02\n\nCompaction\x12\x30\n\x07trigger\x18\x01 \x01(\x0e\x32\x1f.agentloop.v1.CompactionTrigger\x12\x11\n\tfirst_seq\x18\x02 \x01(\x04\x12\x10\n\x08last_seq\x18\x03 \x01(\x04\x12\x15\n\rtokens_before\x18\x04 \x01(\x04\x12\x14\n\x0ctokens_after\x18\x05 \x01(\x04\x12\x14\n\x0cinstructions\x18\x06 \x01(\t\x12,\n\nprovenance\x18\x07 \x01(\x0b\x32\x18.agentloop.v1.Provenance\x12\"\n\x05usage\x18\x08 \x01(\x0b\x32\x13.agentloop.v1.Usage\x12\x12\n\nrequest_id\x18\t \x01(\t\x12\x16\n\x0ereplaced_nodes\x18\n \x01(\r\x12+\n\x06header\x18\x0b \x01(\x0b\x32\x1b.agentloop.v1.RequestHeader\"\x86\x01\n\x0fSteeringMessage\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12+\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x03 \x01(\x0b\x32\x14.agentloop.v1.Source\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\'\n\tStepStart\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\"n\n\x13RequestHeaderLogged\x12+\n\x06header\x18\x01 \x01(\x0b\x32\x1b.agentloop.v1.RequestHeader\x12*\n\x06reason\x18\x02 \x01(\x0e\x32\x1a.agentloop.v1.HeaderReason\"V\n\x0e\x41ssistantChunk\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\x12(\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x19.agentloop.v1.StreamChunk\"\xad\x01\n\x10\x41ssistantMessage\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\x12+\n\x07\x63ontent\x18\x03 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12,\n\nprovenance\x18\x04 \x01(\x0b\x32\x18.agentloop.v1.Provenance\x12\"\n\x05usage\x18\x05 \x01(\x0b\x32\x13.agentloop.v1.Usage\"X\n\x08ToolCall\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x11\n\targuments\x18\x05 \x01(\t\"\'\n\tToolError\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\"\xa5\x02\n\nToolResult\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12+\n\x07\x63ontent\x18\x04 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12\x10\n\x08is_error\x18\x05 \x01(\x08\x12&\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x17.agentloop.v1.ToolError\x12%\n\x04meta\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\x12.\n\nstart_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"%\n\x07StepEnd\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12\x0c\n\x04step\x18\x02 \x01(\r\"D\n\x07TurnEnd\x12\x0c\n\x04turn\x18\x01 \x01(\r\x12+\n\x06reason\x18\x02 \x01(\x0b\x32\x1b.agentloop.v1.TurnEndReason\"\xea\x02\n\rTurnEndReason\x12\x30\n\tcompleted\x18\x01 \x01(\x0b\x32\x1b.agentloop.v1.TurnCompletedH\x00\x12\x31\n\nmax_tokens\x18\x02 \x01(\x0b\x32\x1b.agentloop.v1.TurnMaxTokensH\x00\x12,\n\x07\x61\x62orted\x18\x03 \x01(\x0b\x32\x19.agentloop.v1.TurnAbortedH\x00\x12(\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x17.agentloop.v1.TurnErrorH\x00\x12.\n\x08\x64isposed\x18\x05 \x01(\x0b\x32\x1a.agentloop.v1.TurnDisposedH\x00\x12.\n\x08rejected\x18\x06 \x01(\x0b\x32\x1a.agentloop.v1.TurnRejectedH\x00\x12\x34\n\x0binterrupted\x18\x07 \x01(\x0b\x32\x1d.agentloop.v1.TurnInterruptedH\x00\x42\x06\n\x04kind\"\x0f\n\rTurnCompleted\"\x0f\n\rTurnMaxTokens\"\x1d\n\x0bTurnAborted\x12\x0e\n\x06reason\x18\x01 \x01(\t\"8\n\tTurnError\x12\x0c\n\x04step\x18\x01 \x01(\r\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\t\"\x0e\n\x0cTurnDisposed\"\x1e\n\x0cTurnRejected\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x11\n\x0fTurnInterrupted\"\x99\x01\n\x0eMessageDropped\x12+\n\x07\x63ontent\x18\x01 \x03(\x0b\x32\x1a.agentloop.v1.ContentBlock\x12$\n\x06source\x18\x02 \x01(\x0b\x32\x14.agentloop.v1.Source\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\x12\x10\n\x08steering\x18\x05 \x01(\x08*i\n\rSurfaceOpKind\x12\x1f\n\x1bSURFACE_OP_KIND_UNSPECIFIED\x10\x00\x12\x1a\n\x16SURFACE_OP_KIND_APPEND\x10\x01\x12\x1b\n\x17SURFACE_OP_KIND_REPLACE\x10\x02*~\n\x0bTriggerKind\x12\x1c\n\x18TRIGGER_KIND_UNSPECIFIED\x10\x00\x12\x18\n\x14TRIGGER_KIND_MESSAGE\x10\x01\x12\x1a\n\x16TRIGGER_KIND_INJECTION\x10\x02\x12\x1b\n\x17TRIGGER_KIND_COMPACTION\x10\x03*k\n\x0f\x43ontextEnvelope\x12 \n\x1c\x43ONTEXT_ENVELOPE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43ONTEXT_ENVELOPE_CONTEXT\x10\x01\x12\x18\n\x14\x43ONTEXT_ENVELOPE_RAW\x10\x02*\x99\x01\n\x11\x43ompactionTrigger\x12\"\n\x1e\x43OMPACTION_TRIGGER_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x43OMPACTION_TRIGGER_MANUAL\x10\x01\x12 \n\x1c\x43OMPACTION_TRIGGER_THRESHOLD\x10\x02\x12\x1f\n\x1b\x43OMPACTION_TRIGGER_OVERFLOW\x10\x03*|\n\x0cHeaderReason\x12\x1d\n\x19HEADER_REASON_UNSPECIFIED\x10\x00\x12\x19\n\x15HEADER_REASON_INITIAL\x10\x01\x12\x18\n\x14HEADER_REASON_RESUME\x10\x02\x12\x18\n\x14HEADER_REASON_CHANGE\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'agentloop.v1.session_event_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SURFACEOPKIND']._serialized_start=4015
-  _globals['_SURFACEOPKIND']._serialized_end=4120
-  _globals['_TRIGGERKIND']._serialized_start=4122
-  _globals['_TRIGGERKIND']._serialized_end=4248
-  _globals['_CONTEXTENVELOPE']._serialized_start=4250
-  _globals['_CONTEXTENVELOPE']._serialized_end=4357
-  _globals['_COMPACTIONTRIGGER']._serialized_start=4360
-  _globals['_COMPACTIONTRIGGER']._serialized_end=4513
-  _globals['_HEADERREASON']._serialized_start=4515
-  _globals['_HEADERREASON']._serialized_end=4639
+  _globals['_SURFACEOPKIND']._serialized_start=4060
+  _globals['_SURFACEOPKIND']._serialized_end=4165
+  _globals['_TRIGGERKIND']._serialized_start=4167
+  _globals['_TRIGGERKIND']._serialized_end=4293
+  _globals['_CONTEXTENVELOPE']._serialized_start=4295
+  _globals['_CONTEXTENVELOPE']._serialized_end=4402
+  _globals['_COMPACTIONTRIGGER']._serialized_start=4405
+  _globals['_COMPACTIONTRIGGER']._serialized_end=4558
+  _globals['_HEADERREASON']._serialized_start=4560
+  _globals['_HEADERREASON']._serialized_end=4684
   _globals['_SESSIONEVENT']._serialized_start=198
   _globals['_SESSIONEVENT']._serialized_end=1213
   _globals['_SURFACEOP']._serialized_start=1215
@@ -59,43 +59,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CONTEXTMESSAGE']._serialized_start=1664
   _globals['_CONTEXTMESSAGE']._serialized_end=1917
   _globals['_COMPACTION']._serialized_start=1920
-  _globals['_COMPACTION']._serialized_end=2212
-  _globals['_STEERINGMESSAGE']._serialized_start=2215
-  _globals['_STEERINGMESSAGE']._serialized_end=2349
-  _globals['_STEPSTART']._serialized_start=2351
-  _globals['_STEPSTART']._serialized_end=2390
-  _globals['_REQUESTHEADERLOGGED']._serialized_start=2392
-  _globals['_REQUESTHEADERLOGGED']._serialized_end=2502
-  _globals['_ASSISTANTCHUNK']._serialized_start=2504
-  _globals['_ASSISTANTCHUNK']._serialized_end=2590
-  _globals['_ASSISTANTMESSAGE']._serialized_start=2593
-  _globals['_ASSISTANTMESSAGE']._serialized_end=2766
-  _globals['_TOOLCALL']._serialized_start=2768
-  _globals['_TOOLCALL']._serialized_end=2856
-  _globals['_TOOLERROR']._serialized_start=2858
-  _globals['_TOOLERROR']._serialized_end=2897
-  _globals['_TOOLRESULT']._serialized_start=2900
-  _globals['_TOOLRESULT']._serialized_end=3193
-  _globals['_STEPEND']._serialized_start=3195
-  _globals['_STEPEND']._serialized_end=3232
-  _globals['_TURNEND']._serialized_start=3234
-  _globals['_TURNEND']._serialized_end=3302
-  _globals['_TURNENDREASON']._serialized_start=3305
-  _globals['_TURNENDREASON']._serialized_end=3667
-  _globals['_TURNCOMPLETED']._serialized_start=3669
-  _globals['_TURNCOMPLETED']._serialized_end=3684
-  _globals['_TURNMAXTOKENS']._serialized_start=3686
-  _globals['_TURNMAXTOKENS']._serialized_end=3701
-  _globals['_TURNABORTED']._serialized_start=3703
-  _globals['_TURNABORTED']._serialized_end=3732
-  _globals['_TURNERROR']._serialized_start=3734
-  _globals['_TURNERROR']._serialized_end=3790
-  _globals['_TURNDISPOSED']._serialized_start=3792
-  _globals['_TURNDISPOSED']._serialized_end=3806
-  _globals['_TURNREJECTED']._serialized_start=3808
-  _globals['_TURNREJECTED']._serialized_end=3838
-  _globals['_TURNINTERRUPTED']._serialized_start=3840
-  _globals['_TURNINTERRUPTED']._serialized_end=3857
-  _globals['_MESSAGEDROPPED']._serialized_start=3860
-  _globals['_MESSAGEDROPPED']._serialized_end=4013
+  _globals['_COMPACTION']._serialized_end=2257
+  _globals['_STEERINGMESSAGE']._serialized_start=2260
+  _globals['_STEERINGMESSAGE']._serialized_end=2394
+  _globals['_STEPSTART']._serialized_start=2396
+  _globals['_STEPSTART']._serialized_end=2435
+  _globals['_REQUESTHEADERLOGGED']._serialized_start=2437
+  _globals['_REQUESTHEADERLOGGED']._serialized_end=2547
+  _globals['_ASSISTANTCHUNK']._serialized_start=2549
+  _globals['_ASSISTANTCHUNK']._serialized_end=2635
+  _globals['_ASSISTANTMESSAGE']._serialized_start=2638
+  _globals['_ASSISTANTMESSAGE']._serialized_end=2811
+  _globals['_TOOLCALL']._serialized_start=2813
+  _globals['_TOOLCALL']._serialized_end=2901
+  _globals['_TOOLERROR']._serialized_start=2903
+  _globals['_TOOLERROR']._serialized_end=2942
+  _globals['_TOOLRESULT']._serialized_start=2945
+  _globals['_TOOLRESULT']._serialized_end=3238
+  _globals['_STEPEND']._serialized_start=3240
+  _globals['_STEPEND']._serialized_end=3277
+  _globals['_TURNEND']._serialized_start=3279
+  _globals['_TURNEND']._serialized_end=3347
+  _globals['_TURNENDREASON']._serialized_start=3350
+  _globals['_TURNENDREASON']._serialized_end=3712
+  _globals['_TURNCOMPLETED']._serialized_start=3714
+  _globals['_TURNCOMPLETED']._serialized_end=3729
+  _globals['_TURNMAXTOKENS']._serialized_start=3731
+  _globals['_TURNMAXTOKENS']._serialized_end=3746
+  _globals['_TURNABORTED']._serialized_start=3748
+  _globals['_TURNABORTED']._serialized_end=3777
+  _globals['_TURNERROR']._serialized_start=3779
+  _globals['_TURNERROR']._serialized_end=3835
+  _globals['_TURNDISPOSED']._serialized_start=3837
+  _globals['_TURNDISPOSED']._serialized_end=3851
+  _globals['_TURNREJECTED']._serialized_start=3853
+  _globals['_TURNREJECTED']._serialized_end=3883
+  _globals['_TURNINTERRUPTED']._serialized_start=3885
+  _globals['_TURNINTERRUPTED']._serialized_end=3902
+  _globals['_MESSAGEDROPPED']._serialized_start=3905
+  _globals['_MESSAGEDROPPED']._serialized_end=4058
 # @@protoc_insertion_point(module_scope)

@@ -551,6 +551,7 @@ class Compaction(_message.Message):
     USAGE_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     REPLACED_NODES_FIELD_NUMBER: _builtins.int
+    HEADER_FIELD_NUMBER: _builtins.int
     trigger: Global___CompactionTrigger.ValueType
     """Trigger is why it ran."""
     first_seq: _builtins.int
@@ -577,6 +578,14 @@ class Compaction(_message.Message):
     def usage(self) -> _content_pb2.Usage:
         """Usage is the summary request's own usage, when the provider reported it."""
 
+    @_builtins.property
+    def header(self) -> _content_pb2.RequestHeader:
+        """Header is the request header in force when the summary was recorded (the
+        latest `request_header` before it), unset when none was logged. With it, a
+        reader rebuilds the history from this event on: the summary, the events
+        after `last_seq`, and this header; no older event is needed.
+        """
+
     def __init__(
         self,
         *,
@@ -590,10 +599,11 @@ class Compaction(_message.Message):
         usage: _content_pb2.Usage | None = ...,
         request_id: _builtins.str = ...,
         replaced_nodes: _builtins.int = ...,
+        header: _content_pb2.RequestHeader | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["provenance", b"provenance", "usage", b"usage"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["header", b"header", "provenance", b"provenance", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_seq", b"first_seq", "instructions", b"instructions", "last_seq", b"last_seq", "provenance", b"provenance", "replaced_nodes", b"replaced_nodes", "request_id", b"request_id", "tokens_after", b"tokens_after", "tokens_before", b"tokens_before", "trigger", b"trigger", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_seq", b"first_seq", "header", b"header", "instructions", b"instructions", "last_seq", b"last_seq", "provenance", b"provenance", "replaced_nodes", b"replaced_nodes", "request_id", b"request_id", "tokens_after", b"tokens_after", "tokens_before", b"tokens_before", "trigger", b"trigger", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
