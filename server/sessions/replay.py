@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from agentloop.v1 import session_event_pb2 as ev
 from server.kernel.errors import SessionDamaged
-from server.stores import FIRST_SEQ, SessionStore
+from server.stores import FIRST_SEQ, SessionStore, check_count
 
 SLICE = 2048
 """Events read in one go, walking back from the end of the log."""
@@ -47,6 +47,9 @@ async def replay_tail(store: SessionStore, session_id: str, count: int) -> list[
         start = max(FIRST_SEQ, end - SLICE)
         chunk = await store.read(session_id, start, end)
         if len(chunk) != end - start:
+            last = chunk[-1].seq if chunk else start - 1
+            if end == FIRST_SEQ + count and len(chunk) == last - start + 1:
+                check_count(session_id, count, last - FIRST_SEQ + 1)  # the tail cut: says so
             raise SessionDamaged(session_id, f"events {start}..{end - 1} are not all stored")
         slices.append(chunk)
         for event in reversed(chunk):
