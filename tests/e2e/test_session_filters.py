@@ -4,8 +4,10 @@ precise refusal of each bad filter."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
@@ -13,7 +15,9 @@ import pytest
 import pytest_asyncio
 from google.protobuf import timestamp_pb2
 
+from agentloop import InvalidArgument, connect_sync
 from agentloop.v1 import agent_service_pb2 as api
+from agentloop.v1 import session_pb2
 from server.settings.config import Config
 from tests.e2e.conftest import E2E, running_app
 from tests.e2e.subagents import T, create, refused, says, scripted, send, until, wait_idle
@@ -91,6 +95,39 @@ async def test_each_filter_keeps_what_it_says(durable: E2E) -> None:
     assert "alpha" not in await agents_of(durable, created_after=cut)
     assert await agents_of(durable, created_before=cut) == ["alpha"]
     assert await agents_of(durable, agent_id="gamma", end_reason="completed") == []
+
+
+def _agents(sessions: list[session_pb2.Session]) -> list[str]:
+    return [s.session_id.split("-session-")[0] for s in sessions]
+
+
+async def test_the_sdk_list_sessions_takes_each_filter(durable: E2E) -> None:
+    cut = datetime.fromtimestamp(START["cut"] / 1e9, tz=UTC)
+    assert _agents(await durable.list_sessions(agent_id="alpha")) == ["alpha"]
+    assert _agents(await durable.list_sessions(live=False)) == ["beta"]
+    assert "beta" not in _agents(await durable.list_sessions(live=True))
+    assert _agents(await durable.list_sessions(end_reason="aborted")) == ["beta"]
+    assert _agents(await durable.list_sessions(id_contains="GAMMA-sess")) == ["gamma"]
+    assert _agents(await durable.list_sessions(created_before=cut)) == ["alpha"]
+    assert "alpha" not in _agents(await durable.list_sessions(created_after=cut))
+    assert len(await durable.list_sessions()) == 13
+    with pytest.raises(InvalidArgument) as refusal:
+        await durable.list_sessions(end_reason="finished")
+    assert refusal.value.field == "end_reason"
+
+
+async def test_the_sync_sdk_list_sessions_takes_the_same_filters(durable: E2E) -> None:
+    cut = datetime.fromtimestamp(START["cut"] / 1e9, tz=UTC)
+
+    def listing() -> tuple[list[str], list[str], list[str]]:
+        with connect_sync(durable.target, timeout=T) as client:
+            return (
+                _agents(client.list_sessions(live=False, end_reason="aborted")),
+                _agents(client.list_sessions(created_before=cut, agent_id="alpha")),
+                _agents(client.list_sessions(created_after=cut, id_contains="A1-sess")),
+            )
+
+    assert await asyncio.to_thread(listing) == (["beta"], ["alpha"], ["a1"])
 
 
 async def test_listed_sessions_say_how_their_last_turn_ended_and_when(durable: E2E) -> None:

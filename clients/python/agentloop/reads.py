@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from agentloop.errors import call
@@ -34,12 +35,38 @@ class SessionReads:
         _select(request, agent_id, session_id)
         return (await call(self.agents.GetSession(request, timeout=self.timeout))).session
 
-    async def list_sessions(self) -> list[session_pb2.Session]:
-        """Every stored session, following the pages."""
+    async def list_sessions(
+        self,
+        *,
+        agent_id: str = "",
+        live: bool | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        end_reason: str = "",
+        id_contains: str = "",
+    ) -> list[session_pb2.Session]:
+        """The stored sessions that pass every filter given, following the pages.
+
+        `live` True keeps the sessions a live agent drives, False those none
+        drives; `created_after` is inclusive, `created_before` exclusive (an aware
+        datetime; a naive one is taken as UTC); `end_reason` is a `TurnEndReason`
+        kind ("completed", "error", …) or "none"; `id_contains` ignores case.
+        """
         sessions: list[session_pb2.Session] = []
         token = ""
         while True:
-            request = api.ListSessionsRequest(page_token=token)
+            request = api.ListSessionsRequest(
+                page_token=token,
+                agent_id=agent_id,
+                end_reason=end_reason,
+                id_contains=id_contains,
+            )
+            if live is not None:
+                request.live = live
+            if created_after is not None:
+                request.created_after.FromDatetime(created_after)
+            if created_before is not None:
+                request.created_before.FromDatetime(created_before)
             page = await call(self.agents.ListSessions(request, timeout=self.timeout))
             sessions.extend(page.sessions)
             if not (token := page.next_page_token):
