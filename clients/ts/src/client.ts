@@ -4,7 +4,7 @@
  * available for anything else.
  */
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
-import type { Any } from "@bufbuild/protobuf/wkt";
+import { timestampFromDate, type Any } from "@bufbuild/protobuf/wkt";
 import { createClient, type Client, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { FailurePolicy } from "./gen/agentloop/plugin/v1/hook_service_pb.js";
@@ -77,6 +77,26 @@ export interface SendOptions {
   steer?: boolean;
   /** A stream of the agent's session to read the turn from (see `conversation`). */
   stream?: SessionStream;
+}
+
+/** `listSessions`' filters (each optional; given ones must all hold), as `ListSessionsRequest`'s. */
+export interface ListSessionsFilters {
+  /** The sessions this agent drives now or drove last. */
+  agentId?: string;
+  /** Only those a live agent drives (true) or those none drives (false). */
+  live?: boolean;
+  /** Created at or after this time. */
+  createdAfter?: Date;
+  /** Created before this time. */
+  createdBefore?: Date;
+  /** How the last turn ended: a `TurnEndReason` kind ("completed", "error", …) or "none". */
+  endReason?: string;
+  /** Text the session id contains, ignoring case. */
+  idContains?: string;
+}
+
+function timestampOf(at: Date | undefined) {
+  return at === undefined ? undefined : timestampFromDate(at);
 }
 
 function agentOptions(fields: OptionFields): AgentOptions | undefined {
@@ -251,12 +271,20 @@ export class AgentloopClient {
     return (await call(this.agents.getSession({ selector: selector(of) }, this.#call))).session!;
   }
 
-  /** Every stored session, following the pages. */
-  async listSessions(): Promise<Session[]> {
+  /** The stored sessions that pass every filter given, following the pages. */
+  async listSessions(filters: ListSessionsFilters = {}): Promise<Session[]> {
     const sessions: Session[] = [];
+    const request = {
+      agentId: filters.agentId ?? "",
+      live: filters.live,
+      createdAfter: timestampOf(filters.createdAfter),
+      createdBefore: timestampOf(filters.createdBefore),
+      endReason: filters.endReason ?? "",
+      idContains: filters.idContains ?? "",
+    };
     let pageToken = "";
     do {
-      const page = await call(this.agents.listSessions({ pageToken }, this.#call));
+      const page = await call(this.agents.listSessions({ ...request, pageToken }, this.#call));
       sessions.push(...page.sessions);
       pageToken = page.nextPageToken;
     } while (pageToken);

@@ -91,6 +91,26 @@ test("session verbs read what a turn wrote; a conversation shares one stream", a
   assert.deepEqual(await client.plugins(), []);
 });
 
+test("listSessions takes ListSessions' filters as options", async () => {
+  const before = new Date(Date.now() - 1000);
+  await client.create("lf-done", { provider: "scripted", model: "echo" });
+  await (await client.send("lf-done", "hello")).result();
+  await client.create("lf-gone", { provider: "scripted", model: "echo" });
+  await client.dispose("lf-gone");
+  const agents = (sessions) => sessions.map((s) => s.sessionId.split("-session-")[0]).sort();
+  assert.deepEqual(agents(await client.listSessions({ idContains: "LF-" })), ["lf-done", "lf-gone"]);
+  assert.deepEqual(agents(await client.listSessions({ agentId: "lf-done" })), ["lf-done"]);
+  assert.deepEqual(agents(await client.listSessions({ idContains: "lf-", live: false })), ["lf-gone"]);
+  assert.deepEqual(agents(await client.listSessions({ idContains: "lf-", live: true })), ["lf-done"]);
+  assert.deepEqual(agents(await client.listSessions({ idContains: "lf-", endReason: "completed" })), ["lf-done"]);
+  assert.deepEqual(agents(await client.listSessions({ idContains: "lf-", endReason: "none" })), ["lf-gone"]);
+  assert.deepEqual(agents(await client.listSessions({ idContains: "lf-", createdAfter: before })), ["lf-done", "lf-gone"]);
+  assert.deepEqual(await client.listSessions({ idContains: "lf-", createdBefore: before }), []);
+  const refused = await client.listSessions({ endReason: "finished" }).catch((e) => e);
+  assert.ok(refused instanceof InvalidArgument);
+  assert.equal(refused.field, "end_reason");
+});
+
 test("refusals are typed errors with their decoded details", async () => {
   const missing = await client.send("nobody", "hi").catch((error) => error);
   assert.ok(missing instanceof NotFound && missing instanceof AgentloopError && missing instanceof ConnectError);
