@@ -117,9 +117,11 @@ def message_content(text: str, content: list[c.ContentBlock], field: str) -> lis
 class AgentServicer(ApprovalMethods, DeleteMethods, rpc.AgentServiceServicer):
     """Talks to live agents and reads their sessions."""
 
-    def __init__(self, factory: AgentFactory) -> None:
+    def __init__(self, factory: AgentFactory, prices: tuple[pb.Price, ...] = ()) -> None:
         self.factory = factory
         self.runtime = factory.runtime
+        self.prices = prices
+        """The config's price table, which GetSession hands out for pricing usage."""
 
     @mapped
     async def SendMessage(
@@ -282,7 +284,7 @@ class AgentServicer(ApprovalMethods, DeleteMethods, rpc.AgentServiceServicer):
     ) -> pb.GetSessionResponse:
         """Describe a session."""
         session = await self._session(request)
-        return pb.GetSessionResponse(session=session_message(session))
+        return pb.GetSessionResponse(session=session_message(session), prices=self.prices)
 
     @mapped
     async def ListSessions(

@@ -29,6 +29,7 @@ from server.edge.api_reflection import Reflection
 from server.edge.api_stream_wire import add_agent_service
 from server.edge.auth import TokenAuth
 from server.edge.grpc_bounds import grpc_options
+from server.edge.price_table import price_messages
 from server.kernel.errors import SessionDamaged
 from server.kernel.tasks import TaskGroup
 from server.lifecycle.delegation import delegation_tools
@@ -194,7 +195,9 @@ class App:
         agent_factory_service_pb2_grpc.add_AgentFactoryServiceServicer_to_server(
             self.factory_servicer, self.server
         )
-        add_agent_service(AgentServicer(self.factory), self.server)  # the stream writes bytes
+        prices = price_messages(config.prices)
+        servicer = AgentServicer(self.factory, prices)
+        add_agent_service(servicer, self.server)  # the stream writes bytes
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         Reflection((*SERVICE_NAMES, health.SERVICE_NAME)).add_to(self.server)
         self.http: HttpSide | None = None

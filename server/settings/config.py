@@ -46,6 +46,7 @@ from server.settings.fields import (
     one_of,
 )
 from server.settings.mcp_servers import McpServerConfig
+from server.settings.prices import PriceConfig
 from server.settings.profiles import SubagentProfile
 from server.settings.retention import Retention
 
@@ -255,6 +256,9 @@ class Config:
     subagent_profiles: tuple[SubagentProfile, ...] = ()
     """Profiles `delegate` may name: what a child runs with (`server/settings/profiles.py`)."""
     plugins: tuple[PluginConfig, ...] = ()
+    prices: tuple[PriceConfig, ...] = ()
+    """What a million tokens cost per provider and model (`server/settings/prices.py`):
+    the console shows a session's cost from it."""
     mcp_servers: tuple[McpServerConfig, ...] = ()
     """MCP servers whose tools agents may enable (`mcp:<server>/<tool>`); see the README."""
     """Plugins registered at start."""
@@ -331,6 +335,10 @@ class Config:
         for i, name in enumerate(profiles):
             if name in profiles[:i]:
                 fail(f"duplicate profile name {name!r}", f"subagentProfiles[{i}].name")
+        priced = [(price.provider, price.model) for price in self.prices]
+        for i, price in enumerate(self.prices):
+            if priced[i] in priced[:i]:
+                fail(f"{price.provider}/{price.model} already has a price", f"prices[{i}].model")
         servers = [server.name for server in self.mcp_servers]
         for i, name in enumerate(servers):
             if name in servers[:i]:

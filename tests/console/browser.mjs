@@ -108,14 +108,22 @@ try {
     expect(seqs.length > 5 && seqs.every((s) => s > 0), `seqs: ${seqs}`);
   });
 
-  await step("turn and step durations, token totals per turn, step and session", async () => {
+  await step("turn and step durations, token totals and their cost per turn, step and session", async () => {
     const turn = page.locator("#turns details.turn[data-end='completed']").first();
     const figures = await turn.locator(".turn-figures").textContent();
-    expect(/^\d+\.\d{3} s · \d+ in, \d+ out tokens$/.test(figures), `turn figures: ${figures}`);
+    const cost = / · cost (\d+\.\d{6}) USD$/;
+    expect(/^\d+\.\d{3} s · \d+ in, \d+ out tokens · cost/.test(figures), `turn figures: ${figures}`);
     const steps = await turn.locator(".step-figures").allTextContents();
-    expect(steps.length === 2 && steps.every((t) => /^· \d+\.\d{3} s · \d+ in, \d+ out tokens$/.test(t)), `steps: ${steps}`);
+    expect(steps.length === 2 && steps.every((t) => /^· \d+\.\d{3} s · \d+ in, \d+ out tokens · cost/.test(t)), `steps: ${steps}`);
     const totals = await page.locator("#session-tokens").textContent();
-    expect(/^Tokens: \d+ in, \d+ out in 1 ended turns$/.test(totals), `session totals: ${totals}`);
+    expect(/^Tokens: \d+ in, \d+ out in 1 ended turns · cost/.test(totals), `session totals: ${totals}`);
+    // The config prices scripted/echo at 2.5 per million input tokens, 10 per million output.
+    for (const shown of [figures, ...steps, totals]) {
+      const [, input, output] = shown.match(/(\d+) in, (\d+) out/).map(Number);
+      const [, amount] = shown.match(cost);
+      const expected = ((input * 2.5 + output * 10) / 1e6).toFixed(6);
+      expect(amount === expected, `${shown}: cost ${amount}, tokens × price ${expected}`);
+    }
     results.turnFigures = figures;
     results.stepFigures = steps;
     results.sessionTokens = totals;

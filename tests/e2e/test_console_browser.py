@@ -29,6 +29,7 @@ from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import approval_pb2
 from server.settings.config import Config
+from server.settings.prices import PriceConfig
 from tests.e2e.conftest import E2E, of_kind, running_app
 from tests.e2e.test_mcp_tools import stdio_box
 from tests.processes import PluginLauncher, guard_example
@@ -70,6 +71,7 @@ async def test_the_console_in_a_browser(
         data_dir=str(tmp_path / "data"),  # a real SQLite file: deletes, forks, resumes
         agents=(),
         mcp_servers=(stdio_box(tmp_path / "marks"),),  # for the MCP servers view
+        prices=(PriceConfig("scripted", "echo", 2.5, 10.0, "USD"),),  # the cost figures
     )
     screenshot = tmp_path / "console.png"
     metadata = (("authorization", f"Bearer {TOKEN}"),)
@@ -114,11 +116,13 @@ async def test_the_console_in_a_browser(
             api.ListSessionEventsRequest(agent_id="browser-demo", page_size=1000),
             metadata=metadata,
         )
-        demo_session = (
-            await e2e.agents.GetSession(
-                api.GetSessionRequest(agent_id="browser-demo"), metadata=metadata, timeout=10
-            )
-        ).session.session_id
+        got = await e2e.agents.GetSession(
+            api.GetSessionRequest(agent_id="browser-demo"), metadata=metadata, timeout=10
+        )
+        demo_session = got.session.session_id
+        assert [(p.provider, p.model, p.currency) for p in got.prices] == [
+            ("scripted", "echo", "USD")
+        ]
         ends = of_kind(demo.events, "turn_end")
         assert [end.turn_end.reason.WhichOneof("kind") for end in ends] == ["completed"]
         calls = of_kind(demo.events, "tool_call")
@@ -127,8 +131,9 @@ async def test_the_console_in_a_browser(
         usage = [m.assistant_message.usage for m in of_kind(demo.events, "assistant_message")]
         spent = sum(u.input_tokens for u in usage), sum(u.output_tokens for u in usage)
         tokens = f"{spent[0]} in, {spent[1]} out"
-        assert results["turnFigures"].endswith(f"{tokens} tokens")
-        assert results["sessionTokens"] == f"Tokens: {tokens} in 1 ended turns"
+        cost = f"cost {(spent[0] * 2.5 + spent[1] * 10) / 1e6:.6f} USD"
+        assert results["turnFigures"].endswith(f"{tokens} tokens · {cost}")
+        assert results["sessionTokens"] == f"Tokens: {tokens} in 1 ended turns · {cost}"
         answer = "".join(
             b.text.text
             for m in of_kind(demo.events, "assistant_message")

@@ -115,31 +115,48 @@ function tokenWords(t) {
 }
 
 function noTokens() {
-  return { input: 0, output: 0, cached: 0 };
+  return { input: 0, output: 0, cached: 0, costs: new Map(), unpriced: false };
 }
 
-function addUsage(total, usage) {
-  total.input += Number(usage.inputTokens || 0);
-  total.output += Number(usage.outputTokens || 0);
+/** Adds a message's usage, and its cost when `price` (a `Price` of GetSession) is given. */
+function addUsage(total, usage, price) {
+  const input = Number(usage.inputTokens || 0);
+  const output = Number(usage.outputTokens || 0);
+  total.input += input;
+  total.output += output;
   total.cached += Number(usage.cachedInputTokens || 0);
+  if (!price) {
+    total.unpriced ||= input + output > 0;
+    return;
+  }
+  const cost = (input * Number(price.inputPerMillion || 0) + output * Number(price.outputPerMillion || 0)) / 1e6;
+  total.costs.set(price.currency, (total.costs.get(price.currency) || 0) + cost);
 }
 
-/** A turn's or step's figures: how long it took (when its start is loaded), its tokens. */
+/** The cost of some tokens, per currency: " · cost 0.000225 USD" ("" when nothing is priced). */
+function costWords(t) {
+  if (!t.costs.size) return "";
+  const amounts = [...t.costs].map(([currency, amount]) => `${amount.toFixed(6)} ${currency}`);
+  return ` · cost ${amounts.join(" + ")}${t.unpriced ? " (some tokens unpriced)" : ""}`;
+}
+
+/** A turn's or step's figures: how long it took (when its start is loaded), its tokens and cost. */
 function figures(part, endTime) {
   const took = Number.isNaN(part.start) || Number.isNaN(endTime) ? "" : `${seconds(endTime - part.start)} · `;
-  return `${took}${tokenWords(part.tokens)} tokens`;
+  return `${took}${tokenWords(part.tokens)} tokens${costWords(part.tokens)}`;
 }
 
 export class SessionView {
   /**
    * `totals`: an element for the session's token totals; `fork(seq)`: called by a
-   * turn end's "Fork" button (both optional).
+   * turn end's "Fork" button; `prices`: GetSession's price table (all optional).
    */
-  constructor(root, sessionId, { totals = null, fork = null } = {}) {
+  constructor(root, sessionId, { totals = null, fork = null, prices = [] } = {}) {
     this.root = root;
     this.sessionId = sessionId;
     this.totals = totals;
     this.fork = fork;
+    this.prices = prices;
     this.reset();
   }
 
@@ -188,7 +205,7 @@ export class SessionView {
   showTotals() {
     if (!this.totals) return;
     const partial = this.firstSeq > 1 ? " (of the loaded events)" : "";
-    this.totals.textContent = `Tokens: ${tokenWords(this.tokens)} in ${this.turnsEnded} ended turns${partial}`;
+    this.totals.textContent = `Tokens: ${tokenWords(this.tokens)} in ${this.turnsEnded} ended turns${partial}${costWords(this.tokens)}`;
   }
 
   openTurn(number, event, time = NaN) {
@@ -331,13 +348,16 @@ export class SessionView {
     // The text streamed already; a message whose chunks are not loaded shows it here.
     const text = this.step.text ? null : h("span", { class: "text" }, textOf((p.content || []).filter((b) => b.text)));
     if (p.usage) {
-      addUsage(this.tokens, p.usage);
+      // Priced by the provider and model that answered (a session may change model).
+      const by = p.provenance || {};
+      const price = this.prices.find((q) => q.provider === by.provider && q.model === by.model);
+      addUsage(this.tokens, p.usage, price);
       if (this.step) {
-        addUsage(this.step.tokens, p.usage);
+        addUsage(this.step.tokens, p.usage, price);
         this.step.stats.textContent = `· ${figures(this.step, NaN)}`;
       }
       if (this.turn) {
-        addUsage(this.turn.tokens, p.usage);
+        addUsage(this.turn.tokens, p.usage, price);
         this.turn.stats.textContent = figures(this.turn, NaN);
       }
       this.showTotals();

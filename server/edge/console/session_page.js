@@ -90,7 +90,8 @@ class Session {
 
   async open() {
     const selector = this.agentId ? { agentId: this.agentId } : { sessionId: this.sessionId };
-    const found = (await agents("GetSession", selector)).session;
+    const got = await agents("GetSession", selector);
+    const found = got.session;
     this.sessionId = found.sessionId;
     this.agentId = this.agentId || found.agentId || "";
     this.eventCount = Number(found.eventCount || 0);
@@ -106,6 +107,7 @@ class Session {
     this.view = new SessionView($("#turns"), this.sessionId, {
       totals: $("#session-tokens"),
       fork: (seq) => forkSession(this, seq),
+      prices: got.prices || [],
     });
     this.showActions();
     const count = Number(found.eventCount || 0);

@@ -636,22 +636,70 @@ class GetSessionResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSION_FIELD_NUMBER: _builtins.int
+    PRICES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def session(self) -> _session_pb2.Session:
         """The session, with its counts at the time of the call."""
+
+    @_builtins.property
+    def prices(self) -> _containers.RepeatedCompositeFieldContainer[Global___Price]:
+        """Prices is the server's price table (its config `prices`): what a million
+        tokens cost per provider and model. A client prices the session's usage
+        by the provider and model each step's request header records; empty when
+        no table is configured. The server never charges or limits by it.
+        """
 
     def __init__(
         self,
         *,
         session: _session_pb2.Session | None = ...,
+        prices: _abc.Iterable[Global___Price] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prices", b"prices", "session", b"session"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetSessionResponse: _TypeAlias = GetSessionResponse  # noqa: Y015
+
+@_typing.final
+class Price(_message.Message):
+    """Price is what one provider's model costs per million tokens."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    INPUT_PER_MILLION_FIELD_NUMBER: _builtins.int
+    OUTPUT_PER_MILLION_FIELD_NUMBER: _builtins.int
+    CURRENCY_FIELD_NUMBER: _builtins.int
+    provider: _builtins.str
+    """The provider name, as agents give it."""
+    model: _builtins.str
+    """The model name, as request headers record it."""
+    input_per_million: _builtins.float
+    """The price of a million input tokens (cached ones included)."""
+    output_per_million: _builtins.float
+    """The price of a million output tokens."""
+    currency: _builtins.str
+    """The ISO 4217 code of both prices ("USD")."""
+    def __init__(
+        self,
+        *,
+        provider: _builtins.str = ...,
+        model: _builtins.str = ...,
+        input_per_million: _builtins.float = ...,
+        output_per_million: _builtins.float = ...,
+        currency: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["currency", b"currency", "input_per_million", b"input_per_million", "model", b"model", "output_per_million", b"output_per_million", "provider", b"provider"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Price: _TypeAlias = Price  # noqa: Y015
 
 @_typing.final
 class ListSessionsRequest(_message.Message):
