@@ -53,6 +53,8 @@ test("a drain moves agents under load: sends are retried with their ids, streams
   const [r0, r1] = addresses.map((address) => connect(address, { timeout: 30 }));
   const agents = ["tsd-0", "tsd-1"];
   for (const agentId of agents) await r0.create(agentId, sleeper());
+  // r1's fair share, idle: with two agents each no rebalancing moves r0's before the drain.
+  for (const agentId of ["tsd-r1-0", "tsd-r1-1"]) await r1.create(agentId, sleeper());
   const stream = r1.stream({ agentId: "tsd-0" }); // forwarded to r0, its owner
   const seen = [];
   const reading = (async () => {
