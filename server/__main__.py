@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
-    except ConfigError as error:
-        print(f"agentloop: invalid config: {error}", file=sys.stderr)
+    except ConfigError as error:  # before logging is set up: only the flag says the format
+        refuse(f"agentloop: invalid config: {error}", json_lines=args.log_format == "json")
         return 2
     log_format = args.log_format or config.log_format
     stream = None
@@ -110,6 +110,14 @@ async def serve(config: Config) -> int:
         announce(config, f"agentloop console on {url}", console=url)
     await app.run_until(requested)
     return 0
+
+
+def refuse(line: str, *, json_lines: bool) -> None:
+    """Why the server will not start, on stderr: plain text, or a JSON record."""
+    if json_lines:
+        record = logging.LogRecord("server", logging.ERROR, __file__, 0, line, None, None)
+        line = JsonFormatter().format(record)
+    print(line, file=sys.stderr, flush=True)
 
 
 def announce(config: Config, line: str, **fields: str) -> None:

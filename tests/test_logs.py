@@ -6,6 +6,7 @@ import io
 import json
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +76,21 @@ def test_observability_config() -> None:
         parse_config({"traceExporter": "zipkin"})
     with pytest.raises(ConfigError, match="maxTokensField"):
         parse_config({"providers": [{"name": "o", "baseUrl": "http://x", "maxTokensField": "n"}]})
+
+
+def test_an_invalid_config_under_json_logs_is_refused_as_a_json_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before logging is set up, `--log-format json` alone decides how the refusal reads."""
+    from server.__main__ import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("listen: [not, an, address]\n")
+
+    assert main(["--config", str(bad), "--log-format", "json"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    record = json.loads(line)
+    assert record["level"] == "ERROR" and "invalid config" in record["message"], record
+
+    assert main(["--config", str(bad)]) == 2
+    assert capsys.readouterr().err.startswith("agentloop: invalid config: ")
