@@ -405,6 +405,13 @@ try {
     await page.fill("#act-text", "count these words again");
     await page.click("#act-form button[value=send]");
     await page.locator("#turns details.turn[data-turn='2'][data-end='completed']").waitFor();
+    await page.click("#compact-agent"); // a manual compaction, with instructions, confirmed
+    await page.locator("#confirm-title", { hasText: "Compact agent browser-fork-agent?" }).waitFor();
+    await page.fill("#confirm-input", "focus on the word counts");
+    await page.click("#confirm-ok");
+    const compacted = notice.filter({ hasText: /Compacted at seq \d+|Not compacted: ./ });
+    await compacted.first().waitFor();
+    results.compact = await compacted.first().textContent();
     await page.click("#dispose-agent");
     await page.locator("#confirm-title", { hasText: "Dispose agent browser-fork-agent?" }).waitFor();
     await page.click("#confirm-ok");

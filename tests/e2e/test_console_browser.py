@@ -181,6 +181,23 @@ async def test_the_console_in_a_browser(
         )
         assert fork.session.header.parent_session_id == demo_session
         assert (fork.session.turn_count, fork.session.agent_id) == (2, "")
+        # The manual compaction the page asked for: recorded with its instructions, or
+        # refused with the server's reason (too little history to compact).
+        events = await e2e.agents.ListSessionEvents(
+            api.ListSessionEventsRequest(session_id="browser-demo-fork", page_size=1000),
+            metadata=metadata,
+            timeout=10,
+        )
+        compactions = [
+            e.context_message.compaction
+            for e in events.events
+            if e.WhichOneof("payload") == "context_message"
+            and e.context_message.HasField("compaction")
+        ]
+        if results["compact"].startswith("Compacted"):
+            assert [c.instructions for c in compactions] == ["focus on the word counts"]
+        else:
+            assert results["compact"].startswith("Not compacted: ") and not compactions
         # The deletes the page confirmed: both sessions gone, the lead and its child too.
         for deleted in (results["childSession"], results["leadSession"]):
             with pytest.raises(grpc.aio.AioRpcError) as missing:

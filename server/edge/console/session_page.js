@@ -359,6 +359,8 @@ export function startSessionPage() {
   $("#dispose-agent").addEventListener("click", () => session && disposeAgent(session));
   $("#resume-session").addEventListener("click", () => session && resumeSession(session));
 
+  $("#compact-agent").addEventListener("click", () => session && session.agentId && compactAgent(session));
+
   $("#cancel-turn").addEventListener("click", async () => {
     if (!session || !session.agentId) return;
     try {
@@ -425,6 +427,35 @@ async function disposeAgent(shown) {
     refreshAgents();
   } catch (error) {
     fail(error, "Disposing the agent", shown.scope);
+  }
+}
+
+/**
+ * Compact the page's agent now (`CompactAgent`), once confirmed, with optional
+ * instructions for the summary. The older history is replaced by a summary in what
+ * the model receives; the full log stays stored.
+ */
+async function compactAgent(shown) {
+  const answer = await confirmAction({
+    title: `Compact agent ${shown.agentId}?`,
+    message: "Its older turns are summarised and the summary replaces them in what the model " +
+      "receives from now on; the most recent turns stay verbatim and the full log stays stored.",
+    confirmLabel: "Compact",
+    input: { label: "Instructions for the summary (optional)", value: "", placeholder: "e.g. focus on the open bugs" },
+  });
+  if (!answer || session !== shown) return;
+  try {
+    const body = { agentId: shown.agentId, requestId: requestId() };
+    if (answer.value) body.instructions = answer.value;
+    const done = await agents("CompactAgent", body);
+    if (done.compacted) {
+      const usage = done.contextUsage || {};
+      notify(`Compacted at seq ${done.eventSeq}: context now ${usage.usedTokens || 0} tokens.`, "info", shown.scope);
+    } else {
+      notify(`Not compacted: ${done.reason || "nothing to compact"}.`, "info", shown.scope);
+    }
+  } catch (error) {
+    fail(error, "Compacting the agent", shown.scope);
   }
 }
 
