@@ -40,10 +40,10 @@ LEASE = 1
 
 @contextlib.asynccontextmanager
 async def replicas(
-    tmp_path: Path, postgres_server: str, count: int = 3
+    tmp_path: Path, postgres_server: str, count: int = 3, dsn: str | None = None
 ) -> AsyncIterator[list[Server]]:
-    """`count` replicas over one fresh database, each on a port of its own."""
-    dsn = await fresh_database(postgres_server)
+    """`count` replicas over one database (a fresh one by default), each on its own port."""
+    dsn = dsn or await fresh_database(postgres_server)
     async with contextlib.AsyncExitStack() as stack:
         servers = []
         for i in range(count):
