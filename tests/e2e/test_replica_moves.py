@@ -1,7 +1,8 @@
 """What clients see while an agent moves: OK, `UNAVAILABLE` `AGENT_MOVING`, or `ABORTED`.
 
 Two real replicas over the real embedded PostgreSQL, a client sending (with request
-ids) and reading through the survivor all along. The owner is paused (SIGSTOP) for
+ids) and reading through the survivor all along, and readers calling both replicas back
+to back (at least 2,000 answers in all, each checked). The owner is paused (SIGSTOP) for
 three leases with those sends landing on it: the survivor takes the agent over within
 the documented bound (a lease and a half, plus slack for a loaded machine), every
 call meanwhile is answered OK, `UNAVAILABLE` with `AGENT_MOVING` (or
@@ -76,6 +77,21 @@ async def load(server: Server, name: str, seen: Seen) -> None:
         await asyncio.sleep(0.05)
 
 
+async def read(server: Server, seen: Seen) -> None:
+    """Agent-scoped reads and listings, back to back, until cancelled."""
+    while True:
+        await seen.call("GetAgent", server.factory.GetAgent(
+            fac.GetAgentRequest(agent_id="m"), timeout=CALL_TIMEOUT))  # fmt: skip
+        await seen.call("GetSession", server.agents.GetSession(
+            api.GetSessionRequest(agent_id="m"), timeout=CALL_TIMEOUT))  # fmt: skip
+        await seen.call("ListAgents", server.factory.ListAgents(
+            fac.ListAgentsRequest(), timeout=CALL_TIMEOUT))  # fmt: skip
+
+
+CALLS = 2000
+"""Calls answered over the move, at the least: the statuses are checked on thousands."""
+
+
 async def test_a_paused_owner_moves_its_agent_and_clients_see_only_truthful_statuses(
     tmp_path: Path, postgres_server: str
 ) -> None:
@@ -86,6 +102,7 @@ async def test_a_paused_owner_moves_its_agent_and_clients_see_only_truthful_stat
         session_id = created.agent.session_id
         seen = Seen()
         through_r1 = asyncio.create_task(load(r1, "r1", seen))
+        readers = [asyncio.create_task(read(server, seen)) for server in (r0, r1, r1)]
         await asyncio.sleep(1.0)  # sends forwarded to r0, which commits them
         pid = r0.process.process.pid
         os.kill(pid, signal.SIGSTOP)
@@ -96,9 +113,15 @@ async def test_a_paused_owner_moves_its_agent_and_clients_see_only_truthful_stat
             os.kill(pid, signal.SIGCONT)
         through_r0 = asyncio.create_task(load(r0, "r0", seen))  # the woken owner
         await asyncio.sleep(2 * LEASE)
-        for task in (through_r1, through_r0):
+        for _ in range(600):  # on a slow machine, read on until thousands were answered
+            if len(seen.calls) >= CALLS:
+                break
+            await asyncio.sleep(0.1)
+        tasks = [through_r1, through_r0, *readers]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(through_r1, through_r0, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert len(seen.calls) >= CALLS, len(seen.calls)
 
         codes = {(method, code, reason) for _, method, code, reason in seen.calls}
         allowed = {"OK", "UNAVAILABLE", "ABORTED"}
@@ -124,4 +147,8 @@ async def test_a_paused_owner_moves_its_agent_and_clients_see_only_truthful_stat
         turns = [e.turn_start.turn for e in stored if e.HasField("turn_start")]
         assert turns == sorted(set(turns))  # no turn run twice
         assert "was lost" in r0.log() or "another writer" in r0.log(), r0.log()
-        print(f"takeover {takeover:.2f} s after the pause; answers {sorted(codes)}")
+        moving = sum(1 for began, *_ in seen.calls if stopped <= began <= served[0])
+        print(
+            f"takeover {takeover:.2f} s after the pause; {len(seen.calls)} answers,"
+            f" {moving} begun while the owner was stopped: {sorted(codes)}"
+        )
