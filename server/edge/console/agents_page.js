@@ -73,6 +73,15 @@ export function treeOrder(list) {
   return ordered;
 }
 
+/**
+ * The provider and model an agent asked for. Options leave them empty to take the
+ * server's defaults, which the API does not report: say so rather than name one.
+ */
+function modelWords(options) {
+  if (!options.provider && !options.model) return "server default";
+  return `${options.provider || "server default"} / ${options.model || "provider default"}`;
+}
+
 function agentRow(agent, depth, current) {
   const options = agent.options || {};
   const created = agent.createTime ? new Date(millis(agent.createTime)).toLocaleString() : "";
@@ -89,7 +98,7 @@ function agentRow(agent, depth, current) {
     name,
     h("td", { class: `status ${word.replaceAll(" ", "-")}` }, word),
     h("td", { class: "context" }, contextGauge(agent.contextUsage)),
-    h("td", {}, `${options.provider || "default"} / ${options.model || "default"}`),
+    h("td", { class: "model" }, modelWords(options)),
     h("td", {}, h("time", { datetime: agent.createTime || "" }, created)),
   );
 }
