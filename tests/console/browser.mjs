@@ -83,9 +83,9 @@ try {
     await page.waitForURL(/#\/agent\/browser-demo$/);
     await page.locator("#agents tr[data-agent='browser-demo']").waitFor();
     await page.locator("#session-title", { hasText: "Agent browser-demo" }).waitFor();
-    // No provider nor model given: the server's defaults, which the API does not name.
+    // No provider nor model given: the server's defaults, as the server resolved them.
     const model = await page.locator("#agents tr[data-agent='browser-demo'] td.model").textContent();
-    expect(model === "server default", `provider / model of browser-demo: ${model}`);
+    expect(model === "scripted / echo (server default)", `provider / model of browser-demo: ${model}`);
   });
 
   await step("send a message: the tool call, the streamed answer, the turn completed", async () => {
@@ -462,7 +462,7 @@ try {
     const order = await rows.evaluateAll((nodes) => nodes.map((n) => n.dataset.agent));
     expect(order.indexOf("browser-lead.d2") === order.indexOf("browser-lead") + 1, `order: ${order}`);
     const leadModel = await page.locator("#agents tr[data-agent='browser-lead'] td.model").textContent();
-    expect(leadModel === "scripted / provider default", `provider / model of browser-lead: ${leadModel}`);
+    expect(leadModel === "scripted / echo (provider default)", `provider / model of browser-lead: ${leadModel}`);
     await page.locator("#children li[data-child='browser-lead.d2']", { hasText: "idle" }).waitFor();
     results.leadSession = (await page.locator("#session-id").textContent()).replace("session ", "");
     await page.screenshot({ path: screenshot.replace(/\.png$/, "-tree.png"), fullPage: true });

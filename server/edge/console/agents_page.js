@@ -74,12 +74,16 @@ export function treeOrder(list) {
 }
 
 /**
- * The provider and model an agent asked for. Options leave them empty to take the
- * server's defaults, which the API does not report: say so rather than name one.
+ * The provider and model an agent's requests use, as the server resolved them
+ * (`Agent.resolved_provider`, `resolved_model`), saying which came from a default.
  */
-function modelWords(options) {
-  if (!options.provider && !options.model) return "server default";
-  return `${options.provider || "server default"} / ${options.model || "provider default"}`;
+function modelWords(agent) {
+  const options = agent.options || {};
+  const provider = options.provider || agent.resolvedProvider;
+  const model = options.model || agent.resolvedModel;
+  if (!provider) return "server default"; // a server too old to say what it resolved
+  const defaulted = !options.provider ? " (server default)" : !options.model ? " (provider default)" : "";
+  return `${provider} / ${model || "no model"}${defaulted}`;
 }
 
 function agentRow(agent, depth, current) {
@@ -98,7 +102,7 @@ function agentRow(agent, depth, current) {
     name,
     h("td", { class: `status ${word.replaceAll(" ", "-")}` }, word),
     h("td", { class: "context" }, contextGauge(agent.contextUsage)),
-    h("td", { class: "model" }, modelWords(options)),
+    h("td", { class: "model" }, modelWords(agent)),
     h("td", {}, h("time", { datetime: agent.createTime || "" }, created)),
   );
 }
