@@ -3,6 +3,7 @@ interrupted and resumed, verified, then served by a server on PostgreSQL."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import asyncpg
@@ -10,17 +11,20 @@ import grpc
 import pytest
 
 from agentloop.v1 import agent_service_pb2 as api
-from server.kernel.errors import AlreadyExists
+from server.kernel.errors import AlreadyExists, FailedPrecondition
+from server.portable import jsonl
 from server.portable.move import move_sessions
+from server.portable.transfer import import_sessions
 from server.settings.config import Config
 from server.stores import Commit, StoreUnavailable
+from server.stores.memory import MemoryStore
 from server.stores.postgres import PostgresStore
 from server.stores.sqlite import SqliteStore
 from tests.e2e.conftest import READ_TIMEOUT, EventStream, of_kind, running_app
 from tests.e2e.test_approvals import ALLOW, WORD_COUNT_THEN_DONE, approval_options, refused
 from tests.e2e.test_durability import create, list_events, running_server
 from tests.postgres import drop_database, fresh_database
-from tests.test_portable import served_sessions, sessions_command, snapshot
+from tests.test_portable import sample, served_sessions, sessions_command, snapshot
 
 
 class FailingAfter(PostgresStore):
@@ -154,3 +158,38 @@ async def test_a_crashed_servers_pending_approval_and_answered_requests_move(
             assert len(final) == len(after)
     finally:
         await drop_database(postgres_server, dsn)
+
+
+class MarkFailsOnce(MemoryStore):
+    """A store that loses its connection once, as the disposal mark is written."""
+
+    def __init__(self) -> None:
+        super().__init__(persistent=True)
+        self.failed = False
+
+    async def mark_disposed(self, session_id: str, at_ns: int) -> None:
+        if not self.failed:
+            self.failed = True
+            raise StoreUnavailable("the store: connection lost")
+        await super().mark_disposed(session_id, at_ns)
+
+
+async def test_a_disposal_mark_lost_to_an_interruption_is_put_back_by_the_rerun() -> None:
+    """The mark is written after the session's commit: a move cut off in between leaves
+    the session whole and unmarked, and the rerun marks it (then verifies it)."""
+    source = MemoryStore(persistent=True)
+    sessions = jsonl.read_sessions(io.StringIO(sample()))
+    sessions[1].disposed_ns = 1764662400123456789  # "b"'s agent was disposed
+    await import_sessions(source, sessions)
+    target = MarkFailsOnce()
+    with pytest.raises(StoreUnavailable):
+        await move_sessions(source, target)
+    assert await target.list_ids() == ["a", "b"]  # "b" committed, its mark not written
+    assert (await target.summary("b")).disposed_ns == 0
+    moved = await move_sessions(source, target)
+    assert (moved.copied, moved.skipped, moved.sessions) == (0, 2, 2)
+    assert (await target.summary("b")).disposed_ns == 1764662400123456789
+    # A target whose mark differs from the source's fails the verification.
+    await target.mark_disposed("a", 5)
+    with pytest.raises(FailedPrecondition, match='session "a": the target differs'):
+        await move_sessions(source, target)

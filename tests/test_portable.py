@@ -41,7 +41,9 @@ async def sessions_command(*args: str, wait: float = 60) -> tuple[int, str]:
 
 
 async def served_sessions(data_dir: Path) -> None:
-    """Real sessions in a SQLite file: turns with tool calls, a fork, a pending message."""
+    """Real sessions in a SQLite file: turns with tool calls, a fork, a pending message,
+    a session whose agent was disposed ("second"), and a delete's own request record
+    (of the session "gone", deleted with a request id)."""
     agent = AgentConfig(id="assistant", tools=("word_count", "current_time"))
     config = Config(listen="127.0.0.1:0", data_dir=str(data_dir), agents=(agent,))
     async with running_app(config) as e2e:
@@ -55,6 +57,11 @@ async def served_sessions(data_dir: Path) -> None:
             api.SendMessageRequest(agent_id="second", text="hello", request_id="hello-1")
         )
         assert (await e2e.wait_idle("second")).idle
+        await e2e.dispose("second")
+        await e2e.create("third", session_id="gone")
+        await e2e.agents.DeleteSession(
+            api.DeleteSessionRequest(session_id="gone", dispose_agent=True, request_id="erase-1")
+        )
     store = SqliteStore(data_dir / "agentloop.db")
     pending = InboxEntry(1, INBOX_STEERING, ev.UserMessage(request_id="later"))
     await store.commit(Commit({"forked": SessionWrites(inbox_put=[pending])}))
@@ -62,8 +69,9 @@ async def served_sessions(data_dir: Path) -> None:
 
 
 async def snapshot(store: SessionStore) -> dict[str, tuple[object, ...]]:
-    """Every session of a store: header, events as bytes, inbox, options, driver, and its
-    request records with their times (to the microsecond, as every store keeps them)."""
+    """Every session of a store: header, events as bytes, inbox, options, driver, its
+    request records with their times (to the microsecond, as every store keeps them)
+    and when its agent was disposed."""
     result: dict[str, tuple[object, ...]] = {}
     for session_id in await store.list_ids():
         s = await store.load(session_id)
@@ -71,7 +79,8 @@ async def snapshot(store: SessionStore) -> dict[str, tuple[object, ...]]:
         requests = [
             (r, r.stored_ns // 1000) for r in await store.session_requests(session_id)
         ]  # fmt: skip
-        result[session_id] = (s.header, events, s.inbox, s.options, s.driver, requests)
+        disposed_ns = (await store.summary(session_id)).disposed_ns
+        result[session_id] = (s.header, events, s.inbox, s.options, s.driver, requests, disposed_ns)
     return result
 
 
@@ -91,6 +100,11 @@ async def test_round_trip_through_sqlite_and_postgres_is_byte_equal(
     records = [json.loads(line)["request"] for line in lines if line.startswith('{"request"')]
     [request] = [r for r in records if r["request_id"] == "hello-1"]
     assert request["agent_id"] == "second" and request["method"] == "SendMessage"
+    # A delete's own record has no session to travel with: it stays in the source store.
+    assert "erase-1" not in [r["request_id"] for r in records]
+    described = {s["id"]: s for s in (json.loads(line).get("session") for line in lines) if s}
+    assert described["second"]["disposed_ns"] > 0  # "second"'s agent was disposed
+    assert "disposed_ns" not in described["forked"]
 
     dsn = await fresh_database(postgres_server)
     try:
@@ -107,8 +121,13 @@ async def test_round_trip_through_sqlite_and_postgres_is_byte_equal(
             original = await snapshot(source)
             assert original["forked"][2]  # the pending entry travelled
             assert original["second"][5]  # and the request record
+            assert original["second"][6]  # and the disposal
             assert await snapshot(copy) == original
             assert await snapshot(pg) == original
+            erased = await source.find_request("session/gone", "erase-1")
+            assert erased is not None and erased.method == "DeleteSession"
+            assert await copy.find_request("session/gone", "erase-1") is None
+            assert await pg.find_request("session/gone", "erase-1") is None
             for store in (copy, pg):  # export(import(export)) is the same file, byte for byte
                 again = io.StringIO()
                 await export_sessions(store, await store.list_ids(), again)
@@ -217,6 +236,12 @@ async def test_request_records_travel_and_a_bad_one_is_refused_naming_its_line()
         (7, '{"session": {"id": "a", "events": 2, "inbox": 1}}', 7, "appears twice"),
         (6, '{"inbox": {"entry_id": 1, "kind": "other", "message": {}}}', 6, "inbox kind"),
         (11, '{"end": {"sessions": 3, "events": 5}}', 11, "end line counts 3 sessions"),
+        (
+            7,
+            '{"session": {"id": "b", "events": 2, "inbox": 1, "disposed_ns": -5}}',
+            7,
+            "disposed_ns must be a non-negative integer",
+        ),
     ],
 )
 async def test_a_corrupt_file_is_refused_naming_the_line_and_imports_nothing(
@@ -229,6 +254,24 @@ async def test_a_corrupt_file_is_refused_naming_the_line_and_imports_nothing(
         jsonl.read_sessions(io.StringIO(text))
     assert refused.value.line == line and problem in str(refused.value)
     assert str(refused.value).startswith(f"line {line}: ")
+
+
+async def test_a_disposal_travels_and_a_resume_after_the_import_clears_it() -> None:
+    lines = sample().splitlines()
+    described = json.loads(lines[6])
+    described["session"]["disposed_ns"] = 1764662400123456789
+    lines[6] = json.dumps(described)
+    sessions = jsonl.read_sessions(line + "\n" for line in lines)
+    assert [s.disposed_ns for s in sessions] == [0, 1764662400123456789]
+    store = MemoryStore(persistent=True)
+    await import_sessions(store, sessions)
+    assert (await store.summary("a")).disposed_ns == 0
+    assert (await store.summary("b")).disposed_ns == 1764662400123456789
+    again = io.StringIO()
+    await export_sessions(store, ["a", "b"], again)
+    assert jsonl.read_sessions(io.StringIO(again.getvalue())) == sessions
+    await store.commit(Commit({"b": SessionWrites(driver="resumed")}))  # as a resume does
+    assert (await store.summary("b")).disposed_ns == 0
 
 
 async def test_a_file_reads_back_and_a_conflict_imports_nothing() -> None:

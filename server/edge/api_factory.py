@@ -56,6 +56,8 @@ def agent_message(agent: Agent, lineage: agent_pb2.Lineage | None = None) -> age
         pending_approvals=agent.approvals.list(),
         context_usage=usage_message(agent.session, agent.context),
         lineage=lineage,
+        resolved_provider=agent.resolved_provider,
+        resolved_model=agent.resolved_model,
     )
 
 

@@ -9,8 +9,11 @@ request records written with it (the first answers of calls made with a
 `request_id`, so that a retry after an import is still answered from them), one
 `{"request": {"agent_id", "request_id", "method", "response", "stored_ns"}}` line
 each (`response`: the answer's protobuf bytes in base64; `stored_ns`: when it was
-stored, to the microsecond). The last line is `{"end": {"sessions": N, "events": E}}`:
-a file cut short has none, and is refused. Version 1 (no request records) is read too.
+stored, to the microsecond). A session whose agent was disposed (and none drove it
+since) says when, `"disposed_ns"` on its session line (absent otherwise): the
+retention rule on disposed agents' sessions reads it. The last line is
+`{"end": {"sessions": N, "events": E}}`: a file cut short has none, and is refused.
+Version 1 (no request records) is read too.
 
 Messages use the protobuf JSON mapping with the proto's field names, keys sorted (a
 map such as a `Struct` has no order of its own: sorted, an export of the same sessions
@@ -69,6 +72,8 @@ class PortableSession:
     events: list[ev.SessionEvent] = field(default_factory=list)
     inbox: list[InboxEntry] = field(default_factory=list)
     requests: list[RequestRecord] = field(default_factory=list)
+    disposed_ns: int = 0
+    """When its last driver was disposed (ns since the epoch); 0 when it was not."""
 
 
 def _dict(message: Message) -> dict[str, Any]:
@@ -96,6 +101,8 @@ def session_lines(session: PortableSession) -> Iterator[str]:
     }
     if session.options is not None:
         described["options"] = _dict(session.options)
+    if session.disposed_ns:
+        described["disposed_ns"] = session.disposed_ns
     yield _line({"session": described})
     for event in session.events:
         yield _line({"event": _dict(event)})
@@ -224,11 +231,15 @@ class _Reader:
         driver = body.get("driver", "")
         if not isinstance(driver, str):
             raise CorruptExport(number, "driver must be a string")
+        disposed_ns = body.get("disposed_ns", 0)
+        if not isinstance(disposed_ns, int) or isinstance(disposed_ns, bool) or disposed_ns < 0:
+            raise CorruptExport(number, "disposed_ns must be a non-negative integer")
         header = _parse(number, body.get("header", {}), session_pb2.SessionHeader())
         options = None
         if "options" in body:
             options = _parse(number, body["options"], agent_pb2.AgentOptions())
         self.current = PortableSession(session_id, header, options, driver)
+        self.current.disposed_ns = disposed_ns
         self.sessions.append(self.current)
         self.ids.add(session_id)
         self.events_due, self.inbox_due, self.requests_due = events, inbox, requests

@@ -7,6 +7,9 @@ the end every session is read back from the target and compared with the source:
 the counts of sessions, events and pending inbox entries, and a SHA-256 per session
 over its header, options, driver, events, inbox (deterministic protobuf bytes) and
 the request records written with it (so a retry after the move is still answered).
+A disposal mark (when the session's agent was disposed) is written after the
+session's commit, so a rerun puts back one an interruption left out, and the
+verification compares it too.
 The source must be stopped (or draining): a session that grows during the move is
 reported as a mismatch, never silently truncated.
 """
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 
 from server.kernel.errors import AlreadyExists, FailedPrecondition
 from server.portable.jsonl import PortableSession
-from server.portable.transfer import read_portable
+from server.portable.transfer import mark_disposed, read_portable
 from server.stores import Commit, SessionStore, SessionWrites
 
 
@@ -37,7 +40,11 @@ class Moved:
 
 
 def checksum(session: PortableSession) -> str:
-    """SHA-256 of everything a session holds, as deterministic protobuf bytes."""
+    """SHA-256 of everything a session holds, as deterministic protobuf bytes.
+
+    All but its disposal mark, which a move writes after the session's commit (and a
+    rerun puts back): `disposed_ns` is compared on its own.
+    """
     digest = hashlib.sha256()
 
     def add(data: bytes) -> None:
@@ -66,9 +73,11 @@ async def move_sessions(
     moved = Moved()
     ids = await source.list_ids()
     sums: dict[str, str] = {}
+    disposals: dict[str, int] = {}
     for number, session_id in enumerate(ids, start=1):
         session = await read_portable(source, session_id)
         sums[session_id] = checksum(session)
+        disposals[session_id] = session.disposed_ns
         if await target.exists(session_id):
             if checksum(await read_portable(target, session_id)) != sums[session_id]:
                 raise AlreadyExists(
@@ -87,11 +96,12 @@ async def move_sessions(
             )
             await target.commit(Commit({session_id: writes}))
             moved.copied += 1
+        await mark_disposed(target, session)
         if number % 100 == 0:
             progress(f"{number}/{len(ids)} sessions")
     for session_id in ids:  # the verification: everything read back from the target
         there = await read_portable(target, session_id)
-        if checksum(there) != sums[session_id]:
+        if checksum(there) != sums[session_id] or there.disposed_ns != disposals[session_id]:
             raise FailedPrecondition(
                 f'session "{session_id}": the target differs from the source'
                 " (did the source change during the move?)",

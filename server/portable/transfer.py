@@ -48,6 +48,7 @@ async def select(store: SessionStore, ids: Sequence[str], match: str = "") -> li
 async def read_portable(store: SessionStore, session_id: str) -> PortableSession:
     """One stored session, as the file carries it (`NotFound` if unknown)."""
     stored = await store.load(session_id)
+    summary = await store.summary(session_id)
     requests = [
         replace(r, stored_ns=r.stored_ns // 1000 * 1000)  # what every store keeps: microseconds
         for r in await store.session_requests(session_id)
@@ -60,6 +61,7 @@ async def read_portable(store: SessionStore, session_id: str) -> PortableSession
         stored.events,
         stored.inbox,
         requests,
+        summary.disposed_ns,
     )
 
 
@@ -105,9 +107,20 @@ async def write_session(store: SessionStore, session: PortableSession) -> None:
                 writes.inbox_put = list(session.inbox)
                 writes.requests = list(session.requests)
             await store.commit(Commit({session.session_id: writes}))
+        await mark_disposed(store, session)
     except BaseException:
         await _remove(store, [session.session_id])
         raise
+
+
+async def mark_disposed(store: SessionStore, session: PortableSession) -> None:
+    """Record the session's disposal, if it had one.
+
+    After its commits: they name its driver, and a commit naming a driver clears the
+    mark (as a resume does).
+    """
+    if session.disposed_ns:
+        await store.mark_disposed(session.session_id, session.disposed_ns)
 
 
 async def import_sessions(store: SessionStore, sessions: Sequence[PortableSession]) -> Totals:

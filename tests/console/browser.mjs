@@ -83,6 +83,9 @@ try {
     await page.waitForURL(/#\/agent\/browser-demo$/);
     await page.locator("#agents tr[data-agent='browser-demo']").waitFor();
     await page.locator("#session-title", { hasText: "Agent browser-demo" }).waitFor();
+    // No provider nor model given: the server's defaults, as the server resolved them.
+    const model = await page.locator("#agents tr[data-agent='browser-demo'] td.model").textContent();
+    expect(model === "scripted / echo (server default)", `provider / model of browser-demo: ${model}`);
   });
 
   await step("send a message: the tool call, the streamed answer, the turn completed", async () => {
@@ -458,6 +461,8 @@ try {
     await page.locator("#agents tr[data-agent='browser-lead.d2'][data-parent='browser-lead'][data-depth='1']").waitFor();
     const order = await rows.evaluateAll((nodes) => nodes.map((n) => n.dataset.agent));
     expect(order.indexOf("browser-lead.d2") === order.indexOf("browser-lead") + 1, `order: ${order}`);
+    const leadModel = await page.locator("#agents tr[data-agent='browser-lead'] td.model").textContent();
+    expect(leadModel === "scripted / echo (provider default)", `provider / model of browser-lead: ${leadModel}`);
     await page.locator("#children li[data-child='browser-lead.d2']", { hasText: "idle" }).waitFor();
     results.leadSession = (await page.locator("#session-id").textContent()).replace("session ", "");
     await page.screenshot({ path: screenshot.replace(/\.png$/, "-tree.png"), fullPage: true });
@@ -516,6 +521,11 @@ try {
     expect(all.some((i) => i.startsWith("browser-demo-session-")) && all.includes("browser-demo-fork"), `all: ${all}`);
     expect(!all.includes(results.childSession) && !all.includes(results.leadSession), `a deleted session is listed: ${all}`);
     results.allSessions = all;
+    // The cost column: priced on demand from the session's events and the price table.
+    const demoRow = page.locator("#sessions tbody tr[data-session^='browser-demo-session-']");
+    await demoRow.getByRole("button", { name: /^Price session browser-demo-session-/ }).click();
+    await demoRow.locator("td.cost[data-priced]").waitFor();
+    results.listedCost = await demoRow.locator("td.cost").textContent();
     // From the form: the stored ones only (the fork's agent was disposed).
     await page.selectOption("#sessions-state", "stored");
     await page.click("#sessions-form button[type=submit]");

@@ -31,7 +31,7 @@ from google.protobuf import json_format
 
 from agentloop import connect
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
-from agentloop.v1 import agent_pb2, scripted_pb2
+from agentloop.v1 import agent_pb2, approval_pb2, scripted_pb2
 from server.models.scripted_options import script_options
 from tests.e2e.registry import eventually
 from tests.processes import (
@@ -161,6 +161,20 @@ async def box_connected(port: int) -> None:
         await client.close()
 
 
+async def resolutions(port: int, session_id: str) -> list[tuple[int, str]]:
+    """(outcome, resolved_by) of each `approval_resolved` of the session, as stored."""
+    client = connect(f"127.0.0.1:{port}")
+    try:
+        events = await client.list_events(session_id=session_id)
+    finally:
+        await client.close()
+    return [
+        (e.approval_resolved.outcome, e.approval_resolved.resolved_by)
+        for e in events
+        if e.HasField("approval_resolved")
+    ]
+
+
 @contextlib.asynccontextmanager
 async def bridge(
     port: int, profile: Path, editor: Editor, stderr: Path
@@ -233,6 +247,10 @@ async def test_prompt_streams_text_and_a_tool_call_allowed_once(tmp_path: Path, 
         )
         assert (finished.tool_call_id, finished.status) == ("c1", "completed")
         assert finished.content[0].content.text == "3 words"
+        # The server records where the person answered: in the editor, through the bridge.
+        assert await resolutions(port, session.session_id) == [
+            (approval_pb2.APPROVAL_OUTCOME_ALLOWED_ONCE, "api:acp")
+        ]
 
 
 async def test_a_rejected_tool_call_fails_with_the_reason(tmp_path: Path, port: int) -> None:
@@ -256,6 +274,9 @@ async def test_a_rejected_tool_call_fails_with_the_reason(tmp_path: Path, port: 
             finished.content[0].content.text
             == 'Error: the user rejected tool "word_count": rejected in the editor'
         )
+        assert await resolutions(port, session.session_id) == [
+            (approval_pb2.APPROVAL_OUTCOME_REJECTED, "api:acp")
+        ]
 
 
 async def test_cancel_ends_the_prompt_cancelled(tmp_path: Path, port: int) -> None:

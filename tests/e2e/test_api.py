@@ -542,6 +542,29 @@ async def test_agents_wait_idle_and_sessions(e2e: E2E) -> None:
     await wait_idle(e2e, "slow")
 
 
+async def test_an_agent_says_the_provider_and_model_its_requests_use(e2e: E2E) -> None:
+    """Options that leave provider and model empty get the server's defaults, and the
+    agent says which (`resolved_provider`, `resolved_model`); its requests use them."""
+    bare = await e2e.factory.CreateAgent(fac.CreateAgentRequest(agent_id="bare"), timeout=T)
+    assert (bare.agent.options.provider, bare.agent.options.model) == ("", "")
+    assert (bare.agent.resolved_provider, bare.agent.resolved_model) == ("scripted", "echo")
+    half = agent_pb2.AgentOptions(provider="scripted")  # the provider's default model
+    await create(e2e, "half", half)
+    await create(e2e, "named")  # scripted, model "m"
+    listed = await e2e.factory.ListAgents(fac.ListAgentsRequest(), timeout=T)
+    resolved = {a.agent_id: (a.resolved_provider, a.resolved_model) for a in listed.agents}
+    assert resolved == {
+        "bare": ("scripted", "echo"),
+        "half": ("scripted", "echo"),
+        "named": ("scripted", "m"),
+    }
+    await send(e2e, "bare", "hello")
+    await wait_idle(e2e, "bare")
+    [header] = of_kind(await list_all(e2e, agent_id="bare"), "request_header")
+    config = header.request_header.header.config
+    assert (config.provider, config.model) == ("scripted", "echo")
+
+
 async def test_dispose_during_a_turn(e2e: E2E) -> None:
     agent = await create(e2e, "dx", options([slow_step(50)]))
     next_seq = await send(e2e, "dx", "long answer please")

@@ -8,8 +8,9 @@ and rejects another with a reason; shows a clear message for a wrong token; open
 link to a seq; shows the MCP servers; shows a lead's sub-agents under it and follows a
 `delegate` call to the child's session; deletes a stored session and a live agent's
 (refused, then with the agent disposed first), each after a confirmation; switches to
-dark mode; and saves a screenshot of the session view. The server's own log is then
-read over gRPC to confirm each act.
+dark mode; prices a session from the sessions list; says "server default" for an
+agent that names no provider; and saves a screenshot of the session view. The
+server's own log is then read over gRPC to confirm each act.
 Set AGENTLOOP_ARTIFACTS to a directory to keep the screenshot (`console.png`).
 """
 
@@ -134,6 +135,7 @@ async def test_the_console_in_a_browser(
         cost = f"cost {(spent[0] * 2.5 + spent[1] * 10) / 1e6:.6f} USD"
         assert results["turnFigures"].endswith(f"{tokens} tokens · {cost}")
         assert results["sessionTokens"] == f"Tokens: {tokens} in 1 ended turns · {cost}"
+        assert f"cost {results['listedCost']}" == cost  # the sessions list's cost column
         answer = "".join(
             b.text.text
             for m in of_kind(demo.events, "assistant_message")

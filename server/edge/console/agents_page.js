@@ -73,6 +73,19 @@ export function treeOrder(list) {
   return ordered;
 }
 
+/**
+ * The provider and model an agent's requests use, as the server resolved them
+ * (`Agent.resolved_provider`, `resolved_model`), saying which came from a default.
+ */
+function modelWords(agent) {
+  const options = agent.options || {};
+  const provider = options.provider || agent.resolvedProvider;
+  const model = options.model || agent.resolvedModel;
+  if (!provider) return "server default"; // a server too old to say what it resolved
+  const defaulted = !options.provider ? " (server default)" : !options.model ? " (provider default)" : "";
+  return `${provider} / ${model || "no model"}${defaulted}`;
+}
+
 function agentRow(agent, depth, current) {
   const options = agent.options || {};
   const created = agent.createTime ? new Date(millis(agent.createTime)).toLocaleString() : "";
@@ -89,7 +102,7 @@ function agentRow(agent, depth, current) {
     name,
     h("td", { class: `status ${word.replaceAll(" ", "-")}` }, word),
     h("td", { class: "context" }, contextGauge(agent.contextUsage)),
-    h("td", {}, `${options.provider || "default"} / ${options.model || "default"}`),
+    h("td", { class: "model" }, modelWords(agent)),
     h("td", {}, h("time", { datetime: agent.createTime || "" }, created)),
   );
 }

@@ -114,12 +114,12 @@ function tokenWords(t) {
   return `${t.input} in${t.cached ? ` (${t.cached} cached)` : ""}, ${t.output} out`;
 }
 
-function noTokens() {
+export function noTokens() {
   return { input: 0, output: 0, cached: 0, costs: new Map(), unpriced: false };
 }
 
 /** Adds a message's usage, and its cost when `price` (a `Price` of GetSession) is given. */
-function addUsage(total, usage, price) {
+export function addUsage(total, usage, price) {
   const input = Number(usage.inputTokens || 0);
   const output = Number(usage.outputTokens || 0);
   total.input += input;
@@ -133,11 +133,23 @@ function addUsage(total, usage, price) {
   total.costs.set(price.currency, (total.costs.get(price.currency) || 0) + cost);
 }
 
-/** The cost of some tokens, per currency: " · cost 0.000225 USD" ("" when nothing is priced). */
-function costWords(t) {
+/** The cost of some tokens, per currency: "0.000225 USD" ("" when nothing is priced). */
+export function costAmounts(t) {
   if (!t.costs.size) return "";
   const amounts = [...t.costs].map(([currency, amount]) => `${amount.toFixed(6)} ${currency}`);
-  return ` · cost ${amounts.join(" + ")}${t.unpriced ? " (some tokens unpriced)" : ""}`;
+  return `${amounts.join(" + ")}${t.unpriced ? " (some tokens unpriced)" : ""}`;
+}
+
+/** The cost of some tokens as a figure: " · cost 0.000225 USD" ("" when nothing is priced). */
+function costWords(t) {
+  const amounts = costAmounts(t);
+  return amounts ? ` · cost ${amounts}` : "";
+}
+
+/** The price of an assistant message's answer: the table's row for its provider and model. */
+export function priceFor(prices, message) {
+  const by = message.provenance || {};
+  return prices.find((q) => q.provider === by.provider && q.model === by.model);
 }
 
 /** A turn's or step's figures: how long it took (when its start is loaded), its tokens and cost. */
@@ -349,8 +361,7 @@ export class SessionView {
     const text = this.step.text ? null : h("span", { class: "text" }, textOf((p.content || []).filter((b) => b.text)));
     if (p.usage) {
       // Priced by the provider and model that answered (a session may change model).
-      const by = p.provenance || {};
-      const price = this.prices.find((q) => q.provider === by.provider && q.model === by.model);
+      const price = priceFor(this.prices, p);
       addUsage(this.tokens, p.usage, price);
       if (this.step) {
         addUsage(this.step.tokens, p.usage, price);

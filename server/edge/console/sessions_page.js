@@ -3,9 +3,10 @@
 // the address, so a filtered list can be linked to.
 import { agents } from "./api.js";
 import { $, fail, routeNow } from "./notices.js";
-import { h, millis } from "./session.js";
+import { addUsage, costAmounts, h, millis, noTokens, priceFor } from "./session.js";
 
 const PAGE = 50;
+const EVENTS_PER_CALL = 5000; // the most ListSessionEvents returns at once
 const CALLS_PER_LOAD = 10; // a filtered page may be short: fetch on, up to this many calls
 
 const FIELDS = ["q", "agent", "state", "end", "after", "before"];
@@ -45,7 +46,51 @@ function sessionRow(session) {
     h("td", {}, String(session.eventCount || 0)),
     h("td", {}, when(session.updateTime)),
     h("td", {}, when((session.header || {}).createTime)),
+    h("td", { class: "cost" }, priceButton(id)),
   );
+}
+
+function priceButton(sessionId) {
+  const button = h("button", { type: "button", "aria-label": `Price session ${sessionId}` }, "Price");
+  button.addEventListener("click", () => priceRow(button, sessionId));
+  return button;
+}
+
+/**
+ * A session's cost: each assistant message's tokens times the price of the provider
+ * and model that answered it (GetSession's table). ListSessions carries no tokens,
+ * so it is read from the session's events, on demand, one session per click.
+ */
+async function sessionCost(sessionId) {
+  const { prices = [] } = await agents("GetSession", { sessionId });
+  if (!prices.length) return "no price table";
+  const total = noTokens();
+  let pageToken = "";
+  do {
+    const page = await agents("ListSessionEvents", { sessionId, pageSize: EVENTS_PER_CALL, pageToken });
+    for (const event of page.events || []) {
+      const message = event.assistantMessage;
+      if (message && message.usage) addUsage(total, message.usage, priceFor(prices, message));
+    }
+    pageToken = page.nextPageToken || "";
+  } while (pageToken);
+  return costAmounts(total) || (total.unpriced ? "unpriced" : "no tokens");
+}
+
+async function priceRow(button, sessionId) {
+  const mine = listing;
+  const cell = button.parentElement;
+  button.disabled = true;
+  button.textContent = "Pricing…";
+  try {
+    const cost = await sessionCost(sessionId);
+    cell.replaceChildren(cost);
+    cell.dataset.priced = "yes";
+  } catch (error) {
+    button.disabled = false;
+    button.textContent = "Price";
+    fail(error, `Pricing session ${sessionId}`, mine ? mine.scope : routeNow());
+  }
 }
 
 /** Show the sessions page for the route's parameters. */
@@ -85,7 +130,7 @@ async function loadMore() {
       ? `(${mine.shown} so far)`
       : `(${mine.shown}${mine.shown === 1 ? " session" : " sessions"}, all)`;
     if (!mine.shown && !mine.token) {
-      $("#sessions tbody").append(h("tr", {}, h("td", { colspan: 8 }, "No session matches.")));
+      $("#sessions tbody").append(h("tr", {}, h("td", { colspan: 9 }, "No session matches.")));
     }
   } catch (error) {
     fail(error, "Listing the sessions", mine.scope);

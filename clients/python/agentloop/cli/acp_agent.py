@@ -60,6 +60,8 @@ PERMISSION_OPTIONS = [
 ]
 REJECTED_REASON = "rejected in the editor"
 CANCEL_REASON = "cancelled in the editor"
+VIA = "acp"
+"""Where the answers come from (`ResolveApprovalRequest.via`): recorded as `api:acp`."""
 MAX_LINE_BYTES = 50 * 1024 * 1024
 """The longest line read from the editor (the SDK's own default)."""
 RECONNECT_SECONDS = 10.0
@@ -244,6 +246,7 @@ class AcpBridge:
                 request.approval_id,
                 allow=allow,
                 reason="" if allow else REJECTED_REASON,
+                via=VIA,
             )
 
     async def _write(self, session_id: str, queue: asyncio.Queue[list[Update] | None]) -> None:

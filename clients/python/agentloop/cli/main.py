@@ -28,6 +28,7 @@ from agentloop.cli.approvals import APPROVAL_KINDS, add_approval_verbs, on_send_
 from agentloop.cli.children import add_children_verb
 from agentloop.cli.compact import add_compact_verb
 from agentloop.cli.drain import add_drain_verb
+from agentloop.cli.tool_sources import add_mcp_verb
 from agentloop.cli.verbs import add_verbs, as_dict, completion_script, emit, out
 from agentloop.cli.version import version
 from agentloop.client import Client, connect
@@ -285,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_compact_verb(command)
     add_drain_verb(command)
     add_children_verb(command)
+    add_mcp_verb(command)
     completion = command("completion", cmd_completion, "print a shell completion script")
     completion.add_argument("shell", choices=("bash",))
     return parser

@@ -256,6 +256,8 @@ class Agent(_message.Message):
     CONTEXT_USAGE_FIELD_NUMBER: _builtins.int
     LINEAGE_FIELD_NUMBER: _builtins.int
     MOVING_FIELD_NUMBER: _builtins.int
+    RESOLVED_PROVIDER_FIELD_NUMBER: _builtins.int
+    RESOLVED_MODEL_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     """AgentID is the caller-chosen id."""
     session_id: _builtins.str
@@ -268,6 +270,17 @@ class Agent(_message.Message):
     UNAVAILABLE with reason AGENT_MOVING until a replica runs it again. Only
     ListAgents of a replica sets it, with the agent id, session id and options;
     the status and the other fields are unset.
+    """
+    resolved_provider: _builtins.str
+    """Output only. The provider the agent's model requests use: `options.provider`,
+    else the server's default (`defaultProvider`). An `agent/request` listener
+    may still change it for a request; each `request_header` records what one
+    used.
+    """
+    resolved_model: _builtins.str
+    """Output only. The model the agent's model requests use: `options.model`, else
+    the default model of `resolved_provider`; empty when neither names one (a
+    listener must then set it).
     """
     @_builtins.property
     def options(self) -> Global___AgentOptions:
@@ -303,10 +316,12 @@ class Agent(_message.Message):
         context_usage: _agent_event_pb2.ContextUsage | None = ...,
         lineage: Global___Lineage | None = ...,
         moving: _builtins.bool = ...,
+        resolved_provider: _builtins.str = ...,
+        resolved_model: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["context_usage", b"context_usage", "create_time", b"create_time", "lineage", b"lineage", "options", b"options"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "context_usage", b"context_usage", "create_time", b"create_time", "lineage", b"lineage", "moving", b"moving", "options", b"options", "pending_approvals", b"pending_approvals", "session_id", b"session_id", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "context_usage", b"context_usage", "create_time", b"create_time", "lineage", b"lineage", "moving", b"moving", "options", b"options", "pending_approvals", b"pending_approvals", "resolved_model", b"resolved_model", "resolved_provider", b"resolved_provider", "session_id", b"session_id", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
