@@ -10,6 +10,7 @@ the messages it had accepted pending with nobody to run them.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -235,3 +236,73 @@ async def test_a_resume_racing_this_replicas_own_takeover_is_told_the_agent_is_l
     finally:
         release.set()
         await me.stop()
+
+
+async def test_the_sweep_comes_at_the_first_expiry_of_another_replicas_lease(
+    store: PostgresStore,
+) -> None:
+    other = Leases(store, "other", "127.0.0.1:3", TTL)
+    await other.register()
+    assert await other.acquire(AGENTS[0], f"{AGENTS[0]}-session", b"") is None
+    me = Cluster(Leases(store, "me", "127.0.0.1:2", TTL))
+    await me.register()
+    assert me.settled()  # a replica starts in touch: it may take expired leases at once
+
+    until = await me.leases.next_expiry()
+    assert until is not None and 0 < until <= TTL
+    assert await me.leases.next_expiry({AGENTS[0]}) is None  # those it runs do not count
+    assert await other.next_expiry() is None  # nor a replica's own
+    assert await me.next_sweep() == TTL / 2  # a lease away: the usual half lease at most
+
+    pool = await store.pool()
+    await pool.execute(  # the owner's last renewal was most of a lease ago
+        "UPDATE leases SET expires_at = now() + make_interval(secs => $1)", TTL / 5
+    )
+    wait = await me.next_sweep()
+    assert TTL / 10 < wait <= TTL / 5 + 0.01, wait  # at the expiry, not a fixed period later
+    await other.hand_over()  # expired now: the next sweep comes at once (its shortest wait)
+    assert await me.next_sweep() == pytest.approx(TTL / 20)
+
+
+async def test_a_woken_replica_stops_the_agents_it_lost_before_it_acts_again(
+    store: PostgresStore,
+) -> None:
+    mine = Leases(store, "me", "127.0.0.1:2", TTL)
+    await mine.register()
+    for agent_id in AGENTS[:2]:
+        assert await mine.acquire(agent_id, f"{agent_id}-session", b"") is None
+    held = set(AGENTS[:2])
+    seen: list[tuple[str, bool]] = []
+    me = Cluster(mine)
+
+    async def resume(lease: Lease) -> None:
+        raise AssertionError(f"nothing to take over, yet {lease.agent_id} was")
+
+    async def abandon(agent_id: str) -> None:
+        seen.append((f"stopped {agent_id}", me.acting()))
+        held.discard(agent_id)
+
+    async def step() -> None:  # an agent's next step, begun as the process wakes
+        await me.until_acting()
+        seen.append(("stepped", me.acting()))
+
+    me.start(lambda: set(held), resume, abandon)
+    try:
+        await a_renewal_ran_after(store, await database_now(store))
+        pool = await store.pool()
+        await pool.execute(  # another replica takes a0 over while this one is stalled...
+            "UPDATE leases SET owner = 'other', expires_at = now() + interval '1 hour'"
+            " WHERE agent_id = $1",
+            AGENTS[0],
+        )
+        time.sleep(TTL)  # noqa: ASYNC251 - a stall of the whole process, past its renew deadline
+        assert not me.acting()
+        stepping = asyncio.create_task(step())
+        await a_renewal_ran_after(store, await database_now(store))
+        await asyncio.wait_for(stepping, 10)
+    finally:
+        await me.stop()
+        await me.stop_renewal()
+    # The lost agent was stopped while this replica did not act yet; the step waited.
+    assert seen == [(f"stopped {AGENTS[0]}", False), ("stepped", True)]
+    assert held == {AGENTS[1]}

@@ -7,14 +7,18 @@ leases (`server.stores.postgres_leases`). Two background loops run while it serv
   extended, also one that lapsed while nobody took it; an agent whose lease was
   lost (this replica stalled past its expiry and another took it) is stopped here at
   once, and the store's fence already refuses its writes;
-- the sweep, every half of the lease time: expired leases (a replica died) are taken
-  over, never those of agents this replica holds, and never before this replica has
-  been in touch with the database for a whole lease (the *grace*); each agent is
-  resumed here on its session, which repairs a turn the crash left open and runs
-  the pending inbox once.
+- the sweep, at the earliest expiry of another replica's lease (read from the
+  database after each sweep), and at least every half of the lease time: expired
+  leases (a replica died) are taken over, never those of agents this replica holds,
+  and never before this replica has been in touch with the database for a whole
+  lease (the *grace*); each agent is resumed here on its session, which repairs a
+  turn the crash left open and runs the pending inbox once. Sweeping at the expiry
+  rather than on a fixed period is what holds the failover bound: a dead owner's
+  agents are taken over as soon as their leases run out, within a lease of its last
+  renewal, plus the resume.
   A lease taken over is renewed from the moment it is taken, so that a sweep that
-  takes many (a replica with many agents died) keeps them all while it resumes them
-  one by one.
+  takes many (a replica with many agents died) keeps them all while it resumes them,
+  a few at a time.
 Agents also move between turns (issue 27 item 7): a lease can be handed to a named
 replica, which resumes the agent at its next sweep (a sweep takes every lease its id
 holds and it does not run: handed to it, or held in an earlier life of the id). The
@@ -37,9 +41,12 @@ The renew deadline (two thirds of the lease, as Kubernetes' `renewDeadline`): on
 renewal loop runs, a replica whose last renewal began longer ago than that stops
 acting for its agents (`acting`): the store refuses its commits (retried as an outage)
 and calls for its agents are routed by the leases (`AGENT_MOVING` while its own lease
-is in doubt). The lease can only expire elsewhere a third of a lease later, so an
-owner that was paused, partitioned or cut off from the database has stopped before
-another replica may take its agents; it acts again after a renewal that kept them.
+is in doubt), and its agents' steps wait (`until_acting`). The lease can only expire
+elsewhere a third of a lease later, so an owner that was paused, partitioned or cut
+off from the database has stopped before another replica may take its agents; it
+acts again after a renewal that kept them, and only once it has stopped the agents
+that renewal says another replica took (a woken owner never serves a call or runs a
+step for an agent it lost).
 """
 
 from __future__ import annotations
@@ -60,6 +67,15 @@ log = logging.getLogger(__name__)
 
 RENEW_DEADLINE = 2 / 3
 """Of the lease time: how long after its last renewal began a replica still acts."""
+
+SWEEP_AT_LEAST = 1 / 20
+"""Of the lease time: the shortest wait between two sweeps (an expired lease still locked)."""
+
+EXPIRY_MARGIN = 0.005
+"""Seconds past a lease's expiry that the sweep looks (the expiry is exclusive)."""
+
+RESUMES_AT_ONCE = 4
+"""Agents a sweep resumes concurrently (a replica with many agents died)."""
 
 REBALANCE_EVERY = 2
 """Leases between two looks at the fair shares."""
@@ -99,6 +115,8 @@ class Cluster:
         """Whether this replica gives every agent away (a drain, a stop): it takes none."""
         self._hand_off: HandOff | None = None
         self._movable: Movable = list
+        self._acting_again = asyncio.Event()
+        """Set by a renewal in time: wakes the steps that wait in `until_acting`."""
         self._in_touch_since: float | None = time.monotonic() - leases.ttl
         """Since when renewals have succeeded without a gap; None during an outage.
 
@@ -145,6 +163,12 @@ class Cluster:
             return True
         return time.monotonic() - self._renewed_at < RENEW_DEADLINE * self.leases.ttl
 
+    async def until_acting(self) -> None:
+        """Return once this replica may act for its agents (a step waits here first)."""
+        while not self.acting():
+            self._acting_again.clear()
+            await self._acting_again.wait()
+
     def _renewed(self, started: float) -> None:
         self._renewed_at = max(self._renewed_at, started)
         delay = self._renewed_at + RENEW_DEADLINE * self.leases.ttl - time.monotonic()
@@ -156,6 +180,7 @@ class Cluster:
             self._stopped = False
             log.warning("cluster: renewed again; acting for this replica's agents")
         self._late = asyncio.get_running_loop().call_later(delay, self._past_deadline)
+        self._acting_again.set()
 
     def _past_deadline(self) -> None:
         self._late = None
@@ -191,7 +216,7 @@ class Cluster:
         self._movable = movable
         self._renewed_at = time.monotonic()
         self._renewal = asyncio.create_task(self._every(ttl / 3, lambda: self._renew(abandon)))
-        self._tasks = [asyncio.create_task(self._every(ttl / 2, lambda: self._sweep(resume)))]
+        self._tasks = [asyncio.create_task(self._sweeping(resume))]
         if hand_off is not None:
             self._tasks.append(
                 asyncio.create_task(self._every(REBALANCE_EVERY * ttl, self._rebalance))
@@ -290,6 +315,38 @@ class Cluster:
                 log.warning("cluster: %s failed; retrying", work, exc_info=True)
             await asyncio.sleep(seconds)
 
+    async def _sweeping(self, resume: Resume) -> None:
+        """Sweep; again at the next expiry of another replica's lease, half a lease at most."""
+        while True:
+            wait = self.leases.ttl / 2
+            try:
+                await self._sweep(resume)
+                wait = await self.next_sweep()
+            except StoreUnavailable:
+                log.warning("cluster: the store is unreachable; retrying")
+            except Exception:
+                log.warning("cluster: the sweep failed; retrying", exc_info=True)
+            await asyncio.sleep(wait)
+
+    async def next_sweep(self) -> float:
+        """Seconds until the next sweep: at the first expiry it may take, half a lease at most.
+
+        Half a lease at most for the leases handed to this replica (and for new leases
+        of other replicas, which expire a whole lease from now at the earliest). Before
+        it has settled (the grace) at the end of the grace; then at the first expiry.
+        """
+        ttl = self.leases.ttl
+        longest, shortest = ttl / 2, SWEEP_AT_LEAST * ttl
+        since = self._in_touch_since
+        if since is None:
+            return longest
+        if not self.settled():
+            return min(longest, max(since + ttl - time.monotonic(), shortest))
+        expiry = await self.leases.next_expiry(self._owned() | self._giving)
+        if expiry is None:
+            return longest
+        return min(longest, max(expiry + EXPIRY_MARGIN, shortest))
+
     def settled(self) -> bool:
         """Whether this replica has been in touch with the database for a whole lease."""
         since = self._in_touch_since
@@ -306,8 +363,12 @@ class Cluster:
         if self._in_touch_since is None:
             self._in_touch_since = started
             log.info("cluster: in touch with the database again; no takeover for one lease")
-        self._renewed(started)
+        # The lost agents are stopped before this replica acts again: woken from a
+        # pause past its lease, it must not serve a call or run a step for an agent
+        # another replica runs now (the fence would refuse its writes, but too late
+        # for a client told OK, or for a tool that ran twice).
         missing = running - kept
+        lost = []
         for agent_id in sorted(await self.leases.taken(missing) if missing else ()):
             if agent_id in self._taking:  # taken over elsewhere before it was resumed here
                 self._taking.discard(agent_id)
@@ -316,7 +377,9 @@ class Cluster:
             if agent_id not in self._owned():
                 continue  # handed over (or gone) while this renewal ran: nothing to stop
             log.warning("cluster: the lease of agent %s was lost; stopping it here", agent_id)
-            await abandon(agent_id)
+            lost.append(abandon(agent_id))
+        await asyncio.gather(*lost)
+        self._renewed(started)
 
     def _lost_touch(self) -> None:
         self._in_touch_since = None
@@ -327,9 +390,14 @@ class Cluster:
         held = self._owned() | self._giving
         leases = await self.leases.take_over(held, expired=self.settled())
         self._taking.update(lease.agent_id for lease in leases)
-        for lease in leases:
+        at_once = asyncio.Semaphore(RESUMES_AT_ONCE)  # a few at a time: the pool is shared
+        await asyncio.gather(*(self._take(lease, resume, at_once) for lease in leases))
+
+    async def _take(self, lease: Lease, resume: Resume, at_once: asyncio.Semaphore) -> None:
+        """Resume one agent whose lease the sweep took (unless it was lost meanwhile)."""
+        async with at_once:
             if lease.agent_id not in self._taking:
-                continue  # its lease was lost meanwhile: another replica runs it
+                return  # its lease was lost meanwhile: another replica runs it
             if lease.owner == self.replica_id:  # handed here, or held in an earlier life
                 log.info("cluster: resuming agent %s, leased to this replica", lease.agent_id)
             else:

@@ -42,6 +42,11 @@ DRAIN = "/agentloop.v1.AgentFactoryService/DrainReplica"
 DRAIN_WAIT = 60.0
 """Seconds a drain waits for an agent's turn to end before the stop closes it."""
 
+LIST_WAIT = 1 / 3
+"""Of the lease time: how long `ListAgents` waits for another replica's page. A peer
+that does not answer by then (paused, cut off) has its agents listed from their leases,
+as moving: a listing is never held up by one replica for long."""
+
 
 class Replica:
     """The cluster side of one server."""
@@ -84,6 +89,7 @@ class Replica:
         leases = Leases(self.store, replica_id, address, self.config.lease_seconds)
         self.cluster = Cluster(leases)
         self.store.may_write = self.cluster.acting
+        self.factory.runtime.until_acting = self.cluster.until_acting
         self.router = Router(replica_id, leases.locate, self.config.lease_seconds)
         self.factory.ownership = self.cluster
         self.factory.catalogue.repair_on_read = False  # another replica's running turn looks open
@@ -210,9 +216,10 @@ class Replica:
         request = fac.ListAgentsRequest(
             page_size=size, page_token=page_tokens.issue("ListAgents", after) if after else ""
         )
+        wait = LIST_WAIT * self.config.lease_seconds
         answers = await asyncio.gather(
             *(
-                self.forwarder.ask(address, LIST_AGENTS, request, fac.ListAgentsResponse)
+                self.forwarder.ask(address, LIST_AGENTS, request, fac.ListAgentsResponse, wait)
                 for address in await self.cluster.leases.peers()
             ),
             return_exceptions=True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from server.kernel.defaults import (
@@ -54,6 +55,9 @@ class Runtime:
     """Recent history a compaction keeps verbatim unless the agent sets its own."""
     tool_order: list[str] | None = None
     """The canonical tool order, with one "<unlisted-tools>" marker; None is by name."""
+    until_acting: Callable[[], Awaitable[None]] | None = None
+    """Waits while this server must not act for its agents (a replica whose lease
+    renewal is late); each step waits here before it begins. None: always acting."""
     journal: Journal = field(init=False)
     """The write-ahead path to the store: group commits, then publication."""
     requests: Requests = field(init=False)

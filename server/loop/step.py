@@ -56,6 +56,8 @@ async def prepare_step(agent: Agent, turn: Turn, step: Step) -> tuple[str, Messa
     signal = step.signal
     checkpoint = turn.scope.checkpoint
     await yield_if_due()  # a turn of many steps that never wait must not starve the others
+    if runtime.until_acting is not None:  # a replica woken from a pause: not before it
+        await runtime.until_acting()  # knows which of its agents are still its own
     scope = PromptScope(
         agent_id=agent.agent_id,
         provider=agent.resolved_provider,

@@ -276,7 +276,7 @@ class Journal:
         if group.commit.empty():
             return
         try:
-            await self._commit(group.commit)
+            await self._commit(group.commit, group.sessions)
             return
         except REFUSALS:
             pass  # a refusal, not an outage: find whose
@@ -291,12 +291,21 @@ class Journal:
                 group.sessions[session_id].fail(error)
                 self._forget(session_id)
 
-    async def _commit(self, commit: Commit) -> None:
-        """One commit, retried with backoff while the store is unavailable."""
+    async def _commit(self, commit: Commit, sessions: dict[str, SessionLog] | None = None) -> None:
+        """One commit, retried with backoff while the store is unavailable.
+
+        A retry leaves out the writes of `sessions` that failed meanwhile (a replica
+        that lost an agent while its commits waited: they would only meet the fence),
+        unless an earlier attempt may have landed them (`unsure`: the store checks).
+        """
         delay = RETRY_INITIAL
         while True:
             if self._closed:
                 raise StoreUnavailable("the journal was closed with writes not stored")
+            if sessions and delay > RETRY_INITIAL and not commit.unsure:
+                for session_id, session in sessions.items():
+                    if session.failure is not None:
+                        commit.sessions.pop(session_id, None)
             try:
                 started = time.perf_counter()
                 await self.store.commit(commit)

@@ -179,6 +179,21 @@ class Leases:
         )
         return [Lease(r["agent_id"], r["session_id"], r["owner"], r["options"]) for r in rows]
 
+    async def next_expiry(self, held: Collection[str] = ()) -> float | None:
+        """Seconds until the first lease another replica holds expires (< 0: one has).
+
+        Not those of the agents in `held` (this replica runs them). None when no other
+        replica holds a lease. Measured by the database's clock, as the expiries are.
+        """
+        pool = await self.store.pool()
+        seconds = await pool.fetchval(
+            "SELECT extract(epoch FROM min(expires_at) - now())::float8 FROM leases"
+            " WHERE owner <> $1 AND NOT agent_id = ANY($2::text[])",
+            self.replica_id,
+            sorted(held),
+        )
+        return None if seconds is None else float(seconds)
+
     async def hand(self, agent_id: str, to: str) -> bool:
         """Give a lease this replica holds to replica `to` (which takes it at its sweep).
 
