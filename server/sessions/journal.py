@@ -294,15 +294,16 @@ class Journal:
     async def _commit(self, commit: Commit, sessions: dict[str, SessionLog] | None = None) -> None:
         """One commit, retried with backoff while the store is unavailable.
 
-        A retry leaves out the writes of `sessions` that failed meanwhile (a replica
-        that lost an agent while its commits waited: they would only meet the fence),
-        unless an earlier attempt may have landed them (`unsure`: the store checks).
+        Each attempt leaves out the writes of `sessions` that failed meanwhile (a
+        replica that lost an agent while its commits waited: they would only meet the
+        fence), unless an earlier attempt may have landed them (`unsure`: the store
+        checks).
         """
         delay = RETRY_INITIAL
         while True:
             if self._closed:
                 raise StoreUnavailable("the journal was closed with writes not stored")
-            if sessions and delay > RETRY_INITIAL and not commit.unsure:
+            if sessions and not commit.unsure:
                 for session_id, session in sessions.items():
                     if session.failure is not None:
                         commit.sessions.pop(session_id, None)
