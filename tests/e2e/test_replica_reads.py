@@ -5,7 +5,8 @@ r1, so no rebalancing moves any before the pause); a stream
 on r1 follows one agent's session, and a client sends to that agent through r1 all
 along. r0 is paused (SIGSTOP) for three leases, so r1 takes the agents over:
 - `ListAgents` on r1 while r0 cannot answer lists all four (those between owners
-  marked `moving`), never fewer;
+  marked `moving`), never fewer, and within a deadline shorter than the 5 s it once
+  waited for the paused r0 (it waits a third of a lease for a peer's page);
 - once r0 wakes (its live copy of the session now behind the store: r1 wrote on),
   `GetSession` and `ListSessionEvents` on either replica, by session id or agent id,
   hold at least every event the stream had delivered when the read began. An
@@ -30,6 +31,11 @@ from tests.e2e.test_durability import Server, T, word_count_options
 from tests.e2e.test_replica_outage import refusal
 from tests.e2e.test_replicas import LEASE, read_log, replicas, request_ids, wait_idle
 from tests.invariants import check_log
+
+LIST_DEADLINE = 2.5
+"""Seconds `ListAgents` may take with r0 paused: it waits a third of a lease for r0, then
+lists r0's agents from their leases; waiting for r0 as long as a forwarded call (5 s)
+would end this call `DEADLINE_EXCEEDED`."""
 
 AGENTS = ("m", "n0", "n1", "n2")
 BESIDE = ("p0", "p1", "p2", "p3")
@@ -122,8 +128,10 @@ async def test_reads_after_a_takeover_hold_what_a_stream_delivered_and_moving_ag
             pid = r0.process.process.pid
             os.kill(pid, signal.SIGSTOP)
             try:
-                listed = await r1.factory.ListAgents(fac.ListAgentsRequest(page_size=10), timeout=T)
-                await asyncio.sleep(max(0.0, 3 * LEASE - 1))
+                listed = await r1.factory.ListAgents(
+                    fac.ListAgentsRequest(page_size=10), timeout=LIST_DEADLINE
+                )
+                await asyncio.sleep(3 * LEASE)
             finally:
                 os.kill(pid, signal.SIGCONT)
             woke = time.monotonic()
