@@ -11,6 +11,7 @@ be for a slow reader, and `dropped_agent_events` counts only what the server rep
 from __future__ import annotations
 
 import asyncio
+import random
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from agentloop.errors import error_from
+from agentloop.retrying import MAX_ATTEMPTS, retry_delay
 from agentloop.v1 import agent_event_pb2
 from agentloop.v1 import agent_service_pb2 as api
 from agentloop.v1 import session_event_pb2 as ev
@@ -31,6 +33,9 @@ RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusC
 
 RECONNECTS = 8
 """Consecutive failed reconnects before the error reaches the caller."""
+
+MAX_BACKOFF = 2.0
+"""The longest wait, in seconds, before reconnecting after a failure the server did not time."""
 
 
 class SessionStream:
@@ -101,8 +106,12 @@ class SessionStream:
         """The next response; None once the server ended the stream.
 
         The first response of each call confirms the subscription and carries no events.
+        A stream ended `AGENT_MOVING` or `STORE_UNAVAILABLE` (an agent between replicas,
+        a database away) is reopened after the server's `RetryInfo` delay, jittered, and
+        such waits do not use up the `RECONNECTS`; other failures back off on their own.
         """
         failures = 0
+        moves = 0
         while not self.ended:
             if self._call is None:
                 self._call = self._open()
@@ -110,11 +119,17 @@ class SessionStream:
                 batch = await self._call.read()
             except grpc.aio.AioRpcError as error:
                 self._call = None
+                told = retry_delay(error)
+                if told is not None and moves < MAX_ATTEMPTS:
+                    moves += 1
+                    self.reconnects += 1
+                    await asyncio.sleep(told * random.uniform(0.5, 1.0))  # jitter, as unary calls
+                    continue
                 if error.code() not in RETRYABLE or failures >= RECONNECTS:
                     raise error_from(error) from None
                 failures += 1
                 self.reconnects += 1
-                await asyncio.sleep(min(0.05 * 2**failures, 2.0))
+                await asyncio.sleep(min(0.05 * 2**failures, MAX_BACKOFF))
                 continue
             if batch is grpc.aio.EOF:
                 self._call = None
