@@ -5,7 +5,9 @@ with request ids, each turn calling `sleep`, retried with the same id while refu
 - a replica killed and started again gets a fair share of the agents back: the
   replica that took them all over hands some over, each between two of its turns;
 - `agentloop drain r0` (the CLI, through the other replica) hands every agent of r0
-  over between turns, answers with their ids, and r0 exits by itself (code 0);
+  over between turns, answers with their ids, and r0 exits by itself (code 0); a
+  Python SDK stream by agent id through r1 (forwarded to r0, ended `AGENT_MOVING` by
+  the hand-over) waits the server's delay and resumes: it sees the log whole, once;
 - SIGTERM on r0 does the same before it exits (without the hand-over its running
   turns would end `disposed`).
 In both, no turn is interrupted, clients see only OK or `UNAVAILABLE` (`AGENT_MOVING`
@@ -25,6 +27,7 @@ import asyncpg
 import grpc
 import pytest
 
+from agentloop.client import connect
 from agentloop.errors import FailedPrecondition
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_service_pb2 as api
@@ -166,17 +169,39 @@ async def test_drain_hands_every_agent_over_between_turns_and_the_replica_exits(
         sessions = await create(r0, drained)
         sessions |= await create(r1, ["k0", "k1"])
         seen = Seen()
-        async with load(r1, sorted(sessions), seen):  # through r1: forwarded to r0 first
-            await asyncio.sleep(1.5)
-            result = await run_cli(r1.address, "--json", "drain", "r0", wait=90)
-            assert result.code == 0, result.stderr
-            answer = json.loads(result.stdout)
-            assert answer["replica_id"] == "r0"
-            assert sorted(answer["agent_ids"]) == drained
-            assert await r0.process.wait_exit(30) == 0  # it stops by itself
-            await asyncio.sleep(1.0)  # turns go on at r1
-        assert set((await owners(dsn)).values()) == {"r1"}
-        await check_outcome(r1, sessions, seen)
+        client = connect(r1.address)
+        stream = client.stream(agent_id="d0")  # through r1: forwarded to r0, its owner
+        streamed: list[int] = []
+
+        async def follow() -> None:
+            async for event in stream:
+                streamed.append(event.seq)  # noqa: PERF401 - as they come: it never ends
+
+        following = asyncio.create_task(follow())
+        try:
+            async with load(r1, sorted(sessions), seen):  # through r1: forwarded to r0 first
+                await asyncio.sleep(1.5)
+                result = await run_cli(r1.address, "--json", "drain", "r0", wait=90)
+                assert result.code == 0, result.stderr
+                answer = json.loads(result.stdout)
+                assert answer["replica_id"] == "r0"
+                assert sorted(answer["agent_ids"]) == drained
+                assert await r0.process.wait_exit(30) == 0  # it stops by itself
+                await asyncio.sleep(1.0)  # turns go on at r1
+            assert set((await owners(dsn)).values()) == {"r1"}
+            await check_outcome(r1, sessions, seen)
+            logged = [e.seq for e in await read_log(r1, sessions["d0"])]
+            for _ in range(100):
+                if len(streamed) >= len(logged):
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            following.cancel()
+            await asyncio.gather(following, return_exceptions=True)
+            stream.close()
+            await client.close()
+        assert stream.reconnects > 0  # the hand-over ended it; it resumed
+        assert streamed == logged  # nothing lost or repeated
         assert "drained: 3 agent(s) handed over" in r0.log(), r0.log()
 
 
