@@ -304,6 +304,7 @@ class Cluster:
         if self._late is not None:
             self._late.cancel()
             self._late = None
+        self._acting_again.set()  # acting from now on (the fence holds): no step waits
 
     async def _every(self, seconds: float, work: Callable[[], Awaitable[None]]) -> None:
         while True:
