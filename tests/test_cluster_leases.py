@@ -278,15 +278,18 @@ async def test_a_woken_replica_stops_the_agents_it_lost_before_it_acts_again(
     async def resume(lease: Lease) -> None:
         raise AssertionError(f"nothing to take over, yet {lease.agent_id} was")
 
-    async def abandon(agent_id: str) -> None:
-        seen.append((f"stopped {agent_id}", me.acting()))
+    def lose(agent_id: str) -> None:
+        seen.append((f"lost {agent_id}", me.acting()))
+
+    async def abandon(agent_id: str) -> None:  # its teardown, once acting again
+        seen.append((f"torn down {agent_id}", me.acting()))
         held.discard(agent_id)
 
     async def step() -> None:  # an agent's next step, begun as the process wakes
         await me.until_acting()
         seen.append(("stepped", me.acting()))
 
-    me.start(lambda: set(held), resume, abandon)
+    me.start(lambda: set(held), resume, abandon, lose=lose)
     try:
         await a_renewal_ran_after(store, await database_now(store))
         pool = await store.pool()
@@ -303,6 +306,8 @@ async def test_a_woken_replica_stops_the_agents_it_lost_before_it_acts_again(
     finally:
         await me.stop()
         await me.stop_renewal()
-    # The lost agent was stopped while this replica did not act yet; the step waited.
-    assert seen == [(f"stopped {AGENTS[0]}", False), ("stepped", True)]
+    # The lost agent was stopped while this replica did not act yet; the step waited;
+    # the teardown came once acting again (it may wait for the other agents' commits).
+    assert seen[0] == (f"lost {AGENTS[0]}", False), seen
+    assert sorted(seen[1:]) == [("stepped", True), (f"torn down {AGENTS[0]}", True)], seen
     assert held == {AGENTS[1]}

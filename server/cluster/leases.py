@@ -85,6 +85,9 @@ HAND_OFF_WAIT = 10.0
 
 Resume = Callable[[Lease], Awaitable[None]]
 Abandon = Callable[[str], Awaitable[None]]
+Lose = Callable[[str], None]
+"""Stop acting for an agent at once (no await): its calls routed, its writes and steps
+stopped; `Abandon` then tears it down."""
 Owned = Callable[[], set[str]]
 HandOff = Callable[[str, float], Awaitable[bool]]
 """Close a live agent here between two turns (waiting at most so long); whether it closed."""
@@ -114,6 +117,7 @@ class Cluster:
         self._draining = False
         """Whether this replica gives every agent away (a drain, a stop): it takes none."""
         self._hand_off: HandOff | None = None
+        self._lose: Lose = lambda agent_id: None
         self._movable: Movable = list
         self._acting_again = asyncio.Event()
         """Set by a renewal in time: wakes the steps that wait in `until_acting`."""
@@ -202,18 +206,23 @@ class Cluster:
         abandon: Abandon,
         hand_off: HandOff | None = None,
         movable: Movable = list,
+        lose: Lose | None = None,
     ) -> None:
         """Renew, sweep and rebalance in the background.
 
         Called once the config agents exist: a sweep racing their creation would take
         one over as it is being created. `owned` names the agents this replica holds:
         live, being created or resumed, or being disposed; `hand_off` closes one between
-        turns so that another replica takes it (no rebalancing without it).
+        turns so that another replica takes it (no rebalancing without it). An agent
+        whose lease another replica took is stopped with `lose` before this replica
+        acts again, then torn down with `abandon`.
         """
         ttl = self.leases.ttl
         self._owned = owned
         self._hand_off = hand_off
         self._movable = movable
+        if lose is not None:
+            self._lose = lose
         self._renewed_at = time.monotonic()
         self._renewal = asyncio.create_task(self._every(ttl / 3, lambda: self._renew(abandon)))
         self._tasks = [asyncio.create_task(self._sweeping(resume))]
@@ -367,7 +376,8 @@ class Cluster:
         # The lost agents are stopped before this replica acts again: woken from a
         # pause past its lease, it must not serve a call or run a step for an agent
         # another replica runs now (the fence would refuse its writes, but too late
-        # for a client told OK, or for a tool that ran twice).
+        # for a client told OK, or for a tool that ran twice). At once, not after their
+        # teardowns: those may wait for commits that wait for this replica to act.
         missing = running - kept
         lost = []
         for agent_id in sorted(await self.leases.taken(missing) if missing else ()):
@@ -378,9 +388,10 @@ class Cluster:
             if agent_id not in self._owned():
                 continue  # handed over (or gone) while this renewal ran: nothing to stop
             log.warning("cluster: the lease of agent %s was lost; stopping it here", agent_id)
-            lost.append(abandon(agent_id))
-        await asyncio.gather(*lost)
+            self._lose(agent_id)
+            lost.append(agent_id)
         self._renewed(started)
+        await asyncio.gather(*(abandon(agent_id) for agent_id in lost))
 
     def _lost_touch(self) -> None:
         self._in_touch_since = None

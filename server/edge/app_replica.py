@@ -116,6 +116,7 @@ class Replica:
             self.factory.abandon,
             self.factory.hand_off,
             self.factory.movable,
+            self.factory.lose,
         )
         self._plugin_sync = asyncio.create_task(self._sync_plugins())
 

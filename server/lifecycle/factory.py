@@ -519,15 +519,26 @@ class AgentFactory:
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
 
-    async def abandon(self, agent_id: str) -> None:
-        """Stop an agent whose ownership moved elsewhere, writing nothing more."""
+    def lose(self, agent_id: str) -> None:
+        """Stop acting for an agent whose ownership moved elsewhere, at once (no await).
+
+        From here on its calls are routed by its lease, its session writes nothing
+        (failed) and its turn is cancelled; `abandon` then tears it down.
+        """
         agent = self.agents.get(agent_id)
         if agent is None or agent_id in self._abandoned:
             return
         self._abandoned.add(agent_id)
         agent.session.fail(StoreConflict(f'agent "{agent_id}" is owned by another writer now'))
         log.warning("agent %s stopped: %s", agent_id, agent.session.failure)
-        await self.teardown(agent)
+        agent.stop()
+
+    async def abandon(self, agent_id: str) -> None:
+        """Stop an agent whose ownership moved elsewhere (`lose`), and tear it down."""
+        self.lose(agent_id)
+        agent = self.agents.get(agent_id)
+        if agent is not None and agent_id in self._abandoned:
+            await self.teardown(agent)
 
     async def close(self) -> None:
         """Dispose every agent (server shutdown): running turns end `disposed`.

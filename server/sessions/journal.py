@@ -307,6 +307,8 @@ class Journal:
                 for session_id, session in sessions.items():
                     if session.failure is not None:
                         commit.sessions.pop(session_id, None)
+                if commit.empty():
+                    return  # only failed sessions' writes: nothing to store
             try:
                 started = time.perf_counter()
                 await self.store.commit(commit)
