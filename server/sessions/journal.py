@@ -303,11 +303,12 @@ class Journal:
         while True:
             if self._closed:
                 raise StoreUnavailable("the journal was closed with writes not stored")
-            if sessions and not commit.unsure:
+            if sessions and not commit.unsure:  # inline: this runs for every commit
+                left_out = False
                 for session_id, session in sessions.items():
                     if session.failure is not None:
-                        commit.sessions.pop(session_id, None)
-                if commit.empty():
+                        left_out = commit.sessions.pop(session_id, None) is not None or left_out
+                if left_out and commit.empty():
                     return  # only failed sessions' writes: nothing to store
             try:
                 started = time.perf_counter()
