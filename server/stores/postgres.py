@@ -72,6 +72,7 @@ class PostgresStore:
     """Sessions in a PostgreSQL database, shared by every replica that points at it."""
 
     persistent = True
+    remote = True
 
     def __init__(self, dsn: str, pool_size: int = POOL_SIZE, lease_seconds: float = 5.0) -> None:
         self.dsn = dsn
