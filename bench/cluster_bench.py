@@ -39,6 +39,7 @@ from pathlib import Path
 import grpc
 
 from agentloop.client import Client
+from agentloop.connection import open_channel
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_factory_service_pb2_grpc as fac_rpc
 from agentloop.v1 import agent_service_pb2_grpc as api_rpc
@@ -53,11 +54,15 @@ class Replica:
         self.process = process
         self.address = address
         self.channel = grpc.aio.insecure_channel(address)
+        self.sdk_channel = open_channel(address)
+        """The SDK's channel, which retries `AGENT_MOVING` as `agentloop.connect` does (a
+        renewal late on a loaded machine); the stubs' own answers are measured as they are."""
         self.factory = fac_rpc.AgentFactoryServiceStub(self.channel)
         self.agents = api_rpc.AgentServiceStub(self.channel)
 
     async def stop(self, kill: bool = False) -> None:
         await self.channel.close()
+        await self.sdk_channel.close()
         if self.process.returncode is None:
             self.process.kill() if kill else self.process.terminate()
             await self.process.wait()
@@ -152,7 +157,7 @@ async def bench_failover(dsn: str, directory: Path, kills: int, busy: int = 0) -
 
 
 async def client_loop(replica: Replica, agent_id: str, until: float) -> int:
-    client = Client(replica.channel)  # the SDK's facade on the replica's channel
+    client = Client(replica.sdk_channel)
     await client.create(agent_id, OPTIONS)
     turns = 0
     async with client.conversation(agent_id) as chat:

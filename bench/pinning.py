@@ -42,7 +42,7 @@ class Plan:
 
     def describe(self, count: int) -> str:
         if not self.pinned:
-            return "not pinned (fewer than 2 cores, or no taskset)"
+            return "not pinned (--no-pin, fewer than 2 cores, or no taskset)"
         cores = sorted({self.replicas[i % len(self.replicas)] for i in range(count)})
         share = f"{count} replica(s) on core(s) {', '.join(map(str, cores))}"
         return f"{share}; PostgreSQL and the load generator on core {self.database[0]}"
