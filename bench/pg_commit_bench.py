@@ -19,6 +19,8 @@ TCP proxy:
 - commits per turn: the journal's group commits (each one transaction);
 - round trips per turn: on every connection, each time the client sends after the
   server spoke (or first): the waits a turn's store work costs, whatever the driver;
+  the notifying connection's apart (the NOTIFY each commit sends after it, which no
+  turn waits for);
 - where a commit's time goes: its median as the server waits for it, the commit
   function's own time in PostgreSQL (`pg_stat_user_functions`) and the WAL flushes'
   (`pg_stat_io`), per commit; the rest is the round trip, the transaction's end and
@@ -49,12 +51,21 @@ DURABILITY_SETTINGS = ("fsync", "synchronous_commit", "wal_sync_method")
 CHUNK = 65536
 
 
+NOTIFIER = b"agentloop-notify"
+"""The application name of the store's notifying connection, in its startup message."""
+
+
 class RoundTrips:
-    """A TCP proxy to a Unix socket that counts each connection's turn-arounds."""
+    """A TCP proxy to a Unix socket that counts each connection's turn-arounds.
+
+    Those of the store's notifying connection (the NOTIFY sent after each commit, which
+    no turn waits for) are counted apart, in `notifies`.
+    """
 
     def __init__(self, socket_path: str) -> None:
         self.socket_path = socket_path
         self.count = 0
+        self.notifies = 0
         self.port = 0
         self._server: asyncio.Server | None = None
 
@@ -69,12 +80,17 @@ class RoundTrips:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         target_reader, target_writer = await asyncio.open_unix_connection(self.socket_path)
         spoke = ["server"]  # who sent last on this connection
+        notifier = [False]
 
         async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter, side: str) -> None:
             with contextlib.suppress(OSError, asyncio.IncompleteReadError):
                 while data := await source.read(CHUNK):
+                    notifier[0] = notifier[0] or (side == "client" and NOTIFIER in data)
                     if side == "client" and spoke[0] == "server":
-                        self.count += 1
+                        if notifier[0]:
+                            self.notifies += 1
+                        else:
+                            self.count += 1
                     spoke[0] = side
                     sink.write(data)
                     await sink.drain()
@@ -182,6 +198,7 @@ async def turns_on(
         agents = [await factory.create(f"{store}-{i}", OPTIONS) for i in range(turns)]
         commits = runtime.journal.commits
         trips = counter.count if counter is not None else 0
+        notifies = counter.notifies if counter is not None else 0
         waits: list[float] = []
         observe.store_commit = waits.append
         started = time.perf_counter()
@@ -195,6 +212,7 @@ async def turns_on(
             "us": per_turn,
             "commits": (runtime.journal.commits - commits) / len(agents),
             "round_trips": (counter.count - trips) / len(agents) if counter is not None else 0.0,
+            "notifies": (counter.notifies - notifies) / len(agents) if counter else 0.0,
             "commit_us": statistics.median(waits) * 1e6 if waits else 0.0,
         }
         await factory.close()
@@ -232,10 +250,54 @@ async def work(server_dsn: str, turns: int, counted: int) -> dict[str, float]:
         "ratio_process": min(postgres) / min(sqlite),
         "commits": counts["commits"],
         "round_trips": counts["round_trips"],
+        "notifies": counts["notifies"],
         "commit_us": counts["commit_us"],
         "function_us": (after["function_ms"] - before["function_ms"]) / calls * 1e3,
         "flush_us": (after["flush_ms"] - before["flush_ms"]) / calls * 1e3,
     }
+
+
+async def commits_for(dsn: str, body: str, connections: int, seconds: float) -> float:
+    """Commits a second of `body` (a transaction of its own) by `connections` at once."""
+    import asyncpg
+
+    conns = [await asyncpg.connect(dsn) for _ in range(connections)]
+    until = time.monotonic() + seconds
+
+    async def commit(conn: Any) -> int:
+        done = 0
+        while time.monotonic() < until:
+            await conn.execute(body)
+            done += 1
+        return done
+
+    try:
+        return sum(await asyncio.gather(*(commit(conn) for conn in conns))) / seconds
+    finally:
+        for conn in conns:
+            await conn.close()
+
+
+async def notify_costs(server_dsn: str, seconds: float) -> dict[str, float]:
+    """Commits a second of a one-row transaction, with a NOTIFY inside it or without.
+
+    By one connection and by four concurrent ones: what a NOTIFY inside the commit's
+    transaction (as before migration 7) costs one committer, and several replicas.
+    """
+    import asyncpg
+
+    dsn = await fresh_database(server_dsn)
+    setup = await asyncpg.connect(dsn)
+    await setup.execute("CREATE TABLE rows (n integer)")
+    await setup.close()
+    figures = {}
+    for notify in (False, True):
+        inside = "PERFORM pg_notify('bench', 'x');" if notify else ""
+        body = f"DO $$BEGIN INSERT INTO rows VALUES (1); {inside} END$$"
+        for connections in (1, 4):
+            name = f"{'notify' if notify else 'plain'}_{connections}"
+            figures[name] = await commits_for(dsn, body, connections, seconds)
+    return figures
 
 
 def main() -> None:
@@ -244,6 +306,7 @@ def main() -> None:
     parser.add_argument("--counted", type=int, default=50, help="turns counted through the proxy")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", default="", help="another checkout, measured alike")
+    parser.add_argument("--notify-seconds", type=float, default=3.0, help="per NOTIFY figure")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -262,6 +325,7 @@ def main() -> None:
                 __file__, trees, [str(server.get_uri()), str(args.turns), str(args.counted)],
                 args.rounds,
             )  # fmt: skip
+            notify = asyncio.run(notify_costs(str(server.get_uri()), args.notify_seconds))
     print(
         f"PostgreSQL store against SQLite (embedded PostgreSQL, Unix socket, one server;"
         f" {args.turns} turns timed, {args.counted} counted, median of {args.rounds} rounds)"
@@ -279,9 +343,17 @@ def main() -> None:
         line("store commits per turn (PostgreSQL)", f"{got['commits']:.2f}")
         line("round trips per turn (PostgreSQL)", f"{got['round_trips']:.2f}")
         line("round trips per commit", f"{got['round_trips'] / got['commits']:.2f}", "1")
+        line("NOTIFYs sent after commits, per turn (no turn waits)", f"{got['notifies']:.2f}")
         line("a commit, as the server waits for it (median)", f"{got['commit_us']:,.0f} µs")
         line("  the commit function in PostgreSQL (mean)", f"{got['function_us']:,.0f} µs")
         line("  WAL flushes to disk (mean per commit)", f"{got['flush_us']:,.0f} µs")
+    print("a NOTIFY inside a commit's transaction: commits a second of a one-row insert")
+    for connections in (1, 4):
+        plain, inside = notify[f"plain_{connections}"], notify[f"notify_{connections}"]
+        line(
+            f"{connections} connection(s): without NOTIFY / with it",
+            f"{plain:,.0f} / {inside:,.0f}",
+        )
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ BENCHES = (
           ("--calls", "500",)),
     Bench("pg_commit_bench", "PostgreSQL turn ≤ 1.5× SQLite, durable vs durable; one round trip "
           "per commit", (),
-          ("--turns", "30", "--counted", "10", "--rounds", "1")),
+          ("--turns", "30", "--counted", "10", "--rounds", "1", "--notify-seconds", "0.5")),
     Bench("cluster_bench", "replicas: forwarding cost, failover time, throughput by count",
           ("--kills", "20"), ("--kills", "2", "--seconds", "2", "--clients", "5", "--calls", "50")),
     Bench("instructions_bench", "instructions per turn (a deterministic cost, for A/B)", (),
