@@ -14,7 +14,13 @@ asserted.
   agents stay, so each kill also moves the agents of earlier rounds: how many is
   printed); the documented bound is a lease and a half (1.5 s);
 - throughput: clients looping the benchmark turn (an agent each), spread over 1, 2
-  and 3 replicas.
+  and 3 replicas (`--replicas`). Each replica is pinned to a core of its own with
+  `taskset` where the machine has enough; PostgreSQL and the load generator (this
+  process) share the last core (`pinning`; `--no-pin` leaves it to the scheduler).
+  Printed with each run: the CPU each part used per turn and how busy each core was,
+  so that what saturates (a replica's core, PostgreSQL's, the load generator) shows.
+  On a machine of C cores, N replicas get min(N, C - 1) cores: the figure shows
+  scaling only while N < C, and beyond it what N replicas sharing cores cost.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import statistics
 import sys
 import tempfile
@@ -34,10 +41,12 @@ import asyncpg
 import grpc
 
 from agentloop.client import Client
+from agentloop.connection import open_channel
 from agentloop.v1 import agent_factory_service_pb2 as fac
 from agentloop.v1 import agent_factory_service_pb2_grpc as fac_rpc
 from agentloop.v1 import agent_service_pb2_grpc as api_rpc
-from bench.common import OPTIONS, line
+from bench import pinning
+from bench.common import OPTIONS, cpu_seconds, line
 
 
 class Replica:
@@ -47,24 +56,31 @@ class Replica:
         self.process = process
         self.address = address
         self.channel = grpc.aio.insecure_channel(address)
+        self.sdk_channel = open_channel(address)
+        """The SDK's channel, which retries `AGENT_MOVING` as `agentloop.connect` does (a
+        renewal late on a loaded machine); the stubs' own answers are measured as they are."""
         self.factory = fac_rpc.AgentFactoryServiceStub(self.channel)
         self.agents = api_rpc.AgentServiceStub(self.channel)
 
     async def stop(self, kill: bool = False) -> None:
         await self.channel.close()
+        await self.sdk_channel.close()
         if self.process.returncode is None:
             self.process.kill() if kill else self.process.terminate()
             await self.process.wait()
 
 
-async def start_replica(dsn: str, name: str, directory: Path) -> Replica:
+async def start_replica(
+    dsn: str, name: str, directory: Path, prefix: tuple[str, ...] = ()
+) -> Replica:
+    """Start replica `name`; `prefix` runs it under another command (`taskset`)."""
     config = directory / f"{name}.yaml"
     config.write_text(
         f"store: postgres\npostgresDsn: '{dsn}'\nreplicaId: {name}\nleaseSeconds: 1\nagents: []\n"
     )
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "server", "--config", str(config), "--listen", "127.0.0.1:0",
-        "--log-level", "WARNING", stdout=asyncio.subprocess.PIPE,
+        *prefix, sys.executable, "-m", "server", "--config", str(config), "--listen",
+        "127.0.0.1:0", "--log-level", "WARNING", stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert process.stdout is not None
     text = (await process.stdout.readline()).decode().strip()
@@ -72,8 +88,12 @@ async def start_replica(dsn: str, name: str, directory: Path) -> Replica:
 
 
 @contextlib.asynccontextmanager
-async def cluster(dsn: str, count: int, directory: Path) -> AsyncIterator[list[Replica]]:
-    replicas = [await start_replica(dsn, f"r{i}", directory) for i in range(count)]
+async def cluster(
+    dsn: str, count: int, directory: Path, cores: pinning.Plan = pinning.UNPINNED
+) -> AsyncIterator[list[Replica]]:
+    replicas = [
+        await start_replica(dsn, f"r{i}", directory, cores.command(i)) for i in range(count)
+    ]
     try:
         yield replicas
     finally:
@@ -152,7 +172,7 @@ async def leases_of(dsn: str, replica_id: str) -> int:
 
 
 async def client_loop(replica: Replica, agent_id: str, until: float) -> int:
-    client = Client(replica.channel)  # the SDK's facade on the replica's channel
+    client = Client(replica.sdk_channel)
     await client.create(agent_id, OPTIONS)
     turns = 0
     async with client.conversation(agent_id) as chat:
@@ -163,18 +183,65 @@ async def client_loop(replica: Replica, agent_id: str, until: float) -> int:
     return turns
 
 
-async def bench_throughput(dsn: str, directory: Path, clients: int, seconds: float) -> None:
+class Usage:
+    """CPU seconds of the replicas, PostgreSQL, this process, and each core's busy time."""
+
+    def __init__(self, replicas: list[Replica], postmaster: int) -> None:
+        self.replicas = [cpu_seconds(r.process.pid) for r in replicas]
+        self.database = pinning.tree_seconds(postmaster) if postmaster else 0.0
+        self.generator = cpu_seconds(os.getpid())
+        self.cores = pinning.core_busy()
+        self.at = time.perf_counter()
+
+
+def print_usage(start: Usage, end: Usage, turns: int, cores: pinning.Plan) -> None:
+    """CPU per turn of each part, and how busy each core was (all its processes)."""
+    wall = end.at - start.at
+    per_turn = max(turns, 1)
+    spent = [b - a for a, b in zip(start.replicas, end.replicas, strict=True)]
+    line("  CPU per turn: replicas", f"{sum(spent) / per_turn * 1e3:,.2f} ms")
+    line(
+        "  CPU per turn: PostgreSQL", f"{(end.database - start.database) / per_turn * 1e3:,.2f} ms"
+    )
+    generator = (end.generator - start.generator) / per_turn * 1e3
+    line("  CPU per turn: load generator (SDK clients)", f"{generator:,.2f} ms")
+    for index, seconds in enumerate(spent):
+        core = cores.replica_core(index)
+        where = f" (core {core})" if core is not None else ""
+        line(f"  replica r{index}{where} busy", f"{seconds / wall:.0%}")
+    for core, busy in sorted(end.cores.items()):
+        line(
+            f"  core {core} busy (every process on it)", f"{(busy - start.cores[core]) / wall:.0%}"
+        )
+
+
+async def bench_throughput(
+    dsn: str,
+    directory: Path,
+    clients: int,
+    seconds: float,
+    counts: list[int],
+    cores: pinning.Plan,
+    postmaster: int,
+) -> None:
     print(f"throughput ({clients} clients, an agent each, {seconds:.0f} s per run)")
-    for count in (1, 2, 3):
-        async with cluster(dsn, count, directory) as replicas:
+    if cores.pinned:
+        pinning.pin_tree(postmaster, cores.database)  # backends forked later inherit it
+        pinning.pin_tree(os.getpid(), cores.database)  # the load generator, every thread
+    for count in counts:
+        async with cluster(dsn, count, directory, cores) as replicas:
             until = time.monotonic() + seconds
+            start = Usage(replicas, postmaster)
             turns = await asyncio.gather(
                 *(
                     client_loop(replicas[i % count], f"tp-{count}-{i}", until)
                     for i in range(clients)
                 )
             )
+            end = Usage(replicas, postmaster)
         line(f"{count} replica(s): turns per second", f"{sum(turns) / seconds:,.0f}", "")
+        print(f"  {cores.describe(count)}")
+        print_usage(start, end, sum(turns), cores)
 
 
 def main() -> None:
@@ -185,6 +252,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--busy", type=int, default=0, help="clients looping turns on failover")
     parser.add_argument("--only", choices=("forwarding", "failover", "throughput"))
+    parser.add_argument("--replicas", default="1,2,3", help="replica counts of the throughput")
+    parser.add_argument("--no-pin", action="store_true", help="leave the cores to the scheduler")
     args = parser.parse_args()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -198,7 +267,12 @@ def main() -> None:
             if args.only in (None, "failover"):
                 asyncio.run(bench_failover(dsn, path, args.kills, args.busy))
             if args.only in (None, "throughput"):
-                asyncio.run(bench_throughput(dsn, path, args.clients, args.seconds))
+                counts = [int(n) for n in args.replicas.split(",")]
+                cores = pinning.plan(pin=not args.no_pin)
+                master = pinning.postmaster(path / "pg")
+                asyncio.run(
+                    bench_throughput(dsn, path, args.clients, args.seconds, counts, cores, master)
+                )
 
 
 if __name__ == "__main__":

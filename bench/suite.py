@@ -79,8 +79,9 @@ BENCHES = (
           ("default", "polled"), ("--calls", "500", "--rounds", "1", "default", "polled")),
     Bench("grpc_floor", "the floor of a gRPC call on this machine (no target: figures)", (),
           ("--calls", "500",)),
-    Bench("pg_commit_bench", "PostgreSQL turn ≤ 1.5× SQLite; one round trip per commit", (),
-          ("--turns", "30", "--counted", "10", "--rounds", "1")),
+    Bench("pg_commit_bench", "PostgreSQL turn ≤ 1.5× SQLite, durable vs durable; one round trip "
+          "per commit", (),
+          ("--turns", "30", "--counted", "10", "--rounds", "1", "--notify-seconds", "0.5")),
     Bench("cluster_bench", "replicas: forwarding cost, failover time, throughput by count",
           ("--kills", "20"), ("--kills", "2", "--seconds", "2", "--clients", "5", "--calls", "50")),
     Bench("instructions_bench", "instructions per turn (a deterministic cost, for A/B)", (),

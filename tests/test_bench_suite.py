@@ -6,7 +6,15 @@ from pathlib import Path
 
 from bench.suite import BENCHES
 
-HELPERS = {"__init__", "common", "suite", "echo_plugin", "every_seam_plugin", "server_probe"}
+HELPERS = {
+    "__init__",
+    "common",
+    "pinning",
+    "suite",
+    "echo_plugin",
+    "every_seam_plugin",
+    "server_probe",
+}
 """Modules of `bench/` that are not benches: shared code, plugins and a probe they start."""
 
 

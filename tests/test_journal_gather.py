@@ -3,6 +3,7 @@
 Counted in loop passes (`sleep(0)`), never in time: a quiet loop starts the commit one
 pass after the first write, a loaded one (`GATHER_BUSY` callbacks still ready) waits
 up to `GATHER_PASSES` passes, and nothing is published before its commit either way.
+For a store a round trip away (`remote`), one ready callback already counts as load.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
-from server.sessions.journal import GATHER_BUSY, GATHER_PASSES, Journal
+from server.sessions.journal import GATHER_BUSY, GATHER_BUSY_REMOTE, GATHER_PASSES, Journal
 from server.sessions.session import SessionLog
 from server.stores.memory import MemoryStore
 from tests.stores import create_session
@@ -80,6 +81,47 @@ async def test_a_loaded_loop_still_commits_within_the_bound() -> None:
         session.add(TURN_START)
         # Started after at most GATHER_PASSES passes and written soon after: the
         # loop never being idle does not hold the commit back for longer.
+        await passes(GATHER_PASSES + 3)
+        assert (journal.commits, session.stored) == (1, 1)
+    finally:
+        stop.set()
+        await asyncio.gather(*others)
+
+
+def remote_store() -> MemoryStore:
+    """A memory store that says its commits are round trips (as PostgreSQL's are)."""
+    store = MemoryStore()
+    store.remote = True
+    return store
+
+
+async def test_a_remote_store_gathers_while_any_callback_is_ready() -> None:
+    for store, expected in ((MemoryStore(), 2), (remote_store(), 1)):
+        journal = Journal(store)
+        stop = asyncio.Event()
+        others = [asyncio.ensure_future(busy(stop)) for _ in range(GATHER_BUSY_REMOTE)]
+        try:
+            await passes(1)
+            a, b = await writes_two_passes_apart(journal)
+            await a.settle()
+            await b.settle()
+            # One task still ready (a turn computing its next events): b's write joins
+            # a's commit when the store is remote, and misses it when it is local.
+            assert journal.commits == expected, store.remote
+            assert (a.stored, b.stored) == (1, 1)
+        finally:
+            stop.set()
+            await asyncio.gather(*others)
+
+
+async def test_a_remote_store_still_commits_within_the_bound() -> None:
+    journal = Journal(remote_store())
+    stop = asyncio.Event()
+    others = [asyncio.ensure_future(busy(stop)) for _ in range(GATHER_BUSY_REMOTE)]
+    try:
+        await passes(1)
+        session = await new_session(journal, "a")
+        session.add(TURN_START)
         await passes(GATHER_PASSES + 3)
         assert (journal.commits, session.stored) == (1, 1)
     finally:

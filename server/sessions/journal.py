@@ -53,6 +53,12 @@ page written once) instead of a commit every other pass."""
 GATHER_BUSY = 4
 """Ready callbacks from which the loop counts as loaded (`_gather`)."""
 
+GATHER_BUSY_REMOTE = 1
+"""The same for a store a round trip away (`SessionStore.remote`): any ready callback
+may still write (a turn's next events, computed without waiting on anything), and
+writes that miss a commit in flight wait a whole round trip for the next one. A turn's
+events up to its tool call so share one commit, where they took two or three."""
+
 RETRY_INITIAL = 0.05
 RETRY_MAX = 1.0
 """Seconds: a commit is retried at least this often while the store is away, so that
@@ -92,6 +98,7 @@ class Journal:
 
     def __init__(self, store: SessionStore) -> None:
         self.store = store
+        self._busy = GATHER_BUSY_REMOTE if store.remote else GATHER_BUSY
         self._pending = _Group()
         self._inflight: _Group | None = None
         self._scheduled = False
@@ -231,10 +238,11 @@ class Journal:
         loaded (`GATHER_BUSY` callbacks or more still ready: other agents' steps, replies,
         streams), a few passes more: their writes join this commit instead of each
         making its own. A quiet loop starts after that one pass, as does a loop without
-        a visible ready queue (not asyncio's own).
+        a visible ready queue (not asyncio's own). For a remote store, any ready
+        callback counts as load (`GATHER_BUSY_REMOTE`).
         """
         ready = getattr(loop, "_ready", ())
-        if passes == 0 or (passes < GATHER_PASSES and len(ready) >= GATHER_BUSY):
+        if passes == 0 or (passes < GATHER_PASSES and len(ready) >= self._busy):
             loop.call_soon(self._gather, loop, passes + 1)
             return
         self._start()

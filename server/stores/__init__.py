@@ -169,6 +169,10 @@ class SessionStore(Protocol):
     persistent: bool
     """Whether sessions survive a restart of the server."""
 
+    remote: bool
+    """Whether a commit is a round trip to another process (a database server): the
+    journal then lets every ready callback write before it starts one."""
+
     async def open(self) -> None:
         """Open the store now (creating it if needed) rather than on first use."""
         ...

@@ -47,6 +47,7 @@ class MemoryStore:
 
     def __init__(self, *, persistent: bool = False) -> None:
         self.persistent = persistent
+        self.remote = False
         self._sessions: dict[str, _Session] = {}
         self._requests: dict[tuple[str, str], RequestRecord] = {}
         self._request_sessions: dict[tuple[str, str], str] = {}

@@ -1,8 +1,9 @@
 """The PostgreSQL session store (asyncpg): the same interface as SQLite, for many replicas.
 
 Each group commit is one transaction, sent as one statement (`postgres_commit`: one
-round trip). A session's `event_count` column is the fence: an append updates it only
-where it still equals the count the append follows, so two writers of one session
+round trip); the NOTIFY that wakes other replicas' readers follows it, off its path.
+A session's `event_count` column is the fence: an append updates it only where it
+still equals the count the append follows, so two writers of one session
 serialise on that row and the second one finds the count moved and is refused
 (`StoreConflict`), whatever its timing. The count is also what a load checks the log
 against (`check_count`). Reads run on the pool's other connections, concurrently with
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from collections.abc import Callable
 
 import asyncpg
@@ -45,13 +47,21 @@ from server.stores import (
 from server.stores.kinds import KIND_NAMES, TURN_END, TURN_START
 from server.stores.postgres_commit import COMMIT, arguments, refusal, witness
 from server.stores.postgres_outage import OUTAGES, StoreHealth, outages_unavailable
-from server.stores.postgres_pool import create_pool
+from server.stores.postgres_pool import create_pool, session_settings
 from server.stores.postgres_schema import LOCK_KEY, MIGRATIONS, MIGRATIONS_TABLE
+
+log = logging.getLogger(__name__)
 
 POOL_SIZE = 8
 
 CHANNEL = "agentloop_events"
 """The NOTIFY channel: each commit that stores events names their session on it."""
+
+NOTIFY = "SELECT pg_notify($1, session_id) FROM unnest($2::text[]) AS session_id"
+"""Wake the readers of sessions: a statement of its own, which writes nothing to flush."""
+
+NOTIFIER = "agentloop-notify"
+"""The `application_name` of the connection that sends the notifications."""
 
 UNSURE = "answer lost"
 """`Commit.unsure` of an attempt whose connection broke before its answer came."""
@@ -72,6 +82,7 @@ class PostgresStore:
     """Sessions in a PostgreSQL database, shared by every replica that points at it."""
 
     persistent = True
+    remote = True
 
     def __init__(self, dsn: str, pool_size: int = POOL_SIZE, lease_seconds: float = 5.0) -> None:
         self.dsn = dsn
@@ -84,6 +95,9 @@ class PostgresStore:
         self._pool: asyncpg.Pool | None = None
         self._listener: asyncpg.Connection | None = None
         self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._notifier: asyncpg.Connection | None = None
+        self._to_notify: set[str] = set()
+        self._notifying: asyncio.Task[None] | None = None
         self._leases: dict[str, asyncpg.Connection] = {}
 
     async def open(self) -> None:
@@ -93,6 +107,12 @@ class PostgresStore:
     async def close(self) -> None:
         """Stop probing; close the listening connection, the leases' and the pool."""
         await self.health.close()
+        if self._notifying is not None:
+            self._notifying.cancel()
+            self._notifying = None
+        if self._notifier is not None:
+            self._notifier.terminate()
+            self._notifier = None
         for name in list(self._leases):
             await self.release_lease(name)
         if self._listener is not None:
@@ -134,11 +154,12 @@ class PostgresStore:
             raise StoreUnavailable("this replica's leases are not renewed in time; retrying")
         if commit.empty():
             return
-        args = arguments(commit, CHANNEL)
+        args = arguments(commit, "")  # no NOTIFY inside: `_wake_readers` sends it after
         try:
             pool = await self.pool()
             await pool.execute(COMMIT, *args)
             commit.unsure = ""
+            self._wake_readers(commit)
             return
         except OUTAGES:
             commit.unsure = UNSURE  # did it commit? known at the retry
@@ -155,8 +176,47 @@ class PostgresStore:
         lost = commit.unsure and isinstance(refused, StoreConflict | AlreadyExists)
         if lost and await self._landed(commit):
             commit.unsure = ""
+            self._wake_readers(commit)
             return  # the attempt whose answer was lost had committed: nothing to redo
         raise refused
+
+    def _wake_readers(self, commit: Commit) -> None:
+        """NOTIFY the sessions whose events `commit` stored, after it and off its path.
+
+        Inside the commit's transaction a NOTIFY would take a lock that serialises the
+        commits of every replica until each one's WAL is flushed (`postgres_schema`,
+        migration 7). Sent after the commit, on a connection of its own, one statement
+        at a time for every session committed meanwhile: a reader woken finds the events
+        stored. A notification lost (an outage) costs a reader a delay, never an event
+        (`wait_for_events`).
+        """
+        self._to_notify.update(s for s, writes in commit.sessions.items() if writes.events)
+        if self._to_notify and self._notifying is None:
+            loop = asyncio.get_running_loop()
+            self._notifying = loop.create_task(self._notify(), name="postgres-notify")
+
+    async def _notify(self) -> None:
+        try:
+            while self._to_notify:
+                session_ids = sorted(self._to_notify)
+                self._to_notify.clear()
+                try:
+                    if self._notifier is None or self._notifier.is_closed():
+                        self._notifier = None
+                        settings = session_settings(self.lease_seconds)
+                        self._notifier = await asyncpg.connect(
+                            self.dsn,
+                            timeout=max(self.lease_seconds, 1.0),
+                            server_settings=settings | {"application_name": NOTIFIER},
+                        )
+                    await self._notifier.execute(NOTIFY, CHANNEL, session_ids)
+                except Exception as error:  # best effort: the readers' waits are bounded
+                    log.debug("notifying %d session(s) failed: %r", len(session_ids), error)
+                    if self._notifier is not None:
+                        self._notifier.terminate()
+                        self._notifier = None
+        finally:
+            self._notifying = None
 
     async def _landed(self, commit: Commit) -> bool:
         """Whether an earlier attempt of `commit` committed: its own rows are stored."""

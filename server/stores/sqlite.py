@@ -100,6 +100,7 @@ class SqliteStore:
     """Sessions in one SQLite file under a data directory."""
 
     persistent = True
+    remote = False
 
     def __init__(self, path: str | Path, durability: str = "process") -> None:
         self.path = Path(path)
