@@ -226,15 +226,24 @@ class Journal:
     def _gather(self, loop: asyncio.AbstractEventLoop, passes: int) -> None:
         """Start the commit once the loop has run what was ready, within `GATHER_PASSES`.
 
-        At least one more pass: the tasks this tick woke (a driver woken by a message, a
-        stream reader) add their writes to the same commit. Then, while the loop is
-        loaded (`GATHER_BUSY` callbacks or more still ready: other agents' steps, replies,
+        One more pass when anything else is ready: the tasks this tick woke (a driver
+        woken by a message, a stream reader) add their writes to the same commit. With
+        nothing ready (a lone writer waiting for its commit) no other write can come
+        before the next pass, so the commit starts now. Then, while the loop is loaded
+        (`GATHER_BUSY` callbacks or more still ready: other agents' steps, replies,
         streams), a few passes more: their writes join this commit instead of each
-        making its own. A quiet loop starts after that one pass, as does a loop without
-        a visible ready queue (not asyncio's own).
+        making its own. A loop without a visible ready queue (not asyncio's own) always
+        gets the one more pass.
         """
-        ready = getattr(loop, "_ready", ())
-        if passes == 0 or (passes < GATHER_PASSES and len(ready) >= GATHER_BUSY):
+        ready = getattr(loop, "_ready", None)
+        if ready is None:
+            more = passes == 0
+        else:
+            waiting = len(ready)
+            more = (passes == 0 and waiting > 0) or (
+                passes < GATHER_PASSES and waiting >= GATHER_BUSY
+            )
+        if more:
             loop.call_soon(self._gather, loop, passes + 1)
             return
         self._start()
