@@ -211,9 +211,7 @@ async def stream_model(
     try:
         async for chunk in chunks:
             turn.scope.checkpoint()
-            event = agent.session.add(
-                ev.AssistantChunk(turn=turn.number, step=turn.step, chunk=chunk)
-            )
+            event = agent.session.add_chunk(turn.number, turn.step, chunk)
             chunk_seqs.append(event.seq)
             check_turn_events(runtime.limits, event.seq - turn.start_seq)
             if chunk.HasField("block_delta"):
