@@ -32,7 +32,6 @@ from google.protobuf import timestamp_pb2
 from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
-from agentloop.v1 import stream_pb2 as st
 from server.kernel.errors import AgentLoopError
 from server.kernel.events import PAYLOAD_KINDS, Payload
 from server.kernel.history import MessageView
@@ -191,14 +190,21 @@ class SessionLog:
         kind = PAYLOAD_KINDS[type(payload)]  # `kind_of`, inline: this runs for every event
         return self._append(kind, payload, source_event_seqs, consumes, surface_op)
 
-    def add_chunk(self, turn: int, step: int, chunk: st.StreamChunk) -> ev.SessionEvent:
-        """Append a step's `assistant/chunk`: `add(AssistantChunk(...))`, built once.
+    def add_fields(
+        self,
+        kind: str,
+        fields: dict[str, Any],
+        *,
+        source_event_seqs: Sequence[int] = (),
+        consumes: tuple[int, ...] = (),
+    ) -> ev.SessionEvent:
+        """`add` of the payload of kind `kind` made of `fields`, built in the event at once.
 
-        A step appends one per streamed chunk: its fields go straight into the event,
-        so the chunk is copied once (not into a payload, then the payload into the event).
+        For the events a turn appends most (a chunk each, the step's message): the
+        fields go straight into the event, so their messages are copied once, not into
+        a payload and then the payload into the event.
         """
-        fields = {"turn": turn, "step": step, "chunk": chunk}
-        return self._append("assistant_chunk", fields, (), (), None)
+        return self._append(kind, fields, source_event_seqs, consumes, None)
 
     def _append(
         self,
