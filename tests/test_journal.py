@@ -237,18 +237,20 @@ async def test_a_wait_for_writes_dropped_with_a_refused_session_is_answered() ->
 
 
 async def test_a_session_callback_waits_for_its_own_writes_only_and_keeps_its_order() -> None:
-    journal = Journal(MemoryStore())
+    store = GatedStore()  # a memory store would write each commit at once
+    journal = Journal(store)
     a, b = await new_session(journal, "a"), await new_session(journal, "b")
     order: list[str] = []
+    store.hold()
     b.add(TURN_START)  # another session's write is pending
     journal.after_commit(lambda: order.append(f"a clean, {a.stored} stored"), a)
     assert order == ["a clean, 0 stored"]  # nothing of a's to wait for: at once
     a.add(TURN_START)
     journal.after_commit(lambda: order.append(f"a first, {a.stored} stored"), a)
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)  # the commit of a and b is in flight now
+    await store.entered.wait()  # the commit of a and b is in flight now
     a.add(ev.StepEnd(turn=1, step=0))
     journal.after_commit(lambda: order.append(f"a second, {a.stored} stored"), a)
     assert order == ["a clean, 0 stored"]
+    store.release()
     await a.settle()
     assert order == ["a clean, 0 stored", "a first, 1 stored", "a second, 2 stored"]

@@ -1,9 +1,10 @@
 """Group commit under load: a loaded loop gathers a few passes of writes into one commit.
 
 Counted in loop passes (`sleep(0)`), never in time: a quiet loop starts the commit one
-pass after the first write, a loaded one (`GATHER_BUSY` callbacks still ready) waits
-up to `GATHER_PASSES` passes, and nothing is published before its commit either way.
-For a store a round trip away (`remote`), one ready callback already counts as load.
+pass after the first write (at once when nothing else is ready to run), a loaded one
+(`GATHER_BUSY` callbacks still ready) waits up to `GATHER_PASSES` passes, and nothing
+is published before its commit either way. For a store a round trip away (`remote`),
+one ready callback already counts as load.
 """
 
 from __future__ import annotations

@@ -158,10 +158,8 @@ async def submit_prompts(agent: Agent, turn: Turn, batch: list[QueuedMessage]) -
             continue
         allowed = True
         content = decision.allow.content or item.content
-        agent.session.add(
-            ev.UserMessage(content=content, source=item.source, request_id=item.request_id),
-            consumes=item.consumes,
-        )
+        message = {"content": content, "source": item.source, "request_id": item.request_id}
+        agent.session.add_fields("user_message", message, consumes=item.consumes)
         for context in decision.allow.additional_contexts:
             agent.inject(context)
     return None if allowed else Rejected(last_block)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
@@ -213,9 +214,8 @@ async def stream_model(
     try:
         async for chunk in chunks:
             turn.scope.checkpoint()
-            event = agent.session.add(
-                ev.AssistantChunk(turn=turn.number, step=turn.step, chunk=chunk)
-            )
+            fields = {"turn": turn.number, "step": turn.step, "chunk": chunk}
+            event = agent.session.add_fields("assistant_chunk", fields)
             chunk_seqs.append(event.seq)
             check_turn_events(runtime.limits, event.seq - turn.start_seq)
             if chunk.HasField("block_delta"):
@@ -332,6 +332,10 @@ class StepToolLog:
     ) -> None:
         """Append `tool/result` (bounded), then tell the committed-result observers."""
         agent = self.agent
+        fields: dict[str, Any] = {}
+        if ran is not None:  # its own duration: the commit waits for earlier calls
+            fields["start_time"] = {"seconds": ran.start_ns // 10**9, "nanos": ran.start_ns % 10**9}
+            fields["end_time"] = {"seconds": ran.end_ns // 10**9, "nanos": ran.end_ns % 10**9}
         result = ev.ToolResult(
             turn=self.turn.number,
             step=self.turn.step,
@@ -339,6 +343,7 @@ class StepToolLog:
             content=outcome.content,
             is_error=outcome.is_error,
             error=outcome.error,
+            **fields,  # in the one constructor call: cheaper than setting them after
         )
         oversized = oversized_result(agent.runtime.limits, result.ByteSize())
         if oversized:  # one event must fit any client, and the model's context
@@ -348,9 +353,6 @@ class StepToolLog:
             result.error.CopyFrom(ev.ToolError(name="ResultTooLarge", code=CONTENT_BYTES))
         if outcome.meta is not None:
             result.meta.CopyFrom(to_struct(outcome.meta))
-        if ran is not None:  # its own duration: the commit waits for earlier calls
-            result.start_time.FromNanoseconds(ran.start_ns)
-            result.end_time.FromNanoseconds(ran.end_ns)
         agent.session.add(result, source_event_seqs=[call_seq])
         seams = agent.runtime.seams
         if seams.has(S.TOOLS_RESULT_COMMITTED, agent.agent_id):  # plugins see stored results
@@ -386,10 +388,9 @@ def append_assistant(
     chunk_seqs: list[int],
 ) -> None:
     """Append the step's `assistant/message` (empty content is a completion anchor)."""
-    message = ev.AssistantMessage(
-        turn=turn.number, step=turn.step, content=content, provenance=provenance, usage=usage
-    )
-    agent.session.add(message, source_event_seqs=chunk_seqs)
+    fields: dict[str, Any] = {"turn": turn.number, "step": turn.step, "content": content}
+    fields.update(provenance=provenance, usage=usage)
+    agent.session.add_fields("assistant_message", fields, source_event_seqs=chunk_seqs)
 
 
 def copy_message(message: c.Message) -> c.Message:

@@ -233,16 +233,25 @@ class Journal:
     def _gather(self, loop: asyncio.AbstractEventLoop, passes: int) -> None:
         """Start the commit once the loop has run what was ready, within `GATHER_PASSES`.
 
-        At least one more pass: the tasks this tick woke (a driver woken by a message, a
-        stream reader) add their writes to the same commit. Then, while the loop is
-        loaded (`GATHER_BUSY` callbacks or more still ready: other agents' steps, replies,
+        One more pass when anything else is ready: the tasks this tick woke (a driver
+        woken by a message, a stream reader) add their writes to the same commit. With
+        nothing ready (a lone writer waiting for its commit) no other write can come
+        before the next pass, so the commit starts now. Then, while the loop is loaded
+        (`GATHER_BUSY` callbacks or more still ready: other agents' steps, replies,
         streams), a few passes more: their writes join this commit instead of each
-        making its own. A quiet loop starts after that one pass, as does a loop without
-        a visible ready queue (not asyncio's own). For a remote store, any ready
-        callback counts as load (`GATHER_BUSY_REMOTE`).
+        making its own. A loop without a visible ready queue (not asyncio's own) always
+        gets the one more pass. For a remote store, any ready callback counts as load
+        (`GATHER_BUSY_REMOTE`).
         """
-        ready = getattr(loop, "_ready", ())
-        if passes == 0 or (passes < GATHER_PASSES and len(ready) >= self._busy):
+        ready = getattr(loop, "_ready", None)
+        if ready is None:
+            more = passes == 0
+        else:
+            waiting = len(ready)
+            more = (passes == 0 and waiting > 0) or (
+                passes < GATHER_PASSES and waiting >= self._busy
+            )
+        if more:
             loop.call_soon(self._gather, loop, passes + 1)
             return
         self._start()
@@ -253,26 +262,61 @@ class Journal:
             return
         group, self._pending = self._pending, _Group()
         self._inflight = group
-        asyncio.get_running_loop().create_task(self._run(group), name="journal-commit")
+        if self._written_now(group):
+            self._land(group, stored=True)
+        else:
+            asyncio.get_running_loop().create_task(self._run(group), name="journal-commit")
+
+    def _written_now(self, group: _Group) -> bool:
+        """Whether the store wrote the group at once (its `commit_now`): no task to start.
+
+        A store that can write without waiting (memory; SQLite's small commits) saves
+        the commit a task and the loop pass to run it. Anything else (a commit that must
+        wait, a refusal, an outage) goes to `_run`, which tries again, finds whose a
+        refusal is, or retries the outage.
+        """
+        if group.commit.empty():
+            return True
+        commit_now = getattr(self.store, "commit_now", None)
+        if commit_now is None or self._closed:
+            return False
+        started = time.perf_counter()
+        try:
+            if not commit_now(group.commit):
+                return False
+        except Exception:  # nothing was written: `_run` tells a refusal from an outage
+            return False
+        self.commits += 1
+        if observe.store_commit is not None:  # the metric of commit latency, when on
+            observe.store_commit(time.perf_counter() - started)
+        return True
 
     async def _run(self, group: _Group) -> None:
+        stored = False
         try:
             await self._write(group)
+            stored = True
         except BaseException as error:  # closed, or cancelled at exit: nothing was stored
             for session in group.sessions.values():
                 session.fail(StoreUnavailable(f"the session store is unavailable: {error}"))
             if not isinstance(error, Exception):
                 raise
-        else:
-            for session_id, session in group.sessions.items():
-                writes = group.commit.sessions.get(session_id)
-                if writes is not None and session.failure is None:
-                    session.published(writes.events)
-            for callback in group.callbacks:
-                try:
-                    callback()
-                except Exception:
-                    log.warning("a post-commit callback failed", exc_info=True)
+        finally:
+            self._land(group, stored=stored)
+
+    def _land(self, group: _Group, *, stored: bool) -> None:
+        """After the group's commit: publish what it stored, answer its waiters, start the next."""
+        try:
+            if stored:
+                for session_id, session in group.sessions.items():
+                    writes = group.commit.sessions.get(session_id)
+                    if writes is not None and session.failure is None:
+                        session.published(writes.events)
+                for callback in group.callbacks:
+                    try:
+                        callback()
+                    except Exception:
+                        log.warning("a post-commit callback failed", exc_info=True)
         finally:
             group.resolve()  # waiters check their session's failure
             self._inflight = None

@@ -24,10 +24,11 @@ also survives an OS crash or a power loss, at the cost of an fsync per commit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
@@ -239,6 +240,25 @@ class SqliteStore:
 
     # -- writes ------------------------------------------------------------------------
 
+    def commit_now(self, commit: Commit) -> bool:
+        """Write the commit at once on this thread if it can be, without waiting; whether it was.
+
+        The common case of `commit` (a small commit, nothing in the way), for a caller
+        that would otherwise start a task to await it: False when it must wait (a large
+        commit, one that must fsync, a checkpoint's last pass, a WAL at its cap, the
+        connection busy), and then nothing was written. Raises as `commit` does. False
+        for a subclass with a `commit` of its own (a test's watched store): its commits
+        go through that one.
+        """
+        if type(self).commit is not SqliteStore.commit:
+            return False
+        rows = self._rows(commit)
+        size = sum(r.size for r in rows)
+        wal = self.wal
+        if self.synchronous != "NORMAL" or size > INLINE_BYTES or wal.full() or wal.holding:
+            return False
+        return self._write_inline(rows, size)
+
     async def commit(self, commit: Commit) -> None:
         """Write the whole commit in one transaction.
 
@@ -254,40 +274,61 @@ class SqliteStore:
         A SQLite error here is an outage (`StoreUnavailable`: a full disk, an I/O
         error, a locked file), which the journal retries; a key collision is a refusal.
         """
-        rows = [
-            SessionRows.of(session_id, writes) for session_id, writes in commit.sessions.items()
-        ]
+        rows = self._rows(commit)
         size = sum(r.size for r in rows)
-        pages = len(rows) * PAGES_PER_SESSION + size // 4096
         wal = self.wal
         if wal.full():  # the WAL at its cap: the checkpoint under way first
             wal.stats.waits += 1
             await wal.done()
+        inline = self.synchronous == "NORMAL" and size <= INLINE_BYTES
+        if inline and wal.holding:  # a checkpoint's last pass: wait, then write here
+            await wal.let_go()
+        if inline and self._write_inline(rows, size):
+            return
+        pages = self._pages(rows, size)
 
         def write(db: sqlite3.Connection) -> None:  # holding the write lock
             write_commit(db, rows)
             wal.wrote(pages)
 
+        loop = asyncio.get_running_loop()
+        with self._sqlite_errors():
+            await loop.run_in_executor(self._writer, self._on_writer, write)
+        if wal.due():
+            self._checkpoint()
+
+    @staticmethod
+    def _rows(commit: Commit) -> list[SessionRows]:
+        return [SessionRows.of(session_id, w) for session_id, w in commit.sessions.items()]
+
+    @staticmethod
+    def _pages(rows: list[SessionRows], size: int) -> int:
+        return len(rows) * PAGES_PER_SESSION + size // 4096
+
+    def _write_inline(self, rows: list[SessionRows], size: int) -> bool:
+        """Write on the loop's thread if the connection is free now; whether it was."""
+        db = self._write_db
+        if db is None or not self._lock.acquire(blocking=False):
+            return False
         try:
-            inline = self.synchronous == "NORMAL" and size <= INLINE_BYTES
-            if inline and wal.holding:  # a checkpoint's last pass: wait, then write here
-                await wal.let_go()
-            inline = inline and self._write_db is not None and self._lock.acquire(blocking=False)
-            if inline:
-                assert self._write_db is not None
-                try:
-                    write(self._write_db)
-                finally:
-                    self._lock.release()
-            else:
-                loop = asyncio.get_running_loop()
-                await loop.run_in_executor(self._writer, self._on_writer, write)
+            with self._sqlite_errors():
+                write_commit(db, rows)
+            self.wal.wrote(self._pages(rows, size))
+        finally:
+            self._lock.release()
+        if self.wal.due():
+            self._checkpoint()
+        return True
+
+    @contextlib.contextmanager
+    def _sqlite_errors(self) -> Iterator[None]:
+        """SQLite's errors as the store's: a collision is a refusal, the rest an outage."""
+        try:
+            yield
         except sqlite3.IntegrityError as error:  # a second writer raced past the checks
             raise StoreConflict(f"{self.path}: {error}") from error
         except sqlite3.Error as error:
             raise StoreUnavailable(f"{self.path}: {error}") from error
-        if wal.due():
-            self._checkpoint()
 
     def _checkpoint(self) -> None:
         """Fold the WAL into the database on the checkpoint thread (`sqlite_wal`)."""
