@@ -467,10 +467,12 @@ class AgentFactory:
         await asyncio.shield(agent.teardown)
 
     async def _teardown(self, agent: Agent) -> None:
+        # Stopped before its children: a child's end must not let its turn run on and
+        # complete (a `delegate` answered by a disposed child) before the stop lands.
+        agent.stop()  # its turn ends `disposed`, its driver returns
         for child in reversed(self.family.children(agent.agent_id)):  # depth first, newest first
             if child in self.agents:
                 await self.teardown(self.agents[child])
-        agent.stop()  # its turn ends `disposed`, its driver returns
         if agent.driver is not None:
             await asyncio.wait([agent.driver])  # its failure, if any, was logged by the loop
         if agent.pending_flushes:
