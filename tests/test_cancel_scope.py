@@ -242,8 +242,11 @@ async def test_disposal_reaches_a_listener_that_awaits_without_watching_the_sign
 
 
 async def test_no_task_of_an_agent_outlives_its_disposal(harness: Harness) -> None:
+    # Two calls, so that the first waits in the pool (a batch's last call, with nothing
+    # else in flight, runs on the driver's task); the second is denied before it starts.
+    calls = [("word_count", '{"text": "a b"}'), ("word_count", '{"text": "c"}')]
     agent = await harness.create(
-        script=[tool_step(("word_count", '{"text": "a b"}')), text_step("done")],
+        script=[tool_step(*calls), text_step("done")],
         tools=["word_count"],
     )
     asked = asyncio.Event()
@@ -252,6 +255,8 @@ async def test_no_task_of_an_agent_outlives_its_disposal(harness: Harness) -> No
     def pre_execute(
         exec: ToolExecution, next_: S.Next[ToolExecution, d.PreToolDecision]
     ) -> d.PreToolDecision:
+        if exec.call_id == "c2":
+            return d.PreToolDecision(deny=d.ToolDeny(reason="not this one"))
         return d.PreToolDecision(ask=d.ToolAsk(reason="check"))
 
     async def approver(ask: S.ApprovalAsk) -> S.ApprovalAnswer:

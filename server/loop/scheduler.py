@@ -4,7 +4,9 @@ Calls are scanned in model order and each is classified just before it starts, s
 a registry change made by an earlier call (or by a `tools/result` observer) counts.
 An exclusive call is a barrier: the pool drains, it runs alone, and it commits
 before the next call starts. Consecutive parallel calls share a rolling pool of at
-most `max_parallel` dispatches. Only dispatch overlaps: every prepare and every
+most `max_parallel` dispatches; the batch's last call, when nothing else is in flight
+(a batch of one call, the common case), runs on the scheduler's task as an exclusive
+one does: it would overlap nothing. Only dispatch overlaps: every prepare and every
 finalize runs on the scheduler's own task, one at a time, so pre-execute and
 post-execute listeners see the calls in model order. A call held for approval waits
 in its own slot (a dispatch of the pool, or inline when exclusive): the others go on,
@@ -183,7 +185,10 @@ class _Batch:
                 if len(self._in_flight) >= self._max_parallel:
                     await self._settle_one()
                     continue
-                await self._start(call, exec, inline=False)
+                # The pool's last call with nothing else in flight overlaps nothing: it
+                # runs on this task, as an exclusive one does (no task, no wait on one).
+                alone = not self._in_flight and index == len(pending) - 1
+                await self._start(call, exec, inline=alone)
             index += 1
 
     async def _start(
