@@ -16,7 +16,7 @@ from server.kernel import seams as S
 from server.kernel.seams import SeamRegistry
 from server.plugins.calls import invocation, tool_output
 from server.plugins.conditions import Facets
-from server.plugins.event_notes import EventNote, event_head
+from server.plugins.event_notes import event_head
 from server.plugins.listeners import RemoteListener
 from server.plugins.modes import Codec, Watch
 
@@ -35,15 +35,15 @@ HEADS_KEPT = 1024
 
 @dataclass(frozen=True)
 class WatchEvents(Watch[S.SessionEventSeen]):
-    """`Watch` for session events: filtered, admitted, then queued as an `EventNote`.
+    """`Watch` for session events: filtered, admitted, then queued encoded from its parts.
 
-    The notification is the one `fill` makes, sent as `EventNote.encode` writes it.
+    The notification is the one `fill` makes, as `event_notes.event_entry` writes it.
     """
 
     def register(self, remote: RemoteListener, seams: SeamRegistry) -> Callable[[], None]:
         """The listener queues the event with its head when there is room."""
         # Bound once: this runs for every event, chunks included.
-        caller, slot = remote.caller, remote.slot
+        admit, notify, slot = remote.caller.admit, remote.caller.notify_event, remote.slot
         seam, session_of = remote.subscription.seam, remote.session_of
         matches = remote.matcher(self.facets)
         skipped, counted = remote.skip_count
@@ -54,7 +54,7 @@ class WatchEvents(Watch[S.SessionEventSeen]):
             if matches is not None and not matches(input):
                 skipped[counted] += 1
                 return
-            if caller.admit(slot):
+            if admit(slot):
                 agent_id = input.agent.agent_id
                 session_id = session_of(agent_id)
                 kept = heads.get(agent_id)
@@ -62,7 +62,7 @@ class WatchEvents(Watch[S.SessionEventSeen]):
                     if len(heads) >= HEADS_KEPT:
                         heads.clear()
                     kept = heads[agent_id] = (session_id, event_head(seam, agent_id, session_id))
-                caller.notify(EventNote(kept[1], input.event), slot)
+                notify(kept[1], input.event, slot)
 
         return remote.on(seams, self.key, listener)
 
