@@ -18,7 +18,13 @@ EVENT.create_time.FromNanoseconds(1_700_000_000_123_456_789)
 EVENT.assistant_chunk.chunk.block_delta.text = "é" * 200  # a length past one byte
 
 
-def built(call_id: str, dropped: int) -> hk.HookCall:
+SHORT = ev.SessionEvent(
+    seq=7, assistant_chunk=ev.AssistantChunk(turn=1, step=1, chunk=st.StreamChunk())
+)
+SHORT.assistant_chunk.chunk.block_delta.text = "x"  # a chunk's: every length one byte
+
+
+def built(call_id: str, dropped: int, event: ev.SessionEvent = EVENT) -> hk.HookCall:
     """The notification as a `HookCall` made field by field (the codecs' way)."""
     call = hk.HookCall(
         call_id=call_id,
@@ -27,20 +33,21 @@ def built(call_id: str, dropped: int) -> hk.HookCall:
         agent_id="agent-1",
         session_id="agent-1-session",
     )
-    call.session_event.event.CopyFrom(EVENT)
+    call.session_event.event.CopyFrom(event)
     call.session_event.dropped = dropped
     return call
 
 
 def test_the_encoded_note_is_the_calls_bytes_field_for_field() -> None:
-    for dropped in (0, 1, 300):
-        head = event_head(hk.SEAM_SESSION_EVENTS, "agent-1", "agent-1-session")
-        entry = event_entry(head, EVENT, dropped)
-        call = hk.HandleRequest.FromString(entry).call  # an entry alone is a HandleRequest
-        assert call.call_id.startswith("n")
-        assert call == built(call.call_id, dropped)
-        expected = built(call.call_id, dropped).SerializeToString(deterministic=True)
-        assert entry == batch_entry(expected)
+    head = event_head(hk.SEAM_SESSION_EVENTS, "agent-1", "agent-1-session")
+    for event in (EVENT, SHORT):
+        for dropped in (0, 1, 300):
+            entry = event_entry(head, event, dropped)
+            call = hk.HandleRequest.FromString(entry).call  # an entry alone is a HandleRequest
+            assert call.call_id.startswith("n")
+            assert call == built(call.call_id, dropped, event)
+            expected = built(call.call_id, dropped, event).SerializeToString(deterministic=True)
+            assert entry == batch_entry(expected)
 
 
 def test_a_large_event_is_framed_with_longer_lengths() -> None:

@@ -24,6 +24,13 @@ _ENTRY = field_key(hk.CallBatch.CALLS_FIELD_NUMBER)  # also `HandleRequest.call`
 _ONE = [bytes((n,)) for n in range(0x80)]
 """The varints of 0 to 127: one byte each."""
 _DROPPED = varint(hk.SessionEventNotice.DROPPED_FIELD_NUMBER << 3)  # a varint field
+_EVENT_KEY = len(_EVENT) + 1
+"""The notice's bytes besides a short event's: its key and a one-byte length."""
+_SHORT = 0x80 - _EVENT_KEY
+"""An event shorter than this makes a notice whose length is one byte too."""
+_SHORT_FIXED = 2 + len(_SESSION_EVENT) + 1 + _EVENT_KEY
+"""A short event's call besides its id, head and event: the id's key and length, the
+payload's key and length, the notice's own."""
 
 _HEAD = {f.name: f.number for f in hk.HookCall.DESCRIPTOR.fields}
 assert _HEAD["call_id"] < min(_HEAD["seam"], _HEAD["agent_id"], _HEAD["session_id"]), (
@@ -52,6 +59,13 @@ def event_entry(head: bytes, event: ev.SessionEvent, dropped: int = 0) -> bytes:
     call_id = b"n%d" % next(call_ids)
     encoded = event.SerializeToString()
     n = len(encoded)
+    if n < _SHORT and not dropped:  # a chunk's, usually: every length inside is one byte
+        call = _SHORT_FIXED + len(call_id) + len(head) + n
+        call_size = _ONE[call] if call < 0x80 else varint(call)
+        return b"".join(
+            (_ENTRY, call_size, _CALL_ID, _ONE[len(call_id)], call_id, head,
+             _SESSION_EVENT, _ONE[n + _EVENT_KEY], _EVENT, _ONE[n], encoded)
+        )  # fmt: skip
     event_size = _ONE[n] if n < 0x80 else varint(n)
     notice = len(_EVENT) + len(event_size) + n
     counted = _DROPPED + varint(dropped) if dropped else b""
