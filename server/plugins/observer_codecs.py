@@ -8,8 +8,11 @@ encoded once per agent, and written as bytes in one pass (`event_notes`).
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from server.kernel import seams as S
@@ -49,20 +52,31 @@ class WatchEvents(Watch[S.SessionEventSeen]):
         skipped, counted = remote.skip_count
         heads: dict[str, tuple[str, bytes]] = {}
         """Per agent: its session and the head of its notifications."""
+        last: list[Any] = [None, b""]
+        """The agent of the latest notification (a weak reference) and its head: an
+        agent's session is its own for life, so its next event needs no look-up."""
+
+        def head_of(agent: S.SeamAgent) -> bytes:
+            agent_id = agent.agent_id
+            session_id = session_of(agent_id)
+            kept = heads.get(agent_id)
+            if kept is None or kept[0] != session_id:
+                if len(heads) >= HEADS_KEPT:
+                    heads.clear()
+                kept = heads[agent_id] = (session_id, event_head(seam, agent_id, session_id))
+            if session_id:  # live: kept for its next events
+                with contextlib.suppress(TypeError):  # not weakly referable: looked up
+                    last[:] = [weakref.ref(agent), kept[1]]
+            return kept[1]
 
         def listener(input: S.SessionEventSeen) -> None:
             if matches is not None and not matches(input):
                 skipped[counted] += 1
                 return
             if admit(slot):
-                agent_id = input.agent.agent_id
-                session_id = session_of(agent_id)
-                kept = heads.get(agent_id)
-                if kept is None or kept[0] != session_id:
-                    if len(heads) >= HEADS_KEPT:
-                        heads.clear()
-                    kept = heads[agent_id] = (session_id, event_head(seam, agent_id, session_id))
-                notify(kept[1], input.event, slot)
+                agent, latest = input.agent, last[0]
+                head = last[1] if latest is not None and latest() is agent else head_of(agent)
+                notify(head, input.event, slot)
 
         return remote.on(seams, self.key, listener)
 
