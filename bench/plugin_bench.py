@@ -1,6 +1,7 @@
 """Measure remote seams: one call on an open plugin stream, and a step with a plugin on every seam.
 
     python -m bench.plugin_bench [--calls N] [--turns N] [--chunk-turns N]
+    python -m bench.plugin_bench --observer [--chunk-turns N]   # the observer's CPU only
     python -m bench.plugin_bench --baseline DIR [--repeat N]   # A/B against a checkout
 
 Both plugins run as separate processes, as they would in production:
@@ -377,6 +378,7 @@ if __name__ == "__main__":
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--chunk-turns", type=int, default=4)
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON line")
+    parser.add_argument("--observer", action="store_true", help="measure the observer only")
     parser.add_argument("--baseline", help="another checkout to compare with, interleaved")
     parser.add_argument("--repeat", type=int, default=3, help="rounds of a --baseline comparison")
     args = parser.parse_args()
@@ -384,6 +386,9 @@ if __name__ == "__main__":
         passed = ["--calls", str(args.calls), "--turns", str(args.turns)]
         passed += ["--chunk-turns", str(args.chunk_turns)]
         asyncio.run(compare(str(Path(args.baseline).resolve()), args.repeat, passed))
+    elif args.observer:
+        print("one session-event observer, in its own process (loopback)")
+        asyncio.run(observer_cost(args.chunk_turns))
     else:
         QUIET = args.json
         asyncio.run(main(args.calls, args.turns, args.chunk_turns))
