@@ -347,7 +347,9 @@ class Agent:
     def _observe_committed(self, event: ev.SessionEvent) -> None:
         """Pass each stored event to the `session/committed` observers (plugins)."""
         seams = self.runtime.seams
-        if S.SESSION_COMMITTED in seams.heard:  # `emit` finds this agent's listeners, if any
+        # `has` before the input: a plugin whose agent conditions exclude this agent costs
+        # one look-up per event (it counts the skip), not an input and a dispatch.
+        if S.SESSION_COMMITTED in seams.heard and seams.has(S.SESSION_COMMITTED, self.agent_id):
             seams.emit(S.SESSION_COMMITTED, self.agent_id, S.SessionEventSeen(self, event))
 
     def stop(self) -> None:
