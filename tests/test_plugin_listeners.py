@@ -50,7 +50,7 @@ class FakeCaller:
     def notify(self, call: hk.HookCall, slot: NoticeSlot) -> None:
         self.calls.append(call)
 
-    def notify_event(self, head: bytes, event: ev.SessionEvent, slot: NoticeSlot) -> None:
+    def offer_event(self, head: bytes, event: ev.SessionEvent, slot: NoticeSlot) -> None:
         self.calls.append(event_call(head, event))
 
 

@@ -67,8 +67,8 @@ class PluginCaller(Protocol):
         """Queue an admitted notification (no result); never blocks."""
         ...
 
-    def notify_event(self, head: bytes, event: ev.SessionEvent, slot: NoticeSlot) -> None:
-        """Queue an admitted session-event notification; never blocks.
+    def offer_event(self, head: bytes, event: ev.SessionEvent, slot: NoticeSlot) -> None:
+        """`admit` and `notify` in one, for a session-event notification; never blocks.
 
         `head` is `event_notes.event_head`; the two are encoded as one call
         (`event_notes.event_entry`).

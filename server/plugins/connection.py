@@ -114,9 +114,9 @@ class PluginConnection:
         self.notify: Callable[[hk.HookCall, NoticeSlot], None] = self._notices.notify
         """Queue an admitted notification; it carries the drops since the last one.
         (The queue's own method: an observer calls it for every event, with no hop.)"""
-        self.notify_event: Callable[[bytes, ev.SessionEvent, NoticeSlot], None]
-        self.notify_event = self._notices.notify_event
-        """Queue an admitted session-event notification (the queue's own method too)."""
+        self.offer_event: Callable[[bytes, ev.SessionEvent, NoticeSlot], None]
+        self.offer_event = self._notices.offer_event
+        """Admit and queue a session-event notification (the queue's own method too)."""
         self.admit: Callable[[NoticeSlot], bool] = self._notices.admit
         """Room for one more notification of `slot` to a READY plugin; if none, it is
         counted dropped. (The queue's own method, like `notify`.)"""

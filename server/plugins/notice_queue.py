@@ -78,10 +78,26 @@ class NoticeQueue:
             getattr(call, payload).dropped = carries
         self._queue(batch_entry(call.SerializeToString()), slot, carries)
 
-    def notify_event(self, head: bytes, event: ev.SessionEvent, slot: NoticeSlot) -> None:
-        """Queue an admitted session-event notification (`event_notes.event_entry`)."""
+    def offer_event(self, head: bytes, event: ev.SessionEvent, slot: NoticeSlot) -> None:
+        """`admit` and queue a session-event notification (`event_notes.event_entry`).
+
+        One call for both, `_queue` inline: an observer offers every event it sees.
+        """
+        if not self.ready or slot.queued >= slot.limit:
+            self._dropped += 1
+            self._stats.dropped += 1
+            return
         carries, self._dropped = self._dropped, 0
-        self._queue(event_entry(head, event, carries), slot, carries)
+        entry = event_entry(head, event, carries)
+        if len(entry) > self._max_message_bytes:
+            self._queue(entry, slot, carries)  # counts it dropped, oversized
+            return
+        slot.queued += 1
+        self._bytes += len(entry)
+        self._notes.append((entry, slot, carries))
+        if self._writer_waits:
+            self._writer_waits = False
+            self._wake_writer.set()
 
     def _queue(self, entry: bytes, slot: NoticeSlot, carries: int) -> None:
         if len(entry) > self._max_message_bytes:  # too big to send: dropped, counted

@@ -46,7 +46,7 @@ class WatchEvents(Watch[S.SessionEventSeen]):
     def register(self, remote: RemoteListener, seams: SeamRegistry) -> Callable[[], None]:
         """The listener queues the event with its head when there is room."""
         # Bound once: this runs for every event, chunks included.
-        admit, notify, slot = remote.caller.admit, remote.caller.notify_event, remote.slot
+        offer, slot = remote.caller.offer_event, remote.slot
         seam, session_of = remote.subscription.seam, remote.session_of
         matches = remote.matcher(self.facets)
         skipped, counted = remote.skip_count
@@ -73,10 +73,9 @@ class WatchEvents(Watch[S.SessionEventSeen]):
             if matches is not None and not matches(input):
                 skipped[counted] += 1
                 return
-            if admit(slot):
-                agent, latest = input.agent, last[0]
-                head = last[1] if latest is not None and latest() is agent else head_of(agent)
-                notify(head, input.event, slot)
+            agent, latest = input.agent, last[0]
+            head = last[1] if latest is not None and latest() is agent else head_of(agent)
+            offer(head, input.event, slot)  # admitted, or dropped and counted
 
         return remote.on(seams, self.key, listener)
 
