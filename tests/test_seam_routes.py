@@ -89,3 +89,15 @@ async def test_an_agent_not_live_yet_is_asked_again_and_a_change_drops_the_route
     assert await seams.serial(SERIAL, "blue", lambda: "x") is None
     assert asked.questions == 5  # the agent went: its routes with it
     assert dict(skipped) == {1: 4}
+
+
+def test_a_seam_is_direct_while_no_listener_concerns_only_some_agents() -> None:
+    seams, skipped = SeamRegistry(), defaultdict[int, int](int)
+    assert EMIT not in seams.direct
+    plain = seams.on(EMIT, lambda i: None)
+    assert EMIT in seams.direct and EMIT in seams.heard
+    routed = seams.on(EMIT, lambda i: None, applies=Asked("red"), skip=(skipped, 1))
+    assert EMIT not in seams.direct and EMIT in seams.heard
+    plain()
+    routed()
+    assert EMIT not in seams.direct and EMIT not in seams.heard
