@@ -5,6 +5,7 @@ with `--observer-only` it is nothing but a session-event observer of every event
 `--watch-only` it only watches every seam (`observe_only`: notifications, no answers);
 with `--match-nothing` every subscription (approvals and compactions too) carries match
 conditions no call of the workload meets: the server should make no call at all.
+`--buffer N` sets the observer's buffer (`buffer_size`: N notifications may wait).
 `--listen ADDRESS` serves there (a `unix:/path` socket, say) instead of 127.0.0.1:0.
 Prints "plugin every-seam listening on HOST:PORT" when ready.
 """
@@ -29,7 +30,8 @@ async def observe(call: Any) -> None:
 
 
 if "--observer-only" in sys.argv:
-    plugin.on_session_event()(observe)
+    buffer = int(sys.argv[sys.argv.index("--buffer") + 1]) if "--buffer" in sys.argv else 0
+    plugin.on_session_event(buffer_size=buffer)(observe)
 elif "--match-nothing" in sys.argv:
     # An agent label no agent has, on every seam; and each seam's own condition besides.
     nobody: dict[str, Any] = {"agent_labels": {"bench": "nobody"}}

@@ -1,6 +1,7 @@
 """Measure remote seams: one call on an open plugin stream, and a step with a plugin on every seam.
 
     python -m bench.plugin_bench [--calls N] [--turns N] [--chunk-turns N]
+    python -m bench.plugin_bench --observer [--chunk-turns N] [--buffer N]   # observer only
     python -m bench.plugin_bench --baseline DIR [--repeat N]   # A/B against a checkout
 
 Both plugins run as separate processes, as they would in production:
@@ -215,9 +216,14 @@ async def chunk_turns_cpu(address: str | None, count: int) -> tuple[float, float
         await app.stop(grace=5)
 
 
-async def observer_cost(chunk_turns: int) -> None:
-    """The CPU of a 10,000-chunk turn with one session-event observer ÷ without."""
-    observer, observer_address = await start("every_seam_plugin.py", "--observer-only")
+async def observer_cost(chunk_turns: int, buffer: int = 0) -> None:
+    """The CPU of a 10,000-chunk turn with one session-event observer ÷ without.
+
+    `buffer` sets the observer's buffer: large enough, no notification is dropped, and
+    the ratio is the full cost of delivering every event.
+    """
+    sized = ("--buffer", str(buffer)) if buffer else ()
+    observer, observer_address = await start("every_seam_plugin.py", "--observer-only", *sized)
     try:
         # Alternated, best of three each: the first server of a process runs colder, and
         # the machine may be shared.
@@ -377,6 +383,8 @@ if __name__ == "__main__":
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--chunk-turns", type=int, default=4)
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON line")
+    parser.add_argument("--observer", action="store_true", help="measure the observer only")
+    parser.add_argument("--buffer", type=int, default=0, help="the observer's buffer_size")
     parser.add_argument("--baseline", help="another checkout to compare with, interleaved")
     parser.add_argument("--repeat", type=int, default=3, help="rounds of a --baseline comparison")
     args = parser.parse_args()
@@ -384,6 +392,9 @@ if __name__ == "__main__":
         passed = ["--calls", str(args.calls), "--turns", str(args.turns)]
         passed += ["--chunk-turns", str(args.chunk_turns)]
         asyncio.run(compare(str(Path(args.baseline).resolve()), args.repeat, passed))
+    elif args.observer:
+        print("one session-event observer, in its own process (loopback)")
+        asyncio.run(observer_cost(args.chunk_turns, args.buffer))
     else:
         QUIET = args.json
         asyncio.run(main(args.calls, args.turns, args.chunk_turns))

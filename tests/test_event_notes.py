@@ -1,11 +1,11 @@
-"""A session-event notification queued as its parts encodes to the call `fill` makes."""
+"""A session-event notification encoded from its parts is the call `fill` makes."""
 
 from __future__ import annotations
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
-from server.plugins.event_notes import EventNote, event_head
+from server.plugins.event_notes import event_call, event_entry, event_head
 from server.plugins.wire import batch_entry
 
 EVENT = ev.SessionEvent(
@@ -18,7 +18,13 @@ EVENT.create_time.FromNanoseconds(1_700_000_000_123_456_789)
 EVENT.assistant_chunk.chunk.block_delta.text = "é" * 200  # a length past one byte
 
 
-def built(call_id: str, dropped: int) -> hk.HookCall:
+SHORT = ev.SessionEvent(
+    seq=7, assistant_chunk=ev.AssistantChunk(turn=1, step=1, chunk=st.StreamChunk())
+)
+SHORT.assistant_chunk.chunk.block_delta.text = "x"  # a chunk's: every length one byte
+
+
+def built(call_id: str, dropped: int, event: ev.SessionEvent = EVENT) -> hk.HookCall:
     """The notification as a `HookCall` made field by field (the codecs' way)."""
     call = hk.HookCall(
         call_id=call_id,
@@ -27,32 +33,31 @@ def built(call_id: str, dropped: int) -> hk.HookCall:
         agent_id="agent-1",
         session_id="agent-1-session",
     )
-    call.session_event.event.CopyFrom(EVENT)
+    call.session_event.event.CopyFrom(event)
     call.session_event.dropped = dropped
     return call
 
 
 def test_the_encoded_note_is_the_calls_bytes_field_for_field() -> None:
-    for dropped in (0, 1, 300):
-        note = EventNote(event_head(hk.SEAM_SESSION_EVENTS, "agent-1", "agent-1-session"), EVENT)
-        note.dropped = dropped
-        entry = note.entry()
-        call = hk.HandleRequest.FromString(entry).call  # an entry alone is a HandleRequest
-        assert call.call_id.startswith("n")
-        assert call == built(call.call_id, dropped)
-        expected = built(call.call_id, dropped).SerializeToString(deterministic=True)
-        assert entry == batch_entry(expected)
+    head = event_head(hk.SEAM_SESSION_EVENTS, "agent-1", "agent-1-session")
+    for event in (EVENT, SHORT):
+        for dropped in (0, 1, 300):
+            entry = event_entry(head, event, dropped)
+            call = hk.HandleRequest.FromString(entry).call  # an entry alone is a HandleRequest
+            assert call.call_id.startswith("n")
+            assert call == built(call.call_id, dropped, event)
+            expected = built(call.call_id, dropped, event).SerializeToString(deterministic=True)
+            assert entry == batch_entry(expected)
 
 
 def test_a_large_event_is_framed_with_longer_lengths() -> None:
     big = ev.SessionEvent()
     big.CopyFrom(EVENT)
     big.assistant_chunk.chunk.block_delta.text = "x" * 20_000  # lengths of three bytes
-    note = EventNote(event_head(hk.SEAM_SESSION_EVENTS, "a", "s"), big)
-    call = hk.HandleRequest.FromString(note.entry()).call
+    call = event_call(event_head(hk.SEAM_SESSION_EVENTS, "a", "s"), big)
     assert call.session_event.event == big
 
 
 def test_each_encoding_gets_a_fresh_notification_id() -> None:
-    note = EventNote(event_head(hk.SEAM_SESSION_EVENTS, "a", "s"), EVENT)
-    assert note.call().call_id != note.call().call_id
+    head = event_head(hk.SEAM_SESSION_EVENTS, "a", "s")
+    assert event_call(head, EVENT).call_id != event_call(head, EVENT).call_id

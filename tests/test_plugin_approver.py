@@ -35,7 +35,8 @@ def approver(caller: FakeCaller, **subscription: object) -> tuple[Answer, Plugin
     sub = hk.Subscription(seam=hk.SEAM_TOOLS_APPROVAL, **subscription)  # type: ignore[arg-type]
     remote = RemoteListener("judge", sub, caller, stats, lambda a: f"{a}-session", 2.5)
     codecs.register(remote, seams)
-    (registration,) = seams.listeners(S.TOOLS_APPROVAL, "a1")
+    # For no agent: the listener itself, even where its agent conditions route it past.
+    (registration,) = seams.listeners(S.TOOLS_APPROVAL, None)
     assert (registration.name, registration.origin) == ("judge", "plugin:judge")
 
     async def answer(ask: S.ApprovalAsk) -> S.ApprovalAnswer:
@@ -111,3 +112,16 @@ async def test_an_agent_filter_keeps_other_agents_approvals_from_the_plugin() ->
     listen, _ = approver(caller, agent_ids=["b1"])
     assert await listen(asking()) is None
     assert caller.calls == []
+
+
+def test_an_agent_filter_routes_other_agents_approvals_past_the_plugin_counted() -> None:
+    seams, stats = SeamRegistry(), PluginStats()
+    sub = hk.Subscription(seam=hk.SEAM_TOOLS_APPROVAL, agent_ids=["b1"])
+    remote = RemoteListener("judge", sub, FakeCaller(ALLOW), stats, lambda a: "s", 2.5)
+    codecs.register(remote, seams)
+    assert [r.name for r in seams.listeners(S.TOOLS_APPROVAL, "b1")] == ["judge"]
+    assert stats.skipped == {}
+    # Another agent's approvals: no approver to ask, and each ask counted skipped.
+    assert not seams.has(S.TOOLS_APPROVAL, "a1")
+    assert seams.listeners(S.TOOLS_APPROVAL, "a1") == []
+    assert stats.skipped == {hk.SEAM_TOOLS_APPROVAL: 2}

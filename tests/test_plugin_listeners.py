@@ -7,11 +7,12 @@ from collections.abc import AsyncGenerator, Sequence
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
+from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
 from server.kernel.abort import AbortSignal
 from server.kernel.content import plain_text
-from server.plugins.calls import Notice, NoticeSlot, PluginCallFailed, PluginStats
-from server.plugins.event_notes import EventNote
+from server.plugins.calls import NoticeSlot, PluginCallFailed, PluginStats
+from server.plugins.event_notes import event_call
 from server.plugins.install import install
 from tests.harness import Harness, kinds, reason_kinds, text_block, text_step, tool_step
 
@@ -46,8 +47,11 @@ class FakeCaller:
     def admit(self, slot: NoticeSlot) -> bool:
         return True
 
-    def notify(self, call: Notice, slot: NoticeSlot) -> None:
-        self.calls.append(call.call() if isinstance(call, EventNote) else call)
+    def notify(self, call: hk.HookCall, slot: NoticeSlot) -> None:
+        self.calls.append(call)
+
+    def offer_event(self, head: bytes, event: ev.SessionEvent, slot: NoticeSlot) -> None:
+        self.calls.append(event_call(head, event))
 
 
 def subscribe(harness: Harness, caller: FakeCaller, **subscription: object) -> PluginStats:

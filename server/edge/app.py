@@ -362,9 +362,9 @@ class App:
         agent = self.factory.agents.get(agent_id)
         return agent.session.session_id if agent is not None else ""
 
-    def _labels_of(self, agent_id: str) -> Mapping[str, str]:
+    def _labels_of(self, agent_id: str) -> Mapping[str, str] | None:
         agent = self.factory.agents.get(agent_id)
-        return agent.labels if agent is not None else {}
+        return agent.labels if agent is not None else None
 
     def stop_on_signals(self) -> asyncio.Event:
         """Install SIGTERM and SIGINT handlers now; the event is set when one arrives."""

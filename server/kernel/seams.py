@@ -8,6 +8,9 @@ takes only a listener of the type its key says. Listeners are kept in
 one order, by order number and then by name (registration order breaks the remaining
 ties), so that in-process and remote listeners interleave predictably. A listener is
 global or scoped to one agent; a scoped listener only sees dispatches for its agent.
+A listener may also concern only some agents (`applies`, a plugin's agent conditions):
+each agent's dispatches follow its route, worked out once (`server.kernel.routes`),
+past the listeners that do not concern it, each counted as skipping (`skip`).
 
 - `waterfall`: around-middleware. Each listener is called as `fn(input, next)` and may
   await `next()` (the rest of the chain, ending in the loop's default), transform the
@@ -38,6 +41,7 @@ from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 from server.kernel.abort import AbortSignal
 from server.kernel.prompt import Assembly
+from server.kernel.routes import AgentFilter, Route, Skip, route
 from server.kernel.tasks import cancel_and_wait
 from server.kernel.tools import ToolExecution, ToolOutcome
 
@@ -101,21 +105,27 @@ class _Chain(Generic[In, Out]):
     objects per turn, and with them more full collections).
     """
 
-    __slots__ = ("_listeners", "_default", "_carried")
+    __slots__ = ("_listeners", "_default", "_carried", "_skips")
 
     def __init__(
         self,
         listeners: Sequence[Registration[WaterfallListener[In, Out]]],
         default: Out,
         carried: Callable[[In], Out] | None,
+        skips: tuple[tuple[Skip, ...], ...] | None = None,
     ) -> None:
         self._listeners = listeners
         self._default = default
         self._carried = carried
+        self._skips = skips
+        """`Route.skips`: the listeners sitting out, counted as the chain passes them."""
 
     async def run(self, index: int, current: In) -> Out:
         """Run the chain from listener `index` on `current`."""
         listeners = self._listeners
+        if self._skips is not None:
+            for counts, key in self._skips[index]:
+                counts[key] += 1
         if index == len(listeners):
             carried = self._carried
             return self._default if carried is None else carried(current)
@@ -440,6 +450,9 @@ KEYS: dict[str, SeamKey] = {
 
 # -- the registry ----------------------------------------------------------------------
 
+ROUTES_KEPT = 4096
+"""Agents whose route a seam keeps (then it starts over): the live ones, in practice."""
+
 F = TypeVar("F", covariant=True)
 
 
@@ -456,6 +469,11 @@ class Registration(Generic[F]):
     origin: str = ""
     """Who the listener speaks for in the records its decisions cause (a plugin's
     listener: `plugin:NAME`); empty for an in-process listener."""
+    applies: AgentFilter | None = None
+    """Whether the listener concerns an agent's dispatches (None: every agent's); asked
+    once per agent (`server.kernel.routes`)."""
+    skip: Skip | None = None
+    """Where a dispatch it sits out (`applies` said no) is counted."""
 
     def sort_key(self) -> tuple[int, str, int]:
         """Order number, then name, then registration order."""
@@ -467,11 +485,18 @@ class SeamRegistry:
 
     def __init__(self) -> None:
         self._by_seam: dict[SeamKey, list[Registration[object]]] = {}
-        self._scoped: set[SeamKey] = set()
+        self._routed: set[SeamKey] = set()
+        """Seams with a listener scoped to an agent or concerning only some agents: their
+        dispatches follow the agent's `Route`; the others need no filtering."""
+        self._routes: dict[tuple[SeamKey, str | None], Route] = {}
+        """The settled route of each routed seam and agent seen (dropped on any change):
+        one look-up per dispatch, `self._routes.get((seam, agent_id)) or self._route(...)`."""
         self.heard: set[SeamKey] = set()
         """The seams with at least one listener (any agent's): a set lookup, not a call,
         lets a hot path skip a seam nobody listens to before asking `has`."""
-        """Seams with an agent-scoped listener; the others need no filtering per dispatch."""
+        self.direct: set[SeamKey] = set()
+        """The heard seams whose every dispatch reaches their listeners as registered (none
+        concerns only some agents): a hot path need not ask `has` for them either."""
         self._counter = 0
         self.contained_failures = 0
         """How many emit listeners failed (each is logged too)."""
@@ -480,16 +505,20 @@ class SeamRegistry:
     def on(
         self, seam: Seam[Fn], fn: Fn, *, order: int = 0,
         name: str = "", agent_id: str | None = None, prepend: bool = False, origin: str = "",
+        applies: AgentFilter | None = None, skip: Skip | None = None,
     ) -> Callable[[], None]:  # fmt: skip
         """Register `fn` on `seam`; returns a disposer that removes it.
 
         `prepend` places the listener ahead of every ordinary one (order -10**9);
-        `origin` is who it speaks for (`Registration.origin`).
+        `origin` is who it speaks for (`Registration.origin`). `applies` says which
+        agents' dispatches concern it (asked once per agent); each dispatch it sits
+        out is counted at `skip`, where the chain would have reached it.
         """
         self._counter += 1
         reg = Registration(
-            seam, fn, -(10**9) if prepend else order, name, agent_id, self._counter, origin
-        )
+            seam, fn, -(10**9) if prepend else order, name, agent_id, self._counter, origin,
+            applies, skip,
+        )  # fmt: skip
         listeners = [*self._by_seam.get(seam, []), reg]
         listeners.sort(key=Registration.sort_key)
         self._set(seam, listeners)
@@ -502,44 +531,73 @@ class SeamRegistry:
         return dispose
 
     def remove_agent(self, agent_id: str) -> None:
-        """Remove every listener scoped to `agent_id`."""
+        """Remove every listener scoped to `agent_id`, and forget its routes."""
         for seam, listeners in list(self._by_seam.items()):
-            self._set(seam, [r for r in listeners if r.agent_id != agent_id])
+            if any(r.agent_id == agent_id for r in listeners):
+                self._set(seam, [r for r in listeners if r.agent_id != agent_id])
+        self._routes = {key: found for key, found in self._routes.items() if key[1] != agent_id}
 
     def _set(self, seam: SeamKey, listeners: list[Registration[object]]) -> None:
         # Lists are replaced, never changed in place: a dispatch may hold the old one.
         self._by_seam[seam] = listeners
+        self._routes = {key: found for key, found in self._routes.items() if key[0] is not seam}
         if listeners:
             self.heard.add(seam)
         else:
             self.heard.discard(seam)
-        if any(r.agent_id is not None for r in listeners):
-            self._scoped.add(seam)
+        if any(r.agent_id is not None or r.applies is not None for r in listeners):
+            self._routed.add(seam)
         else:
-            self._scoped.discard(seam)
+            self._routed.discard(seam)
+        if listeners and seam not in self._routed:
+            self.direct.add(seam)
+        else:
+            self.direct.discard(seam)
+
+    def _route(self, seam: SeamKey, agent_id: str | None) -> Route:
+        """The route of `agent_id` on a routed seam, worked out (and kept once settled)."""
+        found, settled = route(self._by_seam[seam], agent_id)
+        if settled:
+            if len(self._routes) >= ROUTES_KEPT:
+                self._routes.clear()
+            self._routes[seam, agent_id] = found
+        return found
 
     def listeners(self, seam: Seam[Fn], agent_id: str | None) -> Sequence[Registration[Fn]]:
-        """The listeners that see a dispatch of `seam` for `agent_id`, in order (read-only).
+        """The listeners a dispatch of `seam` for `agent_id` calls, in order (read-only).
 
-        Each was registered by `on`, which takes only a listener of the type the seam's
-        key says: the cast restores what the shared table forgot.
+        Asking is dispatching: the listeners that sit out this agent's dispatches are
+        counted (`Registration.skip`) as skipping it. Each was registered by `on`, which
+        takes only a listener of the type the seam's key says: the return restores what
+        the shared table forgot (an ignore, not a `cast`: no call per dispatch).
         """
         regs = self._by_seam.get(seam)
         if not regs:
             return []
-        if seam in self._scoped:
-            regs = [r for r in regs if r.agent_id is None or r.agent_id == agent_id]
-        # Unscoped: the list itself, which is never changed in place.
-        return cast("Sequence[Registration[Fn]]", regs)  # a string: no subscript per call
+        if seam in self._routed:
+            found = self._routes.get((seam, agent_id)) or self._route(seam, agent_id)
+            if found.skips is not None:
+                found.count_all()
+            return found.listeners  # type: ignore[return-value]
+        # Unrouted: the list itself, which is never changed in place.
+        return regs  # type: ignore[return-value]
 
     def has(self, seam: SeamKey, agent_id: str | None) -> bool:
-        """Whether any listener would see a dispatch of `seam` for `agent_id`."""
-        regs = self._by_seam.get(seam)
-        if not regs:
+        """Whether a dispatch of `seam` for `agent_id` would call a listener.
+
+        Asked once per dispatch, in its place, before its input is built: when no
+        listener runs for this agent, those sitting it out are counted skipping it
+        now, as the dispatch would have counted them (it is not made).
+        """
+        if seam in self._routed:
+            found = self._routes.get((seam, agent_id)) or self._route(seam, agent_id)
+            if found.listeners:
+                return True
+            if found.skips is not None:  # `count_all`, inline: asked for every event
+                for counts, key in found.skips[0]:  # the one entry: all sit out
+                    counts[key] += 1
             return False
-        if seam not in self._scoped:
-            return True
-        return any(r.agent_id is None or r.agent_id == agent_id for r in regs)
+        return seam in self.heard
 
     async def waterfall(
         self, seam: Waterfall[In, Out], agent_id: str | None, build: Callable[[], In], default: Out
@@ -551,10 +609,19 @@ class SeamRegistry:
         the (possibly replaced) input carries when the seam says so
         (`Waterfall.carried`), else `default`.
         """
-        chain = self.listeners(seam, agent_id)
-        if not chain:
+        if seam not in self._routed:
+            regs = self._by_seam.get(seam)
+            if not regs:
+                return default
+            return await _Chain(regs, default, seam.carried).run(0, build())  # type: ignore[arg-type]
+        found = self._routes.get((seam, agent_id)) or self._route(seam, agent_id)
+        if not found.listeners:
+            if found.skips is not None:
+                for counts, key in found.skips[0]:  # the one entry: all sit out
+                    counts[key] += 1
             return default
-        return await _Chain(chain, default, seam.carried).run(0, build())
+        chain: _Chain[In, Out] = _Chain(found.listeners, default, seam.carried, found.skips)  # type: ignore[arg-type]
+        return await chain.run(0, build())
 
     async def serial(
         self, seam: Serial[In, Out], agent_id: str | None, build: Callable[[], In]
@@ -563,21 +630,50 @@ class SeamRegistry:
 
         The input is built by `build()`, only when a listener sees the dispatch.
         """
-        chain = self.listeners(seam, agent_id)
-        if not chain:
-            return None
+        regs: Sequence[Registration[SerialListener[In, Out]]]
+        skips = None
+        if seam in self._routed:
+            found = self._routes.get((seam, agent_id)) or self._route(seam, agent_id)
+            if not found.listeners:
+                if found.skips is not None:
+                    for counts, key in found.skips[0]:  # the one entry: all sit out
+                        counts[key] += 1
+                return None
+            regs, skips = found.listeners, found.skips  # type: ignore[assignment]
+        else:
+            regs = self._by_seam.get(seam, ())  # type: ignore[assignment]
+            if not regs:
+                return None
         input = build()
-        for reg in chain:
+        for index, reg in enumerate(regs):
+            if skips is not None:
+                for counts, key in skips[index]:
+                    counts[key] += 1  # sat out just before this one: the chain got here
             result = reg.fn(input)
             if inspect.isawaitable(result):
                 result = await result
             if result is not None and result is not False:
                 return cast(Out, result)
+        if skips is not None:
+            for counts, key in skips[-1]:
+                counts[key] += 1
         return None
 
     def emit(self, seam: Emit[In], agent_id: str | None, input: In) -> None:
         """Notify every listener; failures are logged and contained."""
-        for reg in self.listeners(seam, agent_id):
+        regs: Sequence[Registration[EmitListener[In]]]
+        if seam in self._routed:  # `listeners`, inline: this runs for every session event
+            found = self._routes.get((seam, agent_id)) or self._route(seam, agent_id)
+            if found.skips is not None:
+                for before in found.skips:
+                    for counts, key in before:
+                        counts[key] += 1
+            regs = found.listeners  # type: ignore[assignment]
+        else:
+            regs = self._by_seam.get(seam, ())  # type: ignore[assignment]
+            if not regs:
+                return
+        for reg in regs:
             try:
                 result = reg.fn(input)
             except Exception:

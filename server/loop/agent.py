@@ -347,8 +347,11 @@ class Agent:
     def _observe_committed(self, event: ev.SessionEvent) -> None:
         """Pass each stored event to the `session/committed` observers (plugins)."""
         seams = self.runtime.seams
-        if S.SESSION_COMMITTED in seams.heard:  # `emit` finds this agent's listeners, if any
-            seams.emit(S.SESSION_COMMITTED, self.agent_id, S.SessionEventSeen(self, event))
+        # `has` before the input where listeners concern only some agents: a plugin whose
+        # agent conditions exclude this agent costs a look-up per event (counting the skip).
+        seam = S.SESSION_COMMITTED
+        if seam in seams.heard and (seam in seams.direct or seams.has(seam, self.agent_id)):
+            seams.emit(seam, self.agent_id, S.SessionEventSeen(self, event))
 
     def stop(self) -> None:
         """First step of disposal: mark disposed, unpark the driver, cancel the running turn."""

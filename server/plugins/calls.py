@@ -11,19 +11,17 @@ import itertools
 from collections import defaultdict, deque
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, TypeAlias
+from typing import Protocol
 
 from google.protobuf import unknown_fields
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
+from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
 from server.kernel.abort import AbortSignal
 from server.kernel.defaults import PLUGIN_TIMEOUT_SECONDS
 from server.kernel.tools import ToolExecution, ToolOutcome
 from server.observability.observe import PLUGIN_CALL_BUCKETS
-
-if TYPE_CHECKING:
-    from server.plugins.event_notes import EventNote
 
 DEFAULT_TIMEOUT = PLUGIN_TIMEOUT_SECONDS
 """Seconds a call waits for its result when neither the plugin nor the operator set it."""
@@ -65,13 +63,17 @@ class PluginCaller(Protocol):
         """
         ...
 
-    def notify(self, call: Notice, slot: NoticeSlot) -> None:
+    def notify(self, call: hk.HookCall, slot: NoticeSlot) -> None:
         """Queue an admitted notification (no result); never blocks."""
         ...
 
+    def offer_event(self, head: bytes, event: ev.SessionEvent, slot: NoticeSlot) -> None:
+        """`admit` and `notify` in one, for a session-event notification; never blocks.
 
-Notice: TypeAlias = "hk.HookCall | EventNote"
-"""A notification: a call message, or a session event's parts (`event_notes`)."""
+        `head` is `event_notes.event_head`; the two are encoded as one call
+        (`event_notes.event_entry`).
+        """
+        ...
 
 
 NOTIFICATION_BUFFER = 1024

@@ -19,15 +19,15 @@ from typing import Generic, TypeVar
 from agentloop.plugin.conditions import event_kinds, name_matcher, prompt_text
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 
-__all__ = ["Facets", "LabelsOf", "compile_matcher", "no_labels", "prompt_text"]
+__all__ = ["Facets", "LabelsOf", "agent_filter", "compile_matcher", "no_labels", "prompt_text"]
 
 In = TypeVar("In")
 
-LabelsOf = Callable[[str], Mapping[str, str]]
-"""The labels of a live agent by id (empty for an agent that is not live)."""
+LabelsOf = Callable[[str], Mapping[str, str] | None]
+"""The labels of a live agent by id (None for an agent that is not live)."""
 
 
-def no_labels(agent_id: str) -> Mapping[str, str]:
+def no_labels(agent_id: str) -> Mapping[str, str] | None:
     """The lookup where no agents are kept (tests, benchmarks): no labels."""
     return {}
 
@@ -75,6 +75,8 @@ def compile_matcher(
             return False
         if labels is not None:
             have = labels_of(agent_id)
+            if have is None:
+                return False  # not live: it has no labels
             for key, value in labels:
                 if have.get(key) != value:
                     return False
@@ -91,3 +93,31 @@ def compile_matcher(
         return True
 
     return matches
+
+
+def agent_filter(
+    subscription: hk.Subscription, labels_of: LabelsOf
+) -> Callable[[str], bool | None] | None:
+    """Whether the subscription's agent conditions admit an agent; None without any.
+
+    Agent conditions: `agent_ids` and `agent_labels`. The answer holds for the agent's
+    life (its labels are fixed at creation), so the seam registry asks once per agent
+    and routes its calls past a listener that excludes it: no call, no input built. An
+    agent that is not live yet has no answer (None): the listener's matcher decides.
+    """
+    agent_ids = frozenset(subscription.agent_ids) or None
+    labels = tuple(sorted(subscription.conditions.agent_labels.items())) or None
+    if agent_ids is None and labels is None:
+        return None
+
+    def applies(agent_id: str) -> bool | None:
+        if agent_ids is not None and agent_id not in agent_ids:
+            return False
+        if labels is None:
+            return True
+        have = labels_of(agent_id)
+        if have is None:
+            return None
+        return all(have.get(key) == value for key, value in labels)
+
+    return applies

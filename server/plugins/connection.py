@@ -29,10 +29,11 @@ from agentloop.plugin.transport import MAX_MESSAGE_BYTES
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.plugin.v1 import hook_service_pb2_grpc as hk_rpc
 from agentloop.plugin.v1 import plugin_registry_service_pb2 as reg
+from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
 from server.kernel.abort import AbortSignal
 from server.plugins.call_router import CallRouter
-from server.plugins.calls import Notice, NoticeSlot, PluginCallFailed, PluginStats
+from server.plugins.calls import NoticeSlot, PluginCallFailed, PluginStats
 from server.plugins.description import describe_request
 from server.plugins.notice_queue import NoticeQueue
 from server.plugins.wire import BATCH_CAPABILITY, HANDLE_METHOD, cancel_request
@@ -110,9 +111,15 @@ class PluginConnection:
         """How the calls in flight fail when the stream ends: disconnected or malformed."""
         self._router = CallRouter(self, stats, max_message_bytes, address)
         self._notices = NoticeQueue(stats, max_message_bytes)
-        self.notify: Callable[[Notice, NoticeSlot], None] = self._notices.notify
+        self.notify: Callable[[hk.HookCall, NoticeSlot], None] = self._notices.notify
         """Queue an admitted notification; it carries the drops since the last one.
         (The queue's own method: an observer calls it for every event, with no hop.)"""
+        self.offer_event: Callable[[bytes, ev.SessionEvent, NoticeSlot], None]
+        self.offer_event = self._notices.offer_event
+        """Admit and queue a session-event notification (the queue's own method too)."""
+        self.admit: Callable[[NoticeSlot], bool] = self._notices.admit
+        """Room for one more notification of `slot` to a READY plugin; if none, it is
+        counted dropped. (The queue's own method, like `notify`.)"""
         self._stream: Stream | None = None
         self._write_lock = asyncio.Lock()
         self._ready = asyncio.Event()
@@ -173,10 +180,6 @@ class PluginConnection:
         """A `model_stream` call's chunks until the finish (`CallRouter.stream`)."""
         return self._router.stream(call, seconds, signal, messages)
 
-    def admit(self, slot: NoticeSlot) -> bool:
-        """Room for one more notification of `slot`; if none, it is counted dropped."""
-        return self._notices.admit(slot, self.state == reg.PLUGIN_STATE_READY)
-
     # -- the router's link ---------------------------------------------------------------
 
     def check_ready(self) -> None:
@@ -207,6 +210,7 @@ class PluginConnection:
 
     def _set_state(self, state: reg.PluginState.ValueType) -> None:
         self.state = state
+        self._notices.ready = state == reg.PLUGIN_STATE_READY
         self.on_state()
 
     async def _run(self) -> None:

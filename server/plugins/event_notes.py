@@ -1,12 +1,13 @@
-"""A session-event notification held as its parts and encoded once, when it is written.
+"""A session-event notification encoded straight from its parts, once, when it is queued.
 
 An observer of session events is sent every event, chunks included: tens of thousands
 in a long turn. Building each as a `HookCall` (its fields set one by one, the event
-copied in) and serializing it later costs more than the event itself did. An
-`EventNote` is the event and the call's fixed fields already encoded (`head`: seam,
-agent, session and kind, the same for every notification of one subscription and
-agent); `entry` writes the call's bytes, framed as a batch entry, in one pass: the same
-bytes, field for field, as the `HookCall` serialized.
+copied in) and serializing it later costs more than the event itself did, and so did
+holding it as an object until the writer encoded it. `event_entry` writes the call's
+bytes, framed as a batch entry, in one pass from the event and the call's fixed fields
+already encoded (`event_head`: seam, agent, session and kind, the same for every
+notification of one subscription and agent): the same bytes, field for field, as the
+`HookCall` serialized. The queue holds those bytes; the writer only joins them.
 """
 
 from __future__ import annotations
@@ -23,13 +24,20 @@ _ENTRY = field_key(hk.CallBatch.CALLS_FIELD_NUMBER)  # also `HandleRequest.call`
 _ONE = [bytes((n,)) for n in range(0x80)]
 """The varints of 0 to 127: one byte each."""
 _DROPPED = varint(hk.SessionEventNotice.DROPPED_FIELD_NUMBER << 3)  # a varint field
+_EVENT_KEY = len(_EVENT) + 1
+"""The notice's bytes besides a short event's: its key and a one-byte length."""
+_SHORT = 0x80 - _EVENT_KEY
+"""An event shorter than this makes a notice whose length is one byte too."""
+_SHORT_FIXED = 2 + len(_SESSION_EVENT) + 1 + _EVENT_KEY
+"""A short event's call besides its id, head and event: the id's key and length, the
+payload's key and length, the notice's own."""
 
 _HEAD = {f.name: f.number for f in hk.HookCall.DESCRIPTOR.fields}
 assert _HEAD["call_id"] < min(_HEAD["seam"], _HEAD["agent_id"], _HEAD["session_id"]), (
-    "EventNote.encode: the call id goes before the head's fields"
+    "event_entry: the call id goes before the head's fields"
 )
 assert _HEAD["session_event"] > max(_HEAD["kind"], _HEAD["session_id"]), (
-    "EventNote.encode: the payload goes after the head's fields"
+    "event_entry: the payload goes after the head's fields"
 )
 
 
@@ -41,39 +49,36 @@ def event_head(seam: hk.Seam.ValueType, agent_id: str, session_id: str) -> bytes
     return call.SerializeToString()
 
 
-class EventNote:
-    """A session-event notification, not yet encoded: its head, its event, its drop count."""
+def event_entry(head: bytes, event: ev.SessionEvent, dropped: int = 0) -> bytes:
+    """The notification of `event` as a `CallBatch` entry, with a fresh call id.
 
-    __slots__ = ("head", "event", "dropped")
-
-    def __init__(self, head: bytes, event: ev.SessionEvent) -> None:
-        self.head = head
-        self.event = event
-        self.dropped = 0
-        """Notifications dropped before this one (set when it is queued)."""
-
-    def entry(self) -> bytes:
-        """The notification as a `CallBatch` entry (`wire.batch_entry` of the call's bytes).
-
-        Sizes are summed, not measured on parts joined one by one: one join per event,
-        and a varint under 128 is a table look-up, not a call.
-        """
-        call_id = b"n%d" % next(call_ids)
-        event = self.event.SerializeToString()
-        n = len(event)
-        event_size = _ONE[n] if n < 0x80 else varint(n)
-        notice = len(_EVENT) + len(event_size) + n
-        dropped = _DROPPED + varint(self.dropped) if self.dropped else b""
-        notice += len(dropped)
-        notice_size = _ONE[notice] if notice < 0x80 else varint(notice)
-        head = self.head
-        call = 2 + len(call_id) + len(head) + len(_SESSION_EVENT) + len(notice_size) + notice
+    The entry is `wire.batch_entry` of the call's bytes; the call carries `dropped`.
+    Sizes are summed, not measured on parts joined one by one: one join per event,
+    and a varint under 128 is a table look-up, not a call.
+    """
+    call_id = b"n%d" % next(call_ids)
+    encoded = event.SerializeToString()
+    n = len(encoded)
+    if n < _SHORT and not dropped:  # a chunk's, usually: every length inside is one byte
+        call = _SHORT_FIXED + len(call_id) + len(head) + n
         call_size = _ONE[call] if call < 0x80 else varint(call)
         return b"".join(
             (_ENTRY, call_size, _CALL_ID, _ONE[len(call_id)], call_id, head,
-             _SESSION_EVENT, notice_size, _EVENT, event_size, event, dropped)
+             _SESSION_EVENT, _ONE[n + _EVENT_KEY], _EVENT, _ONE[n], encoded)
         )  # fmt: skip
+    event_size = _ONE[n] if n < 0x80 else varint(n)
+    notice = len(_EVENT) + len(event_size) + n
+    counted = _DROPPED + varint(dropped) if dropped else b""
+    notice += len(counted)
+    notice_size = _ONE[notice] if notice < 0x80 else varint(notice)
+    call = 2 + len(call_id) + len(head) + len(_SESSION_EVENT) + len(notice_size) + notice
+    call_size = _ONE[call] if call < 0x80 else varint(call)
+    return b"".join(
+        (_ENTRY, call_size, _CALL_ID, _ONE[len(call_id)], call_id, head,
+         _SESSION_EVENT, notice_size, _EVENT, event_size, encoded, counted)
+    )  # fmt: skip
 
-    def call(self) -> hk.HookCall:
-        """The notification as a message (for a reader that wants one, not bytes)."""
-        return hk.HandleRequest.FromString(self.entry()).call
+
+def event_call(head: bytes, event: ev.SessionEvent, dropped: int = 0) -> hk.HookCall:
+    """The notification as a message (for a reader that wants one, not bytes)."""
+    return hk.HandleRequest.FromString(event_entry(head, event, dropped)).call

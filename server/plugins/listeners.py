@@ -39,7 +39,7 @@ from server.plugins.calls import (
     call_ids,
     checked,
 )
-from server.plugins.conditions import Facets, LabelsOf, compile_matcher, no_labels
+from server.plugins.conditions import Facets, LabelsOf, agent_filter, compile_matcher, no_labels
 
 log = logging.getLogger(__name__)
 _fail_open_log = logs.RateLimited(log)
@@ -153,8 +153,15 @@ class RemoteListener:
         return self.stats.skipped, self._seam
 
     def on(self, seams: SeamRegistry, key: Seam[Fn], listener: Fn) -> Callable[[], None]:
-        """Register `listener` on `key` as this subscription's; returns the disposer."""
-        return seams.on(key, listener, order=self.order, name=self.plugin, origin=self.origin)
+        """Register `listener` on `key` as this subscription's; returns the disposer.
+
+        Its agent conditions go with it (`agent_filter`): an agent they exclude has its
+        dispatches routed past the listener, and each is counted skipped all the same.
+        """
+        return seams.on(
+            key, listener, order=self.order, name=self.plugin, origin=self.origin,
+            applies=agent_filter(self.subscription, self.labels_of), skip=self.skip_count,
+        )  # fmt: skip
 
     async def ask(
         self, at: Located, fill: Fill[In], input: In, read: Read[R], seconds: float | None = None

@@ -11,6 +11,8 @@ chain. Observers (`Watch`) are notifications and never block the loop. Approvers
 Every listener first runs the subscription's match conditions (`server.plugins.conditions`)
 over the input, read through the seam's `Facets`: a call they exclude is counted as
 skipped and never made, and the chain goes on as if the plugin had not been there.
+The agent conditions are asked once per agent, by the seam registry: an agent they
+exclude has no listener of the plugin at all (`RemoteListener.on`), only the count.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 Notifications wait in a bounded buffer, a share per subscription (`NoticeSlot`); one
 that finds no room (or the plugin not READY) is dropped before it is even built, and
 the next one queued carries the count. Those still buffered when the stream ends are
-dropped and counted the same way, as is one too big to send. A plugin that lists the
+dropped and counted the same way, as is one too big to send. Each is encoded when it
+is queued (a session event straight from its parts, `event_notes`), so the queue holds
+bytes and the writer only joins them. A plugin that lists the
 `call_batch` capability gets the notifications made within `GATHER_SECONDS` of each
 other in one `CallBatch` message, or with the next call if it comes first
 (`with_call`); others get them one by one. A cancel goes before them all and cuts a
@@ -18,8 +20,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
-from server.plugins.calls import Notice, NoticeSlot, PluginStats
-from server.plugins.event_notes import EventNote
+from agentloop.v1 import session_event_pb2 as ev
+from server.plugins.calls import NoticeSlot, PluginStats
+from server.plugins.event_notes import event_entry
 from server.plugins.wire import BATCH_OVERHEAD, batch_entry, batch_request
 
 GATHER_SECONDS = 0.002
@@ -34,14 +37,6 @@ _COUNTING = frozenset(
 of a seam subscribed `observe_only`)."""
 
 
-def carried(note: Notice) -> int:
-    """The drops a queued notification carries (0 if its payload has no count)."""
-    if isinstance(note, EventNote):
-        return note.dropped
-    payload = note.WhichOneof("payload") or ""
-    return int(getattr(note, payload).dropped) if payload in _COUNTING else 0
-
-
 class NoticeQueue:
     """Cancels and notifications waiting for one plugin's stream, and the drops."""
 
@@ -50,32 +45,72 @@ class NoticeQueue:
         self._max_message_bytes = max_message_bytes
         self.batches = False
         """Whether the plugin takes `CallBatch`es (it said so in `Describe`)."""
+        self.ready = False
+        """Whether the plugin is READY: its connection sets it on every change. Kept here,
+        so that `admit`, asked for every event an observer sees, is one call."""
         self._cancels: deque[bytes] = deque()
-        self._notes: deque[tuple[Notice, NoticeSlot]] = deque()
+        self._notes: deque[tuple[bytes, NoticeSlot, int]] = deque()
+        """Queued notifications: each as a batch entry, its slot, the drops it carries."""
+        self._bytes = 0
+        """The size of the queued entries together."""
         self._dropped = 0
         self._wake_writer = asyncio.Event()
+        self._writer_waits = False
+        """The writer waits for `_wake_writer`: only then does a notification set it (one
+        `Event.set` per run of notifications, not one per notification)."""
         self._urgent = asyncio.Event()
         """Set by a cancel: the writer stops gathering notifications and sends it."""
 
-    def admit(self, slot: NoticeSlot, ready: bool) -> bool:
-        """Room for one more notification of `slot` to a `ready` plugin; else one dropped."""
-        if ready and slot.queued < slot.limit:
+    def admit(self, slot: NoticeSlot) -> bool:
+        """Room for one more notification of `slot` to a READY plugin; else one dropped."""
+        if self.ready and slot.queued < slot.limit:
             return True
         self._dropped += 1
         self._stats.dropped += 1
         return False
 
-    def notify(self, call: Notice, slot: NoticeSlot) -> None:
+    def notify(self, call: hk.HookCall, slot: NoticeSlot) -> None:
         """Queue an admitted notification; it carries the drops since the last one."""
-        if isinstance(call, EventNote):
-            call.dropped, self._dropped = self._dropped, 0
-        else:
-            payload = call.WhichOneof("payload") or ""
-            if payload in _COUNTING:  # else the next observer notification carries the count
-                getattr(call, payload).dropped, self._dropped = self._dropped, 0
+        carries = 0
+        payload = call.WhichOneof("payload") or ""
+        if payload in _COUNTING:  # else the next observer notification carries the count
+            carries, self._dropped = self._dropped, 0
+            getattr(call, payload).dropped = carries
+        self._queue(batch_entry(call.SerializeToString()), slot, carries)
+
+    def offer_event(self, head: bytes, event: ev.SessionEvent, slot: NoticeSlot) -> None:
+        """`admit` and queue a session-event notification (`event_notes.event_entry`).
+
+        One call for both, `_queue` inline: an observer offers every event it sees.
+        """
+        if not self.ready or slot.queued >= slot.limit:
+            self._dropped += 1
+            self._stats.dropped += 1
+            return
+        carries, self._dropped = self._dropped, 0
+        entry = event_entry(head, event, carries)
+        if len(entry) > self._max_message_bytes:
+            self._queue(entry, slot, carries)  # counts it dropped, oversized
+            return
         slot.queued += 1
-        self._notes.append((call, slot))
-        self._wake_writer.set()
+        self._bytes += len(entry)
+        self._notes.append((entry, slot, carries))
+        if self._writer_waits:
+            self._writer_waits = False
+            self._wake_writer.set()
+
+    def _queue(self, entry: bytes, slot: NoticeSlot, carries: int) -> None:
+        if len(entry) > self._max_message_bytes:  # too big to send: dropped, counted
+            self._dropped += carries + 1
+            self._stats.dropped += 1
+            self._stats.oversized += 1
+            return
+        slot.queued += 1
+        self._bytes += len(entry)
+        self._notes.append((entry, slot, carries))
+        if self._writer_waits:
+            self._writer_waits = False
+            self._wake_writer.set()
 
     def cancel(self, request: bytes) -> None:
         """Queue a `CancelCall` request: sent before any notification, without delay."""
@@ -122,7 +157,9 @@ class NoticeQueue:
             gathered = False
             self._wake_writer.clear()
             if not self._cancels and not self._notes:
+                self._writer_waits = True
                 await self._wake_writer.wait()
+                self._writer_waits = False
 
     def _next_notes(self) -> bytes | None:
         """The next message of notifications: one, or a batch of all that fit; None if none."""
@@ -134,30 +171,27 @@ class NoticeQueue:
     def _take_notes(self, room: int, most: int = 1 << 30) -> list[bytes]:
         """Batch entries of the oldest queued notifications that fit in `room` bytes.
 
-        A notification too big to send alone is dropped and counted.
+        The first always goes: none queued is too big to send alone.
         """
-        entries: list[bytes] = []
-        size = BATCH_OVERHEAD
         notes = self._notes
-        while notes and len(entries) < most:
-            note, slot = notes[0]
-            if isinstance(note, EventNote):
-                entry = note.entry()
-            else:
-                entry = batch_entry(note.SerializeToString())
-            if len(entry) > self._max_message_bytes:
-                notes.popleft()
+        if len(notes) <= most and self._bytes + BATCH_OVERHEAD <= room:  # all: the usual
+            entries = [entry for entry, _, _ in notes]
+            for _, slot, _ in notes:
                 slot.queued -= 1
-                self._dropped += carried(note) + 1  # too big to send: dropped, counted
-                self._stats.dropped += 1
-                self._stats.oversized += 1
-                continue
-            if entries and size + len(entry) > room:
+            notes.clear()
+            self._bytes = 0
+            return entries
+        entries = []
+        size = BATCH_OVERHEAD
+        while notes and len(entries) < most:
+            entry, slot, _ = notes[0]
+            size += len(entry)
+            if entries and size > room:
                 break  # the rest goes in the next message
             notes.popleft()
             slot.queued -= 1
+            self._bytes -= len(entry)
             entries.append(entry)
-            size += len(entry)
         return entries
 
     def clear(self) -> None:
@@ -166,8 +200,9 @@ class NoticeQueue:
         The notifications still buffered are counted, and carried by the next one.
         """
         self._cancels.clear()
-        for note, slot in self._notes:
+        for _, slot, carries in self._notes:
             slot.queued -= 1
-            self._dropped += carried(note) + 1
+            self._dropped += carries + 1
             self._stats.dropped += 1
         self._notes.clear()
+        self._bytes = 0

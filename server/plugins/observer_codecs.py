@@ -8,15 +8,18 @@ encoded once per agent, and written as bytes in one pass (`event_notes`).
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from server.kernel import seams as S
 from server.kernel.seams import SeamRegistry
 from server.plugins.calls import invocation, tool_output
 from server.plugins.conditions import Facets
-from server.plugins.event_notes import EventNote, event_head
+from server.plugins.event_notes import event_head
 from server.plugins.listeners import RemoteListener
 from server.plugins.modes import Codec, Watch
 
@@ -35,34 +38,44 @@ HEADS_KEPT = 1024
 
 @dataclass(frozen=True)
 class WatchEvents(Watch[S.SessionEventSeen]):
-    """`Watch` for session events: filtered, admitted, then queued as an `EventNote`.
+    """`Watch` for session events: filtered, admitted, then queued encoded from its parts.
 
-    The notification is the one `fill` makes, sent as `EventNote.encode` writes it.
+    The notification is the one `fill` makes, as `event_notes.event_entry` writes it.
     """
 
     def register(self, remote: RemoteListener, seams: SeamRegistry) -> Callable[[], None]:
         """The listener queues the event with its head when there is room."""
         # Bound once: this runs for every event, chunks included.
-        caller, slot = remote.caller, remote.slot
+        offer, slot = remote.caller.offer_event, remote.slot
         seam, session_of = remote.subscription.seam, remote.session_of
         matches = remote.matcher(self.facets)
         skipped, counted = remote.skip_count
         heads: dict[str, tuple[str, bytes]] = {}
         """Per agent: its session and the head of its notifications."""
+        last: list[Any] = [None, b""]
+        """The agent of the latest notification (a weak reference) and its head: an
+        agent's session is its own for life, so its next event needs no look-up."""
+
+        def head_of(agent: S.SeamAgent) -> bytes:
+            agent_id = agent.agent_id
+            session_id = session_of(agent_id)
+            kept = heads.get(agent_id)
+            if kept is None or kept[0] != session_id:
+                if len(heads) >= HEADS_KEPT:
+                    heads.clear()
+                kept = heads[agent_id] = (session_id, event_head(seam, agent_id, session_id))
+            if session_id:  # live: kept for its next events
+                with contextlib.suppress(TypeError):  # not weakly referable: looked up
+                    last[:] = [weakref.ref(agent), kept[1]]
+            return kept[1]
 
         def listener(input: S.SessionEventSeen) -> None:
             if matches is not None and not matches(input):
                 skipped[counted] += 1
                 return
-            if caller.admit(slot):
-                agent_id = input.agent.agent_id
-                session_id = session_of(agent_id)
-                kept = heads.get(agent_id)
-                if kept is None or kept[0] != session_id:
-                    if len(heads) >= HEADS_KEPT:
-                        heads.clear()
-                    kept = heads[agent_id] = (session_id, event_head(seam, agent_id, session_id))
-                caller.notify(EventNote(kept[1], input.event), slot)
+            agent, latest = input.agent, last[0]
+            head = last[1] if latest is not None and latest() is agent else head_of(agent)
+            offer(head, input.event, slot)  # admitted, or dropped and counted
 
         return remote.on(seams, self.key, listener)
 

@@ -1,0 +1,92 @@
+"""Which of a seam's listeners one agent's dispatches reach, worked out once per agent.
+
+A listener may be scoped to one agent (`agent_id`), or concern only some agents
+(`applies`: a plugin whose conditions name agents or their labels). Asking that on
+every dispatch costs as much as the call it saves, so the registry keeps, per seam and
+agent, the `Route`: the listeners that run, in order, and the listeners that sit out
+(`Skip`), each counted where the chain would have reached it, so that a listener its
+agent conditions exclude still counts every call it did not get, exactly as if it had
+run and declined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, MutableMapping, Sequence
+from typing import NamedTuple, Protocol, TypeVar
+
+Skip = tuple[MutableMapping[int, int], int]
+"""Where a listener that sits out a dispatch is counted: `counts[key] += 1`."""
+
+AgentFilter = Callable[[str], "bool | None"]
+"""Whether a listener concerns an agent's dispatches; None: cannot tell yet (the agent
+is not live): it is kept, and asked again at the next dispatch."""
+
+NO_SKIPS: tuple[Skip, ...] = ()
+
+
+class Routed(Protocol):
+    """What a route reads of a registration."""
+
+    @property
+    def agent_id(self) -> str | None:
+        """The one agent the listener is scoped to (None: every agent)."""
+        ...
+
+    @property
+    def applies(self) -> AgentFilter | None:
+        """Which agents' dispatches concern the listener (None: every agent's)."""
+        ...
+
+    @property
+    def skip(self) -> Skip | None:
+        """Where a dispatch it sits out is counted (None: nowhere)."""
+        ...
+
+
+R = TypeVar("R", bound=Routed)
+
+
+class Route(NamedTuple):
+    """One agent's listeners of one seam, and those that sit out its dispatches."""
+
+    listeners: Sequence[Routed]
+    skips: tuple[tuple[Skip, ...], ...] | None
+    """None: none sits out. Else one entry per listener, those sitting out just before
+    it, and a last entry for those after the last listener."""
+
+    def count_all(self) -> None:
+        """Count one dispatch skipped by every listener that sits out (none runs first)."""
+        if self.skips is not None:
+            for before in self.skips:
+                for counts, key in before:
+                    counts[key] += 1
+
+
+def route(registrations: Sequence[R], agent_id: str | None) -> tuple[Route, bool]:
+    """The route of `agent_id` over a seam's `registrations`, and whether it is settled.
+
+    A settled route may be kept until the seam's listeners or the agent change.
+    """
+    kept: list[R] = []
+    skips: list[tuple[Skip, ...]] = []
+    waiting: list[Skip] = []
+    skipping = False
+    settled = True
+    for reg in registrations:
+        if reg.agent_id is not None and reg.agent_id != agent_id:
+            continue  # another agent's own listener: not this agent's to count
+        applies = reg.applies
+        if applies is not None and agent_id is not None:
+            verdict = applies(agent_id)
+            if verdict is None:
+                settled = False  # kept: the listener's own check decides per call
+            elif not verdict:
+                if reg.skip is not None:
+                    waiting.append(reg.skip)
+                    skipping = True
+                continue
+        skips.append(tuple(waiting) if waiting else NO_SKIPS)
+        waiting = []
+        kept.append(reg)
+    skips.append(tuple(waiting) if waiting else NO_SKIPS)
+    return Route(kept, tuple(skips) if skipping else None), settled

@@ -1,0 +1,103 @@
+"""Listeners that concern only some agents are routed past the others' dispatches, once
+per agent, and every dispatch they sit out is counted where the chain would have reached
+them: a chain that stops before them does not count them."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Awaitable
+
+from server.kernel import seams as S
+from server.kernel.seams import Next, SeamRegistry
+
+WATERFALL: S.Waterfall[str, str] = S.Waterfall("test/waterfall")
+SERIAL: S.Serial[str, str] = S.Serial("test/serial")
+EMIT: S.Emit[str] = S.Emit("test/emit")
+
+
+class Asked:
+    """An agent filter admitting `agents`, that counts its questions; None for "later"."""
+
+    def __init__(self, *agents: str, unknown: str = "") -> None:
+        self.agents = set(agents)
+        self.unknown = unknown
+        self.questions = 0
+
+    def __call__(self, agent_id: str) -> bool | None:
+        self.questions += 1
+        return None if agent_id == self.unknown else agent_id in self.agents
+
+
+def passing(i: str, nxt: Next[str, str]) -> Awaitable[str]:
+    return nxt()
+
+
+async def test_an_excluded_agent_builds_no_input_and_each_dispatch_is_counted() -> None:
+    seams, skipped = SeamRegistry(), defaultdict[int, int](int)
+    asked = Asked("red")
+    seams.on(WATERFALL, lambda i, nxt: "red's", applies=asked, skip=(skipped, 1))
+    seams.on(SERIAL, lambda i: "red's", applies=asked, skip=(skipped, 2))
+    seams.on(EMIT, lambda i: None, applies=asked, skip=(skipped, 3))
+
+    def build() -> str:
+        raise AssertionError("no input for an agent no listener concerns")
+
+    for _ in range(3):
+        assert await seams.waterfall(WATERFALL, "blue", build, "default") == "default"
+        assert await seams.serial(SERIAL, "blue", build) is None
+        assert not seams.has(EMIT, "blue")  # asked in place of the dispatch: counted
+    seams.emit(EMIT, "blue", "event")
+    assert dict(skipped) == {1: 3, 2: 3, 3: 4}
+    assert asked.questions == 3  # once per seam for "blue", then its route is kept
+    assert await seams.waterfall(WATERFALL, "red", lambda: "in", "default") == "red's"
+    assert await seams.serial(SERIAL, "red", lambda: "in") == "red's"
+    assert seams.has(EMIT, "red")
+    assert dict(skipped) == {1: 3, 2: 3, 3: 4}
+
+
+async def test_a_skip_is_counted_only_where_the_chain_reaches() -> None:
+    seams, skipped = SeamRegistry(), defaultdict[int, int](int)
+    nobody = Asked()
+    seams.on(WATERFALL, lambda i, nxt: "answered", order=1)  # answers: the chain ends here
+    seams.on(WATERFALL, passing, order=2, applies=nobody, skip=(skipped, 1))
+    seams.on(WATERFALL, passing, order=0, applies=nobody, skip=(skipped, 0))
+    assert await seams.waterfall(WATERFALL, "a", lambda: "in", "default") == "answered"
+    assert dict(skipped) == {0: 1}
+    seams.on(SERIAL, lambda i: None, order=1)
+    seams.on(SERIAL, lambda i: "bail", order=2)
+    seams.on(SERIAL, lambda i: None, order=3, applies=nobody, skip=(skipped, 3))
+    seams.on(SERIAL, lambda i: None, order=0, applies=nobody, skip=(skipped, 2))
+    assert await seams.serial(SERIAL, "a", lambda: "in") == "bail"
+    assert dict(skipped) == {0: 1, 2: 1}
+
+
+async def test_an_agent_not_live_yet_is_asked_again_and_a_change_drops_the_routes() -> None:
+    seams, skipped = SeamRegistry(), defaultdict[int, int](int)
+    asked = Asked("red", unknown="new")
+    seams.on(SERIAL, lambda i: f"saw {i}", applies=asked, skip=(skipped, 1))
+    assert await seams.serial(SERIAL, "new", lambda: "x") == "saw x"  # kept: it decides
+    assert await seams.serial(SERIAL, "new", lambda: "x") == "saw x"
+    assert asked.questions == 2
+    assert await seams.serial(SERIAL, "blue", lambda: "x") is None
+    assert await seams.serial(SERIAL, "blue", lambda: "x") is None
+    assert asked.questions == 3
+    dispose = seams.on(SERIAL, lambda i: "everyone's", order=5)
+    assert await seams.serial(SERIAL, "blue", lambda: "x") == "everyone's"
+    assert asked.questions == 4  # the seam changed: the route was worked out again
+    dispose()
+    seams.remove_agent("blue")
+    assert await seams.serial(SERIAL, "blue", lambda: "x") is None
+    assert asked.questions == 5  # the agent went: its routes with it
+    assert dict(skipped) == {1: 4}
+
+
+def test_a_seam_is_direct_while_no_listener_concerns_only_some_agents() -> None:
+    seams, skipped = SeamRegistry(), defaultdict[int, int](int)
+    assert EMIT not in seams.direct
+    plain = seams.on(EMIT, lambda i: None)
+    assert EMIT in seams.direct and EMIT in seams.heard
+    routed = seams.on(EMIT, lambda i: None, applies=Asked("red"), skip=(skipped, 1))
+    assert EMIT not in seams.direct and EMIT in seams.heard
+    plain()
+    routed()
+    assert EMIT not in seams.direct and EMIT not in seams.heard
