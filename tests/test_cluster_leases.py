@@ -311,3 +311,35 @@ async def test_a_woken_replica_stops_the_agents_it_lost_before_it_acts_again(
     assert seen[0] == (f"lost {AGENTS[0]}", False), seen
     assert sorted(seen[1:]) == [("stepped", True), (f"torn down {AGENTS[0]}", True)], seen
     assert held == {AGENTS[1]}
+
+
+async def test_a_sweep_resumes_the_agents_clients_asked_for_first(store: PostgresStore) -> None:
+    many = [f"d{i}" for i in range(10)]
+    dead = Leases(store, "dead", "127.0.0.1:1", TTL)
+    await dead.register()
+    for agent_id in many:
+        assert await dead.acquire(agent_id, f"{agent_id}-session", b"") is None
+    await dead.hand_over()
+    began: list[str] = []
+    all_resumed = asyncio.Event()
+
+    async def resume(lease: Lease) -> None:
+        began.append(lease.agent_id)
+        await asyncio.sleep(0.01)
+        if len(began) == len(many):
+            all_resumed.set()
+
+    async def abandon(agent_id: str) -> None:
+        raise AssertionError(agent_id)
+
+    me = Cluster(Leases(store, "me", "127.0.0.1:2", TTL))
+    await me.register()
+    for agent_id in ("d7", "d3"):  # calls for them were refused AGENT_MOVING here
+        me.wanted(agent_id)
+    me.start(lambda: set(began), resume, abandon)
+    try:
+        await asyncio.wait_for(all_resumed.wait(), 30)
+    finally:
+        await me.stop()
+    assert set(began[:2]) == {"d7", "d3"}, began  # not queued behind the idle ones
+    assert sorted(began) == sorted(many)

@@ -18,7 +18,9 @@ leases (`server.stores.postgres_leases`). Two background loops run while it serv
   renewal, plus the resume.
   A lease taken over is renewed from the moment it is taken, so that a sweep that
   takes many (a replica with many agents died) keeps them all while it resumes them,
-  a few at a time.
+  a few at a time: those a client asked for meanwhile (a call refused `AGENT_MOVING`
+  here, `wanted`) first, so the agents someone waits for are not queued behind idle
+  ones.
 Agents also move between turns (issue 27 item 7): a lease can be handed to a named
 replica, which resumes the agent at its next sweep (a sweep takes every lease its id
 holds and it does not run: handed to it, or held in an earlier life of the id). The
@@ -77,6 +79,9 @@ EXPIRY_MARGIN = 0.005
 RESUMES_AT_ONCE = 4
 """Agents a sweep resumes concurrently (a replica with many agents died)."""
 
+WANTED_AT_MOST = 10_000
+"""Agents remembered as asked for between sweeps (a flood of unknown ids is forgotten)."""
+
 REBALANCE_EVERY = 2
 """Leases between two looks at the fair shares."""
 
@@ -119,6 +124,8 @@ class Cluster:
         self._hand_off: HandOff | None = None
         self._lose: Lose = lambda agent_id: None
         self._movable: Movable = list
+        self._wanted: set[str] = set()
+        """Agents a call asked for here while they were between owners (resumed first)."""
         self._acting_again = asyncio.Event()
         """Set by a renewal in time: wakes the steps that wait in `until_acting`."""
         self._in_touch_since: float | None = time.monotonic() - leases.ttl
@@ -396,11 +403,19 @@ class Cluster:
     def _lost_touch(self) -> None:
         self._in_touch_since = None
 
+    def wanted(self, agent_id: str) -> None:
+        """A call asked for `agent_id` while it was between owners: resume it first."""
+        if len(self._wanted) >= WANTED_AT_MOST:
+            self._wanted.clear()
+        self._wanted.add(agent_id)
+
     async def _sweep(self, resume: Resume) -> None:
         # After an outage only the leases handed to this replica: the live owners renew
         # their lapsed ones first.
         held = self._owned() | self._giving
         leases = await self.leases.take_over(held, expired=self.settled())
+        wanted, self._wanted = self._wanted, set()
+        leases.sort(key=lambda lease: lease.agent_id not in wanted)  # stable: asked-for first
         self._taking.update(lease.agent_id for lease in leases)
         at_once = asyncio.Semaphore(RESUMES_AT_ONCE)  # a few at a time: the pool is shared
         await asyncio.gather(*(self._take(lease, resume, at_once) for lease in leases))

@@ -184,11 +184,21 @@ class Replica:
         """Where the replica that owns `agent_id` listens; None: here; `AgentMoving`."""
         if self.router is None:
             return None
-        return await self.router.owner_address(agent_id, forwarded)
+        try:
+            return await self.router.owner_address(agent_id, forwarded)
+        except AgentMoving:
+            self._wanted(agent_id)
+            raise
 
     def moving(self, agent_id: str) -> AgentLoopError:
         """The refusal of a call for `agent_id` whose owner did not answer."""
+        self._wanted(agent_id)
         return AgentMoving(agent_id, self.router.retry_seconds if self.router else 1.0)
+
+    def _wanted(self, agent_id: str) -> None:
+        """A client waits for `agent_id`: should this replica take it over, resume it first."""
+        if self.cluster is not None:
+            self.cluster.wanted(agent_id)
 
     async def other_agents(
         self, after: str | None, size: int
