@@ -88,7 +88,7 @@ async def prepare_step(agent: Agent, turn: Turn, step: Step) -> tuple[str, Messa
         checkpoint()
     history = session.history()  # a snapshot without a copy: no cost per message
     check_turn_events(runtime.limits, len(session) - turn.start_seq)
-    session.add(ev.StepStart(turn=turn.number, step=turn.step))
+    session.add_fields("step_start", {"turn": turn.number, "step": turn.step})
     turn.step_open = True
     checkpoint()
     return system, history
@@ -326,14 +326,9 @@ class StepToolLog:
 
     def call(self, call: c.ToolCallBlock) -> int:
         """Append `tool/call`; its seq."""
-        event = ev.ToolCall(
-            turn=self.turn.number,
-            step=self.turn.step,
-            call_id=call.id,
-            name=call.name,
-            arguments=call.arguments,
-        )
-        return self.agent.session.add(event).seq
+        fields = {"turn": self.turn.number, "step": self.turn.step, "call_id": call.id}
+        fields.update(name=call.name, arguments=call.arguments)
+        return self.agent.session.add_fields("tool_call", fields).seq
 
     def result(
         self, exec: ToolExecution, outcome: ToolOutcome, call_seq: int, ran: Ran | None
