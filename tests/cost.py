@@ -199,12 +199,14 @@ def over_grpc() -> dict[str, float]:
 _STARTUP = """
 import asyncio, json, sys, tempfile
 from server.edge.app import App
+from server.memory import freeze_startup_heap
 from server.settings.config import load_config, override
 
 async def main(data_dir):
     config = override(load_config(None), listen="127.0.0.1:0", data_dir=data_dir)
     app = App(config)
     await app.start()
+    freeze_startup_heap()  # as `server.__main__.serve` does once started
     with open("/proc/self/status") as f:
         rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
     print(json.dumps({"startup_modules": len(sys.modules), "startup_rss_mb": rss / 1024}))

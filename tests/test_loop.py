@@ -16,7 +16,7 @@ from agentloop.v1 import session_event_pb2 as ev
 from server.kernel import seams as S
 from server.kernel.content import plain_text
 from server.kernel.prompt import Section
-from server.kernel.tools import ToolExecution
+from server.kernel.tools import Tool, ToolExecution
 from server.loop.agent import Agent
 from tests.harness import (
     ERROR,
@@ -259,6 +259,26 @@ async def test_request_replacement_switches_model_and_logs_change(harness: Harne
     assert [h.reason for h in headers] == [ev.HEADER_REASON_INITIAL, ev.HEADER_REASON_CHANGE]
     assert headers[1].header.config.model == "bigger"
     assert harness.model.requests[1].header.config.model == "bigger"
+
+
+async def test_a_tool_registered_or_removed_between_turns_changes_the_header(
+    harness: Harness,
+) -> None:
+    agent = await harness.create(script=[text_step("one"), text_step("two"), text_step("three")])
+    await harness.turn(agent, "go")
+
+    async def late(exec: ToolExecution) -> str:
+        return "late"
+
+    schema: dict[str, object] = {"type": "object"}
+    remove = harness.runtime.tools.register(Tool("late", "For all.", schema, late, opt_in=False))
+    await harness.turn(agent, "go")
+    remove()
+    await harness.turn(agent, "go")
+    headers = [e.request_header for e in agent.session.events if e.HasField("request_header")]
+    assert [h.reason for h in headers] == [ev.HEADER_REASON_INITIAL] + [ev.HEADER_REASON_CHANGE] * 2
+    assert [[t.name for t in h.header.tools] for h in headers] == [[], ["late"], []]
+    assert [[t.name for t in r.header.tools] for r in harness.model.requests] == [[], ["late"], []]
 
 
 async def test_pre_step_fires_per_step_and_its_appends_join_the_request(harness: Harness) -> None:

@@ -185,6 +185,8 @@ class ToolRegistry:
         self._schemas: dict[Tool, content_pb2.ToolSchema] = {}
         self._guards: list[tuple[str | None, Guard]] = []
         self._name_rules: list[Callable[[str], bool]] = []
+        self.version = 0
+        """Counts the changes of the registered tools: the same version, the same schemas."""
 
     def register(self, tool: Tool) -> Callable[[], None]:
         """Add `tool`; returns a disposer that removes it.
@@ -206,11 +208,13 @@ class ToolRegistry:
             name=tool.name, description=tool.description, input_schema=to_struct(tool.input_schema)
         )
         table[tool.name] = tool
+        self.version += 1
 
         def dispose() -> None:
             if table.get(tool.name) is tool:
                 del table[tool.name]
                 del self._schemas[tool]
+                self.version += 1
 
         return dispose
 
@@ -236,6 +240,8 @@ class ToolRegistry:
         table = self._scoped.pop(agent_id, {})
         for tool in table.values():
             del self._schemas[tool]
+        if table:
+            self.version += 1
         table.clear()  # so that the tools' own disposers find nothing left to do
         self._guards = [entry for entry in self._guards if entry[0] != agent_id]
 

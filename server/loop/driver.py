@@ -71,9 +71,8 @@ async def run_turn(agent: Agent) -> bool:
     if not batch:
         return False
     try:
-        session.add(
-            ev.TurnStart(turn=turn.number, trigger=ev.TRIGGER_KIND_MESSAGE, source=batch[0].source),
-        )
+        start = {"turn": turn.number, "trigger": ev.TRIGGER_KIND_MESSAGE, "source": batch[0].source}
+        session.add_fields("turn_start", start)
     except Exception as error:  # a pre-turn failure: nothing was opened
         agent.report_error(turn.number, 0, error)
         return False

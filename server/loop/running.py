@@ -94,6 +94,13 @@ class LoopState:
     """The session prefix of this loop instance, composed on its first step."""
     requests_made: int = 0
     """Model requests made by this loop instance (0: the next one logs a header)."""
+    header: c.RequestHeader | None = None
+    """The request header of the last request, reused while `header_inputs` are equal
+    (a header is built and compared only when what it is made of changed)."""
+    header_inputs: tuple[object, ...] = ()
+    """What `header` was built from, but its config (compared apart)."""
+    header_logged: tuple[c.RequestHeader, c.RequestHeader] | None = None
+    """A header known equal to the session's logged one, and that logged one."""
     cancel_reason: str | None = None
     """The marker of a cancel with no turn to cancel yet (set by `cancel()` when there
     is work): the next turn's scope takes it over, or the loop drops it when no turn

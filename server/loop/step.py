@@ -88,7 +88,7 @@ async def prepare_step(agent: Agent, turn: Turn, step: Step) -> tuple[str, Messa
         checkpoint()
     history = session.history()  # a snapshot without a copy: no cost per message
     check_turn_events(runtime.limits, len(session) - turn.start_seq)
-    session.add(ev.StepStart(turn=turn.number, step=turn.step))
+    session.add_fields("step_start", {"turn": turn.number, "step": turn.step})
     turn.step_open = True
     checkpoint()
     return system, history
@@ -185,12 +185,20 @@ async def prepare_request(
             f'model="{config.model}"; set them in the agent options or from agent/request',
             "NO_MODEL",
         )
-    header = c.RequestHeader(
-        config=config,
-        system=system,
-        tools=runtime.tools.schemas(agent.agent_id, agent.enabled_tools, runtime.tool_order),
-        message_prefix=loop.session_prefix or (),
-    )
+    tools = runtime.tools
+    order = runtime.tool_order
+    prefix = tuple(loop.session_prefix or ())
+    # Tuples: a later change in place to the order or the prefix is a change here too.
+    inputs = (system, tools.version, agent.enabled_tools, order and tuple(order), prefix)
+    header = loop.header
+    if header is None or loop.header_inputs != inputs or header.config != config:
+        header = c.RequestHeader(
+            config=config,
+            system=system,
+            tools=tools.schemas(agent.agent_id, agent.enabled_tools, order),
+            message_prefix=prefix,
+        )
+        loop.header, loop.header_inputs = header, inputs
     request = ModelRequest(
         agent_id=agent.agent_id,
         session_id=session.session_id,
@@ -318,14 +326,9 @@ class StepToolLog:
 
     def call(self, call: c.ToolCallBlock) -> int:
         """Append `tool/call`; its seq."""
-        event = ev.ToolCall(
-            turn=self.turn.number,
-            step=self.turn.step,
-            call_id=call.id,
-            name=call.name,
-            arguments=call.arguments,
-        )
-        return self.agent.session.add(event).seq
+        fields = {"turn": self.turn.number, "step": self.turn.step, "call_id": call.id}
+        fields.update(name=call.name, arguments=call.arguments)
+        return self.agent.session.add_fields("tool_call", fields).seq
 
     def result(
         self, exec: ToolExecution, outcome: ToolOutcome, call_seq: int, ran: Ran | None
@@ -369,14 +372,25 @@ class StepToolLog:
 
 def log_header(agent: Agent, header: c.RequestHeader, first_request: bool) -> None:
     """Append `request/header` when this request owes one (first of instance, or changed)."""
-    logged = agent.session.request_header
+    session = agent.session
+    loop = agent.loop
+    logged = session.request_header
     if first_request:
         reason = ev.HEADER_REASON_INITIAL if logged is None else ev.HEADER_REASON_RESUME
-    elif logged is None or logged != header:
+    elif logged is None:
         reason = ev.HEADER_REASON_CHANGE
-    else:
+    elif loop.header_logged is not None and (
+        loop.header_logged[0] is header and loop.header_logged[1] is logged
+    ):
+        return  # the very header found equal to the very one logged: no comparison
+    elif logged == header:
+        loop.header_logged = (header, logged)
         return
-    agent.session.add(ev.RequestHeaderLogged(header=header, reason=reason))
+    else:
+        reason = ev.HEADER_REASON_CHANGE
+    session.add(ev.RequestHeaderLogged(header=header, reason=reason))
+    logged = session.request_header
+    loop.header_logged = (header, logged) if logged is not None else None
 
 
 def append_assistant(

@@ -32,12 +32,12 @@ def close_step(agent: Agent, turn: Turn) -> None:
     """Append `step/end` if a step is open (retried once if vetoed)."""
     if not turn.step_open:
         return
-    end = ev.StepEnd(turn=turn.number, step=turn.step)
+    end = {"turn": turn.number, "step": turn.step}
     try:
-        agent.session.add(end)
+        agent.session.add_fields("step_end", end)
     except Exception as error:
         fail(agent, turn, error)
-        agent.session.add(end)
+        agent.session.add_fields("step_end", end)
     turn.step_open = False
 
 

@@ -219,19 +219,19 @@ class SessionLog:
                 "session append cannot reenter while another append is being published"
             )
         ns = time.time_ns()  # now_timestamp's, inline: this runs for every event
-        # One constructor call with every field: the cheapest way to build a message
-        # (a Timestamp built apart, then copied in, costs a fifth more).
-        fields: dict[str, Any] = {
-            kind: payload,  # the payload's oneof field
-            "seq": self.count,
-            "create_time": {"seconds": ns // 1_000_000_000, "nanos": ns % 1_000_000_000},
-        }
+        # One constructor call with every field but the time, which is set in place:
+        # the cheapest way to build a message (a Timestamp built apart, then copied in,
+        # costs a fifth more; as a dict in the call, about 1,200 instructions more).
+        fields: dict[str, Any] = {kind: payload, "seq": self.count}  # payload: a oneof field
         if kind in SURFACE_KINDS:
             fields["surface_op"] = APPEND if surface_op is None else surface_op
             fields["source_event_seqs"] = source_event_seqs
         elif source_event_seqs:
             raise ValueError(f"{kind} is not a surface event and takes no source_event_seqs")
         event = ev.SessionEvent(**fields)
+        stamp = event.create_time
+        stamp.seconds = ns // 1_000_000_000
+        stamp.nanos = ns % 1_000_000_000
         for check in self.pre_commit:
             check(event)
         self.projection.apply(event, kind)

@@ -347,7 +347,11 @@ def check_count(session_id: str, recorded: int, found: int) -> None:
 
 def turn_of(events: Sequence[ev.SessionEvent]) -> int:
     """The highest `turn_start` turn among `events` (0 if none)."""
-    return max((e.turn_start.turn for e in events if e.HasField("turn_start")), default=0)
+    turn = 0
+    for event in events:  # a loop, not a generator: this runs for every commit
+        if event.HasField("turn_start") and event.turn_start.turn > turn:
+            turn = event.turn_start.turn
+    return turn
 
 
 def fork_boundary(
