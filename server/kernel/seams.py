@@ -31,9 +31,9 @@ import asyncio
 import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, NamedTuple, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar, cast
 
 from agentloop.v1 import approval_pb2 as ap
 from agentloop.v1 import content_pb2 as c
@@ -474,6 +474,9 @@ class Registration(Generic[F]):
     once per agent (`server.kernel.routes`)."""
     skip: Skip | None = None
     """Where a dispatch it sits out (`applies` said no) is counted."""
+    each: Callable[[Sequence[Any]], object] | None = None
+    """An emit listener's form for a run of inputs (`emit_each`): `fn` over each, in
+    one call (None: `fn` is called per input)."""
 
     def sort_key(self) -> tuple[int, str, int]:
         """Order number, then name, then registration order."""
@@ -506,18 +509,20 @@ class SeamRegistry:
         self, seam: Seam[Fn], fn: Fn, *, order: int = 0,
         name: str = "", agent_id: str | None = None, prepend: bool = False, origin: str = "",
         applies: AgentFilter | None = None, skip: Skip | None = None,
+        each: Callable[[Sequence[Any]], object] | None = None,
     ) -> Callable[[], None]:  # fmt: skip
         """Register `fn` on `seam`; returns a disposer that removes it.
 
         `prepend` places the listener ahead of every ordinary one (order -10**9);
         `origin` is who it speaks for (`Registration.origin`). `applies` says which
         agents' dispatches concern it (asked once per agent); each dispatch it sits
-        out is counted at `skip`, where the chain would have reached it.
+        out is counted at `skip`, where the chain would have reached it. `each`, on an
+        emit seam, is `fn` over a run of inputs in one call (`emit_each`).
         """
         self._counter += 1
         reg = Registration(
             seam, fn, -(10**9) if prepend else order, name, agent_id, self._counter, origin,
-            applies, skip,
+            applies, skip, each,
         )  # fmt: skip
         listeners = [*self._by_seam.get(seam, []), reg]
         listeners.sort(key=Registration.sort_key)
@@ -683,6 +688,48 @@ class SeamRegistry:
                 task: asyncio.Future[object] = asyncio.ensure_future(result)
                 self._tasks.add(task)
                 task.add_done_callback(functools.partial(self._settled, seam, reg))
+
+    def emit_each(self, seam: Emit[In], agent_id: str | None, inputs: Sequence[In]) -> None:
+        """`emit` each of `inputs`, the route looked up once for the run.
+
+        Each input is one dispatch, counted as such where a listener sits it out. Each
+        listener sees the whole run before the next one does (as `SessionLog.published`
+        tells its observers), in one call when it has an `each` form (a failure there
+        is contained and ends that listener's run).
+        """
+        regs: Sequence[Registration[EmitListener[In]]]
+        if seam in self._routed:
+            found = self._routes.get((seam, agent_id)) or self._route(seam, agent_id)
+            if found.skips is not None:
+                for before in found.skips:
+                    for counts, key in before:
+                        counts[key] += len(inputs)
+            regs = found.listeners  # type: ignore[assignment]
+        else:
+            regs = self._by_seam.get(seam, ())  # type: ignore[assignment]
+        for reg in regs:
+            if reg.each is not None:
+                try:
+                    reg.each(inputs)
+                except Exception:
+                    self._contain(seam, reg)
+                continue
+            fn = reg.fn
+            for input in inputs:
+                try:
+                    result = fn(input)
+                except Exception:
+                    self._contain(seam, reg)
+                    continue
+                if result is not None and inspect.iscoroutine(result):
+                    self._track(seam, reg, result)
+
+    def _track(
+        self, seam: SeamKey, reg: Registration[F], result: Coroutine[Any, Any, object]
+    ) -> None:
+        task: asyncio.Future[object] = asyncio.ensure_future(result)
+        self._tasks.add(task)
+        task.add_done_callback(functools.partial(self._settled, seam, reg))
 
     async def close(self) -> None:
         """Cancel the emit listeners still running and wait for them (server shutdown)."""

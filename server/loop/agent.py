@@ -100,7 +100,7 @@ class Agent:
         )
         """Tool calls waiting for approval, and those resolved lately."""
         session.observers.append(self._observe_session)
-        session.committed_observers.append(self._observe_committed)
+        session.committed_batches.append(self._observe_committed)
 
     # -- verbs -------------------------------------------------------------------------
 
@@ -344,14 +344,12 @@ class Agent:
         if S.SESSION_EVENT in seams.heard and seams.has(S.SESSION_EVENT, self.agent_id):
             seams.emit(S.SESSION_EVENT, self.agent_id, S.SessionEventSeen(self, event))
 
-    def _observe_committed(self, event: ev.SessionEvent) -> None:
-        """Pass each stored event to the `session/committed` observers (plugins)."""
+    def _observe_committed(self, events: Sequence[ev.SessionEvent]) -> None:
+        """Pass each run of stored events to the `session/committed` observers (plugins)."""
         seams = self.runtime.seams
-        # `has` before the input where listeners concern only some agents: a plugin whose
-        # agent conditions exclude this agent costs a look-up per event (counting the skip).
-        seam = S.SESSION_COMMITTED
-        if seam in seams.heard and (seam in seams.direct or seams.has(seam, self.agent_id)):
-            seams.emit(seam, self.agent_id, S.SessionEventSeen(self, event))
+        if S.SESSION_COMMITTED in seams.heard:  # one route for the run, not one per event
+            seen = S.SessionEventSeen
+            seams.emit_each(S.SESSION_COMMITTED, self.agent_id, [seen(self, e) for e in events])
 
     def stop(self) -> None:
         """First step of disposal: mark disposed, unpark the driver, cancel the running turn."""

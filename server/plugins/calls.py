@@ -75,6 +75,12 @@ class PluginCaller(Protocol):
         """
         ...
 
+    def offer_events(
+        self, head: bytes, events: Sequence[ev.SessionEvent], slot: NoticeSlot
+    ) -> None:
+        """`offer_event` each of `events` in turn, in one call."""
+        ...
+
 
 NOTIFICATION_BUFFER = 1024
 """Notifications a subscription may have waiting to be sent, unless it sets its own."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import session_event_pb2 as ev
@@ -96,6 +96,28 @@ class NoticeQueue:
         self._bytes += len(entry)
         self._notes.append((entry, slot, carries))
         if self._writer_waits:
+            self._writer_waits = False
+            self._wake_writer.set()
+
+    def offer_events(
+        self, head: bytes, events: Sequence[ev.SessionEvent], slot: NoticeSlot
+    ) -> None:
+        """`offer_event` each of `events` in turn, in one call (a run stored together)."""
+        notes, stats, most = self._notes, self._stats, self._max_message_bytes
+        for event in events:
+            if not self.ready or slot.queued >= slot.limit:
+                self._dropped += 1
+                stats.dropped += 1
+                continue
+            carries, self._dropped = self._dropped, 0
+            entry = event_entry(head, event, carries)
+            if len(entry) > most:
+                self._queue(entry, slot, carries)  # counts it dropped, oversized
+                continue
+            slot.queued += 1
+            self._bytes += len(entry)
+            notes.append((entry, slot, carries))
+        if self._writer_waits and notes:
             self._writer_waits = False
             self._wake_writer.set()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,7 +77,24 @@ class WatchEvents(Watch[S.SessionEventSeen]):
             head = last[1] if latest is not None and latest() is agent else head_of(agent)
             offer(head, input.event, slot)  # admitted, or dropped and counted
 
-        return remote.on(seams, self.key, listener)
+        def each(inputs: Sequence[S.SessionEventSeen]) -> None:
+            # A run is one agent's (`emit_each` follows one agent's route): one head.
+            if not inputs:
+                return
+            head = head_of(inputs[0].agent)
+            if matches is None:
+                offer_all(head, [input.event for input in inputs], slot)
+                return
+            events = []
+            for input in inputs:
+                if matches(input):
+                    events.append(input.event)
+                else:
+                    skipped[counted] += 1
+            offer_all(head, events, slot)
+
+        offer_all = remote.caller.offer_events
+        return remote.on(seams, self.key, listener, each)
 
 
 def _fill_agent_event(input: S.AgentEventSeen, call: hk.HookCall) -> None:
