@@ -101,3 +101,29 @@ def test_a_seam_is_direct_while_no_listener_concerns_only_some_agents() -> None:
     plain()
     routed()
     assert EMIT not in seams.direct and EMIT not in seams.heard
+
+
+def test_a_run_of_emits_is_one_route_and_counts_each_input() -> None:
+    """`emit_each`: each input is a dispatch (skips counted per input), each listener sees
+    the whole run in order, in one call when it has an `each` form; a failing listener is
+    contained and the others still see the run."""
+    seams, skipped = SeamRegistry(), defaultdict[int, int](int)
+    asked = Asked("red")
+    seen: list[str] = []
+    runs: list[list[str]] = []
+
+    def fails(i: str) -> None:
+        raise RuntimeError("contained")
+
+    seams.on(EMIT, lambda i: seen.append(f"one {i}"), order=0)
+    seams.on(EMIT, fails, order=1, each=lambda run: fails(run[0]))
+    seams.on(EMIT, lambda i: None, order=2, each=lambda run: runs.append(list(run)))
+    seams.on(EMIT, lambda i: None, order=3, applies=asked, skip=(skipped, 7))
+    seams.emit_each(EMIT, "blue", ["a", "b", "c"])
+    assert seen == ["one a", "one b", "one c"]
+    assert runs == [["a", "b", "c"]]
+    assert dict(skipped) == {7: 3}  # three dispatches sat out, as three `emit`s count
+    assert seams.contained_failures == 1
+    assert asked.questions == 1  # the route of "blue", once for the run
+    seams.emit_each(EMIT, "red", ["d"])
+    assert dict(skipped) == {7: 3} and runs[-1] == ["d"]
