@@ -127,3 +127,32 @@ def test_a_run_of_emits_is_one_route_and_counts_each_input() -> None:
     assert asked.questions == 1  # the route of "blue", once for the run
     seams.emit_each(EMIT, "red", ["d"])
     assert dict(skipped) == {7: 3} and runs[-1] == ["d"]
+
+
+async def test_a_facet_a_listener_does_not_want_builds_no_input_and_is_counted() -> None:
+    """A dispatch that names its facet (a tool's name, an event's kind) routes past the
+    listeners whose `wants` refuse it, asked once per agent and facet; one that names
+    none reaches them (their own checks decide)."""
+    seams, skipped = SeamRegistry(), defaultdict[int, int](int)
+    asked: list[str] = []
+
+    def wants(facet: str) -> bool:
+        asked.append(facet)
+        return facet == "grep"
+
+    seams.on(WATERFALL, lambda i, nxt: f"saw {i}", wants=wants, skip=(skipped, 1))
+    seams.on(EMIT, lambda i: None, wants=wants, skip=(skipped, 2))
+
+    def build() -> str:
+        raise AssertionError("no input for a facet no listener wants")
+
+    for _ in range(3):
+        assert await seams.waterfall(WATERFALL, "a", build, "default", "shell") == "default"
+        assert not seams.has(EMIT, "a", "shell")
+    seams.emit(EMIT, "a", "event", "shell")
+    assert dict(skipped) == {1: 3, 2: 4}
+    assert asked == ["shell", "shell"]  # once per seam, agent and facet: then kept
+    assert await seams.waterfall(WATERFALL, "a", lambda: "in", "default", "grep") == "saw in"
+    assert await seams.waterfall(WATERFALL, "a", lambda: "in", "default") == "saw in"
+    assert seams.has(EMIT, "a", "grep") and seams.has(EMIT, "a")
+    assert dict(skipped) == {1: 3, 2: 4}

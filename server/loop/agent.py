@@ -335,8 +335,10 @@ class Agent:
             except Exception:
                 log.warning("live agent event listener failed", exc_info=True)
         seams = self.runtime.seams
-        if seams.has(S.AGENT_EVENT, self.agent_id):
-            seams.emit(S.AGENT_EVENT, self.agent_id, S.AgentEventSeen(self, event))
+        if S.AGENT_EVENT in seams.heard:  # routed by kind: those not wanted build no input
+            kind = event.WhichOneof("event")
+            if seams.has(S.AGENT_EVENT, self.agent_id, kind):
+                seams.emit(S.AGENT_EVENT, self.agent_id, S.AgentEventSeen(self, event), kind)
 
     def _observe_session(self, event: ev.SessionEvent) -> None:
         """Pass each appended event to the in-process `session/event` observers."""
@@ -348,8 +350,7 @@ class Agent:
         """Pass each run of stored events to the `session/committed` observers (plugins)."""
         seams = self.runtime.seams
         if S.SESSION_COMMITTED in seams.heard:  # one route for the run, not one per event
-            seen = S.SessionEventSeen
-            seams.emit_each(S.SESSION_COMMITTED, self.agent_id, [seen(self, e) for e in events])
+            seams.emit_each(S.SESSION_COMMITTED, self.agent_id, S.SessionEventRun(self, events))
 
     def stop(self) -> None:
         """First step of disposal: mark disposed, unpark the driver, cancel the running turn."""

@@ -18,11 +18,12 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from itertools import chain, repeat
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import session_event_pb2 as ev
 from server.plugins.calls import NoticeSlot, PluginStats
-from server.plugins.event_notes import event_entry
+from server.plugins.event_notes import event_entries, event_entry
 from server.plugins.wire import BATCH_OVERHEAD, batch_entry, batch_request
 
 GATHER_SECONDS = 0.002
@@ -102,22 +103,34 @@ class NoticeQueue:
     def offer_events(
         self, head: bytes, events: Sequence[ev.SessionEvent], slot: NoticeSlot
     ) -> None:
-        """`offer_event` each of `events` in turn, in one call (a run stored together)."""
-        notes, stats, most = self._notes, self._stats, self._max_message_bytes
-        for event in events:
-            if not self.ready or slot.queued >= slot.limit:
-                self._dropped += 1
-                stats.dropped += 1
-                continue
-            carries, self._dropped = self._dropped, 0
-            entry = event_entry(head, event, carries)
-            if len(entry) > most:
-                self._queue(entry, slot, carries)  # counts it dropped, oversized
-                continue
-            slot.queued += 1
-            self._bytes += len(entry)
-            notes.append((entry, slot, carries))
-        if self._writer_waits and notes:
+        """`offer_event` each of `events` in turn, in one call (a run stored together).
+
+        Those the slot has room for are admitted together and encoded in one pass
+        (`event_notes.event_entries`), the first carrying the drops before them; the
+        rest are dropped and counted, carried by the next notification queued.
+        """
+        count = len(events)
+        room = slot.limit - slot.queued if self.ready else 0
+        if room < count:
+            events = events[: max(room, 0)]
+            if not events:
+                self._dropped += count
+                self._stats.dropped += count
+                return
+        carries, self._dropped = self._dropped, 0
+        entries = event_entries(head, events, carries)
+        if max(map(len, entries)) > self._max_message_bytes:  # rare: one is too big
+            for entry, carried in zip(entries, chain((carries,), repeat(0)), strict=False):
+                self._queue(entry, slot, carried)  # counts one too big dropped, oversized
+        else:
+            slot.queued += len(entries)
+            self._bytes += sum(map(len, entries))
+            self._notes.extend(zip(entries, repeat(slot), chain((carries,), repeat(0))))
+        tail = count - len(events)
+        if tail:
+            self._dropped += tail
+            self._stats.dropped += tail
+        if self._writer_waits and self._notes:
             self._writer_waits = False
             self._wake_writer.set()
 

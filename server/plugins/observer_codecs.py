@@ -81,10 +81,16 @@ class WatchEvents(Watch[S.SessionEventSeen]):
             # A run is one agent's (`emit_each` follows one agent's route): one head.
             if not inputs:
                 return
-            head = head_of(inputs[0].agent)
-            if matches is None:
-                offer_all(head, [input.event for input in inputs], slot)
-                return
+            if isinstance(inputs, S.SessionEventRun):  # its events, no input built
+                head = head_of(inputs.agent)
+                if matches is None:
+                    offer_all(head, inputs.events, slot)
+                    return
+            else:
+                head = head_of(inputs[0].agent)
+                if matches is None:
+                    offer_all(head, [input.event for input in inputs], slot)
+                    return
             events = []
             for input in inputs:
                 if matches(input):
@@ -94,7 +100,7 @@ class WatchEvents(Watch[S.SessionEventSeen]):
             offer_all(head, events, slot)
 
         offer_all = remote.caller.offer_events
-        return remote.on(seams, self.key, listener, each)
+        return remote.on(seams, self.key, listener, self.facets, each)
 
 
 def _fill_agent_event(input: S.AgentEventSeen, call: hk.HookCall) -> None:
