@@ -91,6 +91,8 @@ async def test_a_run_offered_takes_the_room_left_and_the_rest_is_counted_and_car
     queue = NoticeQueue(stats, 1 << 20)
     slot = NoticeSlot(limit=3)
     head = event_head(hk.SEAM_SESSION_EVENTS, "agent-1", "agent-1-session")
+    queue.offer_events(head, [], slot)  # a run its conditions excluded: nothing
+    assert (stats.dropped, slot.queued) == (0, 0)
     queue.offer_events(head, [SHORT] * 2, slot)  # not READY: both dropped
     assert (stats.dropped, slot.queued) == (2, 0)
     queue.ready = True

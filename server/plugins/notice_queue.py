@@ -110,6 +110,8 @@ class NoticeQueue:
         rest are dropped and counted, carried by the next notification queued.
         """
         count = len(events)
+        if not count:  # a run its conditions excluded whole
+            return
         room = slot.limit - slot.queued if self.ready else 0
         if room < count:
             events = events[: max(room, 0)]
