@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentloop.plugin.conditions import event_kinds
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from server.kernel import seams as S
 from server.kernel.seams import SeamRegistry
@@ -86,6 +87,12 @@ class WatchEvents(Watch[S.SessionEventSeen]):
                 if matches is None:
                     offer_all(head, inputs.events, slot)
                     return
+                if kinds is not None:  # event kinds its only condition: read, no input
+                    events = inputs.events
+                    kept = [event for event in events if event.WhichOneof("payload") in kinds]
+                    skipped[counted] += len(events) - len(kept)
+                    offer_all(head, kept, slot)
+                    return
             else:
                 head = head_of(inputs[0].agent)
                 if matches is None:
@@ -100,6 +107,10 @@ class WatchEvents(Watch[S.SessionEventSeen]):
             offer_all(head, events, slot)
 
         offer_all = remote.caller.offer_events
+        subscription = remote.subscription
+        kinds = event_kinds(subscription)
+        if subscription.agent_ids or subscription.conditions.agent_labels:
+            kinds = None  # other conditions too: the matcher decides
         return remote.on(seams, self.key, listener, self.facets, each)
 
 
