@@ -86,9 +86,12 @@ NOTIFICATION_BUFFER = 1024
 """Notifications a subscription may have waiting to be sent, unless it sets its own."""
 
 
-@dataclass
+@dataclass(eq=False)
 class NoticeSlot:
-    """One observer subscription's share of the plugin's notification buffer."""
+    """One observer subscription's share of the plugin's notification buffer.
+
+    Hashed and compared by identity: each is its own subscription's.
+    """
 
     limit: int = NOTIFICATION_BUFFER
     queued: int = 0

@@ -82,6 +82,8 @@ def event_entry(head: bytes, event: ev.SessionEvent, dropped: int = 0) -> bytes:
     )  # fmt: skip
 
 
+_SERIALIZE = ev.SessionEvent.SerializeToString
+
 _ENTRY_HEADS = [_ENTRY + one for one in _ONE]
 """A short call's entry key and length, by the call's length."""
 _ID_HEADS = [_CALL_ID + one for one in _ONE]
@@ -104,8 +106,7 @@ def event_entries(head: bytes, events: Sequence[ev.SessionEvent], dropped: int =
     entries: list[bytes] = []
     append, join = entries.append, b"".join
     fixed = _SHORT_FIXED + len(head)
-    for call_id, event in zip(ids, events, strict=True):
-        encoded = event.SerializeToString()
+    for call_id, encoded in zip(ids, map(_SERIALIZE, events), strict=True):
         n = len(encoded)
         if n < _SHORT and not dropped:
             call = fixed + len(call_id) + n
