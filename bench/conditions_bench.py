@@ -1,6 +1,6 @@
 """Measure what a plugin costs where its match conditions exclude every call.
 
-    python -m bench.conditions_bench [--turns N] [--rounds N]
+    python -m bench.conditions_bench [--turns N] [--rounds N] [--facets]
 
 A plugin process on every seam (`every_seam_plugin.py --match-nothing`: an agent label
 no agent has on each subscription, and each seam's own condition besides) against no
@@ -10,7 +10,9 @@ figures are the turn's latency and the server's CPU per turn, their ratios (targ
 ≤ 1.05×), and the calls the plugin was sent (0: every call skipped) against those
 skipped. On a shared machine time moves with the load; the Python function calls per
 turn (cProfile's count, as the cost budget counts them) do not, and their ratio is
-printed too. Nothing is asserted.
+printed too. `--facets` measures a plugin whose tool-name and event-kind conditions
+alone exclude every call (its agent conditions admit the agent) instead. Nothing is
+asserted.
 """
 
 from __future__ import annotations
@@ -74,9 +76,13 @@ async def turns(address: str | None, count: int) -> tuple[float, float, int, int
         await app.stop(grace=5)
 
 
-async def main(count: int, rounds: int) -> None:
-    print(f"a plugin whose conditions match nothing, on every seam ({count} turns, 2 steps)")
-    plugin, address = await start("every_seam_plugin.py", "--match-nothing")
+async def main(count: int, rounds: int, facets: bool = False) -> None:
+    if facets:
+        print(f"a plugin whose tool and event-kind conditions match nothing ({count} turns)")
+    else:
+        print(f"a plugin whose conditions match nothing, on every seam ({count} turns, 2 steps)")
+    mode = "--match-no-facet" if facets else "--match-nothing"
+    plugin, address = await start("every_seam_plugin.py", mode)
     try:
         runs: dict[str | None, list[tuple[float, float, int, int]]] = {None: [], address: []}
         for _ in range(rounds):  # alternated: the machine may be shared
@@ -105,5 +111,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--facets", action="store_true", help="tool and event-kind conditions")
     args = parser.parse_args()
-    asyncio.run(main(args.turns, args.rounds))
+    asyncio.run(main(args.turns, args.rounds, args.facets))

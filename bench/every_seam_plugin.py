@@ -4,7 +4,9 @@ With `--turn-end-only` its session-event observer asks for `turn_end` events onl
 with `--observer-only` it is nothing but a session-event observer of every event; with
 `--watch-only` it only watches every seam (`observe_only`: notifications, no answers);
 with `--match-nothing` every subscription (approvals and compactions too) carries match
-conditions no call of the workload meets: the server should make no call at all.
+conditions no call of the workload meets: the server should make no call at all; with
+`--match-no-facet` only the tool seams and the event observers subscribe, with tool-name
+and event-kind conditions alone (the agent matches: each call is skipped by its facet).
 `--buffer N` sets the observer's buffer (`buffer_size`: N notifications may wait).
 `--listen ADDRESS` serves there (a `unix:/path` socket, say) instead of 127.0.0.1:0.
 Prints "plugin every-seam listening on HOST:PORT" when ready.
@@ -47,6 +49,11 @@ elif "--match-nothing" in sys.argv:
         plugin.on(path, **nobody, tools=["never_*"])(proceed)
     plugin.on_session_event(**nobody, event_kinds=["prompt_blocked"])(observe)
     plugin.on_agent_event(**nobody, event_kinds=["compaction"])(observe)
+elif "--match-no-facet" in sys.argv:
+    for path in ("tools/pre-execute", "tools/post-execute", "tools/result-committed"):
+        plugin.on(path, tools=["never_*"])(proceed)
+    plugin.on_session_event(event_kinds=["prompt_blocked"])(observe)
+    plugin.on_agent_event(event_kinds=["compaction"])(observe)
 else:
     for decorator in (
         plugin.prompt_submit, plugin.session_prefix, plugin.pre_step, plugin.request,

@@ -5,7 +5,9 @@ from __future__ import annotations
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
-from server.plugins.event_notes import event_call, event_entry, event_head
+from server.plugins.calls import NoticeSlot, PluginStats
+from server.plugins.event_notes import event_call, event_entries, event_entry, event_head
+from server.plugins.notice_queue import NoticeQueue
 from server.plugins.wire import batch_entry
 
 EVENT = ev.SessionEvent(
@@ -61,3 +63,44 @@ def test_a_large_event_is_framed_with_longer_lengths() -> None:
 def test_each_encoding_gets_a_fresh_notification_id() -> None:
     head = event_head(hk.SEAM_SESSION_EVENTS, "a", "s")
     assert event_call(head, EVENT).call_id != event_call(head, EVENT).call_id
+
+
+def test_a_run_is_encoded_as_its_events_one_by_one() -> None:
+    """`event_entries`: the same bytes as `event_entry` per event, ids in order, the
+    first alone carrying the drops."""
+    big = ev.SessionEvent()
+    big.CopyFrom(EVENT)
+    big.assistant_chunk.chunk.block_delta.text = "x" * 20_000
+    run = [SHORT, EVENT, SHORT, big, SHORT]
+    head = event_head(hk.SEAM_SESSION_EVENTS, "agent-1", "agent-1-session")
+    for dropped in (0, 5):
+        entries = event_entries(head, run, dropped)
+        calls = [hk.HandleRequest.FromString(entry).call for entry in entries]
+        ids = [int(call.call_id[1:]) for call in calls]
+        assert ids == list(range(ids[0], ids[0] + len(run)))
+        for index, (entry, call, event) in enumerate(zip(entries, calls, run, strict=True)):
+            expected = built(call.call_id, dropped if index == 0 else 0, event)
+            assert entry == batch_entry(expected.SerializeToString(deterministic=True))
+    assert event_entries(head, []) == []
+
+
+async def test_a_run_offered_takes_the_room_left_and_the_rest_is_counted_and_carried() -> None:
+    """`NoticeQueue.offer_events`: the drops before a run ride on its first notification;
+    those past the slot's room are dropped, and the next notification carries them."""
+    stats = PluginStats()
+    queue = NoticeQueue(stats, 1 << 20)
+    slot = NoticeSlot(limit=3)
+    head = event_head(hk.SEAM_SESSION_EVENTS, "agent-1", "agent-1-session")
+    queue.offer_events(head, [], slot)  # a run its conditions excluded: nothing
+    assert (stats.dropped, slot.queued) == (0, 0)
+    queue.offer_events(head, [SHORT] * 2, slot)  # not READY: both dropped
+    assert (stats.dropped, slot.queued) == (2, 0)
+    queue.ready = True
+    queue.offer_events(head, [SHORT] * 5, slot)  # room for 3: 2 more dropped
+    assert (stats.dropped, slot.queued) == (4, 3)
+    first = queue._take_notes(1 << 20)
+    assert [hk.HandleRequest.FromString(e).call.session_event.dropped for e in first] == [2, 0, 0]
+    queue.offer_events(head, [EVENT], slot)
+    (entry,) = queue._take_notes(1 << 20)
+    assert hk.HandleRequest.FromString(entry).call.session_event.dropped == 2
+    assert slot.queued == 0 and stats.dropped == 4

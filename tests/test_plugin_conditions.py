@@ -15,7 +15,7 @@ from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from server.kernel.errors import InvalidArgument
 from server.kernel.limits import Limits
-from server.plugins.conditions import Facets, compile_matcher, no_labels
+from server.plugins.conditions import Facets, compile_matcher, facet_filter, no_labels
 from server.settings.agent_rules import AgentCatalogue
 
 Conditions = hk.MatchConditions
@@ -117,6 +117,24 @@ def test_agent_ids_and_both_event_kind_lists_are_conditions_too() -> None:
         Input("a", kind="tool_result")
     )
     assert not matches(Input("b", kind="turn_end"))
+
+
+def test_tool_and_event_kind_conditions_filter_the_facet_routed_ahead() -> None:
+    """The part of the conditions the seam registry asks before building an input."""
+    tools = facet_filter(subscription(hk.SEAM_TOOLS_PRE_EXECUTE, tools=["mcp__*", "bash"]), FACETS)
+    assert tools is not None
+    assert tools("bash") and tools("mcp__fs__read") and not tools("grep")
+    kinds = facet_filter(
+        hk.Subscription(
+            seam=hk.SEAM_SESSION_EVENTS, event_kinds=["turn_end", "turn_start"],
+            conditions=Conditions(event_kinds=["turn_end", "tool_result"]),
+        ),
+        Facets(event_kind=FACETS.event_kind),
+    )  # fmt: skip
+    assert kinds is not None and kinds("turn_end") and not kinds("turn_start")
+    labels_only = subscription(hk.SEAM_TOOLS_PRE_EXECUTE, agent_labels={"team": "red"})
+    assert facet_filter(labels_only, FACETS) is None  # agent conditions are routed apart
+    assert facet_filter(hk.Subscription(seam=hk.SEAM_PRE_STEP), Facets()) is None
 
 
 def test_a_subscription_without_conditions_has_no_predicate_to_run() -> None:

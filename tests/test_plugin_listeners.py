@@ -53,6 +53,11 @@ class FakeCaller:
     def offer_event(self, head: bytes, event: ev.SessionEvent, slot: NoticeSlot) -> None:
         self.calls.append(event_call(head, event))
 
+    def offer_events(
+        self, head: bytes, events: Sequence[ev.SessionEvent], slot: NoticeSlot
+    ) -> None:
+        self.calls.extend(event_call(head, event) for event in events)
+
 
 def subscribe(harness: Harness, caller: FakeCaller, **subscription: object) -> PluginStats:
     stats = PluginStats()

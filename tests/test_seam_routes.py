@@ -101,3 +101,58 @@ def test_a_seam_is_direct_while_no_listener_concerns_only_some_agents() -> None:
     plain()
     routed()
     assert EMIT not in seams.direct and EMIT not in seams.heard
+
+
+def test_a_run_of_emits_is_one_route_and_counts_each_input() -> None:
+    """`emit_each`: each input is a dispatch (skips counted per input), each listener sees
+    the whole run in order, in one call when it has an `each` form; a failing listener is
+    contained and the others still see the run."""
+    seams, skipped = SeamRegistry(), defaultdict[int, int](int)
+    asked = Asked("red")
+    seen: list[str] = []
+    runs: list[list[str]] = []
+
+    def fails(i: str) -> None:
+        raise RuntimeError("contained")
+
+    seams.on(EMIT, lambda i: seen.append(f"one {i}"), order=0)
+    seams.on(EMIT, fails, order=1, each=lambda run: fails(run[0]))
+    seams.on(EMIT, lambda i: None, order=2, each=lambda run: runs.append(list(run)))
+    seams.on(EMIT, lambda i: None, order=3, applies=asked, skip=(skipped, 7))
+    seams.emit_each(EMIT, "blue", ["a", "b", "c"])
+    assert seen == ["one a", "one b", "one c"]
+    assert runs == [["a", "b", "c"]]
+    assert dict(skipped) == {7: 3}  # three dispatches sat out, as three `emit`s count
+    assert seams.contained_failures == 1
+    assert asked.questions == 1  # the route of "blue", once for the run
+    seams.emit_each(EMIT, "red", ["d"])
+    assert dict(skipped) == {7: 3} and runs[-1] == ["d"]
+
+
+async def test_a_facet_a_listener_does_not_want_builds_no_input_and_is_counted() -> None:
+    """A dispatch that names its facet (a tool's name, an event's kind) routes past the
+    listeners whose `wants` refuse it, asked once per agent and facet; one that names
+    none reaches them (their own checks decide)."""
+    seams, skipped = SeamRegistry(), defaultdict[int, int](int)
+    asked: list[str] = []
+
+    def wants(facet: str) -> bool:
+        asked.append(facet)
+        return facet == "grep"
+
+    seams.on(WATERFALL, lambda i, nxt: f"saw {i}", wants=wants, skip=(skipped, 1))
+    seams.on(EMIT, lambda i: None, wants=wants, skip=(skipped, 2))
+
+    def build() -> str:
+        raise AssertionError("no input for a facet no listener wants")
+
+    for _ in range(3):
+        assert await seams.waterfall(WATERFALL, "a", build, "default", "shell") == "default"
+        assert not seams.has(EMIT, "a", "shell")
+    seams.emit(EMIT, "a", "event", "shell")
+    assert dict(skipped) == {1: 3, 2: 4}
+    assert asked == ["shell", "shell"]  # once per seam, agent and facet: then kept
+    assert await seams.waterfall(WATERFALL, "a", lambda: "in", "default", "grep") == "saw in"
+    assert await seams.waterfall(WATERFALL, "a", lambda: "in", "default") == "saw in"
+    assert seams.has(EMIT, "a", "grep") and seams.has(EMIT, "a")
+    assert dict(skipped) == {1: 3, 2: 4}

@@ -62,12 +62,14 @@ async def authored_waterfall(
     agent_id: str | None,
     build: Callable[[], In],
     default: Out,
+    facet: str | None = None,
 ) -> tuple[Out, Author[In, Out] | None]:
     """`SeamRegistry.waterfall`, and the listener that made its result (None: no listener).
 
     As cheap as the plain dispatch when no listener sees it: no input is built.
+    `facet` is the dispatch's facet (`SeamRegistry.waterfall`).
     """
-    chain = seams.listeners(seam, agent_id)
+    chain = seams.listeners(seam, agent_id, facet)
     if not chain:
         return default, None
     authored = _AuthoredChain(chain, default, seam.carried)

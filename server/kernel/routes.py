@@ -1,12 +1,13 @@
 """Which of a seam's listeners one agent's dispatches reach, worked out once per agent.
 
 A listener may be scoped to one agent (`agent_id`), or concern only some agents
-(`applies`: a plugin whose conditions name agents or their labels). Asking that on
-every dispatch costs as much as the call it saves, so the registry keeps, per seam and
-agent, the `Route`: the listeners that run, in order, and the listeners that sit out
-(`Skip`), each counted where the chain would have reached it, so that a listener its
-agent conditions exclude still counts every call it did not get, exactly as if it had
-run and declined.
+(`applies`: a plugin whose conditions name agents or their labels), or only some of the
+facets a dispatch names ahead (`wants`: the tools or event kinds its conditions name).
+Asking that on every dispatch costs as much as the call it saves, so the registry keeps,
+per seam, agent and facet, the `Route`: the listeners that run, in order, and the
+listeners that sit out (`Skip`), each counted where the chain would have reached it,
+so that a listener its conditions exclude still counts every call it did not get,
+exactly as if it had run and declined.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ Skip = tuple[MutableMapping[int, int], int]
 AgentFilter = Callable[[str], "bool | None"]
 """Whether a listener concerns an agent's dispatches; None: cannot tell yet (the agent
 is not live): it is kept, and asked again at the next dispatch."""
+
+FacetFilter = Callable[[str], bool]
+"""Whether a listener concerns a dispatch of one facet: the tool called, the event's kind."""
 
 NO_SKIPS: tuple[Skip, ...] = ()
 
@@ -35,6 +39,11 @@ class Routed(Protocol):
     @property
     def applies(self) -> AgentFilter | None:
         """Which agents' dispatches concern the listener (None: every agent's)."""
+        ...
+
+    @property
+    def wants(self) -> FacetFilter | None:
+        """Which facets' dispatches concern the listener (None: every facet's)."""
         ...
 
     @property
@@ -62,10 +71,13 @@ class Route(NamedTuple):
                     counts[key] += 1
 
 
-def route(registrations: Sequence[R], agent_id: str | None) -> tuple[Route, bool]:
+def route(
+    registrations: Sequence[R], agent_id: str | None, facet: str | None = None
+) -> tuple[Route, bool]:
     """The route of `agent_id` over a seam's `registrations`, and whether it is settled.
 
-    A settled route may be kept until the seam's listeners or the agent change.
+    With a `facet` (the dispatch named it), the listeners that do not want it sit out
+    too. A settled route may be kept until the seam's listeners or the agent change.
     """
     kept: list[R] = []
     skips: list[tuple[Skip, ...]] = []
@@ -75,6 +87,12 @@ def route(registrations: Sequence[R], agent_id: str | None) -> tuple[Route, bool
     for reg in registrations:
         if reg.agent_id is not None and reg.agent_id != agent_id:
             continue  # another agent's own listener: not this agent's to count
+        wants = reg.wants
+        if wants is not None and facet is not None and not wants(facet):
+            if reg.skip is not None:
+                waiting.append(reg.skip)
+                skipping = True
+            continue
         applies = reg.applies
         if applies is not None and agent_id is not None:
             verdict = applies(agent_id)

@@ -31,9 +31,9 @@ import asyncio
 import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, NamedTuple, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar, cast, overload
 
 from agentloop.v1 import approval_pb2 as ap
 from agentloop.v1 import content_pb2 as c
@@ -41,7 +41,7 @@ from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 from server.kernel.abort import AbortSignal
 from server.kernel.prompt import Assembly
-from server.kernel.routes import AgentFilter, Route, Skip, route
+from server.kernel.routes import AgentFilter, FacetFilter, Route, Skip, route
 from server.kernel.tasks import cancel_and_wait
 from server.kernel.tools import ToolExecution, ToolOutcome
 
@@ -374,6 +374,36 @@ class SessionEventSeen(NamedTuple):
         return self.agent.agent_id
 
 
+class SessionEventRun(Sequence[SessionEventSeen]):
+    """Session events of one agent stored together: the inputs of one `emit_each`.
+
+    An input is built only when read one by one; a listener that takes the run whole
+    (`Registration.each`) reads `agent` and `events` instead, and builds none.
+    """
+
+    __slots__ = ("agent", "events")
+
+    def __init__(self, agent: SeamAgent, events: Sequence[ev.SessionEvent]) -> None:
+        self.agent = agent
+        self.events = events
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    @overload
+    def __getitem__(self, index: int) -> SessionEventSeen: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[SessionEventSeen]: ...
+    def __getitem__(self, index: int | slice) -> SessionEventSeen | Sequence[SessionEventSeen]:
+        if isinstance(index, slice):
+            return SessionEventRun(self.agent, self.events[index])
+        return SessionEventSeen(self.agent, self.events[index])
+
+    def __iter__(self) -> Iterator[SessionEventSeen]:
+        agent = self.agent
+        return (SessionEventSeen(agent, event) for event in self.events)
+
+
 class AgentEventSeen(NamedTuple):
     """`agent/event`: a live agent event."""
 
@@ -474,6 +504,13 @@ class Registration(Generic[F]):
     once per agent (`server.kernel.routes`)."""
     skip: Skip | None = None
     """Where a dispatch it sits out (`applies` said no) is counted."""
+    wants: FacetFilter | None = None
+    """Whether the listener concerns a dispatch of a facet (a tool's name, an event's
+    kind) its caller names before the input is built (None: every facet's); asked once
+    per agent and facet (`server.kernel.routes`)."""
+    each: Callable[[Sequence[Any]], object] | None = None
+    """An emit listener's form for a run of inputs (`emit_each`): `fn` over each, in
+    one call (None: `fn` is called per input)."""
 
     def sort_key(self) -> tuple[int, str, int]:
         """Order number, then name, then registration order."""
@@ -488,9 +525,11 @@ class SeamRegistry:
         self._routed: set[SeamKey] = set()
         """Seams with a listener scoped to an agent or concerning only some agents: their
         dispatches follow the agent's `Route`; the others need no filtering."""
-        self._routes: dict[tuple[SeamKey, str | None], Route] = {}
+        self._routes: dict[tuple[SeamKey, str | None, str | None], Route] = {}
         """The settled route of each routed seam and agent seen (dropped on any change):
-        one look-up per dispatch, `self._routes.get((seam, agent_id)) or self._route(...)`."""
+        one look-up per dispatch, `self._routes.get((seam, agent_id, facet)) or self._route(...)`:
+        a dispatch that names its facet (the tool called, the event's kind) has the route
+        of that facet, past the listeners whose conditions exclude it."""
         self.heard: set[SeamKey] = set()
         """The seams with at least one listener (any agent's): a set lookup, not a call,
         lets a hot path skip a seam nobody listens to before asking `has`."""
@@ -506,18 +545,21 @@ class SeamRegistry:
         self, seam: Seam[Fn], fn: Fn, *, order: int = 0,
         name: str = "", agent_id: str | None = None, prepend: bool = False, origin: str = "",
         applies: AgentFilter | None = None, skip: Skip | None = None,
+        wants: FacetFilter | None = None, each: Callable[[Sequence[Any]], object] | None = None,
     ) -> Callable[[], None]:  # fmt: skip
         """Register `fn` on `seam`; returns a disposer that removes it.
 
         `prepend` places the listener ahead of every ordinary one (order -10**9);
         `origin` is who it speaks for (`Registration.origin`). `applies` says which
         agents' dispatches concern it (asked once per agent); each dispatch it sits
-        out is counted at `skip`, where the chain would have reached it.
+        out is counted at `skip`, where the chain would have reached it; so is each one
+        `wants` refuses, for a dispatch that names its facet. `each`, on an
+        emit seam, is `fn` over a run of inputs in one call (`emit_each`).
         """
         self._counter += 1
         reg = Registration(
             seam, fn, -(10**9) if prepend else order, name, agent_id, self._counter, origin,
-            applies, skip,
+            applies, skip, wants, each,
         )  # fmt: skip
         listeners = [*self._by_seam.get(seam, []), reg]
         listeners.sort(key=Registration.sort_key)
@@ -545,7 +587,10 @@ class SeamRegistry:
             self.heard.add(seam)
         else:
             self.heard.discard(seam)
-        if any(r.agent_id is not None or r.applies is not None for r in listeners):
+        if any(
+            r.agent_id is not None or r.applies is not None or r.wants is not None
+            for r in listeners
+        ):
             self._routed.add(seam)
         else:
             self._routed.discard(seam)
@@ -554,16 +599,18 @@ class SeamRegistry:
         else:
             self.direct.discard(seam)
 
-    def _route(self, seam: SeamKey, agent_id: str | None) -> Route:
-        """The route of `agent_id` on a routed seam, worked out (and kept once settled)."""
-        found, settled = route(self._by_seam[seam], agent_id)
+    def _route(self, seam: SeamKey, agent_id: str | None, facet: str | None = None) -> Route:
+        """The route of `agent_id` and `facet` on a routed seam (kept once settled)."""
+        found, settled = route(self._by_seam[seam], agent_id, facet)
         if settled:
             if len(self._routes) >= ROUTES_KEPT:
                 self._routes.clear()
-            self._routes[seam, agent_id] = found
+            self._routes[seam, agent_id, facet] = found
         return found
 
-    def listeners(self, seam: Seam[Fn], agent_id: str | None) -> Sequence[Registration[Fn]]:
+    def listeners(
+        self, seam: Seam[Fn], agent_id: str | None, facet: str | None = None
+    ) -> Sequence[Registration[Fn]]:
         """The listeners a dispatch of `seam` for `agent_id` calls, in order (read-only).
 
         Asking is dispatching: the listeners that sit out this agent's dispatches are
@@ -575,14 +622,14 @@ class SeamRegistry:
         if not regs:
             return []
         if seam in self._routed:
-            found = self._routes.get((seam, agent_id)) or self._route(seam, agent_id)
+            found = self._routes.get((seam, agent_id, facet)) or self._route(seam, agent_id, facet)
             if found.skips is not None:
                 found.count_all()
             return found.listeners  # type: ignore[return-value]
         # Unrouted: the list itself, which is never changed in place.
         return regs  # type: ignore[return-value]
 
-    def has(self, seam: SeamKey, agent_id: str | None) -> bool:
+    def has(self, seam: SeamKey, agent_id: str | None, facet: str | None = None) -> bool:
         """Whether a dispatch of `seam` for `agent_id` would call a listener.
 
         Asked once per dispatch, in its place, before its input is built: when no
@@ -590,7 +637,7 @@ class SeamRegistry:
         now, as the dispatch would have counted them (it is not made).
         """
         if seam in self._routed:
-            found = self._routes.get((seam, agent_id)) or self._route(seam, agent_id)
+            found = self._routes.get((seam, agent_id, facet)) or self._route(seam, agent_id, facet)
             if found.listeners:
                 return True
             if found.skips is not None:  # `count_all`, inline: asked for every event
@@ -600,8 +647,9 @@ class SeamRegistry:
         return seam in self.heard
 
     async def waterfall(
-        self, seam: Waterfall[In, Out], agent_id: str | None, build: Callable[[], In], default: Out
-    ) -> Out:
+        self, seam: Waterfall[In, Out], agent_id: str | None, build: Callable[[], In],
+        default: Out, facet: str | None = None,
+    ) -> Out:  # fmt: skip
         """Run the around-middleware chain over the input `build()` makes.
 
         The input is built only when a listener sees the dispatch: a seam without one
@@ -614,7 +662,7 @@ class SeamRegistry:
             if not regs:
                 return default
             return await _Chain(regs, default, seam.carried).run(0, build())  # type: ignore[arg-type]
-        found = self._routes.get((seam, agent_id)) or self._route(seam, agent_id)
+        found = self._routes.get((seam, agent_id, facet)) or self._route(seam, agent_id, facet)
         if not found.listeners:
             if found.skips is not None:
                 for counts, key in found.skips[0]:  # the one entry: all sit out
@@ -624,8 +672,9 @@ class SeamRegistry:
         return await chain.run(0, build())
 
     async def serial(
-        self, seam: Serial[In, Out], agent_id: str | None, build: Callable[[], In]
-    ) -> Out | None:
+        self, seam: Serial[In, Out], agent_id: str | None, build: Callable[[], In],
+        facet: str | None = None,
+    ) -> Out | None:  # fmt: skip
         """Await each listener in order; return the first bail value, else None.
 
         The input is built by `build()`, only when a listener sees the dispatch.
@@ -633,7 +682,7 @@ class SeamRegistry:
         regs: Sequence[Registration[SerialListener[In, Out]]]
         skips = None
         if seam in self._routed:
-            found = self._routes.get((seam, agent_id)) or self._route(seam, agent_id)
+            found = self._routes.get((seam, agent_id, facet)) or self._route(seam, agent_id, facet)
             if not found.listeners:
                 if found.skips is not None:
                     for counts, key in found.skips[0]:  # the one entry: all sit out
@@ -659,11 +708,13 @@ class SeamRegistry:
                 counts[key] += 1
         return None
 
-    def emit(self, seam: Emit[In], agent_id: str | None, input: In) -> None:
+    def emit(
+        self, seam: Emit[In], agent_id: str | None, input: In, facet: str | None = None
+    ) -> None:
         """Notify every listener; failures are logged and contained."""
         regs: Sequence[Registration[EmitListener[In]]]
         if seam in self._routed:  # `listeners`, inline: this runs for every session event
-            found = self._routes.get((seam, agent_id)) or self._route(seam, agent_id)
+            found = self._routes.get((seam, agent_id, facet)) or self._route(seam, agent_id, facet)
             if found.skips is not None:
                 for before in found.skips:
                     for counts, key in before:
@@ -683,6 +734,50 @@ class SeamRegistry:
                 task: asyncio.Future[object] = asyncio.ensure_future(result)
                 self._tasks.add(task)
                 task.add_done_callback(functools.partial(self._settled, seam, reg))
+
+    def emit_each(
+        self, seam: Emit[In], agent_id: str | None, inputs: Sequence[In], facet: str | None = None
+    ) -> None:
+        """`emit` each of `inputs`, the route looked up once for the run.
+
+        Each input is one dispatch, counted as such where a listener sits it out. Each
+        listener sees the whole run before the next one does (as `SessionLog.published`
+        tells its observers), in one call when it has an `each` form (a failure there
+        is contained and ends that listener's run).
+        """
+        regs: Sequence[Registration[EmitListener[In]]]
+        if seam in self._routed:
+            found = self._routes.get((seam, agent_id, facet)) or self._route(seam, agent_id, facet)
+            if found.skips is not None:
+                for before in found.skips:
+                    for counts, key in before:
+                        counts[key] += len(inputs)
+            regs = found.listeners  # type: ignore[assignment]
+        else:
+            regs = self._by_seam.get(seam, ())  # type: ignore[assignment]
+        for reg in regs:
+            if reg.each is not None:
+                try:
+                    reg.each(inputs)
+                except Exception:
+                    self._contain(seam, reg)
+                continue
+            fn = reg.fn
+            for input in inputs:
+                try:
+                    result = fn(input)
+                except Exception:
+                    self._contain(seam, reg)
+                    continue
+                if result is not None and inspect.iscoroutine(result):
+                    self._track(seam, reg, result)
+
+    def _track(
+        self, seam: SeamKey, reg: Registration[F], result: Coroutine[Any, Any, object]
+    ) -> None:
+        task: asyncio.Future[object] = asyncio.ensure_future(result)
+        self._tasks.add(task)
+        task.add_done_callback(functools.partial(self._settled, seam, reg))
 
     async def close(self) -> None:
         """Cancel the emit listeners still running and wait for them (server shutdown)."""

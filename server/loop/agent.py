@@ -100,7 +100,7 @@ class Agent:
         )
         """Tool calls waiting for approval, and those resolved lately."""
         session.observers.append(self._observe_session)
-        session.committed_observers.append(self._observe_committed)
+        session.committed_batches.append(self._observe_committed)
 
     # -- verbs -------------------------------------------------------------------------
 
@@ -335,8 +335,10 @@ class Agent:
             except Exception:
                 log.warning("live agent event listener failed", exc_info=True)
         seams = self.runtime.seams
-        if seams.has(S.AGENT_EVENT, self.agent_id):
-            seams.emit(S.AGENT_EVENT, self.agent_id, S.AgentEventSeen(self, event))
+        if S.AGENT_EVENT in seams.heard:  # routed by kind: those not wanted build no input
+            kind = event.WhichOneof("event")
+            if seams.has(S.AGENT_EVENT, self.agent_id, kind):
+                seams.emit(S.AGENT_EVENT, self.agent_id, S.AgentEventSeen(self, event), kind)
 
     def _observe_session(self, event: ev.SessionEvent) -> None:
         """Pass each appended event to the in-process `session/event` observers."""
@@ -344,14 +346,11 @@ class Agent:
         if S.SESSION_EVENT in seams.heard and seams.has(S.SESSION_EVENT, self.agent_id):
             seams.emit(S.SESSION_EVENT, self.agent_id, S.SessionEventSeen(self, event))
 
-    def _observe_committed(self, event: ev.SessionEvent) -> None:
-        """Pass each stored event to the `session/committed` observers (plugins)."""
+    def _observe_committed(self, events: Sequence[ev.SessionEvent]) -> None:
+        """Pass each run of stored events to the `session/committed` observers (plugins)."""
         seams = self.runtime.seams
-        # `has` before the input where listeners concern only some agents: a plugin whose
-        # agent conditions exclude this agent costs a look-up per event (counting the skip).
-        seam = S.SESSION_COMMITTED
-        if seam in seams.heard and (seam in seams.direct or seams.has(seam, self.agent_id)):
-            seams.emit(seam, self.agent_id, S.SessionEventSeen(self, event))
+        if S.SESSION_COMMITTED in seams.heard:  # one route for the run, not one per event
+            seams.emit_each(S.SESSION_COMMITTED, self.agent_id, S.SessionEventRun(self, events))
 
     def stop(self) -> None:
         """First step of disposal: mark disposed, unpark the driver, cancel the running turn."""

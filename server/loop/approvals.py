@@ -212,7 +212,7 @@ class Approvals:
         pending = PendingApproval(request, self.timeout, asyncio.get_running_loop().create_future())
         self.pending[request.approval_id] = pending
         self.notify(ae.AgentEvent(approval_requested=request))
-        if self.seams.has(S.TOOLS_APPROVAL, self.agent_id):  # approvers see stored requests
+        if self.seams.has(S.TOOLS_APPROVAL, self.agent_id, request.tool_name):  # stored first
             self.session.after_commit(lambda: self._ask_approvers(pending))
         return pending
 
@@ -334,7 +334,8 @@ class Approvals:
         """Send the stored request to every `tools/approval` listener of the agent."""
         if pending.future.done():
             return
-        for registration in self.seams.listeners(S.TOOLS_APPROVAL, self.agent_id):
+        tool = pending.request.tool_name
+        for registration in self.seams.listeners(S.TOOLS_APPROVAL, self.agent_id, tool):
             task = self._spawn(self._ask(pending, registration.fn, registration.name))
             pending.tasks.add(task)
             task.add_done_callback(pending.tasks.discard)

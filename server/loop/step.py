@@ -358,10 +358,11 @@ class StepToolLog:
             result.meta.CopyFrom(to_struct(outcome.meta))
         agent.session.add(result, source_event_seqs=[call_seq])
         seams = agent.runtime.seams
-        if seams.has(S.TOOLS_RESULT_COMMITTED, agent.agent_id):  # plugins see stored results
+        name = exec.name  # plugins see stored results (of the tools they name)
+        if seams.has(S.TOOLS_RESULT_COMMITTED, agent.agent_id, name):
             agent.session.after_commit(
                 lambda: seams.emit(
-                    S.TOOLS_RESULT_COMMITTED, agent.agent_id, S.ToolCallResult(exec, outcome)
+                    S.TOOLS_RESULT_COMMITTED, agent.agent_id, S.ToolCallResult(exec, outcome), name
                 )
             )
 

@@ -145,7 +145,7 @@ class ToolPipeline:
     async def _denial(self, exec: ToolExecution) -> str | PendingApproval | None:
         decision, author = await authored_waterfall(
             self._seams, TOOLS_PRE_EXECUTE, self._agent_id, lambda: exec,
-            decision_pb2.PreToolDecision(),
+            decision_pb2.PreToolDecision(), exec.name,
         )  # fmt: skip
         if not isinstance(decision, decision_pb2.PreToolDecision):
             raise TypeError("a tools/pre-execute listener must return a PreToolDecision")
@@ -223,7 +223,7 @@ class ToolPipeline:
         return outcome
 
     async def _post_execute(self, exec: ToolExecution, outcome: ToolOutcome) -> ToolOutcome:
-        if not self._seams.has(TOOLS_POST_EXECUTE, self._agent_id):
+        if not self._seams.has(TOOLS_POST_EXECUTE, self._agent_id, exec.name):
             return outcome
         try:
             decision = await self._seams.waterfall(
@@ -231,6 +231,7 @@ class ToolPipeline:
                 self._agent_id,
                 lambda: ToolCallResult(exec, _snapshot(outcome)),
                 decision_pb2.PostToolDecision(),
+                exec.name,
             )
             if not isinstance(decision, decision_pb2.PostToolDecision):
                 raise TypeError("a tools/post-execute listener must return a PostToolDecision")

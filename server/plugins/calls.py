@@ -75,14 +75,23 @@ class PluginCaller(Protocol):
         """
         ...
 
+    def offer_events(
+        self, head: bytes, events: Sequence[ev.SessionEvent], slot: NoticeSlot
+    ) -> None:
+        """`offer_event` each of `events` in turn, in one call."""
+        ...
+
 
 NOTIFICATION_BUFFER = 1024
 """Notifications a subscription may have waiting to be sent, unless it sets its own."""
 
 
-@dataclass
+@dataclass(eq=False)
 class NoticeSlot:
-    """One observer subscription's share of the plugin's notification buffer."""
+    """One observer subscription's share of the plugin's notification buffer.
+
+    Hashed and compared by identity: each is its own subscription's.
+    """
 
     limit: int = NOTIFICATION_BUFFER
     queued: int = 0

@@ -19,7 +19,10 @@ from typing import Generic, TypeVar
 from agentloop.plugin.conditions import event_kinds, name_matcher, prompt_text
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 
-__all__ = ["Facets", "LabelsOf", "agent_filter", "compile_matcher", "no_labels", "prompt_text"]
+__all__ = [
+    "NO_FACETS", "Facets", "LabelsOf", "agent_filter", "compile_matcher", "facet_filter",
+    "no_labels", "prompt_text",
+]  # fmt: skip
 
 In = TypeVar("In")
 
@@ -42,6 +45,10 @@ class Facets(Generic[In]):
     """The event's payload kind."""
     prompt: Callable[[In], str] | None = None
     """The prompt's text."""
+
+
+NO_FACETS: Facets[object] = Facets()
+"""A seam whose input shows nothing conditions look at."""
 
 
 def compile_matcher(
@@ -121,3 +128,20 @@ def agent_filter(
         return all(have.get(key) == value for key, value in labels)
 
     return applies
+
+
+def facet_filter(subscription: hk.Subscription, facets: Facets[In]) -> Callable[[str], bool] | None:
+    """Whether the tool-name or event-kind conditions admit a facet; None without any.
+
+    The facet is what the loop names before it builds the input (a tool's name, an
+    event's kind). The seam registry asks once per agent and facet, and routes the
+    dispatches refused past the listener, counted skipped: no input built, no chain
+    walked. A dispatch that names no facet still meets the listener's matcher.
+    """
+    if facets.tool is not None and subscription.conditions.tools:
+        return name_matcher(subscription.conditions.tools)
+    if facets.event_kind is not None:
+        kinds = event_kinds(subscription)
+        if kinds is not None:
+            return kinds.__contains__
+    return None

@@ -117,6 +117,9 @@ class PluginConnection:
         self.offer_event: Callable[[bytes, ev.SessionEvent, NoticeSlot], None]
         self.offer_event = self._notices.offer_event
         """Admit and queue a session-event notification (the queue's own method too)."""
+        self.offer_events: Callable[[bytes, Sequence[ev.SessionEvent], NoticeSlot], None]
+        self.offer_events = self._notices.offer_events
+        """`offer_event` each of a run of events, in one call."""
         self.admit: Callable[[NoticeSlot], bool] = self._notices.admit
         """Room for one more notification of `slot` to a READY plugin; if none, it is
         counted dropped. (The queue's own method, like `notify`.)"""

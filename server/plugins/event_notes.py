@@ -12,6 +12,9 @@ notification of one subscription and agent): the same bytes, field for field, as
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import islice
+
 from agentloop.plugin.transport import field_key, varint
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import session_event_pb2 as ev
@@ -66,6 +69,59 @@ def event_entry(head: bytes, event: ev.SessionEvent, dropped: int = 0) -> bytes:
             (_ENTRY, call_size, _CALL_ID, _ONE[len(call_id)], call_id, head,
              _SESSION_EVENT, _ONE[n + _EVENT_KEY], _EVENT, _ONE[n], encoded)
         )  # fmt: skip
+    event_size = _ONE[n] if n < 0x80 else varint(n)
+    notice = len(_EVENT) + len(event_size) + n
+    counted = _DROPPED + varint(dropped) if dropped else b""
+    notice += len(counted)
+    notice_size = _ONE[notice] if notice < 0x80 else varint(notice)
+    call = 2 + len(call_id) + len(head) + len(_SESSION_EVENT) + len(notice_size) + notice
+    call_size = _ONE[call] if call < 0x80 else varint(call)
+    return b"".join(
+        (_ENTRY, call_size, _CALL_ID, _ONE[len(call_id)], call_id, head,
+         _SESSION_EVENT, notice_size, _EVENT, event_size, encoded, counted)
+    )  # fmt: skip
+
+
+_SERIALIZE = ev.SessionEvent.SerializeToString
+
+_ENTRY_HEADS = [_ENTRY + one for one in _ONE]
+"""A short call's entry key and length, by the call's length."""
+_ID_HEADS = [_CALL_ID + one for one in _ONE]
+"""The call id's key and length, by the id's length."""
+_NOTICE_HEADS = [_SESSION_EVENT + _ONE[n + _EVENT_KEY] + _EVENT + _ONE[n] for n in range(_SHORT)]
+"""A short event's payload key and length, the notice's event key and length, by the
+event's length."""
+
+
+def event_entries(head: bytes, events: Sequence[ev.SessionEvent], dropped: int = 0) -> list[bytes]:
+    """`event_entry` of each of `events`, the first carrying `dropped`; one call for a run.
+
+    The call ids are taken together and formatted in one pass; a short event's entry is
+    four fixed parts looked up by length around its id and its bytes.
+    """
+    count = len(events)
+    if not count:
+        return []
+    ids = (b"n%d " * count % tuple(islice(call_ids, count))).split()
+    entries: list[bytes] = []
+    append, join = entries.append, b"".join
+    fixed = _SHORT_FIXED + len(head)
+    for call_id, encoded in zip(ids, map(_SERIALIZE, events), strict=True):
+        n = len(encoded)
+        if n < _SHORT and not dropped:
+            call = fixed + len(call_id) + n
+            if call < 0x80:
+                heads = (_ENTRY_HEADS[call], _ID_HEADS[len(call_id)], call_id, head)
+                append(join((*heads, _NOTICE_HEADS[n], encoded)))
+                continue
+        append(_entry(call_id, head, encoded, dropped))
+        dropped = 0
+    return entries
+
+
+def _entry(call_id: bytes, head: bytes, encoded: bytes, dropped: int) -> bytes:
+    """`event_entry` of an event already encoded, with its call id (any length)."""
+    n = len(encoded)
     event_size = _ONE[n] if n < 0x80 else varint(n)
     notice = len(_EVENT) + len(event_size) + n
     counted = _DROPPED + varint(dropped) if dropped else b""

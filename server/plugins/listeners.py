@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message as ProtoMessage
@@ -39,7 +39,15 @@ from server.plugins.calls import (
     call_ids,
     checked,
 )
-from server.plugins.conditions import Facets, LabelsOf, agent_filter, compile_matcher, no_labels
+from server.plugins.conditions import (
+    NO_FACETS,
+    Facets,
+    LabelsOf,
+    agent_filter,
+    compile_matcher,
+    facet_filter,
+    no_labels,
+)
 
 log = logging.getLogger(__name__)
 _fail_open_log = logs.RateLimited(log)
@@ -152,15 +160,22 @@ class RemoteListener:
         """Where a call its conditions skip is counted: `counts[seam] += 1`, inline."""
         return self.stats.skipped, self._seam
 
-    def on(self, seams: SeamRegistry, key: Seam[Fn], listener: Fn) -> Callable[[], None]:
+    def on(
+        self, seams: SeamRegistry, key: Seam[Fn], listener: Fn, facets: Facets[Any] = NO_FACETS,
+        each: Callable[[Sequence[Any]], object] | None = None,
+    ) -> Callable[[], None]:  # fmt: skip
         """Register `listener` on `key` as this subscription's; returns the disposer.
 
         Its agent conditions go with it (`agent_filter`): an agent they exclude has its
-        dispatches routed past the listener, and each is counted skipped all the same.
+        dispatches routed past the listener, and each is counted skipped all the same;
+        so do its tool-name and event-kind conditions over the `facets` a dispatch names
+        ahead (`facet_filter`). `each` is the listener over a run of inputs
+        (`SeamRegistry.emit_each`).
         """
         return seams.on(
             key, listener, order=self.order, name=self.plugin, origin=self.origin,
             applies=agent_filter(self.subscription, self.labels_of), skip=self.skip_count,
+            wants=facet_filter(self.subscription, facets), each=each,
         )  # fmt: skip
 
     async def ask(

@@ -85,7 +85,7 @@ class Transform(Generic[L, Out, R]):
                 return await next_()
             return await apply(input, decision, next_)
 
-        return remote.on(seams, self.key, listener)
+        return remote.on(seams, self.key, listener, self.facets)
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ class Wrap(Generic[L, Out, R]):
             decision = await remote.ask(input, fill, inner, read)
             return inner if decision is None else apply(decision)
 
-        return remote.on(seams, self.key, listener)
+        return remote.on(seams, self.key, listener, self.facets)
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ class Check(Generic[L, Out, R]):
             decision = await remote.ask(input, fill, input, read)
             return None if decision is None else decide(input, decision)
 
-        return remote.on(seams, self.key, listener)
+        return remote.on(seams, self.key, listener, self.facets)
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ class Watch(Generic[A]):
                 fill(input, call)
                 caller.notify(call, slot)
 
-        return remote.on(seams, self.key, listener)
+        return remote.on(seams, self.key, listener, self.facets)
 
 
 @dataclass(frozen=True)
@@ -205,4 +205,4 @@ class Approve(Generic[R]):
             decision = await remote.ask(ask, fill, ask, read, seconds)
             return None if decision is None else answer(decision)
 
-        return remote.on(seams, self.key, listener)
+        return remote.on(seams, self.key, listener, self.facets)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentloop.plugin.conditions import event_kinds
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from server.kernel import seams as S
 from server.kernel.seams import SeamRegistry
@@ -77,7 +78,40 @@ class WatchEvents(Watch[S.SessionEventSeen]):
             head = last[1] if latest is not None and latest() is agent else head_of(agent)
             offer(head, input.event, slot)  # admitted, or dropped and counted
 
-        return remote.on(seams, self.key, listener)
+        def each(inputs: Sequence[S.SessionEventSeen]) -> None:
+            # A run is one agent's (`emit_each` follows one agent's route): one head.
+            if not inputs:
+                return
+            if isinstance(inputs, S.SessionEventRun):  # its events, no input built
+                head = head_of(inputs.agent)
+                if matches is None:
+                    offer_all(head, inputs.events, slot)
+                    return
+                if kinds is not None:  # event kinds its only condition: read, no input
+                    events = inputs.events
+                    kept = [event for event in events if event.WhichOneof("payload") in kinds]
+                    skipped[counted] += len(events) - len(kept)
+                    offer_all(head, kept, slot)
+                    return
+            else:
+                head = head_of(inputs[0].agent)
+                if matches is None:
+                    offer_all(head, [input.event for input in inputs], slot)
+                    return
+            events = []
+            for input in inputs:
+                if matches(input):
+                    events.append(input.event)
+                else:
+                    skipped[counted] += 1
+            offer_all(head, events, slot)
+
+        offer_all = remote.caller.offer_events
+        subscription = remote.subscription
+        kinds = event_kinds(subscription)
+        if subscription.agent_ids or subscription.conditions.agent_labels:
+            kinds = None  # other conditions too: the matcher decides
+        return remote.on(seams, self.key, listener, self.facets, each)
 
 
 def _fill_agent_event(input: S.AgentEventSeen, call: hk.HookCall) -> None:

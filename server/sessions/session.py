@@ -61,6 +61,7 @@ SEED_SLICE = 512
 a few milliseconds of projecting messages."""
 
 Observer = Callable[[ev.SessionEvent], Any]
+BatchObserver = Callable[[Sequence[ev.SessionEvent]], Any]
 
 
 class ReentrantAppend(RuntimeError):
@@ -106,6 +107,9 @@ class SessionLog:
         self._window: deque[ev.SessionEvent] = deque(maxlen=window if journal else None)
         self.observers: list[Observer] = []
         """Called in-process at each append; failures are logged and contained."""
+        self.committed_batches: list[BatchObserver] = []
+        """Called once per run of events stored together, before `committed_observers`:
+        one call per run, not per event (a long turn's chunks are stored by hundreds)."""
         self.committed_observers: list[Observer] = []
         """Called once each event is stored, in order; failures are logged and contained."""
         self.pre_commit: list[Observer] = []
@@ -401,6 +405,12 @@ class SessionLog:
         """The journal stored `events`: advance the durable mark and tell the readers."""
         if events:
             self.durable = events[-1].seq + 1
+            for observe in self.committed_batches:
+                try:
+                    observe(events)
+                except Exception:
+                    self.observer_failures += 1
+                    log.warning("post-commit session observer failed", exc_info=True)
             for observer in self.committed_observers:
                 for event in events:
                     try:
