@@ -123,32 +123,42 @@ async def test_a_paused_owner_moves_its_agent_and_clients_see_only_truthful_stat
         await asyncio.gather(*tasks, return_exceptions=True)
         assert len(seen.calls) >= CALLS, len(seen.calls)
 
-        codes = {(method, code, reason) for _, method, code, reason in seen.calls}
-        allowed = {"OK", "UNAVAILABLE", "ABORTED"}
-        assert {code for _, code, _ in codes} <= allowed, codes
-        assert {reason for _, code, reason in codes if code == "UNAVAILABLE"} <= {
-            "AGENT_MOVING",
-            "STORE_UNAVAILABLE",
-        }, codes
-        served = [
-            began for began, method, code, _ in seen.calls
-            if method == "GetAgent" and code == "OK" and began > stopped
-        ]  # fmt: skip
-        assert served, seen.calls
-        takeover = served[0] - stopped
-        assert takeover < BOUND + SLACK, takeover  # r1 answers by itself: it took the agent
-
-        await wait_idle(r1, "m")
-        stored = await read_log(r1, session_id)
-        check_log(stored)
-        ids = request_ids(stored)
-        assert len(ids) == len(set(ids)), ids  # nothing twice
-        assert set(seen.accepted) <= set(ids)  # nothing accepted lost
-        turns = [e.turn_start.turn for e in stored if e.HasField("turn_start")]
-        assert turns == sorted(set(turns))  # no turn run twice
-        assert "was lost" in r0.log() or "another writer" in r0.log(), r0.log()
-        moving = sum(1 for began, *_ in seen.calls if stopped <= began <= served[0])
+        takeover, codes = await check_the_move(seen, stopped, r0, r1, session_id)
+        moving = sum(1 for began, *_ in seen.calls if stopped <= began <= stopped + takeover)
         print(
             f"takeover {takeover:.2f} s after the pause; {len(seen.calls)} answers,"
             f" {moving} begun while the owner was stopped: {sorted(codes)}"
         )
+
+
+async def check_the_move(
+    seen: Seen, stopped: float, old: Server, new: Server, session_id: str
+) -> tuple[float, set[tuple[str, str, str]]]:
+    """What a move must hold: truthful answers, a takeover in the bound, a whole log once.
+
+    The takeover time (from `stopped`) and the answers seen, as (method, code, reason).
+    """
+    codes = {(method, code, reason) for _, method, code, reason in seen.calls}
+    assert {code for _, code, _ in codes} <= {"OK", "UNAVAILABLE", "ABORTED"}, codes
+    assert {reason for _, code, reason in codes if code == "UNAVAILABLE"} <= {
+        "AGENT_MOVING",
+        "STORE_UNAVAILABLE",
+    }, codes
+    served = [
+        began for began, method, code, _ in seen.calls
+        if method == "GetAgent" and code == "OK" and began > stopped
+    ]  # fmt: skip
+    assert served, seen.calls
+    takeover = served[0] - stopped
+    assert takeover < BOUND + SLACK, takeover  # the new owner answers by itself: it took the agent
+
+    await wait_idle(new, "m")
+    stored = await read_log(new, session_id)
+    check_log(stored)
+    ids = request_ids(stored)
+    assert len(ids) == len(set(ids)), ids  # nothing twice
+    assert set(seen.accepted) <= set(ids)  # nothing accepted lost
+    turns = [e.turn_start.turn for e in stored if e.HasField("turn_start")]
+    assert turns == sorted(set(turns))  # no turn run twice
+    assert "was lost" in old.log() or "another writer" in old.log(), old.log()
+    return takeover, codes
