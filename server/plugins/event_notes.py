@@ -69,17 +69,7 @@ def event_entry(head: bytes, event: ev.SessionEvent, dropped: int = 0) -> bytes:
             (_ENTRY, call_size, _CALL_ID, _ONE[len(call_id)], call_id, head,
              _SESSION_EVENT, _ONE[n + _EVENT_KEY], _EVENT, _ONE[n], encoded)
         )  # fmt: skip
-    event_size = _ONE[n] if n < 0x80 else varint(n)
-    notice = len(_EVENT) + len(event_size) + n
-    counted = _DROPPED + varint(dropped) if dropped else b""
-    notice += len(counted)
-    notice_size = _ONE[notice] if notice < 0x80 else varint(notice)
-    call = 2 + len(call_id) + len(head) + len(_SESSION_EVENT) + len(notice_size) + notice
-    call_size = _ONE[call] if call < 0x80 else varint(call)
-    return b"".join(
-        (_ENTRY, call_size, _CALL_ID, _ONE[len(call_id)], call_id, head,
-         _SESSION_EVENT, notice_size, _EVENT, event_size, encoded, counted)
-    )  # fmt: skip
+    return _entry(call_id, head, encoded, dropped)
 
 
 _SERIALIZE = ev.SessionEvent.SerializeToString

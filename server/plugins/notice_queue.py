@@ -95,16 +95,7 @@ class NoticeQueue:
             self._stats.dropped += 1
             return
         carries, self._dropped = self._dropped, 0
-        entry = event_entry(head, event, carries)
-        if len(entry) > self._max_message_bytes:
-            self._queue(entry, slot, carries)  # counts it dropped, oversized
-            return
-        slot.queued += 1
-        self._bytes += len(entry)
-        self._notes.append((entry, slot, carries))
-        if self._writer_waits:
-            self._writer_waits = False
-            self._wake_writer.set()
+        self._queue(event_entry(head, event, carries), slot, carries)
 
     def offer_events(
         self, head: bytes, events: Sequence[ev.SessionEvent], slot: NoticeSlot
