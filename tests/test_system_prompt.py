@@ -319,3 +319,50 @@ def test_interleaved_braces_follow_the_first_close_rule() -> None:
     with pytest.raises(CodedError, match='malformed prompt variable reference "{{ b {{x}}"'):
         interpolate("a {{ b {{x}}", {"x": "v"})
     assert interpolate("}} {{x}} {{", {"x": "v"}) == "}} v {{"
+
+
+async def test_a_scope_only_prompt_is_rendered_once_per_scope_until_a_registration():
+    prompt = SystemPrompt()
+    prompt.add_section(Section("s", 0, "{{who}} on {{place}}"))
+    resolved: list[str] = []
+
+    def who(scope: PromptScope) -> str:
+        resolved.append(scope.agent_id)
+        return scope.agent_id
+
+    prompt.add_variable("who", who, scope_only=True)
+    prompt.add_variable("place", lambda s: s.cwd or None, scope_only=True)
+    seams = SeamRegistry()
+    here, there = PromptScope("a1", cwd="/here"), PromptScope("a1", cwd="/there")
+    assert await prompt.system_text(here, seams) == "a1 on /here"
+    assert await prompt.system_text(here, seams) == "a1 on /here"
+    assert resolved == ["a1"]  # the second step reused the first's text
+    assert await prompt.system_text(there, seams) == "a1 on /there"  # another scope
+    assert resolved == ["a1", "a1"]
+    dispose = prompt.add_section(Section("t", 1, "late"))
+    assert await prompt.system_text(here, seams) == "a1 on /here\n\nlate"
+    dispose()
+    assert await prompt.system_text(here, seams) == "a1 on /here"
+    assert resolved == ["a1"] * 4  # each registration change rendered it again
+
+
+async def test_a_prompt_with_any_other_variable_or_an_assemble_listener_is_assembled_each_time():
+    prompt = default_system_prompt()
+    ticks = iter(range(100))
+    prompt.add_section(Section("clock", 5, "tick {{tick}}"))
+    prompt.add_variable("tick", lambda _s: str(next(ticks)))  # not scope-only: a clock
+    seams = SeamRegistry()
+    scope = PromptScope("a1", provider="p", model="m")
+    assert (await prompt.system_text(scope, seams)).endswith("tick 0")
+    assert (await prompt.system_text(scope, seams)).endswith("tick 1")
+
+    calls: list[str] = []
+
+    async def listener(assembly: Assembly, next_: object) -> Assembly:
+        calls.append("assemble")
+        return Assembly([Section("x", 0, f"call {len(calls)}")], {})
+
+    plain = default_system_prompt()
+    seams.on(SYSTEM_PROMPT_ASSEMBLE, listener)
+    assert await plain.system_text(scope, seams) == "call 1"
+    assert await plain.system_text(scope, seams) == "call 2"

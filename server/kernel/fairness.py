@@ -23,3 +23,8 @@ async def yield_if_due() -> None:
     if now - _last >= SLICE:
         await asyncio.sleep(0)
         _last = time.monotonic()
+
+
+def due() -> bool:
+    """Whether `yield_if_due` would yield now: a check without a coroutine, for hot loops."""
+    return time.monotonic() - _last >= SLICE

@@ -281,8 +281,7 @@ class Agent:
             self.settle_idle()
         if status == ae.AGENT_STATUS_DISPOSED and not self.published:
             return
-        heard = self.runtime.seams.heard
-        if not self._live and S.STATUS not in heard and S.AGENT_EVENT not in heard:
+        if self._unheard(S.STATUS):
             return  # nobody to tell: build neither the seam's input nor the event
         self.emit(
             S.STATUS,
@@ -408,7 +407,17 @@ class Agent:
             list(message.content), message.source, entry.entry_id, request_id, steering=steering
         )
 
+    def _unheard(self, seam: S.SeamKey) -> bool:
+        """Whether a notification on `seam` has nobody to tell (it then builds nothing).
+
+        Nobody: no live subscriber, no listener of `seam` nor of `agent/event`.
+        """
+        heard = self.runtime.seams.heard
+        return not self._live and seam not in heard and S.AGENT_EVENT not in heard
+
     def _emit_queued(self, item: QueuedMessage) -> None:
+        if self._unheard(S.QUEUED):
+            return  # nobody to tell: build neither the seam's input nor the event
         self.emit(
             S.QUEUED,
             S.Queued(self, item.content, item.source, item.steering),

@@ -205,11 +205,8 @@ async def run_one_step(agent: Agent, turn: Turn) -> Verdict:
 async def decide(agent: Agent, turn: Turn, default_continue: bool) -> Verdict:
     """The continuation window: continuation waterfall, turn-stop checkpoint, cancel."""
     seams = agent.runtime.seams
-    default = (
-        d.ContinuationDecision(continue_turn=d.ContinuationContinue())
-        if default_continue
-        else d.ContinuationDecision(stop=d.ContinuationStop())
-    )
+    default = d.ContinuationDecision()  # its choice set in place: cheaper than nested
+    (default.continue_turn if default_continue else default.stop).SetInParent()
     decision = await seams.waterfall(
         S.TURN_CONTINUATION,
         agent.agent_id,

@@ -15,7 +15,7 @@ from server.kernel import seams as S
 from server.kernel.assembly import MessageAssembler
 from server.kernel.content import text_block, tool_calls_of, without_tool_calls
 from server.kernel.errors import CodedError
-from server.kernel.fairness import yield_if_due
+from server.kernel.fairness import due, yield_if_due
 from server.kernel.history import MessageView
 from server.kernel.jsonvalue import to_struct
 from server.kernel.limits import (
@@ -65,8 +65,7 @@ async def prepare_step(agent: Agent, turn: Turn, step: Step) -> tuple[str, Messa
         model=agent.resolved_model,
         cwd=session.header.cwd,
     )
-    assembly = await runtime.prompts.assemble(scope, runtime.seams)
-    system = runtime.prompts.render(assembly)
+    system = await runtime.prompts.system_text(scope, runtime.seams)
     checkpoint()
     if loop.session_prefix is None:
         prefix = await runtime.seams.waterfall(
@@ -215,22 +214,23 @@ async def stream_model(
     agent: Agent, turn: Turn, chunks: AsyncIterator[st.StreamChunk]
 ) -> tuple[MessageAssembler, list[int]]:
     """Append each chunk as it streams, folding it into the message; the chunks' seqs."""
-    runtime = agent.runtime
+    limits = agent.runtime.limits
     assembler = MessageAssembler()
     chunk_seqs: list[int] = []
-    output_bytes = 0
+    # Per chunk, the bounds are compared here and their checks called only to raise.
+    last_seq = turn.start_seq + limits.max_events_per_turn
     try:
         async for chunk in chunks:
             turn.scope.checkpoint()
-            fields = {"turn": turn.number, "step": turn.step, "chunk": chunk}
-            event = agent.session.add_fields("assistant_chunk", fields)
-            chunk_seqs.append(event.seq)
-            check_turn_events(runtime.limits, event.seq - turn.start_seq)
-            if chunk.HasField("block_delta"):
-                output_bytes += len(chunk.block_delta.text.encode())
-                check_model_output(runtime.limits, output_bytes)
+            seq = agent.session.add_chunk(turn.number, turn.step, chunk).seq
+            chunk_seqs.append(seq)
+            if seq > last_seq:
+                check_turn_events(limits, seq - turn.start_seq)
             assembler.add(chunk)
-            await yield_if_due()
+            if assembler.output_bytes > limits.max_content_bytes:
+                check_model_output(limits, assembler.output_bytes)
+            if due():
+                await yield_if_due()
     finally:
         close = getattr(chunks, "aclose", None)
         if close is not None:
@@ -254,23 +254,25 @@ async def commit_message(
     assembled = assembler.content
     if max_tokens:
         assembled = without_tool_calls(assembled)
-    message = c.Message(role=c.ROLE_ASSISTANT, content=assembled, provenance=provenance)
-    try:
-        result = await runtime.seams.waterfall(
-            S.STEP_RESULT,
-            agent.agent_id,
-            lambda: S.StepResult(agent, turn.number, turn.step, step.signal, message),
-            message,
-        )
-    except (Exception, asyncio.CancelledError) as error:
-        if isinstance(error, Exception) or turn.scope.cancel_called:
-            append_assistant(agent, turn, [], provenance, assembler.usage, chunk_seqs)
-        raise
-    content = list(result.content)
-    if max_tokens:
-        content = without_tool_calls(content)
-    if result is not message and list(result.content) != list(message.content):
-        provenance.replay_state = ""  # replay state only fits the content it came with
+    content = assembled
+    if runtime.seams.has(S.STEP_RESULT, agent.agent_id):  # else no message to build
+        message = c.Message(role=c.ROLE_ASSISTANT, content=assembled, provenance=provenance)
+        try:
+            result = await runtime.seams.waterfall(
+                S.STEP_RESULT,
+                agent.agent_id,
+                lambda: S.StepResult(agent, turn.number, turn.step, step.signal, message),
+                message,
+            )
+        except (Exception, asyncio.CancelledError) as error:
+            if isinstance(error, Exception) or turn.scope.cancel_called:
+                append_assistant(agent, turn, [], provenance, assembler.usage, chunk_seqs)
+            raise
+        content = list(result.content)  # a listener may have edited `message` in place
+        if max_tokens:
+            content = without_tool_calls(content)
+        if result is not message and list(result.content) != list(message.content):
+            provenance.replay_state = ""  # replay state only fits the content it came with
     calls = [] if max_tokens else tool_calls_of(content)
     if len(calls) > runtime.limits.max_tool_calls_per_step:
         # The calls are left out of the log: no call stays there without its result.
@@ -335,19 +337,19 @@ class StepToolLog:
     ) -> None:
         """Append `tool/result` (bounded), then tell the committed-result observers."""
         agent = self.agent
-        fields: dict[str, Any] = {}
+        # Set in place: handed to the constructor, the content and times cost about
+        # twice as much.
+        # The model's call id, whatever a listener did to the content.
+        result = ev.ToolResult(turn=self.turn.number, step=self.turn.step, call_id=exec.call_id)
+        result.content.extend(outcome.content)
+        if outcome.is_error:
+            result.is_error = True
+        if outcome.error is not None:
+            result.error.CopyFrom(outcome.error)
         if ran is not None:  # its own duration: the commit waits for earlier calls
-            fields["start_time"] = {"seconds": ran.start_ns // 10**9, "nanos": ran.start_ns % 10**9}
-            fields["end_time"] = {"seconds": ran.end_ns // 10**9, "nanos": ran.end_ns % 10**9}
-        result = ev.ToolResult(
-            turn=self.turn.number,
-            step=self.turn.step,
-            call_id=exec.call_id,  # the model's id, whatever a listener did to the content
-            content=outcome.content,
-            is_error=outcome.is_error,
-            error=outcome.error,
-            **fields,  # in the one constructor call: cheaper than setting them after
-        )
+            start, end = result.start_time, result.end_time
+            start.seconds, start.nanos = divmod(ran.start_ns, 10**9)
+            end.seconds, end.nanos = divmod(ran.end_ns, 10**9)
         oversized = oversized_result(agent.runtime.limits, result.ByteSize())
         if oversized:  # one event must fit any client, and the model's context
             del result.content[:]

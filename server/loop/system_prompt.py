@@ -60,6 +60,9 @@ class _Entry(Generic[T]):
     name: str
     agent_id: str | None
     value: T
+    scope_only: bool = False
+    """A variable whose value depends on the `PromptScope` alone (the same scope, the
+    same value): a prompt made only of such variables is rendered once per scope."""
 
 
 class SystemPrompt:
@@ -70,6 +73,9 @@ class SystemPrompt:
         # registrations of one name in one scope the latest wins.
         self._sections: list[_Entry[Section]] = []
         self._variables: list[_Entry[Resolver]] = []
+        self._rendered: dict[PromptScope, str] = {}
+        """Prompts rendered with no assemble listener and scope-only variables, per
+        scope; emptied by any change of sections or variables."""
 
     def add_section(self, section: Section, agent_id: str | None = None) -> Callable[[], None]:
         """Register `section`, globally or for one agent.
@@ -84,10 +90,16 @@ class SystemPrompt:
         """
         entry = _Entry(section.name, agent_id, section)
         self._sections.append(entry)
+        self._rendered.clear()
         return self._disposer(self._sections, entry)
 
     def add_variable(
-        self, name: str, resolver: Resolver, agent_id: str | None = None
+        self,
+        name: str,
+        resolver: Resolver,
+        agent_id: str | None = None,
+        *,
+        scope_only: bool = False,
     ) -> Callable[[], None]:
         """Register the variable `name`, computed by `resolver` at each assembly.
 
@@ -95,6 +107,10 @@ class SystemPrompt:
             name: The variable name; must match `[a-z][a-z0-9_]*`.
             resolver: Called with the agent's `PromptScope`; returns the value or None.
             agent_id: Scope the variable to this agent, shadowing a global one.
+            scope_only: The resolver's value depends on its `PromptScope` alone: a
+                prompt whose variables all do is not assembled again for the same scope
+                while nothing changes (no `system-prompt/assemble` listener, no
+                registration). Otherwise it is called at every assembly.
 
         Returns:
             A disposer that removes this registration.
@@ -104,8 +120,9 @@ class SystemPrompt:
         """
         if not _NAME.fullmatch(name):
             raise ValueError(f'invalid prompt variable name "{name}"')
-        entry = _Entry(name, agent_id, resolver)
+        entry = _Entry(name, agent_id, resolver, scope_only)
         self._variables.append(entry)
+        self._rendered.clear()
         return self._disposer(self._variables, entry)
 
     def remove_agent(self, agent_id: str) -> None:
@@ -113,6 +130,7 @@ class SystemPrompt:
         # In place: disposers hold a reference to these lists.
         self._sections[:] = [e for e in self._sections if e.agent_id != agent_id]
         self._variables[:] = [e for e in self._variables if e.agent_id != agent_id]
+        self._rendered.clear()
 
     def sections_for(self, agent_id: str) -> list[Section]:
         """The sections `agent_id` sees, in registration order, after shadowing."""
@@ -131,10 +149,7 @@ class SystemPrompt:
         Raises:
             CodedError: A listener returned something other than an `Assembly`.
         """
-        variables: dict[str, str | None] = {}
-        for entry in _visible(self._variables, scope.agent_id):
-            variables[entry.name] = entry.value(scope)
-        assembly = Assembly(self.sections_for(scope.agent_id), variables)
+        assembly, _ = self._collect(scope)
         result = await seams.waterfall(
             SYSTEM_PROMPT_ASSEMBLE, scope.agent_id, lambda: assembly, assembly
         )
@@ -150,13 +165,38 @@ class SystemPrompt:
         """Render `assembly` into the system prompt; see `render`."""
         return render(assembly)
 
-    @staticmethod
-    def _disposer(entries: list[_Entry[T]], entry: _Entry[T]) -> Callable[[], None]:
+    async def system_text(self, scope: PromptScope, seams: SeamRegistry) -> str:
+        """`assemble`, then `render`: the system prompt of one step.
+
+        Without an assemble listener for the agent and with scope-only variables, the
+        same scope renders the same text: it is rendered once, not at every step.
+        """
+        if seams.has(SYSTEM_PROMPT_ASSEMBLE, scope.agent_id):
+            return render(await self.assemble(scope, seams))
+        text = self._rendered.get(scope)
+        if text is None:
+            assembly, scope_only = self._collect(scope)
+            text = render(assembly)
+            if scope_only:
+                self._rendered[scope] = text
+        return text
+
+    def _collect(self, scope: PromptScope) -> tuple[Assembly, bool]:
+        """The sections and variables `scope` sees, and whether all are scope-only."""
+        variables: dict[str, str | None] = {}
+        scope_only = True
+        for entry in _visible(self._variables, scope.agent_id):
+            variables[entry.name] = entry.value(scope)
+            scope_only = scope_only and entry.scope_only
+        return Assembly(self.sections_for(scope.agent_id), variables), scope_only
+
+    def _disposer(self, entries: list[_Entry[T]], entry: _Entry[T]) -> Callable[[], None]:
         def dispose() -> None:
             # Identity, not equality: two registrations may carry equal sections.
             for i, e in enumerate(entries):
                 if e is entry:
                     del entries[i]
+                    self._rendered.clear()
                     return
 
         return dispose
@@ -266,7 +306,7 @@ def default_system_prompt() -> SystemPrompt:
     """
     prompt = SystemPrompt()
     prompt.add_section(Section("identity", -100, IDENTITY_TEXT))
-    prompt.add_variable("provider", lambda s: s.provider or None)
-    prompt.add_variable("model", lambda s: s.model or None)
-    prompt.add_variable("cwd", lambda s: s.cwd or None)
+    prompt.add_variable("provider", lambda s: s.provider or None, scope_only=True)
+    prompt.add_variable("model", lambda s: s.model or None, scope_only=True)
+    prompt.add_variable("cwd", lambda s: s.cwd or None, scope_only=True)
     return prompt

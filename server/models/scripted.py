@@ -186,13 +186,8 @@ def default_chunks(
         said = _latest_user_text(messages)
         reply = f"You said: {said}" if said else GREETING
         out.block(stream_pb2.BLOCK_KIND_TEXT, _pieces(reply, DEFAULT_CHUNK_SIZE))
-    out.usage(
-        content_pb2.Usage(
-            input_tokens=input_chars // 4,
-            output_tokens=len(reply) // 4,
-        )
-    )
-    out.finish(stream_pb2.Finish(kind=stream_pb2.FINISH_KIND_STOP))
+    out.tokens(input_chars // 4, len(reply) // 4)
+    out.stop()
     return out
 
 
@@ -242,10 +237,11 @@ class _Chunks:
     def __iter__(self) -> Iterator[stream_pb2.StreamChunk]:
         for item in self.chunks:
             if isinstance(item, tuple):
-                index, text = item
-                yield stream_pb2.StreamChunk(
-                    block_delta=stream_pb2.BlockDelta(index=index, text=text)
-                )
+                # Set in place: a nested constructor call costs twice as much.
+                chunk = stream_pb2.StreamChunk()
+                delta = chunk.block_delta
+                delta.index, delta.text = item
+                yield chunk
             else:
                 yield item
 
@@ -253,18 +249,14 @@ class _Chunks:
         """A block of `kind` with one delta per piece; nothing when there are no pieces."""
         if not pieces:
             return
-        index = self._open(stream_pb2.BlockStart(kind=kind))
+        index = self._open(kind)
         for piece in pieces:
             self._delta(index, piece)
         self._close(index)
 
     def tool_call(self, call_id: str, name: str, arguments: str) -> None:
         """A tool-call block whose arguments arrive as one delta (none when empty)."""
-        index = self._open(
-            stream_pb2.BlockStart(
-                kind=stream_pb2.BLOCK_KIND_TOOL_CALL, tool_call_id=call_id, tool_name=name
-            )
-        )
+        index = self._open(stream_pb2.BLOCK_KIND_TOOL_CALL, call_id, name)
         if arguments:
             self._delta(index, arguments)
         self._close(index)
@@ -273,22 +265,43 @@ class _Chunks:
         """A usage chunk."""
         self.chunks.append(stream_pb2.StreamChunk(usage=usage))
 
+    def tokens(self, input_tokens: int, output_tokens: int) -> None:
+        """A usage chunk of these counts (built in place: no `Usage` copied in)."""
+        chunk = stream_pb2.StreamChunk()
+        usage = chunk.usage
+        usage.input_tokens, usage.output_tokens = input_tokens, output_tokens
+        self.chunks.append(chunk)
+
     def finish(self, finish: stream_pb2.Finish) -> None:
         """The finish chunk."""
         self.chunks.append(stream_pb2.StreamChunk(finish=finish))
 
-    def _open(self, start: stream_pb2.BlockStart) -> int:
+    def stop(self) -> None:
+        """A `FINISH_KIND_STOP` finish chunk."""
+        chunk = stream_pb2.StreamChunk()
+        chunk.finish.kind = stream_pb2.FINISH_KIND_STOP
+        self.chunks.append(chunk)
+
+    def _open(self, kind: stream_pb2.BlockKind.ValueType, call_id: str = "", name: str = "") -> int:
         index = self._next_index
         self._next_index += 1
-        start.index = index
-        self.chunks.append(stream_pb2.StreamChunk(block_start=start))
+        chunk = stream_pb2.StreamChunk()
+        start = chunk.block_start
+        start.index, start.kind = index, kind
+        if call_id:
+            start.tool_call_id = call_id
+        if name:
+            start.tool_name = name
+        self.chunks.append(chunk)
         return index
 
     def _delta(self, index: int, text: str) -> None:
         self.chunks.append((index, text))
 
     def _close(self, index: int) -> None:
-        self.chunks.append(stream_pb2.StreamChunk(block_end=stream_pb2.BlockEnd(index=index)))
+        chunk = stream_pb2.StreamChunk()
+        chunk.block_end.index = index  # present even at 0: setting a field marks it set
+        self.chunks.append(chunk)
 
 
 def _pieces(text: str, size: int) -> list[str]:

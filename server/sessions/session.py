@@ -32,11 +32,12 @@ from google.protobuf import timestamp_pb2
 from agentloop.v1 import agent_pb2, session_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
+from agentloop.v1 import stream_pb2 as st
 from server.kernel.errors import AgentLoopError
 from server.kernel.events import PAYLOAD_KINDS, Payload
 from server.kernel.history import MessageView
 from server.sessions.inbox import DurableInbox
-from server.sessions.projection import SURFACE_KINDS, Projection
+from server.sessions.projection import FOLDED_KINDS, SURFACE_KINDS, Projection
 from server.stores import FIRST_SEQ, InboxEntry, RequestRecord
 
 if TYPE_CHECKING:
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-APPEND = ev.SurfaceOp(kind=ev.SURFACE_OP_KIND_APPEND)
 
 WINDOW = 64
 """Recent events a session keeps in memory; readers of older ones go to the store."""
@@ -210,6 +210,27 @@ class SessionLog:
         """
         return self._append(kind, fields, source_event_seqs, consumes, None)
 
+    def add_chunk(self, turn: int, step: int, chunk: st.StreamChunk) -> ev.SessionEvent:
+        """`add_fields("assistant_chunk", ...)`, its fields set in the event in place.
+
+        A turn's most frequent event (a chunk each): set in place, an event costs about a
+        third less than through the constructor, whose dict of fields is read by name.
+        """
+        if self.publishing:
+            raise ReentrantAppend(
+                "session append cannot reenter while another append is being published"
+            )
+        ns = time.time_ns()  # as in `_append`
+        event = ev.SessionEvent(seq=self.count)
+        stamp = event.create_time
+        stamp.seconds = ns // 1_000_000_000
+        stamp.nanos = ns % 1_000_000_000
+        body = event.assistant_chunk
+        body.turn = turn
+        body.step = step
+        body.chunk.CopyFrom(chunk)
+        return self._record(event, "assistant_chunk", ())
+
     def _append(
         self,
         kind: str,
@@ -222,23 +243,38 @@ class SessionLog:
             raise ReentrantAppend(
                 "session append cannot reenter while another append is being published"
             )
-        ns = time.time_ns()  # now_timestamp's, inline: this runs for every event
-        # One constructor call with every field but the time, which is set in place:
-        # the cheapest way to build a message (a Timestamp built apart, then copied in,
-        # costs a fifth more; as a dict in the call, about 1,200 instructions more).
-        fields: dict[str, Any] = {kind: payload, "seq": self.count}  # payload: a oneof field
-        if kind in SURFACE_KINDS:
-            fields["surface_op"] = APPEND if surface_op is None else surface_op
-            fields["source_event_seqs"] = source_event_seqs
-        elif source_event_seqs:
+        if source_event_seqs and kind not in SURFACE_KINDS:
             raise ValueError(f"{kind} is not a surface event and takes no source_event_seqs")
-        event = ev.SessionEvent(**fields)
+        ns = time.time_ns()  # now_timestamp's, inline: this runs for every event
+        # Fields given as a dict go in one constructor call (a Python loop setting them
+        # costs more); a payload message, the time and the surface fields are set in
+        # place, about twice as cheap as the same handed to the constructor.
+        if type(payload) is dict:
+            fields: dict[str, Any] = {kind: payload, "seq": self.count}  # a oneof field
+            event = ev.SessionEvent(**fields)
+        else:
+            event = ev.SessionEvent(seq=self.count)
+            getattr(event, kind).CopyFrom(payload)
         stamp = event.create_time
         stamp.seconds = ns // 1_000_000_000
         stamp.nanos = ns % 1_000_000_000
+        if kind in SURFACE_KINDS:
+            if surface_op is None:
+                event.surface_op.kind = ev.SURFACE_OP_KIND_APPEND
+            else:
+                event.surface_op.CopyFrom(surface_op)
+            if source_event_seqs:
+                event.source_event_seqs.extend(source_event_seqs)
+        return self._record(event, kind, consumes)
+
+    def _record(
+        self, event: ev.SessionEvent, kind: str, consumes: tuple[int, ...]
+    ) -> ev.SessionEvent:
+        """Append a built event: checks, projection, window, journal, observers."""
         for check in self.pre_commit:
             check(event)
-        self.projection.apply(event, kind)
+        if kind in FOLDED_KINDS:  # most events (chunks, steps, tools) fold nothing: no call
+            self.projection.apply(event, kind)
         self.count += 1
         self._window.append(event)
         if consumes:
