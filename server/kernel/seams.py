@@ -533,9 +533,6 @@ class SeamRegistry:
         self.heard: set[SeamKey] = set()
         """The seams with at least one listener (any agent's): a set lookup, not a call,
         lets a hot path skip a seam nobody listens to before asking `has`."""
-        self.direct: set[SeamKey] = set()
-        """The heard seams whose every dispatch reaches their listeners as registered (none
-        concerns only some agents): a hot path need not ask `has` for them either."""
         self._counter = 0
         self.contained_failures = 0
         """How many emit listeners failed (each is logged too)."""
@@ -594,10 +591,6 @@ class SeamRegistry:
             self._routed.add(seam)
         else:
             self._routed.discard(seam)
-        if listeners and seam not in self._routed:
-            self.direct.add(seam)
-        else:
-            self.direct.discard(seam)
 
     def _route(self, seam: SeamKey, agent_id: str | None, facet: str | None = None) -> Route:
         """The route of `agent_id` and `facet` on a routed seam (kept once settled)."""
