@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Sequence
 
 from agentloop.plugin.v1 import hook_service_pb2 as hk
+from agentloop.v1 import agent_pb2
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
 from server.kernel.abort import AbortSignal
 from server.kernel.content import plain_text
+from server.models.scripted_options import script_options
 from server.plugins.calls import NoticeSlot, PluginCallFailed, PluginStats
 from server.plugins.event_notes import event_call
 from server.plugins.install import install
@@ -130,6 +132,89 @@ async def test_event_kinds_limit_the_session_events_a_plugin_is_sent(harness: Ha
     await harness.turn(agent, "hi")
     sent = [c.session_event.event.WhichOneof("payload") for c in caller.calls]
     assert sent == ["turn_end"]
+
+
+def watch(
+    harness: Harness, plugin: str, caller: FakeCaller, session: list[str], agent: list[str],
+    agent_ids: Sequence[str] = (),
+) -> PluginStats:  # fmt: skip
+    """A plugin observing the session events of kinds `session` and the agent events of
+    kinds `agent` (empty: every kind), of the agents `agent_ids` (empty: every agent)."""
+    stats = PluginStats()
+    install(
+        plugin,
+        [
+            hk.Subscription(
+                seam=seam, agent_ids=agent_ids, conditions=hk.MatchConditions(event_kinds=kinds)
+            )
+            for seam, kinds in ((hk.SEAM_SESSION_EVENTS, session), (hk.SEAM_AGENT_EVENTS, agent))
+        ],
+        [],
+        caller,
+        stats,
+        harness.runtime.seams,
+        harness.runtime.tools,
+        lambda agent_id: "",
+    )
+    return stats
+
+
+def observed(calls: Sequence[hk.HookCall], agent_id: str) -> tuple[list[str], list[str]]:
+    """The session and the agent event kinds of `agent_id` among `calls`, in order."""
+    mine = [call for call in calls if call.agent_id == agent_id]
+    return (
+        [call.session_event.event.WhichOneof("payload") or "" for call in mine
+         if call.HasField("session_event")],
+        [call.agent_event.event.WhichOneof("event") or "" for call in mine
+         if call.HasField("agent_event")],
+    )  # fmt: skip
+
+
+async def test_event_kinds_decided_ahead_count_each_skip_and_send_each_kind_wanted(
+    harness: Harness,
+) -> None:
+    """Kinds no observer of an agent wants are passed by unread (a stored run holding none
+    of them, an agent event of such a kind) and still counted, one skip per event; the
+    kinds wanted are sent, in order. Checked against an observer sent every event, the
+    observers changing between two turns."""
+    everything, few = FakeCaller(), FakeCaller()
+    reference = watch(harness, "everything", everything, [], [], agent_ids=["a1"])
+    step = tool_step(("word_count", '{"text": "a b"}'))
+    options = agent_pb2.AgentOptions(
+        provider="scripted", model="m", tools=["word_count"],
+        provider_options=script_options([step, text_step("done"), step, text_step("again")]),
+    )  # fmt: skip
+    # No live subscriber: the agent events go to the observers alone, routed by kind.
+    a1 = await harness.factory.create("a1", options)
+    a2 = await harness.factory.create("a2", options)
+    for agent in (a1, a2):
+        await harness.turn(agent, "first")
+    await harness.runtime.journal.drain()
+    before = len(everything.calls)
+    wanted = {"tool_call", "turn_end", "status"}
+    stats = watch(harness, "few", few, ["tool_call", "turn_end"], ["status"])
+    for agent in (a1, a2):
+        await harness.turn(agent, "second")
+    await harness.runtime.journal.drain()
+
+    sessions, agents = observed(everything.calls, "a1")
+    later_sessions, later_agents = observed(everything.calls[before:], "a1")
+    assert observed(everything.calls, "a2") == ([], [])  # a2's all skipped, by agent
+    assert {"assistant_chunk", "tool_call", "turn_end"} <= set(later_sessions)
+    assert {"queued", "status"} <= set(later_agents)
+    for agent_id in ("a1", "a2"):  # a2's turns are a1's, event for event
+        assert observed(few.calls, agent_id) == (
+            [kind for kind in later_sessions if kind in wanted],
+            [kind for kind in later_agents if kind in wanted],
+        )
+    assert reference.skipped[hk.SEAM_SESSION_EVENTS] == len(sessions)
+    assert reference.skipped[hk.SEAM_AGENT_EVENTS] == len(agents)
+    assert stats.skipped[hk.SEAM_SESSION_EVENTS] == 2 * sum(
+        kind not in wanted for kind in later_sessions
+    )
+    assert stats.skipped[hk.SEAM_AGENT_EVENTS] == 2 * sum(
+        kind not in wanted for kind in later_agents
+    )
 
 
 # -- every seam's decision, applied by the generic adapter ------------------------------

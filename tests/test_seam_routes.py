@@ -8,6 +8,7 @@ from collections import defaultdict
 from collections.abc import Awaitable
 
 from server.kernel import seams as S
+from server.kernel.routes import OTHER_FACET, FacetSet
 from server.kernel.seams import Next, SeamRegistry
 
 WATERFALL: S.Waterfall[str, str] = S.Waterfall("test/waterfall")
@@ -91,16 +92,16 @@ async def test_an_agent_not_live_yet_is_asked_again_and_a_change_drops_the_route
     assert dict(skipped) == {1: 4}
 
 
-def test_a_seam_is_direct_while_no_listener_concerns_only_some_agents() -> None:
+def test_a_seam_is_heard_while_it_has_a_listener_of_any_kind() -> None:
     seams, skipped = SeamRegistry(), defaultdict[int, int](int)
-    assert EMIT not in seams.direct
+    assert EMIT not in seams.heard
     plain = seams.on(EMIT, lambda i: None)
-    assert EMIT in seams.direct and EMIT in seams.heard
+    assert EMIT in seams.heard
     routed = seams.on(EMIT, lambda i: None, applies=Asked("red"), skip=(skipped, 1))
-    assert EMIT not in seams.direct and EMIT in seams.heard
     plain()
+    assert EMIT in seams.heard  # a listener concerning only some agents is heard too
     routed()
-    assert EMIT not in seams.direct and EMIT not in seams.heard
+    assert EMIT not in seams.heard
 
 
 def test_a_run_of_emits_is_one_route_and_counts_each_input() -> None:
@@ -156,3 +157,28 @@ async def test_a_facet_a_listener_does_not_want_builds_no_input_and_is_counted()
     assert await seams.waterfall(WATERFALL, "a", lambda: "in", "default") == "saw in"
     assert seams.has(EMIT, "a", "grep") and seams.has(EMIT, "a")
     assert dict(skipped) == {1: 3, 2: 4}
+
+
+def test_the_facets_wanted_are_the_union_of_the_agents_listeners_sets() -> None:
+    """`wanted`: what a dispatch must name to reach a listener of the agent; `OTHER_FACET`
+    reaches none of them, and `has` counts each of its dispatches skipped."""
+    seams, skipped = SeamRegistry(), defaultdict[int, int](int)
+    assert seams.wanted(EMIT, "red") == frozenset()
+    seams.on(EMIT, lambda i: None, wants=FacetSet({"a"}), skip=(skipped, 1))
+    seams.on(EMIT, lambda i: None, wants=FacetSet({"b"}), agent_id="red", skip=(skipped, 2))
+    blue_only = seams.on(
+        EMIT, lambda i: None, applies=Asked("blue"), skip=(skipped, 3), wants=FacetSet({"c"})
+    )
+    version = seams.version
+    assert seams.wanted(EMIT, "red") == frozenset({"a", "b"})  # c's listener is blue's alone
+    assert seams.wanted(EMIT, "blue") == frozenset({"a", "c"})  # b's is red's own
+    assert not seams.has(EMIT, "red", OTHER_FACET, 5)
+    assert dict(skipped) == {1: 5, 2: 5, 3: 5}
+    assert seams.has(EMIT, "red", "b")
+    everything = seams.on(EMIT, lambda i: None)
+    assert seams.version > version
+    assert seams.wanted(EMIT, "red") is None  # a listener wants every facet
+    everything()
+    blue_only()
+    seams.on(EMIT, lambda i: None, wants=lambda facet: facet.startswith("x"))
+    assert seams.wanted(EMIT, "blue") is None  # a facet no set names may reach it

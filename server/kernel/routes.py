@@ -8,6 +8,12 @@ per seam, agent and facet, the `Route`: the listeners that run, in order, and th
 listeners that sit out (`Skip`), each counted where the chain would have reached it,
 so that a listener its conditions exclude still counts every call it did not get,
 exactly as if it had run and declined.
+
+When every listener of an agent wants a known set of facets (`FacetSet`: the event
+kinds of its conditions), their union (`wanted`) says ahead which facets reach any
+listener: a caller that knows its dispatches name none of them (a run of stored
+events of other kinds) dispatches them as `OTHER_FACET`, a route that counts each
+skip and reads nothing.
 """
 
 from __future__ import annotations
@@ -24,6 +30,18 @@ is not live): it is kept, and asked again at the next dispatch."""
 
 FacetFilter = Callable[[str], bool]
 """Whether a listener concerns a dispatch of one facet: the tool called, the event's kind."""
+
+
+class FacetSet(frozenset[str]):
+    """A `FacetFilter` that is a set of facets: its listener wants these and no other."""
+
+    def __call__(self, facet: str) -> bool:
+        """Whether `facet` is one of the set."""
+        return facet in self
+
+
+OTHER_FACET = "\x00other"
+"""The facet of a dispatch naming none that a `FacetSet` holds (no event kind is it)."""
 
 NO_SKIPS: tuple[Skip, ...] = ()
 
@@ -108,3 +126,24 @@ def route(
         kept.append(reg)
     skips.append(tuple(waiting) if waiting else NO_SKIPS)
     return Route(kept, tuple(skips) if skipping else None), settled
+
+
+def wanted(registrations: Sequence[R], agent_id: str | None) -> frozenset[str] | None:
+    """The facets some listener of `agent_id` wants: the union of their `FacetSet`s.
+
+    None when a listener wants every facet, or some no set names (a tool-name pattern):
+    then any dispatch may reach one. A listener whose agent conditions exclude the agent
+    wants nothing of it; one that cannot tell yet (not live) counts with its set.
+    """
+    facets: set[str] = set()
+    for reg in registrations:
+        if reg.agent_id is not None and reg.agent_id != agent_id:
+            continue
+        applies = reg.applies
+        if applies is not None and agent_id is not None and applies(agent_id) is False:
+            continue
+        wants = reg.wants
+        if not isinstance(wants, FacetSet):
+            return None
+        facets |= wants
+    return frozenset(facets)

@@ -41,7 +41,7 @@ from agentloop.v1 import decision_pb2 as d
 from agentloop.v1 import session_event_pb2 as ev
 from server.kernel.abort import AbortSignal
 from server.kernel.prompt import Assembly
-from server.kernel.routes import AgentFilter, FacetFilter, Route, Skip, route
+from server.kernel.routes import AgentFilter, FacetFilter, Route, Skip, route, wanted
 from server.kernel.tasks import cancel_and_wait
 from server.kernel.tools import ToolExecution, ToolOutcome
 
@@ -533,9 +533,9 @@ class SeamRegistry:
         self.heard: set[SeamKey] = set()
         """The seams with at least one listener (any agent's): a set lookup, not a call,
         lets a hot path skip a seam nobody listens to before asking `has`."""
-        self.direct: set[SeamKey] = set()
-        """The heard seams whose every dispatch reaches their listeners as registered (none
-        concerns only some agents): a hot path need not ask `has` for them either."""
+        self.version = 0
+        """Counts the changes of any seam's listeners: what a caller worked out from them
+        (`wanted`) holds while this is unchanged."""
         self._counter = 0
         self.contained_failures = 0
         """How many emit listeners failed (each is logged too)."""
@@ -582,6 +582,7 @@ class SeamRegistry:
     def _set(self, seam: SeamKey, listeners: list[Registration[object]]) -> None:
         # Lists are replaced, never changed in place: a dispatch may hold the old one.
         self._by_seam[seam] = listeners
+        self.version += 1
         self._routes = {key: found for key, found in self._routes.items() if key[0] is not seam}
         if listeners:
             self.heard.add(seam)
@@ -594,10 +595,6 @@ class SeamRegistry:
             self._routed.add(seam)
         else:
             self._routed.discard(seam)
-        if listeners and seam not in self._routed:
-            self.direct.add(seam)
-        else:
-            self.direct.discard(seam)
 
     def _route(self, seam: SeamKey, agent_id: str | None, facet: str | None = None) -> Route:
         """The route of `agent_id` and `facet` on a routed seam (kept once settled)."""
@@ -629,12 +626,22 @@ class SeamRegistry:
         # Unrouted: the list itself, which is never changed in place.
         return regs  # type: ignore[return-value]
 
-    def has(self, seam: SeamKey, agent_id: str | None, facet: str | None = None) -> bool:
+    def wanted(self, seam: SeamKey, agent_id: str | None) -> frozenset[str] | None:
+        """The facets a dispatch of `seam` for `agent_id` must name to reach a listener.
+
+        None: any facet may (`server.kernel.routes.wanted`). Holds while `version` does.
+        """
+        return wanted(self._by_seam.get(seam, ()), agent_id)
+
+    def has(
+        self, seam: SeamKey, agent_id: str | None, facet: str | None = None, dispatches: int = 1
+    ) -> bool:
         """Whether a dispatch of `seam` for `agent_id` would call a listener.
 
-        Asked once per dispatch, in its place, before its input is built: when no
-        listener runs for this agent, those sitting it out are counted skipping it
-        now, as the dispatch would have counted them (it is not made).
+        Asked once per dispatch (or once for `dispatches` alike), in its place, before
+        its input is built: when no listener runs for this agent, those sitting it out
+        are counted skipping it now, as the dispatch would have counted them (it is
+        not made).
         """
         if seam in self._routed:
             found = self._routes.get((seam, agent_id, facet)) or self._route(seam, agent_id, facet)
@@ -642,7 +649,7 @@ class SeamRegistry:
                 return True
             if found.skips is not None:  # `count_all`, inline: asked for every event
                 for counts, key in found.skips[0]:  # the one entry: all sit out
-                    counts[key] += 1
+                    counts[key] += dispatches
             return False
         return seam in self.heard
 

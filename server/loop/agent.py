@@ -20,6 +20,7 @@ from server.kernel import seams as S
 from server.kernel.abort import NEVER, AbortSignal
 from server.kernel.content import resolve_source
 from server.kernel.errors import AgentDisposed, CodedError, FailedPrecondition
+from server.kernel.routes import OTHER_FACET
 from server.kernel.tasks import TaskGroup
 from server.loop.approvals import Approvals
 from server.loop.context import policy_of
@@ -88,6 +89,11 @@ class Agent:
         self.pending_flushes: set[asyncio.Task[None]] = set()
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._live: list[LiveListener] = []
+        self._kinds_noted = -1
+        """The `SeamRegistry.version` whose stored-event observers' kinds the session
+        notes (`_observe_committed`); -1: none yet."""
+        self._kinds_known = False
+        """Whether those observers want only some kinds, known: the session notes them."""
         self.approvals = Approvals(
             agent_id,
             session,
@@ -281,7 +287,7 @@ class Agent:
             self.settle_idle()
         if status == ae.AGENT_STATUS_DISPOSED and not self.published:
             return
-        if self._unheard(S.STATUS):
+        if self._unheard(S.STATUS, "status"):
             return  # nobody to tell: build neither the seam's input nor the event
         self.emit(
             S.STATUS,
@@ -321,13 +327,18 @@ class Agent:
         seams = self.runtime.seams
         if seam is not None:
             seams.emit(seam, self.agent_id, input)
-        if not self._live and not seams.has(S.AGENT_EVENT, self.agent_id):
-            return
+        kind = None
+        if not self._live:  # the observers alone: routed by kind, asked (and counted) now
+            if S.AGENT_EVENT not in seams.heard:
+                return
+            kind = event.WhichOneof("event")
+            if not seams.has(S.AGENT_EVENT, self.agent_id, kind):
+                return
         event.agent_id = self.agent_id
         event.create_time.CopyFrom(now_timestamp())
-        self.session.after_commit(lambda: self._notify(event))
+        self.session.after_commit(lambda: self._notify(event, kind))
 
-    def _notify(self, event: ae.AgentEvent) -> None:
+    def _notify(self, event: ae.AgentEvent, kind: str | None) -> None:
         for listener in list(self._live):
             try:
                 listener(event)
@@ -335,7 +346,8 @@ class Agent:
                 log.warning("live agent event listener failed", exc_info=True)
         seams = self.runtime.seams
         if S.AGENT_EVENT in seams.heard:  # routed by kind: those not wanted build no input
-            kind = event.WhichOneof("event")
+            if kind is None:
+                kind = event.WhichOneof("event")
             if seams.has(S.AGENT_EVENT, self.agent_id, kind):
                 seams.emit(S.AGENT_EVENT, self.agent_id, S.AgentEventSeen(self, event), kind)
 
@@ -348,8 +360,20 @@ class Agent:
     def _observe_committed(self, events: Sequence[ev.SessionEvent]) -> None:
         """Pass each run of stored events to the `session/committed` observers (plugins)."""
         seams = self.runtime.seams
-        if S.SESSION_COMMITTED in seams.heard:  # one route for the run, not one per event
-            seams.emit_each(S.SESSION_COMMITTED, self.agent_id, S.SessionEventRun(self, events))
+        if S.SESSION_COMMITTED not in seams.heard:
+            return
+        if self._kinds_noted != seams.version:  # the observers changed: note what they want
+            self._kinds_noted = seams.version
+            kinds = seams.wanted(S.SESSION_COMMITTED, self.agent_id)
+            self.session.note_kinds(kinds)
+            self._kinds_known = kinds is not None
+        facet = None
+        if self._kinds_known and self.session.none_noted_from(events[0].seq):  # none wanted
+            if not seams.has(S.SESSION_COMMITTED, self.agent_id, OTHER_FACET, len(events)):
+                return  # each event counted skipped by each observer, none read
+            facet = OTHER_FACET
+        # One route for the run, not one per event.
+        seams.emit_each(S.SESSION_COMMITTED, self.agent_id, S.SessionEventRun(self, events), facet)
 
     def stop(self) -> None:
         """First step of disposal: mark disposed, unpark the driver, cancel the running turn."""
@@ -407,16 +431,22 @@ class Agent:
             list(message.content), message.source, entry.entry_id, request_id, steering=steering
         )
 
-    def _unheard(self, seam: S.SeamKey) -> bool:
-        """Whether a notification on `seam` has nobody to tell (it then builds nothing).
+    def _unheard(self, seam: S.SeamKey, kind: str) -> bool:
+        """Whether a notification on `seam` of agent-event `kind` has nobody to tell.
 
-        Nobody: no live subscriber, no listener of `seam` nor of `agent/event`.
+        Nobody: no live subscriber, no listener of `seam`, no `agent/event` observer
+        that wants `kind` (each that sits it out is counted now). It then builds nothing.
         """
-        heard = self.runtime.seams.heard
-        return not self._live and seam not in heard and S.AGENT_EVENT not in heard
+        if self._live:
+            return False
+        seams = self.runtime.seams
+        heard = seams.heard
+        if seam in heard:
+            return False
+        return S.AGENT_EVENT not in heard or not seams.has(S.AGENT_EVENT, self.agent_id, kind)
 
     def _emit_queued(self, item: QueuedMessage) -> None:
-        if self._unheard(S.QUEUED):
+        if self._unheard(S.QUEUED, "queued"):
             return  # nobody to tell: build neither the seam's input nor the event
         self.emit(
             S.QUEUED,

@@ -18,6 +18,7 @@ from typing import Generic, TypeVar
 
 from agentloop.plugin.conditions import event_kinds, name_matcher, prompt_text
 from agentloop.plugin.v1 import hook_service_pb2 as hk
+from server.kernel.routes import FacetSet
 
 __all__ = [
     "NO_FACETS", "Facets", "LabelsOf", "agent_filter", "compile_matcher", "facet_filter",
@@ -136,12 +137,13 @@ def facet_filter(subscription: hk.Subscription, facets: Facets[In]) -> Callable[
     The facet is what the loop names before it builds the input (a tool's name, an
     event's kind). The seam registry asks once per agent and facet, and routes the
     dispatches refused past the listener, counted skipped: no input built, no chain
-    walked. A dispatch that names no facet still meets the listener's matcher.
+    walked. A dispatch that names no facet still meets the listener's matcher. Event
+    kinds are a `FacetSet`: a caller may learn ahead which kinds any listener wants.
     """
     if facets.tool is not None and subscription.conditions.tools:
         return name_matcher(subscription.conditions.tools)
     if facets.event_kind is not None:
         kinds = event_kinds(subscription)
         if kinds is not None:
-            return kinds.__contains__
+            return FacetSet(kinds)
     return None

@@ -60,6 +60,9 @@ SEED_SLICE = 512
 """Stored events a loaded log applies in one stretch of the event loop (`seed_in_slices`):
 a few milliseconds of projecting messages."""
 
+UNNOTED = 2**63
+"""`SessionLog.note_kinds` not asked (or asked for every kind): no run is known free."""
+
 Observer = Callable[[ev.SessionEvent], Any]
 BatchObserver = Callable[[Sequence[ev.SessionEvent]], Any]
 
@@ -131,6 +134,12 @@ class SessionLog:
         self.publishing = ""
         """The payload kind of the event being published to the observers ("" between
         appends): an observer can read it here instead of asking the event."""
+        self.noted_kinds: frozenset[str] = frozenset()
+        """The event kinds whose appends are noted (`note_kinds`)."""
+        self._noted_from = UNNOTED
+        """The seq from which appends of `noted_kinds` are noted."""
+        self._last_noted = -1
+        """The seq of the last append of a noted kind."""
         self._waiters: list[asyncio.Future[None]] = []
         self._encoded: dict[int, bytes] = {}
         """Wire bytes of recent events by seq (see `encoded`)."""
@@ -275,6 +284,8 @@ class SessionLog:
             check(event)
         if kind in FOLDED_KINDS:  # most events (chunks, steps, tools) fold nothing: no call
             self.projection.apply(event, kind)
+        if kind in self.noted_kinds:
+            self._last_noted = self.count
         self.count += 1
         self._window.append(event)
         if consumes:
@@ -302,6 +313,24 @@ class SessionLog:
         """Keep the first answer of a call with a request id, in the next commit."""
         if self.journal is not None:
             self.journal.record(self, record)
+
+    def note_kinds(self, kinds: frozenset[str] | None) -> None:
+        """Note the appends of events of `kinds` from now on (None: of every kind).
+
+        Kinds some observer of stored runs wants: a run holding none of them
+        (`none_noted_from`) passes it by whole, its events unread. One set at a time:
+        the driving agent's.
+        """
+        self.noted_kinds = frozenset() if kinds is None else kinds
+        self._noted_from = UNNOTED if kinds is None else self.count
+
+    def none_noted_from(self, seq: int) -> bool:
+        """Whether no event appended from `seq` on is of a noted kind.
+
+        False also when it cannot tell: an event from `seq` on came before the kinds
+        were noted (or every kind is).
+        """
+        return self._noted_from <= seq and self._last_noted < seq
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Run `callback` once everything this session wrote so far is stored (now if it is).
