@@ -292,8 +292,17 @@ class SessionLog:
             self.inbox.consume(consumes)
         if self.journal is not None:
             self.journal.append(self, event, consumes)
-        if self.observers:
-            self._publish(event, kind)
+        if self.observers:  # published here, not in a method of its own: once per event
+            self.publishing = kind
+            try:
+                for observer in self.observers:
+                    try:
+                        observer(event)
+                    except Exception:
+                        self.observer_failures += 1
+                        log.warning("session/event observer failed", exc_info=True)
+            finally:
+                self.publishing = ""
         if self.journal is None:
             self.published([event])
         return event
@@ -497,18 +506,6 @@ class SessionLog:
                 callback(error)
             except Exception:
                 log.warning("a session failure callback failed", exc_info=True)
-
-    def _publish(self, event: ev.SessionEvent, kind: str) -> None:
-        self.publishing = kind
-        try:
-            for observer in self.observers:
-                try:
-                    observer(event)
-                except Exception:
-                    self.observer_failures += 1
-                    log.warning("session/event observer failed", exc_info=True)
-        finally:
-            self.publishing = ""
 
 
 def session_message(session: SessionLog) -> session_pb2.Session:
