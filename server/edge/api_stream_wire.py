@@ -19,6 +19,7 @@ from agentloop.plugin.transport import field_key, varint
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_service_pb2 as pb
 from agentloop.v1 import agent_service_pb2_grpc as rpc
+from server.edge.method_table import MethodTable
 
 SERVICE = "agentloop.v1.AgentService"
 EVENTS_TAG = field_key(pb.StreamSessionEventsResponse.EVENTS_FIELD_NUMBER)
@@ -48,13 +49,13 @@ def serialize(response: bytes | pb.StreamSessionEventsResponse) -> bytes:
 
 
 class _Registrar:
-    """Stands in for the server while the generated code registers the service."""
+    """Stands in for the method table while the generated code registers the service."""
 
-    def __init__(self, server: grpc.aio.Server) -> None:
-        self.server = server
+    def __init__(self, table: MethodTable) -> None:
+        self.table = table
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        """Dropped: `add_registered_method_handlers` gets the same table, re-added below."""
+        """Dropped: `add_registered_method_handlers` gets the same methods."""
 
     def add_registered_method_handlers(self, name: str, handlers: dict[str, Any]) -> None:
         stream = handlers["StreamSessionEvents"]
@@ -66,11 +67,9 @@ class _Registrar:
                 response_serializer=serialize,
             ),
         )
-        generic = grpc.method_handlers_generic_handler(name, handlers)
-        self.server.add_generic_rpc_handlers((generic,))
-        self.server.add_registered_method_handlers(name, handlers)
+        self.table.add_registered_method_handlers(name, handlers)
 
 
-def add_agent_service(servicer: rpc.AgentServiceServicer, server: grpc.aio.Server) -> None:
+def add_agent_service(servicer: rpc.AgentServiceServicer, table: MethodTable) -> None:
     """Register the AgentService as the generated code does, the stream writing bytes."""
-    rpc.add_AgentServiceServicer_to_server(servicer, _Registrar(server))  # type: ignore[arg-type]
+    rpc.add_AgentServiceServicer_to_server(servicer, _Registrar(table))  # type: ignore[arg-type]
