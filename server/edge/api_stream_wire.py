@@ -23,6 +23,9 @@ from server.edge.method_table import MethodTable
 
 SERVICE = "agentloop.v1.AgentService"
 EVENTS_TAG = field_key(pb.StreamSessionEventsResponse.EVENTS_FIELD_NUMBER)
+_SHORT_HEADS = [EVENTS_TAG + bytes((size,)) for size in range(128)]
+"""The tag and length of an event under 128 bytes (most of a turn's: its chunks), whose
+length is one varint byte: built once, not per event."""
 
 
 def response_bytes(
@@ -33,8 +36,10 @@ def response_bytes(
     `events` are the events' wire bytes (`SessionLog.read_encoded`).
     """
     parts: list[bytes] = []
+    heads = _SHORT_HEADS
     for raw in events:
-        parts += (EVENTS_TAG, varint(len(raw)), raw)
+        size = len(raw)
+        parts += (heads[size] if size < 128 else EVENTS_TAG + varint(size), raw)
     if agent_events or dropped:
         rest = pb.StreamSessionEventsResponse(
             agent_events=agent_events, dropped_agent_events=dropped
