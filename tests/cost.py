@@ -199,14 +199,16 @@ def over_grpc() -> dict[str, float]:
 
 
 _SERVER = """
-import asyncio, cProfile, json, math, pstats, signal, sys
+import asyncio, cProfile, json, math, pstats, shutil, signal, sys, tempfile
 from server.edge.app import App
 from server.kernel import fairness
 from server.settings.config import Config
 
 async def main():
     fairness.SLICE = math.inf  # as in process: the counts depend on the code alone
-    app = App(Config(listen="127.0.0.1:0", store="memory", agents=()))
+    store, profile_path = sys.argv[1], sys.argv[2]
+    data_dir = tempfile.mkdtemp(prefix="agentloop-cost-")
+    app = App(Config(listen="127.0.0.1:0", store=store, data_dir=data_dir, agents=()))
     port = await app.start()
     profile, done = cProfile.Profile(), asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -224,22 +226,25 @@ async def main():
     print(port, flush=True)
     await done.wait()
     await app.stop(grace=5)  # the agent is idle: it stops at once
+    shutil.rmtree(data_dir, ignore_errors=True)
     stats = pstats.Stats(profile)
-    if sys.argv[1:]:
-        stats.dump_stats(sys.argv[1])
+    if profile_path:
+        stats.dump_stats(profile_path)
     print(json.dumps({"calls": stats.total_calls}), flush=True)
 
 asyncio.run(main())
 """
 
 
-def grpc_server_calls(profile: str = "") -> dict[str, float]:
+def grpc_server_calls(profile: str = "", store: str = "memory") -> dict[str, float]:
     """The server's function calls per turn over gRPC: a message sent, its stream read.
 
     The server runs in a process of its own (the client's calls are not counted), on
     the memory store, profiled from the first measured turn to the last; the client is
     a raw stub (`bench/turn_ab.py`'s), so the figure is what the edge and the loop
-    cost the server for one turn of one agent. `profile` keeps the server's profile.
+    cost the server for one turn of one agent. `profile` keeps the server's profile;
+    `store` is another store to measure on (the figure is the memory store's: the
+    SQLite store's commits add loop passes that depend on its thread's timing).
     """
     import grpc
 
@@ -249,7 +254,7 @@ def grpc_server_calls(profile: str = "") -> dict[str, float]:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "AGENTLOOP_"))}
     server = subprocess.Popen(
-        [sys.executable, "-c", _SERVER, *([profile] if profile else [])],
+        [sys.executable, "-c", _SERVER, store, profile],
         cwd=ROOT,
         env=dict(env, PYTHONPATH=str(ROOT)),
         stdout=subprocess.PIPE,
