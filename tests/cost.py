@@ -5,10 +5,11 @@
 A timing moves with the machine and its other load; these counts do not (or hardly):
 Python function calls per turn (cProfile's count, the main thread), bytes a turn keeps
 and the most it holds at once (tracemalloc), session events per turn, stream messages
-and bytes per turn over gRPC, and the modules and resident memory of a server started
-on its defaults. The workload is the benchmarks' (`bench/loop_bench.py`): the scripted
-model asks for one tool call (`word_count`), the tool runs, the model answers with a
-short text; two steps, one tool, one conversation.
+and bytes per turn over gRPC, the server's function calls per turn over gRPC (the
+loop's and the edge's: a server process of its own, profiled), and the modules and
+resident memory of a server started on its defaults. The workload is the benchmarks'
+(`bench/loop_bench.py`): the scripted model asks for one tool call (`word_count`), the
+tool runs, the model answers with a short text; two steps, one tool, one conversation.
 
 `tests/test_cost_budget.py` holds each figure to its budget in `tests/cost_budgets.toml`.
 The call count is the same in every run (the time-based fairness yields are off); the
@@ -25,6 +26,7 @@ import json
 import math
 import os
 import pstats
+import signal
 import subprocess
 import sys
 import tomllib
@@ -196,6 +198,108 @@ def over_grpc() -> dict[str, float]:
     return figures
 
 
+_SERVER = """
+import asyncio, cProfile, json, math, pstats, shutil, signal, sys, tempfile
+from server.edge.app import App
+from server.kernel import fairness
+from server.settings.config import Config
+
+async def main():
+    fairness.SLICE = math.inf  # as in process: the counts depend on the code alone
+    store, profile_path = sys.argv[1], sys.argv[2]
+    data_dir = tempfile.mkdtemp(prefix="agentloop-cost-")
+    app = App(Config(listen="127.0.0.1:0", store=store, data_dir=data_dir, agents=()))
+    port = await app.start()
+    profile, done = cProfile.Profile(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def start():
+        profile.enable()
+        print("profiling", flush=True)
+
+    def stop():
+        profile.disable()
+        done.set()
+
+    loop.add_signal_handler(signal.SIGUSR1, start)
+    loop.add_signal_handler(signal.SIGUSR2, stop)
+    print(port, flush=True)
+    await done.wait()
+    await app.stop(grace=5)  # the agent is idle: it stops at once
+    shutil.rmtree(data_dir, ignore_errors=True)
+    stats = pstats.Stats(profile)
+    if profile_path:
+        stats.dump_stats(profile_path)
+    print(json.dumps({"calls": stats.total_calls}), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def grpc_server_calls(profile: str = "", store: str = "memory") -> dict[str, float]:
+    """The server's function calls per turn over gRPC: a message sent, its stream read.
+
+    The server runs in a process of its own (the client's calls are not counted), on
+    the memory store, profiled from the first measured turn to the last; the client is
+    a raw stub (`bench/turn_ab.py`'s), so the figure is what the edge and the loop
+    cost the server for one turn of one agent. `profile` keeps the server's profile;
+    `store` is another store to measure on (the figure is the memory store's: the
+    SQLite store's commits add loop passes that depend on its thread's timing).
+    """
+    import grpc
+
+    from agentloop.v1 import agent_factory_service_pb2 as fac
+    from agentloop.v1 import agent_factory_service_pb2_grpc as fac_rpc
+    from agentloop.v1 import agent_service_pb2_grpc as api_rpc
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "AGENTLOOP_"))}
+    server = subprocess.Popen(
+        [sys.executable, "-c", _SERVER, store, profile],
+        cwd=ROOT,
+        env=dict(env, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert server.stdout is not None
+    try:
+        port = int(server.stdout.readline())
+
+        async def run() -> None:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                factory = fac_rpc.AgentFactoryServiceStub(channel)
+                agents = api_rpc.AgentServiceStub(channel)
+                await factory.CreateAgent(fac.CreateAgentRequest(agent_id="cost", options=OPTIONS))
+                stream = agents.StreamSessionEvents(api.StreamSessionEventsRequest(agent_id="cost"))
+                request = api.SendMessageRequest(agent_id="cost", text="count these words")
+
+                async def turn() -> None:
+                    await agents.SendMessage(request)
+                    while True:
+                        batch = await stream.read()
+                        assert isinstance(batch, api.StreamSessionEventsResponse)
+                        if any(event.HasField("turn_end") for event in batch.events):
+                            return
+
+                for _ in range(WARM_TURNS):
+                    await turn()
+                server.send_signal(signal.SIGUSR1)
+                assert server.stdout is not None
+                await asyncio.to_thread(server.stdout.readline)  # "profiling"
+                for _ in range(TURNS):
+                    await turn()
+                server.send_signal(signal.SIGUSR2)
+                stream.cancel()
+
+        asyncio.run(asyncio.wait_for(run(), 120))
+        calls = json.loads(server.stdout.readline())["calls"]
+        server.wait(30)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    return {"grpc_server_calls_per_turn": calls / TURNS}
+
+
 _STARTUP = """
 import asyncio, json, sys, tempfile
 from server.edge.app import App
@@ -237,6 +341,7 @@ MEASURES: tuple[Callable[[], dict[str, float]], ...] = (
     in_process_calls,
     in_process_memory,
     over_grpc,
+    grpc_server_calls,
     startup,
 )
 

@@ -53,4 +53,5 @@ def test_the_workload_ran_as_designed(figures: dict[str, float]) -> None:
     assert figures["calls_per_turn"] >= 500
     assert figures["stream_messages_per_turn"] >= 1
     assert figures["stream_bytes_per_turn"] >= 20 * 20
+    assert figures["grpc_server_calls_per_turn"] >= figures["calls_per_turn"]
     assert figures["startup_modules"] >= 100

@@ -40,6 +40,8 @@ async def test_streams_send_the_bytes_the_store_wrote(tmp_path: Path) -> None:
     sizes = [len(r) for r in raw]
     assert await log.read_encoded(1, 100, sizes[0] + sizes[1]) == raw[:2]
     assert await log.read_encoded(10, 100, 10) == raw[9:]
+    assert await log.read_encoded(7, 100, sizes[6] + sizes[7]) == raw[6:8]  # in the window
+    assert await log.read_encoded(7, 2, 1 << 20) == raw[6:8]
     await store.close()
 
 

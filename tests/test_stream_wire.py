@@ -16,6 +16,11 @@ def test_response_bytes_parse_to_the_response_of_the_same_fields() -> None:
         ev.SessionEvent(seq=2, user_message=ev.UserMessage(content=[big])),
         ev.SessionEvent(seq=3),
     ]
+    for size in (127, 128):  # the last length of one varint byte, the first of two
+        text = ev.SessionEvent(seq=4, user_message=ev.UserMessage(content=[big]))
+        text.user_message.content[0].text.text = "y" * (size - 10)
+        assert text.ByteSize() == size
+        events.append(text)
     live = [
         ae.AgentEvent(agent_id="a", status=ae.AgentStatusChanged(status=ae.AGENT_STATUS_RUNNING))
     ]

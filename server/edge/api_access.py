@@ -121,15 +121,26 @@ class Observation:
     def __enter__(self) -> Observation:
         return self
 
-    async def run(self, behaviour: Callable[..., Any], request: Any, context: Context) -> Any:
-        """Run a unary call's behaviour.
+    def run(self, behaviour: Callable[..., Any], request: Any, context: Context) -> Awaitable[Any]:
+        """A unary call's behaviour, to await.
 
         A traced call that queues work for an agent links the agent's next turn to this
-        call's span.
+        call's span. Else the behaviour's own coroutine: no layer of this one's, which
+        each of the call's wake-ups would pass through.
         """
         tracing, span = self.access.tracing, self.span
         if tracing is None or span is None or self.method not in QUEUEING:
-            return await behaviour(request, context)
+            return behaviour(request, context)  # type: ignore[no-any-return]
+        return self._traced(tracing, span, behaviour, request, context)
+
+    async def _traced(
+        self,
+        tracing: Tracing,
+        span: Any,
+        behaviour: Callable[..., Any],
+        request: Any,
+        context: Context,
+    ) -> Any:
         tracing.caused(request.agent_id, span)  # before: the turn may start first
         try:
             return await behaviour(request, context)

@@ -198,15 +198,21 @@ class AgentServicer(ApprovalMethods, DeleteMethods, rpc.AgentServiceServicer):
         a retry finds it exactly when the message is stored. `run` accepts at once and
         returns a future of that commit, not a coroutine: the first call needs no task
         of its own (a caller that gives up leaves the future to the duplicates).
+        Without a request id there is nothing to share: the call's own task waits for
+        the commit (`settle`), a loop pass sooner than through a future of the answer.
         """
+        if not request_id:
+            check_pending(self.runtime.limits, agent.agent_id, len(agent.session.inbox))
+            answer = accept()
+            await agent.session.settle()
+            return answer
         answers: list[Answer] = []
 
         def run() -> asyncio.Future[bytes]:
             check_pending(self.runtime.limits, agent.agent_id, len(agent.session.inbox))
             answer = accept()
             raw = answer.SerializeToString()
-            if request_id:
-                agent.session.record(RequestRecord(agent.agent_id, request_id, method, raw))
+            agent.session.record(RequestRecord(agent.agent_id, request_id, method, raw))
             answers.append(answer)
             return _once_stored(agent.session, raw)
 

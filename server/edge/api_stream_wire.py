@@ -19,9 +19,13 @@ from agentloop.plugin.transport import field_key, varint
 from agentloop.v1 import agent_event_pb2 as ae
 from agentloop.v1 import agent_service_pb2 as pb
 from agentloop.v1 import agent_service_pb2_grpc as rpc
+from server.edge.method_table import MethodTable
 
 SERVICE = "agentloop.v1.AgentService"
 EVENTS_TAG = field_key(pb.StreamSessionEventsResponse.EVENTS_FIELD_NUMBER)
+_SHORT_HEADS = [EVENTS_TAG + bytes((size,)) for size in range(128)]
+"""The tag and length of an event under 128 bytes (most of a turn's: its chunks), whose
+length is one varint byte: built once, not per event."""
 
 
 def response_bytes(
@@ -32,8 +36,10 @@ def response_bytes(
     `events` are the events' wire bytes (`SessionLog.read_encoded`).
     """
     parts: list[bytes] = []
+    heads = _SHORT_HEADS
     for raw in events:
-        parts += (EVENTS_TAG, varint(len(raw)), raw)
+        size = len(raw)
+        parts += (heads[size] if size < 128 else EVENTS_TAG + varint(size), raw)
     if agent_events or dropped:
         rest = pb.StreamSessionEventsResponse(
             agent_events=agent_events, dropped_agent_events=dropped
@@ -48,13 +54,13 @@ def serialize(response: bytes | pb.StreamSessionEventsResponse) -> bytes:
 
 
 class _Registrar:
-    """Stands in for the server while the generated code registers the service."""
+    """Stands in for the method table while the generated code registers the service."""
 
-    def __init__(self, server: grpc.aio.Server) -> None:
-        self.server = server
+    def __init__(self, table: MethodTable) -> None:
+        self.table = table
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        """Dropped: `add_registered_method_handlers` gets the same table, re-added below."""
+        """Dropped: `add_registered_method_handlers` gets the same methods."""
 
     def add_registered_method_handlers(self, name: str, handlers: dict[str, Any]) -> None:
         stream = handlers["StreamSessionEvents"]
@@ -66,11 +72,9 @@ class _Registrar:
                 response_serializer=serialize,
             ),
         )
-        generic = grpc.method_handlers_generic_handler(name, handlers)
-        self.server.add_generic_rpc_handlers((generic,))
-        self.server.add_registered_method_handlers(name, handlers)
+        self.table.add_registered_method_handlers(name, handlers)
 
 
-def add_agent_service(servicer: rpc.AgentServiceServicer, server: grpc.aio.Server) -> None:
+def add_agent_service(servicer: rpc.AgentServiceServicer, table: MethodTable) -> None:
     """Register the AgentService as the generated code does, the stream writing bytes."""
-    rpc.add_AgentServiceServicer_to_server(servicer, _Registrar(server))  # type: ignore[arg-type]
+    rpc.add_AgentServiceServicer_to_server(servicer, _Registrar(table))  # type: ignore[arg-type]

@@ -29,6 +29,7 @@ from server.edge.api_reflection import Reflection
 from server.edge.api_stream_wire import add_agent_service
 from server.edge.auth import TokenAuth
 from server.edge.grpc_bounds import grpc_options
+from server.edge.method_table import MethodTable
 from server.edge.price_table import price_messages
 from server.kernel.errors import SessionDamaged
 from server.kernel.tasks import TaskGroup
@@ -189,17 +190,22 @@ class App:
             interceptors=interceptors,
             options=grpc_options(limits),
         )
+        # The services register in one table, served as one generic handler (see
+        # method_table: what grpc.aio costs per call grows with registered methods).
+        methods = MethodTable()
+        registrar = cast("grpc.aio.Server", methods)  # has what the generated code calls
         plugin_registry_service_pb2_grpc.add_PluginRegistryServiceServicer_to_server(
-            self.plugin_servicer, self.server
+            self.plugin_servicer, registrar
         )
         agent_factory_service_pb2_grpc.add_AgentFactoryServiceServicer_to_server(
-            self.factory_servicer, self.server
+            self.factory_servicer, registrar
         )
         prices = price_messages(config.prices)
         servicer = AgentServicer(self.factory, prices)
-        add_agent_service(servicer, self.server)  # the stream writes bytes
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        Reflection((*SERVICE_NAMES, health.SERVICE_NAME)).add_to(self.server)
+        add_agent_service(servicer, methods)  # the stream writes bytes
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, registrar)
+        Reflection((*SERVICE_NAMES, health.SERVICE_NAME)).add_to(registrar)
+        methods.install(self.server)
         self.http: HttpSide | None = None
         if config.http_listen:  # the console: JSON over HTTP, forwarded to this server
             from server.edge.api_http import HttpSide, tls_context  # aiohttp: only then

@@ -422,11 +422,15 @@ class SessionLog:
         if raw is not None:
             return raw
         raw = event.SerializeToString()
+        seq = event.seq
         if len(raw) <= ENCODED_MAX:
-            self._encoded[event.seq] = raw
-            if len(self._encoded) > 2 * ENCODED_KEPT:
-                floor = self.count - ENCODED_KEPT
-                self._encoded = {s: b for s, b in self._encoded.items() if s >= floor}
+            self._encoded[seq] = raw
+        if not seq % ENCODED_KEPT:
+            # Once per ENCODED_KEPT events (they are encoded in runs of consecutive seqs:
+            # the journal's commits, the streams' reads of the window), not a size check
+            # per event: the older ones go.
+            floor = self.count - ENCODED_KEPT
+            self._encoded = {s: b for s, b in self._encoded.items() if s >= floor}
         return raw
 
     async def read_encoded(self, start: int, limit: int, max_bytes: int) -> list[bytes]:
@@ -443,6 +447,12 @@ class SessionLog:
             if pos >= first:
                 recent = itertools.islice(self._window, pos - first, end - first)
                 chunk = [self.encoded(event) for event in recent]
+                whole = sum(map(len, chunk))
+                if size + whole <= max_bytes:
+                    # The common case, a turn's burst: all of it fits, no loop per event.
+                    size += whole
+                    out += chunk
+                    continue
             else:
                 assert self.journal is not None  # a detached log keeps every event
                 stored = await self.journal.store.read(self.session_id, pos, min(end, first))
