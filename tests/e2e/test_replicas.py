@@ -68,11 +68,18 @@ def sleeper(seconds: float = 0.5) -> agent_pb2.AgentOptions:
 
 
 async def read_log(server: Server, session_id: str) -> list[ev.SessionEvent]:
-    page = await server.agents.ListSessionEvents(
-        api.ListSessionEventsRequest(session_id=session_id, page_size=5000), timeout=T
-    )
-    assert not page.next_page_token
-    return list(page.events)
+    """The whole stored log, page after page (a busy test's log outgrows one page)."""
+    events: list[ev.SessionEvent] = []
+    token = ""
+    while True:
+        page = await server.agents.ListSessionEvents(
+            api.ListSessionEventsRequest(session_id=session_id, page_size=5000, page_token=token),
+            timeout=T,
+        )
+        events.extend(page.events)
+        token = page.next_page_token
+        if not token:
+            return events
 
 
 async def wait_idle(server: Server, agent_id: str, seconds: int = 20) -> None:
