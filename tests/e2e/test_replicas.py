@@ -29,6 +29,7 @@ from agentloop.v1 import session_event_pb2 as ev
 from server.models.scripted_options import script_options
 from server.stores import FIRST_SEQ
 from tests.e2e.conftest import EventStream, kinds
+from tests.e2e.test_crash_suite import read_log as read_log  # shared by the replica tests
 from tests.e2e.test_durability import Server, T, running_server
 from tests.invariants import check_log
 from tests.postgres import fresh_database
@@ -65,21 +66,6 @@ def sleeper(seconds: float = 0.5) -> agent_pb2.AgentOptions:
     return agent_pb2.AgentOptions(
         provider="scripted", model="m", tools=["sleep"], provider_options=script_options(script)
     )
-
-
-async def read_log(server: Server, session_id: str) -> list[ev.SessionEvent]:
-    """The whole stored log, page after page (a busy test's log outgrows one page)."""
-    events: list[ev.SessionEvent] = []
-    token = ""
-    while True:
-        page = await server.agents.ListSessionEvents(
-            api.ListSessionEventsRequest(session_id=session_id, page_size=5000, page_token=token),
-            timeout=T,
-        )
-        events.extend(page.events)
-        token = page.next_page_token
-        if not token:
-            return events
 
 
 async def wait_idle(server: Server, agent_id: str, seconds: int = 20) -> None:
