@@ -84,6 +84,9 @@ BENCHES = (
           ("--turns", "30", "--counted", "10", "--rounds", "1", "--notify-seconds", "0.5")),
     Bench("cluster_bench", "replicas: forwarding cost, failover time, throughput by count",
           ("--kills", "20"), ("--kills", "2", "--seconds", "2", "--clients", "5", "--calls", "50")),
+    Bench("turn_instructions", "instructions per in-process turn against other checkouts "
+          "(--against DIR): the memory-store turn ≤ 0.91× 80b4906's", (), ("--turns", "2,4"),
+          "valgrind"),
     Bench("instructions_bench", "instructions per turn (a deterministic cost, for A/B)", (),
           ("--agents", "5", "--turns", "1,2"), "valgrind"),
     Bench("plugin_instructions", "instructions per plugin call and turn (for A/B)", (),
