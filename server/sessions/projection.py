@@ -9,13 +9,18 @@ numbering (the highest turn, the open one) and the latest logged request header.
 from __future__ import annotations
 
 import bisect
-import html
 from array import array
 from collections.abc import Sequence
 
 from agentloop.v1 import content_pb2 as c
 from agentloop.v1 import session_event_pb2 as ev
 from server.kernel.history import MessageView
+
+_ATTRIBUTE_ESCAPES = str.maketrans(
+    {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#x27;"}
+)
+"""`html.escape(..., quote=True)`'s table: importing `html` loads its 2,231 named
+entities (about 1.2 MB resident for the life of the server) for these five."""
 
 SURFACE_KINDS = frozenset(
     {"user_message", "assistant_message", "tool_result", "context_message", "steering_message"}
@@ -137,7 +142,7 @@ def _wrap(tag: str, source: c.Source, content: Sequence[c.ContentBlock]) -> list
     The kind comes from the client: it is escaped, so that it can neither close the
     attribute nor the tag (and so forge another provenance).
     """
-    kind = html.escape(source.kind or "user", quote=True)
+    kind = (source.kind or "user").translate(_ATTRIBUTE_ESCAPES)
     if all(block.WhichOneof("block") == "text" for block in content):
         inner = "".join(block.text.text for block in content)
         return [
