@@ -15,7 +15,7 @@ LISTEN ?=
 TEST_WORKERS ?= auto
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run cluster test check lint typecheck gen check-gen seam-table breaking baseline bench clean
+.PHONY: help setup run cluster test check lint typecheck gen check-gen seam-table breaking baseline bench peers clean
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -93,5 +93,13 @@ QUICK ?=
 bench: $(VENV)/.installed ## Run every benchmark (bench/suite.py) and print its figures; QUICK=1: CI-sized runs.
 	$(PY) -m bench.suite $(if $(QUICK),--quick,)
 
-clean: ## Remove the virtualenv and caches.
-	rm -rf $(VENV) node_modules $(NODE_CLIENT)/node_modules $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist .mypy_cache .ruff_cache .pytest_cache
+PEERS_VENV := .venv-peers
+peers: $(PEERS_VENV)/.installed ## A virtualenv with the peers bench.peers_bench compares with (bench/peers/requirements.txt).
+
+$(PEERS_VENV)/.installed: bench/peers/requirements.txt
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install --quiet -r bench/peers/requirements.txt
+	touch $@
+
+clean: ## Remove the virtualenvs and caches.
+	rm -rf $(VENV) $(PEERS_VENV) node_modules $(NODE_CLIENT)/node_modules $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist .mypy_cache .ruff_cache .pytest_cache

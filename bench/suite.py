@@ -42,6 +42,9 @@ BENCHES = (
     Bench("turn_ab", "the turn against other checkouts in one run (--against DIR): ≤ 600 µs "
           "in process, ≤ 800 µs SQLite, ≤ 2 ms gRPC", (),
           ("--turns", "30", "--repeat", "1")),
+    Bench("peers_bench", "≥ 5× ahead of the OpenAI Agents SDK and LangGraph per turn; flat over a "
+          "conversation where they grow (needs `make peers`)", (),
+          ("--turns", "30", "--window", "10")),
     Bench("conversation_bench", "flat over a long conversation (peers grow 5–9× over 300 turns)",
           (), ("--turns", "200", "--at", "1,200", "--window", "20", "--repeat", "1")),
     Bench("provider_request_bench", "no event-loop stall over 50 ms (a first request on a long "
