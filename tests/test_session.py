@@ -56,7 +56,7 @@ def test_an_ordinary_kind_is_unchanged_and_an_empty_one_is_user() -> None:
     assert plain_text(user.content) == '<steering source="user">\nalso\n</steering>'
 
 
-@pytest.mark.parametrize("kind", ["it's", "a\"b<c>&d", "&amp;", "plain", "ünïcode'\""])
+@pytest.mark.parametrize("kind", ["it's", 'a"b<c>&d', "&amp;", "plain", "ünïcode'\""])
 def test_a_kind_is_escaped_as_html_escape_quotes_it(kind: str) -> None:
     """The wrapper's own escape table gives `html.escape(kind, quote=True)`, quotes included."""
     import html  # the reference only: the server does not import it
