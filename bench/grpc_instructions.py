@@ -1,6 +1,7 @@
 """The server's instructions per turn over gRPC, A/B: this tree against other checkouts.
 
     python -m bench.grpc_instructions [--against DIR ...] [--turns 20,120] [--request-ids]
+                                      [--store memory]
 
 `turn_ab`'s gRPC turn (one agent; a SendMessage, then its session stream read to the
 turn's `turn_end`), counted instead of timed: a server of each checkout on its defaults
@@ -11,7 +12,10 @@ creation, the warm-up turns and shutdown cancel out). The hash seed is fixed and
 fairness slice is off, as in `turn_instructions`. Counted: the server process's
 user-space instructions, every thread (gRPC's poller and the SQLite commit thread
 too). `--request-ids`: each message carries a new request id, as the SDKs send them
-(the idempotent path: its answer is recorded with the message). Printed with each
+(the idempotent path: its answer is recorded with the message). `--store memory`: the
+memory store instead, whose commits take no thread: the count moves less between runs
+(on SQLite, how the commit thread's timing groups the commits moves a count of 120
+turns by up to about 1 %; more turns average that out). Printed with each
 checkout's ratio to the first `--against`; nothing is asserted.
 Needs valgrind; prints a note and stops without it.
 """
@@ -75,16 +79,18 @@ async def drive(port: int, turns: int, request_ids: bool) -> None:
         stream.cancel()
 
 
-async def counted(tree: str, turns: int, request_ids: bool = False) -> int:
+async def counted(tree: str, turns: int, request_ids: bool = False, store: str = "sqlite") -> int:
     """Instructions of a server of checkout `tree` that served `turns` counted turns."""
     scratch = tempfile.mkdtemp(prefix="agentloop-grpc-instructions-")
     out = str(Path(scratch) / "cachegrind.out")
+    config = Path(scratch) / "agentloop.yaml"
+    config.write_text(f"store: {store}\n")
     port = common.free_port()
     env = dict(common.checkout_env(tree), PYTHONHASHSEED="0")
     env = {k: v for k, v in env.items() if not k.startswith(("OTEL_", "AGENTLOOP_"))}
     server = await asyncio.create_subprocess_exec(
         "valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}",
-        sys.executable, SCRIPT, "--serve", "--listen",
+        sys.executable, SCRIPT, "--serve", "--config", str(config), "--listen",
         f"127.0.0.1:{port}", "--data-dir", str(Path(scratch) / "data"), "--log-level", "WARNING",
         env=env, cwd=tree or common.ROOT, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
@@ -110,6 +116,7 @@ def main() -> None:
     parser.add_argument(
         "--request-ids", action="store_true", help="each message with a request id (as the SDKs)"
     )
+    parser.add_argument("--store", choices=("sqlite", "memory"), default="sqlite")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args()
     if args.serve:
@@ -124,8 +131,8 @@ def main() -> None:
     trees = {"this": ""} | {tree: tree for tree in args.against}
     figures: dict[str, float] = {}
     for who, tree in trees.items():
-        few_count = asyncio.run(counted(tree, few, args.request_ids))
-        many_count = asyncio.run(counted(tree, many, args.request_ids))
+        few_count = asyncio.run(counted(tree, few, args.request_ids, args.store))
+        many_count = asyncio.run(counted(tree, many, args.request_ids, args.store))
         figures[who] = (many_count - few_count) / (many - few)
     print(
         f"the server's instructions per gRPC turn ({many} less {few} turns, cachegrind)"
@@ -133,12 +140,13 @@ def main() -> None:
     )
     names = list(trees)
     print(f"  {'':<28}" + "".join(f"{name[-14:]:>16}" for name in names))
-    print(f"  {'over gRPC, SQLite':<28}" + "".join(f"{figures[w] / 1e6:>15.3f}M" for w in names))
+    row = f"over gRPC, {'SQLite' if args.store == 'sqlite' else 'memory store'}"
+    print(f"  {row:<28}" + "".join(f"{figures[w] / 1e6:>15.3f}M" for w in names))
     if args.against:
         base = args.against[0]
         print(f"  ratios to {base}")
         ratios = "".join(f"{figures[who] / figures[base]:>16.3f}" for who in names)
-        print(f"  {'over gRPC, SQLite':<28}{ratios}")
+        print(f"  {row:<28}{ratios}")
     print(json.dumps(figures))
 
 
