@@ -90,6 +90,8 @@ BENCHES = (
     Bench("turn_instructions", "instructions per in-process turn against other checkouts "
           "(--against DIR): the memory-store turn ≤ 0.91× 80b4906's", (), ("--turns", "2,4"),
           "valgrind"),
+    Bench("grpc_instructions", "the server's instructions per gRPC turn against other checkouts "
+          "(--against DIR): ≤ 0.73× 80b4906's (issue 32)", (), ("--turns", "2,4"), "valgrind"),
     Bench("instructions_bench", "instructions per turn (a deterministic cost, for A/B)", (),
           ("--agents", "5", "--turns", "1,2"), "valgrind"),
     Bench("plugin_instructions", "instructions per plugin call and turn (for A/B)", (),

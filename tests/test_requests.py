@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
 
+from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import session_pb2
-from server.kernel.errors import InvalidArgument
+from server.kernel.errors import AgentLoopError, InvalidArgument
 from server.sessions import requests
+from server.sessions.journal import Journal
 from server.sessions.requests import Requests
+from server.sessions.session import SessionLog
 from server.stores import Commit, RequestRecord, SessionWrites
 from server.stores.memory import MemoryStore
 from tests.stores import create_session
@@ -138,3 +142,88 @@ async def test_without_an_owner_every_new_id_is_looked_up() -> None:
     for i in range(3):
         await calls.once("a", f"r{i}", "SendMessage", recording(store, "a", f"r{i}", b"a"))
     assert store.finds == 3 and store.listings == 0
+
+
+class GatedStore(CountingStore):
+    """A store whose commits wait while `gate` is closed: a commit that is slow."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def commit(self, commit: Commit) -> None:
+        await self.gate.wait()
+        await super().commit(commit)
+
+
+async def journaled(store: MemoryStore) -> SessionLog:
+    await create_session(store, "s", session_pb2.SessionHeader())
+    if isinstance(store, GatedStore):
+        store.gate.clear()  # from now on, each commit waits for the test
+    return SessionLog("s", session_pb2.SessionHeader(), Journal(store))
+
+
+def accepting(session: SessionLog, request_id: str, accepted: list[str]) -> Callable[[], bytes]:
+    """A call accepted at once: its answer recorded in the session's next commit."""
+
+    def accept() -> bytes:
+        accepted.append(request_id)
+        session.add(ev.TurnStart(turn=len(accepted), trigger=ev.TRIGGER_KIND_MESSAGE))
+        answer = b"answer %d" % len(accepted)
+        session.record(RequestRecord("a", request_id, "SendMessage", answer))
+        return answer
+
+    return accept
+
+
+async def test_a_duplicate_waits_for_the_first_calls_commit_and_gets_its_answer() -> None:
+    store = GatedStore()
+    session = await journaled(store)
+    calls, owner, accepted = Requests(store), Owner(), list[str]()
+
+    def send() -> Coroutine[Any, Any, bytes]:
+        accept = accepting(session, "r1", accepted)
+        return calls.accept_once("a", "r1", "SendMessage", accept, session, owner)
+
+    first, duplicate = asyncio.ensure_future(send()), asyncio.ensure_future(send())
+    await asyncio.sleep(0.01)
+    assert not first.done() and not duplicate.done()  # neither answers before the commit
+    store.gate.set()
+    assert await first == await duplicate == b"answer 1"
+    assert accepted == ["r1"] and session.stored == 1
+
+
+async def test_a_first_call_that_gives_up_leaves_its_commit_to_the_retry() -> None:
+    store = GatedStore()
+    session = await journaled(store)
+    calls, owner, accepted = Requests(store), Owner(), list[str]()
+
+    def send() -> Coroutine[Any, Any, bytes]:
+        accept = accepting(session, "r1", accepted)
+        return calls.accept_once("a", "r1", "SendMessage", accept, session, owner)
+
+    with pytest.raises(TimeoutError):  # its deadline passed while the commit was slow
+        await asyncio.wait_for(send(), 0.01)
+    retry = asyncio.ensure_future(send())
+    await asyncio.sleep(0.01)
+    assert not retry.done()  # waits for the same commit: nothing accepted again
+    store.gate.set()
+    assert await retry == b"answer 1" and accepted == ["r1"]
+    assert await send() == b"answer 1" and accepted == ["r1"]  # answered from memory
+
+
+async def test_a_refused_commit_is_every_callers_error_and_a_retry_runs_again() -> None:
+    store = CountingStore()
+    session = await journaled(store)
+    calls, owner, accepted = Requests(store), Owner(), list[str]()
+    session.fence = 7  # the store knows no such claim: it refuses the commit
+
+    def send() -> Coroutine[Any, Any, bytes]:
+        accept = accepting(session, "r1", accepted)
+        return calls.accept_once("a", "r1", "SendMessage", accept, session, owner)
+
+    first, duplicate = asyncio.ensure_future(send()), asyncio.ensure_future(send())
+    results = await asyncio.gather(first, duplicate, return_exceptions=True)
+    assert all(isinstance(r, AgentLoopError) for r in results), results
+    assert accepted == ["r1"]

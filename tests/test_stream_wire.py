@@ -24,8 +24,10 @@ def test_response_bytes_parse_to_the_response_of_the_same_fields() -> None:
     live = [
         ae.AgentEvent(agent_id="a", status=ae.AgentStatusChanged(status=ae.AGENT_STATUS_RUNNING))
     ]
+    long_id = ae.AgentEvent(agent_id="a" * 200)  # an agent event of a multi-byte length
     for kept, agent_events, dropped in [
         (events, live, 4),
+        (events, [*live, long_id], 300),
         (events, [], 0),
         (events[:1], live, 0),
         ([], live, 0),

@@ -79,29 +79,6 @@ def _count_down(loop: asyncio.AbstractEventLoop, done: asyncio.Future[None], lef
         done.set_result(None)  # the awaiting task resumes in the next pass
 
 
-def _once_stored(session: SessionLog, answer: bytes) -> asyncio.Future[bytes]:
-    """`answer`, once everything `session` wrote so far is stored (`SessionLog.settle`).
-
-    The store's refusal of the session instead, if it refused it.
-    """
-    result: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-
-    def settled(_: object = None) -> None:
-        if result.done():  # its caller gave up
-            return
-        if session.failure is not None:
-            result.set_exception(session.failure)
-        else:
-            result.set_result(answer)
-
-    stored = session.journal.sync() if session.journal is not None else None
-    if stored is None or stored.done():
-        settled()
-    else:
-        stored.add_done_callback(settled)
-    return result
-
-
 def message_content(text: str, content: list[c.ContentBlock], field: str) -> list[c.ContentBlock]:
     """The content of a request: `text` as a block, then `content`; never empty."""
     for i, block in enumerate(content):
@@ -195,11 +172,9 @@ class AgentServicer(ApprovalMethods, DeleteMethods, rpc.AgentServiceServicer):
         """Run `accept` once per request id; answer when what it wrote is durable.
 
         The answer is recorded in the same tick as the message, hence the same commit:
-        a retry finds it exactly when the message is stored. `run` accepts at once and
-        returns a future of that commit, not a coroutine: the first call needs no task
-        of its own (a caller that gives up leaves the future to the duplicates).
-        Without a request id there is nothing to share: the call's own task waits for
-        the commit (`settle`), a loop pass sooner than through a future of the answer.
+        a retry finds it exactly when the message is stored. Either way the call's own
+        task waits for that commit (`settle`), not a future shared with duplicates
+        (which it would have to shield: two loop passes more).
         """
         if not request_id:
             check_pending(self.runtime.limits, agent.agent_id, len(agent.session.inbox))
@@ -208,15 +183,17 @@ class AgentServicer(ApprovalMethods, DeleteMethods, rpc.AgentServiceServicer):
             return answer
         answers: list[Answer] = []
 
-        def run() -> asyncio.Future[bytes]:
+        def accepted() -> bytes:
             check_pending(self.runtime.limits, agent.agent_id, len(agent.session.inbox))
             answer = accept()
             raw = answer.SerializeToString()
             agent.session.record(RequestRecord(agent.agent_id, request_id, method, raw))
             answers.append(answer)
-            return _once_stored(agent.session, raw)
+            return raw
 
-        raw = await self.runtime.requests.once(agent.agent_id, request_id, method, run, agent)
+        raw = await self.runtime.requests.accept_once(
+            agent.agent_id, request_id, method, accepted, agent.session, agent
+        )
         return answers[0] if answers else kind.FromString(raw)
 
     @mapped

@@ -6,7 +6,9 @@ authentication (`TokenAuth`, when a token is set) and the request guard
 and a wrapper per handler, so every response of a stream would pass through one
 generator per layer. `Edge` does it in one interception and, for an authenticated
 call, one wrapper that logs, guards and runs the handler; a refused call takes the
-parts' own wrappers (rare, and the same behaviour by construction).
+parts' own wrappers (rare, and the same behaviour by construction). A server with no
+other interceptor has none at all: its `MethodTable` wraps each call's handler with
+`Edge.handler` as it finds it.
 """
 
 from __future__ import annotations
@@ -43,10 +45,18 @@ class Edge(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         """The handler wrapped as the chain would wrap it."""
         handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        method = handler_call_details.method or ""
-        why = self.auth.refused(handler_call_details) if self.auth is not None else ""
+        return None if handler is None else self.handler(handler, handler_call_details)
+
+    def handler(
+        self, handler: grpc.RpcMethodHandler[Any, Any], details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        """`handler` of the called method, wrapped as the chain would wrap it.
+
+        What `intercept_service` returns; a `MethodTable` calls it as it finds the handler,
+        with no interceptor (and its coroutines) per call.
+        """
+        method = details.method or ""
+        why = self.auth.refused(details) if self.auth is not None else ""
         if why:  # as the chain: the guard's handler, refused, inside the access log
             inner = handler
             if not handler.request_streaming:

@@ -23,6 +23,9 @@ from server.edge.method_table import MethodTable
 
 SERVICE = "agentloop.v1.AgentService"
 EVENTS_TAG = field_key(pb.StreamSessionEventsResponse.EVENTS_FIELD_NUMBER)
+AGENT_EVENTS_TAG = field_key(pb.StreamSessionEventsResponse.AGENT_EVENTS_FIELD_NUMBER)
+DROPPED_TAG = varint(pb.StreamSessionEventsResponse.DROPPED_AGENT_EVENTS_FIELD_NUMBER << 3)
+"""The key of `dropped_agent_events` (a varint field: wire type 0)."""
 _SHORT_HEADS = [EVENTS_TAG + bytes((size,)) for size in range(128)]
 """The tag and length of an event under 128 bytes (most of a turn's: its chunks), whose
 length is one varint byte: built once, not per event."""
@@ -33,18 +36,19 @@ def response_bytes(
 ) -> bytes:
     """The wire form of `StreamSessionEventsResponse(events, agent_events, dropped)`.
 
-    `events` are the events' wire bytes (`SessionLog.read_encoded`).
+    `events` are the events' wire bytes (`SessionLog.read_encoded`). The agent events
+    are framed as the events are: serialized each, not copied into a response first.
     """
     parts: list[bytes] = []
     heads = _SHORT_HEADS
     for raw in events:
         size = len(raw)
         parts += (heads[size] if size < 128 else EVENTS_TAG + varint(size), raw)
-    if agent_events or dropped:
-        rest = pb.StreamSessionEventsResponse(
-            agent_events=agent_events, dropped_agent_events=dropped
-        )
-        parts.append(rest.SerializeToString())
+    for event in agent_events:
+        raw = event.SerializeToString()
+        parts += (AGENT_EVENTS_TAG + varint(len(raw)), raw)
+    if dropped:
+        parts += (DROPPED_TAG, varint(dropped))
     return b"".join(parts)
 
 

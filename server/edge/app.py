@@ -165,7 +165,8 @@ class App:
         # learns nothing, not even that a body is bad.
         access = AccessLog(self.telemetry.metrics, self.telemetry.tracing)
         auth = TokenAuth(token) if token else None
-        interceptors: list[grpc.aio.ServerInterceptor] = [Edge(access, self.guard, auth)]
+        edge = Edge(access, self.guard, auth)
+        interceptors: list[grpc.aio.ServerInterceptor] = []
         self.plugin_servicer = PluginRegistryServicer(self.plugins)
         self.factory_servicer = AgentFactoryServicer(self.factory)
         self.replica: Replica | None = None
@@ -185,7 +186,8 @@ class App:
             )
             self.factory_servicer.elsewhere = self.replica.other_agents
             self.factory_servicer.drain = self.replica.drain
-            interceptors.append(self.replica.forwarder)
+            # The edge sees every call before the forwarder hands it to its owner.
+            interceptors += [edge, self.replica.forwarder]
         self.server = grpc.aio.server(
             interceptors=interceptors,
             options=grpc_options(limits),
@@ -193,6 +195,8 @@ class App:
         # The services register in one table, served as one generic handler (see
         # method_table: what grpc.aio costs per call grows with registered methods).
         methods = MethodTable()
+        if not interceptors:  # the edge wraps each call's handler as the table finds it
+            methods.edge = edge.handler
         registrar = cast("grpc.aio.Server", methods)  # has what the generated code calls
         plugin_registry_service_pb2_grpc.add_PluginRegistryServiceServicer_to_server(
             self.plugin_servicer, registrar

@@ -20,9 +20,13 @@ import asyncio
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from server.kernel.errors import InvalidArgument
 from server.stores import SessionStore, StoreUnavailable
+
+if TYPE_CHECKING:
+    from server.sessions.session import SessionLog
 
 MAX_REQUEST_ID = 128
 """The longest request id accepted, in characters."""
@@ -70,10 +74,10 @@ class _Known:
 class Requests:
     """Deduplicates calls by (agent id, request id).
 
-    The first call runs in a task of its own, not in the caller's: a caller that
-    gives up (its deadline passed while the commit was slow) does not take the
-    in-flight entry with it, so a retry waits for the same commit instead of
-    accepting the message again.
+    The first call runs in a task of its own, not in the caller's (or, accepted at
+    once, is a future of its commit): a caller that gives up (its deadline passed
+    while the commit was slow) does not take the in-flight entry with it, so a retry
+    waits for the same commit instead of accepting the message again.
     """
 
     def __init__(self, store: SessionStore) -> None:
@@ -102,26 +106,76 @@ class Requests:
             return await run()
         check_request_id(request_id)
         key = (agent_id, request_id)
+        earlier = await self._earlier(key, method, owner)
+        if isinstance(earlier, bytes):
+            return earlier
+        if earlier is None:
+            earlier = asyncio.ensure_future(run())
+            self._begin(key, method, earlier, owner)
+        return await self._answer(earlier)
+
+    async def accept_once(
+        self,
+        agent_id: str,
+        request_id: str,
+        method: str,
+        accept: Callable[[], bytes],
+        session: SessionLog,
+        owner: object | None = None,
+    ) -> bytes:
+        """`once` of a call that `accept` accepts at once, answered when `session` commits.
+
+        `accept` writes to `session` (the answer recorded with what it accepted) and
+        returns the answer. Duplicates wait for a future of that commit; the first call
+        waits with a waiter of its own (`SessionLog.settle`), which its cancellation
+        may take along: the shared future needs no shield (two loop passes) for it.
+        """
+        check_request_id(request_id)
+        key = (agent_id, request_id)
+        earlier = await self._earlier(key, method, owner)
+        if isinstance(earlier, bytes):
+            return earlier
+        if earlier is not None:
+            return await self._answer(earlier)
+        answer = accept()
+        first = _once_stored(session, answer)
+        self._begin(key, method, first, owner)
+        if getattr(self.store, "health", None) is not None:
+            return await self._answer(first)  # an outage ends the wait (`_answer`)
+        await session.settle()  # the same commit as `first`'s, or its refusal
+        return answer
+
+    async def _earlier(
+        self, key: tuple[str, str], method: str, owner: object | None
+    ) -> bytes | asyncio.Future[bytes] | None:
+        """An earlier call's answer, the future of one in flight, or None: the first."""
         first = self._in_flight.get(key)
-        if first is None:
-            stored = self._recent.get(key)
-            if stored is None and not await self._unused(owner, agent_id, request_id):
-                record = await self.store.find_request(agent_id, request_id)
-                # The lookup may have read before a first call committed: look again.
-                stored = (record.method, record.response) if record else self._recent.get(key)
-            if stored is not None:
-                if stored[0] != method:
-                    raise InvalidArgument(
-                        "request_id", f'"{request_id}" was used for {stored[0]}, not {method}'
-                    )
-                return stored[1]
-            first = self._in_flight.get(key)  # a duplicate may have started meanwhile
-        if first is None:
-            first = asyncio.ensure_future(run())
-            self._in_flight[key] = first
-            known = self._known.get(owner) if owner is not None else None
-            first.add_done_callback(lambda done: self._settled(key, method, done, known))
-        return await self._answer(first)
+        if first is not None:
+            return first
+        stored = self._recent.get(key)
+        if stored is None and not await self._unused(owner, *key):
+            record = await self.store.find_request(*key)
+            # The lookup may have read before a first call committed: look again.
+            stored = (record.method, record.response) if record else self._recent.get(key)
+        if stored is not None:
+            if stored[0] != method:
+                raise InvalidArgument(
+                    "request_id", f'"{key[1]}" was used for {stored[0]}, not {method}'
+                )
+            return stored[1]
+        return self._in_flight.get(key)  # a duplicate may have started meanwhile
+
+    def _begin(
+        self,
+        key: tuple[str, str],
+        method: str,
+        first: asyncio.Future[bytes],
+        owner: object | None,
+    ) -> None:
+        """`first` is the call in flight for `key`: duplicates wait for it."""
+        self._in_flight[key] = first
+        known = self._known.get(owner) if owner is not None else None
+        first.add_done_callback(lambda done: self._settled(key, method, done, known))
 
     async def _answer(self, first: asyncio.Future[bytes]) -> bytes:
         """The first call's answer; `StoreUnavailable` if the store is unreachable meanwhile.
@@ -187,3 +241,26 @@ class Requests:
         self._recent[key] = (method, done.result())
         while len(self._recent) > RECENT:
             self._recent.popitem(last=False)
+
+
+def _once_stored(session: SessionLog, answer: bytes) -> asyncio.Future[bytes]:
+    """`answer`, once everything `session` wrote so far is stored (as `SessionLog.settle`).
+
+    The store's refusal of the session instead, if it refused it.
+    """
+    result: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    def settled(_: object = None) -> None:
+        if result.done():  # cancelled: nobody waits for it
+            return
+        if session.failure is not None:
+            result.set_exception(session.failure)
+        else:
+            result.set_result(answer)
+
+    stored = session.journal.sync() if session.journal is not None else None
+    if stored is None or stored.done():
+        settled()
+    else:
+        stored.add_done_callback(settled)
+    return result
