@@ -96,6 +96,9 @@ BENCHES = (
           ("--agents", "5", "--turns", "1,2"), "valgrind"),
     Bench("plugin_instructions", "instructions per plugin call and turn (for A/B)", (),
           ("--turns", "2,4", "--calls", "20,60"), "valgrind"),
+    Bench("observer_instructions", "server instructions per 10,000-chunk turn with a "
+          "session-event observer ≤ 1.2× without (--against DIR for A/B)", (), ("--turns", "1,2"),
+          "valgrind"),
 )  # fmt: skip
 """Every bench, in the order `make bench` runs them (cheapest and most-cited first)."""
 

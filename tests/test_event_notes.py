@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+
 from agentloop.plugin.v1 import hook_service_pb2 as hk
 from agentloop.v1 import session_event_pb2 as ev
 from agentloop.v1 import stream_pb2 as st
-from server.plugins.calls import NoticeSlot, PluginStats
+from server.plugins import event_notes
+from server.plugins.calls import CallIds, NoticeSlot, PluginStats
 from server.plugins.event_notes import event_call, event_entries, event_entry, event_head
 from server.plugins.notice_queue import NoticeQueue
-from server.plugins.wire import batch_entry
+from server.plugins.wire import BATCH_OVERHEAD, batch_entry
 
 EVENT = ev.SessionEvent(
     seq=41,
@@ -104,3 +107,58 @@ async def test_a_run_offered_takes_the_room_left_and_the_rest_is_counted_and_car
     (entry,) = queue._take_notes(1 << 20)
     assert hk.HandleRequest.FromString(entry).call.session_event.dropped == 2
     assert slot.queued == 0 and stats.dropped == 4
+
+
+@pytest.mark.parametrize("first", [1, 990, 1_000, 1_995, 999_990])
+def test_a_run_across_a_thousand_of_ids_is_its_events_one_by_one(
+    first: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Short entries are made a thousand ids at a time (`_add_thousand`): a run whose ids
+    start below 1,000, cross into the next thousand or gain a digit, with long events
+    among its short ones, has the bytes of `event_entry` per event, ids in order."""
+    ids = CallIds(first)
+    monkeypatch.setattr(event_notes, "call_ids", ids)
+    big = ev.SessionEvent()
+    big.CopyFrom(EVENT)
+    big.assistant_chunk.chunk.block_delta.text = "x" * 300
+    run = [SHORT] * 4 + [big] + [SHORT] * 6 + [EVENT, big] + [SHORT] * 8
+    head = event_head(hk.SEAM_SESSION_EVENTS, "agent-1", "agent-1-session")
+    for dropped in (0, 3):
+        start = ids.take(0)
+        entries = event_entries(head, run, dropped)
+        assert len(entries) == len(run)
+        for index, (entry, event) in enumerate(zip(entries, run, strict=True)):
+            expected = built(f"n{start + index}", dropped if index == 0 else 0, event)
+            assert entry == batch_entry(expected.SerializeToString(deterministic=True))
+
+
+def test_call_ids_taken_as_a_run_are_not_taken_again() -> None:
+    ids = CallIds(7)
+    assert next(ids) == 7
+    assert ids.take(5) == 8
+    assert next(ids) == 13
+
+
+def test_a_run_longer_than_a_message_is_sent_in_order_across_messages() -> None:
+    """A run stays one item in the queue; a message takes what fits of it, the next
+    one the rest, and a stream ending drops (and counts) what was left."""
+    stats = PluginStats()
+    queue = NoticeQueue(stats, 1 << 20)
+    queue.ready = True
+    slot = NoticeSlot(limit=100)
+    head = event_head(hk.SEAM_SESSION_EVENTS, "agent-1", "agent-1-session")
+    run = [ev.SessionEvent(seq=n, assistant_chunk=SHORT.assistant_chunk) for n in range(10)]
+    queue.offer_events(head, run[:1], slot)  # a run of one
+    queue.offer_events(head, run[1:], slot)
+    size = len(event_entry(head, SHORT))
+    taken = queue._take_notes(BATCH_OVERHEAD + 4 * size)  # four fit
+    assert len(taken) == 4 and slot.queued == 6
+    taken += queue._take_notes(1 << 20, most=3)  # a plugin taking fewer at a time
+    assert slot.queued == 3
+    seqs = [hk.HandleRequest.FromString(e).call.session_event.event.seq for e in taken]
+    assert seqs == list(range(7))
+    queue.clear()
+    assert (slot.queued, stats.dropped) == (0, 3)
+    queue.offer_events(head, run[:1], slot)
+    (entry,) = queue._take_notes(1 << 20)
+    assert hk.HandleRequest.FromString(entry).call.session_event.dropped == 3

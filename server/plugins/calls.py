@@ -7,7 +7,6 @@ listeners, tools and models here call through it. Nothing in this module is per 
 from __future__ import annotations
 
 import bisect
-import itertools
 from collections import defaultdict, deque
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
@@ -131,8 +130,35 @@ class PluginStats:
         counts[-1] += seconds
 
 
-call_ids = itertools.count(1)
-"""Numbers of the call ids this server makes (prefixed per kind of call)."""
+class CallIds:
+    """Numbers of the call ids this server makes (prefixed per kind of call).
+
+    `next` takes one; `take` a run of them at once, as many as a run of notifications
+    needs, without making a number for each.
+    """
+
+    __slots__ = ("_next",)
+
+    def __init__(self, first: int = 1) -> None:
+        self._next = first
+
+    def __iter__(self) -> CallIds:
+        return self
+
+    def __next__(self) -> int:
+        number = self._next
+        self._next = number + 1
+        return number
+
+    def take(self, count: int) -> int:
+        """Reserve the next `count` numbers; returns the first."""
+        first = self._next
+        self._next = first + count
+        return first
+
+
+call_ids = CallIds()
+"""The numbers of every call id of this process."""
 
 
 def error_text(error: hk.CallError) -> str:

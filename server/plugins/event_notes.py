@@ -13,7 +13,7 @@ notification of one subscription and agent): the same bytes, field for field, as
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import islice
+from itertools import compress, repeat
 
 from agentloop.plugin.transport import field_key, varint
 from agentloop.plugin.v1 import hook_service_pb2 as hk
@@ -83,30 +83,82 @@ _NOTICE_HEADS = [_SESSION_EVENT + _ONE[n + _EVENT_KEY] + _EVENT + _ONE[n] for n 
 event's length."""
 
 
+_SUFFIXES = [b"%03d" % n for n in range(1000)]
+"""A call id's last three digits, by its number's remainder of 1,000."""
+_TAILS: dict[bytes, list[bytes]] = {}
+"""Per head, a short event's head, payload key and length and notice event key and
+length, by the event's length (`_tails`)."""
+TAILS_KEPT = 1024
+"""Heads (agents) `_TAILS` keeps (then it starts over)."""
+
+
+def _tails(head: bytes) -> list[bytes]:
+    tails = _TAILS.get(head)
+    if tails is None:
+        if len(_TAILS) >= TAILS_KEPT:
+            _TAILS.clear()
+        tails = _TAILS[head] = [head + notice for notice in _NOTICE_HEADS]
+    return tails
+
+
 def event_entries(head: bytes, events: Sequence[ev.SessionEvent], dropped: int = 0) -> list[bytes]:
     """`event_entry` of each of `events`, the first carrying `dropped`; one call for a run.
 
-    The call ids are taken together and formatted in one pass; a short event's entry is
-    four fixed parts looked up by length around its id and its bytes.
+    The run's call ids are taken together (`CallIds.take`), its events serialized in one
+    pass, and its entries made a thousand ids at a time (`_add_thousand`).
     """
     count = len(events)
     if not count:
         return []
-    ids = (b"n%d " * count % tuple(islice(call_ids, count))).split()
+    first = call_ids.take(count)
+    encoded = list(map(_SERIALIZE, events))
     entries: list[bytes] = []
-    append, join = entries.append, b"".join
-    fixed = _SHORT_FIXED + len(head)
-    for call_id, encoded in zip(ids, map(_SERIALIZE, events), strict=True):
-        n = len(encoded)
-        if n < _SHORT and not dropped:
-            call = fixed + len(call_id) + n
-            if call < 0x80:
-                heads = (_ENTRY_HEADS[call], _ID_HEADS[len(call_id)], call_id, head)
-                append(join((*heads, _NOTICE_HEADS[n], encoded)))
-                continue
-        append(_entry(call_id, head, encoded, dropped))
-        dropped = 0
+    start = 0
+    if dropped:  # the first carries the drops
+        entries.append(_entry(b"n%d" % first, head, encoded[0], dropped))
+        start = 1
+    sizes = list(map(len, encoded))
+    tails = _tails(head)
+    while start < count:
+        end = min(count, start + 1000 - (first + start) % 1000)
+        _add_thousand(entries, head, tails, first + start, encoded[start:end], sizes[start:end])
+        start = end
     return entries
+
+
+def _add_thousand(
+    entries: list[bytes], head: bytes, tails: list[bytes], first: int,
+    encoded: list[bytes], sizes: list[int],
+) -> None:  # fmt: skip
+    """Append the entries of `encoded`, their call ids numbered from `first`, in one thousand.
+
+    The ids of one thousand (n1234000 to n1234999) are as long as each other and share
+    all digits but the last three. A short event's entry (a chunk's, usually: every
+    length inside one byte) is five parts joined, each fixed or looked up by the event's
+    length, the id's last three digits from a table: all of it in C (`map`), no bytecode
+    and no number formatted per event. A long event's entry, and those of ids under
+    1,000, are built one by one.
+    """
+    thousand, low = divmod(first, 1000)
+    if not thousand:  # ids of fewer digits: formatted
+        for index, raw in enumerate(encoded):
+            entries.append(_entry(b"n%d" % (first + index), head, raw, 0))
+        return
+    prefix = b"n%d" % thousand
+    fixed = _SHORT_FIXED + len(head) + len(prefix) + 3
+    limit = 0x80 - fixed  # an event shorter than this makes a short entry
+    leads, key = _ENTRY_HEADS[fixed:], _ID_HEADS[len(prefix) + 3] + prefix
+    start, join = 0, b"".join
+    for cut in (*compress(range(len(sizes)), map(limit.__le__, sizes)), len(sizes)):
+        if start < cut:  # the short ones before the long one
+            shorts, suffixes = sizes[start:cut], _SUFFIXES[low + start : low + cut]
+            entries += map(join, zip(
+                map(leads.__getitem__, shorts), repeat(key), suffixes,
+                map(tails.__getitem__, shorts), encoded[start:cut],
+            ))  # fmt: skip
+        if cut < len(sizes):
+            entries.append(_entry(prefix + _SUFFIXES[low + cut], head, encoded[cut], 0))
+        start = cut + 1
 
 
 def _entry(call_id: bytes, head: bytes, encoded: bytes, dropped: int) -> bytes:

@@ -39,9 +39,9 @@ _COUNTING = frozenset(
 of a seam subscribed `observe_only`)."""
 
 
-_ENTRY_OF = itemgetter(0)
+_ENTRIES_OF = itemgetter(0)
 _SLOT_OF = itemgetter(1)
-"""A queued notification's entry and slot (read in C, not one bytecode loop each)."""
+"""A queued run's entries and slot (read in C, not one bytecode loop each)."""
 
 
 class NoticeQueue:
@@ -56,8 +56,12 @@ class NoticeQueue:
         """Whether the plugin is READY: its connection sets it on every change. Kept here,
         so that `admit`, asked for every event an observer sees, is one call."""
         self._cancels: deque[bytes] = deque()
-        self._notes: deque[tuple[bytes, NoticeSlot, int]] = deque()
-        """Queued notifications: each as a batch entry, its slot, the drops it carries."""
+        self._notes: deque[tuple[list[bytes], NoticeSlot, int]] = deque()
+        """Queued notifications, in runs: their batch entries, their slot, the drops the
+        first carries. A run queued together stays one item (no object per notification
+        for the collector to count and walk)."""
+        self._count = 0
+        """The queued entries."""
         self._bytes = 0
         """The size of the queued entries together."""
         self._dropped = 0
@@ -123,8 +127,9 @@ class NoticeQueue:
                 self._queue(entry, slot, carried)  # counts one too big dropped, oversized
         else:
             slot.queued += len(entries)
+            self._count += len(entries)
             self._bytes += sum(map(len, entries))
-            self._notes.extend(zip(entries, repeat(slot), chain((carries,), repeat(0))))
+            self._notes.append((entries, slot, carries))
         tail = count - len(events)
         if tail:
             self._dropped += tail
@@ -140,8 +145,9 @@ class NoticeQueue:
             self._stats.oversized += 1
             return
         slot.queued += 1
+        self._count += 1
         self._bytes += len(entry)
-        self._notes.append((entry, slot, carries))
+        self._notes.append(([entry], slot, carries))
         if self._writer_waits:
             self._writer_waits = False
             self._wake_writer.set()
@@ -208,24 +214,33 @@ class NoticeQueue:
         The first always goes: none queued is too big to send alone.
         """
         notes = self._notes
-        if len(notes) <= most and self._bytes + BATCH_OVERHEAD <= room:  # all: the usual
-            entries = list(map(_ENTRY_OF, notes))
+        if self._count <= most and self._bytes + BATCH_OVERHEAD <= room:  # all: the usual
+            entries = list(chain.from_iterable(map(_ENTRIES_OF, notes)))
             for slot in set(map(_SLOT_OF, notes)):  # every one's notes go: none is left
                 slot.queued = 0
             notes.clear()
-            self._bytes = 0
+            self._count = self._bytes = 0
             return entries
         entries = []
         size = BATCH_OVERHEAD
         while notes and len(entries) < most:
-            entry, slot, _ = notes[0]
-            size += len(entry)
-            if entries and size > room:
-                break  # the rest goes in the next message
+            run, slot, _ = notes[0]
+            taken = 0
+            for entry in run:
+                size += len(entry)
+                if (entries and size > room) or len(entries) == most:
+                    break  # the rest goes in the next message
+                entries.append(entry)
+                self._bytes -= len(entry)
+                taken += 1
+            slot.queued -= taken
+            self._count -= taken
+            if taken < len(run):  # the run's rest stays first, its drops carried
+                del run[:taken]
+                if taken:
+                    notes[0] = (run, slot, 0)
+                break
             notes.popleft()
-            slot.queued -= 1
-            self._bytes -= len(entry)
-            entries.append(entry)
         return entries
 
     def clear(self) -> None:
@@ -234,9 +249,9 @@ class NoticeQueue:
         The notifications still buffered are counted, and carried by the next one.
         """
         self._cancels.clear()
-        for _, slot, carries in self._notes:
-            slot.queued -= 1
-            self._dropped += carries + 1
-            self._stats.dropped += 1
+        for run, slot, carries in self._notes:
+            slot.queued -= len(run)
+            self._dropped += carries + len(run)
+            self._stats.dropped += len(run)
         self._notes.clear()
-        self._bytes = 0
+        self._count = self._bytes = 0
