@@ -162,7 +162,7 @@ class Cluster:
         """
         holder = await self.leases.confirm(agent_id, session_id, options.SerializeToString())
         if holder is not None:
-            log.warning("cluster: agent %s went to %s while it was made here", agent_id, holder)
+            log.warning("cluster: agent %s went to %r as it went live", agent_id, holder.owner)
             raise AgentMoving(agent_id, takeover_seconds(self.leases.ttl))
 
     async def release(self, agent_id: str) -> None:

@@ -2,11 +2,12 @@
 
 A replica registers itself (id, the address other replicas forward to, a heartbeat).
 Creating or resuming an agent takes its lease: a row keyed by agent id (and unique by
-session id) with an owner and an expiry. The owner renews its leases in the
-background; a lease that expired (its owner died, or was paused past it) can be taken
-over by any replica, which then claims the session (the store's fence refuses the old
-owner's late writes) and runs the agent. The agent's options travel with the lease,
-so the new owner recreates the same agent.
+session id) with an owner and an expiry, held again (`confirm`) as the agent goes live,
+its session stored. The owner renews its leases in the background; a lease that
+expired (its owner died, or was paused past it) can be taken over by any replica,
+which then claims the session (the store's fence refuses the old owner's late writes)
+and runs the agent. The agent's options travel with the lease, so the new owner
+recreates the same agent.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class Leases:
         The agent id is free when no lease names it or its lease expired; the session
         must not be driven under another agent id.
         """
-        return await self._take(agent_id, session_id, options, LEASE_FREE)
+        return await self._insert(agent_id, session_id, options, LEASE_FREE)
 
     async def confirm(self, agent_id: str, session_id: str, options: bytes) -> Holder | None:
         """Hold the lease of an agent about to go live here; None when held, else who holds it.
@@ -92,9 +93,9 @@ class Leases:
         may have had its lease taken by a sweep whose resume found no session, and
         released. The session is stored now: a later takeover resumes the agent.
         """
-        return await self._take(agent_id, session_id, options, f"{LEASE_FREE} OR {LEASE_MINE}")
+        return await self._insert(agent_id, session_id, options, f"{LEASE_FREE} OR {LEASE_MINE}")
 
-    async def _take(
+    async def _insert(
         self, agent_id: str, session_id: str, options: bytes, free: str
     ) -> Holder | None:
         pool = await self.store.pool()
