@@ -17,6 +17,7 @@ import pytest
 
 from agentloop.v1 import agent_pb2
 from server.cluster.leases import Cluster
+from server.cluster.routing import AgentMoving
 from server.kernel.errors import AlreadyExists
 from server.stores.postgres import PostgresStore
 from server.stores.postgres_leases import Lease, Leases
@@ -343,3 +344,30 @@ async def test_a_sweep_resumes_the_agents_clients_asked_for_first(store: Postgre
         await me.stop()
     assert set(began[:2]) == {"d7", "d3"}, began  # not queued behind the idle ones
     assert sorted(began) == sorted(many)
+
+
+async def test_an_agent_going_live_holds_its_lease_again_unless_another_replica_holds_it(
+    store: PostgresStore,
+) -> None:
+    me = Cluster(Leases(store, "me", "127.0.0.1:2", TTL))
+    other = Leases(store, "other", "127.0.0.1:3", TTL)
+    await me.register()
+    await other.register()
+    options = agent_pb2.AgentOptions()
+    await me.acquire("a", "a-session", options)
+    await me.confirm("a", "a-session", options)  # its own: kept
+    assert (await leases_of(store))["a"][0] == "me"
+    # Its creation is late: the lease expires, another replica's sweep takes it and,
+    # finding no session yet, gives it up.
+    await me.leases.hand_over()
+    assert [lease.agent_id for lease in await other.take_over()] == ["a"]
+    await other.release("a")
+    assert "a" not in await leases_of(store)
+    await me.confirm("a", "a-session", options)  # its session is stored now: held again
+    assert (await leases_of(store))["a"][0] == "me"
+    # Another replica holds it live (took it over and resumes it): the caller may retry.
+    await me.leases.hand_over()
+    assert [lease.agent_id for lease in await other.take_over()] == ["a"]
+    with pytest.raises(AgentMoving):
+        await me.confirm("a", "a-session", options)
+    assert (await leases_of(store))["a"][0] == "other"

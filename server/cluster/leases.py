@@ -60,7 +60,8 @@ from collections.abc import Awaitable, Callable
 
 from agentloop.v1 import agent_pb2
 from server.cluster.balance import drain_targets, hand_outs
-from server.kernel.errors import AlreadyExists, FailedPrecondition
+from server.cluster.routing import AgentMoving, takeover_seconds
+from server.kernel.errors import AlreadyExists, FailedPrecondition, SessionNotFound
 from server.kernel.tasks import cancel_and_wait
 from server.stores import StoreUnavailable
 from server.stores.postgres_leases import Holder, Lease, Leases
@@ -149,6 +150,20 @@ class Cluster:
         if await self.leases.owner_of(agent_id) is not None:
             raise AlreadyExists(f'agent "{agent_id}" is live{where}')
         raise FailedPrecondition(f'session "{session_id}" is driven by another agent{where}')
+
+    async def confirm(
+        self, agent_id: str, session_id: str, options: agent_pb2.AgentOptions
+    ) -> None:
+        """Still hold the lease as the agent goes live here (its session is stored now).
+
+        A creation late past its lease may have lost it meanwhile: to a sweep whose
+        resume found no session yet, which released it (taken again here), or to
+        another replica that holds it live now (`AgentMoving`: the caller may retry).
+        """
+        holder = await self.leases.confirm(agent_id, session_id, options.SerializeToString())
+        if holder is not None:
+            log.warning("cluster: agent %s went to %r as it went live", agent_id, holder.owner)
+            raise AgentMoving(agent_id, takeover_seconds(self.leases.ttl))
 
     async def release(self, agent_id: str) -> None:
         """The agent was disposed: delete its lease."""
@@ -441,6 +456,11 @@ class Cluster:
                 # still locked, an outage): the lease lapses, and a later sweep takes the
                 # agent again if nobody runs it by then. Never released: the agent lives.
                 log.warning("cluster: taking over agent %s deferred: %s", lease.agent_id, error)
+            except SessionNotFound:
+                # Its creator died before storing its session, or is late (stalled past
+                # the lease): given up; a late creator holds it again once it stores it.
+                log.warning("cluster: agent %s has no stored session: not taken", lease.agent_id)
+                await self.leases.release(lease.agent_id)
             except Exception:
                 log.error("cluster: taking over agent %s failed", lease.agent_id, exc_info=True)
                 await self.leases.release(lease.agent_id)

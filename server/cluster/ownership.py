@@ -22,6 +22,12 @@ class Ownership(Protocol):
         """Own a new live agent; raises `AlreadyExists` or `FailedPrecondition` if taken."""
         ...
 
+    async def confirm(
+        self, agent_id: str, session_id: str, options: agent_pb2.AgentOptions
+    ) -> None:
+        """Still own the agent as it goes live (its session stored); raises if it went."""
+        ...
+
     async def release(self, agent_id: str) -> None:
         """The agent was disposed: nobody owns it any more."""
         ...
@@ -38,6 +44,11 @@ class Solo:
         self, agent_id: str, session_id: str, options: agent_pb2.AgentOptions
     ) -> None:
         """Nothing to take: the factory's own registry is the arbiter."""
+
+    async def confirm(
+        self, agent_id: str, session_id: str, options: agent_pb2.AgentOptions
+    ) -> None:
+        """Nothing can take it meanwhile."""
 
     async def release(self, agent_id: str) -> None:
         """Nothing to give back."""

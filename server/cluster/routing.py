@@ -33,6 +33,14 @@ class AgentMoving(Unavailable):
         self.retry_seconds = retry_seconds
 
 
+def takeover_seconds(lease_seconds: float) -> float:
+    """The retry delay of a call for an agent between owners: the time a takeover takes.
+
+    A takeover comes within half a lease of the expiry (the sweep's period).
+    """
+    return max(lease_seconds / 2, 0.1)
+
+
 Locate = Callable[[str], Awaitable[Location | None]]
 
 
@@ -42,8 +50,7 @@ class Router:
     def __init__(self, replica_id: str, locate: Locate, lease_seconds: float) -> None:
         self.replica_id = replica_id
         self.locate = locate
-        self.retry_seconds = max(lease_seconds / 2, 0.1)
-        """A takeover comes within half a lease of the expiry (the sweep's period)."""
+        self.retry_seconds = takeover_seconds(lease_seconds)
 
     async def owner_address(self, agent_id: str, forwarded: bool) -> str | None:
         """The owner's address to forward to; None to answer here; `AgentMoving` otherwise."""

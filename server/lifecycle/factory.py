@@ -323,6 +323,12 @@ class AgentFactory:
             # From here on, a writer that drove this session before (a paused process,
             # a replica that lost it) is fenced off: its commits are refused.
             session.fence = fence or await runtime.store.claim(session.session_id)
+            if session.failure is not None:  # lost to another replica meanwhile (`lose`)
+                raise session.failure
+            # Stored and claimed: a replica that took the agent over now resumes it. One
+            # that found no session yet (this creation stalled past its lease) gave the
+            # lease up: hold it again, or no other replica would route to the agent.
+            await self.ownership.confirm(agent_id, session.session_id, options)
             adopted: list[InboxEntry] = []
             if adopt_pending:
                 adopted = await runtime.store.adopt_pending(agent_id, session.session_id)

@@ -2,11 +2,12 @@
 
 A replica registers itself (id, the address other replicas forward to, a heartbeat).
 Creating or resuming an agent takes its lease: a row keyed by agent id (and unique by
-session id) with an owner and an expiry. The owner renews its leases in the
-background; a lease that expired (its owner died, or was paused past it) can be taken
-over by any replica, which then claims the session (the store's fence refuses the old
-owner's late writes) and runs the agent. The agent's options travel with the lease,
-so the new owner recreates the same agent.
+session id) with an owner and an expiry, held again (`confirm`) as the agent goes live,
+its session stored. The owner renews its leases in the background; a lease that
+expired (its owner died, or was paused past it) can be taken over by any replica,
+which then claims the session (the store's fence refuses the old owner's late writes)
+and runs the agent. The agent's options travel with the lease, so the new owner
+recreates the same agent.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ import asyncpg
 
 from server.stores.postgres import PostgresStore
 from server.stores.postgres_outage import outages_unavailable
+
+LEASE_FREE = "leases.expires_at < now()"
+"""A lease any replica may take for a new live agent: it expired."""
+
+LEASE_MINE = "(leases.owner = excluded.owner AND leases.session_id = excluded.session_id)"
+"""A lease this replica holds already, on the same session."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,21 @@ class Leases:
         The agent id is free when no lease names it or its lease expired; the session
         must not be driven under another agent id.
         """
+        return await self._insert(agent_id, session_id, options, LEASE_FREE)
+
+    async def confirm(self, agent_id: str, session_id: str, options: bytes) -> Holder | None:
+        """Hold the lease of an agent about to go live here; None when held, else who holds it.
+
+        As `acquire`, and also when this replica holds it already. Taken again when it
+        is gone: a creation that stalled past its lease before its session was stored
+        may have had its lease taken by a sweep whose resume found no session, and
+        released. The session is stored now: a later takeover resumes the agent.
+        """
+        return await self._insert(agent_id, session_id, options, f"{LEASE_FREE} OR {LEASE_MINE}")
+
+    async def _insert(
+        self, agent_id: str, session_id: str, options: bytes, free: str
+    ) -> Holder | None:
         pool = await self.store.pool()
         try:
             owner = await pool.fetchval(
@@ -83,8 +105,7 @@ class Leases:
                 " VALUES ($1, $2, $3, now() + make_interval(secs => $4), $5)"
                 " ON CONFLICT (agent_id) DO UPDATE SET session_id = excluded.session_id,"
                 " owner = excluded.owner, expires_at = excluded.expires_at,"
-                " options = excluded.options"
-                " WHERE leases.expires_at < now() RETURNING owner",
+                f" options = excluded.options WHERE {free} RETURNING owner",
                 agent_id,
                 session_id,
                 self.replica_id,
