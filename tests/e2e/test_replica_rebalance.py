@@ -166,8 +166,11 @@ async def test_drain_hands_every_agent_over_between_turns_and_the_replica_exits(
         assert unknown.code != 0
         assert "NOT_FOUND" in unknown.stderr and "replica_id" in unknown.stderr, unknown.stderr
         drained = [f"d{i}" for i in range(3)]  # 3 and 2: a fair share each, nothing rebalances
-        sessions = await create(r0, drained)
-        sessions |= await create(r1, ["k0", "k1"])
+        # Created in turns, so that no replica is ever above its fair share: three on r0
+        # first would let r0 rebalance one to r1 before r1 had its own two.
+        sessions: dict[str, str] = {}
+        for server, agent_id in ((r1, "k0"), (r0, "d0"), (r1, "k1"), (r0, "d1"), (r0, "d2")):
+            sessions |= await create(server, [agent_id])
         seen = Seen()
         client = connect(r1.address)
         stream = client.stream(agent_id="d0")  # through r1: forwarded to r0, its owner
