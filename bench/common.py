@@ -118,6 +118,22 @@ def instructions(out: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("summary:"))
 
 
+def counted_run(args: list[str], tree: str) -> int:
+    """Instructions of `python ARGS` over checkout `tree` under cachegrind, hash seed fixed.
+
+    Every thread's user-space instructions; the process must end by itself.
+    """
+    with tempfile.TemporaryDirectory(prefix="agentloop-cachegrind-") as scratch:
+        out = str(Path(scratch) / "cachegrind.out")
+        subprocess.run(
+            ["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}",
+             sys.executable, *args],
+            env=dict(checkout_env(tree), PYTHONHASHSEED="0"),
+            cwd=tree or ROOT, check=True, capture_output=True,
+        )  # fmt: skip
+        return instructions(out)
+
+
 # -- other checkouts ----------------------------------------------------------------------
 
 _SHIM: list[str] = []

@@ -22,9 +22,6 @@ import importlib
 import json
 import math
 import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -55,16 +52,8 @@ async def worker(observed: bool, turns: int, buffer: int) -> None:
 
 def counted(tree: str, observed: bool, turns: int, buffer: int) -> int:
     """Instructions of one worker process over checkout `tree`."""
-    with tempfile.TemporaryDirectory(prefix="agentloop-observer-instructions-") as scratch:
-        out = str(Path(scratch) / "cachegrind.out")
-        subprocess.run(
-            ["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}",
-             sys.executable, str(HERE), "--worker", "--turns", str(turns), "--buffer", str(buffer),
-             *(["--observed"] if observed else [])],
-            env=dict(common.checkout_env(tree), PYTHONHASHSEED="0"),
-            cwd=tree or common.ROOT, check=True, capture_output=True,
-        )  # fmt: skip
-        return common.instructions(out)
+    args = ["--worker", "--turns", str(turns), "--buffer", str(buffer)]
+    return common.counted_run([str(HERE), *args, *(["--observed"] if observed else [])], tree)
 
 
 def main() -> None:

@@ -23,9 +23,6 @@ import importlib
 import json
 import math
 import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -46,16 +43,8 @@ def worker(store: str, turns: int) -> None:
 
 def counted(tree: str, store: str, turns: int) -> int:
     """Instructions of one worker process of `turns` turns over checkout `tree`."""
-    with tempfile.TemporaryDirectory(prefix="agentloop-turn-instructions-") as scratch:
-        out = str(Path(scratch) / "cachegrind.out")
-        subprocess.run(
-            ["valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}",
-             sys.executable, str(Path(__file__).resolve()), "--worker", store,
-             "--turns", str(turns)],
-            env=dict(common.checkout_env(tree), PYTHONHASHSEED="0"),
-            cwd=tree or common.ROOT, check=True, capture_output=True,
-        )  # fmt: skip
-        return common.instructions(out)
+    args = [str(Path(__file__).resolve()), "--worker", store, "--turns", str(turns)]
+    return common.counted_run(args, tree)
 
 
 def main() -> None:
