@@ -177,14 +177,24 @@ def accepting(session: SessionLog, request_id: str, accepted: list[str]) -> Call
     return accept
 
 
-async def test_a_duplicate_waits_for_the_first_calls_commit_and_gets_its_answer() -> None:
-    store = GatedStore()
-    session = await journaled(store)
-    calls, owner, accepted = Requests(store), Owner(), list[str]()
+def sender(
+    calls: Requests, session: SessionLog, accepted: list[str]
+) -> Callable[[], Coroutine[Any, Any, bytes]]:
+    """A SendMessage with request id "r1" of agent "a" (one owner), accepted into `session`."""
+    owner = Owner()
 
     def send() -> Coroutine[Any, Any, bytes]:
         accept = accepting(session, "r1", accepted)
         return calls.accept_once("a", "r1", "SendMessage", accept, session, owner)
+
+    return send
+
+
+async def test_a_duplicate_waits_for_the_first_calls_commit_and_gets_its_answer() -> None:
+    store = GatedStore()
+    session = await journaled(store)
+    calls, accepted = Requests(store), list[str]()
+    send = sender(calls, session, accepted)
 
     first, duplicate = asyncio.ensure_future(send()), asyncio.ensure_future(send())
     await asyncio.sleep(0.01)
@@ -197,11 +207,8 @@ async def test_a_duplicate_waits_for_the_first_calls_commit_and_gets_its_answer(
 async def test_a_first_call_that_gives_up_leaves_its_commit_to_the_retry() -> None:
     store = GatedStore()
     session = await journaled(store)
-    calls, owner, accepted = Requests(store), Owner(), list[str]()
-
-    def send() -> Coroutine[Any, Any, bytes]:
-        accept = accepting(session, "r1", accepted)
-        return calls.accept_once("a", "r1", "SendMessage", accept, session, owner)
+    calls, accepted = Requests(store), list[str]()
+    send = sender(calls, session, accepted)
 
     with pytest.raises(TimeoutError):  # its deadline passed while the commit was slow
         await asyncio.wait_for(send(), 0.01)
@@ -216,12 +223,9 @@ async def test_a_first_call_that_gives_up_leaves_its_commit_to_the_retry() -> No
 async def test_a_refused_commit_is_every_callers_error_and_a_retry_runs_again() -> None:
     store = CountingStore()
     session = await journaled(store)
-    calls, owner, accepted = Requests(store), Owner(), list[str]()
+    calls, accepted = Requests(store), list[str]()
     session.fence = 7  # the store knows no such claim: it refuses the commit
-
-    def send() -> Coroutine[Any, Any, bytes]:
-        accept = accepting(session, "r1", accepted)
-        return calls.accept_once("a", "r1", "SendMessage", accept, session, owner)
+    send = sender(calls, session, accepted)
 
     first, duplicate = asyncio.ensure_future(send()), asyncio.ensure_future(send())
     results = await asyncio.gather(first, duplicate, return_exceptions=True)

@@ -13,6 +13,7 @@ model is in its own: no network, no provider client.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import gc
 import json
@@ -80,3 +81,12 @@ def conversation(
 def report(figures: dict[str, float]) -> None:
     """A worker's last line."""
     print(json.dumps(figures))
+
+
+def run_worker(doc: str, new: Callable[[], Awaitable[Turn]]) -> None:
+    """A peer worker's command line (`--turns`, `--window`): its conversation, reported."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=300)
+    parser.add_argument("--window", type=int, default=50)
+    args = parser.parse_args()
+    report(conversation(new, args.turns, args.window))

@@ -10,7 +10,6 @@ is off (it would export to the network).
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import AsyncIterator
 from itertools import count
@@ -26,7 +25,7 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
-from bench.peers import PROMPT, Turn, answer, conversation, report, word_count
+from bench.peers import PROMPT, Turn, answer, run_worker, word_count
 
 _ids = count(1)
 
@@ -64,10 +63,6 @@ async def word_count_tool(text: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, default=300)
-    parser.add_argument("--window", type=int, default=50)
-    args = parser.parse_args()
     set_tracing_disabled(True)
     agent = Agent(name="bench", instructions="", model=ScriptedModel(), tools=[word_count_tool])
 
@@ -82,7 +77,7 @@ def main() -> None:
 
         return turn
 
-    report(conversation(new, args.turns, args.window))
+    run_worker(__doc__, new)
 
 
 if __name__ == "__main__":

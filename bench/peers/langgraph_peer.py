@@ -10,7 +10,6 @@ The conversation is a thread of an in-memory checkpointer, as LangGraph keeps on
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from itertools import count
 from typing import Any
@@ -22,7 +21,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 
-from bench.peers import PROMPT, Turn, answer, conversation, report, word_count
+from bench.peers import PROMPT, Turn, answer, run_worker, word_count
 
 _ids = count(1)
 
@@ -60,10 +59,6 @@ async def word_count_tool(text: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--turns", type=int, default=300)
-    parser.add_argument("--window", type=int, default=50)
-    args = parser.parse_args()
     graph = create_agent(ScriptedChatModel(), [word_count_tool], checkpointer=InMemorySaver())
     threads = count(1)
 
@@ -76,7 +71,7 @@ def main() -> None:
 
         return turn
 
-    report(conversation(new, args.turns, args.window))
+    run_worker(__doc__, new)
 
 
 if __name__ == "__main__":
