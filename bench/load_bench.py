@@ -76,13 +76,14 @@ class Driver:
 
 
 async def start_server(
-    data_dir: str, profile: str, tree: str, uvloop: bool = False
+    data_dir: str, profile: str, tree: str, loop: str = ""
 ) -> tuple[asyncio.subprocess.Process, str, Path]:
     address = f"127.0.0.1:{free_port()}"
     lag_file = Path(data_dir) / "lag.txt"
     config = Path(data_dir) / "config.yaml"
-    config.write_text("agents: []\n")  # the defaults without the sample agent (maxAgents)
-    extra = (["--profile", profile] if profile else []) + (["--uvloop"] if uvloop else [])
+    # The defaults without the sample agent (maxAgents); `loop`: another event loop.
+    config.write_text("agents: []\n" + (f"eventLoop: {loop}\n" if loop else ""))
+    extra = ["--profile", profile] if profile else []
     tree = tree or ROOT  # or another checkout's server
     env = dict(os.environ, PYTHONPATH=tree)
     server = await asyncio.create_subprocess_exec(
@@ -131,10 +132,10 @@ async def load(
     warmup: float,
     profile: str = "",
     tree: str = "",
-    uvloop: bool = False,
+    loop: str = "",
 ) -> dict[str, float]:
     data_dir = tempfile.mkdtemp(prefix="agentloop-load-")
-    server, address, lag_file = await start_server(data_dir, profile, tree, uvloop)
+    server, address, lag_file = await start_server(data_dir, profile, tree, loop)
     try:
         client = connect(address)
         try:
@@ -304,20 +305,22 @@ async def bench(counts: list[int], seconds: float, profile_dir: str, tree: str =
 async def compare(counts: list[int], seconds: float, baseline: str, repeat: int) -> None:
     """This checkout's server against `baseline`'s, interleaved, medians of `repeat` rounds.
 
-    `baseline` "uvloop" compares this checkout on uvloop against it on asyncio's loop. One
-    agent's rounds add `p50/conv`: its p50 against the in-process p50 of one conversation
-    as long on SQLite, each tree's own loop (run after each load, in a fresh process).
+    `baseline` "asyncio" compares this checkout on asyncio's loop (`eventLoop: asyncio`)
+    against it on its default loop (uvloop). One agent's rounds add `p50/conv`: its p50
+    against the in-process p50 of one conversation as long on SQLite, each tree's own
+    loop (run after each load, in a fresh process).
     """
     print(f"load A/B · baseline {baseline} · {repeat} interleaved rounds · medians")
-    on_uvloop = baseline == "uvloop"
-    baseline = "" if on_uvloop else baseline
+    on_asyncio = baseline == "asyncio"
+    baseline = "" if on_asyncio else baseline
     keys: tuple[str, ...] = ("turns_per_s", "cpu_us", "p50", "p99", "max", "stall", "stall_cpu")
     keys += ("gc_us", "rss", "wal_max")  # wal_max: the SQLite WAL at most, MB
     for n in counts:
         runs: dict[str, list[dict[str, float]]] = {"baseline": [], "this": []}
         for _ in range(repeat):
             for who, tree in (("baseline", baseline), ("this", "")):
-                r = await load(n, seconds, 2.0, tree=tree, uvloop=on_uvloop and who == "this")
+                loop = "asyncio" if on_asyncio and who == "baseline" else ""
+                r = await load(n, seconds, 2.0, tree=tree, loop=loop)
                 if n == 1:
                     first, last = int(r["first_turn"]), int(r["last_turn"])
                     conversation = span_in_tree(tree, TEXT, first, last)
@@ -346,7 +349,7 @@ def main() -> None:
     parser.add_argument(
         "--baseline",
         default="",
-        help="another checkout: A/B against its server ('uvloop': this one on uvloop vs not)",
+        help="another checkout: A/B against its server ('asyncio': this one on asyncio's loop)",
     )
     parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds of the A/B")
     parser.add_argument("--tree", default="", help="run the server of another checkout")

@@ -10,7 +10,8 @@ since the last line, then per GC generation the collections so far and the longe
 pause since the last line, then per generation the seconds spent collecting so far,
 then the most thread CPU time between two wake-ups since the last line; a benchmark
 takes the worst within its measuring window. The server itself is unchanged: this
-wraps `asyncio.run` before calling its entry point.
+wraps `server.edge.event_loop.run` (an older checkout's: `asyncio.run`) before calling
+its entry point.
 """
 
 from __future__ import annotations
@@ -76,26 +77,27 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lag-file", required=True)
     parser.add_argument("--profile", default="")
-    parser.add_argument("--uvloop", action="store_true", help="run the server on uvloop")
     parser.add_argument("server_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
-    run = asyncio.run
 
-    def wrapped_run(main: Coroutine[Any, Any, int], **kwargs: Any) -> int:
-        async def with_probe() -> int:
+    def with_probe(main: Coroutine[Any, Any, int]) -> Coroutine[Any, Any, int]:
+        async def probed() -> int:
             task = asyncio.get_running_loop().create_task(probe(args.lag_file))
             try:
                 return await main
             finally:
                 task.cancel()
 
-        if args.uvloop:
-            uvloop = importlib.import_module("uvloop")  # optional: not a dependency
-            result: int = uvloop.run(with_probe(), **kwargs)
-            return result
-        return run(with_probe(), **kwargs)
+        return probed()
 
-    asyncio.run = wrapped_run  # type: ignore[assignment]
+    try:
+        event_loop: Any = importlib.import_module("server.edge.event_loop")
+    except ImportError:  # an older checkout's server (`load_bench --tree`): asyncio.run
+        run_asyncio = asyncio.run
+        asyncio.run = lambda main, **kw: run_asyncio(with_probe(main), **kw)  # type: ignore[assignment]
+    else:  # on the loop the server's config chooses
+        run = event_loop.run
+        event_loop.run = lambda main, choice: run(with_probe(main), choice)
     from server.__main__ import main as server_main
 
     argv = [a for a in args.server_args if a != "--"]

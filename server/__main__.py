@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 
+from server.edge import event_loop
 from server.edge.app import App
 from server.memory import freeze_startup_heap
 from server.observability.logs import LOG_FORMATS, JsonFormatter, setup_logging
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"agentloop: {error}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(config))
+    return event_loop.run(serve(config), config.event_loop)
 
 
 async def serve(config: Config) -> int:

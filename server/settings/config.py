@@ -288,6 +288,9 @@ class Config:
     """PEM private key of `tls_cert_file`."""
     tls_client_ca_file: Text = ""
     """PEM roots client certificates must chain to (mutual TLS); empty: none asked."""
+    event_loop: Annotated[Text, one_of("uvloop", "asyncio")] = "uvloop"
+    """The server's event loop: "uvloop" (faster; asyncio's where it is not installed) or
+    "asyncio" (Python's own). See `server/edge/event_loop.py`."""
     log_format: Annotated[Text, one_of("text", "json")] = "text"
     """Log lines as "text" (for humans) or "json" (one object per line)."""
     metrics_listen: MetricsListen = ""
