@@ -200,6 +200,7 @@ def over_grpc() -> dict[str, float]:
 
 _SERVER = """
 import asyncio, cProfile, json, math, pstats, shutil, signal, sys, tempfile
+from server.edge import event_loop
 from server.edge.app import App
 from server.kernel import fairness
 from server.settings.config import Config
@@ -231,8 +232,9 @@ async def main():
     if profile_path:
         stats.dump_stats(profile_path)
     print(json.dumps({"calls": stats.total_calls}), flush=True)
+    return 0
 
-asyncio.run(main())
+event_loop.run(main(), Config().event_loop)  # the server's own loop
 """
 
 
