@@ -20,10 +20,6 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-LOOPS = ("uvloop", "asyncio")
-"""The choices of the config's `eventLoop`."""
-
-
 def run(main: Coroutine[Any, Any, int], choice: str) -> int:
     """Run `main` to its end on a new loop of kind `choice`, as `asyncio.run` does."""
     with asyncio.Runner(loop_factory=factory(choice)) as runner:
