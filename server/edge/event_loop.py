@@ -20,6 +20,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+
 def run(main: Coroutine[Any, Any, int], choice: str) -> int:
     """Run `main` to its end on a new loop of kind `choice`, as `asyncio.run` does."""
     with asyncio.Runner(loop_factory=factory(choice)) as runner:
