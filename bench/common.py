@@ -118,6 +118,15 @@ def instructions(out: str) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("summary:"))
 
 
+def counted_turns(turns: str) -> tuple[int, int] | None:
+    """The two turn counts `FEW,MANY` of an instructions bench; None, said, without valgrind."""
+    few, many = (int(n) for n in turns.split(","))
+    if shutil.which("valgrind") is None:
+        print("valgrind is not installed: nothing counted")
+        return None
+    return few, many
+
+
 def counted_run(args: list[str], tree: str) -> int:
     """Instructions of `python ARGS` over checkout `tree` under cachegrind, hash seed fixed.
 

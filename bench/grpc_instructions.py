@@ -124,10 +124,10 @@ def main() -> None:
         return
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    few, many = (int(n) for n in args.turns.split(","))
-    if shutil.which("valgrind") is None:
-        print("valgrind is not installed: nothing counted")
+    counts = common.counted_turns(args.turns)
+    if counts is None:
         return
+    few, many = counts
     trees = {"this": ""} | {tree: tree for tree in args.against}
     figures: dict[str, float] = {}
     for who, tree in trees.items():

@@ -21,7 +21,6 @@ import contextlib
 import importlib
 import json
 import math
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +66,10 @@ def main() -> None:
     if args.worker:
         asyncio.run(worker(args.observed, int(args.turns), args.buffer))
         return
-    few, many = (int(n) for n in args.turns.split(","))
-    if shutil.which("valgrind") is None:
-        print("valgrind is not installed: nothing counted")
+    counts = common.counted_turns(args.turns)
+    if counts is None:
         return
+    few, many = counts
     trees = {"this": ""} | {tree: tree for tree in args.against}
     figures: dict[str, dict[str, float]] = {}
     for who, tree in trees.items():

@@ -22,7 +22,6 @@ import contextlib
 import importlib
 import json
 import math
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +55,10 @@ def main() -> None:
     if args.worker:
         worker(args.worker, int(args.turns))
         return
-    few, many = (int(n) for n in args.turns.split(","))
-    if shutil.which("valgrind") is None:
-        print("valgrind is not installed: nothing counted")
+    counts = common.counted_turns(args.turns)
+    if counts is None:
         return
+    few, many = counts
     trees = {"this": ""} | {tree: tree for tree in args.against}
     figures: dict[str, dict[str, float]] = {who: {} for who in trees}
     for store in STORES:
